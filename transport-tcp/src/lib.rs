@@ -1,0 +1,28 @@
+//! `ferry-tcp`: the TCP transport of Ferry.
+//!
+//! It knows nothing about parameters. It gives a cluster of nodes:
+//!
+//! * a rendezvous at a coordinator ([`Rendezvous`]) with all-gather rounds and clock alignment;
+//! * one ordered TCP connection per pair of nodes ([`Mesh`]), with `TCP_NODELAY`, vectored
+//!   writes, and framed two-sided messages delivered to a [`Handler`] in the order they were sent;
+//! * an emulation of one-sided RDMA: a node registers memory regions, and peers read from or
+//!   write into them by (region, offset, length), optionally with an immediate value announced to
+//!   the target's handler once the bytes are in place. The target's reader thread serves these
+//!   accesses without involving the node's protocol logic;
+//! * liveness: idle connections send heartbeats, a silent or vanished peer is reported through
+//!   [`Handler::on_peer_closed`], and a malformed or oversized frame closes only that connection.
+
+#![warn(missing_docs)]
+
+mod error;
+mod frame;
+mod mesh;
+mod outq;
+mod region;
+mod setup;
+
+pub use error::{AccessError, TransportError};
+pub use frame::{FrameKind, Header, HEADER_LEN, MAGIC};
+pub use mesh::{Handler, LandedWrite, Mesh, MeshConfig, MeshStats, WriteBatch};
+pub use region::{RegionId, Regions};
+pub use setup::{bind_listener, connect_mesh, join_cluster, monotonic_ns, Rendezvous};

@@ -1,0 +1,813 @@
+//! A full mesh of TCP connections between the nodes of a cluster.
+//!
+//! One ordered connection per pair of nodes carries two-sided messages and the emulated one-sided
+//! operations. Each connection has a reader thread, which parses frames and serves one-sided
+//! reads and writes itself (the node's protocol logic is not involved), and a writer thread that
+//! finishes whatever a caller's non-blocking write could not send at once.
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{AccessError, TransportError};
+use crate::frame::{self, FrameKind, Header, FLAG_IMM, HEADER_LEN};
+use crate::outq::{write_frames, OutFrame, OutQueue};
+use crate::region::{RegionId, Regions};
+
+/// Timing and size limits of a mesh.
+#[derive(Debug, Clone)]
+pub struct MeshConfig {
+    /// Largest frame payload accepted from a peer; a larger one closes the connection.
+    pub max_frame: usize,
+    /// An idle connection sends a heartbeat this often.
+    pub heartbeat: Duration,
+    /// A peer that sends nothing (not even heartbeats) for this long is declared lost.
+    pub peer_timeout: Duration,
+    /// How long connection set-up may take.
+    pub connect_timeout: Duration,
+}
+
+impl Default for MeshConfig {
+    fn default() -> Self {
+        MeshConfig {
+            max_frame: 1 << 30,
+            heartbeat: Duration::from_millis(500),
+            peer_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A one-sided write whose target asked for an immediate value to be delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LandedWrite {
+    /// The immediate value given by the writer.
+    pub imm: u32,
+    /// Region written.
+    pub region: RegionId,
+    /// First byte written.
+    pub offset: u64,
+    /// Number of bytes written.
+    pub len: usize,
+}
+
+/// Receives what arrives on the mesh. Called from the reader threads, one per peer; calls for
+/// one peer come in the order the peer sent the frames.
+pub trait Handler: Send + Sync + 'static {
+    /// A two-sided message arrived.
+    fn on_message(&self, from: usize, payload: &[u8]);
+    /// One-sided writes with immediates landed (their bytes are already in place).
+    fn on_writes_landed(&self, from: usize, writes: &[LandedWrite]);
+    /// A one-sided write sent by this node was refused by its target.
+    fn on_write_error(&self, peer: usize, wr_id: u64, error: AccessError);
+    /// A one-sided read issued by this node finished (its bytes are in place when `Ok`).
+    fn on_read_complete(&self, peer: usize, wr_id: u64, result: Result<(), AccessError>);
+    /// The connection to `peer` closed: cleanly after a goodbye (`None`) or through a failure.
+    fn on_peer_closed(&self, peer: usize, error: Option<&TransportError>);
+}
+
+/// Traffic counters of a mesh.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MeshStats {
+    /// Bytes handed to the operating system for sending (headers included).
+    pub bytes_sent: u64,
+    /// Bytes read from sockets.
+    pub bytes_received: u64,
+    /// Frames queued for sending.
+    pub frames_sent: u64,
+}
+
+struct PendingRead {
+    region: RegionId,
+    offset: u64,
+    len: usize,
+}
+
+pub(crate) struct Peer {
+    id: usize,
+    stream: TcpStream,
+    out: Mutex<OutQueue>,
+    writer_wake: Condvar,
+    alive: AtomicBool,
+    goodbye_received: AtomicBool,
+    last_sent_ns: AtomicU64,
+    pending_reads: Mutex<HashMap<u64, PendingRead>>,
+}
+
+pub(crate) struct Inner {
+    rank: usize,
+    nodes: usize,
+    config: MeshConfig,
+    peers: Vec<Option<Arc<Peer>>>,
+    regions: Regions,
+    handler: Mutex<Option<Arc<dyn Handler>>>,
+    started: AtomicBool,
+    stopping: AtomicBool,
+    writers_exit: AtomicBool,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    epoch: Instant,
+    bytes_sent: AtomicU64,
+    bytes_received: AtomicU64,
+    frames_sent: AtomicU64,
+}
+
+/// A mesh of connections; dropping it shuts it down (see [`Mesh::shutdown`]).
+pub struct Mesh {
+    inner: Arc<Inner>,
+}
+
+const SEND_FLAGS_NONBLOCKING: i32 = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+const SEND_FLAGS_BLOCKING: i32 = libc::MSG_NOSIGNAL;
+const POLL_TICK: Duration = Duration::from_millis(100);
+
+impl Mesh {
+    /// Wraps connected streams (`streams[p]` for every peer `p`, `None` at this node's rank).
+    pub(crate) fn from_streams(rank: usize, nodes: usize, streams: Vec<Option<TcpStream>>, config: MeshConfig) -> Result<Mesh, TransportError> {
+        let epoch = Instant::now();
+        let tick = POLL_TICK.min(config.heartbeat);
+        let mut peers = Vec::with_capacity(nodes);
+        for (id, stream) in streams.into_iter().enumerate() {
+            let Some(stream) = stream else {
+                peers.push(None);
+                continue;
+            };
+            stream.set_nodelay(true).map_err(crate::error::io_err("setting TCP_NODELAY"))?;
+            stream.set_read_timeout(Some(tick)).map_err(crate::error::io_err("setting a read timeout"))?;
+            stream.set_write_timeout(Some(tick)).map_err(crate::error::io_err("setting a write timeout"))?;
+            let sock = socket2::SockRef::from(&stream);
+            // Larger buffers keep bulk transfers streaming; failure only costs throughput.
+            let _ = sock.set_send_buffer_size(4 << 20);
+            let _ = sock.set_recv_buffer_size(4 << 20);
+            peers.push(Some(Arc::new(Peer {
+                id,
+                stream,
+                out: Mutex::new(OutQueue::default()),
+                writer_wake: Condvar::new(),
+                alive: AtomicBool::new(true),
+                goodbye_received: AtomicBool::new(false),
+                last_sent_ns: AtomicU64::new(0),
+                pending_reads: Mutex::new(HashMap::new()),
+            })));
+        }
+        Ok(Mesh {
+            inner: Arc::new(Inner {
+                rank,
+                nodes,
+                config,
+                peers,
+                regions: Regions::default(),
+                handler: Mutex::new(None),
+                started: AtomicBool::new(false),
+                stopping: AtomicBool::new(false),
+                writers_exit: AtomicBool::new(false),
+                threads: Mutex::new(Vec::new()),
+                epoch,
+                bytes_sent: AtomicU64::new(0),
+                bytes_received: AtomicU64::new(0),
+                frames_sent: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// This node's rank.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of nodes in the cluster.
+    pub fn nodes(&self) -> usize {
+        self.inner.nodes
+    }
+
+    /// The mesh's limits.
+    pub fn config(&self) -> &MeshConfig {
+        &self.inner.config
+    }
+
+    /// Starts the reader, writer and heartbeat threads; frames received before this call wait
+    /// in the kernel. Calling it twice is an error.
+    pub fn start(&self, handler: Arc<dyn Handler>) -> Result<(), TransportError> {
+        if self.inner.started.swap(true, Ordering::SeqCst) {
+            return Err(TransportError::Setup("mesh already started".into()));
+        }
+        *self.inner.handler.lock() = Some(handler);
+        let mut threads = self.inner.threads.lock();
+        for peer in self.inner.peers.iter().flatten() {
+            let (inner, p) = (self.inner.clone(), peer.clone());
+            threads.push(spawn(format!("ferry{}-rd{}", self.inner.rank, peer.id), move || inner.run_reader(&p))?);
+            let (inner, p) = (self.inner.clone(), peer.clone());
+            threads.push(spawn(format!("ferry{}-wr{}", self.inner.rank, peer.id), move || inner.run_writer(&p))?);
+        }
+        let inner = self.inner.clone();
+        threads.push(spawn(format!("ferry{}-hb", self.inner.rank), move || inner.run_heartbeat())?);
+        Ok(())
+    }
+
+    /// Queues a two-sided message and tries to send it at once.
+    pub fn send(&self, peer: usize, payload: Vec<u8>) -> Result<(), TransportError> {
+        self.enqueue(peer, payload)?;
+        self.flush(peer);
+        Ok(())
+    }
+
+    /// Queues a two-sided message without sending it; [`Mesh::flush`] sends what is queued.
+    /// Messages to one peer leave in the order they were queued.
+    pub fn enqueue(&self, peer: usize, payload: Vec<u8>) -> Result<(), TransportError> {
+        let len = u32::try_from(payload.len()).ok().filter(|&l| l as usize <= self.inner.config.max_frame).ok_or_else(|| {
+            TransportError::Malformed { peer: self.inner.rank, reason: format!("message of {} bytes exceeds the frame limit", payload.len()) }
+        })?;
+        let head = Header { kind: FrameKind::Message, flags: 0, len }.encode();
+        self.inner.push_frame(peer, OutFrame::new(&head, payload))
+    }
+
+    /// Sends whatever is queued for `peer` that the socket takes without blocking and leaves
+    /// the rest to the connection's writer thread.
+    pub fn flush(&self, peer: usize) {
+        if let Some(Some(p)) = self.inner.peers.get(peer) {
+            self.inner.flush_peer(p);
+        }
+    }
+
+    /// Registers memory for one-sided access by peers; see [`Regions::register`].
+    ///
+    /// # Safety
+    ///
+    /// `base..base+len` must stay valid for reads and writes until [`Mesh::deregister`] returns
+    /// for the returned id, and the owner must tolerate peers writing into it concurrently.
+    pub unsafe fn register(&self, base: *mut u8, len: usize) -> RegionId {
+        // SAFETY: the caller upholds the contract documented above.
+        unsafe { self.inner.regions.register(base, len) }
+    }
+
+    /// Removes a region; no access to it runs after this returns.
+    pub fn deregister(&self, region: RegionId) -> bool {
+        self.inner.regions.deregister(region)
+    }
+
+    /// Writes `data` into `peer`'s region at `offset`; with `imm`, the peer's handler is told
+    /// through [`Handler::on_writes_landed`] once the bytes are in place. The data is copied
+    /// before this returns, so the source may be reused at once.
+    pub fn write(&self, peer: usize, region: RegionId, offset: u64, data: &[u8], imm: Option<u32>, wr_id: u64) -> Result<(), TransportError> {
+        let mut batch = self.write_batch();
+        batch.push(region, offset, data, imm, wr_id)?;
+        batch.submit(peer)
+    }
+
+    /// Starts a batch of one-sided writes to one peer, encoded into a single buffer.
+    pub fn write_batch(&self) -> WriteBatch<'_> {
+        WriteBatch { mesh: self, bytes: Vec::new() }
+    }
+
+    /// Reads `len` bytes at `offset` of `peer`'s region `region` into this node's region
+    /// `local_region` at `local_offset`; completion is reported through
+    /// [`Handler::on_read_complete`] with `wr_id`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn read(&self, peer: usize, region: RegionId, offset: u64, len: usize, local_region: RegionId, local_offset: u64, wr_id: u64) -> Result<(), TransportError> {
+        self.inner.regions.resolve(local_region, local_offset, len).map_err(TransportError::Access)?;
+        let len32 = u32::try_from(len).map_err(|_| TransportError::Access(AccessError::OutOfBounds { region, offset, len: len as u64, region_len: 0 }))?;
+        let p = self.inner.peer(peer)?;
+        {
+            let mut pending = p.pending_reads.lock();
+            if pending.insert(wr_id, PendingRead { region: local_region, offset: local_offset, len }).is_some() {
+                return Err(TransportError::Setup(format!("read id {wr_id} is already in flight")));
+            }
+        }
+        let mut head = [0u8; HEADER_LEN + frame::READ_REQUEST_LEN];
+        head[..HEADER_LEN].copy_from_slice(&Header { kind: FrameKind::ReadRequest, flags: 0, len: frame::READ_REQUEST_LEN as u32 }.encode());
+        head[8..16].copy_from_slice(&wr_id.to_le_bytes());
+        head[16..20].copy_from_slice(&region.to_le_bytes());
+        head[20..24].copy_from_slice(&len32.to_le_bytes());
+        head[24..32].copy_from_slice(&offset.to_le_bytes());
+        if let Err(e) = self.inner.push_frame(peer, OutFrame::new(&head, Vec::new())) {
+            p.pending_reads.lock().remove(&wr_id);
+            return Err(e);
+        }
+        self.inner.flush_peer(&p);
+        Ok(())
+    }
+
+    /// Whether the connection to `peer` is open.
+    pub fn is_alive(&self, peer: usize) -> bool {
+        matches!(self.inner.peers.get(peer), Some(Some(p)) if p.alive.load(Ordering::Acquire))
+    }
+
+    /// Traffic counters.
+    pub fn stats(&self) -> MeshStats {
+        MeshStats {
+            bytes_sent: self.inner.bytes_sent.load(Ordering::Relaxed),
+            bytes_received: self.inner.bytes_received.load(Ordering::Relaxed),
+            frames_sent: self.inner.frames_sent.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Closes every connection cleanly: says goodbye, lets the writers drain, waits for the
+    /// peers' goodbyes (bounded by the liveness timeout) and joins every thread.
+    pub fn shutdown(&self) {
+        self.inner.shutdown();
+    }
+
+    /// Closes every connection at once, without goodbyes, as a crash would (peers see the node
+    /// as lost), and joins the mesh's threads. For fault injection and fatal errors.
+    pub fn abort(&self) {
+        self.inner.abort();
+    }
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        self.inner.shutdown();
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Threads hold their own references to `Inner`, so this runs only after they have
+        // finished; closing sockets here releases them for a mesh that never started.
+        for peer in self.peers.iter().flatten() {
+            let _ = peer.stream.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// One-sided writes to one peer gathered into a single buffer (one syscall for many writes).
+pub struct WriteBatch<'m> {
+    mesh: &'m Mesh,
+    bytes: Vec<u8>,
+}
+
+impl WriteBatch<'_> {
+    /// Adds a write of `data` to `region` at `offset`; `imm` as in [`Mesh::write`]. A write
+    /// larger than the frame limit is refused.
+    pub fn push(&mut self, region: RegionId, offset: u64, data: &[u8], imm: Option<u32>, wr_id: u64) -> Result<(), TransportError> {
+        let len = frame::WRITE_HEADER + data.len();
+        if len > self.mesh.inner.config.max_frame {
+            return Err(TransportError::Malformed { peer: self.mesh.inner.rank, reason: format!("a one-sided write of {} bytes exceeds the frame limit", data.len()) });
+        }
+        let flags = if imm.is_some() { FLAG_IMM } else { 0 };
+        self.bytes.reserve(HEADER_LEN + len);
+        self.bytes.extend_from_slice(&Header { kind: FrameKind::Write, flags, len: len as u32 }.encode());
+        self.bytes.extend_from_slice(&region.to_le_bytes());
+        self.bytes.extend_from_slice(&imm.unwrap_or(0).to_le_bytes());
+        self.bytes.extend_from_slice(&offset.to_le_bytes());
+        self.bytes.extend_from_slice(&wr_id.to_le_bytes());
+        self.bytes.extend_from_slice(data);
+        Ok(())
+    }
+
+    /// Whether nothing was added.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Queues the batch for `peer` and tries to send it at once.
+    pub fn submit(self, peer: usize) -> Result<(), TransportError> {
+        if self.bytes.is_empty() {
+            return Ok(());
+        }
+        self.mesh.inner.push_frame(peer, OutFrame::raw(self.bytes))?;
+        self.mesh.flush(peer);
+        Ok(())
+    }
+}
+
+fn spawn(name: String, body: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, TransportError> {
+    std::thread::Builder::new().name(name).spawn(body).map_err(crate::error::io_err("spawning a transport thread"))
+}
+
+impl Inner {
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn peer(&self, peer: usize) -> Result<Arc<Peer>, TransportError> {
+        match self.peers.get(peer) {
+            Some(Some(p)) => Ok(p.clone()),
+            _ => Err(TransportError::NoSuchPeer(peer)),
+        }
+    }
+
+    fn handler(&self) -> Option<Arc<dyn Handler>> {
+        self.handler.lock().clone()
+    }
+
+    fn push_frame(&self, peer: usize, frame: OutFrame) -> Result<(), TransportError> {
+        let p = self.peer(peer)?;
+        let len = frame.len() as u64;
+        {
+            let mut out = p.out.lock();
+            if out.closed || !p.alive.load(Ordering::Acquire) {
+                return Err(TransportError::PeerGone(peer));
+            }
+            out.frames.push_back(frame);
+        }
+        p.last_sent_ns.store(self.now_ns(), Ordering::Relaxed);
+        self.bytes_sent.fetch_add(len, Ordering::Relaxed);
+        self.frames_sent.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn flush_peer(&self, p: &Arc<Peer>) {
+        let mut out = p.out.lock();
+        if out.writer_busy || out.frames.is_empty() || out.closed {
+            return;
+        }
+        let OutQueue { frames, front_written, .. } = &mut *out;
+        match write_frames(&p.stream, frames, front_written, SEND_FLAGS_NONBLOCKING) {
+            Ok(true) => {}
+            Ok(false) => {
+                out.writer_busy = true;
+                p.writer_wake.notify_one();
+            }
+            Err(e) => {
+                drop(out);
+                self.lose_peer(p, TransportError::Io { context: format!("writing to node {}", p.id), source: e });
+            }
+        }
+    }
+
+    /// Declares `p` lost: closes the connection, fails its pending reads and tells the handler.
+    fn lose_peer(&self, p: &Peer, error: TransportError) {
+        if !p.alive.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        {
+            let mut out = p.out.lock();
+            out.closed = true;
+            out.frames.clear();
+            p.writer_wake.notify_all();
+        }
+        let _ = p.stream.shutdown(Shutdown::Both);
+        let failed: Vec<u64> = p.pending_reads.lock().drain().map(|(id, _)| id).collect();
+        if !self.stopping.load(Ordering::Acquire) {
+            tracing::warn!(node = self.rank, peer = p.id, %error, "connection lost");
+        }
+        if let Some(h) = self.handler() {
+            for id in failed {
+                h.on_read_complete(p.id, id, Err(AccessError::ConnectionLost));
+            }
+            h.on_peer_closed(p.id, Some(&error));
+        }
+    }
+
+    /// The peer said goodbye and closed its side: answer with our goodbye (if the socket takes
+    /// it at once) and close ours, so that its shutdown need not wait.
+    fn close_peer_cleanly(&self, p: &Peer) {
+        if !p.alive.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        {
+            let mut out = p.out.lock();
+            if !out.closed && !out.writer_busy {
+                let head = Header { kind: FrameKind::Goodbye, flags: 0, len: 0 }.encode();
+                out.frames.push_back(OutFrame::new(&head, Vec::new()));
+                let OutQueue { frames, front_written, .. } = &mut *out;
+                let _ = write_frames(&p.stream, frames, front_written, SEND_FLAGS_NONBLOCKING);
+            }
+            out.closed = true;
+            out.frames.clear();
+            p.writer_wake.notify_all();
+        }
+        let _ = p.stream.shutdown(Shutdown::Both);
+        let failed: Vec<u64> = p.pending_reads.lock().drain().map(|(id, _)| id).collect();
+        if let Some(h) = self.handler() {
+            for id in failed {
+                h.on_read_complete(p.id, id, Err(AccessError::ConnectionLost));
+            }
+            h.on_peer_closed(p.id, None);
+        }
+    }
+
+    fn run_writer(&self, p: &Arc<Peer>) {
+        loop {
+            let mut batch;
+            let mut front_written;
+            {
+                let mut out = p.out.lock();
+                while !out.writer_busy && !out.closed {
+                    if self.writers_exit.load(Ordering::Acquire) {
+                        return;
+                    }
+                    p.writer_wake.wait_for(&mut out, POLL_TICK);
+                }
+                if out.closed {
+                    return;
+                }
+                batch = std::mem::take(&mut out.frames);
+                front_written = std::mem::take(&mut out.front_written);
+            }
+            loop {
+                match write_frames(&p.stream, &mut batch, &mut front_written, SEND_FLAGS_BLOCKING) {
+                    Ok(true) => break,
+                    Ok(false) => {
+                        if !p.alive.load(Ordering::Acquire) || self.writers_exit.load(Ordering::Acquire) {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        self.lose_peer(p, TransportError::Io { context: format!("writing to node {}", p.id), source: e });
+                        return;
+                    }
+                }
+            }
+            let mut out = p.out.lock();
+            if out.frames.is_empty() {
+                out.writer_busy = false;
+                p.writer_wake.notify_all();
+            }
+        }
+    }
+
+    fn run_heartbeat(&self) {
+        let beat = self.config.heartbeat;
+        let tick = (beat / 2).max(Duration::from_millis(10));
+        while !self.stopping.load(Ordering::Acquire) {
+            std::thread::sleep(tick);
+            let now = self.now_ns();
+            for p in self.peers.iter().flatten() {
+                if p.alive.load(Ordering::Acquire) && now.saturating_sub(p.last_sent_ns.load(Ordering::Relaxed)) >= beat.as_nanos() as u64 {
+                    let head = Header { kind: FrameKind::Heartbeat, flags: 0, len: 0 }.encode();
+                    if self.push_frame(p.id, OutFrame::new(&head, Vec::new())).is_ok() {
+                        self.flush_peer(p);
+                    }
+                }
+            }
+        }
+    }
+
+    fn run_reader(&self, p: &Arc<Peer>) {
+        let Some(handler) = self.handler() else { return };
+        let max_payload = self.config.max_frame.max(frame::WRITE_HEADER + 64);
+        let mut buf = vec![0u8; 256 << 10];
+        let (mut start, mut end) = (0usize, 0usize);
+        let mut landed: Vec<LandedWrite> = Vec::new();
+        let mut last_recv = Instant::now();
+        let mut stream = &p.stream;
+        loop {
+            if !p.alive.load(Ordering::Acquire) {
+                return;
+            }
+            if end == buf.len() {
+                if start > 0 {
+                    buf.copy_within(start..end, 0);
+                    end -= start;
+                    start = 0;
+                } else {
+                    let grown = (buf.len() * 2).min(max_payload + HEADER_LEN).max(buf.len());
+                    buf.resize(grown, 0);
+                }
+            }
+            match stream.read(&mut buf[end..]) {
+                Ok(0) => {
+                    if p.goodbye_received.load(Ordering::Acquire) || self.stopping.load(Ordering::Acquire) {
+                        self.close_peer_cleanly(p);
+                    } else {
+                        self.lose_peer(p, TransportError::PeerGone(p.id));
+                    }
+                    return;
+                }
+                Ok(n) => {
+                    end += n;
+                    last_recv = Instant::now();
+                    self.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {
+                    let silent = last_recv.elapsed();
+                    if silent > self.config.peer_timeout {
+                        self.lose_peer(p, TransportError::PeerTimeout { peer: p.id, millis: silent.as_millis() });
+                        return;
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    self.lose_peer(p, TransportError::Io { context: format!("reading from node {}", p.id), source: e });
+                    return;
+                }
+            }
+            while end - start >= HEADER_LEN {
+                let head: &[u8; HEADER_LEN] = buf[start..start + HEADER_LEN].try_into().expect("header");
+                let header = match Header::decode(head, p.id, max_payload) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        tracing::error!(node = self.rank, peer = p.id, error = %e, "closing connection after a malformed frame");
+                        self.deliver_landed(&*handler, p.id, &mut landed);
+                        self.lose_peer(p, e);
+                        return;
+                    }
+                };
+                let total = HEADER_LEN + header.len as usize;
+                if end - start < total {
+                    if total > buf.len() - start {
+                        buf.copy_within(start..end, 0);
+                        end -= start;
+                        start = 0;
+                        if total > buf.len() {
+                            buf.resize(total, 0);
+                        }
+                    }
+                    break;
+                }
+                let payload = &buf[start + HEADER_LEN..start + total];
+                start += total;
+                if let Err(e) = self.dispatch(&*handler, p, header, payload, &mut landed) {
+                    tracing::error!(node = self.rank, peer = p.id, error = %e, "closing connection after a malformed frame");
+                    self.deliver_landed(&*handler, p.id, &mut landed);
+                    self.lose_peer(p, e);
+                    return;
+                }
+            }
+            self.deliver_landed(&*handler, p.id, &mut landed);
+            if start == end {
+                start = 0;
+                end = 0;
+            }
+        }
+    }
+
+    fn deliver_landed(&self, handler: &dyn Handler, from: usize, landed: &mut Vec<LandedWrite>) {
+        if !landed.is_empty() {
+            handler.on_writes_landed(from, landed);
+            landed.clear();
+        }
+    }
+
+    fn dispatch(&self, handler: &dyn Handler, p: &Arc<Peer>, header: Header, payload: &[u8], landed: &mut Vec<LandedWrite>) -> Result<(), TransportError> {
+        match header.kind {
+            FrameKind::Message => {
+                self.deliver_landed(handler, p.id, landed);
+                handler.on_message(p.id, payload);
+            }
+            FrameKind::Write => {
+                let region = frame::u32_at(payload, 0);
+                let imm = frame::u32_at(payload, 4);
+                let offset = frame::u64_at(payload, 8);
+                let wr_id = frame::u64_at(payload, 16);
+                let data = &payload[frame::WRITE_HEADER..];
+                match self.regions.resolve(region, offset, data.len()) {
+                    Ok(target) => {
+                        // SAFETY: `resolve` checked that the range lies inside a registered
+                        // region and holds the table's read lock, so the memory stays mapped for
+                        // the copy. The region's owner reserved this range for the writer (its
+                        // registration contract), and the frame buffer cannot overlap it.
+                        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), target.ptr, data.len()) };
+                        if header.flags & FLAG_IMM != 0 {
+                            landed.push(LandedWrite { imm, region, offset, len: data.len() });
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(node = self.rank, peer = p.id, %error, "refusing a one-sided write");
+                        let mut head = [0u8; HEADER_LEN + frame::WRITE_ERROR_LEN];
+                        head[..HEADER_LEN].copy_from_slice(&Header { kind: FrameKind::WriteError, flags: 0, len: frame::WRITE_ERROR_LEN as u32 }.encode());
+                        head[8..16].copy_from_slice(&wr_id.to_le_bytes());
+                        head[16..20].copy_from_slice(&error.code().to_le_bytes());
+                        head[20..24].copy_from_slice(&region.to_le_bytes());
+                        if self.push_frame(p.id, OutFrame::new(&head, Vec::new())).is_ok() {
+                            self.flush_peer(p);
+                        }
+                    }
+                }
+            }
+            FrameKind::ReadRequest => {
+                let wr_id = frame::u64_at(payload, 0);
+                let region = frame::u32_at(payload, 8);
+                let len = frame::u32_at(payload, 12) as usize;
+                let offset = frame::u64_at(payload, 16);
+                let (status, body) = match self.regions.resolve(region, offset, len) {
+                    Ok(source) => {
+                        let mut body = vec![0u8; len];
+                        // SAFETY: the range was checked by `resolve`, whose guard keeps it mapped.
+                        // The bytes may be changing under a concurrent local writer: a one-sided
+                        // read gives no atomicity, exactly as with RDMA, and readers validate what
+                        // they read (slot versions).
+                        unsafe { std::ptr::copy_nonoverlapping(source.ptr, body.as_mut_ptr(), len) };
+                        (0u32, body)
+                    }
+                    Err(error) => (error.code(), Vec::new()),
+                };
+                let mut head = [0u8; HEADER_LEN + frame::READ_RESPONSE_HEADER];
+                let len = (frame::READ_RESPONSE_HEADER + body.len()) as u32;
+                head[..HEADER_LEN].copy_from_slice(&Header { kind: FrameKind::ReadResponse, flags: 0, len }.encode());
+                head[8..16].copy_from_slice(&wr_id.to_le_bytes());
+                head[16..20].copy_from_slice(&status.to_le_bytes());
+                head[20..24].copy_from_slice(&region.to_le_bytes());
+                if self.push_frame(p.id, OutFrame::new(&head, body)).is_ok() {
+                    self.flush_peer(p);
+                }
+            }
+            FrameKind::ReadResponse => {
+                let wr_id = frame::u64_at(payload, 0);
+                let status = frame::u32_at(payload, 8);
+                let region = frame::u32_at(payload, 12);
+                let data = &payload[frame::READ_RESPONSE_HEADER..];
+                let Some(pending) = p.pending_reads.lock().remove(&wr_id) else {
+                    return Err(TransportError::Malformed { peer: p.id, reason: format!("answer to unknown read {wr_id}") });
+                };
+                let result = if status != 0 {
+                    Err(AccessError::from_code(status, region))
+                } else if data.len() != pending.len {
+                    return Err(TransportError::Malformed { peer: p.id, reason: format!("read {wr_id} answered with {} bytes, not {}", data.len(), pending.len) });
+                } else {
+                    match self.regions.resolve(pending.region, pending.offset, pending.len) {
+                        Ok(target) => {
+                            // SAFETY: checked and kept mapped by `resolve`; the reader named
+                            // this range as the destination of its own read.
+                            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), target.ptr, data.len()) };
+                            Ok(())
+                        }
+                        Err(e) => Err(e),
+                    }
+                };
+                handler.on_read_complete(p.id, wr_id, result);
+            }
+            FrameKind::WriteError => {
+                let wr_id = frame::u64_at(payload, 0);
+                let code = frame::u32_at(payload, 8);
+                let region = frame::u32_at(payload, 12);
+                handler.on_write_error(p.id, wr_id, AccessError::from_code(code, region));
+            }
+            FrameKind::Heartbeat => {}
+            FrameKind::Goodbye => {
+                p.goodbye_received.store(true, Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+
+    fn abort(&self) {
+        if self.stopping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.writers_exit.store(true, Ordering::Release);
+        for p in self.peers.iter().flatten() {
+            p.alive.store(false, Ordering::Release);
+            p.out.lock().closed = true;
+            p.writer_wake.notify_all();
+            let _ = p.stream.shutdown(Shutdown::Both);
+        }
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for t in threads {
+            let _ = t.join();
+        }
+        *self.handler.lock() = None;
+    }
+
+    fn shutdown(&self) {
+        if self.stopping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let started = self.started.load(Ordering::Acquire);
+        for p in self.peers.iter().flatten() {
+            if !p.alive.load(Ordering::Acquire) {
+                continue;
+            }
+            let head = Header { kind: FrameKind::Goodbye, flags: 0, len: 0 }.encode();
+            if self.push_frame(p.id, OutFrame::new(&head, Vec::new())).is_ok() {
+                if started {
+                    self.flush_peer(p);
+                } else {
+                    let mut out = p.out.lock();
+                    let OutQueue { frames, front_written, .. } = &mut *out;
+                    let _ = write_frames(&p.stream, frames, front_written, SEND_FLAGS_BLOCKING);
+                }
+            }
+        }
+        // Let the writers drain what is queued, then close our sending side.
+        let deadline = Instant::now() + self.config.peer_timeout;
+        for p in self.peers.iter().flatten() {
+            let mut out = p.out.lock();
+            while (out.writer_busy || !out.frames.is_empty()) && !out.closed && Instant::now() < deadline {
+                if !out.writer_busy {
+                    drop(out);
+                    self.flush_peer(p);
+                    out = p.out.lock();
+                    if !out.writer_busy {
+                        continue;
+                    }
+                }
+                p.writer_wake.wait_for(&mut out, POLL_TICK);
+            }
+            drop(out);
+            let _ = p.stream.shutdown(Shutdown::Write);
+        }
+        // The readers end when the peers' goodbyes and end-of-stream arrive, or at the liveness
+        // timeout; then every thread is joined.
+        self.writers_exit.store(true, Ordering::Release);
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for p in self.peers.iter().flatten() {
+            p.writer_wake.notify_all();
+        }
+        for t in threads {
+            let _ = t.join();
+        }
+        for p in self.peers.iter().flatten() {
+            p.alive.store(false, Ordering::Release);
+            let _ = p.stream.shutdown(Shutdown::Both);
+        }
+        *self.handler.lock() = None;
+    }
+}

@@ -1,0 +1,102 @@
+//! Memory regions registered for one-sided access by peers.
+
+use parking_lot::{RwLock, RwLockReadGuard};
+
+use crate::error::AccessError;
+
+/// Identifies a registered region within one node.
+pub type RegionId = u32;
+
+#[derive(Clone, Copy)]
+struct Region {
+    base: usize,
+    len: usize,
+}
+
+/// The table of registered regions. One-sided accesses hold the table's read lock while they
+/// copy, so a region cannot be deregistered (and its memory freed) in the middle of an access.
+#[derive(Default)]
+pub struct Regions {
+    table: RwLock<Vec<Option<Region>>>,
+}
+
+/// A range inside a registered region, valid while the guard lives.
+pub(crate) struct Resolved<'a> {
+    _guard: RwLockReadGuard<'a, Vec<Option<Region>>>,
+    pub ptr: *mut u8,
+}
+
+impl Regions {
+    /// Registers `len` bytes at `base` and returns the new region's id.
+    ///
+    /// # Safety
+    ///
+    /// The memory must stay allocated and valid for reads and writes until
+    /// [`Regions::deregister`] returns for this id. Peers may write into it at any time, from the
+    /// transport's reader threads: the owner must only rely on bytes it knows no peer is writing.
+    pub unsafe fn register(&self, base: *mut u8, len: usize) -> RegionId {
+        let mut table = self.table.write();
+        let region = Some(Region { base: base as usize, len });
+        if let Some(free) = table.iter().position(Option::is_none) {
+            table[free] = region;
+            free as RegionId
+        } else {
+            table.push(region);
+            (table.len() - 1) as RegionId
+        }
+    }
+
+    /// Removes a region; after this returns no access to it is running or will start.
+    pub fn deregister(&self, id: RegionId) -> bool {
+        let mut table = self.table.write();
+        match table.get_mut(id as usize) {
+            Some(slot @ Some(_)) => {
+                *slot = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Checks that `offset..offset+len` lies inside region `id` and returns a pointer to it.
+    pub(crate) fn resolve(&self, id: RegionId, offset: u64, len: usize) -> Result<Resolved<'_>, AccessError> {
+        let guard = self.table.read();
+        let region = guard.get(id as usize).copied().flatten().ok_or(AccessError::UnknownRegion(id))?;
+        let end = offset.checked_add(len as u64);
+        if end.is_none_or(|end| end > region.len as u64) {
+            return Err(AccessError::OutOfBounds {
+                region: id,
+                offset,
+                len: len as u64,
+                region_len: region.len as u64,
+            });
+        }
+        let ptr = (region.base + offset as usize) as *mut u8;
+        Ok(Resolved { _guard: guard, ptr })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_are_enforced_and_ids_reused() {
+        let regions = Regions::default();
+        let mut a = vec![0u8; 64];
+        let mut b = vec![0u8; 16];
+        // SAFETY: both vectors outlive the table's use of them in this test.
+        let (ra, rb) = unsafe { (regions.register(a.as_mut_ptr(), a.len()), regions.register(b.as_mut_ptr(), b.len())) };
+        assert!(regions.resolve(ra, 0, 64).is_ok());
+        assert!(regions.resolve(ra, 60, 4).is_ok());
+        assert!(matches!(regions.resolve(ra, 61, 4), Err(AccessError::OutOfBounds { .. })));
+        assert!(matches!(regions.resolve(ra, u64::MAX, 2), Err(AccessError::OutOfBounds { .. })));
+        assert!(matches!(regions.resolve(9, 0, 1), Err(AccessError::UnknownRegion(9))));
+        assert!(regions.deregister(ra));
+        assert!(regions.resolve(ra, 0, 1).is_err());
+        // SAFETY: as above.
+        let rc = unsafe { regions.register(a.as_mut_ptr(), 8) };
+        assert_eq!(rc, ra);
+        assert!(regions.resolve(rb, 0, 16).is_ok());
+    }
+}

@@ -1,0 +1,353 @@
+//! Cluster set-up: rendezvous at a coordinator, then one connection per pair of nodes.
+//!
+//! Rank 0 listens on the coordinator address; every other rank connects to it and announces its
+//! rank and the cluster size. The coordinator then runs all-gather rounds (each node contributes
+//! a blob and receives everybody's) which the engine uses to exchange listening addresses and
+//! configuration fingerprints, and a clock round so that nodes can relate their monotonic clocks.
+//! Finally the higher rank of every pair connects to the lower one.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use crate::error::{io_err, TransportError};
+use crate::mesh::{Mesh, MeshConfig};
+
+const RENDEZVOUS_MAGIC: &[u8; 8] = b"FERRY-RV";
+const MESH_MAGIC: &[u8; 8] = b"FERRY-MS";
+const VERSION: u32 = 1;
+const MAX_BLOB: usize = 64 << 20;
+const CLOCK_ROUNDS: usize = 8;
+
+/// Nanoseconds of the system-wide monotonic clock (comparable between processes of one host).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec and CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+enum Link {
+    Coordinator(Vec<TcpStream>),
+    Member(TcpStream),
+}
+
+/// A node's membership in the cluster's rendezvous.
+pub struct Rendezvous {
+    rank: usize,
+    nodes: usize,
+    link: Link,
+    local_ip: IpAddr,
+}
+
+fn setup_err(msg: impl Into<String>) -> TransportError {
+    TransportError::Setup(msg.into())
+}
+
+fn write_blob(stream: &mut TcpStream, blob: &[u8]) -> io::Result<()> {
+    stream.write_all(&(blob.len() as u32).to_le_bytes())?;
+    stream.write_all(blob)
+}
+
+fn read_blob(stream: &mut TcpStream) -> io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_BLOB {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("rendezvous blob of {len} bytes")));
+    }
+    let mut blob = vec![0u8; len];
+    stream.read_exact(&mut blob)?;
+    Ok(blob)
+}
+
+fn hello(magic: &[u8; 8], rank: usize, nodes: usize) -> Vec<u8> {
+    let mut out = magic.to_vec();
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&(rank as u32).to_le_bytes());
+    out.extend_from_slice(&(nodes as u32).to_le_bytes());
+    out
+}
+
+fn parse_hello(magic: &[u8; 8], blob: &[u8]) -> Result<(usize, usize), String> {
+    if blob.len() != 20 || &blob[..8] != magic {
+        return Err("not a Ferry node (bad greeting)".into());
+    }
+    let version = u32::from_le_bytes(blob[8..12].try_into().expect("4"));
+    if version != VERSION {
+        return Err(format!("protocol version {version}, expected {VERSION}"));
+    }
+    let rank = u32::from_le_bytes(blob[12..16].try_into().expect("4")) as usize;
+    let nodes = u32::from_le_bytes(blob[16..20].try_into().expect("4")) as usize;
+    Ok((rank, nodes))
+}
+
+fn resolve(address: &str) -> Result<SocketAddr, TransportError> {
+    address
+        .to_socket_addrs()
+        .map_err(|e| setup_err(format!("cannot resolve coordinator address '{address}': {e}")))?
+        .next()
+        .ok_or_else(|| setup_err(format!("coordinator address '{address}' resolves to nothing")))
+}
+
+fn connect_with_retry(addr: SocketAddr, deadline: Instant, what: &str) -> Result<TcpStream, TransportError> {
+    let mut last = None;
+    while Instant::now() < deadline {
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(2))) {
+            Ok(s) => return Ok(s),
+            Err(e) => {
+                last = Some(e);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    Err(setup_err(format!("could not connect to {what} at {addr}: {}", last.map_or("timed out".into(), |e| e.to_string()))))
+}
+
+fn set_deadline(stream: &TcpStream, deadline: Instant) -> Result<(), TransportError> {
+    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    stream.set_read_timeout(Some(left)).map_err(io_err("setting a timeout"))?;
+    stream.set_write_timeout(Some(left)).map_err(io_err("setting a timeout"))
+}
+
+impl Rendezvous {
+    /// Joins the rendezvous: rank 0 listens on `coordinator` and waits for the others; the
+    /// others connect to it (retrying until `timeout`, since the coordinator may start later).
+    pub fn join(rank: usize, nodes: usize, coordinator: &str, timeout: Duration) -> Result<Rendezvous, TransportError> {
+        if nodes == 0 || rank >= nodes {
+            return Err(setup_err(format!("rank {rank} is not below the node count {nodes}")));
+        }
+        if nodes > u16::MAX as usize {
+            return Err(setup_err(format!("{nodes} nodes is more than the supported {}", u16::MAX)));
+        }
+        let deadline = Instant::now() + timeout;
+        if nodes == 1 {
+            return Ok(Rendezvous { rank, nodes, link: Link::Coordinator(Vec::new()), local_ip: IpAddr::from([127, 0, 0, 1]) });
+        }
+        let addr = resolve(coordinator)?;
+        if rank == 0 {
+            Self::serve(nodes, addr, deadline)
+        } else {
+            let mut stream = connect_with_retry(addr, deadline, "the coordinator (rank 0)")?;
+            set_deadline(&stream, deadline)?;
+            stream.set_nodelay(true).map_err(io_err("setting TCP_NODELAY"))?;
+            write_blob(&mut stream, &hello(RENDEZVOUS_MAGIC, rank, nodes)).map_err(io_err("greeting the coordinator"))?;
+            let answer = read_blob(&mut stream).map_err(io_err("waiting for the coordinator to accept this node"))?;
+            if answer != b"OK" {
+                return Err(setup_err(format!("the coordinator refused this node: {}", String::from_utf8_lossy(&answer))));
+            }
+            let local_ip = stream.local_addr().map_err(io_err("reading the local address"))?.ip();
+            Ok(Rendezvous { rank, nodes, link: Link::Member(stream), local_ip })
+        }
+    }
+
+    fn serve(nodes: usize, addr: SocketAddr, deadline: Instant) -> Result<Rendezvous, TransportError> {
+        let listener = bind_reusable(addr).map_err(|e| setup_err(format!("the coordinator cannot listen on {addr}: {e}")))?;
+        listener.set_nonblocking(true).map_err(io_err("configuring the coordinator socket"))?;
+        let mut members: Vec<Option<TcpStream>> = (0..nodes).map(|_| None).collect();
+        let mut joined = 1;
+        let mut local_ip = addr.ip();
+        while joined < nodes {
+            if Instant::now() >= deadline {
+                let missing: Vec<usize> = (1..nodes).filter(|&r| members[r].is_none()).collect();
+                return Err(setup_err(format!("rendezvous timed out: ranks {missing:?} never joined")));
+            }
+            let mut stream = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+                Err(e) => return Err(io_err("accepting a node")(e)),
+            };
+            stream.set_nonblocking(false).map_err(io_err("configuring a socket"))?;
+            set_deadline(&stream, deadline)?;
+            let Ok(blob) = read_blob(&mut stream) else { continue };
+            let refusal = match parse_hello(RENDEZVOUS_MAGIC, &blob) {
+                Err(e) => Some(e),
+                Ok((_, n)) if n != nodes => Some(format!("it announced {n} nodes but the coordinator was started for {nodes}")),
+                Ok((r, _)) if r == 0 || r >= nodes => Some(format!("rank {r} is out of range for {nodes} nodes")),
+                Ok((r, _)) if members[r].is_some() => Some(format!("rank {r} joined twice")),
+                Ok(_) => None,
+            };
+            if let Some(reason) = refusal {
+                let _ = write_blob(&mut stream, reason.as_bytes());
+                return Err(setup_err(format!("a node could not join: {reason}")));
+            }
+            let (rank, _) = parse_hello(RENDEZVOUS_MAGIC, &blob).expect("validated");
+            write_blob(&mut stream, b"OK").map_err(io_err("accepting a node"))?;
+            stream.set_nodelay(true).map_err(io_err("setting TCP_NODELAY"))?;
+            if local_ip.is_unspecified() {
+                local_ip = stream.local_addr().map_err(io_err("reading the local address"))?.ip();
+            }
+            members[rank] = Some(stream);
+            joined += 1;
+        }
+        let streams = members.into_iter().skip(1).map(|s| s.expect("all joined")).collect();
+        Ok(Rendezvous { rank: 0, nodes, link: Link::Coordinator(streams), local_ip })
+    }
+
+    /// This node's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of nodes.
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
+    /// The local address through which this node reached the coordinator; other nodes can
+    /// reach it there.
+    pub fn local_ip(&self) -> IpAddr {
+        self.local_ip
+    }
+
+    /// Every node contributes `blob`; everybody receives all blobs in rank order.
+    pub fn all_gather(&mut self, blob: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>, TransportError> {
+        let deadline = Instant::now() + timeout;
+        match &mut self.link {
+            Link::Member(stream) => {
+                set_deadline(stream, deadline)?;
+                write_blob(stream, blob).map_err(io_err("sending to the coordinator"))?;
+                let count = read_blob(stream).map_err(io_err("waiting for the other nodes"))?;
+                let count = u32::from_le_bytes(count.as_slice().try_into().map_err(|_| setup_err("bad all-gather answer"))?) as usize;
+                if count != self.nodes {
+                    return Err(setup_err(format!("all-gather answered with {count} blobs for {} nodes", self.nodes)));
+                }
+                (0..count).map(|_| read_blob(stream).map_err(io_err("receiving from the coordinator"))).collect()
+            }
+            Link::Coordinator(members) => {
+                let mut blobs = vec![blob.to_vec()];
+                for (i, stream) in members.iter_mut().enumerate() {
+                    set_deadline(stream, deadline)?;
+                    blobs.push(read_blob(stream).map_err(io_err(format!("waiting for rank {}", i + 1)))?);
+                }
+                for (i, stream) in members.iter_mut().enumerate() {
+                    let send = |stream: &mut TcpStream| -> io::Result<()> {
+                        write_blob(stream, &(blobs.len() as u32).to_le_bytes())?;
+                        blobs.iter().try_for_each(|b| write_blob(stream, b))
+                    };
+                    send(stream).map_err(io_err(format!("answering rank {}", i + 1)))?;
+                }
+                Ok(blobs)
+            }
+        }
+    }
+
+    /// Estimates, for every node, the offset to add to its [`monotonic_ns`] to get the
+    /// coordinator's clock (the minimum-round-trip sample of a few ping-pongs). Collective.
+    pub fn clock_offset_ns(&mut self, timeout: Duration) -> Result<i64, TransportError> {
+        let deadline = Instant::now() + timeout;
+        match &mut self.link {
+            Link::Member(stream) => {
+                set_deadline(stream, deadline)?;
+                let mut best: Option<(u64, i64)> = None;
+                for _ in 0..CLOCK_ROUNDS {
+                    let t0 = monotonic_ns();
+                    write_blob(stream, &t0.to_le_bytes()).map_err(io_err("clock round"))?;
+                    let reply = read_blob(stream).map_err(io_err("clock round"))?;
+                    let t1 = monotonic_ns();
+                    let tc = u64::from_le_bytes(reply.as_slice().try_into().map_err(|_| setup_err("bad clock answer"))?);
+                    let rtt = t1.saturating_sub(t0);
+                    let offset = tc as i64 - ((t0 as i128 + t1 as i128) / 2) as i64;
+                    if best.is_none_or(|(r, _)| rtt < r) {
+                        best = Some((rtt, offset));
+                    }
+                }
+                Ok(best.map_or(0, |(_, o)| o))
+            }
+            Link::Coordinator(members) => {
+                for stream in members.iter_mut() {
+                    set_deadline(stream, deadline)?;
+                    for _ in 0..CLOCK_ROUNDS {
+                        read_blob(stream).map_err(io_err("clock round"))?;
+                        write_blob(stream, &monotonic_ns().to_le_bytes()).map_err(io_err("clock round"))?;
+                    }
+                }
+                Ok(0)
+            }
+        }
+    }
+}
+
+fn bind_reusable(addr: SocketAddr) -> io::Result<TcpListener> {
+    let domain = socket2::Domain::for_address(addr);
+    let socket = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+/// Binds a listener for mesh connections on `ip` with a port chosen by the system.
+pub fn bind_listener(ip: IpAddr) -> Result<TcpListener, TransportError> {
+    bind_reusable(SocketAddr::new(ip, 0)).map_err(io_err(format!("listening on {ip}")))
+}
+
+/// Connects this node to every other: to each lower rank at `addresses[r]`, and accepts the
+/// higher ranks on `listener`. Returns the mesh, not yet started.
+pub fn connect_mesh(rank: usize, addresses: &[SocketAddr], listener: TcpListener, config: MeshConfig) -> Result<Mesh, TransportError> {
+    let nodes = addresses.len();
+    let deadline = Instant::now() + config.connect_timeout;
+    let mut streams: Vec<Option<TcpStream>> = (0..nodes).map(|_| None).collect();
+    for (peer, addr) in addresses.iter().enumerate().take(rank) {
+        let mut stream = connect_with_retry(*addr, deadline, &format!("node {peer}"))?;
+        set_deadline(&stream, deadline)?;
+        write_blob(&mut stream, &hello(MESH_MAGIC, rank, nodes)).map_err(io_err(format!("greeting node {peer}")))?;
+        let answer = read_blob(&mut stream).map_err(io_err(format!("waiting for node {peer}")))?;
+        match parse_hello(MESH_MAGIC, &answer) {
+            Ok((r, n)) if r == peer && n == nodes => streams[peer] = Some(stream),
+            Ok((r, n)) => return Err(setup_err(format!("expected node {peer} of {nodes} at {addr}, found node {r} of {n}"))),
+            Err(e) => return Err(setup_err(format!("node {peer} at {addr}: {e}"))),
+        }
+    }
+    listener.set_nonblocking(true).map_err(io_err("configuring the listener"))?;
+    let mut expected = nodes - rank - 1;
+    while expected > 0 {
+        if Instant::now() >= deadline {
+            let missing: Vec<usize> = (rank + 1..nodes).filter(|&r| streams[r].is_none()).collect();
+            return Err(setup_err(format!("nodes {missing:?} never connected")));
+        }
+        let mut stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            Err(e) => return Err(io_err("accepting a node")(e)),
+        };
+        stream.set_nonblocking(false).map_err(io_err("configuring a socket"))?;
+        set_deadline(&stream, deadline)?;
+        let Ok(blob) = read_blob(&mut stream) else { continue };
+        match parse_hello(MESH_MAGIC, &blob) {
+            Ok((r, n)) if n == nodes && r > rank && r < nodes && streams[r].is_none() => {
+                write_blob(&mut stream, &hello(MESH_MAGIC, rank, nodes)).map_err(io_err(format!("answering node {r}")))?;
+                streams[r] = Some(stream);
+                expected -= 1;
+            }
+            Ok((r, n)) => tracing::warn!(rank, "ignoring a connection from node {r} of {n}"),
+            Err(e) => tracing::warn!(rank, "ignoring a connection: {e}"),
+        }
+    }
+    Mesh::from_streams(rank, nodes, streams, config)
+}
+
+/// Runs the whole set-up for a node: rendezvous, address exchange and mesh connection.
+/// Returns the rendezvous (still open for further all-gather rounds) and the unstarted mesh.
+pub fn join_cluster(rank: usize, nodes: usize, coordinator: &str, config: MeshConfig) -> Result<(Rendezvous, Mesh), TransportError> {
+    let mut rendezvous = Rendezvous::join(rank, nodes, coordinator, config.connect_timeout)?;
+    let listener = bind_listener(rendezvous.local_ip())?;
+    let local = listener.local_addr().map_err(io_err("reading the listener address"))?;
+    let blobs = rendezvous.all_gather(local.to_string().as_bytes(), config.connect_timeout)?;
+    let addresses = blobs
+        .iter()
+        .enumerate()
+        .map(|(r, b)| {
+            std::str::from_utf8(b).ok().and_then(|s| s.parse::<SocketAddr>().ok()).ok_or_else(|| setup_err(format!("node {r} announced a bad address")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mesh = connect_mesh(rank, &addresses, listener, config)?;
+    Ok((rendezvous, mesh))
+}

@@ -1,0 +1,274 @@
+//! Meshes of real TCP connections on loopback, several nodes in one test process.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_tcp::{connect_mesh, bind_listener, join_cluster, AccessError, Handler, LandedWrite, Mesh, MeshConfig, TransportError};
+use parking_lot::{Condvar, Mutex};
+
+#[derive(Debug, Clone, PartialEq)]
+enum Event {
+    Message(usize, Vec<u8>),
+    Landed(usize, LandedWrite),
+    WriteError(usize, u64, AccessError),
+    ReadDone(usize, u64, Result<(), AccessError>),
+    Closed(usize, bool),
+}
+
+#[derive(Default)]
+struct Recorder {
+    events: Mutex<Vec<Event>>,
+    changed: Condvar,
+}
+
+impl Recorder {
+    fn push(&self, e: Event) {
+        self.events.lock().push(e);
+        self.changed.notify_all();
+    }
+
+    fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&[Event]) -> bool) -> Vec<Event> {
+        let deadline = Instant::now() + timeout;
+        let mut events = self.events.lock();
+        while !pred(&events) {
+            assert!(!self.changed.wait_until(&mut events, deadline).timed_out(), "timed out waiting for {what}; saw {:?}", *events);
+        }
+        events.clone()
+    }
+}
+
+impl Handler for Recorder {
+    fn on_message(&self, from: usize, payload: &[u8]) {
+        self.push(Event::Message(from, payload.to_vec()));
+    }
+    fn on_writes_landed(&self, from: usize, writes: &[LandedWrite]) {
+        for w in writes {
+            self.push(Event::Landed(from, *w));
+        }
+    }
+    fn on_write_error(&self, peer: usize, wr_id: u64, error: AccessError) {
+        self.push(Event::WriteError(peer, wr_id, error));
+    }
+    fn on_read_complete(&self, peer: usize, wr_id: u64, result: Result<(), AccessError>) {
+        self.push(Event::ReadDone(peer, wr_id, result));
+    }
+    fn on_peer_closed(&self, peer: usize, error: Option<&TransportError>) {
+        self.push(Event::Closed(peer, error.is_none()));
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn cluster(nodes: usize, config: MeshConfig) -> Vec<(Mesh, Arc<Recorder>)> {
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let handles: Vec<_> = (0..nodes)
+        .map(|rank| {
+            let (coordinator, config) = (coordinator.clone(), config.clone());
+            std::thread::spawn(move || join_cluster(rank, nodes, &coordinator, config).map(|(_, mesh)| mesh))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| {
+            let mesh = h.join().unwrap().expect("cluster set-up");
+            let rec = Arc::new(Recorder::default());
+            mesh.start(rec.clone()).unwrap();
+            (mesh, rec)
+        })
+        .collect()
+}
+
+fn quick_config() -> MeshConfig {
+    MeshConfig { heartbeat: Duration::from_millis(50), peer_timeout: Duration::from_millis(600), ..MeshConfig::default() }
+}
+
+#[test]
+fn messages_arrive_in_order_between_every_pair() {
+    let nodes = cluster(3, MeshConfig::default());
+    for (mesh, _) in &nodes {
+        for peer in 0..3 {
+            if peer == mesh.rank() {
+                continue;
+            }
+            for i in 0..200u32 {
+                let mut payload = vec![mesh.rank() as u8];
+                payload.extend_from_slice(&i.to_le_bytes());
+                payload.resize(5 + (i as usize * 37) % 3000, 7);
+                mesh.send(peer, payload).unwrap();
+            }
+        }
+    }
+    for (mesh, rec) in &nodes {
+        let events = rec.wait_for("400 messages", Duration::from_secs(10), |e| e.len() >= 400);
+        for from in 0..3 {
+            if from == mesh.rank() {
+                continue;
+            }
+            let seq: Vec<u32> = events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Message(f, p) if *f == from => {
+                        assert_eq!(p[0] as usize, from);
+                        Some(u32::from_le_bytes(p[1..5].try_into().unwrap()))
+                    }
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(seq, (0..200).collect::<Vec<_>>(), "order from {from} at {}", mesh.rank());
+        }
+    }
+    for (mesh, _) in &nodes {
+        mesh.shutdown();
+    }
+}
+
+#[test]
+fn large_messages_in_both_directions_do_not_deadlock() {
+    let nodes = cluster(2, MeshConfig::default());
+    let big = vec![3u8; 48 << 20];
+    nodes[0].0.send(1, big.clone()).unwrap();
+    nodes[1].0.send(0, big.clone()).unwrap();
+    nodes[0].0.send(1, vec![1]).unwrap();
+    nodes[1].0.send(0, vec![1]).unwrap();
+    for (_, rec) in &nodes {
+        let events = rec.wait_for("both messages", Duration::from_secs(30), |e| e.len() >= 2);
+        assert!(matches!(&events[0], Event::Message(_, p) if p.len() == big.len() && p.iter().all(|&b| b == 3)));
+        assert!(matches!(&events[1], Event::Message(_, p) if p == &vec![1]));
+    }
+}
+
+#[test]
+fn one_sided_writes_reads_and_their_errors() {
+    let nodes = cluster(2, MeshConfig::default());
+    let (a, rec_a) = (&nodes[0].0, &nodes[0].1);
+    let (b, rec_b) = (&nodes[1].0, &nodes[1].1);
+    let mut target = vec![0u8; 4096];
+    let mut local = vec![0u8; 4096];
+    // SAFETY: both buffers outlive the meshes' use of them (regions are deregistered below).
+    let region_b = unsafe { b.register(target.as_mut_ptr(), target.len()) };
+    let region_a = unsafe { a.register(local.as_mut_ptr(), local.len()) };
+
+    let data: Vec<u8> = (0..255u8).collect();
+    a.write(1, region_b, 100, &data, Some(42), 1).unwrap();
+    let events = rec_b.wait_for("the landed write", Duration::from_secs(5), |e| !e.is_empty());
+    assert_eq!(events[0], Event::Landed(0, LandedWrite { imm: 42, region: region_b, offset: 100, len: 255 }));
+    assert_eq!(&target[100..355], &data[..]);
+
+    a.read(1, region_b, 100, 255, region_a, 1000, 7).unwrap();
+    let events = rec_a.wait_for("the read", Duration::from_secs(5), |e| !e.is_empty());
+    assert_eq!(events[0], Event::ReadDone(1, 7, Ok(())));
+    assert_eq!(&local[1000..1255], &data[..]);
+
+    // Out of bounds and unknown regions come back as errors, and the connection survives.
+    a.write(1, region_b, 4000, &data, None, 9).unwrap();
+    a.read(1, region_b + 5, 0, 8, region_a, 0, 8).unwrap();
+    a.read(1, region_b, 4095, 2, region_a, 0, 10).unwrap();
+    let events = rec_a.wait_for("three errors", Duration::from_secs(5), |e| e.len() >= 4);
+    assert!(matches!(events[1], Event::WriteError(1, 9, AccessError::OutOfBounds { .. })));
+    assert_eq!(events[2], Event::ReadDone(1, 8, Err(AccessError::UnknownRegion(region_b + 5))));
+    assert!(matches!(events[3], Event::ReadDone(1, 10, Err(AccessError::OutOfBounds { .. }))));
+    assert!(a.read(1, region_b, 0, 8, region_a, 4090, 11).is_err(), "local destination out of bounds");
+    a.send(1, b"still here".to_vec()).unwrap();
+    rec_b.wait_for("a message after the errors", Duration::from_secs(5), |e| e.iter().any(|e| matches!(e, Event::Message(0, p) if p == b"still here")));
+    assert!(a.is_alive(1));
+    b.deregister(region_b);
+    a.deregister(region_a);
+}
+
+#[test]
+fn clean_shutdown_reports_goodbye_and_joins() {
+    let mut nodes = cluster(2, MeshConfig::default());
+    let (b, rec_b) = nodes.pop().unwrap();
+    let (a, rec_a) = nodes.pop().unwrap();
+    let t = std::thread::spawn(move || b.shutdown());
+    a.shutdown();
+    t.join().unwrap();
+    assert!(rec_a.events.lock().contains(&Event::Closed(1, true)));
+    assert!(rec_b.events.lock().contains(&Event::Closed(0, true)));
+}
+
+#[test]
+fn a_vanished_peer_is_reported_as_lost() {
+    let mut nodes = cluster(3, quick_config());
+    let (c, _) = nodes.pop().unwrap();
+    // Cut node 2 off without a goodbye: its sockets close under it.
+    drop_without_goodbye(c);
+    for (mesh, rec) in &nodes {
+        rec.wait_for("loss of node 2", Duration::from_secs(5), |e| e.contains(&Event::Closed(2, false)));
+        assert!(!mesh.is_alive(2));
+        assert!(matches!(mesh.send(2, vec![1]), Err(TransportError::PeerGone(2))));
+    }
+    nodes[0].0.send(1, b"ok".to_vec()).unwrap();
+    nodes[1].1.wait_for("message between survivors", Duration::from_secs(5), |e| e.iter().any(|e| matches!(e, Event::Message(0, _))));
+}
+
+fn drop_without_goodbye(mesh: Mesh) {
+    mesh.abort();
+}
+
+#[test]
+fn a_silent_peer_times_out() {
+    // Node 1 connects but never starts its mesh: no heartbeats, no reads.
+    let port = free_port();
+    let coordinator = format!("127.0.0.1:{port}");
+    let c2 = coordinator.clone();
+    let silent = std::thread::spawn(move || join_cluster(1, 2, &c2, quick_config()).map(|(_, m)| m));
+    let (_, a) = join_cluster(0, 2, &coordinator, quick_config()).unwrap();
+    let silent = silent.join().unwrap().unwrap();
+    let rec = Arc::new(Recorder::default());
+    a.start(rec.clone()).unwrap();
+    let started = Instant::now();
+    rec.wait_for("the timeout", Duration::from_secs(5), |e| e.contains(&Event::Closed(1, false)));
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    drop(silent);
+}
+
+#[test]
+fn malformed_and_oversized_frames_close_only_that_connection() {
+    for garbage in [vec![0u8; 16], {
+        let mut h = ferry_tcp::Header { kind: ferry_tcp::FrameKind::Message, flags: 0, len: 0 }.encode().to_vec();
+        h[4..8].copy_from_slice(&(2u32 << 20).to_le_bytes());
+        h
+    }] {
+        // A 3-node mesh where node 2 is a hand-written impostor speaking the set-up protocol.
+        let config = MeshConfig { max_frame: 1 << 20, ..quick_config() };
+        let listeners: Vec<_> = (0..2).map(|_| bind_listener("127.0.0.1".parse().unwrap()).unwrap()).collect();
+        let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).chain(["127.0.0.1:9".parse().unwrap()]).collect();
+        let mut listeners = listeners.into_iter();
+        let (l0, l1) = (listeners.next().unwrap(), listeners.next().unwrap());
+        let (a0, a1) = (addrs.clone(), addrs.clone());
+        let (c0, c1) = (config.clone(), config.clone());
+        let n0 = std::thread::spawn(move || connect_mesh(0, &a0, l0, c0));
+        let n1 = std::thread::spawn(move || connect_mesh(1, &a1, l1, c1));
+        let mut impostors = Vec::new();
+        for peer in 0..2 {
+            let mut s = TcpStream::connect(addrs[peer]).unwrap();
+            let mut hello = b"FERRY-MS".to_vec();
+            hello.extend_from_slice(&1u32.to_le_bytes());
+            hello.extend_from_slice(&2u32.to_le_bytes());
+            hello.extend_from_slice(&3u32.to_le_bytes());
+            s.write_all(&(hello.len() as u32).to_le_bytes()).unwrap();
+            s.write_all(&hello).unwrap();
+            let mut len = [0u8; 4];
+            s.read_exact(&mut len).unwrap();
+            let mut answer = vec![0u8; u32::from_le_bytes(len) as usize];
+            s.read_exact(&mut answer).unwrap();
+            impostors.push(s);
+        }
+        let m0 = n0.join().unwrap().unwrap();
+        let m1 = n1.join().unwrap().unwrap();
+        let (r0, r1) = (Arc::new(Recorder::default()), Arc::new(Recorder::default()));
+        m0.start(r0.clone()).unwrap();
+        m1.start(r1.clone()).unwrap();
+        impostors[0].write_all(&garbage).unwrap();
+        r0.wait_for("the impostor's connection to close", Duration::from_secs(5), |e| e.contains(&Event::Closed(2, false)));
+        m1.send(0, b"fine".to_vec()).unwrap();
+        r0.wait_for("a message from the honest node", Duration::from_secs(5), |e| e.iter().any(|e| matches!(e, Event::Message(1, p) if p == b"fine")));
+        assert!(m0.is_alive(1));
+        assert!(!m0.is_alive(2));
+    }
+}

@@ -1,0 +1,1 @@
+//! Placeholder until the verbs issue.
