@@ -1,0 +1,293 @@
+//! Node and table configuration, and discovery of the cluster from the environment.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// How keys are assigned to home nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Partitioning {
+    /// Contiguous key ranges of (nearly) equal size, in rank order.
+    Range,
+    /// Keys scattered over nodes by a multiplicative hash (a bijection of the key space), so
+    /// neighbouring keys land on different nodes.
+    Hash,
+}
+
+/// Element type of a table's values. Only `f32` exists today; the enum keeps the door open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ElementType {
+    /// 32-bit IEEE floats.
+    F32,
+}
+
+impl ElementType {
+    /// Size of one element in bytes.
+    pub fn size(self) -> usize {
+        match self {
+            ElementType::F32 => 4,
+        }
+    }
+}
+
+/// A named table of `keys` parameters, each a dense vector of `value_len` elements.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TableSpec {
+    /// Name used to look the table up.
+    pub name: String,
+    /// Number of keys; keys are `0..keys`.
+    pub keys: u64,
+    /// Elements per value.
+    pub value_len: usize,
+    /// Home-node assignment.
+    pub partitioning: Partitioning,
+    /// Element type.
+    pub element: ElementType,
+}
+
+impl TableSpec {
+    /// A range-partitioned f32 table.
+    pub fn new(name: impl Into<String>, keys: u64, value_len: usize) -> TableSpec {
+        TableSpec { name: name.into(), keys, value_len, partitioning: Partitioning::Range, element: ElementType::F32 }
+    }
+
+    /// The same table with another partitioning.
+    pub fn partitioned(mut self, partitioning: Partitioning) -> TableSpec {
+        self.partitioning = partitioning;
+        self
+    }
+}
+
+/// Which fabric carries the cluster's traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// Verbs when every node has an active verbs port, TCP otherwise.
+    Auto,
+    /// TCP only.
+    Tcp,
+    /// Verbs only; start-up fails without an active port.
+    Verbs,
+}
+
+/// Whether parameter arenas may use huge pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HugePages {
+    /// Explicit huge pages (`MAP_HUGETLB`), else transparent huge pages, else normal pages.
+    Auto,
+    /// Normal pages only.
+    Off,
+}
+
+/// Everything a node needs to start.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// This node's rank, `0..nodes`.
+    pub rank: usize,
+    /// Number of nodes in the cluster.
+    pub nodes: usize,
+    /// `host:port` where rank 0 runs the rendezvous.
+    pub coordinator: String,
+    /// The tables, identical on every node.
+    pub tables: Vec<TableSpec>,
+    /// Number of striped latches (`key mod L`) guarding local parameter access.
+    pub latches: usize,
+    /// Fabric selection.
+    pub transport: TransportChoice,
+    /// Whether `localize` moves parameters. Off gives a classic parameter server in which every
+    /// key stays at its home node and `localize` completes at once without moving anything.
+    pub relocation: bool,
+    /// Per-node location caches (see the consistency notes on [`crate::Worker`]).
+    pub location_caches: bool,
+    /// Huge-page use for parameter arenas.
+    pub huge_pages: HugePages,
+    /// A peer silent for this long is declared lost.
+    pub peer_timeout: Duration,
+    /// Idle connections send heartbeats this often.
+    pub heartbeat: Duration,
+    /// A remote operation (or an incoming relocation) that takes longer fails with a timeout.
+    pub op_timeout: Duration,
+    /// How long cluster start-up may take.
+    pub connect_timeout: Duration,
+    /// Largest protocol message; bigger operations are split into parts of about this size.
+    pub max_message_bytes: usize,
+}
+
+impl Config {
+    /// A single-node configuration with default settings.
+    pub fn new(tables: Vec<TableSpec>) -> Config {
+        Config {
+            rank: 0,
+            nodes: 1,
+            coordinator: "127.0.0.1:0".into(),
+            tables,
+            latches: 1000,
+            transport: TransportChoice::Auto,
+            relocation: true,
+            location_caches: false,
+            huge_pages: HugePages::Auto,
+            peer_timeout: Duration::from_secs(5),
+            heartbeat: Duration::from_millis(500),
+            op_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(60),
+            max_message_bytes: 4 << 20,
+        }
+    }
+
+    /// A configuration whose rank, node count and coordinator come from the environment (see
+    /// [`ClusterEnv::detect`]).
+    pub fn from_env(tables: Vec<TableSpec>) -> Result<Config> {
+        let env = ClusterEnv::detect(|name| std::env::var(name).ok())?;
+        let mut config = Config::new(tables);
+        config.rank = env.rank;
+        config.nodes = env.nodes;
+        if let Some(c) = env.coordinator {
+            config.coordinator = c;
+        }
+        Ok(config)
+    }
+
+    /// Checks the configuration for values that cannot work.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(m));
+        if self.nodes == 0 || self.nodes > u16::MAX as usize - 1 {
+            return bad(format!("node count {} is outside 1..{}", self.nodes, u16::MAX - 1));
+        }
+        if self.rank >= self.nodes {
+            return bad(format!("rank {} is not below the node count {}", self.rank, self.nodes));
+        }
+        if self.tables.is_empty() {
+            return bad("no tables configured".into());
+        }
+        if self.tables.len() > u16::MAX as usize {
+            return bad("too many tables".into());
+        }
+        if self.latches == 0 {
+            return bad("at least one latch is needed".into());
+        }
+        if self.max_message_bytes < 4096 {
+            return bad("max_message_bytes must be at least 4096".into());
+        }
+        for (i, t) in self.tables.iter().enumerate() {
+            if t.name.is_empty() {
+                return bad(format!("table {i} has an empty name"));
+            }
+            if self.tables[..i].iter().any(|o| o.name == t.name) {
+                return bad(format!("table name '{}' is used twice", t.name));
+            }
+            if t.keys == 0 || t.keys >= u32::MAX as u64 * 1024 {
+                return bad(format!("table '{}' has {} keys; it needs 1..{}", t.name, t.keys, u32::MAX as u64 * 1024));
+            }
+            if t.value_len == 0 || t.value_len > (self.max_message_bytes - 64) / t.element.size() {
+                return bad(format!("table '{}' has values of {} elements; they must fit one message ({} bytes)", t.name, t.value_len, self.max_message_bytes));
+            }
+        }
+        Ok(())
+    }
+
+    /// A fingerprint of everything that must be identical on all nodes.
+    pub(crate) fn fingerprint(&self) -> u64 {
+        let mut text = format!("nodes={};relocation={};caches={};", self.nodes, self.relocation, self.location_caches);
+        for t in &self.tables {
+            text.push_str(&format!("{}:{}:{}:{:?}:{:?};", t.name, t.keys, t.value_len, t.partitioning, t.element));
+        }
+        fnv1a(text.as_bytes())
+    }
+}
+
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// A node's place in the cluster as found in the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterEnv {
+    /// This node's rank.
+    pub rank: usize,
+    /// Number of nodes.
+    pub nodes: usize,
+    /// Rendezvous address, when given.
+    pub coordinator: Option<String>,
+    /// Which launcher's variables were used.
+    pub source: &'static str,
+}
+
+impl ClusterEnv {
+    /// Reads, in this order: `FERRY_RANK`/`FERRY_NODES`; Slurm's `SLURM_PROCID`/`SLURM_NTASKS`;
+    /// Open MPI's `OMPI_COMM_WORLD_RANK`/`OMPI_COMM_WORLD_SIZE`; PMI's `PMI_RANK`/`PMI_SIZE`. The
+    /// rendezvous address is always `FERRY_COORDINATOR` and is required for more than one node.
+    /// Without any of these the node runs alone (rank 0 of 1).
+    pub fn detect(get: impl Fn(&str) -> Option<String>) -> Result<ClusterEnv> {
+        const SOURCES: [(&str, &str, &str); 4] = [
+            ("ferry", "FERRY_RANK", "FERRY_NODES"),
+            ("slurm", "SLURM_PROCID", "SLURM_NTASKS"),
+            ("open-mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+            ("pmi", "PMI_RANK", "PMI_SIZE"),
+        ];
+        let coordinator = get("FERRY_COORDINATOR").filter(|c| !c.trim().is_empty());
+        for (source, rank_var, size_var) in SOURCES {
+            let Some(rank) = get(rank_var) else { continue };
+            let parse = |var: &str, value: &str| -> Result<usize> {
+                value.trim().parse::<usize>().map_err(|_| Error::Config(format!("{var}='{value}' is not a non-negative integer")))
+            };
+            let rank = parse(rank_var, &rank)?;
+            let nodes = match get(size_var) {
+                Some(v) => parse(size_var, &v)?,
+                None => return Err(Error::Config(format!("{rank_var} is set but {size_var} is not"))),
+            };
+            if nodes == 0 || rank >= nodes {
+                return Err(Error::Config(format!("{rank_var}={rank} is not below {size_var}={nodes}")));
+            }
+            if nodes > 1 && coordinator.is_none() {
+                return Err(Error::Config(format!("{nodes} nodes from {source} variables, but FERRY_COORDINATOR (host:port of rank 0) is not set")));
+            }
+            return Ok(ClusterEnv { rank, nodes, coordinator, source });
+        }
+        Ok(ClusterEnv { rank: 0, nodes: 1, coordinator, source: "none" })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> Result<ClusterEnv> {
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        ClusterEnv::detect(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn detection_order_and_errors() {
+        assert_eq!(env(&[]).unwrap(), ClusterEnv { rank: 0, nodes: 1, coordinator: None, source: "none" });
+        let e = env(&[("FERRY_RANK", "1"), ("FERRY_NODES", "3"), ("FERRY_COORDINATOR", "h:1"), ("SLURM_PROCID", "2"), ("SLURM_NTASKS", "4")]).unwrap();
+        assert_eq!((e.rank, e.nodes, e.source), (1, 3, "ferry"));
+        let e = env(&[("SLURM_PROCID", "2"), ("SLURM_NTASKS", "4"), ("OMPI_COMM_WORLD_RANK", "0"), ("FERRY_COORDINATOR", "h:1")]).unwrap();
+        assert_eq!((e.rank, e.nodes, e.source), (2, 4, "slurm"));
+        let e = env(&[("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "4"), ("FERRY_COORDINATOR", "h:1")]).unwrap();
+        assert_eq!((e.rank, e.source), (3, "open-mpi"));
+        let e = env(&[("PMI_RANK", "0"), ("PMI_SIZE", "1")]).unwrap();
+        assert_eq!((e.rank, e.nodes, e.source), (0, 1, "pmi"));
+        assert!(env(&[("PMI_RANK", "0"), ("PMI_SIZE", "2")]).is_err(), "coordinator required");
+        assert!(env(&[("FERRY_RANK", "x"), ("FERRY_NODES", "2")]).is_err());
+        assert!(env(&[("FERRY_RANK", "2"), ("FERRY_NODES", "2"), ("FERRY_COORDINATOR", "h:1")]).is_err());
+        assert!(env(&[("FERRY_RANK", "0")]).is_err());
+    }
+
+    #[test]
+    fn validation_catches_bad_tables() {
+        assert!(Config::new(vec![TableSpec::new("a", 10, 4)]).validate().is_ok());
+        assert!(Config::new(vec![]).validate().is_err());
+        assert!(Config::new(vec![TableSpec::new("a", 0, 4)]).validate().is_err());
+        assert!(Config::new(vec![TableSpec::new("a", 10, 0)]).validate().is_err());
+        assert!(Config::new(vec![TableSpec::new("a", 10, 1), TableSpec::new("a", 5, 1)]).validate().is_err());
+        let mut c = Config::new(vec![TableSpec::new("a", 10, 1)]);
+        c.rank = 1;
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,31 @@
+//! Ferry: a parameter store for distributed machine-learning training.
+//!
+//! Trainers embed Ferry as a library. Every node runs one process that holds a share of the
+//! model's parameters in huge-page arenas plus the trainer's worker threads; workers `pull` and
+//! `push` any parameter by key, wherever it lives, and `localize` moves parameters to the node
+//! that uses them (dynamic parameter allocation, as in Lapse).
+//!
+//! The pieces:
+//! * [`Node`] starts a node (rendezvous, fabric, store, protocol) and hands out [`Worker`]s;
+//! * [`Worker`] is one trainer thread's handle with the synchronous and asynchronous API;
+//! * [`protocol`] is the parameter-server protocol as a deterministic state machine;
+//! * [`sim`] runs that state machine in simulated clusters and [`consistency`] checks the
+//!   recorded histories for per-key sequential consistency;
+//! * [`store`] holds the values, [`partition`] maps keys to home nodes.
+
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod config;
+pub mod consistency;
+mod error;
+pub mod partition;
+pub mod protocol;
+pub mod sim;
+pub mod stats;
+pub mod store;
+mod util;
+
+pub use config::{ClusterEnv, Config, ElementType, HugePages, Partitioning, TableSpec, TransportChoice};
+pub use error::{Error, Result};
+pub use stats::{Latency, MessageKind, Stats, Traffic};

@@ -1,0 +1,154 @@
+//! Key → home-node assignment.
+//!
+//! Both schemes map a key to a *position* in `0..keys` (range: the key itself; hash: a
+//! multiplicative bijection `key·m mod keys` with `m` coprime to `keys`) and cut the positions
+//! into `nodes` contiguous runs of nearly equal length. A home node's keys therefore have dense
+//! indices `0..home_count`, which is what keeps its location table small and array-backed.
+
+use crate::config::Partitioning;
+
+/// The home-node mapping of one table.
+#[derive(Debug, Clone)]
+pub struct Partitioner {
+    keys: u64,
+    nodes: u64,
+    kind: Partitioning,
+    mult: u64,
+    inverse: u64,
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// Inverse of `a` modulo `m` (they must be coprime).
+fn mod_inverse(a: u64, m: u64) -> u64 {
+    if m == 1 {
+        return 0;
+    }
+    let (mut old_r, mut r) = (a as i128, m as i128);
+    let (mut old_s, mut s) = (1i128, 0i128);
+    while r != 0 {
+        let q = old_r / r;
+        (old_r, r) = (r, old_r - q * r);
+        (old_s, s) = (s, old_s - q * s);
+    }
+    old_s.rem_euclid(m as i128) as u64
+}
+
+impl Partitioner {
+    /// The mapping of `keys` keys onto `nodes` nodes.
+    pub fn new(keys: u64, nodes: usize, kind: Partitioning) -> Partitioner {
+        let keys = keys.max(1);
+        // A multiplier near keys/φ spreads neighbours far apart; gcd(keys-1, keys) = 1 bounds
+        // the search. With a single key every multiplier maps it to position 0.
+        let mut mult = ((keys as f64) * 0.618_033_988_749_894_9) as u64;
+        mult = mult.clamp(1, keys.saturating_sub(1).max(1));
+        while keys > 1 && gcd(mult, keys) != 1 {
+            mult += 1;
+        }
+        let inverse = mod_inverse(mult, keys);
+        Partitioner { keys, nodes: nodes as u64, kind, mult, inverse }
+    }
+
+    #[inline]
+    fn position(&self, key: u64) -> u64 {
+        match self.kind {
+            Partitioning::Range => key,
+            Partitioning::Hash => ((key as u128 * self.mult as u128) % self.keys as u128) as u64,
+        }
+    }
+
+    #[inline]
+    fn key_at(&self, position: u64) -> u64 {
+        match self.kind {
+            Partitioning::Range => position,
+            Partitioning::Hash => ((position as u128 * self.inverse as u128) % self.keys as u128) as u64,
+        }
+    }
+
+    /// First position of `node`'s run.
+    #[inline]
+    fn start(&self, node: u64) -> u64 {
+        ((node as u128 * self.keys as u128) / self.nodes as u128) as u64
+    }
+
+    /// The home node of `key` (which must be below the table's key count).
+    #[inline]
+    pub fn home(&self, key: u64) -> usize {
+        let pos = self.position(key) as u128;
+        (((pos + 1) * self.nodes as u128 - 1) / self.keys as u128) as usize
+    }
+
+    /// The dense index of `key` among its home node's keys.
+    #[inline]
+    pub fn home_index(&self, key: u64) -> usize {
+        let pos = self.position(key);
+        (pos - self.start(self.home(key) as u64)) as usize
+    }
+
+    /// Number of keys homed at `node`.
+    pub fn home_count(&self, node: usize) -> usize {
+        (self.start(node as u64 + 1) - self.start(node as u64)) as usize
+    }
+
+    /// The keys homed at `node`, in home-index order.
+    pub fn home_keys(&self, node: usize) -> impl Iterator<Item = u64> + '_ {
+        (self.start(node as u64)..self.start(node as u64 + 1)).map(move |p| self.key_at(p))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn check(keys: u64, nodes: usize, kind: Partitioning) {
+        let p = Partitioner::new(keys, nodes, kind);
+        let mut seen = vec![false; keys as usize];
+        let mut total = 0;
+        for node in 0..nodes {
+            let count = p.home_count(node);
+            assert!(count as u64 <= keys / nodes as u64 + 1);
+            for (i, key) in p.home_keys(node).enumerate() {
+                assert!(key < keys);
+                assert!(!seen[key as usize], "key {key} twice");
+                seen[key as usize] = true;
+                assert_eq!(p.home(key), node, "home of {key}");
+                assert_eq!(p.home_index(key), i, "index of {key}");
+                total += 1;
+            }
+            assert_eq!(total, (0..=node).map(|n| p.home_count(n)).sum::<usize>());
+        }
+        assert_eq!(total as u64, keys);
+    }
+
+    #[test]
+    fn small_cases() {
+        for keys in 1..40 {
+            for nodes in 1..6 {
+                check(keys, nodes, Partitioning::Range);
+                check(keys, nodes, Partitioning::Hash);
+            }
+        }
+    }
+
+    #[test]
+    fn hash_scatters_neighbours() {
+        let p = Partitioner::new(1_000_000, 4, Partitioning::Hash);
+        let differing = (0..1000u64).filter(|&k| p.home(k) != p.home(k + 1)).count();
+        assert!(differing > 500, "only {differing} of 1000 neighbour pairs differ");
+    }
+
+    proptest! {
+        #[test]
+        fn every_key_has_exactly_one_home(keys in 1u64..5000, nodes in 1usize..9) {
+            check(keys, nodes, Partitioning::Hash);
+            check(keys, nodes, Partitioning::Range);
+        }
+    }
+}

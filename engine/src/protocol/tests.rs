@@ -1,0 +1,79 @@
+//! Protocol tests on simulated clusters (the full seed sweeps live in the `ferry-tests` crate).
+
+use crate::config::Partitioning;
+use crate::sim::{run_and_check, SimOptions};
+
+fn sweep(seeds: std::ops::Range<u64>, configure: impl Fn(&mut SimOptions)) {
+    for seed in seeds {
+        let mut opts = SimOptions::small(seed);
+        configure(&mut opts);
+        if let Err(f) = run_and_check(opts) {
+            panic!("{f}");
+        }
+    }
+}
+
+#[test]
+fn classic_parameter_server_is_sequentially_consistent() {
+    sweep(0..40, |o| o.relocation = false);
+}
+
+#[test]
+fn relocation_is_sequentially_consistent() {
+    sweep(0..60, |_| {});
+}
+
+#[test]
+fn relocation_with_hash_partitioning_and_small_messages() {
+    sweep(100..130, |o| {
+        o.partitioning = Partitioning::Hash;
+        o.nodes = 4;
+        o.keys = 9;
+    });
+}
+
+#[test]
+fn synchronous_operations_with_location_caches() {
+    sweep(200..240, |o| {
+        o.location_caches = true;
+        o.async_share = 0.0;
+    });
+}
+
+#[test]
+fn checker_finds_the_violations_location_caches_allow_for_async_operations() {
+    // Lapse, Theorem 3: with location caches, asynchronous operations of one worker can be
+    // reordered by a double forward. The simulation must be able to exhibit it.
+    let mut violations = 0;
+    let mut first = None;
+    for seed in 0..400 {
+        let mut opts = SimOptions::small(seed);
+        opts.location_caches = true;
+        opts.async_share = 0.8;
+        opts.keys = 2;
+        match run_and_check(opts) {
+            Ok(_) => {}
+            Err(f) if f.reason.starts_with("consistency violation") => {
+                violations += 1;
+                first.get_or_insert(f.reason);
+            }
+            Err(f) => panic!("{f}"),
+        }
+    }
+    assert!(violations > 0, "no seed exhibited the reordering that location caches allow");
+    eprintln!("{violations} of 400 seeds violated sequential consistency, e.g. {}", first.unwrap_or_default());
+}
+
+#[test]
+fn simulations_exercise_relocation_queueing_and_forwarding() {
+    let mut total = crate::stats::Stats::default();
+    for seed in 0..20 {
+        let report = run_and_check(SimOptions::small(seed)).unwrap();
+        total = crate::stats::Stats::sum([&total, &crate::stats::Stats::sum(&report.stats)]);
+    }
+    assert!(total.relocations_in > 100, "{total:?}");
+    assert_eq!(total.relocations_in, total.relocations_out);
+    assert!(total.queued_accesses > 20, "{total:?}");
+    assert!(total.forwarded_keys > 100, "{total:?}");
+    assert!(total.remote_accesses > 100 && total.local_accesses > 100, "{total:?}");
+}

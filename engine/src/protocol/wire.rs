@@ -1,0 +1,661 @@
+//! Encoding of protocol messages.
+//!
+//! A transport frame carries one or more messages, each prefixed by its `u32` length. All
+//! integers and floats are little endian. Decoding validates every length against the message
+//! size and the table's value length, so a malformed message is an error value, never a panic.
+//!
+//! | type | layout after the type byte |
+//! | --- | --- |
+//! | ACCESS | kind u8, flags u8, pad u8, table u16, origin u16, op u64, part u32, count u32, [index u32]×count if INDEXED, key u64×count, [values]×count if push/set |
+//! | RESPONSE | kind u8, flags u8, pad u8, table u16, responder u16, op u64, part u32, count u32, [index u32]×count if INDEXED, [values]×count if pull |
+//! | LOCALIZE | pad×3, table u16, pad u16, count u32, pad u32, (key u64, resv u32, region u32, addr u64)×count |
+//! | RELOCATE | pad, new_owner u16, table u16, pad u16, count u32, pad u32, (key u64, resv u32, region u32, addr u64)×count |
+//! | FAILURE | code u8, flags u8, pad u8, table u16, node u16, op u64, part u32, count u32, [index u32]×count if INDEXED |
+//! | LOCALIZE_FAILED | code u8, pad u16, table u16, node u16, count u32, pad u32, resv u32×count |
+//! | BARRIER, BARRIER_RELEASE | kind u8, pad u16, generation u32 |
+
+use crate::error::{Error, Result};
+use crate::store::RemoteAddr;
+
+/// Message type bytes.
+pub mod msg {
+    /// A pull, push or set of keys, from a requester (or forwarded by a home node).
+    pub const ACCESS: u8 = 1;
+    /// Values or acknowledgements for (part of) an access.
+    pub const RESPONSE: u8 = 2;
+    /// A requester asks a home node to move keys to it.
+    pub const LOCALIZE: u8 = 3;
+    /// A home node tells an old owner to hand keys over.
+    pub const RELOCATE: u8 = 4;
+    /// Items of an access that cannot be served.
+    pub const FAILURE: u8 = 5;
+    /// Relocations that cannot happen.
+    pub const LOCALIZE_FAILED: u8 = 6;
+    /// A node enters a barrier (sent to rank 0).
+    pub const BARRIER: u8 = 7;
+    /// Rank 0 releases a barrier.
+    pub const BARRIER_RELEASE: u8 = 8;
+}
+
+/// Flag: the message lists item indices (a subset of a part, or items of several parts).
+pub const FLAG_INDEXED: u8 = 1;
+/// Flag: an access forwarded by the key's home node to its owner.
+pub const FLAG_FORWARDED: u8 = 2;
+/// Flag: an access sent straight to a cached owner.
+pub const FLAG_DIRECT: u8 = 4;
+/// Flag: an access a stale cache sent to a non-owner, which passed it to the home node.
+pub const FLAG_STALE: u8 = 8;
+
+/// Kinds of key access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum AccessKind {
+    /// Read values.
+    Pull = 1,
+    /// Add updates.
+    Push = 2,
+    /// Overwrite values.
+    Set = 3,
+}
+
+impl AccessKind {
+    fn from_u8(b: u8) -> Option<AccessKind> {
+        match b {
+            1 => Some(AccessKind::Pull),
+            2 => Some(AccessKind::Push),
+            3 => Some(AccessKind::Set),
+            _ => None,
+        }
+    }
+
+    /// Whether requests carry values (push and set).
+    pub fn carries_values(self) -> bool {
+        !matches!(self, AccessKind::Pull)
+    }
+}
+
+/// Why items failed, as carried by FAILURE and LOCALIZE_FAILED.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FailureCode {
+    /// The node holding the key (in `node`) is lost.
+    PeerLost = 1,
+    /// The key's value was lost with its owner.
+    KeyLost = 2,
+    /// The protocol state does not allow the request (a bug or a misbehaving peer).
+    Protocol = 3,
+    /// The key is stuck in a relocation that failed or timed out.
+    Unavailable = 4,
+}
+
+impl FailureCode {
+    fn from_u8(b: u8) -> FailureCode {
+        match b {
+            1 => FailureCode::PeerLost,
+            2 => FailureCode::KeyLost,
+            4 => FailureCode::Unavailable,
+            _ => FailureCode::Protocol,
+        }
+    }
+}
+
+/// Bytes per LOCALIZE / RELOCATE item.
+pub const MOVE_ITEM: usize = 24;
+/// Header bytes of ACCESS, RESPONSE and FAILURE.
+pub const ACCESS_HEADER: usize = 24;
+/// Header bytes of LOCALIZE, RELOCATE and LOCALIZE_FAILED.
+pub const MOVE_HEADER: usize = 16;
+
+fn bad(what: impl Into<String>) -> Error {
+    Error::Protocol(what.into())
+}
+
+#[inline]
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+#[inline]
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+#[inline]
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Iterates the length-prefixed messages of a frame.
+pub struct Messages<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Messages<'a> {
+    /// The messages of `frame`.
+    pub fn new(frame: &'a [u8]) -> Messages<'a> {
+        Messages { rest: frame }
+    }
+}
+
+impl<'a> Iterator for Messages<'a> {
+    type Item = Result<&'a [u8]>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        if self.rest.len() < 4 {
+            self.rest = &[];
+            return Some(Err(bad("truncated message length")));
+        }
+        let len = u32_at(self.rest, 0) as usize;
+        if len == 0 || len > self.rest.len() - 4 {
+            self.rest = &[];
+            return Some(Err(bad(format!("message length {len} does not fit the frame"))));
+        }
+        let body = &self.rest[4..4 + len];
+        self.rest = &self.rest[4 + len..];
+        Some(Ok(body))
+    }
+}
+
+/// A decoded ACCESS message.
+#[derive(Debug, Clone, Copy)]
+pub struct Access<'a> {
+    /// What to do.
+    pub kind: AccessKind,
+    /// FLAG_* bits.
+    pub flags: u8,
+    /// Table id.
+    pub table: u16,
+    /// The node whose operation this is (responses go there).
+    pub origin: u16,
+    /// The operation id at the origin.
+    pub op: u64,
+    /// The part of the operation.
+    pub part: u32,
+    /// Number of items.
+    pub count: usize,
+    indices: &'a [u8],
+    keys: &'a [u8],
+    values: &'a [u8],
+    value_bytes: usize,
+}
+
+impl<'a> Access<'a> {
+    /// Decodes an ACCESS body; `value_len` gives each table's value length.
+    pub fn decode(b: &'a [u8], value_len: impl Fn(u16) -> Option<usize>) -> Result<Access<'a>> {
+        if b.len() < ACCESS_HEADER {
+            return Err(bad("short ACCESS"));
+        }
+        let kind = AccessKind::from_u8(b[1]).ok_or_else(|| bad(format!("unknown access kind {}", b[1])))?;
+        let flags = b[2];
+        let table = u16_at(b, 4);
+        let vlen = value_len(table).ok_or_else(|| bad(format!("ACCESS for unknown table {table}")))?;
+        let count = u32_at(b, 20) as usize;
+        let indexed = flags & FLAG_INDEXED != 0;
+        let value_bytes = vlen * 4;
+        let idx_bytes = if indexed { count * 4 } else { 0 };
+        let val_total = if kind.carries_values() { count.checked_mul(value_bytes) } else { Some(0) };
+        let need = val_total.and_then(|v| (ACCESS_HEADER + idx_bytes).checked_add(count.checked_mul(8)?)?.checked_add(v));
+        if need != Some(b.len()) {
+            return Err(bad(format!("ACCESS of {count} items has {} bytes", b.len())));
+        }
+        let keys_at = ACCESS_HEADER + idx_bytes;
+        let values_at = keys_at + count * 8;
+        Ok(Access {
+            kind,
+            flags,
+            table,
+            origin: u16_at(b, 6),
+            op: u64_at(b, 8),
+            part: u32_at(b, 16),
+            count,
+            indices: &b[ACCESS_HEADER..keys_at],
+            keys: &b[keys_at..values_at],
+            values: &b[values_at..],
+            value_bytes,
+        })
+    }
+
+    /// Whether item indices are listed.
+    pub fn indexed(&self) -> bool {
+        self.flags & FLAG_INDEXED != 0
+    }
+
+    /// The index (within its part) of item `i`.
+    #[inline]
+    pub fn index(&self, i: usize) -> u32 {
+        if self.indexed() { u32_at(self.indices, i * 4) } else { i as u32 }
+    }
+
+    /// The key of item `i`.
+    #[inline]
+    pub fn key(&self, i: usize) -> u64 {
+        u64_at(self.keys, i * 8)
+    }
+
+    /// The value bytes of item `i` (empty for pulls, which carry none).
+    #[inline]
+    pub fn value(&self, i: usize) -> &'a [u8] {
+        if self.kind.carries_values() { &self.values[i * self.value_bytes..(i + 1) * self.value_bytes] } else { &[] }
+    }
+}
+
+/// The fixed fields of an ACCESS message.
+#[derive(Debug, Clone, Copy)]
+pub struct AccessHeader {
+    /// What to do.
+    pub kind: AccessKind,
+    /// FLAG_* bits; with `FLAG_INDEXED` the item indices are written.
+    pub flags: u8,
+    /// Table id.
+    pub table: u16,
+    /// The node whose operation this is.
+    pub origin: u16,
+    /// Operation id at the origin.
+    pub op: u64,
+    /// Part of the operation.
+    pub part: u32,
+}
+
+/// Encodes an ACCESS of `count` items into `out` (length prefix included), calling `index`,
+/// `key` and `value` (which appends item `i`'s value bytes; push and set only) per item. Writes
+/// straight into the frame: no per-item allocation.
+pub fn encode_access(
+    out: &mut Vec<u8>,
+    h: AccessHeader,
+    count: usize,
+    index: impl Fn(usize) -> u32,
+    key: impl Fn(usize) -> u64,
+    mut value: impl FnMut(usize, &mut Vec<u8>),
+) {
+    let start = begin(out, msg::ACCESS);
+    out.extend_from_slice(&[h.kind as u8, h.flags, 0]);
+    out.extend_from_slice(&h.table.to_le_bytes());
+    out.extend_from_slice(&h.origin.to_le_bytes());
+    out.extend_from_slice(&h.op.to_le_bytes());
+    out.extend_from_slice(&h.part.to_le_bytes());
+    out.extend_from_slice(&(count as u32).to_le_bytes());
+    if h.flags & FLAG_INDEXED != 0 {
+        for i in 0..count {
+            out.extend_from_slice(&index(i).to_le_bytes());
+        }
+    }
+    for i in 0..count {
+        out.extend_from_slice(&key(i).to_le_bytes());
+    }
+    if h.kind.carries_values() {
+        for i in 0..count {
+            value(i, out);
+        }
+    }
+    finish(out, start);
+}
+
+/// A decoded RESPONSE message.
+#[derive(Debug, Clone, Copy)]
+pub struct Response<'a> {
+    /// The access kind answered.
+    pub kind: AccessKind,
+    /// FLAG_* bits.
+    pub flags: u8,
+    /// Table id.
+    pub table: u16,
+    /// The node that served the items (the owner).
+    pub responder: u16,
+    /// Operation id at the origin.
+    pub op: u64,
+    /// Part of the operation.
+    pub part: u32,
+    /// Number of items answered.
+    pub count: usize,
+    indices: &'a [u8],
+    values: &'a [u8],
+    value_bytes: usize,
+}
+
+impl<'a> Response<'a> {
+    /// Decodes a RESPONSE body.
+    pub fn decode(b: &'a [u8], value_len: impl Fn(u16) -> Option<usize>) -> Result<Response<'a>> {
+        if b.len() < ACCESS_HEADER {
+            return Err(bad("short RESPONSE"));
+        }
+        let kind = AccessKind::from_u8(b[1]).ok_or_else(|| bad(format!("unknown access kind {}", b[1])))?;
+        let flags = b[2];
+        let table = u16_at(b, 4);
+        let vlen = value_len(table).ok_or_else(|| bad(format!("RESPONSE for unknown table {table}")))?;
+        let count = u32_at(b, 20) as usize;
+        let idx_bytes = if flags & FLAG_INDEXED != 0 { count * 4 } else { 0 };
+        let value_bytes = vlen * 4;
+        let val_total = if kind == AccessKind::Pull { count.checked_mul(value_bytes) } else { Some(0) };
+        let need = val_total.and_then(|v| (ACCESS_HEADER + idx_bytes).checked_add(v));
+        if need != Some(b.len()) {
+            return Err(bad(format!("RESPONSE of {count} items has {} bytes", b.len())));
+        }
+        Ok(Response {
+            kind,
+            flags,
+            table,
+            responder: u16_at(b, 6),
+            op: u64_at(b, 8),
+            part: u32_at(b, 16),
+            count,
+            indices: &b[ACCESS_HEADER..ACCESS_HEADER + idx_bytes],
+            values: &b[ACCESS_HEADER + idx_bytes..],
+            value_bytes,
+        })
+    }
+
+    /// The index (within its part) of item `i`.
+    #[inline]
+    pub fn index(&self, i: usize) -> u32 {
+        if self.flags & FLAG_INDEXED != 0 { u32_at(self.indices, i * 4) } else { i as u32 }
+    }
+
+    /// The value bytes of item `i` (empty unless this answers a pull).
+    #[inline]
+    pub fn value(&self, i: usize) -> &'a [u8] {
+        if self.kind == AccessKind::Pull { &self.values[i * self.value_bytes..(i + 1) * self.value_bytes] } else { &[] }
+    }
+}
+
+/// Writes a RESPONSE header whose items and values the caller appends next; returns the
+/// message start for [`finish_response`]. `indexed` responses list their indices first.
+pub fn begin_response(out: &mut Vec<u8>, kind: AccessKind, flags: u8, table: u16, responder: u16, op: u64, part: u32) -> usize {
+    let start = begin(out, msg::RESPONSE);
+    out.extend_from_slice(&[kind as u8, flags, 0]);
+    out.extend_from_slice(&table.to_le_bytes());
+    out.extend_from_slice(&responder.to_le_bytes());
+    out.extend_from_slice(&op.to_le_bytes());
+    out.extend_from_slice(&part.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    start
+}
+
+/// Sets the item count and length of a response started with [`begin_response`].
+pub fn finish_response(out: &mut Vec<u8>, start: usize, count: usize) {
+    let at = start + 4 + 20;
+    out[at..at + 4].copy_from_slice(&(count as u32).to_le_bytes());
+    finish(out, start);
+}
+
+/// One LOCALIZE / RELOCATE item: the key, the requester's reservation and its slot address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoveItem {
+    /// The key.
+    pub key: u64,
+    /// Reservation id at the requester (the immediate of the relocation write).
+    pub resv: u32,
+    /// The reserved slot at the requester.
+    pub to: RemoteAddr,
+}
+
+/// A decoded LOCALIZE or RELOCATE.
+#[derive(Debug, Clone, Copy)]
+pub struct Move<'a> {
+    /// Table id.
+    pub table: u16,
+    /// RELOCATE: the new owner.
+    pub new_owner: u16,
+    /// Number of items.
+    pub count: usize,
+    items: &'a [u8],
+}
+
+impl<'a> Move<'a> {
+    /// Decodes a LOCALIZE or RELOCATE body.
+    pub fn decode(b: &'a [u8], tables: usize) -> Result<Move<'a>> {
+        if b.len() < MOVE_HEADER {
+            return Err(bad("short LOCALIZE/RELOCATE"));
+        }
+        let table = u16_at(b, 4);
+        if table as usize >= tables {
+            return Err(bad(format!("LOCALIZE/RELOCATE for unknown table {table}")));
+        }
+        let count = u32_at(b, 8) as usize;
+        if count.checked_mul(MOVE_ITEM).and_then(|n| n.checked_add(MOVE_HEADER)) != Some(b.len()) {
+            return Err(bad(format!("LOCALIZE/RELOCATE of {count} items has {} bytes", b.len())));
+        }
+        Ok(Move { table, new_owner: u16_at(b, 2), count, items: &b[MOVE_HEADER..] })
+    }
+
+    /// Item `i`.
+    pub fn item(&self, i: usize) -> MoveItem {
+        let at = i * MOVE_ITEM;
+        MoveItem {
+            key: u64_at(self.items, at),
+            resv: u32_at(self.items, at + 8),
+            to: RemoteAddr { region: u32_at(self.items, at + 12), addr: u64_at(self.items, at + 16) },
+        }
+    }
+}
+
+/// Encodes a LOCALIZE (`new_owner` unused, 0) or RELOCATE.
+pub fn encode_move(out: &mut Vec<u8>, ty: u8, table: u16, new_owner: u16, items: &[MoveItem]) {
+    let start = begin(out, ty);
+    out.push(0);
+    out.extend_from_slice(&new_owner.to_le_bytes());
+    out.extend_from_slice(&table.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&(items.len() as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for it in items {
+        out.extend_from_slice(&it.key.to_le_bytes());
+        out.extend_from_slice(&it.resv.to_le_bytes());
+        out.extend_from_slice(&it.to.region.to_le_bytes());
+        out.extend_from_slice(&it.to.addr.to_le_bytes());
+    }
+    finish(out, start);
+}
+
+/// A decoded FAILURE.
+#[derive(Debug, Clone, Copy)]
+pub struct Failure<'a> {
+    /// Why.
+    pub code: FailureCode,
+    /// Table id.
+    pub table: u16,
+    /// The lost node, for `PeerLost`.
+    pub node: u16,
+    /// Operation id at the origin.
+    pub op: u64,
+    /// Part of the operation.
+    pub part: u32,
+    /// Number of failed items.
+    pub count: usize,
+    indices: &'a [u8],
+}
+
+impl<'a> Failure<'a> {
+    /// Decodes a FAILURE body.
+    pub fn decode(b: &'a [u8]) -> Result<Failure<'a>> {
+        if b.len() < ACCESS_HEADER {
+            return Err(bad("short FAILURE"));
+        }
+        let count = u32_at(b, 20) as usize;
+        if count.checked_mul(4).and_then(|n| n.checked_add(ACCESS_HEADER)) != Some(b.len()) {
+            return Err(bad(format!("FAILURE of {count} items has {} bytes", b.len())));
+        }
+        Ok(Failure {
+            code: FailureCode::from_u8(b[1]),
+            table: u16_at(b, 4),
+            node: u16_at(b, 6),
+            op: u64_at(b, 8),
+            part: u32_at(b, 16),
+            count,
+            indices: &b[ACCESS_HEADER..],
+        })
+    }
+
+    /// The index (within its part) of failed item `i`.
+    pub fn index(&self, i: usize) -> u32 {
+        u32_at(self.indices, i * 4)
+    }
+}
+
+/// Encodes a FAILURE for the given item indices of (op, part).
+#[allow(clippy::too_many_arguments)]
+pub fn encode_failure(out: &mut Vec<u8>, code: FailureCode, table: u16, node: u16, op: u64, part: u32, indices: &[u32]) {
+    let start = begin(out, msg::FAILURE);
+    out.extend_from_slice(&[code as u8, FLAG_INDEXED, 0]);
+    out.extend_from_slice(&table.to_le_bytes());
+    out.extend_from_slice(&node.to_le_bytes());
+    out.extend_from_slice(&op.to_le_bytes());
+    out.extend_from_slice(&part.to_le_bytes());
+    out.extend_from_slice(&(indices.len() as u32).to_le_bytes());
+    for i in indices {
+        out.extend_from_slice(&i.to_le_bytes());
+    }
+    finish(out, start);
+}
+
+/// A decoded LOCALIZE_FAILED.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalizeFailed<'a> {
+    /// Why.
+    pub code: FailureCode,
+    /// Table id.
+    pub table: u16,
+    /// The lost node, for `PeerLost`.
+    pub node: u16,
+    /// Number of reservations.
+    pub count: usize,
+    resvs: &'a [u8],
+}
+
+impl<'a> LocalizeFailed<'a> {
+    /// Decodes a LOCALIZE_FAILED body.
+    pub fn decode(b: &'a [u8]) -> Result<LocalizeFailed<'a>> {
+        if b.len() < MOVE_HEADER {
+            return Err(bad("short LOCALIZE_FAILED"));
+        }
+        let count = u32_at(b, 8) as usize;
+        if count.checked_mul(4).and_then(|n| n.checked_add(MOVE_HEADER)) != Some(b.len()) {
+            return Err(bad(format!("LOCALIZE_FAILED of {count} items has {} bytes", b.len())));
+        }
+        Ok(LocalizeFailed { code: FailureCode::from_u8(b[1]), table: u16_at(b, 4), node: u16_at(b, 6), count, resvs: &b[MOVE_HEADER..] })
+    }
+
+    /// Reservation `i`.
+    pub fn resv(&self, i: usize) -> u32 {
+        u32_at(self.resvs, i * 4)
+    }
+}
+
+/// Encodes a LOCALIZE_FAILED for reservations of the receiving requester.
+pub fn encode_localize_failed(out: &mut Vec<u8>, code: FailureCode, table: u16, node: u16, resvs: &[u32]) {
+    let start = begin(out, msg::LOCALIZE_FAILED);
+    out.extend_from_slice(&[code as u8, 0, 0]);
+    out.extend_from_slice(&table.to_le_bytes());
+    out.extend_from_slice(&node.to_le_bytes());
+    out.extend_from_slice(&(resvs.len() as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for r in resvs {
+        out.extend_from_slice(&r.to_le_bytes());
+    }
+    finish(out, start);
+}
+
+/// Encodes BARRIER or BARRIER_RELEASE.
+pub fn encode_barrier(out: &mut Vec<u8>, ty: u8, kind: u8, generation: u32) {
+    let start = begin(out, ty);
+    out.extend_from_slice(&[kind, 0, 0]);
+    out.extend_from_slice(&generation.to_le_bytes());
+    finish(out, start);
+}
+
+/// Decodes BARRIER or BARRIER_RELEASE: (kind, generation).
+pub fn decode_barrier(b: &[u8]) -> Result<(u8, u32)> {
+    if b.len() != 8 {
+        return Err(bad("BARRIER of wrong size"));
+    }
+    Ok((b[1], u32_at(b, 4)))
+}
+
+fn begin(out: &mut Vec<u8>, ty: u8) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[0, 0, 0, 0, ty]);
+    start
+}
+
+fn finish(out: &mut Vec<u8>, start: usize) {
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn vl(t: u16) -> Option<usize> {
+        (t < 2).then_some(3)
+    }
+
+    #[test]
+    fn access_round_trip() {
+        let v1: Vec<u8> = [1.0f32, 2.0, 3.0].iter().flat_map(|f| f.to_le_bytes()).collect();
+        let v2: Vec<u8> = [4.0f32, 5.0, 6.0].iter().flat_map(|f| f.to_le_bytes()).collect();
+        let mut out = Vec::new();
+        let items: [(u32, u64, &[u8]); 2] = [(5, 10, &v1), (9, 20, &v2)];
+        let h = AccessHeader { kind: AccessKind::Push, flags: FLAG_INDEXED | FLAG_FORWARDED, table: 1, origin: 7, op: 99, part: 3 };
+        encode_access(&mut out, h, 2, |i| items[i].0, |i| items[i].1, |i, o| o.extend_from_slice(items[i].2));
+        let bodies: Vec<_> = Messages::new(&out).collect::<Result<_>>().unwrap();
+        assert_eq!(bodies.len(), 1);
+        assert_eq!(bodies[0][0], msg::ACCESS);
+        let a = Access::decode(bodies[0], vl).unwrap();
+        assert_eq!((a.kind, a.table, a.origin, a.op, a.part, a.count), (AccessKind::Push, 1, 7, 99, 3, 2));
+        assert_eq!((a.index(0), a.key(0), a.index(1), a.key(1)), (5, 10, 9, 20));
+        assert_eq!(a.value(1), &v2[..]);
+    }
+
+    #[test]
+    fn response_and_moves_round_trip() {
+        let mut out = Vec::new();
+        let start = begin_response(&mut out, AccessKind::Pull, 0, 0, 2, 5, 1);
+        out.extend_from_slice(&[0u8; 24]);
+        finish_response(&mut out, start, 2);
+        let items = [MoveItem { key: 3, resv: 4, to: RemoteAddr { region: 5, addr: 6 } }];
+        encode_move(&mut out, msg::RELOCATE, 1, 9, &items);
+        encode_failure(&mut out, FailureCode::KeyLost, 1, 3, 8, 2, &[4, 5]);
+        encode_localize_failed(&mut out, FailureCode::PeerLost, 0, 2, &[11]);
+        encode_barrier(&mut out, msg::BARRIER, 1, 77);
+        let bodies: Vec<_> = Messages::new(&out).collect::<Result<_>>().unwrap();
+        let r = Response::decode(bodies[0], vl).unwrap();
+        assert_eq!((r.count, r.responder, r.op, r.part, r.index(1)), (2, 2, 5, 1, 1));
+        let m = Move::decode(bodies[1], 2).unwrap();
+        assert_eq!((m.table, m.new_owner, m.count, m.item(0)), (1, 9, 1, items[0]));
+        let f = Failure::decode(bodies[2]).unwrap();
+        assert_eq!((f.code, f.node, f.op, f.part, f.count, f.index(1)), (FailureCode::KeyLost, 3, 8, 2, 2, 5));
+        let lf = LocalizeFailed::decode(bodies[3]).unwrap();
+        assert_eq!((lf.code, lf.node, lf.count, lf.resv(0)), (FailureCode::PeerLost, 2, 1, 11));
+        assert_eq!(decode_barrier(bodies[4]).unwrap(), (1, 77));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            for body in Messages::new(&bytes).flatten() {
+                let _ = Access::decode(body, vl);
+                let _ = Response::decode(body, vl);
+                let _ = Move::decode(body, 2);
+                let _ = Failure::decode(body);
+                let _ = LocalizeFailed::decode(body);
+                let _ = decode_barrier(body);
+            }
+        }
+
+        #[test]
+        fn truncated_access_is_rejected(cut in 1usize..60) {
+            let v: Vec<u8> = vec![0; 12];
+            let mut out = Vec::new();
+            let h = AccessHeader { kind: AccessKind::Set, flags: 0, table: 0, origin: 1, op: 2, part: 3 };
+            encode_access(&mut out, h, 2, |i| i as u32, |i| i as u64 + 1, |_, o| o.extend_from_slice(&v));
+            let body = &out[4..];
+            let cut = cut.min(body.len() - 1);
+            prop_assert!(Access::decode(&body[..body.len() - cut], vl).is_err());
+        }
+    }
+}

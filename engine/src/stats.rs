@@ -1,0 +1,233 @@
+//! Per-node statistics: access locality, relocations, and traffic per message kind.
+
+use hdrhistogram::Histogram;
+
+/// Kinds of traffic counted separately.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageKind {
+    /// Requests from the requesting node to a home node or a cached owner.
+    Access,
+    /// Requests forwarded by a home node (or double-forwarded through one).
+    Forward,
+    /// Values and acknowledgements back to the requester.
+    Response,
+    /// Requester to home node: "move these keys to me".
+    Localize,
+    /// Home node to old owner: "hand these keys over".
+    Relocate,
+    /// The relocation's one-sided write of a value into the new owner's slot.
+    Transfer,
+    /// Failure reports.
+    Failure,
+    /// Barrier traffic.
+    Barrier,
+}
+
+impl MessageKind {
+    /// All kinds, in display order.
+    pub const ALL: [MessageKind; 8] = [
+        MessageKind::Access,
+        MessageKind::Forward,
+        MessageKind::Response,
+        MessageKind::Localize,
+        MessageKind::Relocate,
+        MessageKind::Transfer,
+        MessageKind::Failure,
+        MessageKind::Barrier,
+    ];
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            MessageKind::Access => "access",
+            MessageKind::Forward => "forward",
+            MessageKind::Response => "response",
+            MessageKind::Localize => "localize",
+            MessageKind::Relocate => "relocate",
+            MessageKind::Transfer => "transfer",
+            MessageKind::Failure => "failure",
+            MessageKind::Barrier => "barrier",
+        }
+    }
+}
+
+/// Messages and bytes sent to other nodes, per kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Messages per [`MessageKind`] (index = position in [`MessageKind::ALL`]).
+    pub messages: [u64; 8],
+    /// Bytes per kind.
+    pub bytes: [u64; 8],
+}
+
+impl Traffic {
+    /// Counts one message of `bytes` bytes.
+    pub fn add(&mut self, kind: MessageKind, bytes: usize) {
+        self.messages[kind as usize] += 1;
+        self.bytes[kind as usize] += bytes as u64;
+    }
+
+    /// Messages of all kinds.
+    pub fn total_messages(&self) -> u64 {
+        self.messages.iter().sum()
+    }
+
+    /// Bytes of all kinds.
+    pub fn total_bytes(&self) -> u64 {
+        self.bytes.iter().sum()
+    }
+}
+
+/// Summary of a latency distribution in nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Latency {
+    /// Number of samples.
+    pub count: u64,
+    /// Median.
+    pub p50_ns: u64,
+    /// 99th percentile.
+    pub p99_ns: u64,
+    /// Largest sample.
+    pub max_ns: u64,
+}
+
+impl Latency {
+    pub(crate) fn of(h: &Histogram<u64>) -> Latency {
+        if h.is_empty() {
+            return Latency::default();
+        }
+        Latency { count: h.len(), p50_ns: h.value_at_quantile(0.5), p99_ns: h.value_at_quantile(0.99), max_ns: h.max() }
+    }
+}
+
+/// A node's statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Keys accessed by this node's workers and served from local memory.
+    pub local_accesses: u64,
+    /// Keys accessed by this node's workers that had to go to another node.
+    pub remote_accesses: u64,
+    /// Keys accessed while relocating to this node (queued until they landed).
+    pub queued_accesses: u64,
+    /// Keys whose requests this node forwarded as a home node.
+    pub forwarded_keys: u64,
+    /// Keys this node passed on because a stale location cache sent them here.
+    pub double_forwarded_keys: u64,
+    /// Keys relocated to this node.
+    pub relocations_in: u64,
+    /// Keys relocated away from this node.
+    pub relocations_out: u64,
+    /// Traffic sent to other nodes.
+    pub traffic: Traffic,
+    /// Relocation time (localize issued → new owner serves locally), measured at the new owner.
+    pub relocation_time: Latency,
+    /// Blocking time (old owner stops serving → new owner serves), measured at the new owner.
+    pub blocking_time: Latency,
+}
+
+impl Stats {
+    /// Share of this node's key accesses served locally (1 when there were none).
+    pub fn local_share(&self) -> f64 {
+        let total = self.local_accesses + self.remote_accesses;
+        if total == 0 { 1.0 } else { self.local_accesses as f64 / total as f64 }
+    }
+
+    /// Difference `self - earlier` of the counters (latencies are taken from `self`).
+    pub fn since(&self, earlier: &Stats) -> Stats {
+        let mut traffic = self.traffic;
+        for i in 0..8 {
+            traffic.messages[i] -= earlier.traffic.messages[i].min(traffic.messages[i]);
+            traffic.bytes[i] -= earlier.traffic.bytes[i].min(traffic.bytes[i]);
+        }
+        Stats {
+            local_accesses: self.local_accesses.saturating_sub(earlier.local_accesses),
+            remote_accesses: self.remote_accesses.saturating_sub(earlier.remote_accesses),
+            queued_accesses: self.queued_accesses.saturating_sub(earlier.queued_accesses),
+            forwarded_keys: self.forwarded_keys.saturating_sub(earlier.forwarded_keys),
+            double_forwarded_keys: self.double_forwarded_keys.saturating_sub(earlier.double_forwarded_keys),
+            relocations_in: self.relocations_in.saturating_sub(earlier.relocations_in),
+            relocations_out: self.relocations_out.saturating_sub(earlier.relocations_out),
+            traffic,
+            relocation_time: self.relocation_time,
+            blocking_time: self.blocking_time,
+        }
+    }
+
+    /// Sum of several nodes' statistics (latency summaries keep the worst percentiles).
+    pub fn sum<'a>(all: impl IntoIterator<Item = &'a Stats>) -> Stats {
+        let mut s = Stats::default();
+        for o in all {
+            s.local_accesses += o.local_accesses;
+            s.remote_accesses += o.remote_accesses;
+            s.queued_accesses += o.queued_accesses;
+            s.forwarded_keys += o.forwarded_keys;
+            s.double_forwarded_keys += o.double_forwarded_keys;
+            s.relocations_in += o.relocations_in;
+            s.relocations_out += o.relocations_out;
+            for i in 0..8 {
+                s.traffic.messages[i] += o.traffic.messages[i];
+                s.traffic.bytes[i] += o.traffic.bytes[i];
+            }
+            for (mine, theirs) in [(&mut s.relocation_time, &o.relocation_time), (&mut s.blocking_time, &o.blocking_time)] {
+                mine.count += theirs.count;
+                mine.p50_ns = mine.p50_ns.max(theirs.p50_ns);
+                mine.p99_ns = mine.p99_ns.max(theirs.p99_ns);
+                mine.max_ns = mine.max_ns.max(theirs.max_ns);
+            }
+        }
+        s
+    }
+}
+
+/// Counters kept by the protocol (under its lock).
+pub(crate) struct ProtocolCounters {
+    pub local_keys: u64,
+    pub remote_keys: u64,
+    pub queued_keys: u64,
+    pub forwarded_keys: u64,
+    pub double_forwarded_keys: u64,
+    pub relocations_in: u64,
+    pub relocations_out: u64,
+    pub traffic: Traffic,
+    pub relocation_ns: Histogram<u64>,
+    pub blocking_ns: Histogram<u64>,
+}
+
+impl Default for ProtocolCounters {
+    fn default() -> Self {
+        let hist = || Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid histogram bounds");
+        ProtocolCounters {
+            local_keys: 0,
+            remote_keys: 0,
+            queued_keys: 0,
+            forwarded_keys: 0,
+            double_forwarded_keys: 0,
+            relocations_in: 0,
+            relocations_out: 0,
+            traffic: Traffic::default(),
+            relocation_ns: hist(),
+            blocking_ns: hist(),
+        }
+    }
+}
+
+impl ProtocolCounters {
+    pub(crate) fn snapshot(&self, worker_local: u64) -> Stats {
+        Stats {
+            local_accesses: self.local_keys + worker_local,
+            remote_accesses: self.remote_keys,
+            queued_accesses: self.queued_keys,
+            forwarded_keys: self.forwarded_keys,
+            double_forwarded_keys: self.double_forwarded_keys,
+            relocations_in: self.relocations_in,
+            relocations_out: self.relocations_out,
+            traffic: self.traffic,
+            relocation_time: Latency::of(&self.relocation_ns),
+            blocking_time: Latency::of(&self.blocking_ns),
+        }
+    }
+
+    pub(crate) fn record(h: &mut Histogram<u64>, ns: u64) {
+        let _ = h.record(ns.max(1));
+    }
+}
