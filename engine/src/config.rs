@@ -184,8 +184,9 @@ impl Config {
         Ok(())
     }
 
-    /// A fingerprint of everything that must be identical on all nodes.
-    pub(crate) fn fingerprint(&self) -> u64 {
+    /// A fingerprint of everything that must be identical on all nodes (tables and protocol
+    /// switches); nodes compare it at start-up.
+    pub fn fingerprint(&self) -> u64 {
         let mut text = format!("nodes={};relocation={};caches={};", self.nodes, self.relocation, self.location_caches);
         for t in &self.tables {
             text.push_str(&format!("{}:{}:{}:{:?}:{:?};", t.name, t.keys, t.value_len, t.partitioning, t.element));

@@ -98,6 +98,8 @@ pub(crate) struct Peer {
     goodbye_received: AtomicBool,
     last_sent_ns: AtomicU64,
     pending_reads: Mutex<HashMap<u64, PendingRead>>,
+    /// Why a send failed; the reader thread reports it (see [`Inner::defer_loss`]).
+    failure: Mutex<Option<TransportError>>,
 }
 
 pub(crate) struct Inner {
@@ -153,6 +155,7 @@ impl Mesh {
                 goodbye_received: AtomicBool::new(false),
                 last_sent_ns: AtomicU64::new(0),
                 pending_reads: Mutex::new(HashMap::new()),
+                failure: Mutex::new(None),
             })));
         }
         Ok(Mesh {
@@ -292,6 +295,14 @@ impl Mesh {
         Ok(())
     }
 
+    /// Closes the connection to `peer` (for instance after it broke the protocol above the
+    /// transport); the handler is told, from the connection's reader thread, as for any lost peer.
+    pub fn disconnect(&self, peer: usize) {
+        if let Some(Some(p)) = self.inner.peers.get(peer) {
+            self.inner.defer_loss(p, TransportError::Malformed { peer, reason: "disconnected by this node".into() });
+        }
+    }
+
     /// Whether the connection to `peer` is open.
     pub fn is_alive(&self, peer: usize) -> bool {
         matches!(self.inner.peers.get(peer), Some(Some(p)) if p.alive.load(Ordering::Acquire))
@@ -426,8 +437,26 @@ impl Inner {
             }
             Err(e) => {
                 drop(out);
-                self.lose_peer(p, TransportError::Io { context: format!("writing to node {}", p.id), source: e });
+                self.defer_loss(p, TransportError::Io { context: format!("writing to node {}", p.id), source: e });
             }
+        }
+    }
+
+    /// A send to `p` failed (or the node gave up on it): stop sending and close the socket, and
+    /// let the reader thread, which then sees the connection end, tell the handler. Senders may
+    /// hold their own locks (the node's protocol lock, for one), so the handler is never called
+    /// from a send path.
+    fn defer_loss(&self, p: &Peer, error: TransportError) {
+        p.failure.lock().get_or_insert(error);
+        {
+            let mut out = p.out.lock();
+            out.closed = true;
+            out.frames.clear();
+            p.writer_wake.notify_all();
+        }
+        let _ = p.stream.shutdown(Shutdown::Both);
+        if !self.started.load(Ordering::Acquire) {
+            p.alive.store(false, Ordering::Release);
         }
     }
 
@@ -510,7 +539,7 @@ impl Inner {
                         }
                     }
                     Err(e) => {
-                        self.lose_peer(p, TransportError::Io { context: format!("writing to node {}", p.id), source: e });
+                        self.defer_loss(p, TransportError::Io { context: format!("writing to node {}", p.id), source: e });
                         return;
                     }
                 }
@@ -564,7 +593,9 @@ impl Inner {
             }
             match stream.read(&mut buf[end..]) {
                 Ok(0) => {
-                    if p.goodbye_received.load(Ordering::Acquire) || self.stopping.load(Ordering::Acquire) {
+                    if let Some(e) = p.failure.lock().take() {
+                        self.lose_peer(p, e);
+                    } else if p.goodbye_received.load(Ordering::Acquire) || self.stopping.load(Ordering::Acquire) {
                         self.close_peer_cleanly(p);
                     } else {
                         self.lose_peer(p, TransportError::PeerGone(p.id));
@@ -585,7 +616,8 @@ impl Inner {
                     continue;
                 }
                 Err(e) => {
-                    self.lose_peer(p, TransportError::Io { context: format!("reading from node {}", p.id), source: e });
+                    let error = p.failure.lock().take().unwrap_or(TransportError::Io { context: format!("reading from node {}", p.id), source: e });
+                    self.lose_peer(p, error);
                     return;
                 }
             }

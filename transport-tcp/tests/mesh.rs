@@ -272,3 +272,43 @@ fn malformed_and_oversized_frames_close_only_that_connection() {
         assert!(!m0.is_alive(2));
     }
 }
+
+/// A failing send must not call the handler on the sending thread: senders may hold locks the
+/// handler needs (the engine's protocol lock), which would deadlock.
+#[test]
+fn send_failures_are_reported_from_the_reader_thread() {
+    struct ThreadCheck {
+        sender: std::thread::ThreadId,
+        closed_on: Mutex<Vec<std::thread::ThreadId>>,
+    }
+    impl Handler for ThreadCheck {
+        fn on_message(&self, _: usize, _: &[u8]) {}
+        fn on_writes_landed(&self, _: usize, _: &[LandedWrite]) {}
+        fn on_write_error(&self, _: usize, _: u64, _: AccessError) {}
+        fn on_read_complete(&self, _: usize, _: u64, _: Result<(), AccessError>) {}
+        fn on_peer_closed(&self, _: usize, _: Option<&TransportError>) {
+            self.closed_on.lock().push(std::thread::current().id());
+        }
+    }
+    let check = Arc::new(ThreadCheck { sender: std::thread::current().id(), closed_on: Mutex::new(Vec::new()) });
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let c2 = coordinator.clone();
+    let other = std::thread::spawn(move || join_cluster(1, 2, &c2, quick_config()).map(|(_, m)| m));
+    let (_, mesh) = join_cluster(0, 2, &coordinator, quick_config()).unwrap();
+    let peer = other.join().unwrap().unwrap();
+    mesh.start(check.clone()).unwrap();
+    peer.abort();
+    let big = vec![0u8; 8 << 20];
+    for _ in 0..20 {
+        if mesh.send(1, big.clone()).is_err() {
+            break;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while check.closed_on.lock().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let threads = check.closed_on.lock().clone();
+    assert_eq!(threads.len(), 1, "the loss is reported once");
+    assert_ne!(threads[0], check.sender, "reported on the sending thread");
+}

@@ -1,0 +1,287 @@
+//! `ferry-bench micro`: local and remote access, each against a baseline measured in the same
+//! run (a memcpy for local access, a raw TCP ping-pong or stream for remote access).
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use ferry::launch::{launch, LaunchSpec, Stream};
+use ferry::{Config, Node, Table, TableSpec, Worker};
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+
+use crate::rawtcp;
+use crate::report::{latency_figures, print_table, record, Better, Record};
+
+const LOCAL_LENS: [(usize, u64); 3] = [(1, 1_000_000), (64, 100_000), (1024, 10_000)];
+const REMOTE_LENS: [usize; 3] = [1, 64, 1024];
+/// Batched configurations: (keys per operation, value length).
+const BATCHES: [(u64, usize); 4] = [(300_000, 1), (1_000_000, 1), (30_000, 100), (300_000, 100)];
+
+/// Wire bytes of a one-key request and its response: frame header 8, message length 4, ACCESS or
+/// RESPONSE header 24, then the key or the values.
+fn single_key_sizes(value_len: usize, push: bool) -> (usize, usize) {
+    let request = 8 + 4 + 24 + 8 + if push { value_len * 4 } else { 0 };
+    let response = 8 + 4 + 24 + if push { 0 } else { value_len * 4 };
+    (request, response)
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Runs the whole micro benchmark: local figures in this process, remote ones in a 2-process
+/// cluster of this binary.
+pub fn run_driver(quick: bool, json: bool) -> Result<()> {
+    let started = Instant::now();
+    let mut records = local_benchmarks(quick)?;
+    let port = ferry::launch::free_loopback_port()?;
+    let exe = std::env::current_exe().context("locating ferry-bench")?;
+    let mut args = vec!["micro".to_string(), "--role".into(), "node".into()];
+    if quick {
+        args.push("--quick".into());
+    }
+    let mut spec = LaunchSpec::new(2, exe, args);
+    spec.env.push(("FERRY_BENCH_PORT".into(), port.to_string()));
+    spec.timeout = Some(Duration::from_secs(if quick { 120 } else { 1200 }));
+    let remote: Arc<Mutex<Vec<Record>>> = Arc::default();
+    let sink = remote.clone();
+    let outcome = launch(&spec, move |rank, stream, line| {
+        if rank == 0 && stream == Stream::Stdout && line.starts_with("RECORD ") {
+            match serde_json::from_str::<serde_json::Value>(&line[7..]) {
+                Ok(v) => sink.lock().push(crate::report::from_json(&v)),
+                Err(e) => eprintln!("[0] unreadable record ({e}): {line}"),
+            }
+        } else {
+            eprintln!("[{rank}] {line}");
+        }
+    })?;
+    if !outcome.success() {
+        bail!("the remote benchmark cluster failed (ranks {:?})", outcome.failed_ranks());
+    }
+    records.extend(remote.lock().drain(..));
+    if json {
+        for r in &records {
+            println!("{}", r.json_line());
+        }
+    } else {
+        print_table(&format!("ferry-bench micro{} — {:.1} s", if quick { " --quick" } else { "" }, started.elapsed().as_secs_f64()), &records);
+    }
+    Ok(())
+}
+
+fn local_benchmarks(quick: bool) -> Result<Vec<Record>> {
+    let tables = LOCAL_LENS.iter().map(|&(len, keys)| TableSpec::new(format!("local{len}"), keys, len)).collect();
+    let mut node = Node::start(Config::new(tables))?;
+    let mut worker = node.worker();
+    let iterations: usize = if quick { 300_000 } else { 3_000_000 };
+    let mut records = Vec::new();
+    let timer_cost = timer_overhead();
+    for &(len, keys) in &LOCAL_LENS {
+        let table = node.table(&format!("local{len}"))?;
+        let mut rng = ChaCha8Rng::seed_from_u64(len as u64);
+        let order: Vec<u64> = (0..65_536).map(|_| rng.gen_range(0..keys)).collect();
+        let plain = vec![1.0f32; keys as usize * len];
+        let mut plain_mut = plain.clone();
+        let mut out = vec![0.0f32; len];
+        let update = vec![0.5f32; len];
+        for push in [false, true] {
+            let (mut ferry_h, mut base_h) = (hist(), hist());
+            let block = 10_000;
+            let mut done = 0;
+            while done < iterations {
+                for i in done..done + block {
+                    let k = order[i % order.len()] as usize;
+                    let t = Instant::now();
+                    if push {
+                        plain_mut[k * len..(k + 1) * len].copy_from_slice(&update);
+                        black_box(&plain_mut);
+                    } else {
+                        out.copy_from_slice(&plain[k * len..(k + 1) * len]);
+                        black_box(&out);
+                    }
+                    base_h.record(t.elapsed().as_nanos() as u64).ok();
+                }
+                for i in done..done + block {
+                    let k = order[i % order.len()];
+                    let t = Instant::now();
+                    if push {
+                        worker.push(table, &[k], &update)?;
+                    } else {
+                        worker.pull(table, &[k], &mut out)?;
+                    }
+                    black_box(&out);
+                    ferry_h.record(t.elapsed().as_nanos() as u64).ok();
+                }
+                done += block;
+            }
+            let mut figures = latency_figures(&ferry_h);
+            figures["timer_overhead_ns"] = json!(timer_cost);
+            records.push(record(
+                if push { "local_push" } else { "local_pull" },
+                json!({"value_len": len}),
+                figures,
+                "p50_ns",
+                "memcpy",
+                base_h.value_at_quantile(0.5) as f64,
+                Better::Lower,
+                ("ratio<=3", 3.0),
+            ));
+        }
+    }
+    drop(worker);
+    node.finalize()?;
+    Ok(records)
+}
+
+/// Median cost of one `Instant::now()` pair, included in every per-operation sample above.
+fn timer_overhead() -> u64 {
+    let mut h = hist();
+    for _ in 0..100_000 {
+        let t = Instant::now();
+        h.record(t.elapsed().as_nanos() as u64).ok();
+    }
+    h.value_at_quantile(0.5)
+}
+
+/// A member of the 2-process cluster (started by the driver through `ferry::launch`).
+pub fn run_node(quick: bool) -> Result<()> {
+    let port: u16 = std::env::var("FERRY_BENCH_PORT").context("FERRY_BENCH_PORT is not set")?.parse()?;
+    let mut tables: Vec<TableSpec> = REMOTE_LENS.iter().map(|&l| TableSpec::new(format!("remote{l}"), 1024, l)).collect();
+    tables.push(TableSpec::new("bulk1", 2_000_000, 1));
+    tables.push(TableSpec::new("bulk100", 600_000, 100));
+    let mut config = Config::from_env(tables)?;
+    config.max_message_bytes = 4 << 20;
+    let mut node = Node::start(config)?;
+    if node.nodes() != 2 {
+        bail!("the micro benchmark runs on exactly 2 nodes");
+    }
+    let mut worker = node.worker();
+    if node.rank() == 1 {
+        let server = rawtcp::serve(port)?;
+        worker.barrier()?;
+        drop(worker);
+        let _ = server.join();
+        node.finalize()?;
+        return Ok(());
+    }
+    let mut client = rawtcp::Client::connect(port)?;
+    let emit = |r: Record| println!("RECORD {}", r.json_line());
+    for &len in &REMOTE_LENS {
+        let table = node.table(&format!("remote{len}"))?;
+        for push in [false, true] {
+            for r in remote_latency(&mut worker, &mut client, table, len, push, quick)? {
+                emit(r);
+            }
+        }
+    }
+    for &(keys, len) in &BATCHES {
+        let table = node.table(if len == 1 { "bulk1" } else { "bulk100" })?;
+        for push in [true, false] {
+            emit(batched(&mut worker, &mut client, table, keys, len, push, quick)?);
+        }
+    }
+    let stats = node.stats();
+    eprintln!("rank 0: {} remote key accesses, {} messages, {} bytes sent", stats.remote_accesses, stats.traffic.total_messages(), stats.traffic.total_bytes());
+    drop(client);
+    worker.barrier()?;
+    drop(worker);
+    node.finalize()?;
+    Ok(())
+}
+
+fn remote_latency(worker: &mut Worker, client: &mut rawtcp::Client, table: Table, len: usize, push: bool, quick: bool) -> Result<Vec<Record>> {
+    let iterations = if quick { 6_000 } else { 60_000 };
+    let block = 1_000;
+    let remote_keys: Vec<u64> = (table.keys() / 2..table.keys()).collect();
+    let (req, resp) = single_key_sizes(len, push);
+    let (mut ferry_h, mut base_h) = (hist(), hist());
+    let mut out = vec![0.0f32; len];
+    let update = vec![1.0f32; len];
+    // Warm both paths up.
+    client.exchange(req, resp, 200, |_| {})?;
+    for i in 0..200 {
+        worker.pull(table, &[remote_keys[i % remote_keys.len()]], &mut out)?;
+    }
+    let mut done = 0;
+    while done < iterations {
+        client.exchange(req, resp, block as u64, |d| {
+            base_h.record(d.as_nanos() as u64).ok();
+        })?;
+        for i in done..done + block {
+            let k = remote_keys[i % remote_keys.len()];
+            let t = Instant::now();
+            if push {
+                worker.push(table, &[k], &update)?;
+            } else {
+                worker.pull(table, &[k], &mut out)?;
+            }
+            ferry_h.record(t.elapsed().as_nanos() as u64).ok();
+        }
+        done += block;
+    }
+    let mut figures = latency_figures(&ferry_h);
+    figures["request_bytes"] = json!(req);
+    figures["response_bytes"] = json!(resp);
+    Ok(vec![record(
+        if push { "remote_push" } else { "remote_pull" },
+        json!({"value_len": len, "keys": 1}),
+        figures,
+        "p50_ns",
+        "tcp_pingpong",
+        base_h.value_at_quantile(0.5) as f64,
+        Better::Lower,
+        ("ratio<=1.3", 1.3),
+    )])
+}
+
+fn batched(worker: &mut Worker, client: &mut rawtcp::Client, table: Table, keys: u64, len: usize, push: bool, quick: bool) -> Result<Record> {
+    let first = table.keys() / 2;
+    let batch: Vec<u64> = (first..first + keys).collect();
+    let mut values = vec![0.25f32; keys as usize * len];
+    let (req, resp) = if push { (keys as usize * (8 + 4 * len), 40) } else { (keys as usize * 8, keys as usize * 4 * len) };
+    let repetitions = if quick { 3 } else { 9 };
+    let (mut ferry_t, mut base_t) = (Vec::new(), Vec::new());
+    for rep in 0..=repetitions {
+        let mut base = Duration::ZERO;
+        client.exchange(req, resp, 1, |d| base = d)?;
+        let t = Instant::now();
+        if push {
+            worker.push(table, &batch, &values)?;
+        } else {
+            worker.pull(table, &batch, &mut values)?;
+        }
+        let ferry = t.elapsed();
+        if rep > 0 {
+            ferry_t.push(ferry.as_secs_f64());
+            base_t.push(base.as_secs_f64());
+        }
+    }
+    let ferry_s = median(&mut ferry_t);
+    let base_s = median(&mut base_t);
+    let bytes = (req + resp) as f64;
+    let keys_per_s = keys as f64 / ferry_s;
+    let figures = json!({
+        "keys_per_s": keys_per_s,
+        "bytes_per_s": bytes / ferry_s,
+        "values_per_s": keys_per_s * len as f64,
+        "op_ms": ferry_s * 1e3,
+        "raw_bytes_per_s": bytes / base_s,
+    });
+    let name = if push { "batched_push" } else { "batched_pull" };
+    let config = json!({"keys": keys, "value_len": len});
+    Ok(if len == 1 {
+        record(name, config, figures, "keys_per_s", "tcp_stream_keys_per_s", keys as f64 / base_s, Better::Higher, (">=100M keys/s", 100e6))
+    } else {
+        record(name, config, figures, "bytes_per_s", "tcp_stream", bytes / base_s, Better::Higher, ("ratio>=0.7", 0.7))
+    })
+}

@@ -1,0 +1,369 @@
+//! A cluster node for Ferry's multi-process tests, started through `ferry launch`.
+//!
+//! * `sums`: every worker of every node pushes known increments to random keys (local and
+//!   remote, optionally asynchronously and with relocations in flight); after a barrier, rank 0
+//!   pulls every key and compares it with the exact expected sum.
+//! * `history`: workers run a conflict-heavy mix of pull, push, set and localize on few keys,
+//!   recording every operation; rank 0 gathers the histories (files in `--dir`) and runs the
+//!   per-key sequential-consistency checker.
+//! * `crash`: the last rank dies in the middle of relocations; the others must see their
+//!   operations fail with an error (never hang) and then shut down.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::{Parser, Subcommand};
+use ferry::consistency::{push_update, set_value, Event, History};
+use ferry::{Config, Node, Partitioning, TableSpec, Worker};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Subcommand)]
+enum Scenario {
+    Sums {
+        #[arg(long, default_value_t = 3)]
+        workers: usize,
+        #[arg(long, default_value_t = 200)]
+        keys: u64,
+        #[arg(long, default_value_t = 4)]
+        value_len: usize,
+        #[arg(long, default_value_t = 300)]
+        rounds: usize,
+        #[arg(long)]
+        relocate: bool,
+        #[arg(long)]
+        asynchronous: bool,
+        #[arg(long)]
+        hash: bool,
+    },
+    History {
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        #[arg(long, default_value_t = 4)]
+        keys: u64,
+        #[arg(long, default_value_t = 150)]
+        ops: usize,
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    Crash {
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+    },
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().scenario {
+        Scenario::Sums { workers, keys, value_len, rounds, relocate, asynchronous, hash } => sums(workers, keys, value_len, rounds, relocate, asynchronous, hash),
+        Scenario::History { workers, keys, ops, dir, seed } => history(workers, keys, ops, &dir, seed),
+        Scenario::Crash { workers } => crash(workers),
+    }
+}
+
+/// The increments worker `w` of node `rank` pushes: (key, amount) per round.
+fn script(rank: usize, w: usize, keys: u64, rounds: usize) -> Vec<(u64, f32)> {
+    let mut rng = ChaCha8Rng::seed_from_u64(((rank as u64) << 32) | w as u64);
+    (0..rounds).map(|_| (rng.gen_range(0..keys), rng.gen_range(1..4) as f32)).collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn sums(workers: usize, keys: u64, value_len: usize, rounds: usize, relocate: bool, asynchronous: bool, hash: bool) -> Result<()> {
+    let spec = TableSpec::new("t", keys, value_len).partitioned(if hash { Partitioning::Hash } else { Partitioning::Range });
+    let mut config = Config::from_env(vec![spec])?;
+    config.relocation = relocate;
+    let mut node = Node::start(config)?;
+    let (rank, nodes) = (node.rank(), node.nodes());
+    let table = node.table("t")?;
+    std::thread::scope(|s| -> Result<()> {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let mut worker = node.worker();
+                s.spawn(move || -> Result<()> {
+                    let mut rng = ChaCha8Rng::seed_from_u64(1000 + w as u64 + rank as u64 * 77);
+                    let mut tickets = Vec::new();
+                    for (i, (key, amount)) in script(rank, w, keys, rounds).into_iter().enumerate() {
+                        if relocate && rng.gen_bool(0.2) {
+                            let batch: Vec<u64> = (0..3).map(|_| rng.gen_range(0..keys)).collect();
+                            if asynchronous {
+                                tickets.push(worker.localize_async(table, &batch)?);
+                            } else {
+                                worker.localize(table, &batch)?;
+                            }
+                        }
+                        let update = vec![amount; value_len];
+                        if asynchronous && i % 2 == 0 {
+                            tickets.push(worker.push_async(table, &[key], &update)?);
+                        } else {
+                            worker.push(table, &[key], &update)?;
+                        }
+                        if i % 17 == 0 {
+                            let mut out = vec![0.0; value_len];
+                            worker.pull(table, &[key], &mut out)?;
+                        }
+                    }
+                    for t in tickets {
+                        worker.wait(t)?;
+                    }
+                    worker.barrier()?;
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("worker thread")?;
+        }
+        Ok(())
+    })?;
+    let stats = node.stats();
+    eprintln!(
+        "node {rank}: {} local, {} remote accesses, {} relocations in, {} out",
+        stats.local_accesses, stats.remote_accesses, stats.relocations_in, stats.relocations_out
+    );
+    if rank == 0 {
+        let mut expected = vec![0.0f32; keys as usize];
+        for r in 0..nodes {
+            for w in 0..workers {
+                for (key, amount) in script(r, w, keys, rounds) {
+                    expected[key as usize] += amount;
+                }
+            }
+        }
+        let mut worker = node.worker();
+        let all: Vec<u64> = (0..keys).collect();
+        let mut out = vec![0.0; keys as usize * value_len];
+        worker.pull(table, &all, &mut out)?;
+        for key in 0..keys as usize {
+            for j in 0..value_len {
+                let got = out[key * value_len + j];
+                ensure!(got == expected[key], "key {key} element {j}: expected {} got {got}", expected[key]);
+            }
+        }
+        println!("sums ok: {keys} keys match after {} pushes", nodes * workers * rounds);
+        worker.barrier()?;
+    } else {
+        let mut worker = node.worker();
+        worker.barrier()?;
+    }
+    node.finalize()?;
+    Ok(())
+}
+
+const LANES: usize = 128;
+
+/// Runs a recorded workload on one worker; returns (key, event) in program order.
+fn recorded_workload(worker: &mut Worker, table: ferry::Table, keys: u64, ops: usize, seed: u64, lanes_base: &mut dyn FnMut(u64) -> Option<u32>, tags: &mut dyn FnMut(u64) -> u32) -> Result<Vec<(u64, Event)>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut events = Vec::new();
+    let mut pending_pulls: Vec<(ferry::PullTicket, Vec<(usize, u64)>)> = Vec::new();
+    let mut tickets = Vec::new();
+    for _ in 0..ops {
+        let key = rng.gen_range(0..keys);
+        let asynchronous = rng.gen_bool(0.4);
+        match rng.gen_range(0..100) {
+            0..25 => {
+                if asynchronous {
+                    tickets.push(worker.localize_async(table, &[key])?);
+                } else {
+                    worker.localize(table, &[key])?;
+                }
+            }
+            25..60 => {
+                let Some(lane) = lanes_base(key) else { continue };
+                events.push((key, Event::Push { lane }));
+                let update = push_update(lane, LANES);
+                if asynchronous {
+                    tickets.push(worker.push_async(table, &[key], &update)?);
+                } else {
+                    worker.push(table, &[key], &update)?;
+                }
+            }
+            60..66 => {
+                let tag = tags(key);
+                events.push((key, Event::Set { tag }));
+                let value = set_value(tag, LANES);
+                if asynchronous {
+                    tickets.push(worker.set_async(table, &[key], &value)?);
+                } else {
+                    worker.set(table, &[key], &value)?;
+                }
+            }
+            _ => {
+                events.push((key, Event::Pull { value: Vec::new() }));
+                let at = events.len() - 1;
+                if asynchronous {
+                    pending_pulls.push((worker.pull_async(table, &[key])?, vec![(at, key)]));
+                } else {
+                    let mut out = vec![0.0; LANES];
+                    worker.pull(table, &[key], &mut out)?;
+                    events[at].1 = Event::Pull { value: out };
+                }
+            }
+        }
+    }
+    for (ticket, slots) in pending_pulls {
+        let values = worker.wait_pull(ticket)?;
+        for (at, _) in slots {
+            events[at].1 = Event::Pull { value: values.clone() };
+        }
+    }
+    for t in tickets {
+        worker.wait(t)?;
+    }
+    Ok(events)
+}
+
+fn history(workers: usize, keys: u64, ops: usize, dir: &std::path::Path, seed: u64) -> Result<()> {
+    let mut config = Config::from_env(vec![TableSpec::new("h", keys, LANES)])?;
+    config.relocation = true;
+    let mut node = Node::start(config)?;
+    let (rank, nodes) = (node.rank(), node.nodes());
+    let table = node.table("h")?;
+    // Lanes and tags are partitioned between workers so that every push and set is unique.
+    let per_worker = (LANES - 1) / (nodes * workers);
+    let results: Vec<Vec<(u64, Event)>> = std::thread::scope(|s| -> Result<Vec<_>> {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let mut worker = node.worker();
+                s.spawn(move || -> Result<Vec<(u64, Event)>> {
+                    let global = rank * workers + w;
+                    let mut used = vec![0u32; keys as usize];
+                    let mut next_tag = vec![0u32; keys as usize];
+                    let mut lanes = |key: u64| {
+                        let u = &mut used[key as usize];
+                        if (*u as usize) < per_worker {
+                            *u += 1;
+                            Some(1 + (global * per_worker) as u32 + *u - 1)
+                        } else {
+                            None
+                        }
+                    };
+                    let mut tags = |key: u64| {
+                        let t = &mut next_tag[key as usize];
+                        *t += 1;
+                        (global as u32 + 1) * 100_000 + *t
+                    };
+                    let events = recorded_workload(&mut worker, table, keys, ops, seed * 1000 + global as u64, &mut lanes, &mut tags)?;
+                    worker.barrier()?;
+                    Ok(events)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("worker thread")).collect()
+    })?;
+    let file = dir.join(format!("history-{rank}.txt"));
+    let mut text = String::new();
+    for (w, events) in results.iter().enumerate() {
+        for (key, e) in events {
+            let (kind, payload) = match e {
+                Event::Push { lane } => ("push", lane.to_string()),
+                Event::Set { tag } => ("set", tag.to_string()),
+                Event::Pull { value } => ("pull", value.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")),
+            };
+            text.push_str(&format!("{} {key} {kind} {payload}\n", rank * workers + w));
+        }
+    }
+    std::fs::write(&file, text).with_context(|| format!("writing {}", file.display()))?;
+    let mut worker = node.worker();
+    worker.barrier()?;
+    if rank == 0 {
+        let mut h = History::new(nodes * workers);
+        for r in 0..nodes {
+            let text = std::fs::read_to_string(dir.join(format!("history-{r}.txt")))?;
+            for line in text.lines() {
+                let mut parts = line.splitn(4, ' ');
+                let (w, key, kind, payload) = (parts.next(), parts.next(), parts.next(), parts.next().unwrap_or(""));
+                let w: usize = w.context("worker")?.parse()?;
+                let key: u64 = key.context("key")?.parse()?;
+                let event = match kind {
+                    Some("push") => Event::Push { lane: payload.parse()? },
+                    Some("set") => Event::Set { tag: payload.parse()? },
+                    Some("pull") => Event::Pull { value: payload.split(',').map(str::parse).collect::<Result<Vec<f32>, _>>()? },
+                    _ => bail!("bad history line: {line}"),
+                };
+                h.record(w, key, event);
+            }
+        }
+        let all: Vec<u64> = (0..keys).collect();
+        let mut out = vec![0.0; keys as usize * LANES];
+        worker.pull(table, &all, &mut out)?;
+        for key in 0..keys {
+            h.record_after_all(key, Event::Pull { value: out[key as usize * LANES..(key as usize + 1) * LANES].to_vec() });
+        }
+        h.check(LANES).map_err(|v| anyhow::anyhow!("consistency violation: {v}"))?;
+        println!("history ok: {} events on {keys} keys are per-key sequentially consistent", h.len());
+    }
+    worker.barrier()?;
+    drop(worker);
+    node.finalize()?;
+    Ok(())
+}
+
+fn crash(workers: usize) -> Result<()> {
+    let mut config = Config::from_env(vec![TableSpec::new("c", 64, 8)])?;
+    config.peer_timeout = Duration::from_millis(1500);
+    config.op_timeout = Duration::from_secs(10);
+    let node = Node::start(config)?;
+    let (rank, nodes) = (node.rank(), node.nodes());
+    let table = node.table("c")?;
+    let victim = nodes - 1;
+    let mut worker = node.worker();
+    worker.barrier()?;
+    if rank == victim {
+        // Keep relocations flowing towards this node, then die without a goodbye.
+        for i in 0..50u64 {
+            let _ = worker.localize_async(table, &[i % 64, (i * 7) % 64]);
+        }
+        drop(worker);
+        node.abort();
+        std::process::exit(0);
+    }
+    let started = Instant::now();
+    let mut saw_error = false;
+    std::thread::scope(|s| -> Result<()> {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let mut worker = node.worker();
+                s.spawn(move || -> bool {
+                    let mut rng = ChaCha8Rng::seed_from_u64(w as u64);
+                    let mut failed = false;
+                    let deadline = Instant::now() + Duration::from_secs(8);
+                    while Instant::now() < deadline {
+                        let keys: Vec<u64> = (0..4).map(|_| rng.gen_range(0..64)).collect();
+                        let r = if rng.gen_bool(0.5) { worker.localize(table, &keys) } else { worker.push(table, &keys, &[1.0; 32]) };
+                        if r.is_err() {
+                            failed = true;
+                        }
+                        if failed && Instant::now() > deadline - Duration::from_secs(6) {
+                            break;
+                        }
+                    }
+                    failed
+                })
+            })
+            .collect();
+        for h in handles {
+            saw_error |= h.join().expect("worker thread");
+        }
+        Ok(())
+    })?;
+    ensure!(saw_error, "no operation failed although node {victim} died");
+    ensure!(started.elapsed() < Duration::from_secs(30), "operations took too long to fail");
+    println!("crash ok: operations failed with errors after node {victim} died, none hung");
+    drop(worker);
+    // The cluster is broken: shut down without the (impossible) cluster-wide barrier.
+    node.abort();
+    Ok(())
+}

@@ -1,0 +1,30 @@
+//! Helpers for Ferry's integration tests.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+/// The directory holding the workspace's binaries (next to the test executable's `deps/`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent().and_then(|d| d.parent()).expect("target directory").to_path_buf()
+}
+
+/// Path of a workspace binary, checked to exist.
+pub fn binary(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(path.exists(), "{} is missing: build the workspace first (cargo test --workspace builds it)", path.display());
+    path
+}
+
+/// Runs `ferry launch -n nodes -- ferry-testnode args…` and returns its output.
+pub fn launch_testnode(nodes: usize, args: &[&str], timeout: Duration) -> Output {
+    let output = Command::new(binary("ferry"))
+        .args(["launch", "-n", &nodes.to_string(), "--timeout", &timeout.as_secs().to_string(), "--"])
+        .arg(binary("ferry-testnode"))
+        .args(args)
+        .output()
+        .expect("running ferry launch");
+    eprintln!("--- stdout\n{}\n--- stderr\n{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    output
+}

@@ -1,0 +1,312 @@
+//! Clusters of nodes inside one test process, over real loopback TCP.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry::{Config, Error, Node, Partitioning, TableSpec};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn config(tables: Vec<TableSpec>) -> Config {
+    let mut c = Config::new(tables);
+    c.latches = 64;
+    c
+}
+
+fn finalize_all(nodes: Vec<Node>) {
+    let handles: Vec<_> = nodes.into_iter().map(|n| std::thread::spawn(move || {
+            let mut n = n;
+            n.finalize()
+        })).collect();
+    for h in handles {
+        h.join().unwrap().unwrap();
+    }
+}
+
+/// Every worker of every node pushes known increments to random keys, some nodes localizing
+/// keys meanwhile; afterwards every node pulls every key and sees the exact sums.
+fn concurrent_sums(nodes: usize, workers: usize, relocation: bool, partitioning: Partitioning) {
+    let keys = 97u64;
+    let value_len = 3;
+    let mut c = config(vec![TableSpec::new("t", keys, value_len).partitioned(partitioning)]);
+    c.relocation = relocation;
+    let cluster = Node::start_local_cluster(nodes, c).unwrap();
+    let table = cluster[0].table("t").unwrap();
+    let rounds = 150;
+    std::thread::scope(|s| {
+        for (rank, node) in cluster.iter().enumerate() {
+            for w in 0..workers {
+                let mut worker = node.worker();
+                s.spawn(move || {
+                    let mut rng = ChaCha8Rng::seed_from_u64((rank * 100 + w) as u64);
+                    for i in 0..rounds {
+                        let batch: Vec<u64> = (0..rng.gen_range(1..5)).map(|_| rng.gen_range(0..keys)).collect();
+                        if relocation && i % 5 == 0 {
+                            worker.localize(table, &batch).unwrap();
+                        }
+                        let update: Vec<f32> = batch.iter().flat_map(|&k| vec![(k % 7 + 1) as f32; value_len]).collect();
+                        worker.push(table, &batch, &update).unwrap();
+                    }
+                    worker.barrier().unwrap();
+                });
+            }
+        }
+    });
+    let mut expected = vec![0.0f32; keys as usize];
+    for rank in 0..nodes {
+        for w in 0..workers {
+            let mut rng = ChaCha8Rng::seed_from_u64((rank * 100 + w) as u64);
+            for i in 0..rounds {
+                let batch: Vec<u64> = (0..rng.gen_range(1..5)).map(|_| rng.gen_range(0..keys)).collect();
+                let _ = i;
+                for k in batch {
+                    expected[k as usize] += (k % 7 + 1) as f32;
+                }
+            }
+        }
+    }
+    let all: Vec<u64> = (0..keys).collect();
+    for node in &cluster {
+        let mut w = node.worker();
+        let mut out = vec![0.0; keys as usize * value_len];
+        w.pull(table, &all, &mut out).unwrap();
+        for k in 0..keys as usize {
+            assert_eq!(&out[k * value_len..(k + 1) * value_len], &vec![expected[k]; value_len][..], "key {k} at node {}", node.rank());
+        }
+    }
+    let total = ferry::Stats::sum(cluster.iter().map(|n| n.stats()).collect::<Vec<_>>().iter());
+    if relocation {
+        assert!(total.relocations_in > 0);
+        assert_eq!(total.relocations_in, total.relocations_out);
+    } else {
+        assert_eq!(total.relocations_in, 0);
+    }
+    if nodes > 1 {
+        assert!(total.remote_accesses > 0 && total.local_accesses > 0);
+    }
+    finalize_all(cluster);
+}
+
+#[test]
+fn single_node_concurrent_workers() {
+    concurrent_sums(1, 4, false, Partitioning::Range);
+}
+
+#[test]
+fn two_nodes_classic() {
+    concurrent_sums(2, 3, false, Partitioning::Range);
+}
+
+#[test]
+fn three_nodes_with_relocation_hash_partitioned() {
+    concurrent_sums(3, 2, true, Partitioning::Hash);
+}
+
+#[test]
+fn four_nodes_with_relocation() {
+    concurrent_sums(4, 2, true, Partitioning::Range);
+}
+
+#[test]
+fn asynchronous_api() {
+    let cluster = Node::start_local_cluster(2, config(vec![TableSpec::new("a", 40, 2)])).unwrap();
+    let table = cluster[0].table("a").unwrap();
+    let mut w = cluster[0].worker();
+    let keys: Vec<u64> = (0..40).collect();
+    let ones = vec![1.0f32; 80];
+    let tickets: Vec<_> = (0..10).map(|_| w.push_async(table, &keys, &ones).unwrap()).collect();
+    // Program order: a pull issued after the pushes sees all of them, even asynchronously.
+    let pull = w.pull_async(table, &keys).unwrap();
+    for t in tickets {
+        w.wait(t).unwrap();
+    }
+    assert_eq!(w.wait_pull(pull).unwrap(), vec![10.0; 80]);
+    let set = w.set_async(table, &[39, 0], &[5.0, 5.0, 6.0, 6.0]).unwrap();
+    let loc = w.localize_async(table, &[30, 31]).unwrap();
+    w.wait(set).unwrap();
+    w.wait(loc).unwrap();
+    let mut out = vec![0.0; 4];
+    assert!(w.pull_if_local(table, &[30, 31], &mut out).unwrap());
+    assert_eq!(out, vec![10.0; 4]);
+    assert!(!w.pull_if_local(table, &[30, 39], &mut out).unwrap(), "39 stayed on node 1");
+    w.pull(table, &[0, 39], &mut out).unwrap();
+    assert_eq!(out, vec![6.0, 6.0, 5.0, 5.0]);
+    // A local-only asynchronous pull is complete at once.
+    let t = w.pull_async(table, &[1]).unwrap();
+    assert!(t.is_done());
+    assert_eq!(w.wait_pull(t).unwrap(), vec![10.0, 10.0]);
+    drop(w);
+    finalize_all(cluster);
+}
+
+#[test]
+fn bad_input_returns_errors() {
+    let cluster = Node::start_local_cluster(2, config(vec![TableSpec::new("b", 10, 3), TableSpec::new("other", 5, 1)])).unwrap();
+    let table = cluster[0].table("b").unwrap();
+    let mut w = cluster[0].worker();
+    assert!(matches!(cluster[0].table("nope"), Err(Error::UnknownTable(_))));
+    let mut out = vec![0.0; 6];
+    assert!(matches!(w.pull(table, &[1, 10], &mut out), Err(Error::UnknownKey { key: 10, .. })));
+    assert!(matches!(w.push(table, &[u64::MAX], &[0.0; 3]), Err(Error::UnknownKey { .. })));
+    assert!(matches!(w.pull(table, &[1], &mut out), Err(Error::WrongLength { expected: 3, got: 6, .. })));
+    assert!(matches!(w.push(table, &[1, 2], &[1.0; 5]), Err(Error::WrongLength { .. })));
+    assert!(matches!(w.set(table, &[1], &[]), Err(Error::WrongLength { .. })));
+    assert!(matches!(w.localize(table, &[11]), Err(Error::UnknownKey { .. })));
+    assert!(matches!(w.push_async(table, &[9], &[1.0]), Err(Error::WrongLength { .. })));
+    assert!(matches!(w.pull_if_local(table, &[99], &mut out[..3]), Err(Error::UnknownKey { .. })));
+    // A table handle from a different cluster configuration is refused.
+    let mut other = Node::start(config(vec![TableSpec::new("x", 1000, 7)])).unwrap();
+    let foreign = other.table("x").unwrap();
+    assert!(matches!(w.pull(foreign, &[0], &mut [0.0; 7]), Err(Error::UnknownTable(_))));
+    other.finalize().unwrap();
+    // Nothing was changed by the refused calls.
+    let mut three = vec![0.0; 3];
+    w.pull(table, &[9], &mut three).unwrap();
+    assert_eq!(three, vec![0.0; 3]);
+    // Empty calls are fine.
+    w.pull(table, &[], &mut []).unwrap();
+    w.push(table, &[], &[]).unwrap();
+    w.localize(table, &[]).unwrap();
+    // A mismatched configuration is refused at start-up.
+    let port = ferry::launch::free_loopback_port().unwrap();
+    let starts: Vec<_> = (0..2)
+        .map(|rank| {
+            let mut c = config(vec![TableSpec::new("m", 10 + rank as u64, 1)]);
+            c.rank = rank;
+            c.nodes = 2;
+            c.coordinator = format!("127.0.0.1:{port}");
+            c.connect_timeout = Duration::from_secs(10);
+            std::thread::spawn(move || Node::start(c))
+        })
+        .collect();
+    for s in starts {
+        assert!(matches!(s.join().unwrap(), Err(Error::Config(_))));
+    }
+    drop(w);
+    finalize_all(cluster);
+}
+
+#[test]
+fn finalize_refuses_live_workers() {
+    let mut node = Node::start(config(vec![TableSpec::new("f", 4, 1)])).unwrap();
+    let mut w = node.worker();
+    assert!(matches!(node.finalize(), Err(Error::WorkersAlive(1))));
+    // The refused finalize changed nothing.
+    w.push(node.table("f").unwrap(), &[1], &[1.0]).unwrap();
+    drop(w);
+    node.finalize().unwrap();
+    assert!(matches!(node.finalize(), Err(Error::ShutDown)));
+}
+
+#[test]
+fn barrier_orders_operations_across_nodes() {
+    let cluster = Node::start_local_cluster(3, config(vec![TableSpec::new("r", 30, 1)])).unwrap();
+    let table = cluster[0].table("r").unwrap();
+    std::thread::scope(|s| {
+        for node in &cluster {
+            for _ in 0..2 {
+                let mut w = node.worker();
+                let rank = node.rank();
+                s.spawn(move || {
+                    for round in 0..5u64 {
+                        // Everybody pushes to every key; after the barrier everybody sees it all.
+                        let keys: Vec<u64> = (0..30).collect();
+                        let t = w.push_async(table, &keys, &[1.0; 30]).unwrap();
+                        drop(t);
+                        w.barrier().unwrap();
+                        let mut out = vec![0.0; 30];
+                        w.pull(table, &keys, &mut out).unwrap();
+                        assert_eq!(out, vec![(6 * (round + 1)) as f32; 30], "node {rank} round {round}");
+                        w.barrier().unwrap();
+                    }
+                });
+            }
+        }
+    });
+    finalize_all(cluster);
+}
+
+#[test]
+fn a_lost_peer_fails_operations_quickly() {
+    let mut c = config(vec![TableSpec::new("l", 30, 2)]);
+    c.peer_timeout = Duration::from_millis(800);
+    c.heartbeat = Duration::from_millis(100);
+    let mut cluster = Node::start_local_cluster(3, c).unwrap();
+    let table = cluster[0].table("l").unwrap();
+    let victim = cluster.pop().unwrap();
+    let mut w = cluster[0].worker();
+    // Keys 20..30 live on node 2; keys 10..20 on node 1.
+    w.push(table, &[25, 15], &[1.0; 4]).unwrap();
+    // Relocations towards the victim are in flight when it dies.
+    let moving = {
+        let mut vw = victim.worker();
+        let t = vw.localize_async(table, &[0, 1, 2, 3]);
+        drop(vw);
+        t
+    };
+    drop(moving);
+    victim.abort();
+    let started = Instant::now();
+    let mut out = vec![0.0; 4];
+    let err = w.pull(table, &[25, 15], &mut out).unwrap_err();
+    assert!(matches!(err, Error::PeerLost { node: 2, .. }), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    // Keys on surviving nodes still work.
+    w.pull(table, &[15], &mut out[..2]).unwrap();
+    assert_eq!(&out[..2], &[1.0, 1.0]);
+    drop(w);
+    for n in cluster {
+        n.abort();
+    }
+}
+
+#[test]
+fn a_peer_that_breaks_the_protocol_is_disconnected() {
+    // Nodes 0 and 1 are real; node 2 speaks the set-up protocol and then sends garbage.
+    let c = config(vec![TableSpec::new("p", 30, 1)]);
+    let port = ferry::launch::free_loopback_port().unwrap();
+    let coordinator = format!("127.0.0.1:{port}");
+    let mut starts = Vec::new();
+    for rank in 0..2 {
+        let mut c = c.clone();
+        c.rank = rank;
+        c.nodes = 3;
+        c.coordinator = coordinator.clone();
+        starts.push(std::thread::spawn(move || Node::start(c).unwrap()));
+    }
+    let mut fingerprint_config = c.clone();
+    fingerprint_config.nodes = 3;
+    let fingerprint = fingerprint_config.fingerprint().to_le_bytes();
+    let (mut rendezvous, mesh) = ferry_tcp::join_cluster(2, 3, &coordinator, ferry_tcp::MeshConfig::default()).unwrap();
+    rendezvous.all_gather(&fingerprint, Duration::from_secs(10)).unwrap();
+    rendezvous.clock_offset_ns(Duration::from_secs(10)).unwrap();
+    struct Quiet;
+    impl ferry_tcp::Handler for Quiet {
+        fn on_message(&self, _: usize, _: &[u8]) {}
+        fn on_writes_landed(&self, _: usize, _: &[ferry_tcp::LandedWrite]) {}
+        fn on_write_error(&self, _: usize, _: u64, _: ferry_tcp::AccessError) {}
+        fn on_read_complete(&self, _: usize, _: u64, _: Result<(), ferry_tcp::AccessError>) {}
+        fn on_peer_closed(&self, _: usize, _: Option<&ferry_tcp::TransportError>) {}
+    }
+    mesh.start(Arc::new(Quiet)).unwrap();
+    let nodes: Vec<Node> = starts.into_iter().map(|s| s.join().unwrap()).collect();
+    // A message with an unknown type, then a truncated ACCESS.
+    mesh.send(0, vec![5, 0, 0, 0, 99, 1, 2, 3, 4]).unwrap();
+    mesh.send(1, vec![30, 0, 0, 0, 1, 1, 0, 0, 0, 0]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (mesh.is_alive(0) || mesh.is_alive(1)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!mesh.is_alive(0) && !mesh.is_alive(1), "both real nodes closed the impostor's connection");
+    let table = nodes[0].table("p").unwrap();
+    let mut w = nodes[0].worker();
+    w.push(table, &[15], &[2.0]).unwrap();
+    let mut out = [0.0];
+    nodes[1].worker().pull(table, &[15], &mut out).unwrap();
+    assert_eq!(out, [2.0]);
+    drop(w);
+    mesh.abort();
+    for n in nodes {
+        n.abort();
+    }
+}

@@ -1,0 +1,61 @@
+//! Real multi-process clusters, started through `ferry launch`.
+
+use std::time::Duration;
+
+use ferry_tests::{binary, launch_testnode};
+
+fn assert_ok(output: &std::process::Output, marker: &str) {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "cluster failed: {}", output.status);
+    assert!(stdout.contains(marker), "missing '{marker}' in output");
+}
+
+#[test]
+fn two_processes_exact_sums() {
+    let out = launch_testnode(2, &["sums", "--workers", "3", "--rounds", "300"], Duration::from_secs(120));
+    assert_ok(&out, "[0] sums ok");
+}
+
+#[test]
+fn three_processes_async_hash_partitioned() {
+    let out = launch_testnode(3, &["sums", "--workers", "2", "--asynchronous", "--hash"], Duration::from_secs(120));
+    assert_ok(&out, "[0] sums ok");
+}
+
+#[test]
+fn four_processes_with_relocations_in_flight() {
+    let out = launch_testnode(4, &["sums", "--workers", "2", "--relocate", "--asynchronous", "--keys", "60"], Duration::from_secs(120));
+    assert_ok(&out, "[0] sums ok");
+}
+
+#[test]
+fn recorded_history_is_sequentially_consistent() {
+    let dir = std::env::temp_dir().join(format!("ferry-history-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = launch_testnode(3, &["history", "--workers", "2", "--ops", "200", "--dir", dir.to_str().unwrap()], Duration::from_secs(120));
+    assert_ok(&out, "[0] history ok");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_crashed_process_fails_operations_without_hanging() {
+    let out = launch_testnode(3, &["crash"], Duration::from_secs(120));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("[0] crash ok") && stdout.contains("[1] crash ok"), "survivors did not report");
+}
+
+#[test]
+fn launch_reports_failures_and_prefixes_ranks() {
+    let out = std::process::Command::new(binary("ferry"))
+        .args(["launch", "-n", "3", "--", "sh", "-c", "echo hello from $FERRY_RANK of $FERRY_NODES; test $FERRY_RANK -ne 1"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    for r in 0..3 {
+        assert!(stdout.contains(&format!("[{r}] hello from {r} of 3")), "{stdout}");
+    }
+    assert!(String::from_utf8_lossy(&out.stderr).contains("rank 1 failed"));
+    let ok = std::process::Command::new(binary("ferry")).args(["launch", "-n", "2", "--", "true"]).output().unwrap();
+    assert!(ok.status.success());
+}

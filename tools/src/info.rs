@@ -1,0 +1,33 @@
+//! `ferry info`: what this host offers Ferry.
+
+use anyhow::Result;
+
+fn read(path: &str) -> Option<String> {
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+}
+
+fn memlock() -> String {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `limit` is a valid, writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } != 0 {
+        return "unknown".into();
+    }
+    let fmt = |v: libc::rlim_t| if v == libc::RLIM_INFINITY { "unlimited".to_string() } else { format!("{} KiB", v / 1024) };
+    format!("{} (hard {})", fmt(limit.rlim_cur), fmt(limit.rlim_max))
+}
+
+/// Prints the host report.
+pub fn print() -> Result<()> {
+    println!("Ferry {}", env!("CARGO_PKG_VERSION"));
+    println!("memlock limit:       {}", memlock());
+    let total = read("/proc/sys/vm/nr_hugepages").unwrap_or_else(|| "?".into());
+    let free = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().find(|l| l.starts_with("HugePages_Free")).map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string()))
+        .unwrap_or_else(|| "?".into());
+    println!("huge pages (2 MiB):  {total} configured, {free} free");
+    println!("transparent huge pages: {}", read("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_else(|| "unavailable".into()));
+    println!("verbs devices:       none (this build has no verbs support)");
+    println!("transport auto picks: tcp");
+    Ok(())
+}

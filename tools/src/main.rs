@@ -1,0 +1,82 @@
+//! `ferry`: launch local clusters and inspect the host.
+
+mod info;
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::{Parser, Subcommand};
+use ferry::launch::{launch, LaunchSpec, Stream};
+
+#[derive(Parser)]
+#[command(name = "ferry", version, about = "The Ferry parameter store's command-line tool")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start N processes of a command on this machine as one cluster (FERRY_RANK, FERRY_NODES
+    /// and FERRY_COORDINATOR are set for each); output lines are prefixed with the rank.
+    Launch {
+        /// Number of processes.
+        #[arg(short = 'n', long = "nodes")]
+        nodes: usize,
+        /// Rendezvous address (default: a free loopback port).
+        #[arg(long)]
+        coordinator: Option<String>,
+        /// Seconds the others may run on after one process fails.
+        #[arg(long, default_value_t = 10)]
+        grace: u64,
+        /// Kill everything after this many seconds.
+        #[arg(long)]
+        timeout: Option<u64>,
+        /// The command and its arguments.
+        #[arg(trailing_var_arg = true, required = true, num_args = 1..)]
+        command: Vec<String>,
+    },
+    /// Show verbs devices, memory-locking and huge-page limits, and the transport `auto` picks.
+    Info,
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Launch { nodes, coordinator, grace, timeout, command } => {
+            if nodes == 0 {
+                bail!("--nodes must be at least 1");
+            }
+            let mut spec = LaunchSpec::new(nodes, &command[0], command[1..].to_vec());
+            spec.coordinator = coordinator;
+            spec.grace = Duration::from_secs(grace);
+            spec.timeout = timeout.map(Duration::from_secs);
+            let outcome = launch(&spec, |rank, stream, line| match stream {
+                Stream::Stdout => {
+                    let mut out = std::io::stdout().lock();
+                    let _ = writeln!(out, "[{rank}] {line}");
+                }
+                Stream::Stderr => {
+                    let mut err = std::io::stderr().lock();
+                    let _ = writeln!(err, "[{rank}] {line}");
+                }
+            })?;
+            if !outcome.success() {
+                for (rank, status) in outcome.statuses.iter().enumerate() {
+                    match status {
+                        Some(s) if s.success() => {}
+                        Some(s) => eprintln!("ferry launch: rank {rank} failed ({s})"),
+                        None => eprintln!("ferry launch: rank {rank} was killed"),
+                    }
+                }
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::Info => info::print(),
+    }
+}
