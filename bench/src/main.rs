@@ -4,6 +4,11 @@ mod micro;
 mod rawtcp;
 mod report;
 
+// A retaining allocator: large per-operation buffers are reused instead of being mapped and
+// faulted in again on every bulk operation.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
 

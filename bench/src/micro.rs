@@ -5,8 +5,8 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use ferry::launch::{launch, LaunchSpec, Stream};
+use anyhow::{Context, Result, bail};
+use ferry::launch::{LaunchSpec, Stream, launch};
 use ferry::{Config, Node, Table, TableSpec, Worker};
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
@@ -15,7 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use crate::rawtcp;
-use crate::report::{latency_figures, print_table, record, Better, Record};
+use crate::report::{Better, Record, latency_figures, print_table, record};
 
 const LOCAL_LENS: [(usize, u64); 3] = [(1, 1_000_000), (64, 100_000), (1024, 10_000)];
 const REMOTE_LENS: [usize; 3] = [1, 64, 1024];

@@ -1,7 +1,7 @@
 //! Benchmark results: a perftest-style table for people, JSON lines for machines.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 /// Whether a larger or a smaller figure is better.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,7 +84,7 @@ pub fn print_table(title: &str, records: &[Record]) {
     println!("{line}");
     println!(" {title}");
     println!("{line}");
-    println!(" {:<22} {:<26} {:>12} {:>14} {:>12} {:>8}  {:<18} {}", "benchmark", "configuration", "headline", "value", "baseline", "ratio", "target", "met");
+    println!(" {:<22} {:<26} {:>12} {:>14} {:>12} {:>8}  {:<18} met", "benchmark", "configuration", "headline", "value", "baseline", "ratio", "target");
     for r in records {
         let config = config_text(&r.config);
         println!(

@@ -108,8 +108,11 @@ pub struct Config {
     pub op_timeout: Duration,
     /// How long cluster start-up may take.
     pub connect_timeout: Duration,
-    /// Largest protocol message; bigger operations are split into parts of about this size.
+    /// Largest protocol message; a single value must fit one.
     pub max_message_bytes: usize,
+    /// Large operations are split into parts of about this many bytes, so that their parts
+    /// stream through sender, network and receiver at the same time.
+    pub part_bytes: usize,
 }
 
 impl Config {
@@ -130,6 +133,7 @@ impl Config {
             op_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(60),
             max_message_bytes: 4 << 20,
+            part_bytes: 256 << 10,
         }
     }
 

@@ -403,7 +403,10 @@ mod tests {
         // Reads go backwards in one worker.
         assert!(check(vec![vec![push(1)], vec![pull(0, &[1]), pull(0, &[])]]).is_err());
         // Two readers disagree on the order of two pushes.
-        assert!(check(vec![vec![push(1)], vec![push(2)], vec![pull(0, &[1])], vec![pull(0, &[2])], vec![pull(0, &[1, 2])], vec![pull(0, &[1]), pull(0, &[2])]]).is_err());
+        assert!(
+            check(vec![vec![push(1)], vec![push(2)], vec![pull(0, &[1])], vec![pull(0, &[2])], vec![pull(0, &[1, 2])], vec![pull(0, &[1]), pull(0, &[2])]])
+                .is_err()
+        );
         // Program order of two pushes inverted by a reader.
         assert!(check(vec![vec![push(1), push(2)], vec![pull(0, &[2])]]).is_err());
         // A push applied twice.

@@ -104,7 +104,10 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
                 return Err(Error::Config(format!("cannot start {}: {e}", spec.program.display())));
             }
         };
-        for (stream, pipe) in [(Stream::Stdout, child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>)), (Stream::Stderr, child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>))] {
+        for (stream, pipe) in [
+            (Stream::Stdout, child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>)),
+            (Stream::Stderr, child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>)),
+        ] {
             let Some(pipe) = pipe else { continue };
             let on_line = on_line.clone();
             readers.push(std::thread::spawn(move || {

@@ -33,5 +33,5 @@ mod worker;
 pub use config::{ClusterEnv, Config, ElementType, HugePages, Partitioning, TableSpec, TransportChoice};
 pub use error::{Error, Result};
 pub use node::{Node, Table};
-pub use worker::{PullTicket, Ticket, Worker};
 pub use stats::{Latency, MessageKind, Stats, Traffic};
+pub use worker::{PullTicket, Ticket, Worker};

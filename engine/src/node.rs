@@ -224,9 +224,17 @@ impl Node {
             relocation: config.relocation,
             location_caches: config.location_caches,
             max_message_bytes: config.max_message_bytes,
+            part_bytes: config.part_bytes,
             op_timeout_ns: config.op_timeout.as_nanos() as u64,
         };
-        let protocol = Protocol::new(config.rank, config.nodes, &config.tables, store.clone(), settings);
+        let mut protocol = Protocol::new(config.rank, config.nodes, &config.tables, store.clone(), settings);
+        let sink_fabric = fabric.clone();
+        protocol.set_frame_sink(Box::new(move |to, frame| {
+            let to = to as usize;
+            if sink_fabric.enqueue(to, frame).is_ok() {
+                sink_fabric.flush(to);
+            }
+        }));
         let inner = Arc::new(NodeInner {
             store,
             engine: Mutex::new(Engine { protocol, waiters: FastMap::default() }),

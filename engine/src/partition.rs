@@ -58,6 +58,8 @@ impl Partitioner {
     fn position(&self, key: u64) -> u64 {
         match self.kind {
             Partitioning::Range => key,
+            // Below 2^32 keys the product fits 64 bits, and a 64-bit remainder is much cheaper.
+            Partitioning::Hash if self.keys <= 1 << 32 => (key * self.mult) % self.keys,
             Partitioning::Hash => ((key as u128 * self.mult as u128) % self.keys as u128) as u64,
         }
     }
@@ -73,14 +75,31 @@ impl Partitioner {
     /// First position of `node`'s run.
     #[inline]
     fn start(&self, node: u64) -> u64 {
-        ((node as u128 * self.keys as u128) / self.nodes as u128) as u64
+        // keys < 2^42 and nodes < 2^16 (configuration limits), so the product fits 64 bits.
+        node * self.keys / self.nodes
     }
 
     /// The home node of `key` (which must be below the table's key count).
     #[inline]
     pub fn home(&self, key: u64) -> usize {
-        let pos = self.position(key) as u128;
-        (((pos + 1) * self.nodes as u128 - 1) / self.keys as u128) as usize
+        let pos = self.position(key);
+        (((pos + 1) * self.nodes - 1) / self.keys) as usize
+    }
+
+    /// The home node of `key`, remembering the last range found in `hint` (start, end, node) so
+    /// that runs of nearby keys under range partitioning cost a comparison, not a division.
+    #[inline]
+    pub fn home_cached(&self, key: u64, hint: &mut (u64, u64, usize)) -> usize {
+        if self.kind == Partitioning::Range {
+            if key >= hint.0 && key < hint.1 {
+                return hint.2;
+            }
+            let home = self.home(key);
+            *hint = (self.start(home as u64), self.start(home as u64 + 1), home);
+            home
+        } else {
+            self.home(key)
+        }
     }
 
     /// The dense index of `key` among its home node's keys.

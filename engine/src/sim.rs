@@ -18,7 +18,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::client::{gather, local_pass, scatter};
 use crate::config::{HugePages, Partitioning, TableSpec};
-use crate::consistency::{push_update, set_value, Event, History, Violation};
+use crate::consistency::{Event, History, Violation, push_update, set_value};
 use crate::error::Result;
 use crate::protocol::{AccessKind, OpId, Output, Protocol, Request, RequestKind, Settings, SlotWrite, Submitted};
 use crate::stats::Stats;
@@ -199,6 +199,7 @@ impl Sim {
             relocation: opts.relocation,
             location_caches: opts.location_caches,
             max_message_bytes: opts.max_message_bytes.max(4096),
+            part_bytes: opts.max_message_bytes.max(4096),
             op_timeout_ns: u64::MAX / 4,
         };
         let mut nodes = Vec::new();
@@ -485,7 +486,8 @@ impl Sim {
                     Ok(Submitted::Done(_)) => {}
                     Ok(Submitted::Pending(id)) => {
                         let first_event = self.workers[w].events.len();
-                        self.in_flight.push(((node, id), InFlight { worker: w, kind: None, keys: Vec::new(), rows: Vec::new(), output: Vec::new(), first_event }));
+                        self.in_flight
+                            .push(((node, id), InFlight { worker: w, kind: None, keys: Vec::new(), rows: Vec::new(), output: Vec::new(), first_event }));
                         self.track(w, node, id, asynchronous);
                     }
                     Err(e) => self.submit_error(e)?,
@@ -574,7 +576,12 @@ impl Sim {
         let live = |w: &Worker, nodes: &[Node]| !nodes[w.node].crashed;
         for (i, w) in self.workers.iter().enumerate() {
             if live(w, &self.nodes) && (w.blocked.is_some() || !w.outstanding.is_empty() || !w.script.is_empty()) {
-                return Err(format!("worker {i} is stuck: blocked on {:?}, {} outstanding, {} left in its script", w.blocked, w.outstanding.len(), w.script.len()));
+                return Err(format!(
+                    "worker {i} is stuck: blocked on {:?}, {} outstanding, {} left in its script",
+                    w.blocked,
+                    w.outstanding.len(),
+                    w.script.len()
+                ));
             }
         }
         let mut history = History::new(self.workers.len());
@@ -593,10 +600,12 @@ impl Sim {
                 slots_in_use.push(0);
                 continue;
             }
-            if node.protocol.pending_ops() != 0 || node.protocol.keys_in_transit() != 0 {
-                if self.opts.crash.is_none() {
-                    return Err(format!("node {rank} ended with {} pending operations and {} keys in transit", node.protocol.pending_ops(), node.protocol.keys_in_transit()));
-                }
+            if (node.protocol.pending_ops() != 0 || node.protocol.keys_in_transit() != 0) && self.opts.crash.is_none() {
+                return Err(format!(
+                    "node {rank} ended with {} pending operations and {} keys in transit",
+                    node.protocol.pending_ops(),
+                    node.protocol.keys_in_transit()
+                ));
             }
             let t = node.store.table(0);
             let held = (0..self.opts.keys).filter(|&k| t.slot_of(k).is_some()).count();

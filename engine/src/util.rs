@@ -47,6 +47,13 @@ pub fn f32_bytes(values: &[f32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
 }
 
+/// The bytes of a u64 slice (little endian on every supported host).
+#[inline]
+pub fn u64_bytes(values: &[u64]) -> &[u8] {
+    // SAFETY: u64 has no padding; u8 needs no alignment; the length covers the slice exactly.
+    unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
+}
+
 /// Copies little-endian float bytes into `out` (`bytes.len() == 4 * out.len()`).
 #[inline]
 pub fn copy_bytes_to_f32(bytes: &[u8], out: &mut [f32]) {

@@ -1,7 +1,7 @@
 //! The handle a trainer thread holds.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -107,24 +107,66 @@ impl Worker {
         Ok(())
     }
 
+    /// The hot path for one key held here: a latch and a copy. `None` when the key is elsewhere.
+    #[inline]
+    fn single_local(&mut self, kind: AccessKind, table: Table, key: u64, input: &[f32], output: &mut [f32]) -> Option<()> {
+        let store = &self.node.store;
+        let t = store.table(table.id);
+        t.slot_of(key)?;
+        let _latch = store.latch(table.id, key);
+        let slot = t.slot_of(key)?;
+        // SAFETY: the key's latch is held and `slot` is its published slot.
+        unsafe {
+            match kind {
+                AccessKind::Pull => t.read(slot, output),
+                AccessKind::Push => t.add(slot, input),
+                AccessKind::Set => t.write(slot, input),
+            }
+        }
+        self.count_local(1);
+        Some(())
+    }
+
+    /// Counts keys served locally. Only this worker writes its counter, so a load and a store
+    /// suffice (no locked read-modify-write on the hot path).
+    #[inline]
+    fn count_local(&self, served: usize) {
+        self.local.store(self.local.load(Ordering::Relaxed) + served as u64, Ordering::Relaxed);
+    }
+
     fn deadline(&self) -> Instant {
         Instant::now() + self.node.config.op_timeout
     }
 
     /// Serves what is local; submits the rest. Returns the remote rows and the pending cell, or
     /// `None` for the cell when everything completed.
-    fn issue(&mut self, kind: AccessKind, table: Table, keys: &[u64], input: &[f32], output: &mut [f32], asynchronous: bool) -> Result<(Vec<u32>, Option<Arc<OpCell>>)> {
+    fn issue(
+        &mut self,
+        kind: AccessKind,
+        table: Table,
+        keys: &[u64],
+        input: &[f32],
+        output: &mut [f32],
+        asynchronous: bool,
+    ) -> Result<(Vec<u32>, Option<Arc<OpCell>>)> {
         let mut rows = std::mem::take(&mut self.rows);
         rows.clear();
         let served = local_pass(&self.node.store, kind, table.id, keys, input, output, &mut rows);
-        self.local.fetch_add(served as u64, Ordering::Relaxed);
+        self.count_local(served);
         if rows.is_empty() {
             self.rows = rows;
             return Ok((Vec::new(), None));
         }
-        let (remote_keys, remote_values) = gather(&rows, keys, input, table.value_len, kind.carries_values());
+        // When every row is remote the caller's slices are the request as they are.
+        let gathered;
+        let (remote_keys, remote_values): (&[u64], &[f32]) = if rows.len() == keys.len() {
+            (keys, input)
+        } else {
+            gathered = gather(&rows, keys, input, table.value_len, kind.carries_values());
+            (&gathered.0, &gathered.1)
+        };
         let cell = OpCell::new(asynchronous.then(|| self.outstanding.clone()));
-        let request = Request { kind: RequestKind::Access(kind), table: table.id, keys: &remote_keys, values: &remote_values };
+        let request = Request { kind: RequestKind::Access(kind), table: table.id, keys: remote_keys, values: remote_values };
         let submitted = self.node.step(|e, now| {
             let r = e.protocol.submit(request, now);
             if let Ok(Submitted::Pending(id)) = r {
@@ -168,8 +210,14 @@ impl Worker {
     }
 
     /// Reads the values of `keys` into `out` (`keys.len() × value_len` floats).
+    #[inline]
     pub fn pull(&mut self, table: Table, keys: &[u64], out: &mut [f32]) -> Result<()> {
         self.validate(table, keys, out.len(), "pull output")?;
+        if let [key] = keys
+            && let Some(()) = self.single_local(AccessKind::Pull, table, *key, &[], out)
+        {
+            return Ok(());
+        }
         let (rows, cell) = self.issue(AccessKind::Pull, table, keys, &[], out, false)?;
         if let Some(cell) = cell {
             let values = self.wait_cell(&cell, "pull")?;
@@ -180,8 +228,14 @@ impl Worker {
     }
 
     /// Adds `updates` to the values of `keys` (cumulative).
+    #[inline]
     pub fn push(&mut self, table: Table, keys: &[u64], updates: &[f32]) -> Result<()> {
         self.validate(table, keys, updates.len(), "push updates")?;
+        if let [key] = keys
+            && let Some(()) = self.single_local(AccessKind::Push, table, *key, updates, &mut [])
+        {
+            return Ok(());
+        }
         let (rows, cell) = self.issue(AccessKind::Push, table, keys, updates, &mut [], false)?;
         if let Some(cell) = cell {
             self.wait_cell(&cell, "push")?;
@@ -207,7 +261,7 @@ impl Worker {
         self.validate(table, keys, out.len(), "pull output")?;
         let done = pull_if_all_local(&self.node.store, table.id, keys, out);
         if done {
-            self.local.fetch_add(keys.len() as u64, Ordering::Relaxed);
+            self.count_local(keys.len());
         }
         Ok(done)
     }
@@ -291,7 +345,10 @@ impl Worker {
         let deadline = self.deadline();
         while self.outstanding.load(Ordering::Acquire) > 0 {
             if Instant::now() >= deadline {
-                return Err(Error::Timeout { what: "waiting for asynchronous operations before a barrier", millis: self.node.config.op_timeout.as_millis() as u64 });
+                return Err(Error::Timeout {
+                    what: "waiting for asynchronous operations before a barrier",
+                    millis: self.node.config.op_timeout.as_millis() as u64,
+                });
             }
             std::thread::sleep(Duration::from_micros(50));
         }

@@ -22,10 +22,15 @@ fn two_nodes_push_pull_localize() {
     eprintln!("{s0:?}");
     assert_eq!(s0.relocations_in, 2, "keys 98 and 99 both live on node 1");
     drop((w0, w1));
-    let handles: Vec<_> = nodes.into_iter().map(|n| std::thread::spawn(move || {
-            let mut n = n;
-            n.finalize()
-        })).collect();
+    let handles: Vec<_> = nodes
+        .into_iter()
+        .map(|n| {
+            std::thread::spawn(move || {
+                let mut n = n;
+                n.finalize()
+            })
+        })
+        .collect();
     for h in handles {
         h.join().unwrap().unwrap();
     }

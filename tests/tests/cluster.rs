@@ -14,10 +14,15 @@ fn config(tables: Vec<TableSpec>) -> Config {
 }
 
 fn finalize_all(nodes: Vec<Node>) {
-    let handles: Vec<_> = nodes.into_iter().map(|n| std::thread::spawn(move || {
-            let mut n = n;
-            n.finalize()
-        })).collect();
+    let handles: Vec<_> = nodes
+        .into_iter()
+        .map(|n| {
+            std::thread::spawn(move || {
+                let mut n = n;
+                n.finalize()
+            })
+        })
+        .collect();
     for h in handles {
         h.join().unwrap().unwrap();
     }

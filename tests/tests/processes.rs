@@ -59,3 +59,11 @@ fn launch_reports_failures_and_prefixes_ranks() {
     let ok = std::process::Command::new(binary("ferry")).args(["launch", "-n", "2", "--", "true"]).output().unwrap();
     assert!(ok.status.success());
 }
+
+#[test]
+fn the_readme_example_runs_on_two_processes() {
+    let example = ferry_tests::bin_dir().join("examples").join("readme");
+    assert!(example.exists(), "{} is missing (cargo test --workspace builds examples)", example.display());
+    let out = std::process::Command::new(binary("ferry")).args(["launch", "-n", "2", "--timeout", "60", "--"]).arg(&example).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

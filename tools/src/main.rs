@@ -5,9 +5,14 @@ mod info;
 use std::io::Write;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+// A retaining allocator: large per-operation buffers are reused instead of being mapped and
+// faulted in again on every bulk operation.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
-use ferry::launch::{launch, LaunchSpec, Stream};
+use ferry::launch::{LaunchSpec, Stream, launch};
 
 #[derive(Parser)]
 #[command(name = "ferry", version, about = "The Ferry parameter store's command-line tool")]

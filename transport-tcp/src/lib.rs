@@ -22,7 +22,7 @@ mod region;
 mod setup;
 
 pub use error::{AccessError, TransportError};
-pub use frame::{FrameKind, Header, HEADER_LEN, MAGIC};
+pub use frame::{FrameKind, HEADER_LEN, Header, MAGIC};
 pub use mesh::{Handler, LandedWrite, Mesh, MeshConfig, MeshStats, WriteBatch};
 pub use region::{RegionId, Regions};
-pub use setup::{bind_listener, connect_mesh, join_cluster, monotonic_ns, Rendezvous};
+pub use setup::{Rendezvous, bind_listener, connect_mesh, join_cluster, monotonic_ns};

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{AccessError, TransportError};
-use crate::frame::{self, FrameKind, Header, FLAG_IMM, HEADER_LEN};
-use crate::outq::{write_frames, OutFrame, OutQueue};
+use crate::frame::{self, FLAG_IMM, FrameKind, HEADER_LEN, Header};
+use crate::outq::{OutFrame, OutQueue, write_frames};
 use crate::region::{RegionId, Regions};
 
 /// Timing and size limits of a mesh.
@@ -35,12 +35,7 @@ pub struct MeshConfig {
 
 impl Default for MeshConfig {
     fn default() -> Self {
-        MeshConfig {
-            max_frame: 1 << 30,
-            heartbeat: Duration::from_millis(500),
-            peer_timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(30),
-        }
+        MeshConfig { max_frame: 1 << 30, heartbeat: Duration::from_millis(500), peer_timeout: Duration::from_secs(5), connect_timeout: Duration::from_secs(30) }
     }
 }
 
@@ -222,8 +217,9 @@ impl Mesh {
     /// Queues a two-sided message without sending it; [`Mesh::flush`] sends what is queued.
     /// Messages to one peer leave in the order they were queued.
     pub fn enqueue(&self, peer: usize, payload: Vec<u8>) -> Result<(), TransportError> {
-        let len = u32::try_from(payload.len()).ok().filter(|&l| l as usize <= self.inner.config.max_frame).ok_or_else(|| {
-            TransportError::Malformed { peer: self.inner.rank, reason: format!("message of {} bytes exceeds the frame limit", payload.len()) }
+        let len = u32::try_from(payload.len()).ok().filter(|&l| l as usize <= self.inner.config.max_frame).ok_or_else(|| TransportError::Malformed {
+            peer: self.inner.rank,
+            reason: format!("message of {} bytes exceeds the frame limit", payload.len()),
         })?;
         let head = Header { kind: FrameKind::Message, flags: 0, len }.encode();
         self.inner.push_frame(peer, OutFrame::new(&head, payload))
@@ -271,7 +267,16 @@ impl Mesh {
     /// `local_region` at `local_offset`; completion is reported through
     /// [`Handler::on_read_complete`] with `wr_id`.
     #[allow(clippy::too_many_arguments)]
-    pub fn read(&self, peer: usize, region: RegionId, offset: u64, len: usize, local_region: RegionId, local_offset: u64, wr_id: u64) -> Result<(), TransportError> {
+    pub fn read(
+        &self,
+        peer: usize,
+        region: RegionId,
+        offset: u64,
+        len: usize,
+        local_region: RegionId,
+        local_offset: u64,
+        wr_id: u64,
+    ) -> Result<(), TransportError> {
         self.inner.regions.resolve(local_region, local_offset, len).map_err(TransportError::Access)?;
         let len32 = u32::try_from(len).map_err(|_| TransportError::Access(AccessError::OutOfBounds { region, offset, len: len as u64, region_len: 0 }))?;
         let p = self.inner.peer(peer)?;
@@ -358,7 +363,10 @@ impl WriteBatch<'_> {
     pub fn push(&mut self, region: RegionId, offset: u64, data: &[u8], imm: Option<u32>, wr_id: u64) -> Result<(), TransportError> {
         let len = frame::WRITE_HEADER + data.len();
         if len > self.mesh.inner.config.max_frame {
-            return Err(TransportError::Malformed { peer: self.mesh.inner.rank, reason: format!("a one-sided write of {} bytes exceeds the frame limit", data.len()) });
+            return Err(TransportError::Malformed {
+                peer: self.mesh.inner.rank,
+                reason: format!("a one-sided write of {} bytes exceeds the frame limit", data.len()),
+            });
         }
         let flags = if imm.is_some() { FLAG_IMM } else { 0 };
         self.bytes.reserve(HEADER_LEN + len);
@@ -742,7 +750,10 @@ impl Inner {
                 let result = if status != 0 {
                     Err(AccessError::from_code(status, region))
                 } else if data.len() != pending.len {
-                    return Err(TransportError::Malformed { peer: p.id, reason: format!("read {wr_id} answered with {} bytes, not {}", data.len(), pending.len) });
+                    return Err(TransportError::Malformed {
+                        peer: p.id,
+                        reason: format!("read {wr_id} answered with {} bytes, not {}", data.len(), pending.len),
+                    });
                 } else {
                     match self.regions.resolve(pending.region, pending.offset, pending.len) {
                         Ok(target) => {

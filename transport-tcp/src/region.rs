@@ -64,12 +64,7 @@ impl Regions {
         let region = guard.get(id as usize).copied().flatten().ok_or(AccessError::UnknownRegion(id))?;
         let end = offset.checked_add(len as u64);
         if end.is_none_or(|end| end > region.len as u64) {
-            return Err(AccessError::OutOfBounds {
-                region: id,
-                offset,
-                len: len as u64,
-                region_len: region.len as u64,
-            });
+            return Err(AccessError::OutOfBounds { region: id, offset, len: len as u64, region_len: region.len as u64 });
         }
         let ptr = (region.base + offset as usize) as *mut u8;
         Ok(Resolved { _guard: guard, ptr })

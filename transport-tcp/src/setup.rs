@@ -10,7 +10,7 @@ use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use crate::error::{io_err, TransportError};
+use crate::error::{TransportError, io_err};
 use crate::mesh::{Mesh, MeshConfig};
 
 const RENDEZVOUS_MAGIC: &[u8; 8] = b"FERRY-RV";

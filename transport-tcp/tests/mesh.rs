@@ -5,7 +5,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_tcp::{connect_mesh, bind_listener, join_cluster, AccessError, Handler, LandedWrite, Mesh, MeshConfig, TransportError};
+use ferry_tcp::{AccessError, Handler, LandedWrite, Mesh, MeshConfig, TransportError, bind_listener, connect_mesh, join_cluster};
 use parking_lot::{Condvar, Mutex};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -245,8 +245,8 @@ fn malformed_and_oversized_frames_close_only_that_connection() {
         let n0 = std::thread::spawn(move || connect_mesh(0, &a0, l0, c0));
         let n1 = std::thread::spawn(move || connect_mesh(1, &a1, l1, c1));
         let mut impostors = Vec::new();
-        for peer in 0..2 {
-            let mut s = TcpStream::connect(addrs[peer]).unwrap();
+        for addr in &addrs[..2] {
+            let mut s = TcpStream::connect(addr).unwrap();
             let mut hello = b"FERRY-MS".to_vec();
             hello.extend_from_slice(&1u32.to_le_bytes());
             hello.extend_from_slice(&2u32.to_le_bytes());

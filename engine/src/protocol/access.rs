@@ -1,7 +1,8 @@
 //! Pull, push and set: routing at the requester, forwarding at home nodes, serving at owners.
 
-use super::wire::{self, Access, AccessHeader, AccessKind, FailureCode, Failure, Response, FLAG_DIRECT, FLAG_FORWARDED, FLAG_INDEXED, FLAG_STALE};
-use super::{OpId, OpKind, PendingOp, Protocol, Queued, Submitted, LOST_OWNER};
+use super::rows::Rows;
+use super::wire::{self, Access, AccessHeader, AccessKind, FLAG_DIRECT, FLAG_FORWARDED, FLAG_INDEXED, FLAG_STALE, Failure, FailureCode, Response};
+use super::{LOST_OWNER, OpId, OpKind, PendingOp, Protocol, Queued, Submitted};
 use crate::error::{Error, Result};
 use crate::stats::MessageKind;
 use crate::store::Store;
@@ -85,14 +86,15 @@ impl Protocol {
         let mut op = self.ops.remove(&id).expect("just registered");
         op.remaining = keys.len();
         let input = |row: usize| if kind.carries_values() { &values[row * value_len..(row + 1) * value_len] } else { &[][..] };
-        let mut remote: Vec<u32> = Vec::new();
+        let mut remote = Rows::default();
+        let t = self.store.table(table);
         for (row, &key) in keys.iter().enumerate() {
-            if let Some(slot) = self.store.table(table).slot_of(key) {
+            if let Some(slot) = t.slot_of(key) {
                 let output = if kind == AccessKind::Pull { &mut op.values[row * value_len..(row + 1) * value_len] } else { &mut [][..] };
                 serve_row(&self.store, table, key, slot, kind, input(row), output);
                 op.answer(row as u32);
                 self.counters.local_keys += 1;
-            } else if let Some(transit) = self.transits.get_mut(&(table, key)) {
+            } else if let Some(transit) = if self.transits.is_empty() { None } else { self.transits.get_mut(&(table, key)) } {
                 if let Some(e) = &transit.suspect {
                     op.error.get_or_insert_with(|| e.clone());
                     op.answer(row as u32);
@@ -118,21 +120,61 @@ impl Protocol {
     /// Sends rows of `op` towards their owners: to the cached owner, or to the home node (or,
     /// when this node is the home, straight to the owner it records). Rows that cannot be routed
     /// fail.
-    pub(super) fn send_rows<'v>(&mut self, id: OpId, op: &mut PendingOp, kind: AccessKind, rows: &[u32], input: &dyn Fn(u32) -> &'v [f32]) {
+    pub(super) fn send_rows<'v>(&mut self, id: OpId, op: &mut PendingOp, kind: AccessKind, rows: &Rows, input: &dyn Fn(u32) -> &'v [f32]) {
         if rows.is_empty() {
             return;
         }
+        let meta = &self.tables[op.table as usize];
+        let mut groups: Vec<(u16, u8, Rows)> = Vec::new();
+        let mut hint = (1u64, 0u64, 0usize);
+        if !self.settings.location_caches {
+            // The common case, kept tight: each row goes to its home node; rows homed here
+            // take the general path below. Lost destinations are checked once per group.
+            let mut local_home = Rows::default();
+            for row in rows.iter() {
+                let home = meta.partitioner.home_cached(op.keys[row as usize], &mut hint) as u16;
+                if home == self.rank {
+                    local_home.push(row);
+                    continue;
+                }
+                match groups.last_mut() {
+                    Some(g) if g.0 == home => g.2.push(row),
+                    _ => match groups.iter_mut().find(|g| g.0 == home) {
+                        Some(g) => g.2.push(row),
+                        None => groups.push((home, 0, Rows::one(row))),
+                    },
+                }
+            }
+            groups.retain(|(dest, _, rows)| {
+                if self.lost[*dest as usize].is_none() {
+                    return true;
+                }
+                op.error.get_or_insert_with(|| Error::PeerLost { node: *dest as usize, reason: self.lost[*dest as usize].clone().unwrap_or_default() });
+                for row in rows.iter() {
+                    op.answer(row);
+                }
+                false
+            });
+            self.route_rows(op, &local_home, &mut groups);
+        } else {
+            self.route_rows(op, rows, &mut groups);
+        }
+        self.encode_groups(id, op, kind, groups, input);
+    }
+
+    /// Routes rows one by one (location caches, or keys homed at this node), adding them to
+    /// `groups` or failing them.
+    fn route_rows(&mut self, op: &mut PendingOp, rows: &Rows, groups: &mut Vec<(u16, u8, Rows)>) {
         let table = op.table;
         let meta = &self.tables[table as usize];
-        let value_len = meta.value_len;
-        let mut groups: Vec<(u16, u8, Vec<u32>)> = Vec::new();
-        for &row in rows {
+        let mut hint = (1u64, 0u64, 0usize);
+        for row in rows.iter() {
             let key = op.keys[row as usize];
             let cached = if self.settings.location_caches { self.cache.get(&(table, key)).copied() } else { None };
             let route = match cached {
                 Some(o) if o != self.rank && !self.is_lost(o) => Ok((o, FLAG_DIRECT)),
                 _ => {
-                    let home = meta.partitioner.home(key) as u16;
+                    let home = meta.partitioner.home_cached(key, &mut hint) as u16;
                     if home == self.rank {
                         let owner = self.owners[table as usize][meta.partitioner.home_index(key)];
                         if owner == LOST_OWNER {
@@ -149,9 +191,12 @@ impl Protocol {
             };
             let route = route.and_then(|(dest, flags)| if self.is_lost(dest) { Err(self.lost_error(dest)) } else { Ok((dest, flags)) });
             match route {
-                Ok((dest, flags)) => match groups.iter_mut().find(|g| g.0 == dest && g.1 == flags) {
-                    Some(g) => g.2.push(row),
-                    None => groups.push((dest, flags, vec![row])),
+                Ok((dest, flags)) => match groups.last_mut() {
+                    Some(g) if g.0 == dest && g.1 == flags => g.2.push(row),
+                    _ => match groups.iter_mut().find(|g| g.0 == dest && g.1 == flags) {
+                        Some(g) => g.2.push(row),
+                        None => groups.push((dest, flags, Rows::one(row))),
+                    },
                 },
                 Err(e) => {
                     op.error.get_or_insert(e);
@@ -159,19 +204,50 @@ impl Protocol {
                 }
             }
         }
+    }
+
+    /// Encodes each group's rows as parts of bounded size.
+    fn encode_groups<'v>(&mut self, id: OpId, op: &mut PendingOp, kind: AccessKind, groups: Vec<(u16, u8, Rows)>, input: &dyn Fn(u32) -> &'v [f32]) {
+        let table = op.table;
+        let value_len = self.tables[table as usize].value_len;
         let request_item = 8 + if kind.carries_values() { value_len * 4 } else { 0 };
         let response_item = if kind == AccessKind::Pull { value_len * 4 } else { 4 };
-        let per_part = ((self.settings.max_message_bytes - 64) / request_item.max(response_item)).max(1);
+        let part_bytes = self.settings.part_bytes.clamp(4096, self.settings.max_message_bytes);
+        let per_part = ((part_bytes - 64) / request_item.max(response_item)).max(1);
         for (dest, flags, rows) in groups {
             self.counters.remote_keys += rows.len() as u64;
             for chunk in rows.chunks(per_part) {
                 let part = op.parts.len() as u32;
-                op.parts.push(chunk.to_vec());
                 let h = AccessHeader { kind, flags, table, origin: self.rank, op: id, part };
                 let buf = self.out.buf(dest);
                 let before = buf.len();
                 let keys = &op.keys;
-                wire::encode_access(buf, h, chunk.len(), |i| i as u32, |i| keys[chunk[i] as usize], |i, o| o.extend_from_slice(f32_bytes(input(chunk[i]))));
+                match chunk.run() {
+                    Some((first, len)) if !kind.carries_values() || contiguous_input(input, first, len) => {
+                        // The usual bulk case: the rows are a run, so keys and values are blocks.
+                        let (first, len) = (first as usize, len as usize);
+                        let values = if kind.carries_values() {
+                            // SAFETY: `contiguous_input` checked that the run's inputs lie back to
+                            // back in one slice, starting at the first row's input.
+                            unsafe { std::slice::from_raw_parts(input(first as u32).as_ptr() as *const u8, len * value_len * 4) }
+                        } else {
+                            &[][..]
+                        };
+                        wire::encode_access_blocks(buf, h, &keys[first..first + len], values);
+                    }
+                    _ => {
+                        let rows: Vec<u32> = chunk.iter().collect();
+                        wire::encode_access(
+                            buf,
+                            h,
+                            rows.len(),
+                            |i| i as u32,
+                            |i| keys[rows[i] as usize],
+                            |i, o| o.extend_from_slice(f32_bytes(input(rows[i]))),
+                        );
+                    }
+                }
+                op.parts.push(chunk);
                 let bytes = buf.len() - before;
                 let kind = if flags & FLAG_FORWARDED != 0 { MessageKind::Forward } else { MessageKind::Access };
                 self.out.sent(dest, kind, bytes);
@@ -292,20 +368,38 @@ impl Protocol {
                 buf.extend_from_slice(&a.index(i).to_le_bytes());
             }
         }
+        let value_bytes = t.value_len() * 4;
+        let values_at = buf.len();
         if a.kind == AccessKind::Pull {
-            buf.reserve(a.count * t.value_len() * 4);
+            buf.resize(values_at + a.count * value_bytes, 0);
         }
-        for i in 0..a.count {
-            let key = a.key(i);
-            let slot = t.slot_of(key).expect("checked by the caller");
-            let _latch = store.latch(a.table, key);
-            // SAFETY: the key's latch is held and `slot` is its published slot.
+        let serve = |i: usize, buf: &mut Vec<u8>| {
+            let slot = t.slot_of(a.key(i)).expect("checked by the caller");
+            // SAFETY: the caller holds the key's latch (or every latch) and `slot` is the key's
+            // published slot; pull destinations lie inside the bytes resized above.
             unsafe {
                 match a.kind {
-                    AccessKind::Pull => t.read_bytes_into(slot, buf),
+                    AccessKind::Pull => t.read_to(slot, buf.as_mut_ptr().add(values_at + i * value_bytes)),
                     AccessKind::Push => t.add_bytes(slot, a.value(i)),
                     AccessKind::Set => t.write_bytes(slot, a.value(i)),
                 }
+            }
+        };
+        // Large messages take every latch once per chunk instead of one latch per key; a chunk
+        // is short enough that local workers wait only tens of microseconds.
+        let latches = store.latch_count();
+        if a.count >= (4 * latches).max(2048) {
+            let chunk = (16 * latches).max(8192);
+            for start in (0..a.count).step_by(chunk) {
+                let _all = store.lock_all();
+                for i in start..(start + chunk).min(a.count) {
+                    serve(i, buf);
+                }
+            }
+        } else {
+            for i in 0..a.count {
+                let _latch = store.latch(a.table, a.key(i));
+                serve(i, buf);
             }
         }
         wire::finish_response(buf, start, a.count);
@@ -342,8 +436,24 @@ impl Protocol {
         };
         let value_len = self.tables[r.table as usize].value_len;
         let caches = self.settings.location_caches && r.responder != self.rank && (r.responder as usize) < self.nodes;
+        // The usual bulk case: a whole part answered in order, its rows a run: block copies.
+        if !r.indexed()
+            && r.count == part.len()
+            && r.count > 0
+            && !caches
+            && let Some((first, _)) = part.run()
+            && op.answer_run(first as usize, r.count)
+        {
+            if r.kind == AccessKind::Pull {
+                let first = first as usize;
+                copy_bytes_to_f32(r.values(), &mut op.values[first * value_len..(first + r.count) * value_len]);
+            }
+            self.maybe_complete(r.op);
+            return Ok(());
+        }
+        let part = &op.parts[r.part as usize];
         for i in 0..r.count {
-            let Some(&row) = part.get(r.index(i) as usize) else {
+            let Some(row) = part.get(r.index(i) as usize) else {
                 return Err(Error::Protocol(format!("RESPONSE names item {} beyond its part", r.index(i))));
             };
             let (w, b) = (row as usize / 64, row as usize % 64);
@@ -371,7 +481,7 @@ impl Protocol {
             return Err(Error::Protocol(format!("FAILURE names part {} of operation {}", f.part, f.op)));
         };
         for i in 0..f.count {
-            let Some(&row) = part.get(f.index(i) as usize) else {
+            let Some(row) = part.get(f.index(i) as usize) else {
                 return Err(Error::Protocol("FAILURE names an item beyond its part".into()));
             };
             if op.answer(row) && op.error.is_none() {
@@ -389,6 +499,13 @@ impl Protocol {
     }
 }
 
+/// Whether the inputs of the run `first..first+len` lie back to back in memory.
+fn contiguous_input<'v>(input: &dyn Fn(u32) -> &'v [f32], first: u32, len: u32) -> bool {
+    let a = input(first);
+    let b = input(first + len - 1);
+    !a.is_empty() && b.as_ptr() as usize == a.as_ptr() as usize + (len as usize - 1) * a.len() * 4
+}
+
 /// Serves one item as it came off the wire into a response's value bytes.
 #[allow(clippy::too_many_arguments)]
 fn serve_wire_item(store: &Store, table: u16, key: u64, slot: u32, kind: AccessKind, value: &[u8], value_len: usize, out: &mut Vec<u8>) {
@@ -402,5 +519,5 @@ fn serve_wire_item(store: &Store, table: u16, key: u64, slot: u32, kind: AccessK
             AccessKind::Set => t.write_bytes(slot, value),
         }
     }
-    debug_assert!(kind != AccessKind::Pull || out.len() % (value_len * 4) == 0);
+    debug_assert!(kind != AccessKind::Pull || out.len().is_multiple_of(value_len * 4));
 }

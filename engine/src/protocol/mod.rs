@@ -19,6 +19,7 @@
 mod access;
 mod outbox;
 mod relocation;
+mod rows;
 pub mod wire;
 
 use std::sync::Arc;
@@ -146,8 +147,11 @@ pub struct Settings {
     pub relocation: bool,
     /// Whether per-node location caches are used.
     pub location_caches: bool,
-    /// Target size of a message (operations are split into parts of about this size).
+    /// Largest message; a single value must fit one.
     pub max_message_bytes: usize,
+    /// Operations are split into parts of about this many bytes, so that the parts of a large
+    /// operation stream through sender, network and receiver at the same time.
+    pub part_bytes: usize,
     /// Operations and incoming relocations older than this fail with a timeout.
     pub op_timeout_ns: u64,
 }
@@ -171,7 +175,7 @@ struct PendingOp {
     /// Row → key (access operations).
     keys: Vec<u64>,
     /// Part → rows.
-    parts: Vec<Vec<u32>>,
+    parts: Vec<rows::Rows>,
     answered: Vec<u64>,
     remaining: usize,
     /// Pull output, `rows × value_len`.
@@ -181,6 +185,29 @@ struct PendingOp {
 }
 
 impl PendingOp {
+    /// Marks rows `first..first+count` answered if none of them was; false (and nothing changed)
+    /// otherwise.
+    fn answer_run(&mut self, first: usize, count: usize) -> bool {
+        let end = first + count;
+        if end > self.answered.len() * 64 {
+            return false;
+        }
+        let mask = |w: usize| -> u64 {
+            let lo = (w * 64).max(first) - w * 64;
+            let hi = ((w + 1) * 64).min(end) - w * 64;
+            if hi - lo == 64 { u64::MAX } else { ((1u64 << (hi - lo)) - 1) << lo }
+        };
+        let words = first / 64..end.div_ceil(64);
+        if words.clone().any(|w| self.answered[w] & mask(w) != 0) {
+            return false;
+        }
+        for w in words {
+            self.answered[w] |= mask(w);
+        }
+        self.remaining -= count;
+        true
+    }
+
     fn answer(&mut self, row: u32) -> bool {
         let (w, b) = (row as usize / 64, row as usize % 64);
         if w >= self.answered.len() || self.answered[w] & (1 << b) != 0 {
@@ -266,7 +293,7 @@ impl Protocol {
             outgoing: FastMap::default(),
             next_wr: 1,
             cache: FastMap::default(),
-            out: Outbox::new(rank as u16, nodes, settings.max_message_bytes),
+            out: Outbox::new(rank as u16, nodes, settings.part_bytes.clamp(4096, settings.max_message_bytes)),
             writes: Vec::new(),
             completions: Vec::new(),
             barrier_events: Vec::new(),
@@ -313,6 +340,13 @@ impl Protocol {
     /// Keys currently relocating to this node.
     pub fn keys_in_transit(&self) -> usize {
         self.transits.len()
+    }
+
+    /// Hands every frame to `sink` as soon as it is full, instead of collecting it in the
+    /// output, so that large operations start moving while later parts are still encoded. Frames
+    /// keep their order per destination (the rest still come through [`Protocol::take_output`]).
+    pub fn set_frame_sink(&mut self, sink: Box<dyn FnMut(u16, Vec<u8>) + Send>) {
+        self.out.set_sink(sink);
     }
 
     /// Takes everything the previous calls produced.
@@ -424,7 +458,8 @@ impl Protocol {
         for id in expired {
             self.fail_op(id, timeout.clone());
         }
-        let mut stuck: Vec<(u16, u64)> = self.transits.iter().filter(|(_, t)| t.suspect.is_none() && now.saturating_sub(t.started) > limit).map(|(k, _)| *k).collect();
+        let mut stuck: Vec<(u16, u64)> =
+            self.transits.iter().filter(|(_, t)| t.suspect.is_none() && now.saturating_sub(t.started) > limit).map(|(k, _)| *k).collect();
         stuck.sort_unstable();
         for key in stuck {
             tracing::warn!(node = self.rank, table = key.0, key = key.1, "an incoming relocation did not land in time");

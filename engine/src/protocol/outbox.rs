@@ -3,8 +3,12 @@
 
 use crate::stats::{MessageKind, Traffic};
 
+/// Where full frames go when the runtime wants them at once.
+pub(crate) type FrameSink = Box<dyn FnMut(u16, Vec<u8>) + Send>;
+
 pub(crate) struct Outbox {
     rank: u16,
+    sink: Option<FrameSink>,
     frame_target: usize,
     current: Vec<Vec<u8>>,
     ready: Vec<(u16, Vec<u8>)>,
@@ -14,7 +18,15 @@ pub(crate) struct Outbox {
 
 impl Outbox {
     pub fn new(rank: u16, nodes: usize, frame_target: usize) -> Outbox {
-        Outbox { rank, frame_target, current: (0..nodes).map(|_| Vec::new()).collect(), ready: Vec::new(), loopback: Vec::new(), traffic: Traffic::default() }
+        Outbox {
+            rank,
+            sink: None,
+            frame_target,
+            current: (0..nodes).map(|_| Vec::new()).collect(),
+            ready: Vec::new(),
+            loopback: Vec::new(),
+            traffic: Traffic::default(),
+        }
     }
 
     /// The buffer a message to `to` is appended to; call [`Outbox::sent`] after appending.
@@ -33,8 +45,15 @@ impl Outbox {
         self.traffic.add(kind, bytes);
         if self.current[to as usize].len() >= self.frame_target {
             let frame = std::mem::take(&mut self.current[to as usize]);
-            self.ready.push((to, frame));
+            match &mut self.sink {
+                Some(sink) => sink(to, frame),
+                None => self.ready.push((to, frame)),
+            }
         }
+    }
+
+    pub fn set_sink(&mut self, sink: FrameSink) {
+        self.sink = Some(sink);
     }
 
     /// All frames of the step, sealed, in sending order per destination.

@@ -2,11 +2,13 @@
 //! tells the old owner, the old owner writes the value into the reserved slot, and the requester
 //! serves everything it queued once the write lands.
 
-use super::access::{failure_code, serve_row, AnswerBatch};
-use super::wire::{self, msg, AccessHeader, AccessKind, FailureCode, LocalizeFailed, Move, MoveItem, FLAG_INDEXED, FLAG_STALE};
-use super::{OpId, OpKind, Protocol, Queued, SlotWrite, Submitted, Transit, LOST_OWNER};
+use super::access::{AnswerBatch, failure_code, serve_row};
+use super::rows::Rows;
+use super::wire::{self, AccessHeader, AccessKind, FLAG_INDEXED, FLAG_STALE, FailureCode, LocalizeFailed, Move, MoveItem, msg};
+use super::{LOST_OWNER, OpId, OpKind, Protocol, Queued, SlotWrite, Submitted, Transit};
 use crate::error::{Error, Result};
 use crate::stats::{MessageKind, ProtocolCounters};
+use crate::store::STAMP_SHIFT;
 use crate::util::f32_bytes;
 
 impl Protocol {
@@ -191,7 +193,7 @@ impl Protocol {
         }
         // SAFETY: the key was just unpublished under its latch, so no local access can reach the
         // slot any more.
-        unsafe { t.stamp_outgoing(slot, self.now.max(1)) };
+        unsafe { t.stamp_outgoing(slot, ((self.now >> STAMP_SHIFT) as u32).max(1)) };
         self.counters.relocations_out += 1;
         if self.settings.location_caches {
             self.cache.insert((table, key), new_owner);
@@ -222,8 +224,9 @@ impl Protocol {
         // SAFETY: the slot was reserved for this relocation, the write has landed, and the key is
         // not published yet, so nobody else uses the slot.
         let stamp = unsafe { t.take_incoming_stamp(transit.slot) };
-        if stamp != 0 && stamp <= self.now {
-            ProtocolCounters::record(&mut self.counters.blocking_ns, self.now - stamp);
+        let elapsed = ((self.now >> STAMP_SHIFT) as u32).wrapping_sub(stamp);
+        if stamp != 0 && elapsed < 1 << 31 {
+            ProtocolCounters::record(&mut self.counters.blocking_ns, (elapsed as u64) << STAMP_SHIFT);
         }
         ProtocolCounters::record(&mut self.counters.relocation_ns, self.now.saturating_sub(transit.started));
         self.counters.relocations_in += 1;
@@ -278,7 +281,7 @@ impl Protocol {
         self.flush_answers(answers);
         for (op_id, row, kind, values) in reroute {
             if let Some(mut op) = self.ops.remove(&op_id) {
-                self.send_rows(op_id, &mut op, kind, &[row], &|_| &values[..]);
+                self.send_rows(op_id, &mut op, kind, &Rows::one(row), &|_| &values[..]);
                 self.ops.insert(op_id, op);
                 self.maybe_complete(op_id);
             }

@@ -1,7 +1,7 @@
 //! Protocol tests on simulated clusters (the full seed sweeps live in the `ferry-tests` crate).
 
 use crate::config::Partitioning;
-use crate::sim::{run_and_check, SimOptions};
+use crate::sim::{SimOptions, run_and_check};
 
 fn sweep(seeds: std::ops::Range<u64>, configure: impl Fn(&mut SimOptions)) {
     for seed in seeds {

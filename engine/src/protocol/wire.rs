@@ -122,7 +122,8 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 
 #[inline]
 fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+    let b = &b[at..at + 8];
+    u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
 }
 
 /// Iterates the length-prefixed messages of a frame.
@@ -293,6 +294,25 @@ pub fn encode_access(
     finish(out, start);
 }
 
+/// Encodes an ACCESS whose items are given as contiguous blocks: `keys` and, for push and set,
+/// their values back to back (`values.len() == keys.len() × value bytes`). Not indexed. Two
+/// block copies instead of per-item work.
+pub fn encode_access_blocks(out: &mut Vec<u8>, h: AccessHeader, keys: &[u64], values: &[u8]) {
+    debug_assert_eq!(h.flags & FLAG_INDEXED, 0);
+    let start = begin(out, msg::ACCESS);
+    out.extend_from_slice(&[h.kind as u8, h.flags, 0]);
+    out.extend_from_slice(&h.table.to_le_bytes());
+    out.extend_from_slice(&h.origin.to_le_bytes());
+    out.extend_from_slice(&h.op.to_le_bytes());
+    out.extend_from_slice(&h.part.to_le_bytes());
+    out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+    out.extend_from_slice(crate::util::u64_bytes(keys));
+    if h.kind.carries_values() {
+        out.extend_from_slice(values);
+    }
+    finish(out, start);
+}
+
 /// A decoded RESPONSE message.
 #[derive(Debug, Clone, Copy)]
 pub struct Response<'a> {
@@ -353,6 +373,16 @@ impl<'a> Response<'a> {
         if self.flags & FLAG_INDEXED != 0 { u32_at(self.indices, i * 4) } else { i as u32 }
     }
 
+    /// Whether item indices are listed.
+    pub fn indexed(&self) -> bool {
+        self.flags & FLAG_INDEXED != 0
+    }
+
+    /// All value bytes, item after item (pulls).
+    pub fn values(&self) -> &'a [u8] {
+        self.values
+    }
+
     /// The value bytes of item `i` (empty unless this answers a pull).
     #[inline]
     pub fn value(&self, i: usize) -> &'a [u8] {
@@ -374,7 +404,7 @@ pub fn begin_response(out: &mut Vec<u8>, kind: AccessKind, flags: u8, table: u16
 }
 
 /// Sets the item count and length of a response started with [`begin_response`].
-pub fn finish_response(out: &mut Vec<u8>, start: usize, count: usize) {
+pub fn finish_response(out: &mut [u8], start: usize, count: usize) {
     let at = start + 4 + 20;
     out[at..at + 4].copy_from_slice(&(count as u32).to_le_bytes());
     finish(out, start);
@@ -579,7 +609,7 @@ fn begin(out: &mut Vec<u8>, ty: u8) -> usize {
     start
 }
 
-fn finish(out: &mut Vec<u8>, start: usize) {
+fn finish(out: &mut [u8], start: usize) {
     let len = (out.len() - start - 4) as u32;
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
 }

@@ -57,11 +57,7 @@ impl Arena {
                 }
             }
         }
-        let map = MmapOptions::new()
-            .len(len)
-            .populate()
-            .map_anon()
-            .map_err(|e| Error::Memory(format!("cannot map {len} bytes for parameters: {e}")))?;
+        let map = MmapOptions::new().len(len).populate().map_anon().map_err(|e| Error::Memory(format!("cannot map {len} bytes for parameters: {e}")))?;
         Ok(Arena { map, offset: 0, len, kind: PageKind::Normal })
     }
 

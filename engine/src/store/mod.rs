@@ -1,7 +1,8 @@
 //! The local parameter store of one node.
 //!
 //! Values live in fixed-size *slots* inside huge-page arenas. A slot is
-//! `[head: u64][values: value_len × f32, padded to 8 bytes][tail: u64]`. Every write under the
+//! `[head: u32][values: value_len × f32][tail: u32]` (12 bytes for a one-float value). Every
+//! write under the
 //! key's latch bumps the versions as a seqlock that a *one-sided* reader (which copies the slot in
 //! ascending address order, like a NIC's DMA read) can validate without any lock:
 //!
@@ -13,20 +14,24 @@
 //! after step 1 of a write began, the tail was read later still and differs from the head read
 //! before it. Local workers never need this; they hold the latch.
 //!
-//! Per key, each node keeps one `u32` slot index (`slot_map`); chunks of slots are allocated on
-//! demand (a node may hold any share of a table after relocations) and freed slots are reused.
+//! Versions are 32 bits: a reader could only be fooled by exactly 2³¹ writes to one slot during
+//! one read.
+//!
+//! Per key, each node keeps one `u32` slot index (`slot_map`, itself in a huge-page arena when
+//! large, so that a random lookup costs no TLB miss); chunks of slots are allocated on demand (a
+//! node may hold any share of a table after relocations) and freed slots are reused.
 
 mod arena;
 mod latch;
 
 use std::ptr;
-use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 
-pub use arena::{Arena, PageKind, HUGE_PAGE};
-pub use latch::Latches;
+pub use arena::{Arena, HUGE_PAGE, PageKind};
+pub use latch::{AllLatches, LatchGuard, Latches};
 
 use crate::config::{HugePages, TableSpec};
 use crate::error::{Error, Result};
@@ -35,7 +40,9 @@ use crate::partition::Partitioner;
 /// `slot_map` entry of a key this node does not hold (or not yet: during an incoming relocation).
 pub const NO_SLOT: u32 = u32::MAX;
 /// Byte offset of the values inside a slot.
-pub const VALUES_OFFSET: usize = 8;
+pub const VALUES_OFFSET: usize = 4;
+/// Resolution of the relocation stamp carried in a slot's head word: nanoseconds >> 6.
+pub const STAMP_SHIFT: u32 = 6;
 
 /// Where a peer can reach a slot with one-sided operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,6 +91,12 @@ struct Allocator {
     arenas: Vec<Arena>,
 }
 
+/// The memory behind a table's key → slot map.
+enum SlotMapMemory {
+    Heap(#[allow(dead_code)] Box<[AtomicU32]>),
+    Mapped(#[allow(dead_code)] Arena),
+}
+
 /// One table's slots on this node.
 pub struct TableStore {
     spec: TableSpec,
@@ -93,7 +106,9 @@ pub struct TableStore {
     slot_bytes: usize,
     tail_offset: usize,
     chunk_shift: u32,
-    slot_map: Box<[AtomicU32]>,
+    slot_map: *const AtomicU32,
+    slot_map_len: usize,
+    _slot_map_memory: SlotMapMemory,
     chunks: Box<[AtomicPtr<u8>]>,
     chunk_regions: Box<[AtomicU64]>,
     chunk_bases: Box<[AtomicU64]>,
@@ -133,13 +148,13 @@ impl Store {
         for (id, spec) in specs.iter().enumerate() {
             let partitioner = Partitioner::new(spec.keys, nodes, spec.partitioning);
             let home = partitioner.home_count(rank);
-            let table = TableStore::new(id as u16, spec.clone(), home);
+            let table = TableStore::new(id as u16, spec.clone(), home, huge_pages)?;
             store.tables.push(table);
             let table = &store.tables[id];
             for (i, key) in partitioner.home_keys(rank).enumerate() {
                 let slot = store.reserve(id as u16)?;
                 debug_assert_eq!(slot as usize, i);
-                table.slot_map[key as usize].store(slot, Ordering::Relaxed);
+                table.entry(key).store(slot, Ordering::Relaxed);
             }
         }
         fence(Ordering::Release);
@@ -159,8 +174,13 @@ impl Store {
 
     /// The latch of `key` in table `table`.
     #[inline]
-    pub fn latch(&self, table: u16, key: u64) -> MutexGuard<'_, ()> {
+    pub fn latch(&self, table: u16, key: u64) -> LatchGuard<'_> {
         self.latches.lock(self.tables[table as usize].salt, key)
+    }
+
+    /// Every latch at once (for applying a large batch; see [`Latches::lock_all`]).
+    pub fn lock_all(&self) -> AllLatches<'_> {
+        self.latches.lock_all()
     }
 
     /// Number of latches.
@@ -192,8 +212,7 @@ impl Store {
         // SAFETY: the slot was just taken from the allocator, so nobody else uses it.
         unsafe {
             let p = t.slot_ptr(slot);
-            let tail = (*t.tail(p)).load(Ordering::Relaxed);
-            let even = tail & !1;
+            let even = (*t.tail(p)).load(Ordering::Relaxed) & !1;
             (*t.tail(p)).store(even, Ordering::Relaxed);
             (*t.head(p)).store(even, Ordering::Release);
         }
@@ -245,10 +264,10 @@ impl Store {
 }
 
 impl TableStore {
-    fn new(id: u16, spec: TableSpec, home_keys: usize) -> TableStore {
+    fn new(id: u16, spec: TableSpec, home_keys: usize, huge_pages: HugePages) -> Result<TableStore> {
         let value_len = spec.value_len;
-        let value_bytes = (value_len * spec.element.size()).div_ceil(8) * 8;
-        let slot_bytes = VALUES_OFFSET + value_bytes + 8;
+        let value_bytes = value_len * spec.element.size();
+        let slot_bytes = VALUES_OFFSET + value_bytes + 4;
         let mut per_chunk = (HUGE_PAGE / slot_bytes).max(1).next_power_of_two();
         if per_chunk * slot_bytes > HUGE_PAGE && per_chunk > 1 {
             per_chunk /= 2;
@@ -263,20 +282,43 @@ impl TableStore {
         // outgoing copy completes.
         let max_chunks = ((2 * spec.keys as usize + 2).div_ceil(per_chunk)).max(1);
         let keys = spec.keys as usize;
-        TableStore {
-            salt: (id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        let (slot_map, memory) = if keys * 4 >= HUGE_PAGE / 2 {
+            let mut arena = Arena::allocate(keys * 4, huge_pages)?;
+            let base = arena.as_mut_ptr();
+            // SAFETY: the arena holds at least `keys * 4` zeroed, 4-aligned bytes that this table
+            // owns; AtomicU32 has the layout of u32, and every entry is initialised here.
+            unsafe {
+                std::ptr::write_bytes(base, 0xFF, keys * 4);
+            }
+            (base as *const AtomicU32, SlotMapMemory::Mapped(arena))
+        } else {
+            let boxed: Box<[AtomicU32]> = (0..keys).map(|_| AtomicU32::new(NO_SLOT)).collect();
+            (boxed.as_ptr(), SlotMapMemory::Heap(boxed))
+        };
+        Ok(TableStore {
+            salt: id as u64 * 7919,
             id,
             value_len,
             slot_bytes,
             tail_offset: VALUES_OFFSET + value_bytes,
             chunk_shift,
-            slot_map: (0..keys).map(|_| AtomicU32::new(NO_SLOT)).collect(),
+            slot_map,
+            slot_map_len: keys,
+            _slot_map_memory: memory,
             chunks: (0..max_chunks).map(|_| AtomicPtr::new(ptr::null_mut())).collect(),
             chunk_regions: (0..max_chunks).map(|_| AtomicU64::new(0)).collect(),
             chunk_bases: (0..max_chunks).map(|_| AtomicU64::new(0)).collect(),
             alloc: Mutex::new(Allocator { free: Vec::new(), fresh: 0, live: 0, arenas: Vec::new() }),
             spec,
-        }
+        })
+    }
+
+    /// The slot-map entry of `key`, which must be below the table's key count.
+    #[inline]
+    fn entry(&self, key: u64) -> &AtomicU32 {
+        assert!((key as usize) < self.slot_map_len, "key {key} beyond table '{}'", self.spec.name);
+        // SAFETY: checked above; the map lives as long as the table.
+        unsafe { &*self.slot_map.add(key as usize) }
     }
 
     /// The table's specification.
@@ -310,20 +352,24 @@ impl TableStore {
     /// act on the slot must hold the key's latch while they check and use it.
     #[inline]
     pub fn slot_of(&self, key: u64) -> Option<u32> {
-        let slot = self.slot_map[key as usize].load(Ordering::Acquire);
+        if key as usize >= self.slot_map_len {
+            return None;
+        }
+        // SAFETY: bounds checked above; the map lives as long as the table.
+        let slot = unsafe { &*self.slot_map.add(key as usize) }.load(Ordering::Acquire);
         (slot != NO_SLOT).then_some(slot)
     }
 
     /// Makes `slot` the local home of `key` (latch held by the caller).
     #[inline]
     pub fn publish(&self, key: u64, slot: u32) {
-        self.slot_map[key as usize].store(slot, Ordering::Release);
+        self.entry(key).store(slot, Ordering::Release);
     }
 
     /// Stops serving `key` locally (latch held by the caller).
     #[inline]
     pub fn unpublish(&self, key: u64) {
-        self.slot_map[key as usize].store(NO_SLOT, Ordering::Release);
+        self.entry(key).store(NO_SLOT, Ordering::Release);
     }
 
     /// Start of a slot.
@@ -349,14 +395,14 @@ impl TableStore {
     }
 
     #[inline]
-    fn head(&self, p: *mut u8) -> *const AtomicU64 {
-        p as *const AtomicU64
+    fn head(&self, p: *mut u8) -> *const AtomicU32 {
+        p as *const AtomicU32
     }
 
     #[inline]
-    fn tail(&self, p: *mut u8) -> *const AtomicU64 {
-        // SAFETY (for callers): the tail lies inside the slot, 8-byte aligned.
-        p.wrapping_add(self.tail_offset) as *const AtomicU64
+    fn tail(&self, p: *mut u8) -> *const AtomicU32 {
+        // SAFETY (for callers): the tail lies inside the slot, 4-byte aligned.
+        p.wrapping_add(self.tail_offset) as *const AtomicU32
     }
 
     /// Copies the value of `slot` into `out` (`value_len` floats).
@@ -368,9 +414,40 @@ impl TableStore {
     pub unsafe fn read(&self, slot: u32, out: &mut [f32]) {
         debug_assert_eq!(out.len(), self.value_len);
         let p = self.slot_ptr(slot);
-        // SAFETY: the values occupy `value_len` f32 at offset 8, inside the slot; the caller
-        // excludes local writers (latch).
-        unsafe { ptr::copy_nonoverlapping(p.add(VALUES_OFFSET) as *const f32, out.as_mut_ptr(), self.value_len) };
+        // SAFETY: the values occupy `value_len` f32 at offset 4, inside the slot; the caller
+        // excludes local writers (latch). Short values are copied inline: a call to memcpy
+        // costs more than the copy.
+        unsafe {
+            let src = p.add(VALUES_OFFSET) as *const f32;
+            if self.value_len <= 8 {
+                for i in 0..self.value_len {
+                    *out.get_unchecked_mut(i) = *src.add(i);
+                }
+            } else {
+                ptr::copy_nonoverlapping(src, out.as_mut_ptr(), self.value_len);
+            }
+        }
+    }
+
+    /// Writes the value of `slot` at `dst` (`value_len × 4` bytes).
+    ///
+    /// # Safety
+    ///
+    /// As for [`TableStore::read`]; `dst` is valid for `value_len × 4` bytes of writes.
+    #[inline]
+    pub unsafe fn read_to(&self, slot: u32, dst: *mut u8) {
+        let p = self.slot_ptr(slot);
+        // SAFETY: the source lies inside the slot, the destination is valid per the contract.
+        unsafe {
+            let src = p.add(VALUES_OFFSET);
+            if self.value_len <= 8 {
+                for i in 0..self.value_len {
+                    (dst as *mut u32).add(i).write_unaligned((src as *const u32).add(i).read());
+                }
+            } else {
+                ptr::copy_nonoverlapping(src, dst, self.value_len * 4);
+            }
+        }
     }
 
     /// Appends the value of `slot` to `out` as little-endian bytes.
@@ -392,24 +469,24 @@ impl TableStore {
     }
 
     #[inline]
-    unsafe fn begin_write(&self, p: *mut u8) -> u64 {
-        // SAFETY: head and tail lie inside the slot, 8-byte aligned; writers are serialised by
+    unsafe fn begin_write(&self, p: *mut u8) -> u32 {
+        // SAFETY: head and tail lie inside the slot, 4-byte aligned; writers are serialised by
         // the latch, so the read-modify-write below needs no atomic RMW.
         unsafe {
             let tail = &*self.tail(p);
             let v = tail.load(Ordering::Relaxed) & !1;
-            tail.store(v + 1, Ordering::Relaxed);
+            tail.store(v.wrapping_add(1), Ordering::Relaxed);
             fence(Ordering::Release);
             v
         }
     }
 
     #[inline]
-    unsafe fn end_write(&self, p: *mut u8, v: u64) {
+    unsafe fn end_write(&self, p: *mut u8, v: u32) {
         // SAFETY: as in `begin_write`.
         unsafe {
-            (*self.head(p)).store(v + 2, Ordering::Release);
-            (*self.tail(p)).store(v + 2, Ordering::Release);
+            (*self.head(p)).store(v.wrapping_add(2), Ordering::Release);
+            (*self.tail(p)).store(v.wrapping_add(2), Ordering::Release);
         }
     }
 
@@ -465,7 +542,14 @@ impl TableStore {
         // SAFETY: exclusive access by the latch; the values lie inside the slot.
         unsafe {
             let v = self.begin_write(p);
-            ptr::copy_nonoverlapping(value.as_ptr(), p.add(VALUES_OFFSET) as *mut f32, self.value_len);
+            let dst = p.add(VALUES_OFFSET) as *mut f32;
+            if self.value_len <= 8 {
+                for i in 0..self.value_len {
+                    *dst.add(i) = *value.get_unchecked(i);
+                }
+            } else {
+                ptr::copy_nonoverlapping(value.as_ptr(), dst, self.value_len);
+            }
             self.end_write(p, v);
         }
     }
@@ -487,14 +571,14 @@ impl TableStore {
         }
     }
 
-    /// Stores `stamp` in the head word of a slot that is about to leave this node (the
-    /// relocation's one-sided write carries it to the new owner, which measures blocking time
-    /// with it and then restores the head from the tail).
+    /// Stores `stamp` (cluster nanoseconds >> [`STAMP_SHIFT`], wrapping) in the head word of a
+    /// slot that is about to leave this node: the relocation's one-sided write carries it to the
+    /// new owner, which measures blocking time with it and then restores the head from the tail.
     ///
     /// # Safety
     ///
     /// The slot is no longer published (no local reader or writer can reach it).
-    pub unsafe fn stamp_outgoing(&self, slot: u32, stamp: u64) {
+    pub unsafe fn stamp_outgoing(&self, slot: u32, stamp: u32) {
         // SAFETY: the head lies inside the slot; nobody else uses the slot.
         unsafe { (*self.head(self.slot_ptr(slot))).store(stamp, Ordering::Release) };
     }
@@ -505,14 +589,14 @@ impl TableStore {
     /// # Safety
     ///
     /// The slot is reserved for an incoming relocation that has landed and is not published.
-    pub unsafe fn take_incoming_stamp(&self, slot: u32) -> u64 {
+    pub unsafe fn take_incoming_stamp(&self, slot: u32) -> u32 {
         let p = self.slot_ptr(slot);
         // SAFETY: head and tail lie inside the slot; nobody else uses it yet.
         unsafe {
             let stamp = (*self.head(p)).load(Ordering::Acquire);
             let tail = (*self.tail(p)).load(Ordering::Relaxed) & !1;
-            (*self.tail(p)).store(tail + 2, Ordering::Relaxed);
-            (*self.head(p)).store(tail + 2, Ordering::Release);
+            (*self.tail(p)).store(tail.wrapping_add(2), Ordering::Relaxed);
+            (*self.head(p)).store(tail.wrapping_add(2), Ordering::Release);
             stamp
         }
     }
@@ -534,16 +618,17 @@ impl TableStore {
     }
 }
 
-/// Checks a copy of a slot taken without the latch (a one-sided read): returns the values when
-/// the copy is consistent, `None` when it caught a write in progress and must be retried.
+/// Checks a copy of a slot taken without the latch (a one-sided read, copied in ascending
+/// address order): returns the values when the copy is consistent, `None` when it caught a write
+/// in progress and must be retried.
 pub fn validate_slot_copy(copy: &[u8], value_len: usize) -> Option<&[u8]> {
-    let value_bytes = (value_len * 4).div_ceil(8) * 8;
-    if copy.len() != VALUES_OFFSET + value_bytes + 8 {
+    let value_bytes = value_len * 4;
+    if copy.len() != VALUES_OFFSET + value_bytes + 4 {
         return None;
     }
-    let head = u64::from_le_bytes(copy[..8].try_into().ok()?);
-    let tail = u64::from_le_bytes(copy[VALUES_OFFSET + value_bytes..].try_into().ok()?);
-    (head == tail && head % 2 == 0).then(|| &copy[VALUES_OFFSET..VALUES_OFFSET + value_len * 4])
+    let head = u32::from_le_bytes(copy[..4].try_into().ok()?);
+    let tail = u32::from_le_bytes(copy[VALUES_OFFSET + value_bytes..].try_into().ok()?);
+    (head == tail && head % 2 == 0).then(|| &copy[VALUES_OFFSET..VALUES_OFFSET + value_bytes])
 }
 
 #[cfg(test)]
@@ -586,10 +671,10 @@ mod tests {
             let copy = std::slice::from_raw_parts(t.slot_ptr(slot), t.slot_bytes()).to_vec();
             let values = validate_slot_copy(&copy, 5).expect("consistent");
             assert_eq!(&values[..4], &2.0f32.to_le_bytes());
-            assert_eq!(u64::from_le_bytes(copy[..8].try_into().unwrap()), 4, "two writes bump by 2 each");
+            assert_eq!(u32::from_le_bytes(copy[..4].try_into().unwrap()), 4, "two writes bump by 2 each");
             // A torn copy: tail says a write is under way.
             let mut torn = copy.clone();
-            let tail_at = torn.len() - 8;
+            let tail_at = torn.len() - 4;
             torn[tail_at] = 5;
             assert!(validate_slot_copy(&torn, 5).is_none());
             t.write(slot, &[9.0; 5]);

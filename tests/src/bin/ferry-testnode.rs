@@ -12,9 +12,14 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+// A retaining allocator: large per-operation buffers are reused instead of being mapped and
+// faulted in again on every bulk operation.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, Subcommand};
-use ferry::consistency::{push_update, set_value, Event, History};
+use ferry::consistency::{Event, History, push_update, set_value};
 use ferry::{Config, Node, Partitioning, TableSpec, Worker};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -67,7 +72,9 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().scenario {
-        Scenario::Sums { workers, keys, value_len, rounds, relocate, asynchronous, hash } => sums(workers, keys, value_len, rounds, relocate, asynchronous, hash),
+        Scenario::Sums { workers, keys, value_len, rounds, relocate, asynchronous, hash } => {
+            sums(workers, keys, value_len, rounds, relocate, asynchronous, hash)
+        }
         Scenario::History { workers, keys, ops, dir, seed } => history(workers, keys, ops, &dir, seed),
         Scenario::Crash { workers } => crash(workers),
     }
@@ -164,7 +171,15 @@ fn sums(workers: usize, keys: u64, value_len: usize, rounds: usize, relocate: bo
 const LANES: usize = 128;
 
 /// Runs a recorded workload on one worker; returns (key, event) in program order.
-fn recorded_workload(worker: &mut Worker, table: ferry::Table, keys: u64, ops: usize, seed: u64, lanes_base: &mut dyn FnMut(u64) -> Option<u32>, tags: &mut dyn FnMut(u64) -> u32) -> Result<Vec<(u64, Event)>> {
+fn recorded_workload(
+    worker: &mut Worker,
+    table: ferry::Table,
+    keys: u64,
+    ops: usize,
+    seed: u64,
+    lanes_base: &mut dyn FnMut(u64) -> Option<u32>,
+    tags: &mut dyn FnMut(u64) -> u32,
+) -> Result<Vec<(u64, Event)>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut events = Vec::new();
     let mut pending_pulls: Vec<(ferry::PullTicket, Vec<(usize, u64)>)> = Vec::new();
