@@ -1,7 +1,9 @@
 //! `ferry-bench`: Ferry's micro-benchmarks and ML workloads.
 
+mod cluster;
 mod micro;
 mod rawtcp;
+mod relocate;
 mod report;
 
 // A retaining allocator: large per-operation buffers are reused instead of being mapped and
@@ -41,6 +43,19 @@ enum Command {
         #[arg(long, value_enum, default_value = "driver", hide = true)]
         role: Role,
     },
+    /// Relocation throughput, relocation and blocking times, and a parameter-blocking workload
+    /// with and without relocation.
+    Relocate {
+        /// A short run.
+        #[arg(long)]
+        quick: bool,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Internal: the part this process plays.
+        #[arg(long, value_enum, default_value = "driver", hide = true)]
+        role: Role,
+    },
 }
 
 fn main() -> Result<()> {
@@ -51,5 +66,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Micro { quick, json, role: Role::Driver } => micro::run_driver(quick, json),
         Command::Micro { quick, role: Role::Node, .. } => micro::run_node(quick),
+        Command::Relocate { quick, json, role: Role::Driver } => relocate::run_driver(quick, json),
+        Command::Relocate { quick, role: Role::Node, .. } => relocate::run_node(quick),
     }
 }

@@ -2,14 +2,11 @@
 //! run (a memcpy for local access, a raw TCP ping-pong or stream for remote access).
 
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use ferry::launch::{LaunchSpec, Stream, launch};
 use ferry::{Config, Node, Table, TableSpec, Worker};
 use hdrhistogram::Histogram;
-use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
@@ -34,7 +31,7 @@ fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
@@ -44,31 +41,7 @@ fn median(v: &mut [f64]) -> f64 {
 pub fn run_driver(quick: bool, json: bool) -> Result<()> {
     let started = Instant::now();
     let mut records = local_benchmarks(quick)?;
-    let port = ferry::launch::free_loopback_port()?;
-    let exe = std::env::current_exe().context("locating ferry-bench")?;
-    let mut args = vec!["micro".to_string(), "--role".into(), "node".into()];
-    if quick {
-        args.push("--quick".into());
-    }
-    let mut spec = LaunchSpec::new(2, exe, args);
-    spec.env.push(("FERRY_BENCH_PORT".into(), port.to_string()));
-    spec.timeout = Some(Duration::from_secs(if quick { 120 } else { 1200 }));
-    let remote: Arc<Mutex<Vec<Record>>> = Arc::default();
-    let sink = remote.clone();
-    let outcome = launch(&spec, move |rank, stream, line| {
-        if rank == 0 && stream == Stream::Stdout && line.starts_with("RECORD ") {
-            match serde_json::from_str::<serde_json::Value>(&line[7..]) {
-                Ok(v) => sink.lock().push(crate::report::from_json(&v)),
-                Err(e) => eprintln!("[0] unreadable record ({e}): {line}"),
-            }
-        } else {
-            eprintln!("[{rank}] {line}");
-        }
-    })?;
-    if !outcome.success() {
-        bail!("the remote benchmark cluster failed (ranks {:?})", outcome.failed_ranks());
-    }
-    records.extend(remote.lock().drain(..));
+    records.extend(crate::cluster::run_nodes("micro", quick, 2)?);
     if json {
         for r in &records {
             println!("{}", r.json_line());
@@ -175,7 +148,7 @@ pub fn run_node(quick: bool) -> Result<()> {
         return Ok(());
     }
     let mut client = rawtcp::Client::connect(port)?;
-    let emit = |r: Record| println!("RECORD {}", r.json_line());
+    let emit = crate::cluster::emit;
     for &len in &REMOTE_LENS {
         let table = node.table(&format!("remote{len}"))?;
         for push in [false, true] {

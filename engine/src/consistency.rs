@@ -339,6 +339,11 @@ impl History {
         self.keys.entry(key).or_insert_with(|| KeyHistory { workers: vec![Vec::new(); workers], after_all: Vec::new() }).after_all.push(event);
     }
 
+    /// The recorded operations on `key`.
+    pub fn key(&self, key: u64) -> Option<&KeyHistory> {
+        self.keys.get(&key)
+    }
+
     /// Number of recorded events.
     pub fn len(&self) -> usize {
         self.keys.values().map(|h| h.workers.iter().map(Vec::len).sum::<usize>() + h.after_all.len()).sum()

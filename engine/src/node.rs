@@ -25,6 +25,9 @@ use crate::store::{PageKind, Store};
 use crate::util::FastMap;
 use crate::worker::Worker;
 
+/// Bytes of one-sided writes posted (and sent) at a time.
+const WRITE_PIECE: usize = 256 << 10;
+
 /// Completion cell of one remote operation, shared by the waiting worker and the engine.
 pub(crate) struct OpCell {
     done: AtomicBool,
@@ -226,6 +229,7 @@ impl Node {
             max_message_bytes: config.max_message_bytes,
             part_bytes: config.part_bytes,
             op_timeout_ns: config.op_timeout.as_nanos() as u64,
+            loss_grace_ns: (config.peer_timeout * 2).as_nanos() as u64,
         };
         let mut protocol = Protocol::new(config.rank, config.nodes, &config.tables, store.clone(), settings);
         let sink_fabric = fabric.clone();
@@ -325,6 +329,12 @@ impl Node {
         self.inner.stats()
     }
 
+    /// Forgets the relocation and blocking times recorded so far, so that the next
+    /// [`Node::stats`] describes only what follows.
+    pub fn reset_latencies(&self) {
+        self.inner.engine.lock().protocol.reset_latencies();
+    }
+
     /// Slots of `table` in use here and bytes of arena memory mapped for it.
     pub fn memory(&self, table: Table) -> (usize, usize) {
         let t = self.inner.store.table(table.id);
@@ -370,6 +380,7 @@ impl Node {
         }
         // Fail whatever still waits, so that no worker stays blocked.
         let mut engine = self.inner.engine.lock();
+        engine.protocol.cancel_all();
         for (_, cell) in engine.waiters.drain() {
             cell.complete(Err(Error::ShutDown));
         }
@@ -452,25 +463,41 @@ impl NodeInner {
                 writes.sort_by_key(|w| w.to);
                 for group in writes.chunk_by(|a, b| a.to == b.to) {
                     let to = group[0].to as usize;
-                    let requests: Vec<WriteRequest> = group
-                        .iter()
-                        .map(|w| WriteRequest { remote: w.remote, src: self.store.table(w.table).slot_ptr(w.slot), len: w.len, imm: w.imm, wr_id: w.wr_id })
-                        .collect();
-                    // SAFETY: each source is a slot the protocol keeps allocated (and no longer
-                    // publishes) until `on_write_done` reports the write complete.
-                    let outcome = unsafe { self.fabric.write(to, &requests) };
-                    match outcome {
-                        Ok(WriteCompletion::Immediate) => {
-                            for w in group {
-                                engine.protocol.on_write_done(w.wr_id, Ok(()), now);
+                    // Post in pieces of about a quarter megabyte and send each piece at once, so
+                    // that copying values out and sending them overlap; each piece's completions
+                    // are recorded before it is sent, so a source slot is free before its bytes
+                    // arrive anywhere.
+                    let mut start = 0;
+                    while start < group.len() {
+                        let mut end = start;
+                        let mut bytes = 0;
+                        while end < group.len() && (end == start || bytes + group[end].len <= WRITE_PIECE) {
+                            bytes += group[end].len;
+                            end += 1;
+                        }
+                        let piece = &group[start..end];
+                        let requests: Vec<WriteRequest> = piece
+                            .iter()
+                            .map(|w| WriteRequest { remote: w.remote, src: self.store.table(w.table).slot_ptr(w.slot), len: w.len, imm: w.imm, wr_id: w.wr_id })
+                            .collect();
+                        // SAFETY: each source is a slot the protocol keeps allocated (and no longer
+                        // publishes) until `on_write_done` reports the write complete.
+                        let outcome = unsafe { self.fabric.write(to, &requests) };
+                        match outcome {
+                            Ok(WriteCompletion::Immediate) => {
+                                for w in piece {
+                                    engine.protocol.on_write_done(w.wr_id, Ok(()), now);
+                                }
+                            }
+                            Ok(WriteCompletion::Deferred) => {}
+                            Err(e) => {
+                                for w in piece {
+                                    engine.protocol.on_write_done(w.wr_id, Err(e.clone()), now);
+                                }
                             }
                         }
-                        Ok(WriteCompletion::Deferred) => {}
-                        Err(e) => {
-                            for w in group {
-                                engine.protocol.on_write_done(w.wr_id, Err(e.clone()), now);
-                            }
-                        }
+                        self.fabric.flush(to);
+                        start = end;
                     }
                     if !touched.contains(&to) {
                         touched.push(to);

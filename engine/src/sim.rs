@@ -49,6 +49,8 @@ pub struct SimOptions {
     pub max_message_bytes: usize,
     /// Lose this node at this step (fault injection); the run then checks liveness only.
     pub crash: Option<(usize, usize)>,
+    /// Trace lines kept for a failure report (the last ones).
+    pub trace_lines: usize,
     /// The seed.
     pub seed: u64,
 }
@@ -68,6 +70,7 @@ impl SimOptions {
             partitioning: Partitioning::Range,
             max_message_bytes: 4096,
             crash: None,
+            trace_lines: 150,
             seed,
         }
     }
@@ -88,6 +91,8 @@ pub struct SimReport {
     pub ops: usize,
     /// Largest number of slots any node had in use at the end, per node.
     pub slots_in_use: Vec<usize>,
+    /// The last steps of the run.
+    pub trace: Vec<String>,
 }
 
 /// A failed run: the seed, what went wrong, and the last steps taken.
@@ -104,7 +109,7 @@ pub struct SimFailure {
 impl std::fmt::Display for SimFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "simulation seed {} failed: {}", self.seed, self.reason)?;
-        writeln!(f, "replay: FERRY_SIM_SEED={} cargo test -p ferry-tests --test simulation replay -- --nocapture", self.seed)?;
+        writeln!(f, "replay: FERRY_SIM_SEED={} FERRY_SIM_CONFIG=<configuration> cargo test -p ferry-tests --test simulation replay -- --nocapture", self.seed)?;
         writeln!(f, "last {} steps:", self.trace.len())?;
         for line in &self.trace {
             writeln!(f, "  {line}")?;
@@ -174,8 +179,6 @@ struct Sim {
     ops: usize,
 }
 
-const TRACE_LINES: usize = 120;
-
 /// Runs one simulation.
 pub fn run(opts: SimOptions) -> Result<SimReport, SimFailure> {
     let mut sim = Sim::new(opts.clone()).map_err(|e| SimFailure { seed: opts.seed, reason: format!("set-up failed: {e}"), trace: Vec::new() })?;
@@ -188,7 +191,10 @@ pub fn run_and_check(opts: SimOptions) -> Result<SimReport, SimFailure> {
     let lanes = opts.lanes;
     let seed = opts.seed;
     let report = run(opts)?;
-    report.history.check(lanes).map_err(|v: Violation| SimFailure { seed, reason: format!("consistency violation: {v}"), trace: Vec::new() })?;
+    if let Err(v) = report.history.check(lanes) {
+        let v: Violation = v;
+        return Err(SimFailure { seed, reason: format!("consistency violation: {v}"), trace: report.trace });
+    }
     Ok(report)
 }
 
@@ -201,6 +207,7 @@ impl Sim {
             max_message_bytes: opts.max_message_bytes.max(4096),
             part_bytes: opts.max_message_bytes.max(4096),
             op_timeout_ns: u64::MAX / 4,
+            loss_grace_ns: 200_000,
         };
         let mut nodes = Vec::new();
         for rank in 0..opts.nodes {
@@ -268,7 +275,7 @@ impl Sim {
     }
 
     fn log(&mut self, line: String) {
-        if self.trace.len() == TRACE_LINES {
+        if self.trace.len() >= self.opts.trace_lines {
             self.trace.pop_front();
         }
         self.trace.push_back(format!("t={} {line}", self.now));
@@ -287,6 +294,7 @@ impl Sim {
 
     fn run(&mut self) -> Result<SimReport, String> {
         let mut steps = 0usize;
+        let mut timers_fired = false;
         loop {
             steps += 1;
             if steps > 2_000_000 {
@@ -316,8 +324,24 @@ impl Sim {
                 choices.push(3);
             }
             if choices.is_empty() {
+                // Only timers can make progress now (a crash left relocations to give up).
+                let waiting = self.workers.iter().any(|w| !self.nodes[w.node].crashed && (w.blocked.is_some() || !w.outstanding.is_empty()));
+                if waiting && self.opts.crash.is_some() && !timers_fired {
+                    timers_fired = true;
+                    self.now += 1_000_000;
+                    self.log("timers fire".into());
+                    for node in 0..self.opts.nodes {
+                        if !self.nodes[node].crashed {
+                            let now = self.now;
+                            self.nodes[node].protocol.on_tick(now);
+                            self.drain(node)?;
+                        }
+                    }
+                    continue;
+                }
                 return self.finish(steps);
             }
+            timers_fired = false;
             match choices[self.rng.gen_range(0..choices.len())] {
                 0 => {
                     let w = runnable[self.rng.gen_range(0..runnable.len())];
@@ -637,23 +661,48 @@ impl Sim {
             }
         }
         let stats = self.nodes.iter().map(|n| n.protocol.stats(0)).collect();
-        Ok(SimReport { history, steps, stats, failed_ops: self.failed_ops, ops: self.ops, slots_in_use })
+        Ok(SimReport { history, steps, stats, failed_ops: self.failed_ops, ops: self.ops, slots_in_use, trace: self.trace.iter().cloned().collect() })
     }
 }
 
 fn describe_frame(frame: &[u8]) -> String {
-    let names: Vec<&str> = crate::protocol::wire::Messages::new(frame)
-        .map(|m| match m.ok().map(|b| b[0]) {
-            Some(1) => "access",
-            Some(2) => "response",
-            Some(3) => "localize",
-            Some(4) => "relocate",
-            Some(5) => "failure",
-            Some(6) => "localize-failed",
-            Some(7) => "barrier",
-            Some(8) => "release",
-            _ => "?",
-        })
-        .collect();
-    names.join(",")
+    use crate::protocol::wire::{self, msg};
+    let describe = |b: &[u8]| -> String {
+        match b[0] {
+            msg::ACCESS => {
+                // Keys sit after the header and the optional indices; values are not decoded.
+                let kind = b[1];
+                let flags = b[2];
+                let origin = u16::from_le_bytes([b[6], b[7]]);
+                let op = u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]));
+                let part = u32::from_le_bytes(b[16..20].try_into().unwrap_or([0; 4]));
+                let count = u32::from_le_bytes(b[20..24].try_into().unwrap_or([0; 4])) as usize;
+                let at = wire::ACCESS_HEADER + if flags & wire::FLAG_INDEXED != 0 { count * 4 } else { 0 };
+                let keys: Vec<u64> =
+                    (0..count).filter_map(|i| b.get(at + i * 8..at + i * 8 + 8)).map(|k| u64::from_le_bytes(k.try_into().unwrap_or([0; 8]))).collect();
+                let kind = ["?", "pull", "push", "set"].get(kind as usize).copied().unwrap_or("?");
+                format!("access[{kind} op {origin}:{op}/{part} keys {keys:?} flags {flags}]")
+            }
+            msg::RESPONSE => {
+                let responder = u16::from_le_bytes([b[6], b[7]]);
+                let op = u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]));
+                let part = u32::from_le_bytes(b[16..20].try_into().unwrap_or([0; 4]));
+                format!("response[op {op}/{part} from {responder}]")
+            }
+            msg::LOCALIZE | msg::RELOCATE => match wire::Move::decode(b, usize::MAX) {
+                Ok(m) => {
+                    let items: Vec<String> = (0..m.count).map(|i| format!("{}(r{})", m.item(i).key, m.item(i).resv)).collect();
+                    let name = if b[0] == msg::LOCALIZE { "localize" } else { "relocate" };
+                    format!("{name}[to {} {}]", m.new_owner, items.join(","))
+                }
+                Err(_) => "move?".into(),
+            },
+            msg::FAILURE => "failure".into(),
+            msg::LOCALIZE_FAILED => "localize-failed".into(),
+            msg::BARRIER => "barrier".into(),
+            msg::BARRIER_RELEASE => "release".into(),
+            _ => "?".into(),
+        }
+    };
+    wire::Messages::new(frame).map(|m| m.map(describe).unwrap_or_else(|_| "?".into())).collect::<Vec<_>>().join(",")
 }

@@ -218,6 +218,9 @@ impl Worker {
         {
             return Ok(());
         }
+        if keys.len() >= 64 && self.all_remote(table, keys) {
+            return self.pull_remote_into(table, keys, out);
+        }
         let (rows, cell) = self.issue(AccessKind::Pull, table, keys, &[], out, false)?;
         if let Some(cell) = cell {
             let values = self.wait_cell(&cell, "pull")?;
@@ -225,6 +228,39 @@ impl Worker {
             self.rows = rows;
         }
         Ok(())
+    }
+
+    fn all_remote(&self, table: Table, keys: &[u64]) -> bool {
+        let t = self.node.store.table(table.id);
+        keys.iter().all(|&k| t.slot_of(k).is_none())
+    }
+
+    /// A pull of keys held elsewhere, written by the protocol straight into `out` (one copy of
+    /// every value fewer). `out` stays borrowed until the operation completes or is cancelled.
+    fn pull_remote_into(&mut self, table: Table, keys: &[u64], out: &mut [f32]) -> Result<()> {
+        let cell = OpCell::new(None);
+        let ptr = out.as_mut_ptr();
+        let submitted = self.node.step(|e, now| {
+            // SAFETY: `out` is borrowed mutably for this whole call, and the call does not return
+            // before the operation completes or `wait_cell` cancelled it (under this same lock),
+            // so the protocol never writes through `ptr` after `out` is released.
+            let r = unsafe { e.protocol.submit_into(table.id, keys, ptr, now) };
+            if let Ok(Submitted::Pending(id)) = r {
+                e.waiters.insert(id, cell.clone());
+            }
+            r
+        });
+        match submitted {
+            Ok(Submitted::Done(_)) => {
+                cell.finish_unused();
+                Ok(())
+            }
+            Ok(Submitted::Pending(_)) => self.wait_cell(&cell, "pull").map(|_| ()),
+            Err(e) => {
+                cell.finish_unused();
+                Err(e)
+            }
+        }
     }
 
     /// Adds `updates` to the values of `keys` (cumulative).

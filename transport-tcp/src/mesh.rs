@@ -386,12 +386,19 @@ impl WriteBatch<'_> {
 
     /// Queues the batch for `peer` and tries to send it at once.
     pub fn submit(self, peer: usize) -> Result<(), TransportError> {
+        let mesh = self.mesh;
+        self.enqueue(peer)?;
+        mesh.flush(peer);
+        Ok(())
+    }
+
+    /// Queues the batch for `peer` without sending it; [`Mesh::flush`] sends it. The data was
+    /// copied when the writes were added, so their sources may be reused already.
+    pub fn enqueue(self, peer: usize) -> Result<(), TransportError> {
         if self.bytes.is_empty() {
             return Ok(());
         }
-        self.mesh.inner.push_frame(peer, OutFrame::raw(self.bytes))?;
-        self.mesh.flush(peer);
-        Ok(())
+        self.mesh.inner.push_frame(peer, OutFrame::raw(self.bytes))
     }
 }
 

@@ -59,7 +59,7 @@ pub trait Fabric: Send + Sync {
     fn enqueue(&self, to: usize, frame: Vec<u8>) -> Result<()>;
     /// Sends what is queued for `to`.
     fn flush(&self, to: usize);
-    /// Posts one-sided writes to `to`.
+    /// Posts one-sided writes to `to`; the caller flushes `to` afterwards.
     ///
     /// # Safety
     ///

@@ -92,7 +92,9 @@ impl Fabric for TcpFabric {
             let data = unsafe { std::slice::from_raw_parts(w.src, w.len) };
             batch.push(w.remote.region, w.remote.addr, data, Some(w.imm), w.wr_id)?;
         }
-        batch.submit(to)?;
+        // Queued, not flushed: the caller records the completions first and flushes afterwards,
+        // so a source slot is free before its bytes can arrive anywhere.
+        batch.enqueue(to)?;
         Ok(WriteCompletion::Immediate)
     }
 

@@ -80,6 +80,18 @@ fn push_failed(failed: &mut Vec<Failed>, code: FailureCode, node: u16, index: u3
 }
 
 impl Protocol {
+    /// Whether operations on a key that is relocating to this node belong in its queue here.
+    ///
+    /// A node that is the key's home routes by its owner table, even when the key is also in
+    /// transit to it: if a later `localize` made another node the owner, an operation the home
+    /// sequences now must go to that owner. Queueing it here would put it behind the hand-over
+    /// already queued for the key and reorder it (found by the 8-node simulations).
+    #[inline]
+    pub(super) fn owns_in_transit(&self, table: u16, key: u64) -> bool {
+        let meta = &self.tables[table as usize];
+        meta.partitioner.home(key) != self.rank as usize || self.owners[table as usize][meta.partitioner.home_index(key)] == self.rank
+    }
+
     pub(super) fn submit_access(&mut self, kind: AccessKind, table: u16, keys: &[u64], values: &[f32]) -> Result<Submitted> {
         let value_len = self.tables[table as usize].value_len;
         let id = self.register_op(OpKind::Access(kind), table, keys.to_vec());
@@ -90,11 +102,13 @@ impl Protocol {
         let t = self.store.table(table);
         for (row, &key) in keys.iter().enumerate() {
             if let Some(slot) = t.slot_of(key) {
-                let output = if kind == AccessKind::Pull { &mut op.values[row * value_len..(row + 1) * value_len] } else { &mut [][..] };
+                let output = if kind == AccessKind::Pull { &mut op.values.as_mut_slice()[row * value_len..(row + 1) * value_len] } else { &mut [][..] };
                 serve_row(&self.store, table, key, slot, kind, input(row), output);
                 op.answer(row as u32);
                 self.counters.local_keys += 1;
-            } else if let Some(transit) = if self.transits.is_empty() { None } else { self.transits.get_mut(&(table, key)) } {
+            } else if let Some(transit) =
+                if self.transits.is_empty() || !self.owns_in_transit(table, key) { None } else { self.transits.get_mut(&(table, key)) }
+            {
                 if let Some(e) = &transit.suspect {
                     op.error.get_or_insert_with(|| e.clone());
                     op.answer(row as u32);
@@ -110,7 +124,7 @@ impl Protocol {
         if op.remaining == 0 {
             return match op.error {
                 Some(e) => Err(e),
-                None => Ok(Submitted::Done(op.values)),
+                None => Ok(Submitted::Done(op.values.into_vec())),
             };
         }
         self.ops.insert(id, op);
@@ -284,7 +298,7 @@ impl Protocol {
             if let Some(slot) = t.slot_of(key) {
                 let out = answers.add(a.origin, a.op, a.part, a.kind, a.table, index);
                 serve_wire_item(&store, a.table, key, slot, a.kind, a.value(i), value_len, out);
-            } else if let Some(transit) = self.transits.get_mut(&(a.table, key)) {
+            } else if let Some(transit) = if self.owns_in_transit(a.table, key) { self.transits.get_mut(&(a.table, key)) } else { None } {
                 if let Some(e) = &transit.suspect {
                     let (code, node) = failure_code(e);
                     push_failed(&mut failed, code, node, index);
@@ -446,7 +460,7 @@ impl Protocol {
         {
             if r.kind == AccessKind::Pull {
                 let first = first as usize;
-                copy_bytes_to_f32(r.values(), &mut op.values[first * value_len..(first + r.count) * value_len]);
+                copy_bytes_to_f32(r.values(), &mut op.values.as_mut_slice()[first * value_len..(first + r.count) * value_len]);
             }
             self.maybe_complete(r.op);
             return Ok(());
@@ -463,7 +477,7 @@ impl Protocol {
             op.answered[w] |= 1 << b;
             op.remaining -= 1;
             if r.kind == AccessKind::Pull {
-                copy_bytes_to_f32(r.value(i), &mut op.values[row as usize * value_len..(row as usize + 1) * value_len]);
+                copy_bytes_to_f32(r.value(i), &mut op.values.as_mut_slice()[row as usize * value_len..(row as usize + 1) * value_len]);
             }
             if caches {
                 self.cache.insert((r.table, op.keys[row as usize]), r.responder);

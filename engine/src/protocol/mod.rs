@@ -154,6 +154,9 @@ pub struct Settings {
     pub part_bytes: usize,
     /// Operations and incoming relocations older than this fail with a timeout.
     pub op_timeout_ns: u64,
+    /// After a peer is lost, a relocation to this node that has not landed within this long is
+    /// given up (its source is unknown here and may be the lost node).
+    pub loss_grace_ns: u64,
 }
 
 pub(crate) struct TableMeta {
@@ -179,9 +182,40 @@ struct PendingOp {
     answered: Vec<u64>,
     remaining: usize,
     /// Pull output, `rows × value_len`.
-    values: Vec<f32>,
+    values: PullOutput,
     error: Option<Error>,
     started: u64,
+}
+
+/// Where a pull's values go: a buffer of the operation's own, or the caller's (see
+/// [`Protocol::submit_into`]).
+enum PullOutput {
+    Owned(Vec<f32>),
+    Borrowed { ptr: *mut f32, len: usize },
+}
+
+// SAFETY: a borrowed buffer is written only through `&mut Protocol` (so by one thread at a time),
+// and `submit_into`'s caller keeps it valid and unaliased until the operation completes or is
+// cancelled, from whichever thread drives the protocol.
+unsafe impl Send for PullOutput {}
+
+impl PullOutput {
+    fn as_mut_slice(&mut self) -> &mut [f32] {
+        match self {
+            PullOutput::Owned(v) => v,
+            // SAFETY: see `submit_into`: the buffer is valid, unaliased and `len` long while the
+            // operation is pending.
+            PullOutput::Borrowed { ptr, len } => unsafe { std::slice::from_raw_parts_mut(*ptr, *len) },
+        }
+    }
+
+    /// The values, or nothing when they were written into the caller's buffer.
+    fn into_vec(self) -> Vec<f32> {
+        match self {
+            PullOutput::Owned(v) => v,
+            PullOutput::Borrowed { .. } => Vec::new(),
+        }
+    }
 }
 
 impl PendingOp {
@@ -238,6 +272,11 @@ struct Transit {
     /// Set when a peer was lost or the transfer timed out: the value may never arrive, so new
     /// operations on the key fail at once instead of queueing.
     suspect: Option<Error>,
+    /// When it became suspect.
+    suspect_since: u64,
+    /// The transfer did not come within the grace period after a loss: hand-overs of the key
+    /// fail at once. (If it still lands, the key is published here.)
+    abandoned: bool,
 }
 
 /// One node's protocol state.
@@ -267,6 +306,8 @@ pub struct Protocol {
     barrier_counts: FastMap<(u8, u32), usize>,
     counters: ProtocolCounters,
     now: u64,
+    /// The caller's pull buffer for the operation `submit_into` is registering.
+    borrowed_output: Option<PullOutput>,
 }
 
 impl Protocol {
@@ -302,6 +343,7 @@ impl Protocol {
             barrier_counts: FastMap::default(),
             counters: ProtocolCounters::default(),
             now: 0,
+            borrowed_output: None,
         }
     }
 
@@ -320,6 +362,12 @@ impl Protocol {
         let mut s = self.counters.snapshot(worker_local);
         s.traffic = self.out.traffic;
         s
+    }
+
+    /// Forgets the relocation and blocking times recorded so far (for measuring phases).
+    pub fn reset_latencies(&mut self) {
+        self.counters.relocation_ns.reset();
+        self.counters.blocking_ns.reset();
     }
 
     /// Operations still pending.
@@ -381,6 +429,27 @@ impl Protocol {
         };
         self.drain_loopback();
         result
+    }
+
+    /// Like [`Protocol::submit`] for a pull, but the values are written straight into `out`
+    /// (`keys.len() × value_len` floats) instead of a buffer of the operation's own; the completion
+    /// then carries an empty vector. Saves a copy of every pulled value.
+    ///
+    /// # Safety
+    ///
+    /// `out` must stay valid, and must not be read or written by anyone else, until the operation
+    /// completes (its completion is output) or is [cancelled](Protocol::cancel).
+    pub unsafe fn submit_into(&mut self, table: u16, keys: &[u64], out: *mut f32, now: u64) -> Result<Submitted> {
+        let len = keys.len() * self.tables.get(table as usize).map_or(0, |t| t.value_len);
+        self.borrowed_output = Some(PullOutput::Borrowed { ptr: out, len });
+        let result = self.submit(Request { kind: RequestKind::Access(AccessKind::Pull), table, keys, values: &[] }, now);
+        self.borrowed_output = None;
+        result
+    }
+
+    /// Forgets every pending operation (the node is shutting down).
+    pub fn cancel_all(&mut self) {
+        self.ops.clear();
     }
 
     /// Handles a frame of messages from `from`. A malformed message is an error; the caller
@@ -464,6 +533,13 @@ impl Protocol {
         for key in stuck {
             tracing::warn!(node = self.rank, table = key.0, key = key.1, "an incoming relocation did not land in time");
             self.abandon_transit_queue(key, Error::Timeout { what: "relocation", millis: limit / 1_000_000 });
+        }
+        let grace = self.settings.loss_grace_ns;
+        let mut expired: Vec<(u16, u64)> =
+            self.transits.iter().filter(|(_, t)| t.suspect.is_some() && !t.abandoned && now.saturating_sub(t.suspect_since) > grace).map(|(k, _)| *k).collect();
+        expired.sort_unstable();
+        for key in expired {
+            self.give_up_transit(key);
         }
         self.drain_loopback();
     }
@@ -562,7 +638,11 @@ impl Protocol {
         self.next_op += 1;
         let rows = keys.len();
         let value_len = self.tables[table as usize].value_len;
-        let values = if kind == OpKind::Access(AccessKind::Pull) { vec![0.0; rows * value_len] } else { Vec::new() };
+        let values = match self.borrowed_output.take() {
+            Some(borrowed) => borrowed,
+            None if kind == OpKind::Access(AccessKind::Pull) => PullOutput::Owned(vec![0.0; rows * value_len]),
+            None => PullOutput::Owned(Vec::new()),
+        };
         let op = PendingOp { kind, table, keys, parts: Vec::new(), answered: vec![0; rows.div_ceil(64)], remaining: 0, values, error: None, started: self.now };
         self.ops.insert(id, op);
         id
@@ -574,7 +654,7 @@ impl Protocol {
             let op = self.ops.remove(&id).expect("present");
             let result = match op.error {
                 Some(e) => Err(e),
-                None => Ok(op.values),
+                None => Ok(op.values.into_vec()),
             };
             self.completions.push(Completion { op: id, result });
         }

@@ -53,7 +53,10 @@ impl Protocol {
                 }
             };
             let resv = self.allocate_reservation();
-            self.transits.insert((table, key), Transit { slot, queue: Vec::new(), waiters: vec![id], started: self.now, suspect: None });
+            self.transits.insert(
+                (table, key),
+                Transit { slot, queue: Vec::new(), waiters: vec![id], started: self.now, suspect: None, suspect_since: 0, abandoned: false },
+            );
             self.reservations.insert(resv, (table, key));
             groups[home as usize].push(MoveItem { key, resv, to: self.store.table(table).remote_addr(slot) });
             remaining += 1;
@@ -131,6 +134,11 @@ impl Protocol {
                 let index = meta.partitioner.home_index(item.key);
                 match self.owners[table][index] {
                     LOST_OWNER => Err(Error::KeyLost { table: meta.name.clone(), key: item.key }),
+                    // This node owns the key but its own incoming transfer may never come: do not
+                    // promise the key to anyone else.
+                    owner if owner == self.rank && self.transits.get(&(m.table, item.key)).is_some_and(|t| t.suspect.is_some()) => {
+                        Err(self.transits[&(m.table, item.key)].suspect.clone().expect("checked"))
+                    }
                     owner if owner == requester => Err(Error::Protocol(format!("node {requester} asked for key {} it already owns", item.key))),
                     owner if self.is_lost(owner) => Err(self.lost_error(owner)),
                     owner => {
@@ -173,7 +181,12 @@ impl Protocol {
             if let Some(slot) = self.store.table(m.table).slot_of(item.key) {
                 self.relocate_out(m.table, item.key, slot, m.new_owner, item);
             } else if let Some(transit) = self.transits.get_mut(&(m.table, item.key)) {
-                transit.queue.push(Queued::Relocate { new_owner: m.new_owner, resv: item.resv, to: item.to });
+                if transit.abandoned {
+                    let e = transit.suspect.clone().unwrap_or(Error::Protocol("the key's transfer to this node was given up".into()));
+                    self.send_localize_failed(m.new_owner, &e, m.table, &[item.resv]);
+                } else {
+                    transit.queue.push(Queued::Relocate { new_owner: m.new_owner, resv: item.resv, to: item.to });
+                }
             } else {
                 tracing::error!(node = self.rank, key = item.key, "told to hand over a key this node does not hold");
                 unknown.push(item.resv);
@@ -295,7 +308,8 @@ impl Protocol {
             // The operation failed or was abandoned (its caller saw an error); do not apply it.
             return;
         };
-        let output = if kind == AccessKind::Pull { &mut op.values[row as usize * value_len..(row as usize + 1) * value_len] } else { &mut [][..] };
+        let output =
+            if kind == AccessKind::Pull { &mut op.values.as_mut_slice()[row as usize * value_len..(row as usize + 1) * value_len] } else { &mut [][..] };
         serve_row(&self.store, table, key, slot, kind, values, output);
         op.answer(row);
         self.counters.local_keys += 1;
@@ -326,6 +340,9 @@ impl Protocol {
     /// so that a late landing still moves the key on.
     pub(super) fn abandon_transit_queue(&mut self, key: (u16, u64), error: Error) {
         let Some(transit) = self.transits.get_mut(&key) else { return };
+        if transit.suspect.is_none() {
+            transit.suspect_since = self.now;
+        }
         transit.suspect = Some(error.clone());
         let queue = std::mem::take(&mut transit.queue);
         let waiters = std::mem::take(&mut transit.waiters);
@@ -333,6 +350,19 @@ impl Protocol {
         if let Some(transit) = self.transits.get_mut(&key) {
             transit.queue = kept;
         }
+    }
+
+    /// The grace period after a loss passed and the key has not landed: queued hand-overs fail
+    /// (their requesters must not wait for a value that may never come), and later ones fail at
+    /// once. The reservation stays, so that a late landing is still received safely.
+    pub(super) fn give_up_transit(&mut self, key: (u16, u64)) {
+        let Some(transit) = self.transits.get_mut(&key) else { return };
+        transit.abandoned = true;
+        let error = transit.suspect.clone().unwrap_or(Error::Protocol("relocation given up".into()));
+        let queue = std::mem::take(&mut transit.queue);
+        let waiters = std::mem::take(&mut transit.waiters);
+        tracing::warn!(node = self.rank, table = key.0, key = key.1, "giving up an incoming relocation after a lost peer");
+        self.fail_transit_items(key.0, queue, waiters, &error, false);
     }
 
     /// Fails queued items and waiters; returns the queued hand-overs when `keep_relocations`.

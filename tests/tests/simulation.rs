@@ -1,0 +1,134 @@
+//! Seeded simulated clusters checked for per-key sequential consistency: thousands of seeds.
+//!
+//! `FERRY_SIM_SEEDS` sets the seeds per configuration (default 400, so about 3 000 runs in all).
+//! A failure prints its seed; `FERRY_SIM_SEED=<seed> FERRY_SIM_CONFIG=<name> cargo test -p
+//! ferry-tests --test simulation replay -- --nocapture` reruns exactly that simulation and prints
+//! its trace.
+
+use ferry::Partitioning;
+use ferry::sim::{SimOptions, run, run_and_check};
+
+/// Named configurations of the sweep.
+fn configuration(name: &str, seed: u64) -> SimOptions {
+    let mut o = SimOptions::small(seed);
+    match name {
+        "classic" => o.relocation = false,
+        "relocation" => {}
+        "hash-4-nodes" => {
+            o.partitioning = Partitioning::Hash;
+            o.nodes = 4;
+            o.keys = 9;
+        }
+        "8-nodes" => {
+            o.nodes = 8;
+            o.workers_per_node = 1;
+            o.keys = 6;
+            o.ops_per_worker = 20;
+        }
+        "2-nodes-many-workers" => {
+            o.nodes = 2;
+            o.workers_per_node = 4;
+        }
+        "sync-with-caches" => {
+            o.location_caches = true;
+            o.async_share = 0.0;
+        }
+        "all-async" => o.async_share = 1.0,
+        other => panic!("unknown configuration {other}"),
+    }
+    o
+}
+
+const CONFIGURATIONS: [&str; 7] = ["classic", "relocation", "hash-4-nodes", "8-nodes", "2-nodes-many-workers", "sync-with-caches", "all-async"];
+
+fn seeds() -> u64 {
+    std::env::var("FERRY_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(400)
+}
+
+/// Runs `seeds` seeds of a configuration on two threads.
+fn sweep(name: &'static str, seeds: u64) {
+    let halves: Vec<_> = (0..2u64)
+        .map(|half| {
+            std::thread::spawn(move || {
+                let mut runs = 0u64;
+                for seed in (half..seeds).step_by(2) {
+                    if let Err(f) = run_and_check(configuration(name, seed)) {
+                        panic!("configuration {name}: {f}");
+                    }
+                    runs += 1;
+                }
+                runs
+            })
+        })
+        .collect();
+    let runs: u64 = halves.into_iter().map(|h| h.join().expect("sweep thread")).sum();
+    assert_eq!(runs, seeds);
+}
+
+#[test]
+fn classic() {
+    sweep("classic", seeds());
+}
+
+#[test]
+fn relocation() {
+    sweep("relocation", seeds());
+}
+
+#[test]
+fn hash_partitioned_four_nodes() {
+    sweep("hash-4-nodes", seeds());
+}
+
+#[test]
+fn eight_nodes() {
+    sweep("8-nodes", seeds());
+}
+
+#[test]
+fn two_nodes_many_workers() {
+    sweep("2-nodes-many-workers", seeds());
+}
+
+#[test]
+fn synchronous_operations_with_location_caches() {
+    sweep("sync-with-caches", seeds());
+}
+
+#[test]
+fn all_asynchronous() {
+    sweep("all-async", seeds());
+}
+
+/// A node crashes in the middle of the run: every operation of the survivors completes (with an
+/// error where it depended on the lost node); nothing hangs.
+#[test]
+fn crashes_never_hang_operations() {
+    for seed in 0..seeds() / 2 {
+        let mut o = configuration("relocation", seed);
+        o.crash = Some(((seed % o.nodes as u64) as usize, 20 + (seed as usize * 7) % 300));
+        match run(o) {
+            Ok(report) => assert!(report.ops > 0),
+            Err(f) => panic!("crash configuration: {f}"),
+        }
+    }
+}
+
+#[test]
+fn replay() {
+    let seed = std::env::var("FERRY_SIM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let names: Vec<String> = match std::env::var("FERRY_SIM_CONFIG") {
+        Ok(name) => vec![name],
+        Err(_) => CONFIGURATIONS.iter().map(|s| s.to_string()).collect(),
+    };
+    for name in names {
+        let name: &'static str = CONFIGURATIONS.iter().find(|c| **c == name).unwrap_or_else(|| panic!("unknown configuration {name}"));
+        let mut opts = configuration(name, seed);
+        opts.trace_lines = std::env::var("FERRY_SIM_TRACE").ok().and_then(|s| s.parse().ok()).unwrap_or(150);
+        eprintln!("replaying {name} seed {seed}: {opts:?}");
+        match run_and_check(opts) {
+            Ok(report) => eprintln!("ok: {} operations, {} steps, {} events checked", report.ops, report.steps, report.history.len()),
+            Err(f) => panic!("{f}"),
+        }
+    }
+}
