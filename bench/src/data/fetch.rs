@@ -1,0 +1,242 @@
+//! Fetching the real datasets into the cache.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, anyhow, bail};
+use sha2::{Digest, Sha256};
+
+/// One file of a dataset: where it is in the archive, its name in the cache, its SHA-256.
+#[derive(Debug, Clone, Copy)]
+pub struct DataFile {
+    /// Path inside the package archive.
+    pub archive_path: &'static str,
+    /// File name in the dataset's cache directory.
+    pub name: &'static str,
+    /// Expected SHA-256, hex.
+    pub sha256: &'static str,
+}
+
+/// A dataset and the package archive it comes from.
+#[derive(Debug, Clone, Copy)]
+pub struct Dataset {
+    /// Name used on the command line.
+    pub name: &'static str,
+    /// What it is.
+    pub description: &'static str,
+    /// The Python package (`pip download --no-deps NAME==VERSION`).
+    pub package: &'static str,
+    /// Pinned version.
+    pub version: &'static str,
+    /// Its files.
+    pub files: &'static [DataFile],
+}
+
+/// Every dataset `ferry data fetch` knows.
+pub const DATASETS: &[Dataset] = &[
+    Dataset {
+        name: "ml-100k",
+        description: "MovieLens-100k ratings (user item rating timestamp)",
+        package: "recbole",
+        version: "1.2.1",
+        files: &[DataFile {
+            archive_path: "recbole/dataset_example/ml-100k/ml-100k.inter",
+            name: "ml-100k.inter",
+            sha256: "4edb74e2a81178c2ba9ff381495f754f996c4aea351b1272ca36b43da0935eff",
+        }],
+    },
+    Dataset {
+        name: "film",
+        description: "film knowledge graph of MovieLens-100k (91k head relation tail triples)",
+        package: "recbole",
+        version: "1.2.1",
+        files: &[DataFile {
+            archive_path: "recbole/dataset_example/ml-100k/ml-100k.kg",
+            name: "ml-100k.kg",
+            sha256: "200a0636fa07c218119a42e5bac7aa3e26e3665a6f919c1b22909bd412b14779",
+        }],
+    },
+    Dataset {
+        name: "umls",
+        description: "UMLS knowledge graph (train/valid/test triples)",
+        package: "pykeen",
+        version: "1.11.1",
+        files: &[
+            DataFile {
+                archive_path: "pykeen/datasets/umls/train.txt",
+                name: "train.txt",
+                sha256: "873ef4925516b83e7f6f8cc02b4be51d848828710a7f65a956f0ac4a9e452f35",
+            },
+            DataFile {
+                archive_path: "pykeen/datasets/umls/valid.txt",
+                name: "valid.txt",
+                sha256: "025c98f8a4891e2a6582ec5b40ee0d904031edad9c52554522f4b7904820c98e",
+            },
+            DataFile {
+                archive_path: "pykeen/datasets/umls/test.txt",
+                name: "test.txt",
+                sha256: "a7eb529a3d2810fcc96341ccc97c625a5e202f8389673aa6bd317eeebbb79014",
+            },
+        ],
+    },
+    Dataset {
+        name: "kinships",
+        description: "Kinships knowledge graph (train/valid/test triples)",
+        package: "pykeen",
+        version: "1.11.1",
+        files: &[
+            DataFile {
+                archive_path: "pykeen/datasets/kinships/train.txt",
+                name: "train.txt",
+                sha256: "738612111a6acf0e39662bde24c7e72a4d1edf20931beea077da367dda689731",
+            },
+            DataFile {
+                archive_path: "pykeen/datasets/kinships/valid.txt",
+                name: "valid.txt",
+                sha256: "c56f8630a583178b1e569f11a64aa535ae1ce0b0912d8b1e24716be2b37f04da",
+            },
+            DataFile {
+                archive_path: "pykeen/datasets/kinships/test.txt",
+                name: "test.txt",
+                sha256: "05e5733265761d55be9c05bfaff5a8d0808df46f9c1e9d66cc3f2fe114e43d88",
+            },
+        ],
+    },
+    Dataset {
+        name: "nations",
+        description: "Nations knowledge graph (train/valid/test triples)",
+        package: "pykeen",
+        version: "1.11.1",
+        files: &[
+            DataFile {
+                archive_path: "pykeen/datasets/nations/train.txt",
+                name: "train.txt",
+                sha256: "0830fa9da8e5bba2ccdaa45b7bdc9130451ba66b09ff2708f35fccaf82473e57",
+            },
+            DataFile {
+                archive_path: "pykeen/datasets/nations/valid.txt",
+                name: "valid.txt",
+                sha256: "2b337a62e51a2f45c283eac98a70d21b7e0e102136be1539b2a52c652a7b0530",
+            },
+            DataFile {
+                archive_path: "pykeen/datasets/nations/test.txt",
+                name: "test.txt",
+                sha256: "3971085165b47b6aeaec68058c6d8d98b3005e929db81268410b95ae4db770ab",
+            },
+        ],
+    },
+];
+
+/// The cache: `$FERRY_DATA`, else `$XDG_CACHE_HOME/ferry`, else `~/.cache/ferry`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("FERRY_DATA") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("ferry");
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    home.join(".cache").join("ferry")
+}
+
+/// Where a fetched dataset's file lives (whether or not it is there yet).
+pub fn dataset_path(dataset: &str, file: &str) -> PathBuf {
+    cache_dir().join(dataset).join(file)
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn is_complete(d: &Dataset) -> bool {
+    d.files.iter().all(|f| std::fs::read(dataset_path(d.name, f.name)).is_ok_and(|b| sha256_hex(&b) == f.sha256))
+}
+
+/// Makes the named dataset available in the cache (downloading its package archive when the
+/// files are missing or damaged) and returns its directory.
+pub fn fetch(name: &str) -> Result<PathBuf> {
+    let d = DATASETS
+        .iter()
+        .find(|d| d.name == name)
+        .ok_or_else(|| anyhow!("unknown dataset '{name}'; known: {}", DATASETS.iter().map(|d| d.name).collect::<Vec<_>>().join(", ")))?;
+    let dir = cache_dir().join(d.name);
+    if is_complete(d) {
+        return Ok(dir);
+    }
+    let download = tempdir()?;
+    let archive = download_package(d, &download)?;
+    let result = extract(d, &archive, &dir);
+    let _ = std::fs::remove_dir_all(&download);
+    result?;
+    Ok(dir)
+}
+
+fn tempdir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "ferry-fetch-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+    ));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+fn download_package(d: &Dataset, into: &Path) -> Result<PathBuf> {
+    let spec = format!("{}=={}", d.package, d.version);
+    let mut last = String::new();
+    for python in ["python3", "python"] {
+        let out =
+            Command::new(python).args(["-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check", "--dest"]).arg(into).arg(&spec).output();
+        match out {
+            Ok(o) if o.status.success() => {
+                let wheel = std::fs::read_dir(into)?.filter_map(|e| e.ok().map(|e| e.path())).find(|p| p.extension().is_some_and(|e| e == "whl"));
+                return wheel.ok_or_else(|| anyhow!("pip downloaded {spec} but no wheel is in {}", into.display()));
+            }
+            Ok(o) => last = String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("").to_string(),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    bail!(
+        "could not download {spec} with pip ({last}). Offline? Ferry's commands still work on any local file of the right shape: \
+         pass its path instead of the dataset name, or place the files in {}",
+        cache_dir().join(d.name).display()
+    )
+}
+
+fn extract(d: &Dataset, archive: &Path, dir: &Path) -> Result<()> {
+    let file = std::fs::File::open(archive).with_context(|| format!("opening {}", archive.display()))?;
+    let mut zip = zip::ZipArchive::new(file).with_context(|| format!("reading {}", archive.display()))?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for f in d.files {
+        let mut entry = zip.by_name(f.archive_path).with_context(|| format!("{} is not in {}", f.archive_path, archive.display()))?;
+        let mut bytes = Vec::with_capacity(entry.size() as usize);
+        entry.read_to_end(&mut bytes)?;
+        let got = sha256_hex(&bytes);
+        if got != f.sha256 {
+            bail!("{} from {}=={} has SHA-256 {got}, expected {}", f.archive_path, d.package, d.version, f.sha256);
+        }
+        let target = dir.join(f.name);
+        let partial = target.with_extension("partial");
+        std::fs::write(&partial, &bytes)?;
+        std::fs::rename(&partial, &target)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catalogue_is_consistent() {
+        for d in DATASETS {
+            assert!(!d.files.is_empty());
+            for f in d.files {
+                assert_eq!(f.sha256.len(), 64, "{}", f.name);
+            }
+        }
+        assert!(fetch("no-such-dataset").is_err());
+    }
+}

@@ -1,0 +1,211 @@
+//! Knowledge graphs: `head relation tail` triples, tab separated.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+/// Triples with dense entity and relation indices.
+#[derive(Debug, Clone, Default)]
+pub struct Triples {
+    /// Head entity per triple.
+    pub heads: Vec<u32>,
+    /// Relation per triple.
+    pub relations: Vec<u32>,
+    /// Tail entity per triple.
+    pub tails: Vec<u32>,
+}
+
+impl Triples {
+    /// Number of triples.
+    pub fn len(&self) -> usize {
+        self.heads.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.heads.is_empty()
+    }
+
+    fn push(&mut self, h: u32, r: u32, t: u32) {
+        self.heads.push(h);
+        self.relations.push(r);
+        self.tails.push(t);
+    }
+}
+
+/// A knowledge graph split into train, valid and test.
+#[derive(Debug, Clone, Default)]
+pub struct KnowledgeGraph {
+    /// Entity names by index.
+    pub entities: Vec<String>,
+    /// Relation names by index.
+    pub relations: Vec<String>,
+    /// Training triples.
+    pub train: Triples,
+    /// Validation triples.
+    pub valid: Triples,
+    /// Test triples.
+    pub test: Triples,
+}
+
+#[derive(Default)]
+struct Vocab {
+    entities: HashMap<String, u32>,
+    relations: HashMap<String, u32>,
+    entity_names: Vec<String>,
+    relation_names: Vec<String>,
+}
+
+impl Vocab {
+    fn entity(&mut self, name: &str) -> u32 {
+        if let Some(&i) = self.entities.get(name) {
+            return i;
+        }
+        let i = self.entity_names.len() as u32;
+        self.entities.insert(name.to_string(), i);
+        self.entity_names.push(name.to_string());
+        i
+    }
+
+    fn relation(&mut self, name: &str) -> u32 {
+        if let Some(&i) = self.relations.get(name) {
+            return i;
+        }
+        let i = self.relation_names.len() as u32;
+        self.relations.insert(name.to_string(), i);
+        self.relation_names.push(name.to_string());
+        i
+    }
+}
+
+/// Reads `head relation tail` lines (a header line ending in `:token` fields is skipped).
+fn read_triples(path: &Path, vocab: &mut Vocab) -> Result<Triples> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading triples from {}", path.display()))?;
+    let mut t = Triples::default();
+    for (line_no, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let fields: Vec<&str> = line.split('\t').collect();
+        if fields.len() != 3 {
+            bail!("{}:{}: expected 'head<TAB>relation<TAB>tail', found '{line}'", path.display(), line_no + 1);
+        }
+        if line_no == 0 && fields.iter().all(|f| f.contains(":token")) {
+            continue;
+        }
+        let (h, r, tl) = (vocab.entity(fields[0]), vocab.relation(fields[1]), vocab.entity(fields[2]));
+        t.push(h, r, tl);
+    }
+    Ok(t)
+}
+
+impl KnowledgeGraph {
+    /// Reads `train.txt`, `valid.txt` and `test.txt` from a directory.
+    pub fn load_split(dir: &Path) -> Result<KnowledgeGraph> {
+        let mut vocab = Vocab::default();
+        let train = read_triples(&dir.join("train.txt"), &mut vocab)?;
+        let valid = read_triples(&dir.join("valid.txt"), &mut vocab)?;
+        let test = read_triples(&dir.join("test.txt"), &mut vocab)?;
+        if train.is_empty() || test.is_empty() {
+            bail!("{} has no training or no test triples", dir.display());
+        }
+        Ok(KnowledgeGraph { entities: vocab.entity_names, relations: vocab.relation_names, train, valid, test })
+    }
+
+    /// Reads one file of triples, drops one relation of each inverse pair (when asked), and
+    /// splits it 90/5/5 with a fixed seed.
+    pub fn load_single(path: &Path, drop_inverses: bool, seed: u64) -> Result<KnowledgeGraph> {
+        let mut vocab = Vocab::default();
+        let all = read_triples(path, &mut vocab)?;
+        if all.is_empty() {
+            bail!("{} holds no triples", path.display());
+        }
+        let dropped: HashSet<u32> = if drop_inverses { inverse_relations(&all, &vocab.relation_names) } else { HashSet::new() };
+        let mut idx: Vec<usize> = (0..all.len()).filter(|&i| !dropped.contains(&all.relations[i])).collect();
+        idx.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+        let n = idx.len();
+        let (n_valid, n_test) = (n / 20, n / 20);
+        let mut parts = [Triples::default(), Triples::default(), Triples::default()];
+        for (pos, &i) in idx.iter().enumerate() {
+            let part = if pos < n_test {
+                2
+            } else if pos < n_test + n_valid {
+                1
+            } else {
+                0
+            };
+            parts[part].push(all.heads[i], all.relations[i], all.tails[i]);
+        }
+        let [train, valid, test] = parts;
+        Ok(KnowledgeGraph { entities: vocab.entity_names, relations: vocab.relation_names, train, valid, test })
+    }
+
+    /// Every known triple (train, valid and test), for filtered ranking.
+    pub fn known(&self) -> HashSet<(u32, u32, u32)> {
+        let mut s = HashSet::new();
+        for t in [&self.train, &self.valid, &self.test] {
+            for i in 0..t.len() {
+                s.insert((t.heads[i], t.relations[i], t.tails[i]));
+            }
+        }
+        s
+    }
+}
+
+/// Relations that are the inverse of another one (the same pairs, reversed, for at least 90 %
+/// of their triples, with equal counts); of each pair the one with the larger name is returned.
+fn inverse_relations(all: &Triples, names: &[String]) -> HashSet<u32> {
+    let mut pairs: HashMap<u32, HashSet<(u32, u32)>> = HashMap::new();
+    for i in 0..all.len() {
+        pairs.entry(all.relations[i]).or_default().insert((all.heads[i], all.tails[i]));
+    }
+    let mut rels: Vec<u32> = pairs.keys().copied().collect();
+    rels.sort_by(|a, b| names[*a as usize].cmp(&names[*b as usize]));
+    let mut dropped = HashSet::new();
+    for (x, &a) in rels.iter().enumerate() {
+        for &b in &rels[x + 1..] {
+            if dropped.contains(&a) || dropped.contains(&b) {
+                continue;
+            }
+            let (pa, pb) = (&pairs[&a], &pairs[&b]);
+            if pa.len() != pb.len() {
+                continue;
+            }
+            let reversed = pa.iter().filter(|(h, t)| pb.contains(&(*t, *h))).count();
+            if reversed * 10 >= pa.len() * 9 {
+                dropped.insert(b);
+            }
+        }
+    }
+    dropped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inverse_pairs_are_dropped_and_splits_are_complete() {
+        let dir = std::env::temp_dir().join(format!("ferry-kg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut text = String::from("head_id:token\trelation_id:token\ttail_id:token\n");
+        for i in 0..100 {
+            text.push_str(&format!("a{i}\tlikes\tb{i}\nb{i}\tliked_by\ta{i}\na{i}\tknows\tb{}\n", (i + 1) % 100));
+        }
+        std::fs::write(dir.join("kg.tsv"), &text).unwrap();
+        let kg = KnowledgeGraph::load_single(&dir.join("kg.tsv"), true, 5).unwrap();
+        let kept: HashSet<&str> =
+            [&kg.train, &kg.valid, &kg.test].iter().flat_map(|t| t.relations.iter().map(|&r| kg.relations[r as usize].as_str())).collect();
+        assert_eq!(kept, HashSet::from(["likes", "knows"]));
+        assert_eq!(kg.train.len() + kg.valid.len() + kg.test.len(), 200);
+        assert_eq!((kg.valid.len(), kg.test.len()), (10, 10));
+        std::fs::write(dir.join("bad.tsv"), "a b c\n").unwrap();
+        assert!(KnowledgeGraph::load_single(&dir.join("bad.tsv"), false, 1).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

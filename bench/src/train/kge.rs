@@ -1,0 +1,619 @@
+//! ComplEx knowledge-graph embeddings trained with AdaGrad and negative sampling.
+//!
+//! Each entity and relation is one key whose value is `[re(d), im(d), acc_re(d), acc_im(d)]`:
+//! the embedding and its AdaGrad accumulators travel together. A positive triple `(h, r, t)` is
+//! scored `Re⟨h, r, conj(t)⟩`; it is trained with the logistic loss against `neg` corrupted tails
+//! and `neg` corrupted heads (entities drawn uniformly, each negative weighted `1/neg`).
+//!
+//! Distribution (Lapse, section 4 and appendix A): relations are data-clustered — triples are
+//! partitioned by relation and each node localizes its relations once — and entities use latency
+//! hiding — while a worker trains triple `i`, it localizes the entities of triple `i + lookahead`
+//! (including that triple's pre-drawn negatives).
+
+use std::collections::{HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::Barrier;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use ferry::{Partitioning, TableSpec, Worker};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::mf::initial;
+use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, field, start_node, stats_fields};
+use super::{Common, EpochReport, Event, Mode, Sink};
+use crate::data::triples::{KnowledgeGraph, Triples};
+
+/// Options of `train kge`.
+#[derive(Debug, Clone, Args)]
+pub struct KgeArgs {
+    /// Knowledge graph: `umls`, `kinships`, `nations`, `film` (fetched into the cache), a
+    /// directory with `train.txt`, `valid.txt` and `test.txt`, or one file of triples (split
+    /// 90/5/5).
+    #[arg(long, default_value = "umls")]
+    pub data: String,
+    /// Complex dimension of the embeddings (each holds 2 × dim floats).
+    #[arg(long, default_value_t = 100)]
+    pub dim: usize,
+    /// AdaGrad learning rate.
+    #[arg(long, default_value_t = 0.1)]
+    pub lr: f32,
+    /// Corrupted tails and corrupted heads per positive triple.
+    #[arg(long, default_value_t = 10)]
+    pub neg: usize,
+    /// L2 regularisation of the embeddings a triple touches.
+    #[arg(long, default_value_t = 1e-4)]
+    pub reg: f32,
+    /// Evaluate filtered MRR and Hits@k on the test split every this many epochs (and after the
+    /// last).
+    #[arg(long, default_value_t = 10)]
+    pub eval_every: usize,
+    /// Evaluate at most this many test triples (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub eval_max: usize,
+    /// How many triples ahead a worker localizes entities (latency hiding).
+    #[arg(long, default_value_t = 1)]
+    pub lookahead: usize,
+    /// Options shared by all tasks.
+    #[command(flatten)]
+    pub common: Common,
+}
+
+const ADAGRAD_EPS: f32 = 1e-10;
+const INITIAL_ACCUMULATOR: f32 = 0.1;
+
+impl KgeArgs {
+    /// Driver side: makes named data available; returns a description.
+    pub fn prepare(&self) -> Result<String> {
+        match self.data.as_str() {
+            "umls" | "kinships" | "nations" => {
+                crate::data::fetch(&self.data)?;
+                Ok(format!("{} (pykeen's train/valid/test split)", self.data))
+            }
+            "film" => {
+                crate::data::fetch("film")?;
+                Ok("film graph of MovieLens-100k (one relation of each inverse pair dropped, split 90/5/5)".into())
+            }
+            path => Ok(format!("triples from {path}")),
+        }
+    }
+
+    /// The task's options as command-line arguments (for the cluster's processes).
+    pub fn task_args(&self) -> Vec<String> {
+        vec![
+            "--data".into(),
+            self.data.clone(),
+            "--dim".into(),
+            self.dim.to_string(),
+            "--lr".into(),
+            self.lr.to_string(),
+            "--neg".into(),
+            self.neg.to_string(),
+            "--reg".into(),
+            self.reg.to_string(),
+            "--eval-every".into(),
+            self.eval_every.to_string(),
+            "--eval-max".into(),
+            self.eval_max.to_string(),
+            "--lookahead".into(),
+            self.lookahead.to_string(),
+        ]
+    }
+
+    /// The graph (identical in every process).
+    pub fn load(&self) -> Result<KnowledgeGraph> {
+        if self.dim == 0 || self.neg == 0 {
+            bail!("--dim and --neg must be at least 1");
+        }
+        match self.data.as_str() {
+            "umls" | "kinships" | "nations" => KnowledgeGraph::load_split(&crate::data::cache_dir().join(&self.data)),
+            "film" => KnowledgeGraph::load_single(&crate::data::dataset_path("film", "ml-100k.kg"), true, self.common.seed),
+            path => {
+                let p = PathBuf::from(path);
+                if p.is_dir() { KnowledgeGraph::load_split(&p) } else { KnowledgeGraph::load_single(Path::new(path), false, self.common.seed) }
+            }
+        }
+    }
+
+    fn value_len(&self) -> usize {
+        4 * self.dim
+    }
+
+    fn evaluate_now(&self, epoch: usize) -> bool {
+        epoch == self.common.epochs || (self.eval_every > 0 && epoch % self.eval_every == 0)
+    }
+}
+
+fn init_value(seed: u64, table: u64, key: u64, j: usize, dim: usize) -> f32 {
+    if j < 2 * dim { 0.1 * initial(seed, table, key, j) } else { INITIAL_ACCUMULATOR }
+}
+
+/// A triple with its pre-drawn negatives: corrupted tails, then corrupted heads.
+struct Sample {
+    h: u32,
+    r: u32,
+    t: u32,
+    negatives: Vec<u32>,
+}
+
+impl Sample {
+    fn draw(train: &Triples, i: usize, entities: u32, neg: usize, rng: &mut ChaCha8Rng) -> Sample {
+        Sample { h: train.heads[i], r: train.relations[i], t: train.tails[i], negatives: (0..2 * neg).map(|_| rng.gen_range(0..entities)).collect() }
+    }
+
+    /// Entity keys in slot order: head, tail, negatives.
+    fn entity_keys(&self) -> Vec<u64> {
+        let mut k = vec![self.h as u64, self.t as u64];
+        k.extend(self.negatives.iter().map(|&e| e as u64));
+        k
+    }
+}
+
+#[inline]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+#[inline]
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+/// Adds the gradient of `g · score(a, r, b)` to `ga`, `gr`, `gb` (embeddings `[re(d), im(d)]`).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn score_and_grad(a: &[f32], r: &[f32], b: &[f32], d: usize, g: Option<(f32, &mut [f32], &mut [f32], &mut [f32])>) -> f32 {
+    let (ar, ai) = a.split_at(d);
+    let (rr, ri) = r.split_at(d);
+    let (br, bi) = b.split_at(d);
+    let mut s = 0.0;
+    for k in 0..d {
+        s += br[k] * (ar[k] * rr[k] - ai[k] * ri[k]) + bi[k] * (ai[k] * rr[k] + ar[k] * ri[k]);
+    }
+    if let Some((g, ga, gr, gb)) = g {
+        for k in 0..d {
+            ga[k] += g * (rr[k] * br[k] + ri[k] * bi[k]);
+            ga[d + k] += g * (rr[k] * bi[k] - ri[k] * br[k]);
+            gr[k] += g * (ar[k] * br[k] + ai[k] * bi[k]);
+            gr[d + k] += g * (ar[k] * bi[k] - ai[k] * br[k]);
+            gb[k] += g * (ar[k] * rr[k] - ai[k] * ri[k]);
+            gb[d + k] += g * (ai[k] * rr[k] + ar[k] * ri[k]);
+        }
+    }
+    s
+}
+
+/// One training step. `ents` holds the pulled values of the sample's entity slots (value length
+/// `4d` each), `rel` the relation's. Writes the pushes (`[Δembedding, g²]` per slot) to `ent_out`
+/// and `rel_out`; returns the loss.
+#[allow(clippy::too_many_arguments)]
+fn step(ents: &[f32], rel: &[f32], d: usize, neg: usize, lr: f32, reg: f32, grads: &mut [f32], ent_out: &mut [f32], rel_out: &mut [f32]) -> f32 {
+    let len = 4 * d;
+    let slots = 2 + 2 * neg;
+    let emb = |slot: usize| &ents[slot * len..slot * len + 2 * d];
+    grads.fill(0.0);
+    // grads: one 2d gradient per entity slot, then the relation's.
+    let (ent_g, rel_g) = grads.split_at_mut(slots * 2 * d);
+    let wneg = 1.0 / neg as f32;
+    let mut loss = 0.0;
+    let apply = |a: usize, b: usize, positive: bool, ent_g: &mut [f32], rel_g: &mut [f32]| {
+        let sc = score_and_grad(emb(a), &rel[..2 * d], emb(b), d, None);
+        let (l, g) = if positive { (softplus(-sc), sigmoid(sc) - 1.0) } else { (wneg * softplus(sc), wneg * sigmoid(sc)) };
+        let (lo, hi) = (a.min(b), a.max(b));
+        let (first, rest) = ent_g.split_at_mut(hi * 2 * d);
+        let (ga, gb): (&mut [f32], &mut [f32]) = if a == lo {
+            (&mut first[lo * 2 * d..(lo + 1) * 2 * d], &mut rest[..2 * d])
+        } else {
+            (&mut rest[..2 * d], &mut first[lo * 2 * d..(lo + 1) * 2 * d])
+        };
+        score_and_grad(emb(a), &rel[..2 * d], emb(b), d, Some((g, ga, rel_g, gb)));
+        l
+    };
+    loss += apply(0, 1, true, ent_g, rel_g);
+    for j in 0..neg {
+        loss += apply(0, 2 + j, false, ent_g, rel_g);
+        loss += apply(2 + neg + j, 1, false, ent_g, rel_g);
+    }
+    let adagrad = |g: &mut [f32], value: &[f32], out: &mut [f32]| {
+        for k in 0..2 * d {
+            let gk = g[k] + reg * value[k];
+            let acc = value[2 * d + k] + gk * gk;
+            out[k] = -lr * gk / (acc.sqrt() + ADAGRAD_EPS);
+            out[2 * d + k] = gk * gk;
+        }
+    };
+    for slot in 0..slots {
+        adagrad(&mut ent_g[slot * 2 * d..(slot + 1) * 2 * d], &ents[slot * len..(slot + 1) * len], &mut ent_out[slot * len..(slot + 1) * len]);
+    }
+    adagrad(rel_g, rel, rel_out);
+    loss
+}
+
+/// Filtered MRR and Hits@1/3/10 of `test` (both directions), on `threads` threads.
+#[allow(clippy::too_many_arguments)]
+fn evaluate(
+    ents: &[f32],
+    rels: &[f32],
+    d: usize,
+    n_entities: usize,
+    test: &Triples,
+    known: &HashSet<(u32, u32, u32)>,
+    max: usize,
+    threads: usize,
+) -> serde_json::Map<String, serde_json::Value> {
+    let len = 4 * d;
+    let n = if max == 0 { test.len() } else { test.len().min(max) };
+    let results: Vec<(f64, [usize; 3], usize)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|part| {
+                s.spawn(move || {
+                    let (mut rr_sum, mut hits, mut queries) = (0.0f64, [0usize; 3], 0usize);
+                    let mut query = vec![0.0f32; 2 * d];
+                    for i in (part..n).step_by(threads) {
+                        let (h, r, t) = (test.heads[i], test.relations[i], test.tails[i]);
+                        let rel = &rels[r as usize * len..r as usize * len + 2 * d];
+                        let emb = |e: u32| &ents[e as usize * len..e as usize * len + 2 * d];
+                        for tail_side in [true, false] {
+                            // score(x) = Σ query · emb(x) for every candidate x.
+                            let (a, b) = (emb(h), emb(t));
+                            for k in 0..d {
+                                let (rr, ri) = (rel[k], rel[d + k]);
+                                if tail_side {
+                                    query[k] = a[k] * rr - a[d + k] * ri;
+                                    query[d + k] = a[k] * ri + a[d + k] * rr;
+                                } else {
+                                    query[k] = rr * b[k] + ri * b[d + k];
+                                    query[d + k] = rr * b[d + k] - ri * b[k];
+                                }
+                            }
+                            let score = |x: u32| query.iter().zip(emb(x)).map(|(q, e)| q * e).sum::<f32>();
+                            let truth = if tail_side { t } else { h };
+                            let true_score = score(truth);
+                            let (mut higher, mut ties) = (0usize, 0usize);
+                            for x in 0..n_entities as u32 {
+                                if x == truth {
+                                    continue;
+                                }
+                                let known_triple = if tail_side { known.contains(&(h, r, x)) } else { known.contains(&(x, r, t)) };
+                                if known_triple {
+                                    continue;
+                                }
+                                let sc = score(x);
+                                if sc > true_score {
+                                    higher += 1;
+                                } else if sc == true_score {
+                                    ties += 1;
+                                }
+                            }
+                            let rank = 1.0 + higher as f64 + ties as f64 / 2.0;
+                            rr_sum += 1.0 / rank;
+                            for (slot, k) in [1.0, 3.0, 10.0].iter().enumerate() {
+                                if rank <= *k {
+                                    hits[slot] += 1;
+                                }
+                            }
+                            queries += 1;
+                        }
+                    }
+                    (rr_sum, hits, queries)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("evaluation thread")).collect()
+    });
+    let (mut rr, mut hits, mut q) = (0.0, [0usize; 3], 0usize);
+    for (a, b, c) in results {
+        rr += a;
+        for k in 0..3 {
+            hits[k] += b[k];
+        }
+        q += c;
+    }
+    let q = q.max(1) as f64;
+    let mut m = serde_json::Map::new();
+    m.insert("mrr".into(), (rr / q).into());
+    m.insert("hits@1".into(), (hits[0] as f64 / q).into());
+    m.insert("hits@3".into(), (hits[1] as f64 / q).into());
+    m.insert("hits@10".into(), (hits[2] as f64 / q).into());
+    m.insert("test_triples".into(), ((q / 2.0) as u64).into());
+    m
+}
+
+fn eval_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get()).min(8)
+}
+
+/// The `single` mode: Hogwild over threads and shared arrays, no parameter server.
+pub fn run_single(a: &KgeArgs, emit: Sink) -> Result<()> {
+    let kg = a.load()?;
+    let (seed, d, len, threads) = (a.common.seed, a.dim, a.value_len(), a.common.single_threads());
+    let (n_e, n_r) = (kg.entities.len(), kg.relations.len());
+    let ents = SharedArray::new(n_e, len, |k, j| init_value(seed, 0, k as u64, j, d));
+    let rels = SharedArray::new(n_r, len, |k, j| init_value(seed, 1, k as u64, j, d));
+    let known = kg.known();
+    let mut order: Vec<usize> = (0..kg.train.len()).collect();
+    let mut elapsed = 0.0;
+    for epoch in 1..=a.common.epochs {
+        order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20)));
+        let started = Instant::now();
+        let progress = parking_lot::Mutex::new(&mut *emit);
+        let losses: Vec<(f64, usize)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (order, ents, rels, kg, progress) = (&order, &ents, &rels, &kg, &progress);
+                    s.spawn(move || {
+                        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ t as u64);
+                        let slots = 2 + 2 * a.neg;
+                        let (mut ev, mut rv) = (vec![0.0; slots * len], vec![0.0; len]);
+                        let (mut eo, mut ro) = (vec![0.0; slots * len], vec![0.0; len]);
+                        let mut grads = vec![0.0; (slots + 1) * 2 * d];
+                        let (mut loss, mut n) = (0.0f64, 0usize);
+                        let mine: Vec<usize> = order.iter().copied().skip(t).step_by(threads).collect();
+                        for (x, &i) in mine.iter().enumerate() {
+                            let sample = Sample::draw(&kg.train, i, n_e as u32, a.neg, &mut rng);
+                            for (slot, &e) in sample.entity_keys().iter().enumerate() {
+                                ents.read(e as usize, &mut ev[slot * len..(slot + 1) * len]);
+                            }
+                            rels.read(sample.r as usize, &mut rv);
+                            loss += step(&ev, &rv, d, a.neg, a.lr, a.reg, &mut grads, &mut eo, &mut ro) as f64;
+                            for (slot, &e) in sample.entity_keys().iter().enumerate() {
+                                ents.add(e as usize, &eo[slot * len..(slot + 1) * len]);
+                            }
+                            rels.add(sample.r as usize, &ro);
+                            n += 1;
+                            if t == 0 && x % 512 == 0 {
+                                (progress.lock())(Event::Progress(epoch, x as f64 / mine.len().max(1) as f64));
+                            }
+                        }
+                        (loss, n)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("training thread")).collect()
+        });
+        let epoch_s = started.elapsed().as_secs_f64();
+        elapsed += epoch_s;
+        let (loss, n) = losses.iter().fold((0.0, 0), |(l, c), (x, y)| (l + x, c + y));
+        let quality = if a.evaluate_now(epoch) {
+            let (mut e_all, mut r_all) = (vec![0.0; n_e * len], vec![0.0; n_r * len]);
+            for k in 0..n_e {
+                ents.read(k, &mut e_all[k * len..(k + 1) * len]);
+            }
+            for k in 0..n_r {
+                rels.read(k, &mut r_all[k * len..(k + 1) * len]);
+            }
+            evaluate(&e_all, &r_all, d, n_e, &kg.test, &known, a.eval_max, eval_threads())
+        } else {
+            serde_json::Map::new()
+        };
+        emit(Event::Epoch(EpochReport {
+            task: "kge".into(),
+            mode: Mode::Single,
+            epoch,
+            epoch_s,
+            elapsed_s: elapsed,
+            loss: loss / n.max(1) as f64,
+            quality,
+            local_share: 1.0,
+            relocations: 0,
+            messages: 0,
+            bytes: 0,
+        }));
+    }
+    Ok(())
+}
+
+/// Assigns relations to nodes so that each node gets about the same number of triples.
+fn relation_owners(train: &Triples, relations: usize, nodes: usize) -> Vec<usize> {
+    let mut counts = vec![0usize; relations];
+    for &r in &train.relations {
+        counts[r as usize] += 1;
+    }
+    let mut by_size: Vec<usize> = (0..relations).collect();
+    by_size.sort_by(|a, b| counts[*b].cmp(&counts[*a]).then(a.cmp(b)));
+    let mut load = vec![0usize; nodes];
+    let mut owner = vec![0usize; relations];
+    for r in by_size {
+        let n = (0..nodes).min_by_key(|&n| (load[n], n)).expect("at least one node");
+        owner[r] = n;
+        load[n] += counts[r];
+    }
+    owner
+}
+
+fn pull_all(w: &mut Worker, table: ferry::Table, n: usize, len: usize) -> Result<Vec<f32>> {
+    let mut all = vec![0.0; n * len];
+    let keys: Vec<u64> = (0..n as u64).collect();
+    for (c, chunk) in keys.chunks(4096).enumerate() {
+        w.pull(table, chunk, &mut all[c * 4096 * len..(c * 4096 + chunk.len()) * len])?;
+    }
+    Ok(all)
+}
+
+/// One node of a `classic` or `localize` cluster.
+pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
+    let kg = a.load()?;
+    let (seed, d, len, epochs) = (a.common.seed, a.dim, a.value_len(), a.common.epochs);
+    let (n_e, n_r) = (kg.entities.len(), kg.relations.len());
+    let tables = vec![
+        TableSpec::new("entities", n_e as u64, len).partitioned(Partitioning::Hash),
+        TableSpec::new("relations", n_r as u64, len).partitioned(Partitioning::Hash),
+        TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS),
+    ];
+    let localize = mode == Mode::Localize;
+    let mut node = start_node(tables, localize)?;
+    let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
+    let (entities, relations, metrics) = (node.table("entities")?, node.table("relations")?, node.table("metrics")?);
+    let owners = relation_owners(&kg.train, n_r, nodes);
+    let mine: Vec<usize> = (0..kg.train.len()).filter(|&i| owners[kg.train.relations[i] as usize] == rank).collect();
+    let my_relations: Vec<u64> = (0..n_r).filter(|&r| owners[r] == rank).map(|r| r as u64).collect();
+    let known = if rank == 0 { kg.known() } else { HashSet::new() };
+    let local_barrier = Barrier::new(threads);
+    let emit = parking_lot::Mutex::new(emit);
+    std::thread::scope(|s| -> Result<()> {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let mut w = node.worker();
+                let (kg, mine, my_relations, known, emit, node, local_barrier) = (&kg, &mine, &my_relations, &known, &emit, &node, &local_barrier);
+                s.spawn(move || -> Result<()> {
+                    if rank == 0 && t == 0 {
+                        for (table, n, id) in [(entities, n_e as u64, 0u64), (relations, n_r as u64, 1)] {
+                            let keys: Vec<u64> = (0..n).collect();
+                            for chunk in keys.chunks(1024) {
+                                let values: Vec<f32> = chunk.iter().flat_map(|&k| (0..len).map(move |j| init_value(seed, id, k, j, d))).collect();
+                                w.set(table, chunk, &values)?;
+                            }
+                        }
+                    }
+                    w.barrier()?;
+                    if localize && t == 0 {
+                        // Data clustering: this node's relations stay here.
+                        w.localize(relations, my_relations)?;
+                    }
+                    w.barrier()?;
+                    let slots = 2 + 2 * a.neg;
+                    let (mut ev, mut rv) = (vec![0.0; slots * len], vec![0.0; len]);
+                    let (mut eo, mut ro) = (vec![0.0; slots * len], vec![0.0; len]);
+                    let mut grads = vec![0.0; (slots + 1) * 2 * d];
+                    let mut elapsed = 0.0;
+                    for epoch in 1..=epochs {
+                        let mut order: Vec<usize> = mine.iter().copied().skip(t).step_by(threads).collect();
+                        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ ((rank as u64) << 16) ^ t as u64);
+                        order.shuffle(&mut rng);
+                        w.barrier()?;
+                        let before = node.stats();
+                        let started = Instant::now();
+                        let (mut loss, mut n) = (0.0f64, 0usize);
+                        // Samples drawn ahead, so that their entities can be localized ahead.
+                        let mut ahead: VecDeque<Sample> = VecDeque::new();
+                        let mut tickets: VecDeque<ferry::Ticket> = VecDeque::new();
+                        let mut next = 0usize;
+                        let fill = |ahead: &mut VecDeque<Sample>,
+                                    next: &mut usize,
+                                    rng: &mut ChaCha8Rng,
+                                    w: &mut Worker,
+                                    tickets: &mut VecDeque<ferry::Ticket>|
+                         -> Result<()> {
+                            while ahead.len() <= a.lookahead && *next < order.len() {
+                                let sample = Sample::draw(&kg.train, order[*next], n_e as u32, a.neg, rng);
+                                if localize {
+                                    tickets.push_back(w.localize_async(entities, &sample.entity_keys())?);
+                                }
+                                ahead.push_back(sample);
+                                *next += 1;
+                            }
+                            while tickets.len() > 2 * a.lookahead + 4 {
+                                let t = tickets.pop_front().expect("non-empty");
+                                w.wait(t)?;
+                            }
+                            Ok(())
+                        };
+                        let mut x = 0usize;
+                        loop {
+                            fill(&mut ahead, &mut next, &mut rng, &mut w, &mut tickets)?;
+                            let Some(sample) = ahead.pop_front() else { break };
+                            let keys = sample.entity_keys();
+                            w.pull(entities, &keys, &mut ev)?;
+                            w.pull(relations, &[sample.r as u64], &mut rv)?;
+                            loss += step(&ev, &rv, d, a.neg, a.lr, a.reg, &mut grads, &mut eo, &mut ro) as f64;
+                            w.push(entities, &keys, &eo)?;
+                            w.push(relations, &[sample.r as u64], &ro)?;
+                            n += 1;
+                            x += 1;
+                            if rank == 0 && t == 0 && x % 512 == 0 {
+                                (emit.lock())(Event::Progress(epoch, x as f64 / order.len().max(1) as f64));
+                            }
+                        }
+                        for ticket in tickets {
+                            w.wait(ticket)?;
+                        }
+                        w.barrier()?;
+                        let epoch_s = started.elapsed().as_secs_f64();
+                        let delta = node.stats().since(&before);
+                        let mut v = [0.0f32; METRIC_FIELDS];
+                        v[field::LOSS] = loss as f32;
+                        v[field::EXAMPLES] = n as f32;
+                        if t == 0 {
+                            stats_fields(&delta, &mut v);
+                        }
+                        let sums = all_reduce(&mut w, metrics, epoch as u64, &v)?;
+                        let quality = if a.evaluate_now(epoch) && rank == 0 && t == 0 {
+                            let e_all = pull_all(&mut w, entities, n_e, len)?;
+                            let r_all = pull_all(&mut w, relations, n_r, len)?;
+                            evaluate(&e_all, &r_all, d, n_e, &kg.test, known, a.eval_max, eval_threads())
+                        } else {
+                            serde_json::Map::new()
+                        };
+                        if a.evaluate_now(epoch) {
+                            // Nobody trains on while rank 0 reads the model.
+                            w.barrier()?;
+                        }
+                        local_barrier.wait();
+                        if rank == 0 && t == 0 {
+                            elapsed += epoch_s;
+                            let (local, remote) = (sums[field::LOCAL] as f64, sums[field::REMOTE] as f64);
+                            (emit.lock())(Event::Epoch(EpochReport {
+                                task: "kge".into(),
+                                mode,
+                                epoch,
+                                epoch_s,
+                                elapsed_s: elapsed,
+                                loss: sums[field::LOSS] as f64 / (sums[field::EXAMPLES] as f64).max(1.0),
+                                quality,
+                                local_share: if local + remote > 0.0 { local / (local + remote) } else { 1.0 },
+                                relocations: sums[field::RELOCATIONS] as u64,
+                                messages: (sums[field::KILO_MESSAGES] as f64 * 1e3) as u64,
+                                bytes: (sums[field::MEGABYTES] as f64 * 1e6) as u64,
+                            }));
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("training thread")?;
+        }
+        Ok(())
+    })?;
+    node.finalize()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gradients_match_finite_differences() {
+        let d = 3;
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        let v = |rng: &mut ChaCha8Rng| (0..2 * d).map(|_| rng.gen_range(-1.0f32..1.0)).collect::<Vec<_>>();
+        let (a, r, b) = (v(&mut rng), v(&mut rng), v(&mut rng));
+        let (mut ga, mut gr, mut gb) = (vec![0.0; 2 * d], vec![0.0; 2 * d], vec![0.0; 2 * d]);
+        score_and_grad(&a, &r, &b, d, Some((1.0, &mut ga, &mut gr, &mut gb)));
+        let eps = 1e-3;
+        for (which, grad) in [(0, &ga), (1, &gr), (2, &gb)] {
+            for k in 0..2 * d {
+                let mut x = [a.clone(), r.clone(), b.clone()];
+                x[which][k] += eps;
+                let up = score_and_grad(&x[0], &x[1], &x[2], d, None);
+                x[which][k] -= 2.0 * eps;
+                let down = score_and_grad(&x[0], &x[1], &x[2], d, None);
+                let numeric = (up - down) / (2.0 * eps);
+                assert!((numeric - grad[k]).abs() < 1e-2, "operand {which} element {k}: {numeric} vs {}", grad[k]);
+            }
+        }
+    }
+
+    #[test]
+    fn relations_are_balanced_over_nodes() {
+        let t = Triples { heads: vec![0; 10], relations: vec![0, 0, 0, 0, 1, 1, 1, 2, 2, 3], tails: vec![0; 10] };
+        let owners = relation_owners(&t, 4, 2);
+        let load: Vec<usize> = (0..2).map(|n| t.relations.iter().filter(|&&r| owners[r as usize] == n).count()).collect();
+        assert_eq!(load, vec![5, 5]);
+    }
+}

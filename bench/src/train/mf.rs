@@ -1,0 +1,480 @@
+//! Matrix factorization with SGD: `rating ≈ μ + b_u + b_i + ⟨p_u, q_i⟩`.
+//!
+//! Parallelised as DSGD with parameter blocking (Lapse, section 4 and appendix A): rows (users)
+//! are partitioned to nodes — each node localizes its rows once (data clustering) — and columns
+//! (items) are cut into one block per node; in sub-epoch `s` node `n` trains its ratings of block
+//! `(n + s) mod N`, after localizing that block, so that all parameter accesses within a
+//! sub-epoch are local. Worker threads of a node split its rows; a cluster barrier ends every
+//! sub-epoch. The `single` mode runs the same schedule over threads and plain shared arrays.
+
+use std::path::PathBuf;
+use std::sync::Barrier;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use ferry::{Partitioning, TableSpec};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, field, part, part_of, start_node, stats_fields};
+use super::{Common, EpochReport, Event, Mode, Sink};
+use crate::data::ratings::{Ratings, Synthetic};
+
+/// Options of `train mf`.
+#[derive(Debug, Clone, Args)]
+pub struct MfArgs {
+    /// Ratings: `ml-100k` (fetched into the cache), `synth-small`, or a file of
+    /// `user item rating` rows (tab, comma or space separated; a header is allowed).
+    #[arg(long, default_value = "ml-100k")]
+    pub data: String,
+    /// Rank of the factorization.
+    #[arg(long, default_value_t = 20)]
+    pub rank: usize,
+    /// SGD learning rate.
+    #[arg(long, default_value_t = 0.01)]
+    pub lr: f32,
+    /// L2 regularisation.
+    #[arg(long, default_value_t = 0.05)]
+    pub reg: f32,
+    /// Share of ratings held out for testing (files and MovieLens; `synth-small` has its own).
+    #[arg(long, default_value_t = 0.2)]
+    pub test_share: f64,
+    /// Ratings per mini-batch: their rows and columns are pulled at once, the SGD steps run one
+    /// after the other on the local copies, and each key's change is pushed at once.
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// Options shared by all tasks.
+    #[command(flatten)]
+    pub common: Common,
+}
+
+impl MfArgs {
+    /// Driver side: makes named data available; returns a description.
+    pub fn prepare(&self) -> Result<String> {
+        match self.data.as_str() {
+            "synth-small" => Ok("synth-small: synthetic 20 000 × 2 000 ratings, rank-10 truth, Zipf 1.1 rows and columns".into()),
+            "ml-100k" => {
+                crate::data::fetch("ml-100k")?;
+                Ok("MovieLens-100k, random 80/20 split".into())
+            }
+            path => Ok(format!("ratings from {path}")),
+        }
+    }
+
+    /// The task's options as command-line arguments (for the cluster's processes).
+    pub fn task_args(&self) -> Vec<String> {
+        vec![
+            "--data".into(),
+            self.data.clone(),
+            "--rank".into(),
+            self.rank.to_string(),
+            "--lr".into(),
+            self.lr.to_string(),
+            "--reg".into(),
+            self.reg.to_string(),
+            "--test-share".into(),
+            self.test_share.to_string(),
+            "--batch".into(),
+            self.batch.to_string(),
+        ]
+    }
+
+    /// The training and test ratings (identical in every process).
+    pub fn load(&self) -> Result<(Ratings, Ratings)> {
+        if self.rank == 0 {
+            bail!("--rank must be at least 1");
+        }
+        match self.data.as_str() {
+            "synth-small" => Ok(Synthetic::SMALL.generate(self.common.seed)),
+            "ml-100k" => Ok(Ratings::load(&crate::data::dataset_path("ml-100k", "ml-100k.inter"))?.split(self.test_share, self.common.seed)),
+            path => Ok(Ratings::load(&PathBuf::from(path))?.split(self.test_share, self.common.seed)),
+        }
+    }
+}
+
+/// Deterministic initial value of element `j` of key `key` in table `table` (every process
+/// computes the same).
+pub(crate) fn initial(seed: u64, table: u64, key: u64, j: usize) -> f32 {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ table.wrapping_mul(0xBF58_476D_1CE4_E5B9) ^ key.wrapping_mul(0x94D0_49BB_1331_11EB) ^ (j as u64);
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 31;
+    (x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+}
+
+fn factor_init(seed: u64, table: u64, key: u64, j: usize) -> f32 {
+    if j == 0 { 0.0 } else { 0.1 * initial(seed, table, key, j) }
+}
+
+/// One SGD step on rating `r` for the row `p` and column `q` (`[bias, factors…]`); writes the
+/// updates to `dp` and `dq` and returns the squared error before the step.
+#[inline]
+pub(crate) fn sgd_step(mu: f32, r: f32, p: &[f32], q: &[f32], lr: f32, reg: f32, dp: &mut [f32], dq: &mut [f32]) -> f32 {
+    let mut pred = mu + p[0] + q[0];
+    for k in 1..p.len() {
+        pred += p[k] * q[k];
+    }
+    let err = r - pred;
+    dp[0] = lr * (err - reg * p[0]);
+    dq[0] = lr * (err - reg * q[0]);
+    for k in 1..p.len() {
+        dp[k] = lr * (err * q[k] - reg * p[k]);
+        dq[k] = lr * (err * p[k] - reg * q[k]);
+    }
+    err * err
+}
+
+/// Where a mini-batch's parameters come from and go to: the single mode's shared arrays, or a
+/// Ferry worker.
+pub(crate) trait Params {
+    /// Reads the values of `keys` of table `t` (0: rows, 1: columns) into `out`.
+    fn pull(&mut self, t: usize, keys: &[u64], out: &mut [f32]) -> Result<()>;
+    /// Adds `delta` to the values of `keys` of table `t`.
+    fn push(&mut self, t: usize, keys: &[u64], delta: &[f32]) -> Result<()>;
+}
+
+/// The distinct keys of one table in a mini-batch, with each rating's position among them.
+struct BatchKeys {
+    /// Per key of the table: `(batch number << 32) | position`, to find repeats in O(1).
+    stamp: Vec<u64>,
+    keys: Vec<u64>,
+    position: Vec<usize>,
+    values: Vec<f32>,
+    pulled: Vec<f32>,
+}
+
+impl BatchKeys {
+    fn new(n: usize) -> BatchKeys {
+        BatchKeys { stamp: vec![u64::MAX; n], keys: Vec::new(), position: Vec::new(), values: Vec::new(), pulled: Vec::new() }
+    }
+
+    fn collect(&mut self, batch: u64, keys: impl Iterator<Item = u64>) {
+        self.keys.clear();
+        self.position.clear();
+        for k in keys {
+            let s = self.stamp[k as usize];
+            let at = if s >> 32 == batch && s != u64::MAX {
+                (s & 0xFFFF_FFFF) as usize
+            } else {
+                self.stamp[k as usize] = (batch << 32) | self.keys.len() as u64;
+                self.keys.push(k);
+                self.keys.len() - 1
+            };
+            self.position.push(at);
+        }
+    }
+}
+
+/// Per-worker state of mini-batched SGD.
+pub(crate) struct Batcher {
+    rows: BatchKeys,
+    cols: BatchKeys,
+    batches: u64,
+    dp: Vec<f32>,
+    dq: Vec<f32>,
+}
+
+impl Batcher {
+    pub(crate) fn new(n_rows: usize, n_cols: usize, len: usize) -> Batcher {
+        Batcher { rows: BatchKeys::new(n_rows), cols: BatchKeys::new(n_cols), batches: 0, dp: vec![0.0; len], dq: vec![0.0; len] }
+    }
+
+    /// Trains on `ratings` (indices into `train`): pulls, steps in order, pushes the changes.
+    /// Returns the sum of squared errors.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run(&mut self, train: &Ratings, ratings: &[u32], len: usize, mu: f32, lr: f32, reg: f32, params: &mut dyn Params) -> Result<f64> {
+        self.batches = (self.batches + 1) & 0x7FFF_FFFF;
+        self.rows.collect(self.batches, ratings.iter().map(|&i| train.users[i as usize] as u64));
+        self.cols.collect(self.batches, ratings.iter().map(|&i| train.items[i as usize] as u64));
+        for (b, t) in [(&mut self.rows, 0), (&mut self.cols, 1)] {
+            b.values.resize(b.keys.len() * len, 0.0);
+            params.pull(t, &b.keys, &mut b.values)?;
+            b.pulled.clear();
+            b.pulled.extend_from_slice(&b.values);
+        }
+        let mut sse = 0.0f64;
+        for (j, &i) in ratings.iter().enumerate() {
+            let (pu, pi) = (self.rows.position[j], self.cols.position[j]);
+            let p = &mut self.rows.values[pu * len..(pu + 1) * len];
+            let q = &mut self.cols.values[pi * len..(pi + 1) * len];
+            sse += sgd_step(mu, train.values[i as usize], p, q, lr, reg, &mut self.dp, &mut self.dq) as f64;
+            for (x, d) in p.iter_mut().zip(&self.dp) {
+                *x += d;
+            }
+            for (x, d) in q.iter_mut().zip(&self.dq) {
+                *x += d;
+            }
+        }
+        for (b, t) in [(&mut self.rows, 0), (&mut self.cols, 1)] {
+            for (v, p) in b.values.iter_mut().zip(&b.pulled) {
+                *v -= p;
+            }
+            params.push(t, &b.keys, &b.values)?;
+        }
+        Ok(sse)
+    }
+}
+
+struct SharedParams<'a> {
+    tables: [&'a SharedArray; 2],
+    len: usize,
+}
+
+impl Params for SharedParams<'_> {
+    fn pull(&mut self, t: usize, keys: &[u64], out: &mut [f32]) -> Result<()> {
+        for (j, &k) in keys.iter().enumerate() {
+            self.tables[t].read(k as usize, &mut out[j * self.len..(j + 1) * self.len]);
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, t: usize, keys: &[u64], delta: &[f32]) -> Result<()> {
+        for (j, &k) in keys.iter().enumerate() {
+            self.tables[t].add(k as usize, &delta[j * self.len..(j + 1) * self.len]);
+        }
+        Ok(())
+    }
+}
+
+struct FerryParams<'a> {
+    worker: &'a mut ferry::Worker,
+    tables: [ferry::Table; 2],
+}
+
+impl Params for FerryParams<'_> {
+    fn pull(&mut self, t: usize, keys: &[u64], out: &mut [f32]) -> Result<()> {
+        Ok(self.worker.pull(self.tables[t], keys, out)?)
+    }
+
+    fn push(&mut self, t: usize, keys: &[u64], delta: &[f32]) -> Result<()> {
+        Ok(self.worker.push(self.tables[t], keys, delta)?)
+    }
+}
+
+#[inline]
+fn predict(mu: f32, p: &[f32], q: &[f32]) -> f32 {
+    mu + p[0] + q[0] + p[1..].iter().zip(&q[1..]).map(|(a, b)| a * b).sum::<f32>()
+}
+
+/// Rating indices per (row stratum, column block).
+fn cells(train: &Ratings, rows: std::ops::Range<usize>, strata: usize, blocks: usize) -> Vec<Vec<Vec<u32>>> {
+    let mut cells = vec![vec![Vec::new(); blocks]; strata];
+    for i in 0..train.len() {
+        let u = train.users[i] as usize;
+        if !rows.contains(&u) {
+            continue;
+        }
+        let stratum = part_of(u - rows.start, rows.len(), strata);
+        let block = part_of(train.items[i] as usize, train.n_items as usize, blocks);
+        cells[stratum][block].push(i as u32);
+    }
+    cells
+}
+
+/// The `single` mode: DSGD over threads and shared arrays, no parameter server.
+pub fn run_single(a: &MfArgs, emit: Sink) -> Result<()> {
+    let (train, test) = a.load()?;
+    let threads = a.common.single_threads();
+    let (seed, len) = (a.common.seed, a.rank + 1);
+    let users = SharedArray::new(train.n_users as usize, len, |k, j| factor_init(seed, 0, k as u64, j));
+    let items = SharedArray::new(train.n_items as usize, len, |k, j| factor_init(seed, 1, k as u64, j));
+    let mu = train.mean();
+    let cells = cells(&train, 0..train.n_users as usize, threads, threads);
+    let barrier = Barrier::new(threads);
+    let mut elapsed = 0.0;
+    for epoch in 1..=a.common.epochs {
+        let started = Instant::now();
+        let progress = parking_lot::Mutex::new(&mut *emit);
+        let losses: Vec<(f64, usize)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (cells, users, items, barrier, train, progress) = (&cells, &users, &items, &barrier, &train, &progress);
+                    s.spawn(move || {
+                        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20) ^ t as u64);
+                        let mut batcher = Batcher::new(train.n_users as usize, train.n_items as usize, len);
+                        let mut params = SharedParams { tables: [users, items], len };
+                        let (mut loss, mut n) = (0.0f64, 0usize);
+                        for sub in 0..threads {
+                            let mut order = cells[t][(t + sub) % threads].clone();
+                            order.shuffle(&mut rng);
+                            for (x, batch) in order.chunks(a.batch.max(1)).enumerate() {
+                                loss += batcher.run(train, batch, len, mu, a.lr, a.reg, &mut params).expect("shared arrays do not fail");
+                                n += batch.len();
+                                if t == 0 && x % 64 == 0 {
+                                    (progress.lock())(Event::Progress(
+                                        epoch,
+                                        (sub as f64 + n as f64 / order.len().max(1) as f64 / (sub + 1) as f64) / threads as f64,
+                                    ));
+                                }
+                            }
+                            barrier.wait();
+                        }
+                        (loss, n)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("training thread")).collect()
+        });
+        let epoch_s = started.elapsed().as_secs_f64();
+        elapsed += epoch_s;
+        let (loss, n) = losses.iter().fold((0.0, 0), |(l, c), (a, b)| (l + a, c + b));
+        let (mut p, mut q) = (vec![0.0; len], vec![0.0; len]);
+        let mut sse = 0.0f64;
+        for i in 0..test.len() {
+            users.read(test.users[i] as usize, &mut p);
+            items.read(test.items[i] as usize, &mut q);
+            let e = (test.values[i] - predict(mu, &p, &q)) as f64;
+            sse += e * e;
+        }
+        let mut quality = serde_json::Map::new();
+        quality.insert("rmse".into(), ((sse / test.len().max(1) as f64).sqrt()).into());
+        emit(Event::Epoch(EpochReport {
+            task: "mf".into(),
+            mode: Mode::Single,
+            epoch,
+            epoch_s,
+            elapsed_s: elapsed,
+            loss: loss / n.max(1) as f64,
+            quality,
+            local_share: 1.0,
+            relocations: 0,
+            messages: 0,
+            bytes: 0,
+        }));
+    }
+    Ok(())
+}
+
+/// One node of a `classic` or `localize` cluster.
+pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
+    let (train, test) = a.load()?;
+    let (seed, len, epochs) = (a.common.seed, a.rank + 1, a.common.epochs);
+    let tables = vec![
+        TableSpec::new("users", train.n_users as u64, len).partitioned(Partitioning::Hash),
+        TableSpec::new("items", train.n_items as u64, len).partitioned(Partitioning::Hash),
+        TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS),
+    ];
+    let localize = mode == Mode::Localize;
+    let mut node = start_node(tables, localize)?;
+    let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
+    let (users, items, metrics) = (node.table("users")?, node.table("items")?, node.table("metrics")?);
+    let my_rows = part(train.n_users as usize, nodes, rank);
+    let cells = cells(&train, my_rows.clone(), threads, nodes);
+    let my_test: Vec<u32> = (0..test.len() as u32).filter(|&i| my_rows.contains(&(test.users[i as usize] as usize))).collect();
+    let mu = train.mean();
+    let local_barrier = Barrier::new(threads);
+    let emit = parking_lot::Mutex::new(emit);
+    std::thread::scope(|s| -> Result<()> {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let mut w = node.worker();
+                let (cells, train, test, my_test, local_barrier, emit, node, my_rows) =
+                    (&cells, &train, &test, &my_test, &local_barrier, &emit, &node, &my_rows);
+                s.spawn(move || -> Result<()> {
+                    if rank == 0 && t == 0 {
+                        // Initial values, identical to the single mode's.
+                        for (table, n, id) in [(users, train.n_users as u64, 0u64), (items, train.n_items as u64, 1)] {
+                            let keys: Vec<u64> = (0..n).collect();
+                            for chunk in keys.chunks(8192) {
+                                let values: Vec<f32> = chunk.iter().flat_map(|&k| (0..len).map(move |j| factor_init(seed, id, k, j))).collect();
+                                w.set(table, chunk, &values)?;
+                            }
+                        }
+                    }
+                    w.barrier()?;
+                    if localize && t == 0 {
+                        // Data clustering: this node's rows stay here for the whole run.
+                        let rows: Vec<u64> = my_rows.clone().map(|u| u as u64).collect();
+                        w.localize(users, &rows)?;
+                    }
+                    w.barrier()?;
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((rank as u64) << 40) ^ t as u64);
+                    let mut batcher = Batcher::new(train.n_users as usize, train.n_items as usize, len);
+                    let mut elapsed = 0.0;
+                    for epoch in 1..=epochs {
+                        w.barrier()?;
+                        let before = node.stats();
+                        let started = Instant::now();
+                        let (mut loss, mut n) = (0.0f64, 0usize);
+                        for sub in 0..nodes {
+                            let block = (rank + sub) % nodes;
+                            if localize && t == 0 {
+                                let keys: Vec<u64> = part(train.n_items as usize, nodes, block).map(|i| i as u64).collect();
+                                w.localize(items, &keys)?;
+                            }
+                            local_barrier.wait();
+                            let mut order = cells[t][block].clone();
+                            order.shuffle(&mut rng);
+                            let mut params = FerryParams { worker: &mut w, tables: [users, items] };
+                            for (x, batch) in order.chunks(a.batch.max(1)).enumerate() {
+                                loss += batcher.run(train, batch, len, mu, a.lr, a.reg, &mut params)?;
+                                n += batch.len();
+                                if rank == 0 && t == 0 && x % 64 == 0 {
+                                    (emit.lock())(Event::Progress(epoch, (sub as f64 + (x * a.batch) as f64 / order.len().max(1) as f64) / nodes as f64));
+                                }
+                            }
+                            w.barrier()?;
+                        }
+                        let epoch_s = started.elapsed().as_secs_f64();
+                        let delta = node.stats().since(&before);
+                        // Test error of this thread's share of the node's test ratings.
+                        let mut sse = 0.0f64;
+                        let mine: Vec<u32> = my_test.iter().copied().skip(t).step_by(threads).collect();
+                        for chunk in mine.chunks(1024) {
+                            let us: Vec<u64> = chunk.iter().map(|&i| test.users[i as usize] as u64).collect();
+                            let is: Vec<u64> = chunk.iter().map(|&i| test.items[i as usize] as u64).collect();
+                            let (mut pu, mut qi) = (vec![0.0; us.len() * len], vec![0.0; is.len() * len]);
+                            w.pull(users, &us, &mut pu)?;
+                            w.pull(items, &is, &mut qi)?;
+                            for (j, &i) in chunk.iter().enumerate() {
+                                let e = (test.values[i as usize] - predict(mu, &pu[j * len..(j + 1) * len], &qi[j * len..(j + 1) * len])) as f64;
+                                sse += e * e;
+                            }
+                        }
+                        let mut v = [0.0f32; METRIC_FIELDS];
+                        v[field::LOSS] = loss as f32;
+                        v[field::EXAMPLES] = n as f32;
+                        v[field::TEST_SSE] = sse as f32;
+                        v[field::TEST_COUNT] = mine.len() as f32;
+                        if t == 0 {
+                            stats_fields(&delta, &mut v);
+                            v[field::EPOCH_S] = epoch_s as f32;
+                        }
+                        let sums = all_reduce(&mut w, metrics, epoch as u64, &v)?;
+                        if rank == 0 && t == 0 {
+                            elapsed += epoch_s;
+                            let local = sums[field::LOCAL] as f64;
+                            let remote = sums[field::REMOTE] as f64;
+                            let mut quality = serde_json::Map::new();
+                            quality.insert("rmse".into(), ((sums[field::TEST_SSE] as f64 / (sums[field::TEST_COUNT] as f64).max(1.0)).sqrt()).into());
+                            (emit.lock())(Event::Epoch(EpochReport {
+                                task: "mf".into(),
+                                mode,
+                                epoch,
+                                epoch_s,
+                                elapsed_s: elapsed,
+                                loss: sums[field::LOSS] as f64 / (sums[field::EXAMPLES] as f64).max(1.0),
+                                quality,
+                                local_share: if local + remote > 0.0 { local / (local + remote) } else { 1.0 },
+                                relocations: sums[field::RELOCATIONS] as u64,
+                                messages: (sums[field::KILO_MESSAGES] as f64 * 1e3) as u64,
+                                bytes: (sums[field::MEGABYTES] as f64 * 1e6) as u64,
+                            }));
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("training thread")?;
+        }
+        Ok(())
+    })?;
+    node.finalize()?;
+    Ok(())
+}

@@ -1,0 +1,337 @@
+//! ML workloads on Ferry: matrix factorization and knowledge-graph embeddings, each in three
+//! modes — `single` (one process, shared arrays, several threads, no parameter server), `classic`
+//! (a Ferry cluster with relocation off) and `localize` (a Ferry cluster with dynamic
+//! allocation).
+//!
+//! The driver runs `single` in this process and starts `classic` and `localize` as clusters of
+//! processes of this binary (through `ferry::launch`); rank 0 of a cluster prints one `EPOCH`
+//! line per epoch and `PROGRESS` lines within epochs, which the driver turns into a table or JSON
+//! lines, a progress bar, and optionally an SVG plot.
+
+pub mod kge;
+pub mod mf;
+mod plot;
+pub mod shared;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use ferry::launch::{LaunchSpec, Stream, launch};
+use indicatif::{ProgressBar, ProgressStyle};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+/// How parameters are managed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// One process, plain shared arrays, several threads: no parameter server at all.
+    Single,
+    /// A Ferry cluster with relocation off (every key stays at its home node).
+    Classic,
+    /// A Ferry cluster with dynamic allocation (`localize`).
+    Localize,
+}
+
+impl Mode {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Single => "single",
+            Mode::Classic => "classic",
+            Mode::Localize => "localize",
+        }
+    }
+}
+
+/// Which modes to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeChoice {
+    /// `single`.
+    Single,
+    /// `classic`.
+    Classic,
+    /// `localize`.
+    Localize,
+    /// All three, one after the other.
+    All,
+}
+
+impl ModeChoice {
+    fn modes(self) -> Vec<Mode> {
+        match self {
+            ModeChoice::Single => vec![Mode::Single],
+            ModeChoice::Classic => vec![Mode::Classic],
+            ModeChoice::Localize => vec![Mode::Localize],
+            ModeChoice::All => vec![Mode::Single, Mode::Classic, Mode::Localize],
+        }
+    }
+}
+
+/// The part a process plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Role {
+    /// Run the requested modes and report.
+    Driver,
+    /// Be one node of a cluster the driver started.
+    Node,
+}
+
+/// Options shared by every task.
+#[derive(Debug, Clone, Args)]
+pub struct Common {
+    /// Mode(s) to run.
+    #[arg(long, value_enum, default_value = "localize")]
+    pub mode: ModeChoice,
+    /// Nodes of the `classic` and `localize` clusters.
+    #[arg(long, default_value_t = 2)]
+    pub nodes: usize,
+    /// Worker threads per node (and threads of `single`; default: the node count, so that
+    /// `single` uses as many cores as a cluster).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Threads of `single` (default: nodes × threads per node).
+    #[arg(long)]
+    pub single_threads: Option<usize>,
+    /// Training epochs.
+    #[arg(long, default_value_t = 10)]
+    pub epochs: usize,
+    /// Seed for data splits, initialisation and sampling.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// One JSON object per epoch instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw quality over time and over epochs into this SVG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Internal: the part this process plays.
+    #[arg(long, value_enum, default_value = "driver", hide = true)]
+    pub role: Role,
+}
+
+impl Common {
+    /// Worker threads per node.
+    pub fn threads(&self) -> usize {
+        self.threads.unwrap_or(1).max(1)
+    }
+
+    /// Threads of the `single` mode.
+    pub fn single_threads(&self) -> usize {
+        self.single_threads.unwrap_or(self.nodes * self.threads()).max(1)
+    }
+
+    fn node_args(&self, mode: Mode) -> Vec<String> {
+        let mut a = vec!["--mode".into(), mode.name().into(), "--nodes".into(), self.nodes.to_string(), "--threads".into(), self.threads().to_string()];
+        a.extend(["--epochs".into(), self.epochs.to_string(), "--seed".into(), self.seed.to_string(), "--role".into(), "node".into()]);
+        a
+    }
+}
+
+/// The `train` subcommand: which task, with its options.
+#[derive(Debug, Clone, Subcommand)]
+pub enum TrainCommand {
+    /// Low-rank matrix factorization with SGD (DSGD parameter blocking).
+    Mf(mf::MfArgs),
+    /// ComplEx knowledge-graph embeddings with AdaGrad and negative sampling.
+    Kge(kge::KgeArgs),
+}
+
+/// What one epoch of one run did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EpochReport {
+    /// `mf` or `kge`.
+    pub task: String,
+    /// The mode.
+    pub mode: Mode,
+    /// Epoch number, from 1.
+    pub epoch: usize,
+    /// Training time of this epoch (evaluation excluded).
+    pub epoch_s: f64,
+    /// Training time so far.
+    pub elapsed_s: f64,
+    /// Mean training loss of the epoch.
+    pub loss: f64,
+    /// Quality measures (RMSE; MRR and Hits@k), when evaluated this epoch.
+    pub quality: serde_json::Map<String, serde_json::Value>,
+    /// Share of key accesses served locally (1 for `single`).
+    pub local_share: f64,
+    /// Relocations during the epoch.
+    pub relocations: u64,
+    /// Messages sent during the epoch (all nodes).
+    pub messages: u64,
+    /// Bytes sent during the epoch (all nodes).
+    pub bytes: u64,
+}
+
+impl EpochReport {
+    /// The headline quality figure and its name, when evaluated.
+    pub fn headline(&self) -> Option<(&str, f64)> {
+        ["rmse", "mrr"].into_iter().find_map(|k| self.quality.get(k).and_then(|v| v.as_f64()).map(|v| (k, v)))
+    }
+}
+
+/// Where a run's reports go.
+pub type Sink<'a> = &'a mut (dyn FnMut(Event) + Send);
+
+/// What a run reports while it trains.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// Progress within an epoch (0..=1).
+    Progress(usize, f64),
+    /// An epoch finished.
+    Epoch(EpochReport),
+}
+
+/// Runs `command` as this process's role and reports (the entry point of `ferry-bench train`
+/// and `ferry train`).
+pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
+    let common = match command {
+        TrainCommand::Mf(a) => &a.common,
+        TrainCommand::Kge(a) => &a.common,
+    };
+    if common.role == Role::Node {
+        let mode = match common.mode {
+            ModeChoice::Classic => Mode::Classic,
+            ModeChoice::Localize => Mode::Localize,
+            _ => bail!("a cluster node runs in classic or localize mode"),
+        };
+        let mut emit = |e: Event| match e {
+            Event::Progress(epoch, f) => println!("PROGRESS {epoch} {f:.3}"),
+            Event::Epoch(r) => println!("EPOCH {}", serde_json::to_string(&r).expect("reports serialise")),
+        };
+        match command {
+            TrainCommand::Mf(a) => mf::run_node(a, mode, &mut emit)?,
+            TrainCommand::Kge(a) => kge::run_node(a, mode, &mut emit)?,
+        }
+        return Ok(Vec::new());
+    }
+    let (task, description) = match command {
+        TrainCommand::Mf(a) => ("mf", a.prepare()?),
+        TrainCommand::Kge(a) => ("kge", a.prepare()?),
+    };
+    eprintln!("{task}: {description}");
+    let mut all = Vec::new();
+    for mode in common.mode.modes() {
+        let reports = run_mode(command, common, mode)?;
+        all.extend(reports);
+    }
+    if let Some(path) = &common.plot {
+        plot::draw(path, task, &all).with_context(|| format!("drawing {}", path.display()))?;
+        eprintln!("plot written to {}", path.display());
+    }
+    Ok(all)
+}
+
+fn progress_bar(mode: Mode, epochs: usize) -> ProgressBar {
+    let bar = ProgressBar::new(1000);
+    bar.set_style(ProgressStyle::with_template("{prefix:>9} epoch {msg} [{bar:40}] {percent:>3}%").expect("valid template").progress_chars("=> "));
+    bar.set_prefix(mode.name());
+    bar.set_message(format!("1/{epochs}"));
+    bar
+}
+
+fn print_header(json: bool) {
+    if !json {
+        println!(
+            "{:>9} {:>5} {:>9} {:>10} {:>10} {:>9} {:>8} {:>11} {:>10} {:>11}",
+            "mode", "epoch", "epoch[s]", "elapsed[s]", "loss", "quality", "local", "relocations", "messages", "bytes"
+        );
+    }
+}
+
+fn print_report(r: &EpochReport, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string(r).expect("reports serialise"));
+        return;
+    }
+    let quality = r.headline().map_or("-".to_string(), |(k, v)| format!("{k} {v:.4}"));
+    println!(
+        "{:>9} {:>5} {:>9.3} {:>10.3} {:>10.5} {:>9} {:>7.2}% {:>11} {:>10} {:>11}",
+        r.mode.name(),
+        r.epoch,
+        r.epoch_s,
+        r.elapsed_s,
+        r.loss,
+        quality,
+        r.local_share * 100.0,
+        r.relocations,
+        r.messages,
+        r.bytes
+    );
+}
+
+/// Runs one mode: in this process for `single`, as a launched cluster otherwise.
+pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<Vec<EpochReport>> {
+    let bar = progress_bar(mode, common.epochs);
+    print_header(common.json);
+    let reports: Arc<Mutex<Vec<EpochReport>>> = Arc::default();
+    let json = common.json;
+    let epochs = common.epochs;
+    let handle = {
+        let (bar, reports) = (bar.clone(), reports.clone());
+        move |e: Event| match e {
+            Event::Progress(epoch, f) => {
+                bar.set_message(format!("{epoch}/{epochs}"));
+                bar.set_position((f * 1000.0) as u64);
+            }
+            Event::Epoch(r) => {
+                bar.suspend(|| print_report(&r, json));
+                reports.lock().push(r);
+            }
+        }
+    };
+    if mode == Mode::Single {
+        let mut handle = handle;
+        match command {
+            TrainCommand::Mf(a) => mf::run_single(a, &mut handle)?,
+            TrainCommand::Kge(a) => kge::run_single(a, &mut handle)?,
+        }
+    } else {
+        let exe = std::env::current_exe().context("locating this program")?;
+        let mut args: Vec<String> = vec!["train".into()];
+        match command {
+            TrainCommand::Mf(a) => {
+                args.push("mf".into());
+                args.extend(a.task_args());
+            }
+            TrainCommand::Kge(a) => {
+                args.push("kge".into());
+                args.extend(a.task_args());
+            }
+        }
+        args.extend(common.node_args(mode));
+        let mut spec = LaunchSpec::new(common.nodes, exe, args);
+        spec.timeout = Some(Duration::from_secs(6 * 3600));
+        let handle = Mutex::new(handle);
+        let outcome = launch(&spec, move |rank, stream, line| {
+            if rank == 0 && stream == Stream::Stdout {
+                if let Some(rest) = line.strip_prefix("EPOCH ") {
+                    match serde_json::from_str::<EpochReport>(rest) {
+                        Ok(r) => (handle.lock())(Event::Epoch(r)),
+                        Err(e) => eprintln!("[0] unreadable report ({e})"),
+                    }
+                    return;
+                }
+                if let Some(rest) = line.strip_prefix("PROGRESS ") {
+                    let mut parts = rest.split(' ');
+                    if let (Some(Ok(epoch)), Some(Ok(f))) = (parts.next().map(str::parse), parts.next().map(str::parse)) {
+                        (handle.lock())(Event::Progress(epoch, f));
+                    }
+                    return;
+                }
+            }
+            eprintln!("[{rank}] {line}");
+        })?;
+        if !outcome.success() {
+            bar.finish_and_clear();
+            bail!("the {} cluster failed (ranks {:?})", mode.name(), outcome.failed_ranks());
+        }
+    }
+    bar.finish_and_clear();
+    let out = std::mem::take(&mut *reports.lock());
+    Ok(out)
+}

@@ -1,0 +1,139 @@
+//! Pieces shared by the workloads: plain shared arrays for the `single` mode, cluster-wide sums
+//! through a Ferry table, and per-epoch statistics.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use anyhow::Result;
+use ferry::{Node, Stats, Table, Worker};
+
+/// Floats that several threads read and write without locks (the `single` mode's parameters).
+///
+/// Each element is an `AtomicU32` holding the float's bits, accessed with relaxed loads and
+/// stores: the same machine code as plain floats, but defined behaviour when threads race (as
+/// Hogwild-style SGD lets them).
+pub struct SharedArray {
+    data: Vec<AtomicU32>,
+    row: usize,
+}
+
+impl SharedArray {
+    /// `rows × row` elements, each set by `init(row, column)`.
+    pub fn new(rows: usize, row: usize, mut init: impl FnMut(usize, usize) -> f32) -> SharedArray {
+        let mut data = Vec::with_capacity(rows * row);
+        for r in 0..rows {
+            for c in 0..row {
+                data.push(AtomicU32::new(init(r, c).to_bits()));
+            }
+        }
+        SharedArray { data, row }
+    }
+
+    /// Copies row `r` into `out`.
+    #[inline]
+    pub fn read(&self, r: usize, out: &mut [f32]) {
+        for (o, a) in out.iter_mut().zip(&self.data[r * self.row..(r + 1) * self.row]) {
+            *o = f32::from_bits(a.load(Ordering::Relaxed));
+        }
+    }
+
+    /// Adds `delta` to row `r` (not atomic as a whole: concurrent adds may lose one another,
+    /// as in Hogwild).
+    #[inline]
+    pub fn add(&self, r: usize, delta: &[f32]) {
+        for (d, a) in delta.iter().zip(&self.data[r * self.row..(r + 1) * self.row]) {
+            a.store((f32::from_bits(a.load(Ordering::Relaxed)) + d).to_bits(), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Fields every node contributes to an epoch's cluster-wide sums.
+pub const METRIC_FIELDS: usize = 16;
+
+/// Field positions in the metrics table.
+pub mod field {
+    /// Sum of training losses.
+    pub const LOSS: usize = 0;
+    /// Training examples.
+    pub const EXAMPLES: usize = 1;
+    /// Keys accessed locally.
+    pub const LOCAL: usize = 2;
+    /// Keys accessed remotely.
+    pub const REMOTE: usize = 3;
+    /// Relocations into the node.
+    pub const RELOCATIONS: usize = 4;
+    /// Messages sent (thousands, to keep floats exact).
+    pub const KILO_MESSAGES: usize = 5;
+    /// Bytes sent (megabytes).
+    pub const MEGABYTES: usize = 6;
+    /// Sum of squared test errors (MF).
+    pub const TEST_SSE: usize = 7;
+    /// Test examples (MF).
+    pub const TEST_COUNT: usize = 8;
+    /// Training time of the slowest node's epoch.
+    pub const EPOCH_S: usize = 9;
+}
+
+/// Adds this node's `values` to the cluster-wide sums of `slot` (a key of the metrics table),
+/// waits for every node, and returns the sums. Every node must call it with the same slot.
+pub fn all_reduce(worker: &mut Worker, metrics: Table, slot: u64, values: &[f32; METRIC_FIELDS]) -> Result<[f32; METRIC_FIELDS]> {
+    worker.push(metrics, &[slot], values)?;
+    worker.barrier()?;
+    let mut out = [0.0f32; METRIC_FIELDS];
+    worker.pull(metrics, &[slot], &mut out)?;
+    worker.barrier()?;
+    Ok(out)
+}
+
+/// The statistics fields of an epoch: locality, relocations, traffic.
+pub fn stats_fields(delta: &Stats, out: &mut [f32; METRIC_FIELDS]) {
+    out[field::LOCAL] = delta.local_accesses as f32;
+    out[field::REMOTE] = delta.remote_accesses as f32;
+    out[field::RELOCATIONS] = delta.relocations_in as f32;
+    out[field::KILO_MESSAGES] = delta.traffic.total_messages() as f32 / 1e3;
+    out[field::MEGABYTES] = delta.traffic.total_bytes() as f32 / 1e6;
+}
+
+/// Splits `0..n` into `parts` contiguous ranges of nearly equal size; part `i`.
+pub fn part(n: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
+    (i * n / parts)..((i + 1) * n / parts)
+}
+
+/// Which part of `0..n` split into `parts` holds `x`.
+pub fn part_of(x: usize, n: usize, parts: usize) -> usize {
+    ((x + 1) * parts - 1) / n.max(1)
+}
+
+/// The node's start-up helper: the configuration's tables and switches for a mode.
+pub fn start_node(tables: Vec<ferry::TableSpec>, localize: bool) -> Result<Node> {
+    let mut config = ferry::Config::from_env(tables)?;
+    config.relocation = localize;
+    config.op_timeout = std::time::Duration::from_secs(600);
+    Ok(Node::start(config)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_cover_everything_once() {
+        for n in [1usize, 7, 100, 20_000] {
+            for parts in 1..5 {
+                let mut seen = 0;
+                for i in 0..parts {
+                    let r = part(n, parts, i);
+                    for x in r.clone() {
+                        assert_eq!(part_of(x, n, parts), i);
+                    }
+                    seen += r.len();
+                }
+                assert_eq!(seen, n);
+            }
+        }
+        let a = SharedArray::new(2, 3, |r, c| (r * 3 + c) as f32);
+        a.add(1, &[1.0, 1.0, 1.0]);
+        let mut out = [0.0; 3];
+        a.read(1, &mut out);
+        assert_eq!(out, [4.0, 5.0, 6.0]);
+    }
+}
