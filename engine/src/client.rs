@@ -16,6 +16,12 @@ pub fn local_pass(store: &Store, kind: AccessKind, table: u16, keys: &[u64], inp
     let (inp, out) = (input.as_ptr(), output.as_mut_ptr());
     let mut served = 0;
     for (row, &key) in keys.iter().enumerate() {
+        // A pull first tries a seqlock read without the latch (no atomic read-modify-write).
+        // SAFETY: `row < keys.len()`, and the output holds `keys.len() × value_len` floats.
+        if kind == AccessKind::Pull && unsafe { t.read_optimistic(key, out.add(row * value_len)) } {
+            served += 1;
+            continue;
+        }
         // Keys held elsewhere need no latch: only the protocol publishes keys, and a key that
         // arrives meanwhile is served when the protocol sees the request.
         if t.slot_of(key).is_none() {
@@ -52,10 +58,15 @@ pub fn pull_if_all_local(store: &Store, table: u16, keys: &[u64], output: &mut [
         return false;
     }
     for (row, &key) in keys.iter().enumerate() {
+        let dst = &mut output[row * value_len..(row + 1) * value_len];
+        // SAFETY: `dst` holds `value_len` floats.
+        if unsafe { t.read_optimistic(key, dst.as_mut_ptr()) } {
+            continue;
+        }
         let _latch = store.latch(table, key);
         let Some(slot) = t.slot_of(key) else { return false };
         // SAFETY: latch held, slot published for the key.
-        unsafe { t.read(slot, &mut output[row * value_len..(row + 1) * value_len]) };
+        unsafe { t.read(slot, dst) };
     }
     true
 }

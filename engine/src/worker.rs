@@ -119,6 +119,11 @@ impl Worker {
     fn single_local(&mut self, kind: AccessKind, table: Table, key: u64, input: &[f32], output: &mut [f32]) -> Option<()> {
         let store = &self.node.store;
         let t = store.table(table.id);
+        // SAFETY: `output` holds `value_len` floats (validated by the caller).
+        if kind == AccessKind::Pull && unsafe { t.read_optimistic(key, output.as_mut_ptr()) } {
+            self.count_local(1);
+            return Some(());
+        }
         let _latch = store.latch(table.id, key);
         let slot = t.slot_of(key)?;
         // SAFETY: the key's latch is held and `slot` is its published slot.

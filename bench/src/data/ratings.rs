@@ -52,7 +52,7 @@ impl Ratings {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let fields: Vec<&str> = line.split(|c: char| c == '\t' || c == ',' || c == ' ' || c == ';').filter(|f| !f.is_empty()).collect();
+            let fields: Vec<&str> = line.split(['\t', ',', ' ', ';']).filter(|f| !f.is_empty()).collect();
             if fields.len() < 3 {
                 bail!("{}:{}: expected 'user item rating', found '{line}'", path.display(), line_no + 1);
             }
@@ -120,6 +120,8 @@ pub struct Synthetic {
 impl Synthetic {
     /// `synth-small`: 20 000 × 2 000, rank 10, 600 000 training and 60 000 test entries, Zipf 1.1.
     pub const SMALL: Synthetic = Synthetic { rows: 20_000, cols: 2_000, rank: 10, train: 600_000, test: 60_000, zipf: 1.1, noise: 0.1 };
+    /// `synth-tiny`: 2 000 × 200, rank 5, 40 000 training and 4 000 test entries (for tests).
+    pub const TINY: Synthetic = Synthetic { rows: 2_000, cols: 200, rank: 5, train: 40_000, test: 4_000, zipf: 1.1, noise: 0.1 };
 
     /// Generates (train, test). Rows and columns are drawn from Zipf distributions (popular ones
     /// scattered over the index space); values are `⟨u_row, v_col⟩ + noise` for a random rank-r

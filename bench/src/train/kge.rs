@@ -30,9 +30,9 @@ use crate::data::triples::{KnowledgeGraph, Triples};
 /// Options of `train kge`.
 #[derive(Debug, Clone, Args)]
 pub struct KgeArgs {
-    /// Knowledge graph: `umls`, `kinships`, `nations`, `film` (fetched into the cache), a
-    /// directory with `train.txt`, `valid.txt` and `test.txt`, or one file of triples (split
-    /// 90/5/5).
+    /// Knowledge graph: `umls`, `kinships`, `nations`, `film` (fetched into the cache),
+    /// `synth-kg` (generated, for tests), a directory with `train.txt`, `valid.txt` and
+    /// `test.txt`, or one file of triples (split 90/5/5).
     #[arg(long, default_value = "umls")]
     pub data: String,
     /// Complex dimension of the embeddings (each holds 2 × dim floats).
@@ -73,6 +73,7 @@ impl KgeArgs {
                 crate::data::fetch(&self.data)?;
                 Ok(format!("{} (pykeen's train/valid/test split)", self.data))
             }
+            "synth-kg" => Ok("synth-kg: a planted ComplEx graph, 30 relations over 40 entities".into()),
             "film" => {
                 crate::data::fetch("film")?;
                 Ok("film graph of MovieLens-100k (one relation of each inverse pair dropped, split 90/5/5)".into())
@@ -111,6 +112,7 @@ impl KgeArgs {
         match self.data.as_str() {
             "umls" | "kinships" | "nations" => KnowledgeGraph::load_split(&crate::data::cache_dir().join(&self.data)),
             "film" => KnowledgeGraph::load_single(&crate::data::dataset_path("film", "ml-100k.kg"), true, self.common.seed),
+            "synth-kg" => Ok(KnowledgeGraph::synthetic(40, 30, self.common.seed)),
             path => {
                 let p = PathBuf::from(path);
                 if p.is_dir() { KnowledgeGraph::load_split(&p) } else { KnowledgeGraph::load_single(Path::new(path), false, self.common.seed) }
@@ -123,7 +125,7 @@ impl KgeArgs {
     }
 
     fn evaluate_now(&self, epoch: usize) -> bool {
-        epoch == self.common.epochs || (self.eval_every > 0 && epoch % self.eval_every == 0)
+        epoch == self.common.epochs || (self.eval_every > 0 && epoch.is_multiple_of(self.eval_every))
     }
 }
 
@@ -162,10 +164,13 @@ fn softplus(x: f32) -> f32 {
     if x > 20.0 { x } else { x.exp().ln_1p() }
 }
 
-/// Adds the gradient of `g · score(a, r, b)` to `ga`, `gr`, `gb` (embeddings `[re(d), im(d)]`).
-#[allow(clippy::too_many_arguments)]
+/// A scale and the three gradients it is added to: `(g, ∂a, ∂r, ∂b)`.
+type Gradients<'a> = (f32, &'a mut [f32], &'a mut [f32], &'a mut [f32]);
+
+/// Returns `score(a, r, b)` and, given `(g, ga, gr, gb)`, adds the gradient of `g · score` to the
+/// three (embeddings are `[re(d), im(d)]`).
 #[inline]
-fn score_and_grad(a: &[f32], r: &[f32], b: &[f32], d: usize, g: Option<(f32, &mut [f32], &mut [f32], &mut [f32])>) -> f32 {
+fn score_and_grad(a: &[f32], r: &[f32], b: &[f32], d: usize, g: Option<Gradients<'_>>) -> f32 {
     let (ar, ai) = a.split_at(d);
     let (rr, ri) = r.split_at(d);
     let (br, bi) = b.split_at(d);
@@ -364,7 +369,7 @@ pub fn run_single(a: &KgeArgs, emit: Sink) -> Result<()> {
                             }
                             rels.add(sample.r as usize, &ro);
                             n += 1;
-                            if t == 0 && x % 512 == 0 {
+                            if t == 0 && x.is_multiple_of(512) {
                                 (progress.lock())(Event::Progress(epoch, x as f64 / mine.len().max(1) as f64));
                             }
                         }
@@ -523,7 +528,7 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
                             w.push(relations, &[sample.r as u64], &ro)?;
                             n += 1;
                             x += 1;
-                            if rank == 0 && t == 0 && x % 512 == 0 {
+                            if rank == 0 && t == 0 && x.is_multiple_of(512) {
                                 (emit.lock())(Event::Progress(epoch, x as f64 / order.len().max(1) as f64));
                             }
                         }

@@ -25,7 +25,7 @@ use crate::data::ratings::{Ratings, Synthetic};
 /// Options of `train mf`.
 #[derive(Debug, Clone, Args)]
 pub struct MfArgs {
-    /// Ratings: `ml-100k` (fetched into the cache), `synth-small`, or a file of
+    /// Ratings: `ml-100k` (fetched into the cache), `synth-small`, `synth-tiny`, or a file of
     /// `user item rating` rows (tab, comma or space separated; a header is allowed).
     #[arg(long, default_value = "ml-100k")]
     pub data: String,
@@ -55,6 +55,7 @@ impl MfArgs {
     pub fn prepare(&self) -> Result<String> {
         match self.data.as_str() {
             "synth-small" => Ok("synth-small: synthetic 20 000 × 2 000 ratings, rank-10 truth, Zipf 1.1 rows and columns".into()),
+            "synth-tiny" => Ok("synth-tiny: synthetic 2 000 × 200 ratings, rank-5 truth, Zipf 1.1 rows and columns".into()),
             "ml-100k" => {
                 crate::data::fetch("ml-100k")?;
                 Ok("MovieLens-100k, random 80/20 split".into())
@@ -88,6 +89,7 @@ impl MfArgs {
         }
         match self.data.as_str() {
             "synth-small" => Ok(Synthetic::SMALL.generate(self.common.seed)),
+            "synth-tiny" => Ok(Synthetic::TINY.generate(self.common.seed)),
             "ml-100k" => Ok(Ratings::load(&crate::data::dataset_path("ml-100k", "ml-100k.inter"))?.split(self.test_share, self.common.seed)),
             path => Ok(Ratings::load(&PathBuf::from(path))?.split(self.test_share, self.common.seed)),
         }
@@ -112,6 +114,7 @@ fn factor_init(seed: u64, table: u64, key: u64, j: usize) -> f32 {
 
 /// One SGD step on rating `r` for the row `p` and column `q` (`[bias, factors…]`); writes the
 /// updates to `dp` and `dq` and returns the squared error before the step.
+#[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn sgd_step(mu: f32, r: f32, p: &[f32], q: &[f32], lr: f32, reg: f32, dp: &mut [f32], dq: &mut [f32]) -> f32 {
     let mut pred = mu + p[0] + q[0];
@@ -304,7 +307,7 @@ pub fn run_single(a: &MfArgs, emit: Sink) -> Result<()> {
                             for (x, batch) in order.chunks(a.batch.max(1)).enumerate() {
                                 loss += batcher.run(train, batch, len, mu, a.lr, a.reg, &mut params).expect("shared arrays do not fail");
                                 n += batch.len();
-                                if t == 0 && x % 64 == 0 {
+                                if t == 0 && x.is_multiple_of(64) {
                                     (progress.lock())(Event::Progress(
                                         epoch,
                                         (sub as f64 + n as f64 / order.len().max(1) as f64 / (sub + 1) as f64) / threads as f64,
@@ -413,7 +416,7 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
                             for (x, batch) in order.chunks(a.batch.max(1)).enumerate() {
                                 loss += batcher.run(train, batch, len, mu, a.lr, a.reg, &mut params)?;
                                 n += batch.len();
-                                if rank == 0 && t == 0 && x % 64 == 0 {
+                                if rank == 0 && t == 0 && x.is_multiple_of(64) {
                                     (emit.lock())(Event::Progress(epoch, (sub as f64 + (x * a.batch) as f64 / order.len().max(1) as f64) / nodes as f64));
                                 }
                             }

@@ -450,6 +450,38 @@ impl TableStore {
         }
     }
 
+    /// Reads the value of `key` without its latch, as a seqlock reader: returns `false` (having
+    /// written garbage to `dst`) when the key is not published here, a writer was active, or the
+    /// key moved meanwhile; the caller then takes the latch. Writers set the tail version odd
+    /// before they change the values and even after; a relocation that reuses the slot bumps it
+    /// as well before the slot is published again, so a copy taken between two equal, even tail
+    /// readings of a slot still mapped to `key` is a value `key` had.
+    ///
+    /// # Safety
+    ///
+    /// `dst` is valid for `value_len` floats of writes.
+    #[inline]
+    pub unsafe fn read_optimistic(&self, key: u64, dst: *mut f32) -> bool {
+        let Some(slot) = self.slot_of(key) else { return false };
+        let p = self.slot_ptr(slot);
+        // SAFETY: the slot lies in a live arena (slots are never unmapped while the store lives);
+        // its values may be written concurrently, so they are read with relaxed atomic loads,
+        // and the versions decide whether the copy is kept.
+        unsafe {
+            let tail = &*self.tail(p);
+            let before = tail.load(Ordering::Acquire);
+            if before & 1 != 0 {
+                return false;
+            }
+            let src = p.add(VALUES_OFFSET) as *const AtomicU32;
+            for i in 0..self.value_len {
+                *dst.add(i) = f32::from_bits((*src.add(i)).load(Ordering::Relaxed));
+            }
+            fence(Ordering::Acquire);
+            tail.load(Ordering::Relaxed) == before && self.slot_of(key) == Some(slot)
+        }
+    }
+
     /// Copies the value of `slot` to `dst` (`value_len` floats).
     ///
     /// # Safety
@@ -715,6 +747,43 @@ mod tests {
             t.read(slot, &mut out);
             assert_eq!(out, [9.0; 5]);
         }
+    }
+
+    #[test]
+    fn optimistic_reads_never_accept_a_torn_value() {
+        let s = Arc::new(store(4, 64, 1, 0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (s, stop) = (s.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let t = s.table(0);
+                    let _latch = s.latch(0, 2);
+                    // SAFETY: the key's latch is held.
+                    unsafe { t.write(t.slot_of(2).unwrap(), &[i as f32; 64]) };
+                }
+                i
+            })
+        };
+        let (mut accepted, mut refused) = (0u64, 0u64);
+        let mut out = [0.0f32; 64];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(300);
+        while std::time::Instant::now() < deadline {
+            // SAFETY: `out` holds 64 floats.
+            if unsafe { s.table(0).read_optimistic(2, out.as_mut_ptr()) } {
+                assert!(out.iter().all(|&v| v == out[0]), "torn value accepted: {out:?}");
+                accepted += 1;
+            } else {
+                refused += 1;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let writes = writer.join().unwrap();
+        assert!(accepted > 100 && writes > 100, "accepted {accepted}, refused {refused}, writes {writes}");
+        // SAFETY: as above.
+        assert!(!unsafe { s.table(0).read_optimistic(3, out.as_mut_ptr()) } || s.table(0).slot_of(3).is_some());
     }
 
     #[test]

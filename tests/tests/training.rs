@@ -1,0 +1,127 @@
+//! Small versions of the training workloads, run through the `ferry` command on 2-node
+//! clusters: the loss falls, quality passes a loose bar, and the three modes agree.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use ferry_tests::binary;
+use serde_json::Value;
+
+fn train(args: &[&str]) -> Vec<Value> {
+    let out = Command::new(binary("ferry")).arg("train").args(args).arg("--json").output().expect("running ferry train");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "ferry train {args:?} failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).expect("a JSON report")).collect()
+}
+
+fn by_mode(reports: &[Value]) -> BTreeMap<String, Vec<Value>> {
+    let mut m: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for r in reports {
+        m.entry(r["mode"].as_str().unwrap().to_string()).or_default().push(r.clone());
+    }
+    m
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().expect("a number")
+}
+
+#[test]
+fn matrix_factorization_learns_and_modes_agree() {
+    let reports = train(&["mf", "--data", "synth-tiny", "--rank", "5", "--lr", "0.02", "--reg", "0.02", "--mode", "all", "--epochs", "4", "--nodes", "2"]);
+    let modes = by_mode(&reports);
+    assert_eq!(modes.keys().cloned().collect::<Vec<_>>(), ["classic", "localize", "single"]);
+    let final_rmse = |m: &str| f(&modes[m].last().unwrap()["quality"]["rmse"]);
+    for (mode, runs) in &modes {
+        assert_eq!(runs.len(), 4, "{mode}");
+        assert!(f(&runs[3]["loss"]) < 0.8 * f(&runs[0]["loss"]), "{mode}: the loss did not fall");
+        assert!(final_rmse(mode) < 0.8, "{mode}: RMSE {} is above the bar", final_rmse(mode));
+        assert!(f(&runs[3]["quality"]["rmse"]) < f(&runs[0]["quality"]["rmse"]), "{mode}: RMSE did not improve");
+    }
+    for mode in ["classic", "localize"] {
+        let ratio = final_rmse(mode) / final_rmse("single");
+        assert!((0.97..1.03).contains(&ratio), "{mode} RMSE {} vs single {}", final_rmse(mode), final_rmse("single"));
+    }
+    assert!(modes["localize"].iter().all(|r| f(&r["local_share"]) >= 0.99), "localize keeps accesses local");
+    assert!(modes["classic"].iter().all(|r| f(&r["local_share"]) < 0.8), "classic goes remote for foreign keys");
+    assert!(modes["localize"].iter().all(|r| r["relocations"].as_u64().unwrap() > 0));
+    assert!(modes["classic"].iter().all(|r| r["relocations"].as_u64().unwrap() == 0));
+}
+
+#[test]
+fn knowledge_graph_embeddings_learn_and_modes_agree() {
+    let reports = train(&["kge", "--data", "synth-kg", "--dim", "16", "--mode", "all", "--epochs", "20", "--eval-every", "20", "--nodes", "2"]);
+    let modes = by_mode(&reports);
+    let mrr = |m: &str| f(&modes[m].last().unwrap()["quality"]["mrr"]);
+    for (mode, runs) in &modes {
+        assert!(f(&runs.last().unwrap()["loss"]) < 0.5 * f(&runs[0]["loss"]), "{mode}: the loss did not fall");
+        // A random ranking of 40 entities has an MRR of about 0.11.
+        assert!(mrr(mode) > 0.35, "{mode}: MRR {}", mrr(mode));
+        for key in ["hits@1", "hits@3", "hits@10"] {
+            let h = f(&runs.last().unwrap()["quality"][key]);
+            assert!((0.0..=1.0).contains(&h), "{mode} {key} {h}");
+        }
+    }
+    for mode in ["classic", "localize"] {
+        assert!((mrr(mode) - mrr("single")).abs() < 0.12, "{mode} MRR {} vs single {}", mrr(mode), mrr("single"));
+    }
+    assert!(modes["localize"].iter().all(|r| f(&r["local_share"]) > f(&modes["classic"][0]["local_share"])));
+}
+
+#[test]
+fn any_ratings_file_of_the_right_shape_trains() {
+    let dir = std::env::temp_dir().join(format!("ferry-ratings-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ratings.csv");
+    let mut text = String::from("user,item,rating\n");
+    for u in 0..60 {
+        for i in 0..30 {
+            if (u * 7 + i * 3) % 4 != 0 {
+                text.push_str(&format!("u{u},i{i},{}\n", 1 + (u + 2 * i) % 5));
+            }
+        }
+    }
+    std::fs::write(&path, text).unwrap();
+    let reports = train(&["mf", "--data", path.to_str().unwrap(), "--mode", "single", "--epochs", "3", "--rank", "4"]);
+    assert_eq!(reports.len(), 3);
+    let bad = dir.join("bad.csv");
+    std::fs::write(&bad, "user,item\n1,2\n").unwrap();
+    let out = Command::new(binary("ferry")).args(["train", "mf", "--mode", "single", "--data", bad.to_str().unwrap()]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected 'user item rating'"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn fetching_reports_clearly_when_offline() {
+    let cache = std::env::temp_dir().join(format!("ferry-offline-{}", std::process::id()));
+    let out = Command::new(binary("ferry"))
+        .args(["data", "fetch", "nations"])
+        .env("FERRY_DATA", &cache)
+        .env("PIP_NO_INDEX", "1")
+        .env("PIP_FIND_LINKS", "")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("could not download pykeen==1.11.1") && err.contains("Offline?"), "{err}");
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
+#[test]
+fn fetching_checks_and_caches_real_data() {
+    let cache = std::env::temp_dir().join(format!("ferry-fetch-{}", std::process::id()));
+    let out = Command::new(binary("ferry")).args(["data", "fetch", "nations"]).env("FERRY_DATA", &cache).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for f in ["train.txt", "valid.txt", "test.txt"] {
+        assert!(cache.join("nations").join(f).exists(), "{f}");
+    }
+    // A damaged file is noticed and fetched again.
+    std::fs::write(cache.join("nations").join("test.txt"), "damaged").unwrap();
+    let out = Command::new(binary("ferry")).args(["data", "fetch", "nations"]).env("FERRY_DATA", &cache).output().unwrap();
+    assert!(out.status.success());
+    assert_ne!(std::fs::read_to_string(cache.join("nations").join("test.txt")).unwrap(), "damaged");
+    let list = Command::new(binary("ferry")).args(["data", "list"]).env("FERRY_DATA", &cache).output().unwrap();
+    assert!(String::from_utf8_lossy(&list.stdout).contains("nations   cached"));
+    std::fs::remove_dir_all(&cache).unwrap();
+}
