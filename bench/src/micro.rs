@@ -14,7 +14,10 @@ use serde_json::json;
 use crate::rawtcp;
 use crate::report::{Better, Record, latency_figures, print_table, record};
 
+/// Local tables: (value length, keys). The large ("cold") tables do not fit in the caches, so
+/// every access misses; the small ("hot") ones do, so the figures show the path itself.
 const LOCAL_LENS: [(usize, u64); 3] = [(1, 1_000_000), (64, 100_000), (1024, 10_000)];
+const HOT_KEYS: u64 = 4096;
 const REMOTE_LENS: [usize; 3] = [1, 64, 1024];
 /// Batched configurations: (keys per operation, value length).
 const BATCHES: [(u64, usize); 4] = [(300_000, 1), (1_000_000, 1), (30_000, 100), (300_000, 100)];
@@ -53,14 +56,16 @@ pub fn run_driver(quick: bool, json: bool) -> Result<()> {
 }
 
 fn local_benchmarks(quick: bool) -> Result<Vec<Record>> {
-    let tables = LOCAL_LENS.iter().map(|&(len, keys)| TableSpec::new(format!("local{len}"), keys, len)).collect();
+    let mut tables: Vec<TableSpec> = LOCAL_LENS.iter().map(|&(len, keys)| TableSpec::new(format!("local{len}"), keys, len)).collect();
+    tables.extend(LOCAL_LENS.iter().map(|&(len, _)| TableSpec::new(format!("hot{len}"), HOT_KEYS, len)));
     let mut node = Node::start(Config::new(tables))?;
     let mut worker = node.worker();
     let iterations: usize = if quick { 300_000 } else { 3_000_000 };
     let mut records = Vec::new();
     let timer_cost = timer_overhead();
-    for &(len, keys) in &LOCAL_LENS {
-        let table = node.table(&format!("local{len}"))?;
+    let configurations = LOCAL_LENS.iter().map(|&(len, keys)| (len, keys, "cold")).chain(LOCAL_LENS.iter().map(|&(len, _)| (len, HOT_KEYS, "hot")));
+    for (len, keys, cache) in configurations {
+        let table = node.table(&format!("{}{len}", if cache == "hot" { "hot" } else { "local" }))?;
         let mut rng = ChaCha8Rng::seed_from_u64(len as u64);
         let order: Vec<u64> = (0..65_536).map(|_| rng.gen_range(0..keys)).collect();
         let plain = vec![1.0f32; keys as usize * len];
@@ -101,7 +106,7 @@ fn local_benchmarks(quick: bool) -> Result<Vec<Record>> {
             figures["timer_overhead_ns"] = json!(timer_cost);
             records.push(record(
                 if push { "local_push" } else { "local_pull" },
-                json!({"value_len": len}),
+                json!({"value_len": len, "keys": keys, "cache": cache}),
                 figures,
                 "p50_ns",
                 "memcpy",

@@ -41,6 +41,8 @@ use crate::partition::Partitioner;
 pub const NO_SLOT: u32 = u32::MAX;
 /// Byte offset of the values inside a slot.
 pub const VALUES_OFFSET: usize = 4;
+/// Values up to this many floats are read by local pulls without taking the latch.
+pub const OPTIMISTIC_MAX: usize = 128;
 /// Resolution of the relocation stamp carried in a slot's head word: nanoseconds >> 6.
 pub const STAMP_SHIFT: u32 = 6;
 
@@ -462,6 +464,11 @@ impl TableStore {
     /// `dst` is valid for `value_len` floats of writes.
     #[inline]
     pub unsafe fn read_optimistic(&self, key: u64, dst: *mut f32) -> bool {
+        // Long values are copied faster under the latch (a vectorised copy) than element by
+        // element here; the latch's atomic only matters next to a short copy.
+        if self.value_len > OPTIMISTIC_MAX {
+            return false;
+        }
         let Some(slot) = self.slot_of(key) else { return false };
         let p = self.slot_ptr(slot);
         // SAFETY: the slot lies in a live arena (slots are never unmapped while the store lives);
