@@ -143,6 +143,9 @@ pub fn run_node(quick: bool) -> Result<()> {
     if node.nodes() != 2 {
         bail!("the micro benchmark runs on exactly 2 nodes");
     }
+    if node.rank() == 0 {
+        eprintln!("transport: {}", node.transport());
+    }
     let mut worker = node.worker();
     if node.rank() == 1 {
         let server = rawtcp::serve(port)?;

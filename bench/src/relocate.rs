@@ -53,6 +53,9 @@ pub fn run_node(quick: bool) -> Result<()> {
     if node.nodes() != 2 {
         bail!("the relocation benchmark runs on exactly 2 nodes");
     }
+    if node.rank() == 0 {
+        eprintln!("transport: {}", node.transport());
+    }
     let rank = node.rank();
     let server = if rank == 1 { Some(rawtcp::serve(port)?) } else { None };
     let mut client = if rank == 0 { Some(rawtcp::Client::connect(port)?) } else { None };

@@ -69,6 +69,58 @@ pub enum TransportChoice {
     Verbs,
 }
 
+/// Which verbs device, port and GID a node uses, and how its messaging buffers are sized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerbsSettings {
+    /// Device names; rank `r` uses entry `r % len` (several ranks per host, one HCA each).
+    /// Empty: the first device with an active port.
+    pub devices: Vec<String>,
+    /// Port number; `None`: the first active port.
+    pub port: Option<u8>,
+    /// GID index; `None`: the port GID on InfiniBand, a RoCE v2 GID (IPv4-mapped first) on RoCE.
+    pub gid_index: Option<u32>,
+    /// Receive buffers (and so send credits) per peer.
+    pub buffers: usize,
+    /// Bytes per message buffer; longer frames travel in several SENDs.
+    pub buffer_bytes: usize,
+}
+
+impl Default for VerbsSettings {
+    fn default() -> Self {
+        VerbsSettings { devices: Vec::new(), port: None, gid_index: None, buffers: 64, buffer_bytes: 32 << 10 }
+    }
+}
+
+impl VerbsSettings {
+    /// The device name rank `rank` should use, if any is configured.
+    pub fn device_for(&self, rank: usize) -> Option<&str> {
+        (!self.devices.is_empty()).then(|| self.devices[rank % self.devices.len()].as_str())
+    }
+}
+
+impl std::str::FromStr for TransportChoice {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<TransportChoice> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(TransportChoice::Auto),
+            "tcp" => Ok(TransportChoice::Tcp),
+            "verbs" | "rdma" => Ok(TransportChoice::Verbs),
+            other => Err(Error::Config(format!("transport '{other}' is not one of auto, verbs, tcp"))),
+        }
+    }
+}
+
+impl std::fmt::Display for TransportChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TransportChoice::Auto => "auto",
+            TransportChoice::Tcp => "tcp",
+            TransportChoice::Verbs => "verbs",
+        })
+    }
+}
+
 /// Whether parameter arenas may use huge pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HugePages {
@@ -93,6 +145,8 @@ pub struct Config {
     pub latches: usize,
     /// Fabric selection.
     pub transport: TransportChoice,
+    /// Verbs device selection and buffer sizes (used when the fabric is verbs).
+    pub verbs: VerbsSettings,
     /// Whether `localize` moves parameters. Off gives a classic parameter server in which every
     /// key stays at its home node and `localize` completes at once without moving anything.
     pub relocation: bool,
@@ -125,6 +179,7 @@ impl Config {
             tables,
             latches: 1000,
             transport: TransportChoice::Auto,
+            verbs: VerbsSettings::default(),
             relocation: true,
             location_caches: false,
             huge_pages: HugePages::Auto,
@@ -138,7 +193,7 @@ impl Config {
     }
 
     /// A configuration whose rank, node count and coordinator come from the environment (see
-    /// [`ClusterEnv::detect`]).
+    /// [`ClusterEnv::detect`]), with the transport settings of [`Config::apply_transport_env`].
     pub fn from_env(tables: Vec<TableSpec>) -> Result<Config> {
         let env = ClusterEnv::detect(|name| std::env::var(name).ok())?;
         let mut config = Config::new(tables);
@@ -147,7 +202,38 @@ impl Config {
         if let Some(c) = env.coordinator {
             config.coordinator = c;
         }
+        config.apply_transport_env(|name| std::env::var(name).ok())?;
         Ok(config)
+    }
+
+    /// Applies transport settings from the environment: `FERRY_TRANSPORT` (`auto`, `verbs`,
+    /// `tcp`), `FERRY_VERBS_DEVICE` (a device name, or a comma-separated list indexed by rank),
+    /// `FERRY_VERBS_PORT`, `FERRY_VERBS_GID_INDEX`, `FERRY_VERBS_BUFFERS` and
+    /// `FERRY_VERBS_BUFFER_BYTES`. Unset variables leave the settings as they are.
+    pub fn apply_transport_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
+        let get = |name: &str| get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        if let Some(t) = get("FERRY_TRANSPORT") {
+            self.transport = t.parse()?;
+        }
+        if let Some(d) = get("FERRY_VERBS_DEVICE") {
+            self.verbs.devices = d.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+        }
+        fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
+            value.parse().map_err(|_| Error::Config(format!("{name}='{value}' is not a valid number")))
+        }
+        if let Some(p) = get("FERRY_VERBS_PORT") {
+            self.verbs.port = Some(number("FERRY_VERBS_PORT", &p)?);
+        }
+        if let Some(g) = get("FERRY_VERBS_GID_INDEX") {
+            self.verbs.gid_index = Some(number("FERRY_VERBS_GID_INDEX", &g)?);
+        }
+        if let Some(b) = get("FERRY_VERBS_BUFFERS") {
+            self.verbs.buffers = number("FERRY_VERBS_BUFFERS", &b)?;
+        }
+        if let Some(b) = get("FERRY_VERBS_BUFFER_BYTES") {
+            self.verbs.buffer_bytes = number("FERRY_VERBS_BUFFER_BYTES", &b)?;
+        }
+        Ok(())
     }
 
     /// Checks the configuration for values that cannot work.
@@ -167,6 +253,12 @@ impl Config {
         }
         if self.latches == 0 {
             return bad("at least one latch is needed".into());
+        }
+        if !(2..=4096).contains(&self.verbs.buffers) {
+            return bad(format!("verbs buffers per peer must be in 2..=4096, not {}", self.verbs.buffers));
+        }
+        if !(256..=(16 << 20)).contains(&self.verbs.buffer_bytes) {
+            return bad(format!("verbs buffer bytes must be in 256..=16 MiB, not {}", self.verbs.buffer_bytes));
         }
         if self.max_message_bytes < 4096 {
             return bad("max_message_bytes must be at least 4096".into());
@@ -191,7 +283,7 @@ impl Config {
     /// A fingerprint of everything that must be identical on all nodes (tables and protocol
     /// switches); nodes compare it at start-up.
     pub fn fingerprint(&self) -> u64 {
-        let mut text = format!("nodes={};relocation={};caches={};", self.nodes, self.relocation, self.location_caches);
+        let mut text = format!("nodes={};relocation={};caches={};transport={:?};", self.nodes, self.relocation, self.location_caches, self.transport);
         for t in &self.tables {
             text.push_str(&format!("{}:{}:{}:{:?}:{:?};", t.name, t.keys, t.value_len, t.partitioning, t.element));
         }
@@ -282,6 +374,27 @@ mod tests {
         assert!(env(&[("FERRY_RANK", "x"), ("FERRY_NODES", "2")]).is_err());
         assert!(env(&[("FERRY_RANK", "2"), ("FERRY_NODES", "2"), ("FERRY_COORDINATOR", "h:1")]).is_err());
         assert!(env(&[("FERRY_RANK", "0")]).is_err());
+    }
+
+    #[test]
+    fn transport_settings_from_the_environment() {
+        let vars = |pairs: &[(&str, &str)]| -> HashMap<String, String> { pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() };
+        let mut c = Config::new(vec![TableSpec::new("a", 10, 1)]);
+        let env = vars(&[("FERRY_TRANSPORT", "Verbs"), ("FERRY_VERBS_DEVICE", "rxe0, rxe1"), ("FERRY_VERBS_GID_INDEX", "3"), ("FERRY_VERBS_BUFFERS", "16")]);
+        c.apply_transport_env(|k| env.get(k).cloned()).unwrap();
+        assert_eq!(c.transport, TransportChoice::Verbs);
+        assert_eq!((c.verbs.device_for(0), c.verbs.device_for(1), c.verbs.device_for(2)), (Some("rxe0"), Some("rxe1"), Some("rxe0")));
+        assert_eq!((c.verbs.gid_index, c.verbs.buffers, c.verbs.port), (Some(3), 16, None));
+        let env = vars(&[("FERRY_TRANSPORT", "carrier-pigeon")]);
+        assert!(c.apply_transport_env(|k| env.get(k).cloned()).is_err());
+        let env = vars(&[("FERRY_VERBS_PORT", "x")]);
+        assert!(c.apply_transport_env(|k| env.get(k).cloned()).is_err());
+        c.verbs.buffers = 1;
+        assert!(c.validate().is_err());
+        let mut d = Config::new(vec![TableSpec::new("a", 10, 1)]);
+        let before = d.fingerprint();
+        d.transport = TransportChoice::Tcp;
+        assert_ne!(d.fingerprint(), before, "nodes must agree on the transport choice");
     }
 
     #[test]

@@ -51,6 +51,13 @@ pub enum Error {
         /// The timeout.
         millis: u64,
     },
+    /// A one-sided read never caught the slot between two writes: its writer is too busy for
+    /// lock-free reads; read it through the owner (a pull) instead.
+    #[error("the slot changed during each of {attempts} one-sided reads")]
+    Contended {
+        /// Copies attempted.
+        attempts: u32,
+    },
     /// The configuration is invalid or inconsistent between nodes.
     #[error("configuration error: {0}")]
     Config(String),

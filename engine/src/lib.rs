@@ -30,8 +30,8 @@ pub mod store;
 mod util;
 mod worker;
 
-pub use config::{ClusterEnv, Config, ElementType, HugePages, Partitioning, TableSpec, TransportChoice};
+pub use config::{ClusterEnv, Config, ElementType, HugePages, Partitioning, TableSpec, TransportChoice, VerbsSettings};
 pub use error::{Error, Result};
-pub use node::{Node, Table};
+pub use node::{Node, SlotAddress, Table};
 pub use stats::{Latency, MessageKind, Stats, Traffic};
 pub use worker::{PullTicket, Ticket, Worker};

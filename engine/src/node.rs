@@ -15,9 +15,8 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex};
 
-use crate::config::{Config, TransportChoice};
+use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::fabric::tcp::TcpFabric;
 use crate::fabric::{Fabric, FabricHandler, WriteCompletion, WriteRequest};
 use crate::protocol::{BarrierKind, OpId, Protocol, Settings};
 use crate::stats::Stats;
@@ -130,6 +129,19 @@ pub struct Node {
     finished: bool,
 }
 
+/// A slot in a node's registered memory, as [`Node::slot_address`] gives it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotAddress {
+    /// The node holding the slot.
+    pub node: usize,
+    /// Its region key (an rkey over verbs).
+    pub region: u32,
+    /// Its address in that node's region address space.
+    pub addr: u64,
+    /// Elements of the value.
+    pub value_len: usize,
+}
+
 /// A table as the API names it: id, value length and key count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Table {
@@ -195,33 +207,12 @@ impl FabricHandler for Callbacks {
     }
 }
 
-fn fingerprint_blob(config: &Config) -> Vec<u8> {
-    config.fingerprint().to_le_bytes().to_vec()
-}
-
 impl Node {
     /// Starts this node: joins the cluster at the coordinator, connects to every peer, checks
     /// that all nodes have the same tables and settings, and allocates the home keys' values.
     pub fn start(config: Config) -> Result<Node> {
         config.validate()?;
-        if config.transport == TransportChoice::Verbs {
-            return Err(Error::Config("the verbs transport is not available in this build; use tcp or auto".into()));
-        }
-        let mesh_config = ferry_tcp::MeshConfig {
-            max_frame: (config.max_message_bytes * 4).max(64 << 20),
-            heartbeat: config.heartbeat,
-            peer_timeout: config.peer_timeout,
-            connect_timeout: config.connect_timeout,
-        };
-        let (mut rendezvous, mesh) = ferry_tcp::join_cluster(config.rank, config.nodes, &config.coordinator, mesh_config)?;
-        let prints = rendezvous.all_gather(&fingerprint_blob(&config), config.connect_timeout)?;
-        if let Some(other) = prints.iter().position(|p| *p != fingerprint_blob(&config)) {
-            return Err(Error::Config(format!("node {other} was started with different tables or settings than node {}", config.rank)));
-        }
-        let clock_offset = rendezvous.clock_offset_ns(config.connect_timeout)?;
-        drop(rendezvous);
-        let fabric: Arc<dyn Fabric> = Arc::new(TcpFabric::new(mesh));
-        tracing::info!(node = config.rank, nodes = config.nodes, transport = fabric.name(), "transport selected: tcp (no verbs support in this build)");
+        let (fabric, clock_offset) = crate::fabric::select::connect(&config)?;
         Self::assemble(config, fabric, clock_offset)
     }
 
@@ -344,6 +335,72 @@ impl Node {
     pub fn memory(&self, table: Table) -> (usize, usize) {
         let t = self.inner.store.table(table.id);
         (t.slot_usage().0, t.arena_bytes())
+    }
+
+    /// Where `key`'s value lives in this node's registered memory, for one-sided readers on
+    /// other nodes (replica refresh); `None` when this node does not hold the key. The address
+    /// stays valid while the key stays here: relocating the key away frees the slot.
+    pub fn slot_address(&self, table: Table, key: u64) -> Result<Option<SlotAddress>> {
+        self.inner.check_table(table)?;
+        if key >= table.keys {
+            return Err(Error::UnknownKey { table: self.inner.config.tables[table.id as usize].name.clone(), key, keys: table.keys });
+        }
+        let t = self.inner.store.table(table.id);
+        Ok(t.slot_of(key).map(|slot| {
+            let remote = t.remote_addr(slot);
+            SlotAddress { node: self.rank(), region: remote.region, addr: remote.addr, value_len: table.value_len }
+        }))
+    }
+
+    /// Reads the value at `at` — a slot on another node — with one-sided reads, validated by
+    /// the slot's version: a copy that may have caught a write in progress is read again.
+    /// Returns how many copies were discarded.
+    ///
+    /// Neither RDMA nor `memcpy` promises the order in which the bytes of one read are fetched,
+    /// so the copy is bracketed seqlock-style: the slot's write counter is read alone before
+    /// and after the copy, and the copy is kept only when both are equal and even (no write
+    /// began or ended in between). That is three dependent reads; over verbs each is one RDMA
+    /// READ, over TCP the peer's connection thread serves them without its engine.
+    pub fn read_slot(&self, at: &SlotAddress, out: &mut [f32]) -> Result<u32> {
+        if out.len() != at.value_len {
+            return Err(Error::WrongLength { what: "read_slot output", expected: at.value_len, got: out.len() });
+        }
+        if at.node == self.rank() || at.node >= self.inner.config.nodes {
+            return Err(Error::Config(format!("node {} is not a peer of node {}", at.node, self.rank())));
+        }
+        let fabric = &self.inner.fabric;
+        let timeout = self.inner.config.op_timeout;
+        let mut copy = vec![0u8; crate::store::slot_copy_len(at.value_len)];
+        let slot = crate::store::RemoteAddr { region: at.region, addr: at.addr };
+        let counter = crate::store::RemoteAddr { region: at.region, addr: at.addr + crate::store::slot_counter_offset(at.value_len) as u64 };
+        let (mut before, mut after) = ([0u8; 4], [0u8; 4]);
+        const ATTEMPTS: u32 = 10_000;
+        fabric.read(at.node, counter, &mut before, timeout)?;
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                // The last attempt's closing read is this one's opening read.
+                before = after;
+                if u32::from_le_bytes(before) % 2 != 0 {
+                    std::thread::yield_now();
+                    fabric.read(at.node, counter, &mut before, timeout)?;
+                }
+            }
+            if u32::from_le_bytes(before) % 2 == 0 {
+                fabric.read(at.node, slot, &mut copy, timeout)?;
+                fabric.read(at.node, counter, &mut after, timeout)?;
+                if before == after {
+                    if let Some(values) = crate::store::validate_slot_copy(&copy, at.value_len) {
+                        for (o, c) in out.iter_mut().zip(values.chunks_exact(4)) {
+                            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                        }
+                        return Ok(attempt);
+                    }
+                }
+            } else {
+                after = before;
+            }
+        }
+        Err(Error::Contended { attempts: ATTEMPTS })
     }
 
     /// Shuts down cleanly: a cluster-wide barrier (so that no node leaves while others still

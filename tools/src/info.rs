@@ -27,7 +27,41 @@ pub fn print() -> Result<()> {
         .unwrap_or_else(|| "?".into());
     println!("huge pages (2 MiB):  {total} configured, {free} free");
     println!("transparent huge pages: {}", read("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_else(|| "unavailable".into()));
-    println!("verbs devices:       none (this build has no verbs support)");
-    println!("transport auto picks: tcp");
+    let mut config = ferry::Config::new(vec![ferry::TableSpec::new("info", 1, 1)]);
+    config.apply_transport_env(|k| std::env::var(k).ok())?;
+    match ferry_verbs::list_devices() {
+        Err(e) => println!("verbs devices:       none ({e})"),
+        Ok(devices) if devices.is_empty() => println!("verbs devices:       none"),
+        Ok(devices) => {
+            println!("verbs devices:");
+            for d in &devices {
+                for p in &d.ports {
+                    println!(
+                        "  {} port {}: {}, {}, MTU {}, LID {}",
+                        d.name,
+                        p.port,
+                        p.state,
+                        p.link_layer,
+                        p.active_mtu,
+                        p.lid
+                    );
+                    for g in &p.gids {
+                        println!("    GID {:>2}  {:<40} {}", g.index, g.address(), g.kind);
+                    }
+                }
+            }
+        }
+    }
+    match config.transport {
+        ferry::TransportChoice::Tcp => println!("transport:           tcp (FERRY_TRANSPORT=tcp)"),
+        choice => match ferry::fabric::select::local_verbs(&config) {
+            Ok(c) => println!(
+                "transport {choice} picks: verbs on {} port {} GID index {} ({}), provided every node has verbs",
+                c.device, c.port, c.gid_index, c.link_layer
+            ),
+            Err(reason) if choice == ferry::TransportChoice::Verbs => println!("transport verbs:     would fail here: {reason}"),
+            Err(reason) => println!("transport auto picks: tcp ({reason})"),
+        },
+    }
     Ok(())
 }

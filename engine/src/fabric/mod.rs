@@ -1,14 +1,21 @@
 //! The fabric: what the protocol's actions run on.
 //!
 //! A fabric offers ordered two-sided frames per peer, one-sided writes (with an immediate) into
-//! a peer's registered memory, and registration of parameter memory. Implementations: TCP
-//! ([`tcp::TcpFabric`], over `ferry-tcp`) and RDMA verbs (in the verbs issue).
+//! a peer's registered memory, one-sided reads of it, and registration of parameter memory.
+//! Implementations: TCP ([`tcp::TcpFabric`], over `ferry-tcp`) and RDMA verbs
+//! ([`verbs::VerbsFabric`], over `ferry-verbs`); [`select`] picks one at start-up.
 
+pub mod select;
 pub mod tcp;
+pub mod verbs;
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use crate::error::Result;
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{Error, Result};
 use crate::store::{Registrar, RemoteAddr};
 
 /// A one-sided write of local bytes into a peer's registered memory.
@@ -65,6 +72,9 @@ pub trait Fabric: Send + Sync {
     ///
     /// Every `src` range must stay valid and unchanged until the write completes.
     unsafe fn write(&self, to: usize, writes: &[WriteRequest]) -> Result<WriteCompletion>;
+    /// Reads `out.len()` bytes at `remote` in `peer`'s registered memory with a one-sided read,
+    /// waiting at most `timeout`. One caller at a time per fabric is served; others wait.
+    fn read(&self, peer: usize, remote: RemoteAddr, out: &mut [u8], timeout: Duration) -> Result<()>;
     /// Closes the connection to `peer` (after it broke the protocol).
     fn disconnect(&self, peer: usize);
     /// Whether `peer` is reachable.
@@ -73,4 +83,51 @@ pub trait Fabric: Send + Sync {
     fn shutdown(&self);
     /// Closes all connections at once, as a crash would.
     fn abort(&self);
+}
+
+/// Outstanding one-sided reads and the threads waiting for them.
+#[derive(Default)]
+pub(crate) struct ReadWaiters {
+    done: Mutex<HashMap<u64, Option<Result<()>>>>,
+    changed: Condvar,
+}
+
+impl ReadWaiters {
+    /// Registers read `id` before it is posted.
+    pub(crate) fn expect(&self, id: u64) {
+        self.done.lock().insert(id, None);
+    }
+
+    /// Records read `id`'s outcome (ignored when nobody waits for it any more).
+    pub(crate) fn complete(&self, id: u64, result: Result<()>) {
+        let mut done = self.done.lock();
+        if let Some(slot) = done.get_mut(&id) {
+            *slot = Some(result);
+            self.changed.notify_all();
+        }
+    }
+
+    /// Fails every outstanding read (the connection they depend on is gone).
+    pub(crate) fn fail_all(&self, error: &Error) {
+        let mut done = self.done.lock();
+        for slot in done.values_mut().filter(|s| s.is_none()) {
+            *slot = Some(Err(error.clone()));
+        }
+        self.changed.notify_all();
+    }
+
+    /// Waits for read `id`; forgets it either way.
+    pub(crate) fn wait(&self, id: u64, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut done = self.done.lock();
+        loop {
+            if let Some(Some(_)) = done.get(&id) {
+                return done.remove(&id).flatten().expect("present");
+            }
+            if self.changed.wait_until(&mut done, deadline).timed_out() {
+                done.remove(&id);
+                return Err(Error::Timeout { what: "one-sided read", millis: timeout.as_millis() as u64 });
+            }
+        }
+    }
 }

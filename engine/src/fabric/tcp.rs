@@ -2,22 +2,30 @@
 //! one-sided write served by the target's reader thread straight into the reserved slot.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use ferry_tcp::{AccessError, Handler, LandedWrite, Mesh, TransportError};
+use parking_lot::Mutex;
 
-use super::{Fabric, FabricHandler, WriteCompletion, WriteRequest};
+use super::{Fabric, FabricHandler, ReadWaiters, WriteCompletion, WriteRequest};
 use crate::error::{Error, Result};
-use crate::store::{RegionHandle, Registrar};
+use crate::store::{RegionHandle, Registrar, RemoteAddr};
 
 /// A fabric over a TCP mesh.
 pub struct TcpFabric {
     mesh: Arc<Mesh>,
+    reads: Arc<ReadWaiters>,
+    /// The registered landing buffer of one-sided reads (grown on demand), and its region.
+    read_buffer: Mutex<Option<(Box<[u8]>, u32)>>,
+    next_read: AtomicU64,
+    retired: Mutex<Vec<Box<[u8]>>>,
 }
 
 impl TcpFabric {
     /// Wraps a connected, not yet started mesh.
     pub fn new(mesh: Mesh) -> TcpFabric {
-        TcpFabric { mesh: Arc::new(mesh) }
+        TcpFabric { mesh: Arc::new(mesh), reads: Arc::default(), read_buffer: Mutex::new(None), next_read: AtomicU64::new(1), retired: Mutex::new(Vec::new()) }
     }
 }
 
@@ -35,6 +43,7 @@ impl Registrar for MeshRegistrar {
 
 struct Adapter {
     handler: Arc<dyn FabricHandler>,
+    reads: Arc<ReadWaiters>,
 }
 
 impl Handler for Adapter {
@@ -54,7 +63,7 @@ impl Handler for Adapter {
     }
 
     fn on_read_complete(&self, peer: usize, wr_id: u64, result: std::result::Result<(), AccessError>) {
-        tracing::debug!(peer, wr_id, ?result, "one-sided read completed");
+        self.reads.complete(wr_id, result.map_err(|e| Error::Transport(format!("one-sided read from node {peer}: {e}"))));
     }
 
     fn on_peer_closed(&self, peer: usize, error: Option<&TransportError>) {
@@ -72,7 +81,7 @@ impl Fabric for TcpFabric {
     }
 
     fn start(&self, handler: Arc<dyn FabricHandler>) -> Result<()> {
-        self.mesh.start(Arc::new(Adapter { handler }))?;
+        self.mesh.start(Arc::new(Adapter { handler, reads: self.reads.clone() }))?;
         Ok(())
     }
 
@@ -96,6 +105,37 @@ impl Fabric for TcpFabric {
         // so a source slot is free before its bytes can arrive anywhere.
         batch.enqueue(to)?;
         Ok(WriteCompletion::Immediate)
+    }
+
+    fn read(&self, peer: usize, remote: RemoteAddr, out: &mut [u8], timeout: Duration) -> Result<()> {
+        let mut buffer = self.read_buffer.lock();
+        if buffer.as_ref().is_none_or(|(b, _)| b.len() < out.len()) {
+            if let Some((_, region)) = buffer.take() {
+                self.mesh.deregister(region);
+            }
+            let mut landing = vec![0u8; out.len().next_power_of_two()].into_boxed_slice();
+            // SAFETY: the box is kept in `read_buffer` until it is deregistered (above, or when
+            // the fabric drops) and its heap memory never moves.
+            let region = unsafe { self.mesh.register(landing.as_mut_ptr(), landing.len()) };
+            *buffer = Some((landing, region));
+        }
+        let region = buffer.as_ref().expect("just ensured").1;
+        let id = self.next_read.fetch_add(1, Ordering::Relaxed);
+        self.reads.expect(id);
+        if let Err(e) = self.mesh.read(peer, remote.region, remote.addr, out.len(), region, 0, id) {
+            self.reads.complete(id, Err(e.into()));
+        }
+        if let Err(e) = self.reads.wait(id, timeout) {
+            // A late answer must not land in the buffer of a later read: retire this one (kept
+            // allocated, since the mesh may be copying into it right now).
+            self.mesh.deregister(region);
+            if let Some((landing, _)) = buffer.take() {
+                self.retired.lock().push(landing);
+            }
+            return Err(e);
+        }
+        out.copy_from_slice(&buffer.as_ref().expect("kept").0[..out.len()]);
+        Ok(())
     }
 
     fn disconnect(&self, peer: usize) {

@@ -691,6 +691,16 @@ impl TableStore {
     }
 }
 
+/// Bytes of a slot as a one-sided read copies it: head version, values, tail version.
+pub fn slot_copy_len(value_len: usize) -> usize {
+    VALUES_OFFSET + value_len * 4 + 4
+}
+
+/// Offset of a slot's write counter (the tail version: odd while a write is under way).
+pub fn slot_counter_offset(value_len: usize) -> usize {
+    VALUES_OFFSET + value_len * 4
+}
+
 /// Checks a copy of a slot taken without the latch (a one-sided read, copied in ascending
 /// address order): returns the values when the copy is consistent, `None` when it caught a write
 /// in progress and must be retried.

@@ -92,6 +92,7 @@ fn sums(workers: usize, keys: u64, value_len: usize, rounds: usize, relocate: bo
     let mut config = Config::from_env(vec![spec])?;
     config.relocation = relocate;
     let mut node = Node::start(config)?;
+    println!("transport {}", node.transport());
     let (rank, nodes) = (node.rank(), node.nodes());
     let table = node.table("t")?;
     std::thread::scope(|s| -> Result<()> {
@@ -244,6 +245,7 @@ fn history(workers: usize, keys: u64, ops: usize, dir: &std::path::Path, seed: u
     let mut config = Config::from_env(vec![TableSpec::new("h", keys, LANES)])?;
     config.relocation = true;
     let mut node = Node::start(config)?;
+    println!("transport {}", node.transport());
     let (rank, nodes) = (node.rank(), node.nodes());
     let table = node.table("h")?;
     // Lanes and tags are partitioned between workers so that every push and set is unique.

@@ -1,0 +1,140 @@
+//! Start-up of the fabric: join the cluster over TCP, agree on the configuration, and choose
+//! verbs or TCP (`transport = auto | verbs | tcp`), saying which and why.
+
+use std::sync::Arc;
+
+use ferry_verbs::{Chosen, Context, Selection};
+
+use super::Fabric;
+use super::tcp::TcpFabric;
+use super::verbs::VerbsFabric;
+use crate::config::{Config, TransportChoice};
+use crate::error::{Error, Result};
+
+/// The verbs selection a node's configuration asks for.
+pub fn selection(config: &Config) -> Selection {
+    Selection { device: config.verbs.device_for(config.rank).map(str::to_string), port: config.verbs.port, gid_index: config.verbs.gid_index }
+}
+
+/// Whether this host could run the verbs fabric for `config`: the device, port and GID it
+/// would use, or why not.
+pub fn local_verbs(config: &Config) -> std::result::Result<Chosen, String> {
+    ferry_verbs::probe(&selection(config)).map_err(|e| e.to_string())
+}
+
+/// A cluster-wide decision about the transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Every node has verbs.
+    Verbs,
+    /// TCP, and why.
+    Tcp(String),
+}
+
+/// Decides from every node's verbs status (`Err` holds the reason a node cannot use verbs).
+pub fn decide(choice: TransportChoice, statuses: &[std::result::Result<(), String>]) -> Result<Decision> {
+    if choice == TransportChoice::Tcp {
+        return Ok(Decision::Tcp("transport = tcp was configured".into()));
+    }
+    if statuses.len() <= 1 && choice == TransportChoice::Auto {
+        return Ok(Decision::Tcp("a single node needs no network transport".into()));
+    }
+    match statuses.iter().enumerate().find_map(|(r, s)| s.as_ref().err().map(|e| (r, e))) {
+        None => Ok(Decision::Verbs),
+        Some((r, reason)) if choice == TransportChoice::Verbs => Err(Error::Config(format!("transport = verbs, but node {r} cannot use verbs: {reason}"))),
+        Some((r, reason)) => Ok(Decision::Tcp(format!("node {r} has no usable verbs: {reason}"))),
+    }
+}
+
+fn encode_status(status: &std::result::Result<Context, String>) -> Vec<u8> {
+    match status {
+        Ok(_) => b"+".to_vec(),
+        Err(reason) => [b"-".as_slice(), reason.as_bytes()].concat(),
+    }
+}
+
+fn decode_status(blob: &[u8]) -> std::result::Result<(), String> {
+    match blob.split_first() {
+        Some((b'+', _)) => Ok(()),
+        Some((b'-', reason)) => Err(String::from_utf8_lossy(reason).into_owned()),
+        _ => Err("it sent a malformed verbs status".into()),
+    }
+}
+
+/// Joins the cluster and builds the fabric; returns it with this node's clock offset to the
+/// coordinator.
+pub fn connect(config: &Config) -> Result<(Arc<dyn Fabric>, i64)> {
+    let mesh_config = ferry_tcp::MeshConfig {
+        max_frame: max_frame(config),
+        heartbeat: config.heartbeat,
+        peer_timeout: config.peer_timeout,
+        connect_timeout: config.connect_timeout,
+    };
+    let (mut rendezvous, mesh) = ferry_tcp::join_cluster(config.rank, config.nodes, &config.coordinator, mesh_config)?;
+    let print = config.fingerprint().to_le_bytes().to_vec();
+    let prints = rendezvous.all_gather(&print, config.connect_timeout)?;
+    if let Some(other) = prints.iter().position(|p| *p != print) {
+        return Err(Error::Config(format!("node {other} was started with different tables or settings than node {}", config.rank)));
+    }
+    let clock_offset = rendezvous.clock_offset_ns(config.connect_timeout)?;
+    // Every node reaches the same branch: the transport choice is part of the fingerprint.
+    let wants_verbs = config.transport != TransportChoice::Tcp && config.nodes > 1;
+    let local = if wants_verbs { Context::open(&selection(config)).map_err(|e| e.to_string()) } else { Err("not probed".into()) };
+    let statuses: Vec<std::result::Result<(), String>> = if wants_verbs {
+        rendezvous.all_gather(&encode_status(&local), config.connect_timeout)?.iter().map(|b| decode_status(b)).collect()
+    } else {
+        (0..config.nodes).map(|_| Err("not probed".into())).collect()
+    };
+    let decision = decide(config.transport, &statuses)?;
+    let fabric: Arc<dyn Fabric> = match (decision, local) {
+        (Decision::Verbs, Ok(context)) => {
+            let chosen = context.chosen().clone();
+            let verbs = VerbsFabric::connect(&mut rendezvous, mesh, context, &config.verbs, max_frame(config), config.connect_timeout)?;
+            tracing::info!(
+                node = config.rank,
+                nodes = config.nodes,
+                device = %chosen.device,
+                port = chosen.port,
+                gid_index = chosen.gid_index,
+                link_layer = %chosen.link_layer,
+                "transport selected: verbs (every node has an active verbs port)"
+            );
+            Arc::new(verbs)
+        }
+        (Decision::Verbs, Err(reason)) => return Err(Error::Transport(format!("verbs were chosen but this node cannot use them: {reason}"))),
+        (Decision::Tcp(why), _) => {
+            tracing::info!(node = config.rank, nodes = config.nodes, "transport selected: tcp ({why})");
+            Arc::new(TcpFabric::new(mesh))
+        }
+    };
+    Ok((fabric, clock_offset))
+}
+
+fn max_frame(config: &Config) -> usize {
+    (config.max_message_bytes * 4).max(64 << 20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_needs_every_node() {
+        let ok = || Ok(());
+        let no = |m: &str| Err(m.to_string());
+        assert_eq!(decide(TransportChoice::Auto, &[ok(), ok()]).unwrap(), Decision::Verbs);
+        assert_eq!(decide(TransportChoice::Auto, &[ok(), no("ENOSYS")]).unwrap(), Decision::Tcp("node 1 has no usable verbs: ENOSYS".into()));
+        assert!(matches!(decide(TransportChoice::Auto, &[ok()]).unwrap(), Decision::Tcp(_)), "a single node uses no network");
+        let e = decide(TransportChoice::Verbs, &[no("no device"), ok()]).unwrap_err();
+        assert!(e.to_string().contains("node 0 cannot use verbs: no device"), "{e}");
+        assert!(matches!(decide(TransportChoice::Tcp, &[ok(), ok()]).unwrap(), Decision::Tcp(_)));
+    }
+
+    #[test]
+    fn statuses_round_trip() {
+        assert_eq!(decode_status(&encode_status(&Err("why".into()))), Err("why".into()));
+        assert_eq!(decode_status(b"+"), Ok(()));
+        assert!(decode_status(b"").is_err());
+        assert!(decode_status(b"?x").is_err());
+    }
+}

@@ -1,0 +1,333 @@
+//! The fabric over RDMA verbs.
+//!
+//! One reliable-connected queue pair per peer, all completing on one completion queue drained
+//! by one poller thread. Frames travel as SENDs into per-peer receive buffers under credit-based
+//! flow control (see [`peer`]); a relocation's value is one RDMA WRITE WITH IMMEDIATE straight
+//! from the old owner's slot into the slot the new owner reserved (its rkey and address came in
+//! the protocol's LOCALIZE message), the immediate naming the reservation. Frames and writes to
+//! one peer share its queue pair, so they arrive in the order they were posted, as over TCP.
+//! One-sided READs serve replica refresh ([`crate::Node::read_slot`]).
+//!
+//! Why SEND/RECV and not RDMA writes into ring buffers (FaRM, eRPC's RDMA mode): with ring
+//! buffers the receiver must poll memory per peer, and a relocation's WRITE WITH IMMEDIATE
+//! already needs posted receives; with SENDs one completion queue reports messages and landed
+//! writes alike, in order. The cost is a receive per message, which credits bound.
+//!
+//! A TCP mesh stays alongside for liveness: heartbeats, a clean goodbye, and loss detection
+//! when a peer dies without its queue pairs reporting errors (no traffic in flight).
+
+mod peer;
+mod receive;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use ferry_tcp::{AccessError, Handler, LandedWrite, Mesh, Rendezvous, TransportError};
+use ferry_verbs::{Access, Backoff, Chosen, CompletionQueue, Context, Endpoint, LocalSlice, MemoryRegion, Poller, QueuePair, QueuePairCaps, RegisteredBuffer, RemoteSlice};
+use parking_lot::{Mutex, RwLock};
+
+use self::peer::{CLOSED, FAILED, Peer};
+use super::{Fabric, FabricHandler, ReadWaiters, WriteCompletion, WriteRequest};
+use crate::config::VerbsSettings;
+use crate::error::{Error, Result};
+use crate::store::{RegionHandle, Registrar, RemoteAddr};
+
+/// A fabric over RDMA verbs.
+pub struct VerbsFabric {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    rank: usize,
+    context: Context,
+    cq: Arc<CompletionQueue>,
+    peers: Vec<Option<Peer>>,
+    /// Registered parameter memory, for the lkeys of write sources.
+    regions: RwLock<Vec<MemoryRegion>>,
+    control: Arc<Mesh>,
+    handler: OnceLock<Arc<dyn FabricHandler>>,
+    poller: Mutex<Option<Poller>>,
+    reads: ReadWaiters,
+    read_buffer: Mutex<Option<RegisteredBuffer>>,
+    retired: Mutex<Vec<RegisteredBuffer>>,
+    next_read: AtomicU64,
+    max_frame: usize,
+    closing: AtomicBool,
+}
+
+fn verbs_err(e: ferry_verbs::VerbsError) -> Error {
+    Error::Transport(e.to_string())
+}
+
+impl VerbsFabric {
+    /// Connects a queue pair to every peer: creates them and their buffers, trades endpoints
+    /// through the rendezvous (TCP), connects, and waits until every node has. `control` is
+    /// the already connected TCP mesh kept for liveness.
+    pub fn connect(rendezvous: &mut Rendezvous, control: Mesh, context: Context, settings: &VerbsSettings, max_frame: usize, timeout: Duration) -> Result<VerbsFabric> {
+        let rank = rendezvous.rank();
+        let nodes = rendezvous.nodes();
+        let buffers = settings.buffers as u32;
+        let max_send = settings.buffers + 16;
+        let cq = CompletionQueue::new(&context, ((nodes - 1) * (max_send + settings.buffers) + 16) as u32).map_err(verbs_err)?;
+        let caps = QueuePairCaps { max_send: max_send as u32, max_recv: buffers, max_inline: 0 };
+        let mut peers = Vec::with_capacity(nodes);
+        let mut blob = Vec::with_capacity(nodes * Endpoint::BYTES);
+        for r in 0..nodes {
+            if r == rank {
+                peers.push(None);
+                blob.extend_from_slice(&[0u8; Endpoint::BYTES]);
+                continue;
+            }
+            let qp = QueuePair::new(&context, &cq, caps).map_err(verbs_err)?;
+            blob.extend_from_slice(&qp.endpoint().encode());
+            let bytes = settings.buffers * settings.buffer_bytes;
+            let memory = |what: &str, e: ferry_verbs::VerbsError| Error::Memory(format!("{what} for node {r}: {e}"));
+            let tx = context.alloc(bytes, Access::LOCAL).map_err(|e| memory("send buffers", e))?;
+            let rx = context.alloc(bytes, Access::LOCAL).map_err(|e| memory("receive buffers", e))?;
+            let peer = Peer::new(r, qp, tx, rx, buffers, settings.buffer_bytes, max_send);
+            peer.post_receives(0..buffers).map_err(verbs_err)?;
+            peers.push(Some(peer));
+        }
+        let all = rendezvous.all_gather(&blob, timeout)?;
+        for (r, peer) in peers.iter().enumerate() {
+            let Some(peer) = peer else { continue };
+            let theirs = all[r].get(rank * Endpoint::BYTES..(rank + 1) * Endpoint::BYTES).ok_or_else(|| Error::Transport(format!("node {r} sent a malformed endpoint table")))?;
+            let endpoint = Endpoint::decode(theirs).map_err(verbs_err)?;
+            peer.qp.lock().connect(&endpoint).map_err(|e| Error::Transport(format!("connecting to node {r}: {e}")))?;
+        }
+        // Nobody sends before every queue pair is ready to receive.
+        rendezvous.all_gather(b"ready", timeout)?;
+        Ok(VerbsFabric {
+            inner: Arc::new(Inner {
+                rank,
+                context,
+                cq,
+                peers,
+                regions: RwLock::new(Vec::new()),
+                control: Arc::new(control),
+                handler: OnceLock::new(),
+                poller: Mutex::new(None),
+                reads: ReadWaiters::default(),
+                read_buffer: Mutex::new(None),
+                retired: Mutex::new(Vec::new()),
+                next_read: AtomicU64::new(1),
+                max_frame,
+                closing: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// The device, port and GID in use.
+    pub fn chosen(&self) -> &Chosen {
+        self.inner.context.chosen()
+    }
+}
+
+impl Inner {
+    fn peer(&self, rank: usize) -> Option<&Peer> {
+        self.peers.get(rank).and_then(|p| p.as_ref())
+    }
+
+    fn open_peer(&self, rank: usize) -> Result<&Peer> {
+        match self.peer(rank) {
+            Some(p) if p.is_open() => Ok(p),
+            Some(_) => Err(Error::PeerLost { node: rank, reason: "its connection is closed".into() }),
+            None => Err(Error::Transport(format!("node {rank} is not a peer of node {}", self.rank))),
+        }
+    }
+
+    fn handler(&self) -> Option<&Arc<dyn FabricHandler>> {
+        self.handler.get()
+    }
+
+    /// The registered local memory holding `len` bytes at `src`.
+    fn lookup(&self, src: *const u8, len: usize) -> Option<LocalSlice> {
+        self.regions.read().iter().find_map(|r| r.slice_at(src as u64, len))
+    }
+
+    /// Posts what `rank`'s queue allows and settles the consequences.
+    fn pump(&self, rank: usize) {
+        let Some(peer) = self.peer(rank) else { return };
+        let fallout = peer.pump(&|src, len| self.lookup(src, len));
+        self.report_failed_writes(fallout.failed_writes);
+        if let Some(reason) = fallout.broken {
+            self.fail(rank, format!("posting to node {rank} failed: {reason}"));
+        }
+    }
+
+    fn report_failed_writes(&self, failed: Vec<(u64, String)>) {
+        if let Some(h) = self.handler() {
+            for (id, reason) in failed {
+                h.on_write_done(id, Err(Error::Transport(reason)));
+            }
+        }
+    }
+
+    /// The connection to `rank` failed: stop it and tell the node (once).
+    fn fail(&self, rank: usize, reason: String) {
+        let Some(peer) = self.peer(rank) else { return };
+        if let Some(failed) = peer.shut(FAILED, &reason) {
+            self.report_failed_writes(failed);
+            self.control.disconnect(rank);
+            if !self.closing.load(Ordering::Acquire) {
+                if let Some(h) = self.handler() {
+                    h.on_peer_closed(rank, Some(reason));
+                }
+            }
+        }
+    }
+
+    /// `rank` said goodbye.
+    fn closed(&self, rank: usize) {
+        let Some(peer) = self.peer(rank) else { return };
+        if let Some(failed) = peer.shut(CLOSED, "the node left the cluster") {
+            self.report_failed_writes(failed);
+            if let Some(h) = self.handler() {
+                h.on_peer_closed(rank, None);
+            }
+        }
+    }
+
+    /// Stops the poller and the queue pairs; what is registered is released.
+    fn stop(&self) {
+        if let Some(mut poller) = self.poller.lock().take() {
+            poller.stop();
+        }
+        for peer in self.peers.iter().flatten() {
+            peer.shut(CLOSED, "this node shut down");
+            let _ = peer.qp.lock().fail();
+        }
+        self.reads.fail_all(&Error::ShutDown);
+    }
+}
+
+/// Registers parameter arenas with the device.
+struct VerbsRegistrar {
+    inner: Arc<Inner>,
+}
+
+impl Registrar for VerbsRegistrar {
+    unsafe fn register(&self, base: *mut u8, len: usize) -> Result<RegionHandle> {
+        // SAFETY: the caller keeps the memory mapped for the registrar's lifetime (`Registrar`).
+        let region = unsafe { self.inner.context.register(base, len, Access::REMOTE) }.map_err(|e| Error::Memory(e.to_string()))?;
+        let handle = RegionHandle { region: region.rkey(), remote_base: region.addr() };
+        self.inner.regions.write().push(region);
+        Ok(handle)
+    }
+}
+
+/// The TCP mesh's reports: only liveness matters (no frames travel over it).
+struct ControlAdapter {
+    inner: Weak<Inner>,
+}
+
+impl Handler for ControlAdapter {
+    fn on_message(&self, from: usize, _payload: &[u8]) {
+        tracing::warn!(peer = from, "a protocol frame arrived over the TCP control connection of a verbs fabric; ignored");
+    }
+
+    fn on_writes_landed(&self, from: usize, _writes: &[LandedWrite]) {
+        tracing::warn!(peer = from, "a TCP write arrived at a verbs fabric; ignored");
+    }
+
+    fn on_write_error(&self, _peer: usize, _wr_id: u64, _error: AccessError) {}
+
+    fn on_read_complete(&self, _peer: usize, _wr_id: u64, _result: std::result::Result<(), AccessError>) {}
+
+    fn on_peer_closed(&self, peer: usize, error: Option<&TransportError>) {
+        let Some(inner) = self.inner.upgrade() else { return };
+        match error {
+            None => inner.closed(peer),
+            Some(e) => inner.fail(peer, e.to_string()),
+        }
+    }
+}
+
+impl Fabric for VerbsFabric {
+    fn name(&self) -> &'static str {
+        "verbs"
+    }
+
+    fn registrar(&self) -> Arc<dyn Registrar> {
+        Arc::new(VerbsRegistrar { inner: self.inner.clone() })
+    }
+
+    fn start(&self, handler: Arc<dyn FabricHandler>) -> Result<()> {
+        if self.inner.handler.set(handler).is_err() {
+            return Err(Error::Transport("the fabric was started twice".into()));
+        }
+        self.inner.control.start(Arc::new(ControlAdapter { inner: Arc::downgrade(&self.inner) }))?;
+        let receiver = receive::Receiver::new(Arc::downgrade(&self.inner), self.inner.peers.len());
+        let poller = Poller::spawn(format!("ferry{}-verbs", self.inner.rank), self.inner.cq.clone(), Backoff::default(), receiver).map_err(verbs_err)?;
+        *self.inner.poller.lock() = Some(poller);
+        Ok(())
+    }
+
+    fn enqueue(&self, to: usize, frame: Vec<u8>) -> Result<()> {
+        self.inner.open_peer(to)?.enqueue_frame(frame);
+        Ok(())
+    }
+
+    fn flush(&self, to: usize) {
+        self.inner.pump(to);
+    }
+
+    unsafe fn write(&self, to: usize, writes: &[WriteRequest]) -> Result<WriteCompletion> {
+        self.inner.open_peer(to)?.enqueue_writes(writes);
+        Ok(WriteCompletion::Deferred)
+    }
+
+    fn read(&self, peer: usize, remote: RemoteAddr, out: &mut [u8], timeout: Duration) -> Result<()> {
+        let inner = &self.inner;
+        let p = inner.open_peer(peer)?;
+        let mut buffer = inner.read_buffer.lock();
+        if buffer.as_ref().is_none_or(|b| b.len() < out.len()) {
+            let fresh = inner.context.alloc(out.len().next_power_of_two(), Access::LOCAL).map_err(|e| Error::Memory(e.to_string()))?;
+            if let Some(old) = buffer.replace(fresh) {
+                inner.retired.lock().push(old);
+            }
+        }
+        let local = buffer.as_ref().expect("just ensured").slice(0, out.len()).map_err(verbs_err)?;
+        let id = inner.next_read.fetch_add(1, Ordering::Relaxed);
+        inner.reads.expect(id);
+        if let Err(e) = p.post_read(id, RemoteSlice { addr: remote.addr, rkey: remote.region }, local) {
+            inner.reads.complete(id, Err(verbs_err(e)));
+        }
+        if let Err(e) = inner.reads.wait(id, timeout) {
+            // The device may still write into this buffer: retire it rather than reuse it.
+            if let Some(old) = buffer.take() {
+                inner.retired.lock().push(old);
+            }
+            return Err(e);
+        }
+        buffer.as_ref().expect("kept").read(0, out).map_err(verbs_err)
+    }
+
+    fn disconnect(&self, peer: usize) {
+        self.inner.fail(peer, "disconnected after it broke the protocol".into());
+    }
+
+    fn is_alive(&self, peer: usize) -> bool {
+        self.inner.peer(peer).is_some_and(|p| p.is_open()) && self.inner.control.is_alive(peer)
+    }
+
+    fn shutdown(&self) {
+        let inner = &self.inner;
+        inner.closing.store(true, Ordering::Release);
+        // Let what was posted reach the peers (their acknowledgements complete it) before the
+        // goodbye: a peer may still be waiting for this node's last messages.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline && inner.peers.iter().flatten().any(|p| p.is_open() && !p.is_drained()) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        inner.control.shutdown();
+        inner.stop();
+    }
+
+    fn abort(&self) {
+        self.inner.closing.store(true, Ordering::Release);
+        self.inner.control.abort();
+        self.inner.stop();
+    }
+}

@@ -1,0 +1,327 @@
+//! One peer's connection over verbs: its queue pair, message buffers, credits, and the queue of
+//! frames and writes waiting for them.
+//!
+//! Messages are SENDs into the peer's pre-posted receive buffers. Every SEND and every WRITE
+//! WITH IMMEDIATE consumes one of those buffers, so the sender holds one credit per buffer and
+//! spends one per request; the receiver reposts each buffer once it has handled it and returns
+//! the credits in the immediate of its next SEND, or — when it has nothing to say and owes at
+//! least a quarter of the buffers — in a SEND of its own. One credit is reserved for that
+//! credit-only SEND, so two peers that have both run out can always tell each other.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+
+use ferry_verbs::{LocalSlice, Operation, Payload, QueuePair, RegisteredBuffer, RemoteSlice, SendRequest, VerbsError};
+use parking_lot::Mutex;
+
+use crate::fabric::WriteRequest;
+
+/// Immediate bits of a SEND: credits returned (low 16 bits) and two flags.
+pub(super) const IMM_CREDITS: u32 = 0xFFFF;
+/// The SEND carries the last fragment of a frame.
+pub(super) const IMM_FRAME_END: u32 = 1 << 16;
+/// The SEND carries only credits.
+pub(super) const IMM_CREDIT_ONLY: u32 = 1 << 17;
+
+/// Credits only a credit-returning SEND may use.
+const RESERVED_CREDITS: u32 = 1;
+
+/// What a posted send-queue request was, to act on its completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Posted {
+    /// A frame fragment in send buffer `slot`.
+    Fragment(u32),
+    /// A credit-only SEND.
+    Credits,
+    /// A relocation's write, reported to the node under this id.
+    Write(u64),
+    /// A one-sided read, reported to the waiting reader under this id.
+    Read(u64),
+}
+
+enum Pending {
+    Frame { data: Vec<u8>, sent: usize },
+    Write(QueuedWrite),
+}
+
+/// A [`WriteRequest`] waiting for credits; the source address is kept as a number (the
+/// `Fabric::write` contract keeps the memory valid until completion).
+#[derive(Clone, Copy)]
+struct QueuedWrite {
+    src: usize,
+    len: usize,
+    remote: crate::store::RemoteAddr,
+    imm: u32,
+    wr_id: u64,
+}
+
+/// The connection's life.
+pub(super) const OPEN: u8 = 0;
+/// The peer said goodbye: nothing more is sent, late errors are expected.
+pub(super) const CLOSED: u8 = 1;
+/// The connection failed.
+pub(super) const FAILED: u8 = 2;
+
+/// Send-side state, behind the peer's send lock.
+pub(super) struct SendState {
+    credits: u32,
+    pending: VecDeque<Pending>,
+    /// Posted requests in posting order (a queue pair completes them in that order).
+    inflight: VecDeque<(u64, Posted)>,
+    free_slots: Vec<u32>,
+    next_seq: u64,
+}
+
+/// What a pump left for the caller to report once the send lock is released.
+#[derive(Default)]
+pub(super) struct Fallout {
+    /// Writes that will never be posted, with the reason.
+    pub failed_writes: Vec<(u64, String)>,
+    /// The queue pair refused a post: the connection is broken.
+    pub broken: Option<String>,
+}
+
+/// One peer.
+pub(super) struct Peer {
+    pub rank: usize,
+    pub qp: Mutex<QueuePair>,
+    pub send: Mutex<SendState>,
+    pub tx: RegisteredBuffer,
+    pub rx: RegisteredBuffer,
+    pub buffer_bytes: usize,
+    pub buffers: u32,
+    /// Receive buffers handled and reposted but not yet reported to the peer.
+    pub owed: AtomicU32,
+    pub state: AtomicU8,
+    max_send: usize,
+}
+
+/// Work-request ids: the peer in the top 16 bits, bit 47 set for receives, a sequence number
+/// or buffer index below.
+pub(super) const RECV_BIT: u64 = 1 << 47;
+
+pub(super) fn wr_id(peer: usize, recv: bool, index: u64) -> u64 {
+    ((peer as u64) << 48) | if recv { RECV_BIT } else { 0 } | (index & (RECV_BIT - 1))
+}
+
+pub(super) fn split_wr_id(id: u64) -> (usize, bool, u64) {
+    ((id >> 48) as usize, id & RECV_BIT != 0, id & (RECV_BIT - 1))
+}
+
+impl Peer {
+    pub fn new(rank: usize, qp: QueuePair, tx: RegisteredBuffer, rx: RegisteredBuffer, buffers: u32, buffer_bytes: usize, max_send: usize) -> Peer {
+        Peer {
+            rank,
+            qp: Mutex::new(qp),
+            send: Mutex::new(SendState { credits: buffers, pending: VecDeque::new(), inflight: VecDeque::new(), free_slots: (0..buffers).rev().collect(), next_seq: 0 }),
+            tx,
+            rx,
+            buffer_bytes,
+            buffers,
+            owed: AtomicU32::new(0),
+            state: AtomicU8::new(OPEN),
+            max_send,
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.state.load(Ordering::Acquire) == OPEN
+    }
+
+    /// Receive buffer `index`.
+    pub fn rx_slice(&self, index: u32) -> LocalSlice {
+        self.rx.slice(index as usize * self.buffer_bytes, self.buffer_bytes).expect("index below the buffer count")
+    }
+
+    /// Posts receive buffers `indices` (initially, and again after each is handled).
+    pub fn post_receives(&self, indices: impl Iterator<Item = u32>) -> Result<(), VerbsError> {
+        let receives: Vec<(u64, LocalSlice)> = indices.map(|i| (wr_id(self.rank, true, i as u64), self.rx_slice(i))).collect();
+        // SAFETY: the receive buffers belong to this peer and live as long as its queue pair;
+        // a buffer is reposted only after its previous receive completed and was handled.
+        unsafe { self.qp.lock().post_recvs(&receives) }
+    }
+
+    /// Queues a frame.
+    pub fn enqueue_frame(&self, data: Vec<u8>) {
+        self.send.lock().pending.push_back(Pending::Frame { data, sent: 0 });
+    }
+
+    /// Queues writes.
+    pub fn enqueue_writes(&self, writes: &[WriteRequest]) {
+        let mut st = self.send.lock();
+        st.pending.extend(writes.iter().map(|w| Pending::Write(QueuedWrite { src: w.src as usize, len: w.len, remote: w.remote, imm: w.imm, wr_id: w.wr_id })));
+    }
+
+    /// Credits returned by the peer.
+    pub fn add_credits(&self, n: u32) {
+        if n > 0 {
+            self.send.lock().credits += n;
+        }
+    }
+
+    /// Takes up to 16 bits' worth of owed credits for a SEND's immediate.
+    fn take_owed(&self) -> u32 {
+        let mut owed = self.owed.load(Ordering::Acquire);
+        loop {
+            let take = owed.min(IMM_CREDITS);
+            match self.owed.compare_exchange_weak(owed, owed - take, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return take,
+                Err(now) => owed = now,
+            }
+        }
+    }
+
+    /// Posts as much queued work as credits, send buffers and the send queue allow, then a
+    /// credit-only SEND if enough credits are owed and nothing carried them. `lookup` finds the
+    /// registered local memory behind a write's source.
+    pub fn pump(&self, lookup: &dyn Fn(*const u8, usize) -> Option<LocalSlice>) -> Fallout {
+        let mut fallout = Fallout::default();
+        let mut guard = self.send.lock();
+        let st = &mut *guard;
+        if !self.is_open() {
+            for p in st.pending.drain(..) {
+                if let Pending::Write(w) = p {
+                    fallout.failed_writes.push((w.wr_id, format!("the connection to node {} is closed", self.rank)));
+                }
+            }
+            return fallout;
+        }
+        let mut requests: Vec<SendRequest<'static>> = Vec::new();
+        let mut posted: Vec<(u64, Posted)> = Vec::new();
+        while let Some(front) = st.pending.front_mut() {
+            if st.inflight.len() + requests.len() >= self.max_send || st.credits <= RESERVED_CREDITS {
+                break;
+            }
+            match front {
+                Pending::Frame { data, sent } => {
+                    let Some(&slot) = st.free_slots.last() else { break };
+                    let n = (data.len() - *sent).min(self.buffer_bytes);
+                    let end = *sent + n == data.len();
+                    self.tx.write(slot as usize * self.buffer_bytes, &data[*sent..*sent + n]).expect("fragment fits its slot");
+                    *sent += n;
+                    if end {
+                        st.pending.pop_front();
+                    }
+                    st.free_slots.pop();
+                    let imm = self.take_owed() | if end { IMM_FRAME_END } else { 0 };
+                    let seq = st.next_seq + posted.len() as u64;
+                    let payload = Payload::Local(self.tx.slice(slot as usize * self.buffer_bytes, n).expect("fragment fits its slot"));
+                    requests.push(SendRequest { wr_id: wr_id(self.rank, false, seq), op: Operation::Send { imm: Some(imm) }, payload, signaled: true });
+                    posted.push((seq, Posted::Fragment(slot)));
+                    st.credits -= 1;
+                }
+                Pending::Write(w) => {
+                    let w = *w;
+                    st.pending.pop_front();
+                    let Some(local) = lookup(w.src as *const u8, w.len) else {
+                        fallout.failed_writes.push((w.wr_id, "the write's source is not registered memory".into()));
+                        continue;
+                    };
+                    let seq = st.next_seq + posted.len() as u64;
+                    let remote = RemoteSlice { addr: w.remote.addr, rkey: w.remote.region };
+                    requests.push(SendRequest { wr_id: wr_id(self.rank, false, seq), op: Operation::Write { remote, imm: Some(w.imm) }, payload: Payload::Local(local), signaled: true });
+                    posted.push((seq, Posted::Write(w.wr_id)));
+                    st.credits -= 1;
+                }
+            }
+        }
+        let owed = self.owed.load(Ordering::Acquire);
+        if requests.is_empty() && owed >= (self.buffers / 4).max(1) && st.credits >= 1 && st.inflight.len() < self.max_send {
+            let seq = st.next_seq;
+            let imm = self.take_owed() | IMM_CREDIT_ONLY;
+            requests.push(SendRequest { wr_id: wr_id(self.rank, false, seq), op: Operation::Send { imm: Some(imm) }, payload: Payload::Empty, signaled: true });
+            posted.push((seq, Posted::Credits));
+            st.credits -= 1;
+        }
+        if requests.is_empty() {
+            return fallout;
+        }
+        // SAFETY: fragments live in this peer's send buffers, whose slots stay taken until the
+        // completion; write sources are slots the protocol keeps allocated until it is told
+        // the write completed (the `Fabric::write` contract).
+        match unsafe { self.qp.lock().post_send(&requests) } {
+            Ok(()) => {
+                st.next_seq += posted.len() as u64;
+                st.inflight.extend(posted);
+            }
+            Err(e) => {
+                // Nothing of the batch was taken for sure; report its writes as failed and let
+                // the caller fail the connection (the frames die with it).
+                for (_, p) in posted {
+                    if let Posted::Write(id) = p {
+                        fallout.failed_writes.push((id, e.to_string()));
+                    }
+                }
+                fallout.broken = Some(e.to_string());
+            }
+        }
+        fallout
+    }
+
+    /// Posts a one-sided read of `len` bytes at `remote` into `local`.
+    pub fn post_read(&self, id: u64, remote: RemoteSlice, local: LocalSlice) -> Result<(), VerbsError> {
+        let mut st = self.send.lock();
+        if !self.is_open() {
+            return Err(VerbsError::Invalid(format!("the connection to node {} is closed", self.rank)));
+        }
+        let seq = st.next_seq;
+        let request = SendRequest { wr_id: wr_id(self.rank, false, seq), op: Operation::Read { remote }, payload: Payload::Local(local), signaled: true };
+        // SAFETY: `local` is the fabric's read buffer, held by the reader until the completion.
+        unsafe { self.qp.lock().post_send(&[request])? };
+        st.next_seq += 1;
+        st.inflight.push_back((seq, Posted::Read(id)));
+        Ok(())
+    }
+
+    /// A send-queue request completed: frees what it held and says what it was.
+    pub fn complete(&self, seq: u64) -> Option<Posted> {
+        let mut st = self.send.lock();
+        // Completions of one queue pair arrive in posting order, so this is normally the front.
+        let index = st.inflight.iter().position(|(s, _)| *s == seq)?;
+        let (_, posted) = st.inflight.remove(index).expect("found");
+        if let Posted::Fragment(slot) = posted {
+            st.free_slots.push(slot);
+        }
+        Some(posted)
+    }
+
+    /// Whether everything queued has been posted and completed.
+    pub fn is_drained(&self) -> bool {
+        let st = self.send.lock();
+        st.pending.is_empty() && st.inflight.is_empty()
+    }
+
+    /// Marks the connection failed (or closed), moves the queue pair to the error state so that
+    /// everything posted completes as flushed, and drops what was never posted. Returns the
+    /// writes that will never be posted; `None` when the connection was not open.
+    pub fn shut(&self, state: u8, reason: &str) -> Option<Vec<(u64, String)>> {
+        if self.state.compare_exchange(OPEN, state, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return None;
+        }
+        let mut st = self.send.lock();
+        let failed = st
+            .pending
+            .drain(..)
+            .filter_map(|p| match p {
+                Pending::Write(w) => Some((w.wr_id, reason.to_string())),
+                Pending::Frame { .. } => None,
+            })
+            .collect();
+        if state == FAILED {
+            let _ = self.qp.lock().fail();
+        }
+        Some(failed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_request_ids_round_trip() {
+        for (peer, recv, index) in [(0, false, 0), (65_535, true, (1 << 47) - 1), (3, true, 12), (7, false, 99)] {
+            assert_eq!(split_wr_id(wr_id(peer, recv, index)), (peer, recv, index));
+        }
+    }
+}

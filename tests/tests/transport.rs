@@ -1,0 +1,186 @@
+//! Transport selection and the fabrics' data paths, on whatever this host offers.
+//!
+//! On a host without verbs (these machines, CI) `auto` must pick TCP and everything must still
+//! work; inside the soft-RoCE VM (`tests/rxe/`), where `FERRY_VERBS_DEVICE=rxe0,rxe1` gives each
+//! rank its own device and `FERRY_EXPECT_TRANSPORT=verbs` is set, the same tests run the engine
+//! over verbs. Without the variable the expectation follows the host: verbs if it has an active
+//! port, TCP otherwise.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ferry::{Config, Node, TableSpec, TransportChoice};
+use ferry_tests::{binary, launch_testnode};
+
+fn expected_transport() -> &'static str {
+    match std::env::var("FERRY_EXPECT_TRANSPORT").as_deref() {
+        Ok("verbs") => "verbs",
+        Ok("tcp") => "tcp",
+        Ok(other) => panic!("FERRY_EXPECT_TRANSPORT='{other}' is neither verbs nor tcp"),
+        Err(_) => {
+            if ferry::fabric::select::local_verbs(&Config::new(vec![TableSpec::new("x", 1, 1)])).is_ok() {
+                "verbs"
+            } else {
+                "tcp"
+            }
+        }
+    }
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn auto_picks_the_expected_transport_and_sums_are_exact() {
+    let want = expected_transport();
+    let out = launch_testnode(2, &["sums", "--workers", "3", "--rounds", "200", "--relocate", "--asynchronous", "--keys", "40"], Duration::from_secs(300));
+    let text = stdout(&out);
+    assert!(out.status.success(), "cluster failed");
+    for r in 0..2 {
+        assert!(text.contains(&format!("[{r}] transport {want}")), "rank {r} did not use {want}");
+    }
+    assert!(text.contains("[0] sums ok"));
+}
+
+#[test]
+fn history_over_the_chosen_transport_is_sequentially_consistent() {
+    let want = expected_transport();
+    let dir = std::env::temp_dir().join(format!("ferry-transport-history-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = launch_testnode(2, &["history", "--workers", "2", "--ops", "150", "--dir", dir.to_str().unwrap()], Duration::from_secs(300));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = stdout(&out);
+    assert!(out.status.success(), "cluster failed");
+    assert!(text.contains(&format!("[0] transport {want}")) && text.contains(&format!("[1] transport {want}")));
+    assert!(text.contains("[0] history ok"));
+}
+
+#[test]
+fn demanding_verbs_works_exactly_when_verbs_exist() {
+    let out = Command::new(binary("ferry"))
+        .args(["launch", "-n", "2", "--timeout", "120", "--"])
+        .arg(binary("ferry-testnode"))
+        .args(["sums", "--workers", "1", "--rounds", "50"])
+        .env("FERRY_TRANSPORT", "verbs")
+        .output()
+        .unwrap();
+    let (text, err) = (stdout(&out), String::from_utf8_lossy(&out.stderr).into_owned());
+    if expected_transport() == "verbs" {
+        assert!(out.status.success() && text.contains("[0] transport verbs"), "{text}\n{err}");
+    } else {
+        assert!(!out.status.success(), "transport = verbs must fail without verbs");
+        assert!(err.contains("transport = verbs, but node") && err.contains("cannot use verbs"), "the error must say which node lacks verbs and why: {err}");
+    }
+}
+
+/// Paths of the libibverbs files the dynamic loader would find.
+fn libibverbs_files() -> Vec<String> {
+    let listing = Command::new("sh").args(["-c", "ldconfig -p 2>/dev/null | grep -o '/[^ ]*libibverbs\\.so[^ ]*'"]).output().unwrap();
+    let mut files: Vec<String> = String::from_utf8_lossy(&listing.stdout).lines().filter_map(|p| std::fs::canonicalize(p).ok()).map(|p| p.display().to_string()).collect();
+    files.sort();
+    files.dedup();
+    files
+}
+
+#[test]
+fn a_host_without_libibverbs_starts_and_falls_back_to_tcp() {
+    // A private mount namespace in which every libibverbs file is covered by /dev/null: the
+    // run-time loader cannot load it, exactly as on a host where it is not installed.
+    let hide: String = libibverbs_files().iter().map(|f| format!("mount --bind /dev/null {f} && ")).collect();
+    let script = format!(
+        "{hide} {info} info && FERRY_TRANSPORT=auto {ferry} launch -n 2 --timeout 120 -- {node} sums --workers 2 --rounds 100 --relocate",
+        info = binary("ferry").display(),
+        ferry = binary("ferry").display(),
+        node = binary("ferry-testnode").display()
+    );
+    // As root a mount namespace is enough; otherwise map this user to root in a user namespace.
+    let root = is_root();
+    let mut cmd = Command::new("unshare");
+    if root {
+        cmd.args(["--mount", "--propagation", "private"]);
+    } else {
+        cmd.args(["--mount", "--map-root-user", "--propagation", "private"]);
+    }
+    let out = cmd.args(["sh", "-c", &script]).output().expect("running unshare (util-linux)");
+    let (text, err) = (stdout(&out), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert!(out.status.success(), "the fallback run failed (mount namespaces are needed: run as root or allow user namespaces)\n{text}\n{err}");
+    assert!(text.contains("libibverbs.so.1 could not be loaded"), "ferry info must report the missing library:\n{text}");
+    assert!(text.contains("[0] transport tcp") && text.contains("[1] transport tcp"), "{text}");
+    assert!(text.contains("[0] sums ok"));
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
+}
+
+#[test]
+fn one_sided_reads_are_validated_by_slot_versions() {
+    // Node 1 keeps adding 1.0 to every element of a key it holds while node 0 reads the slot
+    // one-sidedly: every accepted copy must have all elements equal (no torn value), and the
+    // values must never go backwards. The writer pauses between bursts, as a trainer's pushes
+    // do; a writer that never pauses starves lock-free readers (they then report `Contended`).
+    let mut template = Config::new(vec![TableSpec::new("r", 8, 256)]);
+    template.apply_transport_env(|k| std::env::var(k).ok()).unwrap();
+    if template.transport == TransportChoice::Tcp && expected_transport() == "verbs" {
+        template.transport = TransportChoice::Auto;
+    }
+    let mut nodes = Node::start_local_cluster(2, template).unwrap();
+    assert_eq!(nodes[0].transport(), expected_transport());
+    let table = nodes[0].table("r").unwrap();
+    let key = 7; // range partitioning: keys 4..8 live on node 1
+    assert!(nodes[0].slot_address(table, key).unwrap().is_none());
+    let at = nodes[1].slot_address(table, key).unwrap().expect("node 1 holds key 7");
+    let stop = Arc::new(AtomicBool::new(false));
+    // Stops the writer even when an assertion below fails, so the failure is reported.
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let writes = std::thread::scope(|s| {
+        let _stop_writer = StopOnDrop(stop.clone());
+        let writer = {
+            let stop = stop.clone();
+            let mut w = nodes[1].worker();
+            s.spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..50 {
+                        w.push(table, &[key], &[1.0; 256]).unwrap();
+                        n += 1;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                n
+            })
+        };
+        let mut out = vec![0.0f32; 256];
+        let mut last = 0.0f32;
+        let mut discarded = 0;
+        for _ in 0..300 {
+            discarded += nodes[0].read_slot(&at, &mut out).unwrap();
+            assert!(out.iter().all(|&v| v == out[0]), "a torn copy was accepted: {:?}", &out[..4]);
+            assert!(out[0] >= last, "the value went backwards: {} after {last}", out[0]);
+            last = out[0];
+        }
+        stop.store(true, Ordering::Relaxed);
+        let n = writer.join().unwrap();
+        eprintln!("{n} writes, {discarded} copies discarded, last value read {last}");
+        assert!(last > 0.0, "the reads saw none of the writes");
+        n
+    });
+    let mut out = vec![0.0f32; 256];
+    nodes[0].read_slot(&at, &mut out).unwrap();
+    assert_eq!(out[0], writes as f32, "a read after the writer stopped sees every write");
+    let mut wrong = vec![0.0f32; 3];
+    assert!(nodes[0].read_slot(&at, &mut wrong).is_err());
+    std::thread::scope(|s| {
+        for n in &mut nodes {
+            s.spawn(move || n.finalize().unwrap());
+        }
+    });
+}
