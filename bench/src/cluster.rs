@@ -9,6 +9,16 @@ use parking_lot::Mutex;
 
 use crate::report::Record;
 
+/// How long a benchmark cluster may run: `FERRY_BENCH_TIMEOUT_S` seconds when set (slow
+/// fabrics such as soft-RoCE under an emulated CPU need more), else 5 minutes for `--quick`
+/// and an hour otherwise. Nodes use it as their operation timeout too, since one of them may
+/// wait in a barrier while the other measures.
+pub fn budget(quick: bool) -> Duration {
+    let default = if quick { 300 } else { 3600 };
+    let seconds = std::env::var("FERRY_BENCH_TIMEOUT_S").ok().and_then(|s| s.trim().parse::<u64>().ok()).filter(|&s| s > 0).unwrap_or(default);
+    Duration::from_secs(seconds)
+}
+
 /// Prints a record for the driver to collect (rank 0's standard output).
 pub fn emit(r: Record) {
     println!("RECORD {}", r.json_line());
@@ -26,7 +36,7 @@ pub fn run_nodes(subcommand: &str, quick: bool, nodes: usize) -> Result<Vec<Reco
     }
     let mut spec = LaunchSpec::new(nodes, exe, args);
     spec.env.push(("FERRY_BENCH_PORT".into(), port.to_string()));
-    spec.timeout = Some(Duration::from_secs(if quick { 300 } else { 3600 }));
+    spec.timeout = Some(budget(quick));
     let records: Arc<Mutex<Vec<Record>>> = Arc::default();
     let sink = records.clone();
     let outcome = launch(&spec, move |rank, stream, line| {

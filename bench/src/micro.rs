@@ -139,6 +139,8 @@ pub fn run_node(quick: bool) -> Result<()> {
     tables.push(TableSpec::new("bulk100", 600_000, 100));
     let mut config = Config::from_env(tables)?;
     config.max_message_bytes = 4 << 20;
+    // Rank 1 waits in one barrier while rank 0 measures everything.
+    config.op_timeout = crate::cluster::budget(quick);
     let mut node = Node::start(config)?;
     if node.nodes() != 2 {
         bail!("the micro benchmark runs on exactly 2 nodes");

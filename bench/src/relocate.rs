@@ -49,6 +49,7 @@ pub fn run_node(quick: bool) -> Result<()> {
     let port: u16 = std::env::var("FERRY_BENCH_PORT").context("FERRY_BENCH_PORT is not set")?.parse()?;
     let mut config = Config::from_env(tables())?;
     config.relocation = true;
+    config.op_timeout = crate::cluster::budget(quick);
     let mut node = Node::start(config)?;
     if node.nodes() != 2 {
         bail!("the relocation benchmark runs on exactly 2 nodes");

@@ -388,13 +388,13 @@ impl Node {
             if u32::from_le_bytes(before) % 2 == 0 {
                 fabric.read(at.node, slot, &mut copy, timeout)?;
                 fabric.read(at.node, counter, &mut after, timeout)?;
-                if before == after {
-                    if let Some(values) = crate::store::validate_slot_copy(&copy, at.value_len) {
-                        for (o, c) in out.iter_mut().zip(values.chunks_exact(4)) {
-                            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                        }
-                        return Ok(attempt);
+                if before == after
+                    && let Some(values) = crate::store::validate_slot_copy(&copy, at.value_len)
+                {
+                    for (o, c) in out.iter_mut().zip(values.chunks_exact(4)) {
+                        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
                     }
+                    return Ok(attempt);
                 }
             } else {
                 after = before;

@@ -79,7 +79,8 @@ fn demanding_verbs_works_exactly_when_verbs_exist() {
 /// Paths of the libibverbs files the dynamic loader would find.
 fn libibverbs_files() -> Vec<String> {
     let listing = Command::new("sh").args(["-c", "ldconfig -p 2>/dev/null | grep -o '/[^ ]*libibverbs\\.so[^ ]*'"]).output().unwrap();
-    let mut files: Vec<String> = String::from_utf8_lossy(&listing.stdout).lines().filter_map(|p| std::fs::canonicalize(p).ok()).map(|p| p.display().to_string()).collect();
+    let mut files: Vec<String> =
+        String::from_utf8_lossy(&listing.stdout).lines().filter_map(|p| std::fs::canonicalize(p).ok()).map(|p| p.display().to_string()).collect();
     files.sort();
     files.dedup();
     files

@@ -36,15 +36,7 @@ pub fn print() -> Result<()> {
             println!("verbs devices:");
             for d in &devices {
                 for p in &d.ports {
-                    println!(
-                        "  {} port {}: {}, {}, MTU {}, LID {}",
-                        d.name,
-                        p.port,
-                        p.state,
-                        p.link_layer,
-                        p.active_mtu,
-                        p.lid
-                    );
+                    println!("  {} port {}: {}, {}, MTU {}, LID {}", d.name, p.port, p.state, p.link_layer, p.active_mtu, p.lid);
                     for g in &p.gids {
                         println!("    GID {:>2}  {:<40} {}", g.index, g.address(), g.kind);
                     }

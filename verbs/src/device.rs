@@ -160,7 +160,7 @@ fn port_info(ctx: &DeviceContext, port: u8) -> Result<PortInfo> {
     let attr = ctx.query_port(port).map_err(|e| VerbsError::Resource { what: "querying a port", reason: e.to_string() })?;
     // Raw fields rather than sideway's enum conversions, which panic on values they do not know.
     let raw = &attr.attr;
-    let state = raw.state as u32;
+    let state = raw.state;
     let link_layer = match raw.link_layer {
         1 => LinkLayer::InfiniBand,
         2 => LinkLayer::Ethernet,
@@ -185,7 +185,7 @@ fn port_info(ctx: &DeviceContext, port: u8) -> Result<PortInfo> {
         active: state == PORT_ACTIVE,
         state: port_state_name(state).into(),
         link_layer,
-        active_mtu: mtu_bytes(raw.active_mtu as u32),
+        active_mtu: mtu_bytes(raw.active_mtu),
         lid: raw.lid,
         gids,
     })
@@ -220,18 +220,16 @@ pub fn default_gid_index(port: &PortInfo) -> Option<u32> {
     let v2 = || port.gids.iter().filter(|g| g.kind == GidKind::RoceV2);
     let ipv4_mapped = |g: &&GidInfo| g.address().to_ipv4_mapped().is_some();
     let link_local = |g: &&GidInfo| g.gid[0] == 0xfe && g.gid[1] & 0xc0 == 0x80;
-    v2().find(ipv4_mapped)
-        .or_else(|| v2().find(|g| !link_local(g)))
-        .or_else(|| v2().next())
-        .or_else(|| port.gids.first())
-        .map(|g| g.index)
+    v2().find(ipv4_mapped).or_else(|| v2().find(|g| !link_local(g))).or_else(|| v2().next()).or_else(|| port.gids.first()).map(|g| g.index)
 }
 
 /// Resolves a selection against the devices: the named (or first) device with an active port,
 /// and the configured (or default) GID on it.
 pub fn choose(devices: &[DeviceInfo], selection: &Selection) -> Result<Chosen> {
     if devices.is_empty() {
-        return Err(VerbsError::Unavailable("no verbs devices (load an RDMA driver, or create soft-RoCE with 'rdma link add rxe0 type rxe netdev <if>')".into()));
+        return Err(VerbsError::Unavailable(
+            "no verbs devices (load an RDMA driver, or create soft-RoCE with 'rdma link add rxe0 type rxe netdev <if>')".into(),
+        ));
     }
     let candidates: Vec<&DeviceInfo> = match &selection.device {
         Some(name) => match devices.iter().find(|d| &d.name == name) {
@@ -295,7 +293,12 @@ mod tests {
     fn default_gid_prefers_routable_roce_v2() {
         let p = port(
             LinkLayer::Ethernet,
-            &[(0, "fe80::1", GidKind::RoceV2), (1, "fe80::1", GidKind::RoceV1), (2, "::ffff:10.0.0.1", GidKind::RoceV1), (3, "::ffff:10.0.0.1", GidKind::RoceV2)],
+            &[
+                (0, "fe80::1", GidKind::RoceV2),
+                (1, "fe80::1", GidKind::RoceV1),
+                (2, "::ffff:10.0.0.1", GidKind::RoceV1),
+                (3, "::ffff:10.0.0.1", GidKind::RoceV2),
+            ],
             true,
         );
         assert_eq!(default_gid_index(&p), Some(3));

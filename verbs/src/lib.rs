@@ -14,6 +14,8 @@
 //! WRITE, RDMA WRITE WITH IMMEDIATE, and RDMA READ; failed completions come back as
 //! [`VerbsError::Completion`] with a [`CompletionStatus`].
 
+#![warn(missing_docs)]
+
 mod context;
 mod device;
 mod error;

@@ -3,14 +3,14 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
 use rdma_mummy_sys::{ibv_poll_cq, ibv_wc};
+use sideway::ibverbs::AccessFlags;
+use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
 use sideway::ibverbs::completion::{CompletionQueue as _, GenericCompletionQueue};
 use sideway::ibverbs::device_context::Mtu;
 use sideway::ibverbs::queue_pair::{
     GenericQueuePair, PostSendGuard, QueuePair as _, QueuePairAttribute, QueuePairState, SetInlineData, SetScatterGatherEntry, WorkRequestFlags,
 };
-use sideway::ibverbs::AccessFlags;
 
 use crate::context::{Context, LocalSlice, RemoteSlice};
 use crate::device::LinkLayer;
@@ -423,7 +423,9 @@ impl QueuePair {
         }
         for r in requests {
             match (r.op, r.payload) {
-                (Operation::Read { .. }, Payload::Inline(_)) => return Err(VerbsError::Invalid("a READ needs a registered destination, not inline data".into())),
+                (Operation::Read { .. }, Payload::Inline(_)) => {
+                    return Err(VerbsError::Invalid("a READ needs a registered destination, not inline data".into()));
+                }
                 (_, Payload::Inline(data)) if data.len() > self.max_inline as usize => {
                     return Err(VerbsError::Invalid(format!("{} inline bytes exceed the queue pair's {}", data.len(), self.max_inline)));
                 }

@@ -12,8 +12,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use ferry_verbs::{
-    Access, Backoff, Completion, CompletionHandler, CompletionKind, CompletionQueue, CompletionStatus, Context, Endpoint, Operation, Payload, Poller, QueuePair,
-    QueuePairCaps, RemoteRegion, RemoteSlice, Selection, SendRequest, VerbsError, exchange, probe,
+    Access, Backoff, Completion, CompletionHandler, CompletionKind, CompletionQueue, CompletionStatus, Context, Endpoint, Operation, Payload, Poller,
+    QueuePair, QueuePairCaps, RemoteRegion, RemoteSlice, Selection, SendRequest, VerbsError, exchange, probe,
 };
 
 fn selections() -> Option<(Selection, Selection)> {
@@ -148,7 +148,8 @@ fn rdma_write_lands_byte_for_byte() {
     assert!(landed == data, "written bytes differ");
     // Inline payloads are copied at posting time.
     let inline = pattern(48, 99);
-    let request = SendRequest { wr_id: 9, op: Operation::Write { remote: remote.slice(100, 48).unwrap(), imm: None }, payload: Payload::Inline(&inline), signaled: true };
+    let request =
+        SendRequest { wr_id: 9, op: Operation::Write { remote: remote.slice(100, 48).unwrap(), imm: None }, payload: Payload::Inline(&inline), signaled: true };
     // SAFETY: no local buffer is involved.
     unsafe { p.qp_a.post_send(&[request]).unwrap() };
     wait(&p.cq_a, 1)[0].result().unwrap();
@@ -169,7 +170,12 @@ fn write_with_immediate_completes_a_receive_after_the_bytes() {
     let data = pattern(8192, 17);
     src.write(0, &data).unwrap();
     let requests = [
-        SendRequest { wr_id: 1, op: Operation::Write { remote: remote.slice(0, 8192).unwrap(), imm: Some(0xC0FFEE) }, payload: Payload::Local(src.slice(0, 8192).unwrap()), signaled: true },
+        SendRequest {
+            wr_id: 1,
+            op: Operation::Write { remote: remote.slice(0, 8192).unwrap(), imm: Some(0xC0FFEE) },
+            payload: Payload::Local(src.slice(0, 8192).unwrap()),
+            signaled: true,
+        },
         SendRequest { wr_id: 2, op: Operation::Write { remote: remote.slice(0, 0).unwrap(), imm: Some(0) }, payload: Payload::Empty, signaled: true },
     ];
     // SAFETY: buffers live until the completions below.

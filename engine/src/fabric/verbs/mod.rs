@@ -24,7 +24,9 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use ferry_tcp::{AccessError, Handler, LandedWrite, Mesh, Rendezvous, TransportError};
-use ferry_verbs::{Access, Backoff, Chosen, CompletionQueue, Context, Endpoint, LocalSlice, MemoryRegion, Poller, QueuePair, QueuePairCaps, RegisteredBuffer, RemoteSlice};
+use ferry_verbs::{
+    Access, Backoff, Chosen, CompletionQueue, Context, Endpoint, LocalSlice, MemoryRegion, Poller, QueuePair, QueuePairCaps, RegisteredBuffer, RemoteSlice,
+};
 use parking_lot::{Mutex, RwLock};
 
 use self::peer::{CLOSED, FAILED, Peer};
@@ -64,7 +66,14 @@ impl VerbsFabric {
     /// Connects a queue pair to every peer: creates them and their buffers, trades endpoints
     /// through the rendezvous (TCP), connects, and waits until every node has. `control` is
     /// the already connected TCP mesh kept for liveness.
-    pub fn connect(rendezvous: &mut Rendezvous, control: Mesh, context: Context, settings: &VerbsSettings, max_frame: usize, timeout: Duration) -> Result<VerbsFabric> {
+    pub fn connect(
+        rendezvous: &mut Rendezvous,
+        control: Mesh,
+        context: Context,
+        settings: &VerbsSettings,
+        max_frame: usize,
+        timeout: Duration,
+    ) -> Result<VerbsFabric> {
         let rank = rendezvous.rank();
         let nodes = rendezvous.nodes();
         let buffers = settings.buffers as u32;
@@ -92,7 +101,9 @@ impl VerbsFabric {
         let all = rendezvous.all_gather(&blob, timeout)?;
         for (r, peer) in peers.iter().enumerate() {
             let Some(peer) = peer else { continue };
-            let theirs = all[r].get(rank * Endpoint::BYTES..(rank + 1) * Endpoint::BYTES).ok_or_else(|| Error::Transport(format!("node {r} sent a malformed endpoint table")))?;
+            let theirs = all[r]
+                .get(rank * Endpoint::BYTES..(rank + 1) * Endpoint::BYTES)
+                .ok_or_else(|| Error::Transport(format!("node {r} sent a malformed endpoint table")))?;
             let endpoint = Endpoint::decode(theirs).map_err(verbs_err)?;
             peer.qp.lock().connect(&endpoint).map_err(|e| Error::Transport(format!("connecting to node {r}: {e}")))?;
         }
@@ -170,10 +181,10 @@ impl Inner {
         if let Some(failed) = peer.shut(FAILED, &reason) {
             self.report_failed_writes(failed);
             self.control.disconnect(rank);
-            if !self.closing.load(Ordering::Acquire) {
-                if let Some(h) = self.handler() {
-                    h.on_peer_closed(rank, Some(reason));
-                }
+            if !self.closing.load(Ordering::Acquire)
+                && let Some(h) = self.handler()
+            {
+                h.on_peer_closed(rank, Some(reason));
             }
         }
     }

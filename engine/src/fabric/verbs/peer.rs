@@ -9,7 +9,7 @@
 //! credit-only SEND, so two peers that have both run out can always tell each other.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
 use ferry_verbs::{LocalSlice, Operation, Payload, QueuePair, RegisteredBuffer, RemoteSlice, SendRequest, VerbsError};
 use parking_lot::Mutex;
@@ -113,7 +113,13 @@ impl Peer {
         Peer {
             rank,
             qp: Mutex::new(qp),
-            send: Mutex::new(SendState { credits: buffers, pending: VecDeque::new(), inflight: VecDeque::new(), free_slots: (0..buffers).rev().collect(), next_seq: 0 }),
+            send: Mutex::new(SendState {
+                credits: buffers,
+                pending: VecDeque::new(),
+                inflight: VecDeque::new(),
+                free_slots: (0..buffers).rev().collect(),
+                next_seq: 0,
+            }),
             tx,
             rx,
             buffer_bytes,
@@ -219,7 +225,12 @@ impl Peer {
                     };
                     let seq = st.next_seq + posted.len() as u64;
                     let remote = RemoteSlice { addr: w.remote.addr, rkey: w.remote.region };
-                    requests.push(SendRequest { wr_id: wr_id(self.rank, false, seq), op: Operation::Write { remote, imm: Some(w.imm) }, payload: Payload::Local(local), signaled: true });
+                    requests.push(SendRequest {
+                        wr_id: wr_id(self.rank, false, seq),
+                        op: Operation::Write { remote, imm: Some(w.imm) },
+                        payload: Payload::Local(local),
+                        signaled: true,
+                    });
                     posted.push((seq, Posted::Write(w.wr_id)));
                     st.credits -= 1;
                 }
