@@ -83,11 +83,15 @@ pub struct VerbsSettings {
     pub buffers: usize,
     /// Bytes per message buffer; longer frames travel in several SENDs.
     pub buffer_bytes: usize,
+    /// How long the completion poller keeps polling after the last completion before it blocks
+    /// on the completion channel: spinning answers in nanoseconds but takes a core, which an
+    /// oversubscribed host (more busy threads than cores) pays for in scheduling delays.
+    pub poll_spin: std::time::Duration,
 }
 
 impl Default for VerbsSettings {
     fn default() -> Self {
-        VerbsSettings { devices: Vec::new(), port: None, gid_index: None, buffers: 64, buffer_bytes: 32 << 10 }
+        VerbsSettings { devices: Vec::new(), port: None, gid_index: None, buffers: 64, buffer_bytes: 32 << 10, poll_spin: std::time::Duration::from_micros(50) }
     }
 }
 
@@ -209,7 +213,8 @@ impl Config {
     /// Applies transport settings from the environment: `FERRY_TRANSPORT` (`auto`, `verbs`,
     /// `tcp`), `FERRY_VERBS_DEVICE` (a device name, or a comma-separated list indexed by rank),
     /// `FERRY_VERBS_PORT`, `FERRY_VERBS_GID_INDEX`, `FERRY_VERBS_BUFFERS` and
-    /// `FERRY_VERBS_BUFFER_BYTES`. Unset variables leave the settings as they are.
+    /// `FERRY_VERBS_BUFFER_BYTES`, `FERRY_VERBS_SPIN_US`. Unset variables leave the settings as
+    /// they are.
     pub fn apply_transport_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
         let get = |name: &str| get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
         if let Some(t) = get("FERRY_TRANSPORT") {
@@ -232,6 +237,9 @@ impl Config {
         }
         if let Some(b) = get("FERRY_VERBS_BUFFER_BYTES") {
             self.verbs.buffer_bytes = number("FERRY_VERBS_BUFFER_BYTES", &b)?;
+        }
+        if let Some(s) = get("FERRY_VERBS_SPIN_US") {
+            self.verbs.poll_spin = std::time::Duration::from_micros(number("FERRY_VERBS_SPIN_US", &s)?);
         }
         Ok(())
     }
@@ -256,6 +264,9 @@ impl Config {
         }
         if !(2..=4096).contains(&self.verbs.buffers) {
             return bad(format!("verbs buffers per peer must be in 2..=4096, not {}", self.verbs.buffers));
+        }
+        if self.verbs.poll_spin > std::time::Duration::from_secs(1) {
+            return bad(format!("the verbs poller's spin must be at most 1 s, not {:?}", self.verbs.poll_spin));
         }
         if !(256..=(16 << 20)).contains(&self.verbs.buffer_bytes) {
             return bad(format!("verbs buffer bytes must be in 256..=16 MiB, not {}", self.verbs.buffer_bytes));
@@ -380,11 +391,18 @@ mod tests {
     fn transport_settings_from_the_environment() {
         let vars = |pairs: &[(&str, &str)]| -> HashMap<String, String> { pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() };
         let mut c = Config::new(vec![TableSpec::new("a", 10, 1)]);
-        let env = vars(&[("FERRY_TRANSPORT", "Verbs"), ("FERRY_VERBS_DEVICE", "rxe0, rxe1"), ("FERRY_VERBS_GID_INDEX", "3"), ("FERRY_VERBS_BUFFERS", "16")]);
+        let env = vars(&[
+            ("FERRY_TRANSPORT", "Verbs"),
+            ("FERRY_VERBS_DEVICE", "rxe0, rxe1"),
+            ("FERRY_VERBS_GID_INDEX", "3"),
+            ("FERRY_VERBS_BUFFERS", "16"),
+            ("FERRY_VERBS_SPIN_US", "0"),
+        ]);
         c.apply_transport_env(|k| env.get(k).cloned()).unwrap();
         assert_eq!(c.transport, TransportChoice::Verbs);
         assert_eq!((c.verbs.device_for(0), c.verbs.device_for(1), c.verbs.device_for(2)), (Some("rxe0"), Some("rxe1"), Some("rxe0")));
         assert_eq!((c.verbs.gid_index, c.verbs.buffers, c.verbs.port), (Some(3), 16, None));
+        assert_eq!(c.verbs.poll_spin, std::time::Duration::ZERO);
         let env = vars(&[("FERRY_TRANSPORT", "carrier-pigeon")]);
         assert!(c.apply_transport_env(|k| env.get(k).cloned()).is_err());
         let env = vars(&[("FERRY_VERBS_PORT", "x")]);

@@ -3,10 +3,13 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rdma_mummy_sys::{ibv_poll_cq, ibv_wc};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use rdma_mummy_sys::{ibv_ack_cq_events, ibv_cq, ibv_get_cq_event, ibv_poll_cq, ibv_req_notify_cq, ibv_wc};
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
-use sideway::ibverbs::completion::{CompletionQueue as _, GenericCompletionQueue};
+use sideway::ibverbs::completion::{CompletionChannel, CompletionQueue as _, GenericCompletionQueue};
 use sideway::ibverbs::device_context::Mtu;
 use sideway::ibverbs::queue_pair::{
     GenericQueuePair, PostSendGuard, QueuePair as _, QueuePairAttribute, QueuePairState, SetInlineData, SetScatterGatherEntry, WorkRequestFlags,
@@ -58,9 +61,12 @@ impl Completion {
     }
 }
 
-/// A completion queue shared by any number of queue pairs.
+/// A completion queue shared by any number of queue pairs, with a completion channel so that an
+/// idle poller can block until the next completion instead of polling.
 pub struct CompletionQueue {
     cq: GenericCompletionQueue,
+    /// Declared after `cq`: the queue is destroyed before its channel.
+    channel: Arc<CompletionChannel>,
     /// Reused completion array for `ibv_poll_cq`; the lock also serializes pollers.
     scratch: Mutex<Vec<ibv_wc>>,
     entries: u32,
@@ -82,10 +88,66 @@ impl CompletionQueue {
     /// poll, and it behaves the same on every provider (the extended `ibv_start_poll` interface
     /// miscounted consumed entries on soft-RoCE in our tests).
     pub fn new(context: &Context, entries: u32) -> Result<Arc<CompletionQueue>> {
+        let channel =
+            CompletionChannel::new(&context.device).map_err(|e| VerbsError::Resource { what: "creating a completion channel", reason: e.to_string() })?;
+        // Non-blocking: `wait` sleeps in poll(2) with a timeout, then drains the events.
+        channel.set_nonblocking(true).map_err(|e| VerbsError::Resource { what: "configuring a completion channel", reason: e.to_string() })?;
         let mut builder = context.device.create_cq_builder();
-        builder.setup_cqe(entries.max(1));
+        builder.setup_cqe(entries.max(1)).setup_comp_channel(&channel, 0);
         let cq = builder.build().map_err(|e| VerbsError::Resource { what: "creating a completion queue", reason: e.to_string() })?;
-        Ok(Arc::new(CompletionQueue { cq: GenericCompletionQueue::from(cq), scratch: Mutex::new(Vec::with_capacity(64)), entries }))
+        Ok(Arc::new(CompletionQueue { cq: GenericCompletionQueue::from(cq), channel, scratch: Mutex::new(Vec::with_capacity(64)), entries }))
+    }
+
+    fn raw(&self) -> *mut ibv_cq {
+        // SAFETY: the handle is only used while `self.cq` lives (every caller borrows `self`).
+        unsafe { self.cq.cq().as_ptr() }
+    }
+
+    /// Asks for an event on the completion channel when the next completion arrives. A
+    /// completion already queued raises none: poll once more after arming, then [`wait`].
+    ///
+    /// [`wait`]: CompletionQueue::wait
+    pub fn arm(&self) -> Result<()> {
+        // SAFETY: the CQ handle is valid while `self` lives; arming may be repeated.
+        let rc = unsafe { ibv_req_notify_cq(self.raw(), 0) };
+        if rc != 0 {
+            return Err(VerbsError::Resource { what: "arming a completion queue", reason: std::io::Error::from_raw_os_error(rc.abs()).to_string() });
+        }
+        Ok(())
+    }
+
+    /// Blocks until the armed queue raises an event or `timeout` passes; returns whether an
+    /// event came. Events are acknowledged at once.
+    pub fn wait(&self, timeout: Duration) -> Result<bool> {
+        let mut fd = libc::pollfd { fd: self.channel.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let millis = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: `fd` is one valid pollfd record and the count says one.
+        let ready = unsafe { libc::poll(&mut fd, 1, millis) };
+        if ready < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                return Ok(false);
+            }
+            return Err(VerbsError::Resource { what: "waiting on a completion channel", reason: e.to_string() });
+        }
+        let mut events = 0u32;
+        loop {
+            let mut cq: *mut ibv_cq = std::ptr::null_mut();
+            let mut cq_context: *mut std::ffi::c_void = std::ptr::null_mut();
+            // SAFETY: the channel is valid while `self` lives; the out-pointers are valid
+            // locals. The descriptor is non-blocking, so this returns -1 once none is left.
+            let rc = unsafe { ibv_get_cq_event(self.channel.comp_channel().as_ptr(), &mut cq, &mut cq_context) };
+            if rc != 0 {
+                break;
+            }
+            events += 1;
+        }
+        if events > 0 {
+            // SAFETY: acknowledges exactly the events taken above, all for this queue (the
+            // channel serves no other); destroying the queue requires it.
+            unsafe { ibv_ack_cq_events(self.raw(), events) };
+        }
+        Ok(events > 0)
     }
 
     /// Capacity asked for at creation.
@@ -102,7 +164,7 @@ impl CompletionQueue {
         }
         // SAFETY: the CQ handle is valid while `self.cq` lives; `scratch` has room for `want`
         // records, which `ibv_poll_cq` fills from the start and reports how many it wrote.
-        let got = unsafe { ibv_poll_cq(self.cq.cq().as_ptr(), want as i32, scratch.as_mut_ptr()) };
+        let got = unsafe { ibv_poll_cq(self.raw(), want as i32, scratch.as_mut_ptr()) };
         if got < 0 {
             return Err(VerbsError::Resource { what: "polling a completion queue", reason: std::io::Error::from_raw_os_error(-got).to_string() });
         }

@@ -337,3 +337,27 @@ fn poller_thread_delivers_every_completion_in_order() {
     assert_eq!(got.iter().map(|c| c.wr_id).collect::<Vec<_>>(), (0..64).collect::<Vec<_>>());
     poller.stop();
 }
+
+#[test]
+fn an_idle_poller_blocks_and_is_woken_by_the_next_completion() {
+    let Some(mut p) = pair() else { return };
+    let (tx, rx) = mpsc::channel();
+    // A tiny spin and a long blocking wait: a completion that arrives while the poller waits
+    // can only reach it in time through the completion channel's event.
+    let backoff = Backoff { spin: Duration::from_micros(1), block: Duration::from_secs(4) };
+    let mut poller = Poller::spawn("test-idle-poller".into(), p.cq_b.clone(), backoff, Forward(tx)).unwrap();
+    let buffers = p.b.alloc(3 * 64, Access::LOCAL).unwrap();
+    let receives: Vec<(u64, _)> = (0..3).map(|i| (i, buffers.slice(i as usize * 64, 64).unwrap())).collect();
+    // SAFETY: the buffers live until the poller has seen every receive.
+    unsafe { p.qp_b.post_recvs(&receives).unwrap() };
+    for round in 0..3u32 {
+        std::thread::sleep(Duration::from_millis(300)); // the poller is blocked by now
+        let request = SendRequest { wr_id: round as u64, op: Operation::Send { imm: Some(round) }, payload: Payload::Empty, signaled: true };
+        // SAFETY: no local buffers are involved.
+        unsafe { p.qp_a.post_send(&[request]).unwrap() };
+        wait(&p.cq_a, 1)[0].result().unwrap();
+        let got = rx.recv_timeout(Duration::from_secs(2)).expect("the blocked poller was not woken by the completion");
+        assert_eq!(got.imm, Some(round));
+    }
+    poller.stop();
+}

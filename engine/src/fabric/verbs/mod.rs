@@ -55,6 +55,7 @@ pub(crate) struct Inner {
     retired: Mutex<Vec<RegisteredBuffer>>,
     next_read: AtomicU64,
     max_frame: usize,
+    poll_spin: Duration,
     closing: AtomicBool,
 }
 
@@ -124,6 +125,7 @@ impl VerbsFabric {
                 retired: Mutex::new(Vec::new()),
                 next_read: AtomicU64::new(1),
                 max_frame,
+                poll_spin: settings.poll_spin,
                 closing: AtomicBool::new(false),
             }),
         })
@@ -270,7 +272,13 @@ impl Fabric for VerbsFabric {
         }
         self.inner.control.start(Arc::new(ControlAdapter { inner: Arc::downgrade(&self.inner) }))?;
         let receiver = receive::Receiver::new(Arc::downgrade(&self.inner), self.inner.peers.len());
-        let poller = Poller::spawn(format!("ferry{}-verbs", self.inner.rank), self.inner.cq.clone(), Backoff::default(), receiver).map_err(verbs_err)?;
+        let poller = Poller::spawn(
+            format!("ferry{}-verbs", self.inner.rank),
+            self.inner.cq.clone(),
+            Backoff { spin: self.inner.poll_spin, ..Backoff::default() },
+            receiver,
+        )
+        .map_err(verbs_err)?;
         *self.inner.poller.lock() = Some(poller);
         Ok(())
     }
