@@ -28,3 +28,13 @@ pub fn launch_testnode(nodes: usize, args: &[&str], timeout: Duration) -> Output
     eprintln!("--- stdout\n{}\n--- stderr\n{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     output
 }
+
+/// Finalizes every node of an in-process cluster at once (each finalize waits in a barrier for
+/// the others) and panics if any fails.
+pub fn finalize_all(nodes: Vec<ferry::Node>) {
+    std::thread::scope(|s| {
+        for mut n in nodes {
+            s.spawn(move || n.finalize().unwrap());
+        }
+    });
+}

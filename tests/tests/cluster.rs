@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry::{Config, Error, Node, Partitioning, TableSpec};
+use ferry_tests::finalize_all;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -11,21 +12,6 @@ fn config(tables: Vec<TableSpec>) -> Config {
     let mut c = Config::new(tables);
     c.latches = 64;
     c
-}
-
-fn finalize_all(nodes: Vec<Node>) {
-    let handles: Vec<_> = nodes
-        .into_iter()
-        .map(|n| {
-            std::thread::spawn(move || {
-                let mut n = n;
-                n.finalize()
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().unwrap().unwrap();
-    }
 }
 
 /// Every worker of every node pushes known increments to random keys, some nodes localizing

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ferry::{Config, Node, TableSpec, TransportChoice};
-use ferry_tests::{binary, launch_testnode};
+use ferry_tests::{binary, finalize_all, launch_testnode};
 
 fn expected_transport() -> &'static str {
     match std::env::var("FERRY_EXPECT_TRANSPORT").as_deref() {
@@ -128,7 +128,7 @@ fn one_sided_reads_are_validated_by_slot_versions() {
     if template.transport == TransportChoice::Tcp && expected_transport() == "verbs" {
         template.transport = TransportChoice::Auto;
     }
-    let mut nodes = Node::start_local_cluster(2, template).unwrap();
+    let nodes = Node::start_local_cluster(2, template).unwrap();
     assert_eq!(nodes[0].transport(), expected_transport());
     let table = nodes[0].table("r").unwrap();
     let key = 7; // range partitioning: keys 4..8 live on node 1
@@ -179,9 +179,5 @@ fn one_sided_reads_are_validated_by_slot_versions() {
     assert_eq!(out[0], writes as f32, "a read after the writer stopped sees every write");
     let mut wrong = vec![0.0f32; 3];
     assert!(nodes[0].read_slot(&at, &mut wrong).is_err());
-    std::thread::scope(|s| {
-        for n in &mut nodes {
-            s.spawn(move || n.finalize().unwrap());
-        }
-    });
+    finalize_all(nodes);
 }
