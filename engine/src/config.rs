@@ -171,6 +171,9 @@ pub struct Config {
     /// Large operations are split into parts of about this many bytes, so that their parts
     /// stream through sender, network and receiver at the same time.
     pub part_bytes: usize,
+    /// Shards of the protocol state (1..=64), each behind its own lock: threads working on keys
+    /// of different shards do not wait for each other. Local to this node (nodes may differ).
+    pub shards: usize,
 }
 
 impl Config {
@@ -193,6 +196,7 @@ impl Config {
             connect_timeout: Duration::from_secs(60),
             max_message_bytes: 4 << 20,
             part_bytes: 256 << 10,
+            shards: 16,
         }
     }
 
@@ -273,6 +277,9 @@ impl Config {
         }
         if self.max_message_bytes < 4096 {
             return bad("max_message_bytes must be at least 4096".into());
+        }
+        if !(1..=crate::protocol::MAX_SHARDS).contains(&self.shards) {
+            return bad(format!("shards must be in 1..={}, not {}", crate::protocol::MAX_SHARDS, self.shards));
         }
         for (i, t) in self.tables.iter().enumerate() {
             if t.name.is_empty() {

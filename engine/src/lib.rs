@@ -15,16 +15,14 @@
 
 #![warn(missing_docs)]
 
-pub mod client;
 pub mod config;
-pub mod consistency;
 mod error;
+mod node;
 pub mod fabric;
 pub mod launch;
-mod node;
 pub mod partition;
 pub mod protocol;
-pub mod sim;
+mod runtime;
 pub mod stats;
 pub mod store;
 mod util;

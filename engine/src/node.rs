@@ -1,126 +1,21 @@
-//! The node runtime: start-up, the protocol behind its lock, the fabric's callbacks, timers,
-//! barriers and shutdown.
+//! A running node: start-up, the public handle, shutdown.
 //!
-//! There is no protocol thread. Whoever has an event — a worker with a request, a fabric reader
-//! thread with a frame, the timer — takes the protocol lock, feeds the event, and moves the output
-//! into the fabric's per-peer queues *before* releasing the lock (so frames leave in protocol
-//! order), then flushes those queues outside the lock. This saves the thread hand-off a protocol
-//! thread would add to every remote operation.
+//! There is no protocol thread: whoever has an event runs it on the shared protocol state
+//! (see [`crate::runtime`]). A node's threads are the fabric's (connection readers and writers,
+//! or the verbs poller), the timer, and the trainer's own worker threads.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
-use std::thread::{JoinHandle, Thread};
-use std::time::{Duration, Instant};
-
-use crossbeam_utils::CachePadded;
-use parking_lot::{Condvar, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::fabric::{Fabric, FabricHandler, WriteCompletion, WriteRequest};
-use crate::protocol::{BarrierKind, OpId, Protocol, Settings};
+use crate::fabric::Fabric;
+use crate::protocol::{BarrierKind, Core, Settings};
+use crate::runtime::{Callbacks, NodeInner};
 use crate::stats::Stats;
 use crate::store::{PageKind, Store};
-use crate::util::FastMap;
 use crate::worker::Worker;
-
-/// Bytes of one-sided writes posted (and sent) at a time.
-const WRITE_PIECE: usize = 256 << 10;
-
-/// Completion cell of one remote operation, shared by the waiting worker and the engine.
-pub(crate) struct OpCell {
-    done: AtomicBool,
-    result: Mutex<Option<Result<Vec<f32>>>>,
-    waiter: Mutex<Option<Thread>>,
-    /// The issuing worker's count of unfinished asynchronous operations, when asynchronous.
-    outstanding: Option<Arc<AtomicUsize>>,
-}
-
-impl OpCell {
-    pub(crate) fn new(outstanding: Option<Arc<AtomicUsize>>) -> Arc<OpCell> {
-        if let Some(o) = &outstanding {
-            o.fetch_add(1, Ordering::AcqRel);
-        }
-        Arc::new(OpCell { done: AtomicBool::new(false), result: Mutex::new(None), waiter: Mutex::new(None), outstanding })
-    }
-
-    pub(crate) fn complete(&self, result: Result<Vec<f32>>) {
-        *self.result.lock() = Some(result);
-        self.done.store(true, Ordering::Release);
-        if let Some(o) = &self.outstanding {
-            o.fetch_sub(1, Ordering::AcqRel);
-        }
-        if let Some(t) = self.waiter.lock().take() {
-            t.unpark();
-        }
-    }
-
-    pub(crate) fn is_done(&self) -> bool {
-        self.done.load(Ordering::Acquire)
-    }
-
-    /// Waits until completion or `deadline`; `None` on timeout. Spins briefly first: a remote
-    /// operation on a fast network completes within microseconds, sooner than a park/unpark.
-    pub(crate) fn wait(&self, deadline: Instant) -> Option<Result<Vec<f32>>> {
-        for i in 0..4000u32 {
-            if self.is_done() {
-                return self.result.lock().take();
-            }
-            if i % 64 == 63 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-        *self.waiter.lock() = Some(std::thread::current());
-        loop {
-            if self.is_done() {
-                return self.result.lock().take();
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return None;
-            }
-            std::thread::park_timeout(deadline - now);
-        }
-    }
-}
-
-/// The protocol plus the cells of operations waiting on it, under one lock.
-pub(crate) struct Engine {
-    pub protocol: Protocol,
-    pub waiters: FastMap<OpId, Arc<OpCell>>,
-}
-
-#[derive(Default)]
-struct BarrierState {
-    /// Workers of this node waiting in the current local round.
-    arrived: usize,
-    /// Local rounds started.
-    rounds: u32,
-    /// Results of finished protocol generations, per kind.
-    finished: [u32; 2],
-    errors: Vec<(BarrierKind, u32, Error)>,
-}
-
-pub(crate) struct NodeInner {
-    pub config: Config,
-    pub store: Arc<Store>,
-    pub engine: Mutex<Engine>,
-    pub fabric: Arc<dyn Fabric>,
-    clock_offset: i64,
-    pub live_workers: AtomicUsize,
-    retired_local: AtomicU64,
-    worker_counters: Mutex<Vec<Arc<CachePadded<AtomicU64>>>>,
-    barrier: Mutex<BarrierState>,
-    barrier_cv: Condvar,
-    stopping: AtomicBool,
-    /// Set when this node enters the finalize barrier. A peer can only leave after every node
-    /// entered it, so a clean goodbye seen from then on is expected, not a failure.
-    finalizing: AtomicBool,
-    next_worker: AtomicUsize,
-    fingerprint: u64,
-}
 
 /// A running node: one process's share of the cluster.
 pub struct Node {
@@ -170,43 +65,6 @@ impl Table {
     }
 }
 
-struct Callbacks {
-    node: Weak<NodeInner>,
-}
-
-impl FabricHandler for Callbacks {
-    fn on_frame(&self, from: usize, frame: &[u8]) {
-        let Some(node) = self.node.upgrade() else { return };
-        let result = node.step(|e, now| e.protocol.on_message(from, frame, now));
-        if let Err(e) = result {
-            tracing::error!(node = node.config.rank, peer = from, error = %e, "closing the connection to a peer that broke the protocol");
-            node.fabric.disconnect(from);
-        }
-    }
-
-    fn on_writes_landed(&self, _from: usize, imms: &[u32]) {
-        if let Some(node) = self.node.upgrade() {
-            node.step(|e, now| e.protocol.on_writes_landed(imms, now));
-        }
-    }
-
-    fn on_write_done(&self, wr_id: u64, result: Result<()>) {
-        if let Some(node) = self.node.upgrade() {
-            node.step(|e, now| e.protocol.on_write_done(wr_id, result, now));
-        }
-    }
-
-    fn on_peer_closed(&self, peer: usize, error: Option<String>) {
-        let Some(node) = self.node.upgrade() else { return };
-        if error.is_none() && (node.stopping.load(Ordering::Acquire) || node.finalizing.load(Ordering::Acquire)) {
-            return;
-        }
-        let reason = error.unwrap_or_else(|| "it left the cluster".into());
-        tracing::warn!(node = node.config.rank, peer, %reason, "peer lost");
-        node.step(|e, now| e.protocol.on_peer_lost(peer, &reason, now));
-    }
-}
-
 impl Node {
     /// Starts this node: joins the cluster at the coordinator, connects to every peer, checks
     /// that all nodes have the same tables and settings, and allocates the home keys' values.
@@ -225,45 +83,15 @@ impl Node {
             part_bytes: config.part_bytes,
             op_timeout_ns: config.op_timeout.as_nanos() as u64,
             loss_grace_ns: (config.peer_timeout * 2).as_nanos() as u64,
+            shards: config.shards,
         };
-        let mut protocol = Protocol::new(config.rank, config.nodes, &config.tables, store.clone(), settings);
-        let sink_fabric = fabric.clone();
-        protocol.set_frame_sink(Box::new(move |to, frame| {
-            let to = to as usize;
-            if sink_fabric.enqueue(to, frame).is_ok() {
-                sink_fabric.flush(to);
-            }
-        }));
-        let inner = Arc::new(NodeInner {
-            store,
-            engine: Mutex::new(Engine { protocol, waiters: FastMap::default() }),
-            fabric: fabric.clone(),
-            clock_offset,
-            live_workers: AtomicUsize::new(0),
-            retired_local: AtomicU64::new(0),
-            worker_counters: Mutex::new(Vec::new()),
-            barrier: Mutex::new(BarrierState::default()),
-            barrier_cv: Condvar::new(),
-            stopping: AtomicBool::new(false),
-            finalizing: AtomicBool::new(false),
-            next_worker: AtomicUsize::new(0),
-            fingerprint: config.fingerprint(),
-            config,
-        });
+        let core = Core::new(config.rank, config.nodes, &config.tables, store, settings);
+        let inner = Arc::new(NodeInner::new(config, core, fabric.clone(), clock_offset));
         fabric.start(Arc::new(Callbacks { node: Arc::downgrade(&inner) }))?;
-        let weak = Arc::downgrade(&inner);
+        let timer_node = inner.clone();
         let timer = std::thread::Builder::new()
             .name(format!("ferry{}-timer", inner.config.rank))
-            .spawn(move || {
-                while let Some(node) = weak.upgrade() {
-                    if node.stopping.load(Ordering::Acquire) {
-                        return;
-                    }
-                    node.step(|e, now| e.protocol.on_tick(now));
-                    drop(node);
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            })
+            .spawn(move || timer_node.run_timer())
             .map_err(|e| Error::Transport(format!("cannot start the timer thread: {e}")))?;
         Ok(Node { inner, timer: Some(timer), finished: false })
     }
@@ -307,7 +135,7 @@ impl Node {
 
     /// The kind of pages backing parameter memory (the worst used, if huge pages ran out).
     pub fn page_kind(&self) -> Option<PageKind> {
-        self.inner.store.page_kind()
+        self.inner.core.store().page_kind()
     }
 
     /// Looks a table up by name.
@@ -322,18 +150,18 @@ impl Node {
 
     /// This node's statistics.
     pub fn stats(&self) -> Stats {
-        self.inner.stats()
+        self.inner.core.stats()
     }
 
     /// Forgets the relocation and blocking times recorded so far, so that the next
     /// [`Node::stats`] describes only what follows.
     pub fn reset_latencies(&self) {
-        self.inner.engine.lock().protocol.reset_latencies();
+        self.inner.core.reset_latencies();
     }
 
     /// Slots of `table` in use here and bytes of arena memory mapped for it.
     pub fn memory(&self, table: Table) -> (usize, usize) {
-        let t = self.inner.store.table(table.id);
+        let t = self.inner.core.store().table(table.id);
         (t.slot_usage().0, t.arena_bytes())
     }
 
@@ -345,7 +173,7 @@ impl Node {
         if key >= table.keys {
             return Err(Error::UnknownKey { table: self.inner.config.tables[table.id as usize].name.clone(), key, keys: table.keys });
         }
-        let t = self.inner.store.table(table.id);
+        let t = self.inner.core.store().table(table.id);
         Ok(t.slot_of(key).map(|slot| {
             let remote = t.remote_addr(slot);
             SlotAddress { node: self.rank(), region: remote.region, addr: remote.addr, value_len: table.value_len }
@@ -437,15 +265,12 @@ impl Node {
         } else {
             self.inner.fabric.shutdown();
         }
+        self.inner.wake_timer();
         if let Some(t) = self.timer.take() {
             let _ = t.join();
         }
         // Fail whatever still waits, so that no worker stays blocked.
-        let mut engine = self.inner.engine.lock();
-        engine.protocol.cancel_all();
-        for (_, cell) in engine.waiters.drain() {
-            cell.complete(Err(Error::ShutDown));
-        }
+        self.inner.shut_down_workers();
     }
 }
 
@@ -456,11 +281,6 @@ impl Drop for Node {
 }
 
 impl NodeInner {
-    /// Cluster time: this host's monotonic clock aligned to the coordinator's.
-    pub(crate) fn now(&self) -> u64 {
-        (ferry_tcp::monotonic_ns() as i64 + self.clock_offset).max(1) as u64
-    }
-
     pub(crate) fn table(&self, name: &str) -> Result<Table> {
         self.config
             .tables
@@ -479,167 +299,6 @@ impl NodeInner {
             Ok(())
         } else {
             Err(Error::UnknownTable(format!("#{} (a handle from another cluster configuration)", table.id)))
-        }
-    }
-
-    pub(crate) fn register_worker(&self) -> (usize, Arc<CachePadded<AtomicU64>>) {
-        let counter = Arc::new(CachePadded::new(AtomicU64::new(0)));
-        self.worker_counters.lock().push(counter.clone());
-        self.live_workers.fetch_add(1, Ordering::AcqRel);
-        (self.next_worker.fetch_add(1, Ordering::Relaxed), counter)
-    }
-
-    pub(crate) fn retire_worker(&self, counter: &Arc<CachePadded<AtomicU64>>) {
-        self.retired_local.fetch_add(counter.load(Ordering::Relaxed), Ordering::Relaxed);
-        self.worker_counters.lock().retain(|c| !Arc::ptr_eq(c, counter));
-        self.live_workers.fetch_sub(1, Ordering::AcqRel);
-        // A departing worker may complete a round the others wait in.
-        self.maybe_start_round();
-    }
-
-    pub(crate) fn stats(&self) -> Stats {
-        let local = self.retired_local.load(Ordering::Relaxed) + self.worker_counters.lock().iter().map(|c| c.load(Ordering::Relaxed)).sum::<u64>();
-        self.engine.lock().protocol.stats(local)
-    }
-
-    /// Runs `f` on the engine and executes its output: frames into the fabric queues and
-    /// writes posted while the lock is held, completions delivered, then queues flushed.
-    pub(crate) fn step<R>(&self, f: impl FnOnce(&mut Engine, u64) -> R) -> R {
-        let now = self.now();
-        let mut touched: Vec<usize> = Vec::new();
-        let mut barrier_events = Vec::new();
-        let result;
-        {
-            let mut engine = self.engine.lock();
-            result = f(&mut engine, now);
-            loop {
-                let out = engine.protocol.take_output();
-                if out.is_empty() {
-                    break;
-                }
-                for (to, frame) in out.frames {
-                    let to = to as usize;
-                    if self.fabric.enqueue(to, frame).is_ok() && !touched.contains(&to) {
-                        touched.push(to);
-                    }
-                }
-                let mut writes = out.writes;
-                writes.sort_by_key(|w| w.to);
-                for group in writes.chunk_by(|a, b| a.to == b.to) {
-                    let to = group[0].to as usize;
-                    // Post in pieces of about a quarter megabyte and send each piece at once, so
-                    // that copying values out and sending them overlap; each piece's completions
-                    // are recorded before it is sent, so a source slot is free before its bytes
-                    // arrive anywhere.
-                    let mut start = 0;
-                    while start < group.len() {
-                        let mut end = start;
-                        let mut bytes = 0;
-                        while end < group.len() && (end == start || bytes + group[end].len <= WRITE_PIECE) {
-                            bytes += group[end].len;
-                            end += 1;
-                        }
-                        let piece = &group[start..end];
-                        let requests: Vec<WriteRequest> = piece
-                            .iter()
-                            .map(|w| WriteRequest { remote: w.remote, src: self.store.table(w.table).slot_ptr(w.slot), len: w.len, imm: w.imm, wr_id: w.wr_id })
-                            .collect();
-                        // SAFETY: each source is a slot the protocol keeps allocated (and no longer
-                        // publishes) until `on_write_done` reports the write complete.
-                        let outcome = unsafe { self.fabric.write(to, &requests) };
-                        match outcome {
-                            Ok(WriteCompletion::Immediate) => {
-                                for w in piece {
-                                    engine.protocol.on_write_done(w.wr_id, Ok(()), now);
-                                }
-                            }
-                            Ok(WriteCompletion::Deferred) => {}
-                            Err(e) => {
-                                for w in piece {
-                                    engine.protocol.on_write_done(w.wr_id, Err(e.clone()), now);
-                                }
-                            }
-                        }
-                        self.fabric.flush(to);
-                        start = end;
-                    }
-                    if !touched.contains(&to) {
-                        touched.push(to);
-                    }
-                }
-                for c in out.completions {
-                    if let Some(cell) = engine.waiters.remove(&c.op) {
-                        cell.complete(c.result);
-                    }
-                }
-                barrier_events.extend(out.barriers);
-            }
-        }
-        for to in touched {
-            self.fabric.flush(to);
-        }
-        if !barrier_events.is_empty() {
-            let mut state = self.barrier.lock();
-            for event in barrier_events {
-                let slot = &mut state.finished[event.kind as usize];
-                *slot = (*slot).max(event.generation);
-                if let Err(e) = event.result {
-                    state.errors.push((event.kind, event.generation, e));
-                }
-            }
-            self.barrier_cv.notify_all();
-        }
-        result
-    }
-
-    /// One barrier generation across the cluster (for finalize; workers use `worker_barrier`).
-    fn barrier_round(&self, kind: BarrierKind) -> Result<()> {
-        let generation = self.step(|e, now| e.protocol.barrier_enter(kind, now));
-        self.wait_generation(kind, generation)
-    }
-
-    fn wait_generation(&self, kind: BarrierKind, generation: u32) -> Result<()> {
-        let deadline = Instant::now() + self.config.op_timeout;
-        let mut state = self.barrier.lock();
-        loop {
-            if let Some(pos) = state.errors.iter().position(|(k, g, _)| *k == kind && *g == generation) {
-                return Err(state.errors.remove(pos).2);
-            }
-            if state.finished[kind as usize] >= generation {
-                return Ok(());
-            }
-            if self.barrier_cv.wait_until(&mut state, deadline).timed_out() {
-                return Err(Error::Timeout { what: "barrier", millis: self.config.op_timeout.as_millis() as u64 });
-            }
-        }
-    }
-
-    /// A worker arrives at the workers' barrier; the node enters the cluster-wide generation
-    /// when all its live workers have arrived.
-    pub(crate) fn worker_barrier(&self) -> Result<()> {
-        let generation = {
-            let mut state = self.barrier.lock();
-            state.arrived += 1;
-            state.rounds + 1
-        };
-        self.maybe_start_round();
-        self.wait_generation(BarrierKind::Workers, generation)
-    }
-
-    fn maybe_start_round(&self) {
-        let start = {
-            let mut state = self.barrier.lock();
-            let live = self.live_workers.load(Ordering::Acquire);
-            if state.arrived > 0 && state.arrived >= live {
-                state.arrived = 0;
-                state.rounds += 1;
-                true
-            } else {
-                false
-            }
-        };
-        if start {
-            self.step(|e, now| e.protocol.barrier_enter(BarrierKind::Workers, now));
         }
     }
 }

@@ -79,6 +79,11 @@ impl Partitioner {
         node * self.keys / self.nodes
     }
 
+    /// The scheme.
+    pub fn kind(&self) -> Partitioning {
+        self.kind
+    }
+
     /// The home node of `key` (which must be below the table's key count).
     #[inline]
     pub fn home(&self, key: u64) -> usize {

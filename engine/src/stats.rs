@@ -1,6 +1,10 @@
 //! Per-node statistics: access locality, relocations, and traffic per message kind.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use hdrhistogram::Histogram;
+use parking_lot::Mutex;
 
 /// Kinds of traffic counted separately.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +96,7 @@ pub struct Latency {
 }
 
 impl Latency {
+    /// The summary of a histogram of nanoseconds.
     pub(crate) fn of(h: &Histogram<u64>) -> Latency {
         if h.is_empty() {
             return Latency::default();
@@ -179,55 +184,118 @@ impl Stats {
     }
 }
 
-/// Counters kept by the protocol (under its lock).
-pub(crate) struct ProtocolCounters {
-    pub local_keys: u64,
-    pub remote_keys: u64,
+/// Counters of one thread's protocol output (a [`crate::protocol::Transmit`]): keys it served
+/// locally or sent away, and the traffic it produced. One thread writes a cell (a load and a
+/// store, no locked read-modify-write); readers sum all cells.
+#[derive(Default)]
+pub(crate) struct CounterCell {
+    pub local_keys: AtomicU64,
+    pub remote_keys: AtomicU64,
+    pub messages: [AtomicU64; 8],
+    pub bytes: [AtomicU64; 8],
+}
+
+impl CounterCell {
+    /// Adds `n` to a field of a cell this thread alone writes.
+    #[inline]
+    pub fn bump(field: &AtomicU64, n: u64) {
+        field.store(field.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    }
+
+    fn add_to(&self, s: &mut Stats) {
+        s.local_accesses += self.local_keys.load(Ordering::Relaxed);
+        s.remote_accesses += self.remote_keys.load(Ordering::Relaxed);
+        for i in 0..8 {
+            s.traffic.messages[i] += self.messages[i].load(Ordering::Relaxed);
+            s.traffic.bytes[i] += self.bytes[i].load(Ordering::Relaxed);
+        }
+    }
+}
+
+/// All counter cells of a node, and the totals of cells whose threads have finished.
+#[derive(Default)]
+pub(crate) struct CounterRegistry {
+    live: Mutex<Vec<Arc<CounterCell>>>,
+    retired: Mutex<Stats>,
+}
+
+impl CounterRegistry {
+    /// A new cell, counted from now on.
+    pub fn cell(&self) -> Arc<CounterCell> {
+        let cell = Arc::new(CounterCell::default());
+        self.live.lock().push(cell.clone());
+        cell
+    }
+
+    /// Folds a cell into the totals and stops tracking it.
+    pub fn retire(&self, cell: &Arc<CounterCell>) {
+        let mut live = self.live.lock();
+        if let Some(pos) = live.iter().position(|c| Arc::ptr_eq(c, cell)) {
+            live.swap_remove(pos);
+            cell.add_to(&mut self.retired.lock());
+        }
+    }
+
+    /// Local and remote keys and traffic over every cell, past and present.
+    pub fn totals(&self) -> Stats {
+        let live = self.live.lock();
+        let mut s = *self.retired.lock();
+        for c in live.iter() {
+            c.add_to(&mut s);
+        }
+        s
+    }
+}
+
+/// Counters kept by one shard of the protocol (under its lock).
+pub(crate) struct ShardCounters {
     pub queued_keys: u64,
     pub forwarded_keys: u64,
     pub double_forwarded_keys: u64,
     pub relocations_in: u64,
     pub relocations_out: u64,
-    pub traffic: Traffic,
     pub relocation_ns: Histogram<u64>,
     pub blocking_ns: Histogram<u64>,
 }
 
-impl Default for ProtocolCounters {
+impl Default for ShardCounters {
     fn default() -> Self {
         let hist = || Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid histogram bounds");
-        ProtocolCounters {
-            local_keys: 0,
-            remote_keys: 0,
+        ShardCounters {
             queued_keys: 0,
             forwarded_keys: 0,
             double_forwarded_keys: 0,
             relocations_in: 0,
             relocations_out: 0,
-            traffic: Traffic::default(),
             relocation_ns: hist(),
             blocking_ns: hist(),
         }
     }
 }
 
-impl ProtocolCounters {
-    pub(crate) fn snapshot(&self, worker_local: u64) -> Stats {
-        Stats {
-            local_accesses: self.local_keys + worker_local,
-            remote_accesses: self.remote_keys,
-            queued_accesses: self.queued_keys,
-            forwarded_keys: self.forwarded_keys,
-            double_forwarded_keys: self.double_forwarded_keys,
-            relocations_in: self.relocations_in,
-            relocations_out: self.relocations_out,
-            traffic: self.traffic,
-            relocation_time: Latency::of(&self.relocation_ns),
-            blocking_time: Latency::of(&self.blocking_ns),
-        }
-    }
-
-    pub(crate) fn record(h: &mut Histogram<u64>, ns: u64) {
+impl ShardCounters {
+    pub fn record(h: &mut Histogram<u64>, ns: u64) {
         let _ = h.record(ns.max(1));
     }
+
+    /// Adds this shard's counters to `s` and its latencies to the merged histograms.
+    pub fn add_to(&self, s: &mut Stats, relocation: &mut Histogram<u64>, blocking: &mut Histogram<u64>) {
+        s.queued_accesses += self.queued_keys;
+        s.forwarded_keys += self.forwarded_keys;
+        s.double_forwarded_keys += self.double_forwarded_keys;
+        s.relocations_in += self.relocations_in;
+        s.relocations_out += self.relocations_out;
+        let _ = relocation.add(&self.relocation_ns);
+        let _ = blocking.add(&self.blocking_ns);
+    }
+
+    pub fn reset_latencies(&mut self) {
+        self.relocation_ns.reset();
+        self.blocking_ns.reset();
+    }
+}
+
+/// A histogram for merging shard latencies.
+pub(crate) fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid histogram bounds")
 }

@@ -1,22 +1,26 @@
 //! The handle a trainer thread holds.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam_utils::CachePadded;
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 
-use crate::client::{gather, local_pass, pull_if_all_local, scatter};
 use crate::error::{Error, Result};
-use crate::node::{NodeInner, OpCell, Table};
-use crate::protocol::{AccessKind, Request, RequestKind, Submitted};
+use crate::node::Table;
+use crate::protocol::{AccessKind, Delivery, Issued, OpId, Progress, PullTarget, Requester, Transmit};
+use crate::runtime::NodeInner;
 
 /// One trainer thread's access to the parameter store.
 ///
 /// Keys may repeat within a call and need not be sorted; values are laid out key after key
 /// (`keys.len() × value_len` floats). Keys held by this node are served right here — a latch and
 /// a copy, no queue, no allocation, no system call; other keys go to their owners, grouped into
-/// one message per destination.
+/// one message per destination (parts of about `part_bytes` for large calls).
+///
+/// Each worker owns its operation table and an inbox: answers to its operations are handled by
+/// the worker itself while it waits (pulled values go straight into the caller's buffer), so
+/// workers never contend for the node's protocol state unless they touch the same keys.
+/// Completions of asynchronous operations are noticed whenever the worker calls into Ferry.
 ///
 /// # Consistency
 ///
@@ -29,54 +33,44 @@ use crate::protocol::{AccessKind, Request, RequestKind, Submitted};
 /// * **with location caches, asynchronous operations are only eventually consistent**: a stale
 ///   cache entry can make a later operation overtake an earlier one (Lapse, Theorem 3).
 ///
-/// Relocations never change values and never lose or duplicate updates. Operations that fail (a
-/// lost peer, a timeout) may or may not have taken effect.
+/// A key repeated within one call is applied in the call's order, except that when the key
+/// arrives at (or leaves) this node during the call, its repeats may take effect in either
+/// order. Relocations never change values and never lose or duplicate updates. Operations that
+/// fail (a lost peer, a timeout) may or may not have taken effect.
 pub struct Worker {
     node: Arc<NodeInner>,
-    id: usize,
-    local: Arc<CachePadded<AtomicU64>>,
-    outstanding: Arc<AtomicUsize>,
-    rows: Vec<u32>,
+    index: u16,
+    requester: Requester,
+    inbox: Receiver<Delivery>,
+    tx: Transmit,
 }
 
 /// An asynchronous push, set or localize in flight; pass it to [`Worker::wait`].
 #[must_use = "an operation's outcome is only known by waiting for it"]
 pub struct Ticket {
-    cell: Option<Arc<OpCell>>,
+    op: Option<OpId>,
+    _token: Arc<()>,
 }
 
 /// An asynchronous pull in flight; pass it to [`Worker::wait_pull`].
 #[must_use = "a pull's values are only available by waiting for it"]
 pub struct PullTicket {
-    values: Vec<f32>,
-    rows: Vec<u32>,
-    value_len: usize,
-    cell: Option<Arc<OpCell>>,
-}
-
-impl Ticket {
-    /// Whether the operation has completed (successfully or not).
-    pub fn is_done(&self) -> bool {
-        self.cell.as_ref().is_none_or(|c| c.is_done())
-    }
-}
-
-impl PullTicket {
-    /// Whether the pull has completed (successfully or not).
-    pub fn is_done(&self) -> bool {
-        self.cell.as_ref().is_none_or(|c| c.is_done())
-    }
+    op: Option<OpId>,
+    values: Option<Vec<f32>>,
+    _token: Arc<()>,
 }
 
 impl Worker {
     pub(crate) fn new(node: Arc<NodeInner>) -> Worker {
-        let (id, local) = node.register_worker();
-        Worker { node, id, local, outstanding: Arc::new(AtomicUsize::new(0)), rows: Vec::new() }
+        let (index, first_seq, inbox) = node.register_worker();
+        let requester = node.core.requester(index, first_seq);
+        let tx = node.core.transmit();
+        Worker { node, index, requester, inbox, tx }
     }
 
     /// This worker's number on its node.
     pub fn id(&self) -> usize {
-        self.id
+        self.index as usize
     }
 
     /// The node's rank.
@@ -98,12 +92,6 @@ impl Worker {
         Ok(())
     }
 
-    #[cold]
-    fn unknown_key(&self, table: Table, keys: &[u64]) -> Error {
-        let key = keys.iter().copied().find(|&k| k >= table.keys).unwrap_or(u64::MAX);
-        Error::UnknownKey { table: self.node.config.tables[table.id as usize].name.clone(), key, keys: table.keys }
-    }
-
     #[inline]
     fn validate(&self, table: Table, keys: &[u64], values: usize, what: &'static str) -> Result<()> {
         self.validate_keys(table, keys)?;
@@ -114,108 +102,115 @@ impl Worker {
         Ok(())
     }
 
+    #[cold]
+    fn unknown_key(&self, table: Table, keys: &[u64]) -> Error {
+        let key = keys.iter().copied().find(|&k| k >= table.keys).unwrap_or(u64::MAX);
+        Error::UnknownKey { table: self.node.config.tables[table.id as usize].name.clone(), key, keys: table.keys }
+    }
+
     /// The hot path for one key held here: a latch and a copy. `None` when the key is elsewhere.
     #[inline]
     fn single_local(&mut self, kind: AccessKind, table: Table, key: u64, input: &[f32], output: &mut [f32]) -> Option<()> {
-        let store = &self.node.store;
-        let t = store.table(table.id);
-        // SAFETY: `output` holds `value_len` floats (validated by the caller).
-        if kind == AccessKind::Pull && unsafe { t.read_optimistic(key, output.as_mut_ptr()) } {
-            self.count_local(1);
+        let store = self.node.core.store();
+        if kind == AccessKind::Pull && store.table(table.id).read_optimistic(key, output) {
+            self.tx.count_local(1);
             return Some(());
         }
-        let _latch = store.latch(table.id, key);
-        let slot = t.slot_of(key)?;
-        // SAFETY: the key's latch is held and `slot` is its published slot.
-        unsafe {
-            match kind {
-                AccessKind::Pull => t.read(slot, output),
-                AccessKind::Push => t.add(slot, input),
-                AccessKind::Set => t.write(slot, input),
-            }
+        let guard = store.lock(table.id, key);
+        let slot = guard.slot()?;
+        match kind {
+            AccessKind::Pull => slot.read(output),
+            AccessKind::Push => slot.add(input),
+            AccessKind::Set => slot.write(input),
         }
-        self.count_local(1);
+        drop(guard);
+        self.tx.count_local(1);
         Some(())
     }
 
-    /// Counts keys served locally. Only this worker writes its counter, so a load and a store
-    /// suffice (no locked read-modify-write on the hot path).
-    #[inline]
-    fn count_local(&self, served: usize) {
-        self.local.store(self.local.load(Ordering::Relaxed) + served as u64, Ordering::Relaxed);
-    }
-
-    fn deadline(&self) -> Instant {
-        Instant::now() + self.node.config.op_timeout
-    }
-
-    /// Serves what is local; submits the rest. Returns the remote rows and the pending cell, or
-    /// `None` for the cell when everything completed.
-    fn issue(
-        &mut self,
-        kind: AccessKind,
-        table: Table,
-        keys: &[u64],
-        input: &[f32],
-        output: &mut [f32],
-        asynchronous: bool,
-    ) -> Result<(Vec<u32>, Option<Arc<OpCell>>)> {
-        let mut rows = std::mem::take(&mut self.rows);
-        rows.clear();
-        let served = local_pass(&self.node.store, kind, table.id, keys, input, output, &mut rows);
-        self.count_local(served);
-        if rows.is_empty() {
-            self.rows = rows;
-            return Ok((Vec::new(), None));
+    /// Issues an access (local rows served at once) and hands its parts to the fabric as they
+    /// are encoded.
+    fn issue(&mut self, kind: AccessKind, table: Table, keys: &[u64], input: &[f32], target: PullTarget<'_>, ticket: Option<&Arc<()>>) -> Result<Issued> {
+        let node = self.node.clone();
+        let mut issued = None;
+        let ticket = ticket.map(Arc::downgrade);
+        let mut target = Some(target);
+        node.run(&mut self.tx, |step, _, _| {
+            let t = target.take().unwrap_or(PullTarget::None);
+            issued = Some(step.issue_access(&mut self.requester, kind, table.id, keys, input, t, ticket.clone()));
+            Ok(Progress::Done)
+        })?;
+        let issued = issued.unwrap_or(Err(Error::ShutDown))?;
+        if let Issued::Pending { op, more: true } = issued {
+            let mut more = true;
+            while more {
+                node.run(&mut self.tx, |step, _, _| {
+                    more = step.continue_issue(&mut self.requester, op, keys, input);
+                    Ok(Progress::Done)
+                })?;
+            }
         }
-        // When every row is remote the caller's slices are the request as they are.
-        let gathered;
-        let (remote_keys, remote_values): (&[u64], &[f32]) = if rows.len() == keys.len() {
-            (keys, input)
-        } else {
-            gathered = gather(&rows, keys, input, table.value_len, kind.carries_values());
-            (&gathered.0, &gathered.1)
-        };
-        let cell = OpCell::new(asynchronous.then(|| self.outstanding.clone()));
-        let request = Request { kind: RequestKind::Access(kind), table: table.id, keys: remote_keys, values: remote_values };
-        let submitted = self.node.step(|e, now| {
-            let r = e.protocol.submit(request, now);
-            if let Ok(Submitted::Pending(id)) = r {
-                e.waiters.insert(id, cell.clone());
-            }
-            r
-        });
-        match submitted {
-            Ok(Submitted::Done(values)) => {
-                if kind == AccessKind::Pull {
-                    scatter(&rows, &values, output, table.value_len);
-                }
-                cell.finish_unused();
-                Ok((Vec::new(), None))
-            }
-            Ok(Submitted::Pending(_)) => Ok((rows, Some(cell))),
-            Err(e) => {
-                cell.finish_unused();
-                Err(e)
+        Ok(issued)
+    }
+
+    /// Feeds one delivery to the operation table.
+    fn handle(&mut self, delivery: Delivery, waiting: Option<(OpId, &mut [f32])>) {
+        if let Some(fault) = self.requester.handle(delivery, self.node.core.directory(), waiting) {
+            if fault.peer as usize == self.node.config.rank {
+                tracing::error!(node = fault.peer, error = %fault.error, "a malformed answer from this node's own protocol");
+            } else {
+                tracing::error!(node = self.node.config.rank, peer = fault.peer, error = %fault.error, "closing the connection to a peer that broke the protocol");
+                self.node.fabric.disconnect(fault.peer as usize);
             }
         }
     }
 
-    fn wait_cell(&self, cell: &OpCell, what: &'static str) -> Result<Vec<f32>> {
-        match cell.wait(self.deadline()) {
-            Some(result) => result,
-            None => {
-                // Forget the operation so that a late answer is ignored; it may or may not have
-                // taken effect.
-                self.node.step(|e, _| {
-                    let ids: Vec<_> = e.waiters.iter().filter(|(_, c)| std::ptr::eq(Arc::as_ptr(c), cell)).map(|(id, _)| *id).collect();
-                    for id in ids {
-                        e.waiters.remove(&id);
-                        e.protocol.cancel(id);
+    /// Handles whatever deliveries are waiting, without blocking.
+    fn progress(&mut self) {
+        while let Ok(d) = self.inbox.try_recv() {
+            self.handle(d, None);
+        }
+        self.requester.handle_timeout(self.node.now());
+    }
+
+    /// Waits for `op`, handling deliveries; a synchronous pull's values go into `caller`.
+    fn wait_op(&mut self, op: OpId, mut caller: Option<&mut [f32]>) -> Result<Vec<f32>> {
+        let mut spins = 0u32;
+        loop {
+            if let Some(result) = self.requester.take(op) {
+                return result;
+            }
+            if !self.requester.is_pending(op) {
+                return Err(Error::Protocol(format!("operation {op} is unknown to this worker")));
+            }
+            // A remote answer on a fast network comes within microseconds, sooner than a
+            // park and wake-up: spin briefly first.
+            let delivery = match self.inbox.try_recv() {
+                Ok(d) => Some(d),
+                Err(TryRecvError::Empty) if spins < 4000 => {
+                    spins += 1;
+                    if spins % 64 == 0 {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
                     }
-                });
-                cell.finish_unused();
-                Err(Error::Timeout { what, millis: self.node.config.op_timeout.as_millis() as u64 })
+                    continue;
+                }
+                Err(TryRecvError::Empty) => {
+                    let now = self.node.now();
+                    let deadline = self.requester.poll_timeout().unwrap_or(now + 1_000_000_000);
+                    let wait = Instant::now() + Duration::from_nanos(deadline.saturating_sub(now));
+                    match self.inbox.recv_deadline(wait) {
+                        Ok(d) => Some(d),
+                        Err(RecvTimeoutError::Timeout) => None,
+                        Err(RecvTimeoutError::Disconnected) => return Err(Error::ShutDown),
+                    }
+                }
+                Err(TryRecvError::Disconnected) => return Err(Error::ShutDown),
+            };
+            match delivery {
+                Some(d) => self.handle(d, caller.as_deref_mut().map(|c| (op, c))),
+                None => self.requester.handle_timeout(self.node.now()),
             }
         }
     }
@@ -229,48 +224,9 @@ impl Worker {
         {
             return Ok(());
         }
-        if keys.len() >= 64 && self.all_remote(table, keys) {
-            return self.pull_remote_into(table, keys, out);
-        }
-        let (rows, cell) = self.issue(AccessKind::Pull, table, keys, &[], out, false)?;
-        if let Some(cell) = cell {
-            let values = self.wait_cell(&cell, "pull")?;
-            scatter(&rows, &values, out, table.value_len);
-            self.rows = rows;
-        }
-        Ok(())
-    }
-
-    fn all_remote(&self, table: Table, keys: &[u64]) -> bool {
-        let t = self.node.store.table(table.id);
-        keys.iter().all(|&k| t.slot_of(k).is_none())
-    }
-
-    /// A pull of keys held elsewhere, written by the protocol straight into `out` (one copy of
-    /// every value fewer). `out` stays borrowed until the operation completes or is cancelled.
-    fn pull_remote_into(&mut self, table: Table, keys: &[u64], out: &mut [f32]) -> Result<()> {
-        let cell = OpCell::new(None);
-        let ptr = out.as_mut_ptr();
-        let submitted = self.node.step(|e, now| {
-            // SAFETY: `out` is borrowed mutably for this whole call, and the call does not return
-            // before the operation completes or `wait_cell` cancelled it (under this same lock),
-            // so the protocol never writes through `ptr` after `out` is released.
-            let r = unsafe { e.protocol.submit_into(table.id, keys, ptr, now) };
-            if let Ok(Submitted::Pending(id)) = r {
-                e.waiters.insert(id, cell.clone());
-            }
-            r
-        });
-        match submitted {
-            Ok(Submitted::Done(_)) => {
-                cell.finish_unused();
-                Ok(())
-            }
-            Ok(Submitted::Pending(_)) => self.wait_cell(&cell, "pull").map(|_| ()),
-            Err(e) => {
-                cell.finish_unused();
-                Err(e)
-            }
+        match self.issue(AccessKind::Pull, table, keys, &[], PullTarget::Caller(&mut *out), None)? {
+            Issued::Done(_) => Ok(()),
+            Issued::Pending { op, .. } => self.wait_op(op, Some(out)).map(|_| ()),
         }
     }
 
@@ -283,34 +239,42 @@ impl Worker {
         {
             return Ok(());
         }
-        let (rows, cell) = self.issue(AccessKind::Push, table, keys, updates, &mut [], false)?;
-        if let Some(cell) = cell {
-            self.wait_cell(&cell, "push")?;
-            self.rows = rows;
+        match self.issue(AccessKind::Push, table, keys, updates, PullTarget::None, None)? {
+            Issued::Done(_) => Ok(()),
+            Issued::Pending { op, .. } => self.wait_op(op, None).map(|_| ()),
         }
-        Ok(())
     }
 
     /// Overwrites the values of `keys`.
     pub fn set(&mut self, table: Table, keys: &[u64], values: &[f32]) -> Result<()> {
         self.validate(table, keys, values.len(), "set values")?;
-        let (rows, cell) = self.issue(AccessKind::Set, table, keys, values, &mut [], false)?;
-        if let Some(cell) = cell {
-            self.wait_cell(&cell, "set")?;
-            self.rows = rows;
+        match self.issue(AccessKind::Set, table, keys, values, PullTarget::None, None)? {
+            Issued::Done(_) => Ok(()),
+            Issued::Pending { op, .. } => self.wait_op(op, None).map(|_| ()),
         }
-        Ok(())
     }
 
     /// Reads `keys` into `out` only if all of them are held by this node; returns whether it
     /// did. Never touches the network.
     pub fn pull_if_local(&mut self, table: Table, keys: &[u64], out: &mut [f32]) -> Result<bool> {
         self.validate(table, keys, out.len(), "pull output")?;
-        let done = pull_if_all_local(&self.node.store, table.id, keys, out);
-        if done {
-            self.count_local(keys.len());
+        let store = self.node.core.store();
+        let t = store.table(table.id);
+        if keys.iter().any(|&k| t.slot_of(k).is_none()) {
+            return Ok(false);
         }
-        Ok(done)
+        let value_len = table.value_len;
+        for (row, &key) in keys.iter().enumerate() {
+            let dst = &mut out[row * value_len..(row + 1) * value_len];
+            if t.read_optimistic(key, dst) {
+                continue;
+            }
+            let guard = store.lock(table.id, key);
+            let Some(slot) = guard.slot() else { return Ok(false) };
+            slot.read(dst);
+        }
+        self.tx.count_local(keys.len());
+        Ok(true)
     }
 
     /// Moves `keys` to this node and waits until they are here (keys already here are skipped).
@@ -323,102 +287,112 @@ impl Worker {
     /// Starts moving `keys` to this node.
     pub fn localize_async(&mut self, table: Table, keys: &[u64]) -> Result<Ticket> {
         self.validate_keys(table, keys)?;
-        let cell = OpCell::new(Some(self.outstanding.clone()));
-        let request = Request { kind: RequestKind::Localize, table: table.id, keys, values: &[] };
-        let submitted = self.node.step(|e, now| {
-            let r = e.protocol.submit(request, now);
-            if let Ok(Submitted::Pending(id)) = r {
-                e.waiters.insert(id, cell.clone());
-            }
-            r
-        });
-        match submitted {
-            Ok(Submitted::Pending(_)) => Ok(Ticket { cell: Some(cell) }),
-            Ok(Submitted::Done(_)) => {
-                cell.finish_unused();
-                Ok(Ticket { cell: None })
-            }
-            Err(e) => {
-                cell.finish_unused();
-                Err(e)
-            }
-        }
+        let token = Arc::new(());
+        let weak = Arc::downgrade(&token);
+        let node = self.node.clone();
+        let mut issued = None;
+        node.run(&mut self.tx, |step, _, _| {
+            issued = Some(step.issue_localize(&mut self.requester, table.id, keys, Some(weak.clone())));
+            Ok(Progress::Done)
+        })?;
+        let op = match issued.unwrap_or(Err(Error::ShutDown))? {
+            Issued::Done(_) => None,
+            Issued::Pending { op, .. } => Some(op),
+        };
+        Ok(Ticket { op, _token: token })
     }
 
     /// Starts a pull; the values come from [`Worker::wait_pull`].
     pub fn pull_async(&mut self, table: Table, keys: &[u64]) -> Result<PullTicket> {
         self.validate(table, keys, keys.len() * table.value_len, "pull output")?;
-        let mut values = vec![0.0; keys.len() * table.value_len];
-        let (rows, cell) = self.issue(AccessKind::Pull, table, keys, &[], &mut values, true)?;
-        Ok(PullTicket { values, rows, value_len: table.value_len, cell })
+        let token = Arc::new(());
+        let values = vec![0.0; keys.len() * table.value_len];
+        Ok(match self.issue(AccessKind::Pull, table, keys, &[], PullTarget::Owned(values), Some(&token))? {
+            Issued::Done(values) => PullTicket { op: None, values, _token: token },
+            Issued::Pending { op, .. } => PullTicket { op: Some(op), values: None, _token: token },
+        })
     }
 
     /// Starts a push.
     pub fn push_async(&mut self, table: Table, keys: &[u64], updates: &[f32]) -> Result<Ticket> {
         self.validate(table, keys, updates.len(), "push updates")?;
-        let (_, cell) = self.issue(AccessKind::Push, table, keys, updates, &mut [], true)?;
-        Ok(Ticket { cell })
+        self.start(AccessKind::Push, table, keys, updates)
     }
 
     /// Starts a set.
     pub fn set_async(&mut self, table: Table, keys: &[u64], values: &[f32]) -> Result<Ticket> {
         self.validate(table, keys, values.len(), "set values")?;
-        let (_, cell) = self.issue(AccessKind::Set, table, keys, values, &mut [], true)?;
-        Ok(Ticket { cell })
+        self.start(AccessKind::Set, table, keys, values)
+    }
+
+    fn start(&mut self, kind: AccessKind, table: Table, keys: &[u64], input: &[f32]) -> Result<Ticket> {
+        let token = Arc::new(());
+        let op = match self.issue(kind, table, keys, input, PullTarget::None, Some(&token))? {
+            Issued::Done(_) => None,
+            Issued::Pending { op, .. } => Some(op),
+        };
+        Ok(Ticket { op, _token: token })
     }
 
     /// Waits for an asynchronous push, set or localize.
     pub fn wait(&mut self, ticket: Ticket) -> Result<()> {
-        match ticket.cell {
+        match ticket.op {
             None => Ok(()),
-            Some(cell) => self.wait_cell(&cell, "asynchronous operation").map(|_| ()),
+            Some(op) => self.wait_op(op, None).map(|_| ()),
         }
     }
 
     /// Waits for an asynchronous pull and returns its values.
     pub fn wait_pull(&mut self, ticket: PullTicket) -> Result<Vec<f32>> {
-        let mut values = ticket.values;
-        if let Some(cell) = ticket.cell {
-            let pulled = self.wait_cell(&cell, "asynchronous pull")?;
-            scatter(&ticket.rows, &pulled, &mut values, ticket.value_len);
+        match (ticket.op, ticket.values) {
+            (_, Some(values)) => Ok(values),
+            (Some(op), None) => self.wait_op(op, None),
+            (None, None) => Ok(Vec::new()),
         }
-        Ok(values)
+    }
+
+    /// Whether the operation of `ticket` has completed (successfully or not); handles waiting
+    /// answers first, never blocks.
+    pub fn is_done(&mut self, ticket: &Ticket) -> bool {
+        self.progress();
+        ticket.op.is_none_or(|op| !self.requester.is_pending(op))
+    }
+
+    /// Whether the pull of `ticket` has completed; handles waiting answers first, never blocks.
+    pub fn is_pull_done(&mut self, ticket: &PullTicket) -> bool {
+        self.progress();
+        ticket.op.is_none_or(|op| !self.requester.is_pending(op))
     }
 
     /// Waits until this worker's asynchronous operations have completed, then until every live
     /// worker of every node has reached the barrier. Operations issued before the barrier are
     /// visible to all operations after it.
     pub fn barrier(&mut self) -> Result<()> {
-        let deadline = self.deadline();
-        while self.outstanding.load(Ordering::Acquire) > 0 {
+        let deadline = Instant::now() + self.node.config.op_timeout;
+        while self.requester.pending() > 0 {
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
                     what: "waiting for asynchronous operations before a barrier",
                     millis: self.node.config.op_timeout.as_millis() as u64,
                 });
             }
-            std::thread::sleep(Duration::from_micros(50));
+            match self.inbox.recv_deadline((Instant::now() + Duration::from_millis(10)).min(deadline)) {
+                Ok(d) => self.handle(d, None),
+                Err(RecvTimeoutError::Timeout) => self.requester.handle_timeout(self.node.now()),
+                Err(RecvTimeoutError::Disconnected) => return Err(Error::ShutDown),
+            }
         }
         self.node.worker_barrier()
     }
 
     /// This node's statistics.
     pub fn stats(&self) -> crate::stats::Stats {
-        self.node.stats()
+        self.node.core.stats()
     }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        self.node.retire_worker(&self.local);
-    }
-}
-
-impl OpCell {
-    /// Balances the outstanding count of a cell that was created but never registered.
-    pub(crate) fn finish_unused(&self) {
-        if !self.is_done() {
-            self.complete(Ok(Vec::new()));
-        }
+        self.node.retire_worker(self.index, self.requester.next_seq());
     }
 }

@@ -35,8 +35,9 @@ pub struct WriteRequest {
 
 /// What a fabric reports back to its node. Calls for one peer come in the peer's sending order.
 pub trait FabricHandler: Send + Sync {
-    /// A frame of protocol messages arrived.
-    fn on_frame(&self, from: usize, frame: &[u8]);
+    /// A frame of protocol messages arrived (owned, so that parts of it can be handed to
+    /// workers without copying).
+    fn on_frame(&self, from: usize, frame: bytes::Bytes);
     /// One-sided writes with these immediates landed at this node.
     fn on_writes_landed(&self, from: usize, imms: &[u32]);
     /// A one-sided write this node posted completed (its source may be reused).

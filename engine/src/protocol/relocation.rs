@@ -2,147 +2,102 @@
 //! tells the old owner, the old owner writes the value into the reserved slot, and the requester
 //! serves everything it queued once the write lands.
 
-use super::access::{AnswerBatch, failure_code, serve_row};
-use super::rows::Rows;
-use super::wire::{self, AccessHeader, AccessKind, FLAG_INDEXED, FLAG_STALE, FailureCode, LocalizeFailed, Move, MoveItem, msg};
-use super::{LOST_OWNER, OpId, OpKind, Protocol, Queued, SlotWrite, Submitted, Transit};
+use super::access::{AnswerBatch, FailureBatch, apply, failure_code};
+use super::requester::{Delivery, LocalEvent, OpId, worker_of};
+use super::shard::{DeadlineKind, Queued, resv_shard};
+use super::wire::{self, AccessHeader, FLAG_INDEXED, FLAG_STALE, FailureCode, LocalizeFailed, Move, MoveItem, msg};
+use super::{LOST_OWNER, SlotWrite, Step};
 use crate::error::{Error, Result};
-use crate::stats::{MessageKind, ProtocolCounters};
-use crate::store::STAMP_SHIFT;
+use crate::stats::{MessageKind, ShardCounters};
+use crate::store::{Reserved, STAMP_SHIFT};
 use crate::util::f32_bytes;
 
-impl Protocol {
-    pub(super) fn submit_localize(&mut self, table: u16, keys: &[u64]) -> Result<Submitted> {
-        if !self.settings.relocation {
-            return Ok(Submitted::Done(Vec::new()));
-        }
-        let id = self.register_op(OpKind::Localize, table, Vec::new());
-        let mut groups: Vec<Vec<MoveItem>> = vec![Vec::new(); self.nodes];
-        let (mut remaining, mut error) = (0usize, None);
-        for &key in keys {
-            if self.store.table(table).slot_of(key).is_some() {
-                continue;
-            }
-            if let Some(transit) = self.transits.get_mut(&(table, key)) {
-                match &transit.suspect {
-                    Some(e) => {
-                        error.get_or_insert_with(|| e.clone());
-                    }
-                    None => {
-                        transit.waiters.push(id);
-                        remaining += 1;
-                    }
-                }
-                continue;
-            }
-            let meta = &self.tables[table as usize];
-            let home = meta.partitioner.home(key) as u16;
-            if self.is_lost(home) {
-                error.get_or_insert_with(|| self.lost_error(home));
-                continue;
-            }
-            if home == self.rank && self.owners[table as usize][meta.partitioner.home_index(key)] == LOST_OWNER {
-                error.get_or_insert_with(|| Error::KeyLost { table: meta.name.clone(), key });
-                continue;
-            }
-            let slot = match self.store.reserve(table) {
-                Ok(s) => s,
-                Err(e) => {
-                    error.get_or_insert(e);
-                    continue;
-                }
-            };
-            let resv = self.allocate_reservation();
-            self.transits.insert(
-                (table, key),
-                Transit { slot, queue: Vec::new(), waiters: vec![id], started: self.now, suspect: None, suspect_since: 0, abandoned: false },
-            );
-            self.reservations.insert(resv, (table, key));
-            groups[home as usize].push(MoveItem { key, resv, to: self.store.table(table).remote_addr(slot) });
-            remaining += 1;
-        }
-        let per_message = ((self.settings.max_message_bytes - wire::MOVE_HEADER) / wire::MOVE_ITEM).max(1);
-        for (home, items) in groups.iter().enumerate() {
-            for chunk in items.chunks(per_message) {
-                self.send_move(home as u16, msg::LOCALIZE, table, 0, chunk);
-            }
-        }
-        let op = self.ops.get_mut(&id).expect("registered");
-        op.remaining = remaining;
-        if let Some(e) = error {
-            op.error = Some(e);
-        }
-        if remaining == 0 {
-            let op = self.ops.remove(&id).expect("registered");
-            return match op.error {
-                Some(e) => Err(e),
-                None => Ok(Submitted::Done(Vec::new())),
-            };
-        }
-        Ok(Submitted::Pending(id))
-    }
-
-    fn allocate_reservation(&mut self) -> u32 {
-        loop {
-            let r = self.next_resv;
-            self.next_resv = self.next_resv.wrapping_add(1).max(1);
-            if !self.reservations.contains_key(&r) {
-                return r;
-            }
+impl Step<'_, '_> {
+    pub(super) fn send_move(&mut self, to: u16, ty: u8, table: u16, new_owner: u16, items: &[MoveItem]) {
+        let per_message = ((self.core.settings().max_message_bytes - wire::MOVE_HEADER) / wire::MOVE_ITEM).max(1);
+        for chunk in items.chunks(per_message) {
+            let buf = self.tx.buf(to);
+            let before = buf.len();
+            wire::encode_move(buf, ty, table, new_owner, chunk);
+            let bytes = buf.len() - before;
+            let kind = if ty == msg::LOCALIZE { MessageKind::Localize } else { MessageKind::Relocate };
+            self.tx.sent(to, kind, bytes);
         }
     }
 
-    fn send_move(&mut self, to: u16, ty: u8, table: u16, new_owner: u16, items: &[MoveItem]) {
-        let buf = self.out.buf(to);
-        let before = buf.len();
-        wire::encode_move(buf, ty, table, new_owner, items);
-        let bytes = buf.len() - before;
-        let kind = if ty == msg::LOCALIZE { MessageKind::Localize } else { MessageKind::Relocate };
-        self.out.sent(to, kind, bytes);
-    }
-
+    /// Tells `to` that its reservations `resvs` will not be filled.
     fn send_localize_failed(&mut self, to: u16, error: &Error, table: u16, resvs: &[u32]) {
-        if resvs.is_empty() || self.is_lost(to) {
+        if resvs.is_empty() || self.directory().is_lost(to) {
+            return;
+        }
+        if to == self.directory().rank() {
+            for &resv in resvs {
+                self.fail_reservation(resv, error.clone());
+            }
             return;
         }
         let (code, node) = failure_code(error);
-        let buf = self.out.buf(to);
+        let buf = self.tx.buf(to);
         let before = buf.len();
         wire::encode_localize_failed(buf, code, table, node, resvs);
         let bytes = buf.len() - before;
-        self.out.sent(to, MessageKind::Failure, bytes);
+        self.tx.sent(to, MessageKind::Failure, bytes);
     }
 
-    /// At the home node: record the requester as owner and tell each old owner.
-    pub(super) fn handle_localize(&mut self, requester: u16, body: &[u8]) -> Result<()> {
-        let m = Move::decode(body, self.tables.len())?;
-        if self.is_lost(requester) {
-            return Ok(());
-        }
-        let table = m.table as usize;
-        let mut groups: Vec<Vec<MoveItem>> = vec![Vec::new(); self.nodes];
-        let mut failed: Vec<(Error, Vec<u32>)> = Vec::new();
+    /// The shards of a LOCALIZE or RELOCATE's keys, after checking them against the table.
+    fn move_mask(&self, m: &Move<'_>) -> Result<u64> {
+        let dir = self.directory();
+        let keys = dir.table(m.table).map_or(0, |t| t.keys);
+        let mut mask = 0;
         for i in 0..m.count {
-            let item = m.item(i);
-            let meta = &self.tables[table];
-            if item.key >= meta.keys {
-                return Err(Error::Protocol(format!("LOCALIZE for key {} beyond table '{}'", item.key, meta.name)));
+            let key = m.item(i).key;
+            if key >= keys {
+                return Err(Error::Protocol(format!("LOCALIZE/RELOCATE for key {key} beyond table {}", m.table)));
             }
-            let outcome = if meta.partitioner.home(item.key) != self.rank as usize {
+            mask |= 1 << dir.shard_of(m.table, key);
+        }
+        Ok(mask)
+    }
+
+    /// LOCALIZE at the home node. `Some(0)` when the step must end first.
+    pub(super) fn handle_localize(&mut self, requester: u16, body: &[u8]) -> Result<Option<usize>> {
+        let m = Move::decode(body, self.directory().tables().len())?;
+        let mask = self.move_mask(&m)?;
+        if self.directory().is_lost(requester) {
+            return Ok(None);
+        }
+        if !self.try_acquire(mask) {
+            return Ok(Some(0));
+        }
+        let items: Vec<MoveItem> = (0..m.count).map(|i| m.item(i)).collect();
+        self.localize_at_home(requester, m.table, &items);
+        Ok(None)
+    }
+
+    /// At the home node (shards held): record `requester` as owner and tell each old owner.
+    pub(super) fn localize_at_home(&mut self, requester: u16, table: u16, items: &[MoveItem]) {
+        let dir = self.directory();
+        let rank = dir.rank();
+        let mut groups: Vec<Vec<MoveItem>> = vec![Vec::new(); dir.nodes()];
+        let mut failed: Vec<(Error, Vec<u32>)> = Vec::new();
+        for &item in items {
+            let outcome = if dir.home(table, item.key) != rank {
                 Err(Error::Protocol(format!("LOCALIZE of key {} sent to a node that is not its home", item.key)))
             } else {
-                let index = meta.partitioner.home_index(item.key);
-                match self.owners[table][index] {
-                    LOST_OWNER => Err(Error::KeyLost { table: meta.name.clone(), key: item.key }),
+                match dir.owner(table, item.key) {
+                    LOST_OWNER => Err(Error::KeyLost { table: dir.table_name(table), key: item.key }),
                     // This node owns the key but its own incoming transfer may never come: do not
                     // promise the key to anyone else.
-                    owner if owner == self.rank && self.transits.get(&(m.table, item.key)).is_some_and(|t| t.suspect.is_some()) => {
-                        Err(self.transits[&(m.table, item.key)].suspect.clone().expect("checked"))
+                    owner
+                        if owner == rank
+                            && let Some(e) = self.shard_of(table, item.key).transits.get(&(table, item.key)).and_then(|t| t.suspect.clone()) =>
+                    {
+                        Err(e)
                     }
                     owner if owner == requester => Err(Error::Protocol(format!("node {requester} asked for key {} it already owns", item.key))),
-                    owner if self.is_lost(owner) => Err(self.lost_error(owner)),
+                    owner if dir.is_lost(owner) => Err(dir.lost_error(owner)),
                     owner => {
-                        self.owners[table][index] = requester;
+                        dir.set_owner(table, item.key, requester);
                         Ok(owner)
                     }
                 }
@@ -156,198 +111,267 @@ impl Protocol {
             }
         }
         for (owner, items) in groups.iter().enumerate() {
-            if !items.is_empty() {
-                self.send_move(owner as u16, msg::RELOCATE, m.table, requester, items);
+            if items.is_empty() {
+                continue;
+            }
+            if owner as u16 == rank {
+                self.relocate_items(requester, table, items);
+            } else {
+                self.send_move(owner as u16, msg::RELOCATE, table, requester, items);
             }
         }
         for (e, resvs) in failed {
-            self.send_localize_failed(requester, &e, m.table, &resvs);
+            self.send_localize_failed(requester, &e, table, &resvs);
         }
-        Ok(())
     }
 
-    /// At the old owner: hand the keys over (or queue the hand-over behind an incoming one).
-    pub(super) fn handle_relocate(&mut self, body: &[u8]) -> Result<()> {
-        let m = Move::decode(body, self.tables.len())?;
-        if m.new_owner as usize >= self.nodes || m.new_owner == self.rank {
+    /// RELOCATE at the old owner. `Some(0)` when the step must end first.
+    pub(super) fn handle_relocate(&mut self, body: &[u8]) -> Result<Option<usize>> {
+        let m = Move::decode(body, self.directory().tables().len())?;
+        if m.new_owner as usize >= self.directory().nodes() || m.new_owner == self.directory().rank() {
             return Err(Error::Protocol(format!("RELOCATE to invalid node {}", m.new_owner)));
         }
+        let mask = self.move_mask(&m)?;
+        if !self.try_acquire(mask) {
+            return Ok(Some(0));
+        }
+        let items: Vec<MoveItem> = (0..m.count).map(|i| m.item(i)).collect();
+        self.relocate_items(m.new_owner, m.table, &items);
+        Ok(None)
+    }
+
+    /// At the old owner (shards held): hand the keys over, or queue the hand-over behind an
+    /// incoming relocation.
+    fn relocate_items(&mut self, new_owner: u16, table: u16, items: &[MoveItem]) {
         let mut unknown = Vec::new();
-        for i in 0..m.count {
-            let item = m.item(i);
-            if item.key >= self.tables[m.table as usize].keys {
-                return Err(Error::Protocol(format!("RELOCATE for key {} beyond its table", item.key)));
-            }
-            if let Some(slot) = self.store.table(m.table).slot_of(item.key) {
-                self.relocate_out(m.table, item.key, slot, m.new_owner, item);
-            } else if let Some(transit) = self.transits.get_mut(&(m.table, item.key)) {
+        for &item in items {
+            if let Some(mut slot) = self.core.store().lock(table, item.key).unpublish() {
+                self.stamp(&mut slot);
+                self.shard_of(table, item.key).counters.relocations_out += 1;
+                self.send_slot(slot, table, item.key, new_owner, item);
+            } else if let Some(transit) = self.shard_of(table, item.key).transits.get_mut(&(table, item.key)) {
                 if transit.abandoned {
                     let e = transit.suspect.clone().unwrap_or(Error::Protocol("the key's transfer to this node was given up".into()));
-                    self.send_localize_failed(m.new_owner, &e, m.table, &[item.resv]);
+                    self.send_localize_failed(new_owner, &e, table, &[item.resv]);
                 } else {
-                    transit.queue.push(Queued::Relocate { new_owner: m.new_owner, resv: item.resv, to: item.to });
+                    transit.queue.push(Queued::Relocate { new_owner, resv: item.resv, to: item.to });
                 }
             } else {
-                tracing::error!(node = self.rank, key = item.key, "told to hand over a key this node does not hold");
+                tracing::error!(node = self.directory().rank(), key = item.key, "told to hand over a key this node does not hold");
                 unknown.push(item.resv);
             }
         }
         let e = Error::Protocol("the old owner did not hold the key".into());
-        self.send_localize_failed(m.new_owner, &e, m.table, &unknown);
-        Ok(())
+        self.send_localize_failed(new_owner, &e, table, &unknown);
     }
 
-    /// Stops serving `key`, stamps the slot with the stop time and posts the value's write.
-    fn relocate_out(&mut self, table: u16, key: u64, slot: u32, new_owner: u16, item: MoveItem) {
-        let t = self.store.table(table);
-        {
-            let _latch = self.store.latch(table, key);
-            t.unpublish(key);
-        }
-        // SAFETY: the key was just unpublished under its latch, so no local access can reach the
-        // slot any more.
-        unsafe { t.stamp_outgoing(slot, ((self.now >> STAMP_SHIFT) as u32).max(1)) };
-        self.counters.relocations_out += 1;
-        if self.settings.location_caches {
-            self.cache.insert((table, key), new_owner);
-        }
-        if self.is_lost(new_owner) {
-            self.store.free(table, slot);
-            return;
-        }
-        let wr_id = self.next_wr;
-        self.next_wr += 1;
-        self.outgoing.insert(wr_id, (table, slot));
-        let len = t.transfer_bytes();
-        self.writes.push(SlotWrite { to: new_owner, table, slot, len, remote: item.to, imm: item.resv, wr_id });
-        self.out.traffic.add(MessageKind::Transfer, len);
+    /// Stamps a slot leaving this node with the time it stopped being served.
+    fn stamp(&mut self, slot: &mut Reserved) {
+        let stamp = ((self.now >> STAMP_SHIFT) as u32).max(1);
+        self.core.store().stamp_outgoing(slot, stamp);
     }
 
-    /// At the requester: a relocation's write landed.
-    pub(super) fn landed(&mut self, resv: u32) {
-        let Some((table, key)) = self.reservations.remove(&resv) else {
-            tracing::warn!(node = self.rank, resv, "a write landed for an unknown reservation");
-            return;
-        };
-        let Some(transit) = self.transits.remove(&(table, key)) else {
-            tracing::warn!(node = self.rank, resv, "a write landed for a key not in transit");
-            return;
-        };
-        let t = self.store.table(table);
-        // SAFETY: the slot was reserved for this relocation, the write has landed, and the key is
-        // not published yet, so nobody else uses the slot.
-        let stamp = unsafe { t.take_incoming_stamp(transit.slot) };
-        let elapsed = ((self.now >> STAMP_SHIFT) as u32).wrapping_sub(stamp);
-        if stamp != 0 && elapsed < 1 << 31 {
-            ProtocolCounters::record(&mut self.counters.blocking_ns, (elapsed as u64) << STAMP_SHIFT);
+    /// Posts the one-sided write of a slot no longer served here into the new owner's
+    /// reserved slot; the slot is freed when the write completes.
+    fn send_slot(&mut self, slot: Reserved, table: u16, key: u64, new_owner: u16, item: MoveItem) {
+        let dir = self.directory();
+        if dir.caches() {
+            dir.cache(table, key, new_owner);
         }
-        ProtocolCounters::record(&mut self.counters.relocation_ns, self.now.saturating_sub(transit.started));
-        self.counters.relocations_in += 1;
-        for waiter in &transit.waiters {
-            if let Some(op) = self.ops.get_mut(waiter) {
-                op.remaining = op.remaining.saturating_sub(1);
+        if dir.is_lost(new_owner) {
+            self.core.store().free(slot);
+            return;
+        }
+        let shard = self.shard_of(table, key);
+        let wr_id = shard.allocate_wr();
+        let index = slot.index();
+        shard.outgoing.insert(wr_id, slot);
+        let len = self.core.store().table(table).transfer_bytes();
+        self.tx.push_write(SlotWrite { to: new_owner, table, slot: index, len, remote: item.to, imm: item.resv, wr_id });
+        self.tx.count_transfer(len);
+    }
+
+    /// One-sided writes with immediates `imms` (reservations) landed at this node, from index
+    /// `start` on.
+    pub fn handle_writes_landed(&mut self, imms: &[u32], start: usize) -> super::Progress {
+        let shards = self.directory().shards();
+        for (i, &resv) in imms.iter().enumerate().skip(start) {
+            let s = resv_shard(resv);
+            if s >= shards {
+                tracing::warn!(node = self.directory().rank(), resv, "a write landed for an unknown reservation");
+                continue;
             }
+            if !self.try_acquire(1 << s) {
+                return super::Progress::Yield { at: i, item: 0 };
+            }
+            self.landed(resv);
         }
-        for waiter in transit.waiters {
-            self.maybe_complete(waiter);
+        super::Progress::Done
+    }
+
+    /// A relocation's write landed: serve what queued for the key, then publish it (or move it
+    /// on to a node the home already gave it to).
+    fn landed(&mut self, resv: u32) {
+        let dir = self.directory();
+        let rank = dir.rank();
+        let store = self.core.store();
+        let now = self.now;
+        let shard = self.shard(resv_shard(resv));
+        let Some((table, key)) = shard.reservations.remove(&resv) else {
+            tracing::warn!(node = rank, resv, "a write landed for an unknown reservation");
+            return;
+        };
+        let Some(transit) = shard.transits.remove(&(table, key)) else {
+            tracing::warn!(node = rank, resv, "a write landed for a key not in transit");
+            return;
+        };
+        let Some(mut slot) = transit.slot else {
+            tracing::error!(node = rank, resv, "a transit without its reserved slot");
+            return;
+        };
+        let stamp = store.take_incoming_stamp(&mut slot);
+        let elapsed = ((now >> STAMP_SHIFT) as u32).wrapping_sub(stamp);
+        let counters = &mut shard.counters;
+        if stamp != 0 && elapsed < 1 << 31 {
+            ShardCounters::record(&mut counters.blocking_ns, (elapsed as u64) << STAMP_SHIFT);
         }
-        let value_len = self.tables[table as usize].value_len;
-        let mut gone: Option<u16> = None;
+        ShardCounters::record(&mut counters.relocation_ns, now.saturating_sub(transit.started));
+        counters.relocations_in += 1;
+        self.arrived(&transit.waiters, None);
+        let value_bytes = store.table(table).value_len() * 4;
+        let mut slot = Some(slot);
         let mut answers = AnswerBatch::default();
-        let mut reroute: Vec<(OpId, u32, AccessKind, Vec<f32>)> = Vec::new();
+        let mut failures = FailureBatch::default();
         for queued in transit.queue {
-            match (queued, gone) {
-                (Queued::Local { op, row, kind, values }, None) => self.serve_queued_local(op, row, kind, table, key, transit.slot, &values),
-                (Queued::Local { op, row, kind, values }, Some(_)) => reroute.push((op, row, kind, values)),
-                (Queued::Remote { origin, op, part, index, kind, values }, None) => {
+            let here = slot.is_some();
+            match (queued, here) {
+                (Queued::Access { origin, op, part, index, kind, values }, true) => {
                     let out = answers.add(origin, op, part, kind, table, index);
-                    let mut pulled = vec![0.0; if kind == AccessKind::Pull { value_len } else { 0 }];
-                    serve_row(&self.store, table, key, transit.slot, kind, &values, &mut pulled);
-                    out.extend_from_slice(f32_bytes(&pulled));
+                    let at = out.len();
+                    if kind == super::AccessKind::Pull {
+                        out.resize(at + value_bytes, 0);
+                    }
+                    let held = slot.as_mut().expect("here");
+                    apply(&store.reserved(held), kind, f32_bytes(&values), &mut out[at..]);
                 }
-                (Queued::Remote { origin, op, part, index, kind, values }, Some(_)) => {
-                    // It came through a stale cache; the key has moved on: via the home node.
-                    let home = self.tables[table as usize].partitioner.home(key) as u16;
+                (Queued::Access { origin, op, part, index, kind, values }, false) => {
+                    // The key moved on before this item was served: via the home node.
+                    let home = dir.home(table, key);
+                    if dir.is_lost(home) {
+                        failures.add(origin, op, part, table, FailureCode::PeerLost, home, key, index);
+                        continue;
+                    }
                     let h = AccessHeader { kind, flags: FLAG_INDEXED | FLAG_STALE, table, origin, op, part };
-                    let buf = self.out.buf(home);
+                    let buf = self.tx.buf(home);
                     let before = buf.len();
                     wire::encode_access(buf, h, 1, |_| index, |_| key, |_, o| o.extend_from_slice(f32_bytes(&values)));
                     let bytes = buf.len() - before;
-                    self.out.sent(home, MessageKind::Forward, bytes);
-                    self.counters.double_forwarded_keys += 1;
+                    self.tx.sent(home, MessageKind::Forward, bytes);
+                    self.shard_of(table, key).counters.double_forwarded_keys += 1;
                 }
-                (Queued::Relocate { new_owner, resv, to }, None) => {
-                    self.relocate_out(table, key, transit.slot, new_owner, MoveItem { key, resv, to });
-                    gone = Some(new_owner);
+                (Queued::Relocate { new_owner, resv, to }, true) => {
+                    let mut held = slot.take().expect("here");
+                    self.stamp(&mut held);
+                    self.shard_of(table, key).counters.relocations_out += 1;
+                    self.send_slot(held, table, key, new_owner, MoveItem { key, resv, to });
                 }
-                (Queued::Relocate { new_owner, resv, .. }, Some(_)) => {
-                    tracing::error!(node = self.rank, key, "two hand-overs queued for one key");
+                (Queued::Relocate { new_owner, resv, .. }, false) => {
+                    tracing::error!(node = rank, key, "two hand-overs queued for one key");
                     self.send_localize_failed(new_owner, &Error::Protocol("conflicting hand-overs".into()), table, &[resv]);
                 }
             }
         }
-        if gone.is_none() {
-            let _latch = self.store.latch(table, key);
-            self.store.table(table).publish(key, transit.slot);
-            self.cache.remove(&(table, key));
+        if let Some(held) = slot {
+            store.lock(table, key).publish(held);
+            dir.uncache(table, key);
         }
         self.flush_answers(answers);
-        for (op_id, row, kind, values) in reroute {
-            if let Some(mut op) = self.ops.remove(&op_id) {
-                self.send_rows(op_id, &mut op, kind, &Rows::one(row), &|_| &values[..]);
-                self.ops.insert(op_id, op);
-                self.maybe_complete(op_id);
+        self.flush_failures(failures);
+    }
+
+    /// Tells the `localize` operations in `waiters` that one of their keys arrived (`None`) or
+    /// will not (`Some(error)`).
+    fn arrived(&mut self, waiters: &[OpId], error: Option<&Error>) {
+        let mut counts: Vec<(OpId, u32)> = Vec::new();
+        for &op in waiters {
+            match counts.iter_mut().find(|(o, _)| *o == op) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((op, 1)),
             }
         }
+        for (op, count) in counts {
+            let event = match error {
+                None => LocalEvent::Arrived { op, count },
+                Some(e) => LocalEvent::ArrivalFailed { op, count, error: e.clone() },
+            };
+            self.tx.deliver(worker_of(op), Delivery::Local(event));
+        }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn serve_queued_local(&mut self, op_id: OpId, row: u32, kind: AccessKind, table: u16, key: u64, slot: u32, values: &[f32]) {
-        let value_len = self.tables[table as usize].value_len;
-        let Some(op) = self.ops.get_mut(&op_id) else {
-            // The operation failed or was abandoned (its caller saw an error); do not apply it.
-            return;
-        };
-        let output =
-            if kind == AccessKind::Pull { &mut op.values.as_mut_slice()[row as usize * value_len..(row as usize + 1) * value_len] } else { &mut [][..] };
-        serve_row(&self.store, table, key, slot, kind, values, output);
-        op.answer(row);
-        self.counters.local_keys += 1;
-        self.maybe_complete(op_id);
-    }
-
-    /// At the requester: the home node or old owner refused relocations.
-    pub(super) fn handle_localize_failed(&mut self, body: &[u8]) -> Result<()> {
+    /// LOCALIZE_FAILED at the requester: the home node or old owner refused relocations.
+    /// `Some(0)` when the step must end first.
+    pub(super) fn handle_localize_failed(&mut self, body: &[u8]) -> Result<Option<usize>> {
         let f = LocalizeFailed::decode(body)?;
+        let shards = self.directory().shards();
+        let mut mask = 0u64;
         for i in 0..f.count {
-            let Some((table, key)) = self.reservations.remove(&f.resv(i)) else { continue };
-            let Some(transit) = self.transits.remove(&(table, key)) else { continue };
+            let s = resv_shard(f.resv(i));
+            if s < shards {
+                mask |= 1 << s;
+            }
+        }
+        if !self.try_acquire(mask) {
+            return Ok(Some(0));
+        }
+        for i in 0..f.count {
+            let resv = f.resv(i);
+            if resv_shard(resv) >= shards {
+                continue;
+            }
+            let Some(&(table, key)) = self.shard(resv_shard(resv)).reservations.get(&resv) else { continue };
             let error = match f.code {
                 FailureCode::PeerLost => Error::PeerLost { node: f.node as usize, reason: "reported by the home node".into() },
-                FailureCode::KeyLost => Error::KeyLost { table: self.table_name(table), key },
-                _ => Error::Protocol(format!("relocation of key {key} of '{}' was refused", self.table_name(table))),
+                FailureCode::KeyLost => Error::KeyLost { table: self.directory().table_name(table), key },
+                _ => Error::Protocol(format!("relocation of key {key} of '{}' was refused", self.directory().table_name(table))),
             };
-            // No write will target the slot: the home node did not pass the request on, or the
-            // old owner did not have the key.
-            self.store.free(table, transit.slot);
-            self.fail_transit_items(table, transit.queue, transit.waiters, &error, false);
+            self.fail_reservation(resv, error);
         }
-        Ok(())
+        Ok(None)
+    }
+
+    /// No write will fill reservation `resv` (its shard held): free the slot and fail what
+    /// waits for the key.
+    fn fail_reservation(&mut self, resv: u32, error: Error) {
+        let shard = self.shard(resv_shard(resv));
+        let Some((table, key)) = shard.reservations.remove(&resv) else { return };
+        let Some(transit) = shard.transits.remove(&(table, key)) else { return };
+        let store = self.core.store();
+        store.lock(table, key).set_arriving(false);
+        if let Some(slot) = transit.slot {
+            store.free(slot);
+        }
+        self.fail_transit_items(table, key, transit.queue, &transit.waiters, &error, false);
     }
 
     /// Gives up on what waits for a key in transit (the value may never come): queued items and
     /// localize waiters fail, and new operations on the key fail at once. Queued hand-overs stay,
     /// so that a late landing still moves the key on.
     pub(super) fn abandon_transit_queue(&mut self, key: (u16, u64), error: Error) {
-        let Some(transit) = self.transits.get_mut(&key) else { return };
+        let grace = self.core.settings().loss_grace_ns;
+        let now = self.now;
+        let shard = self.shard_of(key.0, key.1);
+        let Some(transit) = shard.transits.get_mut(&key) else { return };
         if transit.suspect.is_none() {
-            transit.suspect_since = self.now;
+            transit.suspect_since = now;
         }
         transit.suspect = Some(error.clone());
         let queue = std::mem::take(&mut transit.queue);
         let waiters = std::mem::take(&mut transit.waiters);
-        let kept = self.fail_transit_items(key.0, queue, waiters, &error, true);
-        if let Some(transit) = self.transits.get_mut(&key) {
+        let deadline = (transit.suspect_since.saturating_add(grace), key.0, key.1, transit.generation, DeadlineKind::Grace);
+        shard.push_deadline(deadline);
+        self.tx.note_deadline(deadline.0);
+        let kept = self.fail_transit_items(key.0, key.1, queue, &waiters, &error, true);
+        if let Some(transit) = self.shard_of(key.0, key.1).transits.get_mut(&key) {
             transit.queue = kept;
         }
     }
@@ -356,32 +380,24 @@ impl Protocol {
     /// (their requesters must not wait for a value that may never come), and later ones fail at
     /// once. The reservation stays, so that a late landing is still received safely.
     pub(super) fn give_up_transit(&mut self, key: (u16, u64)) {
-        let Some(transit) = self.transits.get_mut(&key) else { return };
+        let rank = self.directory().rank();
+        let Some(transit) = self.shard_of(key.0, key.1).transits.get_mut(&key) else { return };
         transit.abandoned = true;
         let error = transit.suspect.clone().unwrap_or(Error::Protocol("relocation given up".into()));
         let queue = std::mem::take(&mut transit.queue);
         let waiters = std::mem::take(&mut transit.waiters);
-        tracing::warn!(node = self.rank, table = key.0, key = key.1, "giving up an incoming relocation after a lost peer");
-        self.fail_transit_items(key.0, queue, waiters, &error, false);
+        tracing::warn!(node = rank, table = key.0, key = key.1, "giving up an incoming relocation after a lost peer");
+        self.fail_transit_items(key.0, key.1, queue, &waiters, &error, false);
     }
 
     /// Fails queued items and waiters; returns the queued hand-overs when `keep_relocations`.
-    fn fail_transit_items(&mut self, table: u16, queue: Vec<Queued>, waiters: Vec<OpId>, error: &Error, keep_relocations: bool) -> Vec<Queued> {
+    fn fail_transit_items(&mut self, table: u16, key: u64, queue: Vec<Queued>, waiters: &[OpId], error: &Error, keep_relocations: bool) -> Vec<Queued> {
         let mut kept = Vec::new();
-        let mut remote_failures: Vec<(u16, OpId, u32, Vec<u32>)> = Vec::new();
+        let mut failures = FailureBatch::default();
+        let (code, node) = failure_code(error);
         for queued in queue {
             match queued {
-                Queued::Local { op, row, .. } => {
-                    if let Some(o) = self.ops.get_mut(&op) {
-                        o.error.get_or_insert_with(|| error.clone());
-                        o.answer(row);
-                    }
-                    self.maybe_complete(op);
-                }
-                Queued::Remote { origin, op, part, index, .. } => match remote_failures.iter_mut().find(|f| f.0 == origin && f.1 == op && f.2 == part) {
-                    Some(f) => f.3.push(index),
-                    None => remote_failures.push((origin, op, part, vec![index])),
-                },
+                Queued::Access { origin, op, part, index, .. } => failures.add(origin, op, part, table, code, node, key, index),
                 Queued::Relocate { new_owner, resv, to } => {
                     if keep_relocations {
                         kept.push(Queued::Relocate { new_owner, resv, to });
@@ -391,24 +407,8 @@ impl Protocol {
                 }
             }
         }
-        let (code, node) = failure_code(error);
-        for (origin, op, part, indices) in remote_failures {
-            if self.is_lost(origin) {
-                continue;
-            }
-            let buf = self.out.buf(origin);
-            let before = buf.len();
-            wire::encode_failure(buf, code, table, node, op, part, &indices);
-            let bytes = buf.len() - before;
-            self.out.sent(origin, MessageKind::Failure, bytes);
-        }
-        for waiter in waiters {
-            if let Some(o) = self.ops.get_mut(&waiter) {
-                o.error.get_or_insert_with(|| error.clone());
-                o.remaining = o.remaining.saturating_sub(1);
-            }
-            self.maybe_complete(waiter);
-        }
+        self.flush_failures(failures);
+        self.arrived(waiters, Some(error));
         kept
     }
 }

@@ -3,9 +3,14 @@
 
 /// Rows of an operation, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Rows {
+pub enum Rows {
     /// `first..first + len`.
-    Run { first: u32, len: u32 },
+    Run {
+        /// The first row.
+        first: u32,
+        /// Number of rows.
+        len: u32,
+    },
     /// Any rows.
     List(Vec<u32>),
 }
@@ -78,6 +83,20 @@ impl Rows {
             Rows::List(v) => (0..0, &v[..]),
         };
         run.chain(list.iter().copied())
+    }
+
+    /// The first `n` rows (at least one) and the rest.
+    pub fn split_at(self, n: usize) -> (Rows, Rows) {
+        let n = n.max(1);
+        match self {
+            Rows::Run { first, len } if (len as usize) <= n => (Rows::Run { first, len }, Rows::default()),
+            Rows::Run { first, len } => (Rows::Run { first, len: n as u32 }, Rows::Run { first: first + n as u32, len: len - n as u32 }),
+            Rows::List(mut v) if v.len() > n => {
+                let rest = v.split_off(n);
+                (Rows::List(v), Rows::List(rest))
+            }
+            list => (list, Rows::default()),
+        }
     }
 
     /// Splits into pieces of at most `n` rows.

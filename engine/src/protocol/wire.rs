@@ -6,11 +6,11 @@
 //!
 //! | type | layout after the type byte |
 //! | --- | --- |
-//! | ACCESS | kind u8, flags u8, pad u8, table u16, origin u16, op u64, part u32, count u32, [index u32]×count if INDEXED, key u64×count, [values]×count if push/set |
+//! | ACCESS | kind u8, flags u8, pad u8, table u16, origin u16, op u64, part u32, count u32, [index u32]×count if INDEXED, keys: first u64 if RUN (keys first..first+count) else u64×count, [values]×count if push/set |
 //! | RESPONSE | kind u8, flags u8, pad u8, table u16, responder u16, op u64, part u32, count u32, [index u32]×count if INDEXED, [values]×count if pull |
 //! | LOCALIZE | pad×3, table u16, pad u16, count u32, pad u32, (key u64, resv u32, region u32, addr u64)×count |
 //! | RELOCATE | pad, new_owner u16, table u16, pad u16, count u32, pad u32, (key u64, resv u32, region u32, addr u64)×count |
-//! | FAILURE | code u8, flags u8, pad u8, table u16, node u16, op u64, part u32, count u32, [index u32]×count if INDEXED |
+//! | FAILURE | code u8, flags u8, pad u8, table u16, node u16, op u64, part u32, count u32, key u64 (the first failed key), index u32×count |
 //! | LOCALIZE_FAILED | code u8, pad u16, table u16, node u16, count u32, pad u32, resv u32×count |
 //! | BARRIER, BARRIER_RELEASE | kind u8, pad u16, generation u32 |
 
@@ -45,6 +45,8 @@ pub const FLAG_FORWARDED: u8 = 2;
 pub const FLAG_DIRECT: u8 = 4;
 /// Flag: an access a stale cache sent to a non-owner, which passed it to the home node.
 pub const FLAG_STALE: u8 = 8;
+/// Flag: the keys are a run `first..first + count`, sent as `first` alone.
+pub const FLAG_RUN: u8 = 16;
 
 /// Kinds of key access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -129,13 +131,24 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 /// Iterates the length-prefixed messages of a frame.
 pub struct Messages<'a> {
     rest: &'a [u8],
+    consumed: usize,
 }
 
 impl<'a> Messages<'a> {
     /// The messages of `frame`.
     pub fn new(frame: &'a [u8]) -> Messages<'a> {
-        Messages { rest: frame }
+        Messages { rest: frame, consumed: 0 }
     }
+
+    /// Bytes of the frame consumed so far: the offset of the next message's length prefix.
+    pub fn offset(&self) -> usize {
+        self.consumed
+    }
+}
+
+/// The operation a RESPONSE or FAILURE body answers (its origin routes it by this id).
+pub fn op_of(body: &[u8]) -> Option<u64> {
+    (body.len() >= ACCESS_HEADER).then(|| u64_at(body, 8))
 }
 
 impl<'a> Iterator for Messages<'a> {
@@ -156,6 +169,7 @@ impl<'a> Iterator for Messages<'a> {
         }
         let body = &self.rest[4..4 + len];
         self.rest = &self.rest[4 + len..];
+        self.consumed += 4 + len;
         Some(Ok(body))
     }
 }
@@ -179,6 +193,8 @@ pub struct Access<'a> {
     pub count: usize,
     indices: &'a [u8],
     keys: &'a [u8],
+    /// For a run: the first key.
+    first: u64,
     values: &'a [u8],
     value_bytes: usize,
 }
@@ -195,15 +211,21 @@ impl<'a> Access<'a> {
         let vlen = value_len(table).ok_or_else(|| bad(format!("ACCESS for unknown table {table}")))?;
         let count = u32_at(b, 20) as usize;
         let indexed = flags & FLAG_INDEXED != 0;
+        let run = flags & FLAG_RUN != 0;
         let value_bytes = vlen * 4;
-        let idx_bytes = if indexed { count * 4 } else { 0 };
+        let idx_bytes = if indexed { count.checked_mul(4) } else { Some(0) };
+        let key_bytes = if run { Some(8) } else { count.checked_mul(8) };
         let val_total = if kind.carries_values() { count.checked_mul(value_bytes) } else { Some(0) };
-        let need = val_total.and_then(|v| (ACCESS_HEADER + idx_bytes).checked_add(count.checked_mul(8)?)?.checked_add(v));
+        let need = (|| ACCESS_HEADER.checked_add(idx_bytes?)?.checked_add(key_bytes?)?.checked_add(val_total?))();
         if need != Some(b.len()) {
             return Err(bad(format!("ACCESS of {count} items has {} bytes", b.len())));
         }
-        let keys_at = ACCESS_HEADER + idx_bytes;
-        let values_at = keys_at + count * 8;
+        let keys_at = ACCESS_HEADER + idx_bytes.unwrap_or(0);
+        let values_at = keys_at + key_bytes.unwrap_or(0);
+        let first = if run { u64_at(b, keys_at) } else { 0 };
+        if run && first.checked_add(count as u64).is_none() {
+            return Err(bad(format!("ACCESS run of {count} keys from {first} overflows")));
+        }
         Ok(Access {
             kind,
             flags,
@@ -214,9 +236,25 @@ impl<'a> Access<'a> {
             count,
             indices: &b[ACCESS_HEADER..keys_at],
             keys: &b[keys_at..values_at],
+            first,
             values: &b[values_at..],
             value_bytes,
         })
+    }
+
+    /// Whether the keys are a run.
+    pub fn is_run(&self) -> bool {
+        self.flags & FLAG_RUN != 0
+    }
+
+    /// For a run, its first key.
+    pub fn first_key(&self) -> Option<u64> {
+        self.is_run().then_some(self.first)
+    }
+
+    /// All value bytes, item after item (push and set).
+    pub fn values(&self) -> &'a [u8] {
+        self.values
     }
 
     /// Whether item indices are listed.
@@ -233,7 +271,7 @@ impl<'a> Access<'a> {
     /// The key of item `i`.
     #[inline]
     pub fn key(&self, i: usize) -> u64 {
-        u64_at(self.keys, i * 8)
+        if self.is_run() { self.first + i as u64 } else { u64_at(self.keys, i * 8) }
     }
 
     /// The value bytes of item `i` (empty for pulls, which carry none).
@@ -261,8 +299,9 @@ pub struct AccessHeader {
 }
 
 /// Encodes an ACCESS of `count` items into `out` (length prefix included), calling `index`,
-/// `key` and `value` (which appends item `i`'s value bytes; push and set only) per item. Writes
-/// straight into the frame: no per-item allocation.
+/// `key` and `value` (which appends item `i`'s value bytes; push and set only) per item. With
+/// `FLAG_RUN` in the header, only `key(0)` is written: the caller promises that the keys are
+/// `key(0)..key(0) + count`. Writes straight into the frame: no per-item allocation.
 pub fn encode_access(
     out: &mut Vec<u8>,
     h: AccessHeader,
@@ -272,19 +311,18 @@ pub fn encode_access(
     mut value: impl FnMut(usize, &mut Vec<u8>),
 ) {
     let start = begin(out, msg::ACCESS);
-    out.extend_from_slice(&[h.kind as u8, h.flags, 0]);
-    out.extend_from_slice(&h.table.to_le_bytes());
-    out.extend_from_slice(&h.origin.to_le_bytes());
-    out.extend_from_slice(&h.op.to_le_bytes());
-    out.extend_from_slice(&h.part.to_le_bytes());
-    out.extend_from_slice(&(count as u32).to_le_bytes());
+    access_header(out, h, count);
     if h.flags & FLAG_INDEXED != 0 {
         for i in 0..count {
             out.extend_from_slice(&index(i).to_le_bytes());
         }
     }
-    for i in 0..count {
-        out.extend_from_slice(&key(i).to_le_bytes());
+    if h.flags & FLAG_RUN != 0 {
+        out.extend_from_slice(&key(0).to_le_bytes());
+    } else {
+        for i in 0..count {
+            out.extend_from_slice(&key(i).to_le_bytes());
+        }
     }
     if h.kind.carries_values() {
         for i in 0..count {
@@ -294,23 +332,64 @@ pub fn encode_access(
     finish(out, start);
 }
 
-/// Encodes an ACCESS whose items are given as contiguous blocks: `keys` and, for push and set,
-/// their values back to back (`values.len() == keys.len() × value bytes`). Not indexed. Two
-/// block copies instead of per-item work.
-pub fn encode_access_blocks(out: &mut Vec<u8>, h: AccessHeader, keys: &[u64], values: &[u8]) {
+/// The keys of an ACCESS encoded as a block.
+#[derive(Debug, Clone, Copy)]
+pub enum BlockKeys<'a> {
+    /// `first..first + count`.
+    Run {
+        /// First key.
+        first: u64,
+        /// Number of keys.
+        count: usize,
+    },
+    /// Any keys.
+    List(&'a [u64]),
+}
+
+impl BlockKeys<'_> {
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        match self {
+            BlockKeys::Run { count, .. } => *count,
+            BlockKeys::List(k) => k.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Encodes a non-indexed ACCESS whose keys are a run or a list and whose values (push and set)
+/// lie back to back in `values` (`keys × value bytes`): block copies instead of per-item work.
+pub fn encode_access_block(out: &mut Vec<u8>, mut h: AccessHeader, keys: BlockKeys<'_>, values: &[u8]) {
     debug_assert_eq!(h.flags & FLAG_INDEXED, 0);
+    let count = keys.len();
     let start = begin(out, msg::ACCESS);
+    if matches!(keys, BlockKeys::Run { .. }) {
+        h.flags |= FLAG_RUN;
+    } else {
+        h.flags &= !FLAG_RUN;
+    }
+    access_header(out, h, count);
+    match keys {
+        BlockKeys::Run { first, .. } => out.extend_from_slice(&first.to_le_bytes()),
+        BlockKeys::List(keys) => out.extend_from_slice(crate::util::u64_bytes(keys)),
+    }
+    if h.kind.carries_values() {
+        out.extend_from_slice(values);
+    }
+    finish(out, start);
+}
+
+fn access_header(out: &mut Vec<u8>, h: AccessHeader, count: usize) {
     out.extend_from_slice(&[h.kind as u8, h.flags, 0]);
     out.extend_from_slice(&h.table.to_le_bytes());
     out.extend_from_slice(&h.origin.to_le_bytes());
     out.extend_from_slice(&h.op.to_le_bytes());
     out.extend_from_slice(&h.part.to_le_bytes());
-    out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
-    out.extend_from_slice(crate::util::u64_bytes(keys));
-    if h.kind.carries_values() {
-        out.extend_from_slice(values);
-    }
-    finish(out, start);
+    out.extend_from_slice(&(count as u32).to_le_bytes());
 }
 
 /// A decoded RESPONSE message.
@@ -494,17 +573,22 @@ pub struct Failure<'a> {
     pub part: u32,
     /// Number of failed items.
     pub count: usize,
+    /// The first failed key (for the error message).
+    pub key: u64,
     indices: &'a [u8],
 }
+
+/// Header bytes of FAILURE: the ACCESS header and the first failed key.
+pub const FAILURE_HEADER: usize = ACCESS_HEADER + 8;
 
 impl<'a> Failure<'a> {
     /// Decodes a FAILURE body.
     pub fn decode(b: &'a [u8]) -> Result<Failure<'a>> {
-        if b.len() < ACCESS_HEADER {
+        if b.len() < FAILURE_HEADER {
             return Err(bad("short FAILURE"));
         }
         let count = u32_at(b, 20) as usize;
-        if count.checked_mul(4).and_then(|n| n.checked_add(ACCESS_HEADER)) != Some(b.len()) {
+        if count.checked_mul(4).and_then(|n| n.checked_add(FAILURE_HEADER)) != Some(b.len()) {
             return Err(bad(format!("FAILURE of {count} items has {} bytes", b.len())));
         }
         Ok(Failure {
@@ -514,7 +598,8 @@ impl<'a> Failure<'a> {
             op: u64_at(b, 8),
             part: u32_at(b, 16),
             count,
-            indices: &b[ACCESS_HEADER..],
+            key: u64_at(b, ACCESS_HEADER),
+            indices: &b[FAILURE_HEADER..],
         })
     }
 
@@ -524,9 +609,9 @@ impl<'a> Failure<'a> {
     }
 }
 
-/// Encodes a FAILURE for the given item indices of (op, part).
+/// Encodes a FAILURE for the given item indices of (op, part); `key` is the first failed key.
 #[allow(clippy::too_many_arguments)]
-pub fn encode_failure(out: &mut Vec<u8>, code: FailureCode, table: u16, node: u16, op: u64, part: u32, indices: &[u32]) {
+pub fn encode_failure(out: &mut Vec<u8>, code: FailureCode, table: u16, node: u16, op: u64, part: u32, key: u64, indices: &[u32]) {
     let start = begin(out, msg::FAILURE);
     out.extend_from_slice(&[code as u8, FLAG_INDEXED, 0]);
     out.extend_from_slice(&table.to_le_bytes());
@@ -534,6 +619,7 @@ pub fn encode_failure(out: &mut Vec<u8>, code: FailureCode, table: u16, node: u1
     out.extend_from_slice(&op.to_le_bytes());
     out.extend_from_slice(&part.to_le_bytes());
     out.extend_from_slice(&(indices.len() as u32).to_le_bytes());
+    out.extend_from_slice(&key.to_le_bytes());
     for i in indices {
         out.extend_from_slice(&i.to_le_bytes());
     }

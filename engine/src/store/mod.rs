@@ -1,28 +1,21 @@
 //! The local parameter store of one node.
 //!
 //! Values live in fixed-size *slots* inside huge-page arenas. A slot is
-//! `[head: u32][values: value_len × f32][tail: u32]` (12 bytes for a one-float value). Every
-//! write under the
-//! key's latch bumps the versions as a seqlock that a *one-sided* reader (which copies the slot in
-//! ascending address order, like a NIC's DMA read) can validate without any lock:
+//! `[head: u32][values: value_len × f32][tail: u32]` (12 bytes for a one-float value); the two
+//! version words let latch-free readers — optimistic local pulls and one-sided reads by peers —
+//! tell a consistent copy from a torn one (see [`slot`]). Every access to a slot goes through a
+//! [`KeyGuard`] (the key's latch), an [`AllGuard`] (every latch) or a [`Reserved`] slot the caller
+//! owns; values are atomics, so latch-free readers never race with writers.
 //!
-//! 1. `tail ← v + 1` (odd: a write is under way), release fence;
-//! 2. write the values;
-//! 3. `head ← v + 2`, then `tail ← v + 2`.
-//!
-//! A copy is consistent exactly when its `head` equals its `tail`: if any value byte was read
-//! after step 1 of a write began, the tail was read later still and differs from the head read
-//! before it. Local workers never need this; they hold the latch.
-//!
-//! Versions are 32 bits: a reader could only be fooled by exactly 2³¹ writes to one slot during
-//! one read.
-//!
-//! Per key, each node keeps one `u32` slot index (`slot_map`, itself in a huge-page arena when
-//! large, so that a random lookup costs no TLB miss); chunks of slots are allocated on demand (a
-//! node may hold any share of a table after relocations) and freed slots are reused.
+//! Per key, each node keeps one `u32` entry (`slot_map`, itself in a huge-page arena when
+//! large, so that a random lookup costs no TLB miss): the key's slot, [`NO_SLOT`] when the key
+//! lives elsewhere, or [`ARRIVING`] while it relocates to this node. Chunks of slots are
+//! allocated on demand (a node may hold any share of a table after relocations) and freed slots
+//! are reused.
 
 mod arena;
 mod latch;
+pub mod slot;
 
 use std::ptr;
 use std::sync::Arc;
@@ -32,19 +25,33 @@ use parking_lot::Mutex;
 
 pub use arena::{Arena, HUGE_PAGE, PageKind};
 pub use latch::{AllLatches, LatchGuard, Latches};
+pub use slot::{AllGuard, KeyGuard, Reserved, Slot};
 
 use crate::config::{HugePages, TableSpec};
 use crate::error::{Error, Result};
 use crate::partition::Partitioner;
 
-/// `slot_map` entry of a key this node does not hold (or not yet: during an incoming relocation).
+/// `slot_map` entry of a key this node does not hold.
 pub const NO_SLOT: u32 = u32::MAX;
+/// `slot_map` entry of a key relocating to this node (its slot is reserved, not yet published).
+pub const ARRIVING: u32 = u32::MAX - 1;
 /// Byte offset of the values inside a slot.
 pub const VALUES_OFFSET: usize = 4;
 /// Values up to this many floats are read by local pulls without taking the latch.
 pub const OPTIMISTIC_MAX: usize = 128;
 /// Resolution of the relocation stamp carried in a slot's head word: nanoseconds >> 6.
 pub const STAMP_SHIFT: u32 = 6;
+
+/// Where a key lives, as one node's slot map says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residence {
+    /// Published here, in this slot.
+    Here(u32),
+    /// Relocating to this node.
+    Arriving,
+    /// Elsewhere.
+    Away,
+}
 
 /// Where a peer can reach a slot with one-sided operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -106,7 +113,6 @@ pub struct TableStore {
     salt: u64,
     value_len: usize,
     slot_bytes: usize,
-    tail_offset: usize,
     chunk_shift: u32,
     slot_map: *const AtomicU32,
     slot_map_len: usize,
@@ -128,9 +134,9 @@ pub struct Store {
     rank: usize,
 }
 
-// SAFETY: the raw chunk pointers in `TableStore` point into arenas owned by the same store and
-// are only dereferenced under the rules documented on each accessor; all mutable state is
-// behind atomics or mutexes.
+// SAFETY: the raw pointers in `TableStore` point into arenas owned by the same store (mapped
+// until it drops) and are only dereferenced as atomics or under the rules of `slot`; all
+// mutable state is behind atomics or mutexes.
 unsafe impl Send for Store {}
 // SAFETY: as above.
 unsafe impl Sync for Store {}
@@ -152,11 +158,9 @@ impl Store {
             let home = partitioner.home_count(rank);
             let table = TableStore::new(id as u16, spec.clone(), home, huge_pages)?;
             store.tables.push(table);
-            let table = &store.tables[id];
-            for (i, key) in partitioner.home_keys(rank).enumerate() {
+            for key in partitioner.home_keys(rank) {
                 let slot = store.reserve(id as u16)?;
-                debug_assert_eq!(slot as usize, i);
-                table.entry(key).store(slot, Ordering::Relaxed);
+                store.lock(id as u16, key).publish(slot);
             }
         }
         fence(Ordering::Release);
@@ -174,15 +178,16 @@ impl Store {
         &self.tables[id as usize]
     }
 
-    /// The latch of `key` in table `table`.
+    /// Takes the latch of `key` in `table`.
     #[inline]
-    pub fn latch(&self, table: u16, key: u64) -> LatchGuard<'_> {
-        self.latches.lock(self.tables[table as usize].salt, key)
+    pub fn lock(&self, table: u16, key: u64) -> KeyGuard<'_> {
+        let t = &self.tables[table as usize];
+        KeyGuard { table: t, key, _latch: self.latches.lock(t.salt, key) }
     }
 
-    /// Every latch at once (for applying a large batch; see [`Latches::lock_all`]).
-    pub fn lock_all(&self) -> AllLatches<'_> {
-        self.latches.lock_all()
+    /// Takes every latch (for applying a large batch; see [`Latches::lock_all`]).
+    pub fn lock_all(&self) -> AllGuard<'_> {
+        AllGuard { store: self, _latches: self.latches.lock_all() }
     }
 
     /// Number of latches.
@@ -192,7 +197,7 @@ impl Store {
 
     /// Takes a free slot of `table` (growing the table's arenas when needed). The slot's versions
     /// are made consistent (`head = tail`) and its values are left as they were.
-    pub fn reserve(&self, table: u16) -> Result<u32> {
+    pub fn reserve(&self, table: u16) -> Result<Reserved> {
         let t = &self.tables[table as usize];
         let mut alloc = t.alloc.lock();
         let slot = if let Some(slot) = alloc.free.pop() {
@@ -200,7 +205,7 @@ impl Store {
         } else {
             let slot = alloc.fresh;
             let chunk = (slot >> t.chunk_shift) as usize;
-            if chunk >= t.chunks.len() {
+            if chunk >= t.chunks.len() || slot >= ARRIVING {
                 return Err(Error::Memory(format!("table '{}' ran out of slot chunks", t.spec.name)));
             }
             if t.chunks[chunk].load(Ordering::Acquire).is_null() {
@@ -211,14 +216,16 @@ impl Store {
         };
         alloc.live += 1;
         drop(alloc);
-        // SAFETY: the slot was just taken from the allocator, so nobody else uses it.
-        unsafe {
-            let p = t.slot_ptr(slot);
-            let even = (*t.tail(p)).load(Ordering::Relaxed) & !1;
-            (*t.tail(p)).store(even, Ordering::Relaxed);
-            (*t.head(p)).store(even, Ordering::Release);
-        }
-        Ok(slot)
+        // SAFETY: the slot was just handed out by the allocator.
+        unsafe { Slot::new(t, slot) }.settle_versions();
+        Ok(Reserved { table, index: slot })
+    }
+
+    /// A view of a slot the caller holds, for reading or writing its value.
+    pub fn reserved<'a>(&'a self, slot: &'a mut Reserved) -> Slot<'a> {
+        // SAFETY: a reservation is only made by `reserve` or `unpublish`, so the allocator
+        // handed the slot out.
+        unsafe { Slot::new(&self.tables[slot.table as usize], slot.index) }
     }
 
     fn grow(&self, t: &TableStore, alloc: &mut Allocator, chunk: usize) -> Result<()> {
@@ -257,11 +264,30 @@ impl Store {
     }
 
     /// Returns a slot to its table's free list.
-    pub fn free(&self, table: u16, slot: u32) {
-        let t = &self.tables[table as usize];
+    pub fn free(&self, slot: Reserved) {
+        let t = &self.tables[slot.table as usize];
         let mut alloc = t.alloc.lock();
         alloc.live = alloc.live.saturating_sub(1);
-        alloc.free.push(slot);
+        alloc.free.push(slot.index);
+    }
+
+    /// Stores `stamp` (cluster nanoseconds >> [`STAMP_SHIFT`], wrapping) in the head word of a
+    /// slot that is about to leave this node: the relocation's one-sided write carries it to the
+    /// new owner, which measures blocking time with it and then restores the head from the tail.
+    pub fn stamp_outgoing(&self, slot: &mut Reserved, stamp: u32) {
+        self.reserved(slot).head().store(stamp, Ordering::Release);
+    }
+
+    /// Reads the stamp an incoming relocation wrote into `slot` and makes the slot's versions
+    /// consistent again (one step past where they were, so a latch-free reader that saw this
+    /// slot serve another key before cannot mistake it for unchanged).
+    pub fn take_incoming_stamp(&self, slot: &mut Reserved) -> u32 {
+        let view = self.reserved(slot);
+        let stamp = view.head().load(Ordering::Acquire);
+        let next = (view.tail().load(Ordering::Relaxed) & !1).wrapping_add(2);
+        view.tail().store(next, Ordering::Relaxed);
+        view.head().store(next, Ordering::Release);
+        stamp
     }
 }
 
@@ -287,8 +313,9 @@ impl TableStore {
         let (slot_map, memory) = if keys * 4 >= HUGE_PAGE / 2 {
             let mut arena = Arena::allocate(keys * 4, huge_pages)?;
             let base = arena.as_mut_ptr();
-            // SAFETY: the arena holds at least `keys * 4` zeroed, 4-aligned bytes that this table
-            // owns; AtomicU32 has the layout of u32, and every entry is initialised here.
+            // SAFETY: the arena holds at least `keys * 4` writable, 4-aligned bytes that this
+            // table owns; every entry is initialised to NO_SLOT (all ones) here, and AtomicU32
+            // has the layout of u32.
             unsafe {
                 std::ptr::write_bytes(base, 0xFF, keys * 4);
             }
@@ -302,7 +329,6 @@ impl TableStore {
             id,
             value_len,
             slot_bytes,
-            tail_offset: VALUES_OFFSET + value_bytes,
             chunk_shift,
             slot_map,
             slot_map_len: keys,
@@ -315,12 +341,14 @@ impl TableStore {
         })
     }
 
-    /// The slot-map entry of `key`, which must be below the table's key count.
+    /// The slot-map entry of `key`; `None` beyond the table.
     #[inline]
-    fn entry(&self, key: u64) -> &AtomicU32 {
-        assert!((key as usize) < self.slot_map_len, "key {key} beyond table '{}'", self.spec.name);
-        // SAFETY: checked above; the map lives as long as the table.
-        unsafe { &*self.slot_map.add(key as usize) }
+    fn entry(&self, key: u64) -> Option<&AtomicU32> {
+        if key as usize >= self.slot_map_len {
+            return None;
+        }
+        // SAFETY: bounds checked above; the map lives as long as the table.
+        Some(unsafe { &*self.slot_map.add(key as usize) })
     }
 
     /// The table's specification.
@@ -350,40 +378,50 @@ impl TableStore {
         self.salt
     }
 
-    /// The slot holding `key` here, if this node holds it and serves it locally. Callers that
-    /// act on the slot must hold the key's latch while they check and use it.
+    /// The slot holding `key` here, if this node holds it and serves it locally. Acting on the
+    /// slot needs the key's latch ([`Store::lock`]); this is for routing decisions.
     #[inline]
     pub fn slot_of(&self, key: u64) -> Option<u32> {
-        if key as usize >= self.slot_map_len {
-            return None;
+        let slot = self.entry(key)?.load(Ordering::Acquire);
+        (slot < ARRIVING).then_some(slot)
+    }
+
+    /// Where `key` lives, as this node's slot map says right now.
+    #[inline]
+    pub fn residence(&self, key: u64) -> Residence {
+        match self.entry(key).map(|e| e.load(Ordering::Acquire)) {
+            None | Some(NO_SLOT) => Residence::Away,
+            Some(ARRIVING) => Residence::Arriving,
+            Some(slot) => Residence::Here(slot),
         }
-        // SAFETY: bounds checked above; the map lives as long as the table.
-        let slot = unsafe { &*self.slot_map.add(key as usize) }.load(Ordering::Acquire);
-        (slot != NO_SLOT).then_some(slot)
     }
 
-    /// Makes `slot` the local home of `key` (latch held by the caller).
+    /// Reads the value of `key` without its latch, as a seqlock reader: `false` (with garbage in
+    /// `out`) when the key is not published here, a writer was active, the key moved meanwhile,
+    /// or the value is too long to be worth it; the caller then takes the latch.
     #[inline]
-    pub fn publish(&self, key: u64, slot: u32) {
-        self.entry(key).store(slot, Ordering::Release);
+    pub fn read_optimistic(&self, key: u64, out: &mut [f32]) -> bool {
+        // Long values are copied faster under the latch than with the version checks; the
+        // latch's atomic only matters next to a short copy.
+        if self.value_len > OPTIMISTIC_MAX || out.len() != self.value_len {
+            return false;
+        }
+        let Some(slot) = self.slot_of(key) else { return false };
+        // SAFETY: a published slot was handed out by the allocator; slots are never unmapped
+        // while the store lives, so reading one that was freed meanwhile is harmless, and the
+        // map check below rejects such a copy.
+        let view = unsafe { Slot::new(self, slot) };
+        view.read_validated(out) && self.slot_of(key) == Some(slot)
     }
 
-    /// Stops serving `key` locally (latch held by the caller).
-    #[inline]
-    pub fn unpublish(&self, key: u64) {
-        self.entry(key).store(NO_SLOT, Ordering::Release);
-    }
-
-    /// Start of a slot.
+    /// Start of a slot in registered memory (for fabrics posting one-sided writes from it).
     #[inline]
     pub fn slot_ptr(&self, slot: u32) -> *mut u8 {
         let chunk = (slot >> self.chunk_shift) as usize;
         let index = (slot & ((1 << self.chunk_shift) - 1)) as usize;
-        let base = self.chunks[chunk].load(Ordering::Acquire);
+        let base = self.chunks.get(chunk).map_or(ptr::null_mut(), |c| c.load(Ordering::Acquire));
         debug_assert!(!base.is_null());
-        // SAFETY: `slot` was handed out by the allocator, so its chunk exists and the offset lies
-        // inside it.
-        unsafe { base.add(index * self.slot_bytes) }
+        base.wrapping_add(index * self.slot_bytes)
     }
 
     /// Where peers reach `slot` (its first byte, the head version).
@@ -393,284 +431,6 @@ impl TableStore {
         RemoteAddr {
             region: self.chunk_regions[chunk].load(Ordering::Relaxed) as u32,
             addr: self.chunk_bases[chunk].load(Ordering::Relaxed) + index * self.slot_bytes as u64,
-        }
-    }
-
-    #[inline]
-    fn head(&self, p: *mut u8) -> *const AtomicU32 {
-        p as *const AtomicU32
-    }
-
-    #[inline]
-    fn tail(&self, p: *mut u8) -> *const AtomicU32 {
-        // SAFETY (for callers): the tail lies inside the slot, 4-byte aligned.
-        p.wrapping_add(self.tail_offset) as *const AtomicU32
-    }
-
-    /// Copies the value of `slot` into `out` (`value_len` floats).
-    ///
-    /// # Safety
-    ///
-    /// The caller holds the latch of the key stored in `slot`, or otherwise owns the slot.
-    #[inline]
-    pub unsafe fn read(&self, slot: u32, out: &mut [f32]) {
-        debug_assert_eq!(out.len(), self.value_len);
-        let p = self.slot_ptr(slot);
-        // SAFETY: the values occupy `value_len` f32 at offset 4, inside the slot; the caller
-        // excludes local writers (latch). Short values are copied inline: a call to memcpy
-        // costs more than the copy.
-        unsafe {
-            let src = p.add(VALUES_OFFSET) as *const f32;
-            if self.value_len <= 32 {
-                for i in 0..self.value_len {
-                    *out.get_unchecked_mut(i) = *src.add(i);
-                }
-            } else {
-                ptr::copy_nonoverlapping(src, out.as_mut_ptr(), self.value_len);
-            }
-        }
-    }
-
-    /// Writes the value of `slot` at `dst` (`value_len × 4` bytes).
-    ///
-    /// # Safety
-    ///
-    /// As for [`TableStore::read`]; `dst` is valid for `value_len × 4` bytes of writes.
-    #[inline]
-    pub unsafe fn read_to(&self, slot: u32, dst: *mut u8) {
-        let p = self.slot_ptr(slot);
-        // SAFETY: the source lies inside the slot, the destination is valid per the contract.
-        unsafe {
-            let src = p.add(VALUES_OFFSET);
-            if self.value_len <= 8 {
-                for i in 0..self.value_len {
-                    (dst as *mut u32).add(i).write_unaligned((src as *const u32).add(i).read());
-                }
-            } else {
-                ptr::copy_nonoverlapping(src, dst, self.value_len * 4);
-            }
-        }
-    }
-
-    /// Reads the value of `key` without its latch, as a seqlock reader: returns `false` (having
-    /// written garbage to `dst`) when the key is not published here, a writer was active, or the
-    /// key moved meanwhile; the caller then takes the latch. Writers set the tail version odd
-    /// before they change the values and even after; a relocation that reuses the slot bumps it
-    /// as well before the slot is published again, so a copy taken between two equal, even tail
-    /// readings of a slot still mapped to `key` is a value `key` had.
-    ///
-    /// # Safety
-    ///
-    /// `dst` is valid for `value_len` floats of writes.
-    #[inline]
-    pub unsafe fn read_optimistic(&self, key: u64, dst: *mut f32) -> bool {
-        // Long values are copied faster under the latch (a vectorised copy) than element by
-        // element here; the latch's atomic only matters next to a short copy.
-        if self.value_len > OPTIMISTIC_MAX {
-            return false;
-        }
-        let Some(slot) = self.slot_of(key) else { return false };
-        let p = self.slot_ptr(slot);
-        // SAFETY: the slot lies in a live arena (slots are never unmapped while the store lives);
-        // its values may be written concurrently, so they are read with relaxed atomic loads,
-        // and the versions decide whether the copy is kept.
-        unsafe {
-            let tail = &*self.tail(p);
-            let before = tail.load(Ordering::Acquire);
-            if before & 1 != 0 {
-                return false;
-            }
-            let src = p.add(VALUES_OFFSET) as *const AtomicU32;
-            for i in 0..self.value_len {
-                *dst.add(i) = f32::from_bits((*src.add(i)).load(Ordering::Relaxed));
-            }
-            fence(Ordering::Acquire);
-            tail.load(Ordering::Relaxed) == before && self.slot_of(key) == Some(slot)
-        }
-    }
-
-    /// Copies the value of `slot` to `dst` (`value_len` floats).
-    ///
-    /// # Safety
-    ///
-    /// As for [`TableStore::read`]; `dst` is valid for `value_len` floats of writes and does not
-    /// overlap the slot.
-    #[inline]
-    pub unsafe fn read_to_f32(&self, slot: u32, dst: *mut f32) {
-        let p = self.slot_ptr(slot);
-        // SAFETY: per the contract and the slot layout.
-        unsafe { ptr::copy_nonoverlapping(p.add(VALUES_OFFSET) as *const f32, dst, self.value_len) };
-    }
-
-    /// Adds `value_len` floats at `src` to the value of `slot`.
-    ///
-    /// # Safety
-    ///
-    /// As for [`TableStore::read`]; `src` is valid for `value_len` floats of reads and does not
-    /// overlap the slot.
-    #[inline]
-    pub unsafe fn add_from(&self, slot: u32, src: *const f32) {
-        let p = self.slot_ptr(slot);
-        // SAFETY: exclusive access by the latch; the values lie inside the slot; no overlap.
-        unsafe {
-            let v = self.begin_write(p);
-            let values = std::slice::from_raw_parts_mut(p.add(VALUES_OFFSET) as *mut f32, self.value_len);
-            let update = std::slice::from_raw_parts(src, self.value_len);
-            for (x, u) in values.iter_mut().zip(update) {
-                *x += *u;
-            }
-            self.end_write(p, v);
-        }
-    }
-
-    /// Appends the value of `slot` to `out` as little-endian bytes.
-    ///
-    /// # Safety
-    ///
-    /// As for [`TableStore::read`].
-    #[inline]
-    pub unsafe fn read_bytes_into(&self, slot: u32, out: &mut Vec<u8>) {
-        let n = self.value_len * 4;
-        let p = self.slot_ptr(slot);
-        out.reserve(n);
-        let len = out.len();
-        // SAFETY: `reserve` made room for `n` bytes; the source range lies inside the slot.
-        unsafe {
-            ptr::copy_nonoverlapping(p.add(VALUES_OFFSET), out.as_mut_ptr().add(len), n);
-            out.set_len(len + n);
-        }
-    }
-
-    #[inline]
-    unsafe fn begin_write(&self, p: *mut u8) -> u32 {
-        // SAFETY: head and tail lie inside the slot, 4-byte aligned; writers are serialised by
-        // the latch, so the read-modify-write below needs no atomic RMW.
-        unsafe {
-            let tail = &*self.tail(p);
-            let v = tail.load(Ordering::Relaxed) & !1;
-            tail.store(v.wrapping_add(1), Ordering::Relaxed);
-            fence(Ordering::Release);
-            v
-        }
-    }
-
-    #[inline]
-    unsafe fn end_write(&self, p: *mut u8, v: u32) {
-        // SAFETY: as in `begin_write`.
-        unsafe {
-            (*self.head(p)).store(v.wrapping_add(2), Ordering::Release);
-            (*self.tail(p)).store(v.wrapping_add(2), Ordering::Release);
-        }
-    }
-
-    /// Adds `update` element-wise to the value of `slot`.
-    ///
-    /// # Safety
-    ///
-    /// As for [`TableStore::read`].
-    #[inline]
-    pub unsafe fn add(&self, slot: u32, update: &[f32]) {
-        debug_assert_eq!(update.len(), self.value_len);
-        let p = self.slot_ptr(slot);
-        // SAFETY: exclusive access by the latch; the values lie inside the slot.
-        unsafe {
-            let v = self.begin_write(p);
-            let values = p.add(VALUES_OFFSET) as *mut f32;
-            for (i, u) in update.iter().enumerate() {
-                *values.add(i) += *u;
-            }
-            self.end_write(p, v);
-        }
-    }
-
-    /// Adds little-endian f32 bytes (as they come off the wire) to the value of `slot`.
-    ///
-    /// # Safety
-    ///
-    /// As for [`TableStore::read`]; `bytes` holds exactly `value_len` floats.
-    #[inline]
-    pub unsafe fn add_bytes(&self, slot: u32, bytes: &[u8]) {
-        debug_assert_eq!(bytes.len(), self.value_len * 4);
-        let p = self.slot_ptr(slot);
-        // SAFETY: exclusive access by the latch; the values lie inside the slot.
-        unsafe {
-            let v = self.begin_write(p);
-            let values = p.add(VALUES_OFFSET) as *mut f32;
-            for (i, c) in bytes.chunks_exact(4).enumerate() {
-                *values.add(i) += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-            self.end_write(p, v);
-        }
-    }
-
-    /// Overwrites the value of `slot`.
-    ///
-    /// # Safety
-    ///
-    /// As for [`TableStore::read`].
-    #[inline]
-    pub unsafe fn write(&self, slot: u32, value: &[f32]) {
-        debug_assert_eq!(value.len(), self.value_len);
-        let p = self.slot_ptr(slot);
-        // SAFETY: exclusive access by the latch; the values lie inside the slot.
-        unsafe {
-            let v = self.begin_write(p);
-            let dst = p.add(VALUES_OFFSET) as *mut f32;
-            if self.value_len <= 32 {
-                for i in 0..self.value_len {
-                    *dst.add(i) = *value.get_unchecked(i);
-                }
-            } else {
-                ptr::copy_nonoverlapping(value.as_ptr(), dst, self.value_len);
-            }
-            self.end_write(p, v);
-        }
-    }
-
-    /// Overwrites the value of `slot` from little-endian f32 bytes.
-    ///
-    /// # Safety
-    ///
-    /// As for [`TableStore::add_bytes`].
-    #[inline]
-    pub unsafe fn write_bytes(&self, slot: u32, bytes: &[u8]) {
-        debug_assert_eq!(bytes.len(), self.value_len * 4);
-        let p = self.slot_ptr(slot);
-        // SAFETY: exclusive access by the latch; the values lie inside the slot.
-        unsafe {
-            let v = self.begin_write(p);
-            ptr::copy_nonoverlapping(bytes.as_ptr(), p.add(VALUES_OFFSET), bytes.len());
-            self.end_write(p, v);
-        }
-    }
-
-    /// Stores `stamp` (cluster nanoseconds >> [`STAMP_SHIFT`], wrapping) in the head word of a
-    /// slot that is about to leave this node: the relocation's one-sided write carries it to the
-    /// new owner, which measures blocking time with it and then restores the head from the tail.
-    ///
-    /// # Safety
-    ///
-    /// The slot is no longer published (no local reader or writer can reach it).
-    pub unsafe fn stamp_outgoing(&self, slot: u32, stamp: u32) {
-        // SAFETY: the head lies inside the slot; nobody else uses the slot.
-        unsafe { (*self.head(self.slot_ptr(slot))).store(stamp, Ordering::Release) };
-    }
-
-    /// Reads the stamp an incoming relocation wrote into `slot` and makes the slot's versions
-    /// consistent again.
-    ///
-    /// # Safety
-    ///
-    /// The slot is reserved for an incoming relocation that has landed and is not published.
-    pub unsafe fn take_incoming_stamp(&self, slot: u32) -> u32 {
-        let p = self.slot_ptr(slot);
-        // SAFETY: head and tail lie inside the slot; nobody else uses it yet.
-        unsafe {
-            let stamp = (*self.head(p)).load(Ordering::Acquire);
-            let tail = (*self.tail(p)).load(Ordering::Relaxed) & !1;
-            (*self.tail(p)).store(tail.wrapping_add(2), Ordering::Relaxed);
-            (*self.head(p)).store(tail.wrapping_add(2), Ordering::Release);
-            stamp
         }
     }
 
@@ -701,9 +461,8 @@ pub fn slot_counter_offset(value_len: usize) -> usize {
     VALUES_OFFSET + value_len * 4
 }
 
-/// Checks a copy of a slot taken without the latch (a one-sided read, copied in ascending
-/// address order): returns the values when the copy is consistent, `None` when it caught a write
-/// in progress and must be retried.
+/// Checks a copy of a slot taken without the latch (a one-sided read): returns the values when
+/// the copy's versions agree, `None` when it caught a write in progress and must be retried.
 pub fn validate_slot_copy(copy: &[u8], value_len: usize) -> Option<&[u8]> {
     let value_bytes = value_len * 4;
     if copy.len() != VALUES_OFFSET + value_bytes + 4 {
@@ -724,6 +483,10 @@ mod tests {
         Store::new(rank, nodes, &specs, 16, HugePages::Off, Arc::new(LocalRegistrar::default())).unwrap()
     }
 
+    fn le(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|f| f.to_le_bytes()).collect()
+    }
+
     #[test]
     fn home_keys_get_zeroed_slots_and_others_none() {
         let s = store(100, 3, 2, 1);
@@ -731,39 +494,84 @@ mod tests {
         let t = s.table(0);
         for key in 0..100 {
             assert_eq!(t.slot_of(key).is_some(), p.home(key) == 1, "key {key}");
+            assert_eq!(t.residence(key) == Residence::Away, p.home(key) != 1);
         }
-        let slot = t.slot_of(p.home_keys(1).next().unwrap()).unwrap();
+        let key = p.home_keys(1).next().unwrap();
         let mut out = [1.0f32; 3];
-        // SAFETY: single-threaded test owns every slot.
-        unsafe { t.read(slot, &mut out) };
+        s.lock(0, key).slot().unwrap().read(&mut out);
         assert_eq!(out, [0.0; 3]);
+        assert_eq!(t.slot_of(100), None, "beyond the table");
+        assert_eq!(t.residence(u64::MAX), Residence::Away);
     }
 
     #[test]
     fn add_write_and_versions() {
         let s = store(10, 5, 1, 0);
         let t = s.table(0);
-        let slot = t.slot_of(3).unwrap();
-        // SAFETY: single-threaded test owns every slot.
-        unsafe {
-            t.add(slot, &[1.0, 2.0, 3.0, 4.0, 5.0]);
-            t.add_bytes(slot, &[1.0f32, 1.0, 1.0, 1.0, 1.0].iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<_>>());
-            let mut out = [0.0; 5];
-            t.read(slot, &mut out);
-            assert_eq!(out, [2.0, 3.0, 4.0, 5.0, 6.0]);
-            let copy = std::slice::from_raw_parts(t.slot_ptr(slot), t.slot_bytes()).to_vec();
-            let values = validate_slot_copy(&copy, 5).expect("consistent");
-            assert_eq!(&values[..4], &2.0f32.to_le_bytes());
-            assert_eq!(u32::from_le_bytes(copy[..4].try_into().unwrap()), 4, "two writes bump by 2 each");
-            // A torn copy: tail says a write is under way.
-            let mut torn = copy.clone();
-            let tail_at = torn.len() - 4;
-            torn[tail_at] = 5;
-            assert!(validate_slot_copy(&torn, 5).is_none());
-            t.write(slot, &[9.0; 5]);
-            t.read(slot, &mut out);
-            assert_eq!(out, [9.0; 5]);
-        }
+        let guard = s.lock(0, 3);
+        let slot = guard.slot().unwrap();
+        slot.add(&[1.0, 2.0, 3.0, 4.0, 5.0]);
+        slot.add_le_bytes(&le(&[1.0; 5]));
+        let mut out = [0.0; 5];
+        slot.read(&mut out);
+        assert_eq!(out, [2.0, 3.0, 4.0, 5.0, 6.0]);
+        let mut bytes = [0u8; 20];
+        slot.read_le_bytes(&mut bytes);
+        assert_eq!(bytes.to_vec(), le(&out));
+        // SAFETY: the test holds the key's latch, so no writer changes the slot during the copy.
+        let copy = unsafe { std::slice::from_raw_parts(t.slot_ptr(slot.index()), t.slot_bytes()) }.to_vec();
+        let values = validate_slot_copy(&copy, 5).expect("consistent");
+        assert_eq!(&values[..4], &2.0f32.to_le_bytes());
+        assert_eq!(u32::from_le_bytes(copy[..4].try_into().unwrap()), 4, "two writes bump by 2 each");
+        // A torn copy: the tail says a write is under way.
+        let mut torn = copy.clone();
+        let tail_at = torn.len() - 4;
+        torn[tail_at] = 5;
+        assert!(validate_slot_copy(&torn, 5).is_none());
+        assert!(validate_slot_copy(&copy[1..], 5).is_none(), "wrong length");
+        slot.write(&[9.0; 5]);
+        slot.read(&mut out);
+        assert_eq!(out, [9.0; 5]);
+        slot.write_le_bytes(&le(&[7.0; 5]));
+        slot.read(&mut out);
+        assert_eq!(out, [7.0; 5]);
+        drop(guard);
+        let mut optimistic = [0.0; 5];
+        assert!(t.read_optimistic(3, &mut optimistic));
+        assert_eq!(optimistic, [7.0; 5]);
+        assert!(!t.read_optimistic(3, &mut [0.0; 4]), "wrong output length");
+    }
+
+    #[test]
+    fn publish_unpublish_and_arriving() {
+        let s = store(8, 2, 2, 0);
+        let t = s.table(0);
+        let away = (0..8).find(|&k| t.slot_of(k).is_none()).unwrap();
+        let here = (0..8).find(|&k| t.slot_of(k).is_some()).unwrap();
+        s.lock(0, away).set_arriving(true);
+        assert_eq!(t.residence(away), Residence::Arriving);
+        assert_eq!(t.slot_of(away), None);
+        let mut incoming = s.reserve(0).unwrap();
+        s.reserved(&mut incoming).write(&[4.0, 5.0]);
+        s.lock(0, away).publish(incoming);
+        assert!(matches!(t.residence(away), Residence::Here(_)));
+        let mut out = [0.0; 2];
+        assert!(t.read_optimistic(away, &mut out));
+        assert_eq!(out, [4.0, 5.0]);
+        // Marking a published key as arriving changes nothing.
+        s.lock(0, away).set_arriving(true);
+        assert!(t.slot_of(away).is_some());
+        let mut outgoing = s.lock(0, here).unpublish().unwrap();
+        assert_eq!(t.residence(here), Residence::Away);
+        assert!(s.lock(0, here).unpublish().is_none(), "nothing left to unpublish");
+        s.stamp_outgoing(&mut outgoing, 1234);
+        assert_eq!(s.take_incoming_stamp(&mut outgoing), 1234);
+        // SAFETY: the slot is reserved by this test and nobody else uses it.
+        let copy = unsafe { std::slice::from_raw_parts(t.slot_ptr(outgoing.index()), t.slot_bytes()) }.to_vec();
+        assert!(validate_slot_copy(&copy, 2).is_some(), "versions settled after the stamp");
+        let (live, _) = t.slot_usage();
+        s.free(outgoing);
+        assert_eq!(t.slot_usage().0, live - 1);
     }
 
     #[test]
@@ -776,10 +584,7 @@ mod tests {
                 let mut i = 0u32;
                 while !stop.load(Ordering::Relaxed) {
                     i += 1;
-                    let t = s.table(0);
-                    let _latch = s.latch(0, 2);
-                    // SAFETY: the key's latch is held.
-                    unsafe { t.write(t.slot_of(2).unwrap(), &[i as f32; 64]) };
+                    s.lock(0, 2).slot().unwrap().write(&[i as f32; 64]);
                 }
                 i
             })
@@ -788,8 +593,7 @@ mod tests {
         let mut out = [0.0f32; 64];
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(300);
         while std::time::Instant::now() < deadline {
-            // SAFETY: `out` holds 64 floats.
-            if unsafe { s.table(0).read_optimistic(2, out.as_mut_ptr()) } {
+            if s.table(0).read_optimistic(2, &mut out) {
                 assert!(out.iter().all(|&v| v == out[0]), "torn value accepted: {out:?}");
                 accepted += 1;
             } else {
@@ -799,8 +603,6 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         let writes = writer.join().unwrap();
         assert!(accepted > 100 && writes > 100, "accepted {accepted}, refused {refused}, writes {writes}");
-        // SAFETY: as above.
-        assert!(!unsafe { s.table(0).read_optimistic(3, out.as_mut_ptr()) } || s.table(0).slot_of(3).is_some());
     }
 
     #[test]
@@ -809,18 +611,36 @@ mod tests {
         let t = s.table(0);
         let (live, created) = t.slot_usage();
         assert_eq!(live, 25_000);
-        let extra: Vec<u32> = (0..100_000).map(|_| s.reserve(0).unwrap()).collect();
+        let extra: Vec<Reserved> = (0..100_000).map(|_| s.reserve(0).unwrap()).collect();
         assert_eq!(t.slot_usage(), (125_000, 125_000));
-        for &slot in &extra {
-            s.free(0, slot);
+        let a = t.remote_addr(extra[0].index());
+        let b = t.remote_addr(extra[1].index());
+        assert!(a.region != b.region || a.addr.abs_diff(b.addr) == t.slot_bytes() as u64);
+        for slot in extra {
+            s.free(slot);
         }
-        for _ in 0..50_000 {
-            s.reserve(0).unwrap();
-        }
+        let again: Vec<Reserved> = (0..50_000).map(|_| s.reserve(0).unwrap()).collect();
         assert_eq!(t.slot_usage(), (75_000, 125_000), "freed slots are reused");
         assert!(created == 25_000);
-        let a = t.remote_addr(extra[0]);
-        let b = t.remote_addr(extra[1]);
-        assert!(a.region != b.region || a.addr.abs_diff(b.addr) == t.slot_bytes() as u64);
+        for slot in again {
+            s.free(slot);
+        }
+    }
+
+    #[test]
+    fn all_guard_reaches_every_published_key() {
+        let s = store(64, 1, 1, 0);
+        {
+            let all = s.lock_all();
+            for key in 0..64 {
+                all.slot(0, key).unwrap().add(&[key as f32]);
+            }
+            assert!(all.slot(0, 64).is_none());
+        }
+        let mut out = [0.0];
+        for key in 0..64 {
+            assert!(s.table(0).read_optimistic(key, &mut out));
+            assert_eq!(out[0], key as f32);
+        }
     }
 }

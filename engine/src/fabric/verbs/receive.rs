@@ -79,7 +79,7 @@ impl Receiver {
                     let bytes = unsafe { std::slice::from_raw_parts(peer.rx.as_ptr().add(offset), len.min(peer.buffer_bytes)) };
                     let partial = &mut self.partial[rank];
                     if imm & IMM_FRAME_END != 0 && partial.is_empty() {
-                        deliver(inner, rank, bytes);
+                        deliver(inner, rank, bytes::Bytes::copy_from_slice(bytes));
                     } else if partial.len() + len > inner.max_frame {
                         partial.clear();
                         inner.fail(rank, format!("node {rank} sent a frame longer than {} bytes", inner.max_frame));
@@ -88,7 +88,7 @@ impl Receiver {
                         partial.extend_from_slice(bytes);
                         if imm & IMM_FRAME_END != 0 {
                             let frame = std::mem::take(partial);
-                            deliver(inner, rank, &frame);
+                            deliver(inner, rank, bytes::Bytes::from(frame));
                         }
                     }
                 }
@@ -122,7 +122,7 @@ impl Receiver {
     }
 }
 
-fn deliver(inner: &Inner, rank: usize, frame: &[u8]) {
+fn deliver(inner: &Inner, rank: usize, frame: bytes::Bytes) {
     if let Some(h) = inner.handler() {
         h.on_frame(rank, frame);
     }

@@ -1,0 +1,204 @@
+//! Cluster-wide barriers: every node sends BARRIER to rank 0, which counts arrivals per
+//! generation and releases everybody once all nodes have arrived.
+
+use std::collections::VecDeque;
+
+use super::directory::Directory;
+use super::transmit::Transmit;
+use super::wire::{self, msg};
+use crate::error::{Error, Result};
+use crate::stats::MessageKind;
+use crate::util::FastMap;
+
+/// Barrier kinds (separate generation counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum BarrierKind {
+    /// The workers' barrier.
+    Workers = 0,
+    /// The barrier that starts shutdown.
+    Finalize = 1,
+}
+
+impl BarrierKind {
+    fn from_u8(b: u8) -> Option<BarrierKind> {
+        match b {
+            0 => Some(BarrierKind::Workers),
+            1 => Some(BarrierKind::Finalize),
+            _ => None,
+        }
+    }
+}
+
+/// A barrier generation that completed (or failed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BarrierEvent {
+    /// Which barrier.
+    pub kind: BarrierKind,
+    /// Its generation.
+    pub generation: u32,
+    /// `Ok` when every node arrived.
+    pub result: Result<()>,
+}
+
+/// One node's barrier state: generations entered, and at rank 0 the arrivals counted.
+pub struct Barriers {
+    rank: u16,
+    nodes: usize,
+    generation: [u32; 2],
+    waiting: Vec<(BarrierKind, u32)>,
+    counts: FastMap<(u8, u32), usize>,
+    events: VecDeque<BarrierEvent>,
+}
+
+impl Barriers {
+    /// Barriers of node `rank` of `nodes`.
+    pub fn new(rank: u16, nodes: usize) -> Barriers {
+        Barriers { rank, nodes, generation: [0; 2], waiting: Vec::new(), counts: FastMap::default(), events: VecDeque::new() }
+    }
+
+    /// Enters the next generation of `kind`; its release (or failure) appears through
+    /// [`Barriers::poll_event`].
+    pub fn enter(&mut self, kind: BarrierKind, directory: &Directory, tx: &mut Transmit) -> u32 {
+        let generation = {
+            let g = &mut self.generation[kind as usize];
+            *g += 1;
+            *g
+        };
+        if let Some((peer, reason)) = directory.any_lost() {
+            self.events.push_back(BarrierEvent { kind, generation, result: Err(Error::PeerLost { node: peer as usize, reason }) });
+            return generation;
+        }
+        self.waiting.push((kind, generation));
+        if self.rank == 0 {
+            self.arrive(kind as u8, generation, directory, tx);
+        } else {
+            wire::encode_barrier(tx.buf(0), msg::BARRIER, kind as u8, generation);
+            tx.sent(0, MessageKind::Barrier, 12);
+        }
+        generation
+    }
+
+    /// Handles BARRIER (at rank 0) or BARRIER_RELEASE.
+    pub fn handle_message(&mut self, body: &[u8], directory: &Directory, tx: &mut Transmit) -> Result<()> {
+        let (kind, generation) = wire::decode_barrier(body)?;
+        if BarrierKind::from_u8(kind).is_none() {
+            return Err(Error::Protocol(format!("unknown barrier kind {kind}")));
+        }
+        match body[0] {
+            msg::BARRIER if self.rank == 0 => {
+                self.arrive(kind, generation, directory, tx);
+                Ok(())
+            }
+            msg::BARRIER => Err(Error::Protocol("BARRIER sent to a node that does not coordinate barriers".into())),
+            _ => {
+                self.released(kind, generation);
+                Ok(())
+            }
+        }
+    }
+
+    fn arrive(&mut self, kind: u8, generation: u32, directory: &Directory, tx: &mut Transmit) {
+        let count = self.counts.entry((kind, generation)).or_insert(0);
+        *count += 1;
+        if *count < self.nodes {
+            return;
+        }
+        self.counts.remove(&(kind, generation));
+        for node in 0..self.nodes as u16 {
+            if node == self.rank {
+                self.released(kind, generation);
+            } else if !directory.is_lost(node) {
+                wire::encode_barrier(tx.buf(node), msg::BARRIER_RELEASE, kind, generation);
+                tx.sent(node, MessageKind::Barrier, 12);
+            }
+        }
+    }
+
+    fn released(&mut self, kind: u8, generation: u32) {
+        let Some(kind) = BarrierKind::from_u8(kind) else { return };
+        if let Some(pos) = self.waiting.iter().position(|w| *w == (kind, generation)) {
+            self.waiting.remove(pos);
+            self.events.push_back(BarrierEvent { kind, generation, result: Ok(()) });
+        }
+    }
+
+    /// A peer is gone: every barrier waited in fails.
+    pub fn handle_peer_lost(&mut self, error: &Error) {
+        for (kind, generation) in std::mem::take(&mut self.waiting) {
+            self.events.push_back(BarrierEvent { kind, generation, result: Err(error.clone()) });
+        }
+    }
+
+    /// The next released or failed generation.
+    pub fn poll_event(&mut self) -> Option<BarrierEvent> {
+        self.events.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::config::TableSpec;
+    use crate::stats::CounterRegistry;
+
+    fn parts(rank: u16, nodes: usize) -> (Barriers, Directory, Transmit) {
+        let registry = Arc::new(CounterRegistry::default());
+        (
+            Barriers::new(rank, nodes),
+            Directory::new(rank as usize, nodes, 1, &[TableSpec::new("t", 4, 1)], false),
+            Transmit::new(rank, nodes, 4096, &registry),
+        )
+    }
+
+    #[test]
+    fn three_nodes_release_together() {
+        let mut nodes: Vec<_> = (0..3).map(|r| parts(r, 3)).collect();
+        let mut to_zero = Vec::new();
+        for (r, (b, d, tx)) in nodes.iter_mut().enumerate() {
+            assert_eq!(b.enter(BarrierKind::Workers, d, tx), 1);
+            while let Some((to, frame)) = tx.poll_transmit() {
+                assert_eq!((r, to), (r, 0));
+                to_zero.push(frame);
+            }
+        }
+        assert_eq!(to_zero.len(), 2, "rank 0 counts its own arrival without a message");
+        let (b0, d0, tx0) = &mut nodes[0];
+        for frame in to_zero {
+            for body in wire::Messages::new(&frame) {
+                b0.handle_message(body.unwrap(), d0, tx0).unwrap();
+            }
+        }
+        assert_eq!(b0.poll_event().map(|e| e.result), Some(Ok(())));
+        let releases: Vec<_> = std::iter::from_fn(|| tx0.poll_transmit()).collect();
+        assert_eq!(releases.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2]);
+        for (to, frame) in releases {
+            let (b, d, tx) = &mut nodes[to as usize];
+            for body in wire::Messages::new(&frame) {
+                b.handle_message(body.unwrap(), d, tx).unwrap();
+            }
+            assert_eq!(b.poll_event(), Some(BarrierEvent { kind: BarrierKind::Workers, generation: 1, result: Ok(()) }));
+        }
+    }
+
+    #[test]
+    fn lost_peers_fail_barriers_and_bad_messages_are_errors() {
+        let (mut b, d, mut tx) = parts(1, 2);
+        b.enter(BarrierKind::Finalize, &d, &mut tx);
+        b.handle_peer_lost(&Error::PeerLost { node: 0, reason: "x".into() });
+        assert!(b.poll_event().unwrap().result.is_err());
+        d.mark_lost(0, "gone");
+        assert_eq!(b.enter(BarrierKind::Workers, &d, &mut tx), 1);
+        assert!(b.poll_event().unwrap().result.is_err(), "entering with a lost peer fails at once");
+        let mut frame = Vec::new();
+        wire::encode_barrier(&mut frame, msg::BARRIER, 0, 1);
+        let body = wire::Messages::new(&frame).next().unwrap().unwrap();
+        assert!(b.handle_message(body, &d, &mut tx).is_err(), "only rank 0 counts arrivals");
+        let mut frame = Vec::new();
+        wire::encode_barrier(&mut frame, msg::BARRIER_RELEASE, 9, 1);
+        let body = wire::Messages::new(&frame).next().unwrap().unwrap();
+        assert!(b.handle_message(body, &d, &mut tx).is_err(), "unknown kind");
+    }
+}

@@ -1,0 +1,293 @@
+//! The key directory: who owns each key this node is home for, where this node last saw keys
+//! (location caches), which peers are lost, and which shard guards each key.
+//!
+//! Entries are atomics so that the parts of the directory belonging to different shards can be
+//! changed under different locks: the owner entry of a key is only written — and, for routing,
+//! only read — by a thread holding the key's shard lock (a [`super::Step`] that locked it).
+//! Location-cache entries are hints and are read and written without any lock.
+
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::config::TableSpec;
+use crate::error::Error;
+use crate::partition::Partitioner;
+
+/// Owner entry of a key whose owner was lost.
+pub const LOST_OWNER: u16 = u16::MAX;
+/// Location-cache entry meaning "no idea".
+const NOT_CACHED: u16 = u16::MAX;
+/// Keys per block that maps to one shard (neighbouring keys share a shard, so runs of keys lock
+/// few shards).
+const SHARD_BLOCK_BITS: u32 = 6;
+/// Most shards a node can have (shard sets are 64-bit masks).
+pub const MAX_SHARDS: usize = 64;
+
+/// One table as the protocol sees it.
+pub struct TableMeta {
+    /// Its name (for error messages).
+    pub name: String,
+    /// Number of keys.
+    pub keys: u64,
+    /// Elements per value.
+    pub value_len: usize,
+    /// Key → home node.
+    pub partitioner: Partitioner,
+    owners: Box<[AtomicU16]>,
+    cache: Option<Box<[AtomicU16]>>,
+}
+
+/// A node's directory of keys and peers.
+pub struct Directory {
+    rank: u16,
+    nodes: usize,
+    shards: usize,
+    tables: Vec<TableMeta>,
+    lost: Box<[AtomicBool]>,
+    reasons: Mutex<Vec<Option<String>>>,
+}
+
+impl Directory {
+    /// The directory of node `rank` of `nodes`, with `shards` shards (1..=64) and location
+    /// caches when `caches` is set (two bytes per key of every table).
+    pub fn new(rank: usize, nodes: usize, shards: usize, specs: &[TableSpec], caches: bool) -> Directory {
+        let tables = specs
+            .iter()
+            .map(|s| {
+                let partitioner = Partitioner::new(s.keys, nodes, s.partitioning);
+                let owners = (0..partitioner.home_count(rank)).map(|_| AtomicU16::new(rank as u16)).collect();
+                let cache = caches.then(|| (0..s.keys).map(|_| AtomicU16::new(NOT_CACHED)).collect());
+                TableMeta { name: s.name.clone(), keys: s.keys, value_len: s.value_len, partitioner, owners, cache }
+            })
+            .collect();
+        Directory {
+            rank: rank as u16,
+            nodes,
+            shards: shards.clamp(1, MAX_SHARDS),
+            tables,
+            lost: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
+            reasons: Mutex::new(vec![None; nodes]),
+        }
+    }
+
+    /// This node's rank.
+    #[inline]
+    pub fn rank(&self) -> u16 {
+        self.rank
+    }
+
+    /// Number of nodes.
+    #[inline]
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
+    /// Number of shards.
+    #[inline]
+    pub fn shards(&self) -> usize {
+        self.shards
+    }
+
+    /// A table, if it exists.
+    #[inline]
+    pub fn table(&self, table: u16) -> Option<&TableMeta> {
+        self.tables.get(table as usize)
+    }
+
+    /// All tables.
+    pub fn tables(&self) -> &[TableMeta] {
+        &self.tables
+    }
+
+    /// The name of a table (or `#id` for an unknown one), for messages.
+    pub fn table_name(&self, table: u16) -> String {
+        self.table(table).map_or_else(|| format!("#{table}"), |t| t.name.clone())
+    }
+
+    /// The shard that guards `key` of `table`.
+    #[inline]
+    pub fn shard_of(&self, table: u16, key: u64) -> usize {
+        let block = (key >> SHARD_BLOCK_BITS) ^ ((table as u64) << 40);
+        let mixed = block.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+        ((mixed * self.shards as u64) >> 32) as usize
+    }
+
+    /// The home node of a key (the table and key must exist).
+    #[inline]
+    pub fn home(&self, table: u16, key: u64) -> u16 {
+        self.tables[table as usize].partitioner.home(key) as u16
+    }
+
+    /// The owner this node records for `key`, of which it must be the home. Callers that act on
+    /// the answer hold the key's shard lock.
+    #[inline]
+    pub fn owner(&self, table: u16, key: u64) -> u16 {
+        let t = &self.tables[table as usize];
+        t.owners[t.partitioner.home_index(key)].load(Ordering::Relaxed)
+    }
+
+    /// Records a new owner for `key` (this node is its home; the caller holds its shard lock).
+    #[inline]
+    pub fn set_owner(&self, table: u16, key: u64, owner: u16) {
+        let t = &self.tables[table as usize];
+        t.owners[t.partitioner.home_index(key)].store(owner, Ordering::Relaxed);
+    }
+
+    /// The owner this node records for `key` when it is the key's home and the owner is not
+    /// lost; `None` otherwise (for tests and consistency checks).
+    pub fn owner_of(&self, table: u16, key: u64) -> Option<u16> {
+        let t = self.table(table)?;
+        if key >= t.keys || t.partitioner.home(key) != self.rank as usize {
+            return None;
+        }
+        Some(self.owner(table, key)).filter(|&o| o != LOST_OWNER)
+    }
+
+    /// Marks every key owned by `peer` (of those this node is home for) as lost. The caller
+    /// holds every shard lock.
+    pub fn lose_owner(&self, peer: u16) {
+        for t in &self.tables {
+            for o in t.owners.iter() {
+                if o.load(Ordering::Relaxed) == peer {
+                    o.store(LOST_OWNER, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Whether location caches are on.
+    #[inline]
+    pub fn caches(&self) -> bool {
+        self.tables.first().is_some_and(|t| t.cache.is_some())
+    }
+
+    /// The node this one last saw serving `key`, if caches are on and it knows one.
+    #[inline]
+    pub fn cached(&self, table: u16, key: u64) -> Option<u16> {
+        let cache = self.tables.get(table as usize)?.cache.as_ref()?;
+        let o = cache.get(key as usize)?.load(Ordering::Relaxed);
+        (o != NOT_CACHED).then_some(o)
+    }
+
+    /// Remembers that `node` served `key` (no-op without caches).
+    #[inline]
+    pub fn cache(&self, table: u16, key: u64, node: u16) {
+        if let Some(e) = self.tables.get(table as usize).and_then(|t| t.cache.as_ref()).and_then(|c| c.get(key as usize)) {
+            e.store(node, Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets where `key` was seen.
+    #[inline]
+    pub fn uncache(&self, table: u16, key: u64) {
+        self.cache(table, key, NOT_CACHED);
+    }
+
+    /// Forgets every cache entry pointing at `peer`.
+    pub fn uncache_node(&self, peer: u16) {
+        for cache in self.tables.iter().filter_map(|t| t.cache.as_ref()) {
+            for e in cache.iter() {
+                if e.load(Ordering::Relaxed) == peer {
+                    e.store(NOT_CACHED, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Whether `node` is lost.
+    #[inline]
+    pub fn is_lost(&self, node: u16) -> bool {
+        self.lost.get(node as usize).is_some_and(|l| l.load(Ordering::Acquire))
+    }
+
+    /// Whether any peer is lost.
+    pub fn any_lost(&self) -> Option<(u16, String)> {
+        let reasons = self.reasons.lock();
+        reasons.iter().enumerate().find_map(|(i, r)| r.as_ref().map(|r| (i as u16, r.clone())))
+    }
+
+    /// The error for an operation that depended on lost `node`.
+    pub fn lost_error(&self, node: u16) -> Error {
+        let reason = self.reasons.lock().get(node as usize).cloned().flatten().unwrap_or_default();
+        Error::PeerLost { node: node as usize, reason }
+    }
+
+    /// Marks `node` lost; false when it already was (or is this node, or no node).
+    pub fn mark_lost(&self, node: u16, reason: &str) -> bool {
+        if node == self.rank || node as usize >= self.nodes {
+            return false;
+        }
+        let mut reasons = self.reasons.lock();
+        if reasons[node as usize].is_some() {
+            return false;
+        }
+        reasons[node as usize] = Some(reason.to_string());
+        self.lost[node as usize].store(true, Ordering::Release);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Partitioning;
+
+    fn directory(caches: bool) -> Directory {
+        let specs = [TableSpec::new("a", 1000, 2), TableSpec::new("b", 10, 1).partitioned(Partitioning::Hash)];
+        Directory::new(1, 3, 8, &specs, caches)
+    }
+
+    #[test]
+    fn owners_start_at_home_and_follow_updates() {
+        let d = directory(false);
+        let home_key = (0..1000).find(|&k| d.home(0, k) == 1).unwrap();
+        assert_eq!(d.owner_of(0, home_key), Some(1));
+        d.set_owner(0, home_key, 2);
+        assert_eq!(d.owner_of(0, home_key), Some(2));
+        assert_eq!(d.owner_of(0, 0), None, "key 0 is homed at node 0");
+        assert_eq!(d.owner_of(0, 5000), None, "beyond the table");
+        assert_eq!(d.owner_of(7, 1), None, "no such table");
+        d.lose_owner(2);
+        assert_eq!(d.owner_of(0, home_key), None);
+        assert_eq!(d.owner(0, home_key), LOST_OWNER);
+    }
+
+    #[test]
+    fn shards_cover_every_key_and_keep_blocks_together() {
+        let d = directory(false);
+        let mut used = [0usize; 8];
+        for key in 0..1000 {
+            let s = d.shard_of(0, key);
+            used[s] += 1;
+            assert_eq!(s, d.shard_of(0, key & !63), "a block of 64 keys shares a shard");
+        }
+        assert!(used.iter().filter(|&&n| n > 0).count() >= 4, "{used:?}");
+        let one = Directory::new(0, 1, 1, &[TableSpec::new("x", 10, 1)], false);
+        assert!((0..10).all(|k| one.shard_of(0, k) == 0));
+    }
+
+    #[test]
+    fn caches_and_lost_peers() {
+        let d = directory(true);
+        assert!(d.caches());
+        assert_eq!(d.cached(0, 5), None);
+        d.cache(0, 5, 2);
+        assert_eq!(d.cached(0, 5), Some(2));
+        d.uncache_node(2);
+        assert_eq!(d.cached(0, 5), None);
+        d.cache(0, 5, 0);
+        d.uncache(0, 5);
+        assert_eq!(d.cached(0, 5), None);
+        assert_eq!(d.cached(0, 100_000), None);
+        assert!(!directory(false).caches());
+        assert!(!d.is_lost(2));
+        assert!(d.mark_lost(2, "gone"));
+        assert!(!d.mark_lost(2, "again"));
+        assert!(!d.mark_lost(1, "self"));
+        assert!(!d.mark_lost(9, "no such node"));
+        assert!(d.is_lost(2));
+        assert_eq!(d.any_lost(), Some((2, "gone".to_string())));
+        assert!(matches!(d.lost_error(2), Error::PeerLost { node: 2, reason } if reason == "gone"));
+    }
+}

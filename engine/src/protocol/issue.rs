@@ -1,0 +1,501 @@
+//! A worker's operation entering the protocol: the local pass (latches only), then the keys
+//! held elsewhere — straight to their home nodes without any shard lock when neither this node
+//! nor a relocation to it is involved, through the shard locks otherwise — encoded into parts
+//! that stream out while later parts are still being encoded.
+
+use std::collections::VecDeque;
+use std::sync::Weak;
+
+use super::Step;
+use super::requester::{OpId, OpKind, Output, Requester, Unsent};
+use super::rows::Rows;
+use super::shard::{DeadlineKind, Queued, Transit};
+use super::wire::{self, AccessHeader, AccessKind, BlockKeys, FLAG_DIRECT, FLAG_FORWARDED, FLAG_RUN, MoveItem, msg};
+use super::LOST_OWNER;
+use crate::config::Partitioning;
+use crate::error::{Error, Result};
+use crate::stats::MessageKind;
+use crate::store::{OPTIMISTIC_MAX, Residence};
+use crate::util::f32_bytes;
+
+/// Where a pull's values go.
+pub enum PullTarget<'a> {
+    /// Not a pull.
+    None,
+    /// The caller's buffer (`keys × value_len`): local rows are written now, the others while
+    /// the caller waits for the operation (a synchronous pull).
+    Caller(&'a mut [f32]),
+    /// A buffer the operation keeps and returns at completion (an asynchronous pull).
+    Owned(Vec<f32>),
+}
+
+/// The outcome of issuing an operation.
+#[derive(Debug, PartialEq)]
+pub enum Issued {
+    /// Everything was served at once; an owned pull buffer comes back.
+    Done(Option<Vec<f32>>),
+    /// The operation is under way; when `more`, parts remain to be encoded with
+    /// [`Step::continue_issue`] (after the frames so far were handed on).
+    Pending {
+        /// The operation.
+        op: OpId,
+        /// Whether parts remain to be encoded.
+        more: bool,
+    },
+}
+
+/// A group of rows going to one node.
+type Group = (u16, u8, Rows);
+
+impl Step<'_, '_> {
+    /// Issues a pull, push or set of `keys` of `table` for the worker owning `req`. Keys may
+    /// repeat; `input` holds push/set values (`keys × value_len`). The step must be fresh (hold
+    /// no locks).
+    #[allow(clippy::too_many_arguments)]
+    pub fn issue_access(
+        &mut self,
+        req: &mut Requester,
+        kind: AccessKind,
+        table: u16,
+        keys: &[u64],
+        input: &[f32],
+        target: PullTarget<'_>,
+        ticket: Option<Weak<()>>,
+    ) -> Result<Issued> {
+        let dir = self.directory();
+        let meta = dir.table(table).ok_or_else(|| Error::UnknownTable(format!("#{table}")))?;
+        if let Some(&bad) = keys.iter().find(|&&k| k >= meta.keys) {
+            return Err(Error::UnknownKey { table: meta.name.clone(), key: bad, keys: meta.keys });
+        }
+        let value_len = meta.value_len;
+        let need = keys.len() * value_len;
+        let expected_input = if kind.carries_values() { need } else { 0 };
+        if input.len() != expected_input {
+            return Err(Error::WrongLength { what: "values", expected: expected_input, got: input.len() });
+        }
+        let (mut owned, caller) = match target {
+            PullTarget::Owned(v) => (Some(v), None),
+            PullTarget::Caller(c) => (None, Some(c)),
+            PullTarget::None => (None, None),
+        };
+        let output: &mut [f32] = match (&mut owned, caller) {
+            (Some(v), _) => v.as_mut_slice(),
+            (None, Some(c)) => c,
+            (None, None) => &mut [],
+        };
+        if kind == AccessKind::Pull && output.len() != need {
+            return Err(Error::WrongLength { what: "pull output", expected: need, got: output.len() });
+        }
+        let mut fast = Rows::default();
+        let mut slow: Vec<u32> = Vec::new();
+        let served = self.local_pass(kind, table, keys, input, output, &mut fast, &mut slow);
+        self.tx.count_local(served);
+        if fast.is_empty() && slow.is_empty() {
+            return Ok(Issued::Done(owned));
+        }
+        let remote = fast.len() + slow.len();
+        self.tx.count_remote(remote);
+        let cache_keys = dir.caches().then(|| keys.to_vec());
+        let now = self.now;
+        let op = req.begin(OpKind::Access(kind), table, value_len, keys.len(), remote, Output::None, cache_keys, ticket, now);
+        if !slow.is_empty() {
+            self.route_slow(req, op, kind, table, keys, input, output, &slow)?;
+        }
+        let groups = self.group_fast(req, op, table, keys, fast);
+        if let Some(o) = req.op_mut(op) {
+            o.output = match (owned, kind) {
+                (Some(v), _) => Output::Owned(v),
+                (None, AccessKind::Pull) => Output::Caller,
+                (None, _) => Output::None,
+            };
+            if !groups.is_empty() {
+                o.unsent = Some(Unsent { groups });
+            }
+        }
+        let more = self.continue_issue(req, op, keys, input);
+        req.settle(op);
+        Ok(Issued::Pending { op, more })
+    }
+
+    /// Serves the rows held here; collects rows that go elsewhere without any shard lock in
+    /// `fast`, and rows that need their shard (homed here, arriving here) in `slow`.
+    #[allow(clippy::too_many_arguments)]
+    fn local_pass(&mut self, kind: AccessKind, table: u16, keys: &[u64], input: &[f32], output: &mut [f32], fast: &mut Rows, slow: &mut Vec<u32>) -> usize {
+        let dir = self.directory();
+        let rank = dir.rank();
+        let store = self.core.store();
+        let t = store.table(table);
+        let meta = dir.table(table).expect("checked by the caller");
+        let value_len = t.value_len();
+        let optimistic = kind == AccessKind::Pull && value_len <= OPTIMISTIC_MAX;
+        let mut served = 0;
+        let mut hint = (1u64, 0u64, 0usize);
+        for (row, &key) in keys.iter().enumerate() {
+            let values = row * value_len..(row + 1) * value_len;
+            match t.residence(key) {
+                Residence::Here(_) => {
+                    if optimistic && t.read_optimistic(key, &mut output[values.clone()]) {
+                        served += 1;
+                        continue;
+                    }
+                    let guard = store.lock(table, key);
+                    if let Some(slot) = guard.slot() {
+                        match kind {
+                            AccessKind::Pull => slot.read(&mut output[values]),
+                            AccessKind::Push => slot.add(&input[values]),
+                            AccessKind::Set => slot.write(&input[values]),
+                        }
+                        served += 1;
+                    } else {
+                        // It left between the look and the latch: the protocol decides.
+                        slow.push(row as u32);
+                    }
+                }
+                Residence::Arriving => slow.push(row as u32),
+                Residence::Away => {
+                    if meta.partitioner.home_cached(key, &mut hint) as u16 == rank {
+                        slow.push(row as u32);
+                    } else {
+                        fast.push(row as u32);
+                    }
+                }
+            }
+        }
+        served
+    }
+
+    /// Routes rows that need their shard: serves those that became local, queues those arriving
+    /// here, forwards those homed here to their owner, sends the rest to their home.
+    #[allow(clippy::too_many_arguments)]
+    fn route_slow(
+        &mut self,
+        req: &mut Requester,
+        op: OpId,
+        kind: AccessKind,
+        table: u16,
+        keys: &[u64],
+        input: &[f32],
+        output: &mut [f32],
+        rows: &[u32],
+    ) -> Result<()> {
+        let dir = self.directory();
+        let mut mask = 0u64;
+        for &row in rows {
+            mask |= 1 << dir.shard_of(table, keys[row as usize]);
+        }
+        if !self.try_acquire(mask) {
+            return Err(Error::Protocol("an operation was issued on a step that already holds shard locks".into()));
+        }
+        let rank = dir.rank();
+        let store = self.core.store();
+        let value_len = store.table(table).value_len();
+        let mut groups: Vec<Group> = Vec::new();
+        let mut queued = Rows::default();
+        for &row in rows {
+            let key = keys[row as usize];
+            let values = row as usize * value_len..(row as usize + 1) * value_len;
+            if let Residence::Here(_) = store.table(table).residence(key) {
+                let guard = store.lock(table, key);
+                if let Some(slot) = guard.slot() {
+                    match kind {
+                        AccessKind::Pull => slot.read(&mut output[values]),
+                        AccessKind::Push => slot.add(&input[values]),
+                        AccessKind::Set => slot.write(&input[values]),
+                    }
+                    self.tx.count_local(1);
+                    req.answer_rows(op, std::iter::once(row));
+                    continue;
+                }
+            }
+            if self.owns_in_transit(table, key)
+                && let Some(transit) = self.shard_of(table, key).transits.get_mut(&(table, key))
+            {
+                match &transit.suspect {
+                    Some(e) => req.fail_rows(op, std::iter::once(row), e),
+                    None => {
+                        let part = req.op_mut(op).map_or(0, |o| o.parts.len()) as u32;
+                        let values = if kind.carries_values() { input[values].to_vec() } else { Vec::new() };
+                        transit.queue.push(Queued::Access { origin: rank, op, part, index: queued.len() as u32, kind, values });
+                        queued.push(row);
+                        self.shard_of(table, key).counters.queued_keys += 1;
+                    }
+                }
+                continue;
+            }
+            let home = dir.home(table, key);
+            let route = if home == rank {
+                match dir.owner(table, key) {
+                    LOST_OWNER => Err(Error::KeyLost { table: dir.table_name(table), key }),
+                    owner if owner == rank => Err(Error::Protocol(format!("key {key} of '{}' should be here but is not", dir.table_name(table)))),
+                    owner => Ok((owner, FLAG_FORWARDED)),
+                }
+            } else {
+                Ok((home, 0))
+            };
+            match route.and_then(|(dest, flags)| if dir.is_lost(dest) { Err(dir.lost_error(dest)) } else { Ok((dest, flags)) }) {
+                Ok((dest, flags)) => add_to_group(&mut groups, dest, flags, row),
+                Err(e) => req.fail_rows(op, std::iter::once(row), &e),
+            }
+        }
+        if !queued.is_empty()
+            && let Some(o) = req.op_mut(op)
+        {
+            o.parts.push(queued);
+        }
+        // Encoded now, while the shards that decided the routes are held.
+        for group in groups {
+            let mut one = VecDeque::from([group]);
+            while !one.is_empty() {
+                self.encode_part(req, op, keys, input, &mut one);
+            }
+        }
+        Ok(())
+    }
+
+    /// Groups the rows that go straight to other nodes by destination (the cached owner, or the
+    /// home node); rows whose destination is lost fail.
+    fn group_fast(&mut self, req: &mut Requester, op: OpId, table: u16, keys: &[u64], rows: Rows) -> VecDeque<Group> {
+        let mut groups: VecDeque<Group> = VecDeque::new();
+        if rows.is_empty() {
+            return groups;
+        }
+        let dir = self.directory();
+        let meta = dir.table(table).expect("checked by the caller");
+        // The bulk case: one run of rows whose keys are one run of range-partitioned keys with
+        // one home, so no per-row work.
+        if let Some((first, len)) = rows.run()
+            && !dir.caches()
+            && meta.partitioner.kind() == Partitioning::Range
+        {
+            let ks = &keys[first as usize..(first + len) as usize];
+            let (lo, hi) = (ks[0], ks[ks.len() - 1]);
+            if hi >= lo && hi - lo == ks.len() as u64 - 1 && dir.home(table, lo) == dir.home(table, hi) && is_run(ks) {
+                let home = dir.home(table, lo);
+                if dir.is_lost(home) {
+                    req.fail_rows(op, rows.iter(), &dir.lost_error(home));
+                } else {
+                    groups.push_back((home, 0, rows));
+                }
+                return groups;
+            }
+        }
+        let mut list: Vec<Group> = Vec::new();
+        let mut hint = (1u64, 0u64, 0usize);
+        for row in rows.iter() {
+            let key = keys[row as usize];
+            let (dest, flags) = match dir.cached(table, key) {
+                Some(o) if o != dir.rank() && !dir.is_lost(o) => (o, FLAG_DIRECT),
+                _ => (meta.partitioner.home_cached(key, &mut hint) as u16, 0),
+            };
+            if dir.is_lost(dest) {
+                req.fail_rows(op, std::iter::once(row), &dir.lost_error(dest));
+                continue;
+            }
+            add_to_group(&mut list, dest, flags, row);
+        }
+        groups.extend(list);
+        groups
+    }
+
+    /// Encodes parts of `op` that remain, stopping once a frame is full so that the caller can
+    /// hand it on (streaming a large operation). Returns whether parts remain.
+    pub fn continue_issue(&mut self, req: &mut Requester, op: OpId, keys: &[u64], input: &[f32]) -> bool {
+        let Some(mut groups) = req.op_mut(op).and_then(|o| o.unsent.take()).map(|u| u.groups) else { return false };
+        while !groups.is_empty() {
+            self.encode_part(req, op, keys, input, &mut groups);
+            if self.tx.has_sealed_frames() && !groups.is_empty() {
+                break;
+            }
+        }
+        let more = !groups.is_empty();
+        if let Some(o) = req.op_mut(op)
+            && more
+        {
+            o.unsent = Some(Unsent { groups });
+        }
+        if !more {
+            req.settle(op);
+        }
+        more
+    }
+
+    /// Encodes the next part of the front group as one ACCESS.
+    fn encode_part(&mut self, req: &mut Requester, op: OpId, keys: &[u64], input: &[f32], groups: &mut VecDeque<Group>) {
+        let Some((dest, flags, rows)) = groups.pop_front() else { return };
+        let Some(o) = req.op_mut(op) else { return };
+        let OpKind::Access(kind) = o.kind else { return };
+        let (table, value_len) = (o.table, o.value_len);
+        let value_bytes = value_len * 4;
+        let part_bytes = self.core.settings().effective_part_bytes();
+        // Size parts by the larger of request and response; run-encoded keys cost nothing.
+        let key_bytes = match rows.run() {
+            Some((first, len)) if is_run(&keys[first as usize..(first + len) as usize]) => 0,
+            _ => 8,
+        };
+        let request_item = key_bytes + if kind.carries_values() { value_bytes } else { 0 };
+        let response_item = if kind == AccessKind::Pull { value_bytes } else { 0 };
+        let per_part = (part_bytes.saturating_sub(64) / request_item.max(response_item).max(1)).max(1);
+        let (chunk, rest) = rows.split_at(per_part);
+        if !rest.is_empty() {
+            groups.push_front((dest, flags, rest));
+        }
+        let part = o.parts.len() as u32;
+        let origin = self.directory().rank();
+        let h = AccessHeader { kind, flags, table, origin, op, part };
+        let buf = self.tx.buf(dest);
+        let before = buf.len();
+        encode_rows(buf, h, &chunk, keys, input, value_len);
+        let bytes = buf.len() - before;
+        o.parts.push(chunk);
+        let message = if flags & FLAG_FORWARDED != 0 { MessageKind::Forward } else { MessageKind::Access };
+        self.tx.sent(dest, message, bytes);
+    }
+
+    /// Moves `keys` of `table` to this node for the worker owning `req` (keys already here are
+    /// skipped). The step must be fresh.
+    pub fn issue_localize(&mut self, req: &mut Requester, table: u16, keys: &[u64], ticket: Option<Weak<()>>) -> Result<Issued> {
+        let dir = self.directory();
+        let meta = dir.table(table).ok_or_else(|| Error::UnknownTable(format!("#{table}")))?;
+        if let Some(&bad) = keys.iter().find(|&&k| k >= meta.keys) {
+            return Err(Error::UnknownKey { table: meta.name.clone(), key: bad, keys: meta.keys });
+        }
+        if !self.core.settings().relocation {
+            return Ok(Issued::Done(None));
+        }
+        let store = self.core.store();
+        let t = store.table(table);
+        let mut mask = 0u64;
+        let mut wanted = 0;
+        for &key in keys {
+            if t.slot_of(key).is_none() {
+                mask |= 1 << dir.shard_of(table, key);
+                wanted += 1;
+            }
+        }
+        if wanted == 0 {
+            return Ok(Issued::Done(None));
+        }
+        if !self.try_acquire(mask) {
+            return Err(Error::Protocol("an operation was issued on a step that already holds shard locks".into()));
+        }
+        let (rank, now) = (dir.rank(), self.now);
+        let deadline_after = self.core.settings().op_timeout_ns;
+        let op = req.begin(OpKind::Localize, table, meta.value_len, 0, 0, Output::None, None, ticket, now);
+        let mut groups: Vec<Vec<MoveItem>> = vec![Vec::new(); dir.nodes()];
+        let mut waiting = 0usize;
+        for &key in keys {
+            if t.slot_of(key).is_some() {
+                continue;
+            }
+            let shard = self.shard_of(table, key);
+            if let Some(transit) = shard.transits.get_mut(&(table, key)) {
+                match &transit.suspect {
+                    Some(e) => req.fail_count(op, 0, e),
+                    None => {
+                        transit.waiters.push(op);
+                        waiting += 1;
+                    }
+                }
+                continue;
+            }
+            let home = dir.home(table, key);
+            if dir.is_lost(home) {
+                req.fail_count(op, 0, &dir.lost_error(home));
+                continue;
+            }
+            if home == rank && dir.owner(table, key) == LOST_OWNER {
+                req.fail_count(op, 0, &Error::KeyLost { table: meta.name.clone(), key });
+                continue;
+            }
+            let slot = match store.reserve(table) {
+                Ok(s) => s,
+                Err(e) => {
+                    req.fail_count(op, 0, &e);
+                    continue;
+                }
+            };
+            let to = t.remote_addr(slot.index());
+            let shard = self.shard_of(table, key);
+            let resv = shard.allocate_resv();
+            let generation = shard.next_generation();
+            shard.reservations.insert(resv, (table, key));
+            shard.transits.insert(
+                (table, key),
+                Transit {
+                    slot: Some(slot),
+                    queue: Vec::new(),
+                    waiters: vec![op],
+                    started: now,
+                    suspect: None,
+                    suspect_since: 0,
+                    abandoned: false,
+                    generation,
+                },
+            );
+            let deadline = now.saturating_add(deadline_after);
+            shard.push_deadline((deadline, table, key, generation, DeadlineKind::Stuck));
+            self.tx.note_deadline(deadline);
+            store.lock(table, key).set_arriving(true);
+            groups[home as usize].push(MoveItem { key, resv, to });
+            waiting += 1;
+        }
+        if let Some(o) = req.op_mut(op) {
+            o.remaining = waiting;
+        }
+        for (home, items) in groups.iter().enumerate() {
+            if items.is_empty() {
+                continue;
+            }
+            if home as u16 == rank {
+                self.localize_at_home(rank, table, items);
+            } else {
+                self.send_move(home as u16, msg::LOCALIZE, table, 0, items);
+            }
+        }
+        req.settle(op);
+        Ok(Issued::Pending { op, more: false })
+    }
+}
+
+fn add_to_group(groups: &mut Vec<Group>, dest: u16, flags: u8, row: u32) {
+    match groups.last_mut() {
+        Some(g) if g.0 == dest && g.1 == flags => g.2.push(row),
+        _ => match groups.iter_mut().find(|g| g.0 == dest && g.1 == flags) {
+            Some(g) => g.2.push(row),
+            None => groups.push((dest, flags, Rows::one(row))),
+        },
+    }
+}
+
+/// Whether `keys` are consecutive (`k, k+1, …`).
+#[inline]
+fn is_run(keys: &[u64]) -> bool {
+    let Some(&first) = keys.first() else { return false };
+    keys.iter().enumerate().all(|(i, &k)| k == first.wrapping_add(i as u64))
+}
+
+/// Encodes one part: keys as a run when they are consecutive, values as one block when the
+/// rows are a run.
+fn encode_rows(buf: &mut Vec<u8>, h: AccessHeader, rows: &Rows, keys: &[u64], input: &[f32], value_len: usize) {
+    if let Some((first, len)) = rows.run() {
+        let (first, len) = (first as usize, len as usize);
+        let ks = &keys[first..first + len];
+        let block_keys = if is_run(ks) { BlockKeys::Run { first: ks[0], count: len } } else { BlockKeys::List(ks) };
+        let values = if h.kind.carries_values() { f32_bytes(&input[first * value_len..(first + len) * value_len]) } else { &[][..] };
+        wire::encode_access_block(buf, h, block_keys, values);
+        return;
+    }
+    let list: Vec<u32> = rows.iter().collect();
+    let h = AccessHeader { flags: h.flags & !FLAG_RUN, ..h };
+    wire::encode_access(
+        buf,
+        h,
+        list.len(),
+        |i| i as u32,
+        |i| keys[list[i] as usize],
+        |i, o| {
+            let r = list[i] as usize;
+            o.extend_from_slice(f32_bytes(&input[r * value_len..(r + 1) * value_len]));
+        },
+    );
+}

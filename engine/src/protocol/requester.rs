@@ -1,0 +1,533 @@
+//! One worker's operations: the requester side of the protocol.
+//!
+//! Each worker owns a [`Requester`], so no lock guards the operation table. Everything that
+//! answers the worker's operations reaches it as a [`Delivery`]: RESPONSE and FAILURE messages
+//! from peers (a connection's reader routes them by the worker index in the operation id, as
+//! shared, zero-copy slices of the received frame), events from this node's own shards (a row
+//! that was queued while its key arrived, keys a `localize` waited for), a lost peer, shutdown.
+//! The worker feeds deliveries in when it waits; pulled values of the operation it waits for go
+//! straight into the caller's buffer, those of asynchronous pulls into the operation's own.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Weak;
+
+use bytes::Bytes;
+
+use super::directory::Directory;
+use super::rows::Rows;
+use super::wire::{self, AccessKind, Failure, FailureCode, Response, msg};
+use crate::error::{Error, Result};
+use crate::util::{FastMap, copy_bytes_to_f32};
+
+/// Identifies an operation: the issuing worker's index in the top 16 bits, a sequence number
+/// below.
+pub type OpId = u64;
+
+/// Bits of an [`OpId`] below the worker index.
+pub const WORKER_SHIFT: u32 = 48;
+
+/// The worker that issued `op`.
+#[inline]
+pub fn worker_of(op: OpId) -> u16 {
+    (op >> WORKER_SHIFT) as u16
+}
+
+/// What answers a worker's operations.
+#[derive(Debug, Clone)]
+pub enum Delivery {
+    /// RESPONSE and FAILURE messages from `from` (a slice of the frame it sent).
+    Messages {
+        /// The sending node.
+        from: u16,
+        /// Length-prefixed messages, each for an operation of this worker.
+        bytes: Bytes,
+    },
+    /// This node's protocol served or failed something of an operation.
+    Local(LocalEvent),
+    /// A peer is lost: every pending operation fails (a forwarded request may pass through any
+    /// node).
+    PeerLost {
+        /// The lost node.
+        node: u16,
+        /// What the transport observed.
+        reason: String,
+    },
+    /// The node shuts down.
+    ShutDown,
+}
+
+/// Something this node's own protocol did for an operation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LocalEvent {
+    /// A row queued here while its key arrived was served (pulled values; empty for push/set).
+    Served {
+        /// The operation.
+        op: OpId,
+        /// The row.
+        row: u32,
+        /// Pulled values.
+        values: Vec<f32>,
+    },
+    /// A queued row failed.
+    RowFailed {
+        /// The operation.
+        op: OpId,
+        /// The row.
+        row: u32,
+        /// Why.
+        error: Error,
+    },
+    /// Keys a `localize` waited for arrived.
+    Arrived {
+        /// The operation.
+        op: OpId,
+        /// How many.
+        count: u32,
+    },
+    /// Keys a `localize` waited for will not arrive.
+    ArrivalFailed {
+        /// The operation.
+        op: OpId,
+        /// How many.
+        count: u32,
+        /// Why.
+        error: Error,
+    },
+}
+
+/// A peer that sent something the protocol does not allow; the caller closes its connection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerFault {
+    /// The peer.
+    pub peer: u16,
+    /// What it did.
+    pub error: Error,
+}
+
+/// What an operation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    /// Pull, push or set.
+    Access(AccessKind),
+    /// Move keys here.
+    Localize,
+}
+
+/// Where an operation's pulled values go.
+#[derive(Debug)]
+pub enum Output {
+    /// Nowhere (push, set, localize).
+    None,
+    /// A buffer of the operation's own (`rows × value_len`), returned at completion.
+    Owned(Vec<f32>),
+    /// The buffer the caller passes to [`Requester::handle`] while it waits for this operation.
+    Caller,
+}
+
+/// Fast-path parts not yet encoded (a large operation is encoded while its first parts travel).
+pub(crate) struct Unsent {
+    /// (destination, flags, rows) groups, front first.
+    pub groups: std::collections::VecDeque<(u16, u8, Rows)>,
+}
+
+pub(crate) struct PendingOp {
+    pub kind: OpKind,
+    pub table: u16,
+    pub value_len: usize,
+    pub parts: Vec<Rows>,
+    answered: Vec<u64>,
+    pub remaining: usize,
+    pub output: Output,
+    error: Option<Error>,
+    deadline: u64,
+    /// The operation's keys, kept only with location caches (answers update the cache).
+    keys: Option<Vec<u64>>,
+    /// Dropped when the caller dropped the ticket: the result is then discarded.
+    ticket: Option<Weak<()>>,
+    pub unsent: Option<Unsent>,
+}
+
+impl PendingOp {
+    /// Marks rows `first..first+count` answered if none of them was; false (and nothing
+    /// changed) otherwise.
+    fn answer_run(&mut self, first: usize, count: usize) -> bool {
+        let end = first + count;
+        if count == 0 || end > self.answered.len() * 64 {
+            return false;
+        }
+        let mask = |w: usize| -> u64 {
+            let lo = (w * 64).max(first) - w * 64;
+            let hi = ((w + 1) * 64).min(end) - w * 64;
+            if hi - lo == 64 { u64::MAX } else { ((1u64 << (hi - lo)) - 1) << lo }
+        };
+        let words = first / 64..end.div_ceil(64);
+        if words.clone().any(|w| self.answered[w] & mask(w) != 0) {
+            return false;
+        }
+        for w in words {
+            self.answered[w] |= mask(w);
+        }
+        self.remaining = self.remaining.saturating_sub(count);
+        true
+    }
+
+    /// Marks one row answered; false when it already was (or does not exist).
+    fn answer(&mut self, row: u32) -> bool {
+        let (w, b) = (row as usize / 64, row as usize % 64);
+        if w >= self.answered.len() || self.answered[w] & (1 << b) != 0 {
+            return false;
+        }
+        self.answered[w] |= 1 << b;
+        self.remaining = self.remaining.saturating_sub(1);
+        true
+    }
+
+    fn fail(&mut self, error: Error) {
+        self.error.get_or_insert(error);
+    }
+
+    /// Where row `row`'s values go, given the caller's buffer of the waited-for operation.
+    fn row_output<'o>(&'o mut self, row: usize, caller: &'o mut Option<&mut [f32]>) -> Option<&'o mut [f32]> {
+        let range = row * self.value_len..(row + 1) * self.value_len;
+        match &mut self.output {
+            Output::Owned(v) => v.get_mut(range),
+            Output::Caller => caller.as_deref_mut().and_then(|o| o.get_mut(range)),
+            Output::None => None,
+        }
+    }
+}
+
+/// The table of one worker's pending operations.
+pub struct Requester {
+    worker: u16,
+    rank: u16,
+    next_seq: u64,
+    op_timeout_ns: u64,
+    ops: FastMap<OpId, PendingOp>,
+    deadlines: BinaryHeap<Reverse<(u64, OpId)>>,
+    done: FastMap<OpId, Result<Vec<f32>>>,
+}
+
+impl Requester {
+    /// The operation table of worker `worker` on node `rank`; sequence numbers start at
+    /// `first_seq` (so that a worker index reused by a new worker never repeats an id).
+    pub fn new(rank: u16, worker: u16, first_seq: u64, op_timeout_ns: u64) -> Requester {
+        Requester {
+            worker,
+            rank,
+            next_seq: first_seq.max(1),
+            op_timeout_ns,
+            ops: FastMap::default(),
+            deadlines: BinaryHeap::new(),
+            done: FastMap::default(),
+        }
+    }
+
+    /// The worker index.
+    pub fn worker(&self) -> u16 {
+        self.worker
+    }
+
+    /// The sequence number the next operation gets (for a successor on the same index).
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Registers an operation of `rows` rows of which `remaining` (rows, or keys for a
+    /// localize) are still to be answered.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn begin(
+        &mut self,
+        kind: OpKind,
+        table: u16,
+        value_len: usize,
+        rows: usize,
+        remaining: usize,
+        output: Output,
+        keys: Option<Vec<u64>>,
+        ticket: Option<Weak<()>>,
+        now: u64,
+    ) -> OpId {
+        let id = ((self.worker as u64) << WORKER_SHIFT) | (self.next_seq & ((1 << WORKER_SHIFT) - 1));
+        self.next_seq += 1;
+        let deadline = now.saturating_add(self.op_timeout_ns);
+        self.deadlines.push(Reverse((deadline, id)));
+        let answered = if matches!(kind, OpKind::Access(_)) { vec![0; rows.div_ceil(64)] } else { Vec::new() };
+        self.ops.insert(
+            id,
+            PendingOp { kind, table, value_len, parts: Vec::new(), answered, remaining, output, error: None, deadline, keys, ticket, unsent: None },
+        );
+        id
+    }
+
+    pub(crate) fn op_mut(&mut self, op: OpId) -> Option<&mut PendingOp> {
+        self.ops.get_mut(&op)
+    }
+
+    /// Rows that can never be answered (their destination is lost, say).
+    pub(crate) fn fail_rows(&mut self, op: OpId, rows: impl Iterator<Item = u32>, error: &Error) {
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.fail(error.clone());
+            for r in rows {
+                o.answer(r);
+            }
+        }
+    }
+
+    /// Keys of a localize that will not arrive.
+    pub(crate) fn fail_count(&mut self, op: OpId, count: usize, error: &Error) {
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.fail(error.clone());
+            o.remaining = o.remaining.saturating_sub(count);
+        }
+    }
+
+    /// Rows served right away by the issuing step.
+    pub(crate) fn answer_rows(&mut self, op: OpId, rows: impl Iterator<Item = u32>) {
+        if let Some(o) = self.ops.get_mut(&op) {
+            for r in rows {
+                o.answer(r);
+            }
+        }
+    }
+
+    /// Completes `op` if nothing is outstanding (and nothing remains to be encoded).
+    pub(crate) fn settle(&mut self, op: OpId) {
+        if self.ops.get(&op).is_some_and(|o| o.remaining == 0 && o.unsent.is_none()) {
+            let o = self.ops.remove(&op).expect("present");
+            let result = match o.error {
+                Some(e) => Err(e),
+                None => Ok(match o.output {
+                    Output::Owned(v) => v,
+                    Output::None | Output::Caller => Vec::new(),
+                }),
+            };
+            if o.ticket.as_ref().is_some_and(|t| t.strong_count() == 0) {
+                return;
+            }
+            self.done.insert(op, result);
+        }
+    }
+
+    /// Whether `op` is still under way.
+    pub fn is_pending(&self, op: OpId) -> bool {
+        self.ops.contains_key(&op)
+    }
+
+    /// Operations under way.
+    pub fn pending(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Takes the result of a completed operation (`None` while it is pending, or when it is
+    /// unknown). Pulls into the caller's buffer complete with an empty vector.
+    pub fn take(&mut self, op: OpId) -> Option<Result<Vec<f32>>> {
+        self.done.remove(&op)
+    }
+
+    /// Forgets an operation (its caller gave up); late answers are ignored.
+    pub fn cancel(&mut self, op: OpId) {
+        self.ops.remove(&op);
+        self.done.remove(&op);
+    }
+
+    /// The earliest deadline of a pending operation.
+    pub fn poll_timeout(&mut self) -> Option<u64> {
+        while let Some(Reverse((at, op))) = self.deadlines.peek().copied() {
+            if self.ops.get(&op).is_some_and(|o| o.deadline == at) {
+                return Some(at);
+            }
+            self.deadlines.pop();
+        }
+        None
+    }
+
+    /// Fails the operations whose deadline has passed.
+    pub fn handle_timeout(&mut self, now: u64) {
+        let millis = self.op_timeout_ns / 1_000_000;
+        while let Some(at) = self.poll_timeout() {
+            if at > now {
+                break;
+            }
+            let Some(Reverse((_, op))) = self.deadlines.pop() else { break };
+            if let Some(o) = self.ops.get_mut(&op) {
+                o.fail(Error::Timeout { what: "operation", millis });
+                o.remaining = 0;
+                o.unsent = None;
+                self.settle(op);
+            }
+        }
+    }
+
+    /// Feeds a delivery in. `caller` is the buffer of the operation the worker waits for, if it
+    /// is a pull into the caller's memory. A peer's message that breaks the protocol is
+    /// returned as a fault (the rest of the delivery is still handled).
+    pub fn handle(&mut self, delivery: Delivery, directory: &Directory, mut caller: Option<(OpId, &mut [f32])>) -> Option<PeerFault> {
+        match delivery {
+            Delivery::Messages { from, bytes } => {
+                let mut fault = None;
+                for body in wire::Messages::new(&bytes) {
+                    let result = body.and_then(|body| match body[0] {
+                        msg::RESPONSE => self.on_response(body, directory, &mut caller),
+                        msg::FAILURE => self.on_failure(body, directory),
+                        other => Err(Error::Protocol(format!("message type {other} routed to a worker"))),
+                    });
+                    if let Err(error) = result {
+                        fault.get_or_insert(PeerFault { peer: from, error });
+                    }
+                }
+                fault
+            }
+            Delivery::Local(event) => {
+                self.on_local(event, &mut caller);
+                None
+            }
+            Delivery::PeerLost { node, reason } => {
+                self.fail_all(Error::PeerLost { node: node as usize, reason });
+                None
+            }
+            Delivery::ShutDown => {
+                self.fail_all(Error::ShutDown);
+                None
+            }
+        }
+    }
+
+    fn fail_all(&mut self, error: Error) {
+        let mut ids: Vec<OpId> = self.ops.keys().copied().collect();
+        ids.sort_unstable();
+        for op in ids {
+            if let Some(o) = self.ops.get_mut(&op) {
+                o.fail(error.clone());
+                o.remaining = 0;
+                o.unsent = None;
+            }
+            self.settle(op);
+        }
+    }
+
+    fn caller_for<'c>(op: OpId, caller: &'c mut Option<(OpId, &mut [f32])>) -> Option<&'c mut [f32]> {
+        match caller {
+            Some((id, out)) if *id == op => Some(&mut **out),
+            _ => None,
+        }
+    }
+
+    fn on_response(&mut self, body: &[u8], directory: &Directory, caller: &mut Option<(OpId, &mut [f32])>) -> Result<()> {
+        let r = Response::decode(body, |t| directory.table(t).map(|m| m.value_len))?;
+        let Some(o) = self.ops.get_mut(&r.op) else { return Ok(()) };
+        if o.kind != OpKind::Access(r.kind) || o.table != r.table {
+            return Err(Error::Protocol(format!("RESPONSE does not match operation {}", r.op)));
+        }
+        let Some(part) = o.parts.get(r.part as usize) else {
+            return Err(Error::Protocol(format!("RESPONSE names part {} of operation {}", r.part, r.op)));
+        };
+        let (part_len, part_run) = (part.len(), part.run());
+        if matches!(o.output, Output::Caller) && r.kind == AccessKind::Pull && Self::caller_for(r.op, caller).is_none() {
+            // Only the waiting worker's own buffer can take these values; nobody waits.
+            o.fail(Error::Protocol("pulled values arrived while nobody waited for them".into()));
+        }
+        let value_len = o.value_len;
+        let cache = directory.caches() && r.responder != self.rank && (r.responder as usize) < directory.nodes();
+        let mut out = Self::caller_for(r.op, caller);
+        // The usual bulk case: a whole part answered in order, its rows a run: one block copy.
+        if !r.indexed()
+            && r.count == part_len
+            && !cache
+            && let Some((first, _)) = part_run
+            && o.answer_run(first as usize, r.count)
+        {
+            if r.kind == AccessKind::Pull
+                && let Some(dst) = match &mut o.output {
+                    Output::Owned(v) => v.get_mut(first as usize * value_len..(first as usize + r.count) * value_len),
+                    Output::Caller => out.as_deref_mut().and_then(|c| c.get_mut(first as usize * value_len..(first as usize + r.count) * value_len)),
+                    Output::None => None,
+                }
+            {
+                copy_bytes_to_f32(r.values(), dst);
+            }
+            self.settle(r.op);
+            return Ok(());
+        }
+        let part = o.parts[r.part as usize].clone();
+        for i in 0..r.count {
+            let Some(row) = part.get(r.index(i) as usize) else {
+                return Err(Error::Protocol(format!("RESPONSE names item {} beyond its part", r.index(i))));
+            };
+            if !o.answer(row) {
+                continue;
+            }
+            if r.kind == AccessKind::Pull
+                && let Some(dst) = o.row_output(row as usize, &mut out)
+            {
+                copy_bytes_to_f32(r.value(i), dst);
+            }
+            if cache && let Some(keys) = &o.keys {
+                directory.cache(r.table, keys[row as usize], r.responder);
+            }
+        }
+        self.settle(r.op);
+        Ok(())
+    }
+
+    fn on_failure(&mut self, body: &[u8], directory: &Directory) -> Result<()> {
+        let f = Failure::decode(body)?;
+        let Some(o) = self.ops.get_mut(&f.op) else { return Ok(()) };
+        let Some(part) = o.parts.get(f.part as usize).cloned() else {
+            return Err(Error::Protocol(format!("FAILURE names part {} of operation {}", f.part, f.op)));
+        };
+        let error = match f.code {
+            FailureCode::PeerLost => Error::PeerLost { node: f.node as usize, reason: format!("while serving key {}", f.key) },
+            FailureCode::KeyLost => Error::KeyLost { table: directory.table_name(f.table), key: f.key },
+            FailureCode::Unavailable => Error::Timeout { what: "relocation of the key", millis: self.op_timeout_ns / 1_000_000 },
+            FailureCode::Protocol => Error::Protocol(format!("node {} could not serve key {}", f.node, f.key)),
+        };
+        for i in 0..f.count {
+            let Some(row) = part.get(f.index(i) as usize) else {
+                return Err(Error::Protocol("FAILURE names an item beyond its part".into()));
+            };
+            if o.answer(row) {
+                o.fail(error.clone());
+            }
+        }
+        self.settle(f.op);
+        Ok(())
+    }
+
+    fn on_local(&mut self, event: LocalEvent, caller: &mut Option<(OpId, &mut [f32])>) {
+        match event {
+            LocalEvent::Served { op, row, values } => {
+                let mut out = Self::caller_for(op, caller);
+                if let Some(o) = self.ops.get_mut(&op)
+                    && o.answer(row)
+                    && !values.is_empty()
+                {
+                    match o.row_output(row as usize, &mut out) {
+                        Some(dst) if dst.len() == values.len() => dst.copy_from_slice(&values),
+                        _ => o.fail(Error::Protocol("pulled values arrived while nobody waited for them".into())),
+                    }
+                }
+                self.settle(op);
+            }
+            LocalEvent::RowFailed { op, row, error } => {
+                if let Some(o) = self.ops.get_mut(&op)
+                    && o.answer(row)
+                {
+                    o.fail(error);
+                }
+                self.settle(op);
+            }
+            LocalEvent::Arrived { op, count } => {
+                if let Some(o) = self.ops.get_mut(&op) {
+                    o.remaining = o.remaining.saturating_sub(count as usize);
+                }
+                self.settle(op);
+            }
+            LocalEvent::ArrivalFailed { op, count, error } => {
+                self.fail_count(op, count as usize, &error);
+                self.settle(op);
+            }
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! The state of one key shard: relocations in transit to this node (with their reservations
+//! and the operations queued behind them), one-sided writes this node posted for keys leaving
+//! it, and the deadlines of transits that may have to be given up.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use super::requester::OpId;
+use super::wire::AccessKind;
+use crate::error::Error;
+use crate::stats::ShardCounters;
+use crate::store::{RemoteAddr, Reserved};
+use crate::util::FastMap;
+
+/// Bits of a reservation id below the shard index.
+pub const RESV_SHARD_SHIFT: u32 = 26;
+/// Bits of a write id below the shard index.
+pub const WR_SHARD_SHIFT: u32 = 56;
+
+/// The shard a reservation id (a relocation write's immediate) belongs to.
+#[inline]
+pub fn resv_shard(resv: u32) -> usize {
+    (resv >> RESV_SHARD_SHIFT) as usize
+}
+
+/// The shard a write id belongs to.
+#[inline]
+pub fn wr_shard(wr_id: u64) -> usize {
+    (wr_id >> WR_SHARD_SHIFT) as usize
+}
+
+/// An operation item waiting for its key to land at this node.
+#[derive(Debug)]
+pub(crate) enum Queued {
+    /// An item of an access (of this node's workers, or of another node's).
+    Access { origin: u16, op: OpId, part: u32, index: u32, kind: AccessKind, values: Vec<f32> },
+    /// The home node moved the key on before it arrived here.
+    Relocate { new_owner: u16, resv: u32, to: RemoteAddr },
+}
+
+/// A key relocating to this node.
+pub(crate) struct Transit {
+    /// The reserved slot the value lands in.
+    pub slot: Option<Reserved>,
+    pub queue: Vec<Queued>,
+    /// `localize` operations waiting for the key.
+    pub waiters: Vec<OpId>,
+    pub started: u64,
+    /// Set when a peer was lost or the transfer timed out: the value may never arrive, so new
+    /// operations on the key fail at once instead of queueing.
+    pub suspect: Option<Error>,
+    pub suspect_since: u64,
+    /// The transfer did not come within the grace period after a loss: hand-overs of the key
+    /// fail at once. (If it still lands, the key is published here.)
+    pub abandoned: bool,
+    /// Tells this transit's deadlines from those of an earlier transit of the same key.
+    pub generation: u64,
+}
+
+/// What a deadline is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum DeadlineKind {
+    /// The transfer should have landed by now.
+    Stuck,
+    /// The grace period after a loss is over.
+    Grace,
+}
+
+/// A deadline: (when, table, key, transit generation, kind).
+pub(crate) type Deadline = (u64, u16, u64, u64, DeadlineKind);
+
+/// One shard's state; lives behind its own lock in [`super::Core`].
+pub struct Shard {
+    index: usize,
+    pub(crate) transits: FastMap<(u16, u64), Transit>,
+    pub(crate) reservations: FastMap<u32, (u16, u64)>,
+    next_resv: u32,
+    /// Slots whose value is being written to another node, by write id.
+    pub(crate) outgoing: FastMap<u64, Reserved>,
+    next_wr: u64,
+    deadlines: BinaryHeap<Reverse<Deadline>>,
+    next_generation: u64,
+    pub(crate) counters: ShardCounters,
+}
+
+impl Shard {
+    /// An empty shard with index `index`.
+    pub fn new(index: usize) -> Shard {
+        Shard {
+            index,
+            transits: FastMap::default(),
+            reservations: FastMap::default(),
+            next_resv: 1,
+            outgoing: FastMap::default(),
+            next_wr: 1,
+            deadlines: BinaryHeap::new(),
+            next_generation: 1,
+            counters: ShardCounters::default(),
+        }
+    }
+
+    /// The shard's index.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Keys relocating to this node in this shard.
+    pub fn keys_in_transit(&self) -> usize {
+        self.transits.len()
+    }
+
+    /// A reservation id not in use, carrying the shard index in its top bits.
+    pub(crate) fn allocate_resv(&mut self) -> u32 {
+        let base = (self.index as u32) << RESV_SHARD_SHIFT;
+        let mask = (1u32 << RESV_SHARD_SHIFT) - 1;
+        loop {
+            let r = base | (self.next_resv & mask);
+            self.next_resv = (self.next_resv.wrapping_add(1) & mask).max(1);
+            if r & mask != 0 && !self.reservations.contains_key(&r) {
+                return r;
+            }
+        }
+    }
+
+    /// A write id, carrying the shard index in its top bits.
+    pub(crate) fn allocate_wr(&mut self) -> u64 {
+        let id = ((self.index as u64) << WR_SHARD_SHIFT) | (self.next_wr & ((1 << WR_SHARD_SHIFT) - 1));
+        self.next_wr += 1;
+        id
+    }
+
+    pub(crate) fn next_generation(&mut self) -> u64 {
+        self.next_generation += 1;
+        self.next_generation
+    }
+
+    pub(crate) fn push_deadline(&mut self, d: Deadline) {
+        self.deadlines.push(Reverse(d));
+    }
+
+    /// The earliest deadline that still matters.
+    pub fn poll_timeout(&mut self) -> Option<u64> {
+        while let Some(Reverse(d)) = self.deadlines.peek().copied() {
+            if self.deadline_live(&d) {
+                return Some(d.0);
+            }
+            self.deadlines.pop();
+        }
+        None
+    }
+
+    /// Takes the earliest live deadline if it is due at `now`.
+    pub(crate) fn pop_due(&mut self, now: u64) -> Option<Deadline> {
+        let at = self.poll_timeout()?;
+        if at > now {
+            return None;
+        }
+        self.deadlines.pop().map(|Reverse(d)| d)
+    }
+
+    fn deadline_live(&self, d: &Deadline) -> bool {
+        let (_, table, key, generation, kind) = *d;
+        self.transits.get(&(table, key)).is_some_and(|t| {
+            t.generation == generation
+                && match kind {
+                    DeadlineKind::Stuck => t.suspect.is_none(),
+                    DeadlineKind::Grace => t.suspect.is_some() && !t.abandoned,
+                }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_carry_the_shard_and_skip_ids_in_use() {
+        let mut s = Shard::new(5);
+        let a = s.allocate_resv();
+        assert_eq!(resv_shard(a), 5);
+        s.reservations.insert(a + 1, (0, 0));
+        let b = s.allocate_resv();
+        assert_ne!(b, a + 1, "an id in use is skipped");
+        assert_eq!(resv_shard(b), 5);
+        let w = s.allocate_wr();
+        assert_eq!(wr_shard(w), 5);
+        assert_ne!(w, s.allocate_wr());
+    }
+
+    #[test]
+    fn stale_deadlines_are_dropped() {
+        let mut s = Shard::new(0);
+        s.push_deadline((10, 0, 1, 7, DeadlineKind::Stuck));
+        assert_eq!(s.poll_timeout(), None, "no transit: the deadline is stale");
+        let generation = s.next_generation();
+        s.transits.insert(
+            (0, 1),
+            Transit {
+                slot: None,
+                queue: Vec::new(),
+                waiters: Vec::new(),
+                started: 0,
+                suspect: None,
+                suspect_since: 0,
+                abandoned: false,
+                generation,
+            },
+        );
+        s.push_deadline((20, 0, 1, generation, DeadlineKind::Stuck));
+        s.push_deadline((15, 0, 1, generation, DeadlineKind::Grace));
+        assert_eq!(s.poll_timeout(), Some(20), "the grace deadline only counts for a suspect transit");
+        assert!(s.pop_due(19).is_none());
+        assert_eq!(s.pop_due(20).map(|d| d.4), Some(DeadlineKind::Stuck));
+    }
+}

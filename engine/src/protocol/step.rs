@@ -1,0 +1,255 @@
+//! One event's exclusive access to the shards it needs, and the events that are not about
+//! accesses or relocations: frames (dispatch), write completions, lost peers, timeouts,
+//! barriers.
+
+use bytes::Bytes;
+use parking_lot::MutexGuard;
+
+use super::barrier::BarrierKind;
+use super::requester::{Delivery, worker_of};
+use super::shard::{DeadlineKind, Shard, wr_shard};
+use super::transmit::{ALL_WORKERS, Transmit};
+use super::wire::{self, Failure, Response, msg};
+use super::{Core, Directory};
+use crate::error::{Error, Result};
+
+/// How far an event handler got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// The event is handled.
+    Done,
+    /// The step must end here: drain it, drop it, and call the handler again on a fresh step
+    /// with these positions (a byte offset into a frame and an item of the message there, or
+    /// an index into a batch of landed writes in `at`).
+    Yield {
+        /// Where to resume.
+        at: usize,
+        /// The item of the message at `at` to resume with.
+        item: usize,
+    },
+}
+
+/// Exclusive access to a set of shards for one event, and the caller's output buffer.
+///
+/// A step takes shard locks at most once, in ascending order, when its event first needs them;
+/// an event that later needs shards it does not hold ends the step with [`Progress::Yield`].
+/// So steps never wait for each other in a cycle. See the module documentation for what the
+/// caller must do before dropping a step.
+pub struct Step<'c, 't> {
+    pub(crate) core: &'c Core,
+    pub(crate) tx: &'t mut Transmit,
+    guards: Vec<Option<MutexGuard<'c, Shard>>>,
+    held: u64,
+    pub(crate) now: u64,
+}
+
+impl<'c, 't> Step<'c, 't> {
+    pub(crate) fn new(core: &'c Core, tx: &'t mut Transmit, now: u64) -> Step<'c, 't> {
+        Step { core, tx, guards: (0..core.directory().shards()).map(|_| None).collect(), held: 0, now }
+    }
+
+    /// The output buffer (to drain before the step is dropped).
+    pub fn transmit(&mut self) -> &mut Transmit {
+        self.tx
+    }
+
+    /// The cluster time the step runs at.
+    pub fn now(&self) -> u64 {
+        self.now
+    }
+
+    /// Whether the step holds any shard lock.
+    pub fn holds_locks(&self) -> bool {
+        self.held != 0
+    }
+
+    /// Takes the shards in `mask` unless the step already took others: true when the step
+    /// holds all of them afterwards.
+    pub(crate) fn try_acquire(&mut self, mask: u64) -> bool {
+        if mask & !self.held == 0 {
+            return true;
+        }
+        if self.held != 0 {
+            return false;
+        }
+        let mut bits = mask;
+        while bits != 0 {
+            let s = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            self.guards[s] = Some(self.core.shard_lock(s).lock());
+        }
+        self.held = mask;
+        true
+    }
+
+    /// Every shard's bit.
+    pub(crate) fn all_shards(&self) -> u64 {
+        let n = self.core.directory().shards();
+        if n >= 64 { u64::MAX } else { (1u64 << n) - 1 }
+    }
+
+    /// A held shard. Handlers only touch shards they acquired, so a missing one is a bug.
+    #[inline]
+    pub(crate) fn shard(&mut self, s: usize) -> &mut Shard {
+        self.guards[s].as_deref_mut().expect("the step holds the shard it works on")
+    }
+
+    /// The held shard of `key`.
+    #[inline]
+    pub(crate) fn shard_of(&mut self, table: u16, key: u64) -> &mut Shard {
+        let s = self.core.directory().shard_of(table, key);
+        self.shard(s)
+    }
+
+    pub(crate) fn directory(&self) -> &'c Directory {
+        self.core.directory()
+    }
+
+    /// Handles a frame of messages from peer `from`, starting at byte `at` and, in the message
+    /// there, at item `item` (0 and 0 for a new frame). RESPONSE and FAILURE messages become
+    /// deliveries to the workers whose operations they answer (slices of `frame`, not copies).
+    /// A message that breaks the protocol is an error; the caller should close the connection.
+    pub fn handle_frame(&mut self, from: u16, frame: &Bytes, at: usize, item: usize) -> Result<Progress> {
+        let dir = self.directory();
+        if from as usize >= dir.nodes() || from == dir.rank() {
+            return Err(Error::Protocol(format!("frame from invalid node {from}")));
+        }
+        let Some(rest) = frame.get(at..) else {
+            return Err(Error::Protocol(format!("resuming beyond a frame of {} bytes", frame.len())));
+        };
+        let mut messages = wire::Messages::new(rest);
+        let mut run: Option<(u16, usize, usize)> = None;
+        let mut first_item = item;
+        loop {
+            let start = at + messages.offset();
+            let Some(body) = messages.next() else { break };
+            let body = body?;
+            let end = at + messages.offset();
+            match body[0] {
+                msg::RESPONSE | msg::FAILURE => {
+                    let op = if body[0] == msg::RESPONSE {
+                        Response::decode(body, |t| dir.table(t).map(|m| m.value_len))?.op
+                    } else {
+                        Failure::decode(body)?.op
+                    };
+                    let worker = worker_of(op);
+                    match &mut run {
+                        Some((w, _, e)) if *w == worker && *e == start => *e = end,
+                        _ => {
+                            self.flush_run(from, frame, run.take());
+                            run = Some((worker, start, end));
+                        }
+                    }
+                }
+                kind => {
+                    self.flush_run(from, frame, run.take());
+                    let resume = match kind {
+                        msg::ACCESS => self.handle_access(from, body, first_item)?,
+                        msg::LOCALIZE => self.handle_localize(from, body)?,
+                        msg::RELOCATE => self.handle_relocate(body)?,
+                        msg::LOCALIZE_FAILED => self.handle_localize_failed(body)?,
+                        msg::BARRIER | msg::BARRIER_RELEASE => {
+                            let core = self.core;
+                            self.tx.touch_barrier();
+                            core.barriers().lock().handle_message(body, dir, self.tx)?;
+                            None
+                        }
+                        other => return Err(Error::Protocol(format!("unknown message type {other}"))),
+                    };
+                    if let Some(item) = resume {
+                        return Ok(Progress::Yield { at: start, item });
+                    }
+                }
+            }
+            first_item = 0;
+        }
+        self.flush_run(from, frame, run);
+        Ok(Progress::Done)
+    }
+
+    fn flush_run(&mut self, from: u16, frame: &Bytes, run: Option<(u16, usize, usize)>) {
+        if let Some((worker, start, end)) = run {
+            self.tx.deliver(worker, Delivery::Messages { from, bytes: frame.slice(start..end) });
+        }
+    }
+
+    /// A one-sided write this node posted completed (`Ok`) or failed: its source slot is free.
+    pub fn handle_write_done(&mut self, wr_id: u64, result: Result<()>) -> Progress {
+        let s = wr_shard(wr_id);
+        if s >= self.directory().shards() {
+            tracing::warn!(node = self.directory().rank(), wr_id, "completion of an unknown write");
+            return Progress::Done;
+        }
+        if !self.try_acquire(1 << s) {
+            return Progress::Yield { at: 0, item: 0 };
+        }
+        if let Some(slot) = self.shard(s).outgoing.remove(&wr_id) {
+            if let Err(e) = result {
+                tracing::error!(node = self.directory().rank(), table = slot.table(), "a relocation's value transfer failed ({e}); the key's value is lost");
+            }
+            self.core.store().free(slot);
+        }
+        Progress::Done
+    }
+
+    /// A peer is gone. Marks it lost (new operations towards it fail at once), gives up what
+    /// may depend on it — relocations to this node that it might have been sending are made
+    /// suspect and given up after the grace period, keys it owned are lost at their home,
+    /// barriers fail — and tells every worker, whose pending operations fail.
+    pub fn handle_peer_lost(&mut self, peer: u16, reason: &str) -> Progress {
+        let all = self.all_shards();
+        if !self.try_acquire(all) {
+            return Progress::Yield { at: 0, item: 0 };
+        }
+        let dir = self.directory();
+        if !dir.mark_lost(peer, reason) {
+            return Progress::Done;
+        }
+        let error = Error::PeerLost { node: peer as usize, reason: reason.to_string() };
+        for s in 0..dir.shards() {
+            let mut keys: Vec<(u16, u64)> = self.shard(s).transits.keys().copied().collect();
+            keys.sort_unstable();
+            for key in keys {
+                self.abandon_transit_queue(key, error.clone());
+            }
+        }
+        dir.lose_owner(peer);
+        dir.uncache_node(peer);
+        self.core.barriers().lock().handle_peer_lost(&error);
+        self.tx.touch_barrier();
+        self.tx.forget(peer);
+        self.tx.deliver(ALL_WORKERS, Delivery::PeerLost { node: peer, reason: reason.to_string() });
+        Progress::Done
+    }
+
+    /// Gives up relocations whose deadline passed: a transfer that did not land within the
+    /// operation timeout fails what waits for it; after a loss, one that did not land within the
+    /// grace period fails its hand-overs too.
+    pub fn handle_timeout(&mut self) -> Progress {
+        let all = self.all_shards();
+        if !self.try_acquire(all) {
+            return Progress::Yield { at: 0, item: 0 };
+        }
+        let millis = self.core.settings().op_timeout_ns / 1_000_000;
+        for s in 0..self.directory().shards() {
+            let now = self.now;
+            while let Some((_, table, key, _, kind)) = self.shard(s).pop_due(now) {
+                match kind {
+                    DeadlineKind::Stuck => {
+                        tracing::warn!(node = self.directory().rank(), table, key, "an incoming relocation did not land in time");
+                        self.abandon_transit_queue((table, key), Error::Timeout { what: "relocation", millis });
+                    }
+                    DeadlineKind::Grace => self.give_up_transit((table, key)),
+                }
+            }
+        }
+        Progress::Done
+    }
+
+    /// Enters the next generation of a barrier; its release appears in [`Core::barrier_events`].
+    pub fn barrier_enter(&mut self, kind: BarrierKind) -> u32 {
+        let core = self.core;
+        self.tx.touch_barrier();
+        core.barriers().lock().enter(kind, core.directory(), self.tx)
+    }
+}

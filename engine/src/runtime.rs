@@ -1,0 +1,373 @@
+//! The machinery around the protocol in a running node: every thread with an event — a worker
+//! with a request, a connection's reader with a frame, the verbs poller with completions, the
+//! timer — takes a step on the shared [`Core`], hands the step's frames and writes to the fabric
+//! before the step releases its shard locks, sends them after, and routes deliveries to the
+//! workers' inboxes. Nothing here does I/O while holding a lock: queueing into the fabric is not
+//! I/O; its flush, done after the step, is.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::fabric::{Fabric, FabricHandler, WriteCompletion, WriteRequest};
+use crate::protocol::{ALL_WORKERS, BarrierKind, Core, Delivery, Progress, Step, Transmit};
+
+/// A registered worker: its inbox, and the sequence number its successor starts from.
+#[derive(Default)]
+struct WorkerSlot {
+    inbox: Option<Sender<Delivery>>,
+    next_seq: u64,
+}
+
+#[derive(Default)]
+struct BarrierState {
+    /// Workers of this node waiting in the current local round.
+    arrived: usize,
+    /// Local rounds started.
+    rounds: u32,
+    /// The latest finished protocol generation, per kind.
+    finished: [u32; 2],
+    errors: Vec<(BarrierKind, u32, Error)>,
+}
+
+/// The node's shared state, held by the node, its workers and (weakly) the fabric's threads.
+pub(crate) struct NodeInner {
+    pub config: Config,
+    pub core: Core,
+    pub fabric: std::sync::Arc<dyn Fabric>,
+    clock_offset: i64,
+    workers: RwLock<Vec<WorkerSlot>>,
+    pub live_workers: AtomicUsize,
+    transmits: Mutex<Vec<Transmit>>,
+    barrier: Mutex<BarrierState>,
+    barrier_cv: Condvar,
+    pub stopping: AtomicBool,
+    /// Set when this node enters the finalize barrier. A peer can only leave after every node
+    /// entered it, so a clean goodbye seen from then on is expected, not a failure.
+    pub finalizing: AtomicBool,
+    pub fingerprint: u64,
+    /// When the timer thread next wakes up (cluster ns; `u64::MAX`: when told).
+    timer_wake: Mutex<u64>,
+    timer_cv: Condvar,
+}
+
+impl NodeInner {
+    pub fn new(config: Config, core: Core, fabric: std::sync::Arc<dyn Fabric>, clock_offset: i64) -> NodeInner {
+        NodeInner {
+            fingerprint: config.fingerprint(),
+            config,
+            core,
+            fabric,
+            clock_offset,
+            workers: RwLock::new(Vec::new()),
+            live_workers: AtomicUsize::new(0),
+            transmits: Mutex::new(Vec::new()),
+            barrier: Mutex::new(BarrierState::default()),
+            barrier_cv: Condvar::new(),
+            stopping: AtomicBool::new(false),
+            finalizing: AtomicBool::new(false),
+            timer_wake: Mutex::new(u64::MAX),
+            timer_cv: Condvar::new(),
+        }
+    }
+
+    /// Cluster time: this host's monotonic clock aligned to the coordinator's.
+    pub fn now(&self) -> u64 {
+        (ferry_tcp::monotonic_ns() as i64 + self.clock_offset).max(1) as u64
+    }
+
+    /// An output buffer for a thread without one of its own.
+    fn take_transmit(&self) -> Transmit {
+        self.transmits.lock().pop().unwrap_or_else(|| self.core.transmit())
+    }
+
+    fn return_transmit(&self, tx: Transmit) {
+        self.transmits.lock().push(tx);
+    }
+
+    /// Hands a step's frames and writes to the fabric (queueing only) and reports writes the
+    /// fabric completed while queueing. Called before the step is dropped.
+    pub fn hand_over(&self, step: &mut Step<'_, '_>) {
+        loop {
+            while let Some((to, frame)) = step.transmit().poll_transmit() {
+                // A peer that is gone fails its operations through its loss; the frame is moot.
+                let _ = self.fabric.enqueue(to as usize, frame);
+            }
+            let mut writes = Vec::new();
+            while let Some(w) = step.transmit().poll_write() {
+                writes.push(w);
+            }
+            if writes.is_empty() {
+                return;
+            }
+            writes.sort_by_key(|w| w.to);
+            for group in writes.chunk_by(|a, b| a.to == b.to) {
+                let requests: Vec<WriteRequest> = group
+                    .iter()
+                    .map(|w| WriteRequest { remote: w.remote, src: self.core.store().table(w.table).slot_ptr(w.slot), len: w.len, imm: w.imm, wr_id: w.wr_id })
+                    .collect();
+                // SAFETY: each source is a slot the protocol keeps allocated, and no longer
+                // publishes, until it is told the write completed (`handle_write_done`).
+                let outcome = unsafe { self.fabric.write(group[0].to as usize, &requests) };
+                let done = match outcome {
+                    Ok(WriteCompletion::Immediate) => Some(Ok(())),
+                    Ok(WriteCompletion::Deferred) => None,
+                    Err(e) => Some(Err(e)),
+                };
+                if let Some(result) = done {
+                    for w in group {
+                        // The step made these writes under the shard it still holds.
+                        let _ = step.handle_write_done(w.wr_id, result.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// After a step is dropped: sends what was queued, delivers to workers, updates barriers and
+    /// the timer.
+    pub fn finish(&self, tx: &mut Transmit) {
+        tx.take_touched(|to| self.fabric.flush(to));
+        while let Some((worker, d)) = tx.poll_delivery() {
+            self.deliver(worker, d);
+        }
+        if let Some(at) = tx.take_deadline() {
+            let mut wake = self.timer_wake.lock();
+            if at < *wake {
+                *wake = at;
+                self.timer_cv.notify_all();
+            }
+        }
+        if tx.take_barrier_touched() {
+            self.note_barrier_events();
+        }
+    }
+
+    /// Runs an event on fresh steps until it is handled, handing each step's output over.
+    pub fn run(&self, tx: &mut Transmit, mut event: impl FnMut(&mut Step<'_, '_>, usize, usize) -> Result<Progress>) -> Result<()> {
+        let (mut at, mut item) = (0, 0);
+        let outcome = loop {
+            let mut step = self.core.step(tx, self.now());
+            let progress = event(&mut step, at, item);
+            self.hand_over(&mut step);
+            drop(step);
+            match progress {
+                Ok(Progress::Done) => break Ok(()),
+                Ok(Progress::Yield { at: a, item: i }) => (at, item) = (a, i),
+                Err(e) => break Err(e),
+            }
+        };
+        self.finish(tx);
+        outcome
+    }
+
+    /// Runs an event with a buffer from the pool.
+    fn run_pooled(&self, event: impl FnMut(&mut Step<'_, '_>, usize, usize) -> Result<Progress>) -> Result<()> {
+        let mut tx = self.take_transmit();
+        let outcome = self.run(&mut tx, event);
+        self.return_transmit(tx);
+        outcome
+    }
+
+    fn deliver(&self, worker: u16, delivery: Delivery) {
+        let workers = self.workers.read();
+        if worker == ALL_WORKERS {
+            for slot in workers.iter() {
+                if let Some(inbox) = &slot.inbox {
+                    let _ = inbox.send(delivery.clone());
+                }
+            }
+        } else if let Some(inbox) = workers.get(worker as usize).and_then(|s| s.inbox.as_ref()) {
+            // A worker that is gone no longer needs its answers.
+            let _ = inbox.send(delivery);
+        }
+    }
+
+    /// Registers a worker: its index, the sequence number its operation ids start at, and its
+    /// inbox.
+    pub fn register_worker(&self) -> (u16, u64, Receiver<Delivery>) {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        let mut workers = self.workers.write();
+        let index = match workers.iter().position(|s| s.inbox.is_none()) {
+            Some(i) => i,
+            None => {
+                workers.push(WorkerSlot { inbox: None, next_seq: 1 });
+                workers.len() - 1
+            }
+        };
+        workers[index].inbox = Some(sender);
+        self.live_workers.fetch_add(1, Ordering::AcqRel);
+        (index as u16, workers[index].next_seq, receiver)
+    }
+
+    /// A worker leaves; its successor on the same index continues from `next_seq`.
+    pub fn retire_worker(&self, index: u16, next_seq: u64) {
+        {
+            let mut workers = self.workers.write();
+            if let Some(slot) = workers.get_mut(index as usize) {
+                slot.inbox = None;
+                slot.next_seq = next_seq;
+            }
+        }
+        self.live_workers.fetch_sub(1, Ordering::AcqRel);
+        // A departing worker may complete a round the others wait in.
+        self.maybe_start_round();
+    }
+
+    /// Tells every worker that the node shuts down.
+    pub fn shut_down_workers(&self) {
+        self.deliver(ALL_WORKERS, Delivery::ShutDown);
+    }
+
+    fn note_barrier_events(&self) {
+        let events = self.core.barrier_events();
+        if events.is_empty() {
+            return;
+        }
+        let mut state = self.barrier.lock();
+        for event in events {
+            let slot = &mut state.finished[event.kind as usize];
+            *slot = (*slot).max(event.generation);
+            if let Err(e) = event.result {
+                state.errors.push((event.kind, event.generation, e));
+            }
+        }
+        self.barrier_cv.notify_all();
+    }
+
+    /// One barrier generation across the cluster (for finalize; workers use `worker_barrier`).
+    pub fn barrier_round(&self, kind: BarrierKind) -> Result<()> {
+        let mut generation = 0;
+        self.run_pooled(|step, _, _| {
+            generation = step.barrier_enter(kind);
+            Ok(Progress::Done)
+        })?;
+        self.wait_generation(kind, generation)
+    }
+
+    fn wait_generation(&self, kind: BarrierKind, generation: u32) -> Result<()> {
+        let deadline = Instant::now() + self.config.op_timeout;
+        let mut state = self.barrier.lock();
+        loop {
+            if let Some(pos) = state.errors.iter().position(|(k, g, _)| *k == kind && *g == generation) {
+                return Err(state.errors.remove(pos).2);
+            }
+            if state.finished[kind as usize] >= generation {
+                return Ok(());
+            }
+            if self.barrier_cv.wait_until(&mut state, deadline).timed_out() {
+                return Err(Error::Timeout { what: "barrier", millis: self.config.op_timeout.as_millis() as u64 });
+            }
+        }
+    }
+
+    /// A worker arrives at the workers' barrier; the node enters the cluster-wide generation
+    /// when all its live workers have arrived.
+    pub fn worker_barrier(&self) -> Result<()> {
+        let generation = {
+            let mut state = self.barrier.lock();
+            state.arrived += 1;
+            state.rounds + 1
+        };
+        self.maybe_start_round();
+        self.wait_generation(BarrierKind::Workers, generation)
+    }
+
+    fn maybe_start_round(&self) {
+        let start = {
+            let mut state = self.barrier.lock();
+            let live = self.live_workers.load(Ordering::Acquire);
+            if state.arrived > 0 && state.arrived >= live {
+                state.arrived = 0;
+                state.rounds += 1;
+                true
+            } else {
+                false
+            }
+        };
+        if start {
+            let _ = self.run_pooled(|step, _, _| {
+                step.barrier_enter(BarrierKind::Workers);
+                Ok(Progress::Done)
+            });
+        }
+    }
+
+    /// The timer thread: gives up relocations whose deadline passed, sleeping until the next
+    /// deadline (a step that sets an earlier one wakes it).
+    pub fn run_timer(&self) {
+        loop {
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            let next = self.core.poll_timeout().unwrap_or(u64::MAX);
+            let now = self.now();
+            if next <= now {
+                let _ = self.run_pooled(|step, _, _| Ok(step.handle_timeout()));
+                continue;
+            }
+            let mut wake = self.timer_wake.lock();
+            if *wake <= now {
+                *wake = u64::MAX;
+                continue;
+            }
+            *wake = (*wake).min(next);
+            // Bounded sleeps keep shutdown prompt; nothing is scanned when they end early.
+            let sleep = Duration::from_nanos((*wake).saturating_sub(now)).min(Duration::from_millis(200));
+            self.timer_cv.wait_for(&mut wake, sleep);
+            if *wake <= self.now() {
+                *wake = u64::MAX;
+            }
+        }
+    }
+
+    /// Wakes the timer thread (shutdown).
+    pub fn wake_timer(&self) {
+        let _ = self.timer_wake.lock();
+        self.timer_cv.notify_all();
+    }
+}
+
+/// The fabric's reports, fed to the protocol. Held weakly, so the fabric's threads never keep
+/// a node alive.
+pub(crate) struct Callbacks {
+    pub node: std::sync::Weak<NodeInner>,
+}
+
+impl FabricHandler for Callbacks {
+    fn on_frame(&self, from: usize, frame: Bytes) {
+        let Some(node) = self.node.upgrade() else { return };
+        let result = node.run_pooled(|step, at, item| step.handle_frame(from as u16, &frame, at, item));
+        if let Err(e) = result {
+            tracing::error!(node = node.config.rank, peer = from, error = %e, "closing the connection to a peer that broke the protocol");
+            node.fabric.disconnect(from);
+        }
+    }
+
+    fn on_writes_landed(&self, _from: usize, imms: &[u32]) {
+        if let Some(node) = self.node.upgrade() {
+            let _ = node.run_pooled(|step, at, _| Ok(step.handle_writes_landed(imms, at)));
+        }
+    }
+
+    fn on_write_done(&self, wr_id: u64, result: Result<()>) {
+        if let Some(node) = self.node.upgrade() {
+            let _ = node.run_pooled(|step, _, _| Ok(step.handle_write_done(wr_id, result.clone())));
+        }
+    }
+
+    fn on_peer_closed(&self, peer: usize, error: Option<String>) {
+        let Some(node) = self.node.upgrade() else { return };
+        if error.is_none() && (node.stopping.load(Ordering::Acquire) || node.finalizing.load(Ordering::Acquire)) {
+            return;
+        }
+        let reason = error.unwrap_or_else(|| "it left the cluster".into());
+        tracing::warn!(node = node.config.rank, peer, %reason, "peer lost");
+        let _ = node.run_pooled(|step, _, _| Ok(step.handle_peer_lost(peer as u16, &reason)));
+    }
+}
