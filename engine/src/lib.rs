@@ -8,14 +8,16 @@
 //! The pieces:
 //! * [`Node`] starts a node (rendezvous, fabric, store, protocol) and hands out [`Worker`]s;
 //! * [`Worker`] is one trainer thread's handle with the synchronous and asynchronous API;
-//! * [`protocol`] is the parameter-server protocol as a deterministic state machine;
-//! * [`sim`] runs that state machine in simulated clusters and [`consistency`] checks the
-//!   recorded histories for per-key sequential consistency;
-//! * [`store`] holds the values, [`partition`] maps keys to home nodes.
+//! * [`protocol`] is the parameter-server protocol as deterministic state machines with no I/O;
+//! * [`store`] holds the values, [`partition`] maps keys to home nodes;
+//! * with the `sim` feature, `sim` runs the protocol in seeded simulated clusters and
+//!   `consistency` checks recorded histories for per-key sequential consistency.
 
 #![warn(missing_docs)]
 
 pub mod config;
+#[cfg(any(test, feature = "sim"))]
+pub mod consistency;
 mod error;
 mod node;
 pub mod fabric;
@@ -23,6 +25,8 @@ pub mod launch;
 pub mod partition;
 pub mod protocol;
 mod runtime;
+#[cfg(any(test, feature = "sim"))]
+pub mod sim;
 pub mod stats;
 pub mod store;
 mod util;

@@ -1,26 +1,29 @@
 //! Deterministic simulated clusters for testing the protocol without threads or sockets.
 //!
-//! A simulation runs N [`Protocol`] state machines, each over a real [`Store`], connected by an
-//! in-memory fabric that keeps per-pair FIFO order for messages (as TCP and RC queue pairs do) but
-//! otherwise delays and interleaves everything — messages of different pairs, one-sided writes
-//! (on a channel of their own, so they may overtake or trail messages), write completions, worker
-//! steps and timer ticks — as a seeded random generator decides. Simulated workers run random
-//! mixes of pull, push, set and localize, synchronous and asynchronous, through the same local
-//! fast path as real workers, and every operation is recorded for the
+//! A simulation runs N nodes — each a [`Core`] over a real [`Store`], with workers that own a
+//! [`Requester`] and an inbox — connected by an in-memory fabric that keeps per-pair FIFO order
+//! for frames (as TCP and RC queue pairs do) but otherwise delays and interleaves everything —
+//! frames of different pairs, one-sided writes (on a channel of their own, so they may overtake
+//! or trail frames), write completions, worker steps, deliveries, timer ticks — as a seeded
+//! random generator decides. The nodes are driven exactly as the runtime drives them (a step,
+//! its output handed over before it ends, yields resumed on fresh steps). Simulated workers run
+//! random mixes of pull, push, set and localize, synchronous (pulls into the caller's buffer)
+//! and asynchronous, with one to hundreds of keys per operation split into parts of a
+//! configurable size, and every operation is recorded for the
 //! [consistency checker](crate::consistency). The same seed always gives the same run.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::client::{gather, local_pass, scatter};
 use crate::config::{HugePages, Partitioning, TableSpec};
 use crate::consistency::{Event, History, Violation, push_update, set_value};
-use crate::error::Result;
-use crate::protocol::{AccessKind, OpId, Output, Protocol, Request, RequestKind, Settings, SlotWrite, Submitted};
+use crate::error::{Error, Result};
+use crate::protocol::{ALL_WORKERS, AccessKind, Core, Delivery, Issued, OpId, Progress, PullTarget, Requester, Settings, SlotWrite, Step, Transmit};
 use crate::stats::Stats;
 use crate::store::{RegionHandle, Registrar, Store};
 
@@ -37,6 +40,8 @@ pub struct SimOptions {
     pub lanes: usize,
     /// Operations per worker.
     pub ops_per_worker: usize,
+    /// Keys per operation: drawn uniformly from this range (inclusive).
+    pub keys_per_op: (usize, usize),
     /// Whether `localize` moves keys.
     pub relocation: bool,
     /// Whether location caches are on.
@@ -45,8 +50,11 @@ pub struct SimOptions {
     pub async_share: f64,
     /// Home-node assignment.
     pub partitioning: Partitioning,
-    /// Message size target (small values split operations into many parts).
-    pub max_message_bytes: usize,
+    /// Part size: operations are split into parts of about this many bytes (small values make
+    /// many parts).
+    pub part_bytes: usize,
+    /// Shards per node.
+    pub shards: usize,
     /// Lose this node at this step (fault injection); the run then checks liveness only.
     pub crash: Option<(usize, usize)>,
     /// Trace lines kept for a failure report (the last ones).
@@ -64,14 +72,32 @@ impl SimOptions {
             keys: 4,
             lanes: 96,
             ops_per_worker: 25,
+            keys_per_op: (1, 3),
             relocation: true,
             location_caches: false,
             async_share: 0.4,
             partitioning: Partitioning::Range,
-            max_message_bytes: 4096,
+            part_bytes: 4096,
+            shards: 3,
             crash: None,
             trace_lines: 150,
             seed,
+        }
+    }
+
+    /// Operations of up to hundreds of keys over a larger table, split into parts of a few keys
+    /// each: the decoders, the part bookkeeping and bulk relocations get exercised.
+    pub fn large(seed: u64) -> SimOptions {
+        SimOptions {
+            nodes: 3,
+            workers_per_node: 2,
+            keys: 300,
+            lanes: 40,
+            ops_per_worker: 12,
+            keys_per_op: (1, 250),
+            part_bytes: 400,
+            shards: 5,
+            ..SimOptions::small(seed)
         }
     }
 }
@@ -89,7 +115,9 @@ pub struct SimReport {
     pub failed_ops: usize,
     /// Operations issued.
     pub ops: usize,
-    /// Largest number of slots any node had in use at the end, per node.
+    /// Most parts any one operation was split into.
+    pub max_parts: usize,
+    /// Slots in use at the end, per node.
     pub slots_in_use: Vec<usize>,
     /// The last steps of the run.
     pub trace: Vec<String>,
@@ -131,10 +159,11 @@ impl Registrar for SimRegistrar {
     }
 }
 
-struct Node {
-    protocol: Protocol,
-    store: Arc<Store>,
+struct SimNode {
+    core: Core,
     regions: Arc<SimRegistrar>,
+    /// The output buffer of the node's own event handling (frames, landings, ticks).
+    tx: Transmit,
     crashed: bool,
 }
 
@@ -145,38 +174,56 @@ enum ScriptOp {
     WaitAll,
 }
 
-struct Worker {
+/// An operation the worker waits for or will collect.
+struct InFlight {
+    op: OpId,
+    kind: Option<AccessKind>,
+    keys: Vec<u64>,
+    /// A synchronous pull's caller buffer (the borrowed-buffer path); local rows filled already.
+    buffer: Vec<f32>,
+    first_event: usize,
+    asynchronous: bool,
+}
+
+/// An operation whose parts are still being encoded.
+struct Streaming {
+    op: OpId,
+    keys: Vec<u64>,
+    input: Vec<f32>,
+}
+
+struct SimWorker {
     node: usize,
+    requester: Requester,
+    inbox: VecDeque<Delivery>,
+    tx: Transmit,
     script: VecDeque<ScriptOp>,
-    blocked: Option<(usize, OpId)>,
-    outstanding: Vec<(usize, OpId)>,
+    in_flight: Vec<InFlight>,
+    streaming: Option<Streaming>,
     waiting_all: bool,
     /// Program-ordered events; pulls are filled in at completion.
     events: Vec<(u64, Event)>,
 }
 
-struct InFlight {
-    worker: usize,
-    kind: Option<AccessKind>,
-    keys: Vec<u64>,
-    rows: Vec<u32>,
-    output: Vec<f32>,
-    first_event: usize,
+impl SimWorker {
+    fn blocked(&self) -> bool {
+        self.in_flight.iter().any(|f| !f.asynchronous)
+    }
 }
 
 struct Sim {
     opts: SimOptions,
     rng: ChaCha8Rng,
-    nodes: Vec<Node>,
-    messages: Vec<VecDeque<Vec<u8>>>,
+    nodes: Vec<SimNode>,
+    workers: Vec<SimWorker>,
+    frames: Vec<VecDeque<Vec<u8>>>,
     writes: Vec<VecDeque<SlotWrite>>,
     write_dones: Vec<(usize, u64)>,
-    workers: Vec<Worker>,
-    in_flight: Vec<((usize, OpId), InFlight)>,
     now: u64,
     trace: VecDeque<String>,
     failed_ops: usize,
     ops: usize,
+    max_parts: usize,
 }
 
 /// Runs one simulation.
@@ -198,52 +245,89 @@ pub fn run_and_check(opts: SimOptions) -> Result<SimReport, SimFailure> {
     Ok(report)
 }
 
+/// Where a step's frames and writes go in the simulated fabric.
+struct Wires<'a> {
+    from: usize,
+    n: usize,
+    crashed: Vec<bool>,
+    frames: &'a mut Vec<VecDeque<Vec<u8>>>,
+    writes: &'a mut Vec<VecDeque<SlotWrite>>,
+}
+
+impl Wires<'_> {
+    /// Hands a step's frames and writes over, as the runtime does before a step ends. Writes to
+    /// a crashed node complete with an error at once.
+    fn hand_over(&mut self, step: &mut Step<'_, '_>) {
+        while let Some((to, frame)) = step.transmit().poll_transmit() {
+            if !self.crashed[to as usize] {
+                self.frames[self.from * self.n + to as usize].push_back(frame);
+            }
+        }
+        while let Some(w) = step.transmit().poll_write() {
+            if self.crashed[w.to as usize] {
+                let _ = step.handle_write_done(w.wr_id, Err(Error::PeerLost { node: w.to as usize, reason: "crashed".into() }));
+            } else {
+                self.writes[self.from * self.n + w.to as usize].push_back(w);
+            }
+        }
+    }
+}
+
 impl Sim {
     fn new(opts: SimOptions) -> Result<Sim> {
         let spec = TableSpec::new("sim", opts.keys, opts.lanes).partitioned(opts.partitioning);
         let settings = Settings {
             relocation: opts.relocation,
             location_caches: opts.location_caches,
-            max_message_bytes: opts.max_message_bytes.max(4096),
-            part_bytes: opts.max_message_bytes.max(4096),
+            max_message_bytes: 64 << 10,
+            part_bytes: opts.part_bytes,
             op_timeout_ns: u64::MAX / 4,
             loss_grace_ns: 200_000,
+            shards: opts.shards,
         };
         let mut nodes = Vec::new();
         for rank in 0..opts.nodes {
             let regions = Arc::new(SimRegistrar::default());
             let store = Arc::new(Store::new(rank, opts.nodes, std::slice::from_ref(&spec), 7, HugePages::Off, regions.clone())?);
-            let protocol = Protocol::new(rank, opts.nodes, std::slice::from_ref(&spec), store.clone(), settings);
-            nodes.push(Node { protocol, store, regions, crashed: false });
+            let core = Core::new(rank, opts.nodes, std::slice::from_ref(&spec), store, settings);
+            let tx = core.transmit();
+            nodes.push(SimNode { core, regions, tx, crashed: false });
         }
         let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
-        let workers = Self::scripts(&opts, &mut rng);
+        let workers = Self::scripts(&opts, &mut rng, &nodes);
         Ok(Sim {
-            messages: (0..opts.nodes * opts.nodes).map(|_| VecDeque::new()).collect(),
+            frames: (0..opts.nodes * opts.nodes).map(|_| VecDeque::new()).collect(),
             writes: (0..opts.nodes * opts.nodes).map(|_| VecDeque::new()).collect(),
             write_dones: Vec::new(),
             workers,
-            in_flight: Vec::new(),
             now: 1,
             trace: VecDeque::new(),
             failed_ops: 0,
             ops: 0,
+            max_parts: 0,
             rng,
             nodes,
             opts,
         })
     }
 
-    fn scripts(opts: &SimOptions, rng: &mut ChaCha8Rng) -> Vec<Worker> {
+    fn scripts(opts: &SimOptions, rng: &mut ChaCha8Rng, nodes: &[SimNode]) -> Vec<SimWorker> {
         let mut next_lane = vec![1u32; opts.keys as usize];
         let mut next_tag = vec![1u32; opts.keys as usize];
         let mut workers = Vec::new();
-        for node in 0..opts.nodes {
-            for _ in 0..opts.workers_per_node {
+        for (node, n) in nodes.iter().enumerate() {
+            for w in 0..opts.workers_per_node {
                 let mut script = VecDeque::new();
                 for _ in 0..opts.ops_per_worker {
-                    let n = rng.gen_range(1..=3);
-                    let keys: Vec<u64> = (0..n).map(|_| rng.gen_range(0..opts.keys)).collect();
+                    let count = rng.gen_range(opts.keys_per_op.0.max(1)..=opts.keys_per_op.1.max(opts.keys_per_op.0.max(1)));
+                    // Large operations take a block of neighbouring keys (so they form runs) or
+                    // scattered ones.
+                    let keys: Vec<u64> = if count > 3 && rng.gen_bool(0.5) {
+                        let start = rng.gen_range(0..opts.keys);
+                        (0..count as u64).map(|i| (start + i) % opts.keys).collect()
+                    } else {
+                        (0..count).map(|_| rng.gen_range(0..opts.keys)).collect()
+                    };
                     let asynchronous = rng.gen_bool(opts.async_share);
                     let roll = rng.gen_range(0..100);
                     let op = if roll < 5 {
@@ -256,7 +340,7 @@ impl Sim {
                             next_tag[k as usize] - 1
                         });
                         ScriptOp::Access { kind: AccessKind::Set, lanes_or_tags: tags.collect(), keys, asynchronous }
-                    } else if roll < 66 && keys.iter().all(|&k| (next_lane[k as usize] as usize) < opts.lanes - 3) {
+                    } else if roll < 66 && keys.iter().all(|&k| (next_lane[k as usize] as usize) + keys.len() < opts.lanes - 1) {
                         let lanes = keys.iter().map(|&k| {
                             next_lane[k as usize] += 1;
                             next_lane[k as usize] - 1
@@ -268,7 +352,17 @@ impl Sim {
                     script.push_back(op);
                 }
                 script.push_back(ScriptOp::WaitAll);
-                workers.push(Worker { node, script, blocked: None, outstanding: Vec::new(), waiting_all: false, events: Vec::new() });
+                workers.push(SimWorker {
+                    node,
+                    requester: n.core.requester(w as u16, 1),
+                    inbox: VecDeque::new(),
+                    tx: n.core.transmit(),
+                    script,
+                    in_flight: Vec::new(),
+                    streaming: None,
+                    waiting_all: false,
+                    events: Vec::new(),
+                });
             }
         }
         workers
@@ -283,11 +377,17 @@ impl Sim {
 
     fn runnable(&self, w: usize) -> bool {
         let worker = &self.workers[w];
-        if self.nodes[worker.node].crashed || worker.blocked.is_some() {
+        if self.nodes[worker.node].crashed {
+            return false;
+        }
+        if worker.streaming.is_some() || !worker.inbox.is_empty() {
+            return true;
+        }
+        if worker.blocked() {
             return false;
         }
         if worker.waiting_all {
-            return worker.outstanding.is_empty();
+            return worker.in_flight.is_empty();
         }
         !worker.script.is_empty()
     }
@@ -297,22 +397,22 @@ impl Sim {
         let mut timers_fired = false;
         loop {
             steps += 1;
-            if steps > 2_000_000 {
+            if steps > 3_000_000 {
                 return Err("simulation did not terminate".into());
             }
             if let Some((node, at)) = self.opts.crash
                 && steps == at
                 && !self.nodes[node].crashed
             {
-                self.crash(node);
+                self.crash(node)?;
             }
             self.now += self.rng.gen_range(1..2000);
             let runnable: Vec<usize> = (0..self.workers.len()).filter(|&w| self.runnable(w)).collect();
-            let channels: Vec<usize> = (0..self.messages.len()).filter(|&c| !self.messages[c].is_empty()).collect();
+            let channels: Vec<usize> = (0..self.frames.len()).filter(|&c| !self.frames[c].is_empty()).collect();
             let write_channels: Vec<usize> = (0..self.writes.len()).filter(|&c| !self.writes[c].is_empty()).collect();
             let mut choices = Vec::new();
             if !runnable.is_empty() {
-                choices.push(0);
+                choices.extend([0, 0]);
             }
             if !channels.is_empty() {
                 choices.extend([1, 1]);
@@ -325,16 +425,14 @@ impl Sim {
             }
             if choices.is_empty() {
                 // Only timers can make progress now (a crash left relocations to give up).
-                let waiting = self.workers.iter().any(|w| !self.nodes[w.node].crashed && (w.blocked.is_some() || !w.outstanding.is_empty()));
+                let waiting = self.workers.iter().any(|w| !self.nodes[w.node].crashed && !w.in_flight.is_empty());
                 if waiting && self.opts.crash.is_some() && !timers_fired {
                     timers_fired = true;
                     self.now += 1_000_000;
                     self.log("timers fire".into());
                     for node in 0..self.opts.nodes {
                         if !self.nodes[node].crashed {
-                            let now = self.now;
-                            self.nodes[node].protocol.on_tick(now);
-                            self.drain(node)?;
+                            self.node_event(node, |step, _, _| Ok(step.handle_timeout()))?;
                         }
                     }
                     continue;
@@ -349,14 +447,12 @@ impl Sim {
                 }
                 1 => {
                     let c = channels[self.rng.gen_range(0..channels.len())];
-                    let frame = self.messages[c].pop_front().expect("non-empty");
+                    let frame = Bytes::from(self.frames[c].pop_front().expect("non-empty"));
                     let (from, to) = (c / self.opts.nodes, c % self.opts.nodes);
                     self.log(format!("deliver {from}->{to}: {}", describe_frame(&frame)));
-                    let now = self.now;
-                    if let Err(e) = self.nodes[to].protocol.on_message(from, &frame, now) {
+                    if let Err(e) = self.node_event(to, |step, at, item| step.handle_frame(from as u16, &frame, at, item)) {
                         return Err(format!("node {to} rejected a frame from {from}: {e}"));
                     }
-                    self.drain(to)?;
                 }
                 2 => {
                     let c = write_channels[self.rng.gen_range(0..write_channels.len())];
@@ -368,46 +464,76 @@ impl Sim {
                     let i = self.rng.gen_range(0..self.write_dones.len());
                     let (node, wr_id) = self.write_dones.swap_remove(i);
                     self.log(format!("write {wr_id} of node {node} completes"));
-                    let now = self.now;
-                    self.nodes[node].protocol.on_write_done(wr_id, Ok(()), now);
-                    self.drain(node)?;
+                    self.node_event(node, |step, _, _| Ok(step.handle_write_done(wr_id, Ok(()))))?;
                 }
             }
             if self.rng.gen_range(0..50) == 0 {
                 let node = self.rng.gen_range(0..self.opts.nodes);
                 if !self.nodes[node].crashed {
-                    let now = self.now;
-                    self.nodes[node].protocol.on_tick(now);
-                    self.drain(node)?;
+                    self.node_event(node, |step, _, _| Ok(step.handle_timeout()))?;
                 }
             }
         }
     }
 
-    fn crash(&mut self, node: usize) {
-        self.log(format!("node {node} crashes"));
-        self.nodes[node].crashed = true;
+    /// Runs an event on node `node`'s own buffer the way the runtime does: fresh steps until
+    /// the handler is done, each step's frames and writes handed over before it ends, then the
+    /// deliveries routed.
+    fn node_event(&mut self, node: usize, mut event: impl FnMut(&mut Step<'_, '_>, usize, usize) -> Result<Progress>) -> Result<(), String> {
+        let crashed: Vec<bool> = self.nodes.iter().map(|n| n.crashed).collect();
         let n = self.opts.nodes;
-        for other in 0..n {
-            self.messages[node * n + other].clear();
-            self.messages[other * n + node].clear();
-            self.writes[node * n + other].clear();
-            self.writes[other * n + node].clear();
-        }
-        self.write_dones.retain(|(m, _)| *m != node);
-        for other in 0..n {
-            if other != node && !self.nodes[other].crashed {
-                let now = self.now;
-                self.nodes[other].protocol.on_peer_lost(node, "crashed in the simulation", now);
-                // Writes this node posted to the crashed one complete with an error.
-                let _ = self.drain(other);
+        let now = self.now;
+        let SimNode { core, tx, .. } = &mut self.nodes[node];
+        let mut wires = Wires { from: node, n, crashed, frames: &mut self.frames, writes: &mut self.writes };
+        let outcome = drive(core, tx, now, &mut wires, &mut event);
+        self.route_deliveries(node, None);
+        outcome.map_err(|e| e.to_string())
+    }
+
+    /// Moves deliveries out of a buffer (node `node`'s own, or worker `worker`'s) into inboxes.
+    fn route_deliveries(&mut self, node: usize, worker: Option<usize>) {
+        loop {
+            let next = match worker {
+                Some(w) => self.workers[w].tx.poll_delivery(),
+                None => self.nodes[node].tx.poll_delivery(),
+            };
+            let Some((target, d)) = next else { break };
+            for w in &mut self.workers {
+                if w.node == node && (target == ALL_WORKERS || w.requester.worker() == target) {
+                    w.inbox.push_back(d.clone());
+                }
             }
         }
     }
 
+    fn crash(&mut self, node: usize) -> Result<(), String> {
+        self.log(format!("node {node} crashes"));
+        self.nodes[node].crashed = true;
+        let n = self.opts.nodes;
+        for other in 0..n {
+            self.frames[node * n + other].clear();
+            self.frames[other * n + node].clear();
+            // Writes this node posted complete with an error (their slots are freed below).
+            let lost: Vec<SlotWrite> = self.writes[other * n + node].drain(..).collect();
+            self.writes[node * n + other].clear();
+            for w in lost {
+                if !self.nodes[other].crashed {
+                    self.node_event(other, |step, _, _| Ok(step.handle_write_done(w.wr_id, Err(Error::PeerLost { node, reason: "crashed".into() }))))?;
+                }
+            }
+        }
+        self.write_dones.retain(|(m, _)| *m != node);
+        for other in 0..n {
+            if other != node && !self.nodes[other].crashed {
+                self.node_event(other, |step, _, _| Ok(step.handle_peer_lost(node as u16, "crashed in the simulation")))?;
+            }
+        }
+        Ok(())
+    }
+
     fn land(&mut self, from: usize, to: usize, w: SlotWrite) -> Result<(), String> {
         self.log(format!("write {} lands {from}->{to} (imm {})", w.wr_id, w.imm));
-        let src = self.nodes[from].store.table(w.table).slot_ptr(w.slot);
+        let src = self.nodes[from].core.store().table(w.table).slot_ptr(w.slot);
         let (base, len) = {
             let regions = self.nodes[to].regions.regions.lock();
             *regions.get(w.remote.region as usize).ok_or("write to an unknown region")?
@@ -417,86 +543,46 @@ impl Sim {
         }
         // SAFETY: the source slot stays allocated until its write completes (the completion is
         // delivered after this), the target range was bounds-checked against the registered
-        // region, and the simulation is single-threaded.
+        // region, and the simulation is single-threaded, so no other access runs meanwhile.
         unsafe { std::ptr::copy_nonoverlapping(src, (base + w.remote.addr as usize) as *mut u8, w.len) };
-        let now = self.now;
-        self.nodes[to].protocol.on_writes_landed(&[w.imm], now);
+        self.node_event(to, |step, at, _| Ok(step.handle_writes_landed(&[w.imm], at)))?;
         self.write_dones.push((from, w.wr_id));
-        self.drain(to)
-    }
-
-    /// Moves a node's output into the fabric and resolves completions.
-    fn drain(&mut self, node: usize) -> Result<(), String> {
-        let out: Output = self.nodes[node].protocol.take_output();
-        let n = self.opts.nodes;
-        for (to, frame) in out.frames {
-            if self.nodes[to as usize].crashed {
-                continue;
-            }
-            self.messages[node * n + to as usize].push_back(frame);
-        }
-        for w in out.writes {
-            if self.nodes[w.to as usize].crashed {
-                let now = self.now;
-                self.nodes[node].protocol.on_write_done(w.wr_id, Err(crate::error::Error::PeerLost { node: w.to as usize, reason: "crashed".into() }), now);
-                continue;
-            }
-            self.writes[node * n + w.to as usize].push_back(w);
-        }
-        for c in out.completions {
-            self.complete(node, c.op, c.result)?;
-        }
         Ok(())
     }
 
-    fn complete(&mut self, node: usize, op: OpId, result: Result<Vec<f32>>) -> Result<(), String> {
-        let Some(pos) = self.in_flight.iter().position(|(k, _)| *k == (node, op)) else {
-            return Err(format!("node {node} completed unknown operation {op}"));
-        };
-        let (_, f) = self.in_flight.swap_remove(pos);
-        self.log(format!("op {op} of node {node} completes: {}", if result.is_ok() { "ok" } else { "error" }));
-        let lanes = self.opts.lanes;
-        let worker = &mut self.workers[f.worker];
-        worker.outstanding.retain(|o| *o != (node, op));
-        if worker.blocked == Some((node, op)) {
-            worker.blocked = None;
-        }
-        match result {
-            Ok(values) => {
-                if f.kind == Some(AccessKind::Pull) {
-                    let mut output = f.output;
-                    scatter(&f.rows, &values, &mut output, lanes);
-                    for (i, _) in f.keys.iter().enumerate() {
-                        worker.events[f.first_event + i].1 = Event::Pull { value: output[i * lanes..(i + 1) * lanes].to_vec() };
-                    }
-                }
-                Ok(())
-            }
-            Err(e) => {
-                if self.opts.crash.is_none() {
-                    return Err(format!("operation {op} of node {node} failed: {e}"));
-                }
-                self.failed_ops += 1;
-                // The outcome of a failed operation is unknown; its events are dropped.
-                if f.kind.is_some() {
-                    for i in 0..f.keys.len() {
-                        worker.events[f.first_event + i].1 = Event::Pull { value: Vec::new() };
-                    }
-                }
-                Ok(())
-            }
-        }
-    }
-
     fn worker_step(&mut self, w: usize) -> Result<(), String> {
+        let node = self.workers[w].node;
+        if let Some(s) = self.workers[w].streaming.take() {
+            self.log(format!("worker {w}@{node} encodes more parts of op {}", s.op));
+            let mut buffer = self.workers[w].in_flight.iter_mut().find(|f| f.op == s.op && !f.asynchronous).map(|f| std::mem::take(&mut f.buffer));
+            let more = self.worker_event(w, |step, req| Ok(step.continue_issue(req, s.op, &s.keys, &s.input, buffer.as_deref_mut().filter(|b| !b.is_empty()))))?;
+            if let Some(b) = buffer
+                && let Some(f) = self.workers[w].in_flight.iter_mut().find(|f| f.op == s.op)
+            {
+                f.buffer = b;
+            }
+            self.note_parts(w, s.op);
+            if more == Some(true) {
+                self.workers[w].streaming = Some(s);
+            }
+            return self.collect(w);
+        }
+        if let Some(d) = self.workers[w].inbox.pop_front() {
+            let worker = &mut self.workers[w];
+            let dir = self.nodes[node].core.directory();
+            let waited = worker.in_flight.iter_mut().find(|f| !f.asynchronous && f.kind == Some(AccessKind::Pull));
+            let caller = waited.map(|f| (f.op, f.buffer.as_mut_slice()));
+            if let Some(fault) = worker.requester.handle(d, dir, caller) {
+                return Err(format!("worker {w} saw a protocol fault from node {}: {}", fault.peer, fault.error));
+            }
+            return self.collect(w);
+        }
         if self.workers[w].waiting_all {
             self.workers[w].waiting_all = false;
             return Ok(());
         }
         let op = self.workers[w].script.pop_front().expect("runnable");
-        let node = self.workers[w].node;
         let lanes = self.opts.lanes;
-        let now = self.now;
         match op {
             ScriptOp::WaitAll => {
                 self.log(format!("worker {w} waits for its operations"));
@@ -505,22 +591,15 @@ impl Sim {
             ScriptOp::Localize { keys, asynchronous } => {
                 self.ops += 1;
                 self.log(format!("worker {w}@{node} localize {keys:?}{}", if asynchronous { " async" } else { "" }));
-                let request = Request { kind: RequestKind::Localize, table: 0, keys: &keys, values: &[] };
-                match self.nodes[node].protocol.submit(request, now) {
-                    Ok(Submitted::Done(_)) => {}
-                    Ok(Submitted::Pending(id)) => {
-                        let first_event = self.workers[w].events.len();
-                        self.in_flight
-                            .push(((node, id), InFlight { worker: w, kind: None, keys: Vec::new(), rows: Vec::new(), output: Vec::new(), first_event }));
-                        self.track(w, node, id, asynchronous);
-                    }
-                    Err(e) => self.submit_error(e)?,
+                let issued = self.worker_event(w, |step, req| step.issue_localize(req, 0, &keys, None))?;
+                if let Some(Issued::Pending { op, .. }) = issued {
+                    let first_event = self.workers[w].events.len();
+                    self.workers[w].in_flight.push(InFlight { op, kind: None, keys: Vec::new(), buffer: Vec::new(), first_event, asynchronous });
                 }
-                self.drain(node)?;
             }
             ScriptOp::Access { kind, keys, lanes_or_tags, asynchronous } => {
                 self.ops += 1;
-                self.log(format!("worker {w}@{node} {kind:?} {keys:?} {lanes_or_tags:?}{}", if asynchronous { " async" } else { "" }));
+                self.log(format!("worker {w}@{node} {kind:?} {} keys {:?}{}", keys.len(), &keys[..keys.len().min(8)], if asynchronous { " async" } else { "" }));
                 let mut input = Vec::new();
                 for (i, _) in keys.iter().enumerate() {
                     match kind {
@@ -538,74 +617,124 @@ impl Sim {
                     };
                     self.workers[w].events.push((key, e));
                 }
-                let mut output = vec![0.0; if kind == AccessKind::Pull { keys.len() * lanes } else { 0 }];
-                let mut rows = Vec::new();
-                local_pass(&self.nodes[node].store, kind, 0, &keys, &input, &mut output, &mut rows);
-                let pending = if rows.is_empty() {
-                    None
-                } else {
-                    let (rkeys, rvalues) = gather(&rows, &keys, &input, lanes, kind.carries_values());
-                    let request = Request { kind: RequestKind::Access(kind), table: 0, keys: &rkeys, values: &rvalues };
-                    match self.nodes[node].protocol.submit(request, now) {
-                        Ok(Submitted::Done(values)) => {
-                            if kind == AccessKind::Pull {
-                                scatter(&rows, &values, &mut output, lanes);
-                            }
-                            None
-                        }
-                        Ok(Submitted::Pending(id)) => Some(id),
-                        Err(e) => {
-                            self.submit_error(e)?;
-                            None
+                let pull = kind == AccessKind::Pull;
+                let mut buffer = vec![0.0; if pull { keys.len() * lanes } else { 0 }];
+                let issued = self.worker_event(w, |step, req| {
+                    let target = match (pull, asynchronous) {
+                        (false, _) => PullTarget::None,
+                        (true, true) => PullTarget::Owned(vec![0.0; keys.len() * lanes]),
+                        (true, false) => PullTarget::Caller(&mut buffer),
+                    };
+                    step.issue_access(req, kind, 0, &keys, &input, target, None)
+                })?;
+                match issued {
+                    None => {
+                        for i in 0..keys.len() {
+                            self.workers[w].events[first_event + i].1 = Event::Pull { value: Vec::new() };
                         }
                     }
-                };
-                match pending {
-                    Some(id) => {
-                        self.in_flight.push(((node, id), InFlight { worker: w, kind: Some(kind), keys: keys.clone(), rows, output, first_event }));
-                        self.track(w, node, id, asynchronous);
-                    }
-                    None if kind == AccessKind::Pull => {
-                        for (i, _) in keys.iter().enumerate() {
-                            self.workers[w].events[first_event + i].1 = Event::Pull { value: output[i * lanes..(i + 1) * lanes].to_vec() };
+                    Some(Issued::Done(owned)) => {
+                        if pull {
+                            let values = owned.unwrap_or(buffer);
+                            self.record_pull(w, first_event, &values);
                         }
                     }
-                    None => {}
+                    Some(Issued::Pending { op, more }) => {
+                        self.note_parts(w, op);
+                        if more {
+                            self.workers[w].streaming = Some(Streaming { op, keys: keys.clone(), input });
+                        }
+                        self.workers[w].in_flight.push(InFlight { op, kind: Some(kind), keys, buffer, first_event, asynchronous });
+                    }
                 }
-                self.drain(node)?;
+            }
+        }
+        self.collect(w)
+    }
+
+    /// Runs an event on worker `w`'s own buffer and routes its deliveries.
+    fn worker_event<T>(&mut self, w: usize, mut event: impl FnMut(&mut Step<'_, '_>, &mut Requester) -> Result<T>) -> Result<Option<T>, String> {
+        let node = self.workers[w].node;
+        let crashed: Vec<bool> = self.nodes.iter().map(|n| n.crashed).collect();
+        let n = self.opts.nodes;
+        let now = self.now;
+        let core = &self.nodes[node].core;
+        let worker = &mut self.workers[w];
+        let mut wires = Wires { from: node, n, crashed, frames: &mut self.frames, writes: &mut self.writes };
+        let mut result = None;
+        let outcome = drive(core, &mut worker.tx, now, &mut wires, &mut |step, _, _| {
+            result = Some(event(step, &mut worker.requester));
+            Ok(Progress::Done)
+        });
+        self.route_deliveries(node, Some(w));
+        outcome.map_err(|e| e.to_string())?;
+        match result {
+            Some(Ok(t)) => Ok(Some(t)),
+            Some(Err(_)) if self.opts.crash.is_some() => {
+                self.failed_ops += 1;
+                Ok(None)
+            }
+            Some(Err(e)) => Err(format!("submit failed: {e}")),
+            None => Err("the step did not run".into()),
+        }
+    }
+
+    fn note_parts(&mut self, w: usize, op: OpId) {
+        if let Some(parts) = self.workers[w].requester.parts_of(op) {
+            self.max_parts = self.max_parts.max(parts);
+        }
+    }
+
+    /// Collects the results of the worker's completed operations.
+    fn collect(&mut self, w: usize) -> Result<(), String> {
+        let lanes = self.opts.lanes;
+        let mut i = 0;
+        while i < self.workers[w].in_flight.len() {
+            let op = self.workers[w].in_flight[i].op;
+            let Some(result) = self.workers[w].requester.take(op) else {
+                i += 1;
+                continue;
+            };
+            let f = self.workers[w].in_flight.swap_remove(i);
+            self.log(format!("op {op:#x} of worker {w} completes: {}", if result.is_ok() { "ok" } else { "error" }));
+            match result {
+                Ok(values) => {
+                    if f.kind == Some(AccessKind::Pull) {
+                        let values = if f.asynchronous { values } else { f.buffer };
+                        if values.len() != f.keys.len() * lanes {
+                            return Err(format!("pull {op:#x} returned {} values for {} keys", values.len(), f.keys.len()));
+                        }
+                        self.record_pull(w, f.first_event, &values);
+                    }
+                }
+                Err(e) => {
+                    if self.opts.crash.is_none() {
+                        return Err(format!("operation {op:#x} of worker {w} failed: {e}"));
+                    }
+                    self.failed_ops += 1;
+                    // The outcome of a failed operation is unknown; its events are dropped.
+                    if f.kind.is_some() {
+                        for i in 0..f.keys.len() {
+                            self.workers[w].events[f.first_event + i].1 = Event::Pull { value: Vec::new() };
+                        }
+                    }
+                }
             }
         }
         Ok(())
     }
 
-    fn submit_error(&mut self, e: crate::error::Error) -> Result<(), String> {
-        if self.opts.crash.is_some() {
-            self.failed_ops += 1;
-            Ok(())
-        } else {
-            Err(format!("submit failed: {e}"))
-        }
-    }
-
-    fn track(&mut self, w: usize, node: usize, id: OpId, asynchronous: bool) {
-        let worker = &mut self.workers[w];
-        if asynchronous {
-            worker.outstanding.push((node, id));
-        } else {
-            worker.blocked = Some((node, id));
+    fn record_pull(&mut self, w: usize, first_event: usize, values: &[f32]) {
+        let lanes = self.opts.lanes;
+        for (i, chunk) in values.chunks(lanes).enumerate() {
+            self.workers[w].events[first_event + i].1 = Event::Pull { value: chunk.to_vec() };
         }
     }
 
     fn finish(&mut self, steps: usize) -> Result<SimReport, String> {
-        let live = |w: &Worker, nodes: &[Node]| !nodes[w.node].crashed;
         for (i, w) in self.workers.iter().enumerate() {
-            if live(w, &self.nodes) && (w.blocked.is_some() || !w.outstanding.is_empty() || !w.script.is_empty()) {
-                return Err(format!(
-                    "worker {i} is stuck: blocked on {:?}, {} outstanding, {} left in its script",
-                    w.blocked,
-                    w.outstanding.len(),
-                    w.script.len()
-                ));
+            if !self.nodes[w.node].crashed && (!w.in_flight.is_empty() || !w.script.is_empty() || w.streaming.is_some()) {
+                return Err(format!("worker {i} is stuck: {} operations in flight, {} left in its script", w.in_flight.len(), w.script.len()));
             }
         }
         let mut history = History::new(self.workers.len());
@@ -624,14 +753,11 @@ impl Sim {
                 slots_in_use.push(0);
                 continue;
             }
-            if (node.protocol.pending_ops() != 0 || node.protocol.keys_in_transit() != 0) && self.opts.crash.is_none() {
-                return Err(format!(
-                    "node {rank} ended with {} pending operations and {} keys in transit",
-                    node.protocol.pending_ops(),
-                    node.protocol.keys_in_transit()
-                ));
+            let pending: usize = self.workers.iter().filter(|w| w.node == rank).map(|w| w.requester.pending()).sum();
+            if (pending != 0 || node.core.keys_in_transit() != 0) && self.opts.crash.is_none() {
+                return Err(format!("node {rank} ended with {pending} pending operations and {} keys in transit", node.core.keys_in_transit()));
             }
-            let t = node.store.table(0);
+            let t = node.core.store().table(0);
             let held = (0..self.opts.keys).filter(|&k| t.slot_of(k).is_some()).count();
             let (live, _) = t.slot_usage();
             if self.opts.crash.is_none() && live != held {
@@ -641,18 +767,17 @@ impl Sim {
         }
         if self.opts.crash.is_none() {
             for key in 0..self.opts.keys {
-                let holders: Vec<usize> = (0..self.nodes.len()).filter(|&n| self.nodes[n].store.table(0).slot_of(key).is_some()).collect();
+                let holders: Vec<usize> = (0..self.nodes.len()).filter(|&n| self.nodes[n].core.store().table(0).slot_of(key).is_some()).collect();
                 if holders.len() != 1 {
                     return Err(format!("key {key} is held by nodes {holders:?}"));
                 }
                 let owner = holders[0];
-                let t = self.nodes[owner].store.table(0);
                 let mut value = vec![0.0; lanes];
-                // SAFETY: the simulation is single-threaded and the slot is the key's published slot.
-                unsafe { t.read(t.slot_of(key).expect("held"), &mut value) };
+                let store = self.nodes[owner].core.store();
+                store.lock(0, key).slot().expect("held").read(&mut value);
                 history.record_after_all(key, Event::Pull { value });
                 for node in &self.nodes {
-                    if let Some(recorded) = node.protocol.owner_of(0, key)
+                    if let Some(recorded) = node.core.directory().owner_of(0, key)
                         && recorded as usize != owner
                     {
                         return Err(format!("home of key {key} records node {recorded} but node {owner} holds it"));
@@ -660,8 +785,38 @@ impl Sim {
                 }
             }
         }
-        let stats = self.nodes.iter().map(|n| n.protocol.stats(0)).collect();
-        Ok(SimReport { history, steps, stats, failed_ops: self.failed_ops, ops: self.ops, slots_in_use, trace: self.trace.iter().cloned().collect() })
+        let stats = self.nodes.iter().map(|n| n.core.stats()).collect();
+        Ok(SimReport {
+            history,
+            steps,
+            stats,
+            failed_ops: self.failed_ops,
+            ops: self.ops,
+            max_parts: self.max_parts,
+            slots_in_use,
+            trace: self.trace.iter().cloned().collect(),
+        })
+    }
+}
+
+/// The runtime's event loop, with the simulated fabric as the destination.
+fn drive(
+    core: &Core,
+    tx: &mut Transmit,
+    now: u64,
+    wires: &mut Wires<'_>,
+    event: &mut impl FnMut(&mut Step<'_, '_>, usize, usize) -> Result<Progress>,
+) -> Result<()> {
+    let (mut at, mut item) = (0, 0);
+    loop {
+        let mut step = core.step(tx, now);
+        let progress = event(&mut step, at, item);
+        wires.hand_over(&mut step);
+        drop(step);
+        match progress? {
+            Progress::Done => return Ok(()),
+            Progress::Yield { at: a, item: i } => (at, item) = (a, i),
+        }
     }
 }
 
@@ -669,31 +824,24 @@ fn describe_frame(frame: &[u8]) -> String {
     use crate::protocol::wire::{self, msg};
     let describe = |b: &[u8]| -> String {
         match b[0] {
-            msg::ACCESS => {
-                // Keys sit after the header and the optional indices; values are not decoded.
-                let kind = b[1];
-                let flags = b[2];
-                let origin = u16::from_le_bytes([b[6], b[7]]);
-                let op = u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]));
-                let part = u32::from_le_bytes(b[16..20].try_into().unwrap_or([0; 4]));
-                let count = u32::from_le_bytes(b[20..24].try_into().unwrap_or([0; 4])) as usize;
-                let at = wire::ACCESS_HEADER + if flags & wire::FLAG_INDEXED != 0 { count * 4 } else { 0 };
-                let keys: Vec<u64> =
-                    (0..count).filter_map(|i| b.get(at + i * 8..at + i * 8 + 8)).map(|k| u64::from_le_bytes(k.try_into().unwrap_or([0; 8]))).collect();
-                let kind = ["?", "pull", "push", "set"].get(kind as usize).copied().unwrap_or("?");
-                format!("access[{kind} op {origin}:{op}/{part} keys {keys:?} flags {flags}]")
-            }
+            msg::ACCESS => match wire::Access::decode(b, |_| Some(0)).or_else(|_| wire::Access::decode(b, |_| Some(1))) {
+                Ok(a) => {
+                    let keys: Vec<u64> = (0..a.count.min(6)).map(|i| a.key(i)).collect();
+                    let kind = ["?", "pull", "push", "set"].get(a.kind as usize).copied().unwrap_or("?");
+                    format!("access[{kind} op {}:{:#x}/{} {} keys {keys:?} flags {}]", a.origin, a.op, a.part, a.count, a.flags)
+                }
+                Err(_) => "access".into(),
+            },
             msg::RESPONSE => {
-                let responder = u16::from_le_bytes([b[6], b[7]]);
-                let op = u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]));
-                let part = u32::from_le_bytes(b[16..20].try_into().unwrap_or([0; 4]));
-                format!("response[op {op}/{part} from {responder}]")
+                let op = wire::op_of(b).unwrap_or(0);
+                let part = b.get(16..20).map_or(0, |p| u32::from_le_bytes(p.try_into().unwrap_or([0; 4])));
+                format!("response[op {op:#x}/{part}]")
             }
             msg::LOCALIZE | msg::RELOCATE => match wire::Move::decode(b, usize::MAX) {
                 Ok(m) => {
-                    let items: Vec<String> = (0..m.count).map(|i| format!("{}(r{})", m.item(i).key, m.item(i).resv)).collect();
+                    let items: Vec<String> = (0..m.count.min(6)).map(|i| format!("{}(r{:#x})", m.item(i).key, m.item(i).resv)).collect();
                     let name = if b[0] == msg::LOCALIZE { "localize" } else { "relocate" };
-                    format!("{name}[to {} {}]", m.new_owner, items.join(","))
+                    format!("{name}[to {} {} items {}]", m.new_owner, m.count, items.join(","))
                 }
                 Err(_) => "move?".into(),
             },

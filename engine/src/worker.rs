@@ -130,14 +130,29 @@ impl Worker {
 
     /// Issues an access (local rows served at once) and hands its parts to the fabric as they
     /// are encoded.
-    fn issue(&mut self, kind: AccessKind, table: Table, keys: &[u64], input: &[f32], target: PullTarget<'_>, ticket: Option<&Arc<()>>) -> Result<Issued> {
+    /// `owned`: an asynchronous pull's buffer; `caller`: a synchronous pull's.
+    #[allow(clippy::too_many_arguments)]
+    fn issue(
+        &mut self,
+        kind: AccessKind,
+        table: Table,
+        keys: &[u64],
+        input: &[f32],
+        owned: Option<Vec<f32>>,
+        mut caller: Option<&mut [f32]>,
+        ticket: Option<&Arc<()>>,
+    ) -> Result<Issued> {
         let node = self.node.clone();
         let mut issued = None;
         let ticket = ticket.map(Arc::downgrade);
-        let mut target = Some(target);
+        let mut owned = owned;
         node.run(&mut self.tx, |step, _, _| {
-            let t = target.take().unwrap_or(PullTarget::None);
-            issued = Some(step.issue_access(&mut self.requester, kind, table.id, keys, input, t, ticket.clone()));
+            let target = match (owned.take(), caller.as_deref_mut()) {
+                (Some(v), _) => PullTarget::Owned(v),
+                (None, Some(c)) => PullTarget::Caller(c),
+                (None, None) => PullTarget::None,
+            };
+            issued = Some(step.issue_access(&mut self.requester, kind, table.id, keys, input, target, ticket.clone()));
             Ok(Progress::Done)
         })?;
         let issued = issued.unwrap_or(Err(Error::ShutDown))?;
@@ -145,7 +160,7 @@ impl Worker {
             let mut more = true;
             while more {
                 node.run(&mut self.tx, |step, _, _| {
-                    more = step.continue_issue(&mut self.requester, op, keys, input);
+                    more = step.continue_issue(&mut self.requester, op, keys, input, caller.as_deref_mut());
                     Ok(Progress::Done)
                 })?;
             }
@@ -224,7 +239,7 @@ impl Worker {
         {
             return Ok(());
         }
-        match self.issue(AccessKind::Pull, table, keys, &[], PullTarget::Caller(&mut *out), None)? {
+        match self.issue(AccessKind::Pull, table, keys, &[], None, Some(&mut *out), None)? {
             Issued::Done(_) => Ok(()),
             Issued::Pending { op, .. } => self.wait_op(op, Some(out)).map(|_| ()),
         }
@@ -239,7 +254,7 @@ impl Worker {
         {
             return Ok(());
         }
-        match self.issue(AccessKind::Push, table, keys, updates, PullTarget::None, None)? {
+        match self.issue(AccessKind::Push, table, keys, updates, None, None, None)? {
             Issued::Done(_) => Ok(()),
             Issued::Pending { op, .. } => self.wait_op(op, None).map(|_| ()),
         }
@@ -248,7 +263,7 @@ impl Worker {
     /// Overwrites the values of `keys`.
     pub fn set(&mut self, table: Table, keys: &[u64], values: &[f32]) -> Result<()> {
         self.validate(table, keys, values.len(), "set values")?;
-        match self.issue(AccessKind::Set, table, keys, values, PullTarget::None, None)? {
+        match self.issue(AccessKind::Set, table, keys, values, None, None, None)? {
             Issued::Done(_) => Ok(()),
             Issued::Pending { op, .. } => self.wait_op(op, None).map(|_| ()),
         }
@@ -307,7 +322,7 @@ impl Worker {
         self.validate(table, keys, keys.len() * table.value_len, "pull output")?;
         let token = Arc::new(());
         let values = vec![0.0; keys.len() * table.value_len];
-        Ok(match self.issue(AccessKind::Pull, table, keys, &[], PullTarget::Owned(values), Some(&token))? {
+        Ok(match self.issue(AccessKind::Pull, table, keys, &[], Some(values), None, Some(&token))? {
             Issued::Done(values) => PullTicket { op: None, values, _token: token },
             Issued::Pending { op, .. } => PullTicket { op: Some(op), values: None, _token: token },
         })
@@ -327,7 +342,7 @@ impl Worker {
 
     fn start(&mut self, kind: AccessKind, table: Table, keys: &[u64], input: &[f32]) -> Result<Ticket> {
         let token = Arc::new(());
-        let op = match self.issue(kind, table, keys, input, PullTarget::None, Some(&token))? {
+        let op = match self.issue(kind, table, keys, input, None, None, Some(&token))? {
             Issued::Done(_) => None,
             Issued::Pending { op, .. } => Some(op),
         };

@@ -124,8 +124,16 @@ fn asynchronous_api() {
     assert_eq!(out, vec![6.0, 6.0, 5.0, 5.0]);
     // A local-only asynchronous pull is complete at once.
     let t = w.pull_async(table, &[1]).unwrap();
-    assert!(t.is_done());
+    assert!(w.is_pull_done(&t));
     assert_eq!(w.wait_pull(t).unwrap(), vec![10.0, 10.0]);
+    // A remote one completes when its answer has been handled.
+    let remote = w.push_async(table, &[39], &[1.0, 1.0]).unwrap();
+    let started = Instant::now();
+    while !w.is_done(&remote) {
+        assert!(started.elapsed() < Duration::from_secs(30), "the push never completed");
+        std::thread::yield_now();
+    }
+    w.wait(remote).unwrap();
     drop(w);
     finalize_all(cluster);
 }

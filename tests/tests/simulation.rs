@@ -1,6 +1,7 @@
 //! Seeded simulated clusters checked for per-key sequential consistency: thousands of seeds.
 //!
-//! `FERRY_SIM_SEEDS` sets the seeds per configuration (default 400, so about 3 000 runs in all).
+//! `FERRY_SIM_SEEDS` sets the seeds per configuration (default 400, so about 3 300 runs in all;
+//! the large-operation configurations run a quarter of that).
 //! A failure prints its seed; `FERRY_SIM_SEED=<seed> FERRY_SIM_CONFIG=<name> cargo test -p
 //! ferry-tests --test simulation replay -- --nocapture` reruns exactly that simulation and prints
 //! its trace.
@@ -34,12 +35,37 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
             o.async_share = 0.0;
         }
         "all-async" => o.async_share = 1.0,
+        "large-ops-small-parts" => o = SimOptions::large(seed),
+        "large-ops-hash-2-nodes" => {
+            o = SimOptions::large(seed);
+            o.nodes = 2;
+            o.workers_per_node = 3;
+            o.partitioning = Partitioning::Hash;
+            o.async_share = 0.7;
+        }
+        "large-ops-sync-caches" => {
+            o = SimOptions::large(seed);
+            o.location_caches = true;
+            o.async_share = 0.0;
+            o.shards = 1;
+        }
         other => panic!("unknown configuration {other}"),
     }
     o
 }
 
-const CONFIGURATIONS: [&str; 7] = ["classic", "relocation", "hash-4-nodes", "8-nodes", "2-nodes-many-workers", "sync-with-caches", "all-async"];
+const CONFIGURATIONS: [&str; 10] = [
+    "classic",
+    "relocation",
+    "hash-4-nodes",
+    "8-nodes",
+    "2-nodes-many-workers",
+    "sync-with-caches",
+    "all-async",
+    "large-ops-small-parts",
+    "large-ops-hash-2-nodes",
+    "large-ops-sync-caches",
+];
 
 fn seeds() -> u64 {
     std::env::var("FERRY_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(400)
@@ -100,12 +126,29 @@ fn all_asynchronous() {
     sweep("all-async", seeds());
 }
 
+/// Operations of up to 250 keys split into parts of a few keys: the decoders, the part
+/// bookkeeping, pulls into the caller's buffer and bulk relocations.
+#[test]
+fn large_operations_in_small_parts() {
+    sweep("large-ops-small-parts", seeds() / 4);
+}
+
+#[test]
+fn large_operations_hash_partitioned_two_nodes() {
+    sweep("large-ops-hash-2-nodes", seeds() / 4);
+}
+
+#[test]
+fn large_synchronous_operations_with_caches_on_one_shard() {
+    sweep("large-ops-sync-caches", seeds() / 4);
+}
+
 /// A node crashes in the middle of the run: every operation of the survivors completes (with an
 /// error where it depended on the lost node); nothing hangs.
 #[test]
 fn crashes_never_hang_operations() {
     for seed in 0..seeds() / 2 {
-        let mut o = configuration("relocation", seed);
+        let mut o = configuration(if seed % 3 == 0 { "large-ops-small-parts" } else { "relocation" }, seed);
         o.crash = Some(((seed % o.nodes as u64) as usize, 20 + (seed as usize * 7) % 300));
         match run(o) {
             Ok(report) => assert!(report.ops > 0),

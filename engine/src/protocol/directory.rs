@@ -20,7 +20,7 @@ pub const LOST_OWNER: u16 = u16::MAX;
 const NOT_CACHED: u16 = u16::MAX;
 /// Keys per block that maps to one shard (neighbouring keys share a shard, so runs of keys lock
 /// few shards).
-const SHARD_BLOCK_BITS: u32 = 6;
+pub const SHARD_BLOCK_BITS: u32 = 6;
 /// Most shards a node can have (shard sets are 64-bit masks).
 pub const MAX_SHARDS: usize = 64;
 

@@ -12,6 +12,7 @@ use super::rows::Rows;
 use super::shard::{DeadlineKind, Queued, Transit};
 use super::wire::{self, AccessHeader, AccessKind, BlockKeys, FLAG_DIRECT, FLAG_FORWARDED, FLAG_RUN, MoveItem, msg};
 use super::LOST_OWNER;
+use super::directory::SHARD_BLOCK_BITS;
 use crate::config::Partitioning;
 use crate::error::{Error, Result};
 use crate::stats::MessageKind;
@@ -44,13 +45,32 @@ pub enum Issued {
     },
 }
 
-/// A group of rows going to one node.
+/// A group of rows going to one node (this node's own rank: routed row by row).
 type Group = (u16, u8, Rows);
+
+/// Operations with at most this many remote rows are routed in one step.
+const SMALL_OPERATION: usize = 4096;
+
+/// The shards of the keys of `rows` (runs of neighbouring keys cost one lookup per block).
+fn shard_mask(dir: &super::Directory, table: u16, keys: &[u64], rows: &Rows) -> u64 {
+    let mut mask = 0u64;
+    let mut last_block = u64::MAX;
+    for r in rows.iter() {
+        let key = keys[r as usize];
+        if key >> SHARD_BLOCK_BITS != last_block {
+            last_block = key >> SHARD_BLOCK_BITS;
+            mask |= 1 << dir.shard_of(table, key);
+        }
+    }
+    mask
+}
 
 impl Step<'_, '_> {
     /// Issues a pull, push or set of `keys` of `table` for the worker owning `req`. Keys may
     /// repeat; `input` holds push/set values (`keys × value_len`). The step must be fresh (hold
-    /// no locks).
+    /// no locks). Rows held here are served at once under their latches; the others are routed
+    /// part by part, each under the locks of its keys' shards (so that the route and the queueing
+    /// of the part are one decision against relocations to this node), starting in this step.
     #[allow(clippy::too_many_arguments)]
     pub fn issue_access(
         &mut self,
@@ -73,128 +93,59 @@ impl Step<'_, '_> {
         if input.len() != expected_input {
             return Err(Error::WrongLength { what: "values", expected: expected_input, got: input.len() });
         }
-        let (mut owned, caller) = match target {
+        let (mut owned, mut caller) = match target {
             PullTarget::Owned(v) => (Some(v), None),
             PullTarget::Caller(c) => (None, Some(c)),
             PullTarget::None => (None, None),
         };
-        let output: &mut [f32] = match (&mut owned, caller) {
-            (Some(v), _) => v.as_mut_slice(),
-            (None, Some(c)) => c,
-            (None, None) => &mut [],
+        let mut remote = Rows::default();
+        let served = {
+            let output: &mut [f32] = match (&mut owned, &mut caller) {
+                (Some(v), _) => v.as_mut_slice(),
+                (None, Some(c)) => c,
+                (None, None) => &mut [],
+            };
+            if kind == AccessKind::Pull && output.len() != need {
+                return Err(Error::WrongLength { what: "pull output", expected: need, got: output.len() });
+            }
+            self.local_pass(kind, table, keys, input, output, &mut remote)
         };
-        if kind == AccessKind::Pull && output.len() != need {
-            return Err(Error::WrongLength { what: "pull output", expected: need, got: output.len() });
-        }
-        let mut fast = Rows::default();
-        let mut slow: Vec<u32> = Vec::new();
-        let served = self.local_pass(kind, table, keys, input, output, &mut fast, &mut slow);
         self.tx.count_local(served);
-        if fast.is_empty() && slow.is_empty() {
+        if remote.is_empty() {
             return Ok(Issued::Done(owned));
         }
-        let remote = fast.len() + slow.len();
-        self.tx.count_remote(remote);
+        self.tx.count_remote(remote.len());
         let cache_keys = dir.caches().then(|| keys.to_vec());
         let now = self.now;
-        let op = req.begin(OpKind::Access(kind), table, value_len, keys.len(), remote, Output::None, cache_keys, ticket, now);
-        if !slow.is_empty() {
-            self.route_slow(req, op, kind, table, keys, input, output, &slow)?;
-        }
-        let groups = self.group_fast(req, op, table, keys, fast);
+        let op = req.begin(OpKind::Access(kind), table, value_len, keys.len(), remote.len(), Output::None, cache_keys, ticket, now);
+        let groups = self.plan(table, keys, remote);
         if let Some(o) = req.op_mut(op) {
             o.output = match (owned, kind) {
                 (Some(v), _) => Output::Owned(v),
                 (None, AccessKind::Pull) => Output::Caller,
                 (None, _) => Output::None,
             };
-            if !groups.is_empty() {
-                o.unsent = Some(Unsent { groups });
-            }
+            o.unsent = Some(Unsent { groups });
         }
-        let more = self.continue_issue(req, op, keys, input);
-        req.settle(op);
+        let more = self.continue_issue(req, op, keys, input, caller);
         Ok(Issued::Pending { op, more })
     }
 
-    /// Serves the rows held here; collects rows that go elsewhere without any shard lock in
-    /// `fast`, and rows that need their shard (homed here, arriving here) in `slow`.
+    /// Serves the rows held here; collects the others, in order, in `remote`.
     #[allow(clippy::too_many_arguments)]
-    fn local_pass(&mut self, kind: AccessKind, table: u16, keys: &[u64], input: &[f32], output: &mut [f32], fast: &mut Rows, slow: &mut Vec<u32>) -> usize {
-        let dir = self.directory();
-        let rank = dir.rank();
+    fn local_pass(&mut self, kind: AccessKind, table: u16, keys: &[u64], input: &[f32], output: &mut [f32], remote: &mut Rows) -> usize {
         let store = self.core.store();
         let t = store.table(table);
-        let meta = dir.table(table).expect("checked by the caller");
         let value_len = t.value_len();
         let optimistic = kind == AccessKind::Pull && value_len <= OPTIMISTIC_MAX;
         let mut served = 0;
-        let mut hint = (1u64, 0u64, 0usize);
         for (row, &key) in keys.iter().enumerate() {
-            let values = row * value_len..(row + 1) * value_len;
-            match t.residence(key) {
-                Residence::Here(_) => {
-                    if optimistic && t.read_optimistic(key, &mut output[values.clone()]) {
-                        served += 1;
-                        continue;
-                    }
-                    let guard = store.lock(table, key);
-                    if let Some(slot) = guard.slot() {
-                        match kind {
-                            AccessKind::Pull => slot.read(&mut output[values]),
-                            AccessKind::Push => slot.add(&input[values]),
-                            AccessKind::Set => slot.write(&input[values]),
-                        }
-                        served += 1;
-                    } else {
-                        // It left between the look and the latch: the protocol decides.
-                        slow.push(row as u32);
-                    }
+            if let Residence::Here(_) = t.residence(key) {
+                let values = row * value_len..(row + 1) * value_len;
+                if optimistic && t.read_optimistic(key, &mut output[values.clone()]) {
+                    served += 1;
+                    continue;
                 }
-                Residence::Arriving => slow.push(row as u32),
-                Residence::Away => {
-                    if meta.partitioner.home_cached(key, &mut hint) as u16 == rank {
-                        slow.push(row as u32);
-                    } else {
-                        fast.push(row as u32);
-                    }
-                }
-            }
-        }
-        served
-    }
-
-    /// Routes rows that need their shard: serves those that became local, queues those arriving
-    /// here, forwards those homed here to their owner, sends the rest to their home.
-    #[allow(clippy::too_many_arguments)]
-    fn route_slow(
-        &mut self,
-        req: &mut Requester,
-        op: OpId,
-        kind: AccessKind,
-        table: u16,
-        keys: &[u64],
-        input: &[f32],
-        output: &mut [f32],
-        rows: &[u32],
-    ) -> Result<()> {
-        let dir = self.directory();
-        let mut mask = 0u64;
-        for &row in rows {
-            mask |= 1 << dir.shard_of(table, keys[row as usize]);
-        }
-        if !self.try_acquire(mask) {
-            return Err(Error::Protocol("an operation was issued on a step that already holds shard locks".into()));
-        }
-        let rank = dir.rank();
-        let store = self.core.store();
-        let value_len = store.table(table).value_len();
-        let mut groups: Vec<Group> = Vec::new();
-        let mut queued = Rows::default();
-        for &row in rows {
-            let key = keys[row as usize];
-            let values = row as usize * value_len..(row as usize + 1) * value_len;
-            if let Residence::Here(_) = store.table(table).residence(key) {
                 let guard = store.lock(table, key);
                 if let Some(slot) = guard.slot() {
                     match kind {
@@ -202,6 +153,190 @@ impl Step<'_, '_> {
                         AccessKind::Push => slot.add(&input[values]),
                         AccessKind::Set => slot.write(&input[values]),
                     }
+                    served += 1;
+                    continue;
+                }
+            }
+            remote.push(row as u32);
+        }
+        served
+    }
+
+    /// Plans where the remote rows go: groups by destination (the cached owner, or the home
+    /// node); rows homed here or arriving here form groups routed row by row (destination: this
+    /// node). The plan is checked again under the shard locks when each part is sent.
+    fn plan(&self, table: u16, keys: &[u64], rows: Rows) -> VecDeque<Group> {
+        let dir = self.directory();
+        let rank = dir.rank();
+        let meta = dir.table(table).expect("checked by the caller");
+        // The bulk case: one run of rows whose keys are one run of range-partitioned keys with
+        // one home elsewhere, so no per-row work.
+        if let Some((first, len)) = rows.run()
+            && !dir.caches()
+            && meta.partitioner.kind() == Partitioning::Range
+        {
+            let ks = &keys[first as usize..(first + len) as usize];
+            let (lo, hi) = (ks[0], ks[ks.len() - 1]);
+            let home = dir.home(table, lo);
+            if hi >= lo && hi - lo == ks.len() as u64 - 1 && home != rank && home == dir.home(table, hi) && is_run(ks) {
+                return VecDeque::from([(home, 0, rows)]);
+            }
+        }
+        let t = self.core.store().table(table);
+        let mut list: Vec<Group> = Vec::new();
+        let mut hint = (1u64, 0u64, 0usize);
+        for row in rows.iter() {
+            let key = keys[row as usize];
+            let home = meta.partitioner.home_cached(key, &mut hint) as u16;
+            let (dest, flags) = if home == rank || t.residence(key) != Residence::Away {
+                (rank, 0)
+            } else {
+                match dir.cached(table, key) {
+                    Some(o) if o != rank && !dir.is_lost(o) => (o, FLAG_DIRECT),
+                    _ => (home, 0),
+                }
+            };
+            add_to_group(&mut list, dest, flags, row);
+        }
+        list.into()
+    }
+
+    /// Routes and encodes parts of `op` that remain: a small operation at once, a large one a
+    /// part per step (the caller hands each step's frames on before the next, so parts stream).
+    /// `caller` is a synchronous pull's buffer, for rows that turn out to be held here. Returns
+    /// whether parts remain; the step must be fresh.
+    pub fn continue_issue(&mut self, req: &mut Requester, op: OpId, keys: &[u64], input: &[f32], mut caller: Option<&mut [f32]>) -> bool {
+        let Some(mut groups) = req.op_mut(op).and_then(|o| o.unsent.take()).map(|u| u.groups) else { return false };
+        let Some((kind, table)) = req.op_mut(op).and_then(|o| if let OpKind::Access(k) = o.kind { Some((k, o.table)) } else { None }) else {
+            return false;
+        };
+        let total: usize = groups.iter().map(|g| g.2.len()).sum();
+        let mut chunk: Vec<Group> = Vec::new();
+        if total <= SMALL_OPERATION {
+            chunk.extend(groups.drain(..));
+        } else if let Some((dest, flags, rows)) = groups.pop_front() {
+            let per_part = self.rows_per_part(kind, table, keys, &rows);
+            let (first, rest) = rows.split_at(per_part);
+            if !rest.is_empty() {
+                groups.push_front((dest, flags, rest));
+            }
+            chunk.push((dest, flags, first));
+        }
+        let dir = self.directory();
+        let mut mask = 0u64;
+        for (_, _, rows) in &chunk {
+            mask |= shard_mask(dir, table, keys, rows);
+        }
+        if !self.try_acquire(mask) {
+            // Only a step that already holds other shards gets here: retry on a fresh one.
+            groups.extend(chunk);
+            if let Some(o) = req.op_mut(op) {
+                o.unsent = Some(Unsent { groups });
+            }
+            return true;
+        }
+        for (dest, flags, rows) in chunk {
+            self.route_rows(req, op, kind, table, dest, flags, rows, keys, input, caller.as_deref_mut());
+        }
+        let more = !groups.is_empty();
+        if more {
+            if let Some(o) = req.op_mut(op) {
+                o.unsent = Some(Unsent { groups });
+            }
+        } else {
+            req.settle(op);
+        }
+        more
+    }
+
+    /// Rows of a group per part: parts of about `part_bytes`, sized by the larger of request
+    /// and response; run-encoded keys cost nothing.
+    fn rows_per_part(&self, kind: AccessKind, table: u16, keys: &[u64], rows: &Rows) -> usize {
+        let value_bytes = self.directory().table(table).map_or(4, |t| t.value_len * 4);
+        let key_bytes = match rows.run() {
+            Some((first, len)) if is_run(&keys[first as usize..(first + len) as usize]) => 0,
+            _ => 8,
+        };
+        let request_item = key_bytes + if kind.carries_values() { value_bytes } else { 0 };
+        let response_item = if kind == AccessKind::Pull { value_bytes } else { 0 };
+        let part_bytes = self.core.settings().effective_part_bytes();
+        (part_bytes.saturating_sub(64) / request_item.max(response_item).max(1)).max(1)
+    }
+
+    /// Sends rows planned for `dest` (shards held): rows still elsewhere go as planned, in
+    /// parts; rows whose key arrived, is arriving, or is homed here take their own route.
+    #[allow(clippy::too_many_arguments)]
+    fn route_rows(
+        &mut self,
+        req: &mut Requester,
+        op: OpId,
+        kind: AccessKind,
+        table: u16,
+        dest: u16,
+        flags: u8,
+        rows: Rows,
+        keys: &[u64],
+        input: &[f32],
+        caller: Option<&mut [f32]>,
+    ) {
+        let rank = self.directory().rank();
+        let t = self.core.store().table(table);
+        let (direct, own) = if dest == rank {
+            (Rows::default(), rows)
+        } else if rows.iter().all(|r| t.residence(keys[r as usize]) == Residence::Away) {
+            (rows, Rows::default())
+        } else {
+            let (mut direct, mut own) = (Rows::default(), Rows::default());
+            for r in rows.iter() {
+                if t.residence(keys[r as usize]) == Residence::Away { direct.push(r) } else { own.push(r) }
+            }
+            (direct, own)
+        };
+        if !direct.is_empty() {
+            if self.directory().is_lost(dest) {
+                req.fail_rows(op, direct.iter(), &self.directory().lost_error(dest));
+            } else {
+                let per_part = self.rows_per_part(kind, table, keys, &direct);
+                let mut rest = direct;
+                while !rest.is_empty() {
+                    let (part, after) = rest.split_at(per_part);
+                    self.encode_part(req, op, dest, flags, part, keys, input);
+                    rest = after;
+                }
+            }
+        }
+        if !own.is_empty() {
+            self.route_each(req, op, kind, table, own, keys, input, caller);
+        }
+    }
+
+    /// Routes rows one by one (their shards held): serves those that became local, queues those
+    /// arriving here, forwards those homed here to their owner, sends the rest to their home.
+    #[allow(clippy::too_many_arguments)]
+    fn route_each(&mut self, req: &mut Requester, op: OpId, kind: AccessKind, table: u16, rows: Rows, keys: &[u64], input: &[f32], mut caller: Option<&mut [f32]>) {
+        let dir = self.directory();
+        let rank = dir.rank();
+        let store = self.core.store();
+        let value_len = store.table(table).value_len();
+        let mut groups: Vec<Group> = Vec::new();
+        let mut queued = Rows::default();
+        let queued_part = req.op_mut(op).map_or(0, |o| o.parts.len()) as u32;
+        for row in rows.iter() {
+            let key = keys[row as usize];
+            let values = row as usize * value_len..(row as usize + 1) * value_len;
+            if let Residence::Here(_) = store.table(table).residence(key) {
+                let guard = store.lock(table, key);
+                if let Some(slot) = guard.slot() {
+                    match kind {
+                        AccessKind::Pull => {
+                            let mut value = vec![0.0; value_len];
+                            slot.read(&mut value);
+                            req.deliver_row(op, row, &value, caller.as_deref_mut());
+                        }
+                        AccessKind::Push => slot.add(&input[values]),
+                        AccessKind::Set => slot.write(&input[values]),
+                    }
+                    drop(guard);
                     self.tx.count_local(1);
                     req.answer_rows(op, std::iter::once(row));
                     continue;
@@ -213,9 +348,8 @@ impl Step<'_, '_> {
                 match &transit.suspect {
                     Some(e) => req.fail_rows(op, std::iter::once(row), e),
                     None => {
-                        let part = req.op_mut(op).map_or(0, |o| o.parts.len()) as u32;
                         let values = if kind.carries_values() { input[values].to_vec() } else { Vec::new() };
-                        transit.queue.push(Queued::Access { origin: rank, op, part, index: queued.len() as u32, kind, values });
+                        transit.queue.push(Queued::Access { origin: rank, op, part: queued_part, index: queued.len() as u32, kind, values });
                         queued.push(row);
                         self.shard_of(table, key).counters.queued_keys += 1;
                     }
@@ -240,113 +374,34 @@ impl Step<'_, '_> {
         if !queued.is_empty()
             && let Some(o) = req.op_mut(op)
         {
+            debug_assert_eq!(o.parts.len() as u32, queued_part);
             o.parts.push(queued);
         }
-        // Encoded now, while the shards that decided the routes are held.
-        for group in groups {
-            let mut one = VecDeque::from([group]);
-            while !one.is_empty() {
-                self.encode_part(req, op, keys, input, &mut one);
+        for (dest, flags, rows) in groups {
+            let per_part = self.rows_per_part(kind, table, keys, &rows);
+            let mut rest = rows;
+            while !rest.is_empty() {
+                let (part, after) = rest.split_at(per_part);
+                self.encode_part(req, op, dest, flags, part, keys, input);
+                rest = after;
             }
         }
-        Ok(())
     }
 
-    /// Groups the rows that go straight to other nodes by destination (the cached owner, or the
-    /// home node); rows whose destination is lost fail.
-    fn group_fast(&mut self, req: &mut Requester, op: OpId, table: u16, keys: &[u64], rows: Rows) -> VecDeque<Group> {
-        let mut groups: VecDeque<Group> = VecDeque::new();
-        if rows.is_empty() {
-            return groups;
-        }
-        let dir = self.directory();
-        let meta = dir.table(table).expect("checked by the caller");
-        // The bulk case: one run of rows whose keys are one run of range-partitioned keys with
-        // one home, so no per-row work.
-        if let Some((first, len)) = rows.run()
-            && !dir.caches()
-            && meta.partitioner.kind() == Partitioning::Range
-        {
-            let ks = &keys[first as usize..(first + len) as usize];
-            let (lo, hi) = (ks[0], ks[ks.len() - 1]);
-            if hi >= lo && hi - lo == ks.len() as u64 - 1 && dir.home(table, lo) == dir.home(table, hi) && is_run(ks) {
-                let home = dir.home(table, lo);
-                if dir.is_lost(home) {
-                    req.fail_rows(op, rows.iter(), &dir.lost_error(home));
-                } else {
-                    groups.push_back((home, 0, rows));
-                }
-                return groups;
-            }
-        }
-        let mut list: Vec<Group> = Vec::new();
-        let mut hint = (1u64, 0u64, 0usize);
-        for row in rows.iter() {
-            let key = keys[row as usize];
-            let (dest, flags) = match dir.cached(table, key) {
-                Some(o) if o != dir.rank() && !dir.is_lost(o) => (o, FLAG_DIRECT),
-                _ => (meta.partitioner.home_cached(key, &mut hint) as u16, 0),
-            };
-            if dir.is_lost(dest) {
-                req.fail_rows(op, std::iter::once(row), &dir.lost_error(dest));
-                continue;
-            }
-            add_to_group(&mut list, dest, flags, row);
-        }
-        groups.extend(list);
-        groups
-    }
-
-    /// Encodes parts of `op` that remain, stopping once a frame is full so that the caller can
-    /// hand it on (streaming a large operation). Returns whether parts remain.
-    pub fn continue_issue(&mut self, req: &mut Requester, op: OpId, keys: &[u64], input: &[f32]) -> bool {
-        let Some(mut groups) = req.op_mut(op).and_then(|o| o.unsent.take()).map(|u| u.groups) else { return false };
-        while !groups.is_empty() {
-            self.encode_part(req, op, keys, input, &mut groups);
-            if self.tx.has_sealed_frames() && !groups.is_empty() {
-                break;
-            }
-        }
-        let more = !groups.is_empty();
-        if let Some(o) = req.op_mut(op)
-            && more
-        {
-            o.unsent = Some(Unsent { groups });
-        }
-        if !more {
-            req.settle(op);
-        }
-        more
-    }
-
-    /// Encodes the next part of the front group as one ACCESS.
-    fn encode_part(&mut self, req: &mut Requester, op: OpId, keys: &[u64], input: &[f32], groups: &mut VecDeque<Group>) {
-        let Some((dest, flags, rows)) = groups.pop_front() else { return };
+    /// Encodes one part of `op` for `dest` as one ACCESS.
+    #[allow(clippy::too_many_arguments)]
+    fn encode_part(&mut self, req: &mut Requester, op: OpId, dest: u16, flags: u8, rows: Rows, keys: &[u64], input: &[f32]) {
         let Some(o) = req.op_mut(op) else { return };
         let OpKind::Access(kind) = o.kind else { return };
         let (table, value_len) = (o.table, o.value_len);
-        let value_bytes = value_len * 4;
-        let part_bytes = self.core.settings().effective_part_bytes();
-        // Size parts by the larger of request and response; run-encoded keys cost nothing.
-        let key_bytes = match rows.run() {
-            Some((first, len)) if is_run(&keys[first as usize..(first + len) as usize]) => 0,
-            _ => 8,
-        };
-        let request_item = key_bytes + if kind.carries_values() { value_bytes } else { 0 };
-        let response_item = if kind == AccessKind::Pull { value_bytes } else { 0 };
-        let per_part = (part_bytes.saturating_sub(64) / request_item.max(response_item).max(1)).max(1);
-        let (chunk, rest) = rows.split_at(per_part);
-        if !rest.is_empty() {
-            groups.push_front((dest, flags, rest));
-        }
         let part = o.parts.len() as u32;
         let origin = self.directory().rank();
         let h = AccessHeader { kind, flags, table, origin, op, part };
         let buf = self.tx.buf(dest);
         let before = buf.len();
-        encode_rows(buf, h, &chunk, keys, input, value_len);
+        encode_rows(buf, h, &rows, keys, input, value_len);
         let bytes = buf.len() - before;
-        o.parts.push(chunk);
+        o.parts.push(rows);
         let message = if flags & FLAG_FORWARDED != 0 { MessageKind::Forward } else { MessageKind::Access };
         self.tx.sent(dest, message, bytes);
     }

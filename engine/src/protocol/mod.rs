@@ -227,5 +227,5 @@ impl Core {
     }
 }
 
-#[cfg(all(test, feature = "sim"))]
+#[cfg(test)]
 mod tests;

@@ -283,6 +283,18 @@ impl Requester {
         }
     }
 
+    /// Pulled values of a row served right away by the issuing step (`caller`: the buffer of a
+    /// synchronous pull).
+    pub(crate) fn deliver_row(&mut self, op: OpId, row: u32, values: &[f32], caller: Option<&mut [f32]>) {
+        let mut caller = caller;
+        if let Some(o) = self.ops.get_mut(&op)
+            && let Some(dst) = o.row_output(row as usize, &mut caller)
+            && dst.len() == values.len()
+        {
+            dst.copy_from_slice(values);
+        }
+    }
+
     /// Rows served right away by the issuing step.
     pub(crate) fn answer_rows(&mut self, op: OpId, rows: impl Iterator<Item = u32>) {
         if let Some(o) = self.ops.get_mut(&op) {
@@ -313,6 +325,11 @@ impl Requester {
     /// Whether `op` is still under way.
     pub fn is_pending(&self, op: OpId) -> bool {
         self.ops.contains_key(&op)
+    }
+
+    /// Parts an operation under way was split into so far.
+    pub fn parts_of(&self, op: OpId) -> Option<usize> {
+        self.ops.get(&op).map(|o| o.parts.len())
     }
 
     /// Operations under way.

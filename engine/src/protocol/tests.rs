@@ -65,6 +65,32 @@ fn checker_finds_the_violations_location_caches_allow_for_async_operations() {
 }
 
 #[test]
+fn large_operations_split_into_many_small_parts() {
+    let mut max_parts = 0;
+    for seed in 0..25 {
+        let report = run_and_check(SimOptions::large(seed)).unwrap_or_else(|f| panic!("{f}"));
+        max_parts = max_parts.max(report.max_parts);
+    }
+    assert!(max_parts >= 50, "operations were split into at most {max_parts} parts");
+}
+
+#[test]
+fn large_operations_with_location_caches_and_hash_partitioning() {
+    sweep(300..315, |o| {
+        *o = SimOptions::large(o.seed);
+        o.partitioning = Partitioning::Hash;
+        o.location_caches = true;
+        o.async_share = 0.0;
+    });
+}
+
+#[test]
+fn one_shard_and_many_shards_agree() {
+    sweep(400..430, |o| o.shards = 1);
+    sweep(430..460, |o| o.shards = 64);
+}
+
+#[test]
 fn simulations_exercise_relocation_queueing_and_forwarding() {
     let mut total = crate::stats::Stats::default();
     for seed in 0..20 {

@@ -735,7 +735,7 @@ mod tests {
         finish_response(&mut out, start, 2);
         let items = [MoveItem { key: 3, resv: 4, to: RemoteAddr { region: 5, addr: 6 } }];
         encode_move(&mut out, msg::RELOCATE, 1, 9, &items);
-        encode_failure(&mut out, FailureCode::KeyLost, 1, 3, 8, 2, &[4, 5]);
+        encode_failure(&mut out, FailureCode::KeyLost, 1, 3, 8, 2, 77, &[4, 5]);
         encode_localize_failed(&mut out, FailureCode::PeerLost, 0, 2, &[11]);
         encode_barrier(&mut out, msg::BARRIER, 1, 77);
         let bodies: Vec<_> = Messages::new(&out).collect::<Result<_>>().unwrap();
@@ -744,7 +744,7 @@ mod tests {
         let m = Move::decode(bodies[1], 2).unwrap();
         assert_eq!((m.table, m.new_owner, m.count, m.item(0)), (1, 9, 1, items[0]));
         let f = Failure::decode(bodies[2]).unwrap();
-        assert_eq!((f.code, f.node, f.op, f.part, f.count, f.index(1)), (FailureCode::KeyLost, 3, 8, 2, 2, 5));
+        assert_eq!((f.code, f.node, f.op, f.part, f.count, f.key, f.index(1)), (FailureCode::KeyLost, 3, 8, 2, 2, 77, 5));
         let lf = LocalizeFailed::decode(bodies[3]).unwrap();
         assert_eq!((lf.code, lf.node, lf.count, lf.resv(0)), (FailureCode::PeerLost, 2, 1, 11));
         assert_eq!(decode_barrier(bodies[4]).unwrap(), (1, 77));
