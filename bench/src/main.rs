@@ -39,6 +39,16 @@ enum Command {
         #[arg(long, value_enum, default_value = "driver", hide = true)]
         role: Role,
     },
+    /// Structured fuzzing of the protocol: well-formed frames of every message type, mutated,
+    /// fed to a live node; fails if anything panics.
+    Fuzz {
+        /// Frames to feed.
+        #[arg(long, default_value_t = 100_000)]
+        cases: u64,
+        /// Seed of the first batch (each further batch of 100 000 uses the next seed).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Train a model on real or synthetic data in single, classic or localize mode.
     #[command(subcommand)]
     Train(train::TrainCommand),
@@ -57,16 +67,59 @@ enum Command {
     },
 }
 
+fn fuzz(cases: u64, seed: u64) -> Result<()> {
+    let started = std::time::Instant::now();
+    let mut total = ferry::fuzz::FuzzReport::default();
+    let mut left = cases;
+    let mut batch_seed = seed;
+    while left > 0 {
+        let n = left.min(100_000);
+        let r = ferry::fuzz::run(n, batch_seed);
+        total.cases += r.cases;
+        total.accepted += r.accepted;
+        total.rejected += r.rejected;
+        total.unmutated += r.unmutated;
+        total.deliveries += r.deliveries;
+        total.faults += r.faults;
+        total.panics += r.panics;
+        if total.first_panic.is_none() {
+            total.first_panic = r.first_panic;
+        }
+        for (ty, (a, b)) in r.per_type {
+            let e = total.per_type.entry(ty).or_default();
+            e.0 += a;
+            e.1 += b;
+        }
+        left -= n;
+        batch_seed += 1;
+    }
+    println!("ferry-bench fuzz: {} cases in {:.1} s (seeds {seed}..{batch_seed})", total.cases, started.elapsed().as_secs_f64());
+    println!("  accepted {} ({:.1} %), rejected {}, left unmutated {}", total.accepted, 100.0 * total.accepted as f64 / total.cases.max(1) as f64, total.rejected, total.unmutated);
+    println!("  deliveries to the worker {}, rejected as a peer's fault {}", total.deliveries, total.faults);
+    for (ty, (a, b)) in &total.per_type {
+        println!("  {ty:<16} accepted {a:>8}  rejected {b:>8}");
+    }
+    if total.panics > 0 {
+        anyhow::bail!("{} cases panicked; first: {}", total.panics, total.first_panic.unwrap_or_default());
+    }
+    println!("  panics: 0");
+    Ok(())
+}
+
 fn main() -> Result<()> {
+    let cli = Cli::parse();
+    // Fuzzing feeds broken frames on purpose: their log lines are noise unless asked for.
+    let default_filter = if matches!(cli.command, Command::Fuzz { .. }) { "off" } else { "warn" };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()))
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Command::Micro { quick, json, role: Role::Driver } => micro::run_driver(quick, json),
         Command::Micro { quick, role: Role::Node, .. } => micro::run_node(quick),
         Command::Relocate { quick, json, role: Role::Driver } => relocate::run_driver(quick, json),
         Command::Relocate { quick, role: Role::Node, .. } => relocate::run_node(quick),
         Command::Train(t) => train::run(&t).map(|_| ()),
+        Command::Fuzz { cases, seed } => fuzz(cases, seed),
     }
 }

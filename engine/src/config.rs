@@ -87,11 +87,23 @@ pub struct VerbsSettings {
     /// on the completion channel: spinning answers in nanoseconds but takes a core, which an
     /// oversubscribed host (more busy threads than cores) pays for in scheduling delays.
     pub poll_spin: std::time::Duration,
+    /// Fault injection for tests: posting to peer `.0` fails after `.1` more posts (the
+    /// connection then breaks as it would on a real post failure). `FERRY_VERBS_FAIL_POSTS`
+    /// (`peer:posts`) sets it.
+    pub fail_posts_after: Option<(usize, u64)>,
 }
 
 impl Default for VerbsSettings {
     fn default() -> Self {
-        VerbsSettings { devices: Vec::new(), port: None, gid_index: None, buffers: 64, buffer_bytes: 32 << 10, poll_spin: std::time::Duration::from_micros(50) }
+        VerbsSettings {
+            devices: Vec::new(),
+            port: None,
+            gid_index: None,
+            buffers: 64,
+            buffer_bytes: 32 << 10,
+            poll_spin: std::time::Duration::from_micros(50),
+            fail_posts_after: None,
+        }
     }
 }
 
@@ -217,8 +229,8 @@ impl Config {
     /// Applies transport settings from the environment: `FERRY_TRANSPORT` (`auto`, `verbs`,
     /// `tcp`), `FERRY_VERBS_DEVICE` (a device name, or a comma-separated list indexed by rank),
     /// `FERRY_VERBS_PORT`, `FERRY_VERBS_GID_INDEX`, `FERRY_VERBS_BUFFERS` and
-    /// `FERRY_VERBS_BUFFER_BYTES`, `FERRY_VERBS_SPIN_US`. Unset variables leave the settings as
-    /// they are.
+    /// `FERRY_VERBS_BUFFER_BYTES`, `FERRY_VERBS_SPIN_US`, and for fault-injection tests
+    /// `FERRY_VERBS_FAIL_POSTS`. Unset variables leave the settings as they are.
     pub fn apply_transport_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
         let get = |name: &str| get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
         if let Some(t) = get("FERRY_TRANSPORT") {
@@ -244,6 +256,10 @@ impl Config {
         }
         if let Some(s) = get("FERRY_VERBS_SPIN_US") {
             self.verbs.poll_spin = std::time::Duration::from_micros(number("FERRY_VERBS_SPIN_US", &s)?);
+        }
+        if let Some(f) = get("FERRY_VERBS_FAIL_POSTS") {
+            let (peer, posts) = f.split_once(':').ok_or_else(|| Error::Config(format!("FERRY_VERBS_FAIL_POSTS='{f}' is not peer:posts")))?;
+            self.verbs.fail_posts_after = Some((number("FERRY_VERBS_FAIL_POSTS peer", peer)?, number("FERRY_VERBS_FAIL_POSTS posts", posts)?));
         }
         Ok(())
     }

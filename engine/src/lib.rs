@@ -11,7 +11,8 @@
 //! * [`protocol`] is the parameter-server protocol as deterministic state machines with no I/O;
 //! * [`store`] holds the values, [`partition`] maps keys to home nodes;
 //! * with the `sim` feature, `sim` runs the protocol in seeded simulated clusters and
-//!   `consistency` checks recorded histories for per-key sequential consistency.
+//!   `consistency` checks recorded histories for per-key sequential consistency, and `fuzz`
+//!   feeds mutated well-formed frames to a live node.
 
 #![warn(missing_docs)]
 
@@ -21,6 +22,8 @@ pub mod consistency;
 mod error;
 mod node;
 pub mod fabric;
+#[cfg(any(test, feature = "sim"))]
+pub mod fuzz;
 pub mod launch;
 pub mod partition;
 pub mod protocol;

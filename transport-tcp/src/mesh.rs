@@ -18,7 +18,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::error::{AccessError, TransportError};
 use crate::frame::{self, FLAG_IMM, FrameKind, HEADER_LEN, Header};
 use crate::outq::{OutFrame, OutQueue, write_frames};
-use crate::region::{RegionId, Regions};
+use crate::region::{RegionId, Regions, copy_from_region, copy_into_region};
 
 /// Timing and size limits of a mesh.
 #[derive(Debug, Clone)]
@@ -438,21 +438,45 @@ impl Inner {
         Ok(())
     }
 
+    /// Sends what is queued for `p` that the socket takes without blocking, outside the queue's
+    /// lock: the first thread to find frames becomes the sender (others only queue and leave),
+    /// writes until the queue is empty, and hands what the socket would not take to the
+    /// connection's writer thread.
     fn flush_peer(&self, p: &Arc<Peer>) {
         let mut out = p.out.lock();
-        if out.writer_busy || out.frames.is_empty() || out.closed {
+        if out.flushing || out.frames.is_empty() || out.closed {
             return;
         }
-        let OutQueue { frames, front_written, .. } = &mut *out;
-        match write_frames(&p.stream, frames, front_written, SEND_FLAGS_NONBLOCKING) {
-            Ok(true) => {}
-            Ok(false) => {
-                out.writer_busy = true;
-                p.writer_wake.notify_one();
-            }
-            Err(e) => {
-                drop(out);
-                self.defer_loss(p, TransportError::Io { context: format!("writing to node {}", p.id), source: e });
+        out.flushing = true;
+        loop {
+            let mut batch = std::mem::take(&mut out.frames);
+            let mut written = std::mem::take(&mut out.front_written);
+            drop(out);
+            let result = write_frames(&p.stream, &mut batch, &mut written, SEND_FLAGS_NONBLOCKING);
+            out = p.out.lock();
+            match result {
+                Ok(true) if !out.frames.is_empty() && !out.closed => continue,
+                Ok(true) => {
+                    out.flushing = false;
+                    p.writer_wake.notify_all();
+                    return;
+                }
+                Ok(false) => {
+                    // The socket is full: the rest, ahead of anything queued meanwhile, goes to
+                    // the writer thread (which clears `flushing` when the queue is empty).
+                    batch.append(&mut out.frames);
+                    out.frames = batch;
+                    out.front_written = written;
+                    out.writer_busy = true;
+                    p.writer_wake.notify_all();
+                    return;
+                }
+                Err(e) => {
+                    out.flushing = false;
+                    drop(out);
+                    self.defer_loss(p, TransportError::Io { context: format!("writing to node {}", p.id), source: e });
+                    return;
+                }
             }
         }
     }
@@ -501,18 +525,20 @@ impl Inner {
 
     /// The peer said goodbye and closed its side: answer with our goodbye (if the socket takes
     /// it at once) and close ours, so that its shutdown need not wait.
-    fn close_peer_cleanly(&self, p: &Peer) {
+    fn close_peer_cleanly(&self, p: &Arc<Peer>) {
         if !p.alive.swap(false, Ordering::AcqRel) {
             return;
         }
         {
             let mut out = p.out.lock();
-            if !out.closed && !out.writer_busy {
+            if !out.closed {
                 let head = Header { kind: FrameKind::Goodbye, flags: 0, len: 0 }.encode();
                 out.frames.push_back(OutFrame::new(&head, Vec::new()));
-                let OutQueue { frames, front_written, .. } = &mut *out;
-                let _ = write_frames(&p.stream, frames, front_written, SEND_FLAGS_NONBLOCKING);
             }
+        }
+        self.flush_peer(p);
+        {
+            let mut out = p.out.lock();
             out.closed = true;
             out.frames.clear();
             p.writer_wake.notify_all();
@@ -562,6 +588,7 @@ impl Inner {
             let mut out = p.out.lock();
             if out.frames.is_empty() {
                 out.writer_busy = false;
+                out.flushing = false;
                 p.writer_wake.notify_all();
             }
         }
@@ -701,7 +728,7 @@ impl Inner {
                         // region and holds the table's read lock, so the memory stays mapped for
                         // the copy. The region's owner reserved this range for the writer (its
                         // registration contract), and the frame buffer cannot overlap it.
-                        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), target.ptr, data.len()) };
+                        unsafe { copy_into_region(data, target.ptr) };
                         if header.flags & FLAG_IMM != 0 {
                             landed.push(LandedWrite { imm, region, offset, len: data.len() });
                         }
@@ -729,9 +756,9 @@ impl Inner {
                         let mut body = vec![0u8; len];
                         // SAFETY: the range was checked by `resolve`, whose guard keeps it mapped.
                         // The bytes may be changing under a concurrent local writer: a one-sided
-                        // read gives no atomicity, exactly as with RDMA, and readers validate what
-                        // they read (slot versions).
-                        unsafe { std::ptr::copy_nonoverlapping(source.ptr, body.as_mut_ptr(), len) };
+                        // read gives no atomicity across words, exactly as with RDMA, and readers
+                        // validate what they read (slot versions).
+                        unsafe { copy_from_region(source.ptr, &mut body) };
                         (0u32, body)
                     }
                     Err(error) => (error.code(), Vec::new()),
@@ -766,7 +793,7 @@ impl Inner {
                         Ok(target) => {
                             // SAFETY: checked and kept mapped by `resolve`; the reader named
                             // this range as the destination of its own read.
-                            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), target.ptr, data.len()) };
+                            unsafe { copy_into_region(data, target.ptr) };
                             Ok(())
                         }
                         Err(e) => Err(e),
@@ -820,9 +847,12 @@ impl Inner {
                 if started {
                     self.flush_peer(p);
                 } else {
-                    let mut out = p.out.lock();
-                    let OutQueue { frames, front_written, .. } = &mut *out;
-                    let _ = write_frames(&p.stream, frames, front_written, SEND_FLAGS_BLOCKING);
+                    // No other thread uses a mesh that never started: write it out directly.
+                    let (mut frames, mut written) = {
+                        let mut out = p.out.lock();
+                        (std::mem::take(&mut out.frames), std::mem::take(&mut out.front_written))
+                    };
+                    let _ = write_frames(&p.stream, &mut frames, &mut written, SEND_FLAGS_BLOCKING);
                 }
             }
         }
@@ -830,14 +860,12 @@ impl Inner {
         let deadline = Instant::now() + self.config.peer_timeout;
         for p in self.peers.iter().flatten() {
             let mut out = p.out.lock();
-            while (out.writer_busy || !out.frames.is_empty()) && !out.closed && Instant::now() < deadline {
-                if !out.writer_busy {
+            while (out.flushing || !out.frames.is_empty()) && !out.closed && Instant::now() < deadline {
+                if !out.flushing {
                     drop(out);
                     self.flush_peer(p);
                     out = p.out.lock();
-                    if !out.writer_busy {
-                        continue;
-                    }
+                    continue;
                 }
                 p.writer_wake.wait_for(&mut out, POLL_TICK);
             }

@@ -1,9 +1,10 @@
 //! The per-connection queue of outgoing frames and the code that writes it to the socket.
 //!
-//! Any thread may append frames and then try a non-blocking vectored write; whatever the socket
-//! does not take at once is left for the connection's writer thread, so a caller never blocks on a
-//! slow peer and two nodes writing to each other can never deadlock. Frames leave in the order
-//! they were appended.
+//! Any thread may append frames and then try a non-blocking vectored write, with the frames taken
+//! out of the queue (no system call runs under the queue's lock; while one thread writes, others
+//! only append); whatever the socket does not take at once is left for the connection's writer
+//! thread, so a caller never blocks on a slow peer and two nodes writing to each other can never
+//! deadlock. Frames leave in the order they were appended.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
@@ -45,6 +46,9 @@ pub(crate) struct OutQueue {
     pub frames: VecDeque<OutFrame>,
     /// Bytes of the first frame already written.
     pub front_written: usize,
+    /// Some thread is writing frames it took out of the queue: others only queue. Cleared by
+    /// that thread when the queue is empty (or by the writer thread, when it took over).
+    pub flushing: bool,
     /// The writer thread owns the socket's write side until it clears this.
     pub writer_busy: bool,
     /// The connection is closed; frames are dropped.

@@ -1,5 +1,7 @@
 //! Memory regions registered for one-sided access by peers.
 
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering, fence};
+
 use parking_lot::{RwLock, RwLockReadGuard};
 
 use crate::error::AccessError;
@@ -71,6 +73,69 @@ impl Regions {
     }
 }
 
+/// Copies `src` into registered memory at `dst`, storing it as atomic words (atomic bytes at
+/// unaligned edges): the region's owner may read the same memory concurrently with atomics
+/// (seqlock readers), and a plain copy would race with them.
+///
+/// # Safety
+///
+/// `dst..dst + src.len()` lies inside a registered region whose memory stays valid for the copy
+/// (a [`Resolved`] guard is held).
+pub(crate) unsafe fn copy_into_region(src: &[u8], dst: *mut u8) {
+    let mut i = 0;
+    let len = src.len();
+    // SAFETY (whole block): every address written lies in `dst..dst+len`, valid per the caller;
+    // atomic types have the size and alignment of the integers they wrap, and words are only
+    // stored at 4-aligned addresses.
+    unsafe {
+        while i < len && (dst as usize + i) % 4 != 0 {
+            (*(dst.add(i) as *const AtomicU8)).store(src[i], Ordering::Relaxed);
+            i += 1;
+        }
+        while i + 4 <= len {
+            let word = u32::from_ne_bytes([src[i], src[i + 1], src[i + 2], src[i + 3]]);
+            (*(dst.add(i) as *const AtomicU32)).store(word, Ordering::Relaxed);
+            i += 4;
+        }
+        while i < len {
+            (*(dst.add(i) as *const AtomicU8)).store(src[i], Ordering::Relaxed);
+            i += 1;
+        }
+    }
+    fence(Ordering::Release);
+}
+
+/// Copies registered memory at `src` into `dst`, loading atomic words (atomic bytes at
+/// unaligned edges): the region's owner may write the same memory concurrently with atomics.
+/// A copy taken while a writer is active may mix old and new words, exactly as a one-sided RDMA
+/// read may; readers validate what they read.
+///
+/// # Safety
+///
+/// `src..src + dst.len()` lies inside a registered region whose memory stays valid for the copy.
+pub(crate) unsafe fn copy_from_region(src: *const u8, dst: &mut [u8]) {
+    fence(Ordering::Acquire);
+    let mut i = 0;
+    let len = dst.len();
+    // SAFETY (whole block): every address read lies in `src..src+len`, valid per the caller;
+    // words are only loaded from 4-aligned addresses.
+    unsafe {
+        while i < len && (src as usize + i) % 4 != 0 {
+            dst[i] = (*(src.add(i) as *const AtomicU8)).load(Ordering::Relaxed);
+            i += 1;
+        }
+        while i + 4 <= len {
+            let word = (*(src.add(i) as *const AtomicU32)).load(Ordering::Relaxed);
+            dst[i..i + 4].copy_from_slice(&word.to_ne_bytes());
+            i += 4;
+        }
+        while i < len {
+            dst[i] = (*(src.add(i) as *const AtomicU8)).load(Ordering::Relaxed);
+            i += 1;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +158,22 @@ mod tests {
         let rc = unsafe { regions.register(a.as_mut_ptr(), 8) };
         assert_eq!(rc, ra);
         assert!(regions.resolve(rb, 0, 16).is_ok());
+    }
+
+    #[test]
+    fn atomic_copies_match_plain_ones_at_any_alignment() {
+        let src: Vec<u8> = (0..67u8).collect();
+        for offset in 0..4 {
+            for len in [0, 1, 3, 4, 5, 17, 63] {
+                let mut region = vec![0u8; 80];
+                // SAFETY: the range lies inside `region`, which nobody else uses.
+                unsafe { copy_into_region(&src[..len], region.as_mut_ptr().add(offset)) };
+                assert_eq!(&region[offset..offset + len], &src[..len]);
+                let mut back = vec![0u8; len];
+                // SAFETY: as above.
+                unsafe { copy_from_region(region.as_ptr().add(offset), &mut back) };
+                assert_eq!(back, &src[..len]);
+            }
+        }
     }
 }

@@ -2,11 +2,13 @@
 //!
 //! A fabric offers ordered two-sided frames per peer, one-sided writes (with an immediate) into
 //! a peer's registered memory, one-sided reads of it, and registration of parameter memory.
-//! Implementations: TCP ([`tcp::TcpFabric`], over `ferry-tcp`) and RDMA verbs
-//! ([`verbs::VerbsFabric`], over `ferry-verbs`); [`select`] picks one at start-up.
+//! Implementations: TCP ([`tcp::TcpFabric`], over `ferry-tcp`) and, with the `verbs` cargo
+//! feature (on by default), RDMA verbs (`verbs::VerbsFabric`, over `ferry-verbs`); [`select`]
+//! picks one at start-up.
 
 pub mod select;
 pub mod tcp;
+#[cfg(feature = "verbs")]
 pub mod verbs;
 
 use std::collections::HashMap;
@@ -109,6 +111,7 @@ impl ReadWaiters {
     }
 
     /// Fails every outstanding read (the connection they depend on is gone).
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) fn fail_all(&self, error: &Error) {
         let mut done = self.done.lock();
         for slot in done.values_mut().filter(|s| s.is_none()) {

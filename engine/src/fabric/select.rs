@@ -3,23 +3,66 @@
 
 use std::sync::Arc;
 
-use ferry_verbs::{Chosen, Context, Selection};
-
 use super::Fabric;
 use super::tcp::TcpFabric;
-use super::verbs::VerbsFabric;
 use crate::config::{Config, TransportChoice};
 use crate::error::{Error, Result};
 
+/// Why a build without the `verbs` feature cannot use verbs.
+#[cfg(not(feature = "verbs"))]
+const NO_VERBS: &str = "this build of Ferry has no verbs support (the `verbs` cargo feature is off)";
+
+/// The verbs device, port and GID a node would use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalVerbs {
+    /// Device name.
+    pub device: String,
+    /// Port number.
+    pub port: u8,
+    /// GID index.
+    pub gid_index: u32,
+    /// The port's link layer (InfiniBand or Ethernet).
+    pub link_layer: String,
+}
+
 /// The verbs selection a node's configuration asks for.
-pub fn selection(config: &Config) -> Selection {
-    Selection { device: config.verbs.device_for(config.rank).map(str::to_string), port: config.verbs.port, gid_index: config.verbs.gid_index }
+#[cfg(feature = "verbs")]
+pub fn selection(config: &Config) -> ferry_verbs::Selection {
+    ferry_verbs::Selection { device: config.verbs.device_for(config.rank).map(str::to_string), port: config.verbs.port, gid_index: config.verbs.gid_index }
 }
 
 /// Whether this host could run the verbs fabric for `config`: the device, port and GID it
 /// would use, or why not.
-pub fn local_verbs(config: &Config) -> std::result::Result<Chosen, String> {
-    ferry_verbs::probe(&selection(config)).map_err(|e| e.to_string())
+pub fn local_verbs(config: &Config) -> std::result::Result<LocalVerbs, String> {
+    #[cfg(feature = "verbs")]
+    {
+        ferry_verbs::probe(&selection(config))
+            .map(|c| LocalVerbs { device: c.device, port: c.port, gid_index: c.gid_index, link_layer: c.link_layer.to_string() })
+            .map_err(|e| e.to_string())
+    }
+    #[cfg(not(feature = "verbs"))]
+    {
+        let _ = config;
+        Err(NO_VERBS.into())
+    }
+}
+
+/// An opened verbs device (nothing, without the `verbs` feature).
+#[cfg(feature = "verbs")]
+type LocalContext = ferry_verbs::Context;
+#[cfg(not(feature = "verbs"))]
+type LocalContext = std::convert::Infallible;
+
+fn open_local(config: &Config) -> std::result::Result<LocalContext, String> {
+    #[cfg(feature = "verbs")]
+    {
+        ferry_verbs::Context::open(&selection(config)).map_err(|e| e.to_string())
+    }
+    #[cfg(not(feature = "verbs"))]
+    {
+        let _ = config;
+        Err(NO_VERBS.into())
+    }
 }
 
 /// A cluster-wide decision about the transport.
@@ -46,7 +89,7 @@ pub fn decide(choice: TransportChoice, statuses: &[std::result::Result<(), Strin
     }
 }
 
-fn encode_status(status: &std::result::Result<Context, String>) -> Vec<u8> {
+fn encode_status<T>(status: &std::result::Result<T, String>) -> Vec<u8> {
     match status {
         Ok(_) => b"+".to_vec(),
         Err(reason) => [b"-".as_slice(), reason.as_bytes()].concat(),
@@ -79,7 +122,7 @@ pub fn connect(config: &Config) -> Result<(Arc<dyn Fabric>, i64)> {
     let clock_offset = rendezvous.clock_offset_ns(config.connect_timeout)?;
     // Every node reaches the same branch: the transport choice is part of the fingerprint.
     let wants_verbs = config.transport != TransportChoice::Tcp && config.nodes > 1;
-    let local = if wants_verbs { Context::open(&selection(config)).map_err(|e| e.to_string()) } else { Err("not probed".into()) };
+    let local = if wants_verbs { open_local(config) } else { Err("not probed".into()) };
     let statuses: Vec<std::result::Result<(), String>> = if wants_verbs {
         rendezvous.all_gather(&encode_status(&local), config.connect_timeout)?.iter().map(|b| decode_status(b)).collect()
     } else {
@@ -87,9 +130,10 @@ pub fn connect(config: &Config) -> Result<(Arc<dyn Fabric>, i64)> {
     };
     let decision = decide(config.transport, &statuses)?;
     let fabric: Arc<dyn Fabric> = match (decision, local) {
+        #[cfg(feature = "verbs")]
         (Decision::Verbs, Ok(context)) => {
             let chosen = context.chosen().clone();
-            let verbs = VerbsFabric::connect(&mut rendezvous, mesh, context, &config.verbs, max_frame(config), config.connect_timeout)?;
+            let verbs = super::verbs::VerbsFabric::connect(&mut rendezvous, mesh, context, &config.verbs, max_frame(config), config.connect_timeout)?;
             tracing::info!(
                 node = config.rank,
                 nodes = config.nodes,
@@ -101,6 +145,8 @@ pub fn connect(config: &Config) -> Result<(Arc<dyn Fabric>, i64)> {
             );
             Arc::new(verbs)
         }
+        #[cfg(not(feature = "verbs"))]
+        (Decision::Verbs, Ok(never)) => match never {},
         (Decision::Verbs, Err(reason)) => return Err(Error::Transport(format!("verbs were chosen but this node cannot use them: {reason}"))),
         (Decision::Tcp(why), _) => {
             tracing::info!(node = config.rank, nodes = config.nodes, "transport selected: tcp ({why})");
@@ -132,7 +178,7 @@ mod tests {
 
     #[test]
     fn statuses_round_trip() {
-        assert_eq!(decode_status(&encode_status(&Err("why".into()))), Err("why".into()));
+        assert_eq!(decode_status(&encode_status::<()>(&Err("why".into()))), Err("why".into()));
         assert_eq!(decode_status(b"+"), Ok(()));
         assert!(decode_status(b"").is_err());
         assert!(decode_status(b"?x").is_err());

@@ -19,6 +19,7 @@
 mod peer;
 mod receive;
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -27,7 +28,7 @@ use ferry_tcp::{AccessError, Handler, LandedWrite, Mesh, Rendezvous, TransportEr
 use ferry_verbs::{
     Access, Backoff, Chosen, CompletionQueue, Context, Endpoint, LocalSlice, MemoryRegion, Poller, QueuePair, QueuePairCaps, RegisteredBuffer, RemoteSlice,
 };
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use self::peer::{CLOSED, FAILED, Peer};
 use super::{Fabric, FabricHandler, ReadWaiters, WriteCompletion, WriteRequest};
@@ -57,6 +58,19 @@ pub(crate) struct Inner {
     max_frame: usize,
     poll_spin: Duration,
     closing: AtomicBool,
+    /// Failures found on send paths, for the reporter thread to tell the node about.
+    reports: Mutex<VecDeque<Report>>,
+    reports_cv: Condvar,
+    reporter: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// A failure found while posting, reported to the node by the reporter thread: a send path
+/// (a node thread flushing, the poller pumping) never calls into the node.
+enum Report {
+    /// A write that will never complete.
+    WriteFailed(u64, String),
+    /// The connection to a peer broke.
+    Broken(usize, String),
 }
 
 fn verbs_err(e: ferry_verbs::VerbsError) -> Error {
@@ -95,7 +109,13 @@ impl VerbsFabric {
             let memory = |what: &str, e: ferry_verbs::VerbsError| Error::Memory(format!("{what} for node {r}: {e}"));
             let tx = context.alloc(bytes, Access::LOCAL).map_err(|e| memory("send buffers", e))?;
             let rx = context.alloc(bytes, Access::LOCAL).map_err(|e| memory("receive buffers", e))?;
-            let peer = Peer::new(r, qp, tx, rx, buffers, settings.buffer_bytes, max_send);
+            let mut peer = Peer::new(r, qp, tx, rx, buffers, settings.buffer_bytes, max_send);
+            if let Some((to, after)) = settings.fail_posts_after
+                && to == r
+            {
+                tracing::warn!(node = rank, peer = r, after, "fault injection: posting to this peer will fail");
+                peer.fail_posts_after(after);
+            }
             peer.post_receives(0..buffers).map_err(verbs_err)?;
             peers.push(Some(peer));
         }
@@ -127,6 +147,9 @@ impl VerbsFabric {
                 max_frame,
                 poll_spin: settings.poll_spin,
                 closing: AtomicBool::new(false),
+                reports: Mutex::new(VecDeque::new()),
+                reports_cv: Condvar::new(),
+                reporter: Mutex::new(None),
             }),
         })
     }
@@ -159,13 +182,44 @@ impl Inner {
         self.regions.read().iter().find_map(|r| r.slice_at(src as u64, len))
     }
 
-    /// Posts what `rank`'s queue allows and settles the consequences.
+    /// Posts what `rank`'s queue allows; failures go to the reporter thread (this runs on send
+    /// paths, which must not call into the node).
     fn pump(&self, rank: usize) {
         let Some(peer) = self.peer(rank) else { return };
         let fallout = peer.pump(&|src, len| self.lookup(src, len));
-        self.report_failed_writes(fallout.failed_writes);
+        for id in fallout.failed_reads {
+            self.reads.complete(id, Err(Error::PeerLost { node: rank, reason: "its connection failed".into() }));
+        }
+        if fallout.failed_writes.is_empty() && fallout.broken.is_none() {
+            return;
+        }
+        let mut reports = self.reports.lock();
+        reports.extend(fallout.failed_writes.into_iter().map(|(id, why)| Report::WriteFailed(id, why)));
         if let Some(reason) = fallout.broken {
-            self.fail(rank, format!("posting to node {rank} failed: {reason}"));
+            reports.push_back(Report::Broken(rank, format!("posting to node {rank} failed: {reason}")));
+        }
+        self.reports_cv.notify_all();
+    }
+
+    /// The reporter thread: tells the node about failures found on send paths.
+    fn run_reporter(&self) {
+        loop {
+            let report = {
+                let mut reports = self.reports.lock();
+                loop {
+                    if let Some(r) = reports.pop_front() {
+                        break r;
+                    }
+                    if self.closing.load(Ordering::Acquire) {
+                        return;
+                    }
+                    self.reports_cv.wait_for(&mut reports, Duration::from_millis(100));
+                }
+            };
+            match report {
+                Report::WriteFailed(id, why) => self.report_failed_writes(vec![(id, why)]),
+                Report::Broken(rank, reason) => self.fail(rank, reason),
+            }
         }
     }
 
@@ -182,6 +236,7 @@ impl Inner {
         let Some(peer) = self.peer(rank) else { return };
         if let Some(failed) = peer.shut(FAILED, &reason) {
             self.report_failed_writes(failed);
+            self.reads.fail_all(&Error::PeerLost { node: rank, reason: reason.clone() });
             self.control.disconnect(rank);
             if !self.closing.load(Ordering::Acquire)
                 && let Some(h) = self.handler()
@@ -202,10 +257,14 @@ impl Inner {
         }
     }
 
-    /// Stops the poller and the queue pairs; what is registered is released.
+    /// Stops the poller, the reporter and the queue pairs; what is registered is released.
     fn stop(&self) {
         if let Some(mut poller) = self.poller.lock().take() {
             poller.stop();
+        }
+        self.reports_cv.notify_all();
+        if let Some(reporter) = self.reporter.lock().take() {
+            let _ = reporter.join();
         }
         for peer in self.peers.iter().flatten() {
             peer.shut(CLOSED, "this node shut down");
@@ -280,6 +339,12 @@ impl Fabric for VerbsFabric {
         )
         .map_err(verbs_err)?;
         *self.inner.poller.lock() = Some(poller);
+        let inner = self.inner.clone();
+        let reporter = std::thread::Builder::new()
+            .name(format!("ferry{}-verbs-report", self.inner.rank))
+            .spawn(move || inner.run_reporter())
+            .map_err(|e| Error::Transport(format!("cannot start the verbs reporter thread: {e}")))?;
+        *self.inner.reporter.lock() = Some(reporter);
         Ok(())
     }
 
@@ -310,8 +375,9 @@ impl Fabric for VerbsFabric {
         let local = buffer.as_ref().expect("just ensured").slice(0, out.len()).map_err(verbs_err)?;
         let id = inner.next_read.fetch_add(1, Ordering::Relaxed);
         inner.reads.expect(id);
-        if let Err(e) = p.post_read(id, RemoteSlice { addr: remote.addr, rkey: remote.region }, local) {
-            inner.reads.complete(id, Err(verbs_err(e)));
+        match p.enqueue_read(id, RemoteSlice { addr: remote.addr, rkey: remote.region }, local) {
+            Ok(()) => inner.pump(peer),
+            Err(e) => inner.reads.complete(id, Err(verbs_err(e))),
         }
         if let Err(e) = inner.reads.wait(id, timeout) {
             // The device may still write into this buffer: retire it rather than reuse it.
@@ -324,7 +390,9 @@ impl Fabric for VerbsFabric {
     }
 
     fn disconnect(&self, peer: usize) {
-        self.inner.fail(peer, "disconnected after it broke the protocol".into());
+        // Reported by the reporter thread, like any failure a node thread runs into.
+        self.inner.reports.lock().push_back(Report::Broken(peer, "disconnected after it broke the protocol".into()));
+        self.inner.reports_cv.notify_all();
     }
 
     fn is_alive(&self, peer: usize) -> bool {

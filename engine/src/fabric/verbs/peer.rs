@@ -9,7 +9,7 @@
 //! credit-only SEND, so two peers that have both run out can always tell each other.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use ferry_verbs::{LocalSlice, Operation, Payload, QueuePair, RegisteredBuffer, RemoteSlice, SendRequest, VerbsError};
 use parking_lot::Mutex;
@@ -42,6 +42,8 @@ pub(super) enum Posted {
 enum Pending {
     Frame { data: Vec<u8>, sent: usize },
     Write(QueuedWrite),
+    /// A one-sided read (needs no credit: it consumes no receive buffer).
+    Read { id: u64, remote: RemoteSlice, local: LocalSlice },
 }
 
 /// A [`WriteRequest`] waiting for credits; the source address is kept as a number (the
@@ -70,6 +72,8 @@ pub(super) struct SendState {
     inflight: VecDeque<(u64, Posted)>,
     free_slots: Vec<u32>,
     next_seq: u64,
+    /// A thread is posting what it took from `pending`; others only queue (see [`Peer::pump`]).
+    pumping: bool,
 }
 
 /// What a pump left for the caller to report once the send lock is released.
@@ -77,6 +81,8 @@ pub(super) struct SendState {
 pub(super) struct Fallout {
     /// Writes that will never be posted, with the reason.
     pub failed_writes: Vec<(u64, String)>,
+    /// Reads that will never be posted.
+    pub failed_reads: Vec<u64>,
     /// The queue pair refused a post: the connection is broken.
     pub broken: Option<String>,
 }
@@ -94,6 +100,8 @@ pub(super) struct Peer {
     pub owed: AtomicU32,
     pub state: AtomicU8,
     max_send: usize,
+    /// Fault injection (tests): posts left before posting to this peer fails.
+    posts_before_failure: Option<AtomicU64>,
 }
 
 /// Work-request ids: the peer in the top 16 bits, bit 47 set for receives, a sequence number
@@ -119,6 +127,7 @@ impl Peer {
                 inflight: VecDeque::new(),
                 free_slots: (0..buffers).rev().collect(),
                 next_seq: 0,
+                pumping: false,
             }),
             tx,
             rx,
@@ -127,7 +136,13 @@ impl Peer {
             owed: AtomicU32::new(0),
             state: AtomicU8::new(OPEN),
             max_send,
+            posts_before_failure: None,
         }
+    }
+
+    /// Makes posting to this peer fail after `posts` more posts (fault injection for tests).
+    pub fn fail_posts_after(&mut self, posts: u64) {
+        self.posts_before_failure = Some(AtomicU64::new(posts));
     }
 
     pub fn is_open(&self) -> bool {
@@ -180,25 +195,87 @@ impl Peer {
     /// Posts as much queued work as credits, send buffers and the send queue allow, then a
     /// credit-only SEND if enough credits are owed and nothing carried them. `lookup` finds the
     /// registered local memory behind a write's source.
+    ///
+    /// The post itself runs outside the send lock: the first thread to find work becomes the
+    /// pumper (others only queue and leave), builds a batch under the lock — slots, credits and
+    /// sequence numbers taken, the batch recorded as in flight so that its completions find it
+    /// — posts it without the lock, and repeats until nothing can be posted. Failures are
+    /// returned, never reported from here: the caller hands them to the fabric's reporter.
     pub fn pump(&self, lookup: &dyn Fn(*const u8, usize) -> Option<LocalSlice>) -> Fallout {
         let mut fallout = Fallout::default();
-        let mut guard = self.send.lock();
-        let st = &mut *guard;
+        let mut st = self.send.lock();
         if !self.is_open() {
             for p in st.pending.drain(..) {
-                if let Pending::Write(w) = p {
-                    fallout.failed_writes.push((w.wr_id, format!("the connection to node {} is closed", self.rank)));
+                match p {
+                    Pending::Write(w) => fallout.failed_writes.push((w.wr_id, format!("the connection to node {} is closed", self.rank))),
+                    Pending::Read { id, .. } => fallout.failed_reads.push(id),
+                    Pending::Frame { .. } => {}
                 }
             }
             return fallout;
         }
+        if st.pumping {
+            return fallout;
+        }
+        st.pumping = true;
+        loop {
+            let (requests, posted) = self.take_batch(&mut st, lookup, &mut fallout);
+            if requests.is_empty() {
+                st.pumping = false;
+                return fallout;
+            }
+            let first_seq = st.next_seq;
+            st.next_seq += posted.len() as u64;
+            st.inflight.extend(posted.iter().copied());
+            drop(st);
+            let injected = self.posts_before_failure.as_ref().is_some_and(|left| {
+                let n = requests.len() as u64;
+                left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| Some(l.saturating_sub(n))).map_or(false, |l| l < n)
+            });
+            let outcome = if injected {
+                Err(VerbsError::Invalid(format!("posting to node {} failed (injected fault)", self.rank)))
+            } else {
+                // SAFETY: fragments live in this peer's send buffers, whose slots stay taken
+                // until the completion; write sources are slots the protocol keeps allocated
+                // until it is told the write completed (the `Fabric::write` contract); read
+                // targets are the reader's buffer, held until the read completes or is abandoned.
+                unsafe { self.qp.lock().post_send(&requests) }
+            };
+            st = self.send.lock();
+            if let Err(e) = outcome {
+                // Nothing of the batch was taken for sure: it fails, and with it the connection.
+                st.inflight.retain(|(seq, _)| *seq < first_seq || *seq >= first_seq + posted.len() as u64);
+                for (_, p) in posted {
+                    match p {
+                        Posted::Write(id) => fallout.failed_writes.push((id, e.to_string())),
+                        Posted::Read(id) => fallout.failed_reads.push(id),
+                        Posted::Fragment(_) | Posted::Credits => {}
+                    }
+                }
+                fallout.broken = Some(e.to_string());
+                st.pumping = false;
+                return fallout;
+            }
+        }
+    }
+
+    /// Takes what can be posted now from the queue.
+    fn take_batch(&self, st: &mut SendState, lookup: &dyn Fn(*const u8, usize) -> Option<LocalSlice>, fallout: &mut Fallout) -> (Vec<SendRequest<'static>>, Vec<(u64, Posted)>) {
         let mut requests: Vec<SendRequest<'static>> = Vec::new();
         let mut posted: Vec<(u64, Posted)> = Vec::new();
         while let Some(front) = st.pending.front_mut() {
-            if st.inflight.len() + requests.len() >= self.max_send || st.credits <= RESERVED_CREDITS {
+            if st.inflight.len() + requests.len() >= self.max_send {
                 break;
             }
+            let seq = st.next_seq + posted.len() as u64;
             match front {
+                Pending::Read { id, remote, local } => {
+                    let (id, remote, local) = (*id, *remote, *local);
+                    st.pending.pop_front();
+                    requests.push(SendRequest { wr_id: wr_id(self.rank, false, seq), op: Operation::Read { remote }, payload: Payload::Local(local), signaled: true });
+                    posted.push((seq, Posted::Read(id)));
+                }
+                _ if st.credits <= RESERVED_CREDITS => break,
                 Pending::Frame { data, sent } => {
                     let Some(&slot) = st.free_slots.last() else { break };
                     let n = (data.len() - *sent).min(self.buffer_bytes);
@@ -210,7 +287,6 @@ impl Peer {
                     }
                     st.free_slots.pop();
                     let imm = self.take_owed() | if end { IMM_FRAME_END } else { 0 };
-                    let seq = st.next_seq + posted.len() as u64;
                     let payload = Payload::Local(self.tx.slice(slot as usize * self.buffer_bytes, n).expect("fragment fits its slot"));
                     requests.push(SendRequest { wr_id: wr_id(self.rank, false, seq), op: Operation::Send { imm: Some(imm) }, payload, signaled: true });
                     posted.push((seq, Posted::Fragment(slot)));
@@ -223,7 +299,6 @@ impl Peer {
                         fallout.failed_writes.push((w.wr_id, "the write's source is not registered memory".into()));
                         continue;
                     };
-                    let seq = st.next_seq + posted.len() as u64;
                     let remote = RemoteSlice { addr: w.remote.addr, rkey: w.remote.region };
                     requests.push(SendRequest {
                         wr_id: wr_id(self.rank, false, seq),
@@ -244,43 +319,17 @@ impl Peer {
             posted.push((seq, Posted::Credits));
             st.credits -= 1;
         }
-        if requests.is_empty() {
-            return fallout;
-        }
-        // SAFETY: fragments live in this peer's send buffers, whose slots stay taken until the
-        // completion; write sources are slots the protocol keeps allocated until it is told
-        // the write completed (the `Fabric::write` contract).
-        match unsafe { self.qp.lock().post_send(&requests) } {
-            Ok(()) => {
-                st.next_seq += posted.len() as u64;
-                st.inflight.extend(posted);
-            }
-            Err(e) => {
-                // Nothing of the batch was taken for sure; report its writes as failed and let
-                // the caller fail the connection (the frames die with it).
-                for (_, p) in posted {
-                    if let Posted::Write(id) = p {
-                        fallout.failed_writes.push((id, e.to_string()));
-                    }
-                }
-                fallout.broken = Some(e.to_string());
-            }
-        }
-        fallout
+        (requests, posted)
     }
 
-    /// Posts a one-sided read of `len` bytes at `remote` into `local`.
-    pub fn post_read(&self, id: u64, remote: RemoteSlice, local: LocalSlice) -> Result<(), VerbsError> {
+    /// Queues a one-sided read of `local.len()` bytes at `remote` into `local`; the caller
+    /// pumps.
+    pub fn enqueue_read(&self, id: u64, remote: RemoteSlice, local: LocalSlice) -> Result<(), VerbsError> {
         let mut st = self.send.lock();
         if !self.is_open() {
             return Err(VerbsError::Invalid(format!("the connection to node {} is closed", self.rank)));
         }
-        let seq = st.next_seq;
-        let request = SendRequest { wr_id: wr_id(self.rank, false, seq), op: Operation::Read { remote }, payload: Payload::Local(local), signaled: true };
-        // SAFETY: `local` is the fabric's read buffer, held by the reader until the completion.
-        unsafe { self.qp.lock().post_send(&[request])? };
-        st.next_seq += 1;
-        st.inflight.push_back((seq, Posted::Read(id)));
+        st.pending.push_back(Pending::Read { id, remote, local });
         Ok(())
     }
 
@@ -315,7 +364,7 @@ impl Peer {
             .drain(..)
             .filter_map(|p| match p {
                 Pending::Write(w) => Some((w.wr_id, reason.to_string())),
-                Pending::Frame { .. } => None,
+                Pending::Frame { .. } | Pending::Read { .. } => None,
             })
             .collect();
         if state == FAILED {
