@@ -28,12 +28,18 @@ pub fn emit(r: Record) {
 /// the raw-TCP baseline in `FERRY_BENCH_PORT`, and collects the records rank 0 emits; other
 /// output is passed through with the rank as prefix.
 pub fn run_nodes(subcommand: &str, quick: bool, nodes: usize) -> Result<Vec<Record>> {
+    run_nodes_with(subcommand, quick, nodes, &[])
+}
+
+/// [`run_nodes`] with extra arguments for the node processes.
+pub fn run_nodes_with(subcommand: &str, quick: bool, nodes: usize, extra: &[String]) -> Result<Vec<Record>> {
     let port = ferry::launch::free_loopback_port()?;
     let exe = std::env::current_exe().context("locating ferry-bench")?;
     let mut args = vec![subcommand.to_string(), "--role".into(), "node".into()];
     if quick {
         args.push("--quick".into());
     }
+    args.extend(extra.iter().cloned());
     let mut spec = LaunchSpec::new(nodes, exe, args);
     spec.env.push(("FERRY_BENCH_PORT".into(), port.to_string()));
     spec.timeout = Some(budget(quick));

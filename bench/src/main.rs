@@ -35,6 +35,14 @@ enum Command {
         /// One JSON object per line instead of a table.
         #[arg(long)]
         json: bool,
+        /// Only configurations whose "benchmark key=value…" text contains every word of this
+        /// pattern, e.g. "batched_push value_len=1" or "remote".
+        #[arg(long)]
+        only: Option<String>,
+        /// Measure each configuration this many times; the table shows the median ratio and
+        /// the spread.
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
         /// Internal: the part this process plays.
         #[arg(long, value_enum, default_value = "driver", hide = true)]
         role: Role,
@@ -115,8 +123,8 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
-        Command::Micro { quick, json, role: Role::Driver } => micro::run_driver(quick, json),
-        Command::Micro { quick, role: Role::Node, .. } => micro::run_node(quick),
+        Command::Micro { quick, json, only, repeat, role: Role::Driver } => micro::run_driver(quick, json, &micro::Only::new(only.as_deref()), repeat),
+        Command::Micro { quick, only, repeat, role: Role::Node, .. } => micro::run_node(quick, &micro::Only::new(only.as_deref()), repeat),
         Command::Relocate { quick, json, role: Role::Driver } => relocate::run_driver(quick, json),
         Command::Relocate { quick, role: Role::Node, .. } => relocate::run_node(quick),
         Command::Train(t) => train::run(&t).map(|_| ()),

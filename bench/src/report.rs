@@ -106,7 +106,8 @@ pub fn print_table(title: &str, records: &[Record]) {
     println!("{line}");
 }
 
-fn config_text(v: &Value) -> String {
+/// A configuration as `key=value` pairs.
+pub fn config_text(v: &Value) -> String {
     match v {
         Value::Object(m) => m.iter().map(|(k, v)| format!("{k}={}", v.to_string().trim_matches('"'))).collect::<Vec<_>>().join(" "),
         other => other.to_string(),
@@ -157,6 +158,35 @@ pub fn record(bench: &str, config: Value, figures: Value, headline: &str, baseli
         target: target_text.into(),
         met,
     }
+}
+
+/// Merges repeated measurements of one configuration (same benchmark and configuration) into
+/// one record: the repetition with the median ratio, plus the spread of the ratios.
+pub fn merge_repeats(records: Vec<Record>) -> Vec<Record> {
+    let mut groups: Vec<Vec<Record>> = Vec::new();
+    for r in records {
+        match groups.iter_mut().find(|g| g[0].bench == r.bench && g[0].config == r.config) {
+            Some(g) => g.push(r),
+            None => groups.push(vec![r]),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|mut g| {
+            if g.len() == 1 {
+                return g.pop().expect("one");
+            }
+            g.sort_by(|a, b| a.ratio.total_cmp(&b.ratio));
+            let (lo, hi, n) = (g[0].ratio, g[g.len() - 1].ratio, g.len());
+            let mut median = g.swap_remove(n / 2);
+            if let Value::Object(m) = &mut median.figures {
+                m.insert("repeats".into(), json!(n));
+                m.insert("ratio_min".into(), json!(lo));
+                m.insert("ratio_max".into(), json!(hi));
+            }
+            median
+        })
+        .collect()
 }
 
 /// Summary figures of a latency histogram in nanoseconds.

@@ -158,7 +158,11 @@ impl NodeInner {
             drop(step);
             match progress {
                 Ok(Progress::Done) => break Ok(()),
-                Ok(Progress::Yield { at: a, item: i }) => (at, item) = (a, i),
+                Ok(Progress::Yield { at: a, item: i }) => {
+                    // Send what is ready before the rest of the event is handled.
+                    tx.take_touched(|to| self.fabric.flush(to));
+                    (at, item) = (a, i);
+                }
                 Err(e) => break Err(e),
             }
         };

@@ -92,9 +92,11 @@ impl Worker {
         Ok(())
     }
 
+    /// Checks the table handle and the value buffer's length. Keys are checked where they are
+    /// used: by the protocol before anything takes effect (one pass over a large batch, not two).
     #[inline]
     fn validate(&self, table: Table, keys: &[u64], values: usize, what: &'static str) -> Result<()> {
-        self.validate_keys(table, keys)?;
+        self.node.check_table(table)?;
         let expected = keys.len() * table.value_len;
         if values != expected {
             return Err(Error::WrongLength { what, expected, got: values });
@@ -272,6 +274,7 @@ impl Worker {
     /// Reads `keys` into `out` only if all of them are held by this node; returns whether it
     /// did. Never touches the network.
     pub fn pull_if_local(&mut self, table: Table, keys: &[u64], out: &mut [f32]) -> Result<bool> {
+        self.validate_keys(table, keys)?;
         self.validate(table, keys, out.len(), "pull output")?;
         let store = self.node.core.store();
         let t = store.table(table.id);

@@ -283,7 +283,7 @@ fn a_peer_that_breaks_the_protocol_is_disconnected() {
     rendezvous.clock_offset_ns(Duration::from_secs(10)).unwrap();
     struct Quiet;
     impl ferry_tcp::Handler for Quiet {
-        fn on_message(&self, _: usize, _: &[u8]) {}
+        fn on_message(&self, _: usize, _: bytes::Bytes) {}
         fn on_writes_landed(&self, _: usize, _: &[ferry_tcp::LandedWrite]) {}
         fn on_write_error(&self, _: usize, _: u64, _: ferry_tcp::AccessError) {}
         fn on_read_complete(&self, _: usize, _: u64, _: Result<(), ferry_tcp::AccessError>) {}

@@ -6,13 +6,14 @@
 //! finishes whatever a caller's non-blocking write could not send at once.
 
 use std::collections::HashMap;
-use std::io::{self, Read};
+use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use bytes::{Bytes, BytesMut};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{AccessError, TransportError};
@@ -55,8 +56,9 @@ pub struct LandedWrite {
 /// Receives what arrives on the mesh. Called from the reader threads, one per peer; calls for
 /// one peer come in the order the peer sent the frames.
 pub trait Handler: Send + Sync + 'static {
-    /// A two-sided message arrived.
-    fn on_message(&self, from: usize, payload: &[u8]);
+    /// A two-sided message arrived (a shared slice of the received bytes: keeping it costs no
+    /// copy).
+    fn on_message(&self, from: usize, payload: Bytes);
     /// One-sided writes with immediates landed (their bytes are already in place).
     fn on_writes_landed(&self, from: usize, writes: &[LandedWrite]);
     /// A one-sided write sent by this node was refused by its target.
@@ -122,6 +124,8 @@ pub struct Mesh {
 const SEND_FLAGS_NONBLOCKING: i32 = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
 const SEND_FLAGS_BLOCKING: i32 = libc::MSG_NOSIGNAL;
 const POLL_TICK: Duration = Duration::from_millis(100);
+/// Bytes a connection's reader asks the socket for at a time (at least).
+const READ_CHUNK: usize = 512 << 10;
 
 impl Mesh {
     /// Wraps connected streams (`streams[p]` for every peer `p`, `None` at this node's rank).
@@ -614,26 +618,20 @@ impl Inner {
     fn run_reader(&self, p: &Arc<Peer>) {
         let Some(handler) = self.handler() else { return };
         let max_payload = self.config.max_frame.max(frame::WRITE_HEADER + 64);
-        let mut buf = vec![0u8; 256 << 10];
-        let (mut start, mut end) = (0usize, 0usize);
+        // Frames are split off this buffer and handed on as shared slices (no copy); when its
+        // spare room runs low a fresh allocation takes over, while handed-out frames keep theirs.
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
         let mut landed: Vec<LandedWrite> = Vec::new();
         let mut last_recv = Instant::now();
-        let mut stream = &p.stream;
+        let sock = socket2::SockRef::from(&p.stream);
         loop {
             if !p.alive.load(Ordering::Acquire) {
                 return;
             }
-            if end == buf.len() {
-                if start > 0 {
-                    buf.copy_within(start..end, 0);
-                    end -= start;
-                    start = 0;
-                } else {
-                    let grown = (buf.len() * 2).min(max_payload + HEADER_LEN).max(buf.len());
-                    buf.resize(grown, 0);
-                }
+            if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+                buf.reserve(READ_CHUNK);
             }
-            match stream.read(&mut buf[end..]) {
+            match sock.recv(buf.spare_capacity_mut()) {
                 Ok(0) => {
                     if let Some(e) = p.failure.lock().take() {
                         self.lose_peer(p, e);
@@ -645,7 +643,8 @@ impl Inner {
                     return;
                 }
                 Ok(n) => {
-                    end += n;
+                    // SAFETY: `recv` initialised the first `n` bytes of the spare capacity.
+                    unsafe { buf.set_len(buf.len() + n) };
                     last_recv = Instant::now();
                     self.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
                 }
@@ -663,8 +662,8 @@ impl Inner {
                     return;
                 }
             }
-            while end - start >= HEADER_LEN {
-                let head: &[u8; HEADER_LEN] = buf[start..start + HEADER_LEN].try_into().expect("header");
+            while buf.len() >= HEADER_LEN {
+                let head: &[u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("header");
                 let header = match Header::decode(head, p.id, max_payload) {
                     Ok(h) => h,
                     Err(e) => {
@@ -675,20 +674,12 @@ impl Inner {
                     }
                 };
                 let total = HEADER_LEN + header.len as usize;
-                if end - start < total {
-                    if total > buf.len() - start {
-                        buf.copy_within(start..end, 0);
-                        end -= start;
-                        start = 0;
-                        if total > buf.len() {
-                            buf.resize(total, 0);
-                        }
-                    }
+                if buf.len() < total {
+                    buf.reserve(total - buf.len());
                     break;
                 }
-                let payload = &buf[start + HEADER_LEN..start + total];
-                start += total;
-                if let Err(e) = self.dispatch(&*handler, p, header, payload, &mut landed) {
+                let frame = buf.split_to(total).freeze();
+                if let Err(e) = self.dispatch(&*handler, p, header, frame.slice(HEADER_LEN..), &mut landed) {
                     tracing::error!(node = self.rank, peer = p.id, error = %e, "closing connection after a malformed frame");
                     self.deliver_landed(&*handler, p.id, &mut landed);
                     self.lose_peer(p, e);
@@ -696,10 +687,6 @@ impl Inner {
                 }
             }
             self.deliver_landed(&*handler, p.id, &mut landed);
-            if start == end {
-                start = 0;
-                end = 0;
-            }
         }
     }
 
@@ -710,11 +697,12 @@ impl Inner {
         }
     }
 
-    fn dispatch(&self, handler: &dyn Handler, p: &Arc<Peer>, header: Header, payload: &[u8], landed: &mut Vec<LandedWrite>) -> Result<(), TransportError> {
+    fn dispatch(&self, handler: &dyn Handler, p: &Arc<Peer>, header: Header, frame: Bytes, landed: &mut Vec<LandedWrite>) -> Result<(), TransportError> {
+        let payload = &frame[..];
         match header.kind {
             FrameKind::Message => {
                 self.deliver_landed(handler, p.id, landed);
-                handler.on_message(p.id, payload);
+                handler.on_message(p.id, frame.clone());
             }
             FrameKind::Write => {
                 let region = frame::u32_at(payload, 0);

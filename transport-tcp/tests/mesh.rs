@@ -40,7 +40,7 @@ impl Recorder {
 }
 
 impl Handler for Recorder {
-    fn on_message(&self, from: usize, payload: &[u8]) {
+    fn on_message(&self, from: usize, payload: bytes::Bytes) {
         self.push(Event::Message(from, payload.to_vec()));
     }
     fn on_writes_landed(&self, from: usize, writes: &[LandedWrite]) {
@@ -282,7 +282,7 @@ fn send_failures_are_reported_from_the_reader_thread() {
         closed_on: Mutex<Vec<std::thread::ThreadId>>,
     }
     impl Handler for ThreadCheck {
-        fn on_message(&self, _: usize, _: &[u8]) {}
+        fn on_message(&self, _: usize, _: bytes::Bytes) {}
         fn on_writes_landed(&self, _: usize, _: &[LandedWrite]) {}
         fn on_write_error(&self, _: usize, _: u64, _: AccessError) {}
         fn on_read_complete(&self, _: usize, _: u64, _: Result<(), AccessError>) {}

@@ -47,8 +47,8 @@ struct Adapter {
 }
 
 impl Handler for Adapter {
-    fn on_message(&self, from: usize, payload: &[u8]) {
-        self.handler.on_frame(from, bytes::Bytes::copy_from_slice(payload));
+    fn on_message(&self, from: usize, payload: bytes::Bytes) {
+        self.handler.on_frame(from, payload);
     }
 
     fn on_writes_landed(&self, from: usize, writes: &[LandedWrite]) {

@@ -32,6 +32,16 @@ pub(super) fn apply(slot: &Slot<'_>, kind: AccessKind, input: &[u8], pulled: &mu
     }
 }
 
+/// Serves item `i` of an access on its slot, appending pulled values to `buf`.
+#[inline]
+fn serve_item(slot: &Slot<'_>, a: &Access<'_>, i: usize, buf: &mut Vec<u8>) {
+    match a.kind {
+        AccessKind::Pull => slot.append_le_bytes(buf),
+        AccessKind::Push => slot.add_le_bytes(a.value(i)),
+        AccessKind::Set => slot.write_le_bytes(a.value(i)),
+    }
+}
+
 /// Answers to items of one (origin, op, part), collected and sent as one indexed RESPONSE.
 pub(super) struct Answers {
     origin: u16,
@@ -161,15 +171,22 @@ impl Step<'_, '_> {
         let core = self.core;
         let store = core.store();
         let t = store.table(a.table);
-        let mut end = start;
-        while end < a.count && t.slot_of(a.key(end)).is_some() {
-            end += 1;
-        }
-        if end == start {
+        if start >= a.count || t.slot_of(a.key(start)).is_none() {
             return start;
         }
-        let value_bytes = t.value_len() * 4;
         let indexed = a.indexed() || start > 0;
+        // An indexed answer lists its items first, so it needs to know how far it gets; a
+        // plain one (the bulk case) serves until the first key that is not here.
+        let end = if indexed {
+            let mut end = start + 1;
+            while end < a.count && t.slot_of(a.key(end)).is_some() {
+                end += 1;
+            }
+            end
+        } else {
+            a.count
+        };
+        let value_bytes = t.value_len() * 4;
         let rank = self.directory().rank();
         let buf = self.tx.buf(a.origin);
         let before = buf.len();
@@ -180,33 +197,53 @@ impl Step<'_, '_> {
             }
         }
         let values_at = buf.len();
-        if a.kind == AccessKind::Pull {
-            buf.resize(values_at + (end - start) * value_bytes, 0);
-        }
-        let pulled = |i: usize| -> std::ops::Range<usize> {
-            if a.kind == AccessKind::Pull { values_at + (i - start) * value_bytes..values_at + (i - start + 1) * value_bytes } else { 0..0 }
-        };
+        buf.reserve(if a.kind == AccessKind::Pull { (end - start) * value_bytes } else { 0 });
         let mut served = start;
         // Large messages take every latch once per chunk instead of one latch per key; a chunk
         // is short enough that local workers wait only tens of microseconds.
         let latches = store.latch_count();
         if end - start >= (4 * latches).max(2048) {
             let chunk = (16 * latches).max(8192);
-            'chunks: for from in (start..end).step_by(chunk) {
+            for from in (start..end).step_by(chunk) {
+                let to = (from + chunk).min(end);
                 let all = store.lock_all();
-                for i in from..(from + chunk).min(end) {
-                    let Some(slot) = all.slot(a.table, a.key(i)) else { break 'chunks };
-                    let range = pulled(i);
-                    apply(&slot, a.kind, a.value(i), &mut buf[range]);
-                    served = i + 1;
+                let done = match a.first_key() {
+                    // A run of keys: the slot map is walked as one slice, one loop per kind.
+                    Some(first) => {
+                        let first = first + from as u64;
+                        match a.kind {
+                            AccessKind::Pull => all.for_each_in_run(a.table, first, to - from, |_, slot| slot.append_le_bytes(buf)),
+                            kind => {
+                                let values = &a.values()[from * value_bytes..to * value_bytes];
+                                let mut chunks = values.chunks_exact(value_bytes);
+                                all.for_each_in_run(a.table, first, to - from, |_, slot| {
+                                    let v = chunks.next().unwrap_or(&[]);
+                                    if kind == AccessKind::Push { slot.add_le_bytes(v) } else { slot.write_le_bytes(v) }
+                                })
+                            }
+                        }
+                    }
+                    None => {
+                        let mut n = 0;
+                        while from + n < to
+                            && let Some(slot) = all.slot(a.table, a.key(from + n))
+                        {
+                            serve_item(&slot, a, from + n, buf);
+                            n += 1;
+                        }
+                        n
+                    }
+                };
+                served = from + done;
+                if from + done < to {
+                    break;
                 }
             }
         } else {
             for i in start..end {
                 let guard = store.lock(a.table, a.key(i));
                 let Some(slot) = guard.slot() else { break };
-                let range = pulled(i);
-                apply(&slot, a.kind, a.value(i), &mut buf[range]);
+                serve_item(&slot, a, i, buf);
                 served = i + 1;
             }
         }
@@ -214,17 +251,11 @@ impl Step<'_, '_> {
             buf.truncate(before);
             return start;
         }
-        if served < end {
-            // A key left between the scan and its latch (relocated away): answer what was served.
-            let mut values_at = values_at;
-            if indexed {
-                let cut = (end - served) * 4;
-                buf.drain(values_at - cut..values_at);
-                values_at -= cut;
-            }
-            if a.kind == AccessKind::Pull {
-                buf.truncate(values_at + (served - start) * value_bytes);
-            }
+        if served < end && indexed {
+            // A key left between the scan and its latch (relocated away): list only the items
+            // that were served.
+            let cut = (end - served) * 4;
+            buf.drain(values_at - cut..values_at);
         }
         wire::finish_response(buf, msg_start, served - start);
         let bytes = buf.len() - before;

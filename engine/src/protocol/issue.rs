@@ -45,8 +45,28 @@ pub enum Issued {
     },
 }
 
-/// A group of rows going to one node (this node's own rank: routed row by row).
-type Group = (u16, u8, Rows);
+/// Rows going to one node (to this node's own rank: routed row by row).
+#[derive(Debug)]
+pub(crate) struct Group {
+    pub dest: u16,
+    pub flags: u8,
+    pub rows: Rows,
+    /// The rows' keys are consecutive (sent as a run).
+    pub keys_run: bool,
+}
+
+impl Group {
+    fn new(dest: u16, flags: u8, rows: Rows, keys: &[u64]) -> Group {
+        let keys_run = rows.run().is_some_and(|(first, len)| is_run(&keys[first as usize..(first + len) as usize]));
+        Group { dest, flags, rows, keys_run }
+    }
+
+    /// The first `n` rows and the rest (a part of a run of keys is a run).
+    fn split_at(self, n: usize) -> (Group, Group) {
+        let (a, b) = self.rows.split_at(n);
+        (Group { rows: a, ..self }, Group { rows: b, dest: self.dest, flags: self.flags, keys_run: self.keys_run })
+    }
+}
 
 /// Operations with at most this many remote rows are routed in one step.
 const SMALL_OPERATION: usize = 4096;
@@ -84,7 +104,12 @@ impl Step<'_, '_> {
     ) -> Result<Issued> {
         let dir = self.directory();
         let meta = dir.table(table).ok_or_else(|| Error::UnknownTable(format!("#{table}")))?;
-        if let Some(&bad) = keys.iter().find(|&&k| k >= meta.keys) {
+        // Keys are checked before anything takes effect: a run of keys by its last one (the
+        // bulk case costs one pass to find the run), others by one branch-free pass.
+        let run = is_run(keys);
+        let largest = if run { keys.last().copied() } else { keys.iter().copied().max() };
+        if largest.is_some_and(|k| k >= meta.keys) {
+            let bad = keys.iter().copied().find(|&k| k >= meta.keys).unwrap_or(u64::MAX);
             return Err(Error::UnknownKey { table: meta.name.clone(), key: bad, keys: meta.keys });
         }
         let value_len = meta.value_len;
@@ -98,6 +123,8 @@ impl Step<'_, '_> {
             PullTarget::Caller(c) => (None, Some(c)),
             PullTarget::None => (None, None),
         };
+        // Taken before any key is looked at (see `continue_issue`).
+        let arrivals = self.core.arrivals();
         let mut remote = Rows::default();
         let served = {
             let output: &mut [f32] = match (&mut owned, &mut caller) {
@@ -108,7 +135,7 @@ impl Step<'_, '_> {
             if kind == AccessKind::Pull && output.len() != need {
                 return Err(Error::WrongLength { what: "pull output", expected: need, got: output.len() });
             }
-            self.local_pass(kind, table, keys, input, output, &mut remote)
+            self.local_pass(kind, table, keys, run, input, output, &mut remote)
         };
         self.tx.count_local(served);
         if remote.is_empty() {
@@ -118,25 +145,33 @@ impl Step<'_, '_> {
         let cache_keys = dir.caches().then(|| keys.to_vec());
         let now = self.now;
         let op = req.begin(OpKind::Access(kind), table, value_len, keys.len(), remote.len(), Output::None, cache_keys, ticket, now);
-        let groups = self.plan(table, keys, remote);
+        let groups = self.plan(table, keys, run, remote);
         if let Some(o) = req.op_mut(op) {
             o.output = match (owned, kind) {
                 (Some(v), _) => Output::Owned(v),
                 (None, AccessKind::Pull) => Output::Caller,
                 (None, _) => Output::None,
             };
+            o.arrivals = arrivals;
             o.unsent = Some(Unsent { groups });
         }
         let more = self.continue_issue(req, op, keys, input, caller);
         Ok(Issued::Pending { op, more })
     }
 
-    /// Serves the rows held here; collects the others, in order, in `remote`.
+    /// Serves the rows held here; collects the others, in order, in `remote`. `run`: the keys
+    /// are consecutive.
     #[allow(clippy::too_many_arguments)]
-    fn local_pass(&mut self, kind: AccessKind, table: u16, keys: &[u64], input: &[f32], output: &mut [f32], remote: &mut Rows) -> usize {
+    fn local_pass(&mut self, kind: AccessKind, table: u16, keys: &[u64], run: bool, input: &[f32], output: &mut [f32], remote: &mut Rows) -> usize {
         let store = self.core.store();
         let t = store.table(table);
         let value_len = t.value_len();
+        // The bulk remote case: nothing of the batch is here or arriving (for a run of keys,
+        // one load per block of keys; otherwise one per key).
+        if keys.len() >= 64 && if run { t.run_is_away(keys[0], keys.len()) } else { keys.iter().all(|&k| t.is_away(k)) } {
+            *remote = Rows::Run { first: 0, len: keys.len() as u32 };
+            return 0;
+        }
         let optimistic = kind == AccessKind::Pull && value_len <= OPTIMISTIC_MAX;
         let mut served = 0;
         for (row, &key) in keys.iter().enumerate() {
@@ -165,7 +200,7 @@ impl Step<'_, '_> {
     /// Plans where the remote rows go: groups by destination (the cached owner, or the home
     /// node); rows homed here or arriving here form groups routed row by row (destination: this
     /// node). The plan is checked again under the shard locks when each part is sent.
-    fn plan(&self, table: u16, keys: &[u64], rows: Rows) -> VecDeque<Group> {
+    fn plan(&self, table: u16, keys: &[u64], keys_run: bool, rows: Rows) -> VecDeque<Group> {
         let dir = self.directory();
         let rank = dir.rank();
         let meta = dir.table(table).expect("checked by the caller");
@@ -178,12 +213,13 @@ impl Step<'_, '_> {
             let ks = &keys[first as usize..(first + len) as usize];
             let (lo, hi) = (ks[0], ks[ks.len() - 1]);
             let home = dir.home(table, lo);
-            if hi >= lo && hi - lo == ks.len() as u64 - 1 && home != rank && home == dir.home(table, hi) && is_run(ks) {
-                return VecDeque::from([(home, 0, rows)]);
+            let whole = first == 0 && len as usize == keys.len();
+            if hi >= lo && hi - lo == ks.len() as u64 - 1 && home != rank && home == dir.home(table, hi) && ((whole && keys_run) || is_run(ks)) {
+                return VecDeque::from([Group { dest: home, flags: 0, rows, keys_run: true }]);
             }
         }
         let t = self.core.store().table(table);
-        let mut list: Vec<Group> = Vec::new();
+        let mut list: Vec<(u16, u8, Rows)> = Vec::new();
         let mut hint = (1u64, 0u64, 0usize);
         for row in rows.iter() {
             let key = keys[row as usize];
@@ -198,7 +234,7 @@ impl Step<'_, '_> {
             };
             add_to_group(&mut list, dest, flags, row);
         }
-        list.into()
+        list.into_iter().map(|(dest, flags, rows)| Group::new(dest, flags, rows, keys)).collect()
     }
 
     /// Routes and encodes parts of `op` that remain: a small operation at once, a large one a
@@ -210,22 +246,48 @@ impl Step<'_, '_> {
         let Some((kind, table)) = req.op_mut(op).and_then(|o| if let OpKind::Access(k) = o.kind { Some((k, o.table)) } else { None }) else {
             return false;
         };
-        let total: usize = groups.iter().map(|g| g.2.len()).sum();
+        let epoch = req.op_mut(op).map_or(0, |o| o.arrivals);
+        let total: usize = groups.iter().map(|g| g.rows.len()).sum();
         let mut chunk: Vec<Group> = Vec::new();
         if total <= SMALL_OPERATION {
             chunk.extend(groups.drain(..));
-        } else if let Some((dest, flags, rows)) = groups.pop_front() {
-            let per_part = self.rows_per_part(kind, table, keys, &rows);
-            let (first, rest) = rows.split_at(per_part);
-            if !rest.is_empty() {
-                groups.push_front((dest, flags, rest));
+        } else {
+            // Parts until about a frame of requests: large requests stream a frame at a time,
+            // small ones (pulls of runs of keys) go out together.
+            let frame = self.core.settings().effective_part_bytes();
+            let value_bytes = self.directory().table(table).map_or(4, |t| t.value_len * 4);
+            let mut bytes = 0;
+            while bytes < frame
+                && let Some(group) = groups.pop_front()
+            {
+                let per_part = self.rows_per_part(kind, table, group.keys_run);
+                let key_bytes = if group.keys_run { 0 } else { 8 };
+                let (first, rest) = group.split_at(per_part);
+                bytes += 64 + first.rows.len() * (key_bytes + if kind.carries_values() { value_bytes } else { 0 });
+                if !rest.rows.is_empty() {
+                    groups.push_front(rest);
+                }
+                chunk.push(first);
             }
-            chunk.push((dest, flags, first));
         }
         let dir = self.directory();
         let mut mask = 0u64;
-        for (_, _, rows) in &chunk {
-            mask |= shard_mask(dir, table, keys, rows);
+        for g in &chunk {
+            mask |= match g.rows.run() {
+                // A run of keys: its blocks, without looking at each key.
+                Some((first, len)) if g.keys_run && len > 0 => {
+                    let (lo, hi) = (keys[first as usize], keys[(first + len - 1) as usize]);
+                    let mut m = 0u64;
+                    for block in lo >> SHARD_BLOCK_BITS..=hi >> SHARD_BLOCK_BITS {
+                        m |= 1 << dir.shard_of(table, block << SHARD_BLOCK_BITS);
+                        if m == u64::MAX >> (64 - dir.shards().min(64)) {
+                            break;
+                        }
+                    }
+                    m
+                }
+                _ => shard_mask(dir, table, keys, &g.rows),
+            };
         }
         if !self.try_acquire(mask) {
             // Only a step that already holds other shards gets here: retry on a fresh one.
@@ -235,8 +297,11 @@ impl Step<'_, '_> {
             }
             return true;
         }
-        for (dest, flags, rows) in chunk {
-            self.route_rows(req, op, kind, table, dest, flags, rows, keys, input, caller.as_deref_mut());
+        // Whether any key of this node's started arriving since the operation's local pass: if
+        // not, rows found elsewhere then are elsewhere still, and need no second look.
+        let unchanged = self.core.arrivals() == epoch;
+        for group in chunk {
+            self.route_rows(req, op, kind, table, group, unchanged, keys, input, caller.as_deref_mut());
         }
         let more = !groups.is_empty();
         if more {
@@ -251,20 +316,18 @@ impl Step<'_, '_> {
 
     /// Rows of a group per part: parts of about `part_bytes`, sized by the larger of request
     /// and response; run-encoded keys cost nothing.
-    fn rows_per_part(&self, kind: AccessKind, table: u16, keys: &[u64], rows: &Rows) -> usize {
+    fn rows_per_part(&self, kind: AccessKind, table: u16, keys_run: bool) -> usize {
         let value_bytes = self.directory().table(table).map_or(4, |t| t.value_len * 4);
-        let key_bytes = match rows.run() {
-            Some((first, len)) if is_run(&keys[first as usize..(first + len) as usize]) => 0,
-            _ => 8,
-        };
+        let key_bytes = if keys_run { 0 } else { 8 };
         let request_item = key_bytes + if kind.carries_values() { value_bytes } else { 0 };
         let response_item = if kind == AccessKind::Pull { value_bytes } else { 0 };
         let part_bytes = self.core.settings().effective_part_bytes();
         (part_bytes.saturating_sub(64) / request_item.max(response_item).max(1)).max(1)
     }
 
-    /// Sends rows planned for `dest` (shards held): rows still elsewhere go as planned, in
-    /// parts; rows whose key arrived, is arriving, or is homed here take their own route.
+    /// Sends rows planned for `group.dest` (shards held): rows still elsewhere go as planned,
+    /// in parts; rows whose key arrived, is arriving, or is homed here take their own route.
+    /// `unchanged`: no key started arriving since the rows were planned.
     #[allow(clippy::too_many_arguments)]
     fn route_rows(
         &mut self,
@@ -272,18 +335,18 @@ impl Step<'_, '_> {
         op: OpId,
         kind: AccessKind,
         table: u16,
-        dest: u16,
-        flags: u8,
-        rows: Rows,
+        group: Group,
+        unchanged: bool,
         keys: &[u64],
         input: &[f32],
         caller: Option<&mut [f32]>,
     ) {
         let rank = self.directory().rank();
         let t = self.core.store().table(table);
+        let Group { dest, flags, rows, keys_run } = group;
         let (direct, own) = if dest == rank {
             (Rows::default(), rows)
-        } else if rows.iter().all(|r| t.residence(keys[r as usize]) == Residence::Away) {
+        } else if unchanged || rows.iter().all(|r| t.residence(keys[r as usize]) == Residence::Away) {
             (rows, Rows::default())
         } else {
             let (mut direct, mut own) = (Rows::default(), Rows::default());
@@ -296,11 +359,13 @@ impl Step<'_, '_> {
             if self.directory().is_lost(dest) {
                 req.fail_rows(op, direct.iter(), &self.directory().lost_error(dest));
             } else {
-                let per_part = self.rows_per_part(kind, table, keys, &direct);
+                // A run of keys stays one when no row left it.
+                let keys_run = keys_run && direct.run().is_some();
+                let per_part = self.rows_per_part(kind, table, keys_run);
                 let mut rest = direct;
                 while !rest.is_empty() {
                     let (part, after) = rest.split_at(per_part);
-                    self.encode_part(req, op, dest, flags, part, keys, input);
+                    self.encode_part(req, op, dest, flags, part, keys_run, keys, input);
                     rest = after;
                 }
             }
@@ -318,7 +383,7 @@ impl Step<'_, '_> {
         let rank = dir.rank();
         let store = self.core.store();
         let value_len = store.table(table).value_len();
-        let mut groups: Vec<Group> = Vec::new();
+        let mut groups: Vec<(u16, u8, Rows)> = Vec::new();
         let mut queued = Rows::default();
         let queued_part = req.op_mut(op).map_or(0, |o| o.parts.len()) as u32;
         for row in rows.iter() {
@@ -378,19 +443,21 @@ impl Step<'_, '_> {
             o.parts.push(queued);
         }
         for (dest, flags, rows) in groups {
-            let per_part = self.rows_per_part(kind, table, keys, &rows);
-            let mut rest = rows;
+            let group = Group::new(dest, flags, rows, keys);
+            let per_part = self.rows_per_part(kind, table, group.keys_run);
+            let mut rest = group.rows;
             while !rest.is_empty() {
                 let (part, after) = rest.split_at(per_part);
-                self.encode_part(req, op, dest, flags, part, keys, input);
+                self.encode_part(req, op, dest, flags, part, group.keys_run, keys, input);
                 rest = after;
             }
         }
     }
 
-    /// Encodes one part of `op` for `dest` as one ACCESS.
+    /// Encodes one part of `op` for `dest` as one ACCESS (`keys_run`: its keys are known to be
+    /// consecutive).
     #[allow(clippy::too_many_arguments)]
-    fn encode_part(&mut self, req: &mut Requester, op: OpId, dest: u16, flags: u8, rows: Rows, keys: &[u64], input: &[f32]) {
+    fn encode_part(&mut self, req: &mut Requester, op: OpId, dest: u16, flags: u8, rows: Rows, keys_run: bool, keys: &[u64], input: &[f32]) {
         let Some(o) = req.op_mut(op) else { return };
         let OpKind::Access(kind) = o.kind else { return };
         let (table, value_len) = (o.table, o.value_len);
@@ -399,7 +466,7 @@ impl Step<'_, '_> {
         let h = AccessHeader { kind, flags, table, origin, op, part };
         let buf = self.tx.buf(dest);
         let before = buf.len();
-        encode_rows(buf, h, &rows, keys, input, value_len);
+        encode_rows(buf, h, &rows, keys_run, keys, input, value_len);
         let bytes = buf.len() - before;
         o.parts.push(rows);
         let message = if flags & FLAG_FORWARDED != 0 { MessageKind::Forward } else { MessageKind::Access };
@@ -490,6 +557,7 @@ impl Step<'_, '_> {
             let deadline = now.saturating_add(deadline_after);
             shard.push_deadline((deadline, table, key, generation, DeadlineKind::Stuck));
             self.tx.note_deadline(deadline);
+            self.core.note_arrival();
             store.lock(table, key).set_arriving(true);
             groups[home as usize].push(MoveItem { key, resv, to });
             waiting += 1;
@@ -512,7 +580,7 @@ impl Step<'_, '_> {
     }
 }
 
-fn add_to_group(groups: &mut Vec<Group>, dest: u16, flags: u8, row: u32) {
+fn add_to_group(groups: &mut Vec<(u16, u8, Rows)>, dest: u16, flags: u8, row: u32) {
     match groups.last_mut() {
         Some(g) if g.0 == dest && g.1 == flags => g.2.push(row),
         _ => match groups.iter_mut().find(|g| g.0 == dest && g.1 == flags) {
@@ -529,13 +597,13 @@ fn is_run(keys: &[u64]) -> bool {
     keys.iter().enumerate().all(|(i, &k)| k == first.wrapping_add(i as u64))
 }
 
-/// Encodes one part: keys as a run when they are consecutive, values as one block when the
-/// rows are a run.
-fn encode_rows(buf: &mut Vec<u8>, h: AccessHeader, rows: &Rows, keys: &[u64], input: &[f32], value_len: usize) {
+/// Encodes one part: keys as a run when they are consecutive (known, or checked for a short
+/// part), values as one block when the rows are a run.
+fn encode_rows(buf: &mut Vec<u8>, h: AccessHeader, rows: &Rows, keys_run: bool, keys: &[u64], input: &[f32], value_len: usize) {
     if let Some((first, len)) = rows.run() {
         let (first, len) = (first as usize, len as usize);
         let ks = &keys[first..first + len];
-        let block_keys = if is_run(ks) { BlockKeys::Run { first: ks[0], count: len } } else { BlockKeys::List(ks) };
+        let block_keys = if keys_run || is_run(ks) { BlockKeys::Run { first: ks[0], count: len } } else { BlockKeys::List(ks) };
         let values = if h.kind.carries_values() { f32_bytes(&input[first * value_len..(first + len) * value_len]) } else { &[][..] };
         wire::encode_access_block(buf, h, block_keys, values);
         return;

@@ -59,6 +59,7 @@ mod transmit;
 pub mod wire;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -131,6 +132,10 @@ pub struct Core {
     barriers: Mutex<Barriers>,
     settings: Settings,
     counters: Arc<CounterRegistry>,
+    /// Bumped (under the key's shard lock) whenever a key starts arriving at this node: a
+    /// requester that saw no change since it looked at its keys knows that keys it found
+    /// elsewhere are elsewhere still.
+    arrivals: AtomicU64,
 }
 
 impl Core {
@@ -145,7 +150,19 @@ impl Core {
             barriers: Mutex::new(Barriers::new(rank as u16, nodes)),
             settings,
             counters: Arc::new(CounterRegistry::default()),
+            arrivals: AtomicU64::new(0),
         }
+    }
+
+    /// The arrivals counter (see the field).
+    #[inline]
+    pub(crate) fn arrivals(&self) -> u64 {
+        self.arrivals.load(Ordering::Acquire)
+    }
+
+    /// A key starts arriving (called with its shard lock held, before it is marked arriving).
+    pub(crate) fn note_arrival(&self) {
+        self.arrivals.fetch_add(1, Ordering::AcqRel);
     }
 
     /// This node's rank.

@@ -127,8 +127,8 @@ pub enum Output {
 
 /// Fast-path parts not yet encoded (a large operation is encoded while its first parts travel).
 pub(crate) struct Unsent {
-    /// (destination, flags, rows) groups, front first.
-    pub groups: std::collections::VecDeque<(u16, u8, Rows)>,
+    /// Groups of rows by destination, front first.
+    pub groups: std::collections::VecDeque<super::issue::Group>,
 }
 
 pub(crate) struct PendingOp {
@@ -146,6 +146,8 @@ pub(crate) struct PendingOp {
     /// Dropped when the caller dropped the ticket: the result is then discarded.
     ticket: Option<Weak<()>>,
     pub unsent: Option<Unsent>,
+    /// [`super::Core::arrivals`] when the operation looked at its keys.
+    pub arrivals: u64,
 }
 
 impl PendingOp {
@@ -256,7 +258,7 @@ impl Requester {
         let answered = if matches!(kind, OpKind::Access(_)) { vec![0; rows.div_ceil(64)] } else { Vec::new() };
         self.ops.insert(
             id,
-            PendingOp { kind, table, value_len, parts: Vec::new(), answered, remaining, output, error: None, deadline, keys, ticket, unsent: None },
+            PendingOp { kind, table, value_len, parts: Vec::new(), answered, remaining, output, error: None, deadline, keys, ticket, unsent: None, arrivals: 0 },
         );
         id
     }

@@ -28,7 +28,7 @@ impl Rows {
     }
 
     /// Appends a row, staying a run while rows are consecutive.
-    #[inline]
+    #[inline(always)]
     pub fn push(&mut self, row: u32) {
         match self {
             Rows::Run { first, len } if *len == 0 => {

@@ -159,6 +159,12 @@ impl<'c, 't> Step<'c, 't> {
                     if let Some(item) = resume {
                         return Ok(Progress::Yield { at: start, item });
                     }
+                    // A full answer is ready while more messages wait: end the step here so
+                    // that the caller sends it before the rest is served (a large request streams
+                    // back a frame at a time).
+                    if self.tx.has_sealed_frames() && end < frame.len() {
+                        return Ok(Progress::Yield { at: end, item: 0 });
+                    }
                 }
             }
             first_item = 0;

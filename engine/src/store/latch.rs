@@ -65,7 +65,15 @@ pub struct Latches {
 
 /// Holds every latch (taken in index order, so it cannot deadlock with single-latch holders).
 pub struct AllLatches<'a> {
-    _guards: Vec<LatchGuard<'a>>,
+    latches: &'a Latches,
+}
+
+impl Drop for AllLatches<'_> {
+    fn drop(&mut self) {
+        for l in self.latches.stripes.iter() {
+            l.0.store(false, Ordering::Release);
+        }
+    }
 }
 
 impl Latches {
@@ -106,7 +114,11 @@ impl Latches {
 
     /// Locks every latch, for applying a large batch without per-key latching.
     pub fn lock_all(&self) -> AllLatches<'_> {
-        AllLatches { _guards: self.stripes.iter().map(|l| l.lock()).collect() }
+        for l in self.stripes.iter() {
+            // Released together by the guard's drop.
+            std::mem::forget(l.lock());
+        }
+        AllLatches { latches: self }
     }
 }
 

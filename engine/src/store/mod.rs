@@ -19,7 +19,7 @@ pub mod slot;
 
 use std::ptr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering, fence};
 
 use parking_lot::Mutex;
 
@@ -41,6 +41,8 @@ pub const VALUES_OFFSET: usize = 4;
 pub const OPTIMISTIC_MAX: usize = 128;
 /// Resolution of the relocation stamp carried in a slot's head word: nanoseconds >> 6.
 pub const STAMP_SHIFT: u32 = 6;
+/// Keys per block of the slot map's summary.
+const BLOCK: usize = 64;
 
 /// Where a key lives, as one node's slot map says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +119,9 @@ pub struct TableStore {
     slot_map: *const AtomicU32,
     slot_map_len: usize,
     _slot_map_memory: SlotMapMemory,
+    /// Per block of [`BLOCK`] keys, how many are published here or arriving: a run of keys
+    /// held elsewhere is confirmed with one load per block instead of one per key.
+    blocks: Box<[AtomicU8]>,
     chunks: Box<[AtomicPtr<u8>]>,
     chunk_regions: Box<[AtomicU64]>,
     chunk_bases: Box<[AtomicU64]>,
@@ -333,6 +338,7 @@ impl TableStore {
             slot_map,
             slot_map_len: keys,
             _slot_map_memory: memory,
+            blocks: (0..keys.div_ceil(BLOCK)).map(|_| AtomicU8::new(0)).collect(),
             chunks: (0..max_chunks).map(|_| AtomicPtr::new(ptr::null_mut())).collect(),
             chunk_regions: (0..max_chunks).map(|_| AtomicU64::new(0)).collect(),
             chunk_bases: (0..max_chunks).map(|_| AtomicU64::new(0)).collect(),
@@ -349,6 +355,69 @@ impl TableStore {
         }
         // SAFETY: bounds checked above; the map lives as long as the table.
         Some(unsafe { &*self.slot_map.add(key as usize) })
+    }
+
+    /// The slot-map entries of keys `first..first+count`; `None` when they leave the table.
+    #[inline]
+    fn entries(&self, first: u64, count: usize) -> Option<&[AtomicU32]> {
+        let end = (first as usize).checked_add(count)?;
+        if end > self.slot_map_len {
+            return None;
+        }
+        // SAFETY: bounds checked above; the map lives as long as the table.
+        Some(unsafe { std::slice::from_raw_parts(self.slot_map.add(first as usize), count) })
+    }
+
+    /// The chunk a slot lies in and its byte offset there.
+    #[inline]
+    fn chunk_of(&self, slot: u32) -> (usize, usize) {
+        ((slot >> self.chunk_shift) as usize, (slot & ((1 << self.chunk_shift) - 1)) as usize * self.slot_bytes)
+    }
+
+    /// The base address of a chunk (null if it was never allocated).
+    #[inline]
+    fn chunk_base(&self, chunk: usize) -> *mut u8 {
+        self.chunks.get(chunk).map_or(ptr::null_mut(), |c| c.load(Ordering::Acquire))
+    }
+
+    /// Whether `key` is neither published here nor arriving (true beyond the table).
+    #[inline]
+    pub fn is_away(&self, key: u64) -> bool {
+        self.entry(key).is_none_or(|e| e.load(Ordering::Acquire) == NO_SLOT)
+    }
+
+    /// Whether every key of `first..first+count` is neither published here nor arriving, as
+    /// far as the block summary says (a key that changes meanwhile may be missed, as with
+    /// [`TableStore::is_away`] on each key). Blocks that hold something are checked key by key.
+    pub fn run_is_away(&self, first: u64, count: usize) -> bool {
+        let Some(end) = (first as usize).checked_add(count).filter(|&e| e <= self.slot_map_len) else { return false };
+        let mut key = first as usize;
+        while key < end {
+            let block = key / BLOCK;
+            let block_end = ((block + 1) * BLOCK).min(end);
+            if self.blocks[block].load(Ordering::Acquire) != 0 && !(key..block_end).all(|k| self.is_away(k as u64)) {
+                return false;
+            }
+            key = block_end;
+        }
+        true
+    }
+
+    /// Changes a key's slot-map entry and keeps the block summary (the caller holds the key's
+    /// latch, so entry and count change together for every other writer).
+    #[inline]
+    fn set_entry(&self, key: u64, value: u32) {
+        let Some(entry) = self.entry(key) else { return };
+        let was_here = entry.load(Ordering::Relaxed) != NO_SLOT;
+        let is_here = value != NO_SLOT;
+        let block = &self.blocks[key as usize / BLOCK];
+        if is_here && !was_here {
+            block.fetch_add(1, Ordering::AcqRel);
+        }
+        entry.store(value, Ordering::Release);
+        if was_here && !is_here {
+            block.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// The table's specification.
@@ -409,7 +478,8 @@ impl TableStore {
         let Some(slot) = self.slot_of(key) else { return false };
         // SAFETY: a published slot was handed out by the allocator; slots are never unmapped
         // while the store lives, so reading one that was freed meanwhile is harmless, and the
-        // map check below rejects such a copy.
+        // map check below rejects such a copy. This view holds no latch, so only its atomic,
+        // validated read is used.
         let view = unsafe { Slot::new(self, slot) };
         view.read_validated(out) && self.slot_of(key) == Some(slot)
     }

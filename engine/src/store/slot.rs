@@ -1,10 +1,11 @@
 //! Access to slots: through a latch guard, through an owned reservation, or optimistically.
 //!
-//! A slot is `[head u32][value_len × f32][tail u32]` in registered memory. Every word is read and
-//! written as an atomic (`Relaxed` for values, which compiles to plain moves on x86), so a local
-//! writer under the key's latch and a latch-free reader (an optimistic local pull, or the TCP
-//! emulation of a one-sided read) never race in the language's sense; the versions tell the
-//! reader whether its copy is consistent:
+//! A slot is `[head u32][value_len × f32][tail u32]` in registered memory. Every write is an
+//! atomic store (`Relaxed` for values, a plain move on x86), and every read that holds no latch
+//! — an optimistic local pull, the TCP emulation of a one-sided read — is an atomic load, so
+//! they never race in the language's sense. A reader that holds the latch (or owns the slot)
+//! excludes every writer, so it copies with a plain `memcpy`: reads do not race with reads. The
+//! versions tell a latch-free reader whether its copy is consistent:
 //!
 //! 1. `tail ← v + 1` (odd: a write is under way), release fence;
 //! 2. write the values;
@@ -19,7 +20,11 @@
 use std::sync::atomic::{AtomicU32, Ordering, fence};
 
 use super::latch::{AllLatches, LatchGuard};
-use super::{ARRIVING, NO_SLOT, Residence, TableStore};
+
+/// Values up to this many floats are copied word by word rather than with `memcpy`.
+const SHORT: usize = 8;
+use super::{NO_SLOT, Residence, TableStore};
+use super::ARRIVING;
 
 /// A view of one slot's words, for as long as the latch or reservation that grants it.
 #[derive(Clone, Copy)]
@@ -31,6 +36,24 @@ pub struct Slot<'a> {
 }
 
 impl<'a> Slot<'a> {
+    /// A view of the slot at `p` (slot number `index`) with `value_len` values.
+    ///
+    /// # Safety
+    ///
+    /// `p` is the start of a slot handed out by its table's allocator, with `value_len` values.
+    #[inline]
+    pub(super) unsafe fn at(p: *mut u8, value_len: usize, index: u32) -> Slot<'a> {
+        // SAFETY: per the contract, as in `new`.
+        unsafe {
+            Slot {
+                head: &*(p as *const AtomicU32),
+                values: std::slice::from_raw_parts(p.add(super::VALUES_OFFSET) as *const AtomicU32, value_len),
+                tail: &*(p.add(super::VALUES_OFFSET + 4 * value_len) as *const AtomicU32),
+                index,
+            }
+        }
+    }
+
     /// The slot `index` of `table`.
     ///
     /// # Safety
@@ -91,8 +114,39 @@ impl<'a> Slot<'a> {
     #[inline]
     pub fn read(&self, out: &mut [f32]) {
         debug_assert_eq!(out.len(), self.values.len());
-        for (o, v) in out.iter_mut().zip(self.values) {
-            *o = f32::from_bits(v.load(Ordering::Relaxed));
+        let n = out.len().min(self.values.len());
+        if n <= SHORT {
+            // A call to memcpy costs more than copying a few words.
+            for (o, v) in out.iter_mut().zip(self.values) {
+                // SAFETY: as below; a plain load of a word nobody writes meanwhile.
+                *o = f32::from_bits(unsafe { *v.as_ptr() });
+            }
+            return;
+        }
+        // SAFETY: a `Slot` is handed out only while its holder excludes every writer (the key's
+        // latch, every latch, or ownership of a reserved slot), so nothing writes these words
+        // during the copy; latch-free readers only read. `n` values fit both buffers, which
+        // cannot overlap (`out` is borrowed mutably).
+        unsafe { std::ptr::copy_nonoverlapping(self.values.as_ptr() as *const f32, out.as_mut_ptr(), n) };
+    }
+
+    /// Appends the value to `out` as little-endian bytes.
+    #[inline]
+    pub fn append_le_bytes(&self, out: &mut Vec<u8>) {
+        let n = self.values.len() * 4;
+        if self.values.len() <= SHORT {
+            for v in self.values {
+                // SAFETY: as below; a plain load of a word nobody writes meanwhile.
+                out.extend_from_slice(&unsafe { *v.as_ptr() }.to_le_bytes());
+            }
+            return;
+        }
+        out.reserve(n);
+        // SAFETY: as in `read`, nothing writes the slot during the copy; `reserve` made room for
+        // `n` bytes after the vector's length, which are initialised before `set_len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.values.as_ptr() as *const u8, out.as_mut_ptr().add(out.len()), n);
+            out.set_len(out.len() + n);
         }
     }
 
@@ -100,8 +154,16 @@ impl<'a> Slot<'a> {
     #[inline]
     pub fn read_le_bytes(&self, out: &mut [u8]) {
         debug_assert_eq!(out.len(), self.values.len() * 4);
-        for (o, v) in out.chunks_exact_mut(4).zip(self.values) {
-            o.copy_from_slice(&v.load(Ordering::Relaxed).to_le_bytes());
+        let n = out.len().min(self.values.len() * 4);
+        // SAFETY: as in `read`.
+        unsafe { std::ptr::copy_nonoverlapping(self.values.as_ptr() as *const u8, out.as_mut_ptr(), n) };
+    }
+
+    /// Copies the value with atomic loads (for readers that hold no latch).
+    #[inline]
+    fn read_atomic(&self, out: &mut [f32]) {
+        for (o, v) in out.iter_mut().zip(self.values) {
+            *o = f32::from_bits(v.load(Ordering::Relaxed));
         }
     }
 
@@ -158,7 +220,7 @@ impl<'a> Slot<'a> {
         if before & 1 != 0 {
             return false;
         }
-        self.read(out);
+        self.read_atomic(out);
         fence(Ordering::Acquire);
         self.tail.load(Ordering::Relaxed) == before
     }
@@ -229,30 +291,21 @@ impl<'s> KeyGuard<'s> {
     pub fn publish(&mut self, slot: Reserved) {
         debug_assert_eq!(slot.table, self.table.id());
         debug_assert!(self.table.slot_of(self.key).is_none(), "key {} published twice", self.key);
-        if let Some(entry) = self.table.entry(self.key) {
-            entry.store(slot.index, Ordering::Release);
-        }
+        self.table.set_entry(self.key, slot.index);
     }
 
     /// Stops serving the key locally and hands its slot to the caller (an outgoing relocation).
     pub fn unpublish(&mut self) -> Option<Reserved> {
-        let entry = self.table.entry(self.key)?;
-        let slot = entry.load(Ordering::Acquire);
-        if slot == NO_SLOT || slot == ARRIVING {
-            return None;
-        }
-        entry.store(NO_SLOT, Ordering::Release);
+        let slot = self.table.slot_of(self.key)?;
+        self.table.set_entry(self.key, NO_SLOT);
         Some(Reserved { table: self.table.id(), index: slot })
     }
 
     /// Marks the key as relocating to this node (`true`) or no longer (`false`). Only for a key
     /// that is not published here; workers then route its operations through the protocol.
     pub fn set_arriving(&mut self, arriving: bool) {
-        if let Some(entry) = self.table.entry(self.key) {
-            let now = entry.load(Ordering::Acquire);
-            if now == NO_SLOT || now == ARRIVING {
-                entry.store(if arriving { ARRIVING } else { NO_SLOT }, Ordering::Release);
-            }
+        if matches!(self.table.residence(self.key), Residence::Away | Residence::Arriving) {
+            self.table.set_entry(self.key, if arriving { ARRIVING } else { NO_SLOT });
         }
     }
 }
@@ -271,5 +324,34 @@ impl AllGuard<'_> {
         let t = self.store.table(table);
         // SAFETY: a published slot was handed out by the allocator.
         t.slot_of(key).map(|s| unsafe { Slot::new(t, s) })
+    }
+
+    /// Calls `f(i, slot)` for keys `first + i`, `i` in `0..count`, in order, while they are
+    /// published here; returns how many it called `f` for. The bulk path: the slot map is read
+    /// as one slice and a chunk's base address looked up once per chunk, not once per key.
+    #[inline]
+    pub fn for_each_in_run(&self, table: u16, first: u64, count: usize, mut f: impl FnMut(usize, &Slot<'_>)) -> usize {
+        let t = self.store.table(table);
+        let Some(entries) = t.entries(first, count) else { return 0 };
+        let value_len = t.value_len();
+        let mut chunk = usize::MAX;
+        let mut base: *mut u8 = std::ptr::null_mut();
+        for (i, entry) in entries.iter().enumerate() {
+            // Every latch is held, so nothing publishes or unpublishes meanwhile.
+            let slot = entry.load(Ordering::Relaxed);
+            if slot >= ARRIVING {
+                return i;
+            }
+            let (c, offset) = t.chunk_of(slot);
+            if c != chunk {
+                chunk = c;
+                base = t.chunk_base(c);
+            }
+            // SAFETY: a published slot was handed out by the allocator, so its chunk is mapped
+            // (`base`, loaded for this chunk) and the slot lies at `offset` in it.
+            let view = unsafe { Slot::at(base.add(offset), value_len, slot) };
+            f(i, &view);
+        }
+        count
     }
 }

@@ -295,7 +295,7 @@ struct ControlAdapter {
 }
 
 impl Handler for ControlAdapter {
-    fn on_message(&self, from: usize, _payload: &[u8]) {
+    fn on_message(&self, from: usize, _payload: bytes::Bytes) {
         tracing::warn!(peer = from, "a protocol frame arrived over the TCP control connection of a verbs fabric; ignored");
     }
 
