@@ -198,8 +198,9 @@ impl Step<'_, '_> {
     }
 
     /// Plans where the remote rows go: groups by destination (the cached owner, or the home
-    /// node); rows homed here or arriving here form groups routed row by row (destination: this
-    /// node). The plan is checked again under the shard locks when each part is sent.
+    /// node) of rows that are away; rows homed here or arriving here form groups routed row by
+    /// row (destination: this node). When a part is sent, under its shards' locks, rows planned
+    /// as away are looked at again unless no key started arriving here since they were planned.
     fn plan(&self, table: u16, keys: &[u64], keys_run: bool, rows: Rows) -> VecDeque<Group> {
         let dir = self.directory();
         let rank = dir.rank();
@@ -214,7 +215,13 @@ impl Step<'_, '_> {
             let (lo, hi) = (ks[0], ks[ks.len() - 1]);
             let home = dir.home(table, lo);
             let whole = first == 0 && len as usize == keys.len();
-            if hi >= lo && hi - lo == ks.len() as u64 - 1 && home != rank && home == dir.home(table, hi) && ((whole && keys_run) || is_run(ks)) {
+            if hi >= lo
+                && hi - lo == ks.len() as u64 - 1
+                && home != rank
+                && home == dir.home(table, hi)
+                && ((whole && keys_run) || is_run(ks))
+                && self.core.store().table(table).run_is_away(lo, ks.len())
+            {
                 return VecDeque::from([Group { dest: home, flags: 0, rows, keys_run: true }]);
             }
         }
