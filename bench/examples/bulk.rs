@@ -8,6 +8,9 @@ fn main() {
     let reps: usize = arg(4).and_then(|a| a.parse().ok()).unwrap_or(10);
     let mut c = ferry::Config::new(vec![ferry::TableSpec::new("t", 2 * keys, value_len)]);
     c.latches = 1000;
+    if let Some(p) = std::env::var("PART").ok().and_then(|p| p.parse().ok()) {
+        c.part_bytes = p;
+    }
     let nodes = ferry::Node::start_local_cluster(2, c).unwrap();
     let table = nodes[0].table("t").unwrap();
     let mut w = nodes[0].worker();

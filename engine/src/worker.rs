@@ -10,6 +10,11 @@ use crate::node::Table;
 use crate::protocol::{AccessKind, Delivery, Issued, OpId, Progress, PullTarget, Requester, Transmit};
 use crate::runtime::NodeInner;
 
+/// Polls of the inbox before the waiting worker starts yielding its core.
+const SPINS: usize = 200;
+/// How long the waiting worker yields its core before it blocks.
+const YIELDING: Duration = Duration::from_micros(50);
+
 /// One trainer thread's access to the parameter store.
 ///
 /// Keys may repeat within a call and need not be sorted; values are laid out key after key
@@ -192,7 +197,6 @@ impl Worker {
 
     /// Waits for `op`, handling deliveries; a synchronous pull's values go into `caller`.
     fn wait_op(&mut self, op: OpId, mut caller: Option<&mut [f32]>) -> Result<Vec<f32>> {
-        let mut spins = 0u32;
         loop {
             if let Some(result) = self.requester.take(op) {
                 return result;
@@ -200,35 +204,42 @@ impl Worker {
             if !self.requester.is_pending(op) {
                 return Err(Error::Protocol(format!("operation {op} is unknown to this worker")));
             }
-            // A remote answer on a fast network comes within microseconds, sooner than a
-            // park and wake-up: spin briefly first.
-            let delivery = match self.inbox.try_recv() {
-                Ok(d) => Some(d),
-                Err(TryRecvError::Empty) if spins < 4000 => {
-                    spins += 1;
-                    if spins % 64 == 0 {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                    continue;
-                }
-                Err(TryRecvError::Empty) => {
-                    let now = self.node.now();
-                    let deadline = self.requester.poll_timeout().unwrap_or(now + 1_000_000_000);
-                    let wait = Instant::now() + Duration::from_nanos(deadline.saturating_sub(now));
-                    match self.inbox.recv_deadline(wait) {
-                        Ok(d) => Some(d),
-                        Err(RecvTimeoutError::Timeout) => None,
-                        Err(RecvTimeoutError::Disconnected) => return Err(Error::ShutDown),
-                    }
-                }
-                Err(TryRecvError::Disconnected) => return Err(Error::ShutDown),
-            };
-            match delivery {
+            match self.next_delivery()? {
                 Some(d) => self.handle(d, caller.as_deref_mut().map(|c| (op, c))),
                 None => self.requester.handle_timeout(self.node.now()),
             }
+        }
+    }
+
+    /// The next delivery, or `None` when the earliest deadline of this worker's operations
+    /// passed first. An answer on a fast network comes within microseconds, sooner than a park
+    /// and wake-up, so the worker spins briefly, then yields its core for a while (on a machine
+    /// with few cores the threads it waits for need it), and only then blocks.
+    fn next_delivery(&mut self) -> Result<Option<Delivery>> {
+        for _ in 0..SPINS {
+            match self.inbox.try_recv() {
+                Ok(d) => return Ok(Some(d)),
+                Err(TryRecvError::Empty) => std::hint::spin_loop(),
+                Err(TryRecvError::Disconnected) => return Err(Error::ShutDown),
+            }
+        }
+        let yielding = Instant::now();
+        while yielding.elapsed() < YIELDING {
+            for _ in 0..16 {
+                match self.inbox.try_recv() {
+                    Ok(d) => return Ok(Some(d)),
+                    Err(TryRecvError::Empty) => std::thread::yield_now(),
+                    Err(TryRecvError::Disconnected) => return Err(Error::ShutDown),
+                }
+            }
+        }
+        let now = self.node.now();
+        let deadline = self.requester.poll_timeout().unwrap_or(now + 1_000_000_000);
+        let wait = Instant::now() + Duration::from_nanos(deadline.saturating_sub(now));
+        match self.inbox.recv_deadline(wait) {
+            Ok(d) => Ok(Some(d)),
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => Err(Error::ShutDown),
         }
     }
 

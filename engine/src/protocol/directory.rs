@@ -6,7 +6,7 @@
 //! only read — by a thread holding the key's shard lock (a [`super::Step`] that locked it).
 //! Location-cache entries are hints and are read and written without any lock.
 
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -46,6 +46,9 @@ pub struct Directory {
     tables: Vec<TableMeta>,
     lost: Box<[AtomicBool]>,
     reasons: Mutex<Vec<Option<String>>>,
+    /// Peers lost so far: an operation records it when issued, and a loss fails only the
+    /// operations issued before it (later ones already see the peer as lost).
+    losses: AtomicU64,
 }
 
 impl Directory {
@@ -68,6 +71,7 @@ impl Directory {
             tables,
             lost: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
             reasons: Mutex::new(vec![None; nodes]),
+            losses: AtomicU64::new(0),
         }
     }
 
@@ -224,7 +228,14 @@ impl Directory {
         }
         reasons[node as usize] = Some(reason.to_string());
         self.lost[node as usize].store(true, Ordering::Release);
+        self.losses.fetch_add(1, Ordering::AcqRel);
         true
+    }
+
+    /// Peers lost so far (see the field).
+    #[inline]
+    pub fn losses(&self) -> u64 {
+        self.losses.load(Ordering::Acquire)
     }
 }
 

@@ -123,8 +123,10 @@ impl Step<'_, '_> {
             PullTarget::Caller(c) => (None, Some(c)),
             PullTarget::None => (None, None),
         };
-        // Taken before any key is looked at (see `continue_issue`).
+        // Taken before any key is looked at (see `continue_issue`), and before any route is
+        // chosen (see `Delivery::PeerLost`).
         let arrivals = self.core.arrivals();
+        let losses = dir.losses();
         let mut remote = Rows::default();
         let served = {
             let output: &mut [f32] = match (&mut owned, &mut caller) {
@@ -144,7 +146,7 @@ impl Step<'_, '_> {
         self.tx.count_remote(remote.len());
         let cache_keys = dir.caches().then(|| keys.to_vec());
         let now = self.now;
-        let op = req.begin(OpKind::Access(kind), table, value_len, keys.len(), remote.len(), Output::None, cache_keys, ticket, now);
+        let op = req.begin(OpKind::Access(kind), table, value_len, keys.len(), remote.len(), Output::None, cache_keys, ticket, now, losses);
         let groups = self.plan(table, keys, run, remote);
         if let Some(o) = req.op_mut(op) {
             o.output = match (owned, kind) {
@@ -493,23 +495,18 @@ impl Step<'_, '_> {
         }
         let store = self.core.store();
         let t = store.table(table);
-        let mut mask = 0u64;
-        let mut wanted = 0;
-        for &key in keys {
-            if t.slot_of(key).is_none() {
-                mask |= 1 << dir.shard_of(table, key);
-                wanted += 1;
-            }
-        }
-        if wanted == 0 {
+        if keys.iter().all(|&k| t.slot_of(k).is_some()) {
             return Ok(Issued::Done(None));
         }
+        // Every key's shard, not only those elsewhere now: a key here may leave before the locks
+        // are taken, and must then be fetched back under its shard's lock.
+        let mask = shard_mask(dir, table, keys, &Rows::Run { first: 0, len: keys.len() as u32 });
         if !self.try_acquire(mask) {
             return Err(Error::Protocol("an operation was issued on a step that already holds shard locks".into()));
         }
         let (rank, now) = (dir.rank(), self.now);
         let deadline_after = self.core.settings().op_timeout_ns;
-        let op = req.begin(OpKind::Localize, table, meta.value_len, 0, 0, Output::None, None, ticket, now);
+        let op = req.begin(OpKind::Localize, table, meta.value_len, 0, 0, Output::None, None, ticket, now, dir.losses());
         let mut groups: Vec<Vec<MoveItem>> = vec![Vec::new(); dir.nodes()];
         let mut waiting = 0usize;
         for &key in keys {

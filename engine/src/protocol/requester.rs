@@ -45,13 +45,15 @@ pub enum Delivery {
     },
     /// This node's protocol served or failed something of an operation.
     Local(LocalEvent),
-    /// A peer is lost: every pending operation fails (a forwarded request may pass through any
-    /// node).
+    /// A peer is lost: every operation issued before the loss fails (a forwarded request may
+    /// pass through any node); operations issued later already saw the peer as lost.
     PeerLost {
         /// The lost node.
         node: u16,
         /// What the transport observed.
         reason: String,
+        /// [`super::Directory::losses`] after this loss.
+        losses: u64,
     },
     /// The node shuts down.
     ShutDown,
@@ -148,6 +150,8 @@ pub(crate) struct PendingOp {
     pub unsent: Option<Unsent>,
     /// [`super::Core::arrivals`] when the operation looked at its keys.
     pub arrivals: u64,
+    /// [`super::Directory::losses`] when the operation was issued.
+    losses: u64,
 }
 
 impl PendingOp {
@@ -250,6 +254,7 @@ impl Requester {
         keys: Option<Vec<u64>>,
         ticket: Option<Weak<()>>,
         now: u64,
+        losses: u64,
     ) -> OpId {
         let id = ((self.worker as u64) << WORKER_SHIFT) | (self.next_seq & ((1 << WORKER_SHIFT) - 1));
         self.next_seq += 1;
@@ -258,7 +263,7 @@ impl Requester {
         let answered = if matches!(kind, OpKind::Access(_)) { vec![0; rows.div_ceil(64)] } else { Vec::new() };
         self.ops.insert(
             id,
-            PendingOp { kind, table, value_len, parts: Vec::new(), answered, remaining, output, error: None, deadline, keys, ticket, unsent: None, arrivals: 0 },
+            PendingOp { kind, table, value_len, parts: Vec::new(), answered, remaining, output, error: None, deadline, keys, ticket, unsent: None, arrivals: 0, losses },
         );
         id
     }
@@ -402,19 +407,20 @@ impl Requester {
                 self.on_local(event, &mut caller);
                 None
             }
-            Delivery::PeerLost { node, reason } => {
-                self.fail_all(Error::PeerLost { node: node as usize, reason });
+            Delivery::PeerLost { node, reason, losses } => {
+                self.fail_all(Error::PeerLost { node: node as usize, reason }, losses);
                 None
             }
             Delivery::ShutDown => {
-                self.fail_all(Error::ShutDown);
+                self.fail_all(Error::ShutDown, u64::MAX);
                 None
             }
         }
     }
 
-    fn fail_all(&mut self, error: Error) {
-        let mut ids: Vec<OpId> = self.ops.keys().copied().collect();
+    /// Fails every operation issued while fewer than `losses` peers were lost.
+    fn fail_all(&mut self, error: Error, losses: u64) {
+        let mut ids: Vec<OpId> = self.ops.iter().filter(|(_, o)| o.losses < losses).map(|(id, _)| *id).collect();
         ids.sort_unstable();
         for op in ids {
             if let Some(o) = self.ops.get_mut(&op) {

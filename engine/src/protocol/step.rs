@@ -224,7 +224,7 @@ impl<'c, 't> Step<'c, 't> {
         self.core.barriers().lock().handle_peer_lost(&error);
         self.tx.touch_barrier();
         self.tx.forget(peer);
-        self.tx.deliver(ALL_WORKERS, Delivery::PeerLost { node: peer, reason: reason.to_string() });
+        self.tx.deliver(ALL_WORKERS, Delivery::PeerLost { node: peer, reason: reason.to_string(), losses: dir.losses() });
         Progress::Done
     }
 

@@ -41,7 +41,7 @@ impl<'a> Slot<'a> {
     /// # Safety
     ///
     /// `p` is the start of a slot handed out by its table's allocator, with `value_len` values.
-    #[inline]
+    #[inline(always)]
     pub(super) unsafe fn at(p: *mut u8, value_len: usize, index: u32) -> Slot<'a> {
         // SAFETY: per the contract, as in `new`.
         unsafe {
@@ -95,7 +95,7 @@ impl<'a> Slot<'a> {
         self.values.is_empty()
     }
 
-    #[inline]
+    #[inline(always)]
     fn begin_write(&self) -> u32 {
         let v = self.tail.load(Ordering::Relaxed) & !1;
         self.tail.store(v.wrapping_add(1), Ordering::Relaxed);
@@ -103,7 +103,7 @@ impl<'a> Slot<'a> {
         v
     }
 
-    #[inline]
+    #[inline(always)]
     fn end_write(&self, v: u32) {
         self.head.store(v.wrapping_add(2), Ordering::Release);
         self.tail.store(v.wrapping_add(2), Ordering::Release);
@@ -111,7 +111,7 @@ impl<'a> Slot<'a> {
 
     /// Copies the value into `out` (which must hold `len()` floats; a shorter or longer `out`
     /// copies the common prefix).
-    #[inline]
+    #[inline(always)]
     pub fn read(&self, out: &mut [f32]) {
         debug_assert_eq!(out.len(), self.values.len());
         let n = out.len().min(self.values.len());
@@ -131,7 +131,7 @@ impl<'a> Slot<'a> {
     }
 
     /// Appends the value to `out` as little-endian bytes.
-    #[inline]
+    #[inline(always)]
     pub fn append_le_bytes(&self, out: &mut Vec<u8>) {
         let n = self.values.len() * 4;
         if self.values.len() <= SHORT {
@@ -168,7 +168,7 @@ impl<'a> Slot<'a> {
     }
 
     /// Adds `update` element-wise.
-    #[inline]
+    #[inline(always)]
     pub fn add(&self, update: &[f32]) {
         debug_assert_eq!(update.len(), self.values.len());
         let v = self.begin_write();
@@ -179,7 +179,7 @@ impl<'a> Slot<'a> {
     }
 
     /// Adds little-endian f32 bytes (as they come off the wire) element-wise.
-    #[inline]
+    #[inline(always)]
     pub fn add_le_bytes(&self, bytes: &[u8]) {
         debug_assert_eq!(bytes.len(), self.values.len() * 4);
         let v = self.begin_write();
@@ -191,7 +191,7 @@ impl<'a> Slot<'a> {
     }
 
     /// Overwrites the value.
-    #[inline]
+    #[inline(always)]
     pub fn write(&self, value: &[f32]) {
         debug_assert_eq!(value.len(), self.values.len());
         let v = self.begin_write();
@@ -202,7 +202,7 @@ impl<'a> Slot<'a> {
     }
 
     /// Overwrites the value from little-endian f32 bytes.
-    #[inline]
+    #[inline(always)]
     pub fn write_le_bytes(&self, bytes: &[u8]) {
         debug_assert_eq!(bytes.len(), self.values.len() * 4);
         let v = self.begin_write();
@@ -329,7 +329,7 @@ impl AllGuard<'_> {
     /// Calls `f(i, slot)` for keys `first + i`, `i` in `0..count`, in order, while they are
     /// published here; returns how many it called `f` for. The bulk path: the slot map is read
     /// as one slice and a chunk's base address looked up once per chunk, not once per key.
-    #[inline]
+    #[inline(always)]
     pub fn for_each_in_run(&self, table: u16, first: u64, count: usize, mut f: impl FnMut(usize, &Slot<'_>)) -> usize {
         let t = self.store.table(table);
         let Some(entries) = t.entries(first, count) else { return 0 };
