@@ -102,7 +102,13 @@ fn fuzz(cases: u64, seed: u64) -> Result<()> {
         batch_seed += 1;
     }
     println!("ferry-bench fuzz: {} cases in {:.1} s (seeds {seed}..{batch_seed})", total.cases, started.elapsed().as_secs_f64());
-    println!("  accepted {} ({:.1} %), rejected {}, left unmutated {}", total.accepted, 100.0 * total.accepted as f64 / total.cases.max(1) as f64, total.rejected, total.unmutated);
+    println!(
+        "  accepted {} ({:.1} %), rejected {}, left unmutated {}",
+        total.accepted,
+        100.0 * total.accepted as f64 / total.cases.max(1) as f64,
+        total.rejected,
+        total.unmutated
+    );
     println!("  deliveries to the worker {}, rejected as a peer's fault {}", total.deliveries, total.faults);
     for (ty, (a, b)) in &total.per_type {
         println!("  {ty:<16} accepted {a:>8}  rejected {b:>8}");

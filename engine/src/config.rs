@@ -87,23 +87,11 @@ pub struct VerbsSettings {
     /// on the completion channel: spinning answers in nanoseconds but takes a core, which an
     /// oversubscribed host (more busy threads than cores) pays for in scheduling delays.
     pub poll_spin: std::time::Duration,
-    /// Fault injection for tests: posting to peer `.0` fails after `.1` more posts (the
-    /// connection then breaks as it would on a real post failure). `FERRY_VERBS_FAIL_POSTS`
-    /// (`peer:posts`) sets it.
-    pub fail_posts_after: Option<(usize, u64)>,
 }
 
 impl Default for VerbsSettings {
     fn default() -> Self {
-        VerbsSettings {
-            devices: Vec::new(),
-            port: None,
-            gid_index: None,
-            buffers: 64,
-            buffer_bytes: 32 << 10,
-            poll_spin: std::time::Duration::from_micros(50),
-            fail_posts_after: None,
-        }
+        VerbsSettings { devices: Vec::new(), port: None, gid_index: None, buffers: 64, buffer_bytes: 32 << 10, poll_spin: std::time::Duration::from_micros(50) }
     }
 }
 
@@ -186,6 +174,10 @@ pub struct Config {
     /// Shards of the protocol state (1..=64), each behind its own lock: threads working on keys
     /// of different shards do not wait for each other. Local to this node (nodes may differ).
     pub shards: usize,
+    /// Fault injection for tests: sending to peer `.0` fails after `.1` more send operations
+    /// (a `sendmsg` over TCP, a post over verbs), and the connection breaks as it would on a
+    /// real failure. `FERRY_FAIL_SENDS=peer:count` sets it.
+    pub fail_sends_after: Option<(usize, u64)>,
 }
 
 impl Config {
@@ -209,6 +201,7 @@ impl Config {
             max_message_bytes: 4 << 20,
             part_bytes: 256 << 10,
             shards: 16,
+            fail_sends_after: None,
         }
     }
 
@@ -230,7 +223,7 @@ impl Config {
     /// `tcp`), `FERRY_VERBS_DEVICE` (a device name, or a comma-separated list indexed by rank),
     /// `FERRY_VERBS_PORT`, `FERRY_VERBS_GID_INDEX`, `FERRY_VERBS_BUFFERS` and
     /// `FERRY_VERBS_BUFFER_BYTES`, `FERRY_VERBS_SPIN_US`, and for fault-injection tests
-    /// `FERRY_VERBS_FAIL_POSTS`. Unset variables leave the settings as they are.
+    /// `FERRY_FAIL_SENDS`. Unset variables leave the settings as they are.
     pub fn apply_transport_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
         let get = |name: &str| get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
         if let Some(t) = get("FERRY_TRANSPORT") {
@@ -257,9 +250,9 @@ impl Config {
         if let Some(s) = get("FERRY_VERBS_SPIN_US") {
             self.verbs.poll_spin = std::time::Duration::from_micros(number("FERRY_VERBS_SPIN_US", &s)?);
         }
-        if let Some(f) = get("FERRY_VERBS_FAIL_POSTS") {
-            let (peer, posts) = f.split_once(':').ok_or_else(|| Error::Config(format!("FERRY_VERBS_FAIL_POSTS='{f}' is not peer:posts")))?;
-            self.verbs.fail_posts_after = Some((number("FERRY_VERBS_FAIL_POSTS peer", peer)?, number("FERRY_VERBS_FAIL_POSTS posts", posts)?));
+        if let Some(f) = get("FERRY_FAIL_SENDS") {
+            let (peer, count) = f.split_once(':').ok_or_else(|| Error::Config(format!("FERRY_FAIL_SENDS='{f}' is not peer:count")))?;
+            self.fail_sends_after = Some((number("FERRY_FAIL_SENDS peer", peer)?, number("FERRY_FAIL_SENDS count", count)?));
         }
         Ok(())
     }

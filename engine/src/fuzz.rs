@@ -171,7 +171,11 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
         }
         3 | 4 => {
             let items: Vec<MoveItem> = (0..rng.gen_range(0..8))
-                .map(|_| MoveItem { key: rng.gen_range(0..keys), resv: rng.gen_range(1..1 << 28), to: RemoteAddr { region: rng.gen_range(0..3), addr: rng.gen_range(0..4096) } })
+                .map(|_| MoveItem {
+                    key: rng.gen_range(0..keys),
+                    resv: rng.gen_range(1..1 << 28),
+                    to: RemoteAddr { region: rng.gen_range(0..3), addr: rng.gen_range(0..4096) },
+                })
                 .collect();
             let (ty, owner) = if ty == 3 { (msg::LOCALIZE, 0) } else { (msg::RELOCATE, [0u16, 2][rng.gen_range(0..2)]) };
             wire::encode_move(&mut out, ty, table, owner, &items);

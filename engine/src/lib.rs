@@ -20,11 +20,11 @@ pub mod config;
 #[cfg(any(test, feature = "sim"))]
 pub mod consistency;
 mod error;
-mod node;
 pub mod fabric;
 #[cfg(any(test, feature = "sim"))]
 pub mod fuzz;
 pub mod launch;
+mod node;
 pub mod partition;
 pub mod protocol;
 mod runtime;

@@ -555,7 +555,8 @@ impl Sim {
         if let Some(s) = self.workers[w].streaming.take() {
             self.log(format!("worker {w}@{node} encodes more parts of op {}", s.op));
             let mut buffer = self.workers[w].in_flight.iter_mut().find(|f| f.op == s.op && !f.asynchronous).map(|f| std::mem::take(&mut f.buffer));
-            let more = self.worker_event(w, |step, req| Ok(step.continue_issue(req, s.op, &s.keys, &s.input, buffer.as_deref_mut().filter(|b| !b.is_empty()))))?;
+            let more =
+                self.worker_event(w, |step, req| Ok(step.continue_issue(req, s.op, &s.keys, &s.input, buffer.as_deref_mut().filter(|b| !b.is_empty()))))?;
             if let Some(b) = buffer
                 && let Some(f) = self.workers[w].in_flight.iter_mut().find(|f| f.op == s.op)
             {
@@ -599,7 +600,12 @@ impl Sim {
             }
             ScriptOp::Access { kind, keys, lanes_or_tags, asynchronous } => {
                 self.ops += 1;
-                self.log(format!("worker {w}@{node} {kind:?} {} keys {:?}{}", keys.len(), &keys[..keys.len().min(8)], if asynchronous { " async" } else { "" }));
+                self.log(format!(
+                    "worker {w}@{node} {kind:?} {} keys {:?}{}",
+                    keys.len(),
+                    &keys[..keys.len().min(8)],
+                    if asynchronous { " async" } else { "" }
+                ));
                 let mut input = Vec::new();
                 for (i, _) in keys.iter().enumerate() {
                     match kind {

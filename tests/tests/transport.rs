@@ -58,6 +58,31 @@ fn history_over_the_chosen_transport_is_sequentially_consistent() {
     assert!(text.contains("[0] history ok"));
 }
 
+/// Rank 0's sends to rank 1 fail after 200 sends (a failing `sendmsg` over TCP, a failing post
+/// over verbs, reported by the fabric's own threads, never from the send path): rank 0's
+/// operations end in `PeerLost`, rank 1 sees rank 0 lost, nobody hangs.
+#[test]
+fn failing_sends_end_in_errors_not_hangs() {
+    let want = expected_transport();
+    let started = std::time::Instant::now();
+    let out = launch_testnode(2, &["send-failure", "--after", "200"], Duration::from_secs(120));
+    let text = stdout(&out);
+    assert!(text.contains(&format!("[0] transport {want}")), "rank 0 did not use {want}: {text}");
+    assert!(text.contains("[0] send-failure ok") && text.contains("[1] send-failure ok"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+}
+
+/// Rank 1 localizes every key of rank 0 and dies while their values are still being written to
+/// it: rank 0 sees it lost, and frees the slot of every key that left.
+#[test]
+fn a_peer_dying_with_writes_queued_leaves_no_slot_behind() {
+    let want = expected_transport();
+    let out = launch_testnode(2, &["writes-queued", "--keys", "20000"], Duration::from_secs(180));
+    let text = stdout(&out);
+    assert!(text.contains(&format!("[0] transport {want}")), "rank 0 did not use {want}: {text}");
+    assert!(text.contains("[0] writes-queued ok"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
 fn demanding_verbs_works_exactly_when_verbs_exist() {
     let out = Command::new(binary("ferry"))

@@ -32,11 +32,20 @@ pub struct MeshConfig {
     pub peer_timeout: Duration,
     /// How long connection set-up may take.
     pub connect_timeout: Duration,
+    /// Fault injection for tests: sending to peer `.0` fails after `.1` more sends, as a
+    /// failing `sendmsg` would.
+    pub fail_sends_after: Option<(usize, u64)>,
 }
 
 impl Default for MeshConfig {
     fn default() -> Self {
-        MeshConfig { max_frame: 1 << 30, heartbeat: Duration::from_millis(500), peer_timeout: Duration::from_secs(5), connect_timeout: Duration::from_secs(30) }
+        MeshConfig {
+            max_frame: 1 << 30,
+            heartbeat: Duration::from_millis(500),
+            peer_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(30),
+            fail_sends_after: None,
+        }
     }
 }
 
@@ -97,6 +106,8 @@ pub(crate) struct Peer {
     pending_reads: Mutex<HashMap<u64, PendingRead>>,
     /// Why a send failed; the reader thread reports it (see [`Inner::defer_loss`]).
     failure: Mutex<Option<TransportError>>,
+    /// Fault injection: sends left before sending fails.
+    sends_before_failure: Option<AtomicU64>,
 }
 
 pub(crate) struct Inner {
@@ -155,6 +166,7 @@ impl Mesh {
                 last_sent_ns: AtomicU64::new(0),
                 pending_reads: Mutex::new(HashMap::new()),
                 failure: Mutex::new(None),
+                sends_before_failure: config.fail_sends_after.filter(|(peer, _)| *peer == id).map(|(_, n)| AtomicU64::new(n)),
             })));
         }
         Ok(Mesh {
@@ -456,7 +468,13 @@ impl Inner {
             let mut batch = std::mem::take(&mut out.frames);
             let mut written = std::mem::take(&mut out.front_written);
             drop(out);
-            let result = write_frames(&p.stream, &mut batch, &mut written, SEND_FLAGS_NONBLOCKING);
+            let injected =
+                p.sends_before_failure.as_ref().is_some_and(|left| left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| l.checked_sub(1)).is_err());
+            let result = if injected {
+                Err(io::Error::other(format!("sending to node {} failed (injected fault)", p.id)))
+            } else {
+                write_frames(&p.stream, &mut batch, &mut written, SEND_FLAGS_NONBLOCKING)
+            };
             out = p.out.lock();
             match result {
                 Ok(true) if !out.frames.is_empty() && !out.closed => continue,

@@ -112,6 +112,7 @@ pub fn connect(config: &Config) -> Result<(Arc<dyn Fabric>, i64)> {
         heartbeat: config.heartbeat,
         peer_timeout: config.peer_timeout,
         connect_timeout: config.connect_timeout,
+        fail_sends_after: config.fail_sends_after,
     };
     let (mut rendezvous, mesh) = ferry_tcp::join_cluster(config.rank, config.nodes, &config.coordinator, mesh_config)?;
     let print = config.fingerprint().to_le_bytes().to_vec();
@@ -133,7 +134,15 @@ pub fn connect(config: &Config) -> Result<(Arc<dyn Fabric>, i64)> {
         #[cfg(feature = "verbs")]
         (Decision::Verbs, Ok(context)) => {
             let chosen = context.chosen().clone();
-            let verbs = super::verbs::VerbsFabric::connect(&mut rendezvous, mesh, context, &config.verbs, max_frame(config), config.connect_timeout)?;
+            let verbs = super::verbs::VerbsFabric::connect(
+                &mut rendezvous,
+                mesh,
+                context,
+                &config.verbs,
+                max_frame(config),
+                config.connect_timeout,
+                config.fail_sends_after,
+            )?;
             tracing::info!(
                 node = config.rank,
                 nodes = config.nodes,

@@ -1,11 +1,11 @@
 //! ACCESS at the receiving node: serve what is here (latches only), queue what is arriving,
 //! forward what lives elsewhere (shard locks).
 
+use super::LOST_OWNER;
 use super::Step;
 use super::requester::OpId;
 use super::shard::Queued;
 use super::wire::{self, Access, AccessHeader, AccessKind, FLAG_DIRECT, FLAG_FORWARDED, FLAG_INDEXED, FLAG_STALE, FailureCode};
-use super::LOST_OWNER;
 use crate::error::{Error, Result};
 use crate::stats::MessageKind;
 use crate::store::{Residence, Slot};

@@ -146,11 +146,7 @@ mod tests {
 
     fn parts(rank: u16, nodes: usize) -> (Barriers, Directory, Transmit) {
         let registry = Arc::new(CounterRegistry::default());
-        (
-            Barriers::new(rank, nodes),
-            Directory::new(rank as usize, nodes, 1, &[TableSpec::new("t", 4, 1)], false),
-            Transmit::new(rank, nodes, 4096, &registry),
-        )
+        (Barriers::new(rank, nodes), Directory::new(rank as usize, nodes, 1, &[TableSpec::new("t", 4, 1)], false), Transmit::new(rank, nodes, 4096, &registry))
     }
 
     #[test]

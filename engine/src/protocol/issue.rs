@@ -6,13 +6,13 @@
 use std::collections::VecDeque;
 use std::sync::Weak;
 
+use super::LOST_OWNER;
 use super::Step;
+use super::directory::SHARD_BLOCK_BITS;
 use super::requester::{OpId, OpKind, Output, Requester, Unsent};
 use super::rows::Rows;
 use super::shard::{DeadlineKind, Queued, Transit};
 use super::wire::{self, AccessHeader, AccessKind, BlockKeys, FLAG_DIRECT, FLAG_FORWARDED, FLAG_RUN, MoveItem, msg};
-use super::LOST_OWNER;
-use super::directory::SHARD_BLOCK_BITS;
 use crate::config::Partitioning;
 use crate::error::{Error, Result};
 use crate::stats::MessageKind;
@@ -387,7 +387,17 @@ impl Step<'_, '_> {
     /// Routes rows one by one (their shards held): serves those that became local, queues those
     /// arriving here, forwards those homed here to their owner, sends the rest to their home.
     #[allow(clippy::too_many_arguments)]
-    fn route_each(&mut self, req: &mut Requester, op: OpId, kind: AccessKind, table: u16, rows: Rows, keys: &[u64], input: &[f32], mut caller: Option<&mut [f32]>) {
+    fn route_each(
+        &mut self,
+        req: &mut Requester,
+        op: OpId,
+        kind: AccessKind,
+        table: u16,
+        rows: Rows,
+        keys: &[u64],
+        input: &[f32],
+        mut caller: Option<&mut [f32]>,
+    ) {
         let dir = self.directory();
         let rank = dir.rank();
         let store = self.core.store();
@@ -547,16 +557,7 @@ impl Step<'_, '_> {
             shard.reservations.insert(resv, (table, key));
             shard.transits.insert(
                 (table, key),
-                Transit {
-                    slot: Some(slot),
-                    queue: Vec::new(),
-                    waiters: vec![op],
-                    started: now,
-                    suspect: None,
-                    suspect_since: 0,
-                    abandoned: false,
-                    generation,
-                },
+                Transit { slot: Some(slot), queue: Vec::new(), waiters: vec![op], started: now, suspect: None, suspect_since: 0, abandoned: false, generation },
             );
             let deadline = now.saturating_add(deadline_after);
             shard.push_deadline((deadline, table, key, generation, DeadlineKind::Stuck));

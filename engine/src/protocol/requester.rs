@@ -219,15 +219,7 @@ impl Requester {
     /// The operation table of worker `worker` on node `rank`; sequence numbers start at
     /// `first_seq` (so that a worker index reused by a new worker never repeats an id).
     pub fn new(rank: u16, worker: u16, first_seq: u64, op_timeout_ns: u64) -> Requester {
-        Requester {
-            worker,
-            rank,
-            next_seq: first_seq.max(1),
-            op_timeout_ns,
-            ops: FastMap::default(),
-            deadlines: BinaryHeap::new(),
-            done: FastMap::default(),
-        }
+        Requester { worker, rank, next_seq: first_seq.max(1), op_timeout_ns, ops: FastMap::default(), deadlines: BinaryHeap::new(), done: FastMap::default() }
     }
 
     /// The worker index.
@@ -263,7 +255,22 @@ impl Requester {
         let answered = if matches!(kind, OpKind::Access(_)) { vec![0; rows.div_ceil(64)] } else { Vec::new() };
         self.ops.insert(
             id,
-            PendingOp { kind, table, value_len, parts: Vec::new(), answered, remaining, output, error: None, deadline, keys, ticket, unsent: None, arrivals: 0, losses },
+            PendingOp {
+                kind,
+                table,
+                value_len,
+                parts: Vec::new(),
+                answered,
+                remaining,
+                output,
+                error: None,
+                deadline,
+                keys,
+                ticket,
+                unsent: None,
+                arrivals: 0,
+                losses,
+            },
         );
         id
     }

@@ -196,16 +196,7 @@ mod tests {
         let generation = s.next_generation();
         s.transits.insert(
             (0, 1),
-            Transit {
-                slot: None,
-                queue: Vec::new(),
-                waiters: Vec::new(),
-                started: 0,
-                suspect: None,
-                suspect_since: 0,
-                abandoned: false,
-                generation,
-            },
+            Transit { slot: None, queue: Vec::new(), waiters: Vec::new(), started: 0, suspect: None, suspect_since: 0, abandoned: false, generation },
         );
         s.push_deadline((20, 0, 1, generation, DeadlineKind::Stuck));
         s.push_deadline((15, 0, 1, generation, DeadlineKind::Grace));

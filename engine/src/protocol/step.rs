@@ -127,11 +127,8 @@ impl<'c, 't> Step<'c, 't> {
             let end = at + messages.offset();
             match body[0] {
                 msg::RESPONSE | msg::FAILURE => {
-                    let op = if body[0] == msg::RESPONSE {
-                        Response::decode(body, |t| dir.table(t).map(|m| m.value_len))?.op
-                    } else {
-                        Failure::decode(body)?.op
-                    };
+                    let op =
+                        if body[0] == msg::RESPONSE { Response::decode(body, |t| dir.table(t).map(|m| m.value_len))?.op } else { Failure::decode(body)?.op };
                     let worker = worker_of(op);
                     match &mut run {
                         Some((w, _, e)) if *w == worker && *e == start => *e = end,

@@ -189,11 +189,7 @@ impl Transmit {
 
     /// Whether frames, writes or deliveries wait to be drained.
     pub fn is_empty(&self) -> bool {
-        self.sealed.is_empty()
-            && self.writes.is_empty()
-            && self.deliveries.is_empty()
-            && self.loopback.is_empty()
-            && self.building.iter().all(Vec::is_empty)
+        self.sealed.is_empty() && self.writes.is_empty() && self.deliveries.is_empty() && self.loopback.is_empty() && self.building.iter().all(Vec::is_empty)
     }
 
     /// Destinations that frames or writes were handed out for since the last call (to flush).

@@ -23,8 +23,8 @@ use super::latch::{AllLatches, LatchGuard};
 
 /// Values up to this many floats are copied word by word rather than with `memcpy`.
 const SHORT: usize = 8;
-use super::{NO_SLOT, Residence, TableStore};
 use super::ARRIVING;
+use super::{NO_SLOT, Residence, TableStore};
 
 /// A view of one slot's words, for as long as the latch or reservation that grants it.
 #[derive(Clone, Copy)]

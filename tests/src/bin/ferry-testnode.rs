@@ -8,6 +8,12 @@
 //!   per-key sequential-consistency checker.
 //! * `crash`: the last rank dies in the middle of relocations; the others must see their
 //!   operations fail with an error (never hang) and then shut down.
+//! * `send-failure`: rank 0's sends to rank 1 fail after a number of sends (injected: a failing
+//!   `sendmsg` over TCP, a failing post over verbs); rank 0's operations end in errors and rank 1
+//!   sees rank 0 lost — nobody hangs.
+//! * `writes-queued`: rank 1 localizes every key of rank 0 and dies while the values are still
+//!   being written to it; rank 0's operations towards rank 1 fail, and every slot of a key that
+//!   left is freed once its write failed or completed.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -64,6 +70,14 @@ enum Scenario {
         #[arg(long, default_value_t = 2)]
         workers: usize,
     },
+    SendFailure {
+        #[arg(long, default_value_t = 200)]
+        after: u64,
+    },
+    WritesQueued {
+        #[arg(long, default_value_t = 20_000)]
+        keys: u64,
+    },
 }
 
 fn main() -> Result<()> {
@@ -77,6 +91,8 @@ fn main() -> Result<()> {
         }
         Scenario::History { workers, keys, ops, dir, seed } => history(workers, keys, ops, &dir, seed),
         Scenario::Crash { workers } => crash(workers),
+        Scenario::SendFailure { after } => send_failure(after),
+        Scenario::WritesQueued { keys } => writes_queued(keys),
     }
 }
 
@@ -381,6 +397,98 @@ fn crash(workers: usize) -> Result<()> {
     println!("crash ok: operations failed with errors after node {victim} died, none hung");
     drop(worker);
     // The cluster is broken: shut down without the (impossible) cluster-wide barrier.
+    node.abort();
+    Ok(())
+}
+
+fn send_failure(after: u64) -> Result<()> {
+    let mut config = Config::from_env(vec![TableSpec::new("s", 1000, 4)])?;
+    config.peer_timeout = Duration::from_millis(1500);
+    config.op_timeout = Duration::from_secs(10);
+    if config.rank == 0 {
+        config.fail_sends_after = Some((1, after));
+    }
+    let node = Node::start(config)?;
+    println!("transport {}", node.transport());
+    let table = node.table("s")?;
+    let mut worker = node.worker();
+    if node.rank() == 0 {
+        let started = Instant::now();
+        let remote: Vec<u64> = (500..508).collect(); // homed at rank 1
+        let mut pushes = 0u64;
+        let error = loop {
+            match worker.push(table, &remote, &[1.0; 32]) {
+                Ok(()) => pushes += 1,
+                Err(e) => break e,
+            }
+            ensure!(started.elapsed() < Duration::from_secs(20), "{pushes} pushes and no failure: the injected fault did nothing");
+        };
+        ensure!(matches!(error, ferry::Error::PeerLost { node: 1, .. }), "the failure names the wrong cause: {error}");
+        ensure!(started.elapsed() < Duration::from_secs(15), "failing took {:?}", started.elapsed());
+        // Later operations towards the peer fail at once.
+        let again = Instant::now();
+        ensure!(worker.pull(table, &remote, &mut [0.0; 32]).is_err(), "an operation towards the lost peer succeeded");
+        ensure!(again.elapsed() < Duration::from_secs(1), "a later operation took {:?} to fail", again.elapsed());
+        println!("send-failure ok: {pushes} pushes, then: {error}");
+    } else {
+        // Rank 0 never enters this barrier; it fails when rank 0's connection breaks.
+        let outcome = worker.barrier();
+        ensure!(outcome.is_err(), "the barrier passed although rank 0 never entered it");
+        println!("send-failure ok: {}", outcome.unwrap_err());
+    }
+    drop(worker);
+    node.abort();
+    Ok(())
+}
+
+fn writes_queued(keys: u64) -> Result<()> {
+    let mut config = Config::from_env(vec![TableSpec::new("w", 2 * keys, 16)])?;
+    config.peer_timeout = Duration::from_millis(1500);
+    config.op_timeout = Duration::from_secs(20);
+    // Few verbs buffers: the hand-overs' writes wait for credits, so they are queued when rank 1
+    // dies (over TCP they are copied out when queued).
+    config.verbs.buffers = 4;
+    let node = Node::start(config)?;
+    println!("transport {}", node.transport());
+    let table = node.table("w")?;
+    let mut worker = node.worker();
+    worker.barrier()?;
+    if node.rank() == 1 {
+        let all_of_rank_0: Vec<u64> = (0..keys).collect();
+        let ticket = worker.localize_async(table, &all_of_rank_0)?;
+        std::thread::sleep(Duration::from_millis(30));
+        println!("writes-queued ok: dying with {keys} relocations in flight");
+        std::mem::forget(ticket);
+        drop(worker);
+        node.abort();
+        std::process::exit(0);
+    }
+    let started = Instant::now();
+    let mut out = [0.0f32; 16];
+    let error = loop {
+        match worker.pull(table, &[keys + 1], &mut out) {
+            Ok(()) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => break e,
+        }
+        ensure!(started.elapsed() < Duration::from_secs(20), "rank 1 died but operations towards it still succeed");
+    };
+    ensure!(matches!(error, ferry::Error::PeerLost { node: 1, .. }), "the failure names the wrong cause: {error}");
+    // Every slot of a key that left is freed once its write completed or failed.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (held, in_use) = loop {
+        let mut held = 0;
+        for key in 0..2 * keys {
+            held += node.slot_address(table, key)?.is_some() as usize;
+        }
+        let (in_use, _) = node.memory(table);
+        if in_use == held {
+            break (held, in_use);
+        }
+        ensure!(Instant::now() < deadline, "{in_use} slots in use for {held} keys held: slots of keys that left were not freed");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    println!("writes-queued ok: {error}; {held} keys still here, {in_use} slots in use");
+    drop(worker);
     node.abort();
     Ok(())
 }

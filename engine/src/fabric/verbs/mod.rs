@@ -80,7 +80,8 @@ fn verbs_err(e: ferry_verbs::VerbsError) -> Error {
 impl VerbsFabric {
     /// Connects a queue pair to every peer: creates them and their buffers, trades endpoints
     /// through the rendezvous (TCP), connects, and waits until every node has. `control` is
-    /// the already connected TCP mesh kept for liveness.
+    /// the already connected TCP mesh kept for liveness; `fail_sends_after` injects a post
+    /// failure (tests).
     pub fn connect(
         rendezvous: &mut Rendezvous,
         control: Mesh,
@@ -88,6 +89,7 @@ impl VerbsFabric {
         settings: &VerbsSettings,
         max_frame: usize,
         timeout: Duration,
+        fail_sends_after: Option<(usize, u64)>,
     ) -> Result<VerbsFabric> {
         let rank = rendezvous.rank();
         let nodes = rendezvous.nodes();
@@ -110,7 +112,7 @@ impl VerbsFabric {
             let tx = context.alloc(bytes, Access::LOCAL).map_err(|e| memory("send buffers", e))?;
             let rx = context.alloc(bytes, Access::LOCAL).map_err(|e| memory("receive buffers", e))?;
             let mut peer = Peer::new(r, qp, tx, rx, buffers, settings.buffer_bytes, max_send);
-            if let Some((to, after)) = settings.fail_posts_after
+            if let Some((to, after)) = fail_sends_after
                 && to == r
             {
                 tracing::warn!(node = rank, peer = r, after, "fault injection: posting to this peer will fail");

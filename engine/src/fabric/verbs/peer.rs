@@ -40,10 +40,17 @@ pub(super) enum Posted {
 }
 
 enum Pending {
-    Frame { data: Vec<u8>, sent: usize },
+    Frame {
+        data: Vec<u8>,
+        sent: usize,
+    },
     Write(QueuedWrite),
     /// A one-sided read (needs no credit: it consumes no receive buffer).
-    Read { id: u64, remote: RemoteSlice, local: LocalSlice },
+    Read {
+        id: u64,
+        remote: RemoteSlice,
+        local: LocalSlice,
+    },
 }
 
 /// A [`WriteRequest`] waiting for credits; the source address is kept as a number (the
@@ -260,7 +267,12 @@ impl Peer {
     }
 
     /// Takes what can be posted now from the queue.
-    fn take_batch(&self, st: &mut SendState, lookup: &dyn Fn(*const u8, usize) -> Option<LocalSlice>, fallout: &mut Fallout) -> (Vec<SendRequest<'static>>, Vec<(u64, Posted)>) {
+    fn take_batch(
+        &self,
+        st: &mut SendState,
+        lookup: &dyn Fn(*const u8, usize) -> Option<LocalSlice>,
+        fallout: &mut Fallout,
+    ) -> (Vec<SendRequest<'static>>, Vec<(u64, Posted)>) {
         let mut requests: Vec<SendRequest<'static>> = Vec::new();
         let mut posted: Vec<(u64, Posted)> = Vec::new();
         while let Some(front) = st.pending.front_mut() {
@@ -272,7 +284,12 @@ impl Peer {
                 Pending::Read { id, remote, local } => {
                     let (id, remote, local) = (*id, *remote, *local);
                     st.pending.pop_front();
-                    requests.push(SendRequest { wr_id: wr_id(self.rank, false, seq), op: Operation::Read { remote }, payload: Payload::Local(local), signaled: true });
+                    requests.push(SendRequest {
+                        wr_id: wr_id(self.rank, false, seq),
+                        op: Operation::Read { remote },
+                        payload: Payload::Local(local),
+                        signaled: true,
+                    });
                     posted.push((seq, Posted::Read(id)));
                 }
                 _ if st.credits <= RESERVED_CREDITS => break,
