@@ -332,8 +332,9 @@ impl NodeInner {
 
     /// Wakes the timer thread (shutdown).
     pub fn wake_timer(&self) {
-        let _ = self.timer_wake.lock();
+        let wake = self.timer_wake.lock();
         self.timer_cv.notify_all();
+        drop(wake);
     }
 }
 

@@ -69,6 +69,7 @@ fn failing_sends_end_in_errors_not_hangs() {
     let text = stdout(&out);
     assert!(text.contains(&format!("[0] transport {want}")), "rank 0 did not use {want}: {text}");
     assert!(text.contains("[0] send-failure ok") && text.contains("[1] send-failure ok"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("injected fault"), "rank 0's error is not the injected send failure: {text}");
     assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
 }
 

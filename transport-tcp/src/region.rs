@@ -88,7 +88,7 @@ pub(crate) unsafe fn copy_into_region(src: &[u8], dst: *mut u8) {
     // atomic types have the size and alignment of the integers they wrap, and words are only
     // stored at 4-aligned addresses.
     unsafe {
-        while i < len && (dst as usize + i) % 4 != 0 {
+        while i < len && !(dst as usize + i).is_multiple_of(4) {
             (*(dst.add(i) as *const AtomicU8)).store(src[i], Ordering::Relaxed);
             i += 1;
         }
@@ -120,7 +120,7 @@ pub(crate) unsafe fn copy_from_region(src: *const u8, dst: &mut [u8]) {
     // SAFETY (whole block): every address read lies in `src..src+len`, valid per the caller;
     // words are only loaded from 4-aligned addresses.
     unsafe {
-        while i < len && (src as usize + i) % 4 != 0 {
+        while i < len && !(src as usize + i).is_multiple_of(4) {
             dst[i] = (*(src.add(i) as *const AtomicU8)).load(Ordering::Relaxed);
             i += 1;
         }

@@ -75,19 +75,32 @@ impl AnswerBatch {
     }
 }
 
-/// Failed items of one operation part, by reason.
+/// Failed items of one operation part, for one reason.
+struct Failed {
+    origin: u16,
+    op: OpId,
+    part: u32,
+    table: u16,
+    code: FailureCode,
+    node: u16,
+    /// The first failed key (named in the error).
+    key: u64,
+    indices: Vec<u32>,
+}
+
+/// Failed items of several operation parts, by reason.
 #[derive(Default)]
 pub(super) struct FailureBatch {
-    entries: Vec<(u16, OpId, u32, u16, FailureCode, u16, u64, Vec<u32>)>,
+    entries: Vec<Failed>,
 }
 
 impl FailureBatch {
     /// Item `index` (key `key`) of (origin, op, part) failed with `code`/`node`.
     #[allow(clippy::too_many_arguments)]
     pub fn add(&mut self, origin: u16, op: OpId, part: u32, table: u16, code: FailureCode, node: u16, key: u64, index: u32) {
-        match self.entries.iter_mut().find(|e| e.0 == origin && e.1 == op && e.2 == part && e.4 == code && e.5 == node) {
-            Some(e) => e.7.push(index),
-            None => self.entries.push((origin, op, part, table, code, node, key, vec![index])),
+        match self.entries.iter_mut().find(|e| e.origin == origin && e.op == op && e.part == part && e.code == code && e.node == node) {
+            Some(e) => e.indices.push(index),
+            None => self.entries.push(Failed { origin, op, part, table, code, node, key, indices: vec![index] }),
         }
     }
 }
@@ -115,15 +128,15 @@ impl Step<'_, '_> {
 
     /// Sends collected failures to their origins.
     pub(super) fn flush_failures(&mut self, failures: FailureBatch) {
-        for (origin, op, part, table, code, node, key, indices) in failures.entries {
-            if self.directory().is_lost(origin) {
+        for f in failures.entries {
+            if self.directory().is_lost(f.origin) {
                 continue;
             }
-            let buf = self.tx.buf(origin);
+            let buf = self.tx.buf(f.origin);
             let before = buf.len();
-            wire::encode_failure(buf, code, table, node, op, part, key, &indices);
+            wire::encode_failure(buf, f.code, f.table, f.node, f.op, f.part, f.key, &f.indices);
             let bytes = buf.len() - before;
-            self.tx.sent(origin, MessageKind::Failure, bytes);
+            self.tx.sent(f.origin, MessageKind::Failure, bytes);
         }
     }
 
@@ -203,7 +216,9 @@ impl Step<'_, '_> {
         // is short enough that local workers wait only tens of microseconds.
         let latches = store.latch_count();
         if end - start >= (4 * latches).max(2048) {
-            let chunk = (16 * latches).max(8192);
+            // About 256 KiB of values per round of latching (and at least 16 keys per latch):
+            // local workers wait only tens of microseconds.
+            let chunk = (16 * latches).max(8192).max((256 << 10) / value_bytes.max(1));
             for from in (start..end).step_by(chunk) {
                 let to = (from + chunk).min(end);
                 let all = store.lock_all();
@@ -212,7 +227,20 @@ impl Step<'_, '_> {
                     Some(first) => {
                         let first = first + from as u64;
                         match a.kind {
-                            AccessKind::Pull => all.for_each_in_run(a.table, first, to - from, |_, slot| slot.append_le_bytes(buf)),
+                            AccessKind::Pull => {
+                                // Straight into reserved space, the length set once.
+                                buf.reserve((to - from) * value_bytes);
+                                let at = buf.len();
+                                let dst = buf.spare_capacity_mut().as_mut_ptr() as *mut u8;
+                                let done = all.for_each_in_run(a.table, first, to - from, |j, slot| {
+                                    // SAFETY: `reserve` made room for `to - from` values after
+                                    // `at`; item `j` of this chunk goes to its place among them.
+                                    unsafe { slot.copy_to(dst.add(j * value_bytes)) }
+                                });
+                                // SAFETY: the first `done` values were written just above.
+                                unsafe { buf.set_len(at + done * value_bytes) };
+                                done
+                            }
                             kind => {
                                 let values = &a.values()[from * value_bytes..to * value_bytes];
                                 let mut chunks = values.chunks_exact(value_bytes);

@@ -6,8 +6,8 @@
 //!
 //! | type | layout after the type byte |
 //! | --- | --- |
-//! | ACCESS | kind u8, flags u8, pad u8, table u16, origin u16, op u64, part u32, count u32, [index u32]×count if INDEXED, keys: first u64 if RUN (keys first..first+count) else u64×count, [values]×count if push/set |
-//! | RESPONSE | kind u8, flags u8, pad u8, table u16, responder u16, op u64, part u32, count u32, [index u32]×count if INDEXED, [values]×count if pull |
+//! | ACCESS | kind u8, flags u8, pad u8, table u16, origin u16, op u64, part u32, count u32, [index u32]×count if INDEXED, keys: first u64 if RUN (keys first..first+count) else u64×count, \[values\]×count if push/set |
+//! | RESPONSE | kind u8, flags u8, pad u8, table u16, responder u16, op u64, part u32, count u32, [index u32]×count if INDEXED, \[values\]×count if pull |
 //! | LOCALIZE | pad×3, table u16, pad u16, count u32, pad u32, (key u64, resv u32, region u32, addr u64)×count |
 //! | RELOCATE | pad, new_owner u16, table u16, pad u16, count u32, pad u32, (key u64, resv u32, region u32, addr u64)×count |
 //! | FAILURE | code u8, flags u8, pad u8, table u16, node u16, op u64, part u32, count u32, key u64 (the first failed key), index u32×count |

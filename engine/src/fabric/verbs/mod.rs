@@ -2,7 +2,7 @@
 //!
 //! One reliable-connected queue pair per peer, all completing on one completion queue drained
 //! by one poller thread. Frames travel as SENDs into per-peer receive buffers under credit-based
-//! flow control (see [`peer`]); a relocation's value is one RDMA WRITE WITH IMMEDIATE straight
+//! flow control (see the `peer` module); a relocation's value is one RDMA WRITE WITH IMMEDIATE straight
 //! from the old owner's slot into the slot the new owner reserved (its rkey and address came in
 //! the protocol's LOCALIZE message), the immediate naming the reservation. Frames and writes to
 //! one peer share its queue pair, so they arrive in the order they were posted, as over TCP.

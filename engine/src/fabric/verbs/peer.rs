@@ -237,7 +237,7 @@ impl Peer {
             drop(st);
             let injected = self.posts_before_failure.as_ref().is_some_and(|left| {
                 let n = requests.len() as u64;
-                left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| Some(l.saturating_sub(n))).map_or(false, |l| l < n)
+                left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| Some(l.saturating_sub(n))).is_ok_and(|l| l < n)
             });
             let outcome = if injected {
                 Err(VerbsError::Invalid(format!("posting to node {} failed (injected fault)", self.rank)))
