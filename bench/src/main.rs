@@ -69,6 +69,10 @@ enum Command {
         /// One JSON object per line instead of a table.
         #[arg(long)]
         json: bool,
+        /// Only these value lengths (comma-separated, from 1, 100, 1000, 8000), and no
+        /// parameter-blocking workload.
+        #[arg(long, value_delimiter = ',')]
+        lens: Vec<usize>,
         /// Internal: the part this process plays.
         #[arg(long, value_enum, default_value = "driver", hide = true)]
         role: Role,
@@ -131,8 +135,8 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Micro { quick, json, only, repeat, role: Role::Driver } => micro::run_driver(quick, json, &micro::Only::new(only.as_deref()), repeat),
         Command::Micro { quick, only, repeat, role: Role::Node, .. } => micro::run_node(quick, &micro::Only::new(only.as_deref()), repeat),
-        Command::Relocate { quick, json, role: Role::Driver } => relocate::run_driver(quick, json),
-        Command::Relocate { quick, role: Role::Node, .. } => relocate::run_node(quick),
+        Command::Relocate { quick, json, lens, role: Role::Driver } => relocate::run_driver(quick, json, &lens),
+        Command::Relocate { quick, lens, role: Role::Node, .. } => relocate::run_node(quick, &lens),
         Command::Train(t) => train::run(&t).map(|_| ()),
         Command::Fuzz { cases, seed } => fuzz(cases, seed),
     }

@@ -25,9 +25,13 @@ fn bytes_per_key(value_len: usize) -> (usize, usize) {
 }
 
 /// Runs the relocation benchmark on a 2-process cluster and reports.
-pub fn run_driver(quick: bool, json: bool) -> Result<()> {
+pub fn run_driver(quick: bool, json: bool, lens: &[usize]) -> Result<()> {
     let started = Instant::now();
-    let records = crate::cluster::run_nodes("relocate", quick, 2)?;
+    if let Some(bad) = lens.iter().find(|l| !MOVES.iter().any(|(len, _)| len == *l)) {
+        bail!("--lens {bad}: the value lengths measured are {:?}", MOVES.map(|(len, _)| len));
+    }
+    let extra: Vec<String> = if lens.is_empty() { Vec::new() } else { vec!["--lens".into(), lens.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(",")] };
+    let records = crate::cluster::run_nodes_with("relocate", quick, 2, &extra)?;
     if json {
         for r in &records {
             println!("{}", r.json_line());
@@ -45,7 +49,7 @@ fn tables() -> Vec<TableSpec> {
 }
 
 /// One process of the cluster.
-pub fn run_node(quick: bool) -> Result<()> {
+pub fn run_node(quick: bool, lens: &[usize]) -> Result<()> {
     let port: u16 = std::env::var("FERRY_BENCH_PORT").context("FERRY_BENCH_PORT is not set")?.parse()?;
     let mut config = Config::from_env(tables())?;
     config.relocation = true;
@@ -62,7 +66,7 @@ pub fn run_node(quick: bool) -> Result<()> {
     let mut client = if rank == 0 { Some(rawtcp::Client::connect(port)?) } else { None };
     let mut worker = node.worker();
     let rounds = if quick { 3 } else { 9 };
-    for &(len, n) in &MOVES {
+    for &(len, n) in MOVES.iter().filter(|(len, _)| lens.is_empty() || lens.contains(len)) {
         let table = node.table(&format!("move{len}"))?;
         // Keys homed (and held) at rank 1; rank 0 pulls them over, rank 1 takes them back.
         let keys: Vec<u64> = (n..2 * n).collect();
@@ -113,6 +117,10 @@ pub fn run_node(quick: bool) -> Result<()> {
         }
     }
     drop(client.take());
+    if !lens.is_empty() {
+        drop(worker);
+        return node.finalize().map_err(Into::into);
+    }
     let dynamic = blocking_workload(&mut worker, &node, quick)?;
     worker.barrier()?;
     drop(worker);

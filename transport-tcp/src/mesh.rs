@@ -480,7 +480,11 @@ impl Inner {
                 Ok(true) if !out.frames.is_empty() && !out.closed => continue,
                 Ok(true) => {
                     out.flushing = false;
-                    p.writer_wake.notify_all();
+                    // Only a shutdown waits for the queue to drain; waking the idle writer
+                    // thread on every send would cost two context switches per message.
+                    if self.stopping.load(Ordering::Acquire) {
+                        p.writer_wake.notify_all();
+                    }
                     return;
                 }
                 Ok(false) => {

@@ -84,19 +84,20 @@ impl Regions {
 pub(crate) unsafe fn copy_into_region(src: &[u8], dst: *mut u8) {
     let mut i = 0;
     let len = src.len();
-    // SAFETY (whole block): every address written lies in `dst..dst+len`, valid per the caller;
-    // atomic types have the size and alignment of the integers they wrap, and words are only
-    // stored at 4-aligned addresses.
+    // SAFETY (whole block): every address written lies in `dst..dst+len`, valid per the caller,
+    // and every address read in `src`; atomic types have the size and alignment of the integers
+    // they wrap, and words are only stored at 4-aligned addresses.
     unsafe {
         while i < len && !(dst as usize + i).is_multiple_of(4) {
             (*(dst.add(i) as *const AtomicU8)).store(src[i], Ordering::Relaxed);
             i += 1;
         }
-        while i + 4 <= len {
-            let word = u32::from_ne_bytes([src[i], src[i + 1], src[i + 2], src[i + 3]]);
-            (*(dst.add(i) as *const AtomicU32)).store(word, Ordering::Relaxed);
-            i += 4;
+        let words = (len - i) / 4;
+        let (from, to) = (src.as_ptr().add(i), dst.add(i) as *const AtomicU32);
+        for w in 0..words {
+            (*to.add(w)).store((from.add(4 * w) as *const u32).read_unaligned(), Ordering::Relaxed);
         }
+        i += 4 * words;
         while i < len {
             (*(dst.add(i) as *const AtomicU8)).store(src[i], Ordering::Relaxed);
             i += 1;
@@ -117,18 +118,19 @@ pub(crate) unsafe fn copy_from_region(src: *const u8, dst: &mut [u8]) {
     fence(Ordering::Acquire);
     let mut i = 0;
     let len = dst.len();
-    // SAFETY (whole block): every address read lies in `src..src+len`, valid per the caller;
-    // words are only loaded from 4-aligned addresses.
+    // SAFETY (whole block): every address read lies in `src..src+len`, valid per the caller, and
+    // every address written in `dst`; words are only loaded from 4-aligned addresses.
     unsafe {
         while i < len && !(src as usize + i).is_multiple_of(4) {
             dst[i] = (*(src.add(i) as *const AtomicU8)).load(Ordering::Relaxed);
             i += 1;
         }
-        while i + 4 <= len {
-            let word = (*(src.add(i) as *const AtomicU32)).load(Ordering::Relaxed);
-            dst[i..i + 4].copy_from_slice(&word.to_ne_bytes());
-            i += 4;
+        let words = (len - i) / 4;
+        let (from, to) = (src.add(i) as *const AtomicU32, dst.as_mut_ptr().add(i));
+        for w in 0..words {
+            (to.add(4 * w) as *mut u32).write_unaligned((*from.add(w)).load(Ordering::Relaxed));
         }
+        i += 4 * words;
         while i < len {
             dst[i] = (*(src.add(i) as *const AtomicU8)).load(Ordering::Relaxed);
             i += 1;

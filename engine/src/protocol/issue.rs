@@ -4,14 +4,15 @@
 //! that stream out while later parts are still being encoded.
 
 use std::collections::VecDeque;
-use std::sync::Weak;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use super::LOST_OWNER;
 use super::Step;
 use super::directory::SHARD_BLOCK_BITS;
 use super::requester::{OpId, OpKind, Output, Requester, Unsent};
 use super::rows::Rows;
-use super::shard::{DeadlineKind, Queued, Transit};
+use super::shard::{Countdown, DeadlineKind, Queued, Transit, Waiters};
 use super::wire::{self, AccessHeader, AccessKind, BlockKeys, FLAG_DIRECT, FLAG_FORWARDED, FLAG_RUN, MoveItem, msg};
 use crate::config::Partitioning;
 use crate::error::{Error, Result};
@@ -517,6 +518,8 @@ impl Step<'_, '_> {
         let (rank, now) = (dir.rank(), self.now);
         let deadline_after = self.core.settings().op_timeout_ns;
         let op = req.begin(OpKind::Localize, table, meta.value_len, 0, 0, Output::None, None, ticket, now, dir.losses());
+        // Set to the number of keys waited for before the locks go: no key can land earlier.
+        let left: Countdown = Arc::new(AtomicUsize::new(0));
         let mut groups: Vec<Vec<MoveItem>> = vec![Vec::new(); dir.nodes()];
         let mut waiting = 0usize;
         for &key in keys {
@@ -528,7 +531,7 @@ impl Step<'_, '_> {
                 match &transit.suspect {
                     Some(e) => req.fail_count(op, 0, e),
                     None => {
-                        transit.waiters.push(op);
+                        transit.waiters.push((op, left.clone()));
                         waiting += 1;
                     }
                 }
@@ -557,7 +560,16 @@ impl Step<'_, '_> {
             shard.reservations.insert(resv, (table, key));
             shard.transits.insert(
                 (table, key),
-                Transit { slot: Some(slot), queue: Vec::new(), waiters: vec![op], started: now, suspect: None, suspect_since: 0, abandoned: false, generation },
+                Transit {
+                    slot: Some(slot),
+                    queue: Vec::new(),
+                    waiters: Waiters::one((op, left.clone())),
+                    started: now,
+                    suspect: None,
+                    suspect_since: 0,
+                    abandoned: false,
+                    generation,
+                },
             );
             let deadline = now.saturating_add(deadline_after);
             shard.push_deadline((deadline, table, key, generation, DeadlineKind::Stuck));
@@ -567,15 +579,16 @@ impl Step<'_, '_> {
             groups[home as usize].push(MoveItem { key, resv, to });
             waiting += 1;
         }
+        left.store(waiting, Ordering::Release);
         if let Some(o) = req.op_mut(op) {
-            o.remaining = waiting;
+            o.countdown = Some(left);
         }
         for (home, items) in groups.iter().enumerate() {
             if items.is_empty() {
                 continue;
             }
             if home as u16 == rank {
-                self.localize_at_home(rank, table, items);
+                self.localize_at_home(rank, table, items, false);
             } else {
                 self.send_move(home as u16, msg::LOCALIZE, table, 0, items);
             }

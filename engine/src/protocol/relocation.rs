@@ -4,13 +4,23 @@
 
 use super::access::{AnswerBatch, FailureBatch, apply, failure_code};
 use super::requester::{Delivery, LocalEvent, OpId, worker_of};
-use super::shard::{DeadlineKind, Queued, resv_shard};
+use super::shard::{DeadlineKind, Queued, Waiters, resv_shard};
 use super::wire::{self, AccessHeader, FLAG_INDEXED, FLAG_STALE, FailureCode, LocalizeFailed, Move, MoveItem, msg};
 use super::{LOST_OWNER, SlotWrite, Step};
 use crate::error::{Error, Result};
 use crate::stats::{MessageKind, ShardCounters};
 use crate::store::{Reserved, STAMP_SHIFT};
 use crate::util::f32_bytes;
+use std::sync::atomic::Ordering;
+
+/// Bytes of hand-over writes a step prepares before it ends, so that they are sent while the
+/// rest of a large hand-over is prepared.
+const WRITE_PIECE: usize = 32 << 10;
+
+/// Fewest and most items of one LOCALIZE or RELOCATE a step takes on (the locks of their shards
+/// are held together; the rest waits for the next step).
+const MIN_CHUNK: usize = 16;
+const MAX_CHUNK: usize = 4096;
 
 impl Step<'_, '_> {
     pub(super) fn send_move(&mut self, to: u16, ty: u8, table: u16, new_owner: u16, items: &[MoveItem]) {
@@ -44,43 +54,53 @@ impl Step<'_, '_> {
         self.tx.sent(to, MessageKind::Failure, bytes);
     }
 
-    /// The shards of a LOCALIZE or RELOCATE's keys, after checking them against the table.
-    fn move_mask(&self, m: &Move<'_>) -> Result<u64> {
+    /// The items of a LOCALIZE or RELOCATE handled in one step from `start` on, and their
+    /// shards. The whole message's keys are checked against the table once, at its start; later
+    /// steps look only at their own items, so a large hand-over costs O(items) in all.
+    fn move_chunk(&self, m: &Move<'_>, start: usize) -> Result<(usize, u64)> {
         let dir = self.directory();
-        let keys = dir.table(m.table).map_or(0, |t| t.keys);
-        let mut mask = 0;
-        for i in 0..m.count {
-            let key = m.item(i).key;
-            if key >= keys {
+        if start == 0 {
+            let keys = dir.table(m.table).map_or(0, |t| t.keys);
+            if let Some(key) = (0..m.count).map(|i| m.item(i).key).find(|&k| k >= keys) {
                 return Err(Error::Protocol(format!("LOCALIZE/RELOCATE for key {key} beyond table {}", m.table)));
             }
-            mask |= 1 << dir.shard_of(m.table, key);
         }
-        Ok(mask)
+        let per_step = (WRITE_PIECE / self.core.store().table(m.table).transfer_bytes().max(1)).clamp(MIN_CHUNK, MAX_CHUNK);
+        let end = m.count.min(start.saturating_add(per_step));
+        let mask = (start..end).fold(0u64, |mask, i| mask | 1 << dir.shard_of(m.table, m.item(i).key));
+        Ok((end, mask))
     }
 
-    /// LOCALIZE at the home node. `Some(0)` when the step must end first.
-    pub(super) fn handle_localize(&mut self, requester: u16, body: &[u8]) -> Result<Option<usize>> {
+    /// LOCALIZE at the home node, from item `start` on. Returns the item to resume at when the
+    /// step must end first (other shards needed, or a piece of writes ready to be sent).
+    pub(super) fn handle_localize(&mut self, requester: u16, body: &[u8], start: usize) -> Result<Option<usize>> {
         let m = Move::decode(body, self.directory().tables().len())?;
-        let mask = self.move_mask(&m)?;
-        if self.directory().is_lost(requester) {
+        let (end, mask) = self.move_chunk(&m, start)?;
+        if self.directory().is_lost(requester) || start >= m.count {
             return Ok(None);
         }
         if !self.try_acquire(mask) {
-            return Ok(Some(0));
+            return Ok(Some(start));
         }
-        let items: Vec<MoveItem> = (0..m.count).map(|i| m.item(i)).collect();
-        self.localize_at_home(requester, m.table, &items);
-        Ok(None)
+        let items: Vec<MoveItem> = (start..end).map(|i| m.item(i)).collect();
+        let done = self.localize_at_home(requester, m.table, &items, true);
+        Ok((start + done < m.count).then_some(start + done))
     }
 
     /// At the home node (shards held): record `requester` as owner and tell each old owner.
-    pub(super) fn localize_at_home(&mut self, requester: u16, table: u16, items: &[MoveItem]) {
+    /// With `pieces`, stops once a piece of hand-over writes is ready to be sent (so a large
+    /// hand-over streams); returns how many items it handled.
+    pub(super) fn localize_at_home(&mut self, requester: u16, table: u16, items: &[MoveItem], pieces: bool) -> usize {
         let dir = self.directory();
         let rank = dir.rank();
         let mut groups: Vec<Vec<MoveItem>> = vec![Vec::new(); dir.nodes()];
         let mut failed: Vec<(Error, Vec<u32>)> = Vec::new();
+        let mut done = 0;
         for &item in items {
+            if pieces && self.tx.pending_write_bytes() >= WRITE_PIECE {
+                break;
+            }
+            done += 1;
             let outcome = if dir.home(table, item.key) != rank {
                 Err(Error::Protocol(format!("LOCALIZE of key {} sent to a node that is not its home", item.key)))
             } else {
@@ -103,6 +123,10 @@ impl Step<'_, '_> {
                 }
             };
             match outcome {
+                // This node is the old owner too: hand the key over right away.
+                Ok(owner) if owner == rank => {
+                    self.relocate_items(requester, table, &[item], false);
+                }
                 Ok(owner) => groups[owner as usize].push(item),
                 Err(e) => match failed.iter_mut().find(|(k, _)| *k == e) {
                     Some((_, resvs)) => resvs.push(item.resv),
@@ -111,40 +135,46 @@ impl Step<'_, '_> {
             }
         }
         for (owner, items) in groups.iter().enumerate() {
-            if items.is_empty() {
-                continue;
-            }
-            if owner as u16 == rank {
-                self.relocate_items(requester, table, items);
-            } else {
+            if !items.is_empty() {
                 self.send_move(owner as u16, msg::RELOCATE, table, requester, items);
             }
         }
         for (e, resvs) in failed {
             self.send_localize_failed(requester, &e, table, &resvs);
         }
+        done
     }
 
-    /// RELOCATE at the old owner. `Some(0)` when the step must end first.
-    pub(super) fn handle_relocate(&mut self, body: &[u8]) -> Result<Option<usize>> {
+    /// RELOCATE at the old owner, from item `start` on. Returns the item to resume at when the
+    /// step must end first.
+    pub(super) fn handle_relocate(&mut self, body: &[u8], start: usize) -> Result<Option<usize>> {
         let m = Move::decode(body, self.directory().tables().len())?;
         if m.new_owner as usize >= self.directory().nodes() || m.new_owner == self.directory().rank() {
             return Err(Error::Protocol(format!("RELOCATE to invalid node {}", m.new_owner)));
         }
-        let mask = self.move_mask(&m)?;
-        if !self.try_acquire(mask) {
-            return Ok(Some(0));
+        let (end, mask) = self.move_chunk(&m, start)?;
+        if start >= m.count {
+            return Ok(None);
         }
-        let items: Vec<MoveItem> = (0..m.count).map(|i| m.item(i)).collect();
-        self.relocate_items(m.new_owner, m.table, &items);
-        Ok(None)
+        if !self.try_acquire(mask) {
+            return Ok(Some(start));
+        }
+        let items: Vec<MoveItem> = (start..end).map(|i| m.item(i)).collect();
+        let done = self.relocate_items(m.new_owner, m.table, &items, true);
+        Ok((start + done < m.count).then_some(start + done))
     }
 
     /// At the old owner (shards held): hand the keys over, or queue the hand-over behind an
-    /// incoming relocation.
-    fn relocate_items(&mut self, new_owner: u16, table: u16, items: &[MoveItem]) {
+    /// incoming relocation. With `pieces`, stops once a piece of writes is ready to be sent;
+    /// returns how many items it handled.
+    fn relocate_items(&mut self, new_owner: u16, table: u16, items: &[MoveItem], pieces: bool) -> usize {
         let mut unknown = Vec::new();
+        let mut done = 0;
         for &item in items {
+            if pieces && self.tx.pending_write_bytes() >= WRITE_PIECE {
+                break;
+            }
+            done += 1;
             if let Some(mut slot) = self.core.store().lock(table, item.key).unpublish() {
                 self.stamp(&mut slot);
                 self.shard_of(table, item.key).counters.relocations_out += 1;
@@ -163,6 +193,7 @@ impl Step<'_, '_> {
         }
         let e = Error::Protocol("the old owner did not hold the key".into());
         self.send_localize_failed(new_owner, &e, table, &unknown);
+        done
     }
 
     /// Stamps a slot leaving this node with the time it stopped being served.
@@ -195,23 +226,29 @@ impl Step<'_, '_> {
     /// `start` on.
     pub fn handle_writes_landed(&mut self, imms: &[u32], start: usize) -> super::Progress {
         let shards = self.directory().shards();
-        for (i, &resv) in imms.iter().enumerate().skip(start) {
-            let s = resv_shard(resv);
-            if s >= shards {
+        let mask = imms.iter().skip(start).map(|&r| resv_shard(r)).filter(|&s| s < shards).fold(0u64, |m, s| m | 1 << s);
+        if !self.try_acquire(mask) {
+            return super::Progress::Yield { at: start, item: 0 };
+        }
+        let mut arrived: Vec<OpId> = Vec::new();
+        for &resv in imms.iter().skip(start) {
+            if resv_shard(resv) >= shards {
                 tracing::warn!(node = self.directory().rank(), resv, "a write landed for an unknown reservation");
                 continue;
             }
-            if !self.try_acquire(1 << s) {
-                return super::Progress::Yield { at: i, item: 0 };
-            }
-            self.landed(resv);
+            self.landed(resv, &mut arrived);
+        }
+        // A `localize` hears only when its last key arrived.
+        for op in arrived {
+            self.tx.deliver(worker_of(op), Delivery::Local(LocalEvent::Arrived { op }));
         }
         super::Progress::Done
     }
 
     /// A relocation's write landed: serve what queued for the key, then publish it (or move it
     /// on to a node the home already gave it to).
-    fn landed(&mut self, resv: u32) {
+    /// `localize` operations whose last key this was go to `arrived`.
+    fn landed(&mut self, resv: u32, arrived: &mut Vec<OpId>) {
         let dir = self.directory();
         let rank = dir.rank();
         let store = self.core.store();
@@ -237,7 +274,11 @@ impl Step<'_, '_> {
         }
         ShardCounters::record(&mut counters.relocation_ns, now.saturating_sub(transit.started));
         counters.relocations_in += 1;
-        self.arrived(&transit.waiters, None);
+        for (op, left) in transit.waiters.iter() {
+            if left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                arrived.push(*op);
+            }
+        }
         let value_bytes = store.table(table).value_len() * 4;
         let mut slot = Some(slot);
         let mut answers = AnswerBatch::default();
@@ -289,22 +330,15 @@ impl Step<'_, '_> {
         self.flush_failures(failures);
     }
 
-    /// Tells the `localize` operations in `waiters` that one of their keys arrived (`None`) or
-    /// will not (`Some(error)`).
-    fn arrived(&mut self, waiters: &[OpId], error: Option<&Error>) {
-        let mut counts: Vec<(OpId, u32)> = Vec::new();
-        for &op in waiters {
-            match counts.iter_mut().find(|(o, _)| *o == op) {
-                Some((_, n)) => *n += 1,
-                None => counts.push((op, 1)),
+    /// Tells the `localize` operations in `waiters` that one of their keys will not arrive.
+    fn arrival_failed(&mut self, waiters: &Waiters, error: &Error) {
+        let mut told: Vec<OpId> = Vec::new();
+        for (op, left) in waiters.iter() {
+            left.fetch_sub(1, Ordering::AcqRel);
+            if !told.contains(op) {
+                told.push(*op);
+                self.tx.deliver(worker_of(*op), Delivery::Local(LocalEvent::ArrivalFailed { op: *op, error: error.clone() }));
             }
-        }
-        for (op, count) in counts {
-            let event = match error {
-                None => LocalEvent::Arrived { op, count },
-                Some(e) => LocalEvent::ArrivalFailed { op, count, error: e.clone() },
-            };
-            self.tx.deliver(worker_of(op), Delivery::Local(event));
         }
     }
 
@@ -391,7 +425,7 @@ impl Step<'_, '_> {
     }
 
     /// Fails queued items and waiters; returns the queued hand-overs when `keep_relocations`.
-    fn fail_transit_items(&mut self, table: u16, key: u64, queue: Vec<Queued>, waiters: &[OpId], error: &Error, keep_relocations: bool) -> Vec<Queued> {
+    fn fail_transit_items(&mut self, table: u16, key: u64, queue: Vec<Queued>, waiters: &Waiters, error: &Error, keep_relocations: bool) -> Vec<Queued> {
         let mut kept = Vec::new();
         let mut failures = FailureBatch::default();
         let (code, node) = failure_code(error);
@@ -408,7 +442,7 @@ impl Step<'_, '_> {
             }
         }
         self.flush_failures(failures);
-        self.arrived(waiters, Some(error));
+        self.arrival_failed(waiters, error);
         kept
     }
 }

@@ -80,19 +80,15 @@ pub enum LocalEvent {
         /// Why.
         error: Error,
     },
-    /// Keys a `localize` waited for arrived.
+    /// The last key a `localize` waited for arrived (its countdown reached zero).
     Arrived {
         /// The operation.
         op: OpId,
-        /// How many.
-        count: u32,
     },
-    /// Keys a `localize` waited for will not arrive.
+    /// A key a `localize` waited for will not arrive (it was counted down).
     ArrivalFailed {
         /// The operation.
         op: OpId,
-        /// How many.
-        count: u32,
         /// Why.
         error: Error,
     },
@@ -152,6 +148,8 @@ pub(crate) struct PendingOp {
     pub arrivals: u64,
     /// [`super::Directory::losses`] when the operation was issued.
     losses: u64,
+    /// A `localize`'s keys still to arrive, counted down by the shards.
+    pub countdown: Option<super::shard::Countdown>,
 }
 
 impl PendingOp {
@@ -270,6 +268,7 @@ impl Requester {
                 unsent: None,
                 arrivals: 0,
                 losses,
+                countdown: None,
             },
         );
         id
@@ -320,7 +319,9 @@ impl Requester {
 
     /// Completes `op` if nothing is outstanding (and nothing remains to be encoded).
     pub(crate) fn settle(&mut self, op: OpId) {
-        if self.ops.get(&op).is_some_and(|o| o.remaining == 0 && o.unsent.is_none()) {
+        let settled =
+            |o: &PendingOp| o.remaining == 0 && o.unsent.is_none() && o.countdown.as_ref().is_none_or(|c| c.load(std::sync::atomic::Ordering::Acquire) == 0);
+        if self.ops.get(&op).is_some_and(settled) {
             let o = self.ops.remove(&op).expect("present");
             let result = match o.error {
                 Some(e) => Err(e),
@@ -386,6 +387,7 @@ impl Requester {
                 o.fail(Error::Timeout { what: "operation", millis });
                 o.remaining = 0;
                 o.unsent = None;
+                o.countdown = None;
                 self.settle(op);
             }
         }
@@ -434,6 +436,7 @@ impl Requester {
                 o.fail(error.clone());
                 o.remaining = 0;
                 o.unsent = None;
+                o.countdown = None;
             }
             self.settle(op);
         }
@@ -550,14 +553,11 @@ impl Requester {
                 }
                 self.settle(op);
             }
-            LocalEvent::Arrived { op, count } => {
+            LocalEvent::Arrived { op } => self.settle(op),
+            LocalEvent::ArrivalFailed { op, error } => {
                 if let Some(o) = self.ops.get_mut(&op) {
-                    o.remaining = o.remaining.saturating_sub(count as usize);
+                    o.fail(error);
                 }
-                self.settle(op);
-            }
-            LocalEvent::ArrivalFailed { op, count, error } => {
-                self.fail_count(op, count as usize, &error);
                 self.settle(op);
             }
         }

@@ -2,8 +2,9 @@
 //! and the operations queued behind them), one-sided writes this node posted for keys leaving
 //! it, and the deadlines of transits that may have to be given up.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 
 use super::requester::OpId;
 use super::wire::AccessKind;
@@ -44,7 +45,7 @@ pub(crate) struct Transit {
     pub slot: Option<Reserved>,
     pub queue: Vec<Queued>,
     /// `localize` operations waiting for the key.
-    pub waiters: Vec<OpId>,
+    pub waiters: Waiters,
     pub started: u64,
     /// Set when a peer was lost or the transfer timed out: the value may never arrive, so new
     /// operations on the key fail at once instead of queueing.
@@ -55,6 +56,39 @@ pub(crate) struct Transit {
     pub abandoned: bool,
     /// Tells this transit's deadlines from those of an earlier transit of the same key.
     pub generation: u64,
+}
+
+/// Keys a `localize` still waits for, shared by its worker and the shards: a landing counts
+/// down, and only the last one wakes the worker.
+pub(crate) type Countdown = Arc<AtomicUsize>;
+
+/// A `localize` waiting for a key.
+pub(crate) type Waiter = (OpId, Countdown);
+
+/// The `localize` operations waiting for a key: nearly always one, kept without an allocation.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Waiters {
+    first: Option<Waiter>,
+    rest: Vec<Waiter>,
+}
+
+impl Waiters {
+    /// One waiter.
+    pub fn one(waiter: Waiter) -> Waiters {
+        Waiters { first: Some(waiter), rest: Vec::new() }
+    }
+
+    pub fn push(&mut self, waiter: Waiter) {
+        if self.first.is_none() {
+            self.first = Some(waiter);
+        } else {
+            self.rest.push(waiter);
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Waiter> + '_ {
+        self.first.iter().chain(self.rest.iter())
+    }
 }
 
 /// What a deadline is for.
@@ -78,7 +112,11 @@ pub struct Shard {
     /// Slots whose value is being written to another node, by write id.
     pub(crate) outgoing: FastMap<u64, Reserved>,
     next_wr: u64,
-    deadlines: BinaryHeap<Reverse<Deadline>>,
+    /// Deadlines of transits that may not land, in the order they were set. Every deadline of
+    /// a kind is "when it was set + a fixed time", so each queue is ordered by deadline and a
+    /// deadline that no longer matters is dropped when it reaches the front (no heap, no scan).
+    stuck: VecDeque<Deadline>,
+    grace: VecDeque<Deadline>,
     next_generation: u64,
     pub(crate) counters: ShardCounters,
 }
@@ -93,7 +131,8 @@ impl Shard {
             next_resv: 1,
             outgoing: FastMap::default(),
             next_wr: 1,
-            deadlines: BinaryHeap::new(),
+            stuck: VecDeque::new(),
+            grace: VecDeque::new(),
             next_generation: 1,
             counters: ShardCounters::default(),
         }
@@ -135,27 +174,47 @@ impl Shard {
     }
 
     pub(crate) fn push_deadline(&mut self, d: Deadline) {
-        self.deadlines.push(Reverse(d));
+        match d.4 {
+            DeadlineKind::Stuck => self.stuck.push_back(d),
+            DeadlineKind::Grace => self.grace.push_back(d),
+        }
+    }
+
+    /// Drops deadlines that no longer matter from the front of both queues.
+    fn clean(&mut self) {
+        while let Some(d) = self.stuck.front().copied() {
+            if self.deadline_live(&d) {
+                break;
+            }
+            self.stuck.pop_front();
+        }
+        while let Some(d) = self.grace.front().copied() {
+            if self.deadline_live(&d) {
+                break;
+            }
+            self.grace.pop_front();
+        }
     }
 
     /// The earliest deadline that still matters.
     pub fn poll_timeout(&mut self) -> Option<u64> {
-        while let Some(Reverse(d)) = self.deadlines.peek().copied() {
-            if self.deadline_live(&d) {
-                return Some(d.0);
-            }
-            self.deadlines.pop();
+        self.clean();
+        match (self.stuck.front(), self.grace.front()) {
+            (Some(a), Some(b)) => Some(a.0.min(b.0)),
+            (Some(a), None) | (None, Some(a)) => Some(a.0),
+            (None, None) => None,
         }
-        None
     }
 
     /// Takes the earliest live deadline if it is due at `now`.
     pub(crate) fn pop_due(&mut self, now: u64) -> Option<Deadline> {
-        let at = self.poll_timeout()?;
-        if at > now {
+        self.clean();
+        let stuck = self.stuck.front().map_or(u64::MAX, |d| d.0);
+        let grace = self.grace.front().map_or(u64::MAX, |d| d.0);
+        if stuck.min(grace) > now {
             return None;
         }
-        self.deadlines.pop().map(|Reverse(d)| d)
+        if stuck <= grace { self.stuck.pop_front() } else { self.grace.pop_front() }
     }
 
     fn deadline_live(&self, d: &Deadline) -> bool {
@@ -196,7 +255,7 @@ mod tests {
         let generation = s.next_generation();
         s.transits.insert(
             (0, 1),
-            Transit { slot: None, queue: Vec::new(), waiters: Vec::new(), started: 0, suspect: None, suspect_since: 0, abandoned: false, generation },
+            Transit { slot: None, queue: Vec::new(), waiters: Waiters::default(), started: 0, suspect: None, suspect_since: 0, abandoned: false, generation },
         );
         s.push_deadline((20, 0, 1, generation, DeadlineKind::Stuck));
         s.push_deadline((15, 0, 1, generation, DeadlineKind::Grace));

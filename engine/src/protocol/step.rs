@@ -142,8 +142,8 @@ impl<'c, 't> Step<'c, 't> {
                     self.flush_run(from, frame, run.take());
                     let resume = match kind {
                         msg::ACCESS => self.handle_access(from, body, first_item)?,
-                        msg::LOCALIZE => self.handle_localize(from, body)?,
-                        msg::RELOCATE => self.handle_relocate(body)?,
+                        msg::LOCALIZE => self.handle_localize(from, body, first_item)?,
+                        msg::RELOCATE => self.handle_relocate(body, first_item)?,
                         msg::LOCALIZE_FAILED => self.handle_localize_failed(body)?,
                         msg::BARRIER | msg::BARRIER_RELEASE => {
                             let core = self.core;

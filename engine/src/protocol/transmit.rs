@@ -30,6 +30,8 @@ pub struct Transmit {
     /// back here through a forward, or was queued here while its key arrived).
     loopback: Vec<u8>,
     writes: VecDeque<SlotWrite>,
+    /// Bytes of the writes in `writes`.
+    write_bytes: usize,
     deliveries: VecDeque<(u16, Delivery)>,
     /// Destinations with frames handed out since [`Transmit::take_touched`].
     touched: Vec<bool>,
@@ -50,6 +52,7 @@ impl Transmit {
             sealed: VecDeque::new(),
             loopback: Vec::new(),
             writes: VecDeque::new(),
+            write_bytes: 0,
             deliveries: VecDeque::new(),
             touched: vec![false; nodes],
             counters: registry.cell(),
@@ -102,7 +105,13 @@ impl Transmit {
     }
 
     pub(crate) fn push_write(&mut self, write: SlotWrite) {
+        self.write_bytes += write.len;
         self.writes.push_back(write);
+    }
+
+    /// Bytes of one-sided writes waiting to be handed on.
+    pub fn pending_write_bytes(&self) -> usize {
+        self.write_bytes
     }
 
     pub(crate) fn deliver(&mut self, worker: u16, delivery: Delivery) {
@@ -145,6 +154,7 @@ impl Transmit {
     pub fn poll_write(&mut self) -> Option<SlotWrite> {
         let next = self.writes.pop_front();
         if let Some(w) = &next {
+            self.write_bytes -= w.len;
             self.touched[w.to as usize] = true;
         }
         next
