@@ -15,7 +15,7 @@
 //! * [`Directory`]: owners of the keys this node is home for, location caches, lost peers, and
 //!   the key → shard map.
 //! * [`Shard`]: for the keys of one shard, relocations in transit with their reservations and
-//!   queues, outgoing one-sided writes, and a deadline heap.
+//!   queues, outgoing one-sided writes, and deadline queues (FIFO per kind: each kind is "set + a fixed time").
 //! * [`Requester`]: one worker's operation table; owned by the worker, fed by [`Delivery`]s.
 //! * [`Barriers`]: cluster-wide barrier generations.
 //! * [`Core`] holds a node's directory, shards (each behind its own lock) and barriers, and
