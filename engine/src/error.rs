@@ -73,6 +73,9 @@ pub enum Error {
     /// The node is shutting down or already shut down.
     #[error("the node is shut down")]
     ShutDown,
+    /// A sampling call was given a bad distribution, scheme or handle, or could not draw.
+    #[error("sampling: {0}")]
+    Sampling(String),
     /// `finalize` was called while worker handles were still alive.
     #[error("{0} worker handle(s) are still alive; drop them before finalize")]
     WorkersAlive(usize),

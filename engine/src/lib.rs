@@ -8,6 +8,7 @@
 //! The pieces:
 //! * [`Node`] starts a node (rendezvous, fabric, store, protocol) and hands out [`Worker`]s;
 //! * [`Worker`] is one trainer thread's handle with the synchronous and asynchronous API;
+//! * [`sampling`] gives workers samples from a key distribution under a conformity level (NuPS);
 //! * [`protocol`] is the parameter-server protocol as deterministic state machines with no I/O;
 //! * [`store`] holds the values, [`partition`] maps keys to home nodes;
 //! * with the `sim` feature, `sim` runs the protocol in seeded simulated clusters and
@@ -28,6 +29,7 @@ mod node;
 pub mod partition;
 pub mod protocol;
 mod runtime;
+pub mod sampling;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
 pub mod stats;
@@ -38,5 +40,6 @@ mod worker;
 pub use config::{ClusterEnv, Config, ElementType, HugePages, Partitioning, TableSpec, TransportChoice, VerbsSettings};
 pub use error::{Error, Result};
 pub use node::{Node, SlotAddress, Table};
+pub use sampling::{Conformity, DistributionId, KeyDistribution, SampleHandle, SamplingScheme, SamplingStats};
 pub use stats::{Latency, MessageKind, Stats, Traffic};
 pub use worker::{PullTicket, Ticket, Worker};

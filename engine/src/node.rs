@@ -63,6 +63,11 @@ impl Table {
     pub fn id(&self) -> usize {
         self.id as usize
     }
+
+    #[cfg(test)]
+    pub(crate) fn for_tests(keys: u64, value_len: usize) -> Table {
+        Table { id: 0, value_len, keys, cluster: 0 }
+    }
 }
 
 impl Node {

@@ -108,7 +108,8 @@ impl Latency {
 /// A node's statistics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Keys accessed by this node's workers and served from local memory.
+    /// Keys accessed by this node's workers and served from local memory, including accesses
+    /// queued here behind a relocation to this node (they wait, but send nothing).
     pub local_accesses: u64,
     /// Keys accessed by this node's workers that had to go to another node.
     pub remote_accesses: u64,

@@ -48,6 +48,8 @@ pub struct Worker {
     requester: Requester,
     inbox: Receiver<Delivery>,
     tx: Transmit,
+    /// Distributions this worker registered for sampling.
+    pub(crate) samplers: Vec<crate::sampling::Sampler>,
 }
 
 /// An asynchronous push, set or localize in flight; pass it to [`Worker::wait`].
@@ -70,7 +72,7 @@ impl Worker {
         let (index, first_seq, inbox) = node.register_worker();
         let requester = node.core.requester(index, first_seq);
         let tx = node.core.transmit();
-        Worker { node, index, requester, inbox, tx }
+        Worker { node, index, requester, inbox, tx, samplers: Vec::new() }
     }
 
     /// This worker's number on its node.
@@ -86,6 +88,23 @@ impl Worker {
     /// Looks a table up by name.
     pub fn table(&self, name: &str) -> Result<Table> {
         self.node.table(name)
+    }
+
+    /// The table's name, once the handle is checked to belong to this cluster.
+    pub(crate) fn checked_table_name(&self, table: Table) -> Result<String> {
+        self.node.check_table(table)?;
+        Ok(self.node.config.tables[table.id as usize].name.clone())
+    }
+
+    /// Whether this node holds `key` right now (it may leave the next moment).
+    #[inline]
+    pub(crate) fn holds(&self, table: Table, key: u64) -> bool {
+        self.node.core.store().table(table.id).slot_of(key).is_some()
+    }
+
+    /// Whether keys can move between nodes in this cluster.
+    pub(crate) fn relocation_enabled(&self) -> bool {
+        self.node.config.relocation
     }
 
     #[inline]

@@ -66,6 +66,33 @@ fn knowledge_graph_embeddings_learn_and_modes_agree() {
         assert!((mrr(mode) - mrr("single")).abs() < 0.12, "{mode} MRR {} vs single {}", mrr(mode), mrr("single"));
     }
     assert!(modes["localize"].iter().all(|r| f(&r["local_share"]) > f(&modes["classic"][0]["local_share"])));
+    // Negatives from Ferry's sampling API train as well; local ones relocate less.
+    for scheme in ["independent", "reuse:16:2", "local"] {
+        let reports = train(&[
+            "kge",
+            "--data",
+            "synth-kg",
+            "--dim",
+            "16",
+            "--mode",
+            "localize",
+            "--epochs",
+            "20",
+            "--eval-every",
+            "20",
+            "--nodes",
+            "2",
+            "--negatives",
+            scheme,
+        ]);
+        let last = reports.last().unwrap();
+        assert!(f(&last["loss"]) < 0.5 * f(&reports[0]["loss"]), "{scheme}: the loss did not fall");
+        assert!(f(&last["quality"]["mrr"]) > 0.3, "{scheme}: MRR {}", f(&last["quality"]["mrr"]));
+        if scheme == "local" {
+            let relocations = |r: &[Value]| r.iter().map(|e| e["relocations"].as_u64().unwrap()).sum::<u64>();
+            assert!(relocations(&reports) < relocations(&modes["localize"]), "local negatives are not moved here");
+        }
+    }
 }
 
 #[test]
@@ -124,4 +151,88 @@ fn fetching_checks_and_caches_real_data() {
     let list = Command::new(binary("ferry")).args(["data", "list"]).env("FERRY_DATA", &cache).output().unwrap();
     assert!(String::from_utf8_lossy(&list.stdout).contains("nations   cached"));
     std::fs::remove_dir_all(&cache).unwrap();
+}
+
+/// A corpus of 40 topics of 10 words each: every line draws its words from one topic plus a few
+/// common words, so words of a topic share contexts.
+fn topic_corpus(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    // Words are letters only (the tokeniser splits at digits): digits spelled as a–j.
+    let letters = |n: usize| n.to_string().bytes().map(|d| (b'a' + d - b'0') as char).collect::<String>();
+    let word = |topic: usize, i: usize| format!("t{}w{}", letters(topic), letters(i));
+    let mut text = String::new();
+    for _ in 0..3000 {
+        let topic = rng.gen_range(0..40);
+        let line: Vec<String> =
+            (0..12).map(|j| if j % 5 == 4 { ["the", "of", "and"][rng.gen_range(0..3)].to_string() } else { word(topic, rng.gen_range(0..10)) }).collect();
+        text.push_str(&line.join(" "));
+        text.push('\n');
+    }
+    let corpus = dir.join("topics.txt");
+    std::fs::write(&corpus, text).unwrap();
+    let mut questions = String::from(": topics\n");
+    for t in 0..20 {
+        questions.push_str(&format!("{} {} {} {}\n", word(t, 0), word(t, 1), word(t + 20, 0), word(t + 20, 1)));
+    }
+    questions.push_str("unknown words are skipped\n");
+    let analogies = dir.join("analogies.txt");
+    std::fs::write(&analogies, questions).unwrap();
+    (corpus, analogies)
+}
+
+#[test]
+fn word_vectors_learn_in_every_mode_with_every_sampling_scheme() {
+    let dir = std::env::temp_dir().join(format!("ferry-w2v-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (corpus, analogies) = topic_corpus(&dir);
+    let base = [
+        "w2v",
+        "--data",
+        corpus.to_str().unwrap(),
+        "--analogies",
+        analogies.to_str().unwrap(),
+        "--dim",
+        "16",
+        "--epochs",
+        "3",
+        "--eval-every",
+        "1",
+        "--nodes",
+        "2",
+    ];
+    let reports = train(&[&base[..], &["--mode", "all", "--negatives", "independent"]].concat());
+    let modes = by_mode(&reports);
+    assert_eq!(modes.keys().cloned().collect::<Vec<_>>(), ["classic", "localize", "single"]);
+    let final_loss = |m: &BTreeMap<String, Vec<Value>>, mode: &str| f(&m[mode].last().unwrap()["loss"]);
+    for (mode, runs) in &modes {
+        assert_eq!(runs.len(), 3, "{mode}");
+        assert!(f(&runs[2]["loss"]) < f(&runs[0]["loss"]), "{mode}: the loss did not fall");
+        let q = &runs[2]["quality"];
+        assert_eq!(q["analogy_questions"].as_u64(), Some(20), "{mode}: the unknown question is skipped");
+        assert!((0.0..=1.0).contains(&f(&q["analogy"])), "{mode}");
+        assert!(f(&q["words_per_s_per_thread"]) > 0.0);
+    }
+    for mode in ["classic", "localize"] {
+        let ratio = final_loss(&modes, mode) / final_loss(&modes, "single");
+        assert!((0.9..1.1).contains(&ratio), "{mode} loss {} vs single {}", final_loss(&modes, mode), final_loss(&modes, "single"));
+    }
+    assert!(modes["classic"].iter().all(|r| f(&r["local_share"]) < 0.8), "classic goes remote for foreign words");
+    // Every scheme trains; local sampling keeps the negatives here.
+    for scheme in ["reuse:64:2", "postpone:64:2", "local"] {
+        let reports = train(&[&base[..], &["--mode", "localize", "--negatives", scheme]].concat());
+        assert_eq!(reports.len(), 3, "{scheme}");
+        assert!(f(&reports[2]["loss"]) < f(&reports[0]["loss"]), "{scheme}: the loss did not fall");
+        if scheme == "local" {
+            let independent = f(&modes["localize"][2]["local_share"]);
+            assert!(f(&reports[2]["local_share"]) > independent, "local negatives raise the local share above {independent}");
+        }
+    }
+    let out = Command::new(binary("ferry"))
+        .args(["train", "w2v", "--mode", "single", "--negatives", "sometimes", "--data", corpus.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown sampling scheme"), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_dir_all(&dir).unwrap();
 }

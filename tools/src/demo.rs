@@ -56,5 +56,6 @@ fn common(c: &TrainCommand) -> &train::Common {
     match c {
         TrainCommand::Mf(a) => &a.common,
         TrainCommand::Kge(a) => &a.common,
+        TrainCommand::W2v(a) => &a.common,
     }
 }

@@ -109,7 +109,11 @@ fn main() -> Result<()> {
             println!("cache: {}", ferry_bench::data::cache_dir().display());
             for d in ferry_bench::data::DATASETS {
                 let present = d.files.iter().all(|f| ferry_bench::data::dataset_path(d.name, f.name).exists());
-                println!("  {:<9} {:<8} {} (from {}=={})", d.name, if present { "cached" } else { "missing" }, d.description, d.package, d.version);
+                let source = match d.source {
+                    ferry_bench::data::Source::Pip => format!("pip {}=={}", d.package, d.version),
+                    ferry_bench::data::Source::Npm => format!("npm {}@{}", d.package, d.version),
+                };
+                println!("  {:<9} {:<8} {} (from {source})", d.name, if present { "cached" } else { "missing" }, d.description);
             }
             Ok(())
         }

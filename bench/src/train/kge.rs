@@ -15,15 +15,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Barrier;
 use std::time::Instant;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
-use ferry::{Partitioning, TableSpec, Worker};
+use ferry::{KeyDistribution, Partitioning, SampleHandle, SamplingScheme, TableSpec, Worker};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::mf::initial;
-use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, field, start_node, stats_fields};
+use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, run_workers, start_node, stats_fields};
 use super::{Common, EpochReport, Event, Mode, Sink};
 use crate::data::triples::{KnowledgeGraph, Triples};
 
@@ -57,6 +57,12 @@ pub struct KgeArgs {
     /// How many triples ahead a worker localizes entities (latency hiding).
     #[arg(long, default_value_t = 1)]
     pub lookahead: usize,
+    /// Where negatives come from in cluster modes: `direct` (the trainer draws entities
+    /// uniformly and accesses them like positives), or a Ferry sampling scheme over a uniform
+    /// distribution of entities (NuPS 4.4): `independent` (L1), `reuse[:POOL:USES]` (L2),
+    /// `postpone[:POOL:USES]` (L3), `local` (L4).
+    #[arg(long, default_value = "direct")]
+    pub negatives: String,
     /// Options shared by all tasks.
     #[command(flatten)]
     pub common: Common,
@@ -101,7 +107,17 @@ impl KgeArgs {
             self.eval_max.to_string(),
             "--lookahead".into(),
             self.lookahead.to_string(),
+            "--negatives".into(),
+            self.negatives.clone(),
         ]
+    }
+
+    /// The sampling scheme for negatives, `None` for trainer-drawn ones.
+    pub fn negative_scheme(&self) -> Result<Option<SamplingScheme>> {
+        match self.negatives.as_str() {
+            "direct" => Ok(None),
+            s => Ok(Some(SamplingScheme::parse(s).with_context(|| format!("--negatives {s}: expected direct or a sampling scheme"))?)),
+        }
     }
 
     /// The graph (identical in every process).
@@ -109,6 +125,7 @@ impl KgeArgs {
         if self.dim == 0 || self.neg == 0 {
             bail!("--dim and --neg must be at least 1");
         }
+        self.negative_scheme()?;
         match self.data.as_str() {
             "umls" | "kinships" | "nations" => KnowledgeGraph::load_split(&crate::data::cache_dir().join(&self.data)),
             "film" => KnowledgeGraph::load_single(&crate::data::dataset_path("film", "ml-100k.kg"), true, self.common.seed),
@@ -144,6 +161,11 @@ struct Sample {
 impl Sample {
     fn draw(train: &Triples, i: usize, entities: u32, neg: usize, rng: &mut ChaCha8Rng) -> Sample {
         Sample { h: train.heads[i], r: train.relations[i], t: train.tails[i], negatives: (0..2 * neg).map(|_| rng.gen_range(0..entities)).collect() }
+    }
+
+    /// The positive triple only: its negatives come from Ferry's sampling API.
+    fn positive(train: &Triples, i: usize) -> Sample {
+        Sample { h: train.heads[i], r: train.relations[i], t: train.tails[i], negatives: Vec::new() }
     }
 
     /// Entity keys in slot order: head, tail, negatives.
@@ -394,19 +416,7 @@ pub fn run_single(a: &KgeArgs, emit: Sink) -> Result<()> {
         } else {
             serde_json::Map::new()
         };
-        emit(Event::Epoch(EpochReport {
-            task: "kge".into(),
-            mode: Mode::Single,
-            epoch,
-            epoch_s,
-            elapsed_s: elapsed,
-            loss: loss / n.max(1) as f64,
-            quality,
-            local_share: 1.0,
-            relocations: 0,
-            messages: 0,
-            bytes: 0,
-        }));
+        emit(Event::Epoch(EpochReport::single("kge", epoch, epoch_s, elapsed, loss / n.max(1) as f64, quality)));
     }
     Ok(())
 }
@@ -449,6 +459,7 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
         TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS),
     ];
     let localize = mode == Mode::Localize;
+    let negative_scheme = a.negative_scheme()?;
     let mut node = start_node(tables, localize)?;
     let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
     let (entities, relations, metrics) = (node.table("entities")?, node.table("relations")?, node.table("metrics")?);
@@ -458,129 +469,126 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
     let known = if rank == 0 { kg.known() } else { HashSet::new() };
     let local_barrier = Barrier::new(threads);
     let emit = parking_lot::Mutex::new(emit);
-    std::thread::scope(|s| -> Result<()> {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let mut w = node.worker();
-                let (kg, mine, my_relations, known, emit, node, local_barrier) = (&kg, &mine, &my_relations, &known, &emit, &node, &local_barrier);
-                s.spawn(move || -> Result<()> {
-                    if rank == 0 && t == 0 {
-                        for (table, n, id) in [(entities, n_e as u64, 0u64), (relations, n_r as u64, 1)] {
-                            let keys: Vec<u64> = (0..n).collect();
-                            for chunk in keys.chunks(1024) {
-                                let values: Vec<f32> = chunk.iter().flat_map(|&k| (0..len).map(move |j| init_value(seed, id, k, j, d))).collect();
-                                w.set(table, chunk, &values)?;
-                            }
-                        }
+    run_workers(&node, threads, |t, mut w| -> Result<()> {
+        let (kg, mine, my_relations, known, emit, node, local_barrier) = (&kg, &mine, &my_relations, &known, &emit, &node, &local_barrier);
+        if rank == 0 && t == 0 {
+            for (table, n, id) in [(entities, n_e as u64, 0u64), (relations, n_r as u64, 1)] {
+                let keys: Vec<u64> = (0..n).collect();
+                for chunk in keys.chunks(1024) {
+                    let values: Vec<f32> = chunk.iter().flat_map(|&k| (0..len).map(move |j| init_value(seed, id, k, j, d))).collect();
+                    w.set(table, chunk, &values)?;
+                }
+            }
+        }
+        w.barrier()?;
+        if localize && t == 0 {
+            // Data clustering: this node's relations stay here.
+            w.localize(relations, my_relations)?;
+        }
+        w.barrier()?;
+        let slots = 2 + 2 * a.neg;
+        let negatives = match negative_scheme {
+            Some(scheme) => Some(w.register_distribution(entities, KeyDistribution::uniform(0..n_e as u64), scheme)?),
+            None => None,
+        };
+        let mut keys = vec![0u64; slots];
+        let (mut ev, mut rv) = (vec![0.0; slots * len], vec![0.0; len]);
+        let (mut eo, mut ro) = (vec![0.0; slots * len], vec![0.0; len]);
+        let mut grads = vec![0.0; (slots + 1) * 2 * d];
+        let mut elapsed = 0.0;
+        for epoch in 1..=epochs {
+            let mut order: Vec<usize> = mine.iter().copied().skip(t).step_by(threads).collect();
+            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ ((rank as u64) << 16) ^ t as u64);
+            order.shuffle(&mut rng);
+            w.barrier()?;
+            let before = node.stats();
+            let started = Instant::now();
+            let (mut loss, mut n) = (0.0f64, 0usize);
+            // Samples drawn ahead, so that their entities can be localized ahead.
+            let mut ahead: VecDeque<(Sample, Option<SampleHandle>)> = VecDeque::new();
+            let mut tickets: VecDeque<ferry::Ticket> = VecDeque::new();
+            let mut next = 0usize;
+            let fill = |ahead: &mut VecDeque<(Sample, Option<SampleHandle>)>,
+                        next: &mut usize,
+                        rng: &mut ChaCha8Rng,
+                        w: &mut Worker,
+                        tickets: &mut VecDeque<ferry::Ticket>|
+             -> Result<()> {
+                while ahead.len() <= a.lookahead && *next < order.len() {
+                    let (sample, handle) = match negatives {
+                        // Ferry draws the negatives and moves them here as the scheme says.
+                        Some(dist) => (Sample::positive(&kg.train, order[*next]), Some(w.prepare_sample(dist, 2 * a.neg)?)),
+                        None => (Sample::draw(&kg.train, order[*next], n_e as u32, a.neg, rng), None),
+                    };
+                    if localize {
+                        tickets.push_back(w.localize_async(entities, &sample.entity_keys())?);
                     }
-                    w.barrier()?;
-                    if localize && t == 0 {
-                        // Data clustering: this node's relations stay here.
-                        w.localize(relations, my_relations)?;
+                    ahead.push_back((sample, handle));
+                    *next += 1;
+                }
+                while tickets.len() > 2 * a.lookahead + 4 {
+                    let t = tickets.pop_front().expect("non-empty");
+                    w.wait(t)?;
+                }
+                Ok(())
+            };
+            let mut x = 0usize;
+            loop {
+                fill(&mut ahead, &mut next, &mut rng, &mut w, &mut tickets)?;
+                let Some((sample, handle)) = ahead.pop_front() else { break };
+                match handle {
+                    None => {
+                        keys.clear();
+                        keys.extend(sample.entity_keys());
+                        w.pull(entities, &keys, &mut ev)?;
                     }
-                    w.barrier()?;
-                    let slots = 2 + 2 * a.neg;
-                    let (mut ev, mut rv) = (vec![0.0; slots * len], vec![0.0; len]);
-                    let (mut eo, mut ro) = (vec![0.0; slots * len], vec![0.0; len]);
-                    let mut grads = vec![0.0; (slots + 1) * 2 * d];
-                    let mut elapsed = 0.0;
-                    for epoch in 1..=epochs {
-                        let mut order: Vec<usize> = mine.iter().copied().skip(t).step_by(threads).collect();
-                        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ ((rank as u64) << 16) ^ t as u64);
-                        order.shuffle(&mut rng);
-                        w.barrier()?;
-                        let before = node.stats();
-                        let started = Instant::now();
-                        let (mut loss, mut n) = (0.0f64, 0usize);
-                        // Samples drawn ahead, so that their entities can be localized ahead.
-                        let mut ahead: VecDeque<Sample> = VecDeque::new();
-                        let mut tickets: VecDeque<ferry::Ticket> = VecDeque::new();
-                        let mut next = 0usize;
-                        let fill = |ahead: &mut VecDeque<Sample>,
-                                    next: &mut usize,
-                                    rng: &mut ChaCha8Rng,
-                                    w: &mut Worker,
-                                    tickets: &mut VecDeque<ferry::Ticket>|
-                         -> Result<()> {
-                            while ahead.len() <= a.lookahead && *next < order.len() {
-                                let sample = Sample::draw(&kg.train, order[*next], n_e as u32, a.neg, rng);
-                                if localize {
-                                    tickets.push_back(w.localize_async(entities, &sample.entity_keys())?);
-                                }
-                                ahead.push_back(sample);
-                                *next += 1;
-                            }
-                            while tickets.len() > 2 * a.lookahead + 4 {
-                                let t = tickets.pop_front().expect("non-empty");
-                                w.wait(t)?;
-                            }
-                            Ok(())
-                        };
-                        let mut x = 0usize;
-                        loop {
-                            fill(&mut ahead, &mut next, &mut rng, &mut w, &mut tickets)?;
-                            let Some(sample) = ahead.pop_front() else { break };
-                            let keys = sample.entity_keys();
-                            w.pull(entities, &keys, &mut ev)?;
-                            w.pull(relations, &[sample.r as u64], &mut rv)?;
-                            loss += step(&ev, &rv, d, a.neg, a.lr, a.reg, &mut grads, &mut eo, &mut ro) as f64;
-                            w.push(entities, &keys, &eo)?;
-                            w.push(relations, &[sample.r as u64], &ro)?;
-                            n += 1;
-                            x += 1;
-                            if rank == 0 && t == 0 && x.is_multiple_of(512) {
-                                (emit.lock())(Event::Progress(epoch, x as f64 / order.len().max(1) as f64));
-                            }
-                        }
-                        for ticket in tickets {
-                            w.wait(ticket)?;
-                        }
-                        w.barrier()?;
-                        let epoch_s = started.elapsed().as_secs_f64();
-                        let delta = node.stats().since(&before);
-                        let mut v = [0.0f32; METRIC_FIELDS];
-                        v[field::LOSS] = loss as f32;
-                        v[field::EXAMPLES] = n as f32;
-                        if t == 0 {
-                            stats_fields(&delta, &mut v);
-                        }
-                        let sums = all_reduce(&mut w, metrics, epoch as u64, &v)?;
-                        let quality = if a.evaluate_now(epoch) && rank == 0 && t == 0 {
-                            let e_all = pull_all(&mut w, entities, n_e, len)?;
-                            let r_all = pull_all(&mut w, relations, n_r, len)?;
-                            evaluate(&e_all, &r_all, d, n_e, &kg.test, known, a.eval_max, eval_threads())
-                        } else {
-                            serde_json::Map::new()
-                        };
-                        if a.evaluate_now(epoch) {
-                            // Nobody trains on while rank 0 reads the model.
-                            w.barrier()?;
-                        }
-                        local_barrier.wait();
-                        if rank == 0 && t == 0 {
-                            elapsed += epoch_s;
-                            let (local, remote) = (sums[field::LOCAL] as f64, sums[field::REMOTE] as f64);
-                            (emit.lock())(Event::Epoch(EpochReport {
-                                task: "kge".into(),
-                                mode,
-                                epoch,
-                                epoch_s,
-                                elapsed_s: elapsed,
-                                loss: sums[field::LOSS] as f64 / (sums[field::EXAMPLES] as f64).max(1.0),
-                                quality,
-                                local_share: if local + remote > 0.0 { local / (local + remote) } else { 1.0 },
-                                relocations: sums[field::RELOCATIONS] as u64,
-                                messages: (sums[field::KILO_MESSAGES] as f64 * 1e3) as u64,
-                                bytes: (sums[field::MEGABYTES] as f64 * 1e6) as u64,
-                            }));
-                        }
+                    Some(mut handle) => {
+                        keys.clear();
+                        keys.extend([sample.h as u64, sample.t as u64]);
+                        keys.resize(slots, 0);
+                        w.pull(entities, &keys[..2], &mut ev[..2 * len])?;
+                        w.pull_sample(&mut handle, &mut keys[2..], &mut ev[2 * len..])?;
                     }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().expect("training thread")?;
+                }
+                w.pull(relations, &[sample.r as u64], &mut rv)?;
+                loss += step(&ev, &rv, d, a.neg, a.lr, a.reg, &mut grads, &mut eo, &mut ro) as f64;
+                w.push(entities, &keys, &eo)?;
+                w.push(relations, &[sample.r as u64], &ro)?;
+                n += 1;
+                x += 1;
+                if rank == 0 && t == 0 && x.is_multiple_of(512) {
+                    (emit.lock())(Event::Progress(epoch, x as f64 / order.len().max(1) as f64));
+                }
+            }
+            for ticket in tickets {
+                w.wait(ticket)?;
+            }
+            w.barrier()?;
+            let epoch_s = started.elapsed().as_secs_f64();
+            let delta = node.stats().since(&before);
+            let mut v = [0.0f32; METRIC_FIELDS];
+            v[field::LOSS] = loss as f32;
+            v[field::EXAMPLES] = n as f32;
+            if t == 0 {
+                stats_fields(&delta, &mut v);
+            }
+            let sums = all_reduce(&mut w, metrics, epoch as u64, &v)?;
+            let quality = if a.evaluate_now(epoch) && rank == 0 && t == 0 {
+                let e_all = pull_all(&mut w, entities, n_e, len)?;
+                let r_all = pull_all(&mut w, relations, n_r, len)?;
+                evaluate(&e_all, &r_all, d, n_e, &kg.test, known, a.eval_max, eval_threads())
+            } else {
+                serde_json::Map::new()
+            };
+            if a.evaluate_now(epoch) {
+                // Nobody trains on while rank 0 reads the model.
+                w.barrier()?;
+            }
+            local_barrier.wait();
+            if rank == 0 && t == 0 {
+                elapsed += epoch_s;
+                (emit.lock())(Event::Epoch(cluster_report("kge", mode, epoch, epoch_s, elapsed, &sums, quality)));
+            }
         }
         Ok(())
     })?;

@@ -18,7 +18,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
-use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, field, part, part_of, start_node, stats_fields};
+use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, part, part_of, run_workers, start_node, stats_fields};
 use super::{Common, EpochReport, Event, Mode, Sink};
 use crate::data::ratings::{Ratings, Synthetic};
 
@@ -335,19 +335,7 @@ pub fn run_single(a: &MfArgs, emit: Sink) -> Result<()> {
         }
         let mut quality = serde_json::Map::new();
         quality.insert("rmse".into(), ((sse / test.len().max(1) as f64).sqrt()).into());
-        emit(Event::Epoch(EpochReport {
-            task: "mf".into(),
-            mode: Mode::Single,
-            epoch,
-            epoch_s,
-            elapsed_s: elapsed,
-            loss: loss / n.max(1) as f64,
-            quality,
-            local_share: 1.0,
-            relocations: 0,
-            messages: 0,
-            bytes: 0,
-        }));
+        emit(Event::Epoch(EpochReport::single("mf", epoch, epoch_s, elapsed, loss / n.max(1) as f64, quality)));
     }
     Ok(())
 }
@@ -371,110 +359,84 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
     let mu = train.mean();
     let local_barrier = Barrier::new(threads);
     let emit = parking_lot::Mutex::new(emit);
-    std::thread::scope(|s| -> Result<()> {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let mut w = node.worker();
-                let (cells, train, test, my_test, local_barrier, emit, node, my_rows) =
-                    (&cells, &train, &test, &my_test, &local_barrier, &emit, &node, &my_rows);
-                s.spawn(move || -> Result<()> {
-                    if rank == 0 && t == 0 {
-                        // Initial values, identical to the single mode's.
-                        for (table, n, id) in [(users, train.n_users as u64, 0u64), (items, train.n_items as u64, 1)] {
-                            let keys: Vec<u64> = (0..n).collect();
-                            for chunk in keys.chunks(8192) {
-                                let values: Vec<f32> = chunk.iter().flat_map(|&k| (0..len).map(move |j| factor_init(seed, id, k, j))).collect();
-                                w.set(table, chunk, &values)?;
-                            }
-                        }
+    run_workers(&node, threads, |t, mut w| -> Result<()> {
+        let (cells, train, test, my_test, local_barrier, emit, node, my_rows) = (&cells, &train, &test, &my_test, &local_barrier, &emit, &node, &my_rows);
+        if rank == 0 && t == 0 {
+            // Initial values, identical to the single mode's.
+            for (table, n, id) in [(users, train.n_users as u64, 0u64), (items, train.n_items as u64, 1)] {
+                let keys: Vec<u64> = (0..n).collect();
+                for chunk in keys.chunks(8192) {
+                    let values: Vec<f32> = chunk.iter().flat_map(|&k| (0..len).map(move |j| factor_init(seed, id, k, j))).collect();
+                    w.set(table, chunk, &values)?;
+                }
+            }
+        }
+        w.barrier()?;
+        if localize && t == 0 {
+            // Data clustering: this node's rows stay here for the whole run.
+            let rows: Vec<u64> = my_rows.clone().map(|u| u as u64).collect();
+            w.localize(users, &rows)?;
+        }
+        w.barrier()?;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((rank as u64) << 40) ^ t as u64);
+        let mut batcher = Batcher::new(train.n_users as usize, train.n_items as usize, len);
+        let mut elapsed = 0.0;
+        for epoch in 1..=epochs {
+            w.barrier()?;
+            let before = node.stats();
+            let started = Instant::now();
+            let (mut loss, mut n) = (0.0f64, 0usize);
+            for sub in 0..nodes {
+                let block = (rank + sub) % nodes;
+                if localize && t == 0 {
+                    let keys: Vec<u64> = part(train.n_items as usize, nodes, block).map(|i| i as u64).collect();
+                    w.localize(items, &keys)?;
+                }
+                local_barrier.wait();
+                let mut order = cells[t][block].clone();
+                order.shuffle(&mut rng);
+                let mut params = FerryParams { worker: &mut w, tables: [users, items] };
+                for (x, batch) in order.chunks(a.batch.max(1)).enumerate() {
+                    loss += batcher.run(train, batch, len, mu, a.lr, a.reg, &mut params)?;
+                    n += batch.len();
+                    if rank == 0 && t == 0 && x.is_multiple_of(64) {
+                        (emit.lock())(Event::Progress(epoch, (sub as f64 + (x * a.batch) as f64 / order.len().max(1) as f64) / nodes as f64));
                     }
-                    w.barrier()?;
-                    if localize && t == 0 {
-                        // Data clustering: this node's rows stay here for the whole run.
-                        let rows: Vec<u64> = my_rows.clone().map(|u| u as u64).collect();
-                        w.localize(users, &rows)?;
-                    }
-                    w.barrier()?;
-                    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((rank as u64) << 40) ^ t as u64);
-                    let mut batcher = Batcher::new(train.n_users as usize, train.n_items as usize, len);
-                    let mut elapsed = 0.0;
-                    for epoch in 1..=epochs {
-                        w.barrier()?;
-                        let before = node.stats();
-                        let started = Instant::now();
-                        let (mut loss, mut n) = (0.0f64, 0usize);
-                        for sub in 0..nodes {
-                            let block = (rank + sub) % nodes;
-                            if localize && t == 0 {
-                                let keys: Vec<u64> = part(train.n_items as usize, nodes, block).map(|i| i as u64).collect();
-                                w.localize(items, &keys)?;
-                            }
-                            local_barrier.wait();
-                            let mut order = cells[t][block].clone();
-                            order.shuffle(&mut rng);
-                            let mut params = FerryParams { worker: &mut w, tables: [users, items] };
-                            for (x, batch) in order.chunks(a.batch.max(1)).enumerate() {
-                                loss += batcher.run(train, batch, len, mu, a.lr, a.reg, &mut params)?;
-                                n += batch.len();
-                                if rank == 0 && t == 0 && x.is_multiple_of(64) {
-                                    (emit.lock())(Event::Progress(epoch, (sub as f64 + (x * a.batch) as f64 / order.len().max(1) as f64) / nodes as f64));
-                                }
-                            }
-                            w.barrier()?;
-                        }
-                        let epoch_s = started.elapsed().as_secs_f64();
-                        let delta = node.stats().since(&before);
-                        // Test error of this thread's share of the node's test ratings.
-                        let mut sse = 0.0f64;
-                        let mine: Vec<u32> = my_test.iter().copied().skip(t).step_by(threads).collect();
-                        for chunk in mine.chunks(1024) {
-                            let us: Vec<u64> = chunk.iter().map(|&i| test.users[i as usize] as u64).collect();
-                            let is: Vec<u64> = chunk.iter().map(|&i| test.items[i as usize] as u64).collect();
-                            let (mut pu, mut qi) = (vec![0.0; us.len() * len], vec![0.0; is.len() * len]);
-                            w.pull(users, &us, &mut pu)?;
-                            w.pull(items, &is, &mut qi)?;
-                            for (j, &i) in chunk.iter().enumerate() {
-                                let e = (test.values[i as usize] - predict(mu, &pu[j * len..(j + 1) * len], &qi[j * len..(j + 1) * len])) as f64;
-                                sse += e * e;
-                            }
-                        }
-                        let mut v = [0.0f32; METRIC_FIELDS];
-                        v[field::LOSS] = loss as f32;
-                        v[field::EXAMPLES] = n as f32;
-                        v[field::TEST_SSE] = sse as f32;
-                        v[field::TEST_COUNT] = mine.len() as f32;
-                        if t == 0 {
-                            stats_fields(&delta, &mut v);
-                            v[field::EPOCH_S] = epoch_s as f32;
-                        }
-                        let sums = all_reduce(&mut w, metrics, epoch as u64, &v)?;
-                        if rank == 0 && t == 0 {
-                            elapsed += epoch_s;
-                            let local = sums[field::LOCAL] as f64;
-                            let remote = sums[field::REMOTE] as f64;
-                            let mut quality = serde_json::Map::new();
-                            quality.insert("rmse".into(), ((sums[field::TEST_SSE] as f64 / (sums[field::TEST_COUNT] as f64).max(1.0)).sqrt()).into());
-                            (emit.lock())(Event::Epoch(EpochReport {
-                                task: "mf".into(),
-                                mode,
-                                epoch,
-                                epoch_s,
-                                elapsed_s: elapsed,
-                                loss: sums[field::LOSS] as f64 / (sums[field::EXAMPLES] as f64).max(1.0),
-                                quality,
-                                local_share: if local + remote > 0.0 { local / (local + remote) } else { 1.0 },
-                                relocations: sums[field::RELOCATIONS] as u64,
-                                messages: (sums[field::KILO_MESSAGES] as f64 * 1e3) as u64,
-                                bytes: (sums[field::MEGABYTES] as f64 * 1e6) as u64,
-                            }));
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().expect("training thread")?;
+                }
+                w.barrier()?;
+            }
+            let epoch_s = started.elapsed().as_secs_f64();
+            let delta = node.stats().since(&before);
+            // Test error of this thread's share of the node's test ratings.
+            let mut sse = 0.0f64;
+            let mine: Vec<u32> = my_test.iter().copied().skip(t).step_by(threads).collect();
+            for chunk in mine.chunks(1024) {
+                let us: Vec<u64> = chunk.iter().map(|&i| test.users[i as usize] as u64).collect();
+                let is: Vec<u64> = chunk.iter().map(|&i| test.items[i as usize] as u64).collect();
+                let (mut pu, mut qi) = (vec![0.0; us.len() * len], vec![0.0; is.len() * len]);
+                w.pull(users, &us, &mut pu)?;
+                w.pull(items, &is, &mut qi)?;
+                for (j, &i) in chunk.iter().enumerate() {
+                    let e = (test.values[i as usize] - predict(mu, &pu[j * len..(j + 1) * len], &qi[j * len..(j + 1) * len])) as f64;
+                    sse += e * e;
+                }
+            }
+            let mut v = [0.0f32; METRIC_FIELDS];
+            v[field::LOSS] = loss as f32;
+            v[field::EXAMPLES] = n as f32;
+            v[field::TEST_SSE] = sse as f32;
+            v[field::TEST_COUNT] = mine.len() as f32;
+            if t == 0 {
+                stats_fields(&delta, &mut v);
+                v[field::EPOCH_S] = epoch_s as f32;
+            }
+            let sums = all_reduce(&mut w, metrics, epoch as u64, &v)?;
+            if rank == 0 && t == 0 {
+                elapsed += epoch_s;
+                let mut quality = serde_json::Map::new();
+                quality.insert("rmse".into(), ((sums[field::TEST_SSE] as f64 / (sums[field::TEST_COUNT] as f64).max(1.0)).sqrt()).into());
+                (emit.lock())(Event::Epoch(cluster_report("mf", mode, epoch, epoch_s, elapsed, &sums, quality)));
+            }
         }
         Ok(())
     })?;

@@ -1,4 +1,4 @@
-//! ML workloads on Ferry: matrix factorization and knowledge-graph embeddings, each in three
+//! ML workloads on Ferry: matrix factorization, knowledge-graph embeddings and word vectors, each in three
 //! modes — `single` (one process, shared arrays, several threads, no parameter server), `classic`
 //! (a Ferry cluster with relocation off) and `localize` (a Ferry cluster with dynamic
 //! allocation).
@@ -12,6 +12,7 @@ pub mod kge;
 pub mod mf;
 mod plot;
 pub mod shared;
+pub mod w2v;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -138,12 +139,14 @@ pub enum TrainCommand {
     Mf(mf::MfArgs),
     /// ComplEx knowledge-graph embeddings with AdaGrad and negative sampling.
     Kge(kge::KgeArgs),
+    /// Word vectors: skip-gram with negative sampling (word2vec), scored on word analogies.
+    W2v(w2v::W2vArgs),
 }
 
 /// What one epoch of one run did.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EpochReport {
-    /// `mf` or `kge`.
+    /// `mf`, `kge` or `w2v`.
     pub task: String,
     /// The mode.
     pub mode: Mode,
@@ -168,9 +171,14 @@ pub struct EpochReport {
 }
 
 impl EpochReport {
+    /// The report of a `single` epoch: everything local, nothing sent.
+    pub fn single(task: &str, epoch: usize, epoch_s: f64, elapsed_s: f64, loss: f64, quality: serde_json::Map<String, serde_json::Value>) -> EpochReport {
+        EpochReport { task: task.into(), mode: Mode::Single, epoch, epoch_s, elapsed_s, loss, quality, local_share: 1.0, relocations: 0, messages: 0, bytes: 0 }
+    }
+
     /// The headline quality figure and its name, when evaluated.
     pub fn headline(&self) -> Option<(&str, f64)> {
-        ["rmse", "mrr"].into_iter().find_map(|k| self.quality.get(k).and_then(|v| v.as_f64()).map(|v| (k, v)))
+        ["rmse", "mrr", "analogy"].into_iter().find_map(|k| self.quality.get(k).and_then(|v| v.as_f64()).map(|v| (k, v)))
     }
 }
 
@@ -192,6 +200,7 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
     let common = match command {
         TrainCommand::Mf(a) => &a.common,
         TrainCommand::Kge(a) => &a.common,
+        TrainCommand::W2v(a) => &a.common,
     };
     if common.role == Role::Node {
         let mode = match common.mode {
@@ -206,12 +215,14 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
         match command {
             TrainCommand::Mf(a) => mf::run_node(a, mode, &mut emit)?,
             TrainCommand::Kge(a) => kge::run_node(a, mode, &mut emit)?,
+            TrainCommand::W2v(a) => w2v::run_node(a, mode, &mut emit)?,
         }
         return Ok(Vec::new());
     }
     let (task, description) = match command {
         TrainCommand::Mf(a) => ("mf", a.prepare()?),
         TrainCommand::Kge(a) => ("kge", a.prepare()?),
+        TrainCommand::W2v(a) => ("w2v", a.prepare()?),
     };
     eprintln!("{task}: {description}");
     let mut all = Vec::new();
@@ -289,6 +300,7 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
         match command {
             TrainCommand::Mf(a) => mf::run_single(a, &mut handle)?,
             TrainCommand::Kge(a) => kge::run_single(a, &mut handle)?,
+            TrainCommand::W2v(a) => w2v::run_single(a, &mut handle)?,
         }
     } else {
         let exe = std::env::current_exe().context("locating this program")?;
@@ -300,6 +312,10 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
             }
             TrainCommand::Kge(a) => {
                 args.push("kge".into());
+                args.extend(a.task_args());
+            }
+            TrainCommand::W2v(a) => {
+                args.push("w2v".into());
                 args.extend(a.task_args());
             }
         }

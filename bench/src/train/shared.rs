@@ -93,6 +93,48 @@ pub fn stats_fields(delta: &Stats, out: &mut [f32; METRIC_FIELDS]) {
     out[field::MEGABYTES] = delta.traffic.total_bytes() as f32 / 1e6;
 }
 
+/// Runs `body(t, worker)` on `threads` threads, each with its own worker of `node`, and returns
+/// the first error.
+pub fn run_workers(node: &Node, threads: usize, body: impl Fn(usize, Worker) -> Result<()> + Sync) -> Result<()> {
+    std::thread::scope(|s| {
+        let body = &body;
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let w = node.worker();
+                s.spawn(move || body(t, w))
+            })
+            .collect();
+        handles.into_iter().try_for_each(|h| h.join().expect("training thread"))
+    })
+}
+
+/// An epoch's report from the cluster-wide sums of [`all_reduce`] (loss per example, local
+/// share, relocations and traffic).
+pub fn cluster_report(
+    task: &str,
+    mode: super::Mode,
+    epoch: usize,
+    epoch_s: f64,
+    elapsed_s: f64,
+    sums: &[f32; METRIC_FIELDS],
+    quality: serde_json::Map<String, serde_json::Value>,
+) -> super::EpochReport {
+    let (local, remote) = (sums[field::LOCAL] as f64, sums[field::REMOTE] as f64);
+    super::EpochReport {
+        task: task.into(),
+        mode,
+        epoch,
+        epoch_s,
+        elapsed_s,
+        loss: sums[field::LOSS] as f64 / (sums[field::EXAMPLES] as f64).max(1.0),
+        quality,
+        local_share: if local + remote > 0.0 { local / (local + remote) } else { 1.0 },
+        relocations: sums[field::RELOCATIONS] as u64,
+        messages: (sums[field::KILO_MESSAGES] as f64 * 1e3) as u64,
+        bytes: (sums[field::MEGABYTES] as f64 * 1e6) as u64,
+    }
+}
+
 /// Splits `0..n` into `parts` contiguous ranges of nearly equal size; part `i`.
 pub fn part(n: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
     (i * n / parts)..((i + 1) * n / parts)

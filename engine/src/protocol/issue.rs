@@ -144,7 +144,6 @@ impl Step<'_, '_> {
         if remote.is_empty() {
             return Ok(Issued::Done(owned));
         }
-        self.tx.count_remote(remote.len());
         let cache_keys = dir.caches().then(|| keys.to_vec());
         let now = self.now;
         let op = req.begin(OpKind::Access(kind), table, value_len, keys.len(), remote.len(), Output::None, cache_keys, ticket, now, losses);
@@ -437,6 +436,8 @@ impl Step<'_, '_> {
                         transit.queue.push(Queued::Access { origin: rank, op, part: queued_part, index: queued.len() as u32, kind, values });
                         queued.push(row);
                         self.shard_of(table, key).counters.queued_keys += 1;
+                        // Served here once the key lands, without a message of this worker's.
+                        self.tx.count_local(1);
                     }
                 }
                 continue;
@@ -488,6 +489,8 @@ impl Step<'_, '_> {
         let before = buf.len();
         encode_rows(buf, h, &rows, keys_run, keys, input, value_len);
         let bytes = buf.len() - before;
+        // Counted here, where rows leave, so rows that turn out local on a second look count once.
+        self.tx.count_remote(rows.len());
         o.parts.push(rows);
         let message = if flags & FLAG_FORWARDED != 0 { MessageKind::Forward } else { MessageKind::Access };
         self.tx.sent(dest, message, bytes);

@@ -1,0 +1,725 @@
+//! Word vectors: skip-gram with negative sampling (word2vec), evaluated on word analogies.
+//!
+//! Two tables of `dim` floats per word: input vectors (the embeddings) and output vectors. For
+//! each kept occurrence of a word (frequent words subsampled as in word2vec), every word within a
+//! random window of at most `window` on either side is a context: the pair (context, word) is
+//! trained with the word as the positive and `neg` negatives drawn from the unigram
+//! distribution to the power 0.75, by SGD with a linearly decaying learning rate.
+//!
+//! Pairs are trained in batches of `chunk` centre positions: a batch pulls the rows it needs,
+//! trains on local copies and pushes the differences — one pull and one push per table per batch,
+//! in every mode, so `single` and the clusters run the same algorithm. In cluster modes the
+//! negatives come from Ferry's sampling API (`--negatives`: a scheme of NuPS 4.4) over that
+//! distribution; `localize` moves the next batch's words here while the current one trains.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use ferry::{DistributionId, KeyDistribution, Partitioning, SampleHandle, SamplingScheme, Table, TableSpec, Ticket, Worker};
+use rand::distributions::{Distribution, WeightedIndex};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::mf::initial;
+use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, part, run_workers, start_node, stats_fields};
+use super::{Common, EpochReport, Event, Mode, Sink};
+use crate::data::text::{Analogies, Corpus};
+
+/// Options of `train w2v`.
+#[derive(Debug, Clone, Args)]
+pub struct W2vArgs {
+    /// Corpus: `sotu` (State of the Union addresses), `lee` (gensim's Lee corpus), both fetched
+    /// into the cache, or a raw text file (one sentence or paragraph per line).
+    #[arg(long, default_value = "sotu")]
+    pub data: String,
+    /// Analogy questions: `analogies` (questions-words.txt, fetched) or a file of that format.
+    #[arg(long, default_value = "analogies")]
+    pub analogies: String,
+    /// Vector dimension.
+    #[arg(long, default_value_t = 100)]
+    pub dim: usize,
+    /// Largest distance between a word and its contexts.
+    #[arg(long, default_value_t = 5)]
+    pub window: usize,
+    /// Negatives per pair.
+    #[arg(long, default_value_t = 5)]
+    pub neg: usize,
+    /// Words seen fewer times are dropped.
+    #[arg(long, default_value_t = 5)]
+    pub min_count: u64,
+    /// Subsampling threshold of frequent words (0: off).
+    #[arg(long, default_value_t = 1e-3)]
+    pub sample: f64,
+    /// Initial learning rate (decays linearly to 0.0001 of it).
+    #[arg(long, default_value_t = 0.025)]
+    pub lr: f32,
+    /// Centre positions per batch.
+    #[arg(long, default_value_t = 16)]
+    pub chunk: usize,
+    /// Where negatives come from in cluster modes: a Ferry sampling scheme over the smoothed
+    /// unigram distribution (NuPS 4.4): `independent` (L1), `reuse[:POOL:USES]` (L2),
+    /// `postpone[:POOL:USES]` (L3), `local` (L4).
+    #[arg(long, default_value = "independent")]
+    pub negatives: String,
+    /// Evaluate analogies every this many epochs (and after the last; 0: only after the last).
+    #[arg(long, default_value_t = 0)]
+    pub eval_every: usize,
+    /// Options shared by all tasks.
+    #[command(flatten)]
+    pub common: Common,
+}
+
+impl W2vArgs {
+    /// Driver side: makes named data available; returns a description.
+    pub fn prepare(&self) -> Result<String> {
+        self.check()?;
+        for name in [self.data.as_str(), self.analogies.as_str()] {
+            if matches!(name, "sotu" | "lee" | "analogies") {
+                crate::data::fetch(name)?;
+            }
+        }
+        Ok(format!("corpus {}, analogies {}", self.data, self.analogies))
+    }
+
+    /// The task's options as command-line arguments (for the cluster's processes).
+    pub fn task_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        for (k, v) in [
+            ("--data", self.data.clone()),
+            ("--analogies", self.analogies.clone()),
+            ("--dim", self.dim.to_string()),
+            ("--window", self.window.to_string()),
+            ("--neg", self.neg.to_string()),
+            ("--min-count", self.min_count.to_string()),
+            ("--sample", self.sample.to_string()),
+            ("--lr", self.lr.to_string()),
+            ("--chunk", self.chunk.to_string()),
+            ("--negatives", self.negatives.clone()),
+            ("--eval-every", self.eval_every.to_string()),
+        ] {
+            a.push(k.to_string());
+            a.push(v);
+        }
+        a
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.dim == 0 || self.window == 0 || self.neg == 0 || self.chunk == 0 {
+            bail!("--dim, --window, --neg and --chunk must be at least 1");
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite() && self.sample >= 0.0 && self.sample.is_finite()) {
+            bail!("--lr must be positive and --sample non-negative");
+        }
+        self.negative_scheme()?;
+        Ok(())
+    }
+
+    fn negative_scheme(&self) -> Result<SamplingScheme> {
+        SamplingScheme::parse(&self.negatives).with_context(|| format!("--negatives {}", self.negatives))
+    }
+
+    fn path(name: &str, dataset_file: Option<(&str, &str)>) -> PathBuf {
+        match dataset_file {
+            Some((dataset, file)) => crate::data::dataset_path(dataset, file),
+            None => PathBuf::from(name),
+        }
+    }
+
+    /// The corpus (identical in every process).
+    pub fn load(&self) -> Result<Corpus> {
+        self.check()?;
+        let file = match self.data.as_str() {
+            "sotu" => Some(("sotu", "sotu.txt")),
+            "lee" => Some(("lee", "lee_background.cor")),
+            _ => None,
+        };
+        Corpus::load(&Self::path(&self.data, file), self.min_count)
+    }
+
+    fn load_analogies(&self) -> Result<Analogies> {
+        let file = (self.analogies == "analogies").then_some(("analogies", "questions-words.txt"));
+        Analogies::load(&Self::path(&self.analogies, file))
+    }
+
+    fn evaluate_now(&self, epoch: usize) -> bool {
+        epoch == self.common.epochs || (self.eval_every > 0 && epoch.is_multiple_of(self.eval_every))
+    }
+}
+
+/// Which of the two tables.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Which {
+    Input,
+    Output,
+}
+
+/// How a trainer reaches the vectors: shared arrays (`single`) or Ferry.
+trait Vectors {
+    fn pull(&mut self, which: Which, keys: &[u64], out: &mut [f32]) -> Result<()>;
+    fn push(&mut self, which: Which, keys: &[u64], delta: &[f32]) -> Result<()>;
+    /// Starts getting ready for a batch with these words and `negatives` negatives.
+    fn prefetch(&mut self, input: &[u64], output: &[u64], negatives: usize) -> Result<()>;
+    /// Draws `keys.len()` negatives with their output vectors.
+    fn negatives(&mut self, keys: &mut [u64], values: &mut [f32]) -> Result<()>;
+    fn finish(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+struct SharedVectors<'a> {
+    input: &'a SharedArray,
+    output: &'a SharedArray,
+    table: &'a WeightedIndex<f64>,
+    rng: ChaCha8Rng,
+    dim: usize,
+}
+
+impl Vectors for SharedVectors<'_> {
+    fn pull(&mut self, which: Which, keys: &[u64], out: &mut [f32]) -> Result<()> {
+        let a = if which == Which::Input { self.input } else { self.output };
+        for (row, &k) in out.chunks_exact_mut(self.dim).zip(keys) {
+            a.read(k as usize, row);
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, which: Which, keys: &[u64], delta: &[f32]) -> Result<()> {
+        let a = if which == Which::Input { self.input } else { self.output };
+        for (row, &k) in delta.chunks_exact(self.dim).zip(keys) {
+            a.add(k as usize, row);
+        }
+        Ok(())
+    }
+
+    fn prefetch(&mut self, _: &[u64], _: &[u64], _: usize) -> Result<()> {
+        Ok(())
+    }
+
+    fn negatives(&mut self, keys: &mut [u64], values: &mut [f32]) -> Result<()> {
+        for k in keys.iter_mut() {
+            *k = self.table.sample(&mut self.rng) as u64;
+        }
+        self.pull(Which::Output, keys, values)
+    }
+}
+
+struct FerryVectors<'w> {
+    w: &'w mut Worker,
+    input: Table,
+    output: Table,
+    dist: DistributionId,
+    localize: bool,
+    tickets: VecDeque<Ticket>,
+    handles: VecDeque<SampleHandle>,
+}
+
+impl Vectors for FerryVectors<'_> {
+    fn pull(&mut self, which: Which, keys: &[u64], out: &mut [f32]) -> Result<()> {
+        Ok(self.w.pull(if which == Which::Input { self.input } else { self.output }, keys, out)?)
+    }
+
+    fn push(&mut self, which: Which, keys: &[u64], delta: &[f32]) -> Result<()> {
+        Ok(self.w.push(if which == Which::Input { self.input } else { self.output }, keys, delta)?)
+    }
+
+    fn prefetch(&mut self, input: &[u64], output: &[u64], negatives: usize) -> Result<()> {
+        if self.localize {
+            self.tickets.push_back(self.w.localize_async(self.input, input)?);
+            self.tickets.push_back(self.w.localize_async(self.output, output)?);
+            while self.tickets.len() > 6 {
+                let t = self.tickets.pop_front().expect("non-empty");
+                self.w.wait(t)?;
+            }
+        }
+        self.handles.push_back(self.w.prepare_sample(self.dist, negatives)?);
+        Ok(())
+    }
+
+    fn negatives(&mut self, keys: &mut [u64], values: &mut [f32]) -> Result<()> {
+        let mut handle = match self.handles.pop_front() {
+            Some(h) if h.remaining() == keys.len() => h,
+            _ => self.w.prepare_sample(self.dist, keys.len())?,
+        };
+        self.w.pull_sample(&mut handle, keys, values)?;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        while let Some(t) = self.tickets.pop_front() {
+            self.w.wait(t)?;
+        }
+        self.handles.clear();
+        Ok(())
+    }
+}
+
+/// (context, word) pairs of one batch.
+#[derive(Default)]
+struct Batch {
+    pairs: Vec<(u32, u32)>,
+}
+
+impl Batch {
+    /// Distinct contexts and distinct words of the batch, each in first-seen order.
+    fn keys(&self) -> (Vec<u64>, Vec<u64>) {
+        let mut seen = std::collections::HashSet::new();
+        let contexts = self.pairs.iter().map(|p| p.0 as u64).filter(|&k| seen.insert(k)).collect();
+        seen.clear();
+        let words = self.pairs.iter().map(|p| p.1 as u64).filter(|&k| seen.insert(k)).collect();
+        (contexts, words)
+    }
+}
+
+/// Cuts the sentences into batches of at most `chunk` centre positions after subsampling
+/// (a long sentence spans several batches; its windows still see the whole sentence).
+struct Batcher<'a> {
+    sentences: Vec<&'a [u32]>,
+    keep: &'a [f32],
+    window: usize,
+    chunk: usize,
+    next: usize,
+    /// The subsampled sentence being cut, and the next centre position in it.
+    current: Vec<u32>,
+    position: usize,
+}
+
+impl Batcher<'_> {
+    /// The next batch and the corpus words it finished (counted when a sentence is taken up).
+    fn next_batch(&mut self, rng: &mut ChaCha8Rng) -> Option<(Batch, usize)> {
+        let mut batch = Batch::default();
+        let mut words = 0;
+        let mut positions = 0;
+        while positions < self.chunk {
+            if self.position >= self.current.len() {
+                let Some(sentence) = self.sentences.get(self.next) else { break };
+                self.next += 1;
+                words += sentence.len();
+                self.current.clear();
+                self.current.extend(sentence.iter().copied().filter(|&w| rng.r#gen::<f32>() < self.keep[w as usize]));
+                self.position = 0;
+                continue;
+            }
+            let (i, kept) = (self.position, &self.current);
+            let b = rng.gen_range(1..=self.window);
+            for j in i.saturating_sub(b)..(i + b + 1).min(kept.len()) {
+                if j != i {
+                    batch.pairs.push((kept[j], kept[i]));
+                }
+            }
+            self.position += 1;
+            positions += 1;
+        }
+        (words > 0 || !batch.pairs.is_empty()).then_some((batch, words))
+    }
+}
+
+#[inline]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Scratch buffers of one trainer.
+#[derive(Default)]
+struct Scratch {
+    /// Rows of the batch's distinct contexts and distinct output words (targets, then
+    /// negatives not among them), as pulled and as trained.
+    input: Vec<f32>,
+    input_start: Vec<f32>,
+    output: Vec<f32>,
+    output_start: Vec<f32>,
+    neg_keys: Vec<u64>,
+    neg: Vec<f32>,
+    neu: Vec<f32>,
+    row_of: std::collections::HashMap<u64, usize>,
+}
+
+/// Trains one batch with SGD on local copies of its distinct rows, then pushes each row's
+/// change once; returns the batch's loss.
+fn train_batch(v: &mut impl Vectors, batch: &Batch, dim: usize, neg: usize, lr: f32, s: &mut Scratch) -> Result<f64> {
+    let p = batch.pairs.len();
+    if p == 0 {
+        return Ok(0.0);
+    }
+    let (contexts, mut outputs) = batch.keys();
+    s.input.resize(contexts.len() * dim, 0.0);
+    s.output.resize(outputs.len() * dim, 0.0);
+    s.neg_keys.clear();
+    s.neg_keys.resize(p * neg, 0);
+    s.neg.resize(p * neg * dim, 0.0);
+    s.neu.resize(dim, 0.0);
+    v.pull(Which::Input, &contexts, &mut s.input)?;
+    v.pull(Which::Output, &outputs, &mut s.output)?;
+    v.negatives(&mut s.neg_keys, &mut s.neg)?;
+    // One local copy per distinct output word: a negative that is also a target (or drawn
+    // twice) trains the same copy.
+    s.row_of.clear();
+    for (r, &k) in outputs.iter().enumerate() {
+        s.row_of.insert(k, r);
+    }
+    for (n, &k) in s.neg_keys.iter().enumerate() {
+        if let std::collections::hash_map::Entry::Vacant(e) = s.row_of.entry(k) {
+            e.insert(outputs.len());
+            outputs.push(k);
+            s.output.extend_from_slice(&s.neg[n * dim..(n + 1) * dim]);
+        }
+    }
+    s.input_start.clear();
+    s.input_start.extend_from_slice(&s.input);
+    s.output_start.clear();
+    s.output_start.extend_from_slice(&s.output);
+    let context_row: std::collections::HashMap<u64, usize> = contexts.iter().enumerate().map(|(r, &k)| (k, r)).collect();
+    let mut loss = 0.0f64;
+    for (i, &(context, word)) in batch.pairs.iter().enumerate() {
+        let c = context_row[&(context as u64)];
+        s.neu.fill(0.0);
+        for q in 0..=neg {
+            let (key, label) = if q == 0 { (word as u64, 1.0f32) } else { (s.neg_keys[i * neg + q - 1], 0.0) };
+            if q > 0 && key == word as u64 {
+                continue;
+            }
+            let o = s.row_of[&key];
+            let (l1, row) = (&s.input[c * dim..(c + 1) * dim], &mut s.output[o * dim..(o + 1) * dim]);
+            let f: f32 = l1.iter().zip(row.iter()).map(|(a, b)| a * b).sum();
+            let sig = sigmoid(f);
+            loss -= f64::from(if label > 0.5 { sig } else { 1.0 - sig }.max(1e-7).ln());
+            let g = (label - sig) * lr;
+            for j in 0..dim {
+                s.neu[j] += g * row[j];
+                row[j] += g * l1[j];
+            }
+        }
+        for (x, n) in s.input[c * dim..(c + 1) * dim].iter_mut().zip(&s.neu) {
+            *x += n;
+        }
+    }
+    for (x, start) in s.input.iter_mut().zip(&s.input_start) {
+        *x -= start;
+    }
+    for (x, start) in s.output.iter_mut().zip(&s.output_start) {
+        *x -= start;
+    }
+    v.push(Which::Input, &contexts, &s.input)?;
+    v.push(Which::Output, &outputs, &s.output)?;
+    Ok(loss)
+}
+
+/// What one trainer did in an epoch.
+#[derive(Default, Clone, Copy)]
+struct Done {
+    loss: f64,
+    pairs: u64,
+    words: u64,
+}
+
+/// Trains `sentences` (this trainer's share) for one epoch. `progress(words)` is called now and
+/// then with the words done so far.
+#[allow(clippy::too_many_arguments)]
+fn train_epoch(
+    v: &mut impl Vectors,
+    a: &W2vArgs,
+    sentences: Vec<&[u32]>,
+    keep: &[f32],
+    epoch: usize,
+    rng: &mut ChaCha8Rng,
+    mut progress: impl FnMut(u64),
+) -> Result<Done> {
+    let total: usize = sentences.iter().map(|s| s.len()).sum::<usize>().max(1);
+    let mut batcher = Batcher { sentences, keep, window: a.window, chunk: a.chunk, next: 0, current: Vec::new(), position: 0 };
+    let mut scratch = Scratch::default();
+    let mut done = Done::default();
+    let mut ahead: VecDeque<(Batch, usize)> = VecDeque::new();
+    let mut fill = |ahead: &mut VecDeque<(Batch, usize)>, v: &mut dyn FnMut(&Batch) -> Result<()>, rng: &mut ChaCha8Rng| -> Result<()> {
+        while ahead.len() < 2 {
+            let Some(b) = batcher.next_batch(rng) else { break };
+            v(&b.0)?;
+            ahead.push_back(b);
+        }
+        Ok(())
+    };
+    let neg = a.neg;
+    loop {
+        fill(
+            &mut ahead,
+            &mut |b: &Batch| {
+                let (i, o) = b.keys();
+                v.prefetch(&i, &o, b.pairs.len() * neg)
+            },
+            rng,
+        )?;
+        let Some((batch, words)) = ahead.pop_front() else { break };
+        let fraction = ((epoch - 1) as f64 + done.words as f64 / total as f64) / a.common.epochs as f64;
+        let lr = a.lr * (1.0 - fraction as f32).max(1e-4);
+        done.loss += train_batch(v, &batch, a.dim, a.neg, lr, &mut scratch)?;
+        done.pairs += batch.pairs.len() as u64;
+        done.words += words as u64;
+        progress(done.words);
+    }
+    v.finish()?;
+    Ok(done)
+}
+
+/// Analogy accuracy (3CosAdd over unit vectors, the question's three words excluded) on the
+/// questions whose four words are all in the vocabulary.
+fn evaluate(vectors: &[f32], dim: usize, corpus: &Corpus, analogies: &Analogies, threads: usize) -> serde_json::Map<String, serde_json::Value> {
+    let index: std::collections::HashMap<&str, usize> = corpus.words.iter().enumerate().map(|(i, w)| (w.as_str(), i)).collect();
+    let mut unit = vectors.to_vec();
+    for row in unit.chunks_exact_mut(dim) {
+        let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+        row.iter_mut().for_each(|x| *x /= norm);
+    }
+    let questions: Vec<[usize; 4]> = analogies
+        .questions
+        .iter()
+        .filter_map(|(_, q)| Some([index.get(q[0].as_str())?, index.get(q[1].as_str())?, index.get(q[2].as_str())?, index.get(q[3].as_str())?].map(|&i| i)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let correct: usize = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                let (unit, questions, next) = (&unit, &questions, &next);
+                s.spawn(move || {
+                    let mut correct = 0;
+                    let mut query = vec![0.0f32; dim];
+                    loop {
+                        let q = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&[a, b, c, d]) = questions.get(q) else { break };
+                        for j in 0..dim {
+                            query[j] = unit[b * dim + j] - unit[a * dim + j] + unit[c * dim + j];
+                        }
+                        let mut best = (f32::NEG_INFINITY, usize::MAX);
+                        for (w, row) in unit.chunks_exact(dim).enumerate() {
+                            if w == a || w == b || w == c {
+                                continue;
+                            }
+                            let score: f32 = row.iter().zip(&query).map(|(x, y)| x * y).sum();
+                            if score > best.0 {
+                                best = (score, w);
+                            }
+                        }
+                        correct += usize::from(best.1 == d);
+                    }
+                    correct
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("evaluation thread")).sum()
+    });
+    let mut m = serde_json::Map::new();
+    m.insert("analogy".into(), (correct as f64 / questions.len().max(1) as f64).into());
+    m.insert("analogy_questions".into(), questions.len().into());
+    m.insert("analogy_all_questions".into(), analogies.questions.len().into());
+    m
+}
+
+fn eval_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get()).min(8)
+}
+
+fn init_input(seed: u64, key: usize, j: usize, dim: usize) -> f32 {
+    initial(seed, 7, key as u64, j) * 0.5 / dim as f32
+}
+
+/// The `single` mode: threads over shared arrays, the same batches as the clusters.
+pub fn run_single(a: &W2vArgs, emit: Sink) -> Result<()> {
+    let corpus = a.load()?;
+    let analogies = a.load_analogies()?;
+    let (seed, dim, threads) = (a.common.seed, a.dim, a.common.single_threads());
+    let v = corpus.words.len();
+    let input = SharedArray::new(v, dim, |k, j| init_input(seed, k, j, dim));
+    let output = SharedArray::new(v, dim, |_, _| 0.0);
+    let keep = corpus.keep_probabilities(a.sample);
+    let table = WeightedIndex::new(corpus.negative_weights()).context("negative distribution")?;
+    let mut order: Vec<usize> = (0..corpus.sentences.len()).collect();
+    let mut elapsed = 0.0;
+    for epoch in 1..=a.common.epochs {
+        order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20)));
+        let started = Instant::now();
+        let progress = parking_lot::Mutex::new(&mut *emit);
+        let total_words = corpus.sentences.iter().map(|s| s.len()).sum::<usize>() as f64 / threads as f64;
+        let results: Vec<Result<Done>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (order, corpus, keep, input, output, table, progress) = (&order, &corpus, &keep, &input, &output, &table, &progress);
+                    s.spawn(move || {
+                        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ t as u64);
+                        let mut vectors =
+                            SharedVectors { input, output, table, rng: ChaCha8Rng::seed_from_u64(seed ^ 0xAB ^ t as u64 ^ ((epoch as u64) << 8)), dim };
+                        let mine: Vec<&[u32]> = order[part(order.len(), threads, t)].iter().map(|&i| corpus.sentences[i].as_slice()).collect();
+                        let mut last = 0u64;
+                        train_epoch(&mut vectors, a, mine, keep, epoch, &mut rng, |w| {
+                            if t == 0 && w - last > 20_000 {
+                                last = w;
+                                (progress.lock())(Event::Progress(epoch, w as f64 / total_words));
+                            }
+                        })
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("training thread")).collect()
+        });
+        let epoch_s = started.elapsed().as_secs_f64();
+        elapsed += epoch_s;
+        let mut sum = Done::default();
+        for r in results {
+            let d = r?;
+            sum.loss += d.loss;
+            sum.pairs += d.pairs;
+            sum.words += d.words;
+        }
+        let mut quality = if a.evaluate_now(epoch) {
+            let mut all = vec![0.0; v * dim];
+            for k in 0..v {
+                input.read(k, &mut all[k * dim..(k + 1) * dim]);
+            }
+            evaluate(&all, dim, &corpus, &analogies, eval_threads())
+        } else {
+            serde_json::Map::new()
+        };
+        quality.insert("words_per_s_per_thread".into(), (sum.words as f64 / epoch_s / threads as f64).into());
+        emit(Event::Epoch(EpochReport::single("w2v", epoch, epoch_s, elapsed, sum.loss / sum.pairs.max(1) as f64, quality)));
+    }
+    Ok(())
+}
+
+/// One node of a `classic` or `localize` cluster.
+pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
+    let corpus = a.load()?;
+    let (seed, dim, epochs) = (a.common.seed, a.dim, a.common.epochs);
+    let v = corpus.words.len();
+    let tables = vec![
+        TableSpec::new("input", v as u64, dim).partitioned(Partitioning::Hash),
+        TableSpec::new("output", v as u64, dim).partitioned(Partitioning::Hash),
+        TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS),
+    ];
+    let localize = mode == Mode::Localize;
+    let scheme = a.negative_scheme()?;
+    let mut node = start_node(tables, localize)?;
+    let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
+    let (input, output, metrics) = (node.table("input")?, node.table("output")?, node.table("metrics")?);
+    let analogies = if rank == 0 { Some(a.load_analogies()?) } else { None };
+    let keep = corpus.keep_probabilities(a.sample);
+    let weights = corpus.negative_weights();
+    let mine = part(corpus.sentences.len(), nodes, rank);
+    let local_barrier = Barrier::new(threads);
+    let emit = parking_lot::Mutex::new(emit);
+    run_workers(&node, threads, |t, mut w| -> Result<()> {
+        let (corpus, keep, weights, emit, node, local_barrier, analogies, mine) =
+            (&corpus, &keep, &weights, &emit, &node, &local_barrier, &analogies, mine.clone());
+        if rank == 0 && t == 0 {
+            let keys: Vec<u64> = (0..v as u64).collect();
+            for chunk in keys.chunks(1024) {
+                let values: Vec<f32> = chunk.iter().flat_map(|&k| (0..dim).map(move |j| init_input(seed, k as usize, j, dim))).collect();
+                w.set(input, chunk, &values)?;
+            }
+        }
+        w.barrier()?;
+        let dist = w.register_distribution(output, KeyDistribution::Weighted { start: 0, weights: weights.clone() }, scheme)?;
+        let mut elapsed = 0.0;
+        let sentences: Vec<usize> = mine.clone().collect();
+        for epoch in 1..=epochs {
+            let mut order = sentences.clone();
+            order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20) ^ rank as u64));
+            let share: Vec<&[u32]> = order[part(order.len(), threads, t)].iter().map(|&i| corpus.sentences[i].as_slice()).collect();
+            let total_words = share.iter().map(|s| s.len()).sum::<usize>().max(1) as f64;
+            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ ((rank as u64) << 16) ^ t as u64);
+            w.barrier()?;
+            let before = node.stats();
+            let started = Instant::now();
+            let done = {
+                let mut vectors = FerryVectors { w: &mut w, input, output, dist, localize, tickets: VecDeque::new(), handles: VecDeque::new() };
+                let mut last = 0u64;
+                train_epoch(&mut vectors, a, share, keep, epoch, &mut rng, |words| {
+                    if rank == 0 && t == 0 && words - last > 20_000 {
+                        last = words;
+                        (emit.lock())(Event::Progress(epoch, words as f64 / total_words));
+                    }
+                })?
+            };
+            w.barrier()?;
+            let epoch_s = started.elapsed().as_secs_f64();
+            let delta = node.stats().since(&before);
+            let mut m = [0.0f32; METRIC_FIELDS];
+            m[field::LOSS] = done.loss as f32;
+            m[field::EXAMPLES] = done.pairs as f32;
+            m[field::TEST_COUNT] = done.words as f32;
+            if t == 0 {
+                stats_fields(&delta, &mut m);
+            }
+            let sums = all_reduce(&mut w, metrics, epoch as u64, &m)?;
+            let mut quality = match analogies {
+                Some(analogies) if a.evaluate_now(epoch) && t == 0 => {
+                    let keys: Vec<u64> = (0..v as u64).collect();
+                    let mut all = vec![0.0; v * dim];
+                    w.pull(input, &keys, &mut all)?;
+                    evaluate(&all, dim, corpus, analogies, eval_threads())
+                }
+                _ => serde_json::Map::new(),
+            };
+            if a.evaluate_now(epoch) {
+                w.barrier()?;
+            }
+            local_barrier.wait();
+            if rank == 0 && t == 0 {
+                elapsed += epoch_s;
+                let words = sums[field::TEST_COUNT] as f64;
+                quality.insert("words_per_s_per_thread".into(), (words / epoch_s / (nodes * threads) as f64).into());
+                (emit.lock())(Event::Epoch(cluster_report("w2v", mode, epoch, epoch_s, elapsed, &sums, quality)));
+            }
+        }
+        Ok(())
+    })?;
+    node.finalize()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_moves_the_pair_together_and_negatives_apart() {
+        let corpus = Corpus::parse("a b\n", 1).unwrap();
+        let input = SharedArray::new(2, 4, |k, j| if k == j { 0.5 } else { 0.1 });
+        let output = SharedArray::new(2, 4, |_, _| 0.1);
+        let table = WeightedIndex::new([0.0, 1.0]).unwrap();
+        let mut v = SharedVectors { input: &input, output: &output, table: &table, rng: ChaCha8Rng::seed_from_u64(1), dim: 4 };
+        let score = |v: &SharedVectors, a: usize, b: usize| {
+            let (mut x, mut y) = ([0.0; 4], [0.0; 4]);
+            v.input.read(a, &mut x);
+            v.output.read(b, &mut y);
+            x.iter().zip(&y).map(|(p, q)| p * q).sum::<f32>()
+        };
+        let before = (score(&v, 0, 0), score(&v, 0, 1));
+        // Pair (context 0, word 0): word 0 is the positive, the only negative is word 1.
+        let batch = Batch { pairs: vec![(0, 0)] };
+        let mut s = Scratch::default();
+        let loss = train_batch(&mut v, &batch, 4, 1, 0.5, &mut s).unwrap();
+        assert!(loss > 0.0);
+        let after = (score(&v, 0, 0), score(&v, 0, 1));
+        assert!(after.0 > before.0, "the positive pair scores higher: {before:?} -> {after:?}");
+        assert!(after.1 < before.1, "the negative scores lower: {before:?} -> {after:?}");
+        assert_eq!(corpus.words.len(), 2);
+    }
+
+    #[test]
+    fn analogy_evaluation_finds_planted_offsets() {
+        // king - man + woman = queen with planted 2-d vectors.
+        let corpus = Corpus::parse("king man woman queen apple\nking man woman queen apple\n", 1).unwrap();
+        let mut vectors = vec![0.0f32; corpus.words.len() * 2];
+        let planted = [("king", [1.0, 1.0]), ("man", [1.0, 0.0]), ("woman", [0.0, 1.0]), ("queen", [0.1, 1.9]), ("apple", [-1.0, -0.2])];
+        for (w, x) in planted {
+            let i = corpus.words.iter().position(|c| c == w).unwrap();
+            vectors[i * 2..i * 2 + 2].copy_from_slice(&x);
+        }
+        let analogies = Analogies::parse(": t\nman king woman queen\nman woman king apple\nfoo bar baz qux\n").unwrap();
+        let m = evaluate(&vectors, 2, &corpus, &analogies, 2);
+        assert_eq!(m["analogy_questions"], 2);
+        assert_eq!(m["analogy"], 0.5);
+    }
+}
