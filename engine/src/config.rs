@@ -180,6 +180,25 @@ pub struct Config {
     pub fail_sends_after: Option<(usize, u64)>,
 }
 
+/// Parses a duration with a unit: `250ms`, `30s`, `1.5m`, `2h`.
+pub fn parse_duration(name: &str, value: &str) -> Result<Duration> {
+    let bad = || Error::Config(format!("{name}='{value}' is not a duration: give a number with a unit (ms, s, m, h), e.g. 30s"));
+    let split = value.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
+    let (number, unit) = value.split_at(split);
+    let number: f64 = number.parse().map_err(|_| bad())?;
+    let seconds = match unit.trim() {
+        "ms" => number / 1e3,
+        "s" => number,
+        "m" | "min" => number * 60.0,
+        "h" => number * 3600.0,
+        _ => return Err(bad()),
+    };
+    if seconds.is_nan() || seconds <= 0.0 || seconds > 365.0 * 86_400.0 {
+        return Err(Error::Config(format!("{name}='{value}' must be positive and at most a year")));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
 impl Config {
     /// A single-node configuration with default settings.
     pub fn new(tables: Vec<TableSpec>) -> Config {
@@ -216,7 +235,23 @@ impl Config {
             config.coordinator = c;
         }
         config.apply_transport_env(|name| std::env::var(name).ok())?;
+        config.apply_timeout_env(|name| std::env::var(name).ok())?;
         Ok(config)
+    }
+
+    /// Applies timeouts from the environment, each a number with a unit (`ms`, `s`, `m`, `h`;
+    /// e.g. `30s`, `1.5m`): `FERRY_OP_TIMEOUT` (operations and barriers), `FERRY_PEER_TIMEOUT`
+    /// (silence after which a peer is lost), `FERRY_START_TIMEOUT` (start-up: rendezvous and
+    /// connections). Unset variables leave the settings as they are.
+    pub fn apply_timeout_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
+        for (name, field) in
+            [("FERRY_OP_TIMEOUT", &mut self.op_timeout), ("FERRY_PEER_TIMEOUT", &mut self.peer_timeout), ("FERRY_START_TIMEOUT", &mut self.connect_timeout)]
+        {
+            if let Some(v) = get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
+                *field = parse_duration(name, &v)?;
+            }
+        }
+        Ok(())
     }
 
     /// Applies transport settings from the environment: `FERRY_TRANSPORT` (`auto`, `verbs`,
@@ -384,6 +419,25 @@ mod tests {
     fn env(vars: &[(&str, &str)]) -> Result<ClusterEnv> {
         let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         ClusterEnv::detect(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn timeouts_come_from_the_environment_with_units() {
+        assert_eq!(parse_duration("X", "250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("X", "1.5m").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("X", "2h").unwrap(), Duration::from_secs(7200));
+        for bad in ["30", "s", "-1s", "0s", "1.2.3s", "5 days", "1e3s", "9999999h"] {
+            let e = parse_duration("FERRY_OP_TIMEOUT", bad).unwrap_err().to_string();
+            assert!(e.contains("FERRY_OP_TIMEOUT"), "{bad}: {e}");
+        }
+        let vars: HashMap<&str, &str> = [("FERRY_OP_TIMEOUT", "45s"), ("FERRY_PEER_TIMEOUT", "800ms"), ("FERRY_START_TIMEOUT", " 2m ")].into();
+        let mut c = Config::new(vec![]);
+        c.apply_timeout_env(|k| vars.get(k).map(|v| v.to_string())).unwrap();
+        assert_eq!((c.op_timeout, c.peer_timeout, c.connect_timeout), (Duration::from_secs(45), Duration::from_millis(800), Duration::from_secs(120)));
+        let mut c = Config::new(vec![]);
+        c.apply_timeout_env(|_| None).unwrap();
+        assert_eq!(c.op_timeout, Config::new(vec![]).op_timeout, "unset leaves the default");
+        assert!(c.apply_timeout_env(|k| (k == "FERRY_PEER_TIMEOUT").then(|| "5".to_string())).is_err(), "a unit is required");
     }
 
     #[test]

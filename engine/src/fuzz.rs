@@ -47,7 +47,7 @@ pub struct FuzzReport {
     pub first_panic: Option<String>,
 }
 
-const TYPES: [&str; 8] = ["access", "response", "failure", "localize", "relocate", "localize-failed", "barrier", "barrier-release"];
+const TYPES: [&str; 9] = ["access", "response", "failure", "localize", "relocate", "localize-failed", "barrier", "barrier-release", "barrier-failed"];
 const NODES: usize = 3;
 const RANK: usize = 1;
 const KEYS: [u64; 2] = [96, 40];
@@ -184,7 +184,8 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
             let resvs: Vec<u32> = (0..rng.gen_range(0..6)).map(|_| rng.gen_range(0..1 << 30)).collect();
             wire::encode_localize_failed(&mut out, FailureCode::PeerLost, table, peer, &resvs);
         }
-        _ => wire::encode_barrier(&mut out, if ty == 6 { msg::BARRIER } else { msg::BARRIER_RELEASE }, rng.gen_range(0..2), rng.gen_range(1..4)),
+        6 | 7 => wire::encode_barrier(&mut out, if ty == 6 { msg::BARRIER } else { msg::BARRIER_RELEASE }, rng.gen_range(0..2), rng.gen_range(1..4)),
+        _ => wire::encode_barrier_failed(&mut out, rng.gen_range(0..2), rng.gen_range(1..4), rng.gen_range(0..NODES as u16)),
     }
     out
 }

@@ -855,6 +855,7 @@ fn describe_frame(frame: &[u8]) -> String {
             msg::LOCALIZE_FAILED => "localize-failed".into(),
             msg::BARRIER => "barrier".into(),
             msg::BARRIER_RELEASE => "release".into(),
+            msg::BARRIER_FAILED => "barrier-failed".into(),
             _ => "?".into(),
         }
     };

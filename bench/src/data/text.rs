@@ -89,6 +89,35 @@ impl Corpus {
     }
 }
 
+/// A generated corpus for tests: 40 topics of 10 words; each of 3 000 lines draws its words from
+/// one topic plus a few common words, so words of a topic share contexts. Words are letters only
+/// (`t` + topic + `w` + word, digits spelled `a`–`j`).
+pub fn synthetic_text(seed: u64) -> String {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut text = String::new();
+    for _ in 0..3000 {
+        let topic = rng.gen_range(0..40);
+        for j in 0..12 {
+            if j > 0 {
+                text.push(' ');
+            }
+            if j % 5 == 4 {
+                text.push_str(["the", "of", "and"][rng.gen_range(0..3)]);
+            } else {
+                text.push_str(&synthetic_word(topic, rng.gen_range(0..10)));
+            }
+        }
+        text.push('\n');
+    }
+    text
+}
+
+fn synthetic_word(topic: usize, i: usize) -> String {
+    let letters = |n: usize| n.to_string().bytes().map(|d| (b'a' + d - b'0') as char).collect::<String>();
+    format!("t{}w{}", letters(topic), letters(i))
+}
+
 /// Analogy questions `a : b :: c : d`, grouped in sections.
 #[derive(Debug, Clone, Default)]
 pub struct Analogies {
@@ -101,6 +130,15 @@ impl Analogies {
     pub fn load(path: &Path) -> Result<Analogies> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading analogies {}", path.display()))?;
         Analogies::parse(&text).with_context(|| format!("analogies {}", path.display()))
+    }
+
+    /// Questions over [`synthetic_text`]'s words: "word 0 is to word 1 of a topic as word 0 is
+    /// to word 1 of another topic" (20 questions).
+    pub fn synthetic() -> Analogies {
+        let questions = (0..20)
+            .map(|t| ("topics".to_string(), [synthetic_word(t, 0), synthetic_word(t, 1), synthetic_word(t + 20, 0), synthetic_word(t + 20, 1)]))
+            .collect();
+        Analogies { questions }
     }
 
     /// Parses the `questions-words.txt` format.
@@ -145,6 +183,15 @@ mod tests {
         let keep = c.keep_probabilities(0.1);
         assert!(keep[0] < keep[1] || keep[1] == 1.0);
         assert_eq!(c.keep_probabilities(0.0), vec![1.0, 1.0]);
+    }
+
+    #[test]
+    fn synthetic_corpus_covers_its_questions() {
+        let c = Corpus::parse(&synthetic_text(1), 5).unwrap();
+        assert_eq!(c.words.len(), 403, "400 topic words and 3 common ones");
+        let words: std::collections::HashSet<&str> = c.words.iter().map(String::as_str).collect();
+        assert!(Analogies::synthetic().questions.iter().all(|(_, q)| q.iter().all(|w| words.contains(w.as_str()))));
+        assert_eq!(synthetic_text(1), synthetic_text(1));
     }
 
     #[test]

@@ -149,8 +149,16 @@ pub fn part_of(x: usize, n: usize, parts: usize) -> usize {
 pub fn start_node(tables: Vec<ferry::TableSpec>, localize: bool) -> Result<Node> {
     let mut config = ferry::Config::from_env(tables)?;
     config.relocation = localize;
-    config.op_timeout = std::time::Duration::from_secs(600);
-    Ok(Node::start(config)?)
+    // Workers wait in barriers while rank 0 evaluates the model, which can take minutes on a
+    // large test set: a longer default than the library's, unless FERRY_OP_TIMEOUT says otherwise.
+    if std::env::var_os("FERRY_OP_TIMEOUT").is_none() {
+        config.op_timeout = std::time::Duration::from_secs(600);
+    }
+    let node = Node::start(config)?;
+    if node.rank() == 0 {
+        eprintln!("transport: {}", node.transport());
+    }
+    Ok(node)
 }
 
 #[cfg(test)]

@@ -29,16 +29,18 @@ use rand_chacha::ChaCha8Rng;
 use super::mf::initial;
 use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, part, run_workers, start_node, stats_fields};
 use super::{Common, EpochReport, Event, Mode, Sink};
-use crate::data::text::{Analogies, Corpus};
+use crate::data::text::{Analogies, Corpus, synthetic_text};
 
 /// Options of `train w2v`.
 #[derive(Debug, Clone, Args)]
 pub struct W2vArgs {
     /// Corpus: `sotu` (State of the Union addresses), `lee` (gensim's Lee corpus), both fetched
-    /// into the cache, or a raw text file (one sentence or paragraph per line).
+    /// into the cache, `synth-text` (generated: 40 topics, for tests), or a raw text file (one
+    /// sentence or paragraph per line).
     #[arg(long, default_value = "sotu")]
     pub data: String,
-    /// Analogy questions: `analogies` (questions-words.txt, fetched) or a file of that format.
+    /// Analogy questions: `analogies` (questions-words.txt, fetched; with `--data synth-text`,
+    /// that corpus's own 20 questions) or a file of that format.
     #[arg(long, default_value = "analogies")]
     pub analogies: String,
     /// Vector dimension.
@@ -79,7 +81,8 @@ impl W2vArgs {
     /// Driver side: makes named data available; returns a description.
     pub fn prepare(&self) -> Result<String> {
         self.check()?;
-        for name in [self.data.as_str(), self.analogies.as_str()] {
+        let analogies = if self.data == "synth-text" { "" } else { self.analogies.as_str() };
+        for name in [self.data.as_str(), analogies] {
             if matches!(name, "sotu" | "lee" | "analogies") {
                 crate::data::fetch(name)?;
             }
@@ -134,6 +137,9 @@ impl W2vArgs {
     /// The corpus (identical in every process).
     pub fn load(&self) -> Result<Corpus> {
         self.check()?;
+        if self.data == "synth-text" {
+            return Corpus::parse(&synthetic_text(self.common.seed), self.min_count);
+        }
         let file = match self.data.as_str() {
             "sotu" => Some(("sotu", "sotu.txt")),
             "lee" => Some(("lee", "lee_background.cor")),
@@ -143,6 +149,9 @@ impl W2vArgs {
     }
 
     fn load_analogies(&self) -> Result<Analogies> {
+        if self.data == "synth-text" && self.analogies == "analogies" {
+            return Ok(Analogies::synthetic());
+        }
         let file = (self.analogies == "analogies").then_some(("analogies", "questions-words.txt"));
         Analogies::load(&Self::path(&self.analogies, file))
     }

@@ -1,5 +1,12 @@
 //! Cluster-wide barriers: every node sends BARRIER to rank 0, which counts arrivals per
 //! generation and releases everybody once all nodes have arrived.
+//!
+//! Rank 0 alone decides each generation's outcome, so that every survivor of a node loss sees a
+//! barrier the same way: a node that loses a peer other than rank 0 keeps waiting for rank 0's
+//! BARRIER_RELEASE (the lost node may have arrived before it died, and rank 0 may have released
+//! the generation already) or BARRIER_FAILED (sent for every generation still incomplete when
+//! rank 0 learns of the loss, and in answer to any later arrival). Only the loss of rank 0
+//! itself fails a waiting barrier locally.
 
 use std::collections::VecDeque;
 
@@ -81,6 +88,18 @@ impl Barriers {
 
     /// Handles BARRIER (at rank 0) or BARRIER_RELEASE.
     pub fn handle_message(&mut self, body: &[u8], directory: &Directory, tx: &mut Transmit) -> Result<()> {
+        if body[0] == msg::BARRIER_FAILED {
+            let (kind, generation, lost) = wire::decode_barrier_failed(body)?;
+            let Some(kind) = BarrierKind::from_u8(kind) else {
+                return Err(Error::Protocol(format!("unknown barrier kind {kind}")));
+            };
+            if self.rank == 0 {
+                return Err(Error::Protocol("BARRIER_FAILED sent to the node that coordinates barriers".into()));
+            }
+            let reason = format!("it was lost before barrier generation {generation} completed (reported by node 0)");
+            self.fail(kind, generation, Error::PeerLost { node: lost as usize, reason });
+            return Ok(());
+        }
         let (kind, generation) = wire::decode_barrier(body)?;
         if BarrierKind::from_u8(kind).is_none() {
             return Err(Error::Protocol(format!("unknown barrier kind {kind}")));
@@ -99,6 +118,13 @@ impl Barriers {
     }
 
     fn arrive(&mut self, kind: u8, generation: u32, directory: &Directory, tx: &mut Transmit) {
+        if let Some((lost, _)) = directory.any_lost() {
+            // A node is gone: no generation can complete any more. Tell every live node that
+            // waits in it (the arrival may come from a node that has not noticed the loss yet).
+            self.counts.remove(&(kind, generation));
+            self.decide_failed(kind, generation, lost, directory, tx);
+            return;
+        }
         let count = self.counts.entry((kind, generation)).or_insert(0);
         *count += 1;
         if *count < self.nodes {
@@ -123,10 +149,47 @@ impl Barriers {
         }
     }
 
-    /// A peer is gone: every barrier waited in fails.
-    pub fn handle_peer_lost(&mut self, error: &Error) {
-        for (kind, generation) in std::mem::take(&mut self.waiting) {
-            self.events.push_back(BarrierEvent { kind, generation, result: Err(error.clone()) });
+    /// Fails a generation this node waits in (if it does).
+    fn fail(&mut self, kind: BarrierKind, generation: u32, error: Error) {
+        if let Some(pos) = self.waiting.iter().position(|w| *w == (kind, generation)) {
+            self.waiting.remove(pos);
+            self.events.push_back(BarrierEvent { kind, generation, result: Err(error) });
+        }
+    }
+
+    /// At rank 0: generation `generation` of `kind` failed because `lost` is gone; fails it here
+    /// and tells every other live node.
+    fn decide_failed(&mut self, kind: u8, generation: u32, lost: u16, directory: &Directory, tx: &mut Transmit) {
+        for node in 0..self.nodes as u16 {
+            if node == self.rank {
+                if let Some(k) = BarrierKind::from_u8(kind) {
+                    let reason = format!("it was lost before barrier generation {generation} completed");
+                    self.fail(k, generation, Error::PeerLost { node: lost as usize, reason });
+                }
+            } else if !directory.is_lost(node) {
+                wire::encode_barrier_failed(tx.buf(node), kind, generation, lost);
+                tx.sent(node, MessageKind::Barrier, 14);
+            }
+        }
+    }
+
+    /// Peer `peer` is gone (already marked lost in `directory`). At rank 0, every generation not
+    /// completed yet fails, here and at every live node; elsewhere, barriers wait for rank 0's
+    /// verdict unless `peer` is rank 0.
+    pub fn handle_peer_lost(&mut self, peer: u16, error: &Error, directory: &Directory, tx: &mut Transmit) {
+        if self.rank == 0 {
+            let mut open: Vec<(u8, u32)> = self.counts.keys().copied().collect();
+            open.extend(self.waiting.iter().map(|&(k, g)| (k as u8, g)));
+            open.sort_unstable();
+            open.dedup();
+            self.counts.clear();
+            for (kind, generation) in open {
+                self.decide_failed(kind, generation, peer, directory, tx);
+            }
+        } else if peer == 0 {
+            for (kind, generation) in std::mem::take(&mut self.waiting) {
+                self.events.push_back(BarrierEvent { kind, generation, result: Err(error.clone()) });
+            }
         }
     }
 
@@ -183,9 +246,9 @@ mod tests {
     fn lost_peers_fail_barriers_and_bad_messages_are_errors() {
         let (mut b, d, mut tx) = parts(1, 2);
         b.enter(BarrierKind::Finalize, &d, &mut tx);
-        b.handle_peer_lost(&Error::PeerLost { node: 0, reason: "x".into() });
-        assert!(b.poll_event().unwrap().result.is_err());
         d.mark_lost(0, "gone");
+        b.handle_peer_lost(0, &Error::PeerLost { node: 0, reason: "x".into() }, &d, &mut tx);
+        assert!(b.poll_event().unwrap().result.is_err(), "losing the coordinator fails a waiting barrier");
         assert_eq!(b.enter(BarrierKind::Workers, &d, &mut tx), 1);
         assert!(b.poll_event().unwrap().result.is_err(), "entering with a lost peer fails at once");
         let mut frame = Vec::new();
@@ -196,5 +259,77 @@ mod tests {
         wire::encode_barrier(&mut frame, msg::BARRIER_RELEASE, 9, 1);
         let body = wire::Messages::new(&frame).next().unwrap().unwrap();
         assert!(b.handle_message(body, &d, &mut tx).is_err(), "unknown kind");
+    }
+
+    /// Delivers every frame `from` has queued to the nodes' barrier state.
+    fn deliver(nodes: &mut [(Barriers, Directory, Transmit)], from: usize) {
+        let frames: Vec<_> = std::iter::from_fn(|| nodes[from].2.poll_transmit()).collect();
+        for (to, frame) in frames {
+            let (b, d, tx) = &mut nodes[to as usize];
+            for body in wire::Messages::new(&frame) {
+                b.handle_message(body.unwrap(), d, tx).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn survivors_agree_on_a_barrier_released_before_a_loss() {
+        // Nodes 1 and 2 arrive, rank 0 arrives and releases; node 1 notices node 2's death
+        // before the release reaches it. It must still pass, as rank 0 did.
+        let mut nodes: Vec<_> = (0..3).map(|r| parts(r, 3)).collect();
+        for r in [1, 2] {
+            let (b, d, tx) = &mut nodes[r];
+            b.enter(BarrierKind::Workers, d, tx);
+            deliver(&mut nodes, r);
+        }
+        {
+            let (b, d, tx) = &mut nodes[0];
+            b.enter(BarrierKind::Workers, d, tx);
+            assert_eq!(b.poll_event().map(|e| e.result), Some(Ok(())));
+        }
+        let lost = Error::PeerLost { node: 2, reason: "gone".into() };
+        {
+            let (b, d, tx) = &mut nodes[1];
+            d.mark_lost(2, "gone");
+            b.handle_peer_lost(2, &lost, d, tx);
+            assert_eq!(b.poll_event(), None, "node 1 waits for rank 0's verdict");
+        }
+        deliver(&mut nodes, 0);
+        assert_eq!(nodes[1].0.poll_event().map(|e| e.result), Some(Ok(())));
+    }
+
+    #[test]
+    fn survivors_agree_on_a_barrier_a_lost_node_never_reached() {
+        // Node 1 waits; node 2 dies before arriving. Rank 0 fails the generation for everyone,
+        // naming node 2, and answers later arrivals with the same verdict.
+        let mut nodes: Vec<_> = (0..3).map(|r| parts(r, 3)).collect();
+        {
+            let (b, d, tx) = &mut nodes[1];
+            b.enter(BarrierKind::Workers, d, tx);
+            d.mark_lost(2, "gone");
+            b.handle_peer_lost(2, &Error::PeerLost { node: 2, reason: "gone".into() }, d, tx);
+            assert_eq!(b.poll_event(), None);
+        }
+        deliver(&mut nodes, 1);
+        {
+            let (b, d, tx) = &mut nodes[0];
+            d.mark_lost(2, "gone");
+            b.handle_peer_lost(2, &Error::PeerLost { node: 2, reason: "gone".into() }, d, tx);
+            b.enter(BarrierKind::Workers, d, tx);
+            assert!(matches!(b.poll_event().map(|e| e.result), Some(Err(Error::PeerLost { node: 2, .. }))));
+        }
+        deliver(&mut nodes, 0);
+        let event = nodes[1].0.poll_event().expect("a verdict");
+        assert!(matches!(&event.result, Err(Error::PeerLost { node: 2, reason }) if reason.contains("reported by node 0")), "{event:?}");
+        // A late arrival of another generation gets the same answer.
+        let mut frame = Vec::new();
+        wire::encode_barrier(&mut frame, msg::BARRIER, 0, 2);
+        {
+            let (b, d, tx) = &mut nodes[0];
+            b.handle_message(wire::Messages::new(&frame).next().unwrap().unwrap(), d, tx).unwrap();
+        }
+        let replies: Vec<_> = std::iter::from_fn(|| nodes[0].2.poll_transmit()).collect();
+        let body = wire::Messages::new(&replies[0].1).next().unwrap().unwrap();
+        assert_eq!(wire::decode_barrier_failed(body).unwrap(), (0, 2, 2));
     }
 }

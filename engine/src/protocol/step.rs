@@ -145,7 +145,7 @@ impl<'c, 't> Step<'c, 't> {
                         msg::LOCALIZE => self.handle_localize(from, body, first_item)?,
                         msg::RELOCATE => self.handle_relocate(body, first_item)?,
                         msg::LOCALIZE_FAILED => self.handle_localize_failed(body)?,
-                        msg::BARRIER | msg::BARRIER_RELEASE => {
+                        msg::BARRIER | msg::BARRIER_RELEASE | msg::BARRIER_FAILED => {
                             let core = self.core;
                             self.tx.touch_barrier();
                             core.barriers().lock().handle_message(body, dir, self.tx)?;
@@ -218,7 +218,7 @@ impl<'c, 't> Step<'c, 't> {
         }
         dir.lose_owner(peer);
         dir.uncache_node(peer);
-        self.core.barriers().lock().handle_peer_lost(&error);
+        self.core.barriers().lock().handle_peer_lost(peer, &error, dir, self.tx);
         self.tx.touch_barrier();
         self.tx.forget(peer);
         self.tx.deliver(ALL_WORKERS, Delivery::PeerLost { node: peer, reason: reason.to_string(), losses: dir.losses() });

@@ -13,6 +13,7 @@
 //! | FAILURE | code u8, flags u8, pad u8, table u16, node u16, op u64, part u32, count u32, key u64 (the first failed key), index u32×count |
 //! | LOCALIZE_FAILED | code u8, pad u16, table u16, node u16, count u32, pad u32, resv u32×count |
 //! | BARRIER, BARRIER_RELEASE | kind u8, pad u16, generation u32 |
+//! | BARRIER_FAILED | kind u8, pad u16, generation u32, lost node u16 |
 
 use crate::error::{Error, Result};
 use crate::store::RemoteAddr;
@@ -35,6 +36,8 @@ pub mod msg {
     pub const BARRIER: u8 = 7;
     /// Rank 0 releases a barrier.
     pub const BARRIER_RELEASE: u8 = 8;
+    /// Rank 0 declares a barrier failed because a node was lost before it completed.
+    pub const BARRIER_FAILED: u8 = 9;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).
@@ -687,6 +690,24 @@ pub fn decode_barrier(b: &[u8]) -> Result<(u8, u32)> {
         return Err(bad("BARRIER of wrong size"));
     }
     Ok((b[1], u32_at(b, 4)))
+}
+
+/// Encodes BARRIER_FAILED: generation `generation` of barrier `kind` cannot complete because
+/// node `lost` is gone.
+pub fn encode_barrier_failed(out: &mut Vec<u8>, kind: u8, generation: u32, lost: u16) {
+    let start = begin(out, msg::BARRIER_FAILED);
+    out.extend_from_slice(&[kind, 0, 0]);
+    out.extend_from_slice(&generation.to_le_bytes());
+    out.extend_from_slice(&lost.to_le_bytes());
+    finish(out, start);
+}
+
+/// Decodes BARRIER_FAILED: (kind, generation, lost node).
+pub fn decode_barrier_failed(b: &[u8]) -> Result<(u8, u32, u16)> {
+    if b.len() != 10 {
+        return Err(bad("BARRIER_FAILED of wrong size"));
+    }
+    Ok((b[1], u32_at(b, 4), u16::from_le_bytes([b[8], b[9]])))
 }
 
 fn begin(out: &mut Vec<u8>, ty: u8) -> usize {
