@@ -268,20 +268,33 @@ impl Vectors for FerryVectors<'_> {
     }
 }
 
-/// (context, word) pairs of one batch.
-#[derive(Default)]
+/// (context, word) pairs of one batch, with its distinct keys (computed once, for the
+/// prefetch and for training).
 struct Batch {
     pairs: Vec<(u32, u32)>,
+    /// Distinct contexts and distinct words, each in first-seen order.
+    contexts: Vec<u64>,
+    words: Vec<u64>,
+    /// Each pair's context as a row of `contexts`.
+    context_rows: Vec<u32>,
 }
 
 impl Batch {
-    /// Distinct contexts and distinct words of the batch, each in first-seen order.
-    fn keys(&self) -> (Vec<u64>, Vec<u64>) {
+    fn new(pairs: Vec<(u32, u32)>) -> Batch {
+        let mut row_of = std::collections::HashMap::new();
+        let mut contexts = Vec::new();
+        let context_rows = pairs
+            .iter()
+            .map(|p| {
+                *row_of.entry(p.0).or_insert_with(|| {
+                    contexts.push(p.0 as u64);
+                    contexts.len() as u32 - 1
+                })
+            })
+            .collect();
         let mut seen = std::collections::HashSet::new();
-        let contexts = self.pairs.iter().map(|p| p.0 as u64).filter(|&k| seen.insert(k)).collect();
-        seen.clear();
-        let words = self.pairs.iter().map(|p| p.1 as u64).filter(|&k| seen.insert(k)).collect();
-        (contexts, words)
+        let words = pairs.iter().map(|p| p.1 as u64).filter(|&k| seen.insert(k)).collect();
+        Batch { pairs, contexts, words, context_rows }
     }
 }
 
@@ -301,7 +314,7 @@ struct Batcher<'a> {
 impl Batcher<'_> {
     /// The next batch and the corpus words it finished (counted when a sentence is taken up).
     fn next_batch(&mut self, rng: &mut ChaCha8Rng) -> Option<(Batch, usize)> {
-        let mut batch = Batch::default();
+        let mut pairs = Vec::new();
         let mut words = 0;
         let mut positions = 0;
         while positions < self.chunk {
@@ -318,13 +331,13 @@ impl Batcher<'_> {
             let b = rng.gen_range(1..=self.window);
             for j in i.saturating_sub(b)..(i + b + 1).min(kept.len()) {
                 if j != i {
-                    batch.pairs.push((kept[j], kept[i]));
+                    pairs.push((kept[j], kept[i]));
                 }
             }
             self.position += 1;
             positions += 1;
         }
-        (words > 0 || !batch.pairs.is_empty()).then_some((batch, words))
+        (words > 0 || !pairs.is_empty()).then(|| (Batch::new(pairs), words))
     }
 }
 
@@ -345,6 +358,8 @@ struct Scratch {
     neg_keys: Vec<u64>,
     neg: Vec<f32>,
     neu: Vec<f32>,
+    /// The batch's distinct output words, then negatives not among them.
+    outputs: Vec<u64>,
     row_of: std::collections::HashMap<u64, usize>,
 }
 
@@ -355,26 +370,28 @@ fn train_batch(v: &mut impl Vectors, batch: &Batch, dim: usize, neg: usize, lr: 
     if p == 0 {
         return Ok(0.0);
     }
-    let (contexts, mut outputs) = batch.keys();
+    let contexts = &batch.contexts;
+    s.outputs.clear();
+    s.outputs.extend_from_slice(&batch.words);
     s.input.resize(contexts.len() * dim, 0.0);
-    s.output.resize(outputs.len() * dim, 0.0);
+    s.output.resize(s.outputs.len() * dim, 0.0);
     s.neg_keys.clear();
     s.neg_keys.resize(p * neg, 0);
     s.neg.resize(p * neg * dim, 0.0);
     s.neu.resize(dim, 0.0);
-    v.pull(Which::Input, &contexts, &mut s.input)?;
-    v.pull(Which::Output, &outputs, &mut s.output)?;
+    v.pull(Which::Input, contexts, &mut s.input)?;
+    v.pull(Which::Output, &s.outputs, &mut s.output)?;
     v.negatives(&mut s.neg_keys, &mut s.neg)?;
     // One local copy per distinct output word: a negative that is also a target (or drawn
     // twice) trains the same copy.
     s.row_of.clear();
-    for (r, &k) in outputs.iter().enumerate() {
+    for (r, &k) in s.outputs.iter().enumerate() {
         s.row_of.insert(k, r);
     }
     for (n, &k) in s.neg_keys.iter().enumerate() {
         if let std::collections::hash_map::Entry::Vacant(e) = s.row_of.entry(k) {
-            e.insert(outputs.len());
-            outputs.push(k);
+            e.insert(s.outputs.len());
+            s.outputs.push(k);
             s.output.extend_from_slice(&s.neg[n * dim..(n + 1) * dim]);
         }
     }
@@ -382,10 +399,9 @@ fn train_batch(v: &mut impl Vectors, batch: &Batch, dim: usize, neg: usize, lr: 
     s.input_start.extend_from_slice(&s.input);
     s.output_start.clear();
     s.output_start.extend_from_slice(&s.output);
-    let context_row: std::collections::HashMap<u64, usize> = contexts.iter().enumerate().map(|(r, &k)| (k, r)).collect();
     let mut loss = 0.0f64;
-    for (i, &(context, word)) in batch.pairs.iter().enumerate() {
-        let c = context_row[&(context as u64)];
+    for (i, (&(_, word), &c)) in batch.pairs.iter().zip(&batch.context_rows).enumerate() {
+        let c = c as usize;
         s.neu.fill(0.0);
         for q in 0..=neg {
             let (key, label) = if q == 0 { (word as u64, 1.0f32) } else { (s.neg_keys[i * neg + q - 1], 0.0) };
@@ -413,8 +429,8 @@ fn train_batch(v: &mut impl Vectors, batch: &Batch, dim: usize, neg: usize, lr: 
     for (x, start) in s.output.iter_mut().zip(&s.output_start) {
         *x -= start;
     }
-    v.push(Which::Input, &contexts, &s.input)?;
-    v.push(Which::Output, &outputs, &s.output)?;
+    v.push(Which::Input, contexts, &s.input)?;
+    v.push(Which::Output, &s.outputs, &s.output)?;
     Ok(loss)
 }
 
@@ -443,24 +459,13 @@ fn train_epoch(
     let mut scratch = Scratch::default();
     let mut done = Done::default();
     let mut ahead: VecDeque<(Batch, usize)> = VecDeque::new();
-    let mut fill = |ahead: &mut VecDeque<(Batch, usize)>, v: &mut dyn FnMut(&Batch) -> Result<()>, rng: &mut ChaCha8Rng| -> Result<()> {
-        while ahead.len() < 2 {
-            let Some(b) = batcher.next_batch(rng) else { break };
-            v(&b.0)?;
-            ahead.push_back(b);
-        }
-        Ok(())
-    };
-    let neg = a.neg;
     loop {
-        fill(
-            &mut ahead,
-            &mut |b: &Batch| {
-                let (i, o) = b.keys();
-                v.prefetch(&i, &o, b.pairs.len() * neg)
-            },
-            rng,
-        )?;
+        // One batch ahead: its words start moving here while the current one trains.
+        while ahead.len() < 2 {
+            let Some(next) = batcher.next_batch(rng) else { break };
+            v.prefetch(&next.0.contexts, &next.0.words, next.0.pairs.len() * a.neg)?;
+            ahead.push_back(next);
+        }
         let Some((batch, words)) = ahead.pop_front() else { break };
         let fraction = ((epoch - 1) as f64 + done.words as f64 / total as f64) / a.common.epochs as f64;
         let lr = a.lr * (1.0 - fraction as f32).max(1e-4);
@@ -706,7 +711,7 @@ mod tests {
         };
         let before = (score(&v, 0, 0), score(&v, 0, 1));
         // Pair (context 0, word 0): word 0 is the positive, the only negative is word 1.
-        let batch = Batch { pairs: vec![(0, 0)] };
+        let batch = Batch::new(vec![(0, 0)]);
         let mut s = Scratch::default();
         let loss = train_batch(&mut v, &batch, 4, 1, 0.5, &mut s).unwrap();
         assert!(loss > 0.0);
