@@ -6,5 +6,6 @@ pub mod data;
 pub mod micro;
 pub mod rawtcp;
 pub mod relocate;
+pub mod replicate;
 pub mod report;
 pub mod train;

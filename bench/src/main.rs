@@ -1,6 +1,6 @@
 //! `ferry-bench`: Ferry's micro-benchmarks and ML workloads.
 
-use ferry_bench::{micro, relocate, train};
+use ferry_bench::{micro, relocate, replicate, train};
 
 // A retaining allocator: large per-operation buffers are reused instead of being mapped and
 // faulted in again on every bulk operation.
@@ -25,6 +25,8 @@ enum Role {
     Node,
 }
 
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Local and remote pull/push latency and batched throughput, against memcpy and raw TCP.
@@ -60,6 +62,19 @@ enum Command {
     /// Train a model on real or synthetic data in single, classic or localize mode.
     #[command(subcommand)]
     Train(train::TrainCommand),
+    /// Replica refresh throughput against a raw TCP stream, and replica staleness under a
+    /// 40 ms bound while both nodes push and pull replicated keys.
+    Replicate {
+        /// A short run.
+        #[arg(long)]
+        quick: bool,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Internal: the part this process plays.
+        #[arg(long, value_enum, default_value = "driver", hide = true)]
+        role: Role,
+    },
     /// Relocation throughput, relocation and blocking times, and a parameter-blocking workload
     /// with and without relocation.
     Relocate {
@@ -137,6 +152,8 @@ fn main() -> Result<()> {
         Command::Micro { quick, only, repeat, role: Role::Node, .. } => micro::run_node(quick, &micro::Only::new(only.as_deref()), repeat),
         Command::Relocate { quick, json, lens, role: Role::Driver } => relocate::run_driver(quick, json, &lens),
         Command::Relocate { quick, lens, role: Role::Node, .. } => relocate::run_node(quick, &lens),
+        Command::Replicate { quick, json, role: Role::Driver } => replicate::run_driver(quick, json),
+        Command::Replicate { quick, role: Role::Node, .. } => replicate::run_node(quick),
         Command::Train(t) => train::run(&t).map(|_| ()),
         Command::Fuzz { cases, seed } => fuzz(cases, seed),
     }

@@ -43,12 +43,48 @@ pub struct TableSpec {
     pub partitioning: Partitioning,
     /// Element type.
     pub element: ElementType,
+    /// Keys managed by replication instead of relocation (NuPS, Section 3.2): sorted,
+    /// non-overlapping half-open ranges. Every node keeps a replica of each; the home node
+    /// holds the authoritative value and the key never relocates. See [`crate::replication`].
+    pub replicated: Vec<std::ops::Range<u64>>,
 }
 
 impl TableSpec {
     /// A range-partitioned f32 table.
     pub fn new(name: impl Into<String>, keys: u64, value_len: usize) -> TableSpec {
-        TableSpec { name: name.into(), keys, value_len, partitioning: Partitioning::Range, element: ElementType::F32 }
+        TableSpec { name: name.into(), keys, value_len, partitioning: Partitioning::Range, element: ElementType::F32, replicated: Vec::new() }
+    }
+
+    /// The same table with `ranges` of keys replicated on every node (overlapping or unsorted
+    /// ranges are merged; empty ones dropped).
+    pub fn replicating(mut self, ranges: impl IntoIterator<Item = std::ops::Range<u64>>) -> TableSpec {
+        let mut all: Vec<std::ops::Range<u64>> = self.replicated.drain(..).chain(ranges).filter(|r| r.start < r.end).collect();
+        all.sort_by_key(|r| r.start);
+        let mut merged: Vec<std::ops::Range<u64>> = Vec::with_capacity(all.len());
+        for r in all {
+            match merged.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        self.replicated = merged;
+        self
+    }
+
+    /// The same table with the given keys replicated (see [`TableSpec::replicating`]).
+    pub fn replicating_keys(self, keys: impl IntoIterator<Item = u64>) -> TableSpec {
+        self.replicating(keys.into_iter().map(|k| k..k.saturating_add(1)))
+    }
+
+    /// Number of replicated keys.
+    pub fn replicated_keys(&self) -> u64 {
+        self.replicated.iter().map(|r| r.end - r.start).sum()
+    }
+
+    /// Whether `key` is replicated (binary search over the ranges).
+    pub fn is_replicated(&self, key: u64) -> bool {
+        let i = self.replicated.partition_point(|r| r.end <= key);
+        self.replicated.get(i).is_some_and(|r| r.start <= key)
     }
 
     /// The same table with another partitioning.
@@ -174,11 +210,19 @@ pub struct Config {
     /// Shards of the protocol state (1..=64), each behind its own lock: threads working on keys
     /// of different shards do not wait for each other. Local to this node (nodes may differ).
     pub shards: usize,
+    /// Replicas of replicated keys include every push acknowledged anywhere at least this long
+    /// ago (NuPS's time-based staleness bound, Section 3.2): each node ships its replicas'
+    /// accumulated updates to their home nodes and refreshes its replicas every half of it.
+    /// `FERRY_STALENESS` sets it.
+    pub staleness: Duration,
     /// Fault injection for tests: sending to peer `.0` fails after `.1` more send operations
     /// (a `sendmsg` over TCP, a post over verbs), and the connection breaks as it would on a
     /// real failure. `FERRY_FAIL_SENDS=peer:count` sets it.
     pub fail_sends_after: Option<(usize, u64)>,
 }
+
+/// Replicated keys per table must stay below this (their ordinals are `u32` markers).
+const ARRIVING_LIMIT: u64 = (u32::MAX - 2) as u64;
 
 /// Parses a duration with a unit: `250ms`, `30s`, `1.5m`, `2h`.
 pub fn parse_duration(name: &str, value: &str) -> Result<Duration> {
@@ -220,6 +264,7 @@ impl Config {
             max_message_bytes: 4 << 20,
             part_bytes: 256 << 10,
             shards: 16,
+            staleness: Duration::from_millis(40),
             fail_sends_after: None,
         }
     }
@@ -244,9 +289,12 @@ impl Config {
     /// (silence after which a peer is lost), `FERRY_START_TIMEOUT` (start-up: rendezvous and
     /// connections). Unset variables leave the settings as they are.
     pub fn apply_timeout_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
-        for (name, field) in
-            [("FERRY_OP_TIMEOUT", &mut self.op_timeout), ("FERRY_PEER_TIMEOUT", &mut self.peer_timeout), ("FERRY_START_TIMEOUT", &mut self.connect_timeout)]
-        {
+        for (name, field) in [
+            ("FERRY_OP_TIMEOUT", &mut self.op_timeout),
+            ("FERRY_PEER_TIMEOUT", &mut self.peer_timeout),
+            ("FERRY_START_TIMEOUT", &mut self.connect_timeout),
+            ("FERRY_STALENESS", &mut self.staleness),
+        ] {
             if let Some(v) = get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
                 *field = parse_duration(name, &v)?;
             }
@@ -319,6 +367,9 @@ impl Config {
         if !(256..=(16 << 20)).contains(&self.verbs.buffer_bytes) {
             return bad(format!("verbs buffer bytes must be in 256..=16 MiB, not {}", self.verbs.buffer_bytes));
         }
+        if self.tables.iter().any(|t| !t.replicated.is_empty()) && self.staleness < Duration::from_millis(1) {
+            return bad(format!("the staleness bound must be at least 1 ms, not {:?}", self.staleness));
+        }
         if self.max_message_bytes < 4096 {
             return bad("max_message_bytes must be at least 4096".into());
         }
@@ -335,6 +386,15 @@ impl Config {
             if t.keys == 0 || t.keys >= u32::MAX as u64 * 1024 {
                 return bad(format!("table '{}' has {} keys; it needs 1..{}", t.name, t.keys, u32::MAX as u64 * 1024));
             }
+            if let Some(r) = t.replicated.iter().find(|r| r.start >= r.end || r.end > t.keys) {
+                return bad(format!("table '{}' replicates keys {}..{}, which is empty or beyond its {} keys", t.name, r.start, r.end, t.keys));
+            }
+            if t.replicated.windows(2).any(|w| w[1].start < w[0].end) {
+                return bad(format!("table '{}' has unsorted or overlapping replicated ranges (build them with TableSpec::replicating)", t.name));
+            }
+            if t.replicated_keys() >= ARRIVING_LIMIT {
+                return bad(format!("table '{}' replicates {} keys; at most {} can be replicated", t.name, t.replicated_keys(), ARRIVING_LIMIT - 1));
+            }
             if t.value_len == 0 || t.value_len > (self.max_message_bytes - 64) / t.element.size() {
                 return bad(format!("table '{}' has values of {} elements; they must fit one message ({} bytes)", t.name, t.value_len, self.max_message_bytes));
             }
@@ -345,9 +405,20 @@ impl Config {
     /// A fingerprint of everything that must be identical on all nodes (tables and protocol
     /// switches); nodes compare it at start-up.
     pub fn fingerprint(&self) -> u64 {
-        let mut text = format!("nodes={};relocation={};caches={};transport={:?};", self.nodes, self.relocation, self.location_caches, self.transport);
+        let mut text = format!(
+            "nodes={};relocation={};caches={};transport={:?};staleness={};",
+            self.nodes,
+            self.relocation,
+            self.location_caches,
+            self.transport,
+            self.staleness.as_nanos()
+        );
         for t in &self.tables {
-            text.push_str(&format!("{}:{}:{}:{:?}:{:?};", t.name, t.keys, t.value_len, t.partitioning, t.element));
+            text.push_str(&format!("{}:{}:{}:{:?}:{:?}:", t.name, t.keys, t.value_len, t.partitioning, t.element));
+            for r in &t.replicated {
+                text.push_str(&format!("{}-{},", r.start, r.end));
+            }
+            text.push(';');
         }
         fnv1a(text.as_bytes())
     }

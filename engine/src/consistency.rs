@@ -435,3 +435,148 @@ mod tests {
         check_key(0, &h, L).unwrap();
     }
 }
+
+/// A push to a replicated key with the times its worker saw (nanoseconds on one clock).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimedPush {
+    /// The pushing node.
+    pub node: u16,
+    /// The push's lane (unique per key, `1..lanes`; it adds `1.0` there).
+    pub lane: u32,
+    /// When the push was issued.
+    pub issued: u64,
+    /// When it was acknowledged (the call returned).
+    pub acked: u64,
+}
+
+/// A pull of a replicated key with its times and value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimedPull {
+    /// The pulling node.
+    pub node: u16,
+    /// When the pull was issued.
+    pub start: u64,
+    /// When it returned.
+    pub end: u64,
+    /// The value (`lanes` elements).
+    pub value: Vec<f32>,
+}
+
+/// Checks one replicated key's history against the bounded-staleness guarantee (see
+/// [`crate::replication`]): every pull includes each push exactly once or not at all, includes
+/// every push acknowledged at least `bound_ns` before it began and every push of its own node
+/// acknowledged before it began, and includes no push issued after it returned.
+pub fn check_bounded_staleness(key: u64, pushes: &[TimedPush], pulls: &[TimedPull], lanes: usize, bound_ns: u64) -> Result<(), Violation> {
+    let fail = |reason: String| Err(Violation { key, reason });
+    let mut by_lane: HashMap<u32, &TimedPush> = HashMap::new();
+    for p in pushes {
+        if p.lane == 0 || p.lane as usize >= lanes || by_lane.insert(p.lane, p).is_some() {
+            return fail(format!("push lane {} is out of 1..{lanes} or used twice", p.lane));
+        }
+    }
+    for (i, pull) in pulls.iter().enumerate() {
+        if pull.value.len() != lanes {
+            return fail(format!("pull {i} returned {} elements, not {lanes}", pull.value.len()));
+        }
+        for (lane, &x) in pull.value.iter().enumerate().skip(1) {
+            let included = match x {
+                0.0 => false,
+                1.0 => true,
+                other => return fail(format!("pull {i} holds {other} in lane {lane}: a push applied more than once or partly")),
+            };
+            let Some(push) = by_lane.get(&(lane as u32)) else {
+                if included {
+                    return fail(format!("pull {i} includes lane {lane}, which no push used"));
+                }
+                continue;
+            };
+            if included && push.issued > pull.end {
+                return fail(format!("pull {i} (node {}) includes the push in lane {lane}, issued after the pull returned", pull.node));
+            }
+            if !included && push.acked.saturating_add(bound_ns) <= pull.start {
+                return fail(format!(
+                    "pull {i} (node {}) misses the push in lane {lane} (node {}), acknowledged {} µs before it began (bound {} µs)",
+                    pull.node,
+                    push.node,
+                    (pull.start - push.acked) / 1000,
+                    bound_ns / 1000
+                ));
+            }
+            if !included && push.node == pull.node && push.acked <= pull.start {
+                return fail(format!("pull {i} (node {}) misses its own node's push in lane {lane}", pull.node));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod staleness_tests {
+    use super::*;
+
+    fn value(lanes: &[usize]) -> Vec<f32> {
+        let mut v = vec![0.0; 4];
+        for &l in lanes {
+            v[l] = 1.0;
+        }
+        v
+    }
+
+    #[test]
+    fn bounded_staleness_rules() {
+        let pushes = [TimedPush { node: 1, lane: 1, issued: 0, acked: 10 }, TimedPush { node: 0, lane: 2, issued: 20, acked: 30 }];
+        let pull = |start: u64, lanes: &[usize]| TimedPull { node: 0, start, end: start + 5, value: value(lanes) };
+        // Within the bound a remote push may be missing, never the node's own.
+        assert!(check_bounded_staleness(7, &pushes, &[pull(40, &[2])], 4, 100).is_ok());
+        assert!(check_bounded_staleness(7, &pushes, &[pull(40, &[])], 4, 100).is_err());
+        // Past the bound it must be there.
+        assert!(check_bounded_staleness(7, &pushes, &[pull(200, &[2])], 4, 100).is_err());
+        assert!(check_bounded_staleness(7, &pushes, &[pull(200, &[1, 2])], 4, 100).is_ok());
+        // Nothing from the future, nothing twice, no unknown lane.
+        assert!(check_bounded_staleness(7, &pushes, &[TimedPull { node: 1, start: 0, end: 5, value: value(&[2]) }], 4, 100).is_err());
+        let mut twice = value(&[1]);
+        twice[1] = 2.0;
+        assert!(check_bounded_staleness(7, &pushes, &[TimedPull { node: 1, start: 50, end: 55, value: twice }], 4, 100).is_err());
+        assert!(check_bounded_staleness(7, &pushes, &[pull(40, &[2, 3])], 4, 100).is_err());
+    }
+}
+
+/// Checks one replicated key's history against the guarantee in terms of replication rounds
+/// (for simulations, where time says nothing about delivery): a push of node B acknowledged at
+/// `p` reaches its home by the end of B's first round that began after `p` (at once when B is
+/// the home), at `c`; a pull of node A at `t` must include it when A is the home and `t > c`,
+/// or when A completed a round that began after `c` before `t`, or when A is B and `p < t`.
+/// Pulls include each push at most once and none issued after they returned.
+/// `rounds[n]` lists node n's completed rounds as (began, completed).
+pub fn check_replica_rounds(key: u64, home: u16, pushes: &[TimedPush], pulls: &[TimedPull], rounds: &[Vec<(u64, u64)>], lanes: usize) -> Result<(), Violation> {
+    let fail = |reason: String| Err(Violation { key, reason });
+    // When each push is applied at its home (u64::MAX: not known to be).
+    let applied: Vec<u64> = pushes
+        .iter()
+        .map(|x| {
+            if x.node == home {
+                x.acked
+            } else {
+                rounds.get(x.node as usize).and_then(|r| r.iter().filter(|&&(began, _)| began > x.acked).map(|&(_, done)| done).min()).unwrap_or(u64::MAX)
+            }
+        })
+        .collect();
+    // Exactly-once and no-future rules are the time-based checker's with an infinite bound.
+    check_bounded_staleness(key, pushes, pulls, lanes, u64::MAX)?;
+    for (i, pull) in pulls.iter().enumerate() {
+        for (x, &c) in pushes.iter().zip(&applied) {
+            if c == u64::MAX {
+                continue;
+            }
+            let must = (pull.node == home && pull.start > c)
+                || rounds.get(pull.node as usize).is_some_and(|r| r.iter().any(|&(began, done)| began > c && done < pull.start));
+            if must && pull.value.get(x.lane as usize) != Some(&1.0) {
+                return fail(format!(
+                    "pull {i} (node {}, t={}) misses the push in lane {} (node {}, applied at home by t={c})",
+                    pull.node, pull.start, x.lane, x.node
+                ));
+            }
+        }
+    }
+    Ok(())
+}

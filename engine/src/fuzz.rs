@@ -47,7 +47,22 @@ pub struct FuzzReport {
     pub first_panic: Option<String>,
 }
 
-const TYPES: [&str; 9] = ["access", "response", "failure", "localize", "relocate", "localize-failed", "barrier", "barrier-release", "barrier-failed"];
+const TYPES: [&str; 11] = [
+    "access",
+    "response",
+    "failure",
+    "localize",
+    "relocate",
+    "localize-failed",
+    "barrier",
+    "barrier-release",
+    "barrier-failed",
+    "replica-delta",
+    "replica-ack",
+];
+/// Replicated keys of table 0: 40..48 are homed at the node under test (rank 1 of 3, range
+/// partitioning), 0..8 at node 0 and 70..80 at node 2.
+const REPLICATED: [std::ops::Range<u64>; 3] = [0..8, 40..48, 70..80];
 const NODES: usize = 3;
 const RANK: usize = 1;
 const KEYS: [u64; 2] = [96, 40];
@@ -62,7 +77,7 @@ struct Target {
 }
 
 fn target(seed: u64) -> Target {
-    let specs = vec![TableSpec::new("a", KEYS[0], VALUE_LEN[0]), TableSpec::new("b", KEYS[1], VALUE_LEN[1])];
+    let specs = vec![TableSpec::new("a", KEYS[0], VALUE_LEN[0]).replicating(REPLICATED), TableSpec::new("b", KEYS[1], VALUE_LEN[1])];
     let store = Arc::new(Store::new(RANK, NODES, &specs, 16, HugePages::Off, Arc::new(LocalRegistrar::default())).expect("a small store"));
     let settings = Settings {
         relocation: true,
@@ -185,7 +200,29 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
             wire::encode_localize_failed(&mut out, FailureCode::PeerLost, table, peer, &resvs);
         }
         6 | 7 => wire::encode_barrier(&mut out, if ty == 6 { msg::BARRIER } else { msg::BARRIER_RELEASE }, rng.gen_range(0..2), rng.gen_range(1..4)),
-        _ => wire::encode_barrier_failed(&mut out, rng.gen_range(0..2), rng.gen_range(1..4), rng.gen_range(0..NODES as u16)),
+        8 => wire::encode_barrier_failed(&mut out, rng.gen_range(0..2), rng.gen_range(1..4), rng.gen_range(0..NODES as u16)),
+        9 => {
+            // Mostly keys this node is home to (accepted), sometimes any key of the table.
+            let start = wire::begin_replica_delta(&mut out, table, rng.gen_range(0..4));
+            let count = rng.gen_range(0..6u32);
+            for _ in 0..count {
+                let key = if table == 0 && rng.gen_bool(0.8) { rng.gen_range(REPLICATED[1].clone()) } else { rng.gen_range(0..keys) };
+                wire::push_replica_delta_key(&mut out, key);
+                out.extend(value_bytes(rng, vl));
+            }
+            wire::finish_replica_delta(&mut out, start, count);
+        }
+        _ => {
+            // The run list matching what the sender holds (node 0: 8 keys, node 2: 10), or not.
+            let keys = if rng.gen_bool(0.8) { [8u32, 10][(peer / 2) as usize] } else { rng.gen_range(0..12) };
+            let split = rng.gen_range(0..=keys);
+            let runs: Vec<wire::SlotRun> = [(0, split), (split, keys - split)]
+                .into_iter()
+                .filter(|&(_, n)| n > 0)
+                .map(|(first, slots)| wire::SlotRun { first, slots, remote: RemoteAddr { region: rng.gen_range(0..3), addr: rng.gen_range(0..4096) } })
+                .collect();
+            wire::encode_replica_ack(&mut out, table, rng.gen_range(0..4), keys, &runs);
+        }
     }
     out
 }

@@ -8,6 +8,7 @@
 //! The pieces:
 //! * [`Node`] starts a node (rendezvous, fabric, store, protocol) and hands out [`Worker`]s;
 //! * [`Worker`] is one trainer thread's handle with the synchronous and asynchronous API;
+//! * [`replication`] keeps replicas of hot keys on every node within a staleness bound (NuPS);
 //! * [`sampling`] gives workers samples from a key distribution under a conformity level (NuPS);
 //! * [`protocol`] is the parameter-server protocol as deterministic state machines with no I/O;
 //! * [`store`] holds the values, [`partition`] maps keys to home nodes;
@@ -28,6 +29,7 @@ pub mod launch;
 mod node;
 pub mod partition;
 pub mod protocol;
+pub mod replication;
 mod runtime;
 pub mod sampling;
 #[cfg(any(test, feature = "sim"))]
@@ -40,6 +42,7 @@ mod worker;
 pub use config::{ClusterEnv, Config, ElementType, HugePages, Partitioning, TableSpec, TransportChoice, VerbsSettings};
 pub use error::{Error, Result};
 pub use node::{Node, SlotAddress, Table};
+pub use replication::AccessCounts;
 pub use sampling::{Conformity, DistributionId, KeyDistribution, SampleHandle, SamplingScheme, SamplingStats};
-pub use stats::{Latency, MessageKind, Stats, Traffic};
+pub use stats::{Latency, MessageKind, ReplicationStats, Stats, Traffic};
 pub use worker::{PullTicket, Ticket, Worker};

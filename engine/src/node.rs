@@ -21,6 +21,7 @@ use crate::worker::Worker;
 pub struct Node {
     inner: Arc<NodeInner>,
     timer: Option<JoinHandle<()>>,
+    replication: Option<JoinHandle<()>>,
     finished: bool,
 }
 
@@ -98,7 +99,18 @@ impl Node {
             .name(format!("ferry{}-timer", inner.config.rank))
             .spawn(move || timer_node.run_timer())
             .map_err(|e| Error::Transport(format!("cannot start the timer thread: {e}")))?;
-        Ok(Node { inner, timer: Some(timer), finished: false })
+        let replication = if inner.replicates() {
+            let node = inner.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name(format!("ferry{}-replicas", inner.config.rank))
+                    .spawn(move || node.run_replication())
+                    .map_err(|e| Error::Transport(format!("cannot start the replication thread: {e}")))?,
+            )
+        } else {
+            None
+        };
+        Ok(Node { inner, timer: Some(timer), replication, finished: false })
     }
 
     /// Starts `nodes` nodes inside this process, connected over loopback TCP, with `template`'s
@@ -156,6 +168,14 @@ impl Node {
     /// This node's statistics.
     pub fn stats(&self) -> Stats {
         self.inner.core.stats()
+    }
+
+    /// Runs a replication round now (see [`crate::replication`]): ships this node's replica
+    /// deltas to their home nodes, waits until they are applied, and refreshes this node's
+    /// replicas. Returns at once when no table replicates keys. Rounds also run by themselves,
+    /// at least every half of [`Config::staleness`], and around every worker barrier.
+    pub fn sync_replicas(&self) -> Result<()> {
+        self.inner.replication_sync()
     }
 
     /// Forgets the relocation and blocking times recorded so far, so that the next
@@ -248,10 +268,22 @@ impl Node {
         if live > 0 {
             return Err(Error::WorkersAlive(live));
         }
+        // The replication thread stops first (a round of its own could still be talking to a
+        // peer that already left); then the replicas' last pushes go home before anyone leaves.
+        self.stop_replication();
+        let shipped = self.inner.replication_sync();
         self.inner.finalizing.store(true, Ordering::Release);
-        let result = self.inner.barrier_round(BarrierKind::Finalize);
+        let result = self.inner.barrier_round(BarrierKind::Finalize).and(shipped);
         self.close(false);
         result
+    }
+
+    fn stop_replication(&mut self) {
+        self.inner.replication_stop.store(true, Ordering::Release);
+        self.inner.wake_timer();
+        if let Some(t) = self.replication.take() {
+            let _ = t.join();
+        }
     }
 
     /// Stops the node at once, as a crash would (peers see it as lost). For fault injection.
@@ -274,6 +306,7 @@ impl Node {
         if let Some(t) = self.timer.take() {
             let _ = t.join();
         }
+        self.stop_replication();
         // Fail whatever still waits, so that no worker stays blocked.
         self.inner.shut_down_workers();
     }

@@ -54,6 +54,10 @@ pub(crate) struct NodeInner {
     /// When the timer thread next wakes up (cluster ns; `u64::MAX`: when told).
     timer_wake: Mutex<u64>,
     timer_cv: Condvar,
+    /// Replication rounds (held while one runs).
+    pub replication_rounds: Mutex<crate::replication::RoundState>,
+    /// Tells the replication thread to stop (finalize stops it before its last round).
+    pub replication_stop: AtomicBool,
 }
 
 impl NodeInner {
@@ -73,6 +77,8 @@ impl NodeInner {
             finalizing: AtomicBool::new(false),
             timer_wake: Mutex::new(u64::MAX),
             timer_cv: Condvar::new(),
+            replication_rounds: Mutex::new(crate::replication::RoundState::default()),
+            replication_stop: AtomicBool::new(false),
         }
     }
 
@@ -171,7 +177,7 @@ impl NodeInner {
     }
 
     /// Runs an event with a buffer from the pool.
-    fn run_pooled(&self, event: impl FnMut(&mut Step<'_, '_>, usize, usize) -> Result<Progress>) -> Result<()> {
+    pub(crate) fn run_pooled(&self, event: impl FnMut(&mut Step<'_, '_>, usize, usize) -> Result<Progress>) -> Result<()> {
         let mut tx = self.take_transmit();
         let outcome = self.run(&mut tx, event);
         self.return_transmit(tx);
@@ -328,6 +334,52 @@ impl NodeInner {
                 *wake = u64::MAX;
             }
         }
+    }
+
+    /// Whether any table replicates keys.
+    pub fn replicates(&self) -> bool {
+        self.config.tables.iter().any(|t| !t.replicated.is_empty()) && self.config.nodes > 1
+    }
+
+    /// The replication thread: a round at least every half of the staleness bound, less the
+    /// last round's duration twice over (so that a slow round does not stretch the bound), and
+    /// never more often than every tenth of it.
+    pub fn run_replication(&self) {
+        let bound = self.config.staleness;
+        let mut last = Duration::ZERO;
+        loop {
+            let pause = (bound / 2).saturating_sub(last * 2).max(bound / 10);
+            let deadline = Instant::now() + pause;
+            {
+                let mut wake = self.timer_wake.lock();
+                while !self.replication_stopped() && Instant::now() < deadline {
+                    self.timer_cv.wait_until(&mut wake, deadline);
+                }
+            }
+            if self.replication_stopped() {
+                return;
+            }
+            let mut state = self.replication_rounds.lock();
+            if let Err(e) = crate::replication::run_round(self, &mut state)
+                && !self.stopping.load(Ordering::Acquire)
+            {
+                tracing::warn!(node = self.config.rank, error = %e, "a replication round failed; replicas refresh in the next one");
+            }
+            last = state.last_duration;
+        }
+    }
+
+    fn replication_stopped(&self) -> bool {
+        self.stopping.load(Ordering::Acquire) || self.replication_stop.load(Ordering::Acquire)
+    }
+
+    /// Ships this node's replica deltas home and refreshes its replicas, unless a round that
+    /// began after this call's start has already done so.
+    pub fn replication_sync(&self) -> Result<()> {
+        if !self.replicates() {
+            return Ok(());
+        }
+        crate::replication::sync_since(self, self.now())
     }
 
     /// Wakes the timer thread (shutdown).

@@ -21,7 +21,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::config::{HugePages, Partitioning, TableSpec};
-use crate::consistency::{Event, History, Violation, push_update, set_value};
+use crate::consistency::{Event, History, TimedPull, TimedPush, Violation, check_replica_rounds, push_update, set_value};
 use crate::error::{Error, Result};
 use crate::protocol::{ALL_WORKERS, AccessKind, Core, Delivery, Issued, OpId, Progress, PullTarget, Requester, Settings, SlotWrite, Step, Transmit};
 use crate::stats::Stats;
@@ -57,6 +57,11 @@ pub struct SimOptions {
     pub shards: usize,
     /// Lose this node at this step (fault injection); the run then checks liveness only.
     pub crash: Option<(usize, usize)>,
+    /// Keys managed by replication (see [`crate::replication`]); their operations are
+    /// single-key pulls and pushes, checked with the round-based staleness rule.
+    pub replicated: Vec<std::ops::Range<u64>>,
+    /// Simulated nanoseconds between a node's replication rounds.
+    pub round_period: u64,
     /// Trace lines kept for a failure report (the last ones).
     pub trace_lines: usize,
     /// The seed.
@@ -80,6 +85,8 @@ impl SimOptions {
             part_bytes: 4096,
             shards: 3,
             crash: None,
+            replicated: Vec::new(),
+            round_period: 40_000,
             trace_lines: 150,
             seed,
         }
@@ -99,6 +106,11 @@ impl SimOptions {
             shards: 5,
             ..SimOptions::small(seed)
         }
+    }
+
+    /// A small cluster where 3 of 8 keys are replicated and the others relocate.
+    pub fn replicated(seed: u64) -> SimOptions {
+        SimOptions { keys: 8, replicated: vec![1..2, 4..6], ops_per_worker: 40, ..SimOptions::small(seed) }
     }
 }
 
@@ -121,6 +133,12 @@ pub struct SimReport {
     pub slots_in_use: Vec<usize>,
     /// The last steps of the run.
     pub trace: Vec<String>,
+    /// Replication rounds completed, over all nodes.
+    pub rounds: usize,
+    /// Replicated-key accesses recorded.
+    pub replica_events: usize,
+    /// The first violation of the round-based staleness rule, if any.
+    pub replica_violation: Option<Violation>,
 }
 
 /// A failed run: the seed, what went wrong, and the last steps taken.
@@ -169,8 +187,21 @@ struct SimNode {
 
 #[derive(Debug, Clone)]
 enum ScriptOp {
-    Access { kind: AccessKind, keys: Vec<u64>, lanes_or_tags: Vec<u32>, asynchronous: bool },
-    Localize { keys: Vec<u64>, asynchronous: bool },
+    Access {
+        kind: AccessKind,
+        keys: Vec<u64>,
+        lanes_or_tags: Vec<u32>,
+        asynchronous: bool,
+    },
+    /// A pull (no lane) or push (its lane) of one replicated key.
+    Replicated {
+        key: u64,
+        lane: Option<u32>,
+    },
+    Localize {
+        keys: Vec<u64>,
+        asynchronous: bool,
+    },
     WaitAll,
 }
 
@@ -224,6 +255,28 @@ struct Sim {
     failed_ops: usize,
     ops: usize,
     max_parts: usize,
+    /// Per node: replication round state.
+    replication: Vec<SimRounds>,
+    /// Per replicated key (in key order): pushes and pulls with their times.
+    replica_history: Vec<(u64, Vec<TimedPush>, Vec<TimedPull>)>,
+}
+
+/// A round under way: its number, the (home, table) acknowledgements it waits for, and when it
+/// began.
+type RoundUnderWay = (u32, Vec<(u16, u16)>, u64);
+
+/// A simulated node's replication rounds.
+#[derive(Default)]
+struct SimRounds {
+    round: u32,
+    next_at: u64,
+    /// The round under way: its number, the (home, table) acknowledgements it waits for, and
+    /// when it began.
+    waiting: Option<RoundUnderWay>,
+    /// Completed rounds: (began, completed).
+    done: Vec<(u64, u64)>,
+    /// The acknowledgements of the round under way, once all arrived.
+    acks: Option<Vec<crate::replication::Ack>>,
 }
 
 /// Runs one simulation.
@@ -241,6 +294,9 @@ pub fn run_and_check(opts: SimOptions) -> Result<SimReport, SimFailure> {
     if let Err(v) = report.history.check(lanes) {
         let v: Violation = v;
         return Err(SimFailure { seed, reason: format!("consistency violation: {v}"), trace: report.trace });
+    }
+    if let Some(v) = &report.replica_violation {
+        return Err(SimFailure { seed, reason: format!("replica staleness violation: {v}"), trace: report.trace });
     }
     Ok(report)
 }
@@ -275,7 +331,7 @@ impl Wires<'_> {
 
 impl Sim {
     fn new(opts: SimOptions) -> Result<Sim> {
-        let spec = TableSpec::new("sim", opts.keys, opts.lanes).partitioned(opts.partitioning);
+        let spec = TableSpec::new("sim", opts.keys, opts.lanes).partitioned(opts.partitioning).replicating(opts.replicated.clone());
         let settings = Settings {
             relocation: opts.relocation,
             location_caches: opts.location_caches,
@@ -305,6 +361,8 @@ impl Sim {
             failed_ops: 0,
             ops: 0,
             max_parts: 0,
+            replication: (0..opts.nodes).map(|_| SimRounds::default()).collect(),
+            replica_history: opts.replicated.iter().flat_map(|r| r.clone()).map(|k| (k, Vec::new(), Vec::new())).collect(),
             rng,
             nodes,
             opts,
@@ -328,6 +386,22 @@ impl Sim {
                     } else {
                         (0..count).map(|_| rng.gen_range(0..opts.keys)).collect()
                     };
+                    let replicated = |k: &u64| opts.replicated.iter().any(|r| r.contains(k));
+                    if !opts.replicated.is_empty() && rng.gen_bool(0.4) {
+                        // A replicated key: one-key pulls and pushes, each push a lane of its own.
+                        let hot: Vec<u64> = opts.replicated.iter().flat_map(|r| r.clone()).collect();
+                        let key = hot[rng.gen_range(0..hot.len())];
+                        let lane = (rng.gen_bool(0.5) && (next_lane[key as usize] as usize) < opts.lanes - 1).then(|| {
+                            next_lane[key as usize] += 1;
+                            next_lane[key as usize] - 1
+                        });
+                        script.push_back(ScriptOp::Replicated { key, lane });
+                        continue;
+                    }
+                    let keys: Vec<u64> = keys.into_iter().filter(|k| !replicated(k)).collect();
+                    if keys.is_empty() {
+                        continue;
+                    }
                     let asynchronous = rng.gen_bool(opts.async_share);
                     let roll = rng.gen_range(0..100);
                     let op = if roll < 5 {
@@ -423,6 +497,10 @@ impl Sim {
             if !self.write_dones.is_empty() {
                 choices.push(3);
             }
+            let rounds_ready = self.rounds_ready();
+            if !rounds_ready.is_empty() {
+                choices.push(4);
+            }
             if choices.is_empty() {
                 // Only timers can make progress now (a crash left relocations to give up).
                 let waiting = self.workers.iter().any(|w| !self.nodes[w.node].crashed && !w.in_flight.is_empty());
@@ -459,6 +537,10 @@ impl Sim {
                     let write = self.writes[c].pop_front().expect("non-empty");
                     let (from, to) = (c / self.opts.nodes, c % self.opts.nodes);
                     self.land(from, to, write)?;
+                }
+                4 => {
+                    let node = rounds_ready[self.rng.gen_range(0..rounds_ready.len())];
+                    self.round_step(node)?;
                 }
                 _ => {
                     let i = self.rng.gen_range(0..self.write_dones.len());
@@ -550,6 +632,133 @@ impl Sim {
         Ok(())
     }
 
+    /// Nodes whose replication can take a step: a round is due (while workers still work) or
+    /// the round under way has all its acknowledgements.
+    fn rounds_ready(&mut self) -> Vec<usize> {
+        if self.opts.replicated.is_empty() || self.opts.nodes < 2 || self.opts.crash.is_some() {
+            return Vec::new();
+        }
+        let working = self.workers.iter().any(|w| !w.script.is_empty() || !w.in_flight.is_empty() || w.streaming.is_some());
+        let mut ready = Vec::new();
+        for node in 0..self.opts.nodes {
+            let r = &mut self.replication[node];
+            match &r.waiting {
+                None if working && self.now >= r.next_at => ready.push(node),
+                Some((round, expected, _)) => {
+                    if r.acks.is_none() {
+                        r.acks = self.nodes[node].core.replication().mailbox().take_if_complete(*round, expected);
+                    }
+                    if r.acks.is_some() {
+                        ready.push(node);
+                    }
+                }
+                None => {}
+            }
+        }
+        ready
+    }
+
+    /// Node `node`'s next replication step: ship a round's deltas, or, with every
+    /// acknowledgement in, refresh from the homes' images (read from their stores, as a
+    /// one-sided read would).
+    fn round_step(&mut self, node: usize) -> Result<(), String> {
+        let now = self.now;
+        if self.replication[node].waiting.is_none() {
+            let r = &mut self.replication[node];
+            r.round += 1;
+            let round = r.round;
+            let homes: Vec<u16> = (0..self.opts.nodes as u16).filter(|&h| h as usize != node).collect();
+            let mut sent = Vec::new();
+            self.node_event(node, |step, _, _| {
+                sent = step.ship_replica_deltas(round, &homes);
+                Ok(Progress::Done)
+            })?;
+            self.log(format!("node {node} ships round {round} ({} messages)", sent.len()));
+            self.replication[node].waiting = Some((round, sent, now));
+            return Ok(());
+        }
+        let r = &mut self.replication[node];
+        let (Some((round, _, began)), Some(acks)) = (r.waiting.take(), r.acks.take()) else { return Ok(()) };
+        for ack in &acks {
+            let Some(image) = self.nodes[ack.from as usize].core.store().snapshot_bytes(ack.table, node) else {
+                return Err(format!("node {} acknowledged round {round} of node {node} without an image", ack.from));
+            };
+            for run in &ack.runs {
+                let slot_bytes = self.nodes[node].core.store().table(ack.table).slot_bytes();
+                let bytes = image
+                    .get(run.first as usize * slot_bytes..(run.first + run.slots) as usize * slot_bytes)
+                    .ok_or("an acknowledged run lies beyond the image")?;
+                let (_, torn) = crate::replication::apply_image(self.nodes[node].core.store(), ack.from, ack.table, run.first, bytes);
+                if torn > 0 {
+                    return Err(format!("node {node} read {torn} torn slot images from node {}", ack.from));
+                }
+            }
+        }
+        self.log(format!("node {node} refreshed its replicas (round {round})"));
+        let r = &mut self.replication[node];
+        r.done.push((began, now));
+        r.next_at = now + self.opts.round_period;
+        Ok(())
+    }
+
+    /// After the workers finished: two rounds on every node with every frame delivered, so
+    /// that every replica holds every push; checks that it does, exactly once.
+    fn converge_replicas(&mut self) -> Result<(), String> {
+        if self.opts.replicated.is_empty() || self.opts.nodes < 2 || self.opts.crash.is_some() {
+            return Ok(());
+        }
+        for _ in 0..2 {
+            for node in 0..self.opts.nodes {
+                // A round still under way completes first.
+                while self.replication[node].waiting.is_some() {
+                    self.deliver_all()?;
+                    self.rounds_ready();
+                    if self.replication[node].acks.is_none() {
+                        return Err(format!("node {node}'s round never got all its acknowledgements"));
+                    }
+                    self.round_step(node)?;
+                }
+                self.replication[node].next_at = 0;
+                self.round_step(node)?;
+            }
+            self.deliver_all()?;
+            self.rounds_ready();
+            for node in 0..self.opts.nodes {
+                if self.replication[node].acks.is_none() {
+                    return Err(format!("node {node}'s last round never got all its acknowledgements"));
+                }
+                self.round_step(node)?;
+            }
+        }
+        let lanes = self.opts.lanes;
+        for (key, pushes, _) in &self.replica_history {
+            let mut expected = vec![0.0f32; lanes];
+            for p in pushes {
+                expected[p.lane as usize] = 1.0;
+            }
+            for (rank, n) in self.nodes.iter().enumerate() {
+                let mut value = vec![0.0; lanes];
+                n.core.store().lock(0, *key).slot().ok_or(format!("node {rank} holds no slot for replicated key {key}"))?.read(&mut value);
+                if value != expected {
+                    return Err(format!("node {rank}'s copy of replicated key {key} is {value:?}, not every push once"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Delivers every frame in flight, in per-pair order.
+    fn deliver_all(&mut self) -> Result<(), String> {
+        while let Some(c) = (0..self.frames.len()).find(|&c| !self.frames[c].is_empty()) {
+            let frame = Bytes::from(self.frames[c].pop_front().expect("non-empty"));
+            let (from, to) = (c / self.opts.nodes, c % self.opts.nodes);
+            if let Err(e) = self.node_event(to, |step, at, item| step.handle_frame(from as u16, &frame, at, item)) {
+                return Err(format!("node {to} rejected a frame from {from}: {e}"));
+            }
+        }
+        Ok(())
+    }
+
     fn worker_step(&mut self, w: usize) -> Result<(), String> {
         let node = self.workers[w].node;
         if let Some(s) = self.workers[w].streaming.take() {
@@ -588,6 +797,30 @@ impl Sim {
             ScriptOp::WaitAll => {
                 self.log(format!("worker {w} waits for its operations"));
                 self.workers[w].waiting_all = true;
+            }
+            ScriptOp::Replicated { key, lane } => {
+                self.ops += 1;
+                self.log(format!("worker {w}@{node} {} replicated key {key}", if lane.is_some() { "push" } else { "pull" }));
+                let (kind, input, target) = match lane {
+                    Some(l) => (AccessKind::Push, push_update(l, lanes), None),
+                    None => (AccessKind::Pull, Vec::new(), Some(vec![0.0; lanes])),
+                };
+                let issued = self.worker_event(w, |step, req| {
+                    let target = target.clone().map_or(PullTarget::None, PullTarget::Owned);
+                    step.issue_access(req, kind, 0, &[key], &input, target, None)
+                })?;
+                let Some(Issued::Done(values)) = issued else {
+                    return Err(format!("replicated key {key} was not served by node {node}'s replica"));
+                };
+                let now = self.now;
+                let Some(entry) = self.replica_history.iter_mut().find(|(k, _, _)| *k == key) else {
+                    return Err(format!("key {key} is not replicated"));
+                };
+                match (lane, values) {
+                    (Some(lane), _) => entry.1.push(TimedPush { node: node as u16, lane, issued: now, acked: now }),
+                    (None, Some(value)) => entry.2.push(TimedPull { node: node as u16, start: now, end: now, value }),
+                    (None, None) => return Err("a pull returned no values".into()),
+                }
             }
             ScriptOp::Localize { keys, asynchronous } => {
                 self.ops += 1;
@@ -738,6 +971,15 @@ impl Sim {
     }
 
     fn finish(&mut self, steps: usize) -> Result<SimReport, String> {
+        // The staleness rule is checked on the rounds the run itself made.
+        let rounds: Vec<Vec<(u64, u64)>> = self.replication.iter().map(|r| r.done.clone()).collect();
+        let home_of = |key: u64| self.nodes[0].core.directory().home(0, key);
+        let replica_violation = self
+            .replica_history
+            .iter()
+            .find_map(|(key, pushes, pulls)| check_replica_rounds(*key, home_of(*key), pushes, pulls, &rounds, self.opts.lanes).err());
+        let replica_events = self.replica_history.iter().map(|(_, p, q)| p.len() + q.len()).sum();
+        self.converge_replicas()?;
         for (i, w) in self.workers.iter().enumerate() {
             if !self.nodes[w.node].crashed && (!w.in_flight.is_empty() || !w.script.is_empty() || w.streaming.is_some()) {
                 return Err(format!("worker {i} is stuck: {} operations in flight, {} left in its script", w.in_flight.len(), w.script.len()));
@@ -772,7 +1014,7 @@ impl Sim {
             slots_in_use.push(live);
         }
         if self.opts.crash.is_none() {
-            for key in 0..self.opts.keys {
+            for key in (0..self.opts.keys).filter(|k| !self.opts.replicated.iter().any(|r| r.contains(k))) {
                 let holders: Vec<usize> = (0..self.nodes.len()).filter(|&n| self.nodes[n].core.store().table(0).slot_of(key).is_some()).collect();
                 if holders.len() != 1 {
                     return Err(format!("key {key} is held by nodes {holders:?}"));
@@ -801,6 +1043,9 @@ impl Sim {
             max_parts: self.max_parts,
             slots_in_use,
             trace: self.trace.iter().cloned().collect(),
+            rounds: rounds.iter().map(Vec::len).sum(),
+            replica_events,
+            replica_violation,
         })
     }
 }

@@ -25,11 +25,17 @@ pub enum MessageKind {
     Failure,
     /// Barrier traffic.
     Barrier,
+    /// Replication: replicas' deltas shipped home and their acknowledgements (the refresh
+    /// reads are one-sided and counted in [`ReplicationStats`]).
+    Replica,
 }
+
+/// Number of [`MessageKind`]s.
+pub const MESSAGE_KINDS: usize = 9;
 
 impl MessageKind {
     /// All kinds, in display order.
-    pub const ALL: [MessageKind; 8] = [
+    pub const ALL: [MessageKind; MESSAGE_KINDS] = [
         MessageKind::Access,
         MessageKind::Forward,
         MessageKind::Response,
@@ -38,6 +44,7 @@ impl MessageKind {
         MessageKind::Transfer,
         MessageKind::Failure,
         MessageKind::Barrier,
+        MessageKind::Replica,
     ];
 
     /// Lower-case name.
@@ -51,6 +58,7 @@ impl MessageKind {
             MessageKind::Transfer => "transfer",
             MessageKind::Failure => "failure",
             MessageKind::Barrier => "barrier",
+            MessageKind::Replica => "replica",
         }
     }
 }
@@ -59,9 +67,9 @@ impl MessageKind {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Traffic {
     /// Messages per [`MessageKind`] (index = position in [`MessageKind::ALL`]).
-    pub messages: [u64; 8],
+    pub messages: [u64; MESSAGE_KINDS],
     /// Bytes per kind.
-    pub bytes: [u64; 8],
+    pub bytes: [u64; MESSAGE_KINDS],
 }
 
 impl Traffic {
@@ -129,6 +137,33 @@ pub struct Stats {
     pub relocation_time: Latency,
     /// Blocking time (old owner stops serving → new owner serves), measured at the new owner.
     pub blocking_time: Latency,
+    /// Replicated keys: accesses, shipping and refreshes.
+    pub replication: ReplicationStats,
+}
+
+/// What replication did on a node (NuPS, Section 3.2).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplicationStats {
+    /// Accesses of this node's workers served by a replica (also counted in `local_accesses`).
+    pub replica_accesses: u64,
+    /// Rounds run (ship deltas, wait for acknowledgements, refresh).
+    pub rounds: u64,
+    /// Replica deltas shipped to home nodes.
+    pub shipped_keys: u64,
+    /// Bytes of REPLICA_DELTA messages sent.
+    pub shipped_bytes: u64,
+    /// One-sided reads issued by refreshes (RDMA READs over verbs).
+    pub refresh_reads: u64,
+    /// Bytes those reads fetched.
+    pub refresh_bytes: u64,
+    /// Replicas refreshed.
+    pub refreshed_keys: u64,
+    /// Replicas whose copy caught a write in progress and was read again.
+    pub torn_copies: u64,
+    /// Age of a replica when a worker read it (time since its last refresh began; sampled).
+    pub staleness: Latency,
+    /// Duration of a round.
+    pub round_time: Latency,
 }
 
 impl Stats {
@@ -141,7 +176,7 @@ impl Stats {
     /// Difference `self - earlier` of the counters (latencies are taken from `self`).
     pub fn since(&self, earlier: &Stats) -> Stats {
         let mut traffic = self.traffic;
-        for i in 0..8 {
+        for i in 0..MESSAGE_KINDS {
             traffic.messages[i] -= earlier.traffic.messages[i].min(traffic.messages[i]);
             traffic.bytes[i] -= earlier.traffic.bytes[i].min(traffic.bytes[i]);
         }
@@ -156,6 +191,17 @@ impl Stats {
             traffic,
             relocation_time: self.relocation_time,
             blocking_time: self.blocking_time,
+            replication: ReplicationStats {
+                replica_accesses: self.replication.replica_accesses.saturating_sub(earlier.replication.replica_accesses),
+                rounds: self.replication.rounds.saturating_sub(earlier.replication.rounds),
+                shipped_keys: self.replication.shipped_keys.saturating_sub(earlier.replication.shipped_keys),
+                shipped_bytes: self.replication.shipped_bytes.saturating_sub(earlier.replication.shipped_bytes),
+                refresh_reads: self.replication.refresh_reads.saturating_sub(earlier.replication.refresh_reads),
+                refresh_bytes: self.replication.refresh_bytes.saturating_sub(earlier.replication.refresh_bytes),
+                refreshed_keys: self.replication.refreshed_keys.saturating_sub(earlier.replication.refreshed_keys),
+                torn_copies: self.replication.torn_copies.saturating_sub(earlier.replication.torn_copies),
+                ..self.replication
+            },
         }
     }
 
@@ -170,11 +216,25 @@ impl Stats {
             s.double_forwarded_keys += o.double_forwarded_keys;
             s.relocations_in += o.relocations_in;
             s.relocations_out += o.relocations_out;
-            for i in 0..8 {
+            for i in 0..MESSAGE_KINDS {
                 s.traffic.messages[i] += o.traffic.messages[i];
                 s.traffic.bytes[i] += o.traffic.bytes[i];
             }
-            for (mine, theirs) in [(&mut s.relocation_time, &o.relocation_time), (&mut s.blocking_time, &o.blocking_time)] {
+            let (r, q) = (&mut s.replication, &o.replication);
+            r.replica_accesses += q.replica_accesses;
+            r.rounds += q.rounds;
+            r.shipped_keys += q.shipped_keys;
+            r.shipped_bytes += q.shipped_bytes;
+            r.refresh_reads += q.refresh_reads;
+            r.refresh_bytes += q.refresh_bytes;
+            r.refreshed_keys += q.refreshed_keys;
+            r.torn_copies += q.torn_copies;
+            for (mine, theirs) in [
+                (&mut s.relocation_time, &o.relocation_time),
+                (&mut s.blocking_time, &o.blocking_time),
+                (&mut s.replication.staleness, &o.replication.staleness),
+                (&mut s.replication.round_time, &o.replication.round_time),
+            ] {
                 mine.count += theirs.count;
                 mine.p50_ns = mine.p50_ns.max(theirs.p50_ns);
                 mine.p99_ns = mine.p99_ns.max(theirs.p99_ns);
@@ -191,9 +251,10 @@ impl Stats {
 #[derive(Default)]
 pub(crate) struct CounterCell {
     pub local_keys: AtomicU64,
+    pub replica_keys: AtomicU64,
     pub remote_keys: AtomicU64,
-    pub messages: [AtomicU64; 8],
-    pub bytes: [AtomicU64; 8],
+    pub messages: [AtomicU64; MESSAGE_KINDS],
+    pub bytes: [AtomicU64; MESSAGE_KINDS],
 }
 
 impl CounterCell {
@@ -206,7 +267,8 @@ impl CounterCell {
     fn add_to(&self, s: &mut Stats) {
         s.local_accesses += self.local_keys.load(Ordering::Relaxed);
         s.remote_accesses += self.remote_keys.load(Ordering::Relaxed);
-        for i in 0..8 {
+        s.replication.replica_accesses += self.replica_keys.load(Ordering::Relaxed);
+        for i in 0..MESSAGE_KINDS {
             s.traffic.messages[i] += self.messages[i].load(Ordering::Relaxed);
             s.traffic.bytes[i] += self.bytes[i].load(Ordering::Relaxed);
         }

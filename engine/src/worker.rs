@@ -138,7 +138,13 @@ impl Worker {
     #[inline]
     fn single_local(&mut self, kind: AccessKind, table: Table, key: u64, input: &[f32], output: &mut [f32]) -> Option<()> {
         let store = self.node.core.store();
-        if kind == AccessKind::Pull && store.table(table.id).read_optimistic(key, output) {
+        let t = store.table(table.id);
+        if let Some(replicas) = t.replicas()
+            && replicas.is_replicated(key)
+        {
+            return self.single_replicated(kind, table, key, input, output);
+        }
+        if kind == AccessKind::Pull && t.read_optimistic(key, output) {
             self.tx.count_local(1);
             return Some(());
         }
@@ -151,6 +157,38 @@ impl Worker {
         }
         drop(guard);
         self.tx.count_local(1);
+        Some(())
+    }
+
+    /// The local path of a replicated key: the same latch and copy, plus the push's delta for
+    /// the home node. A set of a replica goes to the home node (`None`).
+    #[inline]
+    fn single_replicated(&mut self, kind: AccessKind, table: Table, key: u64, input: &[f32], output: &mut [f32]) -> Option<()> {
+        let store = self.node.core.store();
+        let t = store.table(table.id);
+        let ordinal = t.replicas().and_then(|r| r.ordinal(key));
+        if kind == AccessKind::Set && ordinal.is_some() {
+            return None;
+        }
+        // Pulls of short values are read latch-free, like any key held here.
+        if !(kind == AccessKind::Pull && t.read_optimistic(key, output)) {
+            let guard = store.lock(table.id, key);
+            let slot = guard.slot()?;
+            match kind {
+                AccessKind::Pull => slot.read(output),
+                AccessKind::Push => {
+                    slot.add(input);
+                    if let (Some(o), Some(r)) = (ordinal, t.replicas()) {
+                        r.add_delta(o, input);
+                    }
+                }
+                AccessKind::Set => slot.write(input),
+            }
+        }
+        self.tx.count_local(1);
+        if ordinal.is_some() && self.tx.count_replica(1) {
+            self.node.core.replication().sample_staleness(table.id, self.node.now());
+        }
         Some(())
     }
 
@@ -430,7 +468,11 @@ impl Worker {
                 Err(RecvTimeoutError::Disconnected) => return Err(Error::ShutDown),
             }
         }
-        self.node.worker_barrier()
+        // Replicated keys: this node's pushes go home before the barrier, and replicas are
+        // refreshed after it, so that the barrier orders them like every other key.
+        self.node.replication_sync()?;
+        self.node.worker_barrier()?;
+        self.node.replication_sync()
     }
 
     /// This node's statistics.

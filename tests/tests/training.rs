@@ -200,3 +200,25 @@ fn word_vectors_learn_in_every_mode_with_every_sampling_scheme() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown sampling scheme"), "{}", String::from_utf8_lossy(&out.stderr));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn hybrid_mode_replicates_hot_keys_and_learns() {
+    // ComplEx: hot entities and every relation replicated, the tail relocated, local negatives.
+    let kge = ["kge", "--data", "synth-kg", "--dim", "16", "--epochs", "20", "--eval-every", "20", "--nodes", "2", "--negatives", "local"];
+    let reports = train(&[&kge[..], &["--mode", "single,hybrid", "--replicate", "10"]].concat());
+    let modes = by_mode(&reports);
+    let last = |mode: &str| modes[mode].last().unwrap().clone();
+    let (single, hybrid) = (last("single"), last("hybrid"));
+    assert!(f(&hybrid["loss"]) < 0.5 * f(&modes["hybrid"][0]["loss"]), "hybrid: the loss did not fall");
+    assert!(f(&hybrid["quality"]["mrr"]) > 0.35, "hybrid MRR {}", f(&hybrid["quality"]["mrr"]));
+    assert!((f(&hybrid["quality"]["mrr"]) - f(&single["quality"]["mrr"])).abs() < 0.12);
+    assert!(modes["hybrid"].iter().all(|r| f(&r["replica_share"]) > 0.05 && f(&r["local_share"]) > 0.99), "replicas serve locally");
+    assert!(modes["hybrid"].iter().any(|r| f(&r["refresh_bytes"]) > 0.0), "replicas are refreshed");
+    // Word vectors and matrix factorization run in hybrid mode too (MF replicates nothing with
+    // the default factor: no regression against localize).
+    let w2v = train(&["w2v", "--data", "synth-text", "--dim", "16", "--epochs", "2", "--nodes", "2", "--mode", "hybrid", "--hot-factor", "5"]);
+    assert!(f(&w2v[1]["loss"]) < f(&w2v[0]["loss"]) && f(&w2v[1]["replica_share"]) > 0.0);
+    let mf = train(&["mf", "--data", "synth-tiny", "--rank", "5", "--lr", "0.02", "--reg", "0.02", "--mode", "hybrid", "--epochs", "3", "--nodes", "2"]);
+    assert_eq!(f(&mf[2]["replica_share"]), 0.0);
+    assert!(f(&mf[2]["loss"]) < f(&mf[0]["loss"]));
+}

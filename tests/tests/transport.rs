@@ -58,6 +58,26 @@ fn history_over_the_chosen_transport_is_sequentially_consistent() {
     assert!(text.contains("[0] history ok"));
 }
 
+/// Replicated keys over the chosen transport: the bounded-staleness guarantee on a real
+/// two-process history, exact sums, and refreshes made of one-sided reads (RDMA READs over
+/// verbs).
+#[test]
+fn replicas_refresh_with_one_sided_reads_within_the_bound() {
+    let want = expected_transport();
+    let dir = std::env::temp_dir().join(format!("ferry-transport-replicas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = launch_testnode(2, &["replicas", "--dir", dir.to_str().unwrap()], Duration::from_secs(300));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = stdout(&out);
+    assert!(out.status.success(), "cluster failed");
+    for r in 0..2 {
+        let line = text.lines().find(|l| l.starts_with(&format!("[{r}] refresh reads "))).expect("each rank reports its refresh reads");
+        let reads: u64 = line.split(' ').nth(3).unwrap().parse().unwrap();
+        assert!(reads > 0 && line.ends_with(&format!("over {want}")), "{line}");
+    }
+    assert!(text.contains("[0] replicas ok"));
+}
+
 /// Rank 0's sends to rank 1 fail after 200 sends (a failing `sendmsg` over TCP, a failing post
 /// over verbs, reported by the fabric's own threads, never from the send path): rank 0's
 /// operations end in `PeerLost`, rank 1 sees rank 0 lost, nobody hangs.

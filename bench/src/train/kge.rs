@@ -448,20 +448,39 @@ fn pull_all(w: &mut Worker, table: ferry::Table, n: usize, len: usize) -> Result
     Ok(all)
 }
 
-/// One node of a `classic` or `localize` cluster.
+/// One node of a `classic`, `localize` or `hybrid` cluster.
 pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
     let kg = a.load()?;
     let (seed, d, len, epochs) = (a.common.seed, a.dim, a.value_len(), a.common.epochs);
     let (n_e, n_r) = (kg.entities.len(), kg.relations.len());
-    let tables = vec![
+    let (mut entity_spec, mut relation_spec) = (
         TableSpec::new("entities", n_e as u64, len).partitioned(Partitioning::Hash),
         TableSpec::new("relations", n_r as u64, len).partitioned(Partitioning::Hash),
-        TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS),
-    ];
-    let localize = mode == Mode::Localize;
+    );
+    let hybrid = mode == Mode::Hybrid;
+    let mut summary = None;
+    if hybrid {
+        // NuPS's choice (Section 5.1): hot entities and every relation replicated, the long tail
+        // of entities relocated.
+        let mut counts = ferry::AccessCounts::new(n_e as u64);
+        for i in 0..kg.train.len() {
+            counts.add(kg.train.heads[i] as u64, 1);
+            counts.add(kg.train.tails[i] as u64, 1);
+        }
+        let hot = a.common.hot_keys(&counts);
+        summary =
+            Some(format!("hybrid: {} of {n_e} entities replicated ({:.1}% of positive accesses), all {n_r} relations", hot.len(), 100.0 * counts.share(&hot)));
+        entity_spec = entity_spec.replicating(ferry::replication::as_ranges(&hot));
+        relation_spec = relation_spec.replicating(std::iter::once(0..n_r as u64));
+    }
+    let tables = vec![entity_spec, relation_spec, TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS)];
+    let localize = matches!(mode, Mode::Localize | Mode::Hybrid);
     let negative_scheme = a.negative_scheme()?;
     let mut node = start_node(tables, localize)?;
     let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
+    if let Some(summary) = summary.filter(|_| rank == 0) {
+        eprintln!("{summary}");
+    }
     let (entities, relations, metrics) = (node.table("entities")?, node.table("relations")?, node.table("metrics")?);
     let owners = relation_owners(&kg.train, n_r, nodes);
     let mine: Vec<usize> = (0..kg.train.len()).filter(|&i| owners[kg.train.relations[i] as usize] == rank).collect();
@@ -481,7 +500,7 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
             }
         }
         w.barrier()?;
-        if localize && t == 0 {
+        if localize && !hybrid && t == 0 {
             // Data clustering: this node's relations stay here.
             w.localize(relations, my_relations)?;
         }

@@ -340,18 +340,34 @@ pub fn run_single(a: &MfArgs, emit: Sink) -> Result<()> {
     Ok(())
 }
 
-/// One node of a `classic` or `localize` cluster.
+/// One node of a `classic`, `localize` or `hybrid` cluster.
 pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
     let (train, test) = a.load()?;
     let (seed, len, epochs) = (a.common.seed, a.rank + 1, a.common.epochs);
+    let mut item_spec = TableSpec::new("items", train.n_items as u64, len).partitioned(Partitioning::Hash);
+    let mut summary = None;
+    if mode == Mode::Hybrid {
+        // Column keys the frequency heuristic finds hot are replicated (with the default factor
+        // of 100, none on MovieLens: its most rated film has about ten times the mean).
+        let mut counts = ferry::AccessCounts::new(train.n_items as u64);
+        for &i in &train.items {
+            counts.add(i as u64, 1);
+        }
+        let hot = a.common.hot_keys(&counts);
+        summary = Some(format!("hybrid: {} of {} items replicated ({:.1}% of accesses)", hot.len(), train.n_items, 100.0 * counts.share(&hot)));
+        item_spec = item_spec.replicating(ferry::replication::as_ranges(&hot));
+    }
     let tables = vec![
         TableSpec::new("users", train.n_users as u64, len).partitioned(Partitioning::Hash),
-        TableSpec::new("items", train.n_items as u64, len).partitioned(Partitioning::Hash),
+        item_spec,
         TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS),
     ];
-    let localize = mode == Mode::Localize;
+    let localize = matches!(mode, Mode::Localize | Mode::Hybrid);
     let mut node = start_node(tables, localize)?;
     let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
+    if let Some(summary) = summary.filter(|_| rank == 0) {
+        eprintln!("{summary}");
+    }
     let (users, items, metrics) = (node.table("users")?, node.table("items")?, node.table("metrics")?);
     let my_rows = part(train.n_users as usize, nodes, rank);
     let cells = cells(&train, my_rows.clone(), threads, nodes);

@@ -1,9 +1,9 @@
-//! ML workloads on Ferry: matrix factorization, knowledge-graph embeddings and word vectors, each in three
+//! ML workloads on Ferry: matrix factorization, knowledge-graph embeddings and word vectors, each in four
 //! modes — `single` (one process, shared arrays, several threads, no parameter server), `classic`
-//! (a Ferry cluster with relocation off) and `localize` (a Ferry cluster with dynamic
-//! allocation).
+//! (a Ferry cluster with relocation off), `localize` (a Ferry cluster with dynamic
+//! allocation) and `hybrid` (NuPS: hot keys replicated, the long tail relocated).
 //!
-//! The driver runs `single` in this process and starts `classic` and `localize` as clusters of
+//! The driver runs `single` in this process and starts the other modes as clusters of
 //! processes of this binary (through `ferry::launch`); rank 0 of a cluster prints one `EPOCH`
 //! line per epoch and `PROGRESS` lines within epochs, which the driver turns into a table or JSON
 //! lines, a progress bar, and optionally an SVG plot.
@@ -35,6 +35,8 @@ pub enum Mode {
     Classic,
     /// A Ferry cluster with dynamic allocation (`localize`).
     Localize,
+    /// A Ferry cluster that replicates hot keys and relocates the rest (NuPS).
+    Hybrid,
 }
 
 impl Mode {
@@ -44,6 +46,7 @@ impl Mode {
             Mode::Single => "single",
             Mode::Classic => "classic",
             Mode::Localize => "localize",
+            Mode::Hybrid => "hybrid",
         }
     }
 }
@@ -57,7 +60,9 @@ pub enum ModeChoice {
     Classic,
     /// `localize`.
     Localize,
-    /// All three, one after the other.
+    /// `hybrid`.
+    Hybrid,
+    /// `single`, `classic` and `localize`, one after the other.
     All,
 }
 
@@ -67,6 +72,7 @@ impl ModeChoice {
             ModeChoice::Single => vec![Mode::Single],
             ModeChoice::Classic => vec![Mode::Classic],
             ModeChoice::Localize => vec![Mode::Localize],
+            ModeChoice::Hybrid => vec![Mode::Hybrid],
             ModeChoice::All => vec![Mode::Single, Mode::Classic, Mode::Localize],
         }
     }
@@ -84,9 +90,9 @@ pub enum Role {
 /// Options shared by every task.
 #[derive(Debug, Clone, Args)]
 pub struct Common {
-    /// Mode(s) to run.
-    #[arg(long, value_enum, default_value = "localize")]
-    pub mode: ModeChoice,
+    /// Mode(s) to run, comma-separated, one after the other (e.g. `single,hybrid`).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "localize")]
+    pub mode: Vec<ModeChoice>,
     /// Nodes of the `classic` and `localize` clusters.
     #[arg(long, default_value_t = 2)]
     pub nodes: usize,
@@ -109,6 +115,14 @@ pub struct Common {
     /// Draw quality over time and over epochs into this SVG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// `hybrid` mode: replicate keys accessed more than this many times the mean key's
+    /// frequency in the training data (NuPS's untuned heuristic uses 100).
+    #[arg(long, default_value_t = 100.0)]
+    pub hot_factor: f64,
+    /// `hybrid` mode: replicate the N most frequently accessed keys instead (0: use
+    /// `--hot-factor`).
+    #[arg(long, default_value_t = 0)]
+    pub replicate: usize,
     /// Internal: the part this process plays.
     #[arg(long, value_enum, default_value = "driver", hide = true)]
     pub role: Role,
@@ -128,7 +142,13 @@ impl Common {
     fn node_args(&self, mode: Mode) -> Vec<String> {
         let mut a = vec!["--mode".into(), mode.name().into(), "--nodes".into(), self.nodes.to_string(), "--threads".into(), self.threads().to_string()];
         a.extend(["--epochs".into(), self.epochs.to_string(), "--seed".into(), self.seed.to_string(), "--role".into(), "node".into()]);
+        a.extend(["--hot-factor".into(), self.hot_factor.to_string(), "--replicate".into(), self.replicate.to_string()]);
         a
+    }
+
+    /// The keys `hybrid` mode replicates, from their access counts in the training data.
+    pub fn hot_keys(&self, counts: &ferry::AccessCounts) -> Vec<u64> {
+        if self.replicate > 0 { counts.top(self.replicate) } else { counts.hot(self.hot_factor) }
     }
 }
 
@@ -168,12 +188,36 @@ pub struct EpochReport {
     pub messages: u64,
     /// Bytes sent during the epoch (all nodes).
     pub bytes: u64,
+    /// Share of key accesses served by replicas (0 without replication).
+    #[serde(default)]
+    pub replica_share: f64,
+    /// Age of replicas when read, 99th percentile (mean over nodes; 0 without replication).
+    #[serde(default)]
+    pub staleness_p99_ms: f64,
+    /// Bytes the replica refreshes read during the epoch (all nodes).
+    #[serde(default)]
+    pub refresh_bytes: u64,
 }
 
 impl EpochReport {
     /// The report of a `single` epoch: everything local, nothing sent.
     pub fn single(task: &str, epoch: usize, epoch_s: f64, elapsed_s: f64, loss: f64, quality: serde_json::Map<String, serde_json::Value>) -> EpochReport {
-        EpochReport { task: task.into(), mode: Mode::Single, epoch, epoch_s, elapsed_s, loss, quality, local_share: 1.0, relocations: 0, messages: 0, bytes: 0 }
+        EpochReport {
+            task: task.into(),
+            mode: Mode::Single,
+            epoch,
+            epoch_s,
+            elapsed_s,
+            loss,
+            quality,
+            local_share: 1.0,
+            relocations: 0,
+            messages: 0,
+            bytes: 0,
+            replica_share: 0.0,
+            staleness_p99_ms: 0.0,
+            refresh_bytes: 0,
+        }
     }
 
     /// The headline quality figure and its name, when evaluated.
@@ -203,10 +247,11 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
         TrainCommand::W2v(a) => &a.common,
     };
     if common.role == Role::Node {
-        let mode = match common.mode {
-            ModeChoice::Classic => Mode::Classic,
-            ModeChoice::Localize => Mode::Localize,
-            _ => bail!("a cluster node runs in classic or localize mode"),
+        let mode = match common.mode[..] {
+            [ModeChoice::Classic] => Mode::Classic,
+            [ModeChoice::Localize] => Mode::Localize,
+            [ModeChoice::Hybrid] => Mode::Hybrid,
+            _ => bail!("a cluster node runs in classic, localize or hybrid mode"),
         };
         let mut emit = |e: Event| match e {
             Event::Progress(epoch, f) => println!("PROGRESS {epoch} {f:.3}"),
@@ -226,7 +271,7 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
     };
     eprintln!("{task}: {description}");
     let mut all = Vec::new();
-    for mode in common.mode.modes() {
+    for mode in common.mode.iter().flat_map(|m| m.modes()) {
         let reports = run_mode(command, common, mode)?;
         all.extend(reports);
     }
@@ -248,8 +293,8 @@ fn progress_bar(mode: Mode, epochs: usize) -> ProgressBar {
 fn print_header(json: bool) {
     if !json {
         println!(
-            "{:>9} {:>5} {:>9} {:>10} {:>10} {:>9} {:>8} {:>11} {:>10} {:>11}",
-            "mode", "epoch", "epoch[s]", "elapsed[s]", "loss", "quality", "local", "relocations", "messages", "bytes"
+            "{:>9} {:>5} {:>9} {:>10} {:>10} {:>9} {:>8} {:>8} {:>11} {:>10} {:>11}",
+            "mode", "epoch", "epoch[s]", "elapsed[s]", "loss", "quality", "local", "replicas", "relocations", "messages", "bytes"
         );
     }
 }
@@ -261,7 +306,7 @@ fn print_report(r: &EpochReport, json: bool) {
     }
     let quality = r.headline().map_or("-".to_string(), |(k, v)| format!("{k} {v:.4}"));
     println!(
-        "{:>9} {:>5} {:>9.3} {:>10.3} {:>10.5} {:>9} {:>7.2}% {:>11} {:>10} {:>11}",
+        "{:>9} {:>5} {:>9.3} {:>10.3} {:>10.5} {:>9} {:>7.2}% {:>7.2}% {:>11} {:>10} {:>11}",
         r.mode.name(),
         r.epoch,
         r.epoch_s,
@@ -269,6 +314,7 @@ fn print_report(r: &EpochReport, json: bool) {
         r.loss,
         quality,
         r.local_share * 100.0,
+        r.replica_share * 100.0,
         r.relocations,
         r.messages,
         r.bytes

@@ -12,6 +12,7 @@ fn colour(mode: Mode) -> RGBColor {
         Mode::Single => RGBColor(90, 90, 90),
         Mode::Classic => RGBColor(200, 60, 40),
         Mode::Localize => RGBColor(30, 110, 200),
+        Mode::Hybrid => RGBColor(40, 160, 80),
     }
 }
 
@@ -37,7 +38,7 @@ pub fn draw(path: &Path, task: &str, reports: &[EpochReport]) -> Result<()> {
     let root = SVGBackend::new(path, (1100, 450)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
     let (left, right) = root.split_horizontally(550);
-    let modes = [Mode::Single, Mode::Classic, Mode::Localize];
+    let modes = [Mode::Single, Mode::Classic, Mode::Localize, Mode::Hybrid];
     for (area, by_time) in [(left, true), (right, false)] {
         let (x_min, x_max) = match (by_time, log_time) {
             (true, true) => (time_x(min_time) - 0.2, time_x(max_time) + 0.2),

@@ -71,6 +71,14 @@ pub mod field {
     pub const TEST_COUNT: usize = 8;
     /// Training time of the slowest node's epoch.
     pub const EPOCH_S: usize = 9;
+    /// Keys accessed through replicas.
+    pub const REPLICA: usize = 10;
+    /// Replica age at reads, 99th percentile, in milliseconds (summed over nodes).
+    pub const STALENESS_P99_MS: usize = 11;
+    /// Bytes read by replica refreshes (megabytes).
+    pub const REFRESH_MB: usize = 12;
+    /// Nodes reporting (each adds 1).
+    pub const NODES: usize = 13;
 }
 
 /// Adds this node's `values` to the cluster-wide sums of `slot` (a key of the metrics table),
@@ -91,6 +99,10 @@ pub fn stats_fields(delta: &Stats, out: &mut [f32; METRIC_FIELDS]) {
     out[field::RELOCATIONS] = delta.relocations_in as f32;
     out[field::KILO_MESSAGES] = delta.traffic.total_messages() as f32 / 1e3;
     out[field::MEGABYTES] = delta.traffic.total_bytes() as f32 / 1e6;
+    out[field::REPLICA] = delta.replication.replica_accesses as f32;
+    out[field::STALENESS_P99_MS] = delta.replication.staleness.p99_ns as f32 / 1e6;
+    out[field::REFRESH_MB] = delta.replication.refresh_bytes as f32 / 1e6;
+    out[field::NODES] = 1.0;
 }
 
 /// Runs `body(t, worker)` on `threads` threads, each with its own worker of `node`, and returns
@@ -132,6 +144,9 @@ pub fn cluster_report(
         relocations: sums[field::RELOCATIONS] as u64,
         messages: (sums[field::KILO_MESSAGES] as f64 * 1e3) as u64,
         bytes: (sums[field::MEGABYTES] as f64 * 1e6) as u64,
+        replica_share: if local + remote > 0.0 { sums[field::REPLICA] as f64 / (local + remote) } else { 0.0 },
+        staleness_p99_ms: sums[field::STALENESS_P99_MS] as f64 / (sums[field::NODES] as f64).max(1.0),
+        refresh_bytes: (sums[field::REFRESH_MB] as f64 * 1e6) as u64,
     }
 }
 
@@ -148,6 +163,10 @@ pub fn part_of(x: usize, n: usize, parts: usize) -> usize {
 /// The node's start-up helper: the configuration's tables and switches for a mode.
 pub fn start_node(tables: Vec<ferry::TableSpec>, localize: bool) -> Result<Node> {
     let mut config = ferry::Config::from_env(tables)?;
+    let replicated: u64 = config.tables.iter().map(|t| t.replicated_keys()).sum();
+    if replicated > 0 && config.rank == 0 {
+        eprintln!("replicated keys: {replicated}, staleness bound {:?}", config.staleness);
+    }
     config.relocation = localize;
     // Workers wait in barriers while rank 0 evaluates the model, which can take minutes on a
     // large test set: a longer default than the library's, unless FERRY_OP_TIMEOUT says otherwise.

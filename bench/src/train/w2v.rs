@@ -601,20 +601,33 @@ pub fn run_single(a: &W2vArgs, emit: Sink) -> Result<()> {
     Ok(())
 }
 
-/// One node of a `classic` or `localize` cluster.
+/// One node of a `classic`, `localize` or `hybrid` cluster.
 pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
     let corpus = a.load()?;
     let (seed, dim, epochs) = (a.common.seed, a.dim, a.common.epochs);
     let v = corpus.words.len();
-    let tables = vec![
-        TableSpec::new("input", v as u64, dim).partitioned(Partitioning::Hash),
-        TableSpec::new("output", v as u64, dim).partitioned(Partitioning::Hash),
-        TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS),
-    ];
-    let localize = mode == Mode::Localize;
+    let (mut input_spec, mut output_spec) =
+        (TableSpec::new("input", v as u64, dim).partitioned(Partitioning::Hash), TableSpec::new("output", v as u64, dim).partitioned(Partitioning::Hash));
+    let mut summary = None;
+    if mode == Mode::Hybrid {
+        // The frequency heuristic on word counts: a word's input vector is accessed once per
+        // occurrence, its output vector once per occurrence as a context and as a negative.
+        let counts = ferry::AccessCounts::from_counts(corpus.counts.clone());
+        let hot = ferry::replication::as_ranges(&a.common.hot_keys(&counts));
+        let n: u64 = hot.iter().map(|r| r.end - r.start).sum();
+        let share = counts.share(&hot.iter().flat_map(|r| r.clone()).collect::<Vec<_>>());
+        summary = Some(format!("hybrid: the {n} most frequent of {v} words replicated ({:.1}% of occurrences)", 100.0 * share));
+        input_spec = input_spec.replicating(hot.clone());
+        output_spec = output_spec.replicating(hot);
+    }
+    let tables = vec![input_spec, output_spec, TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS)];
+    let localize = matches!(mode, Mode::Localize | Mode::Hybrid);
     let scheme = a.negative_scheme()?;
     let mut node = start_node(tables, localize)?;
     let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
+    if let Some(summary) = summary.filter(|_| rank == 0) {
+        eprintln!("{summary}");
+    }
     let (input, output, metrics) = (node.table("input")?, node.table("output")?, node.table("metrics")?);
     let analogies = if rank == 0 { Some(a.load_analogies()?) } else { None };
     let keep = corpus.keep_probabilities(a.sample);

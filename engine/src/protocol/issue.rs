@@ -174,6 +174,9 @@ impl Step<'_, '_> {
             *remote = Rows::Run { first: 0, len: keys.len() as u32 };
             return 0;
         }
+        if let Some(replicas) = t.replicas() {
+            return self.local_pass_replicated(kind, table, keys, input, output, remote, replicas);
+        }
         let optimistic = kind == AccessKind::Pull && value_len <= OPTIMISTIC_MAX;
         let mut served = 0;
         for (row, &key) in keys.iter().enumerate() {
@@ -195,6 +198,58 @@ impl Step<'_, '_> {
                 }
             }
             remote.push(row as u32);
+        }
+        served
+    }
+
+    /// [`Step::local_pass`] for a table with replicated keys: a push to a replica also adds to
+    /// its delta under the same latch, and a set of a replica goes to the key's home node.
+    #[allow(clippy::too_many_arguments)]
+    fn local_pass_replicated(
+        &mut self,
+        kind: AccessKind,
+        table: u16,
+        keys: &[u64],
+        input: &[f32],
+        output: &mut [f32],
+        remote: &mut Rows,
+        replicas: &crate::store::ReplicaState,
+    ) -> usize {
+        let store = self.core.store();
+        let t = store.table(table);
+        let value_len = t.value_len();
+        let optimistic = kind == AccessKind::Pull && value_len <= OPTIMISTIC_MAX;
+        let (mut served, mut replica_rows) = (0, 0);
+        for (row, &key) in keys.iter().enumerate() {
+            let ordinal = replicas.ordinal(key);
+            if !(kind == AccessKind::Set && ordinal.is_some()) {
+                let values = row * value_len..(row + 1) * value_len;
+                if optimistic && t.read_optimistic(key, &mut output[values.clone()]) {
+                    served += 1;
+                    replica_rows += ordinal.is_some() as usize;
+                    continue;
+                }
+                let guard = store.lock(table, key);
+                if let Some(slot) = guard.slot() {
+                    match kind {
+                        AccessKind::Pull => slot.read(&mut output[values]),
+                        AccessKind::Push => {
+                            slot.add(&input[values.clone()]);
+                            if let Some(o) = ordinal {
+                                replicas.add_delta(o, &input[values]);
+                            }
+                        }
+                        AccessKind::Set => slot.write(&input[values]),
+                    }
+                    served += 1;
+                    replica_rows += ordinal.is_some() as usize;
+                    continue;
+                }
+            }
+            remote.push(row as u32);
+        }
+        if replica_rows > 0 && self.tx.count_replica(replica_rows) {
+            self.core.replication().sample_staleness(table, self.now);
         }
         served
     }
@@ -233,7 +288,7 @@ impl Step<'_, '_> {
         for row in rows.iter() {
             let key = keys[row as usize];
             let home = meta.partitioner.home_cached(key, &mut hint) as u16;
-            let (dest, flags) = if home == rank || t.residence(key) != Residence::Away {
+            let (dest, flags) = if home == rank || t.route_residence(key) != Residence::Away {
                 (rank, 0)
             } else {
                 match dir.cached(table, key) {
@@ -355,12 +410,12 @@ impl Step<'_, '_> {
         let Group { dest, flags, rows, keys_run } = group;
         let (direct, own) = if dest == rank {
             (Rows::default(), rows)
-        } else if unchanged || rows.iter().all(|r| t.residence(keys[r as usize]) == Residence::Away) {
+        } else if unchanged || rows.iter().all(|r| t.route_residence(keys[r as usize]) == Residence::Away) {
             (rows, Rows::default())
         } else {
             let (mut direct, mut own) = (Rows::default(), Rows::default());
             for r in rows.iter() {
-                if t.residence(keys[r as usize]) == Residence::Away { direct.push(r) } else { own.push(r) }
+                if t.route_residence(keys[r as usize]) == Residence::Away { direct.push(r) } else { own.push(r) }
             }
             (direct, own)
         };
@@ -408,7 +463,7 @@ impl Step<'_, '_> {
         for row in rows.iter() {
             let key = keys[row as usize];
             let values = row as usize * value_len..(row as usize + 1) * value_len;
-            if let Residence::Here(_) = store.table(table).residence(key) {
+            if let Residence::Here(_) = store.table(table).route_residence(key) {
                 let guard = store.lock(table, key);
                 if let Some(slot) = guard.slot() {
                     match kind {

@@ -51,6 +51,7 @@ mod barrier;
 mod directory;
 mod issue;
 mod relocation;
+mod replica;
 mod requester;
 mod rows;
 mod shard;
@@ -136,6 +137,8 @@ pub struct Core {
     /// requester that saw no change since it looked at its keys knows that keys it found
     /// elsewhere are elsewhere still.
     arrivals: AtomicU64,
+    /// Replication's counters and the acknowledgements its rounds wait for.
+    replication: crate::replication::Replication,
 }
 
 impl Core {
@@ -151,7 +154,14 @@ impl Core {
             settings,
             counters: Arc::new(CounterRegistry::default()),
             arrivals: AtomicU64::new(0),
+            replication: crate::replication::Replication::new(specs.len()),
         }
+    }
+
+    /// Replication's counters and acknowledgement mailbox.
+    #[inline]
+    pub fn replication(&self) -> &crate::replication::Replication {
+        &self.replication
     }
 
     /// The arrivals counter (see the field).
@@ -223,6 +233,7 @@ impl Core {
         for shard in self.shards.iter() {
             shard.lock().counters.add_to(&mut s, &mut relocation, &mut blocking);
         }
+        self.replication.add_to(&mut s);
         s.relocation_time = crate::stats::Latency::of(&relocation);
         s.blocking_time = crate::stats::Latency::of(&blocking);
         s
@@ -230,6 +241,7 @@ impl Core {
 
     /// Forgets the relocation and blocking times recorded so far (for measuring phases).
     pub fn reset_latencies(&self) {
+        self.replication.reset_latencies();
         for shard in self.shards.iter() {
             shard.lock().counters.reset_latencies();
         }

@@ -103,6 +103,9 @@ impl Step<'_, '_> {
             done += 1;
             let outcome = if dir.home(table, item.key) != rank {
                 Err(Error::Protocol(format!("LOCALIZE of key {} sent to a node that is not its home", item.key)))
+            } else if self.core.store().table(table).is_replicated(item.key) {
+                // Replicated keys stay at their home: replicas read the home's slots.
+                Err(Error::Protocol(format!("LOCALIZE of replicated key {}", item.key)))
             } else {
                 match dir.owner(table, item.key) {
                     LOST_OWNER => Err(Error::KeyLost { table: dir.table_name(table), key: item.key }),

@@ -151,6 +151,14 @@ impl<'c, 't> Step<'c, 't> {
                             core.barriers().lock().handle_message(body, dir, self.tx)?;
                             None
                         }
+                        msg::REPLICA_DELTA => {
+                            self.handle_replica_delta(from, body)?;
+                            None
+                        }
+                        msg::REPLICA_ACK => {
+                            self.handle_replica_ack(from, body)?;
+                            None
+                        }
                         other => return Err(Error::Protocol(format!("unknown message type {other}"))),
                     };
                     if let Some(item) = resume {

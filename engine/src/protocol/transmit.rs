@@ -98,6 +98,15 @@ impl Transmit {
         CounterCell::bump(&self.counters.local_keys, keys as u64);
     }
 
+    /// Counts keys served by replicas (also counted as local); true when the count crossed a
+    /// multiple of 64 (a worker then samples the replicas' staleness).
+    #[inline]
+    pub(crate) fn count_replica(&mut self, keys: usize) -> bool {
+        let before = self.counters.replica_keys.load(std::sync::atomic::Ordering::Relaxed);
+        CounterCell::bump(&self.counters.replica_keys, keys as u64);
+        (before & !63) != (before + keys as u64) & !63
+    }
+
     /// Counts keys sent to other nodes.
     #[inline]
     pub(crate) fn count_remote(&mut self, keys: usize) {

@@ -14,6 +14,8 @@
 //! | LOCALIZE_FAILED | code u8, pad u16, table u16, node u16, count u32, pad u32, resv u32×count |
 //! | BARRIER, BARRIER_RELEASE | kind u8, pad u16, generation u32 |
 //! | BARRIER_FAILED | kind u8, pad u16, generation u32, lost node u16 |
+//! | REPLICA_DELTA | pad u8, table u16, round u32, count u32, (key u64, values)×count |
+//! | REPLICA_ACK | pad u8, table u16, round u32, keys u32, runs u32, (first slot u32, slots u32, region u32, pad u32, addr u64)×runs |
 
 use crate::error::{Error, Result};
 use crate::store::RemoteAddr;
@@ -38,6 +40,10 @@ pub mod msg {
     pub const BARRIER_RELEASE: u8 = 8;
     /// Rank 0 declares a barrier failed because a node was lost before it completed.
     pub const BARRIER_FAILED: u8 = 9;
+    /// Replica node to home node: pushes its replicas took since the last round.
+    pub const REPLICA_DELTA: u8 = 10;
+    /// Home node to replica node: the deltas are applied; where the replicated slots lie.
+    pub const REPLICA_ACK: u8 = 11;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).
@@ -710,6 +716,125 @@ pub fn decode_barrier_failed(b: &[u8]) -> Result<(u8, u32, u16)> {
     Ok((b[1], u32_at(b, 4), u16::from_le_bytes([b[8], b[9]])))
 }
 
+/// Header bytes of REPLICA_DELTA and REPLICA_ACK (type byte included).
+pub const REPLICA_HEADER: usize = 12;
+/// Bytes of one run in REPLICA_ACK.
+pub const REPLICA_RUN: usize = 24;
+
+/// Starts a REPLICA_DELTA of `table` for round `round`; append `(key, values)` items with
+/// [`push_replica_delta_item`] and close it with [`finish_replica_delta`].
+pub fn begin_replica_delta(out: &mut Vec<u8>, table: u16, round: u32) -> usize {
+    let start = begin(out, msg::REPLICA_DELTA);
+    out.push(0);
+    out.extend_from_slice(&table.to_le_bytes());
+    out.extend_from_slice(&round.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    start
+}
+
+/// Appends an item's key to a REPLICA_DELTA (its values follow, appended by the caller).
+pub fn push_replica_delta_key(out: &mut Vec<u8>, key: u64) {
+    out.extend_from_slice(&key.to_le_bytes());
+}
+
+/// Closes a REPLICA_DELTA of `count` items begun at `start`.
+pub fn finish_replica_delta(out: &mut [u8], start: usize, count: u32) {
+    out[start + 4 + 8..start + 4 + 12].copy_from_slice(&count.to_le_bytes());
+    finish(out, start);
+}
+
+/// A decoded REPLICA_DELTA.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplicaDelta<'a> {
+    /// Table id.
+    pub table: u16,
+    /// The sender's round.
+    pub round: u32,
+    /// Items.
+    pub count: usize,
+    items: &'a [u8],
+    item_bytes: usize,
+}
+
+impl<'a> ReplicaDelta<'a> {
+    /// Decodes a REPLICA_DELTA body; `value_len` gives each table's value length.
+    pub fn decode(b: &'a [u8], value_len: impl Fn(u16) -> Option<usize>) -> Result<ReplicaDelta<'a>> {
+        if b.len() < REPLICA_HEADER {
+            return Err(bad("short REPLICA_DELTA"));
+        }
+        let table = u16_at(b, 2);
+        let vl = value_len(table).ok_or_else(|| bad(format!("REPLICA_DELTA for unknown table {table}")))?;
+        let count = u32_at(b, 8) as usize;
+        let item_bytes = 8 + vl * 4;
+        if count.checked_mul(item_bytes) != Some(b.len() - REPLICA_HEADER) {
+            return Err(bad(format!("REPLICA_DELTA of {count} items has {} bytes", b.len())));
+        }
+        Ok(ReplicaDelta { table, round: u32_at(b, 4), count, items: &b[REPLICA_HEADER..], item_bytes })
+    }
+
+    /// Item `i`: its key and its values as little-endian bytes.
+    pub fn item(&self, i: usize) -> (u64, &'a [u8]) {
+        let at = i * self.item_bytes;
+        (u64_at(self.items, at), &self.items[at + 8..at + self.item_bytes])
+    }
+}
+
+/// One contiguous run of slot images on a home node, as REPLICA_ACK describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotRun {
+    /// The run's first slot (= position among the home's replicated keys, in key order).
+    pub first: u32,
+    /// Slots in the run.
+    pub slots: u32,
+    /// Where the run's first slot is reached.
+    pub remote: RemoteAddr,
+}
+
+/// Encodes REPLICA_ACK: round `round` of `table` is applied; the home's `keys` replicated keys
+/// can be read in `runs`.
+pub fn encode_replica_ack(out: &mut Vec<u8>, table: u16, round: u32, keys: u32, runs: &[SlotRun]) {
+    let start = begin(out, msg::REPLICA_ACK);
+    out.push(0);
+    out.extend_from_slice(&table.to_le_bytes());
+    out.extend_from_slice(&round.to_le_bytes());
+    out.extend_from_slice(&keys.to_le_bytes());
+    out.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+    for r in runs {
+        out.extend_from_slice(&r.first.to_le_bytes());
+        out.extend_from_slice(&r.slots.to_le_bytes());
+        out.extend_from_slice(&r.remote.region.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&r.remote.addr.to_le_bytes());
+    }
+    finish(out, start);
+}
+
+/// A decoded REPLICA_ACK: (table, round, keys, runs). The runs must cover `0..keys` in order.
+pub fn decode_replica_ack(b: &[u8]) -> Result<(u16, u32, u32, Vec<SlotRun>)> {
+    if b.len() < REPLICA_HEADER + 4 {
+        return Err(bad("short REPLICA_ACK"));
+    }
+    let (table, round, keys, count) = (u16_at(b, 2), u32_at(b, 4), u32_at(b, 8), u32_at(b, 12) as usize);
+    if count.checked_mul(REPLICA_RUN) != Some(b.len() - REPLICA_HEADER - 4) {
+        return Err(bad(format!("REPLICA_ACK of {count} runs has {} bytes", b.len())));
+    }
+    let mut runs = Vec::with_capacity(count);
+    let mut next = 0u32;
+    for i in 0..count {
+        let at = REPLICA_HEADER + 4 + i * REPLICA_RUN;
+        let run = SlotRun { first: u32_at(b, at), slots: u32_at(b, at + 4), remote: RemoteAddr { region: u32_at(b, at + 8), addr: u64_at(b, at + 16) } };
+        if run.first != next || run.slots == 0 || run.first.checked_add(run.slots).is_none_or(|end| end > keys) {
+            return Err(bad("REPLICA_ACK runs do not cover its keys in order"));
+        }
+        next = run.first + run.slots;
+        runs.push(run);
+    }
+    if next != keys {
+        return Err(bad("REPLICA_ACK runs do not cover its keys"));
+    }
+    Ok((table, round, keys, runs))
+}
+
 fn begin(out: &mut Vec<u8>, ty: u8) -> usize {
     let start = out.len();
     out.extend_from_slice(&[0, 0, 0, 0, ty]);
@@ -729,6 +854,34 @@ mod tests {
 
     fn vl(t: u16) -> Option<usize> {
         (t < 2).then_some(3)
+    }
+
+    #[test]
+    fn replica_messages_round_trip() {
+        let mut out = Vec::new();
+        let start = begin_replica_delta(&mut out, 1, 7);
+        for (key, v) in [(5u64, 1.0f32), (9, 2.0)] {
+            push_replica_delta_key(&mut out, key);
+            for _ in 0..3 {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        finish_replica_delta(&mut out, start, 2);
+        let runs = [
+            SlotRun { first: 0, slots: 2, remote: RemoteAddr { region: 3, addr: 64 } },
+            SlotRun { first: 2, slots: 1, remote: RemoteAddr { region: 4, addr: 0 } },
+        ];
+        encode_replica_ack(&mut out, 1, 7, 3, &runs);
+        let bodies: Vec<_> = Messages::new(&out).collect::<Result<_>>().unwrap();
+        let d = ReplicaDelta::decode(bodies[0], vl).unwrap();
+        assert_eq!((d.table, d.round, d.count), (1, 7, 2));
+        assert_eq!(d.item(1), (9, &[2.0f32.to_le_bytes(); 3].concat()[..]));
+        assert!(ReplicaDelta::decode(&bodies[0][..bodies[0].len() - 1], vl).is_err());
+        assert!(ReplicaDelta::decode(bodies[0], |_| None).is_err());
+        assert_eq!(decode_replica_ack(bodies[1]).unwrap(), (1, 7, 3, runs.to_vec()));
+        let mut gap = Vec::new();
+        encode_replica_ack(&mut gap, 1, 7, 4, &runs);
+        assert!(decode_replica_ack(&gap[4..]).is_err(), "runs must cover every key");
     }
 
     #[test]

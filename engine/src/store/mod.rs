@@ -15,7 +15,9 @@
 
 mod arena;
 mod latch;
+pub mod replica;
 pub mod slot;
+mod snapshot;
 
 use std::ptr;
 use std::sync::Arc;
@@ -25,7 +27,9 @@ use parking_lot::Mutex;
 
 pub use arena::{Arena, HUGE_PAGE, PageKind};
 pub use latch::{AllLatches, LatchGuard, Latches};
+pub use replica::ReplicaState;
 pub use slot::{AllGuard, KeyGuard, Reserved, Slot};
+pub use snapshot::Snapshot;
 
 use crate::config::{HugePages, TableSpec};
 use crate::error::{Error, Result};
@@ -126,6 +130,10 @@ pub struct TableStore {
     chunk_regions: Box<[AtomicU64]>,
     chunk_bases: Box<[AtomicU64]>,
     alloc: Mutex<Allocator>,
+    /// Replicated keys of the table, when it has any.
+    replicas: Option<ReplicaState>,
+    /// Per peer, the image of the replicated keys homed here that it refreshes from.
+    snapshots: Box<[Option<Snapshot>]>,
 }
 
 /// All tables of a node plus the latches that guard them.
@@ -161,11 +169,28 @@ impl Store {
         for (id, spec) in specs.iter().enumerate() {
             let partitioner = Partitioner::new(spec.keys, nodes, spec.partitioning);
             let home = partitioner.home_count(rank);
-            let table = TableStore::new(id as u16, spec.clone(), home, huge_pages)?;
+            let replicas = ReplicaState::new(spec, rank, nodes);
+            let table = TableStore::new(id as u16, spec.clone(), home, huge_pages, replicas)?;
             store.tables.push(table);
+            let id = id as u16;
             for key in partitioner.home_keys(rank) {
-                let slot = store.reserve(id as u16)?;
-                store.lock(id as u16, key).publish(slot);
+                let slot = store.reserve(id)?;
+                store.lock(id, key).publish(slot);
+            }
+            let (replica_keys, home_replicated): (Vec<u64>, usize) = match store.tables[id as usize].replicas() {
+                Some(r) => ((0..r.replicas() as u32).map(|o| r.key(o)).collect(), r.home_keys().len()),
+                None => (Vec::new(), 0),
+            };
+            if home_replicated > 0 {
+                let bytes = home_replicated * store.tables[id as usize].slot_bytes;
+                let images = (0..nodes)
+                    .map(|peer| if peer == rank { Ok(None) } else { Snapshot::new(bytes, &*store.registrar).map(Some) })
+                    .collect::<Result<Vec<_>>>()?;
+                store.tables[id as usize].snapshots = images.into_boxed_slice();
+            }
+            for key in replica_keys {
+                let slot = store.reserve(id)?;
+                store.lock(id, key).publish(slot);
             }
         }
         fence(Ordering::Release);
@@ -268,6 +293,32 @@ impl Store {
         *self.worst_page_kind.lock()
     }
 
+    /// Cuts `peer`'s image of `table`'s replicated keys homed here: each key's slot copied
+    /// under its latch. Returns where the peer reads it and how many slots it holds; `None` when
+    /// this node is home to none of the table's replicated keys.
+    pub fn cut_snapshot(&self, table: u16, peer: usize) -> Option<(RemoteAddr, u32)> {
+        let t = self.tables.get(table as usize)?;
+        let replicas = t.replicas()?;
+        let image = t.snapshots.get(peer)?.as_ref()?;
+        let slot_words = t.slot_bytes / 4;
+        for (i, &key) in replicas.home_keys().iter().enumerate() {
+            let guard = self.lock(table, key);
+            if let Some(slot) = guard.slot() {
+                image.put(i, slot_words, slot.version(), slot.words());
+            }
+        }
+        Some((image.remote(), replicas.home_keys().len() as u32))
+    }
+
+    /// `peer`'s current image of `table`'s replicated keys homed here, as a one-sided read
+    /// would copy it (for simulators and tests).
+    pub fn snapshot_bytes(&self, table: u16, peer: usize) -> Option<Vec<u8>> {
+        let t = self.tables.get(table as usize)?;
+        let image = t.snapshots.get(peer)?.as_ref()?;
+        let words = t.replicas()?.home_keys().len() * t.slot_bytes / 4;
+        Some(image.words()[..words].iter().flat_map(|w| w.load(Ordering::Acquire).to_le_bytes()).collect())
+    }
+
     /// Returns a slot to its table's free list.
     pub fn free(&self, slot: Reserved) {
         let t = &self.tables[slot.table as usize];
@@ -297,7 +348,7 @@ impl Store {
 }
 
 impl TableStore {
-    fn new(id: u16, spec: TableSpec, home_keys: usize, huge_pages: HugePages) -> Result<TableStore> {
+    fn new(id: u16, spec: TableSpec, home_keys: usize, huge_pages: HugePages, replicas: Option<ReplicaState>) -> Result<TableStore> {
         let value_len = spec.value_len;
         let value_bytes = value_len * spec.element.size();
         let slot_bytes = VALUES_OFFSET + value_bytes + 4;
@@ -343,6 +394,8 @@ impl TableStore {
             chunk_regions: (0..max_chunks).map(|_| AtomicU64::new(0)).collect(),
             chunk_bases: (0..max_chunks).map(|_| AtomicU64::new(0)).collect(),
             alloc: Mutex::new(Allocator { free: Vec::new(), fresh: 0, live: 0, arenas: Vec::new() }),
+            replicas,
+            snapshots: Box::new([]),
             spec,
         })
     }
@@ -418,6 +471,25 @@ impl TableStore {
         if was_here && !is_here {
             block.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+
+    /// The table's replicated keys on this node (`None` when it replicates nothing).
+    #[inline]
+    pub fn replicas(&self) -> Option<&ReplicaState> {
+        self.replicas.as_ref()
+    }
+
+    /// Whether `key` is replicated (a replica here, or homed here and replicated elsewhere).
+    #[inline]
+    pub fn is_replicated(&self, key: u64) -> bool {
+        self.replicas.as_ref().is_some_and(|r| r.is_replicated(key))
+    }
+
+    /// Where an operation routed away from the local pass should go for `key`: a replica
+    /// counts as elsewhere (only a set of a replicated key is routed, and it goes home).
+    #[inline]
+    pub fn route_residence(&self, key: u64) -> Residence {
+        if self.replicas.as_ref().is_some_and(|r| r.ordinal(key).is_some()) { Residence::Away } else { self.residence(key) }
     }
 
     /// The table's specification.

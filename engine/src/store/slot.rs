@@ -193,6 +193,16 @@ impl<'a> Slot<'a> {
         unsafe { std::ptr::copy_nonoverlapping(self.values.as_ptr() as *const u8, out.as_mut_ptr(), n) };
     }
 
+    /// The write counter (even: no write in progress, which holds under the key's latch).
+    pub fn version(&self) -> u32 {
+        self.tail.load(Ordering::Relaxed)
+    }
+
+    /// The value's words (f32 bits), for copying into a snapshot.
+    pub fn words(&self) -> impl Iterator<Item = u32> + '_ {
+        self.values.iter().map(|v| v.load(Ordering::Relaxed))
+    }
+
     /// Copies the value with atomic loads (for readers that hold no latch).
     #[inline]
     fn read_atomic(&self, out: &mut [f32]) {

@@ -14,6 +14,10 @@
 //! * `writes-queued`: rank 1 localizes every key of rank 0 and dies while the values are still
 //!   being written to it; rank 0's operations towards rank 1 fail, and every slot of a key that
 //!   left is freed once its write failed or completed.
+//! * `replicas`: every node pushes into its own lanes of replicated keys while pulling them,
+//!   recording times on the host's monotonic clock; rank 0 checks the bounded-staleness
+//!   guarantee on the gathered history and the exact sums after a barrier, and every rank
+//!   reports how many one-sided reads its refreshes issued.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -78,6 +82,12 @@ enum Scenario {
         #[arg(long, default_value_t = 20_000)]
         keys: u64,
     },
+    Replicas {
+        #[arg(long, default_value_t = 25)]
+        pushes: u32,
+        #[arg(long)]
+        dir: PathBuf,
+    },
 }
 
 fn main() -> Result<()> {
@@ -93,6 +103,7 @@ fn main() -> Result<()> {
         Scenario::Crash { workers } => crash(workers),
         Scenario::SendFailure { after } => send_failure(after),
         Scenario::WritesQueued { keys } => writes_queued(keys),
+        Scenario::Replicas { pushes, dir } => replicas(pushes, &dir),
     }
 }
 
@@ -490,5 +501,90 @@ fn writes_queued(keys: u64) -> Result<()> {
     println!("writes-queued ok: {error}; {held} keys still here, {in_use} slots in use");
     drop(worker);
     node.abort();
+    Ok(())
+}
+
+/// Replicated keys of the `replicas` scenario (homed at both ranks of a 2-node cluster).
+const REPLICATED: [u64; 6] = [1, 5, 9, 33, 40, 60];
+
+fn replicas(pushes: u32, dir: &std::path::Path) -> Result<()> {
+    use ferry::consistency::{TimedPull, TimedPush, check_bounded_staleness};
+    let staleness = Duration::from_millis(30);
+    let mut config = Config::from_env(vec![TableSpec::new("r", 64, LANES).replicating_keys(REPLICATED)])?;
+    config.staleness = staleness;
+    let mut node = Node::start(config)?;
+    println!("transport {}", node.transport());
+    let (rank, nodes) = (node.rank(), node.nodes());
+    ensure!((nodes as u32) * pushes < LANES as u32, "too many pushes for {LANES} lanes");
+    let table = node.table("r")?;
+    let mut worker = node.worker();
+    worker.barrier()?;
+    let mut text = String::new();
+    for i in 0..pushes {
+        let lane = 1 + rank as u32 * pushes + i;
+        for &key in &REPLICATED {
+            let issued = ferry_tcp::monotonic_ns();
+            worker.push(table, &[key], &push_update(lane, LANES))?;
+            text.push_str(&format!("push {key} {rank} {lane} {issued} {}\n", ferry_tcp::monotonic_ns()));
+            let mut value = vec![0.0; LANES];
+            let start = ferry_tcp::monotonic_ns();
+            worker.pull(table, &[key], &mut value)?;
+            let end = ferry_tcp::monotonic_ns();
+            let joined = value.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",");
+            text.push_str(&format!("pull {key} {rank} {start} {end} {joined}\n"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    worker.barrier()?;
+    let stats = node.stats().replication;
+    text.push_str(&format!("round {}\n", stats.round_time.max_ns));
+    std::fs::write(dir.join(format!("replicas-{rank}.txt")), text)?;
+    println!("refresh reads {} bytes {} over {}", stats.refresh_reads, stats.refresh_bytes, node.transport());
+    ensure!(stats.refresh_reads > 0, "no refresh read was issued");
+    worker.barrier()?;
+    // Every push, exactly once, in every replica after the barrier.
+    let mut out = vec![0.0; REPLICATED.len() * LANES];
+    worker.pull(table, &REPLICATED, &mut out)?;
+    for (k, value) in out.chunks(LANES).enumerate() {
+        let expected = (1..=(nodes as u32 * pushes) as usize).all(|l| value[l] == 1.0) && value[0] == 0.0;
+        ensure!(expected, "key {} after the barrier: {value:?}", REPLICATED[k]);
+    }
+    if rank == 0 {
+        let (mut pushes_by_key, mut pulls_by_key) = (vec![Vec::new(); REPLICATED.len()], vec![Vec::new(); REPLICATED.len()]);
+        let mut slowest = 0u64;
+        for r in 0..nodes {
+            for line in std::fs::read_to_string(dir.join(format!("replicas-{r}.txt")))?.lines() {
+                let f: Vec<&str> = line.split(' ').collect();
+                let index = |key: &str| -> Result<usize> {
+                    let key: u64 = key.parse()?;
+                    REPLICATED.iter().position(|&k| k == key).context("unknown key")
+                };
+                match f[..] {
+                    ["push", key, node, lane, issued, acked] => {
+                        pushes_by_key[index(key)?].push(TimedPush { node: node.parse()?, lane: lane.parse()?, issued: issued.parse()?, acked: acked.parse()? })
+                    }
+                    ["pull", key, node, start, end, value] => pulls_by_key[index(key)?].push(TimedPull {
+                        node: node.parse()?,
+                        start: start.parse()?,
+                        end: end.parse()?,
+                        value: value.split(',').map(str::parse).collect::<Result<Vec<f32>, _>>()?,
+                    }),
+                    ["round", max] => slowest = slowest.max(max.parse()?),
+                    _ => bail!("bad replicas line: {line}"),
+                }
+            }
+        }
+        // The guarantee holds while rounds are short against the bound: the bound checked is
+        // the configured one plus twice the slowest round either node saw.
+        let bound = staleness.as_nanos() as u64 + 2 * slowest;
+        for (k, &key) in REPLICATED.iter().enumerate() {
+            check_bounded_staleness(key, &pushes_by_key[k], &pulls_by_key[k], LANES, bound).map_err(|v| anyhow::anyhow!("staleness violation: {v:?}"))?;
+        }
+        let pulls: usize = pulls_by_key.iter().map(Vec::len).sum();
+        println!("replicas ok: {pulls} pulls within {} ms of every push, sums exact", bound / 1_000_000);
+    }
+    worker.barrier()?;
+    drop(worker);
+    node.finalize()?;
     Ok(())
 }

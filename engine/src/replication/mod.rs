@@ -1,0 +1,247 @@
+//! Replication of hot keys with a time-based staleness bound (NuPS, Section 3.2).
+//!
+//! A table names the keys it replicates ([`crate::TableSpec::replicating`]); every node keeps a
+//! replica of each, the key's home node keeps the authoritative value, and the key never
+//! relocates. Workers access a replica exactly like a key held here — one latch and a copy — and
+//! a push to a replica also accumulates in the replica's *delta* (see
+//! [`crate::store::ReplicaState`]).
+//!
+//! A background thread per node runs a **round** at least every half of the staleness bound
+//! (sooner after a slow round): it
+//!
+//! 1. ships, per table and home node, the dirty replicas' deltas as one REPLICA_DELTA (the
+//!    deltas are taken and zeroed under each key's latch);
+//! 2. waits for every home's REPLICA_ACK, sent once the deltas were added to the home's slots —
+//!    so the reads that follow see them — and naming where the replicated slots lie;
+//! 3. refreshes: reads the home's replicated slots, which the home allocated first and in key
+//!    order, as contiguous runs with **one-sided reads** (RDMA READ over verbs, served by the
+//!    peer's connection thread over TCP), each run three times: the first and third copies'
+//!    write counters bracket the second copy's values (a slot whose counters differ, or are odd,
+//!    caught a write and is read again); then, under each replica's latch, sets the replica to
+//!    the fresh value plus the delta accumulated since step 1.
+//!
+//! Worker barriers run a round before and after the cluster-wide barrier, so that every push
+//! before a barrier is visible in every replica after it, and [`crate::Node::finalize`] ships
+//! the last deltas home.
+//!
+//! # Guarantee
+//!
+//! A pull of a replicated key returns a value that includes every push of this node's workers
+//! before it, and every push acknowledged on any node at least `staleness` before it, as long as
+//! rounds take less than about a sixth of the bound (the statistics report round times and the
+//! staleness actually seen). Pushes are never lost or applied twice: a delta leaves a replica
+//! exactly once, and a node that is lost loses with it the deltas it had not shipped. A `set` of
+//! a replicated key goes to its home node; replicas see it at their next refresh, and deltas
+//! shipped after it are added to it.
+
+mod choose;
+mod round;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use parking_lot::{Condvar, Mutex};
+
+pub use choose::{AccessCounts, as_ranges, hot_keys};
+#[cfg(any(test, feature = "sim"))]
+pub(crate) use round::apply_image;
+pub(crate) use round::{RoundState, run_round, sync_since};
+
+use crate::protocol::wire::SlotRun;
+use crate::stats::{Latency, ReplicationStats, Stats};
+
+/// Acknowledgements kept for rounds at most (older ones are dropped first).
+const MAILBOX_LIMIT: usize = 4096;
+
+/// A home node's acknowledgement of one REPLICA_DELTA.
+#[derive(Debug, Clone)]
+pub struct Ack {
+    /// The home node.
+    pub from: u16,
+    /// The table.
+    pub table: u16,
+    /// The round acknowledged.
+    pub round: u32,
+    /// Where the home's replicated slots lie.
+    pub runs: Vec<SlotRun>,
+}
+
+/// Acknowledgements on their way from the protocol to the round waiting for them.
+#[derive(Default)]
+pub struct AckMailbox {
+    acks: Mutex<Vec<Ack>>,
+    arrived: Condvar,
+}
+
+impl AckMailbox {
+    /// Posts an acknowledgement (called by the protocol when REPLICA_ACK arrives).
+    pub fn post(&self, from: u16, table: u16, round: u32, runs: Vec<SlotRun>) {
+        let mut acks = self.acks.lock();
+        // Acknowledgements nobody waits for (a peer that misbehaves) must not pile up.
+        if acks.len() >= MAILBOX_LIMIT {
+            acks.remove(0);
+        }
+        acks.push(Ack { from, table, round, runs });
+        drop(acks);
+        self.arrived.notify_all();
+    }
+
+    /// Waits until each of `expected` (home, table) has acknowledged `round` (one per entry;
+    /// an entry may repeat), a home is no longer `alive`, or `deadline` passes. Returns the
+    /// acknowledgements received (older rounds' are dropped) and whether every one came.
+    pub fn wait(&self, round: u32, expected: &[(u16, u16)], deadline: Instant, alive: impl Fn(u16) -> bool) -> (Vec<Ack>, bool) {
+        let mut missing: Vec<(u16, u16)> = expected.to_vec();
+        let mut got = Vec::new();
+        let mut acks = self.acks.lock();
+        loop {
+            acks.retain(|a| a.round == round || round.wrapping_sub(a.round) > u32::MAX / 2);
+            let mut i = 0;
+            while i < acks.len() {
+                if acks[i].round == round
+                    && let Some(pos) = missing.iter().position(|&(h, t)| h == acks[i].from && t == acks[i].table)
+                {
+                    missing.swap_remove(pos);
+                    got.push(acks.swap_remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+            missing.retain(|&(h, _)| alive(h));
+            if missing.is_empty() {
+                return (got, true);
+            }
+            if self.arrived.wait_until(&mut acks, deadline.min(Instant::now() + std::time::Duration::from_millis(50))).timed_out() && Instant::now() >= deadline
+            {
+                return (got, false);
+            }
+        }
+    }
+}
+
+impl AckMailbox {
+    /// Without waiting: when every (home, table) of `expected` has acknowledged `round`, takes
+    /// and returns those acknowledgements (for drivers without threads, like the simulator).
+    pub fn take_if_complete(&self, round: u32, expected: &[(u16, u16)]) -> Option<Vec<Ack>> {
+        let mut acks = self.acks.lock();
+        let mut missing: Vec<(u16, u16)> = expected.to_vec();
+        let mut found = Vec::new();
+        for (i, a) in acks.iter().enumerate() {
+            if a.round == round
+                && let Some(pos) = missing.iter().position(|&(h, t)| h == a.from && t == a.table)
+            {
+                missing.swap_remove(pos);
+                found.push(i);
+            }
+        }
+        if !missing.is_empty() {
+            return None;
+        }
+        let mut taken = Vec::new();
+        for i in found.into_iter().rev() {
+            taken.push(acks.remove(i));
+        }
+        taken.reverse();
+        Some(taken)
+    }
+}
+
+/// A node's replication counters, refresh times and acknowledgement mailbox.
+pub struct Replication {
+    /// Per table: cluster time at which the last completed refresh began (0: never).
+    refreshed_at: Box<[AtomicU64]>,
+    staleness: Mutex<Histogram<u64>>,
+    round_time: Mutex<Histogram<u64>>,
+    rounds: AtomicU64,
+    shipped_keys: AtomicU64,
+    shipped_bytes: AtomicU64,
+    refresh_reads: AtomicU64,
+    refresh_bytes: AtomicU64,
+    refreshed_keys: AtomicU64,
+    torn_copies: AtomicU64,
+    mailbox: AckMailbox,
+}
+
+impl Replication {
+    /// Counters for `tables` tables.
+    pub fn new(tables: usize) -> Replication {
+        Replication {
+            refreshed_at: (0..tables).map(|_| AtomicU64::new(0)).collect(),
+            staleness: Mutex::new(crate::stats::latency_histogram()),
+            round_time: Mutex::new(crate::stats::latency_histogram()),
+            rounds: AtomicU64::new(0),
+            shipped_keys: AtomicU64::new(0),
+            shipped_bytes: AtomicU64::new(0),
+            refresh_reads: AtomicU64::new(0),
+            refresh_bytes: AtomicU64::new(0),
+            refreshed_keys: AtomicU64::new(0),
+            torn_copies: AtomicU64::new(0),
+            mailbox: AckMailbox::default(),
+        }
+    }
+
+    /// The acknowledgement mailbox.
+    pub fn mailbox(&self) -> &AckMailbox {
+        &self.mailbox
+    }
+
+    /// Records the age of `table`'s replicas as a worker reads one at cluster time `now`.
+    pub fn sample_staleness(&self, table: u16, now: u64) {
+        let at = self.refreshed_at.get(table as usize).map_or(0, |a| a.load(Ordering::Relaxed));
+        if at != 0 {
+            let _ = self.staleness.lock().record(now.saturating_sub(at).max(1));
+        }
+    }
+
+    /// `table`'s replicas were refreshed from reads that began at cluster time `at`.
+    pub(crate) fn note_refreshed(&self, table: u16, at: u64) {
+        if let Some(a) = self.refreshed_at.get(table as usize) {
+            a.store(at, Ordering::Relaxed);
+        }
+    }
+
+    /// Deltas shipped.
+    pub(crate) fn note_shipped(&self, keys: u64, bytes: u64) {
+        self.shipped_keys.fetch_add(keys, Ordering::Relaxed);
+        self.shipped_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn note_reads(&self, reads: u64, bytes: u64) {
+        self.refresh_reads.fetch_add(reads, Ordering::Relaxed);
+        self.refresh_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn note_refreshed_keys(&self, keys: u64, torn: u64) {
+        self.refreshed_keys.fetch_add(keys, Ordering::Relaxed);
+        self.torn_copies.fetch_add(torn, Ordering::Relaxed);
+    }
+
+    pub(crate) fn note_round(&self, nanos: u64) {
+        self.rounds.fetch_add(1, Ordering::Relaxed);
+        let _ = self.round_time.lock().record(nanos.max(1));
+    }
+
+    /// Forgets the staleness and round-time samples (for measuring phases).
+    pub fn reset_latencies(&self) {
+        self.staleness.lock().reset();
+        self.round_time.lock().reset();
+    }
+
+    /// Adds the counters to `s` (the replica accesses come from the workers' counters).
+    pub(crate) fn add_to(&self, s: &mut Stats) {
+        let r = &mut s.replication;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        *r = ReplicationStats {
+            replica_accesses: r.replica_accesses,
+            rounds: get(&self.rounds),
+            shipped_keys: get(&self.shipped_keys),
+            shipped_bytes: get(&self.shipped_bytes),
+            refresh_reads: get(&self.refresh_reads),
+            refresh_bytes: get(&self.refresh_bytes),
+            refreshed_keys: get(&self.refreshed_keys),
+            torn_copies: get(&self.torn_copies),
+            staleness: Latency::of(&self.staleness.lock()),
+            round_time: Latency::of(&self.round_time.lock()),
+        };
+    }
+}
