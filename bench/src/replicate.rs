@@ -62,7 +62,6 @@ pub fn run_node(quick: bool) -> Result<()> {
         let mut worker = node.worker();
         let table = node.table(&format!("hot{len}"))?;
         let keys: Vec<u64> = (0..n).collect();
-        // Every replica has a delta to ship in each round.
         let ones = vec![1.0f32; keys.len() * len];
         worker.barrier()?;
         if let Some(client) = client.as_mut() {
@@ -71,25 +70,33 @@ pub fn run_node(quick: bool) -> Result<()> {
             // The replicas homed at rank 1, read as slots of head, values and tail.
             let refreshed = n / 2;
             let bytes = refreshed as usize * (8 + 4 * len);
+            // Refresh-only rounds (no replica changed here: the deltas are empty), then rounds
+            // that also ship a delta for every replica.
+            let mut with_deltas_t = Vec::new();
             for _ in 0..rounds {
                 let mut raw = Duration::ZERO;
                 client.exchange(64, bytes, 1, |d| raw = d)?;
-                worker.push(table, &keys, &ones)?;
                 let t = Instant::now();
                 node.sync_replicas()?;
                 ferry_t.push(t.elapsed().as_secs_f64());
                 raw_t.push(raw.as_secs_f64());
+                worker.push(table, &keys, &ones)?;
+                let t = Instant::now();
+                node.sync_replicas()?;
+                with_deltas_t.push(t.elapsed().as_secs_f64());
             }
             let s = node.stats().since(&before).replication;
-            let (ferry_s, raw_s) = (median(&mut ferry_t), median(&mut raw_t));
+            let (ferry_s, raw_s, deltas_s) = (median(&mut ferry_t), median(&mut raw_t), median(&mut with_deltas_t));
+            let rounds = 2 * rounds;
             let figures = json!({
                 "keys_per_s": refreshed as f64 / ferry_s,
                 "bytes_per_s": bytes as f64 / ferry_s,
                 "raw_bytes_per_s": bytes as f64 / raw_s,
                 "round_ms": ferry_s * 1e3,
+                "round_with_deltas_ms": deltas_s * 1e3,
                 "reads_per_round": s.refresh_reads as f64 / rounds as f64,
                 "bytes_read_per_round": s.refresh_bytes as f64 / rounds as f64,
-                "shipped_keys_per_round": s.shipped_keys as f64 / rounds as f64,
+                "shipped_keys_per_round_with_deltas": 2.0 * s.shipped_keys as f64 / rounds as f64,
                 "torn_copies": s.torn_copies,
             });
             emit(record(
