@@ -1,4 +1,4 @@
-//! `ferry-bench replicate`: replica refresh between two processes — rounds run back to back,
+//! `ferry-bench replicate`: replica refresh between two processes — rounds run on demand,
 //! refresh throughput in keys/s and bytes/s against a raw TCP stream of the same bytes in the
 //! same run — and the staleness workers see under a configured bound while both nodes push and
 //! pull replicated keys.
@@ -70,12 +70,16 @@ pub fn run_node(quick: bool) -> Result<()> {
             // The replicas homed at rank 1, read as slots of head, values and tail.
             let refreshed = n / 2;
             let bytes = refreshed as usize * (8 + 4 * len);
-            // Refresh-only rounds (no replica changed here: the deltas are empty), then rounds
+            // Refresh-only rounds (every home slot changed by a set at the home, no replica
+            // changed here: the deltas are empty and the image holds every slot), then rounds
             // that also ship a delta for every replica.
+            let theirs: Vec<u64> = (n / 2..n).collect();
+            let values = vec![2.0f32; theirs.len() * len];
             let mut with_deltas_t = Vec::new();
             for _ in 0..rounds {
                 let mut raw = Duration::ZERO;
                 client.exchange(64, bytes, 1, |d| raw = d)?;
+                worker.set(table, &theirs, &values)?;
                 let t = Instant::now();
                 node.sync_replicas()?;
                 ferry_t.push(t.elapsed().as_secs_f64());

@@ -203,7 +203,7 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
         8 => wire::encode_barrier_failed(&mut out, rng.gen_range(0..2), rng.gen_range(1..4), rng.gen_range(0..NODES as u16)),
         9 => {
             // Mostly keys this node is home to (accepted), sometimes any key of the table.
-            let start = wire::begin_replica_delta(&mut out, table, rng.gen_range(0..4));
+            let start = wire::begin_replica_delta(&mut out, table, rng.gen_range(0..4), rng.gen_range(0..4));
             let count = rng.gen_range(0..6u32);
             for _ in 0..count {
                 let key = if table == 0 && rng.gen_bool(0.8) { rng.gen_range(REPLICATED[1].clone()) } else { rng.gen_range(0..keys) };
@@ -213,15 +213,12 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
             wire::finish_replica_delta(&mut out, start, count);
         }
         _ => {
-            // The run list matching what the sender holds (node 0: 8 keys, node 2: 10), or not.
+            // The key count the sender holds (node 0: 8 keys, node 2: 10), or not; positions of
+            // changed slots among them.
             let keys = if rng.gen_bool(0.8) { [8u32, 10][(peer / 2) as usize] } else { rng.gen_range(0..12) };
-            let split = rng.gen_range(0..=keys);
-            let runs: Vec<wire::SlotRun> = [(0, split), (split, keys - split)]
-                .into_iter()
-                .filter(|&(_, n)| n > 0)
-                .map(|(first, slots)| wire::SlotRun { first, slots, remote: RemoteAddr { region: rng.gen_range(0..3), addr: rng.gen_range(0..4096) } })
-                .collect();
-            wire::encode_replica_ack(&mut out, table, rng.gen_range(0..4), keys, &runs);
+            let positions: Vec<u32> = (0..keys).filter(|_| rng.gen_bool(0.5)).collect();
+            let image = wire::ReplicaImage { remote: RemoteAddr { region: rng.gen_range(0..3), addr: rng.gen_range(0..4096) }, positions };
+            wire::encode_replica_ack(&mut out, table, rng.gen_range(0..4), keys, rng.gen_bool(0.8).then_some(&image));
         }
     }
     out

@@ -668,9 +668,11 @@ impl Sim {
             r.round += 1;
             let round = r.round;
             let homes: Vec<u16> = (0..self.opts.nodes as u16).filter(|&h| h as usize != node).collect();
+            // Full images in a node's first round; then only slots that changed.
+            let full = round == 1;
             let mut sent = Vec::new();
             self.node_event(node, |step, _, _| {
-                sent = step.ship_replica_deltas(round, &homes);
+                sent = step.ship_replica_deltas(round, &homes, full);
                 Ok(Progress::Done)
             })?;
             self.log(format!("node {node} ships round {round} ({} messages)", sent.len()));
@@ -680,18 +682,14 @@ impl Sim {
         let r = &mut self.replication[node];
         let (Some((round, _, began)), Some(acks)) = (r.waiting.take(), r.acks.take()) else { return Ok(()) };
         for ack in &acks {
-            let Some(image) = self.nodes[ack.from as usize].core.store().snapshot_bytes(ack.table, node) else {
+            let Some(image) = &ack.image else { continue };
+            let store = self.nodes[ack.from as usize].core.store();
+            let Some(bytes) = store.snapshot_bytes(ack.table, node, image.positions.len()) else {
                 return Err(format!("node {} acknowledged round {round} of node {node} without an image", ack.from));
             };
-            for run in &ack.runs {
-                let slot_bytes = self.nodes[node].core.store().table(ack.table).slot_bytes();
-                let bytes = image
-                    .get(run.first as usize * slot_bytes..(run.first + run.slots) as usize * slot_bytes)
-                    .ok_or("an acknowledged run lies beyond the image")?;
-                let (_, torn) = crate::replication::apply_image(self.nodes[node].core.store(), ack.from, ack.table, run.first, bytes);
-                if torn > 0 {
-                    return Err(format!("node {node} read {torn} torn slot images from node {}", ack.from));
-                }
+            let (_, torn) = crate::replication::apply_image(self.nodes[node].core.store(), ack.from, ack.table, &image.positions, &bytes);
+            if torn > 0 {
+                return Err(format!("node {node} read {torn} torn slot images from node {}", ack.from));
             }
         }
         self.log(format!("node {node} refreshed its replicas (round {round})"));

@@ -6,7 +6,7 @@
 //! [`crate::replication`]; see there for the round as a whole.
 
 use super::Step;
-use super::wire::{self, ReplicaDelta, SlotRun};
+use super::wire::{self, REPLICA_CUT, REPLICA_FULL, ReplicaDelta, ReplicaImage};
 use crate::error::{Error, Result};
 use crate::replication::AckMailbox;
 use crate::stats::MessageKind;
@@ -15,8 +15,10 @@ impl Step<'_, '_> {
     /// Ships, for every table with replicas and every live home node in `homes`, the deltas of
     /// this node's replicas homed there as one REPLICA_DELTA of round `round` (an empty one
     /// when nothing changed: its acknowledgement is what orders the refresh after the apply).
-    /// Returns the (home, table) pairs messaged; each is answered by one REPLICA_ACK.
-    pub fn ship_replica_deltas(&mut self, round: u32, homes: &[u16]) -> Vec<(u16, u16)> {
+    /// With `full`, each home's image holds every replicated slot, changed or not (the first
+    /// round, or after a refresh failed). Returns the (home, table) pairs messaged, once per
+    /// message; each is answered by one REPLICA_ACK, the last one with the image.
+    pub fn ship_replica_deltas(&mut self, round: u32, homes: &[u16], full: bool) -> Vec<(u16, u16)> {
         let store = self.core.store().clone();
         let mut sent = Vec::new();
         for t in store.tables() {
@@ -33,7 +35,7 @@ impl Step<'_, '_> {
                 loop {
                     let out = self.tx.buf(home);
                     let before = out.len();
-                    let start = wire::begin_replica_delta(out, t.id(), round);
+                    let start = wire::begin_replica_delta(out, t.id(), round, 0);
                     let mut count = 0u32;
                     while out.len() - start < limit
                         && let Some(ordinal) = items.next()
@@ -44,12 +46,16 @@ impl Step<'_, '_> {
                         replicas.take_delta(ordinal, out);
                         count += 1;
                     }
+                    let last = items.peek().is_none();
+                    if last {
+                        wire::set_replica_delta_flags(out, start, REPLICA_CUT | if full { REPLICA_FULL } else { 0 });
+                    }
                     wire::finish_replica_delta(out, start, count);
                     let bytes = out.len() - before;
                     self.tx.sent(home, MessageKind::Replica, bytes);
                     self.core.replication().note_shipped(count as u64, bytes as u64);
                     sent.push((home, t.id()));
-                    if items.peek().is_none() {
+                    if last {
                         break;
                     }
                 }
@@ -80,15 +86,18 @@ impl Step<'_, '_> {
                 None => return Err(Error::Protocol(format!("replicated key {key} of table {} is not held at its home", delta.table))),
             }
         }
-        // The peer's image is cut now, after its deltas were applied: its refresh reads it.
-        let runs: Vec<SlotRun> = match store.cut_snapshot(delta.table, from as usize) {
-            Some((remote, slots)) if slots > 0 => vec![SlotRun { first: 0, slots, remote }],
-            _ => Vec::new(),
+        // After the shipment's last message the peer's image is cut, its deltas applied: its
+        // refresh reads it.
+        let image = if delta.flags & REPLICA_CUT != 0 {
+            let (remote, positions) = store.cut_snapshot(delta.table, from as usize, delta.flags & REPLICA_FULL != 0).unwrap_or_default();
+            Some(ReplicaImage { remote, positions })
+        } else {
+            None
         };
         let keys = replicas.home_keys().len() as u32;
         let out = self.tx.buf(from);
         let before = out.len();
-        wire::encode_replica_ack(out, delta.table, delta.round, keys, &runs);
+        wire::encode_replica_ack(out, delta.table, delta.round, keys, image.as_ref());
         let bytes = out.len() - before;
         self.tx.sent(from, MessageKind::Replica, bytes);
         Ok(())
@@ -96,7 +105,7 @@ impl Step<'_, '_> {
 
     /// A REPLICA_ACK arrived: hands it to the replication round waiting for it.
     pub(crate) fn handle_replica_ack(&mut self, from: u16, body: &[u8]) -> Result<()> {
-        let (table, round, keys, runs) = wire::decode_replica_ack(body)?;
+        let (table, round, keys, image) = wire::decode_replica_ack(body)?;
         let expected = self.core.store().tables().get(table as usize).and_then(|t| t.replicas()).map(|r| r.homed_at(from as usize).len() as u32);
         if expected != Some(keys) {
             return Err(Error::Protocol(format!(
@@ -104,7 +113,7 @@ impl Step<'_, '_> {
             )));
         }
         let mailbox: &AckMailbox = self.core.replication().mailbox();
-        mailbox.post(from, table, round, runs);
+        mailbox.post(from, table, round, image);
         Ok(())
     }
 }

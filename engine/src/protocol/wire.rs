@@ -14,8 +14,8 @@
 //! | LOCALIZE_FAILED | code u8, pad u16, table u16, node u16, count u32, pad u32, resv u32×count |
 //! | BARRIER, BARRIER_RELEASE | kind u8, pad u16, generation u32 |
 //! | BARRIER_FAILED | kind u8, pad u16, generation u32, lost node u16 |
-//! | REPLICA_DELTA | pad u8, table u16, round u32, count u32, (key u64, values)×count |
-//! | REPLICA_ACK | pad u8, table u16, round u32, keys u32, runs u32, (first slot u32, slots u32, region u32, pad u32, addr u64)×runs |
+//! | REPLICA_DELTA | flags u8 (CUT: the shipment's last message, cut an image; FULL: of every replicated slot), table u16, round u32, count u32, (key u64, values)×count |
+//! | REPLICA_ACK | flags u8 (CUT: an image was cut), table u16, round u32, keys u32, changed u32, region u32, pad u32, addr u64, position u32×changed |
 
 use crate::error::{Error, Result};
 use crate::store::RemoteAddr;
@@ -718,14 +718,20 @@ pub fn decode_barrier_failed(b: &[u8]) -> Result<(u8, u32, u16)> {
 
 /// Header bytes of REPLICA_DELTA and REPLICA_ACK (type byte included).
 pub const REPLICA_HEADER: usize = 12;
-/// Bytes of one run in REPLICA_ACK.
-pub const REPLICA_RUN: usize = 24;
+/// Bytes of REPLICA_ACK before its positions.
+pub const REPLICA_ACK_HEADER: usize = REPLICA_HEADER + 4 + 16;
+/// REPLICA_DELTA flag: the sender's replicas may be stale whether or not the home's slots changed
+/// (its first round, or a refresh that failed): the image must hold every replicated slot.
+pub const REPLICA_FULL: u8 = 1;
+/// REPLICA_DELTA flag: the last message of a round's shipment, after which the home cuts the
+/// sender's image; REPLICA_ACK flag: this acknowledgement carries the image.
+pub const REPLICA_CUT: u8 = 2;
 
 /// Starts a REPLICA_DELTA of `table` for round `round`; append `(key, values)` items with
-/// [`push_replica_delta_item`] and close it with [`finish_replica_delta`].
-pub fn begin_replica_delta(out: &mut Vec<u8>, table: u16, round: u32) -> usize {
+/// [`push_replica_delta_key`] and close it with [`finish_replica_delta`].
+pub fn begin_replica_delta(out: &mut Vec<u8>, table: u16, round: u32, flags: u8) -> usize {
     let start = begin(out, msg::REPLICA_DELTA);
-    out.push(0);
+    out.push(flags);
     out.extend_from_slice(&table.to_le_bytes());
     out.extend_from_slice(&round.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
@@ -737,6 +743,11 @@ pub fn push_replica_delta_key(out: &mut Vec<u8>, key: u64) {
     out.extend_from_slice(&key.to_le_bytes());
 }
 
+/// Sets the flags of a REPLICA_DELTA begun at `start`.
+pub fn set_replica_delta_flags(out: &mut [u8], start: usize, flags: u8) {
+    out[start + 5] = flags;
+}
+
 /// Closes a REPLICA_DELTA of `count` items begun at `start`.
 pub fn finish_replica_delta(out: &mut [u8], start: usize, count: u32) {
     out[start + 4 + 8..start + 4 + 12].copy_from_slice(&count.to_le_bytes());
@@ -746,6 +757,8 @@ pub fn finish_replica_delta(out: &mut [u8], start: usize, count: u32) {
 /// A decoded REPLICA_DELTA.
 #[derive(Debug, Clone, Copy)]
 pub struct ReplicaDelta<'a> {
+    /// REPLICA_FULL and REPLICA_CUT bits.
+    pub flags: u8,
     /// Table id.
     pub table: u16,
     /// The sender's round.
@@ -764,12 +777,15 @@ impl<'a> ReplicaDelta<'a> {
         }
         let table = u16_at(b, 2);
         let vl = value_len(table).ok_or_else(|| bad(format!("REPLICA_DELTA for unknown table {table}")))?;
+        if b[1] & !(REPLICA_FULL | REPLICA_CUT) != 0 {
+            return Err(bad(format!("REPLICA_DELTA with unknown flags {:#x}", b[1])));
+        }
         let count = u32_at(b, 8) as usize;
         let item_bytes = 8 + vl * 4;
         if count.checked_mul(item_bytes) != Some(b.len() - REPLICA_HEADER) {
             return Err(bad(format!("REPLICA_DELTA of {count} items has {} bytes", b.len())));
         }
-        Ok(ReplicaDelta { table, round: u32_at(b, 4), count, items: &b[REPLICA_HEADER..], item_bytes })
+        Ok(ReplicaDelta { flags: b[1], table, round: u32_at(b, 4), count, items: &b[REPLICA_HEADER..], item_bytes })
     }
 
     /// Item `i`: its key and its values as little-endian bytes.
@@ -779,60 +795,56 @@ impl<'a> ReplicaDelta<'a> {
     }
 }
 
-/// One contiguous run of slot images on a home node, as REPLICA_ACK describes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlotRun {
-    /// The run's first slot (= position among the home's replicated keys, in key order).
-    pub first: u32,
-    /// Slots in the run.
-    pub slots: u32,
-    /// Where the run's first slot is reached.
+/// Where a home node cut a peer's image, and which replicated slots it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaImage {
+    /// Where the image starts.
     pub remote: RemoteAddr,
+    /// Per slot image, in order: the key's position among the home's replicated keys (in key
+    /// order). Strictly increasing.
+    pub positions: Vec<u32>,
 }
 
-/// Encodes REPLICA_ACK: round `round` of `table` is applied; the home's `keys` replicated keys
-/// can be read in `runs`.
-pub fn encode_replica_ack(out: &mut Vec<u8>, table: u16, round: u32, keys: u32, runs: &[SlotRun]) {
+/// Encodes REPLICA_ACK: round `round` of `table` is applied; of the home's `keys` replicated
+/// keys, those in `image` (when one was cut) changed and can be read there.
+pub fn encode_replica_ack(out: &mut Vec<u8>, table: u16, round: u32, keys: u32, image: Option<&ReplicaImage>) {
     let start = begin(out, msg::REPLICA_ACK);
-    out.push(0);
+    let empty = ReplicaImage { remote: RemoteAddr { region: 0, addr: 0 }, positions: Vec::new() };
+    out.push(if image.is_some() { REPLICA_CUT } else { 0 });
+    let image = image.unwrap_or(&empty);
     out.extend_from_slice(&table.to_le_bytes());
     out.extend_from_slice(&round.to_le_bytes());
     out.extend_from_slice(&keys.to_le_bytes());
-    out.extend_from_slice(&(runs.len() as u32).to_le_bytes());
-    for r in runs {
-        out.extend_from_slice(&r.first.to_le_bytes());
-        out.extend_from_slice(&r.slots.to_le_bytes());
-        out.extend_from_slice(&r.remote.region.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
-        out.extend_from_slice(&r.remote.addr.to_le_bytes());
+    out.extend_from_slice(&(image.positions.len() as u32).to_le_bytes());
+    out.extend_from_slice(&image.remote.region.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&image.remote.addr.to_le_bytes());
+    for p in &image.positions {
+        out.extend_from_slice(&p.to_le_bytes());
     }
     finish(out, start);
 }
 
-/// A decoded REPLICA_ACK: (table, round, keys, runs). The runs must cover `0..keys` in order.
-pub fn decode_replica_ack(b: &[u8]) -> Result<(u16, u32, u32, Vec<SlotRun>)> {
-    if b.len() < REPLICA_HEADER + 4 {
+/// A decoded REPLICA_ACK: (table, round, keys, image when one was cut). Positions must be
+/// strictly increasing and below `keys`.
+pub fn decode_replica_ack(b: &[u8]) -> Result<(u16, u32, u32, Option<ReplicaImage>)> {
+    if b.len() < REPLICA_ACK_HEADER {
         return Err(bad("short REPLICA_ACK"));
     }
-    let (table, round, keys, count) = (u16_at(b, 2), u32_at(b, 4), u32_at(b, 8), u32_at(b, 12) as usize);
-    if count.checked_mul(REPLICA_RUN) != Some(b.len() - REPLICA_HEADER - 4) {
-        return Err(bad(format!("REPLICA_ACK of {count} runs has {} bytes", b.len())));
+    let (table, round, keys, changed) = (u16_at(b, 2), u32_at(b, 4), u32_at(b, 8), u32_at(b, 12) as usize);
+    if changed.checked_mul(4) != Some(b.len() - REPLICA_ACK_HEADER) {
+        return Err(bad(format!("REPLICA_ACK of {changed} positions has {} bytes", b.len())));
     }
-    let mut runs = Vec::with_capacity(count);
-    let mut next = 0u32;
-    for i in 0..count {
-        let at = REPLICA_HEADER + 4 + i * REPLICA_RUN;
-        let run = SlotRun { first: u32_at(b, at), slots: u32_at(b, at + 4), remote: RemoteAddr { region: u32_at(b, at + 8), addr: u64_at(b, at + 16) } };
-        if run.first != next || run.slots == 0 || run.first.checked_add(run.slots).is_none_or(|end| end > keys) {
-            return Err(bad("REPLICA_ACK runs do not cover its keys in order"));
-        }
-        next = run.first + run.slots;
-        runs.push(run);
+    let remote = RemoteAddr { region: u32_at(b, 16), addr: u64_at(b, 24) };
+    let positions: Vec<u32> = (0..changed).map(|i| u32_at(b, REPLICA_ACK_HEADER + 4 * i)).collect();
+    if positions.windows(2).any(|w| w[0] >= w[1]) || positions.last().is_some_and(|&p| p >= keys) {
+        return Err(bad("REPLICA_ACK positions are not increasing below its key count"));
     }
-    if next != keys {
-        return Err(bad("REPLICA_ACK runs do not cover its keys"));
+    match b[1] {
+        REPLICA_CUT => Ok((table, round, keys, Some(ReplicaImage { remote, positions }))),
+        0 if positions.is_empty() => Ok((table, round, keys, None)),
+        other => Err(bad(format!("REPLICA_ACK with flags {other:#x} and {} positions", positions.len()))),
     }
-    Ok((table, round, keys, runs))
 }
 
 fn begin(out: &mut Vec<u8>, ty: u8) -> usize {
@@ -859,7 +871,7 @@ mod tests {
     #[test]
     fn replica_messages_round_trip() {
         let mut out = Vec::new();
-        let start = begin_replica_delta(&mut out, 1, 7);
+        let start = begin_replica_delta(&mut out, 1, 7, REPLICA_FULL | REPLICA_CUT);
         for (key, v) in [(5u64, 1.0f32), (9, 2.0)] {
             push_replica_delta_key(&mut out, key);
             for _ in 0..3 {
@@ -867,21 +879,23 @@ mod tests {
             }
         }
         finish_replica_delta(&mut out, start, 2);
-        let runs = [
-            SlotRun { first: 0, slots: 2, remote: RemoteAddr { region: 3, addr: 64 } },
-            SlotRun { first: 2, slots: 1, remote: RemoteAddr { region: 4, addr: 0 } },
-        ];
-        encode_replica_ack(&mut out, 1, 7, 3, &runs);
+        let image = ReplicaImage { remote: RemoteAddr { region: 3, addr: 64 }, positions: vec![0, 2, 5] };
+        encode_replica_ack(&mut out, 1, 7, 6, Some(&image));
+        encode_replica_ack(&mut out, 1, 7, 6, None);
         let bodies: Vec<_> = Messages::new(&out).collect::<Result<_>>().unwrap();
         let d = ReplicaDelta::decode(bodies[0], vl).unwrap();
-        assert_eq!((d.table, d.round, d.count), (1, 7, 2));
+        assert_eq!((d.flags, d.table, d.round, d.count), (REPLICA_FULL | REPLICA_CUT, 1, 7, 2));
         assert_eq!(d.item(1), (9, &[2.0f32.to_le_bytes(); 3].concat()[..]));
         assert!(ReplicaDelta::decode(&bodies[0][..bodies[0].len() - 1], vl).is_err());
         assert!(ReplicaDelta::decode(bodies[0], |_| None).is_err());
-        assert_eq!(decode_replica_ack(bodies[1]).unwrap(), (1, 7, 3, runs.to_vec()));
-        let mut gap = Vec::new();
-        encode_replica_ack(&mut gap, 1, 7, 4, &runs);
-        assert!(decode_replica_ack(&gap[4..]).is_err(), "runs must cover every key");
+        assert_eq!(decode_replica_ack(bodies[1]).unwrap(), (1, 7, 6, Some(image.clone())));
+        assert_eq!(decode_replica_ack(bodies[2]).unwrap(), (1, 7, 6, None));
+        let mut beyond = Vec::new();
+        encode_replica_ack(&mut beyond, 1, 7, 5, Some(&image));
+        assert!(decode_replica_ack(&beyond[4..]).is_err(), "positions must lie below the key count");
+        let mut unordered = Vec::new();
+        encode_replica_ack(&mut unordered, 1, 7, 6, Some(&ReplicaImage { positions: vec![2, 2], ..image }));
+        assert!(decode_replica_ack(&unordered[4..]).is_err(), "positions must increase");
     }
 
     #[test]

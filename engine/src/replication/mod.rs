@@ -11,14 +11,17 @@
 //!
 //! 1. ships, per table and home node, the dirty replicas' deltas as one REPLICA_DELTA (the
 //!    deltas are taken and zeroed under each key's latch);
-//! 2. waits for every home's REPLICA_ACK, sent once the deltas were added to the home's slots —
-//!    so the reads that follow see them — and naming where the replicated slots lie;
-//! 3. refreshes: reads the home's replicated slots, which the home allocated first and in key
-//!    order, as contiguous runs with **one-sided reads** (RDMA READ over verbs, served by the
-//!    peer's connection thread over TCP), each run three times: the first and third copies'
-//!    write counters bracket the second copy's values (a slot whose counters differ, or are odd,
-//!    caught a write and is read again); then, under each replica's latch, sets the replica to
-//!    the fresh value plus the delta accumulated since step 1.
+//! 2. waits for every home's REPLICA_ACK, sent once the deltas were added to the home's slots;
+//!    with the last one the home cuts this node's *image* (see [`crate::store::Snapshot`]): the
+//!    replicated slots whose version moved since they last went into it (all of them when asked
+//!    with REPLICA_FULL), each copied under its latch, packed, their positions listed in the
+//!    acknowledgement;
+//! 3. refreshes: reads each image with **one one-sided read** (RDMA READ over verbs, served by
+//!    the peer's connection thread over TCP), checks each slot image's versions, and, under each
+//!    replica's latch, sets the replica to the image's value plus the delta accumulated since
+//!    step 1. A replica whose home slot did not change keeps its value, which is still the home
+//!    value plus this node's unshipped pushes. After any failure the next round asks for full
+//!    images.
 //!
 //! Worker barriers run a round before and after the cluster-wide barrier, so that every push
 //! before a barrier is visible in every replica after it, and [`crate::Node::finalize`] ships
@@ -48,7 +51,7 @@ pub use choose::{AccessCounts, as_ranges, hot_keys};
 pub(crate) use round::apply_image;
 pub(crate) use round::{RoundState, run_round, sync_since};
 
-use crate::protocol::wire::SlotRun;
+use crate::protocol::wire::ReplicaImage;
 use crate::stats::{Latency, ReplicationStats, Stats};
 
 /// Acknowledgements kept for rounds at most (older ones are dropped first).
@@ -63,8 +66,8 @@ pub struct Ack {
     pub table: u16,
     /// The round acknowledged.
     pub round: u32,
-    /// Where the home's replicated slots lie.
-    pub runs: Vec<SlotRun>,
+    /// The image cut for this node (on the last acknowledgement of a shipment).
+    pub image: Option<ReplicaImage>,
 }
 
 /// Acknowledgements on their way from the protocol to the round waiting for them.
@@ -76,13 +79,13 @@ pub struct AckMailbox {
 
 impl AckMailbox {
     /// Posts an acknowledgement (called by the protocol when REPLICA_ACK arrives).
-    pub fn post(&self, from: u16, table: u16, round: u32, runs: Vec<SlotRun>) {
+    pub fn post(&self, from: u16, table: u16, round: u32, image: Option<ReplicaImage>) {
         let mut acks = self.acks.lock();
         // Acknowledgements nobody waits for (a peer that misbehaves) must not pile up.
         if acks.len() >= MAILBOX_LIMIT {
             acks.remove(0);
         }
-        acks.push(Ack { from, table, round, runs });
+        acks.push(Ack { from, table, round, image });
         drop(acks);
         self.arrived.notify_all();
     }

@@ -5,12 +5,12 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::protocol::Progress;
-use crate::protocol::wire::SlotRun;
+use crate::protocol::wire::ReplicaImage;
 use crate::runtime::NodeInner;
 use crate::store::TableStore;
 
 /// Rounds of one node; held while a round runs, so rounds never overlap.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct RoundState {
     /// The last round's number.
     round: u32,
@@ -18,6 +18,14 @@ pub(crate) struct RoundState {
     last_completed_start: u64,
     /// How long the last round took.
     pub last_duration: Duration,
+    /// The last round did not refresh everything (or none ran yet): ask for full images.
+    stale: bool,
+}
+
+impl Default for RoundState {
+    fn default() -> RoundState {
+        RoundState { round: 0, last_completed_start: 0, last_duration: Duration::ZERO, stale: true }
+    }
 }
 
 /// Runs a round unless one that began at or after cluster time `since` has completed.
@@ -38,8 +46,9 @@ pub(crate) fn run_round(node: &NodeInner, state: &mut RoundState) -> Result<()> 
     let rank = node.config.rank;
     let homes: Vec<u16> = (0..node.config.nodes).filter(|&h| h != rank && node.fabric.is_alive(h)).map(|h| h as u16).collect();
     let mut sent = Vec::new();
+    let full = state.stale;
     node.run_pooled(|step, _, _| {
-        sent = step.ship_replica_deltas(round, &homes);
+        sent = step.ship_replica_deltas(round, &homes, full);
         Ok(Progress::Done)
     })?;
     let replication = node.core.replication();
@@ -49,19 +58,17 @@ pub(crate) fn run_round(node: &NodeInner, state: &mut RoundState) -> Result<()> 
         if complete { Ok(()) } else { Err(Error::Timeout { what: "replica deltas to be acknowledged", millis: node.config.op_timeout.as_millis() as u64 }) };
     let reads_began = node.now();
     let mut refreshed_tables = vec![true; node.config.tables.len()];
-    let mut seen = std::collections::HashSet::new();
     for ack in &acks {
-        // A split shipment is acknowledged once per message; one refresh per home suffices.
-        if !seen.insert((ack.from, ack.table)) {
-            continue;
-        }
-        if let Err(e) = refresh(node, ack.from, ack.table, &ack.runs) {
+        // A split shipment is acknowledged once per message; the last one carries the image.
+        let Some(image) = &ack.image else { continue };
+        if let Err(e) = refresh(node, ack.from, ack.table, image) {
             refreshed_tables[ack.table as usize] = false;
             if outcome.is_ok() {
                 outcome = Err(e);
             }
         }
     }
+    state.stale = outcome.is_err();
     if complete {
         for (table, ok) in refreshed_tables.into_iter().enumerate() {
             if ok && node.core.store().table(table as u16).replicas().is_some() {
@@ -75,47 +82,38 @@ pub(crate) fn run_round(node: &NodeInner, state: &mut RoundState) -> Result<()> 
     outcome
 }
 
-/// Refreshes this node's replicas of `table` homed at `home` from the image in `runs`: one
-/// one-sided read per run, each slot's versions checked.
-fn refresh(node: &NodeInner, home: u16, table: u16, runs: &[SlotRun]) -> Result<()> {
+/// Refreshes this node's replicas of `table` homed at `home` from `image`: one one-sided read,
+/// each slot image's versions checked. A torn slot image fails the refresh (the next round asks
+/// for full images).
+fn refresh(node: &NodeInner, home: u16, table: u16, image: &ReplicaImage) -> Result<()> {
     let store = node.core.store();
     let t = store.table(table);
-    if t.replicas().is_none() {
+    if t.replicas().is_none() || image.positions.is_empty() {
         return Ok(());
     }
-    let slot_bytes = t.slot_bytes();
-    let mut copy = Vec::new();
-    let (mut reads, mut bytes, mut refreshed, mut torn) = (0u64, 0u64, 0u64, 0u64);
-    let mut outcome = Ok(());
-    for run in runs {
-        copy.resize(run.slots as usize * slot_bytes, 0);
-        if let Err(e) = node.fabric.read(home as usize, run.remote, &mut copy, node.config.op_timeout) {
-            outcome = Err(e);
-            break;
-        }
-        reads += 1;
-        bytes += copy.len() as u64;
-        let (ok, bad) = apply_image(store, home, table, run.first, &copy);
-        refreshed += ok;
-        torn += bad;
-    }
+    let mut copy = vec![0u8; image.positions.len() * t.slot_bytes()];
+    node.fabric.read(home as usize, image.remote, &mut copy, node.config.op_timeout)?;
+    let (refreshed, torn) = apply_image(store, home, table, &image.positions, &copy);
     let replication = node.core.replication();
-    replication.note_reads(reads, bytes);
+    replication.note_reads(1, copy.len() as u64);
     replication.note_refreshed_keys(refreshed, torn);
-    outcome
+    if torn > 0 {
+        return Err(Error::Protocol(format!("{torn} slot images read from node {home} were torn")));
+    }
+    Ok(())
 }
 
-/// Applies an image read from `home`: slot images of `table`'s replicated keys homed there,
-/// starting at position `first` among them. Each replica becomes the image's value plus this
-/// node's unshipped delta. Returns (replicas refreshed, slot images rejected as torn).
-pub(crate) fn apply_image(store: &crate::store::Store, home: u16, table: u16, first: u32, image: &[u8]) -> (u64, u64) {
+/// Applies an image read from `home`: slot images of `table`'s replicated keys homed there, the
+/// i-th at `positions[i]` among them. Each replica becomes the image's value plus this node's
+/// unshipped delta. Returns (replicas refreshed, slot images rejected as torn).
+pub(crate) fn apply_image(store: &crate::store::Store, home: u16, table: u16, positions: &[u32], image: &[u8]) -> (u64, u64) {
     let t = store.table(table);
     let Some(replicas) = t.replicas() else { return (0, 0) };
     let homed = replicas.homed_at(home as usize);
     let mut value = vec![0f32; t.value_len()];
     let (mut refreshed, mut torn) = (0, 0);
-    for (i, slot_image) in image.chunks_exact(t.slot_bytes()).enumerate() {
-        let ordinal = homed.start + first + i as u32;
+    for (&position, slot_image) in positions.iter().zip(image.chunks_exact(t.slot_bytes())) {
+        let ordinal = homed.start + position;
         if ordinal >= homed.end {
             break;
         }

@@ -60,7 +60,7 @@ pub enum Residence {
 }
 
 /// Where a peer can reach a slot with one-sided operations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct RemoteAddr {
     /// Region key (the transport's region id, or an RDMA rkey).
     pub region: u32,
@@ -184,7 +184,7 @@ impl Store {
             if home_replicated > 0 {
                 let bytes = home_replicated * store.tables[id as usize].slot_bytes;
                 let images = (0..nodes)
-                    .map(|peer| if peer == rank { Ok(None) } else { Snapshot::new(bytes, &*store.registrar).map(Some) })
+                    .map(|peer| if peer == rank { Ok(None) } else { Snapshot::new(home_replicated, bytes, &*store.registrar).map(Some) })
                     .collect::<Result<Vec<_>>>()?;
                 store.tables[id as usize].snapshots = images.into_boxed_slice();
             }
@@ -293,30 +293,42 @@ impl Store {
         *self.worst_page_kind.lock()
     }
 
-    /// Cuts `peer`'s image of `table`'s replicated keys homed here: each key's slot copied
-    /// under its latch. Returns where the peer reads it and how many slots it holds; `None` when
-    /// this node is home to none of the table's replicated keys.
-    pub fn cut_snapshot(&self, table: u16, peer: usize) -> Option<(RemoteAddr, u32)> {
+    /// Cuts `peer`'s image of `table`'s replicated keys homed here: the slots whose version
+    /// moved since they last went into this peer's image (all of them with `full`), each copied
+    /// under its latch and packed from the image's start. Returns where the peer reads it and
+    /// the positions (among the replicated keys homed here, in key order) of the slots it
+    /// holds; `None` when this node is home to none of the table's replicated keys.
+    pub fn cut_snapshot(&self, table: u16, peer: usize, full: bool) -> Option<(RemoteAddr, Vec<u32>)> {
         let t = self.tables.get(table as usize)?;
         let replicas = t.replicas()?;
         let image = t.snapshots.get(peer)?.as_ref()?;
+        if full {
+            image.forget_sent();
+        }
         let slot_words = t.slot_bytes / 4;
+        let mut positions = Vec::new();
         for (i, &key) in replicas.home_keys().iter().enumerate() {
             let guard = self.lock(table, key);
             if let Some(slot) = guard.slot() {
-                image.put(i, slot_words, slot.version(), slot.words());
+                let version = slot.version();
+                let sent = image.sent(i);
+                if sent.load(Ordering::Relaxed) != version {
+                    image.put(positions.len(), slot_words, version, slot.words());
+                    sent.store(version, Ordering::Relaxed);
+                    positions.push(i as u32);
+                }
             }
         }
-        Some((image.remote(), replicas.home_keys().len() as u32))
+        Some((image.remote(), positions))
     }
 
-    /// `peer`'s current image of `table`'s replicated keys homed here, as a one-sided read
-    /// would copy it (for simulators and tests).
-    pub fn snapshot_bytes(&self, table: u16, peer: usize) -> Option<Vec<u8>> {
+    /// The first `slots` slot images of `peer`'s current image of `table`, as a one-sided read
+    /// would copy them (for simulators and tests).
+    pub fn snapshot_bytes(&self, table: u16, peer: usize, slots: usize) -> Option<Vec<u8>> {
         let t = self.tables.get(table as usize)?;
         let image = t.snapshots.get(peer)?.as_ref()?;
-        let words = t.replicas()?.home_keys().len() * t.slot_bytes / 4;
-        Some(image.words()[..words].iter().flat_map(|w| w.load(Ordering::Acquire).to_le_bytes()).collect())
+        let words = slots * t.slot_bytes / 4;
+        Some(image.words().get(..words)?.iter().flat_map(|w| w.load(Ordering::Acquire).to_le_bytes()).collect())
     }
 
     /// Returns a slot to its table's free list.
@@ -784,5 +796,23 @@ mod tests {
             assert!(s.table(0).read_optimistic(key, &mut out));
             assert_eq!(out[0], key as f32);
         }
+    }
+
+    #[test]
+    fn images_hold_the_slots_that_changed_since_the_last_cut() {
+        // Rank 0 of 2, range partitioning: keys 0..8 homed here, 2, 3 and 6 replicated.
+        let specs = [TableSpec::new("t", 16, 2).replicating_keys([2, 3, 6, 12])];
+        let store = Store::new(0, 2, &specs, 16, HugePages::Off, Arc::new(LocalRegistrar::default())).unwrap();
+        let (_, all) = store.cut_snapshot(0, 1, false).unwrap();
+        assert_eq!(all, vec![0, 1, 2], "the first image holds every replicated slot homed here");
+        assert_eq!(store.cut_snapshot(0, 1, false).unwrap().1, Vec::<u32>::new(), "nothing changed since");
+        store.lock(0, 6).slot().unwrap().add(&[1.0, 2.0]);
+        assert_eq!(store.cut_snapshot(0, 1, false).unwrap().1, vec![2]);
+        let image = store.snapshot_bytes(0, 1, 1).unwrap();
+        assert_eq!(validate_slot_copy(&image, 2).unwrap(), &le(&[1.0, 2.0])[..]);
+        assert_eq!(store.cut_snapshot(0, 1, true).unwrap().1, vec![0, 1, 2], "a full cut holds every slot again");
+        assert!(store.cut_snapshot(0, 0, false).is_none(), "no image for this node itself");
+        // Key 12 is a replica here: pushes to it are the replica's, not the image's.
+        assert!(store.table(0).replicas().unwrap().ordinal(12).is_some());
     }
 }

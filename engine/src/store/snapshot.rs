@@ -11,6 +11,11 @@
 //! one writes a peer's image between the acknowledgement and that peer's read (the peer sends
 //! its next deltas only after reading), so the read needs no retries; the versions are checked
 //! anyway.
+//!
+//! Only slots whose version moved since they last went into that peer's image are cut (packed at
+//! the image's start, their positions listed in the acknowledgement): a replica whose home slot
+//! did not change is still its home value plus the peer's own unshipped pushes. A peer whose
+//! refresh failed asks for everything again (REPLICA_FULL).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -22,17 +27,24 @@ pub struct Snapshot {
     /// Heap memory is enough: the image is read sequentially, and its address never moves.
     words: Box<[AtomicU32]>,
     remote: RemoteAddr,
+    /// Per replicated key (by position): its slot version when last put into this image;
+    /// [`NEVER`] before the first time, or after the peer asked for everything.
+    sent: Box<[AtomicU32]>,
 }
 
+/// A version no slot has (versions are even outside a write).
+pub const NEVER: u32 = u32::MAX;
+
 impl Snapshot {
-    /// An image of `bytes` bytes (zeroed), registered with `registrar` for peers' one-sided
-    /// reads.
-    pub fn new(bytes: usize, registrar: &dyn Registrar) -> Result<Snapshot> {
+    /// An image of up to `keys` slot images of `bytes` bytes in all (zeroed), registered with
+    /// `registrar` for peers' one-sided reads.
+    pub fn new(keys: usize, bytes: usize, registrar: &dyn Registrar) -> Result<Snapshot> {
         let words: Box<[AtomicU32]> = (0..bytes.div_ceil(4).max(1)).map(|_| AtomicU32::new(0)).collect();
+        let sent = (0..keys).map(|_| AtomicU32::new(NEVER)).collect();
         // SAFETY: the boxed slice stays allocated, at the same address, as long as the
         // snapshot, which the store keeps until it is dropped after the fabric shut down.
         let handle = unsafe { registrar.register(words.as_ptr() as *mut u8, words.len() * 4)? };
-        Ok(Snapshot { words, remote: RemoteAddr { region: handle.region, addr: handle.remote_base } })
+        Ok(Snapshot { words, remote: RemoteAddr { region: handle.region, addr: handle.remote_base }, sent })
     }
 
     /// The image as words.
@@ -43,6 +55,18 @@ impl Snapshot {
     /// Where peers read the image.
     pub fn remote(&self) -> RemoteAddr {
         self.remote
+    }
+
+    /// The version of the key at `position` when last put into this image ([`NEVER`]: not yet).
+    pub fn sent(&self, position: usize) -> &AtomicU32 {
+        &self.sent[position]
+    }
+
+    /// Forgets what was sent: the next cut holds every key.
+    pub fn forget_sent(&self) {
+        for s in self.sent.iter() {
+            s.store(NEVER, Ordering::Relaxed);
+        }
     }
 
     /// Writes slot `index` of the image: `version`, the value's words, `version`.
