@@ -215,6 +215,12 @@ pub struct Config {
     /// accumulated updates to their home nodes and refreshes its replicas every half of it.
     /// `FERRY_STALENESS` sets it.
     pub staleness: Duration,
+    /// Who may join the cluster: the shared secret (`FERRY_SECRET`, or the contents of
+    /// `FERRY_SECRET_FILE`) and the job id (`FERRY_JOB_ID`, else Slurm's `SLURM_JOB_ID`). Without
+    /// a secret the cluster must run on loopback (see docs/SECURITY.md).
+    pub membership: ferry_tcp::Membership,
+    /// Refuse to start without a secret (`FERRY_REQUIRE_SECRET=1`).
+    pub require_secret: bool,
     /// Fault injection for tests: sending to peer `.0` fails after `.1` more send operations
     /// (a `sendmsg` over TCP, a post over verbs), and the connection breaks as it would on a
     /// real failure. `FERRY_FAIL_SENDS=peer:count` sets it.
@@ -265,6 +271,8 @@ impl Config {
             part_bytes: 256 << 10,
             shards: 16,
             staleness: Duration::from_millis(40),
+            membership: ferry_tcp::Membership::default(),
+            require_secret: false,
             fail_sends_after: None,
         }
     }
@@ -281,6 +289,7 @@ impl Config {
         }
         config.apply_transport_env(|name| std::env::var(name).ok())?;
         config.apply_timeout_env(|name| std::env::var(name).ok())?;
+        config.apply_membership_env(|name| std::env::var(name).ok())?;
         Ok(config)
     }
 
@@ -299,6 +308,35 @@ impl Config {
                 *field = parse_duration(name, &v)?;
             }
         }
+        Ok(())
+    }
+
+    /// Applies membership settings from the environment: `FERRY_SECRET` (the secret itself) or
+    /// `FERRY_SECRET_FILE` (a file holding it; surrounding whitespace is ignored),
+    /// `FERRY_JOB_ID` (else `SLURM_JOB_ID`), and `FERRY_REQUIRE_SECRET=1`.
+    pub fn apply_membership_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
+        let set = |name: &str| get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        match (set("FERRY_SECRET"), set("FERRY_SECRET_FILE")) {
+            (Some(_), Some(_)) => return Err(Error::Config("set FERRY_SECRET or FERRY_SECRET_FILE, not both".into())),
+            (Some(secret), None) => self.membership.secret = Some(secret.into_bytes()),
+            (None, Some(file)) => {
+                let text = std::fs::read_to_string(&file).map_err(|e| Error::Config(format!("FERRY_SECRET_FILE={file}: {e}")))?;
+                let secret = text.trim();
+                if secret.is_empty() {
+                    return Err(Error::Config(format!("FERRY_SECRET_FILE={file} is empty")));
+                }
+                self.membership.secret = Some(secret.as_bytes().to_vec());
+            }
+            (None, None) => {}
+        }
+        if let Some(job) = set("FERRY_JOB_ID").or_else(|| set("SLURM_JOB_ID")) {
+            self.membership.job = job;
+        }
+        self.require_secret = match set("FERRY_REQUIRE_SECRET").as_deref() {
+            None | Some("0") => self.require_secret,
+            Some("1") => true,
+            Some(other) => return Err(Error::Config(format!("FERRY_REQUIRE_SECRET='{other}' is neither 0 nor 1"))),
+        };
         Ok(())
     }
 
@@ -370,6 +408,24 @@ impl Config {
         if self.tables.iter().any(|t| !t.replicated.is_empty()) && self.staleness < Duration::from_millis(1) {
             return bad(format!("the staleness bound must be at least 1 ms, not {:?}", self.staleness));
         }
+        if self.membership.secret.as_ref().is_some_and(|s| s.len() < 16) {
+            return bad("the cluster secret must have at least 16 bytes".into());
+        }
+        if self.membership.secret.is_none() && self.nodes > 1 {
+            if self.require_secret {
+                return bad("FERRY_REQUIRE_SECRET=1 but no cluster secret is set (FERRY_SECRET or FERRY_SECRET_FILE)".into());
+            }
+            // Without a secret anybody who reaches the coordinator could join: loopback only.
+            use std::net::ToSocketAddrs;
+            if let Ok(addrs) = self.coordinator.to_socket_addrs()
+                && addrs.into_iter().any(|a| !a.ip().is_loopback())
+            {
+                return bad(format!(
+                    "no cluster secret is set, so the cluster may only run on loopback, but the coordinator is {}: set FERRY_SECRET or FERRY_SECRET_FILE on every node (docs/SECURITY.md)",
+                    self.coordinator
+                ));
+            }
+        }
         if self.max_message_bytes < 4096 {
             return bad("max_message_bytes must be at least 4096".into());
         }
@@ -405,22 +461,43 @@ impl Config {
     /// A fingerprint of everything that must be identical on all nodes (tables and protocol
     /// switches); nodes compare it at start-up.
     pub fn fingerprint(&self) -> u64 {
+        fnv1a(self.fingerprint_text().as_bytes())
+    }
+
+    /// The settings the fingerprint covers, as `name=value;` fields (tables as
+    /// `table NAME=keys:value_len:partitioning:element:replicated;`), so that a mismatch can be
+    /// named.
+    pub fn fingerprint_text(&self) -> String {
         let mut text = format!(
-            "nodes={};relocation={};caches={};transport={:?};staleness={};",
+            "nodes={};relocation={};caches={};transport={:?};staleness={:?};tables={};",
             self.nodes,
             self.relocation,
             self.location_caches,
             self.transport,
-            self.staleness.as_nanos()
+            self.staleness,
+            self.tables.len()
         );
         for t in &self.tables {
-            text.push_str(&format!("{}:{}:{}:{:?}:{:?}:", t.name, t.keys, t.value_len, t.partitioning, t.element));
+            text.push_str(&format!("table {}={}:{}:{:?}:{:?}:", t.name, t.keys, t.value_len, t.partitioning, t.element));
             for r in &t.replicated {
                 text.push_str(&format!("{}-{},", r.start, r.end));
             }
             text.push(';');
         }
-        fnv1a(text.as_bytes())
+        text
+    }
+
+    /// The first setting in which two fingerprint texts differ, as "ours vs theirs".
+    pub fn first_difference(ours: &str, theirs: &str) -> String {
+        let (a, b): (Vec<&str>, Vec<&str>) = (ours.split(';').collect(), theirs.split(';').collect());
+        let clip = |s: &str| if s.len() > 120 { format!("{}…", &s[..s.floor_char_boundary(120)]) } else { s.to_string() };
+        for i in 0..a.len().max(b.len()) {
+            let (x, y) = (a.get(i).copied().unwrap_or("(nothing)"), b.get(i).copied().unwrap_or("(nothing)"));
+            if x != y {
+                return format!("{} here vs {} there", clip(x), clip(y));
+            }
+        }
+        "nothing (the texts are equal)".into()
     }
 }
 
@@ -566,5 +643,48 @@ mod tests {
         let mut c = Config::new(vec![TableSpec::new("a", 10, 1)]);
         c.rank = 1;
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn a_mismatch_names_the_setting() {
+        let a = Config::new(vec![TableSpec::new("emb", 10, 4)]);
+        let mut b = a.clone();
+        b.staleness = Duration::from_millis(80);
+        assert_eq!(Config::first_difference(&a.fingerprint_text(), &b.fingerprint_text()), "staleness=40ms here vs staleness=80ms there");
+        let mut c = a.clone();
+        c.tables[0].value_len = 8;
+        assert!(Config::first_difference(&a.fingerprint_text(), &c.fingerprint_text()).starts_with("table emb=10:4:"));
+        assert_ne!(a.fingerprint(), c.fingerprint());
+    }
+
+    #[test]
+    fn membership_from_the_environment_and_its_rules() {
+        let mut c = Config::new(vec![TableSpec::new("t", 4, 1)]);
+        c.nodes = 2;
+        c.coordinator = "127.0.0.1:7000".into();
+        assert!(c.validate().is_ok(), "loopback without a secret is allowed");
+        c.coordinator = "10.1.2.3:7000".into();
+        assert!(matches!(c.validate(), Err(Error::Config(m)) if m.contains("loopback")), "elsewhere a secret is needed");
+        c.apply_membership_env(|k| (k == "FERRY_SECRET").then(|| "0123456789abcdef!".to_string())).unwrap();
+        assert!(c.validate().is_ok());
+        assert!(!format!("{c:?}").contains("0123456789abcdef!"), "the secret is not printed");
+        c.apply_membership_env(|k| (k == "SLURM_JOB_ID").then(|| "4242".to_string())).unwrap();
+        assert_eq!(c.membership.job, "4242");
+        let mut short = Config::new(vec![TableSpec::new("t", 4, 1)]);
+        short.apply_membership_env(|k| (k == "FERRY_SECRET").then(|| "short".to_string())).unwrap();
+        assert!(matches!(short.validate(), Err(Error::Config(m)) if m.contains("16 bytes")));
+        let mut required = Config::new(vec![TableSpec::new("t", 4, 1)]);
+        required.nodes = 2;
+        required.apply_membership_env(|k| (k == "FERRY_REQUIRE_SECRET").then(|| "1".to_string())).unwrap();
+        assert!(matches!(required.validate(), Err(Error::Config(m)) if m.contains("FERRY_REQUIRE_SECRET")));
+        let file = std::env::temp_dir().join(format!("ferry-secret-{}", std::process::id()));
+        std::fs::write(&file, "  file-secret-0123456789\n").unwrap();
+        let path = file.to_str().unwrap().to_string();
+        required.apply_membership_env(|k| (k == "FERRY_SECRET_FILE").then(|| path.clone())).unwrap();
+        assert_eq!(required.membership.secret.as_deref(), Some(&b"file-secret-0123456789"[..]));
+        assert!(required.validate().is_ok());
+        std::fs::remove_file(&file).unwrap();
+        let both = |k: &str| matches!(k, "FERRY_SECRET" | "FERRY_SECRET_FILE").then(|| "x".repeat(20));
+        assert!(Config::new(vec![]).apply_membership_env(both).is_err());
     }
 }

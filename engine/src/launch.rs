@@ -81,6 +81,21 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
         Some(c) => c.clone(),
         None => format!("127.0.0.1:{}", free_loopback_port()?),
     };
+    // The processes of this launch share a fresh secret (unless the caller gave one): nothing
+    // else can join their cluster, and two launches on one port never merge.
+    let secret = match std::env::var("FERRY_SECRET")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| spec.env.iter().find(|(k, _)| k == "FERRY_SECRET").map(|(_, v)| v.clone()))
+    {
+        Some(s) => s,
+        None => {
+            use rand::RngCore;
+            let mut bytes = [0u8; 24];
+            rand::rngs::OsRng.fill_bytes(&mut bytes);
+            bytes.iter().map(|b| format!("{b:02x}")).collect()
+        }
+    };
     let on_line = Arc::new(on_line);
     let mut children: Vec<Child> = Vec::new();
     let mut readers = Vec::new();
@@ -90,6 +105,7 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
             .env("FERRY_RANK", rank.to_string())
             .env("FERRY_NODES", spec.nodes.to_string())
             .env("FERRY_COORDINATOR", &coordinator)
+            .env("FERRY_SECRET", &secret)
             .envs(spec.env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -166,7 +166,7 @@ fn bad_input_returns_errors() {
     w.pull(table, &[], &mut []).unwrap();
     w.push(table, &[], &[]).unwrap();
     w.localize(table, &[]).unwrap();
-    // A mismatched configuration is refused at start-up.
+    // A mismatched configuration is refused at start-up, naming the setting.
     let port = ferry::launch::free_loopback_port().unwrap();
     let starts: Vec<_> = (0..2)
         .map(|rank| {
@@ -179,7 +179,7 @@ fn bad_input_returns_errors() {
         })
         .collect();
     for s in starts {
-        assert!(matches!(s.join().unwrap(), Err(Error::Config(_))));
+        assert!(matches!(s.join().unwrap(), Err(Error::Config(m)) if m.contains("table m=10:1") && m.contains("table m=11:1")));
     }
     drop(w);
     finalize_all(cluster);
@@ -277,7 +277,7 @@ fn a_peer_that_breaks_the_protocol_is_disconnected() {
     }
     let mut fingerprint_config = c.clone();
     fingerprint_config.nodes = 3;
-    let fingerprint = fingerprint_config.fingerprint().to_le_bytes();
+    let fingerprint = fingerprint_config.fingerprint_text().into_bytes();
     let (mut rendezvous, mesh) = ferry_tcp::join_cluster(2, 3, &coordinator, ferry_tcp::MeshConfig::default()).unwrap();
     rendezvous.all_gather(&fingerprint, Duration::from_secs(10)).unwrap();
     rendezvous.clock_offset_ns(Duration::from_secs(10)).unwrap();

@@ -67,3 +67,33 @@ fn the_readme_example_runs_on_two_processes() {
     let out = std::process::Command::new(binary("ferry")).args(["launch", "-n", "2", "--timeout", "60", "--"]).arg(&example).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Two jobs started on one coordinator port with different secrets: rank 0 of job A and rank 1
+/// of job B. They never merge: B's node is refused, naming the secret, and A's coordinator gives
+/// up naming the rank that never joined. With the same secret but another job id, the same.
+#[test]
+fn jobs_with_different_secrets_or_ids_never_merge() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let node = move |rank: usize, secret: &str, job: &str| {
+        std::process::Command::new(binary("ferry-testnode"))
+            .args(["sums", "--workers", "1", "--rounds", "5"])
+            .env("FERRY_RANK", rank.to_string())
+            .env("FERRY_NODES", "2")
+            .env("FERRY_COORDINATOR", format!("127.0.0.1:{port}"))
+            .env("FERRY_SECRET", secret)
+            .env("FERRY_JOB_ID", job)
+            .env("FERRY_START_TIMEOUT", "4s")
+            .output()
+            .unwrap()
+    };
+    for (secret_b, job_b) in [("secret-of-job-b-0123", "1"), ("secret-of-job-a-0123", "2")] {
+        let a = std::thread::spawn(move || node(0, "secret-of-job-a-0123", "1"));
+        std::thread::sleep(Duration::from_millis(200));
+        let b = node(1, secret_b, job_b);
+        let a = a.join().unwrap();
+        let (ea, eb) = (String::from_utf8_lossy(&a.stderr), String::from_utf8_lossy(&b.stderr));
+        assert!(!a.status.success() && !b.status.success(), "the two jobs merged");
+        assert!(eb.contains("does not hold this job's cluster secret"), "job B's node: {eb}");
+        assert!(ea.contains("ranks [1] never joined"), "job A's coordinator: {ea}");
+    }
+}

@@ -14,6 +14,7 @@
 
 #![warn(missing_docs)]
 
+mod auth;
 mod error;
 mod frame;
 mod mesh;
@@ -21,6 +22,7 @@ mod outq;
 mod region;
 mod setup;
 
+pub use auth::Membership;
 pub use error::{AccessError, TransportError};
 pub use frame::{FrameKind, HEADER_LEN, Header, MAGIC};
 pub use mesh::{Handler, LandedWrite, Mesh, MeshConfig, MeshStats, WriteBatch};

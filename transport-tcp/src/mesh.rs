@@ -35,6 +35,8 @@ pub struct MeshConfig {
     /// Fault injection for tests: sending to peer `.0` fails after `.1` more sends, as a
     /// failing `sendmsg` would.
     pub fail_sends_after: Option<(usize, u64)>,
+    /// Who may join the rendezvous and the mesh (see [`crate::Membership`]).
+    pub membership: crate::Membership,
 }
 
 impl Default for MeshConfig {
@@ -45,6 +47,7 @@ impl Default for MeshConfig {
             peer_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(30),
             fail_sends_after: None,
+            membership: crate::Membership::default(),
         }
     }
 }

@@ -5,17 +5,26 @@
 //! a blob and receives everybody's) which the engine uses to exchange listening addresses and
 //! configuration fingerprints, and a clock round so that nodes can relate their monotonic clocks.
 //! Finally the higher rank of every pair connects to the lower one.
+//!
+//! Every connection starts with the membership handshake (see [`crate::Membership`]): a
+//! connection that fails it — a stranger without the secret, another job, garbage, or one that
+//! idles past a short deadline — is dropped and logged, and set-up goes on with the others.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use crate::auth::{MAC, Membership, NONCE};
 use crate::error::{TransportError, io_err};
 use crate::mesh::{Mesh, MeshConfig};
 
 const RENDEZVOUS_MAGIC: &[u8; 8] = b"FERRY-RV";
 const MESH_MAGIC: &[u8; 8] = b"FERRY-MS";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// Bytes of a greeting: magic, version, rank, node count.
+const HELLO: usize = 20;
+/// How long an accepted connection may take to complete its handshake.
+const HANDSHAKE: Duration = Duration::from_secs(5);
 const MAX_BLOB: usize = 64 << 20;
 const CLOCK_ROUNDS: usize = 8;
 
@@ -82,6 +91,51 @@ fn parse_hello(magic: &[u8; 8], blob: &[u8]) -> Result<(usize, usize), String> {
     Ok((rank, nodes))
 }
 
+/// The connecting side of the membership handshake: greeting and nonce out, the acceptor's
+/// greeting, nonce and MAC back (checked), this side's MAC out. Returns the acceptor's (rank,
+/// node count), or why it is not a member of this job.
+fn handshake_connect(stream: &mut TcpStream, magic: &[u8; 8], rank: usize, nodes: usize, m: &Membership) -> Result<(usize, usize), String> {
+    let mut first = hello(magic, rank, nodes);
+    first.extend_from_slice(&Membership::nonce());
+    write_blob(stream, &first).map_err(|e| format!("sending the greeting: {e}"))?;
+    let second = read_blob(stream).map_err(|e| format!("waiting for its greeting: {e}"))?;
+    if second.len() != HELLO + NONCE + MAC || &second[..8] != magic {
+        // A refusal is plain text.
+        return Err(format!("it answered '{}'", String::from_utf8_lossy(&second[..second.len().min(200)])));
+    }
+    let peer = parse_hello(magic, &second[..HELLO])?;
+    if !m.verify("accept", &[&first, &second[..HELLO + NONCE]], &second[HELLO + NONCE..]) {
+        return Err("it does not hold this job's cluster secret, or runs another job (FERRY_SECRET, FERRY_JOB_ID)".into());
+    }
+    write_blob(stream, &m.mac("connect", &[&first, &second])).map_err(|e| format!("sending the proof: {e}"))?;
+    Ok(peer)
+}
+
+/// The accepting side of the membership handshake. Returns the connecting node's (rank, node
+/// count), or why it is not a member of this job.
+fn handshake_accept(stream: &mut TcpStream, magic: &[u8; 8], rank: usize, nodes: usize, m: &Membership) -> Result<(usize, usize), String> {
+    let first = read_blob(stream).map_err(|e| format!("no greeting: {e}"))?;
+    if first.len() != HELLO + NONCE {
+        return Err("not a Ferry node (bad greeting)".into());
+    }
+    let peer = parse_hello(magic, &first[..HELLO])?;
+    let mut second = hello(magic, rank, nodes);
+    second.extend_from_slice(&Membership::nonce());
+    let tag = m.mac("accept", &[&first, &second]);
+    second.extend_from_slice(&tag);
+    write_blob(stream, &second).map_err(|e| format!("answering: {e}"))?;
+    let proof = read_blob(stream).map_err(|e| format!("no proof: {e}"))?;
+    if !m.verify("connect", &[&first, &second], &proof) {
+        return Err(format!("node {} of {} does not hold this job's cluster secret, or runs another job", peer.0, peer.1));
+    }
+    Ok(peer)
+}
+
+/// Gives an accepted connection the shorter of the handshake deadline and `deadline`.
+fn set_handshake_deadline(stream: &TcpStream, deadline: Instant) -> Result<(), TransportError> {
+    set_deadline(stream, deadline.min(Instant::now() + HANDSHAKE))
+}
+
 fn resolve(address: &str) -> Result<SocketAddr, TransportError> {
     address
         .to_socket_addrs()
@@ -114,7 +168,8 @@ fn set_deadline(stream: &TcpStream, deadline: Instant) -> Result<(), TransportEr
 impl Rendezvous {
     /// Joins the rendezvous: rank 0 listens on `coordinator` and waits for the others; the
     /// others connect to it (retrying until `timeout`, since the coordinator may start later).
-    pub fn join(rank: usize, nodes: usize, coordinator: &str, timeout: Duration) -> Result<Rendezvous, TransportError> {
+    /// Only holders of `membership`'s secret in its job get in.
+    pub fn join(rank: usize, nodes: usize, coordinator: &str, timeout: Duration, membership: &Membership) -> Result<Rendezvous, TransportError> {
         if nodes == 0 || rank >= nodes {
             return Err(setup_err(format!("rank {rank} is not below the node count {nodes}")));
         }
@@ -127,12 +182,13 @@ impl Rendezvous {
         }
         let addr = resolve(coordinator)?;
         if rank == 0 {
-            Self::serve(nodes, addr, deadline)
+            Self::serve(nodes, addr, deadline, membership)
         } else {
             let mut stream = connect_with_retry(addr, deadline, "the coordinator (rank 0)")?;
             set_deadline(&stream, deadline)?;
             stream.set_nodelay(true).map_err(io_err("setting TCP_NODELAY"))?;
-            write_blob(&mut stream, &hello(RENDEZVOUS_MAGIC, rank, nodes)).map_err(io_err("greeting the coordinator"))?;
+            handshake_connect(&mut stream, RENDEZVOUS_MAGIC, rank, nodes, membership)
+                .map_err(|e| setup_err(format!("the coordinator at {addr} did not let this node in: {e}")))?;
             let answer = read_blob(&mut stream).map_err(io_err("waiting for the coordinator to accept this node"))?;
             if answer != b"OK" {
                 return Err(setup_err(format!("the coordinator refused this node: {}", String::from_utf8_lossy(&answer))));
@@ -142,7 +198,7 @@ impl Rendezvous {
         }
     }
 
-    fn serve(nodes: usize, addr: SocketAddr, deadline: Instant) -> Result<Rendezvous, TransportError> {
+    fn serve(nodes: usize, addr: SocketAddr, deadline: Instant, membership: &Membership) -> Result<Rendezvous, TransportError> {
         let listener = bind_reusable(addr).map_err(|e| setup_err(format!("the coordinator cannot listen on {addr}: {e}")))?;
         listener.set_nonblocking(true).map_err(io_err("configuring the coordinator socket"))?;
         let mut members: Vec<Option<TcpStream>> = (0..nodes).map(|_| None).collect();
@@ -153,8 +209,8 @@ impl Rendezvous {
                 let missing: Vec<usize> = (1..nodes).filter(|&r| members[r].is_none()).collect();
                 return Err(setup_err(format!("rendezvous timed out: ranks {missing:?} never joined")));
             }
-            let mut stream = match listener.accept() {
-                Ok((s, _)) => s,
+            let (mut stream, from) = match listener.accept() {
+                Ok(accepted) => accepted,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
@@ -162,20 +218,27 @@ impl Rendezvous {
                 Err(e) => return Err(io_err("accepting a node")(e)),
             };
             stream.set_nonblocking(false).map_err(io_err("configuring a socket"))?;
+            set_handshake_deadline(&stream, deadline)?;
+            // Strangers are dropped, and set-up goes on; members that proved the secret but do
+            // not fit this cluster stop it, saying why.
+            let (rank, n) = match handshake_accept(&mut stream, RENDEZVOUS_MAGIC, 0, nodes, membership) {
+                Ok(peer) => peer,
+                Err(e) => {
+                    tracing::warn!("the coordinator dropped a connection from {from}: {e}");
+                    continue;
+                }
+            };
             set_deadline(&stream, deadline)?;
-            let Ok(blob) = read_blob(&mut stream) else { continue };
-            let refusal = match parse_hello(RENDEZVOUS_MAGIC, &blob) {
-                Err(e) => Some(e),
-                Ok((_, n)) if n != nodes => Some(format!("it announced {n} nodes but the coordinator was started for {nodes}")),
-                Ok((r, _)) if r == 0 || r >= nodes => Some(format!("rank {r} is out of range for {nodes} nodes")),
-                Ok((r, _)) if members[r].is_some() => Some(format!("rank {r} joined twice")),
-                Ok(_) => None,
+            let refusal = match (rank, n) {
+                (_, n) if n != nodes => Some(format!("it announced {n} nodes but the coordinator was started for {nodes}")),
+                (r, _) if r == 0 || r >= nodes => Some(format!("rank {r} is out of range for {nodes} nodes")),
+                (r, _) if members[r].is_some() => Some(format!("rank {r} joined twice (two processes were started with FERRY_RANK={r})")),
+                _ => None,
             };
             if let Some(reason) = refusal {
                 let _ = write_blob(&mut stream, reason.as_bytes());
                 return Err(setup_err(format!("a node could not join: {reason}")));
             }
-            let (rank, _) = parse_hello(RENDEZVOUS_MAGIC, &blob).expect("validated");
             write_blob(&mut stream, b"OK").map_err(io_err("accepting a node"))?;
             stream.set_nodelay(true).map_err(io_err("setting TCP_NODELAY"))?;
             if local_ip.is_unspecified() {
@@ -295,9 +358,7 @@ pub fn connect_mesh(rank: usize, addresses: &[SocketAddr], listener: TcpListener
     for (peer, addr) in addresses.iter().enumerate().take(rank) {
         let mut stream = connect_with_retry(*addr, deadline, &format!("node {peer}"))?;
         set_deadline(&stream, deadline)?;
-        write_blob(&mut stream, &hello(MESH_MAGIC, rank, nodes)).map_err(io_err(format!("greeting node {peer}")))?;
-        let answer = read_blob(&mut stream).map_err(io_err(format!("waiting for node {peer}")))?;
-        match parse_hello(MESH_MAGIC, &answer) {
+        match handshake_connect(&mut stream, MESH_MAGIC, rank, nodes, &config.membership) {
             Ok((r, n)) if r == peer && n == nodes => streams[peer] = Some(stream),
             Ok((r, n)) => return Err(setup_err(format!("expected node {peer} of {nodes} at {addr}, found node {r} of {n}"))),
             Err(e) => return Err(setup_err(format!("node {peer} at {addr}: {e}"))),
@@ -310,8 +371,8 @@ pub fn connect_mesh(rank: usize, addresses: &[SocketAddr], listener: TcpListener
             let missing: Vec<usize> = (rank + 1..nodes).filter(|&r| streams[r].is_none()).collect();
             return Err(setup_err(format!("nodes {missing:?} never connected")));
         }
-        let mut stream = match listener.accept() {
-            Ok((s, _)) => s,
+        let (mut stream, from) = match listener.accept() {
+            Ok(accepted) => accepted,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
@@ -319,16 +380,15 @@ pub fn connect_mesh(rank: usize, addresses: &[SocketAddr], listener: TcpListener
             Err(e) => return Err(io_err("accepting a node")(e)),
         };
         stream.set_nonblocking(false).map_err(io_err("configuring a socket"))?;
-        set_deadline(&stream, deadline)?;
-        let Ok(blob) = read_blob(&mut stream) else { continue };
-        match parse_hello(MESH_MAGIC, &blob) {
+        set_handshake_deadline(&stream, deadline)?;
+        match handshake_accept(&mut stream, MESH_MAGIC, rank, nodes, &config.membership) {
             Ok((r, n)) if n == nodes && r > rank && r < nodes && streams[r].is_none() => {
-                write_blob(&mut stream, &hello(MESH_MAGIC, rank, nodes)).map_err(io_err(format!("answering node {r}")))?;
+                set_deadline(&stream, deadline)?;
                 streams[r] = Some(stream);
                 expected -= 1;
             }
-            Ok((r, n)) => tracing::warn!(rank, "ignoring a connection from node {r} of {n}"),
-            Err(e) => tracing::warn!(rank, "ignoring a connection: {e}"),
+            Ok((r, n)) => tracing::warn!(rank, "ignoring a connection from {from}: node {r} of {n}"),
+            Err(e) => tracing::warn!(rank, "ignoring a connection from {from}: {e}"),
         }
     }
     Mesh::from_streams(rank, nodes, streams, config)
@@ -337,7 +397,7 @@ pub fn connect_mesh(rank: usize, addresses: &[SocketAddr], listener: TcpListener
 /// Runs the whole set-up for a node: rendezvous, address exchange and mesh connection.
 /// Returns the rendezvous (still open for further all-gather rounds) and the unstarted mesh.
 pub fn join_cluster(rank: usize, nodes: usize, coordinator: &str, config: MeshConfig) -> Result<(Rendezvous, Mesh), TransportError> {
-    let mut rendezvous = Rendezvous::join(rank, nodes, coordinator, config.connect_timeout)?;
+    let mut rendezvous = Rendezvous::join(rank, nodes, coordinator, config.connect_timeout, &config.membership)?;
     let listener = bind_listener(rendezvous.local_ip())?;
     let local = listener.local_addr().map_err(io_err("reading the listener address"))?;
     let blobs = rendezvous.all_gather(local.to_string().as_bytes(), config.connect_timeout)?;

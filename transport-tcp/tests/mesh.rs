@@ -312,3 +312,68 @@ fn send_failures_are_reported_from_the_reader_thread() {
     assert_eq!(threads.len(), 1, "the loss is reported once");
     assert_ne!(threads[0], check.sender, "reported on the sending thread");
 }
+
+fn member(secret: &[u8], job: &str) -> MeshConfig {
+    MeshConfig {
+        connect_timeout: Duration::from_secs(8),
+        membership: ferry_tcp::Membership { secret: Some(secret.to_vec()), job: job.into() },
+        ..quick_config()
+    }
+}
+
+/// Starts ranks 0 and 1 with these configurations; returns their set-up results.
+fn two(c0: MeshConfig, c1: MeshConfig) -> (Result<Mesh, TransportError>, Result<Mesh, TransportError>) {
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let c = coordinator.clone();
+    let one = std::thread::spawn(move || join_cluster(1, 2, &c, c1).map(|(_, m)| m));
+    let zero = join_cluster(0, 2, &coordinator, c0).map(|(_, m)| m);
+    (zero, one.join().unwrap())
+}
+
+#[test]
+fn only_holders_of_the_secret_in_the_same_job_join() {
+    let secret = b"0123456789abcdef-cluster";
+    let (a, b) = two(member(secret, "job-1"), member(secret, "job-1"));
+    assert!(a.is_ok() && b.is_ok(), "members with the secret join");
+    // A wrong secret or another job: the joining node is told, the coordinator never completes.
+    let short = |c: MeshConfig| MeshConfig { connect_timeout: Duration::from_secs(3), ..c };
+    for (c1, what) in [(member(b"another-secret-of-16", "job-1"), "secret"), (member(secret, "job-2"), "job")] {
+        let started = Instant::now();
+        let (a, b) = two(short(member(secret, "job-1")), short(c1));
+        let e = b.err().expect("the stranger is refused").to_string();
+        assert!(e.contains("does not hold this job's cluster secret"), "{what}: {e}");
+        let e = a.err().expect("the coordinator does not complete").to_string();
+        assert!(e.contains("ranks [1] never joined"), "{what}: {e}");
+        assert!(started.elapsed() < Duration::from_secs(20));
+    }
+}
+
+#[test]
+fn strangers_cannot_stall_or_break_set_up() {
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let secret = b"0123456789abcdef-cluster";
+    let c = coordinator.clone();
+    let zero = std::thread::spawn(move || join_cluster(0, 2, &c, member(secret, "j")).map(|(_, m)| m));
+    // Before the real rank 1 comes: an idle connection, garbage, and a well-framed foreign
+    // greeting; the coordinator drops each (the idle one after the handshake deadline).
+    let addr: std::net::SocketAddr = coordinator.parse().unwrap();
+    let connect = || loop {
+        if let Ok(s) = std::net::TcpStream::connect(addr) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _idle = connect();
+    let mut garbage = connect();
+    let _ = garbage.write_all(&[0xff; 64]);
+    let mut foreign = connect();
+    let mut greeting = 20u32.to_le_bytes().to_vec();
+    greeting.extend_from_slice(b"FERRY-RV");
+    greeting.extend_from_slice(&[2, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0]);
+    let _ = foreign.write_all(&greeting);
+    let started = Instant::now();
+    let one = join_cluster(1, 2, &coordinator, member(secret, "j")).map(|(_, m)| m);
+    assert!(one.is_ok(), "{:?}", one.err());
+    assert!(zero.join().unwrap().is_ok());
+    assert!(started.elapsed() < Duration::from_secs(12), "strangers delayed set-up by {:?}", started.elapsed());
+}

@@ -113,12 +113,21 @@ pub fn connect(config: &Config) -> Result<(Arc<dyn Fabric>, i64)> {
         peer_timeout: config.peer_timeout,
         connect_timeout: config.connect_timeout,
         fail_sends_after: config.fail_sends_after,
+        membership: config.membership.clone(),
     };
+    if config.membership.secret.is_none() && config.nodes > 1 && config.rank == 0 {
+        tracing::info!("no cluster secret: the cluster runs on loopback only, and its members are not authenticated");
+    }
     let (mut rendezvous, mesh) = ferry_tcp::join_cluster(config.rank, config.nodes, &config.coordinator, mesh_config)?;
-    let print = config.fingerprint().to_le_bytes().to_vec();
+    let print = config.fingerprint_text().into_bytes();
     let prints = rendezvous.all_gather(&print, config.connect_timeout)?;
     if let Some(other) = prints.iter().position(|p| *p != print) {
-        return Err(Error::Config(format!("node {other} was started with different tables or settings than node {}", config.rank)));
+        let theirs = String::from_utf8_lossy(&prints[other]);
+        return Err(Error::Config(format!(
+            "node {other} was started with different tables or settings than node {}: {}",
+            config.rank,
+            Config::first_difference(&String::from_utf8_lossy(&print), &theirs)
+        )));
     }
     let clock_offset = rendezvous.clock_offset_ns(config.connect_timeout)?;
     // Every node reaches the same branch: the transport choice is part of the fingerprint.
