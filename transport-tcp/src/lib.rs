@@ -27,4 +27,4 @@ pub use error::{AccessError, TransportError};
 pub use frame::{FrameKind, HEADER_LEN, Header, MAGIC};
 pub use mesh::{Handler, LandedWrite, Mesh, MeshConfig, MeshStats, WriteBatch};
 pub use region::{RegionId, Regions};
-pub use setup::{Rendezvous, bind_listener, connect_mesh, join_cluster, monotonic_ns};
+pub use setup::{Rendezvous, bind_listener, connect_mesh, join_cluster, mesh_handshake, monotonic_ns};

@@ -111,6 +111,13 @@ fn handshake_connect(stream: &mut TcpStream, magic: &[u8; 8], rank: usize, nodes
     Ok(peer)
 }
 
+/// Runs the connecting side of the mesh's membership handshake on `stream` as node `rank` of
+/// `nodes` (for tools and tests that speak the set-up protocol by hand). Returns the acceptor's
+/// (rank, node count).
+pub fn mesh_handshake(stream: &mut TcpStream, rank: usize, nodes: usize, membership: &Membership) -> Result<(usize, usize), TransportError> {
+    handshake_connect(stream, MESH_MAGIC, rank, nodes, membership).map_err(setup_err)
+}
+
 /// The accepting side of the membership handshake. Returns the connecting node's (rank, node
 /// count), or why it is not a member of this job.
 fn handshake_accept(stream: &mut TcpStream, magic: &[u8; 8], rank: usize, nodes: usize, m: &Membership) -> Result<(usize, usize), String> {

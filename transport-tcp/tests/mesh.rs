@@ -1,6 +1,6 @@
 //! Meshes of real TCP connections on loopback, several nodes in one test process.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -247,16 +247,7 @@ fn malformed_and_oversized_frames_close_only_that_connection() {
         let mut impostors = Vec::new();
         for addr in &addrs[..2] {
             let mut s = TcpStream::connect(addr).unwrap();
-            let mut hello = b"FERRY-MS".to_vec();
-            hello.extend_from_slice(&1u32.to_le_bytes());
-            hello.extend_from_slice(&2u32.to_le_bytes());
-            hello.extend_from_slice(&3u32.to_le_bytes());
-            s.write_all(&(hello.len() as u32).to_le_bytes()).unwrap();
-            s.write_all(&hello).unwrap();
-            let mut len = [0u8; 4];
-            s.read_exact(&mut len).unwrap();
-            let mut answer = vec![0u8; u32::from_le_bytes(len) as usize];
-            s.read_exact(&mut answer).unwrap();
+            ferry_tcp::mesh_handshake(&mut s, 2, 3, &config.membership).unwrap();
             impostors.push(s);
         }
         let m0 = n0.join().unwrap().unwrap();
