@@ -175,6 +175,11 @@ impl Registrar for SimRegistrar {
         regions.push((base as usize, len));
         Ok(RegionHandle { region: (regions.len() - 1) as u32, remote_base: 0 })
     }
+
+    unsafe fn register_read_only(&self, base: *mut u8, len: usize) -> Result<RegionHandle> {
+        // SAFETY: same contract; simulated writes only ever target slot regions.
+        unsafe { self.register(base, len) }
+    }
 }
 
 struct SimNode {

@@ -68,6 +68,9 @@ pub enum AccessError {
     /// The connection failed before the access completed.
     #[error("the connection closed before the access completed")]
     ConnectionLost,
+    /// The region was registered for peers' reads only.
+    #[error("region {0} does not accept one-sided writes")]
+    ReadOnly(u32),
 }
 
 impl AccessError {
@@ -77,6 +80,7 @@ impl AccessError {
             AccessError::UnknownRegion(_) => 1,
             AccessError::OutOfBounds { .. } => 2,
             AccessError::ConnectionLost => 3,
+            AccessError::ReadOnly(_) => 4,
         }
     }
 
@@ -85,6 +89,7 @@ impl AccessError {
         match code {
             1 => AccessError::UnknownRegion(region),
             2 => AccessError::OutOfBounds { region, offset: 0, len: 0, region_len: 0 },
+            4 => AccessError::ReadOnly(region),
             _ => AccessError::ConnectionLost,
         }
     }

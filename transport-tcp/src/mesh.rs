@@ -263,6 +263,17 @@ impl Mesh {
         unsafe { self.inner.regions.register(base, len) }
     }
 
+    /// Registers memory for peers' one-sided reads only; see [`Regions::register_read_only`].
+    ///
+    /// # Safety
+    ///
+    /// `base..base+len` must stay valid for reads until [`Mesh::deregister`] returns for the
+    /// returned id.
+    pub unsafe fn register_read_only(&self, base: *mut u8, len: usize) -> RegionId {
+        // SAFETY: the caller upholds the contract documented above.
+        unsafe { self.inner.regions.register_read_only(base, len) }
+    }
+
     /// Removes a region; no access to it runs after this returns.
     pub fn deregister(&self, region: RegionId) -> bool {
         self.inner.regions.deregister(region)
@@ -296,7 +307,7 @@ impl Mesh {
         local_offset: u64,
         wr_id: u64,
     ) -> Result<(), TransportError> {
-        self.inner.regions.resolve(local_region, local_offset, len).map_err(TransportError::Access)?;
+        self.inner.regions.resolve(local_region, local_offset, len, false).map_err(TransportError::Access)?;
         let len32 = u32::try_from(len).map_err(|_| TransportError::Access(AccessError::OutOfBounds { region, offset, len: len as u64, region_len: 0 }))?;
         let p = self.inner.peer(peer)?;
         {
@@ -735,7 +746,7 @@ impl Inner {
                 let offset = frame::u64_at(payload, 8);
                 let wr_id = frame::u64_at(payload, 16);
                 let data = &payload[frame::WRITE_HEADER..];
-                match self.regions.resolve(region, offset, data.len()) {
+                match self.regions.resolve(region, offset, data.len(), true) {
                     Ok(target) => {
                         // SAFETY: `resolve` checked that the range lies inside a registered
                         // region and holds the table's read lock, so the memory stays mapped for
@@ -764,7 +775,7 @@ impl Inner {
                 let region = frame::u32_at(payload, 8);
                 let len = frame::u32_at(payload, 12) as usize;
                 let offset = frame::u64_at(payload, 16);
-                let (status, body) = match self.regions.resolve(region, offset, len) {
+                let (status, body) = match self.regions.resolve(region, offset, len, false) {
                     Ok(source) => {
                         let mut body = vec![0u8; len];
                         // SAFETY: the range was checked by `resolve`, whose guard keeps it mapped.
@@ -802,7 +813,7 @@ impl Inner {
                         reason: format!("read {wr_id} answered with {} bytes, not {}", data.len(), pending.len),
                     });
                 } else {
-                    match self.regions.resolve(pending.region, pending.offset, pending.len) {
+                    match self.regions.resolve(pending.region, pending.offset, pending.len, false) {
                         Ok(target) => {
                             // SAFETY: checked and kept mapped by `resolve`; the reader named
                             // this range as the destination of its own read.

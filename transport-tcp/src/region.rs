@@ -13,6 +13,8 @@ pub type RegionId = u32;
 struct Region {
     base: usize,
     len: usize,
+    /// Whether peers may write into it (least access: images for refreshes are read-only).
+    writable: bool,
 }
 
 /// The table of registered regions. One-sided accesses hold the table's read lock while they
@@ -37,8 +39,23 @@ impl Regions {
     /// [`Regions::deregister`] returns for this id. Peers may write into it at any time, from the
     /// transport's reader threads: the owner must only rely on bytes it knows no peer is writing.
     pub unsafe fn register(&self, base: *mut u8, len: usize) -> RegionId {
+        self.insert(Region { base: base as usize, len, writable: true })
+    }
+
+    /// Registers `len` bytes at `base` for peers' one-sided reads only: their writes are refused
+    /// with [`AccessError::ReadOnly`].
+    ///
+    /// # Safety
+    ///
+    /// The memory must stay allocated and valid for reads until [`Regions::deregister`] returns
+    /// for this id.
+    pub unsafe fn register_read_only(&self, base: *mut u8, len: usize) -> RegionId {
+        self.insert(Region { base: base as usize, len, writable: false })
+    }
+
+    fn insert(&self, region: Region) -> RegionId {
         let mut table = self.table.write();
-        let region = Some(Region { base: base as usize, len });
+        let region = Some(region);
         if let Some(free) = table.iter().position(Option::is_none) {
             table[free] = region;
             free as RegionId
@@ -60,10 +77,14 @@ impl Regions {
         }
     }
 
-    /// Checks that `offset..offset+len` lies inside region `id` and returns a pointer to it.
-    pub(crate) fn resolve(&self, id: RegionId, offset: u64, len: usize) -> Result<Resolved<'_>, AccessError> {
+    /// Checks that `offset..offset+len` lies inside region `id` (and, for a peer's write, that
+    /// the region accepts writes) and returns a pointer to it.
+    pub(crate) fn resolve(&self, id: RegionId, offset: u64, len: usize, peer_write: bool) -> Result<Resolved<'_>, AccessError> {
         let guard = self.table.read();
         let region = guard.get(id as usize).copied().flatten().ok_or(AccessError::UnknownRegion(id))?;
+        if peer_write && !region.writable {
+            return Err(AccessError::ReadOnly(id));
+        }
         let end = offset.checked_add(len as u64);
         if end.is_none_or(|end| end > region.len as u64) {
             return Err(AccessError::OutOfBounds { region: id, offset, len: len as u64, region_len: region.len as u64 });
@@ -149,17 +170,23 @@ mod tests {
         let mut b = vec![0u8; 16];
         // SAFETY: both vectors outlive the table's use of them in this test.
         let (ra, rb) = unsafe { (regions.register(a.as_mut_ptr(), a.len()), regions.register(b.as_mut_ptr(), b.len())) };
-        assert!(regions.resolve(ra, 0, 64).is_ok());
-        assert!(regions.resolve(ra, 60, 4).is_ok());
-        assert!(matches!(regions.resolve(ra, 61, 4), Err(AccessError::OutOfBounds { .. })));
-        assert!(matches!(regions.resolve(ra, u64::MAX, 2), Err(AccessError::OutOfBounds { .. })));
-        assert!(matches!(regions.resolve(9, 0, 1), Err(AccessError::UnknownRegion(9))));
+        assert!(regions.resolve(ra, 0, 64, true).is_ok());
+        assert!(regions.resolve(ra, 60, 4, false).is_ok());
+        assert!(matches!(regions.resolve(ra, 61, 4, false), Err(AccessError::OutOfBounds { .. })));
+        assert!(matches!(regions.resolve(ra, u64::MAX, 2, false), Err(AccessError::OutOfBounds { .. })));
+        assert!(matches!(regions.resolve(9, 0, 1, false), Err(AccessError::UnknownRegion(9))));
         assert!(regions.deregister(ra));
-        assert!(regions.resolve(ra, 0, 1).is_err());
+        assert!(regions.resolve(ra, 0, 1, false).is_err());
         // SAFETY: as above.
         let rc = unsafe { regions.register(a.as_mut_ptr(), 8) };
         assert_eq!(rc, ra);
-        assert!(regions.resolve(rb, 0, 16).is_ok());
+        assert!(regions.resolve(rb, 0, 16, true).is_ok());
+        // A read-only region: peers read it, their writes are refused.
+        // SAFETY: as above.
+        let ro = unsafe { regions.register_read_only(b.as_mut_ptr(), b.len()) };
+        assert!(regions.resolve(ro, 0, 16, false).is_ok());
+        assert!(matches!(regions.resolve(ro, 0, 16, true), Err(AccessError::ReadOnly(r)) if r == ro));
+        assert_eq!(AccessError::from_code(AccessError::ReadOnly(ro).code(), ro), AccessError::ReadOnly(ro));
     }
 
     #[test]

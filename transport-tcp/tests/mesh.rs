@@ -175,6 +175,18 @@ fn one_sided_writes_reads_and_their_errors() {
     a.send(1, b"still here".to_vec()).unwrap();
     rec_b.wait_for("a message after the errors", Duration::from_secs(5), |e| e.iter().any(|e| matches!(e, Event::Message(0, p) if p == b"still here")));
     assert!(a.is_alive(1));
+    // A region registered for reads only: read, but never written by a peer.
+    let mut image = vec![7u8; 64];
+    // SAFETY: `image` outlives its registration (deregistered below).
+    let read_only = unsafe { b.register_read_only(image.as_mut_ptr(), image.len()) };
+    a.write(1, read_only, 0, &data[..16], Some(5), 12).unwrap();
+    a.read(1, read_only, 0, 16, region_a, 2000, 13).unwrap();
+    let events = rec_a.wait_for("the refused write and the read", Duration::from_secs(5), |e| e.len() >= 6);
+    assert_eq!(events[4], Event::WriteError(1, 12, AccessError::ReadOnly(read_only)));
+    assert_eq!(events[5], Event::ReadDone(1, 13, Ok(())));
+    assert_eq!(&local[2000..2016], &[7u8; 16]);
+    assert_eq!(image, vec![7u8; 64], "the read-only region is unchanged");
+    b.deregister(read_only);
     b.deregister(region_b);
     a.deregister(region_a);
 }

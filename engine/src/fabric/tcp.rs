@@ -39,6 +39,12 @@ impl Registrar for MeshRegistrar {
         let region = unsafe { self.mesh.register(base, len) };
         Ok(RegionHandle { region, remote_base: 0 })
     }
+
+    unsafe fn register_read_only(&self, base: *mut u8, len: usize) -> Result<RegionHandle> {
+        // SAFETY: as above.
+        let region = unsafe { self.mesh.register_read_only(base, len) };
+        Ok(RegionHandle { region, remote_base: 0 })
+    }
 }
 
 struct Adapter {
@@ -116,7 +122,7 @@ impl Fabric for TcpFabric {
             let mut landing = vec![0u8; out.len().next_power_of_two()].into_boxed_slice();
             // SAFETY: the box is kept in `read_buffer` until it is deregistered (above, or when
             // the fabric drops) and its heap memory never moves.
-            let region = unsafe { self.mesh.register(landing.as_mut_ptr(), landing.len()) };
+            let region = unsafe { self.mesh.register_read_only(landing.as_mut_ptr(), landing.len()) };
             *buffer = Some((landing, region));
         }
         let region = buffer.as_ref().expect("just ensured").1;

@@ -79,12 +79,21 @@ pub struct RegionHandle {
 
 /// Registers parameter memory with whatever carries one-sided operations.
 pub trait Registrar: Send + Sync {
-    /// Makes `len` bytes at `base` reachable by peers.
+    /// Makes `len` bytes at `base` reachable by peers' one-sided reads and writes (slots:
+    /// relocations write into them, `read_slot` reads them).
     ///
     /// # Safety
     ///
     /// The memory must stay mapped until the registrar is dropped or the region deregistered.
     unsafe fn register(&self, base: *mut u8, len: usize) -> Result<RegionHandle>;
+
+    /// Makes `len` bytes at `base` reachable by peers' one-sided reads only (least access: the
+    /// images replicas are refreshed from); their writes are refused.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Registrar::register`].
+    unsafe fn register_read_only(&self, base: *mut u8, len: usize) -> Result<RegionHandle>;
 }
 
 /// A registrar for nodes without peers: regions are numbered, addresses are chunk offsets.
@@ -96,6 +105,11 @@ pub struct LocalRegistrar {
 impl Registrar for LocalRegistrar {
     unsafe fn register(&self, _base: *mut u8, _len: usize) -> Result<RegionHandle> {
         Ok(RegionHandle { region: self.next.fetch_add(1, Ordering::Relaxed), remote_base: 0 })
+    }
+
+    unsafe fn register_read_only(&self, base: *mut u8, len: usize) -> Result<RegionHandle> {
+        // SAFETY: the caller's contract is the same; nothing here reaches peers.
+        unsafe { self.register(base, len) }
     }
 }
 

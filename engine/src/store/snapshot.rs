@@ -43,7 +43,8 @@ impl Snapshot {
         let sent = (0..keys).map(|_| AtomicU32::new(NEVER)).collect();
         // SAFETY: the boxed slice stays allocated, at the same address, as long as the
         // snapshot, which the store keeps until it is dropped after the fabric shut down.
-        let handle = unsafe { registrar.register(words.as_ptr() as *mut u8, words.len() * 4)? };
+        // Peers only read images: registered without remote write access.
+        let handle = unsafe { registrar.register_read_only(words.as_ptr() as *mut u8, words.len() * 4)? };
         Ok(Snapshot { words, remote: RemoteAddr { region: handle.region, addr: handle.remote_base }, sent })
     }
 

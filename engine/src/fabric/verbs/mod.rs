@@ -289,6 +289,14 @@ impl Registrar for VerbsRegistrar {
         self.inner.regions.write().push(region);
         Ok(handle)
     }
+
+    unsafe fn register_read_only(&self, base: *mut u8, len: usize) -> Result<RegionHandle> {
+        // SAFETY: as above; the region takes RDMA READs only.
+        let region = unsafe { self.inner.context.register(base, len, Access::REMOTE_READ) }.map_err(|e| Error::Memory(e.to_string()))?;
+        let handle = RegionHandle { region: region.rkey(), remote_base: region.addr() };
+        self.inner.regions.write().push(region);
+        Ok(handle)
+    }
 }
 
 /// The TCP mesh's reports: only liveness matters (no frames travel over it).
