@@ -15,7 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use crate::rawtcp::{self, Wait};
-use crate::report::{Better, Record, latency_figures, print_table, record};
+use crate::report::{Better, Record, latency_figures, print_records, record};
 
 /// Local tables: (value length, keys). The large ("cold") tables do not fit in the caches, so
 /// every access misses; the small ("hot") ones do, so the figures show the path itself.
@@ -91,13 +91,7 @@ pub fn run_driver(quick: bool, json: bool, only: &Only, repeat: usize) -> Result
         records.extend(crate::cluster::run_nodes_with("micro", quick, 2, &extra)?);
     }
     let records = crate::report::merge_repeats(records);
-    if json {
-        for r in &records {
-            println!("{}", r.json_line());
-        }
-    } else {
-        print_table(&format!("ferry-bench micro{} — {:.1} s", if quick { " --quick" } else { "" }, started.elapsed().as_secs_f64()), &records);
-    }
+    print_records("micro", quick, started, json, &records);
     Ok(())
 }
 

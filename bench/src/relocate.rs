@@ -13,7 +13,7 @@ use serde_json::json;
 use crate::cluster::emit;
 use crate::micro::median;
 use crate::rawtcp;
-use crate::report::{Better, print_table, record};
+use crate::report::{Better, print_records, record};
 
 /// (value length, keys moved per localize call).
 const MOVES: [(usize, u64); 4] = [(1, 100_000), (100, 20_000), (1000, 4_000), (8000, 1_024)];
@@ -32,13 +32,7 @@ pub fn run_driver(quick: bool, json: bool, lens: &[usize]) -> Result<()> {
     }
     let extra: Vec<String> = if lens.is_empty() { Vec::new() } else { vec!["--lens".into(), lens.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(",")] };
     let records = crate::cluster::run_nodes_with("relocate", quick, 2, &extra)?;
-    if json {
-        for r in &records {
-            println!("{}", r.json_line());
-        }
-    } else {
-        print_table(&format!("ferry-bench relocate{} — {:.1} s", if quick { " --quick" } else { "" }, started.elapsed().as_secs_f64()), &records);
-    }
+    print_records("relocate", quick, started, json, &records);
     Ok(())
 }
 

@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::cluster::emit;
 use crate::micro::median;
 use crate::rawtcp;
-use crate::report::{Better, print_table, record};
+use crate::report::{Better, print_records, record};
 
 /// (value length, replicated keys): half of them are homed at each node.
 const SHAPES: [(usize, u64); 3] = [(1, 40_000), (100, 4_000), (400, 1_000)];
@@ -23,13 +23,7 @@ const BOUND: Duration = Duration::from_millis(40);
 pub fn run_driver(quick: bool, json: bool) -> Result<()> {
     let started = Instant::now();
     let records = crate::cluster::run_nodes_with("replicate", quick, 2, &[])?;
-    if json {
-        for r in &records {
-            println!("{}", r.json_line());
-        }
-    } else {
-        print_table(&format!("ferry-bench replicate{} — {:.1} s", if quick { " --quick" } else { "" }, started.elapsed().as_secs_f64()), &records);
-    }
+    print_records("replicate", quick, started, json, &records);
     Ok(())
 }
 

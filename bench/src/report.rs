@@ -78,6 +78,18 @@ pub fn from_json(v: &Value) -> Record {
     })
 }
 
+/// Prints a benchmark's records: JSON lines with `json`, else a table titled with the command
+/// (`ferry-bench NAME [--quick]`) and the time since `started`.
+pub fn print_records(name: &str, quick: bool, started: std::time::Instant, json: bool, records: &[Record]) {
+    if json {
+        for r in records {
+            println!("{}", r.json_line());
+        }
+    } else {
+        print_table(&format!("ferry-bench {name}{} — {:.1} s", if quick { " --quick" } else { "" }, started.elapsed().as_secs_f64()), records);
+    }
+}
+
 /// Prints records as a table.
 pub fn print_table(title: &str, records: &[Record]) {
     let line = "-".repeat(118);

@@ -81,12 +81,6 @@ impl TableSpec {
         self.replicated.iter().map(|r| r.end - r.start).sum()
     }
 
-    /// Whether `key` is replicated (binary search over the ranges).
-    pub fn is_replicated(&self, key: u64) -> bool {
-        let i = self.replicated.partition_point(|r| r.end <= key);
-        self.replicated.get(i).is_some_and(|r| r.start <= key)
-    }
-
     /// The same table with another partitioning.
     pub fn partitioned(mut self, partitioning: Partitioning) -> TableSpec {
         self.partitioning = partitioning;

@@ -166,6 +166,22 @@ pub struct ReplicationStats {
     pub round_time: Latency,
 }
 
+impl ReplicationStats {
+    /// The counters (everything but the latency summaries), for summing and differencing.
+    fn counters(&mut self) -> [&mut u64; 8] {
+        [
+            &mut self.replica_accesses,
+            &mut self.rounds,
+            &mut self.shipped_keys,
+            &mut self.shipped_bytes,
+            &mut self.refresh_reads,
+            &mut self.refresh_bytes,
+            &mut self.refreshed_keys,
+            &mut self.torn_copies,
+        ]
+    }
+}
+
 impl Stats {
     /// Share of this node's key accesses served locally (1 when there were none).
     pub fn local_share(&self) -> f64 {
@@ -191,16 +207,12 @@ impl Stats {
             traffic,
             relocation_time: self.relocation_time,
             blocking_time: self.blocking_time,
-            replication: ReplicationStats {
-                replica_accesses: self.replication.replica_accesses.saturating_sub(earlier.replication.replica_accesses),
-                rounds: self.replication.rounds.saturating_sub(earlier.replication.rounds),
-                shipped_keys: self.replication.shipped_keys.saturating_sub(earlier.replication.shipped_keys),
-                shipped_bytes: self.replication.shipped_bytes.saturating_sub(earlier.replication.shipped_bytes),
-                refresh_reads: self.replication.refresh_reads.saturating_sub(earlier.replication.refresh_reads),
-                refresh_bytes: self.replication.refresh_bytes.saturating_sub(earlier.replication.refresh_bytes),
-                refreshed_keys: self.replication.refreshed_keys.saturating_sub(earlier.replication.refreshed_keys),
-                torn_copies: self.replication.torn_copies.saturating_sub(earlier.replication.torn_copies),
-                ..self.replication
+            replication: {
+                let (mut now, mut before) = (self.replication, earlier.replication);
+                for (x, e) in now.counters().into_iter().zip(before.counters()) {
+                    *x = x.saturating_sub(*e);
+                }
+                now
             },
         }
     }
@@ -220,15 +232,10 @@ impl Stats {
                 s.traffic.messages[i] += o.traffic.messages[i];
                 s.traffic.bytes[i] += o.traffic.bytes[i];
             }
-            let (r, q) = (&mut s.replication, &o.replication);
-            r.replica_accesses += q.replica_accesses;
-            r.rounds += q.rounds;
-            r.shipped_keys += q.shipped_keys;
-            r.shipped_bytes += q.shipped_bytes;
-            r.refresh_reads += q.refresh_reads;
-            r.refresh_bytes += q.refresh_bytes;
-            r.refreshed_keys += q.refreshed_keys;
-            r.torn_copies += q.torn_copies;
+            let mut theirs = o.replication;
+            for (x, y) in s.replication.counters().into_iter().zip(theirs.counters()) {
+                *x += *y;
+            }
             for (mine, theirs) in [
                 (&mut s.relocation_time, &o.relocation_time),
                 (&mut s.blocking_time, &o.blocking_time),

@@ -134,43 +134,18 @@ impl Worker {
         Error::UnknownKey { table: self.node.config.tables[table.id as usize].name.clone(), key, keys: table.keys }
     }
 
-    /// The hot path for one key held here: a latch and a copy. `None` when the key is elsewhere.
+    /// The hot path for one key held here: a latch and a copy (a push to a replica also adds
+    /// to its delta under the same latch). `None` when the key is elsewhere, and for a set of a
+    /// replica, which goes to the key's home node.
     #[inline]
     fn single_local(&mut self, kind: AccessKind, table: Table, key: u64, input: &[f32], output: &mut [f32]) -> Option<()> {
         let store = self.node.core.store();
         let t = store.table(table.id);
-        if let Some(replicas) = t.replicas()
-            && replicas.is_replicated(key)
-        {
-            return self.single_replicated(kind, table, key, input, output);
-        }
-        if kind == AccessKind::Pull && t.read_optimistic(key, output) {
-            self.tx.count_local(1);
-            return Some(());
-        }
-        let guard = store.lock(table.id, key);
-        let slot = guard.slot()?;
-        match kind {
-            AccessKind::Pull => slot.read(output),
-            AccessKind::Push => slot.add(input),
-            AccessKind::Set => slot.write(input),
-        }
-        drop(guard);
-        self.tx.count_local(1);
-        Some(())
-    }
-
-    /// The local path of a replicated key: the same latch and copy, plus the push's delta for
-    /// the home node. A set of a replica goes to the home node (`None`).
-    #[inline]
-    fn single_replicated(&mut self, kind: AccessKind, table: Table, key: u64, input: &[f32], output: &mut [f32]) -> Option<()> {
-        let store = self.node.core.store();
-        let t = store.table(table.id);
-        let ordinal = t.replicas().and_then(|r| r.ordinal(key));
+        let replicas = t.replicas();
+        let ordinal = replicas.and_then(|r| r.ordinal(key));
         if kind == AccessKind::Set && ordinal.is_some() {
             return None;
         }
-        // Pulls of short values are read latch-free, like any key held here.
         if !(kind == AccessKind::Pull && t.read_optimistic(key, output)) {
             let guard = store.lock(table.id, key);
             let slot = guard.slot()?;
@@ -178,7 +153,7 @@ impl Worker {
                 AccessKind::Pull => slot.read(output),
                 AccessKind::Push => {
                     slot.add(input);
-                    if let (Some(o), Some(r)) = (ordinal, t.replicas()) {
+                    if let (Some(o), Some(r)) = (ordinal, replicas) {
                         r.add_delta(o, input);
                     }
                 }

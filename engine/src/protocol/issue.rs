@@ -174,55 +174,16 @@ impl Step<'_, '_> {
             *remote = Rows::Run { first: 0, len: keys.len() as u32 };
             return 0;
         }
-        if let Some(replicas) = t.replicas() {
-            return self.local_pass_replicated(kind, table, keys, input, output, remote, replicas);
-        }
-        let optimistic = kind == AccessKind::Pull && value_len <= OPTIMISTIC_MAX;
-        let mut served = 0;
-        for (row, &key) in keys.iter().enumerate() {
-            if let Residence::Here(_) = t.residence(key) {
-                let values = row * value_len..(row + 1) * value_len;
-                if optimistic && t.read_optimistic(key, &mut output[values.clone()]) {
-                    served += 1;
-                    continue;
-                }
-                let guard = store.lock(table, key);
-                if let Some(slot) = guard.slot() {
-                    match kind {
-                        AccessKind::Pull => slot.read(&mut output[values]),
-                        AccessKind::Push => slot.add(&input[values]),
-                        AccessKind::Set => slot.write(&input[values]),
-                    }
-                    served += 1;
-                    continue;
-                }
-            }
-            remote.push(row as u32);
-        }
-        served
-    }
-
-    /// [`Step::local_pass`] for a table with replicated keys: a push to a replica also adds to
-    /// its delta under the same latch, and a set of a replica goes to the key's home node.
-    #[allow(clippy::too_many_arguments)]
-    fn local_pass_replicated(
-        &mut self,
-        kind: AccessKind,
-        table: u16,
-        keys: &[u64],
-        input: &[f32],
-        output: &mut [f32],
-        remote: &mut Rows,
-        replicas: &crate::store::ReplicaState,
-    ) -> usize {
-        let store = self.core.store();
-        let t = store.table(table);
-        let value_len = t.value_len();
+        // A push to a replica also adds to its delta under the same latch; a set of a replica
+        // goes to the key's home node with the remote rows.
+        let replicas = t.replicas();
         let optimistic = kind == AccessKind::Pull && value_len <= OPTIMISTIC_MAX;
         let (mut served, mut replica_rows) = (0, 0);
         for (row, &key) in keys.iter().enumerate() {
-            let ordinal = replicas.ordinal(key);
-            if !(kind == AccessKind::Set && ordinal.is_some()) {
+            let ordinal = replicas.and_then(|r| r.ordinal(key));
+            if let Residence::Here(_) = t.residence(key)
+                && !(kind == AccessKind::Set && ordinal.is_some())
+            {
                 let values = row * value_len..(row + 1) * value_len;
                 if optimistic && t.read_optimistic(key, &mut output[values.clone()]) {
                     served += 1;
@@ -235,8 +196,8 @@ impl Step<'_, '_> {
                         AccessKind::Pull => slot.read(&mut output[values]),
                         AccessKind::Push => {
                             slot.add(&input[values.clone()]);
-                            if let Some(o) = ordinal {
-                                replicas.add_delta(o, &input[values]);
+                            if let (Some(o), Some(r)) = (ordinal, replicas) {
+                                r.add_delta(o, &input[values]);
                             }
                         }
                         AccessKind::Set => slot.write(&input[values]),

@@ -20,6 +20,8 @@ impl Step<'_, '_> {
     /// message; each is answered by one REPLICA_ACK, the last one with the image.
     pub fn ship_replica_deltas(&mut self, round: u32, homes: &[u16], full: bool) -> Vec<(u16, u16)> {
         let store = self.core.store().clone();
+        // Messages stay well below the largest one a peer accepts.
+        let limit = self.core.settings().max_message_bytes / 2;
         let mut sent = Vec::new();
         for t in store.tables() {
             let Some(replicas) = t.replicas() else { continue };
@@ -29,8 +31,6 @@ impl Step<'_, '_> {
                     continue;
                 }
                 let dirty = replicas.dirty_in(range);
-                // Messages stay well below the largest one a peer accepts.
-                let limit = self.core.settings().max_message_bytes / 2;
                 let mut items = dirty.into_iter().peekable();
                 loop {
                     let out = self.tx.buf(home);

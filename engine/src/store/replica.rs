@@ -132,16 +132,6 @@ impl ReplicaState {
         }
     }
 
-    /// Adds a push given as little-endian bytes to replica `ordinal`'s delta (the caller holds
-    /// the key's latch).
-    pub fn add_delta_le_bytes(&self, ordinal: u32, bytes: &[u8]) {
-        for (d, b) in self.delta(ordinal).iter().zip(bytes.chunks_exact(4)) {
-            let u = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            d.store((f32::from_bits(d.load(Ordering::Relaxed)) + u).to_bits(), Ordering::Relaxed);
-        }
-        self.dirty[ordinal as usize / 64].fetch_or(1u64 << (ordinal % 64), Ordering::Relaxed);
-    }
-
     /// Replicas in `range` whose delta may be non-zero (their dirty bits are left set; a
     /// replica is clean again once [`ReplicaState::take_delta`] took its delta).
     pub fn dirty_in(&self, range: Range<u32>) -> Vec<u32> {
@@ -207,7 +197,7 @@ mod tests {
         let o = r.ordinal(170).unwrap();
         assert!(r.dirty_in(r.homed_at(1)).is_empty());
         r.add_delta(o, &[1.0, 2.0]);
-        r.add_delta_le_bytes(o, &[0.5f32.to_le_bytes(), 0.0f32.to_le_bytes()].concat());
+        r.add_delta(o, &[0.5, 0.0]);
         assert_eq!(r.dirty_in(r.homed_at(1)), vec![o]);
         let mut v = [10.0, 10.0];
         r.add_current_delta(o, &mut v);
