@@ -198,6 +198,11 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// Largest protocol message; a single value must fit one.
     pub max_message_bytes: usize,
+    /// Bytes queued for one peer beyond which workers wait before issuing more (backpressure,
+    /// bounded by `op_timeout`); a peer whose queue reaches four times this, or takes nothing
+    /// for `peer_timeout`, is declared lost. `FERRY_SEND_QUEUE_LIMIT` sets it (e.g. `64M`).
+    /// Over TCP; over verbs the peer's receive credits bound what is in flight.
+    pub send_queue_limit: usize,
     /// Large operations are split into parts of about this many bytes, so that their parts
     /// stream through sender, network and receiver at the same time.
     pub part_bytes: usize,
@@ -219,6 +224,10 @@ pub struct Config {
     /// (a `sendmsg` over TCP, a post over verbs), and the connection breaks as it would on a
     /// real failure. `FERRY_FAIL_SENDS=peer:count` sets it.
     pub fail_sends_after: Option<(usize, u64)>,
+    /// Fault injection for tests: over TCP, this node stops reading from every connection after
+    /// that many frames while it goes on sending, like a member whose receiving side is stuck.
+    /// `FERRY_STOP_READING_AFTER=frames` sets it.
+    pub stop_reading_after: Option<u64>,
 }
 
 /// Replicated keys per table must stay below this (their ordinals are `u32` markers).
@@ -243,6 +252,22 @@ pub fn parse_duration(name: &str, value: &str) -> Result<Duration> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
+/// Parses a size in bytes, with an optional binary unit: `65536`, `512K`, `64M`, `1G`.
+pub fn parse_bytes(name: &str, value: &str) -> Result<usize> {
+    let bad = || Error::Config(format!("{name}='{value}' is not a size: give bytes, or a number with K, M or G (e.g. 64M)"));
+    let split = value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let number: usize = number.parse().map_err(|_| bad())?;
+    let shift = match unit.trim().trim_end_matches(['B', 'b', 'i']) {
+        "" => 0,
+        "K" | "k" => 10,
+        "M" | "m" => 20,
+        "G" | "g" => 30,
+        _ => return Err(bad()),
+    };
+    number.checked_mul(1 << shift).ok_or_else(bad)
+}
+
 impl Config {
     /// A single-node configuration with default settings.
     pub fn new(tables: Vec<TableSpec>) -> Config {
@@ -262,12 +287,14 @@ impl Config {
             op_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(60),
             max_message_bytes: 4 << 20,
+            send_queue_limit: 256 << 20,
             part_bytes: 256 << 10,
             shards: 16,
             staleness: Duration::from_millis(40),
             membership: ferry_tcp::Membership::default(),
             require_secret: false,
             fail_sends_after: None,
+            stop_reading_after: None,
         }
     }
 
@@ -365,6 +392,12 @@ impl Config {
         if let Some(s) = get("FERRY_VERBS_SPIN_US") {
             self.verbs.poll_spin = std::time::Duration::from_micros(number("FERRY_VERBS_SPIN_US", &s)?);
         }
+        if let Some(b) = get("FERRY_SEND_QUEUE_LIMIT") {
+            self.send_queue_limit = parse_bytes("FERRY_SEND_QUEUE_LIMIT", &b)?;
+        }
+        if let Some(n) = get("FERRY_STOP_READING_AFTER") {
+            self.stop_reading_after = Some(number("FERRY_STOP_READING_AFTER", &n)?);
+        }
         if let Some(f) = get("FERRY_FAIL_SENDS") {
             let (peer, count) = f.split_once(':').ok_or_else(|| Error::Config(format!("FERRY_FAIL_SENDS='{f}' is not peer:count")))?;
             self.fail_sends_after = Some((number("FERRY_FAIL_SENDS peer", peer)?, number("FERRY_FAIL_SENDS count", count)?));
@@ -422,6 +455,13 @@ impl Config {
         }
         if self.max_message_bytes < 4096 {
             return bad("max_message_bytes must be at least 4096".into());
+        }
+        if self.send_queue_limit < 4 * self.max_message_bytes {
+            return bad(format!(
+                "the send queue limit ({} bytes) must be at least four messages ({} bytes)",
+                self.send_queue_limit,
+                4 * self.max_message_bytes
+            ));
         }
         if !(1..=crate::protocol::MAX_SHARDS).contains(&self.shards) {
             return bad(format!("shards must be in 1..={}, not {}", crate::protocol::MAX_SHARDS, self.shards));
@@ -580,6 +620,25 @@ mod tests {
         c.apply_timeout_env(|_| None).unwrap();
         assert_eq!(c.op_timeout, Config::new(vec![]).op_timeout, "unset leaves the default");
         assert!(c.apply_timeout_env(|k| (k == "FERRY_PEER_TIMEOUT").then(|| "5".to_string())).is_err(), "a unit is required");
+    }
+
+    #[test]
+    fn the_send_queue_limit_comes_from_the_environment_with_units() {
+        assert_eq!(parse_bytes("X", "65536").unwrap(), 65536);
+        assert_eq!(parse_bytes("X", "512K").unwrap(), 512 << 10);
+        assert_eq!(parse_bytes("X", "64M").unwrap(), 64 << 20);
+        assert_eq!(parse_bytes("X", "1GiB").unwrap(), 1 << 30);
+        for bad in ["", "M", "-1M", "1.5M", "12T", "99999999999999999999G"] {
+            let e = parse_bytes("FERRY_SEND_QUEUE_LIMIT", bad).unwrap_err().to_string();
+            assert!(e.contains("FERRY_SEND_QUEUE_LIMIT"), "{bad}: {e}");
+        }
+        let mut c = Config::new(vec![TableSpec::new("t", 10, 1)]);
+        c.apply_transport_env(|k| (k == "FERRY_SEND_QUEUE_LIMIT").then(|| "32M".to_string())).unwrap();
+        assert_eq!(c.send_queue_limit, 32 << 20);
+        c.validate().unwrap();
+        c.send_queue_limit = 3 * c.max_message_bytes;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("send queue limit"), "{e}");
     }
 
     #[test]

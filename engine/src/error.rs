@@ -44,12 +44,14 @@ pub enum Error {
         key: u64,
     },
     /// An operation did not complete within the configured timeout.
-    #[error("{what} did not complete within {millis} ms")]
+    #[error("{what} did not complete within {millis} ms{}", no_answer_from(.nodes))]
     Timeout {
         /// What timed out.
         what: &'static str,
         /// The timeout.
         millis: u64,
+        /// The nodes that did not answer in time (empty when not known).
+        nodes: Vec<usize>,
     },
     /// A one-sided read never caught the slot between two writes: its writer is too busy for
     /// lock-free reads; read it through the owner (a pull) instead.
@@ -79,6 +81,15 @@ pub enum Error {
     /// `finalize` was called while worker handles were still alive.
     #[error("{0} worker handle(s) are still alive; drop them before finalize")]
     WorkersAlive(usize),
+}
+
+/// " (no answer from node 2)", " (no answer from nodes 1, 3)", or nothing.
+fn no_answer_from(nodes: &[usize]) -> String {
+    match nodes {
+        [] => String::new(),
+        [one] => format!(" (no answer from node {one})"),
+        many => format!(" (no answer from nodes {})", many.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ")),
+    }
 }
 
 impl From<ferry_tcp::TransportError> for Error {

@@ -296,6 +296,7 @@ impl Node {
             return;
         }
         self.finished = true;
+        self.inner.announce_leaving();
         self.inner.stopping.store(true, Ordering::Release);
         if abort {
             self.inner.fabric.abort();

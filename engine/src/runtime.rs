@@ -82,6 +82,52 @@ impl NodeInner {
         }
     }
 
+    /// Marks `peer` lost (once; later calls change nothing) and fails what depended on it.
+    pub fn lose_peer(&self, peer: usize, reason: &str) {
+        if peer == self.config.rank || peer >= self.config.nodes || self.core.directory().is_lost(peer as u16) {
+            return;
+        }
+        tracing::warn!(node = self.config.rank, peer, %reason, "peer lost");
+        let _ = self.run_pooled(|step, _, _| Ok(step.handle_peer_lost(peer as u16, reason)));
+    }
+
+    /// `from` leaves the cluster after losing `lost` (its LEAVING message). The nodes it lost are
+    /// lost here too, first, so that what fails names the cause and not the messenger (this node
+    /// might have noticed them only later, or never); then `from` itself.
+    pub fn peer_left(&self, from: usize, lost: Vec<(u16, String)>) {
+        let mut causes = Vec::new();
+        for (node, reason) in lost {
+            let node = node as usize;
+            if node == self.config.rank || node == from || node >= self.config.nodes {
+                continue;
+            }
+            causes.push(node.to_string());
+            if !self.core.directory().is_lost(node as u16) {
+                self.lose_peer(node, &format!("{reason}; reported by node {from}"));
+                self.fabric.disconnect(node);
+            }
+        }
+        let reason =
+            if causes.is_empty() { "it left the cluster".to_string() } else { format!("it left the cluster after losing node {}", causes.join(", node ")) };
+        self.lose_peer(from, &reason);
+    }
+
+    /// Tells every live peer that this node leaves after losing peers, and why (LEAVING), so
+    /// that their errors name the cause. Nothing is sent when no peer was lost.
+    pub fn announce_leaving(&self) {
+        let lost = self.core.directory().lost_nodes();
+        if lost.is_empty() {
+            return;
+        }
+        let mut frame = Vec::new();
+        crate::protocol::wire::encode_leaving(&mut frame, &lost);
+        for peer in (0..self.config.nodes).filter(|&p| p != self.config.rank && self.fabric.is_alive(p)) {
+            if self.fabric.enqueue(peer, frame.clone()).is_ok() {
+                self.fabric.flush(peer);
+            }
+        }
+    }
+
     /// Cluster time: this host's monotonic clock aligned to the coordinator's.
     pub fn now(&self) -> u64 {
         (ferry_tcp::monotonic_ns() as i64 + self.clock_offset).max(1) as u64
@@ -257,11 +303,11 @@ impl NodeInner {
             generation = step.barrier_enter(kind);
             Ok(Progress::Done)
         })?;
-        self.wait_generation(kind, generation)
+        self.wait_generation(kind, generation, self.config.op_timeout)
     }
 
-    fn wait_generation(&self, kind: BarrierKind, generation: u32) -> Result<()> {
-        let deadline = Instant::now() + self.config.op_timeout;
+    fn wait_generation(&self, kind: BarrierKind, generation: u32, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
         let mut state = self.barrier.lock();
         loop {
             if let Some(pos) = state.errors.iter().position(|(k, g, _)| *k == kind && *g == generation) {
@@ -271,21 +317,23 @@ impl NodeInner {
                 return Ok(());
             }
             if self.barrier_cv.wait_until(&mut state, deadline).timed_out() {
-                return Err(Error::Timeout { what: "barrier", millis: self.config.op_timeout.as_millis() as u64 });
+                drop(state);
+                let nodes = self.core.barriers().lock().not_arrived(kind, generation);
+                return Err(Error::Timeout { what: "barrier", millis: timeout.as_millis() as u64, nodes });
             }
         }
     }
 
     /// A worker arrives at the workers' barrier; the node enters the cluster-wide generation
-    /// when all its live workers have arrived.
-    pub fn worker_barrier(&self) -> Result<()> {
+    /// when all its live workers have arrived. Waits at most `timeout`.
+    pub fn worker_barrier(&self, timeout: Duration) -> Result<()> {
         let generation = {
             let mut state = self.barrier.lock();
             state.arrived += 1;
             state.rounds + 1
         };
         self.maybe_start_round();
-        self.wait_generation(BarrierKind::Workers, generation)
+        self.wait_generation(BarrierKind::Workers, generation, timeout)
     }
 
     fn maybe_start_round(&self) {
@@ -399,6 +447,14 @@ pub(crate) struct Callbacks {
 impl FabricHandler for Callbacks {
     fn on_frame(&self, from: usize, frame: Bytes) {
         let Some(node) = self.node.upgrade() else { return };
+        match crate::protocol::wire::leaving_of(&frame) {
+            Some(Ok(lost)) => return node.peer_left(from, lost),
+            Some(Err(e)) => {
+                tracing::error!(node = node.config.rank, peer = from, error = %e, "closing the connection to a peer that broke the protocol");
+                return node.fabric.disconnect(from);
+            }
+            None => {}
+        }
         let result = node.run_pooled(|step, at, item| step.handle_frame(from as u16, &frame, at, item));
         if let Err(e) = result {
             tracing::error!(node = node.config.rank, peer = from, error = %e, "closing the connection to a peer that broke the protocol");
@@ -424,7 +480,6 @@ impl FabricHandler for Callbacks {
             return;
         }
         let reason = error.unwrap_or_else(|| "it left the cluster".into());
-        tracing::warn!(node = node.config.rank, peer, %reason, "peer lost");
-        let _ = node.run_pooled(|step, _, _| Ok(step.handle_peer_lost(peer as u16, &reason)));
+        node.lose_peer(peer, &reason);
     }
 }

@@ -182,6 +182,8 @@ impl Worker {
         ticket: Option<&Arc<()>>,
     ) -> Result<Issued> {
         let node = self.node.clone();
+        // Backpressure: a peer's full send queue holds the worker here, before it adds more.
+        node.fabric.wait_for_room(node.config.op_timeout)?;
         let mut issued = None;
         let ticket = ticket.map(Arc::downgrade);
         let mut owned = owned;
@@ -198,6 +200,7 @@ impl Worker {
         if let Issued::Pending { op, more: true } = issued {
             let mut more = true;
             while more {
+                node.fabric.wait_for_room(node.config.op_timeout)?;
                 node.run(&mut self.tx, |step, _, _| {
                     more = step.continue_issue(&mut self.requester, op, keys, input, caller.as_deref_mut());
                     Ok(Progress::Done)
@@ -351,6 +354,7 @@ impl Worker {
         let token = Arc::new(());
         let weak = Arc::downgrade(&token);
         let node = self.node.clone();
+        node.fabric.wait_for_room(node.config.op_timeout)?;
         let mut issued = None;
         node.run(&mut self.tx, |step, _, _| {
             issued = Some(step.issue_localize(&mut self.requester, table.id, keys, Some(weak.clone())));
@@ -429,12 +433,20 @@ impl Worker {
     /// worker of every node has reached the barrier. Operations issued before the barrier are
     /// visible to all operations after it.
     pub fn barrier(&mut self) -> Result<()> {
+        self.barrier_within(self.node.config.op_timeout)
+    }
+
+    /// [`Worker::barrier`] with its own timeout instead of the operation timeout, for a phase in
+    /// which one node computes for long while the others wait (rank 0 evaluating a model, for
+    /// one). A lost node still fails it within the liveness timeout.
+    pub fn barrier_within(&mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + self.node.config.op_timeout;
         while self.requester.pending() > 0 {
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
                     what: "waiting for asynchronous operations before a barrier",
                     millis: self.node.config.op_timeout.as_millis() as u64,
+                    nodes: self.requester.unanswered_nodes(),
                 });
             }
             match self.inbox.recv_deadline((Instant::now() + Duration::from_millis(10)).min(deadline)) {
@@ -446,7 +458,7 @@ impl Worker {
         // Replicated keys: this node's pushes go home before the barrier, and replicas are
         // refreshed after it, so that the barrier orders them like every other key.
         self.node.replication_sync()?;
-        self.node.worker_barrier()?;
+        self.node.worker_barrier(timeout)?;
         self.node.replication_sync()
     }
 

@@ -409,3 +409,28 @@ fn memory_stays_bounded_after_many_relocations_back_and_forth() {
     drop(workers);
     finalize_all(cluster);
 }
+
+/// A node that never reaches a barrier: the coordinator of barriers (rank 0) names it when its
+/// wait times out; the other waiting node names rank 0, whose release it waits for.
+#[test]
+fn barrier_timeouts_name_the_nodes_that_did_not_arrive() {
+    let mut c = config(vec![TableSpec::new("b", 30, 1)]);
+    c.op_timeout = Duration::from_millis(1500);
+    let cluster = Node::start_local_cluster(3, c).unwrap();
+    let errors: Vec<Error> = std::thread::scope(|s| {
+        let waiting: Vec<_> = cluster[..2]
+            .iter()
+            .map(|node| {
+                let mut w = node.worker();
+                s.spawn(move || w.barrier().unwrap_err())
+            })
+            .collect();
+        waiting.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(matches!(&errors[0], Error::Timeout { what: "barrier", nodes, .. } if nodes == &[2]), "{:?}", errors[0]);
+    assert!(errors[0].to_string().contains("no answer from node 2"), "{}", errors[0]);
+    assert!(matches!(&errors[1], Error::Timeout { what: "barrier", nodes, .. } if nodes == &[0]), "{:?}", errors[1]);
+    for n in cluster {
+        n.abort();
+    }
+}

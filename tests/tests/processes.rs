@@ -97,3 +97,29 @@ fn jobs_with_different_secrets_or_ids_never_merge() {
         assert!(ea.contains("ranks [1] never joined"), "job A's coordinator: {ea}");
     }
 }
+
+/// A member that keeps its connection (and heartbeats) but stops reading: its peer's worker is
+/// held back once the send queue reaches its limit, the member is declared lost within the
+/// liveness timeout naming why, and the peer's memory stays bounded.
+#[test]
+fn a_member_that_stops_reading_is_declared_lost_and_memory_stays_bounded() {
+    let out = launch_testnode(2, &["stalled-reader", "--limit-mib", "16"], Duration::from_secs(120));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("[0] stalled-reader ok") && stdout.contains("[1] stalled-reader ok"), "{stdout}");
+    let grew: u64 =
+        stdout.split("peak RSS grew ").nth(1).and_then(|rest| rest.split(' ').next()).and_then(|n| n.parse().ok()).expect("rank 0 reports its memory growth");
+    // The queue may hold the limit plus one frame (16 + 1 MiB), far below the hard limit (64 MiB);
+    // before this bound existed, the queue grew by about 250 MiB a second.
+    assert!(grew < 96, "rank 0's resident memory grew {grew} MiB");
+}
+
+/// A stopped node (SIGSTOP; its process lives on but says nothing): both survivors name it in
+/// their errors and barrier failures, never each other, and go on working with each other.
+#[test]
+fn a_stopped_node_is_named_by_every_survivor() {
+    let out = launch_testnode(3, &["stopped"], Duration::from_secs(120));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for rank in 0..3 {
+        assert!(stdout.contains(&format!("[{rank}] stopped ok")), "rank {rank}: {stdout}");
+    }
+}

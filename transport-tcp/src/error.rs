@@ -33,6 +33,28 @@ pub enum TransportError {
         /// How long it was silent.
         millis: u128,
     },
+    /// A peer did not take what this node sent it: its send queue stopped draining for longer
+    /// than the liveness timeout, or grew past the hard limit (it keeps its connection but does
+    /// not read).
+    #[error("node {peer} does not read what this node sends: {reason}")]
+    PeerNotReading {
+        /// The node that stopped reading.
+        peer: usize,
+        /// What was observed (bytes queued, for how long).
+        reason: String,
+    },
+    /// The send queue to a peer stayed over its limit for as long as the caller would wait.
+    #[error("the send queue to node {peer} stayed over its limit of {limit} bytes ({queued} queued) for {millis} ms")]
+    SendQueueFull {
+        /// The peer whose queue is full.
+        peer: usize,
+        /// Bytes queued for it.
+        queued: u64,
+        /// The limit ([`crate::MeshConfig::send_queue_limit`]).
+        limit: u64,
+        /// How long the caller waited.
+        millis: u128,
+    },
     /// A rank outside `0..nodes`, or this node's own rank, was given as a peer.
     #[error("no such peer: node {0}")]
     NoSuchPeer(usize),

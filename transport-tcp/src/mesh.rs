@@ -32,9 +32,19 @@ pub struct MeshConfig {
     pub peer_timeout: Duration,
     /// How long connection set-up may take.
     pub connect_timeout: Duration,
+    /// Bytes queued for one peer beyond which callers of [`Mesh::wait_for_room`] wait (the
+    /// engine's workers do before each operation). A peer whose queue grows past
+    /// [`SEND_QUEUE_HARD_FACTOR`] times this, or stops draining for the liveness timeout, is
+    /// declared lost: a member that keeps its connection but does not read cannot make this
+    /// node's memory grow without bound.
+    pub send_queue_limit: usize,
     /// Fault injection for tests: sending to peer `.0` fails after `.1` more sends, as a
     /// failing `sendmsg` would.
     pub fail_sends_after: Option<(usize, u64)>,
+    /// Fault injection for tests: every connection's reader stops reading after this many
+    /// frames, while the node goes on sending (heartbeats included), as a member whose receiving
+    /// side is stuck would.
+    pub stop_reading_after: Option<u64>,
     /// Who may join the rendezvous and the mesh (see [`crate::Membership`]).
     pub membership: crate::Membership,
 }
@@ -46,7 +56,9 @@ impl Default for MeshConfig {
             heartbeat: Duration::from_millis(500),
             peer_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(30),
+            send_queue_limit: 256 << 20,
             fail_sends_after: None,
+            stop_reading_after: None,
             membership: crate::Membership::default(),
         }
     }
@@ -106,6 +118,10 @@ pub(crate) struct Peer {
     alive: AtomicBool,
     goodbye_received: AtomicBool,
     last_sent_ns: AtomicU64,
+    /// Bytes queued and not yet taken by the socket.
+    queued: AtomicU64,
+    /// When the queue last drained some bytes, or became non-empty.
+    drained_ns: AtomicU64,
     pending_reads: Mutex<HashMap<u64, PendingRead>>,
     /// Why a send failed; the reader thread reports it (see [`Inner::defer_loss`]).
     failure: Mutex<Option<TransportError>>,
@@ -135,6 +151,10 @@ pub struct Mesh {
     inner: Arc<Inner>,
 }
 
+/// A peer's send queue may grow to this many times [`MeshConfig::send_queue_limit`] (frames
+/// queued by threads that do not wait for room: answers, one-sided reads' data, heartbeats)
+/// before the peer is declared lost.
+pub const SEND_QUEUE_HARD_FACTOR: u64 = 4;
 const SEND_FLAGS_NONBLOCKING: i32 = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
 const SEND_FLAGS_BLOCKING: i32 = libc::MSG_NOSIGNAL;
 const POLL_TICK: Duration = Duration::from_millis(100);
@@ -167,6 +187,8 @@ impl Mesh {
                 alive: AtomicBool::new(true),
                 goodbye_received: AtomicBool::new(false),
                 last_sent_ns: AtomicU64::new(0),
+                queued: AtomicU64::new(0),
+                drained_ns: AtomicU64::new(0),
                 pending_reads: Mutex::new(HashMap::new()),
                 failure: Mutex::new(None),
                 sends_before_failure: config.fail_sends_after.filter(|(peer, _)| *peer == id).map(|(_, n)| AtomicU64::new(n)),
@@ -249,6 +271,38 @@ impl Mesh {
     pub fn flush(&self, peer: usize) {
         if let Some(Some(p)) = self.inner.peers.get(peer) {
             self.inner.flush_peer(p);
+        }
+    }
+
+    /// Bytes queued for `peer` and not yet taken by its socket.
+    pub fn queued_bytes(&self, peer: usize) -> u64 {
+        match self.inner.peers.get(peer) {
+            Some(Some(p)) => p.queued.load(Ordering::Relaxed),
+            _ => 0,
+        }
+    }
+
+    /// Waits until the send queue of every live peer is below
+    /// [`MeshConfig::send_queue_limit`] (backpressure for a submitter that would add to them),
+    /// at most until `deadline`. Returns at once in the common case. A peer that does not drain
+    /// is declared lost after the liveness timeout, which ends the wait for it.
+    pub fn wait_for_room(&self, deadline: Instant) -> Result<(), TransportError> {
+        let limit = self.inner.config.send_queue_limit as u64;
+        let started = Instant::now();
+        let mut pause = Duration::from_micros(50);
+        loop {
+            let full = self.inner.peers.iter().flatten().find(|p| p.alive.load(Ordering::Acquire) && p.queued.load(Ordering::Relaxed) >= limit);
+            let Some(p) = full else { return Ok(()) };
+            if Instant::now() >= deadline {
+                return Err(TransportError::SendQueueFull {
+                    peer: p.id,
+                    queued: p.queued.load(Ordering::Relaxed),
+                    limit,
+                    millis: started.elapsed().as_millis(),
+                });
+            }
+            std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+            pause = (pause * 2).min(Duration::from_millis(5));
         }
     }
 
@@ -455,12 +509,22 @@ impl Inner {
     fn push_frame(&self, peer: usize, frame: OutFrame) -> Result<(), TransportError> {
         let p = self.peer(peer)?;
         let len = frame.len() as u64;
+        let queued = p.queued.load(Ordering::Relaxed);
+        let hard = (self.config.send_queue_limit as u64).saturating_mul(SEND_QUEUE_HARD_FACTOR);
+        if queued > 0 && queued + len > hard {
+            let reason = format!("{queued} bytes wait in its send queue, and {len} more would pass the limit of {hard}");
+            self.defer_loss(&p, TransportError::PeerNotReading { peer, reason });
+            return Err(TransportError::PeerGone(peer));
+        }
         {
             let mut out = p.out.lock();
             if out.closed || !p.alive.load(Ordering::Acquire) {
                 return Err(TransportError::PeerGone(peer));
             }
             out.frames.push_back(frame);
+            if p.queued.fetch_add(len, Ordering::Relaxed) == 0 {
+                p.drained_ns.store(self.now_ns(), Ordering::Relaxed);
+            }
         }
         p.last_sent_ns.store(self.now_ns(), Ordering::Relaxed);
         self.bytes_sent.fetch_add(len, Ordering::Relaxed);
@@ -487,7 +551,7 @@ impl Inner {
             let result = if injected {
                 Err(io::Error::other(format!("sending to node {} failed (injected fault)", p.id)))
             } else {
-                write_frames(&p.stream, &mut batch, &mut written, SEND_FLAGS_NONBLOCKING)
+                write_frames(&p.stream, &mut batch, &mut written, SEND_FLAGS_NONBLOCKING, &mut |n| self.drained(p, n))
             };
             out = p.out.lock();
             match result {
@@ -612,7 +676,7 @@ impl Inner {
                 front_written = std::mem::take(&mut out.front_written);
             }
             loop {
-                match write_frames(&p.stream, &mut batch, &mut front_written, SEND_FLAGS_BLOCKING) {
+                match write_frames(&p.stream, &mut batch, &mut front_written, SEND_FLAGS_BLOCKING, &mut |n| self.drained(p, n)) {
                     Ok(true) => break,
                     Ok(false) => {
                         if !p.alive.load(Ordering::Acquire) || self.writers_exit.load(Ordering::Acquire) {
@@ -634,13 +698,31 @@ impl Inner {
         }
     }
 
+    /// The socket took `bytes` of `p`'s queue.
+    fn drained(&self, p: &Peer, bytes: usize) {
+        p.queued.fetch_sub(bytes as u64, Ordering::Relaxed);
+        p.drained_ns.store(self.now_ns(), Ordering::Relaxed);
+    }
+
+    /// Sends heartbeats on idle connections, and declares lost a peer whose send queue has not
+    /// drained a byte for the liveness timeout (it is connected, maybe even heartbeating, but
+    /// does not read).
     fn run_heartbeat(&self) {
         let beat = self.config.heartbeat;
         let tick = (beat / 2).max(Duration::from_millis(10));
+        let timeout = self.config.peer_timeout.as_nanos() as u64;
         while !self.stopping.load(Ordering::Acquire) {
             std::thread::sleep(tick);
             let now = self.now_ns();
             for p in self.peers.iter().flatten() {
+                let queued = p.queued.load(Ordering::Relaxed);
+                let stuck = now.saturating_sub(p.drained_ns.load(Ordering::Relaxed));
+                if queued > 0 && stuck > timeout && p.alive.load(Ordering::Acquire) && !p.out.lock().closed {
+                    let reason = format!("{queued} bytes waited {} ms in its send queue and it took none", stuck / 1_000_000);
+                    tracing::warn!(node = self.rank, peer = p.id, %reason, "declaring a peer lost that does not read");
+                    self.defer_loss(p, TransportError::PeerNotReading { peer: p.id, reason });
+                    continue;
+                }
                 if p.alive.load(Ordering::Acquire) && now.saturating_sub(p.last_sent_ns.load(Ordering::Relaxed)) >= beat.as_nanos() as u64 {
                     let head = Header { kind: FrameKind::Heartbeat, flags: 0, len: 0 }.encode();
                     if self.push_frame(p.id, OutFrame::new(&head, Vec::new())).is_ok() {
@@ -660,8 +742,21 @@ impl Inner {
         let mut landed: Vec<LandedWrite> = Vec::new();
         let mut last_recv = Instant::now();
         let sock = socket2::SockRef::from(&p.stream);
+        let mut frames = 0u64;
         loop {
             if !p.alive.load(Ordering::Acquire) {
+                return;
+            }
+            if self.config.stop_reading_after.is_some_and(|n| frames >= n) {
+                // Injected fault: read nothing more; only a failed send (the peer closed the
+                // connection) or this node's shutdown ends the connection.
+                while p.alive.load(Ordering::Acquire) && !self.stopping.load(Ordering::Acquire) {
+                    if let Some(e) = p.failure.lock().take() {
+                        self.lose_peer(p, e);
+                        return;
+                    }
+                    std::thread::sleep(POLL_TICK);
+                }
                 return;
             }
             if buf.capacity() - buf.len() < READ_CHUNK / 4 {
@@ -715,6 +810,7 @@ impl Inner {
                     break;
                 }
                 let frame = buf.split_to(total).freeze();
+                frames += 1;
                 if let Err(e) = self.dispatch(&*handler, p, header, frame.slice(HEADER_LEN..), &mut landed) {
                     tracing::error!(node = self.rank, peer = p.id, error = %e, "closing connection after a malformed frame");
                     self.deliver_landed(&*handler, p.id, &mut landed);
@@ -876,7 +972,7 @@ impl Inner {
                         let mut out = p.out.lock();
                         (std::mem::take(&mut out.frames), std::mem::take(&mut out.front_written))
                     };
-                    let _ = write_frames(&p.stream, &mut frames, &mut written, SEND_FLAGS_BLOCKING);
+                    let _ = write_frames(&p.stream, &mut frames, &mut written, SEND_FLAGS_BLOCKING, &mut |n| self.drained(p, n));
                 }
             }
         }

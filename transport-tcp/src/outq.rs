@@ -56,8 +56,14 @@ pub(crate) struct OutQueue {
 }
 
 /// Writes queued frames until all are written (`Ok(true)`) or the socket would block
-/// (`Ok(false)`). `flags` are passed to `sendmsg`.
-pub(crate) fn write_frames(stream: &TcpStream, frames: &mut VecDeque<OutFrame>, front_written: &mut usize, flags: i32) -> io::Result<bool> {
+/// (`Ok(false)`). `flags` are passed to `sendmsg`; `sent` is told the size of every write.
+pub(crate) fn write_frames(
+    stream: &TcpStream,
+    frames: &mut VecDeque<OutFrame>,
+    front_written: &mut usize,
+    flags: i32,
+    sent: &mut dyn FnMut(usize),
+) -> io::Result<bool> {
     const MAX_SLICES: usize = 128;
     let sock = SockRef::from(stream);
     loop {
@@ -94,6 +100,7 @@ pub(crate) fn write_frames(stream: &TcpStream, frames: &mut VecDeque<OutFrame>, 
         if written == 0 {
             return Err(io::Error::new(io::ErrorKind::WriteZero, "socket accepted no bytes"));
         }
+        sent(written);
         let mut left = written;
         while left > 0 {
             let remaining = frames.front().map_or(0, |f| f.len() - *front_written);

@@ -27,6 +27,8 @@ const HELLO: usize = 20;
 const HANDSHAKE: Duration = Duration::from_secs(5);
 const MAX_BLOB: usize = 64 << 20;
 const CLOCK_ROUNDS: usize = 8;
+/// Prefix of the coordinator's message to joined nodes when set-up fails.
+const ABORT: &str = "ABORT:";
 
 /// Nanoseconds of the system-wide monotonic clock (comparable between processes of one host).
 pub fn monotonic_ns() -> u64 {
@@ -138,9 +140,80 @@ fn handshake_accept(stream: &mut TcpStream, magic: &[u8; 8], rank: usize, nodes:
     Ok(peer)
 }
 
-/// Gives an accepted connection the shorter of the handshake deadline and `deadline`.
+/// Gives a connection the shorter of the handshake deadline and `deadline`.
 fn set_handshake_deadline(stream: &TcpStream, deadline: Instant) -> Result<(), TransportError> {
     set_deadline(stream, deadline.min(Instant::now() + HANDSHAKE))
+}
+
+/// Handshakes running at once at most; connections beyond are dropped at once (a flood of
+/// strangers must not exhaust threads).
+const MAX_HANDSHAKES: usize = 64;
+
+/// What an accepted connection's handshake thread reports.
+type Handshaken = (TcpStream, SocketAddr, Result<(usize, usize), String>);
+
+/// The accepting side of set-up: accepts connections on `listener` until `admit` has taken all
+/// it needs (it returns `Ok(true)` when done) or `deadline` passes (`Ok(false)`). Every
+/// connection's handshake runs on its own thread with its own short deadline, so an idle or slow
+/// stranger delays nobody; those that fail are logged and dropped. `admit` gets each member that
+/// passed (its stream, address, rank and node count) and may refuse it with an error, which
+/// ends set-up.
+fn accept_members(
+    listener: &TcpListener,
+    magic: &'static [u8; 8],
+    (rank, nodes): (usize, usize),
+    membership: &Membership,
+    deadline: Instant,
+    mut admit: impl FnMut(TcpStream, SocketAddr, (usize, usize)) -> Result<bool, TransportError>,
+) -> Result<bool, TransportError> {
+    listener.set_nonblocking(true).map_err(io_err("configuring the listener"))?;
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Handshaken>();
+    let running = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    loop {
+        loop {
+            match listener.accept() {
+                Ok((stream, from)) => {
+                    if running.load(std::sync::atomic::Ordering::Acquire) >= MAX_HANDSHAKES {
+                        tracing::warn!(rank, "dropping a connection from {from}: {MAX_HANDSHAKES} handshakes already run");
+                        continue;
+                    }
+                    let (done, count, membership) = (done_tx.clone(), running.clone(), membership.clone());
+                    running.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    let spawned = std::thread::Builder::new().name(format!("ferry{rank}-hs")).spawn(move || {
+                        let mut stream = stream;
+                        let outcome = stream
+                            .set_nonblocking(false)
+                            .map_err(|e| e.to_string())
+                            .and_then(|()| set_handshake_deadline(&stream, deadline).map_err(|e| e.to_string()))
+                            .and_then(|()| handshake_accept(&mut stream, magic, rank, nodes, &membership));
+                        count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        let _ = done.send((stream, from, outcome));
+                    });
+                    if spawned.is_err() {
+                        running.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        tracing::warn!(rank, "dropping a connection from {from}: no thread for its handshake");
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted || e.kind() == io::ErrorKind::ConnectionAborted => continue,
+                Err(e) => return Err(io_err("accepting a node")(e)),
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        match done_rx.recv_timeout(left.min(Duration::from_millis(5))) {
+            Ok((stream, from, Ok(peer))) => {
+                set_deadline(&stream, deadline)?;
+                if admit(stream, from, peer)? {
+                    return Ok(true);
+                }
+            }
+            Ok((_, from, Err(e))) => tracing::warn!(rank, "dropped a connection from {from}: {e}"),
+            Err(_) => {}
+        }
+    }
 }
 
 fn resolve(address: &str) -> Result<SocketAddr, TransportError> {
@@ -192,10 +265,13 @@ impl Rendezvous {
             Self::serve(nodes, addr, deadline, membership)
         } else {
             let mut stream = connect_with_retry(addr, deadline, "the coordinator (rank 0)")?;
-            set_deadline(&stream, deadline)?;
+            set_handshake_deadline(&stream, deadline)?;
             stream.set_nodelay(true).map_err(io_err("setting TCP_NODELAY"))?;
-            handshake_connect(&mut stream, RENDEZVOUS_MAGIC, rank, nodes, membership)
-                .map_err(|e| setup_err(format!("the coordinator at {addr} did not let this node in: {e}")))?;
+            handshake_connect(&mut stream, RENDEZVOUS_MAGIC, rank, nodes, membership).map_err(|e| {
+                let hint = if e.contains("cluster secret") { "" } else { " (is another program using the coordinator's port?)" };
+                setup_err(format!("the coordinator at {addr} did not let this node in: {e}{hint}"))
+            })?;
+            set_deadline(&stream, deadline)?;
             let answer = read_blob(&mut stream).map_err(io_err("waiting for the coordinator to accept this node"))?;
             if answer != b"OK" {
                 return Err(setup_err(format!("the coordinator refused this node: {}", String::from_utf8_lossy(&answer))));
@@ -206,45 +282,26 @@ impl Rendezvous {
     }
 
     fn serve(nodes: usize, addr: SocketAddr, deadline: Instant, membership: &Membership) -> Result<Rendezvous, TransportError> {
-        let listener = bind_reusable(addr).map_err(|e| setup_err(format!("the coordinator cannot listen on {addr}: {e}")))?;
-        listener.set_nonblocking(true).map_err(io_err("configuring the coordinator socket"))?;
+        let listener = bind_reusable(addr).map_err(|e| {
+            let hint = if e.kind() == io::ErrorKind::AddrInUse { " (another program, or another job's coordinator, holds the port)" } else { "" };
+            setup_err(format!("the coordinator cannot listen on {addr}: {e}{hint}"))
+        })?;
         let mut members: Vec<Option<TcpStream>> = (0..nodes).map(|_| None).collect();
-        let mut joined = 1;
         let mut local_ip = addr.ip();
-        while joined < nodes {
-            if Instant::now() >= deadline {
-                let missing: Vec<usize> = (1..nodes).filter(|&r| members[r].is_none()).collect();
-                return Err(setup_err(format!("rendezvous timed out: ranks {missing:?} never joined")));
-            }
-            let (mut stream, from) = match listener.accept() {
-                Ok(accepted) => accepted,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(5));
-                    continue;
-                }
-                Err(e) => return Err(io_err("accepting a node")(e)),
-            };
-            stream.set_nonblocking(false).map_err(io_err("configuring a socket"))?;
-            set_handshake_deadline(&stream, deadline)?;
-            // Strangers are dropped, and set-up goes on; members that proved the secret but do
-            // not fit this cluster stop it, saying why.
-            let (rank, n) = match handshake_accept(&mut stream, RENDEZVOUS_MAGIC, 0, nodes, membership) {
-                Ok(peer) => peer,
-                Err(e) => {
-                    tracing::warn!("the coordinator dropped a connection from {from}: {e}");
-                    continue;
-                }
-            };
-            set_deadline(&stream, deadline)?;
-            let refusal = match (rank, n) {
-                (_, n) if n != nodes => Some(format!("it announced {n} nodes but the coordinator was started for {nodes}")),
-                (r, _) if r == 0 || r >= nodes => Some(format!("rank {r} is out of range for {nodes} nodes")),
+        // Strangers were dropped by `accept_members`; members that proved the secret but do not
+        // fit this cluster stop it, saying why to every node that joined.
+        let mut refusal = None;
+        let complete = accept_members(&listener, RENDEZVOUS_MAGIC, (0, nodes), membership, deadline, |mut stream, _, (rank, n)| {
+            let reason = match (rank, n) {
+                (_, n) if n != nodes => Some(format!("a node announced {n} nodes but the coordinator was started for {nodes}")),
+                (r, _) if r == 0 || r >= nodes => Some(format!("a node announced rank {r}, out of range for {nodes} nodes")),
                 (r, _) if members[r].is_some() => Some(format!("rank {r} joined twice (two processes were started with FERRY_RANK={r})")),
                 _ => None,
             };
-            if let Some(reason) = refusal {
+            if let Some(reason) = reason {
                 let _ = write_blob(&mut stream, reason.as_bytes());
-                return Err(setup_err(format!("a node could not join: {reason}")));
+                refusal = Some(reason);
+                return Ok(true);
             }
             write_blob(&mut stream, b"OK").map_err(io_err("accepting a node"))?;
             stream.set_nodelay(true).map_err(io_err("setting TCP_NODELAY"))?;
@@ -252,7 +309,22 @@ impl Rendezvous {
                 local_ip = stream.local_addr().map_err(io_err("reading the local address"))?.ip();
             }
             members[rank] = Some(stream);
-            joined += 1;
+            Ok(members.iter().skip(1).all(Option::is_some))
+        })?;
+        let failure = match refusal {
+            Some(reason) => Some(format!("a node could not join: {reason}")),
+            None if !complete => {
+                let missing: Vec<usize> = (1..nodes).filter(|&r| members[r].is_none()).collect();
+                Some(format!("rendezvous timed out: ranks {missing:?} never joined"))
+            }
+            None => None,
+        };
+        if let Some(failure) = failure {
+            // The nodes that joined hear it too, instead of waiting for their own deadline.
+            for stream in members.iter_mut().flatten() {
+                let _ = write_blob(stream, format!("{ABORT}{failure}").as_bytes());
+            }
+            return Err(setup_err(failure));
         }
         let streams = members.into_iter().skip(1).map(|s| s.expect("all joined")).collect();
         Ok(Rendezvous { rank: 0, nodes, link: Link::Coordinator(streams), local_ip })
@@ -282,6 +354,9 @@ impl Rendezvous {
                 set_deadline(stream, deadline)?;
                 write_blob(stream, blob).map_err(io_err("sending to the coordinator"))?;
                 let count = read_blob(stream).map_err(io_err("waiting for the other nodes"))?;
+                if let Some(reason) = count.strip_prefix(ABORT.as_bytes()) {
+                    return Err(setup_err(format!("the coordinator stopped set-up: {}", String::from_utf8_lossy(reason))));
+                }
                 let count = u32::from_le_bytes(count.as_slice().try_into().map_err(|_| setup_err("bad all-gather answer"))?) as usize;
                 if count != self.nodes {
                     return Err(setup_err(format!("all-gather answered with {count} blobs for {} nodes", self.nodes)));
@@ -364,38 +439,28 @@ pub fn connect_mesh(rank: usize, addresses: &[SocketAddr], listener: TcpListener
     let mut streams: Vec<Option<TcpStream>> = (0..nodes).map(|_| None).collect();
     for (peer, addr) in addresses.iter().enumerate().take(rank) {
         let mut stream = connect_with_retry(*addr, deadline, &format!("node {peer}"))?;
-        set_deadline(&stream, deadline)?;
+        set_handshake_deadline(&stream, deadline)?;
         match handshake_connect(&mut stream, MESH_MAGIC, rank, nodes, &config.membership) {
-            Ok((r, n)) if r == peer && n == nodes => streams[peer] = Some(stream),
+            Ok((r, n)) if r == peer && n == nodes => {
+                set_deadline(&stream, deadline)?;
+                streams[peer] = Some(stream);
+            }
             Ok((r, n)) => return Err(setup_err(format!("expected node {peer} of {nodes} at {addr}, found node {r} of {n}"))),
             Err(e) => return Err(setup_err(format!("node {peer} at {addr}: {e}"))),
         }
     }
-    listener.set_nonblocking(true).map_err(io_err("configuring the listener"))?;
-    let mut expected = nodes - rank - 1;
-    while expected > 0 {
-        if Instant::now() >= deadline {
+    if rank + 1 < nodes {
+        let complete = accept_members(&listener, MESH_MAGIC, (rank, nodes), &config.membership, deadline, |stream, from, (r, n)| {
+            if n == nodes && r > rank && r < nodes && streams[r].is_none() {
+                streams[r] = Some(stream);
+            } else {
+                tracing::warn!(rank, "ignoring a connection from {from}: node {r} of {n}");
+            }
+            Ok(streams[rank + 1..].iter().all(Option::is_some))
+        })?;
+        if !complete {
             let missing: Vec<usize> = (rank + 1..nodes).filter(|&r| streams[r].is_none()).collect();
             return Err(setup_err(format!("nodes {missing:?} never connected")));
-        }
-        let (mut stream, from) = match listener.accept() {
-            Ok(accepted) => accepted,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(2));
-                continue;
-            }
-            Err(e) => return Err(io_err("accepting a node")(e)),
-        };
-        stream.set_nonblocking(false).map_err(io_err("configuring a socket"))?;
-        set_handshake_deadline(&stream, deadline)?;
-        match handshake_accept(&mut stream, MESH_MAGIC, rank, nodes, &config.membership) {
-            Ok((r, n)) if n == nodes && r > rank && r < nodes && streams[r].is_none() => {
-                set_deadline(&stream, deadline)?;
-                streams[r] = Some(stream);
-                expected -= 1;
-            }
-            Ok((r, n)) => tracing::warn!(rank, "ignoring a connection from {from}: node {r} of {n}"),
-            Err(e) => tracing::warn!(rank, "ignoring a connection from {from}: {e}"),
         }
     }
     Mesh::from_streams(rank, nodes, streams, config)

@@ -21,6 +21,8 @@ enum Event {
 struct Recorder {
     events: Mutex<Vec<Event>>,
     changed: Condvar,
+    /// Why connections failed, as reported.
+    losses: Mutex<Vec<String>>,
 }
 
 impl Recorder {
@@ -55,6 +57,9 @@ impl Handler for Recorder {
         self.push(Event::ReadDone(peer, wr_id, result));
     }
     fn on_peer_closed(&self, peer: usize, error: Option<&TransportError>) {
+        if let Some(e) = error {
+            self.losses.lock().push(e.to_string());
+        }
         self.push(Event::Closed(peer, error.is_none()));
     }
 }
@@ -374,9 +379,115 @@ fn strangers_cannot_stall_or_break_set_up() {
     greeting.extend_from_slice(b"FERRY-RV");
     greeting.extend_from_slice(&[2, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0]);
     let _ = foreign.write_all(&greeting);
+    // One that opens with a one-sided read request, as if it were a member.
+    let mut reader = connect();
+    let mut request = ferry_tcp::Header { kind: ferry_tcp::FrameKind::ReadRequest, flags: 0, len: 24 }.encode().to_vec();
+    request.extend_from_slice(&[0u8; 24]);
+    let _ = reader.write_all(&request);
     let started = Instant::now();
     let one = join_cluster(1, 2, &coordinator, member(secret, "j")).map(|(_, m)| m);
     assert!(one.is_ok(), "{:?}", one.err());
     assert!(zero.join().unwrap().is_ok());
-    assert!(started.elapsed() < Duration::from_secs(12), "strangers delayed set-up by {:?}", started.elapsed());
+    // Handshakes run concurrently: the idle stranger (dropped only after its 5 s deadline)
+    // delays nobody.
+    assert!(started.elapsed() < Duration::from_secs(4), "strangers delayed set-up by {:?}", started.elapsed());
+    // None of them got a byte back: no memory, no greeting to build on.
+    for (what, mut stranger) in [("garbage", garbage), ("a foreign greeting", foreign), ("a read request", reader)] {
+        stranger.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
+        let mut got = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stranger, &mut got);
+        assert!(got.is_empty(), "{what}: the stranger received {} bytes", got.len());
+    }
+}
+
+/// A second process with a rank that already joined: the coordinator refuses it, and every
+/// node — the refused one and those that joined — fails saying why, at once.
+#[test]
+fn a_duplicate_rank_fails_set_up_on_every_node_naming_it() {
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let config = MeshConfig { connect_timeout: Duration::from_secs(20), ..quick_config() };
+    let started = Instant::now();
+    let spawn = |rank: usize, delay: u64| {
+        let (c, config) = (coordinator.clone(), config.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(delay));
+            join_cluster(rank, 3, &c, config).map(|_| ())
+        })
+    };
+    let zero = spawn(0, 0);
+    let first = spawn(1, 0);
+    let second = spawn(1, 500);
+    for (who, outcome) in [("rank 0", zero), ("the first rank 1", first), ("the second rank 1", second)] {
+        let e = outcome.join().unwrap().expect_err("set-up cannot succeed").to_string();
+        assert!(e.contains("rank 1 joined twice"), "{who}: {e}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+}
+
+/// The coordinator's port is held by another program that accepts and says nothing: rank 0
+/// fails at once saying the port is taken, rank 1 within the handshake deadline saying what it
+/// found there — not after the whole start-up timeout.
+#[test]
+fn a_port_held_by_another_program_fails_both_sides_quickly() {
+    let foreign = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let coordinator = foreign.local_addr().unwrap().to_string();
+    let held = std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        if let Ok((s, _)) = foreign.accept() {
+            kept.push(s);
+        }
+        std::thread::sleep(Duration::from_secs(8));
+    });
+    let config = MeshConfig { connect_timeout: Duration::from_secs(30), ..quick_config() };
+    let started = Instant::now();
+    let e = join_cluster(0, 2, &coordinator, config.clone()).map(|_| ()).expect_err("the port is taken").to_string();
+    assert!(e.contains("cannot listen") && e.contains("holds the port"), "rank 0: {e}");
+    let e = join_cluster(1, 2, &coordinator, config).map(|_| ()).expect_err("not a coordinator").to_string();
+    assert!(e.contains("did not let this node in") && e.contains("another program"), "rank 1: {e}");
+    assert!(started.elapsed() < Duration::from_secs(8), "took {:?}", started.elapsed());
+    held.join().unwrap();
+}
+
+/// Node 1 keeps its connection and heartbeats but stops reading. Node 0's submitter waits for
+/// room once the queue reaches its limit (the queue never holds more than the limit plus a
+/// message), and node 1 is declared lost within the liveness timeout, naming why. Without
+/// waiting for room, the hard limit ends it sooner, with the queue bounded all the same.
+#[test]
+fn a_member_that_stops_reading_is_lost_and_its_queue_stays_bounded() {
+    const LIMIT: usize = 1 << 20;
+    const MESSAGE: usize = 64 << 10;
+    for wait in [true, false] {
+        let config = MeshConfig { send_queue_limit: LIMIT, ..quick_config() };
+        let coordinator = format!("127.0.0.1:{}", free_port());
+        let c = coordinator.clone();
+        let stuck = MeshConfig { stop_reading_after: Some(0), ..config.clone() };
+        let one = std::thread::spawn(move || join_cluster(1, 2, &c, stuck).map(|(_, m)| m));
+        let (_, zero) = join_cluster(0, 2, &coordinator, config).unwrap();
+        let one = one.join().unwrap().unwrap();
+        let (rec0, rec1) = (Arc::new(Recorder::default()), Arc::new(Recorder::default()));
+        zero.start(rec0.clone()).unwrap();
+        one.start(rec1).unwrap();
+        let started = Instant::now();
+        let mut most = 0;
+        let mut sent = 0usize;
+        loop {
+            if wait {
+                zero.wait_for_room(Instant::now() + Duration::from_secs(10)).unwrap();
+            }
+            if zero.send(1, vec![7; MESSAGE]).is_err() {
+                break;
+            }
+            sent += MESSAGE;
+            most = most.max(zero.queued_bytes(1));
+            assert!(started.elapsed() < Duration::from_secs(10), "{sent} bytes sent into a peer that does not read, and it was never declared lost");
+        }
+        rec0.wait_for("the loss of node 1", Duration::from_secs(5), |e| e.contains(&Event::Closed(1, false)));
+        let why = rec0.losses.lock().join("; ");
+        assert!(why.contains("node 1 does not read"), "{why}");
+        let bound = if wait { LIMIT + MESSAGE } else { 4 * LIMIT + MESSAGE } as u64;
+        assert!(most <= bound, "the queue to node 1 held {most} bytes (bound {bound}); waited for room: {wait}");
+        if wait {
+            assert!(why.contains("took none"), "declared lost for not draining: {why}");
+        }
+    }
 }

@@ -601,7 +601,7 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
             };
             if a.evaluate_now(epoch) {
                 // Nobody trains on while rank 0 reads the model.
-                w.barrier()?;
+                w.barrier_within(super::shared::EVALUATION_WAIT)?;
             }
             local_barrier.wait();
             if rank == 0 && t == 0 {

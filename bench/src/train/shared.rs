@@ -160,6 +160,11 @@ pub fn part_of(x: usize, n: usize, parts: usize) -> usize {
     ((x + 1) * parts - 1) / n.max(1)
 }
 
+/// How long the other nodes wait in the barrier while rank 0 evaluates the model (minutes on a
+/// large test set); every other wait uses the library's timeouts (`FERRY_OP_TIMEOUT`). A lost
+/// rank 0 still fails the wait within the liveness timeout.
+pub const EVALUATION_WAIT: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+
 /// The node's start-up helper: the configuration's tables and switches for a mode.
 pub fn start_node(tables: Vec<ferry::TableSpec>, localize: bool) -> Result<Node> {
     let mut config = ferry::Config::from_env(tables)?;
@@ -168,11 +173,6 @@ pub fn start_node(tables: Vec<ferry::TableSpec>, localize: bool) -> Result<Node>
         eprintln!("replicated keys: {replicated}, staleness bound {:?}", config.staleness);
     }
     config.relocation = localize;
-    // Workers wait in barriers while rank 0 evaluates the model, which can take minutes on a
-    // large test set: a longer default than the library's, unless FERRY_OP_TIMEOUT says otherwise.
-    if std::env::var_os("FERRY_OP_TIMEOUT").is_none() {
-        config.op_timeout = std::time::Duration::from_secs(600);
-    }
     let node = Node::start(config)?;
     if node.rank() == 0 {
         eprintln!("transport: {}", node.transport());

@@ -689,7 +689,7 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
                 _ => serde_json::Map::new(),
             };
             if a.evaluate_now(epoch) {
-                w.barrier()?;
+                w.barrier_within(super::shared::EVALUATION_WAIT)?;
             }
             local_barrier.wait();
             if rank == 0 && t == 0 {

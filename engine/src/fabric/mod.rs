@@ -69,6 +69,13 @@ pub trait Fabric: Send + Sync {
     fn enqueue(&self, to: usize, frame: Vec<u8>) -> Result<()>;
     /// Sends what is queued for `to`.
     fn flush(&self, to: usize);
+    /// Backpressure: waits (at most `timeout`) until no peer's send queue is over its limit.
+    /// A submitter calls it before adding work, outside every lock. Fabrics whose queues are
+    /// bounded otherwise return at once.
+    fn wait_for_room(&self, timeout: Duration) -> Result<()> {
+        let _ = timeout;
+        Ok(())
+    }
     /// Posts one-sided writes to `to`; the caller flushes `to` afterwards.
     ///
     /// # Safety
@@ -120,8 +127,8 @@ impl ReadWaiters {
         self.changed.notify_all();
     }
 
-    /// Waits for read `id`; forgets it either way.
-    pub(crate) fn wait(&self, id: u64, timeout: Duration) -> Result<()> {
+    /// Waits for read `id` from `peer`; forgets it either way.
+    pub(crate) fn wait(&self, id: u64, peer: usize, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let mut done = self.done.lock();
         loop {
@@ -130,7 +137,7 @@ impl ReadWaiters {
             }
             if self.changed.wait_until(&mut done, deadline).timed_out() {
                 done.remove(&id);
-                return Err(Error::Timeout { what: "one-sided read", millis: timeout.as_millis() as u64 });
+                return Err(Error::Timeout { what: "one-sided read", millis: timeout.as_millis() as u64, nodes: vec![peer] });
             }
         }
     }

@@ -112,7 +112,9 @@ pub fn connect(config: &Config) -> Result<(Arc<dyn Fabric>, i64)> {
         heartbeat: config.heartbeat,
         peer_timeout: config.peer_timeout,
         connect_timeout: config.connect_timeout,
+        send_queue_limit: config.send_queue_limit,
         fail_sends_after: config.fail_sends_after,
+        stop_reading_after: config.stop_reading_after,
         membership: config.membership.clone(),
     };
     if config.membership.secret.is_none() && config.nodes > 1 && config.rank == 0 {

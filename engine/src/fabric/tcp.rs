@@ -99,6 +99,10 @@ impl Fabric for TcpFabric {
         self.mesh.flush(to);
     }
 
+    fn wait_for_room(&self, timeout: Duration) -> Result<()> {
+        self.mesh.wait_for_room(std::time::Instant::now() + timeout).map_err(Error::from)
+    }
+
     unsafe fn write(&self, to: usize, writes: &[WriteRequest]) -> Result<WriteCompletion> {
         let mut batch = self.mesh.write_batch();
         for w in writes {
@@ -131,7 +135,7 @@ impl Fabric for TcpFabric {
         if let Err(e) = self.mesh.read(peer, remote.region, remote.addr, out.len(), region, 0, id) {
             self.reads.complete(id, Err(e.into()));
         }
-        if let Err(e) = self.reads.wait(id, timeout) {
+        if let Err(e) = self.reads.wait(id, peer, timeout) {
             // A late answer must not land in the buffer of a later read: retire this one (kept
             // allocated, since the mesh may be copying into it right now).
             self.mesh.deregister(region);

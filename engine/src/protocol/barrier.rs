@@ -54,14 +54,15 @@ pub struct Barriers {
     nodes: usize,
     generation: [u32; 2],
     waiting: Vec<(BarrierKind, u32)>,
-    counts: FastMap<(u8, u32), usize>,
+    /// At rank 0: which nodes arrived, per open generation.
+    arrivals: FastMap<(u8, u32), Vec<bool>>,
     events: VecDeque<BarrierEvent>,
 }
 
 impl Barriers {
     /// Barriers of node `rank` of `nodes`.
     pub fn new(rank: u16, nodes: usize) -> Barriers {
-        Barriers { rank, nodes, generation: [0; 2], waiting: Vec::new(), counts: FastMap::default(), events: VecDeque::new() }
+        Barriers { rank, nodes, generation: [0; 2], waiting: Vec::new(), arrivals: FastMap::default(), events: VecDeque::new() }
     }
 
     /// Enters the next generation of `kind`; its release (or failure) appears through
@@ -78,7 +79,7 @@ impl Barriers {
         }
         self.waiting.push((kind, generation));
         if self.rank == 0 {
-            self.arrive(kind as u8, generation, directory, tx);
+            self.arrive(kind as u8, generation, 0, directory, tx);
         } else {
             wire::encode_barrier(tx.buf(0), msg::BARRIER, kind as u8, generation);
             tx.sent(0, MessageKind::Barrier, 12);
@@ -86,8 +87,8 @@ impl Barriers {
         generation
     }
 
-    /// Handles BARRIER (at rank 0) or BARRIER_RELEASE.
-    pub fn handle_message(&mut self, body: &[u8], directory: &Directory, tx: &mut Transmit) -> Result<()> {
+    /// Handles BARRIER (at rank 0) or BARRIER_RELEASE sent by node `from`.
+    pub fn handle_message(&mut self, from: u16, body: &[u8], directory: &Directory, tx: &mut Transmit) -> Result<()> {
         if body[0] == msg::BARRIER_FAILED {
             let (kind, generation, lost) = wire::decode_barrier_failed(body)?;
             let Some(kind) = BarrierKind::from_u8(kind) else {
@@ -106,7 +107,7 @@ impl Barriers {
         }
         match body[0] {
             msg::BARRIER if self.rank == 0 => {
-                self.arrive(kind, generation, directory, tx);
+                self.arrive(kind, generation, from, directory, tx);
                 Ok(())
             }
             msg::BARRIER => Err(Error::Protocol("BARRIER sent to a node that does not coordinate barriers".into())),
@@ -117,20 +118,23 @@ impl Barriers {
         }
     }
 
-    fn arrive(&mut self, kind: u8, generation: u32, directory: &Directory, tx: &mut Transmit) {
+    fn arrive(&mut self, kind: u8, generation: u32, from: u16, directory: &Directory, tx: &mut Transmit) {
         if let Some((lost, _)) = directory.any_lost() {
             // A node is gone: no generation can complete any more. Tell every live node that
             // waits in it (the arrival may come from a node that has not noticed the loss yet).
-            self.counts.remove(&(kind, generation));
+            self.arrivals.remove(&(kind, generation));
             self.decide_failed(kind, generation, lost, directory, tx);
             return;
         }
-        let count = self.counts.entry((kind, generation)).or_insert(0);
-        *count += 1;
-        if *count < self.nodes {
+        let nodes = self.nodes;
+        let arrived = self.arrivals.entry((kind, generation)).or_insert_with(|| vec![false; nodes]);
+        if let Some(seen) = arrived.get_mut(from as usize) {
+            *seen = true;
+        }
+        if arrived.iter().any(|&a| !a) {
             return;
         }
-        self.counts.remove(&(kind, generation));
+        self.arrivals.remove(&(kind, generation));
         for node in 0..self.nodes as u16 {
             if node == self.rank {
                 self.released(kind, generation);
@@ -178,11 +182,11 @@ impl Barriers {
     /// verdict unless `peer` is rank 0.
     pub fn handle_peer_lost(&mut self, peer: u16, error: &Error, directory: &Directory, tx: &mut Transmit) {
         if self.rank == 0 {
-            let mut open: Vec<(u8, u32)> = self.counts.keys().copied().collect();
+            let mut open: Vec<(u8, u32)> = self.arrivals.keys().copied().collect();
             open.extend(self.waiting.iter().map(|&(k, g)| (k as u8, g)));
             open.sort_unstable();
             open.dedup();
-            self.counts.clear();
+            self.arrivals.clear();
             for (kind, generation) in open {
                 self.decide_failed(kind, generation, peer, directory, tx);
             }
@@ -190,6 +194,18 @@ impl Barriers {
             for (kind, generation) in std::mem::take(&mut self.waiting) {
                 self.events.push_back(BarrierEvent { kind, generation, result: Err(error.clone()) });
             }
+        }
+    }
+
+    /// For a timeout's message: the nodes a generation waits for. Rank 0 knows which nodes have
+    /// not arrived; any other node waits for rank 0's release.
+    pub fn not_arrived(&self, kind: BarrierKind, generation: u32) -> Vec<usize> {
+        if self.rank != 0 {
+            return vec![0];
+        }
+        match self.arrivals.get(&(kind as u8, generation)) {
+            Some(arrived) => arrived.iter().enumerate().filter(|&(_, &a)| !a).map(|(n, _)| n).collect(),
+            None => Vec::new(),
         }
     }
 
@@ -220,15 +236,24 @@ mod tests {
             assert_eq!(b.enter(BarrierKind::Workers, d, tx), 1);
             while let Some((to, frame)) = tx.poll_transmit() {
                 assert_eq!((r, to), (r, 0));
-                to_zero.push(frame);
+                to_zero.push((r as u16, frame));
             }
         }
         assert_eq!(to_zero.len(), 2, "rank 0 counts its own arrival without a message");
         let (b0, d0, tx0) = &mut nodes[0];
-        for frame in to_zero {
-            for body in wire::Messages::new(&frame) {
-                b0.handle_message(body.unwrap(), d0, tx0).unwrap();
-            }
+        assert_eq!(b0.not_arrived(BarrierKind::Workers, 1), vec![1, 2], "rank 0 knows who has not arrived");
+        let (from, frame) = &to_zero[0];
+        for body in wire::Messages::new(frame) {
+            let body = body.unwrap();
+            b0.handle_message(*from, body, d0, tx0).unwrap();
+            // A repeated arrival is not counted twice.
+            b0.handle_message(*from, body, d0, tx0).unwrap();
+        }
+        assert_eq!(b0.not_arrived(BarrierKind::Workers, 1), vec![2]);
+        assert_eq!(b0.poll_event(), None);
+        let (from, frame) = &to_zero[1];
+        for body in wire::Messages::new(frame) {
+            b0.handle_message(*from, body.unwrap(), d0, tx0).unwrap();
         }
         assert_eq!(b0.poll_event().map(|e| e.result), Some(Ok(())));
         let releases: Vec<_> = std::iter::from_fn(|| tx0.poll_transmit()).collect();
@@ -236,7 +261,7 @@ mod tests {
         for (to, frame) in releases {
             let (b, d, tx) = &mut nodes[to as usize];
             for body in wire::Messages::new(&frame) {
-                b.handle_message(body.unwrap(), d, tx).unwrap();
+                b.handle_message(0, body.unwrap(), d, tx).unwrap();
             }
             assert_eq!(b.poll_event(), Some(BarrierEvent { kind: BarrierKind::Workers, generation: 1, result: Ok(()) }));
         }
@@ -254,11 +279,11 @@ mod tests {
         let mut frame = Vec::new();
         wire::encode_barrier(&mut frame, msg::BARRIER, 0, 1);
         let body = wire::Messages::new(&frame).next().unwrap().unwrap();
-        assert!(b.handle_message(body, &d, &mut tx).is_err(), "only rank 0 counts arrivals");
+        assert!(b.handle_message(0, body, &d, &mut tx).is_err(), "only rank 0 counts arrivals");
         let mut frame = Vec::new();
         wire::encode_barrier(&mut frame, msg::BARRIER_RELEASE, 9, 1);
         let body = wire::Messages::new(&frame).next().unwrap().unwrap();
-        assert!(b.handle_message(body, &d, &mut tx).is_err(), "unknown kind");
+        assert!(b.handle_message(0, body, &d, &mut tx).is_err(), "unknown kind");
     }
 
     /// Delivers every frame `from` has queued to the nodes' barrier state.
@@ -267,7 +292,7 @@ mod tests {
         for (to, frame) in frames {
             let (b, d, tx) = &mut nodes[to as usize];
             for body in wire::Messages::new(&frame) {
-                b.handle_message(body.unwrap(), d, tx).unwrap();
+                b.handle_message(from as u16, body.unwrap(), d, tx).unwrap();
             }
         }
     }
@@ -326,7 +351,7 @@ mod tests {
         wire::encode_barrier(&mut frame, msg::BARRIER, 0, 2);
         {
             let (b, d, tx) = &mut nodes[0];
-            b.handle_message(wire::Messages::new(&frame).next().unwrap().unwrap(), d, tx).unwrap();
+            b.handle_message(1, wire::Messages::new(&frame).next().unwrap().unwrap(), d, tx).unwrap();
         }
         let replies: Vec<_> = std::iter::from_fn(|| nodes[0].2.poll_transmit()).collect();
         let body = wire::Messages::new(&replies[0].1).next().unwrap().unwrap();

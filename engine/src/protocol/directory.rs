@@ -45,7 +45,9 @@ pub struct Directory {
     shards: usize,
     tables: Vec<TableMeta>,
     lost: Box<[AtomicBool]>,
-    reasons: Mutex<Vec<Option<String>>>,
+    /// Why each lost node was lost, and the order of the losses (the first is the cause that
+    /// errors name when several nodes are gone).
+    reasons: Mutex<(Vec<Option<String>>, Vec<u16>)>,
     /// Peers lost so far: an operation records it when issued, and a loss fails only the
     /// operations issued before it (later ones already see the peer as lost).
     losses: AtomicU64,
@@ -70,7 +72,7 @@ impl Directory {
             shards: shards.clamp(1, MAX_SHARDS),
             tables,
             lost: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
-            reasons: Mutex::new(vec![None; nodes]),
+            reasons: Mutex::new((vec![None; nodes], Vec::new())),
             losses: AtomicU64::new(0),
         }
     }
@@ -205,15 +207,20 @@ impl Directory {
         self.lost.get(node as usize).is_some_and(|l| l.load(Ordering::Acquire))
     }
 
-    /// Whether any peer is lost.
+    /// The first peer lost, if any, and why.
     pub fn any_lost(&self) -> Option<(u16, String)> {
+        self.lost_nodes().into_iter().next()
+    }
+
+    /// Every lost node and why it was lost, in the order of the losses.
+    pub fn lost_nodes(&self) -> Vec<(u16, String)> {
         let reasons = self.reasons.lock();
-        reasons.iter().enumerate().find_map(|(i, r)| r.as_ref().map(|r| (i as u16, r.clone())))
+        reasons.1.iter().map(|&n| (n, reasons.0[n as usize].clone().unwrap_or_default())).collect()
     }
 
     /// The error for an operation that depended on lost `node`.
     pub fn lost_error(&self, node: u16) -> Error {
-        let reason = self.reasons.lock().get(node as usize).cloned().flatten().unwrap_or_default();
+        let reason = self.reasons.lock().0.get(node as usize).cloned().flatten().unwrap_or_default();
         Error::PeerLost { node: node as usize, reason }
     }
 
@@ -223,10 +230,11 @@ impl Directory {
             return false;
         }
         let mut reasons = self.reasons.lock();
-        if reasons[node as usize].is_some() {
+        if reasons.0[node as usize].is_some() {
             return false;
         }
-        reasons[node as usize] = Some(reason.to_string());
+        reasons.0[node as usize] = Some(reason.to_string());
+        reasons.1.push(node);
         self.lost[node as usize].store(true, Ordering::Release);
         self.losses.fetch_add(1, Ordering::AcqRel);
         true

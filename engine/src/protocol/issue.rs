@@ -478,6 +478,7 @@ impl Step<'_, '_> {
         {
             debug_assert_eq!(o.parts.len() as u32, queued_part);
             o.parts.push(queued);
+            o.part_nodes.push(rank);
         }
         for (dest, flags, rows) in groups {
             let group = Group::new(dest, flags, rows, keys);
@@ -508,6 +509,7 @@ impl Step<'_, '_> {
         // Counted here, where rows leave, so rows that turn out local on a second look count once.
         self.tx.count_remote(rows.len());
         o.parts.push(rows);
+        o.part_nodes.push(dest);
         let message = if flags & FLAG_FORWARDED != 0 { MessageKind::Forward } else { MessageKind::Access };
         self.tx.sent(dest, message, bytes);
     }

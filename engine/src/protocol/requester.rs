@@ -134,6 +134,9 @@ pub(crate) struct PendingOp {
     pub table: u16,
     pub value_len: usize,
     pub parts: Vec<Rows>,
+    /// The node each part was sent to (this node's own rank for rows waiting here for a
+    /// relocation to land).
+    pub part_nodes: Vec<u16>,
     answered: Vec<u64>,
     pub remaining: usize,
     pub output: Output,
@@ -189,6 +192,21 @@ impl PendingOp {
 
     fn fail(&mut self, error: Error) {
         self.error.get_or_insert(error);
+    }
+
+    /// The nodes that have not answered every row of the parts sent to them.
+    fn unanswered_nodes(&self, own: u16) -> Vec<usize> {
+        let answered = |row: u32| self.answered.get(row as usize / 64).is_some_and(|w| w & (1 << (row % 64)) != 0);
+        let mut nodes: Vec<usize> = self
+            .parts
+            .iter()
+            .zip(&self.part_nodes)
+            .filter(|&(rows, &node)| node != own && rows.iter().any(|r| !answered(r)))
+            .map(|(_, &node)| node as usize)
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
     }
 
     /// Where row `row`'s values go, given the caller's buffer of the waited-for operation.
@@ -258,6 +276,7 @@ impl Requester {
                 table,
                 value_len,
                 parts: Vec::new(),
+                part_nodes: Vec::new(),
                 answered,
                 remaining,
                 output,
@@ -358,6 +377,14 @@ impl Requester {
         self.done.remove(&op)
     }
 
+    /// The nodes that have not answered every part of this worker's pending operations.
+    pub fn unanswered_nodes(&self) -> Vec<usize> {
+        let mut nodes: Vec<usize> = self.ops.values().flat_map(|o| o.unanswered_nodes(self.rank)).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
+    }
+
     /// Forgets an operation (its caller gave up); late answers are ignored.
     pub fn cancel(&mut self, op: OpId) {
         self.ops.remove(&op);
@@ -384,7 +411,8 @@ impl Requester {
             }
             let Some(Reverse((_, op))) = self.deadlines.pop() else { break };
             if let Some(o) = self.ops.get_mut(&op) {
-                o.fail(Error::Timeout { what: "operation", millis });
+                let nodes = o.unanswered_nodes(self.rank);
+                o.fail(Error::Timeout { what: "operation", millis, nodes });
                 o.remaining = 0;
                 o.unsent = None;
                 o.countdown = None;
@@ -515,7 +543,7 @@ impl Requester {
         let error = match f.code {
             FailureCode::PeerLost => Error::PeerLost { node: f.node as usize, reason: format!("while serving key {}", f.key) },
             FailureCode::KeyLost => Error::KeyLost { table: directory.table_name(f.table), key: f.key },
-            FailureCode::Unavailable => Error::Timeout { what: "relocation of the key", millis: self.op_timeout_ns / 1_000_000 },
+            FailureCode::Unavailable => Error::Timeout { what: "relocation of the key", millis: self.op_timeout_ns / 1_000_000, nodes: vec![f.node as usize] },
             FailureCode::Protocol => Error::Protocol(format!("node {} could not serve key {}", f.node, f.key)),
         };
         for i in 0..f.count {

@@ -148,7 +148,7 @@ impl<'c, 't> Step<'c, 't> {
                         msg::BARRIER | msg::BARRIER_RELEASE | msg::BARRIER_FAILED => {
                             let core = self.core;
                             self.tx.touch_barrier();
-                            core.barriers().lock().handle_message(body, dir, self.tx)?;
+                            core.barriers().lock().handle_message(from, body, dir, self.tx)?;
                             None
                         }
                         msg::REPLICA_DELTA => {
@@ -248,7 +248,7 @@ impl<'c, 't> Step<'c, 't> {
                 match kind {
                     DeadlineKind::Stuck => {
                         tracing::warn!(node = self.directory().rank(), table, key, "an incoming relocation did not land in time");
-                        self.abandon_transit_queue((table, key), Error::Timeout { what: "relocation", millis });
+                        self.abandon_transit_queue((table, key), Error::Timeout { what: "relocation", millis, nodes: Vec::new() });
                     }
                     DeadlineKind::Grace => self.give_up_transit((table, key)),
                 }

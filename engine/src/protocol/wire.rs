@@ -15,6 +15,7 @@
 //! | BARRIER, BARRIER_RELEASE | kind u8, pad u16, generation u32 |
 //! | BARRIER_FAILED | kind u8, pad u16, generation u32, lost node u16 |
 //! | REPLICA_DELTA | flags u8 (CUT: the shipment's last message, cut an image; FULL: of every replicated slot), table u16, round u32, count u32, (key u64, values)×count |
+//! | LEAVING | count u16, (node u16, reason length u16, reason UTF-8)×count — alone in its frame, handled by the runtime, not the protocol |
 //! | REPLICA_ACK | flags u8 (CUT: an image was cut), table u16, round u32, keys u32, changed u32, region u32, pad u32, addr u64, position u32×changed |
 
 use crate::error::{Error, Result};
@@ -44,6 +45,9 @@ pub mod msg {
     pub const REPLICA_DELTA: u8 = 10;
     /// Home node to replica node: the deltas are applied; where the replicated slots lie.
     pub const REPLICA_ACK: u8 = 11;
+    /// A node leaves after losing peers; names them and why (sent alone in a frame, read by the
+    /// runtime around the protocol).
+    pub const LEAVING: u8 = 12;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).
@@ -847,6 +851,62 @@ pub fn decode_replica_ack(b: &[u8]) -> Result<(u16, u32, u32, Option<ReplicaImag
     }
 }
 
+/// Longest reason LEAVING carries per node (longer ones are cut at a character boundary).
+pub const LEAVING_REASON_MAX: usize = 512;
+
+/// Encodes LEAVING: this node leaves after losing `lost` (node, why).
+pub fn encode_leaving(out: &mut Vec<u8>, lost: &[(u16, String)]) {
+    let start = begin(out, msg::LEAVING);
+    let count = lost.len().min(u16::MAX as usize);
+    out.extend_from_slice(&(count as u16).to_le_bytes());
+    for (node, reason) in &lost[..count] {
+        let reason = &reason[..reason.floor_char_boundary(LEAVING_REASON_MAX)];
+        out.extend_from_slice(&node.to_le_bytes());
+        out.extend_from_slice(&(reason.len() as u16).to_le_bytes());
+        out.extend_from_slice(reason.as_bytes());
+    }
+    finish(out, start);
+}
+
+/// The lost nodes a frame's LEAVING names, if the frame is one (`None` for any other frame).
+pub fn leaving_of(frame: &[u8]) -> Option<Result<Vec<(u16, String)>>> {
+    let mut messages = Messages::new(frame);
+    let body = match messages.next()? {
+        Ok(body) => body,
+        Err(e) => return Some(Err(e)),
+    };
+    if body.first() != Some(&msg::LEAVING) {
+        return None;
+    }
+    if messages.next().is_some() {
+        return Some(Err(bad("LEAVING shares its frame with other messages")));
+    }
+    Some(decode_leaving(body))
+}
+
+fn decode_leaving(b: &[u8]) -> Result<Vec<(u16, String)>> {
+    if b.len() < 3 {
+        return Err(bad("LEAVING too short"));
+    }
+    let count = u16_at(b, 1) as usize;
+    let mut at = 3;
+    let mut lost = Vec::with_capacity(count.min(64));
+    for _ in 0..count {
+        if b.len() < at + 4 {
+            return Err(bad("LEAVING cut short"));
+        }
+        let (node, len) = (u16_at(b, at), u16_at(b, at + 2) as usize);
+        at += 4;
+        let reason = b.get(at..at + len).ok_or_else(|| bad("LEAVING reason cut short"))?;
+        lost.push((node, String::from_utf8_lossy(reason).into_owned()));
+        at += len;
+    }
+    if at != b.len() {
+        return Err(bad("LEAVING with trailing bytes"));
+    }
+    Ok(lost)
+}
+
 fn begin(out: &mut Vec<u8>, ty: u8) -> usize {
     let start = out.len();
     out.extend_from_slice(&[0, 0, 0, 0, ty]);
@@ -861,6 +921,28 @@ fn finish(out: &mut [u8], start: usize) {
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
+
+    #[test]
+    fn leaving_round_trips_and_rejects_garbage() {
+        let lost = vec![(2u16, "node 2 sent nothing for 1500 ms".to_string()), (3, "é".repeat(400))];
+        let mut frame = Vec::new();
+        encode_leaving(&mut frame, &lost);
+        let decoded = leaving_of(&frame).expect("a LEAVING frame").unwrap();
+        assert_eq!(decoded[0], lost[0]);
+        assert!(decoded[1].1.len() <= LEAVING_REASON_MAX && decoded[1].1.starts_with('é'), "cut at a character boundary");
+        let mut other = Vec::new();
+        encode_barrier(&mut other, msg::BARRIER, 0, 1);
+        assert!(leaving_of(&other).is_none(), "another message is not LEAVING");
+        let mut two = frame.clone();
+        two.extend_from_slice(&other);
+        assert!(leaving_of(&two).unwrap().is_err(), "LEAVING comes alone");
+        for cut in 5..frame.len() {
+            let mut short = frame[..cut].to_vec();
+            let len = (cut - 4) as u32;
+            short[..4].copy_from_slice(&len.to_le_bytes());
+            assert!(leaving_of(&short).unwrap().is_err(), "cut at {cut}");
+        }
+    }
 
     use super::*;
 

@@ -54,8 +54,13 @@ pub(crate) fn run_round(node: &NodeInner, state: &mut RoundState) -> Result<()> 
     let replication = node.core.replication();
     let deadline = Instant::now() + node.config.op_timeout;
     let (acks, complete) = replication.mailbox().wait(round, &sent, deadline, |h| node.fabric.is_alive(h as usize));
-    let mut outcome =
-        if complete { Ok(()) } else { Err(Error::Timeout { what: "replica deltas to be acknowledged", millis: node.config.op_timeout.as_millis() as u64 }) };
+    let mut outcome = if complete {
+        Ok(())
+    } else {
+        let mut nodes: Vec<usize> = sent.iter().filter(|(h, t)| !acks.iter().any(|a| a.from == *h && a.table == *t)).map(|(h, _)| *h as usize).collect();
+        nodes.dedup();
+        Err(Error::Timeout { what: "replica deltas to be acknowledged", millis: node.config.op_timeout.as_millis() as u64, nodes })
+    };
     let reads_began = node.now();
     let mut refreshed_tables = vec![true; node.config.tables.len()];
     for ack in &acks {

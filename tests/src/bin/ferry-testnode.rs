@@ -14,6 +14,13 @@
 //! * `writes-queued`: rank 1 localizes every key of rank 0 and dies while the values are still
 //!   being written to it; rank 0's operations towards rank 1 fail, and every slot of a key that
 //!   left is freed once its write failed or completed.
+//! * `stalled-reader`: over TCP, rank 1 stops reading (its heartbeats go on) while rank 0's
+//!   worker floods it with asynchronous pushes: rank 0 must declare it lost within the liveness
+//!   timeout, with the send queue held to its limit meanwhile (backpressure), and report how
+//!   much its resident memory grew.
+//! * `stopped`: the last of three ranks is stopped (SIGSTOP, continued 6 s later): the
+//!   survivors' operations and barrier fail naming it — not each other — and they go on working
+//!   with each other.
 //! * `replicas`: every node pushes into its own lanes of replicated keys while pulling them,
 //!   recording times on the host's monotonic clock; rank 0 checks the bounded-staleness
 //!   guarantee on the gathered history and the exact sums after a barrier, and every rank
@@ -82,6 +89,12 @@ enum Scenario {
         #[arg(long, default_value_t = 20_000)]
         keys: u64,
     },
+    Stopped,
+    StalledReader {
+        /// The send-queue limit, MiB.
+        #[arg(long, default_value_t = 16)]
+        limit_mib: usize,
+    },
     Replicas {
         #[arg(long, default_value_t = 25)]
         pushes: u32,
@@ -103,6 +116,8 @@ fn main() -> Result<()> {
         Scenario::Crash { workers } => crash(workers),
         Scenario::SendFailure { after } => send_failure(after),
         Scenario::WritesQueued { keys } => writes_queued(keys),
+        Scenario::Stopped => stopped(),
+        Scenario::StalledReader { limit_mib } => stalled_reader(limit_mib),
         Scenario::Replicas { pushes, dir } => replicas(pushes, &dir),
     }
 }
@@ -446,6 +461,109 @@ fn send_failure(after: u64) -> Result<()> {
         let outcome = worker.barrier();
         ensure!(outcome.is_err(), "the barrier passed although rank 0 never entered it");
         println!("send-failure ok: {}", outcome.unwrap_err());
+    }
+    drop(worker);
+    node.abort();
+    Ok(())
+}
+
+fn stopped() -> Result<()> {
+    let mut config = Config::from_env(vec![TableSpec::new("s", 300, 2)])?;
+    // Rank 1 notices the stop itself; rank 0, with a long liveness timeout, learns it from rank 1
+    // when rank 1 leaves — and must name the stopped node, not the one that left.
+    config.peer_timeout = if config.rank == 0 { Duration::from_secs(12) } else { Duration::from_millis(1500) };
+    config.op_timeout = Duration::from_secs(20);
+    let node = Node::start(config)?;
+    let table = node.table("s")?;
+    let mut worker = node.worker();
+    worker.barrier()?;
+    let victim = node.nodes() - 1;
+    let blames_victim = |e: &ferry::Error| matches!(e, ferry::Error::PeerLost { node, .. } if *node == victim);
+    let started = Instant::now();
+    if node.rank() == victim {
+        let pid = std::process::id().to_string();
+        std::process::Command::new("sh").arg("-c").arg(format!("sleep 6; kill -CONT {pid}")).spawn()?;
+        // Returns once continued.
+        std::process::Command::new("kill").args(["-STOP", &pid]).status()?;
+        let outcome = worker.barrier();
+        ensure!(outcome.is_err(), "a barrier passed after this node was stopped for 6 s");
+        println!("stopped ok: continued, then {}", outcome.unwrap_err());
+    } else {
+        let on_victim = [250u64]; // homed at the last rank
+        let error = loop {
+            match worker.push(table, &on_victim, &[1.0; 2]) {
+                Ok(()) => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => break e,
+            }
+            ensure!(started.elapsed() < Duration::from_secs(8), "pushes to the stopped node kept succeeding");
+        };
+        ensure!(blames_victim(&error), "the failure blames the wrong node: {error}");
+        if node.rank() == 1 {
+            // Rank 0 has not noticed anything: the survivors still work with each other.
+            worker.push(table, &[50], &[1.0; 2]).context("a push between survivors")?;
+        } else {
+            ensure!(error.to_string().contains("reported by node 1"), "rank 0 learnt of the loss from rank 1: {error}");
+        }
+        let barrier = worker.barrier().expect_err("a barrier with a stopped node cannot pass");
+        ensure!(blames_victim(&barrier), "the barrier blames the wrong node: {barrier}");
+        println!("stopped ok after {} ms: {error}; barrier: {barrier}", started.elapsed().as_millis());
+    }
+    drop(worker);
+    node.abort();
+    Ok(())
+}
+
+/// Peak resident memory of this process (VmHWM), in bytes.
+fn peak_rss() -> Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).context("no VmHWM in /proc/self/status")?;
+    let kib: u64 = line.split_whitespace().nth(1).context("bad VmHWM line")?.parse()?;
+    Ok(kib << 10)
+}
+
+fn stalled_reader(limit_mib: usize) -> Result<()> {
+    const VALUE_LEN: usize = 256;
+    const BATCH: u64 = 1024; // one push: 1 MiB of values
+    let mut config = Config::from_env(vec![TableSpec::new("s", 4 * BATCH, VALUE_LEN)])?;
+    config.transport = ferry::TransportChoice::Tcp;
+    config.peer_timeout = Duration::from_millis(1500);
+    config.op_timeout = Duration::from_secs(30);
+    config.send_queue_limit = limit_mib << 20;
+    if config.rank == 1 {
+        // Enough frames for start-up and the first barrier, then rank 1 reads nothing more.
+        config.stop_reading_after = Some(3);
+    }
+    let node = Node::start(config)?;
+    let table = node.table("s")?;
+    let mut worker = node.worker();
+    worker.barrier()?;
+    if node.rank() == 0 {
+        let before = peak_rss()?;
+        let remote: Vec<u64> = (2 * BATCH..3 * BATCH).collect(); // homed at rank 1
+        let values = vec![1.0f32; BATCH as usize * VALUE_LEN];
+        let started = Instant::now();
+        let mut outstanding = std::collections::VecDeque::new();
+        let mut pushes = 0u64;
+        let error = loop {
+            ensure!(started.elapsed() < Duration::from_secs(25), "{pushes} pushes into a node that does not read, and it was never declared lost");
+            let pushed = worker.push_async(table, &remote, &values).and_then(|t| {
+                outstanding.push_back(t);
+                if outstanding.len() > 256 { worker.wait(outstanding.pop_front().expect("one")) } else { Ok(()) }
+            });
+            match pushed {
+                Ok(()) => pushes += 1,
+                Err(e) => break e,
+            }
+        };
+        let took = started.elapsed();
+        let grew = peak_rss()?.saturating_sub(before);
+        ensure!(matches!(&error, ferry::Error::PeerLost { node: 1, reason } if reason.contains("does not read")), "the failure names the wrong cause: {error}");
+        ensure!(took < Duration::from_secs(10), "declaring the peer lost took {took:?}");
+        println!("stalled-reader ok: {pushes} pushes of 1 MiB, lost after {} ms, peak RSS grew {} MiB: {error}", took.as_millis(), grew >> 20);
+    } else {
+        let outcome = worker.barrier();
+        ensure!(outcome.is_err(), "the barrier passed although rank 0 never entered it");
+        println!("stalled-reader ok: {}", outcome.unwrap_err());
     }
     drop(worker);
     node.abort();

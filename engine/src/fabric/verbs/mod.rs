@@ -215,12 +215,36 @@ impl Inner {
                     if self.closing.load(Ordering::Acquire) {
                         return;
                     }
-                    self.reports_cv.wait_for(&mut reports, Duration::from_millis(100));
+                    if self.reports_cv.wait_for(&mut reports, Duration::from_millis(100)).timed_out() {
+                        drop(reports);
+                        self.check_stalls();
+                        reports = self.reports.lock();
+                    }
                 }
             };
             match report {
                 Report::WriteFailed(id, why) => self.report_failed_writes(vec![(id, why)]),
                 Report::Broken(rank, reason) => self.fail(rank, reason),
+            }
+        }
+    }
+
+    /// Fails a peer whose queue has waited the liveness timeout without a single post (it does
+    /// not return credits: connected, perhaps heartbeating, but not reading).
+    fn check_stalls(&self) {
+        let timeout = self.control.config().peer_timeout.as_nanos() as u64;
+        let now = ferry_tcp::monotonic_ns();
+        for peer in self.peers.iter().flatten().filter(|p| p.is_open()) {
+            if let Some((queued, waited)) = peer.stalled(now)
+                && waited > timeout
+            {
+                let reason = format!(
+                    "node {} does not read what this node sends: {queued} bytes waited {} ms in its send queue and none was posted",
+                    peer.rank,
+                    waited / 1_000_000
+                );
+                tracing::warn!(node = self.rank, peer = peer.rank, %reason, "declaring a peer lost that does not read");
+                self.fail(peer.rank, reason);
             }
         }
     }
@@ -359,8 +383,39 @@ impl Fabric for VerbsFabric {
     }
 
     fn enqueue(&self, to: usize, frame: Vec<u8>) -> Result<()> {
-        self.inner.open_peer(to)?.enqueue_frame(frame);
+        let peer = self.inner.open_peer(to)?;
+        let queued = peer.queued.load(Ordering::Relaxed);
+        let hard = (self.inner.control.config().send_queue_limit as u64).saturating_mul(ferry_tcp::SEND_QUEUE_HARD_FACTOR);
+        if queued > 0 && queued + frame.len() as u64 > hard {
+            let reason = format!("node {to} does not read what this node sends: {queued} bytes wait in its send queue, past the limit of {hard}");
+            // Reported by the reporter thread: a send path never calls into the node.
+            self.inner.reports.lock().push_back(Report::Broken(to, reason.clone()));
+            self.inner.reports_cv.notify_all();
+            return Err(Error::PeerLost { node: to, reason });
+        }
+        peer.enqueue_frame(frame);
         Ok(())
+    }
+
+    fn wait_for_room(&self, timeout: Duration) -> Result<()> {
+        let limit = self.inner.control.config().send_queue_limit as u64;
+        let started = Instant::now();
+        let mut pause = Duration::from_micros(50);
+        loop {
+            let Some(full) = self.inner.peers.iter().flatten().find(|p| p.is_open() && p.queued.load(Ordering::Relaxed) >= limit) else {
+                return Ok(());
+            };
+            if started.elapsed() >= timeout {
+                return Err(Error::Transport(format!(
+                    "the send queue to node {} stayed over its limit of {limit} bytes ({} queued) for {} ms",
+                    full.rank,
+                    full.queued.load(Ordering::Relaxed),
+                    started.elapsed().as_millis()
+                )));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
     }
 
     fn flush(&self, to: usize) {
@@ -389,7 +444,7 @@ impl Fabric for VerbsFabric {
             Ok(()) => inner.pump(peer),
             Err(e) => inner.reads.complete(id, Err(verbs_err(e))),
         }
-        if let Err(e) = inner.reads.wait(id, timeout) {
+        if let Err(e) = inner.reads.wait(id, peer, timeout) {
             // The device may still write into this buffer: retire it rather than reuse it.
             if let Some(old) = buffer.take() {
                 inner.retired.lock().push(old);

@@ -106,6 +106,10 @@ pub(super) struct Peer {
     /// Receive buffers handled and reposted but not yet reported to the peer.
     pub owed: AtomicU32,
     pub state: AtomicU8,
+    /// Bytes of frames queued and not yet posted.
+    pub queued: AtomicU64,
+    /// When something was last posted, or the queue became non-empty (monotonic ns).
+    progress_ns: AtomicU64,
     max_send: usize,
     /// Fault injection (tests): posts left before posting to this peer fails.
     posts_before_failure: Option<AtomicU64>,
@@ -142,6 +146,8 @@ impl Peer {
             buffers,
             owed: AtomicU32::new(0),
             state: AtomicU8::new(OPEN),
+            queued: AtomicU64::new(0),
+            progress_ns: AtomicU64::new(0),
             max_send,
             posts_before_failure: None,
         }
@@ -171,12 +177,30 @@ impl Peer {
 
     /// Queues a frame.
     pub fn enqueue_frame(&self, data: Vec<u8>) {
-        self.send.lock().pending.push_back(Pending::Frame { data, sent: 0 });
+        let mut st = self.send.lock();
+        self.note_queued(&st);
+        self.queued.fetch_add(data.len() as u64, Ordering::Relaxed);
+        st.pending.push_back(Pending::Frame { data, sent: 0 });
+    }
+
+    /// An empty queue gets work: the time without progress counts from now.
+    fn note_queued(&self, st: &SendState) {
+        if st.pending.is_empty() {
+            self.progress_ns.store(ferry_tcp::monotonic_ns(), Ordering::Relaxed);
+        }
+    }
+
+    /// When queued work has waited without anything being posted: the bytes of frames queued and
+    /// for how long (ns), or `None` when nothing waits.
+    pub fn stalled(&self, now_ns: u64) -> Option<(u64, u64)> {
+        let st = self.send.lock();
+        (!st.pending.is_empty()).then(|| (self.queued.load(Ordering::Relaxed), now_ns.saturating_sub(self.progress_ns.load(Ordering::Relaxed))))
     }
 
     /// Queues writes.
     pub fn enqueue_writes(&self, writes: &[WriteRequest]) {
         let mut st = self.send.lock();
+        self.note_queued(&st);
         st.pending.extend(writes.iter().map(|w| Pending::Write(QueuedWrite { src: w.src as usize, len: w.len, remote: w.remote, imm: w.imm, wr_id: w.wr_id })));
     }
 
@@ -299,6 +323,7 @@ impl Peer {
                     let end = *sent + n == data.len();
                     self.tx.write(slot as usize * self.buffer_bytes, &data[*sent..*sent + n]).expect("fragment fits its slot");
                     *sent += n;
+                    self.queued.fetch_sub(n as u64, Ordering::Relaxed);
                     if end {
                         st.pending.pop_front();
                     }
@@ -328,6 +353,9 @@ impl Peer {
                 }
             }
         }
+        if !requests.is_empty() {
+            self.progress_ns.store(ferry_tcp::monotonic_ns(), Ordering::Relaxed);
+        }
         let owed = self.owed.load(Ordering::Acquire);
         if requests.is_empty() && owed >= (self.buffers / 4).max(1) && st.credits >= 1 && st.inflight.len() < self.max_send {
             let seq = st.next_seq;
@@ -346,6 +374,7 @@ impl Peer {
         if !self.is_open() {
             return Err(VerbsError::Invalid(format!("the connection to node {} is closed", self.rank)));
         }
+        self.note_queued(&st);
         st.pending.push_back(Pending::Read { id, remote, local });
         Ok(())
     }
