@@ -434,3 +434,35 @@ fn barrier_timeouts_name_the_nodes_that_did_not_arrive() {
         n.abort();
     }
 }
+
+/// A node that is connected (its heartbeats go on) but answers nothing: an operation towards it
+/// times out naming it, and so does the wait for asynchronous operations before a barrier.
+#[test]
+fn operation_timeouts_name_the_nodes_that_did_not_answer() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let start = |rank: usize| {
+        let mut c = config(vec![TableSpec::new("t", 20, 2)]);
+        (c.rank, c.nodes, c.coordinator) = (rank, 2, format!("127.0.0.1:{port}"));
+        c.transport = ferry::TransportChoice::Tcp;
+        c.op_timeout = Duration::from_millis(800);
+        c.peer_timeout = Duration::from_secs(30);
+        // Node 1 reads nothing once the mesh runs.
+        c.stop_reading_after = (rank == 1).then_some(0);
+        std::thread::spawn(move || Node::start(c).unwrap())
+    };
+    let (zero, one) = (start(0), start(1));
+    let (zero, one) = (zero.join().unwrap(), one.join().unwrap());
+    let table = zero.table("t").unwrap();
+    let mut w = zero.worker();
+    let mut out = [0.0; 4];
+    // Key 3 is node 0's own, key 13 node 1's.
+    let e = w.pull(table, &[3, 13], &mut out).unwrap_err();
+    assert!(matches!(&e, Error::Timeout { what: "operation", nodes, .. } if nodes == &[1]), "{e:?}");
+    assert!(e.to_string().contains("no answer from node 1"), "{e}");
+    let ticket = w.push_async(table, &[13], &[1.0; 2]).unwrap();
+    let e = w.barrier().unwrap_err();
+    assert!(matches!(&e, Error::Timeout { nodes, .. } if nodes == &[1]), "{e:?}");
+    drop((ticket, w));
+    zero.abort();
+    one.abort();
+}

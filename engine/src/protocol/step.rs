@@ -248,7 +248,10 @@ impl<'c, 't> Step<'c, 't> {
                 match kind {
                     DeadlineKind::Stuck => {
                         tracing::warn!(node = self.directory().rank(), table, key, "an incoming relocation did not land in time");
-                        self.abandon_transit_queue((table, key), Error::Timeout { what: "relocation", millis, nodes: Vec::new() });
+                        // The key's home routed the request; it knows (and told) the old owner.
+                        let home = self.directory().home(table, key) as usize;
+                        let nodes = if home == self.directory().rank() as usize { Vec::new() } else { vec![home] };
+                        self.abandon_transit_queue((table, key), Error::Timeout { what: "relocation", millis, nodes });
                     }
                     DeadlineKind::Grace => self.give_up_transit((table, key)),
                 }
