@@ -61,7 +61,7 @@ enum Command {
     },
     /// Train a model on real or synthetic data in single, classic or localize mode.
     #[command(subcommand)]
-    Train(train::TrainCommand),
+    Train(Box<train::TrainCommand>),
     /// Replica refresh throughput against a raw TCP stream, and replica staleness under a
     /// 40 ms bound while both nodes push and pull replicated keys.
     Replicate {
@@ -139,7 +139,19 @@ fn fuzz(cases: u64, seed: u64) -> Result<()> {
     Ok(())
 }
 
-fn main() -> Result<()> {
+/// Errors print as one line with their causes (`error: what failed: why`), never with a
+/// backtrace, whatever `RUST_BACKTRACE` says; the exit status is 1.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferry-bench: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     // Fuzzing feeds broken frames on purpose: their log lines are noise unless asked for.
     let default_filter = if matches!(cli.command, Command::Fuzz { .. }) { "off" } else { "warn" };

@@ -115,7 +115,58 @@ fn any_ratings_file_of_the_right_shape_trains() {
     std::fs::write(&bad, "user,item\n1,2\n").unwrap();
     let out = Command::new(binary("ferry")).args(["train", "mf", "--mode", "single", "--data", bad.to_str().unwrap()]).output().unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("expected 'user item rating'"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("bad.csv:2") && stderr.contains("expected at least 3"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A split of one's own (`--train`, `--test`) on a 2-node cluster, names with spaces in a
+/// comma-separated file, and the errors a user meets with bad input: each is one line naming
+/// the cause, printed before (and instead of) any table.
+#[test]
+fn own_train_and_test_files_and_clear_errors_for_bad_data() {
+    let dir = std::env::temp_dir().join(format!("ferry-own-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (train_file, test_file) = (dir.join("train.csv"), dir.join("test.csv"));
+    let (mut train_text, mut test_text) = (String::new(), String::new());
+    for u in 0..60 {
+        for i in 0..30 {
+            let line = format!("user {u},Movie {i} (1999),{}\n", 1 + (u + 2 * i) % 5);
+            match (u * 7 + i * 3) % 5 {
+                0 => test_text.push_str(&line),
+                1 => {}
+                _ => train_text.push_str(&line),
+            }
+        }
+    }
+    std::fs::write(&train_file, train_text).unwrap();
+    std::fs::write(&test_file, test_text).unwrap();
+    let (train_arg, test_arg) = (train_file.to_str().unwrap(), test_file.to_str().unwrap());
+    let reports = train(&["mf", "--train", train_arg, "--test", test_arg, "--mode", "single,localize", "--epochs", "2", "--rank", "4"]);
+    let modes = by_mode(&reports);
+    assert_eq!(modes.keys().cloned().collect::<Vec<_>>(), ["localize", "single"]);
+    for runs in modes.values() {
+        assert!(f(&runs[1]["quality"]["rmse"]) < 2.0, "the held-out file was evaluated: {:?}", runs[1]);
+    }
+    let fails = |args: &[&str], want: &str| {
+        let out = Command::new(binary("ferry")).arg("train").args(args).env("RUST_BACKTRACE", "1").output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(want), "{args:?}: expected '{want}' in:\n{stderr}");
+        assert!(!stdout.contains("epoch[s]"), "{args:?}: a table header was printed before the error:\n{stdout}");
+        assert!(!stderr.contains("backtrace"), "{args:?}: the error came with a backtrace:\n{stderr}");
+    };
+    fails(&["mf", "--data", "wn18", "--mode", "single"], "known: ml-100k, synth-small, synth-tiny");
+    fails(&["kge", "--data", "wn18", "--mode", "single"], "known: umls, kinships, nations, film, synth-kg");
+    let absurd = dir.join("absurd.txt");
+    std::fs::write(&absurd, "a x 3\nb y 1e30\n").unwrap();
+    fails(&["mf", "--train", absurd.to_str().unwrap(), "--test", test_arg, "--mode", "localize"], "absurd.txt:2: rating 1e30 is not a finite number");
+    let one = dir.join("one.txt");
+    std::fs::write(&one, "a x 3\n").unwrap();
+    fails(&["mf", "--data", one.to_str().unwrap(), "--mode", "single"], "the test set is empty");
+    let mixed = dir.join("mixed.txt");
+    std::fs::write(&mixed, "a\tx\t3\nb y 4\n").unwrap();
+    fails(&["mf", "--data", mixed.to_str().unwrap(), "--mode", "single"], "mixed.txt:2: 1 field(s) separated by tab");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

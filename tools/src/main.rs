@@ -50,7 +50,7 @@ enum Command {
     Data(DataCommand),
     /// Train a model (the same as `ferry-bench train`).
     #[command(subcommand)]
-    Train(ferry_bench::train::TrainCommand),
+    Train(Box<ferry_bench::train::TrainCommand>),
     /// Train matrix factorization on MovieLens-100k on a 2-node local cluster, with dynamic
     /// allocation and, for contrast, on a classic parameter server.
     Demo,
@@ -68,7 +68,19 @@ enum DataCommand {
     List,
 }
 
-fn main() -> Result<()> {
+/// Errors print as one line with their causes (`error: what failed: why`), never with a
+/// backtrace, whatever `RUST_BACKTRACE` says; the exit status is 1.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferry: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)

@@ -8,6 +8,7 @@
 //! their SHA-256. Loaders read plain formats — rating rows, TSV triples — so any file of that
 //! shape works too.
 
+pub mod delimited;
 mod fetch;
 pub mod ratings;
 pub mod text;

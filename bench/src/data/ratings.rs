@@ -1,13 +1,16 @@
-//! Ratings: `user item rating` rows (tab, comma or space separated; a header line is allowed),
-//! and a synthetic generator with Zipf-skewed rows and columns and a planted low-rank truth.
+//! Ratings: `user item rating` rows (one separator per file: tab, comma, semicolon or spaces; a
+//! header line when it looks like one), and a synthetic generator with Zipf-skewed rows and
+//! columns and a planted low-rank truth.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, anyhow, bail};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+use super::delimited::{self, Format};
 
 /// Ratings with dense user and item indices.
 #[derive(Debug, Clone, Default)]
@@ -40,37 +43,42 @@ impl Ratings {
         if self.values.is_empty() { 0.0 } else { (self.values.iter().map(|&v| v as f64).sum::<f64>() / self.values.len() as f64) as f32 }
     }
 
-    /// Reads a ratings file. User and item names are mapped to dense indices in order of first
-    /// appearance.
-    pub fn load(path: &Path) -> Result<Ratings> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading ratings from {}", path.display()))?;
-        let mut users: HashMap<String, u32> = HashMap::new();
-        let mut items: HashMap<String, u32> = HashMap::new();
+    /// Largest rating magnitude accepted: beyond it a value is a data error, not a rating.
+    pub const MAX_ABS: f32 = 1e6;
+
+    /// Reads a ratings file: `user item rating` rows, further fields (a timestamp) ignored, in
+    /// `format` (see [`super::delimited`]). User and item names are mapped to dense indices in
+    /// order of first appearance.
+    pub fn load(path: &Path, format: Format) -> Result<Ratings> {
+        Ratings::load_with(path, format, &mut HashMap::new(), &mut HashMap::new())
+    }
+
+    /// Reads a training file and a test file with one numbering of users and items (the test
+    /// file's new names get new indices: they are cold-start users and items).
+    pub fn load_pair(train: &Path, test: &Path, format: Format) -> Result<(Ratings, Ratings)> {
+        let (mut users, mut items) = (HashMap::new(), HashMap::new());
+        let mut a = Ratings::load_with(train, format, &mut users, &mut items)?;
+        let mut b = Ratings::load_with(test, format, &mut users, &mut items)?;
+        (a.n_users, a.n_items) = (users.len() as u32, items.len() as u32);
+        (b.n_users, b.n_items) = (a.n_users, a.n_items);
+        Ok((a, b))
+    }
+
+    fn load_with(path: &Path, format: Format, users: &mut HashMap<String, u32>, items: &mut HashMap<String, u32>) -> Result<Ratings> {
         let mut r = Ratings::default();
-        for (line_no, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let fields: Vec<&str> = line.split(['\t', ',', ' ', ';']).filter(|f| !f.is_empty()).collect();
-            if fields.len() < 3 {
-                bail!("{}:{}: expected 'user item rating', found '{line}'", path.display(), line_no + 1);
-            }
-            let Ok(value) = fields[2].parse::<f32>() else {
-                if line_no == 0 {
-                    continue; // a header
-                }
-                bail!("{}:{}: '{}' is not a rating", path.display(), line_no + 1, fields[2]);
-            };
-            if !value.is_finite() {
-                bail!("{}:{}: rating {value} is not finite", path.display(), line_no + 1);
+        delimited::read(path, format, 3, delimited::no_numbers, |row| {
+            let field = row.fields[2];
+            let value: f32 = field.parse().map_err(|_| anyhow!("'{field}' is not a rating (the third field of 'user item rating')"))?;
+            if !value.is_finite() || value.abs() > Ratings::MAX_ABS {
+                bail!("rating {field} is not a finite number of magnitude at most {}", Ratings::MAX_ABS);
             }
             let next = users.len() as u32;
-            r.users.push(*users.entry(fields[0].to_string()).or_insert(next));
+            r.users.push(*users.entry(row.fields[0].to_string()).or_insert(next));
             let next = items.len() as u32;
-            r.items.push(*items.entry(fields[1].to_string()).or_insert(next));
+            r.items.push(*items.entry(row.fields[1].to_string()).or_insert(next));
             r.values.push(value);
-        }
+            Ok(())
+        })?;
         if r.is_empty() {
             bail!("{} holds no ratings", path.display());
         }
@@ -193,18 +201,29 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ferry-ratings-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("r.tsv");
-        std::fs::write(&path, "user_id:token\titem_id:token\trating:float\n7\ta\t3\n8\tb\t4.5\n7\tb\t1\n").unwrap();
-        let r = Ratings::load(&path).unwrap();
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Ratings::load(&path, Format::default())
+        };
+        let r = load("user_id:token\titem_id:token\trating:float\ttimestamp:float\n7\ta\t3\t1\n8\tb\t4.5\t2\n7\tb\t1\t3\n").unwrap();
         assert_eq!((r.len(), r.n_users, r.n_items), (3, 2, 2));
         assert_eq!((r.users.clone(), r.items.clone()), (vec![0, 1, 0], vec![0, 1, 1]));
-        std::fs::write(&path, "1,2,3\n4,5,6\n").unwrap();
-        assert_eq!(Ratings::load(&path).unwrap().len(), 2);
-        std::fs::write(&path, "1 2\n").unwrap();
-        assert!(Ratings::load(&path).is_err());
-        std::fs::write(&path, "1 2 3\n1 2 x\n").unwrap();
-        assert!(Ratings::load(&path).is_err());
-        let (train, test) = Ratings::load(&dir.join("missing")).map(|r| r.split(0.2, 1)).unwrap_or_default();
-        assert!(train.is_empty() && test.is_empty());
+        let r = load("bob,Apollo 13,4\nann,Apollo 13,5\n").unwrap();
+        assert_eq!((r.n_items, r.values.clone()), (1, vec![4.0, 5.0]), "one separator per file: names keep their spaces");
+        assert!(load("1 2\n").is_err());
+        let e = load("1 2 3\n1 2 x\n").unwrap_err();
+        assert!(format!("{e:#}").contains(":2:"), "the error names the line: {e:#}");
+        for absurd in ["1e30", "inf", "NaN", "-2e6"] {
+            let e = load(&format!("1 2 3\n1 3 {absurd}\n")).unwrap_err();
+            assert!(format!("{e:#}").contains("finite number of magnitude"), "{absurd}: {e:#}");
+        }
+        let test = dir.join("test.tsv");
+        std::fs::write(&path, "a 1 3\nb 2 4\n").unwrap();
+        std::fs::write(&test, "b 1 5\nc 3 2\n").unwrap();
+        let (train, held) = Ratings::load_pair(&path, &test, Format::default()).unwrap();
+        assert_eq!((held.users.clone(), held.items.clone()), (vec![1, 2], vec![0, 2]), "one numbering for both files");
+        assert_eq!((train.n_users, held.n_users, train.n_items), (3, 3, 3));
+        assert!(Ratings::load(&dir.join("missing"), Format::default()).is_err());
         let big = Synthetic { rows: 100, cols: 50, rank: 3, train: 1000, test: 100, zipf: 1.1, noise: 0.1 }.generate(3);
         assert_eq!((big.0.len(), big.1.len()), (1000, 100));
         let (a, b) = big.0.split(0.2, 9);

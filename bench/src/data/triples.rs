@@ -1,12 +1,15 @@
-//! Knowledge graphs: `head relation tail` triples, tab separated.
+//! Knowledge graphs: `head relation tail` triples (one separator per file, usually a tab; see
+//! [`super::delimited`]).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
+
+use super::delimited::{self, Format};
 
 /// Triples with dense entity and relation indices.
 #[derive(Debug, Clone, Default)]
@@ -82,48 +85,55 @@ impl Vocab {
     }
 }
 
-/// Reads `head relation tail` lines (a header line ending in `:token` fields is skipped).
-fn read_triples(path: &Path, vocab: &mut Vocab) -> Result<Triples> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading triples from {}", path.display()))?;
+/// Reads `head relation tail` lines in `format` (a first line whose fields all carry a
+/// `name:type` annotation, like RecBole's `head_id:token`, is a header).
+fn read_triples(path: &Path, format: Format, vocab: &mut Vocab) -> Result<Triples> {
     let mut t = Triples::default();
-    for (line_no, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
+    let annotated =
+        |fields: &[&str]| fields.iter().all(|f| f.rsplit_once(':').is_some_and(|(name, ty)| !name.is_empty() && ty.chars().all(|c| c.is_ascii_alphabetic())));
+    delimited::read(path, format, 3, annotated, |row| {
+        if row.fields.len() != 3 {
+            bail!("expected 'head relation tail', found {} fields", row.fields.len());
         }
-        let fields: Vec<&str> = line.split('\t').collect();
-        if fields.len() != 3 {
-            bail!("{}:{}: expected 'head<TAB>relation<TAB>tail', found '{line}'", path.display(), line_no + 1);
-        }
-        if line_no == 0 && fields.iter().all(|f| f.contains(":token")) {
-            continue;
-        }
-        let (h, r, tl) = (vocab.entity(fields[0]), vocab.relation(fields[1]), vocab.entity(fields[2]));
+        let (h, r, tl) = (vocab.entity(row.fields[0]), vocab.relation(row.fields[1]), vocab.entity(row.fields[2]));
         t.push(h, r, tl);
-    }
+        Ok(())
+    })?;
     Ok(t)
 }
 
 impl KnowledgeGraph {
     /// Reads `train.txt`, `valid.txt` and `test.txt` from a directory.
-    pub fn load_split(dir: &Path) -> Result<KnowledgeGraph> {
+    pub fn load_split(dir: &Path, format: Format) -> Result<KnowledgeGraph> {
+        KnowledgeGraph::load_files(&dir.join("train.txt"), Some(&dir.join("valid.txt")), &dir.join("test.txt"), format)
+    }
+
+    /// Reads a training, an optional validation and a test file, with one numbering of entities
+    /// and relations.
+    pub fn load_files(train: &Path, valid: Option<&Path>, test: &Path, format: Format) -> Result<KnowledgeGraph> {
         let mut vocab = Vocab::default();
-        let train = read_triples(&dir.join("train.txt"), &mut vocab)?;
-        let valid = read_triples(&dir.join("valid.txt"), &mut vocab)?;
-        let test = read_triples(&dir.join("test.txt"), &mut vocab)?;
-        if train.is_empty() || test.is_empty() {
-            bail!("{} has no training or no test triples", dir.display());
+        let train_triples = read_triples(train, format, &mut vocab)?;
+        let valid = match valid {
+            Some(v) => read_triples(v, format, &mut vocab)?,
+            None => Triples::default(),
+        };
+        let test_triples = read_triples(test, format, &mut vocab)?;
+        if train_triples.is_empty() {
+            bail!("{} holds no training triples", train.display());
         }
-        Ok(KnowledgeGraph { entities: vocab.entity_names, relations: vocab.relation_names, train, valid, test })
+        if test_triples.is_empty() {
+            bail!("{} holds no test triples", test.display());
+        }
+        Ok(KnowledgeGraph { entities: vocab.entity_names, relations: vocab.relation_names, train: train_triples, valid, test: test_triples })
     }
 
     /// Reads one file of triples, drops one relation of each inverse pair (when asked), and
     /// splits it 90/5/5 with a fixed seed.
-    pub fn load_single(path: &Path, drop_inverses: bool, seed: u64) -> Result<KnowledgeGraph> {
+    pub fn load_single(path: &Path, format: Format, drop_inverses: bool, seed: u64) -> Result<KnowledgeGraph> {
         let mut vocab = Vocab::default();
-        let all = read_triples(path, &mut vocab)?;
-        if all.is_empty() {
-            bail!("{} holds no triples", path.display());
+        let all = read_triples(path, format, &mut vocab)?;
+        if all.len() < 20 {
+            bail!("{} holds {} triples: too few to split 90/5/5 (give --train and --test files instead)", path.display(), all.len());
         }
         let dropped: HashSet<u32> = if drop_inverses { inverse_relations(&all, &vocab.relation_names) } else { HashSet::new() };
         let mut idx: Vec<usize> = (0..all.len()).filter(|&i| !dropped.contains(&all.relations[i])).collect();
@@ -246,14 +256,23 @@ mod tests {
             text.push_str(&format!("a{i}\tlikes\tb{i}\nb{i}\tliked_by\ta{i}\na{i}\tknows\tb{}\n", (i + 1) % 100));
         }
         std::fs::write(dir.join("kg.tsv"), &text).unwrap();
-        let kg = KnowledgeGraph::load_single(&dir.join("kg.tsv"), true, 5).unwrap();
+        let kg = KnowledgeGraph::load_single(&dir.join("kg.tsv"), Format::default(), true, 5).unwrap();
         let kept: HashSet<&str> =
             [&kg.train, &kg.valid, &kg.test].iter().flat_map(|t| t.relations.iter().map(|&r| kg.relations[r as usize].as_str())).collect();
         assert_eq!(kept, HashSet::from(["liked_by", "knows"]), "of an inverse pair the larger name (likes) is dropped");
         assert_eq!(kg.train.len() + kg.valid.len() + kg.test.len(), 200);
         assert_eq!((kg.valid.len(), kg.test.len()), (10, 10));
         std::fs::write(dir.join("bad.tsv"), "a b c\n").unwrap();
-        assert!(KnowledgeGraph::load_single(&dir.join("bad.tsv"), false, 1).is_err());
+        assert!(KnowledgeGraph::load_single(&dir.join("bad.tsv"), Format::default(), false, 1).is_err(), "too few to split");
+        // Own train and test files: names with spaces (tab separated), one numbering.
+        std::fs::write(dir.join("train.tsv"), "New York\tin\tUSA\nParis\tin\tFrance\n").unwrap();
+        std::fs::write(dir.join("test.tsv"), "Lyon\tin\tFrance\n").unwrap();
+        let kg = KnowledgeGraph::load_files(&dir.join("train.tsv"), None, &dir.join("test.tsv"), Format::default()).unwrap();
+        assert_eq!(kg.entities, ["New York", "USA", "Paris", "France", "Lyon"]);
+        assert_eq!((kg.test.heads.clone(), kg.test.tails.clone()), (vec![4], vec![3]));
+        std::fs::write(dir.join("test.tsv"), "Lyon\tin\tFrance\nNice\tin\n").unwrap();
+        let e = KnowledgeGraph::load_files(&dir.join("train.tsv"), None, &dir.join("test.tsv"), Format::default()).unwrap_err();
+        assert!(format!("{e:#}").contains("test.tsv:2"), "{e:#}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -11,7 +11,6 @@
 //! (including that triple's pre-drawn negatives).
 
 use std::collections::{HashSet, VecDeque};
-use std::path::{Path, PathBuf};
 use std::sync::Barrier;
 use std::time::Instant;
 
@@ -32,7 +31,8 @@ use crate::data::triples::{KnowledgeGraph, Triples};
 pub struct KgeArgs {
     /// Knowledge graph: `umls`, `kinships`, `nations`, `film` (fetched into the cache),
     /// `synth-kg` (generated, for tests), a directory with `train.txt`, `valid.txt` and
-    /// `test.txt`, or one file of triples (split 90/5/5).
+    /// `test.txt`, or one file of `head relation tail` triples (split 90/5/5). --train, --valid
+    /// and --test give files of your own instead.
     #[arg(long, default_value = "umls")]
     pub data: String,
     /// Complex dimension of the embeddings (each holds 2 × dim floats).
@@ -63,10 +63,16 @@ pub struct KgeArgs {
     /// `postpone[:POOL:USES]` (L3), `local` (L4).
     #[arg(long, default_value = "direct")]
     pub negatives: String,
+    /// Own data files.
+    #[command(flatten)]
+    pub files: super::DataFiles,
     /// Options shared by all tasks.
     #[command(flatten)]
     pub common: Common,
 }
+
+/// The named knowledge graphs.
+const KNOWN: &[&str] = &["umls", "kinships", "nations", "film", "synth-kg"];
 
 const ADAGRAD_EPS: f32 = 1e-10;
 const INITIAL_ACCUMULATOR: f32 = 0.1;
@@ -74,6 +80,10 @@ const INITIAL_ACCUMULATOR: f32 = 0.1;
 impl KgeArgs {
     /// Driver side: makes named data available; returns a description.
     pub fn prepare(&self) -> Result<String> {
+        self.files.check()?;
+        if let (Some(train), Some(test)) = (&self.files.train, &self.files.test) {
+            return Ok(format!("triples from {} (train) and {} (test)", train.display(), test.display()));
+        }
         match self.data.as_str() {
             "umls" | "kinships" | "nations" => {
                 crate::data::fetch(&self.data)?;
@@ -84,7 +94,7 @@ impl KgeArgs {
                 crate::data::fetch("film")?;
                 Ok("film graph of MovieLens-100k (one relation of each inverse pair dropped, split 90/5/5)".into())
             }
-            path => Ok(format!("triples from {path}")),
+            path => Ok(format!("triples from {}", super::user_data(path, KNOWN, true)?.display())),
         }
     }
 
@@ -110,6 +120,9 @@ impl KgeArgs {
             "--negatives".into(),
             self.negatives.clone(),
         ]
+        .into_iter()
+        .chain(self.files.args())
+        .collect()
     }
 
     /// The sampling scheme for negatives, `None` for trainer-drawn ones.
@@ -126,13 +139,17 @@ impl KgeArgs {
             bail!("--dim and --neg must be at least 1");
         }
         self.negative_scheme()?;
+        let format = self.files.format();
+        if let (Some(train), Some(test)) = (&self.files.train, &self.files.test) {
+            return KnowledgeGraph::load_files(train, self.files.valid.as_deref(), test, format);
+        }
         match self.data.as_str() {
-            "umls" | "kinships" | "nations" => KnowledgeGraph::load_split(&crate::data::cache_dir().join(&self.data)),
-            "film" => KnowledgeGraph::load_single(&crate::data::dataset_path("film", "ml-100k.kg"), true, self.common.seed),
+            "umls" | "kinships" | "nations" => KnowledgeGraph::load_split(&crate::data::cache_dir().join(&self.data), format),
+            "film" => KnowledgeGraph::load_single(&crate::data::dataset_path("film", "ml-100k.kg"), format, true, self.common.seed),
             "synth-kg" => Ok(KnowledgeGraph::synthetic(40, 30, self.common.seed)),
             path => {
-                let p = PathBuf::from(path);
-                if p.is_dir() { KnowledgeGraph::load_split(&p) } else { KnowledgeGraph::load_single(Path::new(path), false, self.common.seed) }
+                let p = super::user_data(path, KNOWN, true)?;
+                if p.is_dir() { KnowledgeGraph::load_split(&p, format) } else { KnowledgeGraph::load_single(&p, format, false, self.common.seed) }
             }
         }
     }
@@ -270,6 +287,7 @@ fn evaluate(
     known: &HashSet<(u32, u32, u32)>,
     max: usize,
     threads: usize,
+    progress: &(dyn Fn(f64) + Sync),
 ) -> serde_json::Map<String, serde_json::Value> {
     let len = 4 * d;
     let n = if max == 0 { test.len() } else { test.len().min(max) };
@@ -280,6 +298,9 @@ fn evaluate(
                     let (mut rr_sum, mut hits, mut queries) = (0.0f64, [0usize; 3], 0usize);
                     let mut query = vec![0.0f32; 2 * d];
                     for i in (part..n).step_by(threads) {
+                        if part == 0 && (i / threads).is_multiple_of(64) {
+                            progress(i as f64 / n.max(1) as f64);
+                        }
                         let (h, r, t) = (test.heads[i], test.relations[i], test.tails[i]);
                         let rel = &rels[r as usize * len..r as usize * len + 2 * d];
                         let emb = |e: u32| &ents[e as usize * len..e as usize * len + 2 * d];
@@ -412,7 +433,8 @@ pub fn run_single(a: &KgeArgs, emit: Sink) -> Result<()> {
             for k in 0..n_r {
                 rels.read(k, &mut r_all[k * len..(k + 1) * len]);
             }
-            evaluate(&e_all, &r_all, d, n_e, &kg.test, &known, a.eval_max, eval_threads())
+            let emit = parking_lot::Mutex::new(&mut *emit);
+            evaluate(&e_all, &r_all, d, n_e, &kg.test, &known, a.eval_max, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)))
         } else {
             serde_json::Map::new()
         };
@@ -595,7 +617,7 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
             let quality = if a.evaluate_now(epoch) && rank == 0 && t == 0 {
                 let e_all = pull_all(&mut w, entities, n_e, len)?;
                 let r_all = pull_all(&mut w, relations, n_r, len)?;
-                evaluate(&e_all, &r_all, d, n_e, &kg.test, known, a.eval_max, eval_threads())
+                evaluate(&e_all, &r_all, d, n_e, &kg.test, known, a.eval_max, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)))
             } else {
                 serde_json::Map::new()
             };

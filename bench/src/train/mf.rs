@@ -7,7 +7,6 @@
 //! sub-epoch are local. Worker threads of a node split its rows; a cluster barrier ends every
 //! sub-epoch. The `single` mode runs the same schedule over threads and plain shared arrays.
 
-use std::path::PathBuf;
 use std::sync::Barrier;
 use std::time::Instant;
 
@@ -18,6 +17,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
+use super::DataFiles;
 use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, part, part_of, run_workers, start_node, stats_fields};
 use super::{Common, EpochReport, Event, Mode, Sink};
 use crate::data::ratings::{Ratings, Synthetic};
@@ -26,7 +26,8 @@ use crate::data::ratings::{Ratings, Synthetic};
 #[derive(Debug, Clone, Args)]
 pub struct MfArgs {
     /// Ratings: `ml-100k` (fetched into the cache), `synth-small`, `synth-tiny`, or a file of
-    /// `user item rating` rows (tab, comma or space separated; a header is allowed).
+    /// `user item rating` rows, split by --test-share (one separator per file, see --sep; a
+    /// header when it looks like one). --train and --test give a split of your own instead.
     #[arg(long, default_value = "ml-100k")]
     pub data: String,
     /// Rank of the factorization.
@@ -45,14 +46,27 @@ pub struct MfArgs {
     /// after the other on the local copies, and each key's change is pushed at once.
     #[arg(long, default_value_t = 16)]
     pub batch: usize,
+    /// Own data files.
+    #[command(flatten)]
+    pub files: DataFiles,
     /// Options shared by all tasks.
     #[command(flatten)]
     pub common: Common,
 }
 
+/// The named ratings data sets.
+const KNOWN: &[&str] = &["ml-100k", "synth-small", "synth-tiny"];
+
 impl MfArgs {
     /// Driver side: makes named data available; returns a description.
     pub fn prepare(&self) -> Result<String> {
+        self.files.check()?;
+        if self.files.valid.is_some() {
+            bail!("--valid: matrix factorization has no validation set (give --train and --test)");
+        }
+        if let (Some(train), Some(test)) = (&self.files.train, &self.files.test) {
+            return Ok(format!("ratings from {} (train) and {} (test)", train.display(), test.display()));
+        }
         match self.data.as_str() {
             "synth-small" => Ok("synth-small: synthetic 20 000 × 2 000 ratings, rank-10 truth, Zipf 1.1 rows and columns".into()),
             "synth-tiny" => Ok("synth-tiny: synthetic 2 000 × 200 ratings, rank-5 truth, Zipf 1.1 rows and columns".into()),
@@ -60,7 +74,7 @@ impl MfArgs {
                 crate::data::fetch("ml-100k")?;
                 Ok("MovieLens-100k, random 80/20 split".into())
             }
-            path => Ok(format!("ratings from {path}")),
+            path => Ok(format!("ratings from {}, random split", super::user_data(path, KNOWN, false)?.display())),
         }
     }
 
@@ -80,6 +94,9 @@ impl MfArgs {
             "--batch".into(),
             self.batch.to_string(),
         ]
+        .into_iter()
+        .chain(self.files.args())
+        .collect()
     }
 
     /// The training and test ratings (identical in every process).
@@ -87,12 +104,22 @@ impl MfArgs {
         if self.rank == 0 {
             bail!("--rank must be at least 1");
         }
-        match self.data.as_str() {
-            "synth-small" => Ok(Synthetic::SMALL.generate(self.common.seed)),
-            "synth-tiny" => Ok(Synthetic::TINY.generate(self.common.seed)),
-            "ml-100k" => Ok(Ratings::load(&crate::data::dataset_path("ml-100k", "ml-100k.inter"))?.split(self.test_share, self.common.seed)),
-            path => Ok(Ratings::load(&PathBuf::from(path))?.split(self.test_share, self.common.seed)),
+        let format = self.files.format();
+        let (train, test) = match (&self.files.train, &self.files.test, self.data.as_str()) {
+            (Some(train), Some(test), _) => Ratings::load_pair(train, test, format)?,
+            (Some(_), None, _) | (None, Some(_), _) => bail!("give both --train and --test"),
+            (None, None, "synth-small") => Synthetic::SMALL.generate(self.common.seed),
+            (None, None, "synth-tiny") => Synthetic::TINY.generate(self.common.seed),
+            (None, None, "ml-100k") => Ratings::load(&crate::data::dataset_path("ml-100k", "ml-100k.inter"), format)?.split(self.test_share, self.common.seed),
+            (None, None, path) => Ratings::load(&super::user_data(path, KNOWN, false)?, format)?.split(self.test_share, self.common.seed),
+        };
+        if test.is_empty() {
+            bail!("the test set is empty ({} training ratings, --test-share {}): there would be nothing to evaluate", train.len(), self.test_share);
         }
+        if train.is_empty() {
+            bail!("the training set is empty");
+        }
+        Ok((train, test))
     }
 }
 

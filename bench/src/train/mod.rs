@@ -93,11 +93,10 @@ pub struct Common {
     /// Mode(s) to run, comma-separated, one after the other (e.g. `single,hybrid`).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "localize")]
     pub mode: Vec<ModeChoice>,
-    /// Nodes of the `classic` and `localize` clusters.
+    /// Nodes (processes) of the cluster modes: classic, localize and hybrid.
     #[arg(long, default_value_t = 2)]
     pub nodes: usize,
-    /// Worker threads per node (and threads of `single`; default: the node count, so that
-    /// `single` uses as many cores as a cluster).
+    /// Worker threads per node (default 1).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Threads of `single` (default: nodes × threads per node).
@@ -150,6 +149,89 @@ impl Common {
     pub fn hot_keys(&self, counts: &ferry::AccessCounts) -> Vec<u64> {
         if self.replicate > 0 { counts.top(self.replicate) } else { counts.hot(self.hot_factor) }
     }
+}
+
+/// A task's own data files, instead of a named data set (`--data`), and how to read them.
+#[derive(Debug, Clone, Default, Args)]
+pub struct DataFiles {
+    /// Training data file (instead of --data; needs --test): ratings rows for mf, triples for
+    /// kge.
+    #[arg(long, requires = "test")]
+    pub train: Option<PathBuf>,
+    /// Validation triples (kge, with --train).
+    #[arg(long, requires = "train")]
+    pub valid: Option<PathBuf>,
+    /// Test data file (with --train): evaluated, never trained on.
+    #[arg(long, requires = "train")]
+    pub test: Option<PathBuf>,
+    /// Field separator of data files: tab, comma, semicolon or space (default: detected per file
+    /// from its first data line — a tab if it has one, else a comma, else a semicolon, else
+    /// spaces). Every line of a file uses the same one.
+    #[arg(long)]
+    pub sep: Option<crate::data::delimited::Separator>,
+    /// The first line of every data file is a header (default: only when it looks like one,
+    /// which is then said on stderr).
+    #[arg(long, conflicts_with = "no_header")]
+    pub header: bool,
+    /// No data file has a header: the first line is data like any other.
+    #[arg(long)]
+    pub no_header: bool,
+}
+
+impl DataFiles {
+    /// How data files are read.
+    pub fn format(&self) -> crate::data::delimited::Format {
+        use crate::data::delimited::{Format, Header};
+        let header = if self.header {
+            Header::Yes
+        } else if self.no_header {
+            Header::No
+        } else {
+            Header::Auto
+        };
+        Format { separator: self.sep, header }
+    }
+
+    /// The options as command-line arguments (for the cluster's processes).
+    pub fn args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        for (flag, path) in [("--train", &self.train), ("--valid", &self.valid), ("--test", &self.test)] {
+            if let Some(p) = path {
+                a.extend([flag.to_string(), p.display().to_string()]);
+            }
+        }
+        if let Some(sep) = self.sep {
+            a.extend(["--sep".into(), sep.name().into()]);
+        }
+        if self.header {
+            a.push("--header".into());
+        }
+        if self.no_header {
+            a.push("--no-header".into());
+        }
+        a
+    }
+
+    /// Checks that the given files exist (before any cluster starts).
+    pub fn check(&self) -> Result<()> {
+        for path in [&self.train, &self.valid, &self.test].into_iter().flatten() {
+            if !path.is_file() {
+                bail!("{} is not a file", path.display());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A data set named on the command line that is not one of `known`: it must be a file (or, with
+/// `dirs`, a directory); otherwise the error lists the known names.
+pub fn user_data(name: &str, known: &[&str], dirs: bool) -> Result<PathBuf> {
+    let path = PathBuf::from(name);
+    if path.is_file() || (dirs && path.is_dir()) {
+        return Ok(path);
+    }
+    let what = if dirs { "file or directory" } else { "file" };
+    bail!("--data {name}: no such {what}, and not a known data set (known: {})", known.join(", "))
 }
 
 /// The `train` subcommand: which task, with its options.
@@ -234,6 +316,8 @@ pub type Sink<'a> = &'a mut (dyn FnMut(Event) + Send);
 pub enum Event {
     /// Progress within an epoch (0..=1).
     Progress(usize, f64),
+    /// Progress of the evaluation after an epoch (0..=1).
+    Evaluating(usize, f64),
     /// An epoch finished.
     Epoch(EpochReport),
 }
@@ -255,6 +339,7 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
         };
         let mut emit = |e: Event| match e {
             Event::Progress(epoch, f) => println!("PROGRESS {epoch} {f:.3}"),
+            Event::Evaluating(epoch, f) => println!("EVALUATING {epoch} {f:.3}"),
             Event::Epoch(r) => println!("EPOCH {}", serde_json::to_string(&r).expect("reports serialise")),
         };
         match command {
@@ -293,10 +378,19 @@ fn progress_bar(mode: Mode, epochs: usize) -> ProgressBar {
 fn print_header(json: bool) {
     if !json {
         println!(
-            "{:>9} {:>5} {:>9} {:>10} {:>10} {:>9} {:>8} {:>8} {:>11} {:>10} {:>11}",
+            "{:>9} {:>5} {:>9} {:>10} {:>10} {:>9} {:>8} {:>8} {:>11} {:>10} {:>11}  more quality",
             "mode", "epoch", "epoch[s]", "elapsed[s]", "loss", "quality", "local", "replicas", "relocations", "messages", "bytes"
         );
     }
+}
+
+/// Quality figures beyond the headline (KGE's Hits@1/3/10), for the table.
+fn more_quality(r: &EpochReport) -> String {
+    ["hits@1", "hits@3", "hits@10"]
+        .iter()
+        .filter_map(|k| r.quality.get(*k).and_then(|v| v.as_f64()).map(|v| format!("{k} {v:.4}")))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn print_report(r: &EpochReport, json: bool) {
@@ -306,7 +400,7 @@ fn print_report(r: &EpochReport, json: bool) {
     }
     let quality = r.headline().map_or("-".to_string(), |(k, v)| format!("{k} {v:.4}"));
     println!(
-        "{:>9} {:>5} {:>9.3} {:>10.3} {:>10.5} {:>9} {:>7.2}% {:>7.2}% {:>11} {:>10} {:>11}",
+        "{:>9} {:>5} {:>9.3} {:>10.3} {:>10.5} {:>9} {:>7.2}% {:>7.2}% {:>11} {:>10} {:>11}  {}",
         r.mode.name(),
         r.epoch,
         r.epoch_s,
@@ -317,14 +411,14 @@ fn print_report(r: &EpochReport, json: bool) {
         r.replica_share * 100.0,
         r.relocations,
         r.messages,
-        r.bytes
+        r.bytes,
+        more_quality(r)
     );
 }
 
 /// Runs one mode: in this process for `single`, as a launched cluster otherwise.
 pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<Vec<EpochReport>> {
     let bar = progress_bar(mode, common.epochs);
-    print_header(common.json);
     let reports: Arc<Mutex<Vec<EpochReport>>> = Arc::default();
     let json = common.json;
     let epochs = common.epochs;
@@ -335,8 +429,19 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
                 bar.set_message(format!("{epoch}/{epochs}"));
                 bar.set_position((f * 1000.0) as u64);
             }
+            Event::Evaluating(epoch, f) => {
+                bar.set_message(format!("{epoch}/{epochs}, evaluating"));
+                bar.set_position((f * 1000.0) as u64);
+            }
             Event::Epoch(r) => {
-                bar.suspend(|| print_report(&r, json));
+                let first = reports.lock().is_empty();
+                // The header comes with the first row: an error before it prints alone.
+                bar.suspend(|| {
+                    if first {
+                        print_header(json);
+                    }
+                    print_report(&r, json)
+                });
                 reports.lock().push(r);
             }
         }
@@ -378,12 +483,14 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
                     }
                     return;
                 }
-                if let Some(rest) = line.strip_prefix("PROGRESS ") {
-                    let mut parts = rest.split(' ');
-                    if let (Some(Ok(epoch)), Some(Ok(f))) = (parts.next().map(str::parse), parts.next().map(str::parse)) {
-                        (handle.lock())(Event::Progress(epoch, f));
+                for (prefix, evaluating) in [("PROGRESS ", false), ("EVALUATING ", true)] {
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        let mut parts = rest.split(' ');
+                        if let (Some(Ok(epoch)), Some(Ok(f))) = (parts.next().map(str::parse), parts.next().map(str::parse)) {
+                            (handle.lock())(if evaluating { Event::Evaluating(epoch, f) } else { Event::Progress(epoch, f) });
+                        }
+                        return;
                     }
-                    return;
                 }
             }
             eprintln!("[{rank}] {line}");

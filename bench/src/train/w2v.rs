@@ -43,6 +43,12 @@ pub struct W2vArgs {
     /// that corpus's own 20 questions) or a file of that format.
     #[arg(long, default_value = "analogies")]
     pub analogies: String,
+    /// A corpus file of your own (instead of --data; raw text, one sentence per line).
+    #[arg(long, conflicts_with = "data")]
+    pub train: Option<std::path::PathBuf>,
+    /// Analogy questions of your own (instead of --analogies; the questions-words.txt format).
+    #[arg(long, conflicts_with = "analogies")]
+    pub test: Option<std::path::PathBuf>,
     /// Vector dimension.
     #[arg(long, default_value_t = 100)]
     pub dim: usize,
@@ -81,21 +87,38 @@ impl W2vArgs {
     /// Driver side: makes named data available; returns a description.
     pub fn prepare(&self) -> Result<String> {
         self.check()?;
-        let analogies = if self.data == "synth-text" { "" } else { self.analogies.as_str() };
-        for name in [self.data.as_str(), analogies] {
+        let (corpus, questions) = (self.corpus(), self.questions());
+        let analogies = if corpus == "synth-text" { "" } else { questions.as_str() };
+        for name in [corpus.as_str(), analogies] {
             if matches!(name, "sotu" | "lee" | "analogies") {
                 crate::data::fetch(name)?;
             }
         }
-        Ok(format!("corpus {}, analogies {}", self.data, self.analogies))
+        if !matches!(corpus.as_str(), "sotu" | "lee" | "synth-text") {
+            super::user_data(&corpus, &["sotu", "lee", "synth-text"], false)?;
+        }
+        if analogies != "analogies" && !analogies.is_empty() && !std::path::Path::new(analogies).is_file() {
+            bail!("--analogies {analogies}: no such file, and not a known set (known: analogies)");
+        }
+        Ok(format!("corpus {corpus}, analogies {questions}"))
+    }
+
+    /// The corpus: a known name or a file (`--train` wins over `--data`).
+    fn corpus(&self) -> String {
+        self.train.as_ref().map_or_else(|| self.data.clone(), |p| p.display().to_string())
+    }
+
+    /// The analogy questions: a known name or a file (`--test` wins over `--analogies`).
+    fn questions(&self) -> String {
+        self.test.as_ref().map_or_else(|| self.analogies.clone(), |p| p.display().to_string())
     }
 
     /// The task's options as command-line arguments (for the cluster's processes).
     pub fn task_args(&self) -> Vec<String> {
         let mut a = Vec::new();
         for (k, v) in [
-            ("--data", self.data.clone()),
-            ("--analogies", self.analogies.clone()),
+            ("--data", self.corpus()),
+            ("--analogies", self.questions()),
             ("--dim", self.dim.to_string()),
             ("--window", self.window.to_string()),
             ("--neg", self.neg.to_string()),
@@ -137,23 +160,25 @@ impl W2vArgs {
     /// The corpus (identical in every process).
     pub fn load(&self) -> Result<Corpus> {
         self.check()?;
-        if self.data == "synth-text" {
+        let corpus = self.corpus();
+        if corpus == "synth-text" {
             return Corpus::parse(&synthetic_text(self.common.seed), self.min_count);
         }
-        let file = match self.data.as_str() {
+        let file = match corpus.as_str() {
             "sotu" => Some(("sotu", "sotu.txt")),
             "lee" => Some(("lee", "lee_background.cor")),
             _ => None,
         };
-        Corpus::load(&Self::path(&self.data, file), self.min_count)
+        Corpus::load(&Self::path(&corpus, file), self.min_count)
     }
 
     fn load_analogies(&self) -> Result<Analogies> {
-        if self.data == "synth-text" && self.analogies == "analogies" {
+        let questions = self.questions();
+        if self.corpus() == "synth-text" && questions == "analogies" {
             return Ok(Analogies::synthetic());
         }
-        let file = (self.analogies == "analogies").then_some(("analogies", "questions-words.txt"));
-        Analogies::load(&Self::path(&self.analogies, file))
+        let file = (questions == "analogies").then_some(("analogies", "questions-words.txt"));
+        Analogies::load(&Self::path(&questions, file))
     }
 
     fn evaluate_now(&self, epoch: usize) -> bool {
