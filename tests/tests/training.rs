@@ -273,3 +273,55 @@ fn hybrid_mode_replicates_hot_keys_and_learns() {
     assert_eq!(f(&mf[2]["replica_share"]), 0.0);
     assert!(f(&mf[2]["loss"]) < f(&mf[0]["loss"]));
 }
+
+/// `--save` writes every table as `.npy` + TSV of ids with `model.json`, from `single` and from
+/// a 2-node cluster alike; `--predict` and `--rank-tails` use a saved model.
+#[test]
+fn models_are_saved_and_used_for_predictions() {
+    let dir = std::env::temp_dir().join(format!("ferry-models-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    // Matrix factorization: the cluster's model predicts like single's (same seed, same data).
+    for mode in ["single", "localize"] {
+        train(&["mf", "--data", "synth-tiny", "--rank", "4", "--epochs", "2", "--mode", mode, "--save", &path(&format!("mf-{mode}"))]);
+        let model = dir.join(format!("mf-{mode}"));
+        let description: Value = serde_json::from_str(&std::fs::read_to_string(model.join("model.json")).unwrap()).unwrap();
+        assert_eq!(description["task"], "mf");
+        assert_eq!(description["tables"][0], serde_json::json!({ "name": "users", "rows": 2000, "cols": 5 }));
+        let npy = std::fs::read(model.join("items.npy")).unwrap();
+        assert!(String::from_utf8_lossy(&npy[..128]).contains("'shape': (200, 5)"), "items.npy's header");
+        assert_eq!(npy.len() % 64, (200 * 5 * 4) % 64, "64-byte aligned data of 200 × 5 floats");
+        assert_eq!(std::fs::read_to_string(model.join("users.tsv")).unwrap().lines().count(), 2000);
+    }
+    std::fs::write(dir.join("pairs.tsv"), "0 1\n5 7\nnobody 7\n").unwrap();
+    let predict = |mode: &str| {
+        let out =
+            Command::new(binary("ferry")).args(["train", "mf", "--predict", &path("pairs.tsv"), "--model", &path(&format!("mf-{mode}"))]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("1 pair(s) name a user or item the model has not seen"));
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| l.split('\t').nth(2).unwrap().parse::<f64>().unwrap()).collect::<Vec<_>>()
+    };
+    let (single, cluster) = (predict("single"), predict("localize"));
+    assert_eq!(single.len(), 3);
+    assert!(single.iter().zip(&cluster).all(|(a, b)| (a - b).abs() < 0.5), "single {single:?} vs cluster {cluster:?}");
+    // Knowledge-graph embeddings: the best tails of a query.
+    train(&["kge", "--data", "synth-kg", "--dim", "8", "--epochs", "2", "--eval-every", "2", "--mode", "localize", "--save", &path("kge")]);
+    let entities = std::fs::read_to_string(dir.join("kge/entities.tsv")).unwrap();
+    let relations = std::fs::read_to_string(dir.join("kge/relations.tsv")).unwrap();
+    let (head, relation) = (entities.lines().next().unwrap().split('\t').next().unwrap(), relations.lines().next().unwrap().split('\t').next().unwrap());
+    std::fs::write(dir.join("queries.tsv"), format!("{head}\t{relation}\n")).unwrap();
+    let out =
+        Command::new(binary("ferry")).args(["train", "kge", "--rank-tails", &path("queries.tsv"), "--model", &path("kge"), "--top", "5"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ranks: Vec<&str> = stdout.lines().map(|l| l.split('\t').nth(2).unwrap()).collect();
+    assert_eq!(ranks, ["1", "2", "3", "4", "5"], "{stdout}");
+    // Word vectors, and a model of the wrong task.
+    train(&["w2v", "--data", "synth-text", "--dim", "8", "--epochs", "1", "--mode", "single", "--save", &path("w2v")]);
+    let words = std::fs::read_to_string(dir.join("w2v/words.tsv")).unwrap().lines().count();
+    assert!(words > 50, "{words} words saved");
+    let out = Command::new(binary("ferry")).args(["train", "mf", "--predict", &path("pairs.tsv"), "--model", &path("w2v")]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("holds a w2v model"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

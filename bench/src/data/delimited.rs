@@ -167,7 +167,9 @@ mod tests {
     use super::*;
 
     fn rows(text: &str, format: Format) -> Result<Vec<(usize, Vec<String>)>> {
-        let dir = std::env::temp_dir().join(format!("ferry-delimited-{}-{}", std::process::id(), text.len()));
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ferry-delimited-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("f.txt");
         std::fs::write(&path, text).unwrap();
@@ -189,8 +191,9 @@ mod tests {
         assert!(r.unwrap_err().to_string().contains(":2: 4 fields"), "every line as wide as the first");
         let r = rows("1 2   3\n4 5 6\n", Format::default()).unwrap();
         assert_eq!(r.len(), 2);
-        let r = rows("a;b;1\n", Format { separator: Some(Separator::Comma), ..Format::default() });
+        let r = rows("1;2;3\n", Format { separator: Some(Separator::Comma), header: Header::No });
         assert!(r.is_err(), "a given separator is used as given");
+        assert_eq!(rows("1;2;3\n", Format::default()).unwrap().len(), 1);
         assert_eq!("\\t".parse::<Separator>(), Ok(Separator::Tab));
         assert!("|".parse::<Separator>().is_err());
     }

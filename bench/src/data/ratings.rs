@@ -25,6 +25,10 @@ pub struct Ratings {
     pub n_users: u32,
     /// Number of items.
     pub n_items: u32,
+    /// The name of each user index in the data (the index itself for generated data).
+    pub user_names: Vec<String>,
+    /// The name of each item index.
+    pub item_names: Vec<String>,
 }
 
 impl Ratings {
@@ -61,6 +65,8 @@ impl Ratings {
         let mut b = Ratings::load_with(test, format, &mut users, &mut items)?;
         (a.n_users, a.n_items) = (users.len() as u32, items.len() as u32);
         (b.n_users, b.n_items) = (a.n_users, a.n_items);
+        (a.user_names, a.item_names) = (names(&users), names(&items));
+        (b.user_names, b.item_names) = (a.user_names.clone(), a.item_names.clone());
         Ok((a, b))
     }
 
@@ -84,6 +90,7 @@ impl Ratings {
         }
         r.n_users = users.len() as u32;
         r.n_items = items.len() as u32;
+        (r.user_names, r.item_names) = (names(users), names(items));
         Ok(r)
     }
 
@@ -94,6 +101,8 @@ impl Ratings {
             values: idx.iter().map(|&i| self.values[i]).collect(),
             n_users: self.n_users,
             n_items: self.n_items,
+            user_names: self.user_names.clone(),
+            item_names: self.item_names.clone(),
         }
     }
 
@@ -104,6 +113,15 @@ impl Ratings {
         let n_test = (self.len() as f64 * test_share).round() as usize;
         (self.pick(&idx[n_test..]), self.pick(&idx[..n_test]))
     }
+}
+
+/// Names by index, from a map of names to indices.
+fn names(map: &HashMap<String, u32>) -> Vec<String> {
+    let mut names = vec![String::new(); map.len()];
+    for (name, &i) in map {
+        names[i as usize] = name.clone();
+    }
+    names
 }
 
 /// Shape of a synthetic ratings matrix.
@@ -147,7 +165,8 @@ impl Synthetic {
         let rows = Zipf::new(self.rows, self.zipf, &mut rng);
         let cols = Zipf::new(self.cols, self.zipf, &mut rng);
         let make = |n: usize, rng: &mut ChaCha8Rng| {
-            let mut r = Ratings { n_users: self.rows, n_items: self.cols, ..Default::default() };
+            let (user_names, item_names) = ((0..self.rows).map(|i| i.to_string()).collect(), (0..self.cols).map(|i| i.to_string()).collect());
+            let mut r = Ratings { n_users: self.rows, n_items: self.cols, user_names, item_names, ..Default::default() };
             for _ in 0..n {
                 let (u, i) = (rows.sample(rng), cols.sample(rng));
                 let dot: f32 = (0..self.rank).map(|k| truth_rows[u as usize * self.rank + k] * truth_cols[i as usize * self.rank + k]).sum();

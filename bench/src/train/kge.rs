@@ -22,7 +22,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::mf::initial;
-use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, run_workers, start_node, stats_fields};
+use super::model::SavedTable;
+use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, leading_columns, pull_all, run_workers, start_node, stats_fields};
 use super::{Common, EpochReport, Event, Mode, Sink};
 use crate::data::triples::{KnowledgeGraph, Triples};
 
@@ -66,9 +67,85 @@ pub struct KgeArgs {
     /// Own data files.
     #[command(flatten)]
     pub files: super::DataFiles,
+    /// Instead of training: for each `head relation` line of this file, rank every entity as the
+    /// tail with a model saved by --save (given with --model); prints the --top best as
+    /// `head<TAB>relation<TAB>rank<TAB>tail<TAB>score` lines.
+    #[arg(long, requires = "model")]
+    pub rank_tails: Option<std::path::PathBuf>,
+    /// A model directory written by --save (for --rank-tails).
+    #[arg(long)]
+    pub model: Option<std::path::PathBuf>,
+    /// How many tails --rank-tails prints per query.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
     /// Options shared by all tasks.
     #[command(flatten)]
     pub common: Common,
+}
+
+/// Saves the embeddings (real parts, then imaginary parts; the AdaGrad state stored beside them
+/// is left out) with the names of entities and relations.
+fn save_model(a: &KgeArgs, epoch: usize, entities: &[f32], relations: &[f32], kg: &KnowledgeGraph) -> Result<()> {
+    let (len, cols) = (a.value_len(), 2 * a.dim);
+    let meta =
+        serde_json::json!({ "model": "ComplEx", "dim": a.dim, "layout": "dim real parts, then dim imaginary parts; score(h, r, t) = Re(<h, r, conj(t)>)" });
+    let tables = [
+        SavedTable { name: "entities".into(), cols, data: leading_columns(entities, len, cols), ids: kg.entities.clone() },
+        SavedTable { name: "relations".into(), cols, data: leading_columns(relations, len, cols), ids: kg.relations.clone() },
+    ];
+    a.common.save_model("kge", epoch, meta, &tables)
+}
+
+/// `--rank-tails`: the best tails a saved ComplEx model gives each `head relation` query.
+pub fn rank_tails(a: &KgeArgs) -> Result<()> {
+    use std::io::Write;
+    let (Some(queries), Some(dir)) = (&a.rank_tails, &a.model) else { bail!("--rank-tails needs --model DIR (a model saved with --save)") };
+    let model = super::model::load(dir)?;
+    if model.task != "kge" {
+        bail!("{} holds a {} model, not knowledge-graph embeddings", dir.display(), model.task);
+    }
+    let (ents, rels) = (model.table("entities")?, model.table("relations")?);
+    if ents.cols != rels.cols || ents.cols == 0 || ents.cols % 2 != 0 {
+        bail!("{}: entities have {} values per row and relations {} (two halves of one dimension expected)", dir.display(), ents.cols, rels.cols);
+    }
+    let d = ents.cols / 2;
+    let (entity_rows, relation_rows) = (ents.index(), rels.index());
+    let mut format = a.files.format();
+    if format.header == crate::data::delimited::Header::Auto {
+        // Queries are names: there is no telling a header from them; none unless --header.
+        format.header = crate::data::delimited::Header::No;
+    }
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut query = vec![0.0f32; 2 * d];
+    crate::data::delimited::read(
+        queries,
+        format,
+        2,
+        |_| false,
+        |row| {
+            let (head, relation) = (row.fields[0], row.fields[1]);
+            let h = *entity_rows.get(head).with_context(|| format!("entity '{head}' is not in the model"))?;
+            let r = *relation_rows.get(relation).with_context(|| format!("relation '{relation}' is not in the model"))?;
+            let (hv, rv) = (ents.row(h), rels.row(r));
+            for k in 0..d {
+                query[k] = hv[k] * rv[k] - hv[d + k] * rv[d + k];
+                query[d + k] = hv[k] * rv[d + k] + hv[d + k] * rv[k];
+            }
+            let mut scored: Vec<(f32, usize)> = (0..ents.ids.len()).map(|x| (query.iter().zip(ents.row(x)).map(|(q, e)| q * e).sum(), x)).collect();
+            let top = a.top.min(scored.len());
+            if top > 0 && top < scored.len() {
+                scored.select_nth_unstable_by(top - 1, |x, y| y.0.total_cmp(&x.0));
+            }
+            scored.truncate(top);
+            scored.sort_unstable_by(|x, y| y.0.total_cmp(&x.0));
+            for (rank, (score, tail)) in scored.iter().enumerate() {
+                writeln!(out, "{head}\t{relation}\t{}\t{}\t{score:.4}", rank + 1, ents.ids[*tail])?;
+            }
+            Ok(())
+        },
+    )?;
+    out.flush()?;
+    Ok(())
 }
 
 /// The named knowledge graphs.
@@ -439,6 +516,9 @@ pub fn run_single(a: &KgeArgs, emit: Sink) -> Result<()> {
             serde_json::Map::new()
         };
         emit(Event::Epoch(EpochReport::single("kge", epoch, epoch_s, elapsed, loss / n.max(1) as f64, quality)));
+        if a.common.save_now(epoch) {
+            save_model(a, epoch, &ents.to_vec(), &rels.to_vec(), &kg)?;
+        }
     }
     Ok(())
 }
@@ -459,15 +539,6 @@ fn relation_owners(train: &Triples, relations: usize, nodes: usize) -> Vec<usize
         load[n] += counts[r];
     }
     owner
-}
-
-fn pull_all(w: &mut Worker, table: ferry::Table, n: usize, len: usize) -> Result<Vec<f32>> {
-    let mut all = vec![0.0; n * len];
-    let keys: Vec<u64> = (0..n as u64).collect();
-    for (c, chunk) in keys.chunks(4096).enumerate() {
-        w.pull(table, chunk, &mut all[c * 4096 * len..(c * 4096 + chunk.len()) * len])?;
-    }
-    Ok(all)
 }
 
 /// One node of a `classic`, `localize` or `hybrid` cluster.
@@ -614,14 +685,19 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
                 stats_fields(&delta, &mut v);
             }
             let sums = all_reduce(&mut w, metrics, epoch as u64, &v)?;
-            let quality = if a.evaluate_now(epoch) && rank == 0 && t == 0 {
+            let (evaluating, saving) = (a.evaluate_now(epoch), a.common.save_now(epoch));
+            let mut quality = serde_json::Map::new();
+            if (evaluating || saving) && rank == 0 && t == 0 {
                 let e_all = pull_all(&mut w, entities, n_e, len)?;
                 let r_all = pull_all(&mut w, relations, n_r, len)?;
-                evaluate(&e_all, &r_all, d, n_e, &kg.test, known, a.eval_max, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)))
-            } else {
-                serde_json::Map::new()
-            };
-            if a.evaluate_now(epoch) {
+                if evaluating {
+                    quality = evaluate(&e_all, &r_all, d, n_e, &kg.test, known, a.eval_max, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)));
+                }
+                if saving {
+                    save_model(a, epoch, &e_all, &r_all, kg)?;
+                }
+            }
+            if evaluating || saving {
                 // Nobody trains on while rank 0 reads the model.
                 w.barrier_within(super::shared::EVALUATION_WAIT)?;
             }

@@ -18,7 +18,8 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use super::DataFiles;
-use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, part, part_of, run_workers, start_node, stats_fields};
+use super::model::SavedTable;
+use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, part, part_of, pull_all, run_workers, start_node, stats_fields};
 use super::{Common, EpochReport, Event, Mode, Sink};
 use crate::data::ratings::{Ratings, Synthetic};
 
@@ -49,9 +50,74 @@ pub struct MfArgs {
     /// Own data files.
     #[command(flatten)]
     pub files: DataFiles,
+    /// Instead of training: predict the ratings of the `user item` pairs in this file with a
+    /// model saved by --save (given with --model); prints `user<TAB>item<TAB>rating` lines.
+    #[arg(long, requires = "model")]
+    pub predict: Option<std::path::PathBuf>,
+    /// A model directory written by --save (for --predict).
+    #[arg(long)]
+    pub model: Option<std::path::PathBuf>,
     /// Options shared by all tasks.
     #[command(flatten)]
     pub common: Common,
+}
+
+/// Saves the factors (`rank + 1` values per row: the bias, then the factors) with the names of
+/// users and items.
+fn save_model(a: &MfArgs, epoch: usize, mu: f32, users: Vec<f32>, items: Vec<f32>, train: &Ratings) -> Result<()> {
+    let cols = a.rank + 1;
+    let meta = serde_json::json!({ "rank": a.rank, "mu": mu, "layout": "bias, then the rank factors; rating = mu + bias_u + bias_i + factors_u · factors_i" });
+    let tables = [
+        SavedTable { name: "users".into(), cols, data: users, ids: train.user_names.clone() },
+        SavedTable { name: "items".into(), cols, data: items, ids: train.item_names.clone() },
+    ];
+    a.common.save_model("mf", epoch, meta, &tables)
+}
+
+/// `--predict`: the ratings a saved model predicts for the pairs of a file, on stdout. A user
+/// or item the model has not seen contributes nothing but the global mean (and the other's
+/// bias), which is said on stderr.
+pub fn predict_pairs(a: &MfArgs) -> Result<()> {
+    use std::io::Write;
+    let (Some(pairs), Some(dir)) = (&a.predict, &a.model) else { bail!("--predict needs --model DIR (a model saved with --save)") };
+    let model = super::model::load(dir)?;
+    if model.task != "mf" {
+        bail!("{} holds a {} model, not a matrix factorization", dir.display(), model.task);
+    }
+    let (users, items, mu) = (model.table("users")?, model.table("items")?, model.number("mu")? as f32);
+    if users.cols != items.cols || users.cols == 0 {
+        bail!("{}: users have {} values per row and items {}", dir.display(), users.cols, items.cols);
+    }
+    let (user_rows, item_rows) = (users.index(), items.index());
+    let zero = vec![0.0f32; users.cols];
+    let mut format = a.files.format();
+    if format.header == crate::data::delimited::Header::Auto {
+        // Pairs of names have no numbers to tell a header by: none unless --header says so.
+        format.header = crate::data::delimited::Header::No;
+    }
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut unknown = 0usize;
+    crate::data::delimited::read(
+        pairs,
+        format,
+        2,
+        |_| false,
+        |row| {
+            let (user, item) = (row.fields[0], row.fields[1]);
+            let p = user_rows.get(user).map_or(&zero[..], |&r| users.row(r));
+            let q = item_rows.get(item).map_or(&zero[..], |&r| items.row(r));
+            if !user_rows.contains_key(user) || !item_rows.contains_key(item) {
+                unknown += 1;
+            }
+            writeln!(out, "{user}\t{item}\t{:.4}", predict(mu, p, q))?;
+            Ok(())
+        },
+    )?;
+    out.flush()?;
+    if unknown > 0 {
+        eprintln!("{unknown} pair(s) name a user or item the model has not seen: predicted from what it knows (the global mean and known biases)");
+    }
+    Ok(())
 }
 
 /// The named ratings data sets.
@@ -363,6 +429,9 @@ pub fn run_single(a: &MfArgs, emit: Sink) -> Result<()> {
         let mut quality = serde_json::Map::new();
         quality.insert("rmse".into(), ((sse / test.len().max(1) as f64).sqrt()).into());
         emit(Event::Epoch(EpochReport::single("mf", epoch, epoch_s, elapsed, loss / n.max(1) as f64, quality)));
+        if a.common.save_now(epoch) {
+            save_model(a, epoch, mu, users.to_vec(), items.to_vec(), &train)?;
+        }
     }
     Ok(())
 }
@@ -479,6 +548,15 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
                 let mut quality = serde_json::Map::new();
                 quality.insert("rmse".into(), ((sums[field::TEST_SSE] as f64 / (sums[field::TEST_COUNT] as f64).max(1.0)).sqrt()).into());
                 (emit.lock())(Event::Epoch(cluster_report("mf", mode, epoch, epoch_s, elapsed, &sums, quality)));
+            }
+            if a.common.save_now(epoch) {
+                if rank == 0 && t == 0 {
+                    let all_users = pull_all(&mut w, users, train.n_users as usize, len)?;
+                    let all_items = pull_all(&mut w, items, train.n_items as usize, len)?;
+                    save_model(a, epoch, mu, all_users, all_items, train)?;
+                }
+                // Nobody trains on while rank 0 reads the model.
+                w.barrier_within(super::shared::EVALUATION_WAIT)?;
             }
         }
         Ok(())

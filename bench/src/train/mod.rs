@@ -10,6 +10,7 @@
 
 pub mod kge;
 pub mod mf;
+pub mod model;
 mod plot;
 pub mod shared;
 pub mod w2v;
@@ -122,6 +123,13 @@ pub struct Common {
     /// `--hot-factor`).
     #[arg(long, default_value_t = 0)]
     pub replicate: usize,
+    /// Save the trained model into this directory (one `.npy` matrix and one TSV of ids → rows
+    /// per table, and `model.json`), after the last epoch and with --save-every.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    /// With --save: also save every this many epochs (0: only after the last).
+    #[arg(long, default_value_t = 0, requires = "save")]
+    pub save_every: usize,
     /// Internal: the part this process plays.
     #[arg(long, value_enum, default_value = "driver", hide = true)]
     pub role: Role,
@@ -142,7 +150,23 @@ impl Common {
         let mut a = vec!["--mode".into(), mode.name().into(), "--nodes".into(), self.nodes.to_string(), "--threads".into(), self.threads().to_string()];
         a.extend(["--epochs".into(), self.epochs.to_string(), "--seed".into(), self.seed.to_string(), "--role".into(), "node".into()]);
         a.extend(["--hot-factor".into(), self.hot_factor.to_string(), "--replicate".into(), self.replicate.to_string()]);
+        if let Some(dir) = &self.save {
+            a.extend(["--save".into(), dir.display().to_string(), "--save-every".into(), self.save_every.to_string()]);
+        }
         a
+    }
+
+    /// Whether the model is saved after `epoch`.
+    pub fn save_now(&self, epoch: usize) -> bool {
+        self.save.is_some() && (epoch == self.epochs || (self.save_every > 0 && epoch.is_multiple_of(self.save_every)))
+    }
+
+    /// Saves a model into `--save` (when given), saying so on stderr.
+    pub fn save_model(&self, task: &str, epoch: usize, meta: serde_json::Value, tables: &[model::SavedTable]) -> Result<()> {
+        let Some(dir) = &self.save else { return Ok(()) };
+        model::save(dir, task, meta, tables).with_context(|| format!("saving the model into {}", dir.display()))?;
+        eprintln!("model after epoch {epoch} saved to {}", dir.display());
+        Ok(())
     }
 
     /// The keys `hybrid` mode replicates, from their access counts in the training data.
@@ -330,6 +354,11 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
         TrainCommand::Kge(a) => &a.common,
         TrainCommand::W2v(a) => &a.common,
     };
+    match command {
+        TrainCommand::Mf(a) if a.predict.is_some() => return mf::predict_pairs(a).map(|()| Vec::new()),
+        TrainCommand::Kge(a) if a.rank_tails.is_some() => return kge::rank_tails(a).map(|()| Vec::new()),
+        _ => {}
+    }
     if common.role == Role::Node {
         let mode = match common.mode[..] {
             [ModeChoice::Classic] => Mode::Classic,

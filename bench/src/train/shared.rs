@@ -28,6 +28,11 @@ impl SharedArray {
         SharedArray { data, row }
     }
 
+    /// Every row, one after the other.
+    pub fn to_vec(&self) -> Vec<f32> {
+        self.data.iter().map(|a| f32::from_bits(a.load(Ordering::Relaxed))).collect()
+    }
+
     /// Copies row `r` into `out`.
     #[inline]
     pub fn read(&self, r: usize, out: &mut [f32]) {
@@ -79,6 +84,22 @@ pub mod field {
     pub const REFRESH_MB: usize = 12;
     /// Nodes reporting (each adds 1).
     pub const NODES: usize = 13;
+}
+
+/// Pulls keys `0..n` of `table` (`len` values each), in chunks.
+pub fn pull_all(w: &mut Worker, table: Table, n: usize, len: usize) -> Result<Vec<f32>> {
+    let mut all = vec![0.0; n * len];
+    let keys: Vec<u64> = (0..n as u64).collect();
+    for (c, chunk) in keys.chunks(4096).enumerate() {
+        w.pull(table, chunk, &mut all[c * 4096 * len..(c * 4096 + chunk.len()) * len])?;
+    }
+    Ok(all)
+}
+
+/// The first `cols` values of every row of `len` (a table's parameters without the optimizer
+/// state stored beside them).
+pub fn leading_columns(all: &[f32], len: usize, cols: usize) -> Vec<f32> {
+    all.chunks(len).flat_map(|row| row[..cols].iter().copied()).collect()
 }
 
 /// Adds this node's `values` to the cluster-wide sums of `slot` (a key of the metrics table),

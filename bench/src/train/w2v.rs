@@ -622,8 +622,22 @@ pub fn run_single(a: &W2vArgs, emit: Sink) -> Result<()> {
         };
         quality.insert("words_per_s_per_thread".into(), (sum.words as f64 / epoch_s / threads as f64).into());
         emit(Event::Epoch(EpochReport::single("w2v", epoch, epoch_s, elapsed, sum.loss / sum.pairs.max(1) as f64, quality)));
+        if a.common.save_now(epoch) {
+            save_model(a, epoch, input.to_vec(), output.to_vec(), &corpus)?;
+        }
     }
     Ok(())
+}
+
+/// Saves the word vectors (`words`: the input vectors, the embeddings one uses) and the context
+/// vectors (`contexts`: the output vectors), both keyed by word.
+fn save_model(a: &W2vArgs, epoch: usize, words: Vec<f32>, contexts: Vec<f32>, corpus: &Corpus) -> Result<()> {
+    let meta = serde_json::json!({ "model": "skip-gram with negative sampling", "dim": a.dim, "window": a.window });
+    let tables = [
+        super::model::SavedTable { name: "words".into(), cols: a.dim, data: words, ids: corpus.words.clone() },
+        super::model::SavedTable { name: "contexts".into(), cols: a.dim, data: contexts, ids: corpus.words.clone() },
+    ];
+    a.common.save_model("w2v", epoch, meta, &tables)
 }
 
 /// One node of a `classic`, `localize` or `hybrid` cluster.
@@ -713,7 +727,14 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
                 }
                 _ => serde_json::Map::new(),
             };
-            if a.evaluate_now(epoch) {
+            let saving = a.common.save_now(epoch);
+            if saving && rank == 0 && t == 0 {
+                let words = super::shared::pull_all(&mut w, input, v, dim)?;
+                let contexts = super::shared::pull_all(&mut w, output, v, dim)?;
+                save_model(a, epoch, words, contexts, corpus)?;
+            }
+            if a.evaluate_now(epoch) || saving {
+                // Nobody trains on while rank 0 reads the model.
                 w.barrier_within(super::shared::EVALUATION_WAIT)?;
             }
             local_barrier.wait();
