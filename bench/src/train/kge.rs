@@ -100,21 +100,14 @@ fn save_model(a: &KgeArgs, epoch: usize, entities: &[f32], relations: &[f32], kg
 pub fn rank_tails(a: &KgeArgs) -> Result<()> {
     use std::io::Write;
     let (Some(queries), Some(dir)) = (&a.rank_tails, &a.model) else { bail!("--rank-tails needs --model DIR (a model saved with --save)") };
-    let model = super::model::load(dir)?;
-    if model.task != "kge" {
-        bail!("{} holds a {} model, not knowledge-graph embeddings", dir.display(), model.task);
-    }
+    let model = super::model::load_task(dir, "kge", "knowledge-graph embeddings")?;
     let (ents, rels) = (model.table("entities")?, model.table("relations")?);
     if ents.cols != rels.cols || ents.cols == 0 || ents.cols % 2 != 0 {
         bail!("{}: entities have {} values per row and relations {} (two halves of one dimension expected)", dir.display(), ents.cols, rels.cols);
     }
     let d = ents.cols / 2;
     let (entity_rows, relation_rows) = (ents.index(), rels.index());
-    let mut format = a.files.format();
-    if format.header == crate::data::delimited::Header::Auto {
-        // Queries are names: there is no telling a header from them; none unless --header.
-        format.header = crate::data::delimited::Header::No;
-    }
+    let format = a.files.names_format();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut query = vec![0.0f32; 2 * d];
     crate::data::delimited::read(

@@ -80,21 +80,14 @@ fn save_model(a: &MfArgs, epoch: usize, mu: f32, users: Vec<f32>, items: Vec<f32
 pub fn predict_pairs(a: &MfArgs) -> Result<()> {
     use std::io::Write;
     let (Some(pairs), Some(dir)) = (&a.predict, &a.model) else { bail!("--predict needs --model DIR (a model saved with --save)") };
-    let model = super::model::load(dir)?;
-    if model.task != "mf" {
-        bail!("{} holds a {} model, not a matrix factorization", dir.display(), model.task);
-    }
+    let model = super::model::load_task(dir, "mf", "a matrix factorization")?;
     let (users, items, mu) = (model.table("users")?, model.table("items")?, model.number("mu")? as f32);
     if users.cols != items.cols || users.cols == 0 {
         bail!("{}: users have {} values per row and items {}", dir.display(), users.cols, items.cols);
     }
     let (user_rows, item_rows) = (users.index(), items.index());
     let zero = vec![0.0f32; users.cols];
-    let mut format = a.files.format();
-    if format.header == crate::data::delimited::Header::Auto {
-        // Pairs of names have no numbers to tell a header by: none unless --header says so.
-        format.header = crate::data::delimited::Header::No;
-    }
+    let format = a.files.names_format();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut unknown = 0usize;
     crate::data::delimited::read(

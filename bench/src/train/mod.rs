@@ -216,6 +216,16 @@ impl DataFiles {
         Format { separator: self.sep, header }
     }
 
+    /// How files of names only (queries, pairs) are read: a line of names cannot be told from a
+    /// header, so there is none unless --header says so.
+    pub fn names_format(&self) -> crate::data::delimited::Format {
+        let mut format = self.format();
+        if format.header == crate::data::delimited::Header::Auto {
+            format.header = crate::data::delimited::Header::No;
+        }
+        format
+    }
+
     /// The options as command-line arguments (for the cluster's processes).
     pub fn args(&self) -> Vec<String> {
         let mut a = Vec::new();
@@ -378,6 +388,10 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
         }
         return Ok(Vec::new());
     }
+    let env = ferry::ClusterEnv::detect(|name| std::env::var(name).ok())?;
+    if env.nodes > 1 {
+        return run_scheduled(command, common, &env);
+    }
     let (task, description) = match command {
         TrainCommand::Mf(a) => ("mf", a.prepare()?),
         TrainCommand::Kge(a) => ("kge", a.prepare()?),
@@ -445,12 +459,12 @@ fn print_report(r: &EpochReport, json: bool) {
     );
 }
 
-/// Runs one mode: in this process for `single`, as a launched cluster otherwise.
-pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<Vec<EpochReport>> {
+/// What shows a run's progress and prints its reports: a progress bar, the handler of the run's
+/// events (a table or JSON lines on stdout), and the reports gathered.
+fn reporter(common: &Common, mode: Mode) -> (ProgressBar, impl FnMut(Event) + Send + 'static, Arc<Mutex<Vec<EpochReport>>>) {
     let bar = progress_bar(mode, common.epochs);
     let reports: Arc<Mutex<Vec<EpochReport>>> = Arc::default();
-    let json = common.json;
-    let epochs = common.epochs;
+    let (json, epochs) = (common.json, common.epochs);
     let handle = {
         let (bar, reports) = (bar.clone(), reports.clone());
         move |e: Event| match e {
@@ -475,6 +489,47 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
             }
         }
     };
+    (bar, handle, reports)
+}
+
+/// `ferry train` started by a scheduler (`srun`, `mpirun`, or `ferry launch`): rank variables
+/// say this process is one node of a cluster of several, so it runs as that node — no processes
+/// of its own — and rank 0 prints the table (or JSON). One cluster mode per run.
+fn run_scheduled(command: &TrainCommand, common: &Common, env: &ferry::ClusterEnv) -> Result<Vec<EpochReport>> {
+    let mode = match common.mode.iter().flat_map(|m| m.modes()).collect::<Vec<_>>()[..] {
+        [mode] if mode != Mode::Single => mode,
+        _ => bail!(
+            "started by {} as rank {} of {}: this process is one node of a cluster, so it runs exactly one cluster mode (--mode classic, localize or hybrid)",
+            env.source,
+            env.rank,
+            env.nodes
+        ),
+    };
+    let description = match command {
+        TrainCommand::Mf(a) => a.prepare()?,
+        TrainCommand::Kge(a) => a.prepare()?,
+        TrainCommand::W2v(a) => a.prepare()?,
+    };
+    if env.rank == 0 {
+        eprintln!("{description}; {} mode on {} nodes started by {}", mode.name(), env.nodes, env.source);
+    }
+    let (bar, mut handle, reports) = reporter(common, mode);
+    if env.rank != 0 {
+        bar.finish_and_clear();
+    }
+    match command {
+        TrainCommand::Mf(a) => mf::run_node(a, mode, &mut handle)?,
+        TrainCommand::Kge(a) => kge::run_node(a, mode, &mut handle)?,
+        TrainCommand::W2v(a) => w2v::run_node(a, mode, &mut handle)?,
+    }
+    bar.finish_and_clear();
+    let out = std::mem::take(&mut *reports.lock());
+    Ok(out)
+}
+
+/// Runs one mode: in this process for `single`, as a launched cluster otherwise.
+pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<Vec<EpochReport>> {
+    let (bar, handle, reports) = reporter(common, mode);
     if mode == Mode::Single {
         let mut handle = handle;
         match command {

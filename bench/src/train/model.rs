@@ -62,6 +62,16 @@ impl Model {
     }
 }
 
+/// Reads the model in `dir` for a question to a `task` model (`what` names that kind of model
+/// in the error when `dir` holds another).
+pub fn load_task(dir: &Path, task: &str, what: &str) -> Result<Model> {
+    let model = load(dir)?;
+    if model.task != task {
+        bail!("{} holds a {} model, not {what}", dir.display(), model.task);
+    }
+    Ok(model)
+}
+
 /// Writes `tables` into `dir` (created if needed): `NAME.npy`, `NAME.tsv` (`id<TAB>row` lines)
 /// and `model.json`. Files are written under temporary names and renamed, so that a directory
 /// never holds half a model.
