@@ -50,3 +50,115 @@ fn train_runs_under_open_mpi() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("runs exactly one cluster mode"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A single-host Slurm cluster started for the test from the distribution's packages: its own
+/// configuration (no munge: `auth/none`), `slurmctld` and `slurmd` on free ports, both stopped
+/// when dropped.
+struct Slurm {
+    conf: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    daemons: Vec<std::process::Child>,
+}
+
+impl Slurm {
+    fn start() -> Slurm {
+        let dir = std::env::temp_dir().join(format!("ferry-slurm-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for sub in ["ctld", "d"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        let host = String::from_utf8(Command::new("hostname").arg("-s").output().unwrap().stdout).unwrap().trim().to_string();
+        let d = dir.display();
+        let conf = dir.join("slurm.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "ClusterName=ferry\nSlurmctldHost={host}\nSlurmctldPort={}\nSlurmdPort={}\nAuthType=auth/none\nCredType=cred/none\n\
+                 SlurmUser=root\nSlurmdUser=root\nStateSaveLocation={d}/ctld\nSlurmdSpoolDir={d}/d\nSlurmctldPidFile={d}/ctld.pid\n\
+                 SlurmdPidFile={d}/d.pid\nSlurmctldLogFile={d}/ctld.log\nSlurmdLogFile={d}/d.log\nProctrackType=proctrack/linuxproc\n\
+                 TaskPlugin=task/none\nSelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\nMpiDefault=none\nReturnToService=2\n\
+                 SwitchType=switch/none\nJobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n\
+                 NodeName={host} CPUs=2 State=UNKNOWN\nPartitionName=ferry Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n",
+                free_port(),
+                free_port()
+            ),
+        )
+        .unwrap();
+        let mut slurm = Slurm { conf, dir, daemons: Vec::new() };
+        for daemon in ["slurmctld", "slurmd"] {
+            let child =
+                Command::new(daemon).args(["-D", "-f"]).arg(&slurm.conf).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn();
+            slurm.daemons.push(child.unwrap_or_else(|e| panic!("starting {daemon}: {e}")));
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+        // The node registers with the controller and becomes idle.
+        let started = std::time::Instant::now();
+        loop {
+            let state = slurm.command("sinfo").args(["-h", "-o", "%t"]).output().unwrap();
+            if String::from_utf8_lossy(&state.stdout).trim() == "idle" {
+                return slurm;
+            }
+            let log =
+                std::fs::read_to_string(slurm.dir.join("ctld.log")).unwrap_or_default() + &std::fs::read_to_string(slurm.dir.join("d.log")).unwrap_or_default();
+            assert!(started.elapsed() < std::time::Duration::from_secs(60), "the Slurm node never became idle:\n{log}");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    /// A Slurm client command talking to this cluster.
+    fn command(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &self.conf);
+        c
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        for daemon in &mut self.daemons {
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `srun --ntasks 2` on a real single-host Slurm starts two `ferry train mf` processes that find
+/// their ranks in `SLURM_PROCID`/`SLURM_NTASKS` and form one cluster; rank 0 reports.
+#[test]
+fn train_runs_under_slurm() {
+    if !available("slurmctld", "FERRY_SLURM") || !available("slurmd", "FERRY_SLURM") {
+        return;
+    }
+    let is_root = String::from_utf8_lossy(&Command::new("id").arg("-u").output().unwrap().stdout).trim() == "0";
+    if !is_root {
+        assert!(std::env::var("FERRY_SLURM").is_ok_and(|v| v == "0"), "slurmd must run as root for this test: run it as root, or set FERRY_SLURM=0 to skip it");
+        eprintln!("FERRY_SLURM=0: not root, and this test was NOT run");
+        return;
+    }
+    let slurm = Slurm::start();
+    let mut srun = slurm
+        .command("srun")
+        .args(["--ntasks", "2", "env", &format!("FERRY_COORDINATOR=127.0.0.1:{}", free_port())])
+        .arg(binary("ferry"))
+        .args(["train", "mf", "--data", "synth-tiny", "--rank", "4", "--epochs", "3", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running srun");
+    let started = std::time::Instant::now();
+    while srun.try_wait().unwrap().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(120) {
+            let _ = srun.kill();
+            panic!("srun did not finish within 120 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = srun.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "srun failed:\n{stdout}\n{stderr}");
+    let reports: Vec<serde_json::Value> = stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(reports.len(), 3, "one report per epoch, from rank 0 only:\n{stdout}");
+    assert!(reports.iter().all(|r| r["mode"] == "localize"), "{stdout}");
+    assert!(stderr.contains("localize mode on 2 nodes started by slurm"), "{stderr}");
+}
