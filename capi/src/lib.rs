@@ -412,6 +412,36 @@ unsafe fn access(worker: *mut FerryWorker, table: u32, keys: *const u64, n_keys:
     })
 }
 
+/// Starts an asynchronous operation on `n_keys` keys with `begin` and writes its ticket, kept in
+/// the map `kept` selects.
+///
+/// # Safety
+///
+/// `worker` is null or a live worker; `keys` holds `n_keys` keys; `ticket` is null or writable.
+unsafe fn start<T>(
+    worker: *mut FerryWorker,
+    table: u32,
+    keys: *const u64,
+    n_keys: usize,
+    ticket: *mut u64,
+    begin: impl FnOnce(&mut ferry::Worker, ferry::Table, &[u64]) -> ferry::Result<T>,
+    kept: fn(&mut FerryWorker) -> &mut HashMap<u64, T>,
+) -> i32 {
+    guard(|| {
+        // SAFETY: forwarded from the calling function's contract.
+        let (w, keys) = unsafe { (handle(worker, "worker")?, slice(keys, n_keys, "keys")?) };
+        if ticket.is_null() {
+            return Err(argument("ticket is null"));
+        }
+        let t = w.table(table)?;
+        let pending = begin(&mut w.worker, t, keys).map_err(ferry_err)?;
+        let id = w.ticket();
+        kept(w).insert(id, pending);
+        // SAFETY: checked non-null above; writable as the caller guarantees.
+        unsafe { put(ticket, id, "ticket") }
+    })
+}
+
 /// Reads the values of `n_keys` keys into `out` (`n_keys × value_len` floats, `out_len` of
 /// them).
 ///
@@ -473,19 +503,8 @@ pub unsafe extern "C" fn ferry_localize(worker: *mut FerryWorker, table: u32, ke
 /// `worker` is null or a live worker; `keys` holds `n_keys` keys; `ticket` is null or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ferry_pull_async(worker: *mut FerryWorker, table: u32, keys: *const u64, n_keys: usize, ticket: *mut u64) -> i32 {
-    guard(|| {
-        // SAFETY: forwarded from this function's contract.
-        let (w, keys) = unsafe { (handle(worker, "worker")?, slice(keys, n_keys, "keys")?) };
-        if ticket.is_null() {
-            return Err(argument("ticket is null"));
-        }
-        let t = w.table(table)?;
-        let pending = w.worker.pull_async(t, keys).map_err(ferry_err)?;
-        let id = w.ticket();
-        w.pulls.insert(id, pending);
-        // SAFETY: checked non-null above; writable as the caller guarantees.
-        unsafe { put(ticket, id, "ticket") }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { start(worker, table, keys, n_keys, ticket, |w, t, keys| w.pull_async(t, keys), |w| &mut w.pulls) }
 }
 
 /// Starts a push (`set` false) or a set (`set` true); `*ticket` identifies it for `ferry_wait`.
@@ -505,19 +524,14 @@ pub unsafe extern "C" fn ferry_push_async(
     set: bool,
     ticket: *mut u64,
 ) -> i32 {
-    guard(|| {
-        // SAFETY: forwarded from this function's contract.
-        let (w, keys, values) = unsafe { (handle(worker, "worker")?, slice(keys, n_keys, "keys")?, slice(values, n_values, "values")?) };
-        if ticket.is_null() {
-            return Err(argument("ticket is null"));
-        }
-        let t = w.table(table)?;
-        let pending = if set { w.worker.set_async(t, keys, values) } else { w.worker.push_async(t, keys, values) }.map_err(ferry_err)?;
-        let id = w.ticket();
-        w.tickets.insert(id, pending);
-        // SAFETY: checked non-null above; writable as the caller guarantees.
-        unsafe { put(ticket, id, "ticket") }
-    })
+    // SAFETY: forwarded from this function's contract.
+    let values = match unsafe { slice(values, n_values, "values") } {
+        Ok(values) => values,
+        Err(failure) => return guard(|| Err(failure)),
+    };
+    let begin = |w: &mut ferry::Worker, t, keys: &[u64]| if set { w.set_async(t, keys, values) } else { w.push_async(t, keys, values) };
+    // SAFETY: forwarded from this function's contract.
+    unsafe { start(worker, table, keys, n_keys, ticket, begin, |w| &mut w.tickets) }
 }
 
 /// Starts moving keys to this node; `*ticket` identifies it for `ferry_wait`.
@@ -527,19 +541,8 @@ pub unsafe extern "C" fn ferry_push_async(
 /// `worker` is null or a live worker; `keys` holds `n_keys` keys; `ticket` is null or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ferry_localize_async(worker: *mut FerryWorker, table: u32, keys: *const u64, n_keys: usize, ticket: *mut u64) -> i32 {
-    guard(|| {
-        // SAFETY: forwarded from this function's contract.
-        let (w, keys) = unsafe { (handle(worker, "worker")?, slice(keys, n_keys, "keys")?) };
-        if ticket.is_null() {
-            return Err(argument("ticket is null"));
-        }
-        let t = w.table(table)?;
-        let pending = w.worker.localize_async(t, keys).map_err(ferry_err)?;
-        let id = w.ticket();
-        w.tickets.insert(id, pending);
-        // SAFETY: checked non-null above; writable as the caller guarantees.
-        unsafe { put(ticket, id, "ticket") }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { start(worker, table, keys, n_keys, ticket, |w, t, keys| w.localize_async(t, keys), |w| &mut w.tickets) }
 }
 
 /// Waits for a push, set or localize ticket.
