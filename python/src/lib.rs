@@ -1,0 +1,228 @@
+//! Ferry from Python: `ferry.Node.start(tables)` joins the cluster the environment describes
+//! (the same variables as every Ferry process), `node.worker()` gives a worker per thread, and
+//! pulls, pushes, sets and localizes take NumPy arrays of `uint64` keys and `float32` values.
+//! Every wait releases the GIL, so other Python threads run meanwhile. Pulls return new arrays
+//! of shape `(keys, value_len)`, or write into a caller's C-contiguous array (`pull_into`, no
+//! copy beyond the one from the parameter store); pushed arrays are read in place. Failures raise
+//! `ferry.FerryError` with Ferry's message.
+
+use std::collections::HashMap;
+
+use ferry_engine as engine;
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArrayDyn, PyReadwriteArrayDyn, PyUntypedArrayMethods};
+use pyo3::create_exception;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+create_exception!(ferry, FerryError, PyRuntimeError, "A Ferry operation failed; the message says why.");
+
+fn failed(e: engine::Error) -> PyErr {
+    FerryError::new_err(e.to_string())
+}
+
+fn argument(message: impl Into<String>) -> PyErr {
+    FerryError::new_err(message.into())
+}
+
+/// Keys of a NumPy `uint64` array (any shape, C-contiguous).
+fn keys<'a>(array: &'a PyReadonlyArrayDyn<'_, u64>) -> PyResult<&'a [u64]> {
+    let contiguous = array.is_c_contiguous();
+    array.as_slice().ok().filter(|_| contiguous).ok_or_else(|| argument("keys must be a C-contiguous uint64 array"))
+}
+
+/// Values of a NumPy `float32` array (any shape, C-contiguous: a Fortran-order array would be
+/// read in the wrong order).
+fn values<'a>(array: &'a PyReadonlyArrayDyn<'_, f32>) -> PyResult<&'a [f32]> {
+    let contiguous = array.is_c_contiguous();
+    array.as_slice().ok().filter(|_| contiguous).ok_or_else(|| argument("values must be a C-contiguous float32 array"))
+}
+
+/// This process's node of a Ferry cluster.
+#[pyclass(module = "ferry")]
+struct Node {
+    node: Option<engine::Node>,
+    tables: Vec<(String, engine::Table)>,
+}
+
+impl Node {
+    fn live(&self) -> PyResult<&engine::Node> {
+        self.node.as_ref().ok_or_else(|| failed(engine::Error::ShutDown))
+    }
+}
+
+#[pymethods]
+impl Node {
+    /// Starts this process's node with `tables`, a list of `(name, keys, value_len)`; the cluster
+    /// (rank, node count, coordinator, secret, timeouts) comes from the environment. Blocks until
+    /// every node has joined.
+    #[staticmethod]
+    fn start(py: Python<'_>, tables: Vec<(String, u64, usize)>) -> PyResult<Node> {
+        let specs: Vec<engine::TableSpec> = tables.iter().map(|(name, keys, len)| engine::TableSpec::new(name.as_str(), *keys, *len)).collect();
+        let node = py.allow_threads(|| engine::Config::from_env(specs).and_then(engine::Node::start)).map_err(failed)?;
+        let tables = tables.iter().map(|(name, _, _)| node.table(name).map(|t| (name.clone(), t))).collect::<engine::Result<Vec<_>>>().map_err(failed)?;
+        Ok(Node { node: Some(node), tables })
+    }
+
+    /// This node's rank.
+    #[getter]
+    fn rank(&self) -> PyResult<usize> {
+        Ok(self.live()?.rank())
+    }
+
+    /// The number of nodes.
+    #[getter]
+    fn nodes(&self) -> PyResult<usize> {
+        Ok(self.live()?.nodes())
+    }
+
+    /// A new worker (use one per thread).
+    fn worker(&self) -> PyResult<Worker> {
+        Ok(Worker { worker: Some(self.live()?.worker()), tables: self.tables.clone(), pushes: HashMap::new(), pulls: HashMap::new(), next_ticket: 1 })
+    }
+
+    /// The node's counters: local and remote key accesses, relocations in and out, messages and
+    /// bytes sent.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.live()?.stats();
+        let d = PyDict::new(py);
+        d.set_item("local_accesses", s.local_accesses)?;
+        d.set_item("remote_accesses", s.remote_accesses)?;
+        d.set_item("relocations_in", s.relocations_in)?;
+        d.set_item("relocations_out", s.relocations_out)?;
+        d.set_item("messages_sent", s.traffic.messages.iter().sum::<u64>())?;
+        d.set_item("bytes_sent", s.traffic.bytes.iter().sum::<u64>())?;
+        Ok(d)
+    }
+
+    /// Leaves the cluster cleanly (a barrier with every other node); close every worker first.
+    fn finalize(&mut self, py: Python<'_>) -> PyResult<()> {
+        let mut node = self.node.take().ok_or_else(|| failed(engine::Error::ShutDown))?;
+        py.allow_threads(|| node.finalize()).map_err(failed)
+    }
+}
+
+/// A worker: pulls, pushes, sets and localizes keys of the node's tables.
+#[pyclass(module = "ferry", unsendable)]
+struct Worker {
+    worker: Option<engine::Worker>,
+    tables: Vec<(String, engine::Table)>,
+    pushes: HashMap<u64, engine::Ticket>,
+    /// Outstanding pulls with the shape of their answer.
+    pulls: HashMap<u64, (engine::PullTicket, [usize; 2])>,
+    next_ticket: u64,
+}
+
+impl Worker {
+    fn parts(&mut self, table: &str) -> PyResult<(&mut engine::Worker, engine::Table)> {
+        let t = self.tables.iter().find(|(name, _)| name == table).map(|(_, t)| *t).ok_or_else(|| failed(engine::Error::UnknownTable(table.into())))?;
+        let w = self.worker.as_mut().ok_or_else(|| argument("the worker is closed"))?;
+        Ok((w, t))
+    }
+
+    fn ticket(&mut self) -> u64 {
+        self.next_ticket += 1;
+        self.next_ticket - 1
+    }
+}
+
+#[pymethods]
+impl Worker {
+    /// The values of `keys` as a new `float32` array of shape `(len(keys), value_len)`.
+    fn pull<'py>(&mut self, py: Python<'py>, table: &str, keys_in: PyReadonlyArrayDyn<'py, u64>) -> PyResult<Bound<'py, PyAny>> {
+        let (w, t) = self.parts(table)?;
+        let k = keys(&keys_in)?;
+        let mut out = vec![0.0f32; k.len() * t.value_len()];
+        py.allow_threads(|| w.pull(t, k, &mut out)).map_err(failed)?;
+        Ok(PyArray1::from_vec(py, out).reshape([k.len(), t.value_len()])?.into_any())
+    }
+
+    /// Writes the values of `keys` into `out`, a C-contiguous `float32` array of
+    /// `len(keys) × value_len` elements, without an intermediate copy.
+    fn pull_into(&mut self, py: Python<'_>, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>, mut out: PyReadwriteArrayDyn<'_, f32>) -> PyResult<()> {
+        let (w, t) = self.parts(table)?;
+        let k = keys(&keys_in)?;
+        let contiguous = out.is_c_contiguous();
+        let out = out.as_slice_mut().ok().filter(|_| contiguous).ok_or_else(|| argument("out must be a C-contiguous float32 array"))?;
+        py.allow_threads(|| w.pull(t, k, out)).map_err(failed)
+    }
+
+    /// Adds `values` (`len(keys) × value_len` floats, any shape) to the keys' values.
+    fn push(&mut self, py: Python<'_>, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>, values_in: PyReadonlyArrayDyn<'_, f32>) -> PyResult<()> {
+        let (w, t) = self.parts(table)?;
+        let (k, v) = (keys(&keys_in)?, values(&values_in)?);
+        py.allow_threads(|| w.push(t, k, v)).map_err(failed)
+    }
+
+    /// Replaces the keys' values with `values`.
+    fn set(&mut self, py: Python<'_>, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>, values_in: PyReadonlyArrayDyn<'_, f32>) -> PyResult<()> {
+        let (w, t) = self.parts(table)?;
+        let (k, v) = (keys(&keys_in)?, values(&values_in)?);
+        py.allow_threads(|| w.set(t, k, v)).map_err(failed)
+    }
+
+    /// Moves the keys to this node and waits until they are here.
+    fn localize(&mut self, py: Python<'_>, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>) -> PyResult<()> {
+        let (w, t) = self.parts(table)?;
+        let k = keys(&keys_in)?;
+        py.allow_threads(|| w.localize(t, k)).map_err(failed)
+    }
+
+    /// Starts a pull; returns a ticket for `wait_pull`.
+    fn pull_async(&mut self, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>) -> PyResult<u64> {
+        let (w, t) = self.parts(table)?;
+        let k = keys(&keys_in)?;
+        let pending = w.pull_async(t, k).map_err(failed)?;
+        let shape = [k.len(), t.value_len()];
+        let id = self.ticket();
+        self.pulls.insert(id, (pending, shape));
+        Ok(id)
+    }
+
+    /// Starts a push (the values are copied before this returns); returns a ticket for `wait`.
+    fn push_async(&mut self, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>, values_in: PyReadonlyArrayDyn<'_, f32>) -> PyResult<u64> {
+        let (w, t) = self.parts(table)?;
+        let pending = w.push_async(t, keys(&keys_in)?, values(&values_in)?).map_err(failed)?;
+        let id = self.ticket();
+        self.pushes.insert(id, pending);
+        Ok(id)
+    }
+
+    /// Waits for a push ticket.
+    fn wait(&mut self, py: Python<'_>, ticket: u64) -> PyResult<()> {
+        let pending = self.pushes.remove(&ticket).ok_or_else(|| argument(format!("ticket {ticket} is not an outstanding push of this worker")))?;
+        let w = self.worker.as_mut().ok_or_else(|| argument("the worker is closed"))?;
+        py.allow_threads(|| w.wait(pending)).map_err(failed)
+    }
+
+    /// Waits for a pull ticket; returns its values as a `float32` array of shape
+    /// `(keys, value_len)`.
+    fn wait_pull<'py>(&mut self, py: Python<'py>, ticket: u64) -> PyResult<Bound<'py, PyAny>> {
+        let (pending, shape) = self.pulls.remove(&ticket).ok_or_else(|| argument(format!("ticket {ticket} is not an outstanding pull of this worker")))?;
+        let w = self.worker.as_mut().ok_or_else(|| argument("the worker is closed"))?;
+        let values = py.allow_threads(|| w.wait_pull(pending)).map_err(failed)?;
+        Ok(PyArray1::from_vec(py, values).reshape(shape)?.into_any())
+    }
+
+    /// Waits for this worker's asynchronous operations, then for every worker of every node.
+    fn barrier(&mut self, py: Python<'_>) -> PyResult<()> {
+        let w = self.worker.as_mut().ok_or_else(|| argument("the worker is closed"))?;
+        py.allow_threads(|| w.barrier()).map_err(failed)
+    }
+
+    /// Releases the worker (outstanding tickets are forgotten); needed before `Node.finalize`.
+    fn close(&mut self) {
+        self.pushes.clear();
+        self.pulls.clear();
+        self.worker = None;
+    }
+}
+
+/// The `ferry` Python module.
+#[pymodule]
+fn ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Node>()?;
+    m.add_class::<Worker>()?;
+    m.add("FerryError", m.py().get_type::<FerryError>())?;
+    Ok(())
+}

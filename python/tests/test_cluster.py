@@ -1,0 +1,101 @@
+"""Ferry's Python bindings on a cluster: run by every process of `ferry launch -n 2 -- python -m pytest`.
+
+Each test runs on every rank; they meet in barriers, so every rank runs the same tests in the
+same order.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+
+import ferry
+
+KEYS, LEN = 1000, 4
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    node = ferry.Node.start([("params", KEYS, LEN), ("counts", 10, 1)])
+    worker = node.worker()
+    yield node, worker
+    worker.close()
+    node.finalize()
+
+
+def test_every_rank_joined(cluster):
+    node, _ = cluster
+    assert node.nodes == 2
+    assert 0 <= node.rank < node.nodes
+
+
+def test_pushes_from_every_rank_add_up(cluster):
+    node, w = cluster
+    keys = np.arange(KEYS, dtype=np.uint64)
+    w.push("params", keys, np.full((KEYS, LEN), node.rank + 1, dtype=np.float32))
+    w.barrier()
+    values = w.pull("params", keys)
+    assert values.shape == (KEYS, LEN) and values.dtype == np.float32
+    assert np.all(values == 3.0)  # 1 from rank 0, 2 from rank 1
+    w.barrier()
+
+
+def test_pull_into_a_callers_array_and_async_operations(cluster):
+    node, w = cluster
+    keys = np.array([5, 999, 5], dtype=np.uint64)
+    out = np.zeros((3, LEN), dtype=np.float32)
+    w.pull_into("params", keys, out)
+    assert np.all(out == 3.0)
+    ticket = w.push_async("counts", np.array([node.rank], dtype=np.uint64), np.ones(1, dtype=np.float32))
+    w.wait(ticket)
+    w.barrier()
+    ticket = w.pull_async("counts", np.arange(2, dtype=np.uint64))
+    assert w.wait_pull(ticket).tolist() == [[1.0], [1.0]]
+    w.barrier()
+
+
+def test_localize_moves_keys_here(cluster):
+    node, w = cluster
+    mine = np.arange(node.rank * 10, node.rank * 10 + 10, dtype=np.uint64)
+    before = node.stats()["relocations_in"]
+    w.localize("params", mine)
+    w.pull("params", mine)
+    assert node.stats()["relocations_in"] >= before
+    w.barrier()
+
+
+def test_waits_release_the_gil(cluster):
+    _, w = cluster
+    ticks = []
+    stop = threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks.append(1)
+            stop.wait(0.001)
+
+    thread = threading.Thread(target=tick)
+    thread.start()
+    for _ in range(20):
+        w.pull("params", np.arange(KEYS, dtype=np.uint64))
+    w.barrier()
+    stop.set()
+    thread.join()
+    assert ticks, "another Python thread ran while the worker waited"
+
+
+def test_errors_raise_ferry_error(cluster):
+    _, w = cluster
+    with pytest.raises(ferry.FerryError, match="outside table"):
+        w.pull("params", np.array([KEYS + 5], dtype=np.uint64))
+    with pytest.raises(ferry.FerryError, match="no table"):
+        w.pull("nope", np.array([1], dtype=np.uint64))
+    with pytest.raises(ferry.FerryError, match="expected 8 values"):
+        w.push("params", np.array([1, 2], dtype=np.uint64), np.ones(3, dtype=np.float32))
+    with pytest.raises(ferry.FerryError, match="C-contiguous"):
+        w.pull_into("params", np.array([1, 2], dtype=np.uint64), np.zeros((LEN, 2), dtype=np.float32).T)
+    with pytest.raises(ferry.FerryError, match="C-contiguous"):
+        w.push("params", np.array([1], dtype=np.uint64), np.zeros(2 * LEN, dtype=np.float32)[::2])
+    with pytest.raises(TypeError):
+        w.pull("params", np.array([1.5]))
+    w.barrier()
