@@ -323,5 +323,17 @@ fn models_are_saved_and_used_for_predictions() {
     assert!(words > 50, "{words} words saved");
     let out = Command::new(binary("ferry")).args(["train", "mf", "--predict", &path("pairs.tsv"), "--model", &path("w2v")]).output().unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("holds a w2v model"));
+    // `ferry export`: the word vectors in the word2vec text format, the MF model as TSVs.
+    let export = |args: &[&str]| {
+        let out = Command::new(binary("ferry")).arg("export").args(args).output().unwrap();
+        assert!(out.status.success(), "ferry export {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    export(&[&path("w2v"), "--format", "word2vec", "--out", &path("vectors.txt")]);
+    let vectors = std::fs::read_to_string(dir.join("vectors.txt")).unwrap();
+    assert_eq!(vectors.lines().next().unwrap(), format!("{words} 8"));
+    assert_eq!(vectors.lines().nth(1).unwrap().split(' ').count(), 9, "a word and 8 values");
+    export(&[&path("mf-single"), "--out", &path("mf-text")]);
+    let items = std::fs::read_to_string(dir.join("mf-text/items.tsv")).unwrap();
+    assert_eq!((items.lines().count(), items.lines().next().unwrap().split('\t').count()), (200, 6));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -51,6 +51,21 @@ enum Command {
     /// Train a model (the same as `ferry-bench train`).
     #[command(subcommand)]
     Train(Box<ferry_bench::train::TrainCommand>),
+    /// Write a model saved by `train … --save DIR` in a text format: a TSV per table
+    /// (`id<TAB>values…`), or the word2vec text format of one table (for gensim and friends).
+    Export {
+        /// The saved model's directory.
+        model: std::path::PathBuf,
+        /// Where to write: a directory for `tsv`, a file for `word2vec`.
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// The format.
+        #[arg(long, value_enum, default_value = "tsv")]
+        format: ferry_bench::train::model::ExportFormat,
+        /// Only this table (`word2vec`: which table; default the first, e.g. `words`).
+        #[arg(long)]
+        table: Option<String>,
+    },
     /// Train matrix factorization on MovieLens-100k on a 2-node local cluster, with dynamic
     /// allocation and, for contrast, on a classic parameter server.
     Demo,
@@ -139,6 +154,13 @@ fn run() -> Result<()> {
             Ok(())
         }
         Command::Train(t) => ferry_bench::train::run(&t).map(|_| ()),
+        Command::Export { model, out, format, table } => {
+            let saved = ferry_bench::train::model::load(&model)?;
+            for path in ferry_bench::train::model::export(&saved, format, &out, table.as_deref())? {
+                eprintln!("wrote {}", path.display());
+            }
+            Ok(())
+        }
         Command::Demo => demo::run(),
     }
 }

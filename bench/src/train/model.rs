@@ -121,6 +121,60 @@ pub fn load(dir: &Path) -> Result<Model> {
     Ok(Model { task, meta: description["meta"].clone(), tables })
 }
 
+/// Text formats a saved model can be exported to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// One `NAME.tsv` per table: `id<TAB>value<TAB>value…` per row (spreadsheets, pandas).
+    Tsv,
+    /// The word2vec text format of one table (`rows dim`, then `id value value…` per row), which
+    /// gensim's `KeyedVectors.load_word2vec_format` reads; ids must not contain spaces.
+    Word2vec,
+}
+
+/// Writes `model` in `format` under `out` (a directory for `tsv`, a file for `word2vec`, whose
+/// table is `table`, else the first one); returns the files written.
+pub fn export(model: &Model, format: ExportFormat, out: &Path, table: Option<&str>) -> Result<Vec<std::path::PathBuf>> {
+    match format {
+        ExportFormat::Tsv => {
+            std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+            let mut written = Vec::new();
+            for t in model.tables.iter().filter(|t| table.is_none_or(|name| name == t.name)) {
+                let path = out.join(format!("{}.tsv", t.name));
+                write_atomically(&path, |w| write_rows(w, t, '\t'))?;
+                written.push(path);
+            }
+            ensure!(!written.is_empty(), "the model has no table '{}'", table.unwrap_or_default());
+            Ok(written)
+        }
+        ExportFormat::Word2vec => {
+            let t = match table {
+                Some(name) => model.table(name)?,
+                None => model.tables.first().context("the model has no tables")?,
+            };
+            if let Some(bad) = t.ids.iter().find(|id| id.is_empty() || id.contains(char::is_whitespace)) {
+                bail!("id '{bad}' of table {} is empty or contains whitespace, which the word2vec format cannot hold (export as tsv)", t.name);
+            }
+            write_atomically(out, |w| {
+                writeln!(w, "{} {}", t.ids.len(), t.cols)?;
+                write_rows(w, t, ' ')
+            })?;
+            Ok(vec![out.to_path_buf()])
+        }
+    }
+}
+
+/// Every row of `t` as a line: its id, then its values, each after `separator`.
+fn write_rows(w: &mut impl Write, t: &SavedTable, separator: char) -> Result<()> {
+    for (row, id) in t.ids.iter().enumerate() {
+        write!(w, "{id}")?;
+        for v in t.row(row) {
+            write!(w, "{separator}{v}")?;
+        }
+        writeln!(w)?;
+    }
+    Ok(())
+}
+
 fn write_atomically(path: &Path, body: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> Result<()>) -> Result<()> {
     let temporary = path.with_extension("partial");
     let file = std::fs::File::create(&temporary).with_context(|| format!("creating {}", temporary.display()))?;
@@ -198,6 +252,17 @@ mod tests {
         std::fs::write(dir.join("users.npy"), b"garbage").unwrap();
         assert!(load(&dir).is_err());
         assert!(load(&dir.join("nowhere")).unwrap_err().to_string().contains("saved model"));
+        // Exports of a model read back from disk.
+        save(&dir, "mf", json!({ "mu": 3.5 }), std::slice::from_ref(&users)).unwrap();
+        let model = load(&dir).unwrap();
+        let files = export(&model, ExportFormat::Tsv, &dir.join("text"), None).unwrap();
+        assert_eq!(std::fs::read_to_string(&files[0]).unwrap(), "ann\t0\t0.5\t1\nbob smith\t1.5\t2\t2.5\n");
+        let e = export(&model, ExportFormat::Word2vec, &dir.join("w2v.txt"), None).unwrap_err();
+        assert!(e.to_string().contains("'bob smith'"), "{e}");
+        let words = SavedTable { name: "words".into(), cols: 2, data: vec![1.0, 2.0], ids: vec!["king".into()] };
+        save(&dir, "w2v", json!({}), &[words]).unwrap();
+        export(&load(&dir).unwrap(), ExportFormat::Word2vec, &dir.join("w2v.txt"), Some("words")).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join("w2v.txt")).unwrap(), "1 2\nking 1 2\n");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

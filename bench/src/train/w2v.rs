@@ -505,7 +505,14 @@ fn train_epoch(
 
 /// Analogy accuracy (3CosAdd over unit vectors, the question's three words excluded) on the
 /// questions whose four words are all in the vocabulary.
-fn evaluate(vectors: &[f32], dim: usize, corpus: &Corpus, analogies: &Analogies, threads: usize) -> serde_json::Map<String, serde_json::Value> {
+fn evaluate(
+    vectors: &[f32],
+    dim: usize,
+    corpus: &Corpus,
+    analogies: &Analogies,
+    threads: usize,
+    progress: &(dyn Fn(f64) + Sync),
+) -> serde_json::Map<String, serde_json::Value> {
     let index: std::collections::HashMap<&str, usize> = corpus.words.iter().enumerate().map(|(i, w)| (w.as_str(), i)).collect();
     let mut unit = vectors.to_vec();
     for row in unit.chunks_exact_mut(dim) {
@@ -528,6 +535,9 @@ fn evaluate(vectors: &[f32], dim: usize, corpus: &Corpus, analogies: &Analogies,
                     loop {
                         let q = next.fetch_add(1, Ordering::Relaxed);
                         let Some(&[a, b, c, d]) = questions.get(q) else { break };
+                        if q.is_multiple_of(256) {
+                            progress(q as f64 / questions.len().max(1) as f64);
+                        }
                         for j in 0..dim {
                             query[j] = unit[b * dim + j] - unit[a * dim + j] + unit[c * dim + j];
                         }
@@ -616,7 +626,8 @@ pub fn run_single(a: &W2vArgs, emit: Sink) -> Result<()> {
             for k in 0..v {
                 input.read(k, &mut all[k * dim..(k + 1) * dim]);
             }
-            evaluate(&all, dim, &corpus, &analogies, eval_threads())
+            let emit = parking_lot::Mutex::new(&mut *emit);
+            evaluate(&all, dim, &corpus, &analogies, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)))
         } else {
             serde_json::Map::new()
         };
@@ -723,7 +734,7 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
                     let keys: Vec<u64> = (0..v as u64).collect();
                     let mut all = vec![0.0; v * dim];
                     w.pull(input, &keys, &mut all)?;
-                    evaluate(&all, dim, corpus, analogies, eval_threads())
+                    evaluate(&all, dim, corpus, analogies, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)))
                 }
                 _ => serde_json::Map::new(),
             };
@@ -791,7 +802,7 @@ mod tests {
             vectors[i * 2..i * 2 + 2].copy_from_slice(&x);
         }
         let analogies = Analogies::parse(": t\nman king woman queen\nman woman king apple\nfoo bar baz qux\n").unwrap();
-        let m = evaluate(&vectors, 2, &corpus, &analogies, 2);
+        let m = evaluate(&vectors, 2, &corpus, &analogies, 2, &|_| {});
         assert_eq!(m["analogy_questions"], 2);
         assert_eq!(m["analogy"], 0.5);
     }
