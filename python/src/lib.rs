@@ -107,6 +107,7 @@ impl Node {
 struct Worker {
     worker: Option<engine::Worker>,
     tables: Vec<(String, engine::Table)>,
+    /// Outstanding pushes, sets and localizes.
     pushes: HashMap<u64, engine::Ticket>,
     /// Outstanding pulls with the shape of their answer.
     pulls: HashMap<u64, (engine::PullTicket, [usize; 2])>,
@@ -188,9 +189,28 @@ impl Worker {
         Ok(id)
     }
 
-    /// Waits for a push ticket.
+    /// Starts a set (the values are copied before this returns); returns a ticket for `wait`.
+    fn set_async(&mut self, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>, values_in: PyReadonlyArrayDyn<'_, f32>) -> PyResult<u64> {
+        let (w, t) = self.parts(table)?;
+        let pending = w.set_async(t, keys(&keys_in)?, values(&values_in)?).map_err(failed)?;
+        let id = self.ticket();
+        self.pushes.insert(id, pending);
+        Ok(id)
+    }
+
+    /// Starts moving keys to this node; returns a ticket for `wait`.
+    fn localize_async(&mut self, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>) -> PyResult<u64> {
+        let (w, t) = self.parts(table)?;
+        let pending = w.localize_async(t, keys(&keys_in)?).map_err(failed)?;
+        let id = self.ticket();
+        self.pushes.insert(id, pending);
+        Ok(id)
+    }
+
+    /// Waits for a push, set or localize ticket.
     fn wait(&mut self, py: Python<'_>, ticket: u64) -> PyResult<()> {
-        let pending = self.pushes.remove(&ticket).ok_or_else(|| argument(format!("ticket {ticket} is not an outstanding push of this worker")))?;
+        let pending =
+            self.pushes.remove(&ticket).ok_or_else(|| argument(format!("ticket {ticket} is not an outstanding push, set or localize of this worker")))?;
         let w = self.worker.as_mut().ok_or_else(|| argument("the worker is closed"))?;
         py.allow_threads(|| w.wait(pending)).map_err(failed)
     }

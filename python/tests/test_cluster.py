@@ -52,6 +52,12 @@ def test_pull_into_a_callers_array_and_async_operations(cluster):
     ticket = w.pull_async("counts", np.arange(2, dtype=np.uint64))
     assert w.wait_pull(ticket).tolist() == [[1.0], [1.0]]
     w.barrier()
+    if node.rank == 0:
+        w.wait(w.set_async("counts", np.array([9], dtype=np.uint64), np.array([7.5], dtype=np.float32)))
+    w.barrier()
+    assert w.pull("counts", np.array([9], dtype=np.uint64)).tolist() == [[7.5]]
+    w.wait(w.localize_async("counts", np.array([9], dtype=np.uint64)))
+    w.barrier()
 
 
 def test_localize_moves_keys_here(cluster):
