@@ -125,6 +125,13 @@ impl Worker {
         self.next_ticket += 1;
         self.next_ticket - 1
     }
+
+    /// Keeps a push, set or localize in flight and returns its ticket.
+    fn hand_out(&mut self, pending: engine::Ticket) -> u64 {
+        let id = self.ticket();
+        self.pushes.insert(id, pending);
+        id
+    }
 }
 
 #[pymethods]
@@ -184,27 +191,21 @@ impl Worker {
     fn push_async(&mut self, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>, values_in: PyReadonlyArrayDyn<'_, f32>) -> PyResult<u64> {
         let (w, t) = self.parts(table)?;
         let pending = w.push_async(t, keys(&keys_in)?, values(&values_in)?).map_err(failed)?;
-        let id = self.ticket();
-        self.pushes.insert(id, pending);
-        Ok(id)
+        Ok(self.hand_out(pending))
     }
 
     /// Starts a set (the values are copied before this returns); returns a ticket for `wait`.
     fn set_async(&mut self, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>, values_in: PyReadonlyArrayDyn<'_, f32>) -> PyResult<u64> {
         let (w, t) = self.parts(table)?;
         let pending = w.set_async(t, keys(&keys_in)?, values(&values_in)?).map_err(failed)?;
-        let id = self.ticket();
-        self.pushes.insert(id, pending);
-        Ok(id)
+        Ok(self.hand_out(pending))
     }
 
     /// Starts moving keys to this node; returns a ticket for `wait`.
     fn localize_async(&mut self, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>) -> PyResult<u64> {
         let (w, t) = self.parts(table)?;
         let pending = w.localize_async(t, keys(&keys_in)?).map_err(failed)?;
-        let id = self.ticket();
-        self.pushes.insert(id, pending);
-        Ok(id)
+        Ok(self.hand_out(pending))
     }
 
     /// Waits for a push, set or localize ticket.
