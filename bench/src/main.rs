@@ -139,16 +139,8 @@ fn fuzz(cases: u64, seed: u64) -> Result<()> {
     Ok(())
 }
 
-/// Errors print as one line with their causes (`error: what failed: why`), never with a
-/// backtrace, whatever `RUST_BACKTRACE` says; the exit status is 1.
 fn main() -> std::process::ExitCode {
-    match run() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ferry-bench: error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    ferry_bench::exit_status("ferry-bench", run())
 }
 
 fn run() -> Result<()> {

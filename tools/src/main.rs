@@ -83,16 +83,8 @@ enum DataCommand {
     List,
 }
 
-/// Errors print as one line with their causes (`error: what failed: why`), never with a
-/// backtrace, whatever `RUST_BACKTRACE` says; the exit status is 1.
 fn main() -> std::process::ExitCode {
-    match run() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ferry: error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    ferry_bench::exit_status("ferry", run())
 }
 
 fn run() -> Result<()> {

@@ -288,22 +288,10 @@ impl Mesh {
     /// is declared lost after the liveness timeout, which ends the wait for it.
     pub fn wait_for_room(&self, deadline: Instant) -> Result<(), TransportError> {
         let limit = self.inner.config.send_queue_limit as u64;
-        let started = Instant::now();
-        let mut pause = Duration::from_micros(50);
-        loop {
-            let full = self.inner.peers.iter().flatten().find(|p| p.alive.load(Ordering::Acquire) && p.queued.load(Ordering::Relaxed) >= limit);
-            let Some(p) = full else { return Ok(()) };
-            if Instant::now() >= deadline {
-                return Err(TransportError::SendQueueFull {
-                    peer: p.id,
-                    queued: p.queued.load(Ordering::Relaxed),
-                    limit,
-                    millis: started.elapsed().as_millis(),
-                });
-            }
-            std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
-            pause = (pause * 2).min(Duration::from_millis(5));
-        }
+        wait_for_room(limit, deadline, || {
+            let queued = |p: &Arc<Peer>| p.queued.load(Ordering::Relaxed);
+            self.inner.peers.iter().flatten().find(|p| p.alive.load(Ordering::Acquire) && queued(p) >= limit).map(|p| (p.id, queued(p)))
+        })
     }
 
     /// Registers memory for one-sided access by peers; see [`Regions::register`].
@@ -432,6 +420,22 @@ impl Drop for Inner {
         for peer in self.peers.iter().flatten() {
             let _ = peer.stream.shutdown(Shutdown::Both);
         }
+    }
+}
+
+/// Waits until `full` finds no peer whose send queue holds `limit` bytes or more, polling with a
+/// growing pause, at most until `deadline` (then the error names the peer `full` last found, as
+/// `(peer, bytes queued)`). Shared by every fabric's backpressure.
+pub fn wait_for_room(limit: u64, deadline: Instant, full: impl Fn() -> Option<(usize, u64)>) -> Result<(), TransportError> {
+    let started = Instant::now();
+    let mut pause = Duration::from_micros(50);
+    loop {
+        let Some((peer, queued)) = full() else { return Ok(()) };
+        if Instant::now() >= deadline {
+            return Err(TransportError::SendQueueFull { peer, queued, limit, millis: started.elapsed().as_millis() });
+        }
+        std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+        pause = (pause * 2).min(Duration::from_millis(5));
     }
 }
 

@@ -107,36 +107,28 @@ pub fn rank_tails(a: &KgeArgs) -> Result<()> {
     }
     let d = ents.cols / 2;
     let (entity_rows, relation_rows) = (ents.index(), rels.index());
-    let format = a.files.names_format();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut query = vec![0.0f32; 2 * d];
-    crate::data::delimited::read(
-        queries,
-        format,
-        2,
-        |_| false,
-        |row| {
-            let (head, relation) = (row.fields[0], row.fields[1]);
-            let h = *entity_rows.get(head).with_context(|| format!("entity '{head}' is not in the model"))?;
-            let r = *relation_rows.get(relation).with_context(|| format!("relation '{relation}' is not in the model"))?;
-            let (hv, rv) = (ents.row(h), rels.row(r));
-            for k in 0..d {
-                query[k] = hv[k] * rv[k] - hv[d + k] * rv[d + k];
-                query[d + k] = hv[k] * rv[d + k] + hv[d + k] * rv[k];
-            }
-            let mut scored: Vec<(f32, usize)> = (0..ents.ids.len()).map(|x| (query.iter().zip(ents.row(x)).map(|(q, e)| q * e).sum(), x)).collect();
-            let top = a.top.min(scored.len());
-            if top > 0 && top < scored.len() {
-                scored.select_nth_unstable_by(top - 1, |x, y| y.0.total_cmp(&x.0));
-            }
-            scored.truncate(top);
-            scored.sort_unstable_by(|x, y| y.0.total_cmp(&x.0));
-            for (rank, (score, tail)) in scored.iter().enumerate() {
-                writeln!(out, "{head}\t{relation}\t{}\t{}\t{score:.4}", rank + 1, ents.ids[*tail])?;
-            }
-            Ok(())
-        },
-    )?;
+    a.files.read_name_pairs(queries, |head, relation| {
+        let h = *entity_rows.get(head).with_context(|| format!("entity '{head}' is not in the model"))?;
+        let r = *relation_rows.get(relation).with_context(|| format!("relation '{relation}' is not in the model"))?;
+        let (hv, rv) = (ents.row(h), rels.row(r));
+        for k in 0..d {
+            query[k] = hv[k] * rv[k] - hv[d + k] * rv[d + k];
+            query[d + k] = hv[k] * rv[d + k] + hv[d + k] * rv[k];
+        }
+        let mut scored: Vec<(f32, usize)> = (0..ents.ids.len()).map(|x| (query.iter().zip(ents.row(x)).map(|(q, e)| q * e).sum(), x)).collect();
+        let top = a.top.min(scored.len());
+        if top > 0 && top < scored.len() {
+            scored.select_nth_unstable_by(top - 1, |x, y| y.0.total_cmp(&x.0));
+        }
+        scored.truncate(top);
+        scored.sort_unstable_by(|x, y| y.0.total_cmp(&x.0));
+        for (rank, (score, tail)) in scored.iter().enumerate() {
+            writeln!(out, "{head}\t{relation}\t{}\t{}\t{score:.4}", rank + 1, ents.ids[*tail])?;
+        }
+        Ok(())
+    })?;
     out.flush()?;
     Ok(())
 }

@@ -87,25 +87,17 @@ pub fn predict_pairs(a: &MfArgs) -> Result<()> {
     }
     let (user_rows, item_rows) = (users.index(), items.index());
     let zero = vec![0.0f32; users.cols];
-    let format = a.files.names_format();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut unknown = 0usize;
-    crate::data::delimited::read(
-        pairs,
-        format,
-        2,
-        |_| false,
-        |row| {
-            let (user, item) = (row.fields[0], row.fields[1]);
-            let p = user_rows.get(user).map_or(&zero[..], |&r| users.row(r));
-            let q = item_rows.get(item).map_or(&zero[..], |&r| items.row(r));
-            if !user_rows.contains_key(user) || !item_rows.contains_key(item) {
-                unknown += 1;
-            }
-            writeln!(out, "{user}\t{item}\t{:.4}", predict(mu, p, q))?;
-            Ok(())
-        },
-    )?;
+    a.files.read_name_pairs(pairs, |user, item| {
+        let p = user_rows.get(user).map_or(&zero[..], |&r| users.row(r));
+        let q = item_rows.get(item).map_or(&zero[..], |&r| items.row(r));
+        if !user_rows.contains_key(user) || !item_rows.contains_key(item) {
+            unknown += 1;
+        }
+        writeln!(out, "{user}\t{item}\t{:.4}", predict(mu, p, q))?;
+        Ok(())
+    })?;
     out.flush()?;
     if unknown > 0 {
         eprintln!("{unknown} pair(s) name a user or item the model has not seen: predicted from what it knows (the global mean and known biases)");

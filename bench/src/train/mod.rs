@@ -15,7 +15,7 @@ mod plot;
 pub mod shared;
 pub mod w2v;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -216,14 +216,15 @@ impl DataFiles {
         Format { separator: self.sep, header }
     }
 
-    /// How files of names only (queries, pairs) are read: a line of names cannot be told from a
-    /// header, so there is none unless --header says so.
-    pub fn names_format(&self) -> crate::data::delimited::Format {
+    /// Reads a file of name pairs (`user item`, `head relation`; further fields ignored) in the
+    /// data-file format, calling `pair` for each with the line's two names. A line of names
+    /// cannot be told from a header, so there is none unless --header says so.
+    pub fn read_name_pairs(&self, path: &Path, mut pair: impl FnMut(&str, &str) -> Result<()>) -> Result<()> {
         let mut format = self.format();
         if format.header == crate::data::delimited::Header::Auto {
             format.header = crate::data::delimited::Header::No;
         }
-        format
+        crate::data::delimited::read(path, format, 2, |_| false, |row| pair(row.fields[0], row.fields[1]))
     }
 
     /// The options as command-line arguments (for the cluster's processes).

@@ -399,23 +399,11 @@ impl Fabric for VerbsFabric {
 
     fn wait_for_room(&self, timeout: Duration) -> Result<()> {
         let limit = self.inner.control.config().send_queue_limit as u64;
-        let started = Instant::now();
-        let mut pause = Duration::from_micros(50);
-        loop {
-            let Some(full) = self.inner.peers.iter().flatten().find(|p| p.is_open() && p.queued.load(Ordering::Relaxed) >= limit) else {
-                return Ok(());
-            };
-            if started.elapsed() >= timeout {
-                return Err(Error::Transport(format!(
-                    "the send queue to node {} stayed over its limit of {limit} bytes ({} queued) for {} ms",
-                    full.rank,
-                    full.queued.load(Ordering::Relaxed),
-                    started.elapsed().as_millis()
-                )));
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(5));
-        }
+        ferry_tcp::wait_for_room(limit, Instant::now() + timeout, || {
+            let queued = |p: &Peer| p.queued.load(Ordering::Relaxed);
+            self.inner.peers.iter().flatten().find(|p| p.is_open() && queued(p) >= limit).map(|p| (p.rank, queued(p)))
+        })
+        .map_err(Error::from)
     }
 
     fn flush(&self, to: usize) {
