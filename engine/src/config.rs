@@ -47,12 +47,23 @@ pub struct TableSpec {
     /// non-overlapping half-open ranges. Every node keeps a replica of each; the home node
     /// holds the authoritative value and the key never relocates. See [`crate::replication`].
     pub replicated: Vec<std::ops::Range<u64>>,
+    /// What a push does to a value (the parameter server's server-side update functions,
+    /// Section 3.3); `add` by default. See [`crate::update`].
+    pub updater: crate::update::Updater,
 }
 
 impl TableSpec {
     /// A range-partitioned f32 table.
     pub fn new(name: impl Into<String>, keys: u64, value_len: usize) -> TableSpec {
-        TableSpec { name: name.into(), keys, value_len, partitioning: Partitioning::Range, element: ElementType::F32, replicated: Vec::new() }
+        TableSpec {
+            name: name.into(),
+            keys,
+            value_len,
+            partitioning: Partitioning::Range,
+            element: ElementType::F32,
+            replicated: Vec::new(),
+            updater: crate::update::Updater::Add,
+        }
     }
 
     /// The same table with `ranges` of keys replicated on every node (overlapping or unsorted
@@ -79,6 +90,17 @@ impl TableSpec {
     /// Number of replicated keys.
     pub fn replicated_keys(&self) -> u64 {
         self.replicated.iter().map(|r| r.end - r.start).sum()
+    }
+
+    /// The same table with pushes applied by `updater` (see [`crate::update`]).
+    pub fn with_updater(mut self, updater: crate::update::Updater) -> TableSpec {
+        self.updater = updater;
+        self
+    }
+
+    /// Floats of optimizer state kept next to each value.
+    pub fn state_len(&self) -> usize {
+        self.updater.state_len(self.value_len)
     }
 
     /// The same table with another partitioning.
@@ -214,6 +236,11 @@ pub struct Config {
     /// accumulated updates to their home nodes and refreshes its replicas every half of it.
     /// `FERRY_STALENESS` sets it.
     pub staleness: Duration,
+    /// Bounded delay (the parameter server, Sections 3.4–3.5): with `Some(τ)` no worker starts
+    /// clock `c` ([`crate::Worker::advance_clock`]) before every worker has completed clock
+    /// `c − τ − 1`; `Some(0)` is bulk synchronous, `None` (the default) fully asynchronous.
+    /// `FERRY_MAX_DELAY` sets it (a number, or `inf`).
+    pub max_delay: Option<u64>,
     /// Who may join the cluster: the shared secret (`FERRY_SECRET`, or the contents of
     /// `FERRY_SECRET_FILE`) and the job id (`FERRY_JOB_ID`, else Slurm's `SLURM_JOB_ID`). Without
     /// a secret the cluster must run on loopback (see docs/SECURITY.md).
@@ -250,6 +277,14 @@ pub fn parse_duration(name: &str, value: &str) -> Result<Duration> {
         return Err(Error::Config(format!("{name}='{value}' must be positive and at most a year")));
     }
     Ok(Duration::from_secs_f64(seconds))
+}
+
+/// Parses a delay bound: a number of clocks, or `inf` / `none` for no bound.
+pub fn parse_max_delay(value: &str) -> std::result::Result<Option<u64>, String> {
+    match value.trim() {
+        "inf" | "none" | "∞" => Ok(None),
+        v => v.parse::<u64>().map(Some).map_err(|_| format!("'{v}' is neither a number of clocks nor 'inf'")),
+    }
 }
 
 /// Parses a size in bytes, with an optional binary unit: `65536`, `512K`, `64M`, `1G`.
@@ -291,6 +326,7 @@ impl Config {
             part_bytes: 256 << 10,
             shards: 16,
             staleness: Duration::from_millis(40),
+            max_delay: None,
             membership: ferry_tcp::Membership::default(),
             require_secret: false,
             fail_sends_after: None,
@@ -317,7 +353,7 @@ impl Config {
     /// Applies timeouts from the environment, each a number with a unit (`ms`, `s`, `m`, `h`;
     /// e.g. `30s`, `1.5m`): `FERRY_OP_TIMEOUT` (operations and barriers), `FERRY_PEER_TIMEOUT`
     /// (silence after which a peer is lost), `FERRY_START_TIMEOUT` (start-up: rendezvous and
-    /// connections). Unset variables leave the settings as they are.
+    /// connections); and the delay bound `FERRY_MAX_DELAY` (clocks, or `inf`). Unset variables leave the settings as they are.
     pub fn apply_timeout_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
         for (name, field) in [
             ("FERRY_OP_TIMEOUT", &mut self.op_timeout),
@@ -328,6 +364,9 @@ impl Config {
             if let Some(v) = get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
                 *field = parse_duration(name, &v)?;
             }
+        }
+        if let Some(v) = get("FERRY_MAX_DELAY").map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
+            self.max_delay = parse_max_delay(&v).map_err(|e| Error::Config(format!("FERRY_MAX_DELAY: {e}")))?;
         }
         Ok(())
     }
@@ -485,6 +524,19 @@ impl Config {
             if t.replicated_keys() >= ARRIVING_LIMIT {
                 return bad(format!("table '{}' replicates {} keys; at most {} can be replicated", t.name, t.replicated_keys(), ARRIVING_LIMIT - 1));
             }
+            if let Err(e) = t.updater.validate() {
+                return bad(format!("table '{}': {e}", t.name));
+            }
+            if !t.replicated.is_empty() && !t.updater.is_add() {
+                return bad(format!(
+                    "table '{}' replicates keys and applies pushes with {}: replicated keys take only the add updater (a replica's delta is added at the home)",
+                    t.name,
+                    t.updater.describe()
+                ));
+            }
+            if t.state_len() > (1 << 20) {
+                return bad(format!("table '{}': its updater keeps {} floats of state per value; at most {} fit a slot", t.name, t.state_len(), 1 << 20));
+            }
             if t.value_len == 0 || t.value_len > (self.max_message_bytes - 64) / t.element.size() {
                 return bad(format!("table '{}' has values of {} elements; they must fit one message ({} bytes)", t.name, t.value_len, self.max_message_bytes));
             }
@@ -499,20 +551,21 @@ impl Config {
     }
 
     /// The settings the fingerprint covers, as `name=value;` fields (tables as
-    /// `table NAME=keys:value_len:partitioning:element:replicated;`), so that a mismatch can be
+    /// `table NAME=keys:value_len:partitioning:element:updater:replicated;`), so that a mismatch can be
     /// named.
     pub fn fingerprint_text(&self) -> String {
         let mut text = format!(
-            "nodes={};relocation={};caches={};transport={:?};staleness={:?};tables={};",
+            "nodes={};relocation={};caches={};transport={:?};staleness={:?};max_delay={:?};tables={};",
             self.nodes,
             self.relocation,
             self.location_caches,
             self.transport,
             self.staleness,
+            self.max_delay,
             self.tables.len()
         );
         for t in &self.tables {
-            text.push_str(&format!("table {}={}:{}:{:?}:{:?}:", t.name, t.keys, t.value_len, t.partitioning, t.element));
+            text.push_str(&format!("table {}={}:{}:{:?}:{:?}:{}:", t.name, t.keys, t.value_len, t.partitioning, t.element, t.updater.describe()));
             for r in &t.replicated {
                 text.push_str(&format!("{}-{},", r.start, r.end));
             }

@@ -580,3 +580,72 @@ pub fn check_replica_rounds(key: u64, home: u16, pushes: &[TimedPush], pulls: &[
     }
     Ok(())
 }
+
+/// One worker's clocks as it saw them: `started[c]` and `finished[c]` are the times (any
+/// monotonic unit shared by all workers) at which it started and completed clock `c`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClockTrace {
+    /// Start time of each clock, from clock 0.
+    pub started: Vec<u64>,
+    /// Completion time of each clock, from clock 0.
+    pub finished: Vec<u64>,
+}
+
+/// Checks bounded delay on recorded clocks: no worker started clock `c` before every worker had
+/// completed clock `c − τ − 1` (strictly earlier in time). With `tau = None` every history
+/// passes. The violation names the worker, the clock and the worker it ran ahead of (`key` holds
+/// the starting worker's index).
+pub fn check_bounded_delay(workers: &[ClockTrace], tau: Option<u64>) -> Result<(), Violation> {
+    let Some(tau) = tau else { return Ok(()) };
+    for (w, trace) in workers.iter().enumerate() {
+        if trace.finished.len() > trace.started.len() || trace.started.windows(2).any(|p| p[1] < p[0]) {
+            return Err(Violation { key: w as u64, reason: format!("worker {w}'s clock trace is not well-formed") });
+        }
+        for (c, &start) in trace.started.iter().enumerate() {
+            let Some(needed) = (c as u64).checked_sub(tau + 1) else { continue };
+            for (v, other) in workers.iter().enumerate() {
+                match other.finished.get(needed as usize) {
+                    Some(&done) if done < start => {}
+                    Some(&done) => {
+                        return Err(Violation {
+                            key: w as u64,
+                            reason: format!("worker {w} started clock {c} at {start}, but worker {v} completed clock {needed} only at {done} (τ = {tau})"),
+                        });
+                    }
+                    None => {
+                        return Err(Violation {
+                            key: w as u64,
+                            reason: format!("worker {w} started clock {c} at {start}, but worker {v} never completed clock {needed} (τ = {tau})"),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod delay_tests {
+    use super::*;
+
+    fn trace(clocks: &[(u64, u64)]) -> ClockTrace {
+        ClockTrace { started: clocks.iter().map(|c| c.0).collect(), finished: clocks.iter().map(|c| c.1).collect() }
+    }
+
+    #[test]
+    fn bounded_delay_accepts_and_rejects() {
+        // Worker 0 is fast: it starts clock 2 at 21, after worker 1 completed clock 0 at 20.
+        let fast = trace(&[(0, 5), (6, 10), (21, 30)]);
+        let slow = trace(&[(0, 20), (21, 40), (41, 50)]);
+        assert!(check_bounded_delay(&[fast.clone(), slow.clone()], Some(1)).is_ok());
+        assert!(check_bounded_delay(&[fast.clone(), slow.clone()], None).is_ok());
+        // With τ = 0 worker 0 may not start clock 1 (at 6) before worker 1 completed clock 0 (20).
+        let e = check_bounded_delay(&[fast.clone(), slow.clone()], Some(0)).unwrap_err();
+        assert!(e.reason.contains("worker 0 started clock 1"), "{e}");
+        // A worker that never completed the clock needed.
+        let stuck = trace(&[(0, 3)]);
+        assert!(check_bounded_delay(&[fast, ClockTrace { started: vec![0], finished: vec![] }], Some(1)).is_err());
+        assert!(check_bounded_delay(&[stuck], Some(0)).is_ok());
+    }
+}

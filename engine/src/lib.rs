@@ -11,6 +11,7 @@
 //! * [`replication`] keeps replicas of hot keys on every node within a staleness bound (NuPS);
 //! * [`sampling`] gives workers samples from a key distribution under a conformity level (NuPS);
 //! * [`protocol`] is the parameter-server protocol as deterministic state machines with no I/O;
+//! * [`update`] applies pushes at the key's holder: add, sgd, adagrad, adam or a user rule;
 //! * [`store`] holds the values, [`partition`] maps keys to home nodes;
 //! * with the `sim` feature, `sim` runs the protocol in seeded simulated clusters and
 //!   `consistency` checks recorded histories for per-key sequential consistency, and `fuzz`
@@ -36,6 +37,7 @@ pub mod sampling;
 pub mod sim;
 pub mod stats;
 pub mod store;
+pub mod update;
 mod util;
 mod worker;
 
@@ -45,4 +47,5 @@ pub use node::{Node, SlotAddress, Table};
 pub use replication::AccessCounts;
 pub use sampling::{Conformity, DistributionId, KeyDistribution, SampleHandle, SamplingScheme, SamplingStats};
 pub use stats::{Latency, MessageKind, ReplicationStats, Stats, Traffic};
+pub use update::{UpdateRule, Updater};
 pub use worker::{PullTicket, Ticket, Worker};

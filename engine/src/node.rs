@@ -36,6 +36,8 @@ pub struct SlotAddress {
     pub addr: u64,
     /// Elements of the value.
     pub value_len: usize,
+    /// Words of optimizer state between the value and the slot's tail version.
+    pub state_len: usize,
 }
 
 /// A table as the API names it: id, value length and key count.
@@ -201,7 +203,7 @@ impl Node {
         let t = self.inner.core.store().table(table.id);
         Ok(t.slot_of(key).map(|slot| {
             let remote = t.remote_addr(slot);
-            SlotAddress { node: self.rank(), region: remote.region, addr: remote.addr, value_len: table.value_len }
+            SlotAddress { node: self.rank(), region: remote.region, addr: remote.addr, value_len: table.value_len, state_len: t.state_len() }
         }))
     }
 
@@ -223,9 +225,11 @@ impl Node {
         }
         let fabric = &self.inner.fabric;
         let timeout = self.inner.config.op_timeout;
-        let mut copy = vec![0u8; crate::store::slot_copy_len(at.value_len)];
+        // The copy covers the state too (it lies between the value and the tail version).
+        let stored = at.value_len + at.state_len;
+        let mut copy = vec![0u8; crate::store::slot_copy_len(stored)];
         let slot = crate::store::RemoteAddr { region: at.region, addr: at.addr };
-        let counter = crate::store::RemoteAddr { region: at.region, addr: at.addr + crate::store::slot_counter_offset(at.value_len) as u64 };
+        let counter = crate::store::RemoteAddr { region: at.region, addr: at.addr + crate::store::slot_counter_offset(stored) as u64 };
         let (mut before, mut after) = ([0u8; 4], [0u8; 4]);
         const ATTEMPTS: u32 = 10_000;
         fabric.read(at.node, counter, &mut before, timeout)?;
@@ -242,9 +246,9 @@ impl Node {
                 fabric.read(at.node, slot, &mut copy, timeout)?;
                 fabric.read(at.node, counter, &mut after, timeout)?;
                 if before == after
-                    && let Some(values) = crate::store::validate_slot_copy(&copy, at.value_len)
+                    && let Some(words) = crate::store::validate_slot_copy(&copy, stored)
                 {
-                    for (o, c) in out.iter_mut().zip(values.chunks_exact(4)) {
+                    for (o, c) in out.iter_mut().zip(words.chunks_exact(4)) {
                         *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
                     }
                     return Ok(attempt);

@@ -46,6 +46,9 @@ pub(crate) struct NodeInner {
     transmits: Mutex<Vec<Transmit>>,
     barrier: Mutex<BarrierState>,
     barrier_cv: Condvar,
+    /// Workers waiting for slower workers' clocks sleep here (see [`NodeInner::wait_clock`]).
+    clock_lock: Mutex<()>,
+    clock_cv: Condvar,
     pub stopping: AtomicBool,
     /// Set when this node enters the finalize barrier. A peer can only leave after every node
     /// entered it, so a clean goodbye seen from then on is expected, not a failure.
@@ -73,6 +76,8 @@ impl NodeInner {
             transmits: Mutex::new(Vec::new()),
             barrier: Mutex::new(BarrierState::default()),
             barrier_cv: Condvar::new(),
+            clock_lock: Mutex::new(()),
+            clock_cv: Condvar::new(),
             stopping: AtomicBool::new(false),
             finalizing: AtomicBool::new(false),
             timer_wake: Mutex::new(u64::MAX),
@@ -197,6 +202,36 @@ impl NodeInner {
         }
         if tx.take_barrier_touched() {
             self.note_barrier_events();
+        }
+        if tx.take_clock_touched() {
+            let _guard = self.clock_lock.lock();
+            self.clock_cv.notify_all();
+        }
+    }
+
+    /// Waits until every live worker of the cluster has completed `target` clocks (bounded
+    /// delay), at most `timeout`.
+    pub fn wait_clock(&self, target: u64, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let dir = self.core.directory();
+        let mut guard = self.clock_lock.lock();
+        loop {
+            if self.core.clocks().lock().cluster_min(dir) >= target {
+                return Ok(());
+            }
+            if self.stopping.load(Ordering::Acquire) {
+                return Err(Error::ShutDown);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    what: "waiting for slower workers to complete their clocks (bounded delay)",
+                    millis: timeout.as_millis() as u64,
+                    nodes: self.core.clocks().lock().behind(target, dir),
+                });
+            }
+            // Reports arrive through steps, which notify; the timed wait covers a shutdown.
+            self.clock_cv.wait_until(&mut guard, deadline.min(now + Duration::from_millis(50)));
         }
     }
 

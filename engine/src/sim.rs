@@ -21,11 +21,12 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::config::{HugePages, Partitioning, TableSpec};
-use crate::consistency::{Event, History, TimedPull, TimedPush, Violation, check_replica_rounds, push_update, set_value};
+use crate::consistency::{ClockTrace, Event, History, TimedPull, TimedPush, Violation, check_bounded_delay, check_replica_rounds, push_update, set_value};
 use crate::error::{Error, Result};
 use crate::protocol::{ALL_WORKERS, AccessKind, Core, Delivery, Issued, OpId, Progress, PullTarget, Requester, Settings, SlotWrite, Step, Transmit};
 use crate::stats::Stats;
 use crate::store::{RegionHandle, Registrar, Store};
+use crate::update::Updater;
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -62,6 +63,16 @@ pub struct SimOptions {
     pub replicated: Vec<std::ops::Range<u64>>,
     /// Simulated nanoseconds between a node's replication rounds.
     pub round_period: u64,
+    /// Share of pushes issued as push-pulls (0..=1): the update and the updated value in one
+    /// round trip, recorded as a push followed by a pull of the same key.
+    pub push_pull: f64,
+    /// The table's update function.
+    pub updater: SimUpdater,
+    /// Clocks each worker completes (each after waiting for its operations), at random points
+    /// of its script; 0: workers do not use clocks.
+    pub clocks: usize,
+    /// The delay bound `τ` the clocks keep (`None`: no bound); checked on the recorded clocks.
+    pub max_delay: Option<u64>,
     /// Trace lines kept for a failure report (the last ones).
     pub trace_lines: usize,
     /// The seed.
@@ -87,6 +98,10 @@ impl SimOptions {
             crash: None,
             replicated: Vec::new(),
             round_period: 40_000,
+            push_pull: 0.0,
+            updater: SimUpdater::Add,
+            clocks: 0,
+            max_delay: None,
             trace_lines: 150,
             seed,
         }
@@ -108,9 +123,67 @@ impl SimOptions {
         }
     }
 
+    /// The toolbox: push-pulls next to every other operation, on a table whose pushes go
+    /// through a user-defined updater with state in the slot ([`SimUpdater::Counting`]).
+    pub fn toolbox(seed: u64) -> SimOptions {
+        SimOptions { push_pull: 0.4, updater: SimUpdater::Counting, ..SimOptions::small(seed) }
+    }
+
+    /// Bounded delay `τ = tau`: every worker completes 6 clocks among its operations.
+    pub fn bounded_delay(seed: u64, tau: u64) -> SimOptions {
+        SimOptions { clocks: 6, max_delay: Some(tau), ops_per_worker: 30, ..SimOptions::small(seed) }
+    }
+
     /// A small cluster where 3 of 8 keys are replicated and the others relocate.
     pub fn replicated(seed: u64) -> SimOptions {
         SimOptions { keys: 8, replicated: vec![1..2, 4..6], ops_per_worker: 40, ..SimOptions::small(seed) }
+    }
+}
+
+/// The update function of the simulated table. Histories record pushes as additions, so the
+/// updaters are ones whose effect on the value is an addition the checker can read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimUpdater {
+    /// The default: pushes add.
+    Add,
+    /// Server-side SGD with learning rate 0.5; pushes carry `-2 ×` the update to add.
+    Sgd,
+    /// A user-defined rule that adds the update and counts pushes in one word of state kept in
+    /// the slot: after the run every key's count must equal its pushes (the state moved with
+    /// every relocation, and no push was applied twice or lost).
+    Counting,
+}
+
+/// The rule behind [`SimUpdater::Counting`].
+struct CountingRule;
+
+impl crate::update::UpdateRule for CountingRule {
+    fn describe(&self) -> String {
+        "sim-counting".into()
+    }
+    fn state_len(&self, _: usize) -> usize {
+        1
+    }
+    fn apply(&self, value: &mut [f32], state: &mut [f32], gradient: &[f32]) {
+        for (x, g) in value.iter_mut().zip(gradient) {
+            *x += g;
+        }
+        state[0] += 1.0;
+    }
+}
+
+impl SimUpdater {
+    fn updater(self) -> Updater {
+        match self {
+            SimUpdater::Add => Updater::Add,
+            SimUpdater::Sgd => Updater::Sgd { lr: 0.5 },
+            SimUpdater::Counting => Updater::custom(CountingRule),
+        }
+    }
+
+    /// What a push sends so that the value gains `update`.
+    fn scale(self) -> f32 {
+        if self == SimUpdater::Sgd { -2.0 } else { 1.0 }
     }
 }
 
@@ -139,6 +212,10 @@ pub struct SimReport {
     pub replica_events: usize,
     /// The first violation of the round-based staleness rule, if any.
     pub replica_violation: Option<Violation>,
+    /// Every worker's clocks (started and completed, simulated time).
+    pub clocks: Vec<ClockTrace>,
+    /// The first violation of the delay bound, if any.
+    pub clock_violation: Option<Violation>,
 }
 
 /// A failed run: the seed, what went wrong, and the last steps taken.
@@ -208,6 +285,8 @@ enum ScriptOp {
         asynchronous: bool,
     },
     WaitAll,
+    /// Completes the worker's clock (its operations completed: a `WaitAll` precedes it).
+    AdvanceClock,
 }
 
 /// An operation the worker waits for or will collect.
@@ -239,6 +318,12 @@ struct SimWorker {
     waiting_all: bool,
     /// Program-ordered events; pulls are filled in at completion.
     events: Vec<(u64, Event)>,
+    /// The worker's index on its node.
+    index: u16,
+    /// Waiting to start its next clock until the cluster completed this many.
+    clock_target: Option<u64>,
+    /// When it started and completed its clocks (simulated time).
+    clocks: ClockTrace,
 }
 
 impl SimWorker {
@@ -300,6 +385,9 @@ pub fn run_and_check(opts: SimOptions) -> Result<SimReport, SimFailure> {
         let v: Violation = v;
         return Err(SimFailure { seed, reason: format!("consistency violation: {v}"), trace: report.trace });
     }
+    if let Some(v) = &report.clock_violation {
+        return Err(SimFailure { seed, reason: format!("bounded-delay violation: {v}"), trace: report.trace });
+    }
     if let Some(v) = &report.replica_violation {
         return Err(SimFailure { seed, reason: format!("replica staleness violation: {v}"), trace: report.trace });
     }
@@ -336,7 +424,10 @@ impl Wires<'_> {
 
 impl Sim {
     fn new(opts: SimOptions) -> Result<Sim> {
-        let spec = TableSpec::new("sim", opts.keys, opts.lanes).partitioned(opts.partitioning).replicating(opts.replicated.clone());
+        let spec = TableSpec::new("sim", opts.keys, opts.lanes)
+            .partitioned(opts.partitioning)
+            .replicating(opts.replicated.clone())
+            .with_updater(opts.updater.updater());
         let settings = Settings {
             relocation: opts.relocation,
             location_caches: opts.location_caches,
@@ -424,14 +515,28 @@ impl Sim {
                             next_lane[k as usize] += 1;
                             next_lane[k as usize] - 1
                         });
-                        ScriptOp::Access { kind: AccessKind::Push, lanes_or_tags: lanes.collect(), keys, asynchronous }
+                        let lanes: Vec<u32> = lanes.collect();
+                        let distinct = keys.iter().enumerate().all(|(i, k)| !keys[..i].contains(k));
+                        // A push-pull's rows may be served in any order, so a key repeated in one
+                        // would read the other row's push or not: only distinct keys are checkable.
+                        let kind = if distinct && opts.push_pull > 0.0 && rng.gen_bool(opts.push_pull) { AccessKind::PushPull } else { AccessKind::Push };
+                        ScriptOp::Access { kind, lanes_or_tags: lanes, keys, asynchronous }
                     } else {
                         ScriptOp::Access { kind: AccessKind::Pull, lanes_or_tags: Vec::new(), keys, asynchronous }
                     };
                     script.push_back(op);
                 }
+                for _ in 0..opts.clocks {
+                    let at = rng.gen_range(0..=script.len());
+                    script.insert(at, ScriptOp::AdvanceClock);
+                    script.insert(at, ScriptOp::WaitAll);
+                }
                 script.push_back(ScriptOp::WaitAll);
+                n.core.clocks().lock().register(w as u16);
                 workers.push(SimWorker {
+                    index: w as u16,
+                    clock_target: None,
+                    clocks: ClockTrace { started: vec![0], finished: Vec::new() },
                     node,
                     requester: n.core.requester(w as u16, 1),
                     inbox: VecDeque::new(),
@@ -461,6 +566,10 @@ impl Sim {
         }
         if worker.streaming.is_some() || !worker.inbox.is_empty() {
             return true;
+        }
+        if let Some(target) = worker.clock_target {
+            let core = &self.nodes[worker.node].core;
+            return core.clocks().lock().cluster_min(core.directory()) >= target;
         }
         if worker.blocked() {
             return false;
@@ -783,12 +892,18 @@ impl Sim {
         if let Some(d) = self.workers[w].inbox.pop_front() {
             let worker = &mut self.workers[w];
             let dir = self.nodes[node].core.directory();
-            let waited = worker.in_flight.iter_mut().find(|f| !f.asynchronous && f.kind == Some(AccessKind::Pull));
+            let waited = worker.in_flight.iter_mut().find(|f| !f.asynchronous && f.kind.is_some_and(AccessKind::returns_values));
             let caller = waited.map(|f| (f.op, f.buffer.as_mut_slice()));
             if let Some(fault) = worker.requester.handle(d, dir, caller) {
                 return Err(format!("worker {w} saw a protocol fault from node {}: {}", fault.peer, fault.error));
             }
             return self.collect(w);
+        }
+        if self.workers[w].clock_target.take().is_some() {
+            let now = self.now;
+            self.log(format!("worker {w}@{node} starts clock {}", self.workers[w].clocks.started.len()));
+            self.workers[w].clocks.started.push(now);
+            return Ok(());
         }
         if self.workers[w].waiting_all {
             self.workers[w].waiting_all = false;
@@ -800,6 +915,17 @@ impl Sim {
             ScriptOp::WaitAll => {
                 self.log(format!("worker {w} waits for its operations"));
                 self.workers[w].waiting_all = true;
+            }
+            ScriptOp::AdvanceClock => {
+                let now = self.now;
+                self.workers[w].clocks.finished.push(now);
+                let index = self.workers[w].index;
+                let completed = self.worker_event(w, |step, _| Ok(step.clock_advance(index)))?.unwrap_or(0);
+                self.log(format!("worker {w}@{node} completed clock {}", completed.saturating_sub(1)));
+                match self.opts.max_delay {
+                    Some(tau) => self.workers[w].clock_target = Some(completed.saturating_sub(tau)),
+                    None => self.workers[w].clocks.started.push(now),
+                }
             }
             ScriptOp::Replicated { key, lane } => {
                 self.ops += 1;
@@ -843,9 +969,10 @@ impl Sim {
                     if asynchronous { " async" } else { "" }
                 ));
                 let mut input = Vec::new();
+                let scale = self.opts.updater.scale();
                 for (i, _) in keys.iter().enumerate() {
                     match kind {
-                        AccessKind::Push => input.extend(push_update(lanes_or_tags[i], lanes)),
+                        AccessKind::Push | AccessKind::PushPull => input.extend(push_update(lanes_or_tags[i], lanes).into_iter().map(|x| x * scale)),
                         AccessKind::Set => input.extend(set_value(lanes_or_tags[i], lanes)),
                         AccessKind::Pull => {}
                     }
@@ -853,13 +980,23 @@ impl Sim {
                 let first_event = self.workers[w].events.len();
                 for (i, &key) in keys.iter().enumerate() {
                     let e = match kind {
-                        AccessKind::Push => Event::Push { lane: lanes_or_tags[i] },
+                        AccessKind::Push | AccessKind::PushPull => Event::Push { lane: lanes_or_tags[i] },
                         AccessKind::Set => Event::Set { tag: lanes_or_tags[i] },
                         AccessKind::Pull => Event::Pull { value: Vec::new() },
                     };
                     self.workers[w].events.push((key, e));
                 }
-                let pull = kind == AccessKind::Pull;
+                // A push-pull's read follows its push in the key's program order (the owner
+                // applies both under one latch).
+                let first_pull = if kind == AccessKind::PushPull {
+                    for &key in &keys {
+                        self.workers[w].events.push((key, Event::Pull { value: Vec::new() }));
+                    }
+                    first_event + keys.len()
+                } else {
+                    first_event
+                };
+                let pull = kind.returns_values();
                 let mut buffer = vec![0.0; if pull { keys.len() * lanes } else { 0 }];
                 let issued = self.worker_event(w, |step, req| {
                     let target = match (pull, asynchronous) {
@@ -871,14 +1008,14 @@ impl Sim {
                 })?;
                 match issued {
                     None => {
-                        for i in 0..keys.len() {
-                            self.workers[w].events[first_event + i].1 = Event::Pull { value: Vec::new() };
+                        for e in &mut self.workers[w].events[first_event..] {
+                            e.1 = Event::Pull { value: Vec::new() };
                         }
                     }
                     Some(Issued::Done(owned)) => {
                         if pull {
                             let values = owned.unwrap_or(buffer);
-                            self.record_pull(w, first_event, &values);
+                            self.record_pull(w, first_pull, &values);
                         }
                     }
                     Some(Issued::Pending { op, more }) => {
@@ -941,12 +1078,13 @@ impl Sim {
             self.log(format!("op {op:#x} of worker {w} completes: {}", if result.is_ok() { "ok" } else { "error" }));
             match result {
                 Ok(values) => {
-                    if f.kind == Some(AccessKind::Pull) {
+                    if let Some(kind) = f.kind.filter(|k| k.returns_values()) {
                         let values = if f.asynchronous { values } else { f.buffer };
                         if values.len() != f.keys.len() * lanes {
                             return Err(format!("pull {op:#x} returned {} values for {} keys", values.len(), f.keys.len()));
                         }
-                        self.record_pull(w, f.first_event, &values);
+                        let first_pull = if kind == AccessKind::PushPull { f.first_event + f.keys.len() } else { f.first_event };
+                        self.record_pull(w, first_pull, &values);
                     }
                 }
                 Err(e) => {
@@ -955,8 +1093,9 @@ impl Sim {
                     }
                     self.failed_ops += 1;
                     // The outcome of a failed operation is unknown; its events are dropped.
-                    if f.kind.is_some() {
-                        for i in 0..f.keys.len() {
+                    if let Some(kind) = f.kind {
+                        let events = if kind == AccessKind::PushPull { 2 * f.keys.len() } else { f.keys.len() };
+                        for i in 0..events {
                             self.workers[w].events[f.first_event + i].1 = Event::Pull { value: Vec::new() };
                         }
                     }
@@ -984,7 +1123,7 @@ impl Sim {
         let replica_events = self.replica_history.iter().map(|(_, p, q)| p.len() + q.len()).sum();
         self.converge_replicas()?;
         for (i, w) in self.workers.iter().enumerate() {
-            if !self.nodes[w.node].crashed && (!w.in_flight.is_empty() || !w.script.is_empty() || w.streaming.is_some()) {
+            if !self.nodes[w.node].crashed && (!w.in_flight.is_empty() || !w.script.is_empty() || w.streaming.is_some() || w.clock_target.is_some()) {
                 return Err(format!("worker {i} is stuck: {} operations in flight, {} left in its script", w.in_flight.len(), w.script.len()));
             }
         }
@@ -1025,7 +1164,16 @@ impl Sim {
                 let owner = holders[0];
                 let mut value = vec![0.0; lanes];
                 let store = self.nodes[owner].core.store();
-                store.lock(0, key).slot().expect("held").read(&mut value);
+                let guard = store.lock(0, key);
+                let slot = guard.slot().expect("held");
+                slot.read(&mut value);
+                if self.opts.updater == SimUpdater::Counting {
+                    let pushes = self.workers.iter().flat_map(|w| &w.events).filter(|(k, e)| *k == key && matches!(e, Event::Push { .. })).count();
+                    if slot.state() != [pushes as f32] {
+                        return Err(format!("key {key}: its updater's state counted {:?} pushes, the workers made {pushes}", slot.state()));
+                    }
+                }
+                drop(guard);
                 history.record_after_all(key, Event::Pull { value });
                 for node in &self.nodes {
                     if let Some(recorded) = node.core.directory().owner_of(0, key)
@@ -1036,8 +1184,12 @@ impl Sim {
                 }
             }
         }
+        let traces: Vec<ClockTrace> = self.workers.iter().map(|w| w.clocks.clone()).collect();
+        let clock_violation = if self.opts.clocks > 0 { check_bounded_delay(&traces, self.opts.max_delay).err() } else { None };
         let stats = self.nodes.iter().map(|n| n.core.stats()).collect();
         Ok(SimReport {
+            clock_violation,
+            clocks: traces,
             history,
             steps,
             stats,
@@ -1081,7 +1233,7 @@ fn describe_frame(frame: &[u8]) -> String {
             msg::ACCESS => match wire::Access::decode(b, |_| Some(0)).or_else(|_| wire::Access::decode(b, |_| Some(1))) {
                 Ok(a) => {
                     let keys: Vec<u64> = (0..a.count.min(6)).map(|i| a.key(i)).collect();
-                    let kind = ["?", "pull", "push", "set"].get(a.kind as usize).copied().unwrap_or("?");
+                    let kind = ["?", "pull", "push", "set", "push-pull"].get(a.kind as usize).copied().unwrap_or("?");
                     format!("access[{kind} op {}:{:#x}/{} {} keys {keys:?} flags {}]", a.origin, a.op, a.part, a.count, a.flags)
                 }
                 Err(_) => "access".into(),

@@ -50,6 +50,11 @@ pub struct Worker {
     tx: Transmit,
     /// Distributions this worker registered for sampling.
     pub(crate) samplers: Vec<crate::sampling::Sampler>,
+    /// The keys of the last range operation (reused: a range operation allocates nothing after
+    /// the first of its size).
+    range_keys: Vec<u64>,
+    /// Bounded-delay clocks (see [`Worker::advance_clock`]).
+    pub(crate) clock: u64,
 }
 
 /// An asynchronous push, set or localize in flight; pass it to [`Worker::wait`].
@@ -71,8 +76,15 @@ impl Worker {
     pub(crate) fn new(node: Arc<NodeInner>) -> Worker {
         let (index, first_seq, inbox) = node.register_worker();
         let requester = node.core.requester(index, first_seq);
-        let tx = node.core.transmit();
-        Worker { node, index, requester, inbox, tx, samplers: Vec::new() }
+        let mut tx = node.core.transmit();
+        let mut clock = 0;
+        // Registering touches no network; it cannot fail short of a shutdown, when the clock
+        // does not matter.
+        let _ = node.run(&mut tx, |step, _, _| {
+            clock = step.clock_register(index);
+            Ok(Progress::Done)
+        });
+        Worker { node, index, requester, inbox, tx, samplers: Vec::new(), range_keys: Vec::new(), clock }
     }
 
     /// This worker's number on its node.
@@ -151,10 +163,13 @@ impl Worker {
             let slot = guard.slot()?;
             match kind {
                 AccessKind::Pull => slot.read(output),
-                AccessKind::Push => {
-                    slot.add(input);
+                AccessKind::Push | AccessKind::PushPull => {
+                    slot.push(t.updater(), input);
                     if let (Some(o), Some(r)) = (ordinal, replicas) {
                         r.add_delta(o, input);
+                    }
+                    if kind == AccessKind::PushPull {
+                        slot.read(output);
                     }
                 }
                 AccessKind::Set => slot.write(input),
@@ -308,6 +323,66 @@ impl Worker {
         }
     }
 
+    /// Applies `updates` to `keys` (with the table's updater) and reads the updated values into
+    /// `out`, in one round trip per owner: each value read includes this call's update of it
+    /// and nothing applied to the key after that update.
+    pub fn push_pull(&mut self, table: Table, keys: &[u64], updates: &[f32], out: &mut [f32]) -> Result<()> {
+        self.validate(table, keys, updates.len(), "push_pull updates")?;
+        self.validate(table, keys, out.len(), "push_pull output")?;
+        if let [key] = keys
+            && let Some(()) = self.single_local(AccessKind::PushPull, table, *key, updates, out)
+        {
+            return Ok(());
+        }
+        match self.issue(AccessKind::PushPull, table, keys, updates, None, Some(&mut *out), None)? {
+            Issued::Done(_) => Ok(()),
+            Issued::Pending { op, .. } => self.wait_op(op, Some(out)).map(|_| ()),
+        }
+    }
+
+    /// Starts a push-pull; the updated values come from [`Worker::wait_pull`].
+    pub fn push_pull_async(&mut self, table: Table, keys: &[u64], updates: &[f32]) -> Result<PullTicket> {
+        self.validate(table, keys, updates.len(), "push_pull updates")?;
+        let token = Arc::new(());
+        let values = vec![0.0; keys.len() * table.value_len];
+        Ok(match self.issue(AccessKind::PushPull, table, keys, updates, Some(values), None, Some(&token))? {
+            Issued::Done(values) => PullTicket { op: None, values, _token: token },
+            Issued::Pending { op, .. } => PullTicket { op: Some(op), values: None, _token: token },
+        })
+    }
+
+    /// Reads the values of the keys `range` (in order) into `out`. The keys travel as a range
+    /// (first key and count), not as a list: the range costs no bytes on the wire.
+    pub fn pull_range(&mut self, table: Table, range: std::ops::Range<u64>, out: &mut [f32]) -> Result<()> {
+        let keys = self.range_keys(table, range)?;
+        let result = self.pull(table, &keys, out);
+        self.range_keys = keys;
+        result
+    }
+
+    /// Pushes `updates` to the keys `range` (in order), sent as a range like [`Worker::pull_range`].
+    pub fn push_range(&mut self, table: Table, range: std::ops::Range<u64>, updates: &[f32]) -> Result<()> {
+        let keys = self.range_keys(table, range)?;
+        let result = self.push(table, &keys, updates);
+        self.range_keys = keys;
+        result
+    }
+
+    /// The keys of `range`, in the worker's reused buffer (taken; the caller puts it back).
+    fn range_keys(&mut self, table: Table, range: std::ops::Range<u64>) -> Result<Vec<u64>> {
+        self.node.check_table(table)?;
+        if range.start > range.end || range.end > table.keys {
+            return Err(Error::Config(format!(
+                "key range {}..{} is not within the {} keys of table '{}'",
+                range.start, range.end, table.keys, self.node.config.tables[table.id as usize].name
+            )));
+        }
+        let mut keys = std::mem::take(&mut self.range_keys);
+        keys.clear();
+        keys.extend(range);
+        Ok(keys)
+    }
+
     /// Overwrites the values of `keys`.
     pub fn set(&mut self, table: Table, keys: &[u64], values: &[f32]) -> Result<()> {
         self.validate(table, keys, values.len(), "set values")?;
@@ -440,11 +515,22 @@ impl Worker {
     /// which one node computes for long while the others wait (rank 0 evaluating a model, for
     /// one). A lost node still fails it within the liveness timeout.
     pub fn barrier_within(&mut self, timeout: Duration) -> Result<()> {
+        self.wait_all_pending()?;
+        // Replicated keys: this node's pushes go home before the barrier, and replicas are
+        // refreshed after it, so that the barrier orders them like every other key.
+        self.node.replication_sync()?;
+        self.node.worker_barrier(timeout)?;
+        self.node.replication_sync()
+    }
+
+    /// Waits until this worker's asynchronous operations have completed (at most the
+    /// operation timeout).
+    fn wait_all_pending(&mut self) -> Result<()> {
         let deadline = Instant::now() + self.node.config.op_timeout;
         while self.requester.pending() > 0 {
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
-                    what: "waiting for asynchronous operations before a barrier",
+                    what: "waiting for asynchronous operations before a barrier or clock",
                     millis: self.node.config.op_timeout.as_millis() as u64,
                     nodes: self.requester.unanswered_nodes(),
                 });
@@ -455,11 +541,43 @@ impl Worker {
                 Err(RecvTimeoutError::Disconnected) => return Err(Error::ShutDown),
             }
         }
-        // Replicated keys: this node's pushes go home before the barrier, and replicas are
-        // refreshed after it, so that the barrier orders them like every other key.
-        self.node.replication_sync()?;
-        self.node.worker_barrier(timeout)?;
-        self.node.replication_sync()
+        Ok(())
+    }
+
+    /// Completes this worker's current clock (iteration) and starts the next; returns the new
+    /// clock's number. The worker's asynchronous operations complete first, so a completed
+    /// clock's updates have reached their keys. With a delay bound `τ`
+    /// ([`crate::Config::max_delay`]) it then waits until every worker of the cluster has
+    /// completed clock `c − τ − 1`, where `c` is the clock it starts (the parameter server's
+    /// bounded delay, Sections 3.4–3.5): `τ = 0` makes clocks bulk synchronous. Without a bound
+    /// it only counts. A worker created later starts at its node's slowest worker's clock; a
+    /// worker that stops advancing holds the others back (drop it to release them) unless
+    /// its node is lost. Waits at most the operation timeout; see
+    /// [`Worker::advance_clock_within`].
+    pub fn advance_clock(&mut self) -> Result<u64> {
+        self.advance_clock_within(self.node.config.op_timeout)
+    }
+
+    /// [`Worker::advance_clock`] waiting at most `timeout` for slower workers.
+    pub fn advance_clock_within(&mut self, timeout: Duration) -> Result<u64> {
+        self.wait_all_pending()?;
+        let node = self.node.clone();
+        let mut completed = None;
+        node.run(&mut self.tx, |step, _, _| {
+            completed = Some(step.clock_advance(self.index));
+            Ok(Progress::Done)
+        })?;
+        let completed = completed.ok_or(Error::ShutDown)?;
+        self.clock = completed;
+        if let Some(tau) = node.config.max_delay {
+            node.wait_clock(completed.saturating_sub(tau), timeout)?;
+        }
+        Ok(completed)
+    }
+
+    /// The clock this worker is in (the number of clocks it has completed).
+    pub fn current_clock(&self) -> u64 {
+        self.clock
     }
 
     /// This node's statistics.
@@ -470,6 +588,12 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
+        // A worker that leaves no longer holds back the others' clocks.
+        let index = self.index;
+        let _ = self.node.run(&mut self.tx, |step, _, _| {
+            step.clock_retire(index);
+            Ok(Progress::Done)
+        });
         self.node.retire_worker(self.index, self.requester.next_seq());
     }
 }

@@ -45,6 +45,20 @@ fn auto_picks_the_expected_transport_and_sums_are_exact() {
     assert!(text.contains("[0] sums ok"));
 }
 
+/// Server-side AdaGrad with keys moving between the processes (the optimizer state travels in
+/// the slot: one one-sided write over verbs), push-pull and bounded-delay clocks.
+#[test]
+fn updaters_push_pull_and_clocks_over_the_chosen_transport() {
+    let want = expected_transport();
+    let out = launch_testnode(2, &["toolbox"], Duration::from_secs(300));
+    let text = stdout(&out);
+    assert!(out.status.success(), "cluster failed");
+    for r in 0..2 {
+        assert!(text.contains(&format!("[{r}] transport {want}")), "rank {r} did not use {want}");
+        assert!(text.contains(&format!("[{r}] toolbox ok")), "rank {r} did not finish");
+    }
+}
+
 #[test]
 fn history_over_the_chosen_transport_is_sequentially_consistent() {
     let want = expected_transport();

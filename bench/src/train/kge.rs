@@ -1,7 +1,11 @@
 //! ComplEx knowledge-graph embeddings trained with AdaGrad and negative sampling.
 //!
-//! Each entity and relation is one key whose value is `[re(d), im(d), acc_re(d), acc_im(d)]`:
-//! the embedding and its AdaGrad accumulators travel together. A positive triple `(h, r, t)` is
+//! Each entity and relation is one key. With `--adagrad server` (the default in the cluster
+//! modes) its value is the embedding `[re(d), im(d)]` and Ferry applies AdaGrad at the key's
+//! holder (a server-side updater, the parameter server's Section 3.3): the accumulators stay in
+//! the slot, never pulled or pushed. With `--adagrad worker` (and in `single` and `hybrid`,
+//! whose replicas take only additive pushes) the value is `[re(d), im(d), acc_re(d), acc_im(d)]`
+//! and the trainer computes the step, pushing the embedding's change and the squared gradients. A positive triple `(h, r, t)` is
 //! scored `Re⟨h, r, conj(t)⟩`; it is trained with the logistic loss against `neg` corrupted tails
 //! and `neg` corrupted heads (entities drawn uniformly, each negative weighted `1/neg`).
 //!
@@ -16,7 +20,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use ferry::{KeyDistribution, Partitioning, SampleHandle, SamplingScheme, TableSpec, Worker};
+use ferry::{KeyDistribution, Partitioning, SampleHandle, SamplingScheme, TableSpec, Updater, Worker};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -58,6 +62,11 @@ pub struct KgeArgs {
     /// How many triples ahead a worker localizes entities (latency hiding).
     #[arg(long, default_value_t = 1)]
     pub lookahead: usize,
+    /// Where AdaGrad runs: `server` (Ferry applies it at the key's holder; the accumulators never
+    /// travel), `worker` (the trainer computes the step; values carry the accumulators), or
+    /// `auto`: server in classic and localize, worker in single and hybrid.
+    #[arg(long, default_value = "auto")]
+    pub adagrad: String,
     /// Where negatives come from in cluster modes: `direct` (the trainer draws entities
     /// uniformly and accesses them like positives), or a Ferry sampling scheme over a uniform
     /// distribution of entities (NuPS 4.4): `independent` (L1), `reuse[:POOL:USES]` (L2),
@@ -83,10 +92,10 @@ pub struct KgeArgs {
     pub common: Common,
 }
 
-/// Saves the embeddings (real parts, then imaginary parts; the AdaGrad state stored beside them
-/// is left out) with the names of entities and relations.
-fn save_model(a: &KgeArgs, epoch: usize, entities: &[f32], relations: &[f32], kg: &KnowledgeGraph) -> Result<()> {
-    let (len, cols) = (a.value_len(), 2 * a.dim);
+/// Saves the embeddings (real parts, then imaginary parts; AdaGrad state is left out) of values
+/// of `len` floats, with the names of entities and relations.
+fn save_model(a: &KgeArgs, epoch: usize, len: usize, entities: &[f32], relations: &[f32], kg: &KnowledgeGraph) -> Result<()> {
+    let cols = 2 * a.dim;
     let meta =
         serde_json::json!({ "model": "ComplEx", "dim": a.dim, "layout": "dim real parts, then dim imaginary parts; score(h, r, t) = Re(<h, r, conj(t)>)" });
     let tables = [
@@ -181,6 +190,8 @@ impl KgeArgs {
             self.lookahead.to_string(),
             "--negatives".into(),
             self.negatives.clone(),
+            "--adagrad".into(),
+            self.adagrad.clone(),
         ]
         .into_iter()
         .chain(self.files.args())
@@ -216,8 +227,20 @@ impl KgeArgs {
         }
     }
 
-    fn value_len(&self) -> usize {
-        4 * self.dim
+    /// Whether AdaGrad runs in Ferry (a server-side updater) in `mode`.
+    pub fn server_adagrad(&self, mode: Mode) -> Result<bool> {
+        match (self.adagrad.as_str(), mode) {
+            ("auto", Mode::Classic | Mode::Localize) | ("server", Mode::Classic | Mode::Localize) => Ok(true),
+            ("auto" | "worker", _) => Ok(false),
+            ("server", Mode::Single) => Ok(false),
+            ("server", _) => bail!("--adagrad server: {} replicates keys, and replicas take only additive pushes (use --adagrad worker or auto)", mode.name()),
+            (other, _) => bail!("--adagrad {other}: expected server, worker or auto"),
+        }
+    }
+
+    /// Floats per key: the embedding, and with worker-side AdaGrad its accumulators.
+    fn value_len(&self, server: bool) -> usize {
+        if server { 2 * self.dim } else { 4 * self.dim }
     }
 
     fn evaluate_now(&self, epoch: usize) -> bool {
@@ -292,12 +315,29 @@ fn score_and_grad(a: &[f32], r: &[f32], b: &[f32], d: usize, g: Option<Gradients
     s
 }
 
-/// One training step. `ents` holds the pulled values of the sample's entity slots (value length
-/// `4d` each), `rel` the relation's. Writes the pushes (`[Δembedding, g²]` per slot) to `ent_out`
-/// and `rel_out`; returns the loss.
+/// How a step turns gradients into pushes.
+#[derive(Debug, Clone, Copy)]
+enum Update {
+    /// Values are `[embedding(2d), accumulators(2d)]`; the pushes are `[Δembedding, g²]`.
+    Worker { lr: f32 },
+    /// Values are the embedding (`2d`); the pushes are the gradients, for Ferry's AdaGrad.
+    Server,
+}
+
+impl Update {
+    fn value_len(self, d: usize) -> usize {
+        match self {
+            Update::Worker { .. } => 4 * d,
+            Update::Server => 2 * d,
+        }
+    }
+}
+
+/// One training step. `ents` holds the pulled values of the sample's entity slots, `rel` the
+/// relation's. Writes the pushes to `ent_out` and `rel_out` (see [`Update`]); returns the loss.
 #[allow(clippy::too_many_arguments)]
-fn step(ents: &[f32], rel: &[f32], d: usize, neg: usize, lr: f32, reg: f32, grads: &mut [f32], ent_out: &mut [f32], rel_out: &mut [f32]) -> f32 {
-    let len = 4 * d;
+fn step(ents: &[f32], rel: &[f32], d: usize, neg: usize, update: Update, reg: f32, grads: &mut [f32], ent_out: &mut [f32], rel_out: &mut [f32]) -> f32 {
+    let len = update.value_len(d);
     let slots = 2 + 2 * neg;
     let emb = |slot: usize| &ents[slot * len..slot * len + 2 * d];
     grads.fill(0.0);
@@ -326,9 +366,14 @@ fn step(ents: &[f32], rel: &[f32], d: usize, neg: usize, lr: f32, reg: f32, grad
     let adagrad = |g: &mut [f32], value: &[f32], out: &mut [f32]| {
         for k in 0..2 * d {
             let gk = g[k] + reg * value[k];
-            let acc = value[2 * d + k] + gk * gk;
-            out[k] = -lr * gk / (acc.sqrt() + ADAGRAD_EPS);
-            out[2 * d + k] = gk * gk;
+            match update {
+                Update::Worker { lr } => {
+                    let acc = value[2 * d + k] + gk * gk;
+                    out[k] = -lr * gk / (acc.sqrt() + ADAGRAD_EPS);
+                    out[2 * d + k] = gk * gk;
+                }
+                Update::Server => out[k] = gk,
+            }
         }
     };
     for slot in 0..slots {
@@ -344,6 +389,7 @@ fn evaluate(
     ents: &[f32],
     rels: &[f32],
     d: usize,
+    len: usize,
     n_entities: usize,
     test: &Triples,
     known: &HashSet<(u32, u32, u32)>,
@@ -351,7 +397,6 @@ fn evaluate(
     threads: usize,
     progress: &(dyn Fn(f64) + Sync),
 ) -> serde_json::Map<String, serde_json::Value> {
-    let len = 4 * d;
     let n = if max == 0 { test.len() } else { test.len().min(max) };
     let results: Vec<(f64, [usize; 3], usize)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
@@ -439,7 +484,8 @@ fn eval_threads() -> usize {
 /// The `single` mode: Hogwild over threads and shared arrays, no parameter server.
 pub fn run_single(a: &KgeArgs, emit: Sink) -> Result<()> {
     let kg = a.load()?;
-    let (seed, d, len, threads) = (a.common.seed, a.dim, a.value_len(), a.common.single_threads());
+    let server = a.server_adagrad(Mode::Single)?;
+    let (seed, d, len, threads) = (a.common.seed, a.dim, a.value_len(server), a.common.single_threads());
     let (n_e, n_r) = (kg.entities.len(), kg.relations.len());
     let ents = SharedArray::new(n_e, len, |k, j| init_value(seed, 0, k as u64, j, d));
     let rels = SharedArray::new(n_r, len, |k, j| init_value(seed, 1, k as u64, j, d));
@@ -468,7 +514,7 @@ pub fn run_single(a: &KgeArgs, emit: Sink) -> Result<()> {
                                 ents.read(e as usize, &mut ev[slot * len..(slot + 1) * len]);
                             }
                             rels.read(sample.r as usize, &mut rv);
-                            loss += step(&ev, &rv, d, a.neg, a.lr, a.reg, &mut grads, &mut eo, &mut ro) as f64;
+                            loss += step(&ev, &rv, d, a.neg, Update::Worker { lr: a.lr }, a.reg, &mut grads, &mut eo, &mut ro) as f64;
                             for (slot, &e) in sample.entity_keys().iter().enumerate() {
                                 ents.add(e as usize, &eo[slot * len..(slot + 1) * len]);
                             }
@@ -496,13 +542,13 @@ pub fn run_single(a: &KgeArgs, emit: Sink) -> Result<()> {
                 rels.read(k, &mut r_all[k * len..(k + 1) * len]);
             }
             let emit = parking_lot::Mutex::new(&mut *emit);
-            evaluate(&e_all, &r_all, d, n_e, &kg.test, &known, a.eval_max, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)))
+            evaluate(&e_all, &r_all, d, len, n_e, &kg.test, &known, a.eval_max, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)))
         } else {
             serde_json::Map::new()
         };
         emit(Event::Epoch(EpochReport::single("kge", epoch, epoch_s, elapsed, loss / n.max(1) as f64, quality)));
         if a.common.save_now(epoch) {
-            save_model(a, epoch, &ents.to_vec(), &rels.to_vec(), &kg)?;
+            save_model(a, epoch, len, &ents.to_vec(), &rels.to_vec(), &kg)?;
         }
     }
     Ok(())
@@ -529,11 +575,14 @@ fn relation_owners(train: &Triples, relations: usize, nodes: usize) -> Vec<usize
 /// One node of a `classic`, `localize` or `hybrid` cluster.
 pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
     let kg = a.load()?;
-    let (seed, d, len, epochs) = (a.common.seed, a.dim, a.value_len(), a.common.epochs);
+    let server = a.server_adagrad(mode)?;
+    let update = if server { Update::Server } else { Update::Worker { lr: a.lr } };
+    let (seed, d, len, epochs) = (a.common.seed, a.dim, a.value_len(server), a.common.epochs);
     let (n_e, n_r) = (kg.entities.len(), kg.relations.len());
+    let updater = if server { Updater::Adagrad { lr: a.lr, eps: ADAGRAD_EPS, init: INITIAL_ACCUMULATOR } } else { Updater::Add };
     let (mut entity_spec, mut relation_spec) = (
-        TableSpec::new("entities", n_e as u64, len).partitioned(Partitioning::Hash),
-        TableSpec::new("relations", n_r as u64, len).partitioned(Partitioning::Hash),
+        TableSpec::new("entities", n_e as u64, len).partitioned(Partitioning::Hash).with_updater(updater.clone()),
+        TableSpec::new("relations", n_r as u64, len).partitioned(Partitioning::Hash).with_updater(updater),
     );
     let hybrid = mode == Mode::Hybrid;
     let mut summary = None;
@@ -648,7 +697,7 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
                     }
                 }
                 w.pull(relations, &[sample.r as u64], &mut rv)?;
-                loss += step(&ev, &rv, d, a.neg, a.lr, a.reg, &mut grads, &mut eo, &mut ro) as f64;
+                loss += step(&ev, &rv, d, a.neg, update, a.reg, &mut grads, &mut eo, &mut ro) as f64;
                 w.push(entities, &keys, &eo)?;
                 w.push(relations, &[sample.r as u64], &ro)?;
                 n += 1;
@@ -676,10 +725,11 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
                 let e_all = pull_all(&mut w, entities, n_e, len)?;
                 let r_all = pull_all(&mut w, relations, n_r, len)?;
                 if evaluating {
-                    quality = evaluate(&e_all, &r_all, d, n_e, &kg.test, known, a.eval_max, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)));
+                    quality =
+                        evaluate(&e_all, &r_all, d, len, n_e, &kg.test, known, a.eval_max, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)));
                 }
                 if saving {
-                    save_model(a, epoch, &e_all, &r_all, kg)?;
+                    save_model(a, epoch, len, &e_all, &r_all, kg)?;
                 }
             }
             if evaluating || saving {

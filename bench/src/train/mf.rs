@@ -13,13 +13,13 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use clap::Args;
 use ferry::{Partitioning, TableSpec};
-use rand::SeedableRng;
 use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::DataFiles;
 use super::model::SavedTable;
-use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, part, part_of, pull_all, run_workers, start_node, stats_fields};
+use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, part, part_of, pull_all, run_workers, start_node_with, stats_fields};
 use super::{Common, EpochReport, Event, Mode, Sink};
 use crate::data::ratings::{Ratings, Synthetic};
 
@@ -47,6 +47,18 @@ pub struct MfArgs {
     /// after the other on the local copies, and each key's change is pushed at once.
     #[arg(long, default_value_t = 16)]
     pub batch: usize,
+    /// Bounded delay (classic mode): workers complete `--clocks-per-epoch` clocks per epoch
+    /// instead of meeting at sub-epoch barriers, and none starts clock `c` before every worker
+    /// completed `c − τ − 1`. A number of clocks, or `inf` (clocks counted, never waited for).
+    #[arg(long)]
+    pub max_delay: Option<String>,
+    /// Clocks per epoch with --max-delay.
+    #[arg(long, default_value_t = 10)]
+    pub clocks_per_epoch: usize,
+    /// Transient stragglers, for the bounded-delay trade-off: with --max-delay, in every clock
+    /// each worker pauses this many milliseconds with probability 1 / nodes (seeded).
+    #[arg(long, default_value_t = 0)]
+    pub straggle_ms: u64,
     /// Own data files.
     #[command(flatten)]
     pub files: DataFiles,
@@ -144,8 +156,13 @@ impl MfArgs {
             self.test_share.to_string(),
             "--batch".into(),
             self.batch.to_string(),
+            "--clocks-per-epoch".into(),
+            self.clocks_per_epoch.to_string(),
+            "--straggle-ms".into(),
+            self.straggle_ms.to_string(),
         ]
         .into_iter()
+        .chain(self.max_delay.iter().flat_map(|d| ["--max-delay".to_string(), d.clone()]))
         .chain(self.files.args())
         .collect()
     }
@@ -444,10 +461,25 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
         TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS),
     ];
     let localize = matches!(mode, Mode::Localize | Mode::Hybrid);
-    let mut node = start_node(tables, localize)?;
+    // Bounded delay: clocks instead of sub-epoch barriers (only where no block must be
+    // exclusive, i.e. in classic mode).
+    let max_delay = match &a.max_delay {
+        None => None,
+        Some(_) if mode != Mode::Classic => bail!("--max-delay works in classic mode: localize and hybrid need the sub-epoch barriers that keep blocks apart"),
+        Some(_) if a.clocks_per_epoch == 0 => bail!("--clocks-per-epoch must be at least 1"),
+        Some(d) => Some(ferry::config::parse_max_delay(d).map_err(|e| anyhow::anyhow!("--max-delay: {e}"))?),
+    };
+    let mut node = start_node_with(tables, localize, |c| {
+        if let Some(tau) = max_delay {
+            c.max_delay = tau;
+        }
+    })?;
     let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
     if let Some(summary) = summary.filter(|_| rank == 0) {
         eprintln!("{summary}");
+    }
+    if let (Some(tau), 0) = (max_delay, rank) {
+        eprintln!("bounded delay: τ = {}, {} clocks per epoch", tau.map_or("∞".to_string(), |t| t.to_string()), a.clocks_per_epoch);
     }
     let (users, items, metrics) = (node.table("users")?, node.table("items")?, node.table("metrics")?);
     let my_rows = part(train.n_users as usize, nodes, rank);
@@ -483,7 +515,29 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
             let before = node.stats();
             let started = Instant::now();
             let (mut loss, mut n) = (0.0f64, 0usize);
-            for sub in 0..nodes {
+            if max_delay.is_some() {
+                // All of this worker's ratings, in clocks_per_epoch clocks.
+                let mut order: Vec<u32> = (0..nodes).flat_map(|block| cells[t][block].iter().copied()).collect();
+                order.shuffle(&mut rng);
+                let clocks = a.clocks_per_epoch;
+                let mut params = FerryParams { worker: &mut w, tables: [users, items] };
+                for c in 0..clocks {
+                    if a.straggle_ms > 0 && rng.gen_range(0..nodes) == 0 {
+                        std::thread::sleep(std::time::Duration::from_millis(a.straggle_ms));
+                    }
+                    let share = &order[c * order.len() / clocks..(c + 1) * order.len() / clocks];
+                    for batch in share.chunks(a.batch.max(1)) {
+                        loss += batcher.run(train, batch, len, mu, a.lr, a.reg, &mut params)?;
+                        n += batch.len();
+                    }
+                    if rank == 0 && t == 0 {
+                        (emit.lock())(Event::Progress(epoch, (c + 1) as f64 / clocks as f64));
+                    }
+                    params.worker.advance_clock()?;
+                }
+                w.barrier()?;
+            }
+            for sub in (0..nodes).filter(|_| max_delay.is_none()) {
                 let block = (rank + sub) % nodes;
                 if localize && t == 0 {
                     let keys: Vec<u64> = part(train.n_items as usize, nodes, block).map(|i| i as u64).collect();

@@ -188,7 +188,13 @@ pub const EVALUATION_WAIT: std::time::Duration = std::time::Duration::from_secs(
 
 /// The node's start-up helper: the configuration's tables and switches for a mode.
 pub fn start_node(tables: Vec<ferry::TableSpec>, localize: bool) -> Result<Node> {
+    start_node_with(tables, localize, |_| {})
+}
+
+/// [`start_node`] with a last change to the configuration (every node must make the same).
+pub fn start_node_with(tables: Vec<ferry::TableSpec>, localize: bool, configure: impl FnOnce(&mut ferry::Config)) -> Result<Node> {
     let mut config = ferry::Config::from_env(tables)?;
+    configure(&mut config);
     let replicated: u64 = config.tables.iter().map(|t| t.replicated_keys()).sum();
     if replicated > 0 && config.rank == 0 {
         eprintln!("replicated keys: {replicated}, staleness bound {:?}", config.staleness);

@@ -9,6 +9,7 @@ use super::wire::{self, Access, AccessHeader, AccessKind, FLAG_DIRECT, FLAG_FORW
 use crate::error::{Error, Result};
 use crate::stats::MessageKind;
 use crate::store::{Residence, Slot};
+use crate::update::Updater;
 use crate::util::copy_bytes_to_f32;
 
 /// Maps an error to the code FAILURE messages carry.
@@ -21,24 +22,32 @@ pub(super) fn failure_code(error: &Error) -> (FailureCode, u16) {
     }
 }
 
-/// Applies an access to a slot: pull values out as little-endian bytes, or add or write the
-/// input bytes.
+/// Applies an access to a slot: pull values out as little-endian bytes, apply the input bytes
+/// with the table's `updater` (a push-pull then reads the result), or write them.
 #[inline]
-pub(super) fn apply(slot: &Slot<'_>, kind: AccessKind, input: &[u8], pulled: &mut [u8]) {
+pub(super) fn apply(slot: &Slot<'_>, updater: &Updater, kind: AccessKind, input: &[u8], pulled: &mut [u8]) {
     match kind {
         AccessKind::Pull => slot.read_le_bytes(pulled),
-        AccessKind::Push => slot.add_le_bytes(input),
+        AccessKind::Push => slot.push_le_bytes(updater, input),
         AccessKind::Set => slot.write_le_bytes(input),
+        AccessKind::PushPull => {
+            slot.push_le_bytes(updater, input);
+            slot.read_le_bytes(pulled);
+        }
     }
 }
 
 /// Serves item `i` of an access on its slot, appending pulled values to `buf`.
 #[inline]
-fn serve_item(slot: &Slot<'_>, a: &Access<'_>, i: usize, buf: &mut Vec<u8>) {
+fn serve_item(slot: &Slot<'_>, updater: &Updater, a: &Access<'_>, i: usize, buf: &mut Vec<u8>) {
     match a.kind {
         AccessKind::Pull => slot.append_le_bytes(buf),
-        AccessKind::Push => slot.add_le_bytes(a.value(i)),
+        AccessKind::Push => slot.push_le_bytes(updater, a.value(i)),
         AccessKind::Set => slot.write_le_bytes(a.value(i)),
+        AccessKind::PushPull => {
+            slot.push_le_bytes(updater, a.value(i));
+            slot.append_le_bytes(buf);
+        }
     }
 }
 
@@ -210,7 +219,7 @@ impl Step<'_, '_> {
             }
         }
         let values_at = buf.len();
-        buf.reserve(if a.kind == AccessKind::Pull { (end - start) * value_bytes } else { 0 });
+        buf.reserve(if a.kind.returns_values() { (end - start) * value_bytes } else { 0 });
         let mut served = start;
         // Large messages take every latch once per chunk instead of one latch per key; a chunk
         // is short enough that local workers wait only tens of microseconds.
@@ -241,12 +250,22 @@ impl Step<'_, '_> {
                                 unsafe { buf.set_len(at + done * value_bytes) };
                                 done
                             }
+                            AccessKind::PushPull => {
+                                let values = &a.values()[from * value_bytes..to * value_bytes];
+                                let mut chunks = values.chunks_exact(value_bytes);
+                                let updater = t.updater();
+                                all.for_each_in_run(a.table, first, to - from, |_, slot| {
+                                    slot.push_le_bytes(updater, chunks.next().unwrap_or(&[]));
+                                    slot.append_le_bytes(buf);
+                                })
+                            }
                             kind => {
                                 let values = &a.values()[from * value_bytes..to * value_bytes];
                                 let mut chunks = values.chunks_exact(value_bytes);
+                                let updater = t.updater();
                                 all.for_each_in_run(a.table, first, to - from, |_, slot| {
                                     let v = chunks.next().unwrap_or(&[]);
-                                    if kind == AccessKind::Push { slot.add_le_bytes(v) } else { slot.write_le_bytes(v) }
+                                    if kind == AccessKind::Push { slot.push_le_bytes(updater, v) } else { slot.write_le_bytes(v) }
                                 })
                             }
                         }
@@ -256,7 +275,7 @@ impl Step<'_, '_> {
                         while from + n < to
                             && let Some(slot) = all.slot(a.table, a.key(from + n))
                         {
-                            serve_item(&slot, a, from + n, buf);
+                            serve_item(&slot, t.updater(), a, from + n, buf);
                             n += 1;
                         }
                         n
@@ -271,7 +290,7 @@ impl Step<'_, '_> {
             for i in start..end {
                 let guard = store.lock(a.table, a.key(i));
                 let Some(slot) = guard.slot() else { break };
-                serve_item(&slot, a, i, buf);
+                serve_item(&slot, t.updater(), a, i, buf);
                 served = i + 1;
             }
         }
@@ -312,10 +331,10 @@ impl Step<'_, '_> {
                 if let Some(slot) = guard.slot() {
                     let out = answers.add(a.origin, a.op, a.part, a.kind, a.table, index);
                     let at = out.len();
-                    if a.kind == AccessKind::Pull {
+                    if a.kind.returns_values() {
                         out.resize(at + value_bytes, 0);
                     }
-                    apply(&slot, a.kind, a.value(i), &mut out[at..]);
+                    apply(&slot, store.table(a.table).updater(), a.kind, a.value(i), &mut out[at..]);
                     continue;
                 }
             }

@@ -135,7 +135,7 @@ impl Step<'_, '_> {
                 (None, Some(c)) => c,
                 (None, None) => &mut [],
             };
-            if kind == AccessKind::Pull && output.len() != need {
+            if kind.returns_values() && output.len() != need {
                 return Err(Error::WrongLength { what: "pull output", expected: need, got: output.len() });
             }
             self.local_pass(kind, table, keys, run, input, output, &mut remote)
@@ -151,7 +151,7 @@ impl Step<'_, '_> {
         if let Some(o) = req.op_mut(op) {
             o.output = match (owned, kind) {
                 (Some(v), _) => Output::Owned(v),
-                (None, AccessKind::Pull) => Output::Caller,
+                (None, k) if k.returns_values() => Output::Caller,
                 (None, _) => Output::None,
             };
             o.arrivals = arrivals;
@@ -194,10 +194,13 @@ impl Step<'_, '_> {
                 if let Some(slot) = guard.slot() {
                     match kind {
                         AccessKind::Pull => slot.read(&mut output[values]),
-                        AccessKind::Push => {
-                            slot.add(&input[values.clone()]);
+                        AccessKind::Push | AccessKind::PushPull => {
+                            slot.push(t.updater(), &input[values.clone()]);
                             if let (Some(o), Some(r)) = (ordinal, replicas) {
-                                r.add_delta(o, &input[values]);
+                                r.add_delta(o, &input[values.clone()]);
+                            }
+                            if kind == AccessKind::PushPull {
+                                slot.read(&mut output[values]);
                             }
                         }
                         AccessKind::Set => slot.write(&input[values]),
@@ -345,7 +348,7 @@ impl Step<'_, '_> {
         let value_bytes = self.directory().table(table).map_or(4, |t| t.value_len * 4);
         let key_bytes = if keys_run { 0 } else { 8 };
         let request_item = key_bytes + if kind.carries_values() { value_bytes } else { 0 };
-        let response_item = if kind == AccessKind::Pull { value_bytes } else { 0 };
+        let response_item = if kind.returns_values() { value_bytes } else { 0 };
         let part_bytes = self.core.settings().effective_part_bytes();
         (part_bytes.saturating_sub(64) / request_item.max(response_item).max(1)).max(1)
     }
@@ -433,7 +436,13 @@ impl Step<'_, '_> {
                             slot.read(&mut value);
                             req.deliver_row(op, row, &value, caller.as_deref_mut());
                         }
-                        AccessKind::Push => slot.add(&input[values]),
+                        AccessKind::Push => slot.push(store.table(table).updater(), &input[values]),
+                        AccessKind::PushPull => {
+                            slot.push(store.table(table).updater(), &input[values]);
+                            let mut value = vec![0.0; value_len];
+                            slot.read(&mut value);
+                            req.deliver_row(op, row, &value, caller.as_deref_mut());
+                        }
                         AccessKind::Set => slot.write(&input[values]),
                     }
                     drop(guard);

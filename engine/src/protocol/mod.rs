@@ -48,6 +48,7 @@
 
 mod access;
 mod barrier;
+mod clock;
 mod directory;
 mod issue;
 mod relocation;
@@ -65,6 +66,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 pub use barrier::{BarrierEvent, BarrierKind, Barriers};
+pub use clock::Clocks;
 pub use directory::{Directory, LOST_OWNER, MAX_SHARDS, TableMeta};
 pub use issue::{Issued, PullTarget};
 pub use requester::{Delivery, LocalEvent, OpId, OpKind, PeerFault, Requester, WORKER_SHIFT, worker_of};
@@ -131,6 +133,7 @@ pub struct Core {
     directory: Directory,
     shards: Box<[Mutex<Shard>]>,
     barriers: Mutex<Barriers>,
+    clocks: Mutex<Clocks>,
     settings: Settings,
     counters: Arc<CounterRegistry>,
     /// Bumped (under the key's shard lock) whenever a key starts arriving at this node: a
@@ -151,6 +154,7 @@ impl Core {
             directory,
             shards,
             barriers: Mutex::new(Barriers::new(rank as u16, nodes)),
+            clocks: Mutex::new(Clocks::new(rank as u16, nodes)),
             settings,
             counters: Arc::new(CounterRegistry::default()),
             arrivals: AtomicU64::new(0),
@@ -253,6 +257,11 @@ impl Core {
 
     pub(crate) fn barriers(&self) -> &Mutex<Barriers> {
         &self.barriers
+    }
+
+    /// The workers' clocks (bounded delay).
+    pub fn clocks(&self) -> &Mutex<Clocks> {
+        &self.clocks
     }
 }
 

@@ -292,11 +292,11 @@ impl Step<'_, '_> {
                 (Queued::Access { origin, op, part, index, kind, values }, true) => {
                     let out = answers.add(origin, op, part, kind, table, index);
                     let at = out.len();
-                    if kind == super::AccessKind::Pull {
+                    if kind.returns_values() {
                         out.resize(at + value_bytes, 0);
                     }
                     let held = slot.as_mut().expect("here");
-                    apply(&store.reserved(held), kind, f32_bytes(&values), &mut out[at..]);
+                    apply(&store.reserved(held), store.table(table).updater(), kind, f32_bytes(&values), &mut out[at..]);
                 }
                 (Queued::Access { origin, op, part, index, kind, values }, false) => {
                     // The key moved on before this item was served: via the home node.

@@ -487,7 +487,7 @@ impl Requester {
             return Err(Error::Protocol(format!("RESPONSE names part {} of operation {}", r.part, r.op)));
         };
         let (part_len, part_run) = (part.len(), part.run());
-        if matches!(o.output, Output::Caller) && r.kind == AccessKind::Pull && Self::caller_for(r.op, caller).is_none() {
+        if matches!(o.output, Output::Caller) && r.kind.returns_values() && Self::caller_for(r.op, caller).is_none() {
             // Only the waiting worker's own buffer can take these values; nobody waits.
             o.fail(Error::Protocol("pulled values arrived while nobody waited for them".into()));
         }
@@ -501,7 +501,7 @@ impl Requester {
             && let Some((first, _)) = part_run
             && o.answer_run(first as usize, r.count)
         {
-            if r.kind == AccessKind::Pull
+            if r.kind.returns_values()
                 && let Some(dst) = match &mut o.output {
                     Output::Owned(v) => v.get_mut(first as usize * value_len..(first as usize + r.count) * value_len),
                     Output::Caller => out.as_deref_mut().and_then(|c| c.get_mut(first as usize * value_len..(first as usize + r.count) * value_len)),
@@ -521,7 +521,7 @@ impl Requester {
             if !o.answer(row) {
                 continue;
             }
-            if r.kind == AccessKind::Pull
+            if r.kind.returns_values()
                 && let Some(dst) = o.row_output(row as usize, &mut out)
             {
                 copy_bytes_to_f32(r.value(i), dst);

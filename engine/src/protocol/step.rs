@@ -151,6 +151,11 @@ impl<'c, 't> Step<'c, 't> {
                             core.barriers().lock().handle_message(from, body, dir, self.tx)?;
                             None
                         }
+                        msg::CLOCK => {
+                            self.core.clocks().lock().handle_message(from, body)?;
+                            self.tx.touch_clock();
+                            None
+                        }
                         msg::REPLICA_DELTA => {
                             self.handle_replica_delta(from, body)?;
                             None
@@ -228,6 +233,8 @@ impl<'c, 't> Step<'c, 't> {
         dir.uncache_node(peer);
         self.core.barriers().lock().handle_peer_lost(peer, &error, dir, self.tx);
         self.tx.touch_barrier();
+        // A lost node no longer holds back the cluster's clocks.
+        self.tx.touch_clock();
         self.tx.forget(peer);
         self.tx.deliver(ALL_WORKERS, Delivery::PeerLost { node: peer, reason: reason.to_string(), losses: dir.losses() });
         Progress::Done
@@ -258,6 +265,25 @@ impl<'c, 't> Step<'c, 't> {
             }
         }
         Progress::Done
+    }
+
+    /// Worker `worker` completed a clock; returns its completed count (see [`super::Clocks`]).
+    pub fn clock_advance(&mut self, worker: u16) -> u64 {
+        let core = self.core;
+        self.tx.touch_clock();
+        core.clocks().lock().advance(worker, core.directory(), self.tx)
+    }
+
+    /// Worker `worker` starts taking part in clocks; returns the clock it starts in.
+    pub fn clock_register(&mut self, worker: u16) -> u64 {
+        self.core.clocks().lock().register(worker)
+    }
+
+    /// Worker `worker` left: it no longer holds back the clocks.
+    pub fn clock_retire(&mut self, worker: u16) {
+        let core = self.core;
+        self.tx.touch_clock();
+        core.clocks().lock().retire(worker, core.directory(), self.tx);
     }
 
     /// Enters the next generation of a barrier; its release appears in [`Core::barrier_events`].

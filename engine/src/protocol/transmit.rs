@@ -39,6 +39,7 @@ pub struct Transmit {
     registry: Option<Arc<CounterRegistry>>,
     earliest_deadline: Option<u64>,
     barrier_touched: bool,
+    clock_touched: bool,
 }
 
 impl Transmit {
@@ -59,6 +60,7 @@ impl Transmit {
             registry: Some(registry.clone()),
             earliest_deadline: None,
             barrier_touched: false,
+            clock_touched: false,
         }
     }
 
@@ -224,6 +226,16 @@ impl Transmit {
     /// [`super::Core::barrier_events`]).
     pub(crate) fn touch_barrier(&mut self) {
         self.barrier_touched = true;
+    }
+
+    /// Notes that a step changed clock state (workers waiting for a clock may go on).
+    pub(crate) fn touch_clock(&mut self) {
+        self.clock_touched = true;
+    }
+
+    /// Whether a step changed clock state since the last call.
+    pub fn take_clock_touched(&mut self) -> bool {
+        std::mem::take(&mut self.clock_touched)
     }
 
     /// Whether a step changed barrier state since the last call.

@@ -6,8 +6,8 @@
 //!
 //! | type | layout after the type byte |
 //! | --- | --- |
-//! | ACCESS | kind u8, flags u8, pad u8, table u16, origin u16, op u64, part u32, count u32, [index u32]×count if INDEXED, keys: first u64 if RUN (keys first..first+count) else u64×count, \[values\]×count if push/set |
-//! | RESPONSE | kind u8, flags u8, pad u8, table u16, responder u16, op u64, part u32, count u32, [index u32]×count if INDEXED, \[values\]×count if pull |
+//! | ACCESS | kind u8, flags u8, pad u8, table u16, origin u16, op u64, part u32, count u32, [index u32]×count if INDEXED, keys: first u64 if RUN (keys first..first+count) else u64×count, \[values\]×count if push/set/push-pull |
+//! | RESPONSE | kind u8, flags u8, pad u8, table u16, responder u16, op u64, part u32, count u32, [index u32]×count if INDEXED, \[values\]×count if pull/push-pull |
 //! | LOCALIZE | pad×3, table u16, pad u16, count u32, pad u32, (key u64, resv u32, region u32, addr u64)×count |
 //! | RELOCATE | pad, new_owner u16, table u16, pad u16, count u32, pad u32, (key u64, resv u32, region u32, addr u64)×count |
 //! | FAILURE | code u8, flags u8, pad u8, table u16, node u16, op u64, part u32, count u32, key u64 (the first failed key), index u32×count |
@@ -16,6 +16,7 @@
 //! | BARRIER_FAILED | kind u8, pad u16, generation u32, lost node u16 |
 //! | REPLICA_DELTA | flags u8 (CUT: the shipment's last message, cut an image; FULL: of every replicated slot), table u16, round u32, count u32, (key u64, values)×count |
 //! | LEAVING | count u16, (node u16, reason length u16, reason UTF-8)×count — alone in its frame, handled by the runtime, not the protocol |
+//! | CLOCK | pad×3, smallest completed clock of the sender's workers u64 |
 //! | REPLICA_ACK | flags u8 (CUT: an image was cut), table u16, round u32, keys u32, changed u32, region u32, pad u32, addr u64, position u32×changed |
 
 use crate::error::{Error, Result};
@@ -48,6 +49,8 @@ pub mod msg {
     /// A node leaves after losing peers; names them and why (sent alone in a frame, read by the
     /// runtime around the protocol).
     pub const LEAVING: u8 = 12;
+    /// A node's smallest completed worker clock (bounded delay).
+    pub const CLOCK: u8 = 13;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).
@@ -71,6 +74,8 @@ pub enum AccessKind {
     Push = 2,
     /// Overwrite values.
     Set = 3,
+    /// Apply updates and return the updated values (one round trip).
+    PushPull = 4,
 }
 
 impl AccessKind {
@@ -79,13 +84,26 @@ impl AccessKind {
             1 => Some(AccessKind::Pull),
             2 => Some(AccessKind::Push),
             3 => Some(AccessKind::Set),
+            4 => Some(AccessKind::PushPull),
             _ => None,
         }
     }
 
-    /// Whether requests carry values (push and set).
+    /// Whether requests carry values (push, set and push-pull).
     pub fn carries_values(self) -> bool {
         !matches!(self, AccessKind::Pull)
+    }
+
+    /// Whether answers carry values (pull and push-pull).
+    #[inline]
+    pub fn returns_values(self) -> bool {
+        matches!(self, AccessKind::Pull | AccessKind::PushPull)
+    }
+
+    /// Whether the access changes the value through the table's updater (push and push-pull).
+    #[inline]
+    pub fn updates(self) -> bool {
+        matches!(self, AccessKind::Push | AccessKind::PushPull)
     }
 }
 
@@ -440,7 +458,7 @@ impl<'a> Response<'a> {
         let count = u32_at(b, 20) as usize;
         let idx_bytes = if flags & FLAG_INDEXED != 0 { count * 4 } else { 0 };
         let value_bytes = vlen * 4;
-        let val_total = if kind == AccessKind::Pull { count.checked_mul(value_bytes) } else { Some(0) };
+        let val_total = if kind.returns_values() { count.checked_mul(value_bytes) } else { Some(0) };
         let need = val_total.and_then(|v| (ACCESS_HEADER + idx_bytes).checked_add(v));
         if need != Some(b.len()) {
             return Err(bad(format!("RESPONSE of {count} items has {} bytes", b.len())));
@@ -478,7 +496,7 @@ impl<'a> Response<'a> {
     /// The value bytes of item `i` (empty unless this answers a pull).
     #[inline]
     pub fn value(&self, i: usize) -> &'a [u8] {
-        if self.kind == AccessKind::Pull { &self.values[i * self.value_bytes..(i + 1) * self.value_bytes] } else { &[] }
+        if self.kind.returns_values() { &self.values[i * self.value_bytes..(i + 1) * self.value_bytes] } else { &[] }
     }
 }
 
@@ -692,6 +710,25 @@ pub fn encode_barrier(out: &mut Vec<u8>, ty: u8, kind: u8, generation: u32) {
     out.extend_from_slice(&[kind, 0, 0]);
     out.extend_from_slice(&generation.to_le_bytes());
     finish(out, start);
+}
+
+/// Bytes of a CLOCK message with its length prefix.
+pub const CLOCK_BYTES: usize = 16;
+
+/// Encodes CLOCK: the sender's workers have all completed `min` clocks.
+pub fn encode_clock(out: &mut Vec<u8>, min: u64) {
+    let start = begin(out, msg::CLOCK);
+    out.extend_from_slice(&[0, 0, 0]);
+    out.extend_from_slice(&min.to_le_bytes());
+    finish(out, start);
+}
+
+/// Decodes CLOCK: the sender's smallest completed count.
+pub fn decode_clock(b: &[u8]) -> Result<u64> {
+    if b.len() != 12 {
+        return Err(bad("CLOCK of wrong size"));
+    }
+    Ok(u64::from_le_bytes(b[4..12].try_into().map_err(|_| bad("CLOCK of wrong size"))?))
 }
 
 /// Decodes BARRIER or BARRIER_RELEASE: (kind, generation).

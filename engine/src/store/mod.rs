@@ -132,6 +132,7 @@ pub struct TableStore {
     id: u16,
     salt: u64,
     value_len: usize,
+    state_len: usize,
     slot_bytes: usize,
     chunk_shift: u32,
     slot_map: *const AtomicU32,
@@ -376,8 +377,9 @@ impl Store {
 impl TableStore {
     fn new(id: u16, spec: TableSpec, home_keys: usize, huge_pages: HugePages, replicas: Option<ReplicaState>) -> Result<TableStore> {
         let value_len = spec.value_len;
+        let state_len = spec.state_len();
         let value_bytes = value_len * spec.element.size();
-        let slot_bytes = VALUES_OFFSET + value_bytes + 4;
+        let slot_bytes = VALUES_OFFSET + value_bytes + 4 * state_len + 4;
         let mut per_chunk = (HUGE_PAGE / slot_bytes).max(1).next_power_of_two();
         if per_chunk * slot_bytes > HUGE_PAGE && per_chunk > 1 {
             per_chunk /= 2;
@@ -410,6 +412,7 @@ impl TableStore {
             salt: id as u64 * 7919,
             id,
             value_len,
+            state_len,
             slot_bytes,
             chunk_shift,
             slot_map,
@@ -534,6 +537,18 @@ impl TableStore {
         self.value_len
     }
 
+    /// Floats of optimizer state per slot (after the value; see [`crate::update`]).
+    #[inline]
+    pub fn state_len(&self) -> usize {
+        self.state_len
+    }
+
+    /// What a push does to a value here.
+    #[inline(always)]
+    pub fn updater(&self) -> &crate::update::Updater {
+        &self.spec.updater
+    }
+
     /// Bytes per slot.
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
@@ -602,9 +617,10 @@ impl TableStore {
         }
     }
 
-    /// Bytes a relocation transfers: the head word (carrying the stamp) and the values.
+    /// Bytes a relocation transfers: the head word (carrying the stamp), the values and the
+    /// optimizer state.
     pub fn transfer_bytes(&self) -> usize {
-        VALUES_OFFSET + self.value_len * 4
+        VALUES_OFFSET + (self.value_len + self.state_len) * 4
     }
 
     /// Slots currently handed out, and slots ever created (the arena's high-water mark).

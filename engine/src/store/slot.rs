@@ -1,6 +1,7 @@
 //! Access to slots: through a latch guard, through an owned reservation, or optimistically.
 //!
-//! A slot is `[head u32][value_len × f32][tail u32]` in registered memory. Every write is an
+//! A slot is `[head u32][value_len × f32][state_len × f32][tail u32]` in registered memory (the
+//! state is the table's optimizer state, empty for most tables; see [`crate::update`]). Every write is an
 //! atomic store (`Relaxed` for values, a plain move on x86), and every read that holds no latch
 //! — an optimistic local pull, the TCP emulation of a one-sided read — is an atomic load, so
 //! they never race in the language's sense. A reader that holds the latch (or owns the slot)
@@ -20,6 +21,7 @@
 use std::sync::atomic::{AtomicU32, Ordering, fence};
 
 use super::latch::{AllLatches, LatchGuard};
+use crate::update::Updater;
 
 /// Values up to this many floats are copied word by word rather than with `memcpy`.
 const SHORT: usize = 8;
@@ -46,24 +48,29 @@ use super::{NO_SLOT, Residence, TableStore};
 pub struct Slot<'a> {
     head: &'a AtomicU32,
     values: &'a [AtomicU32],
+    state: &'a [AtomicU32],
     tail: &'a AtomicU32,
     index: u32,
 }
 
 impl<'a> Slot<'a> {
-    /// A view of the slot at `p` (slot number `index`) with `value_len` values.
+    /// A view of the slot at `p` (slot number `index`) with `value_len` values and
+    /// `state_len` words of state.
     ///
     /// # Safety
     ///
-    /// `p` is the start of a slot handed out by its table's allocator, with `value_len` values.
+    /// `p` is the start of a slot handed out by its table's allocator, with `value_len` values
+    /// and `state_len` state words.
     #[inline(always)]
-    pub(super) unsafe fn at(p: *mut u8, value_len: usize, index: u32) -> Slot<'a> {
+    pub(super) unsafe fn at(p: *mut u8, value_len: usize, state_len: usize, index: u32) -> Slot<'a> {
+        let state_at = super::VALUES_OFFSET + 4 * value_len;
         // SAFETY: per the contract, as in `new`.
         unsafe {
             Slot {
                 head: &*(p as *const AtomicU32),
                 values: std::slice::from_raw_parts(p.add(super::VALUES_OFFSET) as *const AtomicU32, value_len),
-                tail: &*(p.add(super::VALUES_OFFSET + 4 * value_len) as *const AtomicU32),
+                state: std::slice::from_raw_parts(p.add(state_at) as *const AtomicU32, state_len),
+                tail: &*(p.add(state_at + 4 * state_len) as *const AtomicU32),
                 index,
             }
         }
@@ -78,18 +85,10 @@ impl<'a> Slot<'a> {
     #[inline]
     pub(super) unsafe fn new(table: &'a TableStore, index: u32) -> Slot<'a> {
         let p = table.slot_ptr(index);
-        let n = table.value_len();
         // SAFETY: the slot lies inside a mapped chunk (the caller's contract); the chunk is
         // 4-aligned (page-aligned arena, slot size a multiple of 4), so each word is a valid,
         // aligned `AtomicU32`, and the arena outlives `'a` (it lives as long as the table).
-        unsafe {
-            Slot {
-                head: &*(p as *const AtomicU32),
-                values: std::slice::from_raw_parts(p.add(super::VALUES_OFFSET) as *const AtomicU32, n),
-                tail: &*(p.add(super::VALUES_OFFSET + 4 * n) as *const AtomicU32),
-                index,
-            }
-        }
+        unsafe { Slot::at(p, table.value_len(), table.state_len(), index) }
     }
 
     /// The slot's number in its table.
@@ -220,6 +219,35 @@ impl<'a> Slot<'a> {
             x.store((f32::from_bits(x.load(Ordering::Relaxed)) + u).to_bits(), Ordering::Relaxed);
         }
         self.end_write(v);
+    }
+
+    /// Applies a pushed update with the table's `updater` (an add for most tables).
+    #[inline(always)]
+    pub fn push(&self, updater: &Updater, update: &[f32]) {
+        if updater.is_add() {
+            return self.add(update);
+        }
+        debug_assert_eq!(update.len(), self.values.len());
+        let v = self.begin_write();
+        updater.apply_words(self.values, self.state, |i| update[i]);
+        self.end_write(v);
+    }
+
+    /// [`Slot::push`] of little-endian f32 bytes (as they come off the wire).
+    #[inline(always)]
+    pub fn push_le_bytes(&self, updater: &Updater, bytes: &[u8]) {
+        if updater.is_add() {
+            return self.add_le_bytes(bytes);
+        }
+        debug_assert_eq!(bytes.len(), self.values.len() * 4);
+        let v = self.begin_write();
+        updater.apply_words(self.values, self.state, |i| f32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]));
+        self.end_write(v);
+    }
+
+    /// The optimizer state (f32 bits), for tests and diagnostics.
+    pub fn state(&self) -> Vec<f32> {
+        self.state.iter().map(|w| f32::from_bits(w.load(Ordering::Relaxed))).collect()
     }
 
     /// Adds little-endian f32 bytes (as they come off the wire) element-wise.
@@ -377,7 +405,7 @@ impl AllGuard<'_> {
     pub fn for_each_in_run(&self, table: u16, first: u64, count: usize, mut f: impl FnMut(usize, &Slot<'_>)) -> usize {
         let t = self.store.table(table);
         let Some(entries) = t.entries(first, count) else { return 0 };
-        let value_len = t.value_len();
+        let (value_len, state_len) = (t.value_len(), t.state_len());
         let mut chunk = usize::MAX;
         let mut base: *mut u8 = std::ptr::null_mut();
         for (i, entry) in entries.iter().enumerate() {
@@ -402,7 +430,7 @@ impl AllGuard<'_> {
             }
             // SAFETY: a published slot was handed out by the allocator, so its chunk is mapped
             // (`base`, loaded for this chunk) and the slot lies at `offset` in it.
-            let view = unsafe { Slot::at(base.add(offset), value_len, slot) };
+            let view = unsafe { Slot::at(base.add(offset), value_len, state_len, slot) };
             f(i, &view);
         }
         count

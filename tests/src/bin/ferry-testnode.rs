@@ -101,6 +101,11 @@ enum Scenario {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// Server-side AdaGrad, push-pull and bounded-delay clocks across processes.
+    Toolbox {
+        #[arg(long, default_value_t = 24)]
+        clocks: u64,
+    },
 }
 
 fn main() -> Result<()> {
@@ -119,7 +124,77 @@ fn main() -> Result<()> {
         Scenario::Stopped => stopped(),
         Scenario::StalledReader { limit_mib } => stalled_reader(limit_mib),
         Scenario::Replicas { pushes, dir } => replicas(pushes, &dir),
+        Scenario::Toolbox { clocks } => toolbox(clocks),
     }
+}
+
+/// The toolbox across two processes: rank `r` alone pushes the gradients of keys `k % 2 == r`
+/// to a table with a server-side AdaGrad, and the keys move back and forth between the nodes
+/// meanwhile (relocations carry the optimizer state: one one-sided write of the slot); every
+/// clock one push is a push-pull, whose value is checked at once; clocks keep a delay bound of 1.
+/// At the end both ranks check every key against a local AdaGrad run of the same gradients.
+fn toolbox(clocks: u64) -> Result<()> {
+    const KEYS: u64 = 64;
+    const DIM: usize = 4;
+    let (lr, eps, init) = (0.3f32, 1e-6f32, 0.1f32);
+    let spec = TableSpec::new("t", KEYS, DIM).partitioned(Partitioning::Hash).with_updater(ferry::Updater::Adagrad { lr, eps, init });
+    let mut config = Config::from_env(vec![spec])?;
+    config.max_delay = Some(1);
+    let mut node = Node::start(config)?;
+    println!("transport {}", node.transport());
+    let rank = node.rank();
+    let table = node.table("t")?;
+    let gradient = |c: u64, k: u64, j: usize| ((c * 31 + k * 7 + j as u64 * 3) % 13) as f32 / 6.0 - 1.0;
+    // The reference: each key's gradients in its pusher's order.
+    let reference = |k: u64, upto: u64| -> Vec<f32> {
+        let (mut x, mut h) = ([0.0f32; DIM], [init; DIM]);
+        for c in 0..upto {
+            for j in 0..DIM {
+                let g = gradient(c, k, j);
+                h[j] += g * g;
+                x[j] -= lr * g / (h[j].sqrt() + eps);
+            }
+        }
+        x.to_vec()
+    };
+    let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-4 * (1.0 + y.abs()));
+    let mine: Vec<u64> = (0..KEYS).filter(|k| k % 2 == rank as u64).collect();
+    let theirs: Vec<u64> = (0..KEYS).filter(|k| k % 2 != rank as u64).collect();
+    let mut w = node.worker();
+    for c in 0..clocks {
+        // Keys move every clock: here, or over to the node that does not push them.
+        w.localize(table, if c % 2 == 0 { &mine } else { &theirs })?;
+        let (probe, rest) = mine.split_at(1);
+        let updates: Vec<f32> = rest.iter().flat_map(|&k| (0..DIM).map(move |j| gradient(c, k, j))).collect();
+        w.push(table, rest, &updates)?;
+        let probe_update: Vec<f32> = (0..DIM).map(|j| gradient(c, probe[0], j)).collect();
+        let mut value = [0.0f32; DIM];
+        w.push_pull(table, probe, &probe_update, &mut value)?;
+        if !close(&value, &reference(probe[0], c + 1)) {
+            anyhow::bail!("clock {c}: push-pull of key {} returned {value:?}, expected {:?}", probe[0], reference(probe[0], c + 1));
+        }
+        w.advance_clock()?;
+    }
+    w.barrier()?;
+    let all: Vec<u64> = (0..KEYS).collect();
+    let mut out = vec![0.0f32; KEYS as usize * DIM];
+    w.pull(table, &all, &mut out)?;
+    for k in 0..KEYS {
+        let want = reference(k, clocks);
+        let got = &out[k as usize * DIM..(k as usize + 1) * DIM];
+        if !close(got, &want) {
+            anyhow::bail!("key {k}: {got:?}, expected {want:?} (a push lost, doubled, or the optimizer state left behind)");
+        }
+    }
+    let stats = node.stats();
+    if stats.relocations_in == 0 {
+        anyhow::bail!("no key relocated to node {rank}");
+    }
+    w.barrier()?;
+    drop(w);
+    node.finalize()?;
+    println!("toolbox ok ({} relocations in)", stats.relocations_in);
+    Ok(())
 }
 
 /// The increments worker `w` of node `rank` pushes: (key, amount) per round.

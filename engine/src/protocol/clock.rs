@@ -1,0 +1,135 @@
+//! Worker clocks for bounded-delay consistency (the parameter server, OSDI 2014, Sections 3.4,
+//! 3.5 and 4.1).
+//!
+//! Every worker counts the clocks (iterations) it has completed. With a delay bound `τ`, no
+//! worker starts clock `c` before every worker of the cluster has completed clock `c − τ − 1`,
+//! i.e. before the cluster's smallest completed count reaches `c − τ`: `τ = 0` is bulk
+//! synchronous, `τ = ∞` (no bound) fully asynchronous.
+//!
+//! Each node keeps its own workers' counts and, whenever their minimum grows, sends it to every
+//! peer (CLOCK); the cluster's minimum is the smallest of the last counts every live node
+//! reported. A node's count never decreases: a worker that starts later starts at its node's
+//! minimum. A node whose workers all left reports "done" (`u64::MAX`) and holds nobody back any
+//! more; a worker it starts after that begins at the smallest count it knows and is not waited
+//! for by the others. A lost node no longer holds anybody back either. The state machine has no clock and no I/O: the runtime waits on
+//! [`Clocks::cluster_min`].
+
+use super::directory::Directory;
+use super::transmit::Transmit;
+use super::wire;
+use crate::error::{Error, Result};
+use crate::stats::MessageKind;
+
+/// One node's view of the cluster's clocks.
+pub struct Clocks {
+    rank: u16,
+    /// Per local worker index: clocks completed (`None`: no such worker, or it left).
+    local: Vec<Option<u64>>,
+    /// Per node: the smallest count it reported (this node's own entry: what it last sent).
+    reported: Vec<u64>,
+    /// Whether a worker ever registered here (until then the node's count is 0).
+    had_workers: bool,
+}
+
+impl Clocks {
+    /// The clocks of node `rank` of `nodes`.
+    pub fn new(rank: u16, nodes: usize) -> Clocks {
+        Clocks { rank, local: Vec::new(), reported: vec![0; nodes], had_workers: false }
+    }
+
+    /// This node's workers' smallest count: 0 before any worker started, "done" once all left.
+    fn node_min(&self) -> u64 {
+        match self.local.iter().flatten().copied().min() {
+            Some(min) => min,
+            None if self.had_workers => u64::MAX,
+            None => 0,
+        }
+    }
+
+    /// A worker with index `worker` starts; returns the clock it starts in: its node's minimum
+    /// (the smallest finite count this node knows if none of its workers is left).
+    pub fn register(&mut self, worker: u16) -> u64 {
+        let start = match self.node_min() {
+            u64::MAX => self.reported.iter().copied().filter(|&c| c != u64::MAX).min().unwrap_or(0),
+            min => min,
+        };
+        self.had_workers = true;
+        let i = worker as usize;
+        if self.local.len() <= i {
+            self.local.resize(i + 1, None);
+        }
+        self.local[i] = Some(start);
+        start
+    }
+
+    /// Worker `worker` completed a clock; returns how many it has completed. Tells the peers
+    /// when the node's minimum grew.
+    pub fn advance(&mut self, worker: u16, directory: &Directory, tx: &mut Transmit) -> u64 {
+        // A worker the node does not know (cannot happen through the API) starts at the minimum.
+        if !matches!(self.local.get(worker as usize), Some(Some(_))) {
+            self.register(worker);
+        }
+        let mut completed = 0;
+        if let Some(Some(c)) = self.local.get_mut(worker as usize) {
+            *c += 1;
+            completed = *c;
+        }
+        self.report(directory, tx);
+        completed
+    }
+
+    /// Worker `worker` left: it no longer holds anybody back.
+    pub fn retire(&mut self, worker: u16, directory: &Directory, tx: &mut Transmit) {
+        if let Some(c) = self.local.get_mut(worker as usize) {
+            *c = None;
+        }
+        self.report(directory, tx);
+    }
+
+    /// Sends the node's minimum to every live peer if it grew.
+    fn report(&mut self, directory: &Directory, tx: &mut Transmit) {
+        let min = self.node_min();
+        let own = &mut self.reported[self.rank as usize];
+        if min <= *own {
+            return;
+        }
+        *own = min;
+        for node in 0..self.reported.len() as u16 {
+            if node != self.rank && !directory.is_lost(node) {
+                wire::encode_clock(tx.buf(node), min);
+                tx.sent(node, MessageKind::Barrier, wire::CLOCK_BYTES);
+            }
+        }
+    }
+
+    /// Handles CLOCK from `from`.
+    pub fn handle_message(&mut self, from: u16, body: &[u8]) -> Result<()> {
+        let min = wire::decode_clock(body)?;
+        let Some(r) = self.reported.get_mut(from as usize) else {
+            return Err(Error::Protocol(format!("CLOCK from node {from}, which is not a member")));
+        };
+        if from == self.rank {
+            return Err(Error::Protocol("CLOCK from this node itself".into()));
+        }
+        // Reports only grow; an older one overtaken by a newer is ignored.
+        *r = (*r).max(min);
+        Ok(())
+    }
+
+    /// The smallest completed count over every live node.
+    pub fn cluster_min(&self, directory: &Directory) -> u64 {
+        // This node's own workers count as they are (a late worker holds back its own node).
+        let own = self.node_min();
+        (0..self.reported.len()).filter(|&n| n != self.rank as usize && !directory.is_lost(n as u16)).map(|n| self.reported[n]).fold(own, u64::min)
+    }
+
+    /// The live nodes whose count is below `target` (for a timeout's message).
+    pub fn behind(&self, target: u64, directory: &Directory) -> Vec<usize> {
+        (0..self.reported.len())
+            .filter(|&n| {
+                let count = if n == self.rank as usize { self.node_min().max(self.reported[n]) } else { self.reported[n] };
+                count < target && !directory.is_lost(n as u16)
+            })
+            .collect()
+    }
+}
