@@ -50,6 +50,9 @@ pub struct TableSpec {
     /// What a push does to a value (the parameter server's server-side update functions,
     /// Section 3.3); `add` by default. See [`crate::update`].
     pub updater: crate::update::Updater,
+    /// How values are encoded in messages (the parameter server's value compression, Section
+    /// 4.2); exact `f32` by default. See [`crate::codec`].
+    pub codec: crate::codec::ValueCodec,
 }
 
 impl TableSpec {
@@ -63,6 +66,7 @@ impl TableSpec {
             element: ElementType::F32,
             replicated: Vec::new(),
             updater: crate::update::Updater::Add,
+            codec: crate::codec::ValueCodec::F32,
         }
     }
 
@@ -95,6 +99,12 @@ impl TableSpec {
     /// The same table with pushes applied by `updater` (see [`crate::update`]).
     pub fn with_updater(mut self, updater: crate::update::Updater) -> TableSpec {
         self.updater = updater;
+        self
+    }
+
+    /// The same table with values compressed by `codec` on the wire.
+    pub fn compressed(mut self, codec: crate::codec::ValueCodec) -> TableSpec {
+        self.codec = codec;
         self
     }
 
@@ -551,7 +561,7 @@ impl Config {
     }
 
     /// The settings the fingerprint covers, as `name=value;` fields (tables as
-    /// `table NAME=keys:value_len:partitioning:element:updater:replicated;`), so that a mismatch can be
+    /// `table NAME=keys:value_len:partitioning:element:updater:codec:replicated;`), so that a mismatch can be
     /// named.
     pub fn fingerprint_text(&self) -> String {
         let mut text = format!(
@@ -565,7 +575,16 @@ impl Config {
             self.tables.len()
         );
         for t in &self.tables {
-            text.push_str(&format!("table {}={}:{}:{:?}:{:?}:{}:", t.name, t.keys, t.value_len, t.partitioning, t.element, t.updater.describe()));
+            text.push_str(&format!(
+                "table {}={}:{}:{:?}:{:?}:{}:{}:",
+                t.name,
+                t.keys,
+                t.value_len,
+                t.partitioning,
+                t.element,
+                t.updater.describe(),
+                t.codec.name()
+            ));
             for r in &t.replicated {
                 text.push_str(&format!("{}-{},", r.start, r.end));
             }

@@ -19,6 +19,7 @@ use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::codec::ValueCodec;
 use crate::config::{HugePages, TableSpec};
 use crate::protocol::wire::{self, AccessHeader, AccessKind, BlockKeys, FailureCode, MoveItem, msg};
 use crate::protocol::{Core, Delivery, Issued, OpId, Progress, PullTarget, Requester, Settings};
@@ -137,13 +138,15 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
     let keys = KEYS[table as usize];
     let vl = VALUE_LEN[table as usize];
     let peer = if rng.gen_bool(0.5) { 0 } else { 2 };
+    // Any codec: a receiver decodes what the header names, whatever its table's own codec.
+    let codec = [ValueCodec::F32, ValueCodec::Bf16, ValueCodec::F16, ValueCodec::Int8][rng.gen_range(0..4)];
     match ty {
         0 => {
-            let kind = [AccessKind::Pull, AccessKind::Push, AccessKind::Set][rng.gen_range(0..3)];
+            let kind = [AccessKind::Pull, AccessKind::Push, AccessKind::Set, AccessKind::PushPull][rng.gen_range(0..4)];
             let count = rng.gen_range(0..20usize);
             let origin = rng.gen_range(0..NODES as u16);
             let flags = [0, wire::FLAG_FORWARDED, wire::FLAG_DIRECT, wire::FLAG_STALE][rng.gen_range(0..4)];
-            let h = AccessHeader { kind, flags, table, origin, op: rng.gen_range(1..1000), part: rng.gen_range(0..4) };
+            let h = AccessHeader { kind, flags, table, origin, op: rng.gen_range(1..1000), part: rng.gen_range(0..4), codec };
             let values = if kind.carries_values() { value_bytes(rng, count * vl) } else { Vec::new() };
             match rng.gen_range(0..3) {
                 0 if count > 0 && (count as u64) < keys => {
@@ -168,13 +171,13 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
             let count = rng.gen_range(0..=rows.min(12));
             if ty == 1 {
                 let indexed = rng.gen_bool(0.5);
-                let start = wire::begin_response(&mut out, kind, if indexed { wire::FLAG_INDEXED } else { 0 }, table, peer, op, rng.gen_range(0..3));
+                let start = wire::begin_response(&mut out, kind, if indexed { wire::FLAG_INDEXED } else { 0 }, table, peer, op, rng.gen_range(0..3), codec);
                 if indexed {
                     for i in 0..count {
                         out.extend_from_slice(&(i as u32).to_le_bytes());
                     }
                 }
-                if kind == AccessKind::Pull {
+                if kind.returns_values() {
                     out.extend(value_bytes(rng, count * vl));
                 }
                 wire::finish_response(&mut out, start, count);

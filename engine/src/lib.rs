@@ -19,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+pub mod codec;
 pub mod config;
 #[cfg(any(test, feature = "sim"))]
 pub mod consistency;
@@ -41,6 +42,7 @@ pub mod update;
 mod util;
 mod worker;
 
+pub use codec::ValueCodec;
 pub use config::{ClusterEnv, Config, ElementType, HugePages, Partitioning, TableSpec, TransportChoice, VerbsSettings};
 pub use error::{Error, Result};
 pub use node::{Node, SlotAddress, Table};

@@ -68,6 +68,9 @@ pub struct SimOptions {
     pub push_pull: f64,
     /// The table's update function.
     pub updater: SimUpdater,
+    /// How values travel (the histories' lanes and tags are small integers, exact in the
+    /// 16-bit formats).
+    pub codec: crate::codec::ValueCodec,
     /// Clocks each worker completes (each after waiting for its operations), at random points
     /// of its script; 0: workers do not use clocks.
     pub clocks: usize,
@@ -100,6 +103,7 @@ impl SimOptions {
             round_period: 40_000,
             push_pull: 0.0,
             updater: SimUpdater::Add,
+            codec: crate::codec::ValueCodec::F32,
             clocks: 0,
             max_delay: None,
             trace_lines: 150,
@@ -427,7 +431,8 @@ impl Sim {
         let spec = TableSpec::new("sim", opts.keys, opts.lanes)
             .partitioned(opts.partitioning)
             .replicating(opts.replicated.clone())
-            .with_updater(opts.updater.updater());
+            .with_updater(opts.updater.updater())
+            .compressed(opts.codec);
         let settings = Settings {
             relocation: opts.relocation,
             location_caches: opts.location_caches,

@@ -6,8 +6,8 @@
 //! ferry-tests --test simulation replay -- --nocapture` reruns exactly that simulation and prints
 //! its trace.
 
-use ferry::Partitioning;
 use ferry::sim::{SimOptions, SimUpdater, run, run_and_check};
+use ferry::{Partitioning, ValueCodec};
 
 /// Named configurations of the sweep.
 fn configuration(name: &str, seed: u64) -> SimOptions {
@@ -65,6 +65,15 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
             o.push_pull = 0.5;
             o.updater = SimUpdater::Sgd;
         }
+        "compressed-bf16" => {
+            o = SimOptions::toolbox(seed);
+            o.codec = ValueCodec::Bf16;
+        }
+        "compressed-f16-large-ops" => {
+            o = SimOptions::large(seed);
+            o.codec = ValueCodec::F16;
+            o.push_pull = 0.3;
+        }
         "bounded-delay-0" => o = SimOptions::bounded_delay(seed, 0),
         "bounded-delay-2-hash-4-nodes" => {
             o = SimOptions::bounded_delay(seed, 2);
@@ -77,7 +86,7 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
     o
 }
 
-const CONFIGURATIONS: [&str; 16] = [
+const CONFIGURATIONS: [&str; 18] = [
     "classic",
     "relocation",
     "hash-4-nodes",
@@ -92,6 +101,8 @@ const CONFIGURATIONS: [&str; 16] = [
     "replicated-hash-4-nodes-caches",
     "toolbox",
     "toolbox-sgd-large-ops",
+    "compressed-bf16",
+    "compressed-f16-large-ops",
     "bounded-delay-0",
     "bounded-delay-2-hash-4-nodes",
 ];
@@ -205,10 +216,19 @@ fn replicated_keys_keep_the_staleness_rule() {
 fn push_pull_and_updaters() {
     sweep("toolbox", seeds());
     sweep("toolbox-sgd-large-ops", seeds() / 4);
+    // Values compressed on the wire (exact for the histories' small integers).
+    sweep("compressed-bf16", seeds() / 2);
+    sweep("compressed-f16-large-ops", seeds() / 4);
     // Not vacuous: relocations and remote push-pulls happen.
     let r = run_and_check(configuration("toolbox", 3)).unwrap();
     let relocated: u64 = r.stats.iter().map(|s| s.relocations_in).sum();
     assert!(relocated > 0, "no key relocated");
+    // The same run with bf16 values sends fewer bytes of requests and answers.
+    let bytes = |r: &ferry::sim::SimReport| -> u64 {
+        r.stats.iter().map(|s| s.traffic.bytes[ferry::MessageKind::Access as usize] + s.traffic.bytes[ferry::MessageKind::Response as usize]).sum()
+    };
+    let compressed = run_and_check(configuration("compressed-bf16", 3)).unwrap();
+    assert!(bytes(&compressed) < bytes(&r) * 3 / 4, "bf16: {} bytes, f32: {}", bytes(&compressed), bytes(&r));
 }
 
 /// Bounded delay: no worker starts clock `c` before every worker completed `c − τ − 1`, next

@@ -334,3 +334,34 @@ fn max_delay_comes_from_the_environment() {
     assert_eq!(c.max_delay, None);
     assert!(c.apply_timeout_env(|n| (n == "FERRY_MAX_DELAY").then(|| "soon".to_string())).is_err());
 }
+
+#[test]
+fn compressed_values_travel_in_fewer_bytes_within_their_precision() {
+    use ferry::ValueCodec;
+    let dim = 16;
+    let n = 512usize;
+    for (codec, tolerance, max_ratio) in [(ValueCodec::Bf16, 1.0 / 128.0, 0.6), (ValueCodec::F16, 1.0 / 1024.0, 0.6), (ValueCodec::Int8, 1.0 / 127.0, 0.4)] {
+        let nodes = cluster(2, TableSpec::new("t", 2 * n as u64, dim).compressed(codec));
+        let mut w = nodes[1].worker();
+        let t = w.table("t").unwrap();
+        let keys: Vec<u64> = (0..n as u64).rev().collect(); // homed at node 0, a list
+        let values: Vec<f32> = (0..n * dim).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+        let before = nodes[1].stats();
+        w.push(t, &keys, &values).unwrap();
+        let mut out = vec![0.0; n * dim];
+        w.pull(t, &keys, &mut out).unwrap();
+        let sent = nodes[1].stats().since(&before).traffic.bytes[MessageKind::Access as usize];
+        let received = nodes[0].stats().traffic.bytes[MessageKind::Response as usize];
+        // Each value crossed twice (push, then pull), each time rounded; the largest magnitude is 1.
+        for (x, y) in values.iter().zip(&out) {
+            assert!((x - y).abs() <= 2.0 * tolerance + 1e-6, "{codec:?}: {x} came back as {y}");
+        }
+        let raw = (n * dim * 4) as u64;
+        // Requests: the push's keys and values, the pull's keys.
+        let keys_bytes = 2 * (n as u64) * 8;
+        assert!(sent > keys_bytes && (sent - keys_bytes) as f64 <= max_ratio * raw as f64, "{codec:?}: {sent} bytes of requests for {raw} of values");
+        assert!((received as f64) <= max_ratio * raw as f64 + 4096.0, "{codec:?}: {received} bytes of answers for {raw} of values");
+        drop(w);
+        finalize_all(nodes);
+    }
+}

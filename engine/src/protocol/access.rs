@@ -118,13 +118,15 @@ impl Step<'_, '_> {
     /// Sends collected answers to their origins.
     pub(super) fn flush_answers(&mut self, answers: AnswerBatch) {
         let rank = self.directory().rank();
+        let core = self.core;
+        let codec_of = |table: u16| core.store().table(table).spec().codec;
         for e in answers.entries {
             if self.directory().is_lost(e.origin) {
                 continue;
             }
             let buf = self.tx.buf(e.origin);
             let before = buf.len();
-            let start = wire::begin_response(buf, e.kind, FLAG_INDEXED, e.table, rank, e.op, e.part);
+            let start = wire::begin_response(buf, e.kind, FLAG_INDEXED, e.table, rank, e.op, e.part, codec_of(e.table));
             for i in &e.indices {
                 buf.extend_from_slice(&i.to_le_bytes());
             }
@@ -212,7 +214,7 @@ impl Step<'_, '_> {
         let rank = self.directory().rank();
         let buf = self.tx.buf(a.origin);
         let before = buf.len();
-        let msg_start = wire::begin_response(buf, a.kind, if indexed { FLAG_INDEXED } else { 0 }, a.table, rank, a.op, a.part);
+        let msg_start = wire::begin_response(buf, a.kind, if indexed { FLAG_INDEXED } else { 0 }, a.table, rank, a.op, a.part, t.spec().codec);
         if indexed {
             for i in start..end {
                 buf.extend_from_slice(&a.index(i).to_le_bytes());
@@ -391,7 +393,8 @@ impl Step<'_, '_> {
         }
         self.flush_answers(answers);
         for (dest, flag, items) in forwards {
-            let h = AccessHeader { kind: a.kind, flags: FLAG_INDEXED | flag, table: a.table, origin: a.origin, op: a.op, part: a.part };
+            let codec = self.core.store().table(a.table).spec().codec;
+            let h = AccessHeader { kind: a.kind, flags: FLAG_INDEXED | flag, table: a.table, origin: a.origin, op: a.op, part: a.part, codec };
             let buf = self.tx.buf(dest);
             let before = buf.len();
             wire::encode_access(buf, h, items.len(), |j| a.index(items[j]), |j| a.key(items[j]), |j, o| o.extend_from_slice(a.value(items[j])));

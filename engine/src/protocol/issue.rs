@@ -510,7 +510,7 @@ impl Step<'_, '_> {
         let (table, value_len) = (o.table, o.value_len);
         let part = o.parts.len() as u32;
         let origin = self.directory().rank();
-        let h = AccessHeader { kind, flags, table, origin, op, part };
+        let h = AccessHeader { kind, flags, table, origin, op, part, codec: self.core.store().table(table).spec().codec };
         let buf = self.tx.buf(dest);
         let before = buf.len();
         encode_rows(buf, h, &rows, keys_run, keys, input, value_len);

@@ -305,7 +305,7 @@ impl Step<'_, '_> {
                         failures.add(origin, op, part, table, FailureCode::PeerLost, home, key, index);
                         continue;
                     }
-                    let h = AccessHeader { kind, flags: FLAG_INDEXED | FLAG_STALE, table, origin, op, part };
+                    let h = AccessHeader { kind, flags: FLAG_INDEXED | FLAG_STALE, table, origin, op, part, codec: store.table(table).spec().codec };
                     let buf = self.tx.buf(home);
                     let before = buf.len();
                     wire::encode_access(buf, h, 1, |_| index, |_| key, |_, o| o.extend_from_slice(f32_bytes(&values)));

@@ -19,6 +19,9 @@
 //! | CLOCK | pad×3, smallest completed clock of the sender's workers u64 |
 //! | REPLICA_ACK | flags u8 (CUT: an image was cut), table u16, round u32, keys u32, changed u32, region u32, pad u32, addr u64, position u32×changed |
 
+use std::borrow::Cow;
+
+use crate::codec::ValueCodec;
 use crate::error::{Error, Result};
 use crate::store::RemoteAddr;
 
@@ -206,7 +209,7 @@ impl<'a> Iterator for Messages<'a> {
 }
 
 /// A decoded ACCESS message.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Access<'a> {
     /// What to do.
     pub kind: AccessKind,
@@ -226,7 +229,7 @@ pub struct Access<'a> {
     keys: &'a [u8],
     /// For a run: the first key.
     first: u64,
-    values: &'a [u8],
+    values: Cow<'a, [u8]>,
     value_bytes: usize,
 }
 
@@ -244,9 +247,10 @@ impl<'a> Access<'a> {
         let indexed = flags & FLAG_INDEXED != 0;
         let run = flags & FLAG_RUN != 0;
         let value_bytes = vlen * 4;
+        let codec = ValueCodec::from_u8(b[3]).ok_or_else(|| bad(format!("unknown value codec {}", b[3])))?;
         let idx_bytes = if indexed { count.checked_mul(4) } else { Some(0) };
         let key_bytes = if run { Some(8) } else { count.checked_mul(8) };
-        let val_total = if kind.carries_values() { count.checked_mul(value_bytes) } else { Some(0) };
+        let val_total = if kind.carries_values() { count.checked_mul(vlen).and_then(|n| codec.encoded_len(n)) } else { Some(0) };
         let need = (|| ACCESS_HEADER.checked_add(idx_bytes?)?.checked_add(key_bytes?)?.checked_add(val_total?))();
         if need != Some(b.len()) {
             return Err(bad(format!("ACCESS of {count} items has {} bytes", b.len())));
@@ -268,7 +272,7 @@ impl<'a> Access<'a> {
             indices: &b[ACCESS_HEADER..keys_at],
             keys: &b[keys_at..values_at],
             first,
-            values: &b[values_at..],
+            values: decode_values(codec, &b[values_at..], count * vlen)?,
             value_bytes,
         })
     }
@@ -283,9 +287,9 @@ impl<'a> Access<'a> {
         self.is_run().then_some(self.first)
     }
 
-    /// All value bytes, item after item (push and set).
-    pub fn values(&self) -> &'a [u8] {
-        self.values
+    /// All value bytes (little-endian `f32`, decompressed), item after item (push and set).
+    pub fn values(&self) -> &[u8] {
+        &self.values
     }
 
     /// Whether item indices are listed.
@@ -307,9 +311,17 @@ impl<'a> Access<'a> {
 
     /// The value bytes of item `i` (empty for pulls, which carry none).
     #[inline]
-    pub fn value(&self, i: usize) -> &'a [u8] {
+    pub fn value(&self, i: usize) -> &[u8] {
         if self.kind.carries_values() { &self.values[i * self.value_bytes..(i + 1) * self.value_bytes] } else { &[] }
     }
+}
+
+/// A message's values as little-endian `f32`: borrowed when uncompressed, decoded otherwise.
+fn decode_values(codec: ValueCodec, bytes: &[u8], elements: usize) -> Result<Cow<'_, [u8]>> {
+    Ok(match codec {
+        ValueCodec::F32 => Cow::Borrowed(bytes),
+        codec => Cow::Owned(codec.decode(bytes, elements)?),
+    })
 }
 
 /// The fixed fields of an ACCESS message.
@@ -327,6 +339,8 @@ pub struct AccessHeader {
     pub op: u64,
     /// Part of the operation.
     pub part: u32,
+    /// How the values are encoded (the table's codec; ignored for pulls).
+    pub codec: ValueCodec,
 }
 
 /// Encodes an ACCESS of `count` items into `out` (length prefix included), calling `index`,
@@ -356,9 +370,11 @@ pub fn encode_access(
         }
     }
     if h.kind.carries_values() {
+        let values_at = out.len();
         for i in 0..count {
             value(i, out);
         }
+        h.codec.compress_tail(out, values_at);
     }
     finish(out, start);
 }
@@ -409,13 +425,16 @@ pub fn encode_access_block(out: &mut Vec<u8>, mut h: AccessHeader, keys: BlockKe
         BlockKeys::List(keys) => out.extend_from_slice(crate::util::u64_bytes(keys)),
     }
     if h.kind.carries_values() {
+        let values_at = out.len();
         out.extend_from_slice(values);
+        h.codec.compress_tail(out, values_at);
     }
     finish(out, start);
 }
 
 fn access_header(out: &mut Vec<u8>, h: AccessHeader, count: usize) {
-    out.extend_from_slice(&[h.kind as u8, h.flags, 0]);
+    let codec = if h.kind.carries_values() { h.codec as u8 } else { 0 };
+    out.extend_from_slice(&[h.kind as u8, h.flags, codec]);
     out.extend_from_slice(&h.table.to_le_bytes());
     out.extend_from_slice(&h.origin.to_le_bytes());
     out.extend_from_slice(&h.op.to_le_bytes());
@@ -424,7 +443,7 @@ fn access_header(out: &mut Vec<u8>, h: AccessHeader, count: usize) {
 }
 
 /// A decoded RESPONSE message.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Response<'a> {
     /// The access kind answered.
     pub kind: AccessKind,
@@ -441,7 +460,7 @@ pub struct Response<'a> {
     /// Number of items answered.
     pub count: usize,
     indices: &'a [u8],
-    values: &'a [u8],
+    values: Cow<'a, [u8]>,
     value_bytes: usize,
 }
 
@@ -458,7 +477,8 @@ impl<'a> Response<'a> {
         let count = u32_at(b, 20) as usize;
         let idx_bytes = if flags & FLAG_INDEXED != 0 { count * 4 } else { 0 };
         let value_bytes = vlen * 4;
-        let val_total = if kind.returns_values() { count.checked_mul(value_bytes) } else { Some(0) };
+        let codec = ValueCodec::from_u8(b[3]).ok_or_else(|| bad(format!("unknown value codec {}", b[3])))?;
+        let val_total = if kind.returns_values() { count.checked_mul(vlen).and_then(|n| codec.encoded_len(n)) } else { Some(0) };
         let need = val_total.and_then(|v| (ACCESS_HEADER + idx_bytes).checked_add(v));
         if need != Some(b.len()) {
             return Err(bad(format!("RESPONSE of {count} items has {} bytes", b.len())));
@@ -472,7 +492,7 @@ impl<'a> Response<'a> {
             part: u32_at(b, 16),
             count,
             indices: &b[ACCESS_HEADER..ACCESS_HEADER + idx_bytes],
-            values: &b[ACCESS_HEADER + idx_bytes..],
+            values: decode_values(codec, &b[ACCESS_HEADER + idx_bytes..], if kind.returns_values() { count * vlen } else { 0 })?,
             value_bytes,
         })
     }
@@ -488,23 +508,26 @@ impl<'a> Response<'a> {
         self.flags & FLAG_INDEXED != 0
     }
 
-    /// All value bytes, item after item (pulls).
-    pub fn values(&self) -> &'a [u8] {
-        self.values
+    /// All value bytes (little-endian `f32`, decompressed), item after item (pulls).
+    pub fn values(&self) -> &[u8] {
+        &self.values
     }
 
     /// The value bytes of item `i` (empty unless this answers a pull).
     #[inline]
-    pub fn value(&self, i: usize) -> &'a [u8] {
+    pub fn value(&self, i: usize) -> &[u8] {
         if self.kind.returns_values() { &self.values[i * self.value_bytes..(i + 1) * self.value_bytes] } else { &[] }
     }
 }
 
-/// Writes a RESPONSE header whose items and values the caller appends next; returns the
-/// message start for [`finish_response`]. `indexed` responses list their indices first.
-pub fn begin_response(out: &mut Vec<u8>, kind: AccessKind, flags: u8, table: u16, responder: u16, op: u64, part: u32) -> usize {
+/// Writes a RESPONSE header whose items and values (little-endian `f32`) the caller appends
+/// next; returns the message start for [`finish_response`], which compresses the values with
+/// `codec`. `indexed` responses list their indices first.
+#[allow(clippy::too_many_arguments)]
+pub fn begin_response(out: &mut Vec<u8>, kind: AccessKind, flags: u8, table: u16, responder: u16, op: u64, part: u32, codec: ValueCodec) -> usize {
     let start = begin(out, msg::RESPONSE);
-    out.extend_from_slice(&[kind as u8, flags, 0]);
+    let codec = if kind.returns_values() { codec as u8 } else { 0 };
+    out.extend_from_slice(&[kind as u8, flags, codec]);
     out.extend_from_slice(&table.to_le_bytes());
     out.extend_from_slice(&responder.to_le_bytes());
     out.extend_from_slice(&op.to_le_bytes());
@@ -513,10 +536,16 @@ pub fn begin_response(out: &mut Vec<u8>, kind: AccessKind, flags: u8, table: u16
     start
 }
 
-/// Sets the item count and length of a response started with [`begin_response`].
-pub fn finish_response(out: &mut [u8], start: usize, count: usize) {
+/// Sets the item count and length of a response started with [`begin_response`], compressing
+/// its values with the codec named there.
+pub fn finish_response(out: &mut Vec<u8>, start: usize, count: usize) {
     let at = start + 4 + 20;
     out[at..at + 4].copy_from_slice(&(count as u32).to_le_bytes());
+    let (flags, codec) = (out[start + 6], out[start + 7]);
+    if let Some(codec) = ValueCodec::from_u8(codec).filter(|c| *c != ValueCodec::F32) {
+        let values_at = start + 4 + ACCESS_HEADER + if flags & FLAG_INDEXED != 0 { count * 4 } else { 0 };
+        codec.compress_tail(out, values_at);
+    }
     finish(out, start);
 }
 
@@ -1023,7 +1052,7 @@ mod tests {
         let v2: Vec<u8> = [4.0f32, 5.0, 6.0].iter().flat_map(|f| f.to_le_bytes()).collect();
         let mut out = Vec::new();
         let items: [(u32, u64, &[u8]); 2] = [(5, 10, &v1), (9, 20, &v2)];
-        let h = AccessHeader { kind: AccessKind::Push, flags: FLAG_INDEXED | FLAG_FORWARDED, table: 1, origin: 7, op: 99, part: 3 };
+        let h = AccessHeader { kind: AccessKind::Push, flags: FLAG_INDEXED | FLAG_FORWARDED, table: 1, origin: 7, op: 99, part: 3, codec: ValueCodec::F32 };
         encode_access(&mut out, h, 2, |i| items[i].0, |i| items[i].1, |i, o| o.extend_from_slice(items[i].2));
         let bodies: Vec<_> = Messages::new(&out).collect::<Result<_>>().unwrap();
         assert_eq!(bodies.len(), 1);
@@ -1037,7 +1066,7 @@ mod tests {
     #[test]
     fn response_and_moves_round_trip() {
         let mut out = Vec::new();
-        let start = begin_response(&mut out, AccessKind::Pull, 0, 0, 2, 5, 1);
+        let start = begin_response(&mut out, AccessKind::Pull, 0, 0, 2, 5, 1, ValueCodec::F32);
         out.extend_from_slice(&[0u8; 24]);
         finish_response(&mut out, start, 2);
         let items = [MoveItem { key: 3, resv: 4, to: RemoteAddr { region: 5, addr: 6 } }];
@@ -1074,7 +1103,7 @@ mod tests {
         fn truncated_access_is_rejected(cut in 1usize..60) {
             let v: Vec<u8> = vec![0; 12];
             let mut out = Vec::new();
-            let h = AccessHeader { kind: AccessKind::Set, flags: 0, table: 0, origin: 1, op: 2, part: 3 };
+            let h = AccessHeader { kind: AccessKind::Set, flags: 0, table: 0, origin: 1, op: 2, part: 3, codec: ValueCodec::F32 };
             encode_access(&mut out, h, 2, |i| i as u32, |i| i as u64 + 1, |_, o| o.extend_from_slice(&v));
             let body = &out[4..];
             let cut = cut.min(body.len() - 1);
