@@ -25,6 +25,7 @@ pub mod config;
 pub mod consistency;
 mod error;
 pub mod fabric;
+pub mod filter;
 #[cfg(any(test, feature = "sim"))]
 pub mod fuzz;
 pub mod launch;

@@ -365,3 +365,43 @@ fn compressed_values_travel_in_fewer_bytes_within_their_precision() {
         finalize_all(nodes);
     }
 }
+
+#[test]
+fn filtered_pushes_hold_back_small_updates_and_lose_nothing() {
+    use ferry::filter::{FilteredPusher, Kkt, Significance};
+    let nodes = cluster(2, TableSpec::new("t", KEYS, 1));
+    let mut w = nodes[1].worker();
+    let t = w.table("t").unwrap();
+    w.set(t, &(0..KEYS).collect::<Vec<_>>(), &vec![10.0; KEYS as usize]).unwrap();
+    let mut pusher = FilteredPusher::new(t, Significance { threshold: 0.05, floor: 0.0 });
+    let keys: Vec<u64> = (0..KEYS).collect();
+    let mut values = vec![0.0; KEYS as usize];
+    let before = nodes[1].stats();
+    for _ in 0..40 {
+        w.pull(t, &keys, &mut values).unwrap();
+        // 0.1 per step: 1 % of the value, significant every fifth step.
+        pusher.push(&mut w, &keys, &vec![0.1; KEYS as usize], &values).unwrap();
+    }
+    let s = pusher.stats();
+    assert_eq!(s.offered, 40 * KEYS);
+    assert!(s.sent * 4 < s.offered, "{s:?}");
+    pusher.flush(&mut w).unwrap();
+    assert_eq!(pusher.held_keys(), 0);
+    w.pull(t, &keys, &mut values).unwrap();
+    assert!(values.iter().all(|v| (v - 14.0).abs() < 1e-4), "every update arrived: {values:?}");
+    let pushed = nodes[1].stats().since(&before).traffic.messages[MessageKind::Access as usize];
+    assert!(pushed < 2 * 40 * 2, "{pushed} request messages");
+    // KKT: gradients of zero weights within the L1 penalty stay home.
+    let mut kkt = FilteredPusher::new(t, Kkt { l1: 1.0 });
+    w.set(t, &[0, 1], &[0.0, 3.0]).unwrap();
+    kkt.push(&mut w, &[0, 1], &[0.5, 0.5], &[0.0, 3.0]).unwrap();
+    assert_eq!((kkt.stats().sent, kkt.stats().held), (1, 1));
+    kkt.push(&mut w, &[0], &[0.6], &[0.0]).unwrap();
+    assert_eq!(kkt.stats().sent, 2, "the accumulated 1.1 passes the penalty");
+    let mut out = [0.0; 2];
+    w.pull(t, &[0, 1], &mut out).unwrap();
+    assert!((out[0] - 1.1).abs() < 1e-6 && (out[1] - 3.5).abs() < 1e-6, "{out:?}");
+    assert!(matches!(kkt.push(&mut w, &[0], &[1.0, 2.0], &[]), Err(Error::WrongLength { .. })));
+    drop(w);
+    finalize_all(nodes);
+}
