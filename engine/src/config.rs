@@ -53,6 +53,10 @@ pub struct TableSpec {
     /// How values are encoded in messages (the parameter server's value compression, Section
     /// 4.2); exact `f32` by default. See [`crate::codec`].
     pub codec: crate::codec::ValueCodec,
+    /// Key caching (the parameter server, Section 4.2): a worker's key lists of at least this
+    /// many keys are kept by the receiving node and sent again as their hash; 0 (the default)
+    /// is off. See `protocol::keycache`.
+    pub key_cache_min: usize,
 }
 
 impl TableSpec {
@@ -67,6 +71,7 @@ impl TableSpec {
             replicated: Vec::new(),
             updater: crate::update::Updater::Add,
             codec: crate::codec::ValueCodec::F32,
+            key_cache_min: 0,
         }
     }
 
@@ -105,6 +110,12 @@ impl TableSpec {
     /// The same table with values compressed by `codec` on the wire.
     pub fn compressed(mut self, codec: crate::codec::ValueCodec) -> TableSpec {
         self.codec = codec;
+        self
+    }
+
+    /// The same table with key caching for key lists of at least `min_keys` keys (0: off).
+    pub fn cache_keys(mut self, min_keys: usize) -> TableSpec {
+        self.key_cache_min = min_keys;
         self
     }
 
@@ -561,7 +572,7 @@ impl Config {
     }
 
     /// The settings the fingerprint covers, as `name=value;` fields (tables as
-    /// `table NAME=keys:value_len:partitioning:element:updater:codec:replicated;`), so that a mismatch can be
+    /// `table NAME=keys:value_len:partitioning:element:updater:codec:key_cache_min:replicated;`), so that a mismatch can be
     /// named.
     pub fn fingerprint_text(&self) -> String {
         let mut text = format!(
@@ -576,14 +587,15 @@ impl Config {
         );
         for t in &self.tables {
             text.push_str(&format!(
-                "table {}={}:{}:{:?}:{:?}:{}:{}:",
+                "table {}={}:{}:{:?}:{:?}:{}:{}:{}:",
                 t.name,
                 t.keys,
                 t.value_len,
                 t.partitioning,
                 t.element,
                 t.updater.describe(),
-                t.codec.name()
+                t.codec.name(),
+                t.key_cache_min
             ));
             for r in &t.replicated {
                 text.push_str(&format!("{}-{},", r.start, r.end));

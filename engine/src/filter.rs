@@ -26,6 +26,12 @@ pub trait PushFilter: Send {
     fn admit(&mut self, key: u64, update: &[f32], value: &[f32]) -> bool;
 }
 
+impl<F: PushFilter + ?Sized> PushFilter for Box<F> {
+    fn admit(&mut self, key: u64, update: &[f32], value: &[f32]) -> bool {
+        (**self).admit(key, update, value)
+    }
+}
+
 /// Sends an update when some element's accumulated change is at least `threshold` × the
 /// magnitude of that element of the value (and at least `floor`, so that values near zero do
 /// not admit every tiny change).

@@ -71,6 +71,8 @@ pub struct SimOptions {
     /// How values travel (the histories' lanes and tags are small integers, exact in the
     /// 16-bit formats).
     pub codec: crate::codec::ValueCodec,
+    /// Key caching for lists of at least this many keys (0: off).
+    pub key_cache_min: usize,
     /// Clocks each worker completes (each after waiting for its operations), at random points
     /// of its script; 0: workers do not use clocks.
     pub clocks: usize,
@@ -104,6 +106,7 @@ impl SimOptions {
             push_pull: 0.0,
             updater: SimUpdater::Add,
             codec: crate::codec::ValueCodec::F32,
+            key_cache_min: 0,
             clocks: 0,
             max_delay: None,
             trace_lines: 150,
@@ -432,7 +435,7 @@ impl Sim {
             .partitioned(opts.partitioning)
             .replicating(opts.replicated.clone())
             .with_updater(opts.updater.updater())
-            .compressed(opts.codec);
+            .compressed(opts.codec).cache_keys(opts.key_cache_min);
         let settings = Settings {
             relocation: opts.relocation,
             location_caches: opts.location_caches,

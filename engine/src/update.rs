@@ -13,6 +13,7 @@
 //! Replicated keys take only `add` (a replica adds pushes to a delta that its home adds to the
 //! authoritative value; a non-linear step on a stale replica would not be the home's step).
 
+use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -63,8 +64,66 @@ pub enum Updater {
         /// Added to the denominator.
         eps: f32,
     },
+    /// FTRL-proximal (McMahan et al., 2013) per element, with L1 and L2 regularisation: the
+    /// value is the weight the state `(z, n)` implies after each gradient (state: `z` and `n`).
+    Ftrl {
+        /// Learning-rate scale α.
+        alpha: f32,
+        /// Learning-rate smoothing β.
+        beta: f32,
+        /// L1 penalty λ₁ (weights whose `|z| ≤ λ₁` are exactly zero).
+        l1: f32,
+        /// L2 penalty λ₂.
+        l2: f32,
+    },
     /// A rule of the trainer's own.
     Custom(Arc<dyn UpdateRule>),
+}
+
+/// A word of a value or its state: an atomic in a slot, or a plain float.
+pub(crate) trait Word {
+    fn get(&self) -> f32;
+    fn set(&self, x: f32);
+    fn get_bits(&self) -> u32;
+    fn set_bits(&self, bits: u32);
+}
+
+impl Word for AtomicU32 {
+    #[inline(always)]
+    fn get(&self) -> f32 {
+        f32::from_bits(self.load(Ordering::Relaxed))
+    }
+    #[inline(always)]
+    fn set(&self, x: f32) {
+        self.store(x.to_bits(), Ordering::Relaxed)
+    }
+    #[inline(always)]
+    fn get_bits(&self) -> u32 {
+        self.load(Ordering::Relaxed)
+    }
+    #[inline(always)]
+    fn set_bits(&self, bits: u32) {
+        self.store(bits, Ordering::Relaxed)
+    }
+}
+
+impl Word for Cell<f32> {
+    #[inline(always)]
+    fn get(&self) -> f32 {
+        Cell::get(self)
+    }
+    #[inline(always)]
+    fn set(&self, x: f32) {
+        Cell::set(self, x)
+    }
+    #[inline(always)]
+    fn get_bits(&self) -> u32 {
+        Cell::get(self).to_bits()
+    }
+    #[inline(always)]
+    fn set_bits(&self, bits: u32) {
+        Cell::set(self, f32::from_bits(bits))
+    }
 }
 
 impl Updater {
@@ -95,6 +154,7 @@ impl Updater {
             Updater::Add | Updater::Sgd { .. } => 0,
             Updater::Adagrad { .. } => value_len,
             Updater::Adam { .. } => 2 * value_len + 1,
+            Updater::Ftrl { .. } => 2 * value_len,
             Updater::Custom(rule) => rule.state_len(value_len),
         }
     }
@@ -106,6 +166,7 @@ impl Updater {
             Updater::Sgd { lr } => format!("sgd(lr={lr:?})"),
             Updater::Adagrad { lr, eps, init } => format!("adagrad(lr={lr:?},eps={eps:?},init={init:?})"),
             Updater::Adam { lr, beta1, beta2, eps } => format!("adam(lr={lr:?},beta1={beta1:?},beta2={beta2:?},eps={eps:?})"),
+            Updater::Ftrl { alpha, beta, l1, l2 } => format!("ftrl(alpha={alpha:?},beta={beta:?},l1={l1:?},l2={l2:?})"),
             Updater::Custom(rule) => format!("custom:{}", rule.describe()),
         }
     }
@@ -124,15 +185,27 @@ impl Updater {
                 Err(format!("{} needs a finite init of at least 0, not {init}", self.describe()))
             }),
             Updater::Adam { lr, beta1, beta2, eps } => positive("lr", lr).and(positive("eps", eps)).and(decay("beta1", beta1)).and(decay("beta2", beta2)),
+            Updater::Ftrl { alpha, beta, l1, l2 } => {
+                let non_negative = |name: &str, x: f32| if x.is_finite() && x >= 0.0 { Ok(()) } else { Err(format!("{} needs a finite {name} of at least 0, not {x}", self.describe())) };
+                positive("alpha", alpha).and(non_negative("beta", beta)).and(non_negative("l1", l1)).and(non_negative("l2", l2))
+            }
         }
+    }
+
+    /// Applies one update `gradient` to a plain `value` and `state` (`state_len(value.len())`
+    /// floats): what a table with this updater does to a slot, for code that keeps values of
+    /// its own (a single-process baseline, a test's reference).
+    pub fn apply(&self, value: &mut [f32], state: &mut [f32], gradient: &[f32]) {
+        let (value, state) = (Cell::from_mut(value).as_slice_of_cells(), Cell::from_mut(state).as_slice_of_cells());
+        self.apply_words(value, state, |i| gradient[i]);
     }
 
     /// Applies one update to a slot's words (the caller excludes every other writer: it holds
     /// the key's latch or owns the slot). `update(i)` is element `i` of the pushed update.
     #[inline(always)]
-    pub(crate) fn apply_words(&self, values: &[AtomicU32], state: &[AtomicU32], update: impl Fn(usize) -> f32) {
-        let load = |w: &AtomicU32| f32::from_bits(w.load(Ordering::Relaxed));
-        let store = |w: &AtomicU32, x: f32| w.store(x.to_bits(), Ordering::Relaxed);
+    pub(crate) fn apply_words<W: Word>(&self, values: &[W], state: &[W], update: impl Fn(usize) -> f32) {
+        let load = |w: &W| w.get();
+        let store = |w: &W, x: f32| w.set(x);
         match *self {
             Updater::Add => {
                 for (i, x) in values.iter().enumerate() {
@@ -157,8 +230,8 @@ impl Updater {
                 let (m, rest) = state.split_at(n);
                 let (v, step) = rest.split_at(n);
                 // The step count is kept as an integer in a float word (exact past 2^24 steps).
-                let t = step[0].load(Ordering::Relaxed).saturating_add(1);
-                step[0].store(t, Ordering::Relaxed);
+                let t = step[0].get_bits().saturating_add(1);
+                step[0].set_bits(t);
                 let t = t.min(i32::MAX as u32) as i32;
                 let (c1, c2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
                 for (i, x) in values.iter().enumerate() {
@@ -168,6 +241,21 @@ impl Updater {
                     store(&m[i], mi);
                     store(&v[i], vi);
                     store(x, load(x) - lr * (mi / c1) / ((vi / c2).sqrt() + eps));
+                }
+            }
+            Updater::Ftrl { alpha, beta, l1, l2 } => {
+                let n = values.len();
+                let (z, sq) = state.split_at(n);
+                for (i, x) in values.iter().enumerate() {
+                    let g = update(i);
+                    let (w, ni) = (load(x), load(&sq[i]));
+                    let grown = ni + g * g;
+                    let sigma = (grown.sqrt() - ni.sqrt()) / alpha;
+                    let zi = load(&z[i]) + g - sigma * w;
+                    store(&z[i], zi);
+                    store(&sq[i], grown);
+                    let w = if zi.abs() <= l1 { 0.0 } else { -(zi - zi.signum() * l1) / ((beta + grown.sqrt()) / alpha + l2) };
+                    store(x, w);
                 }
             }
             Updater::Custom(ref rule) => SCRATCH.with_borrow_mut(|(value, st, grad)| {
@@ -218,7 +306,8 @@ impl std::hash::Hash for Updater {
 impl std::str::FromStr for Updater {
     type Err = String;
 
-    /// Parses `add`, `sgd:LR`, `adagrad:LR[:EPS[:INIT]]` or `adam:LR[:BETA1:BETA2:EPS]`.
+    /// Parses `add`, `sgd:LR`, `adagrad:LR[:EPS[:INIT]]`, `adam:LR[:BETA1:BETA2:EPS]` or
+    /// `ftrl:ALPHA:BETA:L1:L2`.
     fn from_str(s: &str) -> Result<Updater, String> {
         let mut parts = s.split(':');
         let name = parts.next().unwrap_or_default();
@@ -231,7 +320,8 @@ impl std::str::FromStr for Updater {
             ("adagrad", [lr, eps, init]) => Updater::Adagrad { lr: *lr, eps: *eps, init: *init },
             ("adam", [lr]) => Updater::adam(*lr),
             ("adam", [lr, beta1, beta2, eps]) => Updater::Adam { lr: *lr, beta1: *beta1, beta2: *beta2, eps: *eps },
-            _ => return Err(format!("updater '{s}': expected add, sgd:LR, adagrad:LR[:EPS[:INIT]] or adam:LR[:BETA1:BETA2:EPS]")),
+            ("ftrl", [alpha, beta, l1, l2]) => Updater::Ftrl { alpha: *alpha, beta: *beta, l1: *l1, l2: *l2 },
+            _ => return Err(format!("updater '{s}': expected add, sgd:LR, adagrad:LR[:EPS[:INIT]] adam:LR[:BETA1:BETA2:EPS] or ftrl:ALPHA:BETA:L1:L2")),
         };
         u.validate()?;
         Ok(u)
@@ -317,6 +407,25 @@ mod tests {
     }
 
     #[test]
+    fn ftrl_zeroes_weights_within_l1_and_plain_slices_match_slots() {
+        let u = Updater::Ftrl { alpha: 0.5, beta: 1.0, l1: 1.0, l2: 0.1 };
+        let (mut value, mut state) = (vec![0.0f32; 2], vec![0.0f32; u.state_len(2)]);
+        u.apply(&mut value, &mut state, &[0.5, 3.0]);
+        assert_eq!(value[0], 0.0, "|z| = 0.5 ≤ λ₁");
+        // z = 3, n = 9: w = -(3 - 1) / ((1 + 3) / 0.5 + 0.1).
+        assert!((value[1] + 2.0 / 8.1).abs() < 1e-6, "{value:?}");
+        // The same steps on slot words give the same bits.
+        let (v, s) = (words(&[0.0, 0.0]), words(&vec![0.0; 4]));
+        step(&u, &v, &s, &[0.5, 3.0]);
+        assert_eq!(floats(&v), value);
+        assert_eq!(floats(&s), state);
+        let a = Updater::adam(0.01);
+        let (mut x, mut st) = (vec![1.0f32], vec![0.0f32; 3]);
+        a.apply(&mut x, &mut st, &[4.0]);
+        assert!((x[0] - 0.99).abs() < 1e-5 && st[2].to_bits() == 1);
+    }
+
+    #[test]
     fn parses_and_rejects() {
         assert_eq!("adagrad:0.1".parse::<Updater>().unwrap(), Updater::adagrad(0.1));
         assert_eq!("adam:0.1:0.8:0.9:1e-6".parse::<Updater>().unwrap(), Updater::Adam { lr: 0.1, beta1: 0.8, beta2: 0.9, eps: 1e-6 });
@@ -324,5 +433,7 @@ mod tests {
         assert!("sgd:-1".parse::<Updater>().is_err());
         assert!("adam:0.1:1.0:0.9:1e-6".parse::<Updater>().is_err());
         assert!("momentum:0.1".parse::<Updater>().is_err());
+        assert_eq!("ftrl:0.1:1:0.5:0".parse::<Updater>().unwrap(), Updater::Ftrl { alpha: 0.1, beta: 1.0, l1: 0.5, l2: 0.0 });
+        assert!("ftrl:0.1:1:-1:0".parse::<Updater>().is_err());
     }
 }

@@ -69,6 +69,16 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
             o = SimOptions::toolbox(seed);
             o.codec = ValueCodec::Bf16;
         }
+        "key-cache" => {
+            o.key_cache_min = 1;
+            o.push_pull = 0.2;
+        }
+        "key-cache-large-ops-hash" => {
+            o = SimOptions::large(seed);
+            o.key_cache_min = 2;
+            o.partitioning = Partitioning::Hash;
+            o.codec = ValueCodec::F16;
+        }
         "compressed-f16-large-ops" => {
             o = SimOptions::large(seed);
             o.codec = ValueCodec::F16;
@@ -86,7 +96,7 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
     o
 }
 
-const CONFIGURATIONS: [&str; 18] = [
+const CONFIGURATIONS: [&str; 20] = [
     "classic",
     "relocation",
     "hash-4-nodes",
@@ -103,6 +113,8 @@ const CONFIGURATIONS: [&str; 18] = [
     "toolbox-sgd-large-ops",
     "compressed-bf16",
     "compressed-f16-large-ops",
+    "key-cache",
+    "key-cache-large-ops-hash",
     "bounded-delay-0",
     "bounded-delay-2-hash-4-nodes",
 ];
@@ -219,6 +231,9 @@ fn push_pull_and_updaters() {
     // Values compressed on the wire (exact for the histories' small integers).
     sweep("compressed-bf16", seeds() / 2);
     sweep("compressed-f16-large-ops", seeds() / 4);
+    // Key lists kept by the receiver and referred to by hash.
+    sweep("key-cache", seeds() / 2);
+    sweep("key-cache-large-ops-hash", seeds() / 4);
     // Not vacuous: relocations and remote push-pulls happen.
     let r = run_and_check(configuration("toolbox", 3)).unwrap();
     let relocated: u64 = r.stats.iter().map(|s| s.relocations_in).sum();
@@ -229,6 +244,12 @@ fn push_pull_and_updaters() {
     };
     let compressed = run_and_check(configuration("compressed-bf16", 3)).unwrap();
     assert!(bytes(&compressed) < bytes(&r) * 3 / 4, "bf16: {} bytes, f32: {}", bytes(&compressed), bytes(&r));
+    // The same run with key caching sends fewer bytes of requests.
+    let cached = run_and_check(configuration("key-cache", 3)).unwrap();
+    let mut o = configuration("key-cache", 3);
+    o.key_cache_min = 0;
+    let plain = run_and_check(o).unwrap();
+    assert!(bytes(&cached) < bytes(&plain), "key caching: {} bytes, without: {}", bytes(&cached), bytes(&plain));
 }
 
 /// Bounded delay: no worker starts clock `c` before every worker completed `c − τ − 1`, next

@@ -53,9 +53,5 @@ pub fn run() -> Result<()> {
 }
 
 fn common(c: &TrainCommand) -> &train::Common {
-    match c {
-        TrainCommand::Mf(a) => &a.common,
-        TrainCommand::Kge(a) => &a.common,
-        TrainCommand::W2v(a) => &a.common,
-    }
+    c.common()
 }

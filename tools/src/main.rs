@@ -130,6 +130,7 @@ fn run() -> Result<()> {
                 let present = d.files.iter().all(|f| ferry_bench::data::dataset_path(d.name, f.name).exists());
                 let source = match d.source {
                     ferry_bench::data::Source::Pip => format!("pip {}=={}", d.package, d.version),
+                    ferry_bench::data::Source::PipSource => format!("pip {}=={} (source)", d.package, d.version),
                     ferry_bench::data::Source::Npm => format!("npm {}@{}", d.package, d.version),
                 };
                 println!("  {:<9} {:<8} {} (from {source})", d.name, if present { "cached" } else { "missing" }, d.description);

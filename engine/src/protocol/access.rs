@@ -155,7 +155,15 @@ impl Step<'_, '_> {
     /// must end first (the rest needs shard locks the step cannot take).
     pub(super) fn handle_access(&mut self, from: u16, body: &[u8], start: usize) -> Result<Option<usize>> {
         let dir = self.directory();
-        let a = Access::decode(body, |t| dir.table(t).map(|m| m.value_len))?;
+        let caches = self.core.key_caches();
+        let sender = (from, super::worker_of(wire::op_of(body).unwrap_or(0)));
+        let a = Access::decode_cached(body, |t| dir.table(t).map(|m| m.value_len), |hash| caches.lock().get(&sender).and_then(|c| c.get(hash)).map(<[u8]>::to_vec))?;
+        if a.flags & wire::FLAG_KEYS_REMEMBER != 0 {
+            // Kept in the order the worker sent its lists (see `keycache`); again on a resumed
+            // step, which changes nothing.
+            let bytes = a.key_bytes();
+            caches.lock().entry(sender).or_default().remember(super::keycache::list_hash(bytes), bytes);
+        }
         let meta = dir.table(a.table).expect("decoding checked the table");
         if a.origin as usize >= dir.nodes() {
             return Err(Error::Protocol(format!("ACCESS from node {from} names origin {}", a.origin)));

@@ -510,10 +510,13 @@ impl Step<'_, '_> {
         let (table, value_len) = (o.table, o.value_len);
         let part = o.parts.len() as u32;
         let origin = self.directory().rank();
-        let h = AccessHeader { kind, flags, table, origin, op, part, codec: self.core.store().table(table).spec().codec };
+        let spec = self.core.store().table(table).spec();
+        let h = AccessHeader { kind, flags, table, origin, op, part, codec: spec.codec };
+        let cache = (spec.key_cache_min > 0).then_some(spec.key_cache_min);
         let buf = self.tx.buf(dest);
         let before = buf.len();
-        encode_rows(buf, h, &rows, keys_run, keys, input, value_len);
+        encode_rows(buf, h, &rows, keys_run, keys, input, value_len, cache.map(|min| (min, req.key_cache(dest))));
+        let Some(o) = req.op_mut(op) else { return };
         let bytes = buf.len() - before;
         // Counted here, where rows leave, so rows that turn out local on a second look count once.
         self.tx.count_remote(rows.len());
@@ -646,27 +649,64 @@ fn is_run(keys: &[u64]) -> bool {
 }
 
 /// Encodes one part: keys as a run when they are consecutive (known, or checked for a short
-/// part), values as one block when the rows are a run.
-fn encode_rows(buf: &mut Vec<u8>, h: AccessHeader, rows: &Rows, keys_run: bool, keys: &[u64], input: &[f32], value_len: usize) {
-    if let Some((first, len)) = rows.run() {
-        let (first, len) = (first as usize, len as usize);
-        let ks = &keys[first..first + len];
-        let block_keys = if keys_run || is_run(ks) { BlockKeys::Run { first: ks[0], count: len } } else { BlockKeys::List(ks) };
-        let values = if h.kind.carries_values() { f32_bytes(&input[first * value_len..(first + len) * value_len]) } else { &[][..] };
-        wire::encode_access_block(buf, h, block_keys, values);
-        return;
+/// part), as the hash of a list the destination keeps (key caching: `cache` holds the minimum
+/// list length and this worker's record of what the destination keeps), or listed; values as
+/// one block when the rows are a run.
+#[allow(clippy::too_many_arguments)]
+fn encode_rows(
+    buf: &mut Vec<u8>,
+    mut h: AccessHeader,
+    rows: &Rows,
+    keys_run: bool,
+    keys: &[u64],
+    input: &[f32],
+    value_len: usize,
+    cache: Option<(usize, &mut super::keycache::KeyCache)>,
+) {
+    let cache = cache.filter(|(min, _)| rows.len() >= *min);
+    // Scattered rows (keys homed here and there) are gathered into one list when it may be
+    // kept: key caching needs the list's bytes in one piece.
+    let gathered: (Vec<u64>, Vec<f32>);
+    let (ks, values, known_run): (&[u64], &[f32], bool) = match rows.run() {
+        Some((first, len)) => {
+            let (first, len) = (first as usize, len as usize);
+            let values = if h.kind.carries_values() { &input[first * value_len..(first + len) * value_len] } else { &[][..] };
+            (&keys[first..first + len], values, keys_run)
+        }
+        None if cache.is_some() => {
+            let ks: Vec<u64> = rows.iter().map(|r| keys[r as usize]).collect();
+            let values: Vec<f32> =
+                if h.kind.carries_values() { rows.iter().flat_map(|r| input[r as usize * value_len..(r as usize + 1) * value_len].iter().copied()).collect() } else { Vec::new() };
+            gathered = (ks, values);
+            (&gathered.0, &gathered.1, false)
+        }
+        None => {
+            let list: Vec<u32> = rows.iter().collect();
+            let h = AccessHeader { flags: h.flags & !FLAG_RUN, ..h };
+            wire::encode_access(
+                buf,
+                h,
+                list.len(),
+                |i| i as u32,
+                |i| keys[list[i] as usize],
+                |i, o| {
+                    let r = list[i] as usize;
+                    o.extend_from_slice(f32_bytes(&input[r * value_len..(r + 1) * value_len]));
+                },
+            );
+            return;
+        }
+    };
+    let mut block_keys = if known_run || is_run(ks) { BlockKeys::Run { first: ks[0], count: ks.len() } } else { BlockKeys::List(ks) };
+    if let (BlockKeys::List(list), Some((_, cache))) = (block_keys, cache) {
+        let bytes = crate::util::u64_bytes(list);
+        let hash = super::keycache::list_hash(bytes);
+        if cache.holds(hash, bytes) {
+            block_keys = BlockKeys::Cached { hash, count: list.len() };
+        } else {
+            cache.remember(hash, bytes);
+            h.flags |= wire::FLAG_KEYS_REMEMBER;
+        }
     }
-    let list: Vec<u32> = rows.iter().collect();
-    let h = AccessHeader { flags: h.flags & !FLAG_RUN, ..h };
-    wire::encode_access(
-        buf,
-        h,
-        list.len(),
-        |i| i as u32,
-        |i| keys[list[i] as usize],
-        |i, o| {
-            let r = list[i] as usize;
-            o.extend_from_slice(f32_bytes(&input[r * value_len..(r + 1) * value_len]));
-        },
-    );
+    wire::encode_access_block(buf, h, block_keys, f32_bytes(values));
 }

@@ -51,6 +51,7 @@ mod barrier;
 mod clock;
 mod directory;
 mod issue;
+pub mod keycache;
 mod relocation;
 mod replica;
 mod requester;
@@ -134,6 +135,8 @@ pub struct Core {
     shards: Box<[Mutex<Shard>]>,
     barriers: Mutex<Barriers>,
     clocks: Mutex<Clocks>,
+    /// Key lists kept for peers' workers (key caching), per (peer, worker).
+    key_caches: Mutex<crate::util::FastMap<(u16, u16), keycache::KeyCache>>,
     settings: Settings,
     counters: Arc<CounterRegistry>,
     /// Bumped (under the key's shard lock) whenever a key starts arriving at this node: a
@@ -155,6 +158,7 @@ impl Core {
             shards,
             barriers: Mutex::new(Barriers::new(rank as u16, nodes)),
             clocks: Mutex::new(Clocks::new(rank as u16, nodes)),
+            key_caches: Mutex::new(Default::default()),
             settings,
             counters: Arc::new(CounterRegistry::default()),
             arrivals: AtomicU64::new(0),
@@ -257,6 +261,11 @@ impl Core {
 
     pub(crate) fn barriers(&self) -> &Mutex<Barriers> {
         &self.barriers
+    }
+
+    /// Key lists kept for peers' workers, per (peer, worker).
+    pub(crate) fn key_caches(&self) -> &Mutex<crate::util::FastMap<(u16, u16), keycache::KeyCache>> {
+        &self.key_caches
     }
 
     /// The workers' clocks (bounded delay).

@@ -229,13 +229,29 @@ pub struct Requester {
     ops: FastMap<OpId, PendingOp>,
     deadlines: BinaryHeap<Reverse<(u64, OpId)>>,
     done: FastMap<OpId, Result<Vec<f32>>>,
+    /// Key lists the nodes keep for this worker (key caching), per node.
+    key_caches: FastMap<u16, super::keycache::KeyCache>,
 }
 
 impl Requester {
     /// The operation table of worker `worker` on node `rank`; sequence numbers start at
     /// `first_seq` (so that a worker index reused by a new worker never repeats an id).
     pub fn new(rank: u16, worker: u16, first_seq: u64, op_timeout_ns: u64) -> Requester {
-        Requester { worker, rank, next_seq: first_seq.max(1), op_timeout_ns, ops: FastMap::default(), deadlines: BinaryHeap::new(), done: FastMap::default() }
+        Requester {
+            worker,
+            rank,
+            next_seq: first_seq.max(1),
+            op_timeout_ns,
+            ops: FastMap::default(),
+            deadlines: BinaryHeap::new(),
+            done: FastMap::default(),
+            key_caches: FastMap::default(),
+        }
+    }
+
+    /// The key lists node `node` keeps for this worker (key caching).
+    pub(crate) fn key_cache(&mut self, node: u16) -> &mut super::keycache::KeyCache {
+        self.key_caches.entry(node).or_default()
     }
 
     /// The worker index.

@@ -6,7 +6,7 @@
 //!
 //! | type | layout after the type byte |
 //! | --- | --- |
-//! | ACCESS | kind u8, flags u8, pad u8, table u16, origin u16, op u64, part u32, count u32, [index u32]×count if INDEXED, keys: first u64 if RUN (keys first..first+count) else u64×count, \[values\]×count if push/set/push-pull |
+//! | ACCESS | kind u8, flags u8, pad u8, table u16, origin u16, op u64, part u32, count u32, [index u32]×count if INDEXED, keys: first u64 if RUN (keys first..first+count), the hash u64 of a kept list if KEYS_CACHED, else u64×count (kept by the receiver if KEYS_REMEMBER), \[values\]×count if push/set/push-pull |
 //! | RESPONSE | kind u8, flags u8, pad u8, table u16, responder u16, op u64, part u32, count u32, [index u32]×count if INDEXED, \[values\]×count if pull/push-pull |
 //! | LOCALIZE | pad×3, table u16, pad u16, count u32, pad u32, (key u64, resv u32, region u32, addr u64)×count |
 //! | RELOCATE | pad, new_owner u16, table u16, pad u16, count u32, pad u32, (key u64, resv u32, region u32, addr u64)×count |
@@ -66,6 +66,10 @@ pub const FLAG_DIRECT: u8 = 4;
 pub const FLAG_STALE: u8 = 8;
 /// Flag: the keys are a run `first..first + count`, sent as `first` alone.
 pub const FLAG_RUN: u8 = 16;
+/// Flag: the receiver keeps this ACCESS's key list for later references by hash (key caching).
+pub const FLAG_KEYS_REMEMBER: u8 = 32;
+/// Flag: the keys are a list the receiver kept, sent as its hash (`u64`) alone.
+pub const FLAG_KEYS_CACHED: u8 = 64;
 
 /// Kinds of key access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -226,7 +230,7 @@ pub struct Access<'a> {
     /// Number of items.
     pub count: usize,
     indices: &'a [u8],
-    keys: &'a [u8],
+    keys: Cow<'a, [u8]>,
     /// For a run: the first key.
     first: u64,
     values: Cow<'a, [u8]>,
@@ -234,8 +238,15 @@ pub struct Access<'a> {
 }
 
 impl<'a> Access<'a> {
-    /// Decodes an ACCESS body; `value_len` gives each table's value length.
+    /// Decodes an ACCESS body; `value_len` gives each table's value length. A message that
+    /// refers to a cached key list fails (see [`Access::decode_cached`]).
     pub fn decode(b: &'a [u8], value_len: impl Fn(u16) -> Option<usize>) -> Result<Access<'a>> {
+        Access::decode_cached(b, value_len, |_| None)
+    }
+
+    /// [`Access::decode`], with `cached(hash)` giving the key list a FLAG_KEYS_CACHED message
+    /// refers to.
+    pub fn decode_cached(b: &'a [u8], value_len: impl Fn(u16) -> Option<usize>, cached: impl FnOnce(u64) -> Option<Vec<u8>>) -> Result<Access<'a>> {
         if b.len() < ACCESS_HEADER {
             return Err(bad("short ACCESS"));
         }
@@ -249,7 +260,11 @@ impl<'a> Access<'a> {
         let value_bytes = vlen * 4;
         let codec = ValueCodec::from_u8(b[3]).ok_or_else(|| bad(format!("unknown value codec {}", b[3])))?;
         let idx_bytes = if indexed { count.checked_mul(4) } else { Some(0) };
-        let key_bytes = if run { Some(8) } else { count.checked_mul(8) };
+        let by_hash = flags & FLAG_KEYS_CACHED != 0;
+        if by_hash && run {
+            return Err(bad("ACCESS with a run of keys and a cached key list"));
+        }
+        let key_bytes = if run || by_hash { Some(8) } else { count.checked_mul(8) };
         let val_total = if kind.carries_values() { count.checked_mul(vlen).and_then(|n| codec.encoded_len(n)) } else { Some(0) };
         let need = (|| ACCESS_HEADER.checked_add(idx_bytes?)?.checked_add(key_bytes?)?.checked_add(val_total?))();
         if need != Some(b.len()) {
@@ -270,7 +285,16 @@ impl<'a> Access<'a> {
             part: u32_at(b, 16),
             count,
             indices: &b[ACCESS_HEADER..keys_at],
-            keys: &b[keys_at..values_at],
+            keys: if by_hash {
+                let hash = u64_at(b, keys_at);
+                let list = cached(hash).ok_or_else(|| bad(format!("ACCESS refers to key list {hash:#x}, which this node does not keep")))?;
+                if list.len() != count * 8 {
+                    return Err(bad(format!("ACCESS of {count} items refers to a kept list of {} keys", list.len() / 8)));
+                }
+                Cow::Owned(list)
+            } else {
+                Cow::Borrowed(&b[keys_at..values_at])
+            },
             first,
             values: decode_values(codec, &b[values_at..], count * vlen)?,
             value_bytes,
@@ -297,6 +321,11 @@ impl<'a> Access<'a> {
         self.flags & FLAG_INDEXED != 0
     }
 
+    /// The listed keys as bytes (empty for a run), for keeping them (key caching).
+    pub fn key_bytes(&self) -> &[u8] {
+        &self.keys
+    }
+
     /// The index (within its part) of item `i`.
     #[inline]
     pub fn index(&self, i: usize) -> u32 {
@@ -306,7 +335,7 @@ impl<'a> Access<'a> {
     /// The key of item `i`.
     #[inline]
     pub fn key(&self, i: usize) -> u64 {
-        if self.is_run() { self.first + i as u64 } else { u64_at(self.keys, i * 8) }
+        if self.is_run() { self.first + i as u64 } else { u64_at(&self.keys, i * 8) }
     }
 
     /// The value bytes of item `i` (empty for pulls, which carry none).
@@ -356,6 +385,8 @@ pub fn encode_access(
     mut value: impl FnMut(usize, &mut Vec<u8>),
 ) {
     let start = begin(out, msg::ACCESS);
+    // Keys go out listed (or as a run): nothing to keep, nothing kept.
+    let h = AccessHeader { flags: h.flags & !(FLAG_KEYS_CACHED | FLAG_KEYS_REMEMBER), ..h };
     access_header(out, h, count);
     if h.flags & FLAG_INDEXED != 0 {
         for i in 0..count {
@@ -391,13 +422,20 @@ pub enum BlockKeys<'a> {
     },
     /// Any keys.
     List(&'a [u64]),
+    /// A list the receiver keeps, by its hash (key caching).
+    Cached {
+        /// The list's hash.
+        hash: u64,
+        /// Number of keys.
+        count: usize,
+    },
 }
 
 impl BlockKeys<'_> {
     /// Number of keys.
     pub fn len(&self) -> usize {
         match self {
-            BlockKeys::Run { count, .. } => *count,
+            BlockKeys::Run { count, .. } | BlockKeys::Cached { count, .. } => *count,
             BlockKeys::List(k) => k.len(),
         }
     }
@@ -414,15 +452,17 @@ pub fn encode_access_block(out: &mut Vec<u8>, mut h: AccessHeader, keys: BlockKe
     debug_assert_eq!(h.flags & FLAG_INDEXED, 0);
     let count = keys.len();
     let start = begin(out, msg::ACCESS);
-    if matches!(keys, BlockKeys::Run { .. }) {
-        h.flags |= FLAG_RUN;
-    } else {
-        h.flags &= !FLAG_RUN;
+    h.flags &= !(FLAG_RUN | FLAG_KEYS_CACHED);
+    match keys {
+        BlockKeys::Run { .. } => h.flags = (h.flags | FLAG_RUN) & !FLAG_KEYS_REMEMBER,
+        BlockKeys::Cached { .. } => h.flags = (h.flags | FLAG_KEYS_CACHED) & !FLAG_KEYS_REMEMBER,
+        BlockKeys::List(_) => {}
     }
     access_header(out, h, count);
     match keys {
         BlockKeys::Run { first, .. } => out.extend_from_slice(&first.to_le_bytes()),
         BlockKeys::List(keys) => out.extend_from_slice(crate::util::u64_bytes(keys)),
+        BlockKeys::Cached { hash, .. } => out.extend_from_slice(&hash.to_le_bytes()),
     }
     if h.kind.carries_values() {
         let values_at = out.len();

@@ -1,0 +1,309 @@
+//! A distributed CountMin sketch over a real token stream (the parameter server, OSDI 2014,
+//! Section 5.3).
+//!
+//! The sketch is `depth` rows of `width` counters; row `r`'s counter of a word is chosen by a
+//! pairwise-independent hash `((a_r · x + b_r) mod p) mod width`. Each counter is one key of a
+//! table with the `add` updater, so inserting is push-only: a worker hashes a batch of tokens
+//! into `depth` keys each and pushes `+1` for every one (keys may repeat within a push). A query
+//! pulls a word's `depth` counters and takes the smallest. The estimate never undercounts and,
+//! with probability at least `1 − e^{−depth}`, overcounts by at most `ε·N` with `ε = e / width`
+//! for a stream of `N` tokens.
+
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use ferry::{Partitioning, TableSpec};
+
+use super::shared::{METRIC_FIELDS, all_reduce, cluster_report, field, pull_all, run_workers, start_node, stats_fields};
+use super::{Common, EpochReport, Event, Mode, Sink};
+use crate::data::text::{Corpus, synthetic_text};
+
+/// Options of `train countmin`.
+#[derive(Debug, Clone, Args)]
+pub struct CountMinArgs {
+    /// Token stream: `sotu` (State of the Union addresses), `lee` (gensim's Lee corpus),
+    /// `synth-text` (generated, for tests), or a text file.
+    #[arg(long, default_value = "sotu")]
+    pub data: String,
+    /// Rows of the sketch (hash functions).
+    #[arg(long, default_value_t = 4)]
+    pub depth: usize,
+    /// Counters per row.
+    #[arg(long, default_value_t = 1 << 14)]
+    pub width: usize,
+    /// Tokens per push without --combine.
+    #[arg(long, default_value_t = 4096)]
+    pub batch: usize,
+    /// Combine locally (the parameter server's local aggregation): a worker counts this many
+    /// tokens into a private copy of the sketch, then pushes it as one range push of every
+    /// counter (a run of keys: no key list on the wire); 0 pushes each batch's keys as they come.
+    #[arg(long, default_value_t = 1 << 18)]
+    pub combine: usize,
+    /// Options shared by all tasks.
+    #[command(flatten)]
+    pub common: Common,
+}
+
+const KNOWN: &[&str] = &["sotu", "lee", "synth-text"];
+/// The Mersenne prime 2^61 − 1 of the hash family.
+const P: u64 = (1 << 61) - 1;
+
+impl CountMinArgs {
+    /// Driver side: makes named data available; returns a description.
+    pub fn prepare(&self) -> Result<String> {
+        self.check()?;
+        match self.data.as_str() {
+            "sotu" | "lee" => {
+                crate::data::fetch(&self.data)?;
+                Ok(format!("{}: tokens of the corpus, a {} × {} sketch", self.data, self.depth, self.width))
+            }
+            "synth-text" => Ok("synth-text: a generated token stream".into()),
+            path => Ok(format!("tokens of {}", super::user_data(path, KNOWN, false)?.display())),
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.depth == 0 || self.depth > 32 || self.width < 2 || self.width > 1 << 26 || self.batch == 0 {
+            bail!("--depth must be in 1..=32, --width in 2..=2^26, --batch at least 1");
+        }
+        Ok(())
+    }
+
+    /// The task's options as command-line arguments (for the cluster's processes).
+    pub fn task_args(&self) -> Vec<String> {
+        vec![
+            "--data".into(),
+            self.data.clone(),
+            "--depth".into(),
+            self.depth.to_string(),
+            "--width".into(),
+            self.width.to_string(),
+            "--batch".into(),
+            self.batch.to_string(),
+            "--combine".into(),
+            self.combine.to_string(),
+        ]
+    }
+
+    /// The token stream as word ids, and the number of distinct words.
+    fn load(&self) -> Result<(Vec<u32>, usize)> {
+        self.check()?;
+        let corpus = match self.data.as_str() {
+            "synth-text" => Corpus::parse(&synthetic_text(self.common.seed), 1)?,
+            "sotu" => Corpus::load(&crate::data::dataset_path("sotu", "sotu.txt"), 1)?,
+            "lee" => Corpus::load(&crate::data::dataset_path("lee", "lee_background.cor"), 1)?,
+            path => Corpus::load(&super::user_data(path, KNOWN, false)?, 1)?,
+        };
+        Ok((corpus.sentences.concat(), corpus.words.len()))
+    }
+
+    fn keys(&self) -> u64 {
+        (self.depth * self.width) as u64
+    }
+}
+
+/// The sketch's hash functions: `(a_r, b_r)` per row, the same in every process.
+struct Hashes {
+    rows: Vec<(u64, u64)>,
+    width: u64,
+}
+
+impl Hashes {
+    fn new(depth: usize, width: usize, seed: u64) -> Hashes {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0xc0_417);
+        Hashes { rows: (0..depth).map(|_| (rng.gen_range(1..P), rng.gen_range(0..P))).collect(), width: width as u64 }
+    }
+
+    /// Appends the keys of `word`'s counters, one per row.
+    #[inline]
+    fn keys(&self, word: u32, out: &mut Vec<u64>) {
+        for (r, &(a, b)) in self.rows.iter().enumerate() {
+            let h = ((a as u128 * word as u128 + b as u128) % P as u128) as u64;
+            out.push(r as u64 * self.width + h % self.width);
+        }
+    }
+}
+
+/// How well the sketch answers: per distinct word, the estimate against the exact count.
+fn evaluate(a: &CountMinArgs, sketch: &[f32], stream: &[u32], words: usize, passes: usize, hashes: &Hashes) -> serde_json::Map<String, serde_json::Value> {
+    let mut exact = vec![0u64; words];
+    for &w in stream {
+        exact[w as usize] += passes as u64;
+    }
+    let n = (stream.len() * passes) as f64;
+    let bound = std::f64::consts::E / a.width as f64 * n;
+    let (mut within, mut error, mut under) = (0usize, 0f64, 0usize);
+    let mut keys = Vec::with_capacity(a.depth);
+    for (word, &count) in exact.iter().enumerate() {
+        keys.clear();
+        hashes.keys(word as u32, &mut keys);
+        let estimate = keys.iter().map(|&k| sketch[k as usize] as f64).fold(f64::INFINITY, f64::min);
+        let over = estimate - count as f64;
+        under += (over < 0.0) as usize;
+        within += (over <= bound) as usize;
+        error += over.abs();
+    }
+    let mut q = serde_json::Map::new();
+    q.insert("within_bound".into(), (within as f64 / words.max(1) as f64).into());
+    q.insert("mean_overcount".into(), (error / words.max(1) as f64).into());
+    q.insert("bound".into(), bound.into());
+    q.insert("undercounts".into(), under.into());
+    q
+}
+
+/// Keys per second of the raw stream: hashing every token into its keys, nothing inserted.
+fn raw_rate(stream: &[u32], hashes: &Hashes, batch: usize) -> f64 {
+    let started = Instant::now();
+    let mut keys = Vec::with_capacity(batch * hashes.rows.len());
+    let mut total = 0usize;
+    for chunk in stream.chunks(batch) {
+        keys.clear();
+        for &w in chunk {
+            hashes.keys(w, &mut keys);
+        }
+        total += std::hint::black_box(&keys).len();
+    }
+    total as f64 / started.elapsed().as_secs_f64().max(1e-9)
+}
+
+/// `single`: the sketch in a plain array.
+pub fn run_single(a: &CountMinArgs, emit: Sink) -> Result<()> {
+    let (stream, words) = a.load()?;
+    let hashes = Hashes::new(a.depth, a.width, a.common.seed);
+    let mut sketch = vec![0f32; a.keys() as usize];
+    let mut elapsed = 0.0;
+    let mut keys = Vec::new();
+    for epoch in 1..=a.common.epochs {
+        let raw = raw_rate(&stream, &hashes, a.batch);
+        let started = Instant::now();
+        for chunk in stream.chunks(a.batch) {
+            keys.clear();
+            for &w in chunk {
+                hashes.keys(w, &mut keys);
+            }
+            for &k in &keys {
+                sketch[k as usize] += 1.0;
+            }
+        }
+        let epoch_s = started.elapsed().as_secs_f64();
+        elapsed += epoch_s;
+        let mut quality = evaluate(a, &sketch, &stream, words, epoch, &hashes);
+        rates(&mut quality, stream.len() * a.depth, epoch_s, raw);
+        emit(Event::Epoch(EpochReport::single("countmin", epoch, epoch_s, elapsed, 0.0, quality)));
+    }
+    Ok(())
+}
+
+fn rates(q: &mut serde_json::Map<String, serde_json::Value>, keys: usize, seconds: f64, raw: f64) {
+    let rate = keys as f64 / seconds.max(1e-9);
+    q.insert("keys_per_s".into(), rate.into());
+    q.insert("raw_keys_per_s".into(), raw.into());
+    q.insert("vs_raw".into(), (rate / raw).into());
+}
+
+/// One node of a `classic` cluster: this node's share of the stream pushed into the sketch.
+pub fn run_node(a: &CountMinArgs, mode: Mode, emit: Sink) -> Result<()> {
+    if mode != Mode::Classic {
+        bail!("train countmin runs in classic mode (its counters are pushed to, never worked on where they are)");
+    }
+    let (stream, words) = a.load()?;
+    let hashes = Hashes::new(a.depth, a.width, a.common.seed);
+    let epochs = a.common.epochs;
+    // Combined pushes cover every counter: range partitioning makes them one run per node.
+    let partitioning = if a.combine > 0 { Partitioning::Range } else { Partitioning::Hash };
+    let tables = vec![TableSpec::new("sketch", a.keys(), 1).partitioned(partitioning), TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS)];
+    let mut node = start_node(tables, false)?;
+    let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
+    let (sketch, metrics) = (node.table("sketch")?, node.table("metrics")?);
+    let emit = parking_lot::Mutex::new(emit);
+    let chunk_tokens = if a.combine > 0 { a.combine } else { a.batch };
+    let chunks: Vec<&[u32]> = stream.chunks(chunk_tokens).collect();
+    run_workers(&node, threads, |t, mut w| -> Result<()> {
+        let (hashes, emit, node, chunks, stream) = (&hashes, &emit, &node, &chunks, &stream);
+        let worker_index = rank * threads + t;
+        let raw = if rank == 0 && t == 0 { raw_rate(stream, hashes, a.batch) } else { 0.0 };
+        let mut keys = Vec::with_capacity(a.batch * a.depth);
+        let mut ones = Vec::new();
+        let mut combined = if a.combine > 0 { vec![0f32; a.keys() as usize] } else { Vec::new() };
+        let mut elapsed = 0.0;
+        for epoch in 1..=epochs {
+            w.barrier()?;
+            let before = node.stats();
+            let started = Instant::now();
+            let mut inserted = 0usize;
+            for chunk in chunks.iter().skip(worker_index).step_by(nodes * threads) {
+                if a.combine > 0 {
+                    combined.fill(0.0);
+                    for &word in chunk.iter() {
+                        keys.clear();
+                        hashes.keys(word, &mut keys);
+                        for &k in &keys {
+                            combined[k as usize] += 1.0;
+                        }
+                    }
+                    w.push_range(sketch, 0..a.keys(), &combined)?;
+                } else {
+                    for part in chunk.chunks(a.batch) {
+                        keys.clear();
+                        for &word in part {
+                            hashes.keys(word, &mut keys);
+                        }
+                        ones.resize(keys.len(), 1.0f32);
+                        w.push(sketch, &keys, &ones)?;
+                    }
+                }
+                inserted += chunk.len();
+            }
+            w.barrier()?;
+            let epoch_s = started.elapsed().as_secs_f64();
+            let delta = node.stats().since(&before);
+            let mut v = [0.0f32; METRIC_FIELDS];
+            v[field::EXAMPLES] = inserted as f32;
+            if t == 0 {
+                stats_fields(&delta, &mut v);
+            }
+            let sums = all_reduce(&mut w, metrics, epoch as u64, &v)?;
+            let mut quality = serde_json::Map::new();
+            if rank == 0 && t == 0 {
+                let all = pull_all(&mut w, sketch, a.keys() as usize, 1)?;
+                quality = evaluate(a, &all, stream, words, epoch, hashes);
+                rates(&mut quality, sums[field::EXAMPLES] as usize * a.depth, epoch_s, raw);
+            }
+            w.barrier()?;
+            if rank == 0 && t == 0 {
+                elapsed += epoch_s;
+                (emit.lock())(Event::Epoch(cluster_report("countmin", mode, epoch, epoch_s, elapsed, &sums, quality)));
+            }
+        }
+        Ok(())
+    })?;
+    node.finalize()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_spread_and_stay_in_their_rows() {
+        let h = Hashes::new(3, 100, 1);
+        let mut keys = Vec::new();
+        for w in 0..1000u32 {
+            keys.clear();
+            h.keys(w, &mut keys);
+            for (r, &k) in keys.iter().enumerate() {
+                assert!((r as u64 * 100..(r as u64 + 1) * 100).contains(&k));
+            }
+        }
+        let mut load = vec![0usize; 100];
+        for w in 0..10_000u32 {
+            keys.clear();
+            h.keys(w, &mut keys);
+            load[keys[0] as usize] += 1;
+        }
+        assert!(load.iter().all(|&l| (50..=150).contains(&l)), "{load:?}");
+    }
+}

@@ -1,0 +1,592 @@
+//! Sparse logistic regression with a server-side optimizer (the parameter server's Sections 3.3,
+//! 3.6 and 4.2, and its sparse logistic regression workload, Section 5.1).
+//!
+//! One key per feature plus one for the bias, each a single float. Workers take mini-batches of
+//! their share of the examples, pull the weights of the batch's features, and push the gradient
+//! of the batch's mean log loss; Ferry applies AdaGrad (with the L2 penalty added to the
+//! gradient by the worker) or FTRL-proximal (L1 and L2 in the updater) where each weight is held.
+//! `--filter` holds back insignificant updates ([`ferry::filter`]), `--codec` compresses values
+//! on the wire. Quality: log loss and AUC on the held-out examples, against scikit-learn's
+//! `LogisticRegression` on the same split (`--sklearn`).
+
+use std::sync::Barrier;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use ferry::filter::{FilteredPusher, Kkt, PushFilter, Significance};
+use ferry::{Partitioning, TableSpec, Updater, ValueCodec, Worker};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+use super::shared::{METRIC_FIELDS, all_reduce, cluster_report, field, pull_all, run_workers, start_node, stats_fields};
+use super::{Common, EpochReport, Event, Mode, Sink};
+use crate::data::sparse::{Examples, load_labelled_text, load_libsvm};
+
+/// Options of `train lr`.
+#[derive(Debug, Clone, Args)]
+pub struct LrArgs {
+    /// Data: `agaricus` (LIBSVM), `criteo-small` (libffm), `spam` (SpamAssassin e-mails, hashed
+    /// bag of words), `synth-lr` (generated, for tests), a LIBSVM/libffm file (split 80/20), or a
+    /// directory with `train.libsvm` and `test.libsvm`. --train and --test give files instead.
+    #[arg(long, default_value = "agaricus")]
+    pub data: String,
+    /// Training examples (LIBSVM or libffm), with --test.
+    #[arg(long, requires = "test")]
+    pub train: Option<std::path::PathBuf>,
+    /// Held-out examples, with --train.
+    #[arg(long, requires = "train")]
+    pub test: Option<std::path::PathBuf>,
+    /// Hash features into 2^bits keys (default: 18 for `spam`, none for LIBSVM files).
+    #[arg(long)]
+    pub hash_bits: Option<u32>,
+    /// Server-side optimizer: `adagrad` or `ftrl`.
+    #[arg(long, default_value = "adagrad")]
+    pub optimizer: String,
+    /// AdaGrad's learning rate, or FTRL's α.
+    #[arg(long, default_value_t = 0.1)]
+    pub lr: f32,
+    /// L2 penalty λ₂ of the objective `mean log loss + λ₂/2 ‖w‖² + λ₁ ‖w‖₁`.
+    #[arg(long, default_value_t = 1e-4)]
+    pub l2: f32,
+    /// L1 penalty λ₁ (FTRL only).
+    #[arg(long, default_value_t = 0.0)]
+    pub l1: f32,
+    /// Examples per mini-batch.
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// Push filter in cluster modes: `none`, `significance:T` (send a weight's accumulated
+    /// update once it reaches T × the weight), or `kkt` (hold back gradients of zero weights
+    /// within the L1 penalty).
+    #[arg(long, default_value = "none")]
+    pub filter: String,
+    /// Value encoding on the wire in cluster modes: f32, bf16, f16 or int8.
+    #[arg(long, default_value = "f32")]
+    pub codec: String,
+    /// Key caching in cluster modes: key lists of at least this many keys are sent once and
+    /// then by hash (0: off). Each worker's mini-batches are drawn once and revisited every
+    /// epoch (in a new order), so their key lists repeat.
+    #[arg(long, default_value_t = 0)]
+    pub key_cache: usize,
+    /// After training, fit scikit-learn's LogisticRegression on the same split (in a throwaway
+    /// virtual environment) and print both.
+    #[arg(long)]
+    pub sklearn: bool,
+    /// Options shared by all tasks.
+    #[command(flatten)]
+    pub common: Common,
+}
+
+const KNOWN: &[&str] = &["agaricus", "criteo-small", "spam", "synth-lr"];
+
+/// The split: training and held-out examples, and the number of feature keys (the bias is key
+/// `dims`).
+pub struct Split {
+    /// Training examples.
+    pub train: Examples,
+    /// Held-out examples.
+    pub test: Examples,
+    /// Feature keys.
+    pub dims: u64,
+}
+
+impl LrArgs {
+    /// Driver side: makes named data available; returns a description.
+    pub fn prepare(&self) -> Result<String> {
+        self.validate()?;
+        if let (Some(train), Some(test)) = (&self.train, &self.test) {
+            return Ok(format!("examples from {} (train) and {} (test)", train.display(), test.display()));
+        }
+        match self.data.as_str() {
+            "agaricus" | "criteo-small" | "spam" => {
+                crate::data::fetch(&self.data)?;
+                Ok(match self.data.as_str() {
+                    "spam" => format!("spam: SpamAssassin e-mails, bag of words hashed into 2^{} features, split 80/20", self.spam_bits()),
+                    name => format!("{name} (xlearn's train/test files)"),
+                })
+            }
+            "synth-lr" => Ok("synth-lr: 4 000 generated sparse examples of a planted linear model".into()),
+            path => Ok(format!("examples from {}", super::user_data(path, KNOWN, true)?.display())),
+        }
+    }
+
+    fn spam_bits(&self) -> u32 {
+        self.hash_bits.unwrap_or(18)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.batch == 0 {
+            bail!("--batch must be at least 1");
+        }
+        if self.hash_bits.is_some_and(|b| !(4..=30).contains(&b)) {
+            bail!("--hash-bits must be in 4..=30");
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) || !(self.l2.is_finite() && self.l2 >= 0.0) || !(self.l1.is_finite() && self.l1 >= 0.0) {
+            bail!("--lr must be positive, --l1 and --l2 at least 0");
+        }
+        if self.l1 > 0.0 && self.optimizer != "ftrl" {
+            bail!("--l1 needs --optimizer ftrl (AdaGrad takes no L1 step)");
+        }
+        self.updater()?;
+        self.codec()?;
+        self.parse_filter()?;
+        Ok(())
+    }
+
+    /// The task's options as command-line arguments (for the cluster's processes).
+    pub fn task_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--data".into(),
+            self.data.clone(),
+            "--optimizer".into(),
+            self.optimizer.clone(),
+            "--lr".into(),
+            self.lr.to_string(),
+            "--l2".into(),
+            self.l2.to_string(),
+            "--l1".into(),
+            self.l1.to_string(),
+            "--batch".into(),
+            self.batch.to_string(),
+            "--filter".into(),
+            self.filter.clone(),
+            "--codec".into(),
+            self.codec.clone(),
+            "--key-cache".into(),
+            self.key_cache.to_string(),
+        ];
+        if let Some(b) = self.hash_bits {
+            args.extend(["--hash-bits".into(), b.to_string()]);
+        }
+        if let (Some(train), Some(test)) = (&self.train, &self.test) {
+            args.extend(["--train".into(), train.display().to_string(), "--test".into(), test.display().to_string()]);
+        }
+        args
+    }
+
+    /// The server-side updater.
+    pub fn updater(&self) -> Result<Updater> {
+        match self.optimizer.as_str() {
+            "adagrad" => Ok(Updater::Adagrad { lr: self.lr, eps: 1e-8, init: 0.0 }),
+            "ftrl" => Ok(Updater::Ftrl { alpha: self.lr, beta: 1.0, l1: self.l1, l2: self.l2 }),
+            other => bail!("--optimizer {other}: expected adagrad or ftrl"),
+        }
+    }
+
+    fn codec(&self) -> Result<ValueCodec> {
+        self.codec.parse::<ValueCodec>().map_err(|e| anyhow::anyhow!("--codec: {e}"))
+    }
+
+    fn parse_filter(&self) -> Result<Option<Box<dyn PushFilter>>> {
+        Ok(match self.filter.as_str() {
+            "none" => None,
+            "kkt" => Some(Box::new(Kkt { l1: self.l1 })),
+            s => match s.strip_prefix("significance:").map(str::parse::<f32>) {
+                Some(Ok(t)) if t.is_finite() && t > 0.0 => Some(Box::new(Significance { threshold: t, floor: 0.0 })),
+                _ => bail!("--filter {s}: expected none, kkt or significance:T with T > 0"),
+            },
+        })
+    }
+
+    /// The examples (identical in every process).
+    pub fn load(&self) -> Result<Split> {
+        self.validate()?;
+        let (train, test) = if let (Some(train), Some(test)) = (&self.train, &self.test) {
+            (load_libsvm(train, self.hash_bits)?, load_libsvm(test, self.hash_bits)?)
+        } else {
+            match self.data.as_str() {
+                "agaricus" => {
+                    let dir = crate::data::cache_dir().join("agaricus");
+                    (load_libsvm(&dir.join("train.libsvm"), self.hash_bits)?, load_libsvm(&dir.join("test.libsvm"), self.hash_bits)?)
+                }
+                "criteo-small" => {
+                    let dir = crate::data::cache_dir().join("criteo-small");
+                    (load_libsvm(&dir.join("train.libffm"), self.hash_bits)?, load_libsvm(&dir.join("test.libffm"), self.hash_bits)?)
+                }
+                "spam" => self.split(load_labelled_text(&crate::data::dataset_path("spam", "spam.tsv"), self.spam_bits())?),
+                "synth-lr" => self.split(synthetic(4000, 500, self.common.seed)),
+                path => {
+                    let p = super::user_data(path, KNOWN, true)?;
+                    if p.is_dir() {
+                        (load_libsvm(&p.join("train.libsvm"), self.hash_bits)?, load_libsvm(&p.join("test.libsvm"), self.hash_bits)?)
+                    } else {
+                        self.split(load_libsvm(&p, self.hash_bits)?)
+                    }
+                }
+            }
+        };
+        let dims = train.dims().max(test.dims()).max(self.hash_bits.map_or(0, |b| 1 << b));
+        Ok(Split { train, test, dims })
+    }
+
+    /// A seeded 80/20 split.
+    fn split(&self, all: Examples) -> (Examples, Examples) {
+        let mut order: Vec<usize> = (0..all.len()).collect();
+        order.shuffle(&mut ChaCha8Rng::seed_from_u64(self.common.seed ^ 0x5eed));
+        let cut = all.len() * 4 / 5;
+        (all.select(&order[..cut]), all.select(&order[cut..]))
+    }
+
+    /// Whether the worker adds the L2 penalty's gradient (AdaGrad) or the updater applies it.
+    fn worker_l2(&self) -> f32 {
+        if self.optimizer == "ftrl" { 0.0 } else { self.l2 }
+    }
+}
+
+/// A planted sparse linear model: 30 active features per example out of `dims`.
+fn synthetic(n: usize, dims: u64, seed: u64) -> Examples {
+    use rand::Rng;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x1f);
+    let truth: Vec<f32> = (0..dims).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    let mut lines = String::new();
+    for _ in 0..n {
+        let mut features: Vec<u64> = (0..30).map(|_| rng.gen_range(0..dims)).collect();
+        features.sort_unstable();
+        features.dedup();
+        let score: f32 = features.iter().map(|&f| truth[f as usize]).sum::<f32>() * 0.5;
+        let y = u8::from(rng.gen_range(0.0f32..1.0) < 1.0 / (1.0 + (-score).exp()));
+        lines.push_str(&y.to_string());
+        for f in features {
+            lines.push_str(&format!(" {}:1", f + 1));
+        }
+        lines.push('\n');
+    }
+    let path = std::env::temp_dir().join(format!("ferry-synth-lr-{}-{seed}.svm", std::process::id()));
+    let examples = std::fs::write(&path, lines).map_err(anyhow::Error::from).and_then(|()| load_libsvm(&path, None));
+    let _ = std::fs::remove_file(&path);
+    examples.expect("generated examples parse")
+}
+
+/// `examples` cut into mini-batches of `size` once (seeded): every epoch revisits the same
+/// batches in a new order (so their key lists repeat, for key caching).
+fn fixed_batches(examples: &[usize], size: usize, seed: u64) -> Vec<Vec<usize>> {
+    let mut order = examples.to_vec();
+    order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ 0xba7c4));
+    order.chunks(size.max(1)).map(<[usize]>::to_vec).collect()
+}
+
+#[inline]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// The batch's distinct keys (features, then the bias) and, per example, each feature's position
+/// among them.
+struct Batch {
+    keys: Vec<u64>,
+    positions: Vec<usize>,
+    weights: Vec<f32>,
+    gradient: Vec<f32>,
+}
+
+impl Batch {
+    fn new() -> Batch {
+        Batch { keys: Vec::new(), positions: Vec::new(), weights: Vec::new(), gradient: Vec::new() }
+    }
+
+    fn gather(&mut self, data: &Examples, batch: &[usize], bias: u64) {
+        self.keys.clear();
+        for &i in batch {
+            self.keys.extend_from_slice(data.row(i).0);
+        }
+        self.keys.sort_unstable();
+        self.keys.dedup();
+        self.keys.push(bias);
+        self.positions.clear();
+        for &i in batch {
+            self.positions.extend(data.row(i).0.iter().map(|f| self.keys.binary_search(f).unwrap_or(0)));
+        }
+        self.weights.resize(self.keys.len(), 0.0);
+        self.gradient.resize(self.keys.len(), 0.0);
+    }
+
+    /// With `weights` pulled: the gradient of the batch's mean log loss (plus `l2 · w` per key
+    /// present); returns the batch's summed log loss.
+    fn gradient(&mut self, data: &Examples, batch: &[usize], l2: f32) -> f64 {
+        self.gradient.fill(0.0);
+        let bias = self.keys.len() - 1;
+        let scale = 1.0 / batch.len() as f32;
+        let mut loss = 0.0f64;
+        let mut at = 0;
+        for &i in batch {
+            let (_, values) = data.row(i);
+            let positions = &self.positions[at..at + values.len()];
+            at += values.len();
+            let score = self.weights[bias] + positions.iter().zip(values).map(|(&p, v)| self.weights[p] * v).sum::<f32>();
+            let p = sigmoid(score);
+            let y = data.labels[i];
+            loss += log_loss(p, y);
+            let g = (p - y) * scale;
+            for (&pos, v) in positions.iter().zip(values) {
+                self.gradient[pos] += g * v;
+            }
+            self.gradient[bias] += g;
+        }
+        if l2 > 0.0 {
+            for (g, w) in self.gradient[..bias].iter_mut().zip(&self.weights) {
+                *g += l2 * w;
+            }
+        }
+        loss
+    }
+}
+
+fn log_loss(p: f32, y: f32) -> f64 {
+    let p = (p as f64).clamp(1e-7, 1.0 - 1e-7);
+    -(y as f64 * p.ln() + (1.0 - y as f64) * (1.0 - p).ln())
+}
+
+/// Log loss and AUC of the weights (`dims` features, then the bias) on `data`.
+pub fn evaluate(weights: &[f32], data: &Examples) -> serde_json::Map<String, serde_json::Value> {
+    let bias = weights[weights.len() - 1];
+    let mut scored: Vec<(f32, f32)> = (0..data.len())
+        .map(|i| {
+            let (f, v) = data.row(i);
+            let s = bias + f.iter().zip(v).map(|(&f, v)| weights.get(f as usize).copied().unwrap_or(0.0) * v).sum::<f32>();
+            (s, data.labels[i])
+        })
+        .collect();
+    let loss = scored.iter().map(|&(s, y)| log_loss(sigmoid(s), y)).sum::<f64>() / data.len().max(1) as f64;
+    let mut q = serde_json::Map::new();
+    q.insert("logloss".into(), loss.into());
+    q.insert("auc".into(), auc(&mut scored).into());
+    q.insert("nonzero".into(), weights.iter().filter(|w| **w != 0.0).count().into());
+    q
+}
+
+/// Area under the ROC curve: the probability that a positive outscores a negative (ties count
+/// half).
+fn auc(scored: &mut [(f32, f32)]) -> f64 {
+    scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (mut rank_sum, mut positives) = (0.0f64, 0usize);
+    let mut i = 0;
+    while i < scored.len() {
+        let mut j = i;
+        while j < scored.len() && scored[j].0 == scored[i].0 {
+            j += 1;
+        }
+        let mean_rank = (i + j + 1) as f64 / 2.0;
+        for s in &scored[i..j] {
+            if s.1 > 0.5 {
+                rank_sum += mean_rank;
+                positives += 1;
+            }
+        }
+        i = j;
+    }
+    let negatives = scored.len() - positives;
+    if positives == 0 || negatives == 0 {
+        return 0.5;
+    }
+    (rank_sum - (positives * (positives + 1)) as f64 / 2.0) / (positives * negatives) as f64
+}
+
+/// `single`: one thread, the weights and the optimizer state in plain arrays, the same updater.
+pub fn run_single(a: &LrArgs, emit: Sink) -> Result<()> {
+    let split = a.load()?;
+    let updater = a.updater()?;
+    let n = split.dims as usize + 1;
+    let state_len = updater.state_len(1);
+    let (mut weights, mut state) = (vec![0.0f32; n], vec![0.0f32; n * state_len]);
+    let all: Vec<usize> = (0..split.train.len()).collect();
+    let mut batches = fixed_batches(&all, a.batch, a.common.seed);
+    let mut batch = Batch::new();
+    let mut elapsed = 0.0;
+    for epoch in 1..=a.common.epochs {
+        batches.shuffle(&mut ChaCha8Rng::seed_from_u64(a.common.seed ^ ((epoch as u64) << 20)));
+        let started = Instant::now();
+        let mut loss = 0.0;
+        for (x, chunk) in batches.iter().enumerate() {
+            batch.gather(&split.train, chunk, split.dims);
+            for (w, &k) in batch.weights.iter_mut().zip(&batch.keys) {
+                *w = weights[k as usize];
+            }
+            loss += batch.gradient(&split.train, chunk, a.worker_l2());
+            for (&k, &g) in batch.keys.iter().zip(&batch.gradient) {
+                let k = k as usize;
+                updater.apply(&mut weights[k..k + 1], &mut state[k * state_len..(k + 1) * state_len], &[g]);
+            }
+            if x % 256 == 0 {
+                emit(Event::Progress(epoch, x as f64 / batches.len().max(1) as f64));
+            }
+        }
+        let epoch_s = started.elapsed().as_secs_f64();
+        elapsed += epoch_s;
+        let quality = evaluate(&weights, &split.test);
+        emit(Event::Epoch(EpochReport::single("lr", epoch, epoch_s, elapsed, loss / split.train.len().max(1) as f64, quality)));
+    }
+    Ok(())
+}
+
+/// One node of a `classic` or `localize` cluster.
+pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
+    if mode == Mode::Hybrid {
+        bail!("train lr has no hybrid mode (server-side optimizers do not take replicated keys)");
+    }
+    let split = a.load()?;
+    let epochs = a.common.epochs;
+    let n = split.dims + 1;
+    let weights_spec =
+        TableSpec::new("weights", n, 1).partitioned(Partitioning::Hash).with_updater(a.updater()?).compressed(a.codec()?).cache_keys(a.key_cache);
+    let tables = vec![weights_spec, TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS)];
+    let localize = mode == Mode::Localize;
+    let mut node = start_node(tables, localize)?;
+    let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
+    let (weights, metrics) = (node.table("weights")?, node.table("metrics")?);
+    let local_barrier = Barrier::new(threads);
+    let emit = parking_lot::Mutex::new(emit);
+    let held = std::sync::atomic::AtomicU64::new(0);
+    run_workers(&node, threads, |t, mut w: Worker| -> Result<()> {
+        let (split, emit, node, local_barrier, held) = (&split, &emit, &node, &local_barrier, &held);
+        let worker_index = rank * threads + t;
+        let mine: Vec<usize> = (0..split.train.len()).filter(|i| i % (nodes * threads) == worker_index).collect();
+        let batches = fixed_batches(&mine, a.batch, a.common.seed ^ worker_index as u64);
+        let mut pusher = a.parse_filter()?.map(|f| FilteredPusher::new(weights, f));
+        let mut batch = Batch::new();
+        let mut next = Batch::new();
+        let mut elapsed = 0.0;
+        w.barrier()?;
+        for epoch in 1..=epochs {
+            let mut chunks: Vec<&[usize]> = batches.iter().map(Vec::as_slice).collect();
+            chunks.shuffle(&mut ChaCha8Rng::seed_from_u64(a.common.seed ^ ((epoch as u64) << 32) ^ worker_index as u64));
+            w.barrier()?;
+            let before = node.stats();
+            let started = Instant::now();
+            let mut loss = 0.0;
+            let mut ticket = None;
+            for (x, chunk) in chunks.iter().enumerate() {
+                batch.gather(&split.train, chunk, split.dims);
+                if localize {
+                    // Latency hiding: the next batch's weights move here while this one trains.
+                    if let Some(t) = ticket.take() {
+                        w.wait(t)?;
+                    }
+                    if x == 0 {
+                        w.localize(weights, &batch.keys)?;
+                    }
+                    if let Some(following) = chunks.get(x + 1) {
+                        next.gather(&split.train, following, split.dims);
+                        ticket = Some(w.localize_async(weights, &next.keys)?);
+                    }
+                }
+                w.pull(weights, &batch.keys, &mut batch.weights)?;
+                loss += batch.gradient(&split.train, chunk, a.worker_l2());
+                match pusher.as_mut() {
+                    Some(p) => p.push(&mut w, &batch.keys, &batch.gradient, &batch.weights)?,
+                    None => w.push(weights, &batch.keys, &batch.gradient)?,
+                }
+                if rank == 0 && t == 0 && x % 256 == 0 {
+                    (emit.lock())(Event::Progress(epoch, x as f64 / chunks.len().max(1) as f64));
+                }
+            }
+            if let Some(t) = ticket.take() {
+                w.wait(t)?;
+            }
+            if let Some(p) = pusher.as_mut() {
+                held.fetch_add(p.stats().held, std::sync::atomic::Ordering::Relaxed);
+                // Nothing is lost: what the filter held back goes out before the evaluation.
+                p.flush(&mut w)?;
+            }
+            w.barrier()?;
+            let epoch_s = started.elapsed().as_secs_f64();
+            let delta = node.stats().since(&before);
+            let mut v = [0.0f32; METRIC_FIELDS];
+            v[field::LOSS] = loss as f32;
+            v[field::EXAMPLES] = mine.len() as f32;
+            if t == 0 {
+                stats_fields(&delta, &mut v);
+            }
+            let sums = all_reduce(&mut w, metrics, epoch as u64, &v)?;
+            let mut quality = serde_json::Map::new();
+            if rank == 0 && t == 0 {
+                let all = pull_all(&mut w, weights, n as usize, 1)?;
+                quality = evaluate(&all, &split.test);
+                if let Some(p) = pusher.as_ref() {
+                    let s = p.stats();
+                    quality.insert("filtered".into(), format!("{:.1}% held", 100.0 * s.held as f64 / s.offered.max(1) as f64).into());
+                }
+            }
+            w.barrier_within(super::shared::EVALUATION_WAIT)?;
+            local_barrier.wait();
+            if rank == 0 && t == 0 {
+                elapsed += epoch_s;
+                (emit.lock())(Event::Epoch(cluster_report("lr", mode, epoch, epoch_s, elapsed, &sums, quality)));
+            }
+        }
+        Ok(())
+    })?;
+    node.finalize()?;
+    Ok(())
+}
+
+/// Fits scikit-learn's LogisticRegression on the same split (scripts/sklearn-baseline) and
+/// prints its figures: `C = 1 / (λ · n)` matches the mean-loss objective's penalty.
+pub fn sklearn(a: &LrArgs) -> Result<()> {
+    let split = a.load()?;
+    let split = &split;
+    let dir = std::env::temp_dir().join(format!("ferry-lr-sklearn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let (train, test) = (dir.join("train.libsvm"), dir.join("test.libsvm"));
+    split.train.write_libsvm(&train)?;
+    split.test.write_libsvm(&test)?;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/sklearn-baseline");
+    let c = if a.l2 > 0.0 { 1.0 / (a.l2 as f64 * split.train.len() as f64) } else { 1e12 };
+    let penalty = if a.l1 > 0.0 { "l1" } else { "l2" };
+    let c = if a.l1 > 0.0 { 1.0 / (a.l1 as f64 * split.train.len() as f64) } else { c };
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .arg(&train)
+        .arg(&test)
+        .arg(c.to_string())
+        .arg(penalty)
+        .arg(split.dims.to_string())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    if !out.status.success() {
+        bail!("scikit-learn baseline failed: {}", String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or(""));
+    }
+    println!("sklearn {}", String::from_utf8_lossy(&out.stdout).trim());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auc_counts_ordered_pairs() {
+        assert_eq!(auc(&mut [(0.1, 0.0), (0.4, 1.0), (0.35, 0.0), (0.8, 1.0)]), 1.0);
+        assert_eq!(auc(&mut [(0.9, 0.0), (0.1, 1.0)]), 0.0);
+        assert_eq!(auc(&mut [(0.5, 0.0), (0.5, 1.0)]), 0.5);
+        assert!((auc(&mut [(0.1, 1.0), (0.2, 0.0), (0.3, 1.0), (0.4, 0.0)]) - 0.25).abs() < 1e-12);
+    }
+
+    #[test]
+    fn batch_gradient_matches_finite_differences() {
+        let data = synthetic(50, 40, 3);
+        let idx: Vec<usize> = (0..10).collect();
+        let mut b = Batch::new();
+        b.gather(&data, &idx, 40);
+        for (i, w) in b.weights.iter_mut().enumerate() {
+            *w = (i as f32 * 0.37).sin() * 0.3;
+        }
+        b.gradient(&data, &idx, 0.01);
+        let analytic = b.gradient.clone();
+        let objective = |b: &mut Batch| {
+            let l2: f64 = b.weights[..b.keys.len() - 1].iter().map(|w| 0.01 * (*w as f64).powi(2) / 2.0).sum();
+            b.gradient(&data, &idx, 0.0) / idx.len() as f64 + l2
+        };
+        for k in [0, 3, b.keys.len() - 1] {
+            let eps = 1e-2;
+            b.weights[k] += eps;
+            let up = objective(&mut b);
+            b.weights[k] -= 2.0 * eps;
+            let down = objective(&mut b);
+            b.weights[k] += eps;
+            let numeric = (up - down) / (2.0 * eps as f64);
+            assert!((numeric - analytic[k] as f64).abs() < 2e-3, "key {k}: {numeric} vs {}", analytic[k]);
+        }
+    }
+}
