@@ -435,7 +435,8 @@ impl Sim {
             .partitioned(opts.partitioning)
             .replicating(opts.replicated.clone())
             .with_updater(opts.updater.updater())
-            .compressed(opts.codec).cache_keys(opts.key_cache_min);
+            .compressed(opts.codec)
+            .cache_keys(opts.key_cache_min);
         let settings = Settings {
             relocation: opts.relocation,
             location_caches: opts.location_caches,

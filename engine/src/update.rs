@@ -186,7 +186,9 @@ impl Updater {
             }),
             Updater::Adam { lr, beta1, beta2, eps } => positive("lr", lr).and(positive("eps", eps)).and(decay("beta1", beta1)).and(decay("beta2", beta2)),
             Updater::Ftrl { alpha, beta, l1, l2 } => {
-                let non_negative = |name: &str, x: f32| if x.is_finite() && x >= 0.0 { Ok(()) } else { Err(format!("{} needs a finite {name} of at least 0, not {x}", self.describe())) };
+                let non_negative = |name: &str, x: f32| {
+                    if x.is_finite() && x >= 0.0 { Ok(()) } else { Err(format!("{} needs a finite {name} of at least 0, not {x}", self.describe())) }
+                };
                 positive("alpha", alpha).and(non_negative("beta", beta)).and(non_negative("l1", l1)).and(non_negative("l2", l2))
             }
         }
@@ -415,7 +417,7 @@ mod tests {
         // z = 3, n = 9: w = -(3 - 1) / ((1 + 3) / 0.5 + 0.1).
         assert!((value[1] + 2.0 / 8.1).abs() < 1e-6, "{value:?}");
         // The same steps on slot words give the same bits.
-        let (v, s) = (words(&[0.0, 0.0]), words(&vec![0.0; 4]));
+        let (v, s) = (words(&[0.0, 0.0]), words(&[0.0; 4]));
         step(&u, &v, &s, &[0.5, 3.0]);
         assert_eq!(floats(&v), value);
         assert_eq!(floats(&s), state);

@@ -337,3 +337,66 @@ fn models_are_saved_and_used_for_predictions() {
     assert_eq!((items.lines().count(), items.lines().next().unwrap().split('\t').count()), (200, 6));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn logistic_regression_learns_with_every_toolbox_option() {
+    let base = ["lr", "--data", "synth-lr", "--epochs", "4", "--nodes", "2"];
+    let plain = train(&[&base[..], &["--mode", "single,classic,localize"]].concat());
+    let modes = by_mode(&plain);
+    let auc = |r: &Value| f(&r["quality"]["auc"]);
+    for (mode, runs) in &modes {
+        assert!(f(&runs[3]["loss"]) < f(&runs[0]["loss"]), "{mode}: the loss did not fall");
+        // The planted model's Bayes AUC is about 0.75; a random guess 0.5.
+        assert!(auc(&runs[3]) > 0.7, "{mode}: AUC {}", auc(&runs[3]));
+    }
+    assert!((auc(&modes["classic"][3]) - auc(&modes["single"][3])).abs() < 0.01);
+    assert!(modes["localize"].iter().all(|r| r["relocations"].as_u64().unwrap() > 0));
+    // Key caching and bf16 values: fewer bytes from the second epoch on, the same quality.
+    let lean = train(&[&base[..], &["--mode", "classic", "--key-cache", "16", "--codec", "bf16"]].concat());
+    let classic = &modes["classic"];
+    assert!(lean[3]["bytes"].as_u64().unwrap() * 2 < classic[3]["bytes"].as_u64().unwrap(), "{} vs {}", lean[3]["bytes"], classic[3]["bytes"]);
+    assert!((auc(&lean[3]) - auc(&classic[3])).abs() < 0.01);
+    // FTRL with the KKT filter, and AdaGrad with the significance filter: they learn, and the
+    // significance filter reports what it held back.
+    let ftrl = train(&[&base[..], &["--mode", "classic", "--optimizer", "ftrl", "--lr", "2", "--l1", "1e-4", "--filter", "kkt"]].concat());
+    assert!(auc(&ftrl[3]) > 0.7, "FTRL: AUC {}", auc(&ftrl[3]));
+    let filtered = train(&[&base[..], &["--mode", "classic", "--filter", "significance:0.05"]].concat());
+    assert!(auc(&filtered[3]) > 0.7 && filtered[3]["quality"]["filtered"].as_str().is_some_and(|s| s.ends_with("held")));
+    // Bad options are refused before anything starts.
+    for bad in [&["--optimizer", "sgd"][..], &["--codec", "fp8"], &["--filter", "significance:-1"], &["--l1", "0.1"]] {
+        let out = Command::new(binary("ferry")).args(["train", "lr", "--data", "synth-lr"]).args(bad).output().unwrap();
+        assert!(!out.status.success(), "{bad:?} was accepted");
+    }
+}
+
+#[test]
+fn count_min_sketch_stays_within_its_bound() {
+    for combine in ["0", "4096"] {
+        let reports = train(&[
+            "countmin",
+            "--data",
+            "synth-text",
+            "--width",
+            "512",
+            "--depth",
+            "3",
+            "--mode",
+            "single,classic",
+            "--epochs",
+            "2",
+            "--nodes",
+            "2",
+            "--combine",
+            combine,
+        ]);
+        let modes = by_mode(&reports);
+        for (mode, runs) in &modes {
+            let q = &runs[1]["quality"];
+            assert!(f(&q["within_bound"]) >= 0.99, "{mode}: {q}");
+            assert_eq!(q["undercounts"].as_u64(), Some(0), "{mode}: a CountMin sketch never undercounts");
+            assert!(f(&q["keys_per_s"]) > 0.0 && f(&q["raw_keys_per_s"]) > 0.0);
+        }
+        // Every node inserted into the same sketch: the cluster's estimates equal single's.
+        assert_eq!(modes["classic"][1]["quality"]["mean_overcount"], modes["single"][1]["quality"]["mean_overcount"]);
+    }
+}

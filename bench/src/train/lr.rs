@@ -122,7 +122,8 @@ impl LrArgs {
         if self.hash_bits.is_some_and(|b| !(4..=30).contains(&b)) {
             bail!("--hash-bits must be in 4..=30");
         }
-        if !(self.lr.is_finite() && self.lr > 0.0) || !(self.l2.is_finite() && self.l2 >= 0.0) || !(self.l1.is_finite() && self.l1 >= 0.0) {
+        let valid = |x: f32, positive: bool| x.is_finite() && if positive { x > 0.0 } else { x >= 0.0 };
+        if !(valid(self.lr, true) && valid(self.l2, false) && valid(self.l1, false)) {
             bail!("--lr must be positive, --l1 and --l2 at least 0");
         }
         if self.l1 > 0.0 && self.optimizer != "ftrl" {

@@ -457,7 +457,9 @@ fn print_header(json: bool) {
 /// Quality figures beyond the headline (KGE's Hits@1/3/10; LR's log loss, non-zero weights and
 /// filtered share), for the table.
 fn more_quality(r: &EpochReport) -> String {
-    let numbers = ["hits@1", "hits@3", "hits@10", "logloss", "mean_overcount", "vs_raw"].iter().filter_map(|k| r.quality.get(*k).and_then(|v| v.as_f64()).map(|v| format!("{k} {v:.4}")));
+    let numbers = ["hits@1", "hits@3", "hits@10", "logloss", "mean_overcount", "vs_raw"]
+        .iter()
+        .filter_map(|k| r.quality.get(*k).and_then(|v| v.as_f64()).map(|v| format!("{k} {v:.4}")));
     let counts = ["nonzero"].iter().filter_map(|k| r.quality.get(*k).and_then(|v| v.as_u64()).map(|v| format!("{k} {v}")));
     let texts = ["filtered"].iter().filter_map(|k| r.quality.get(*k).and_then(|v| v.as_str()).map(|v| format!("{k} {v}")));
     numbers.chain(counts).chain(texts).collect::<Vec<_>>().join(" ")

@@ -157,7 +157,11 @@ impl Step<'_, '_> {
         let dir = self.directory();
         let caches = self.core.key_caches();
         let sender = (from, super::worker_of(wire::op_of(body).unwrap_or(0)));
-        let a = Access::decode_cached(body, |t| dir.table(t).map(|m| m.value_len), |hash| caches.lock().get(&sender).and_then(|c| c.get(hash)).map(<[u8]>::to_vec))?;
+        let a = Access::decode_cached(
+            body,
+            |t| dir.table(t).map(|m| m.value_len),
+            |hash| caches.lock().get(&sender).and_then(|c| c.get(hash)).map(<[u8]>::to_vec),
+        )?;
         if a.flags & wire::FLAG_KEYS_REMEMBER != 0 {
             // Kept in the order the worker sent its lists (see `keycache`); again on a resumed
             // step, which changes nothing.

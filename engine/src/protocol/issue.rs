@@ -675,8 +675,11 @@ fn encode_rows(
         }
         None if cache.is_some() => {
             let ks: Vec<u64> = rows.iter().map(|r| keys[r as usize]).collect();
-            let values: Vec<f32> =
-                if h.kind.carries_values() { rows.iter().flat_map(|r| input[r as usize * value_len..(r as usize + 1) * value_len].iter().copied()).collect() } else { Vec::new() };
+            let values: Vec<f32> = if h.kind.carries_values() {
+                rows.iter().flat_map(|r| input[r as usize * value_len..(r as usize + 1) * value_len].iter().copied()).collect()
+            } else {
+                Vec::new()
+            };
             gathered = (ks, values);
             (&gathered.0, &gathered.1, false)
         }

@@ -138,12 +138,16 @@ fn toolbox(clocks: u64) -> Result<()> {
     const DIM: usize = 4;
     let (lr, eps, init) = (0.3f32, 1e-6f32, 0.1f32);
     let spec = TableSpec::new("t", KEYS, DIM).partitioned(Partitioning::Hash).with_updater(ferry::Updater::Adagrad { lr, eps, init });
-    let mut config = Config::from_env(vec![spec])?;
+    // Counts with bf16 values and key caching: small integers are exact in bf16.
+    let counts = TableSpec::new("c", KEYS, DIM).partitioned(Partitioning::Hash).compressed(ferry::ValueCodec::Bf16).cache_keys(4);
+    let mut config = Config::from_env(vec![spec, counts])?;
     config.max_delay = Some(1);
     let mut node = Node::start(config)?;
     println!("transport {}", node.transport());
     let rank = node.rank();
     let table = node.table("t")?;
+    let counts = node.table("c")?;
+    let scattered: Vec<u64> = (0..KEYS).filter(|k| k % 3 != 0).collect();
     let gradient = |c: u64, k: u64, j: usize| ((c * 31 + k * 7 + j as u64 * 3) % 13) as f32 / 6.0 - 1.0;
     // The reference: each key's gradients in its pusher's order.
     let reference = |k: u64, upto: u64| -> Vec<f32> {
@@ -173,9 +177,21 @@ fn toolbox(clocks: u64) -> Result<()> {
         if !close(&value, &reference(probe[0], c + 1)) {
             anyhow::bail!("clock {c}: push-pull of key {} returned {value:?}, expected {:?}", probe[0], reference(probe[0], c + 1));
         }
+        // The same key list every clock: sent once, then by hash.
+        w.push(counts, &scattered, &vec![1.0; scattered.len() * DIM])?;
+        let mut seen = vec![0.0f32; scattered.len() * DIM];
+        w.pull(counts, &scattered, &mut seen)?;
+        if seen.iter().any(|&v| v < (c + 1) as f32) {
+            anyhow::bail!("clock {c}: a count of the compressed table is below {}", c + 1);
+        }
         w.advance_clock()?;
     }
     w.barrier()?;
+    let mut seen = vec![0.0f32; scattered.len() * DIM];
+    w.pull(counts, &scattered, &mut seen)?;
+    if let Some(v) = seen.iter().find(|&&v| v != 2.0 * clocks as f32) {
+        anyhow::bail!("a count of the compressed table is {v}, expected {}", 2 * clocks);
+    }
     let all: Vec<u64> = (0..KEYS).collect();
     let mut out = vec![0.0f32; KEYS as usize * DIM];
     w.pull(table, &all, &mut out)?;
