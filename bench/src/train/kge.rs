@@ -581,8 +581,8 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
     let (n_e, n_r) = (kg.entities.len(), kg.relations.len());
     let updater = if server { Updater::Adagrad { lr: a.lr, eps: ADAGRAD_EPS, init: INITIAL_ACCUMULATOR } } else { Updater::Add };
     let (mut entity_spec, mut relation_spec) = (
-        TableSpec::new("entities", n_e as u64, len).partitioned(Partitioning::Hash).with_updater(updater.clone()),
-        TableSpec::new("relations", n_r as u64, len).partitioned(Partitioning::Hash).with_updater(updater),
+        a.common.on_the_wire(TableSpec::new("entities", n_e as u64, len).partitioned(Partitioning::Hash).with_updater(updater.clone()))?,
+        a.common.on_the_wire(TableSpec::new("relations", n_r as u64, len).partitioned(Partitioning::Hash).with_updater(updater))?,
     );
     let hybrid = mode == Mode::Hybrid;
     let mut summary = None;

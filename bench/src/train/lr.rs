@@ -6,7 +6,8 @@
 //! of the batch's mean log loss; Ferry applies AdaGrad (with the L2 penalty added to the
 //! gradient by the worker) or FTRL-proximal (L1 and L2 in the updater) where each weight is held.
 //! `--filter` holds back insignificant updates ([`ferry::filter`]), `--codec` compresses values
-//! on the wire. Quality: log loss and AUC on the held-out examples, against scikit-learn's
+//! on the wire, `--key-cache` sends repeated key lists by hash (each worker's mini-batches are
+//! drawn once and revisited every epoch in a new order, so their key lists repeat). Quality: log loss and AUC on the held-out examples, against scikit-learn's
 //! `LogisticRegression` on the same split (`--sklearn`).
 
 use std::sync::Barrier;
@@ -15,7 +16,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ferry::filter::{FilteredPusher, Kkt, PushFilter, Significance};
-use ferry::{Partitioning, TableSpec, Updater, ValueCodec, Worker};
+use ferry::{Partitioning, TableSpec, Updater, Worker};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -61,14 +62,6 @@ pub struct LrArgs {
     /// within the L1 penalty).
     #[arg(long, default_value = "none")]
     pub filter: String,
-    /// Value encoding on the wire in cluster modes: f32, bf16, f16 or int8.
-    #[arg(long, default_value = "f32")]
-    pub codec: String,
-    /// Key caching in cluster modes: key lists of at least this many keys are sent once and
-    /// then by hash (0: off). Each worker's mini-batches are drawn once and revisited every
-    /// epoch (in a new order), so their key lists repeat.
-    #[arg(long, default_value_t = 0)]
-    pub key_cache: usize,
     /// After training, fit scikit-learn's LogisticRegression on the same split (in a throwaway
     /// virtual environment) and print both.
     #[arg(long)]
@@ -130,7 +123,7 @@ impl LrArgs {
             bail!("--l1 needs --optimizer ftrl (AdaGrad takes no L1 step)");
         }
         self.updater()?;
-        self.codec()?;
+        self.common.on_the_wire(TableSpec::new("check", 1, 1))?;
         self.parse_filter()?;
         Ok(())
     }
@@ -152,10 +145,6 @@ impl LrArgs {
             self.batch.to_string(),
             "--filter".into(),
             self.filter.clone(),
-            "--codec".into(),
-            self.codec.clone(),
-            "--key-cache".into(),
-            self.key_cache.to_string(),
         ];
         if let Some(b) = self.hash_bits {
             args.extend(["--hash-bits".into(), b.to_string()]);
@@ -173,10 +162,6 @@ impl LrArgs {
             "ftrl" => Ok(Updater::Ftrl { alpha: self.lr, beta: 1.0, l1: self.l1, l2: self.l2 }),
             other => bail!("--optimizer {other}: expected adagrad or ftrl"),
         }
-    }
-
-    fn codec(&self) -> Result<ValueCodec> {
-        self.codec.parse::<ValueCodec>().map_err(|e| anyhow::anyhow!("--codec: {e}"))
     }
 
     fn parse_filter(&self) -> Result<Option<Box<dyn PushFilter>>> {
@@ -428,8 +413,7 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
     let split = a.load()?;
     let epochs = a.common.epochs;
     let n = split.dims + 1;
-    let weights_spec =
-        TableSpec::new("weights", n, 1).partitioned(Partitioning::Hash).with_updater(a.updater()?).compressed(a.codec()?).cache_keys(a.key_cache);
+    let weights_spec = a.common.on_the_wire(TableSpec::new("weights", n, 1).partitioned(Partitioning::Hash).with_updater(a.updater()?))?;
     let tables = vec![weights_spec, TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS)];
     let localize = mode == Mode::Localize;
     let mut node = start_node(tables, localize)?;

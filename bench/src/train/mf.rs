@@ -442,7 +442,7 @@ pub fn run_single(a: &MfArgs, emit: Sink) -> Result<()> {
 pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
     let (train, test) = a.load()?;
     let (seed, len, epochs) = (a.common.seed, a.rank + 1, a.common.epochs);
-    let mut item_spec = TableSpec::new("items", train.n_items as u64, len).partitioned(Partitioning::Hash);
+    let mut item_spec = a.common.on_the_wire(TableSpec::new("items", train.n_items as u64, len).partitioned(Partitioning::Hash))?;
     let mut summary = None;
     if mode == Mode::Hybrid {
         // Column keys the frequency heuristic finds hot are replicated (with the default factor
@@ -456,7 +456,7 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
         item_spec = item_spec.replicating(ferry::replication::as_ranges(&hot));
     }
     let tables = vec![
-        TableSpec::new("users", train.n_users as u64, len).partitioned(Partitioning::Hash),
+        a.common.on_the_wire(TableSpec::new("users", train.n_users as u64, len).partitioned(Partitioning::Hash))?,
         item_spec,
         TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS),
     ];

@@ -132,6 +132,14 @@ pub struct Common {
     /// With --save: also save every this many epochs (0: only after the last).
     #[arg(long, default_value_t = 0, requires = "save")]
     pub save_every: usize,
+    /// Cluster modes: how the model's values travel — f32, bf16, f16 or int8 (a scale per
+    /// message part) — the parameter server's value compression.
+    #[arg(long, default_value = "f32")]
+    pub codec: String,
+    /// Cluster modes: key lists of at least this many keys are sent once and then by hash (key
+    /// caching; 0: off).
+    #[arg(long, default_value_t = 0)]
+    pub key_cache: usize,
     /// Internal: the part this process plays.
     #[arg(long, value_enum, default_value = "driver", hide = true)]
     pub role: Role,
@@ -152,10 +160,17 @@ impl Common {
         let mut a = vec!["--mode".into(), mode.name().into(), "--nodes".into(), self.nodes.to_string(), "--threads".into(), self.threads().to_string()];
         a.extend(["--epochs".into(), self.epochs.to_string(), "--seed".into(), self.seed.to_string(), "--role".into(), "node".into()]);
         a.extend(["--hot-factor".into(), self.hot_factor.to_string(), "--replicate".into(), self.replicate.to_string()]);
+        a.extend(["--codec".into(), self.codec.clone(), "--key-cache".into(), self.key_cache.to_string()]);
         if let Some(dir) = &self.save {
             a.extend(["--save".into(), dir.display().to_string(), "--save-every".into(), self.save_every.to_string()]);
         }
         a
+    }
+
+    /// `spec` with the wire options (--codec, --key-cache): for the model's tables.
+    pub fn on_the_wire(&self, spec: ferry::TableSpec) -> Result<ferry::TableSpec> {
+        let codec = self.codec.parse::<ferry::ValueCodec>().map_err(|e| anyhow::anyhow!("--codec: {e}"))?;
+        Ok(spec.compressed(codec).cache_keys(self.key_cache))
     }
 
     /// Whether the model is saved after `epoch`.

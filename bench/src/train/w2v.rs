@@ -656,8 +656,10 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
     let corpus = a.load()?;
     let (seed, dim, epochs) = (a.common.seed, a.dim, a.common.epochs);
     let v = corpus.words.len();
-    let (mut input_spec, mut output_spec) =
-        (TableSpec::new("input", v as u64, dim).partitioned(Partitioning::Hash), TableSpec::new("output", v as u64, dim).partitioned(Partitioning::Hash));
+    let (mut input_spec, mut output_spec) = (
+        a.common.on_the_wire(TableSpec::new("input", v as u64, dim).partitioned(Partitioning::Hash))?,
+        a.common.on_the_wire(TableSpec::new("output", v as u64, dim).partitioned(Partitioning::Hash))?,
+    );
     let mut summary = None;
     if mode == Mode::Hybrid {
         // The frequency heuristic on word counts: a word's input vector is accessed once per
