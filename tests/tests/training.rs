@@ -400,3 +400,19 @@ fn count_min_sketch_stays_within_its_bound() {
         assert_eq!(modes["classic"][1]["quality"]["mean_overcount"], modes["single"][1]["quality"]["mean_overcount"]);
     }
 }
+
+#[test]
+fn logistic_regression_on_a_real_libsvm_set_from_a_source_archive() {
+    // agaricus comes out of the xlearn source archive (pip, --no-binary): fetched, checked,
+    // cached, then read as LIBSVM.
+    let cache = std::env::temp_dir().join(format!("ferry-fetch-lr-{}", std::process::id()));
+    let out = Command::new(binary("ferry"))
+        .args(["train", "lr", "--data", "agaricus", "--mode", "single", "--epochs", "2", "--json"])
+        .env("FERRY_DATA", &cache)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&cache);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reports: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(f(&reports[1]["quality"]["auc"]) > 0.99, "{}", reports[1]);
+}
