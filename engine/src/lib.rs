@@ -11,7 +11,9 @@
 //! * [`replication`] keeps replicas of hot keys on every node within a staleness bound (NuPS);
 //! * [`sampling`] gives workers samples from a key distribution under a conformity level (NuPS);
 //! * [`protocol`] is the parameter-server protocol as deterministic state machines with no I/O;
-//! * [`update`] applies pushes at the key's holder: add, sgd, adagrad, adam or a user rule;
+//! * [`update`] applies pushes at the key's holder: add, sgd, adagrad, adam, ftrl or a user rule;
+//!   [`codec`] compresses values on the wire, [`filter`] holds back insignificant pushes;
+//! * [`intent`] holds AdaPM's action timing and intent aggregation (not wired in yet);
 //! * [`store`] holds the values, [`partition`] maps keys to home nodes;
 //! * with the `sim` feature, `sim` runs the protocol in seeded simulated clusters and
 //!   `consistency` checks recorded histories for per-key sequential consistency, and `fuzz`
@@ -28,6 +30,7 @@ pub mod fabric;
 pub mod filter;
 #[cfg(any(test, feature = "sim"))]
 pub mod fuzz;
+pub mod intent;
 pub mod launch;
 mod node;
 pub mod partition;
