@@ -28,7 +28,7 @@ pub struct Snapshot {
     words: Box<[AtomicU32]>,
     remote: RemoteAddr,
     /// Per replicated key (by position): its slot version when last put into this image;
-    /// [`NEVER`] before the first time, or after the peer asked for everything.
+    /// `NEVER` before the first time, or after the peer asked for everything.
     sent: Box<[AtomicU32]>,
 }
 
@@ -58,7 +58,7 @@ impl Snapshot {
         self.remote
     }
 
-    /// The version of the key at `position` when last put into this image ([`NEVER`]: not yet).
+    /// The version of the key at `position` when last put into this image (`NEVER`: not yet).
     pub fn sent(&self, position: usize) -> &AtomicU32 {
         &self.sent[position]
     }
