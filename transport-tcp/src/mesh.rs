@@ -515,7 +515,7 @@ impl Inner {
         let len = frame.len() as u64;
         let queued = p.queued.load(Ordering::Relaxed);
         let hard = (self.config.send_queue_limit as u64).saturating_mul(SEND_QUEUE_HARD_FACTOR);
-        if queued > 0 && queued + len > hard {
+        if queued > 0 && queued.saturating_add(len) > hard {
             let reason = format!("{queued} bytes wait in its send queue, and {len} more would pass the limit of {hard}");
             self.defer_loss(&p, TransportError::PeerNotReading { peer, reason });
             return Err(TransportError::PeerGone(peer));
@@ -641,7 +641,10 @@ impl Inner {
             let mut out = p.out.lock();
             if !out.closed {
                 let head = Header { kind: FrameKind::Goodbye, flags: 0, len: 0 }.encode();
-                out.frames.push_back(OutFrame::new(&head, Vec::new()));
+                let frame = OutFrame::new(&head, Vec::new());
+                // Counted like every queued frame: the writer subtracts what the socket takes.
+                p.queued.fetch_add(frame.len() as u64, Ordering::Relaxed);
+                out.frames.push_back(frame);
             }
         }
         self.flush_peer(p);
@@ -704,7 +707,8 @@ impl Inner {
 
     /// The socket took `bytes` of `p`'s queue.
     fn drained(&self, p: &Peer, bytes: usize) {
-        p.queued.fetch_sub(bytes as u64, Ordering::Relaxed);
+        // Never below zero, whatever a path forgot to count: the counter gates senders.
+        let _ = p.queued.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| Some(q.saturating_sub(bytes as u64)));
         p.drained_ns.store(self.now_ns(), Ordering::Relaxed);
     }
 
