@@ -208,6 +208,25 @@ fn clean_shutdown_reports_goodbye_and_joins() {
     assert!(rec_b.events.lock().contains(&Event::Closed(0, true)));
 }
 
+/// A peer that says goodbye first makes this node queue its own goodbye; the send-queue count
+/// must account for it (an uncounted frame once made the counter wrap below zero, and the next
+/// send's limit check overflowed).
+#[test]
+fn a_peers_goodbye_leaves_the_send_queue_count_at_zero() {
+    let mut nodes = cluster(2, MeshConfig::default());
+    let (b, _) = nodes.pop().unwrap();
+    let (a, rec_a) = nodes.pop().unwrap();
+    b.shutdown();
+    rec_a.wait_for("node 1's goodbye", Duration::from_secs(10), |e| e.contains(&Event::Closed(1, true)));
+    // The reply goodbye is written (or dropped with the closed socket) soon after.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a.queued_bytes(1) != 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(a.queued_bytes(1), 0);
+    a.shutdown();
+}
+
 #[test]
 fn a_vanished_peer_is_reported_as_lost() {
     let mut nodes = cluster(3, quick_config());
