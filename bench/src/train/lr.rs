@@ -7,8 +7,9 @@
 //! gradient by the worker) or FTRL-proximal (L1 and L2 in the updater) where each weight is held.
 //! `--filter` holds back insignificant updates ([`ferry::filter`]), `--codec` compresses values
 //! on the wire, `--key-cache` sends repeated key lists by hash (each worker's mini-batches are
-//! drawn once and revisited every epoch in a new order, so their key lists repeat). Quality: log loss and AUC on the held-out examples, against scikit-learn's
-//! `LogisticRegression` on the same split (`--sklearn`).
+//! drawn once and revisited every epoch in a new order, so their key lists repeat). Quality: log
+//! loss and AUC on the held-out examples, against scikit-learn's `LogisticRegression` on the
+//! same split (`--sklearn`).
 
 use std::sync::Barrier;
 use std::time::Instant;
@@ -421,9 +422,8 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
     let (weights, metrics) = (node.table("weights")?, node.table("metrics")?);
     let local_barrier = Barrier::new(threads);
     let emit = parking_lot::Mutex::new(emit);
-    let held = std::sync::atomic::AtomicU64::new(0);
     run_workers(&node, threads, |t, mut w: Worker| -> Result<()> {
-        let (split, emit, node, local_barrier, held) = (&split, &emit, &node, &local_barrier, &held);
+        let (split, emit, node, local_barrier) = (&split, &emit, &node, &local_barrier);
         let worker_index = rank * threads + t;
         let mine: Vec<usize> = (0..split.train.len()).filter(|i| i % (nodes * threads) == worker_index).collect();
         let batches = fixed_batches(&mine, a.batch, a.common.seed ^ worker_index as u64);
@@ -441,7 +441,12 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
             let mut loss = 0.0;
             let mut ticket = None;
             for (x, chunk) in chunks.iter().enumerate() {
-                batch.gather(&split.train, chunk, split.dims);
+                if localize && x > 0 {
+                    // Gathered ahead, when its localize was issued.
+                    std::mem::swap(&mut batch, &mut next);
+                } else {
+                    batch.gather(&split.train, chunk, split.dims);
+                }
                 if localize {
                     // Latency hiding: the next batch's weights move here while this one trains.
                     if let Some(t) = ticket.take() {
@@ -469,7 +474,6 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
                 w.wait(t)?;
             }
             if let Some(p) = pusher.as_mut() {
-                held.fetch_add(p.stats().held, std::sync::atomic::Ordering::Relaxed);
                 // Nothing is lost: what the filter held back goes out before the evaluation.
                 p.flush(&mut w)?;
             }
@@ -516,9 +520,9 @@ pub fn sklearn(a: &LrArgs) -> Result<()> {
     split.train.write_libsvm(&train)?;
     split.test.write_libsvm(&test)?;
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/sklearn-baseline");
-    let c = if a.l2 > 0.0 { 1.0 / (a.l2 as f64 * split.train.len() as f64) } else { 1e12 };
-    let penalty = if a.l1 > 0.0 { "l1" } else { "l2" };
-    let c = if a.l1 > 0.0 { 1.0 / (a.l1 as f64 * split.train.len() as f64) } else { c };
+    // The penalty scikit-learn takes: L1 when one is set (liblinear has no mix), else L2.
+    let (penalty, lambda) = if a.l1 > 0.0 { ("l1", a.l1) } else { ("l2", a.l2) };
+    let c = if lambda > 0.0 { 1.0 / (lambda as f64 * split.train.len() as f64) } else { 1e12 };
     let out = std::process::Command::new("bash")
         .arg(&script)
         .arg(&train)

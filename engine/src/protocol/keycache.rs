@@ -54,9 +54,10 @@ impl KeyCache {
     }
 }
 
-/// The hash a key list is referred to by (FNV-1a over its bytes).
+/// The hash a key list is referred to by (FNV-1a over its bytes, as the configuration
+/// fingerprint).
 pub fn list_hash(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+    crate::config::fnv1a(bytes)
 }
 
 #[cfg(test)]
