@@ -142,6 +142,29 @@ pub enum TransportChoice {
     Verbs,
 }
 
+/// How the intent service times its actions (AdaPM, Section 4.2, Algorithm 1). Local to a
+/// node: nodes may differ.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IntentSettings {
+    /// Shortest communication round of the intent service; a round that relocates keys lasts as
+    /// long as the relocations take.
+    pub round: Duration,
+    /// Smoothing factor α of the clocks-per-round estimate, in (0, 1].
+    pub alpha: f64,
+    /// Quantile `p` of the Poisson bound on how far a worker gets in two rounds, in [0.5, 1).
+    pub quantile: f64,
+    /// Initial estimate of clocks per round (AdaPM: 10, which acts early until the estimate has
+    /// learned the real rate).
+    pub initial_rate: f64,
+}
+
+impl Default for IntentSettings {
+    /// AdaPM's untuned settings (α = 0.1, p = 0.9999, 10 clocks per round) and 1 ms rounds.
+    fn default() -> Self {
+        IntentSettings { round: Duration::from_millis(1), alpha: 0.1, quantile: 0.9999, initial_rate: 10.0 }
+    }
+}
+
 /// Which verbs device, port and GID a node uses, and how its messaging buffers are sized.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerbsSettings {
@@ -262,6 +285,8 @@ pub struct Config {
     /// `c − τ − 1`; `Some(0)` is bulk synchronous, `None` (the default) fully asynchronous.
     /// `FERRY_MAX_DELAY` sets it (a number, or `inf`).
     pub max_delay: Option<u64>,
+    /// Timing of the intent service ([`crate::Worker::intent`]).
+    pub intent: IntentSettings,
     /// Who may join the cluster: the shared secret (`FERRY_SECRET`, or the contents of
     /// `FERRY_SECRET_FILE`) and the job id (`FERRY_JOB_ID`, else Slurm's `SLURM_JOB_ID`). Without
     /// a secret the cluster must run on loopback (see docs/SECURITY.md).
@@ -348,6 +373,7 @@ impl Config {
             shards: 16,
             staleness: Duration::from_millis(40),
             max_delay: None,
+            intent: IntentSettings::default(),
             membership: ferry_tcp::Membership::default(),
             require_secret: false,
             fail_sends_after: None,
@@ -522,6 +548,13 @@ impl Config {
                 self.send_queue_limit,
                 4 * self.max_message_bytes
             ));
+        }
+        let i = &self.intent;
+        if !(i.alpha > 0.0 && i.alpha <= 1.0) || !(0.5..1.0).contains(&i.quantile) || !(i.initial_rate.is_finite() && i.initial_rate >= 0.0) {
+            return bad(format!("intent timing needs 0 < alpha ≤ 1, 0.5 ≤ quantile < 1 and a finite initial rate ≥ 0, not {i:?}"));
+        }
+        if i.round.is_zero() || i.round > Duration::from_secs(1) {
+            return bad(format!("the intent round must be between 0 and 1 s, not {:?}", i.round));
         }
         if !(1..=crate::protocol::MAX_SHARDS).contains(&self.shards) {
             return bad(format!("shards must be in 1..={}, not {}", crate::protocol::MAX_SHARDS, self.shards));

@@ -78,6 +78,9 @@ pub enum Error {
     /// A sampling call was given a bad distribution, scheme or handle, or could not draw.
     #[error("sampling: {0}")]
     Sampling(String),
+    /// An intent was declared with a window that ends before it starts.
+    #[error("intent: {0}")]
+    Intent(String),
     /// `finalize` was called while worker handles were still alive.
     #[error("{0} worker handle(s) are still alive; drop them before finalize")]
     WorkersAlive(usize),

@@ -47,11 +47,11 @@ mod util;
 mod worker;
 
 pub use codec::ValueCodec;
-pub use config::{ClusterEnv, Config, ElementType, HugePages, Partitioning, TableSpec, TransportChoice, VerbsSettings};
+pub use config::{ClusterEnv, Config, ElementType, HugePages, IntentSettings, Partitioning, TableSpec, TransportChoice, VerbsSettings};
 pub use error::{Error, Result};
 pub use node::{Node, SlotAddress, Table};
 pub use replication::AccessCounts;
 pub use sampling::{Conformity, DistributionId, KeyDistribution, SampleHandle, SamplingScheme, SamplingStats};
-pub use stats::{Latency, MessageKind, ReplicationStats, Stats, Traffic};
+pub use stats::{IntentStats, Latency, MessageKind, ReplicationStats, Stats, Traffic};
 pub use update::{UpdateRule, Updater};
 pub use worker::{PullTicket, Ticket, Worker};

@@ -272,6 +272,7 @@ impl Node {
         if live > 0 {
             return Err(Error::WorkersAlive(live));
         }
+        self.inner.intents.stop();
         // The replication thread stops first (a round of its own could still be talking to a
         // peer that already left); then the replicas' last pushes go home before anyone leaves.
         self.stop_replication();
@@ -312,8 +313,10 @@ impl Node {
             let _ = t.join();
         }
         self.stop_replication();
-        // Fail whatever still waits, so that no worker stays blocked.
+        // Fail whatever still waits, so that no worker stays blocked (the intent thread's
+        // worker included, which then ends).
         self.inner.shut_down_workers();
+        self.inner.intents.stop();
     }
 }
 
@@ -334,6 +337,12 @@ impl NodeInner {
                 Table { id: i as u16, value_len: t.value_len, keys: t.keys, cluster: self.fingerprint }
             })
             .ok_or_else(|| Error::UnknownTable(name.to_string()))
+    }
+
+    /// The handle of table number `id` (which must exist).
+    pub(crate) fn table_by_id(&self, id: u16) -> Table {
+        let t = &self.config.tables[id as usize];
+        Table { id, value_len: t.value_len, keys: t.keys, cluster: self.fingerprint }
     }
 
     #[inline]

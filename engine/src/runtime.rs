@@ -61,6 +61,8 @@ pub(crate) struct NodeInner {
     pub replication_rounds: Mutex<crate::replication::RoundState>,
     /// Tells the replication thread to stop (finalize stops it before its last round).
     pub replication_stop: AtomicBool,
+    /// The workers' intents and the thread acting on them.
+    pub intents: crate::intent::IntentService,
 }
 
 impl NodeInner {
@@ -84,6 +86,7 @@ impl NodeInner {
             timer_cv: Condvar::new(),
             replication_rounds: Mutex::new(crate::replication::RoundState::default()),
             replication_stop: AtomicBool::new(false),
+            intents: Default::default(),
         }
     }
 
@@ -281,7 +284,9 @@ impl NodeInner {
 
     /// Registers a worker: its index, the sequence number its operation ids start at, and its
     /// inbox.
-    pub fn register_worker(&self) -> (u16, u64, Receiver<Delivery>) {
+    /// A `member` worker counts among the node's live workers (barriers wait for it, finalize
+    /// refuses while it lives); the intent service's own worker does not.
+    pub fn register_worker(&self, member: bool) -> (u16, u64, Receiver<Delivery>) {
         let (sender, receiver) = crossbeam_channel::unbounded();
         let mut workers = self.workers.write();
         let index = match workers.iter().position(|s| s.inbox.is_none()) {
@@ -292,12 +297,14 @@ impl NodeInner {
             }
         };
         workers[index].inbox = Some(sender);
-        self.live_workers.fetch_add(1, Ordering::AcqRel);
+        if member {
+            self.live_workers.fetch_add(1, Ordering::AcqRel);
+        }
         (index as u16, workers[index].next_seq, receiver)
     }
 
     /// A worker leaves; its successor on the same index continues from `next_seq`.
-    pub fn retire_worker(&self, index: u16, next_seq: u64) {
+    pub fn retire_worker(&self, index: u16, next_seq: u64, member: bool) {
         {
             let mut workers = self.workers.write();
             if let Some(slot) = workers.get_mut(index as usize) {
@@ -305,9 +312,11 @@ impl NodeInner {
                 slot.next_seq = next_seq;
             }
         }
-        self.live_workers.fetch_sub(1, Ordering::AcqRel);
-        // A departing worker may complete a round the others wait in.
-        self.maybe_start_round();
+        if member {
+            self.live_workers.fetch_sub(1, Ordering::AcqRel);
+            // A departing worker may complete a round the others wait in.
+            self.maybe_start_round();
+        }
     }
 
     /// Tells every worker that the node shuts down.

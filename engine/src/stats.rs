@@ -139,6 +139,38 @@ pub struct Stats {
     pub blocking_time: Latency,
     /// Replicated keys: accesses, shipping and refreshes.
     pub replication: ReplicationStats,
+    /// Intent signalling: rounds, keys acted on, and how timely.
+    pub intent: IntentStats,
+}
+
+/// What intent signalling did on a node (AdaPM, Sections 4.2 and 5).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IntentStats {
+    /// Communication rounds of the intent service.
+    pub rounds: u64,
+    /// Key windows declared by this node's workers.
+    pub declared: u64,
+    /// Keys the service relocated here because of an intent.
+    pub acted_keys: u64,
+    /// Of those, keys that were here before their window started.
+    pub in_time: u64,
+    /// Sum over the keys in time of how many clocks before the window's start they were here
+    /// (divide by `in_time` for the mean lead).
+    pub lead_clocks: u64,
+    /// Accesses by a worker to a key it had declared intent for in its current clock that did
+    /// not find the key here ("late" accesses: they went to another node).
+    pub late_accesses: u64,
+}
+
+impl IntentStats {
+    fn counters(&mut self) -> [&mut u64; 6] {
+        [&mut self.rounds, &mut self.declared, &mut self.acted_keys, &mut self.in_time, &mut self.lead_clocks, &mut self.late_accesses]
+    }
+
+    /// Mean number of clocks between a key's arrival and its window's start (0 without data).
+    pub fn mean_lead(&self) -> f64 {
+        if self.in_time == 0 { 0.0 } else { self.lead_clocks as f64 / self.in_time as f64 }
+    }
 }
 
 /// What replication did on a node (NuPS, Section 3.2).
@@ -214,6 +246,13 @@ impl Stats {
                 }
                 now
             },
+            intent: {
+                let (mut now, mut before) = (self.intent, earlier.intent);
+                for (x, e) in now.counters().into_iter().zip(before.counters()) {
+                    *x = x.saturating_sub(*e);
+                }
+                now
+            },
         }
     }
 
@@ -234,6 +273,10 @@ impl Stats {
             }
             let mut theirs = o.replication;
             for (x, y) in s.replication.counters().into_iter().zip(theirs.counters()) {
+                *x += *y;
+            }
+            let mut theirs = o.intent;
+            for (x, y) in s.intent.counters().into_iter().zip(theirs.counters()) {
                 *x += *y;
             }
             for (mine, theirs) in [

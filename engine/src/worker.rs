@@ -55,6 +55,11 @@ pub struct Worker {
     range_keys: Vec<u64>,
     /// Bounded-delay clocks (see [`Worker::advance_clock`]).
     pub(crate) clock: u64,
+    /// Whether this worker is a trainer's: it takes part in clocks and barriers and keeps
+    /// finalize waiting (the intent service's own worker does none of these).
+    member: bool,
+    /// Whether this worker declared intent (its accesses are then checked for lateness).
+    intents: bool,
 }
 
 /// An asynchronous push, set or localize in flight; pass it to [`Worker::wait`].
@@ -74,17 +79,29 @@ pub struct PullTicket {
 
 impl Worker {
     pub(crate) fn new(node: Arc<NodeInner>) -> Worker {
-        let (index, first_seq, inbox) = node.register_worker();
+        Worker::with_clock(node, true)
+    }
+
+    /// A worker outside the clocks and barriers, which never holds the trainer's workers back
+    /// (the intent service's).
+    pub(crate) fn unclocked(node: Arc<NodeInner>) -> Worker {
+        Worker::with_clock(node, false)
+    }
+
+    fn with_clock(node: Arc<NodeInner>, member: bool) -> Worker {
+        let (index, first_seq, inbox) = node.register_worker(member);
         let requester = node.core.requester(index, first_seq);
         let mut tx = node.core.transmit();
         let mut clock = 0;
         // Registering touches no network; it cannot fail short of a shutdown, when the clock
         // does not matter.
-        let _ = node.run(&mut tx, |step, _, _| {
-            clock = step.clock_register(index);
-            Ok(Progress::Done)
-        });
-        Worker { node, index, requester, inbox, tx, samplers: Vec::new(), range_keys: Vec::new(), clock }
+        if member {
+            let _ = node.run(&mut tx, |step, _, _| {
+                clock = step.clock_register(index);
+                Ok(Progress::Done)
+            });
+        }
+        Worker { node, index, requester, inbox, tx, samplers: Vec::new(), range_keys: Vec::new(), clock, member, intents: false }
     }
 
     /// This worker's number on its node.
@@ -197,6 +214,13 @@ impl Worker {
         ticket: Option<&Arc<()>>,
     ) -> Result<Issued> {
         let node = self.node.clone();
+        if self.intents && kind != AccessKind::Set {
+            let t = node.core.store().table(table.id);
+            let late = node.intents.count_late(table.id, keys, self.index, self.clock, |k| t.slot_of(k).is_some());
+            if late > 0 {
+                node.core.intent_counters().note_late(late);
+            }
+        }
         // Backpressure: a peer's full send queue holds the worker here, before it adds more.
         node.fabric.wait_for_room(node.config.op_timeout)?;
         let mut issued = None;
@@ -569,6 +593,9 @@ impl Worker {
         })?;
         let completed = completed.ok_or(Error::ShutDown)?;
         self.clock = completed;
+        if self.intents {
+            node.intents.note_clock(self.index, completed);
+        }
         if let Some(tau) = node.config.max_delay {
             node.wait_clock(completed.saturating_sub(tau), timeout)?;
         }
@@ -578,6 +605,33 @@ impl Worker {
     /// The clock this worker is in (the number of clocks it has completed).
     pub fn current_clock(&self) -> u64 {
         self.clock
+    }
+
+    /// Declares that this worker will need `keys` of `table` in its clocks `start..end` (see
+    /// [`Worker::advance_clock`]; `start` is inclusive, `end` exclusive), so that the node
+    /// relocates them here in time (AdaPM, *Good Intentions*, Sections 3 and 4): a background
+    /// thread estimates how fast this worker's clock advances and moves each key here once the
+    /// worker may reach `start` within the next two of its rounds. Intent changes where keys
+    /// live, never what operations return: every operation keeps the guarantees stated on
+    /// [`Worker`], whether the key arrived in time or not. Accesses in the window that still
+    /// find the key elsewhere are counted as late ([`crate::IntentStats`]).
+    ///
+    /// Windows of several workers of this node on the same key are acted on as one; keys that
+    /// several *nodes* intend at the same time move to whichever acts last (see
+    /// `docs/INTENT.md`). Replicated keys are served here already and are left out; without
+    /// relocation, or on a single node, intents are checked and otherwise ignored. An empty
+    /// window, or one that ended already, changes nothing; `start > end` is an error.
+    pub fn intent(&mut self, table: Table, keys: &[u64], start: u64, end: u64) -> Result<()> {
+        self.validate_keys(table, keys)?;
+        if start > end {
+            return Err(Error::Intent(format!("a window from clock {start} to clock {end} ends before it starts")));
+        }
+        if start == end || end <= self.clock || keys.is_empty() || !self.node.config.relocation || self.node.config.nodes < 2 {
+            return Ok(());
+        }
+        self.intents = true;
+        let node = self.node.clone();
+        node.intents.declare(&node, self.index, self.clock, table, keys, start, end)
     }
 
     /// This node's statistics.
@@ -590,10 +644,15 @@ impl Drop for Worker {
     fn drop(&mut self) {
         // A worker that leaves no longer holds back the others' clocks.
         let index = self.index;
-        let _ = self.node.run(&mut self.tx, |step, _, _| {
-            step.clock_retire(index);
-            Ok(Progress::Done)
-        });
-        self.node.retire_worker(self.index, self.requester.next_seq());
+        if self.member {
+            let _ = self.node.run(&mut self.tx, |step, _, _| {
+                step.clock_retire(index);
+                Ok(Progress::Done)
+            });
+        }
+        if self.intents {
+            self.node.intents.forget_worker(index);
+        }
+        self.node.retire_worker(self.index, self.requester.next_seq(), self.member);
     }
 }

@@ -145,6 +145,8 @@ pub struct Core {
     arrivals: AtomicU64,
     /// Replication's counters and the acknowledgements its rounds wait for.
     replication: crate::replication::Replication,
+    /// Intent signalling's counters.
+    intent: crate::intent::IntentCounters,
 }
 
 impl Core {
@@ -163,6 +165,7 @@ impl Core {
             counters: Arc::new(CounterRegistry::default()),
             arrivals: AtomicU64::new(0),
             replication: crate::replication::Replication::new(specs.len()),
+            intent: Default::default(),
         }
     }
 
@@ -170,6 +173,12 @@ impl Core {
     #[inline]
     pub fn replication(&self) -> &crate::replication::Replication {
         &self.replication
+    }
+
+    /// Intent signalling's counters.
+    #[inline]
+    pub fn intent_counters(&self) -> &crate::intent::IntentCounters {
+        &self.intent
     }
 
     /// The arrivals counter (see the field).
@@ -242,6 +251,7 @@ impl Core {
             shard.lock().counters.add_to(&mut s, &mut relocation, &mut blocking);
         }
         self.replication.add_to(&mut s);
+        s.intent = self.intent.snapshot();
         s.relocation_time = crate::stats::Latency::of(&relocation);
         s.blocking_time = crate::stats::Latency::of(&blocking);
         s

@@ -1,0 +1,181 @@
+//! Intent signalling on in-process clusters over loopback TCP: the intent service moves keys to
+//! the declaring node before their window starts, times its actions from the worker's clock
+//! rate, counts late accesses, leaves values untouched, and stays out of bounded delay and
+//! finalize.
+
+use std::time::{Duration, Instant};
+
+use ferry::{Config, Error, IntentSettings, Node, TableSpec};
+use ferry_tests::finalize_all;
+
+const KEYS: u64 = 64;
+
+fn cluster(nodes: usize, spec: TableSpec, adjust: impl FnOnce(&mut Config)) -> Vec<Node> {
+    let mut c = Config::new(vec![spec]);
+    c.latches = 64;
+    adjust(&mut c);
+    Node::start_local_cluster(nodes, c).unwrap()
+}
+
+/// Waits (at most 10 s) until `node` holds every key of `keys`.
+fn wait_until_held(node: &Node, table: ferry::Table, keys: &[u64]) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if keys.iter().all(|&k| node.slot_address(table, k).unwrap().is_some()) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    false
+}
+
+#[test]
+fn declared_keys_arrive_before_their_window_and_accesses_are_local() {
+    let nodes = cluster(2, TableSpec::new("t", KEYS, 2), |_| {});
+    let mut w1 = nodes[1].worker();
+    let t = w1.table("t").unwrap();
+    let keys: Vec<u64> = (0..16).collect(); // homed at node 0
+    assert!(keys.iter().all(|&k| nodes[1].slot_address(t, k).unwrap().is_none()));
+    // AdaPM's initial estimate (10 clocks per round) acts on a window two clocks ahead at once.
+    w1.intent(t, &keys, 2, 4).unwrap();
+    assert!(wait_until_held(&nodes[1], t, &keys), "the intent service did not move the keys here");
+    let before = nodes[1].stats();
+    w1.advance_clock().unwrap();
+    w1.advance_clock().unwrap();
+    let mut out = vec![0.0; keys.len() * 2];
+    w1.pull(t, &keys, &mut out).unwrap();
+    let delta = nodes[1].stats().since(&before);
+    assert_eq!((delta.local_accesses, delta.remote_accesses, delta.intent.late_accesses), (16, 0, 0));
+    let s = nodes[1].stats().intent;
+    assert_eq!((s.declared, s.acted_keys, s.in_time), (16, 16, 16));
+    assert!(s.mean_lead() >= 1.0 && s.rounds > 0, "{s:?}");
+    drop(w1);
+    finalize_all(nodes);
+}
+
+#[test]
+fn a_slow_worker_gets_its_keys_only_when_it_comes_near_the_window() {
+    // With an initial estimate of zero clocks per round, the service waits for the worker's
+    // clock rate before it acts on a window far ahead.
+    let settings = IntentSettings { initial_rate: 0.0, ..IntentSettings::default() };
+    let nodes = cluster(2, TableSpec::new("t", KEYS, 1), |c| c.intent = settings);
+    let mut w1 = nodes[1].worker();
+    let t = w1.table("t").unwrap();
+    let keys: Vec<u64> = (0..4).collect();
+    w1.intent(t, &keys, 40, 50).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(keys.iter().all(|&k| nodes[1].slot_address(t, k).unwrap().is_none()), "acted on a window far out of reach");
+    // Thirty clocks in one go: the rate estimate takes the jump, and 40 is within reach.
+    for _ in 0..30 {
+        w1.advance_clock().unwrap();
+    }
+    assert!(wait_until_held(&nodes[1], t, &keys), "the service never acted once the worker came near");
+    let s = nodes[1].stats().intent;
+    assert_eq!((s.acted_keys, s.in_time), (4, 4), "{s:?}");
+    drop(w1);
+    finalize_all(nodes);
+}
+
+#[test]
+fn a_key_taken_away_during_its_window_counts_as_late_and_values_stay_exact() {
+    let nodes = cluster(2, TableSpec::new("t", KEYS, 1), |_| {});
+    let (mut w0, mut w1) = (nodes[0].worker(), nodes[1].worker());
+    let t = w0.table("t").unwrap();
+    let keys: Vec<u64> = vec![40, 41, 42]; // homed at node 1
+    w0.intent(t, &keys, 0, 100).unwrap();
+    assert!(wait_until_held(&nodes[0], t, &keys));
+    w0.push(t, &keys, &[1.0, 1.0, 1.0]).unwrap();
+    // Node 1 takes one key back explicitly: node 0's window is still open, so its next access
+    // to that key is late (each window is acted on once; the key is not pulled back).
+    w1.localize(t, &[41]).unwrap();
+    w1.push(t, &[41], &[2.0]).unwrap();
+    let before = nodes[0].stats();
+    let mut out = vec![0.0; 3];
+    w0.pull(t, &keys, &mut out).unwrap();
+    assert_eq!(out, vec![1.0, 3.0, 1.0]);
+    let delta = nodes[0].stats().since(&before);
+    assert_eq!((delta.intent.late_accesses, delta.remote_accesses, delta.local_accesses), (1, 1, 2));
+    drop((w0, w1));
+    finalize_all(nodes);
+}
+
+#[test]
+fn intents_of_both_nodes_and_explicit_localizes_never_change_values() {
+    // Both nodes declare overlapping windows on the same keys, and localize some explicitly,
+    // while they push: the keys move back and forth, and every push counts exactly once.
+    let nodes = cluster(2, TableSpec::new("t", KEYS, 1), |_| {});
+    let rounds = 60u64;
+    std::thread::scope(|s| {
+        for (rank, node) in nodes.iter().enumerate() {
+            s.spawn(move || {
+                let mut w = node.worker();
+                let t = w.table("t").unwrap();
+                for c in 0..rounds {
+                    let keys: Vec<u64> = (0..8).map(|i| (c * 5 + i * 7 + rank as u64) % KEYS).collect();
+                    w.intent(t, &keys, c + 1, c + 3).unwrap();
+                    if c % 7 == rank as u64 {
+                        w.localize(t, &keys[..2]).unwrap();
+                    }
+                    let all: Vec<u64> = (0..KEYS).collect();
+                    w.push(t, &all, &vec![1.0; KEYS as usize]).unwrap();
+                    w.advance_clock().unwrap();
+                }
+                w.barrier().unwrap();
+                let mut out = vec![0.0; KEYS as usize];
+                w.pull(t, &(0..KEYS).collect::<Vec<_>>(), &mut out).unwrap();
+                assert!(out.iter().all(|&v| v == 2.0 * rounds as f32), "node {rank}: {out:?}");
+            });
+        }
+    });
+    let acted: u64 = nodes.iter().map(|n| n.stats().intent.acted_keys).sum();
+    assert!(acted > 0, "no intent was acted on");
+    finalize_all(nodes);
+}
+
+#[test]
+fn the_intent_service_holds_back_neither_clocks_nor_finalize() {
+    // τ = 0: every worker's clock waits for every other's. The service's own worker must not
+    // count among them, nor among the workers finalize waits for.
+    let nodes = cluster(2, TableSpec::new("t", KEYS, 1), |c| c.max_delay = Some(0));
+    std::thread::scope(|s| {
+        for node in &nodes {
+            s.spawn(move || {
+                let mut w = node.worker();
+                let t = w.table("t").unwrap();
+                for c in 0..20 {
+                    w.intent(t, &[(c * 3) % KEYS], c + 1, c + 2).unwrap();
+                    w.advance_clock_within(Duration::from_secs(20)).unwrap();
+                }
+            });
+        }
+    });
+    let mut nodes = nodes;
+    let w = nodes[0].worker();
+    assert!(matches!(nodes[0].finalize(), Err(Error::WorkersAlive(1))), "the trainer's worker is alive, the service's does not count");
+    drop(w);
+    finalize_all(nodes);
+}
+
+#[test]
+fn bad_intents_are_refused_and_harmless_ones_ignored() {
+    let spec = TableSpec::new("t", KEYS, 1).replicating(vec![0..4]);
+    let nodes = cluster(2, spec, |_| {});
+    let mut w = nodes[1].worker();
+    let t = w.table("t").unwrap();
+    assert!(matches!(w.intent(t, &[3], 5, 2), Err(Error::Intent(_))));
+    assert!(matches!(w.intent(t, &[KEYS], 1, 2), Err(Error::UnknownKey { .. })));
+    w.intent(t, &[5], 3, 3).unwrap(); // empty window
+    w.intent(t, &[0, 1], 0, 10).unwrap(); // replicated keys are here already
+    assert_eq!(nodes[1].stats().intent.declared, 0);
+    drop(w);
+    finalize_all(nodes);
+
+    // A single node has nothing to move.
+    let mut single = cluster(1, TableSpec::new("t", KEYS, 1), |_| {});
+    let mut w = single[0].worker();
+    let t = w.table("t").unwrap();
+    w.intent(t, &[1, 2], 0, 4).unwrap();
+    assert_eq!(single[0].stats().intent.declared, 0);
+    drop(w);
+    single.remove(0).finalize().unwrap();
+}
