@@ -550,7 +550,8 @@ impl Config {
             ));
         }
         let i = &self.intent;
-        if !(i.alpha > 0.0 && i.alpha <= 1.0) || !(0.5..1.0).contains(&i.quantile) || !(i.initial_rate.is_finite() && i.initial_rate >= 0.0) {
+        let timing_ok = i.alpha > 0.0 && i.alpha <= 1.0 && (0.5..1.0).contains(&i.quantile) && i.initial_rate.is_finite() && i.initial_rate >= 0.0;
+        if !timing_ok {
             return bad(format!("intent timing needs 0 < alpha ≤ 1, 0.5 ≤ quantile < 1 and a finite initial rate ≥ 0, not {i:?}"));
         }
         if i.round.is_zero() || i.round > Duration::from_secs(1) {

@@ -500,6 +500,9 @@ impl FabricHandler for Callbacks {
             None => {}
         }
         let result = node.run_pooled(|step, at, item| step.handle_frame(from as u16, &frame, at, item));
+        if node.core.intent_go_waiting() {
+            node.intents.wake();
+        }
         if let Err(e) = result {
             tracing::error!(node = node.config.rank, peer = from, error = %e, "closing the connection to a peer that broke the protocol");
             node.fabric.disconnect(from);

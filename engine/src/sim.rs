@@ -78,6 +78,10 @@ pub struct SimOptions {
     pub clocks: usize,
     /// The delay bound `τ` the clocks keep (`None`: no bound); checked on the recorded clocks.
     pub max_delay: Option<u64>,
+    /// Workers also signal intent (random levels on random keys) to the keys' homes, and the
+    /// moves the homes grant (INTENT_GO) become asynchronous localizes of a worker of the node,
+    /// mixed with the explicit localizes.
+    pub intents: bool,
     /// Trace lines kept for a failure report (the last ones).
     pub trace_lines: usize,
     /// The seed.
@@ -109,6 +113,7 @@ impl SimOptions {
             key_cache_min: 0,
             clocks: 0,
             max_delay: None,
+            intents: false,
             trace_lines: 150,
             seed,
         }
@@ -139,6 +144,11 @@ impl SimOptions {
     /// Bounded delay `τ = tau`: every worker completes 6 clocks among its operations.
     pub fn bounded_delay(seed: u64, tau: u64) -> SimOptions {
         SimOptions { clocks: 6, max_delay: Some(tau), ops_per_worker: 30, ..SimOptions::small(seed) }
+    }
+
+    /// Intent signalling mixed with explicit localizes and every access.
+    pub fn intents(seed: u64) -> SimOptions {
+        SimOptions { intents: true, ops_per_worker: 35, ..SimOptions::small(seed) }
     }
 
     /// A small cluster where 3 of 8 keys are replicated and the others relocate.
@@ -223,6 +233,8 @@ pub struct SimReport {
     pub clocks: Vec<ClockTrace>,
     /// The first violation of the delay bound, if any.
     pub clock_violation: Option<Violation>,
+    /// Keys the homes granted to nodes that signalled intent (each became a localize).
+    pub intent_grants: usize,
 }
 
 /// A failed run: the seed, what went wrong, and the last steps taken.
@@ -291,6 +303,11 @@ enum ScriptOp {
         keys: Vec<u64>,
         asynchronous: bool,
     },
+    /// The node's need of keys changes (what its intent service tells their homes).
+    Intent {
+        keys: Vec<u64>,
+        level: crate::intent::IntentLevel,
+    },
     WaitAll,
     /// Completes the worker's clock (its operations completed: a `WaitAll` precedes it).
     AdvanceClock,
@@ -356,6 +373,8 @@ struct Sim {
     replication: Vec<SimRounds>,
     /// Per replicated key (in key order): pushes and pulls with their times.
     replica_history: Vec<(u64, Vec<TimedPush>, Vec<TimedPull>)>,
+    /// Keys granted by intent (see [`SimReport::intent_grants`]).
+    intent_grants: usize,
 }
 
 /// A round under way: its number, the (home, table) acknowledgements it waits for, and when it
@@ -468,6 +487,7 @@ impl Sim {
             max_parts: 0,
             replication: (0..opts.nodes).map(|_| SimRounds::default()).collect(),
             replica_history: opts.replicated.iter().flat_map(|r| r.clone()).map(|k| (k, Vec::new(), Vec::new())).collect(),
+            intent_grants: 0,
             rng,
             nodes,
             opts,
@@ -511,6 +531,10 @@ impl Sim {
                     let roll = rng.gen_range(0..100);
                     let op = if roll < 5 {
                         ScriptOp::WaitAll
+                    } else if roll < 17 && opts.relocation && opts.intents {
+                        use crate::intent::IntentLevel;
+                        let level = [IntentLevel::None, IntentLevel::Soon, IntentLevel::Now][rng.gen_range(0..3)];
+                        ScriptOp::Intent { keys, level }
                     } else if roll < 27 && opts.relocation {
                         ScriptOp::Localize { keys, asynchronous }
                     } else if roll < 33 {
@@ -568,6 +592,31 @@ impl Sim {
         self.trace.push_back(format!("t={} {line}", self.now));
     }
 
+    /// The moves homes granted a node (INTENT_GO) become localizes at the front of a worker's
+    /// script, as the intent service would issue them: asynchronous, except with location
+    /// caches. (The service's worker only localizes, so no access of its own can overtake
+    /// one; a trainer's worker here could be overtaken by its own later accesses, which
+    /// location caches allow for asynchronous operations — Lapse, Theorem 3 — so there it
+    /// waits, which orders no less than the service does.)
+    fn grant_intents(&mut self) {
+        if !self.opts.intents {
+            return;
+        }
+        for node in 0..self.opts.nodes {
+            if self.nodes[node].crashed || !self.nodes[node].core.intent_go_waiting() {
+                continue;
+            }
+            let granted = self.nodes[node].core.take_intent_go();
+            let Some(w) = (0..self.workers.len()).find(|&w| self.workers[w].node == node) else { continue };
+            for (_, keys) in granted {
+                self.log(format!("node {node} granted {keys:?}: worker {w} localizes them"));
+                self.intent_grants += keys.len();
+                let asynchronous = !self.opts.location_caches;
+                self.workers[w].script.push_front(ScriptOp::Localize { keys, asynchronous });
+            }
+        }
+    }
+
     fn runnable(&self, w: usize) -> bool {
         let worker = &self.workers[w];
         if self.nodes[worker.node].crashed {
@@ -604,6 +653,7 @@ impl Sim {
                 self.crash(node)?;
             }
             self.now += self.rng.gen_range(1..2000);
+            self.grant_intents();
             let runnable: Vec<usize> = (0..self.workers.len()).filter(|&w| self.runnable(w)).collect();
             let channels: Vec<usize> = (0..self.frames.len()).filter(|&c| !self.frames[c].is_empty()).collect();
             let write_channels: Vec<usize> = (0..self.writes.len()).filter(|&c| !self.writes[c].is_empty()).collect();
@@ -960,6 +1010,13 @@ impl Sim {
                     (None, None) => return Err("a pull returned no values".into()),
                 }
             }
+            ScriptOp::Intent { keys, level } => {
+                self.log(format!("worker {w}@{node} intent {level:?} on {keys:?}"));
+                self.worker_event(w, |step, _| {
+                    step.signal_intent(0, &keys, level);
+                    Ok(())
+                })?;
+            }
             ScriptOp::Localize { keys, asynchronous } => {
                 self.ops += 1;
                 self.log(format!("worker {w}@{node} localize {keys:?}{}", if asynchronous { " async" } else { "" }));
@@ -1210,6 +1267,7 @@ impl Sim {
             rounds: rounds.iter().map(Vec::len).sum(),
             replica_events,
             replica_violation,
+            intent_grants: self.intent_grants,
         })
     }
 }

@@ -602,6 +602,20 @@ impl Worker {
         Ok(completed)
     }
 
+    /// Tells the homes of `keys` how much this node needs them now (the intent service's
+    /// worker).
+    pub(crate) fn signal_intent(&mut self, table: u16, keys: &[u64], level: crate::intent::IntentLevel) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let node = self.node.clone();
+        node.fabric.wait_for_room(node.config.op_timeout)?;
+        node.run(&mut self.tx, |step, _, _| {
+            step.signal_intent(table, keys, level);
+            Ok(Progress::Done)
+        })
+    }
+
     /// The clock this worker is in (the number of clocks it has completed).
     pub fn current_clock(&self) -> u64 {
         self.clock

@@ -100,6 +100,32 @@ fn a_key_taken_away_during_its_window_counts_as_late_and_values_stay_exact() {
 }
 
 #[test]
+fn a_key_two_nodes_intend_stays_put_until_one_intent_ends() {
+    // AdaPM would replicate a key that two nodes intend at once; Ferry leaves it where it is
+    // until only one intends it, and then moves it there.
+    let nodes = cluster(3, TableSpec::new("t", KEYS, 1), |_| {});
+    let (mut w1, mut w2) = (nodes[1].worker(), nodes[2].worker());
+    let t = w1.table("t").unwrap();
+    let keys = [1u64, 2]; // homed at node 0
+    w1.intent(t, &keys, 0, 3).unwrap();
+    assert!(wait_until_held(&nodes[1], t, &keys), "the only intender did not get the keys");
+    w2.intent(t, &keys, 0, 10).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(keys.iter().all(|&k| nodes[1].slot_address(t, k).unwrap().is_some()), "a shared key moved");
+    let before = nodes[2].stats();
+    let mut out = [0.0; 2];
+    w2.pull(t, &keys, &mut out).unwrap();
+    assert_eq!(nodes[2].stats().since(&before).intent.late_accesses, 2, "node 2 intends the keys now and they are elsewhere");
+    // Node 1's window ends: node 2 is alone and gets the keys.
+    for _ in 0..3 {
+        w1.advance_clock().unwrap();
+    }
+    assert!(wait_until_held(&nodes[2], t, &keys), "the keys did not follow the remaining intent");
+    drop((w1, w2));
+    finalize_all(nodes);
+}
+
+#[test]
 fn intents_of_both_nodes_and_explicit_localizes_never_change_values() {
     // Both nodes declare overlapping windows on the same keys, and localize some explicitly,
     // while they push: the keys move back and forth, and every push counts exactly once.
@@ -158,7 +184,7 @@ fn the_intent_service_holds_back_neither_clocks_nor_finalize() {
 
 #[test]
 fn bad_intents_are_refused_and_harmless_ones_ignored() {
-    let spec = TableSpec::new("t", KEYS, 1).replicating(vec![0..4]);
+    let spec = TableSpec::new("t", KEYS, 1).replicating(std::iter::once(0..4));
     let nodes = cluster(2, spec, |_| {});
     let mut w = nodes[1].worker();
     let t = w.table("t").unwrap();

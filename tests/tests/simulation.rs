@@ -85,6 +85,16 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
             o.push_pull = 0.3;
         }
         "bounded-delay-0" => o = SimOptions::bounded_delay(seed, 0),
+        "intents" => o = SimOptions::intents(seed),
+        "intents-hash-4-nodes-caches" => {
+            o = SimOptions::intents(seed);
+            o.nodes = 4;
+            o.partitioning = Partitioning::Hash;
+            // With location caches only synchronous operations are sequentially consistent.
+            o.location_caches = true;
+            o.async_share = 0.0;
+            o.keys = 6;
+        }
         "bounded-delay-2-hash-4-nodes" => {
             o = SimOptions::bounded_delay(seed, 2);
             o.nodes = 4;
@@ -96,7 +106,7 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
     o
 }
 
-const CONFIGURATIONS: [&str; 20] = [
+const CONFIGURATIONS: [&str; 22] = [
     "classic",
     "relocation",
     "hash-4-nodes",
@@ -117,6 +127,8 @@ const CONFIGURATIONS: [&str; 20] = [
     "key-cache-large-ops-hash",
     "bounded-delay-0",
     "bounded-delay-2-hash-4-nodes",
+    "intents",
+    "intents-hash-4-nodes-caches",
 ];
 
 fn seeds() -> u64 {
@@ -200,7 +212,7 @@ fn large_synchronous_operations_with_caches_on_one_shard() {
 #[test]
 fn crashes_never_hang_operations() {
     for seed in 0..seeds() / 2 {
-        let mut o = configuration(if seed % 3 == 0 { "large-ops-small-parts" } else { "relocation" }, seed);
+        let mut o = configuration(["large-ops-small-parts", "relocation", "intents"][(seed % 3) as usize], seed);
         o.crash = Some(((seed % o.nodes as u64) as usize, 20 + (seed as usize * 7) % 300));
         match run(o) {
             Ok(report) => assert!(report.ops > 0),
@@ -219,6 +231,17 @@ fn replicated_keys_keep_the_staleness_rule() {
     // The rule is not vacuous: runs make rounds and record replicated accesses.
     let r = run_and_check(configuration("replicated", 1)).unwrap();
     assert!(r.rounds > 0 && r.replica_events > 0, "{} rounds, {} replica events", r.rounds, r.replica_events);
+}
+
+/// Intent signalling: random levels of need sent to the keys' homes, the moves they grant
+/// issued as localizes next to explicit ones, with and without location caches: every key stays
+/// sequentially consistent. The homes do grant moves (the mix is not vacuous).
+#[test]
+fn intents_keep_every_key_consistent() {
+    sweep("intents", seeds());
+    sweep("intents-hash-4-nodes-caches", seeds() / 2);
+    let grants: usize = (0..20).map(|seed| run_and_check(configuration("intents", seed)).unwrap().intent_grants).sum();
+    assert!(grants > 0, "no home ever granted a key");
 }
 
 /// Push-pulls and server-side updaters: push-pulls read their own push and stay sequentially

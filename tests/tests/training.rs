@@ -416,3 +416,47 @@ fn logistic_regression_on_a_real_libsvm_set_from_a_source_archive() {
     let reports: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
     assert!(f(&reports[1]["quality"]["auc"]) > 0.99, "{}", reports[1]);
 }
+
+#[test]
+fn every_relocating_workload_trains_in_intent_mode() {
+    // The trainer only declares intent; the engine moves keys. MF's blocks are exclusive per
+    // sub-epoch, so after the first epoch (the clock-rate estimate warming up) nearly every
+    // access is local, and the model is the localize mode's.
+    let mf =
+        train(&["mf", "--data", "synth-tiny", "--rank", "5", "--lr", "0.02", "--reg", "0.02", "--mode", "localize,intent", "--epochs", "4", "--nodes", "2"]);
+    let modes = by_mode(&mf);
+    let (localize, intent) = (&modes["localize"], &modes["intent"]);
+    assert_eq!(intent.len(), 4);
+    assert!(f(&intent[3]["loss"]) < 0.8 * f(&intent[0]["loss"]), "the loss did not fall");
+    let ratio = f(&intent[3]["quality"]["rmse"]) / f(&localize[3]["quality"]["rmse"]);
+    assert!((0.97..1.03).contains(&ratio), "intent RMSE {} vs localize {}", intent[3]["quality"]["rmse"], localize[3]["quality"]["rmse"]);
+    assert!(intent.iter().all(|r| r["relocations"].as_u64().unwrap() > 0), "intent moved nothing");
+    for r in &intent[1..] {
+        assert!(f(&r["local_share"]) >= 0.98 && f(&r["late_share"]) <= 0.02, "epoch {}: local {} late {}", r["epoch"], r["local_share"], r["late_share"]);
+    }
+    assert!(localize.iter().all(|r| f(&r["late_share"]) == 0.0), "only intent mode has late accesses");
+
+    let kge = train(&["kge", "--data", "synth-kg", "--dim", "16", "--mode", "intent", "--epochs", "20", "--eval-every", "20", "--nodes", "2"]);
+    assert!(f(&kge.last().unwrap()["loss"]) < 0.5 * f(&kge[0]["loss"]), "kge: the loss did not fall");
+    assert!(f(&kge.last().unwrap()["quality"]["mrr"]) > 0.35, "kge MRR {}", kge.last().unwrap()["quality"]["mrr"]);
+    assert!(kge.iter().all(|r| r["relocations"].as_u64().unwrap() > 0 && f(&r["local_share"]) > 0.5));
+
+    let w2v = train(&["w2v", "--data", "synth-text", "--dim", "16", "--epochs", "3", "--eval-every", "3", "--nodes", "2", "--mode", "intent"]);
+    assert!(f(&w2v[2]["loss"]) < f(&w2v[0]["loss"]), "w2v: the loss did not fall");
+    assert!(w2v.iter().all(|r| r["relocations"].as_u64().unwrap() > 0));
+
+    let lr = train(&["lr", "--data", "synth-lr", "--epochs", "4", "--nodes", "2", "--mode", "intent"]);
+    assert!(f(&lr[3]["loss"]) < f(&lr[0]["loss"]), "lr: the loss did not fall");
+    assert!(f(&lr[3]["quality"]["auc"]) > 0.7, "lr AUC {}", lr[3]["quality"]["auc"]);
+
+    // Options that contradict intent mode are refused with a reason.
+    for (args, says) in [
+        (&["kge", "--data", "synth-kg", "--mode", "intent", "--negatives", "local"][..], "--negatives direct"),
+        (&["countmin", "--mode", "intent"][..], "classic mode"),
+        (&["mf", "--data", "synth-tiny", "--mode", "intent", "--intent-clocks", "0"][..], "--intent-clocks"),
+    ] {
+        let out = Command::new(binary("ferry")).arg("train").args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says), "{args:?}: {stderr}");
+    }
+}

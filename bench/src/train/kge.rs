@@ -62,6 +62,12 @@ pub struct KgeArgs {
     /// How many triples ahead a worker localizes entities (latency hiding).
     #[arg(long, default_value_t = 1)]
     pub lookahead: usize,
+    /// Intent mode: triples per clock.
+    #[arg(long, default_value_t = 16)]
+    pub intent_batch: usize,
+    /// Intent mode: how many clocks ahead a worker declares the entities it will need.
+    #[arg(long, default_value_t = 4)]
+    pub intent_ahead: usize,
     /// Where AdaGrad runs: `server` (Ferry applies it at the key's holder; the accumulators never
     /// travel), `worker` (the trainer computes the step; values carry the accumulators), or
     /// `auto`: server in classic and localize, worker in single and hybrid.
@@ -188,6 +194,10 @@ impl KgeArgs {
             self.eval_max.to_string(),
             "--lookahead".into(),
             self.lookahead.to_string(),
+            "--intent-batch".into(),
+            self.intent_batch.to_string(),
+            "--intent-ahead".into(),
+            self.intent_ahead.to_string(),
             "--negatives".into(),
             self.negatives.clone(),
             "--adagrad".into(),
@@ -230,7 +240,7 @@ impl KgeArgs {
     /// Whether AdaGrad runs in Ferry (a server-side updater) in `mode`.
     pub fn server_adagrad(&self, mode: Mode) -> Result<bool> {
         match (self.adagrad.as_str(), mode) {
-            ("auto", Mode::Classic | Mode::Localize) | ("server", Mode::Classic | Mode::Localize) => Ok(true),
+            ("auto" | "server", Mode::Classic | Mode::Localize | Mode::Intent) => Ok(true),
             ("auto" | "worker", _) => Ok(false),
             ("server", Mode::Single) => Ok(false),
             ("server", _) => bail!("--adagrad server: {} replicates keys, and replicas take only additive pushes (use --adagrad worker or auto)", mode.name()),
@@ -602,8 +612,15 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
     }
     let tables = vec![entity_spec, relation_spec, TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS)];
     let localize = matches!(mode, Mode::Localize | Mode::Hybrid);
+    let intent = mode == Mode::Intent;
     let negative_scheme = a.negative_scheme()?;
-    let mut node = start_node(tables, localize)?;
+    if intent && negative_scheme.is_some() {
+        bail!("--mode intent: the trainer declares the negatives it draws, so use --negatives direct");
+    }
+    if intent && (a.intent_batch == 0 || a.intent_ahead == 0) {
+        bail!("--intent-batch and --intent-ahead must be at least 1");
+    }
+    let mut node = start_node(tables, localize || intent)?;
     let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
     if let Some(summary) = summary.filter(|_| rank == 0) {
         eprintln!("{summary}");
@@ -631,6 +648,10 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
             // Data clustering: this node's relations stay here.
             w.localize(relations, my_relations)?;
         }
+        if intent {
+            // The same, said as intent: this node's relations, for the whole run.
+            w.intent(relations, my_relations, 0, u64::MAX)?;
+        }
         w.barrier()?;
         let slots = 2 + 2 * a.neg;
         let negatives = match negative_scheme {
@@ -654,13 +675,19 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
             let mut ahead: VecDeque<(Sample, Option<SampleHandle>)> = VecDeque::new();
             let mut tickets: VecDeque<ferry::Ticket> = VecDeque::new();
             let mut next = 0usize;
+            // Intent mode: triple `x` of the epoch is trained in clock `base + x / batch`; its
+            // entities are declared for that clock when it is drawn, `intent_ahead` clocks early.
+            let (batch, base) = (a.intent_batch.max(1), w.current_clock());
+            let lookahead = if intent { a.intent_ahead * batch } else { a.lookahead };
+            let mut declared: Vec<u64> = Vec::new();
             let fill = |ahead: &mut VecDeque<(Sample, Option<SampleHandle>)>,
                         next: &mut usize,
                         rng: &mut ChaCha8Rng,
                         w: &mut Worker,
-                        tickets: &mut VecDeque<ferry::Ticket>|
+                        tickets: &mut VecDeque<ferry::Ticket>,
+                        declared: &mut Vec<u64>|
              -> Result<()> {
-                while ahead.len() <= a.lookahead && *next < order.len() {
+                while ahead.len() <= lookahead && *next < order.len() {
                     let (sample, handle) = match negatives {
                         // Ferry draws the negatives and moves them here as the scheme says.
                         Some(dist) => (Sample::positive(&kg.train, order[*next]), Some(w.prepare_sample(dist, 2 * a.neg)?)),
@@ -668,6 +695,16 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
                     };
                     if localize {
                         tickets.push_back(w.localize_async(entities, &sample.entity_keys())?);
+                    }
+                    if intent {
+                        declared.extend(sample.entity_keys());
+                        if (*next + 1).is_multiple_of(batch) || *next + 1 == order.len() {
+                            let clock = base + (*next / batch) as u64;
+                            declared.sort_unstable();
+                            declared.dedup();
+                            w.intent(entities, declared, clock, clock + 1)?;
+                            declared.clear();
+                        }
                     }
                     ahead.push_back((sample, handle));
                     *next += 1;
@@ -680,7 +717,7 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
             };
             let mut x = 0usize;
             loop {
-                fill(&mut ahead, &mut next, &mut rng, &mut w, &mut tickets)?;
+                fill(&mut ahead, &mut next, &mut rng, &mut w, &mut tickets, &mut declared)?;
                 let Some((sample, handle)) = ahead.pop_front() else { break };
                 match handle {
                     None => {
@@ -702,6 +739,9 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
                 w.push(relations, &[sample.r as u64], &ro)?;
                 n += 1;
                 x += 1;
+                if intent && (x.is_multiple_of(batch) || x == order.len()) {
+                    w.advance_clock()?;
+                }
                 if rank == 0 && t == 0 && x.is_multiple_of(512) {
                     (emit.lock())(Event::Progress(epoch, x as f64 / order.len().max(1) as f64));
                 }

@@ -58,6 +58,10 @@ pub struct LrArgs {
     /// Examples per mini-batch.
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
+    /// Intent mode: how many mini-batches (clocks) ahead a worker declares the weights it
+    /// will need.
+    #[arg(long, default_value_t = 4)]
+    pub intent_ahead: usize,
     /// Push filter in cluster modes: `none`, `significance:T` (send a weight's accumulated
     /// update once it reaches T × the weight), or `kkt` (hold back gradients of zero weights
     /// within the L1 penalty).
@@ -146,6 +150,8 @@ impl LrArgs {
             self.batch.to_string(),
             "--filter".into(),
             self.filter.clone(),
+            "--intent-ahead".into(),
+            self.intent_ahead.to_string(),
         ];
         if let Some(b) = self.hash_bits {
             args.extend(["--hash-bits".into(), b.to_string()]);
@@ -406,7 +412,7 @@ pub fn run_single(a: &LrArgs, emit: Sink) -> Result<()> {
     Ok(())
 }
 
-/// One node of a `classic` or `localize` cluster.
+/// One node of a `classic`, `localize` or `intent` cluster.
 pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
     if mode == Mode::Hybrid {
         bail!("train lr has no hybrid mode (server-side optimizers do not take replicated keys)");
@@ -417,7 +423,11 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
     let weights_spec = a.common.on_the_wire(TableSpec::new("weights", n, 1).partitioned(Partitioning::Hash).with_updater(a.updater()?))?;
     let tables = vec![weights_spec, TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS)];
     let localize = mode == Mode::Localize;
-    let mut node = start_node(tables, localize)?;
+    let intent = mode == Mode::Intent;
+    if intent && a.intent_ahead == 0 {
+        bail!("--intent-ahead must be at least 1");
+    }
+    let mut node = start_node(tables, localize || intent)?;
     let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
     let (weights, metrics) = (node.table("weights")?, node.table("metrics")?);
     let local_barrier = Barrier::new(threads);
@@ -430,6 +440,7 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
         let mut pusher = a.parse_filter()?.map(|f| FilteredPusher::new(weights, f));
         let mut batch = Batch::new();
         let mut next = Batch::new();
+        let mut peek = Batch::new();
         let mut elapsed = 0.0;
         w.barrier()?;
         for epoch in 1..=epochs {
@@ -440,7 +451,25 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
             let started = Instant::now();
             let mut loss = 0.0;
             let mut ticket = None;
+            // Intent mode: batch `x` trains in clock `base + x`; its weights are declared
+            // `intent_ahead` clocks early.
+            let base = w.current_clock();
+            let mut declare = |w: &mut Worker, x: usize| -> Result<()> {
+                if let Some(chunk) = chunks.get(x) {
+                    peek.gather(&split.train, chunk, split.dims);
+                    w.intent(weights, &peek.keys, base + x as u64, base + x as u64 + 1)?;
+                }
+                Ok(())
+            };
+            if intent {
+                for x in 0..a.intent_ahead {
+                    declare(&mut w, x)?;
+                }
+            }
             for (x, chunk) in chunks.iter().enumerate() {
+                if intent {
+                    declare(&mut w, x + a.intent_ahead)?;
+                }
                 if localize && x > 0 {
                     // Gathered ahead, when its localize was issued.
                     std::mem::swap(&mut batch, &mut next);
@@ -465,6 +494,9 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
                 match pusher.as_mut() {
                     Some(p) => p.push(&mut w, &batch.keys, &batch.gradient, &batch.weights)?,
                     None => w.push(weights, &batch.keys, &batch.gradient)?,
+                }
+                if intent {
+                    w.advance_clock()?;
                 }
                 if rank == 0 && t == 0 && x % 256 == 0 {
                     (emit.lock())(Event::Progress(epoch, x as f64 / chunks.len().max(1) as f64));

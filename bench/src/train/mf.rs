@@ -59,6 +59,10 @@ pub struct MfArgs {
     /// each worker pauses this many milliseconds with probability 1 / nodes (seeded).
     #[arg(long, default_value_t = 0)]
     pub straggle_ms: u64,
+    /// Intent mode: clocks per sub-epoch (each worker declares the next sub-epoch's items for
+    /// its next this many clocks).
+    #[arg(long, default_value_t = 16)]
+    pub intent_clocks: u64,
     /// Own data files.
     #[command(flatten)]
     pub files: DataFiles,
@@ -160,6 +164,8 @@ impl MfArgs {
             self.clocks_per_epoch.to_string(),
             "--straggle-ms".into(),
             self.straggle_ms.to_string(),
+            "--intent-clocks".into(),
+            self.intent_clocks.to_string(),
         ]
         .into_iter()
         .chain(self.max_delay.iter().flat_map(|d| ["--max-delay".to_string(), d.clone()]))
@@ -461,6 +467,10 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
         TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS),
     ];
     let localize = matches!(mode, Mode::Localize | Mode::Hybrid);
+    let intent = mode == Mode::Intent;
+    if intent && a.intent_clocks == 0 {
+        bail!("--intent-clocks must be at least 1");
+    }
     // Bounded delay: clocks instead of sub-epoch barriers (only where no block must be
     // exclusive, i.e. in classic mode).
     let max_delay = match &a.max_delay {
@@ -469,7 +479,7 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
         Some(_) if a.clocks_per_epoch == 0 => bail!("--clocks-per-epoch must be at least 1"),
         Some(d) => Some(ferry::config::parse_max_delay(d).map_err(|e| anyhow::anyhow!("--max-delay: {e}"))?),
     };
-    let mut node = start_node_with(tables, localize, |c| {
+    let mut node = start_node_with(tables, localize || intent, |c| {
         if let Some(tau) = max_delay {
             c.max_delay = tau;
         }
@@ -484,12 +494,28 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
     let (users, items, metrics) = (node.table("users")?, node.table("items")?, node.table("metrics")?);
     let my_rows = part(train.n_users as usize, nodes, rank);
     let cells = cells(&train, my_rows.clone(), threads, nodes);
+    // Intent mode: per thread, the users it trains and the items of each block it touches.
+    let distinct = |ids: &mut dyn Iterator<Item = u32>| -> Vec<u64> {
+        let mut v: Vec<u64> = ids.map(u64::from).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let intents: Vec<(Vec<u64>, Vec<Vec<u64>>)> = (0..threads)
+        .map(|t| {
+            let users = distinct(&mut cells[t].iter().flatten().map(|&i| train.users[i as usize]));
+            let items = (0..nodes).map(|b| distinct(&mut cells[t][b].iter().map(|&i| train.items[i as usize]))).collect();
+            (users, items)
+        })
+        .collect();
     let my_test: Vec<u32> = (0..test.len() as u32).filter(|&i| my_rows.contains(&(test.users[i as usize] as usize))).collect();
     let mu = train.mean();
     let local_barrier = Barrier::new(threads);
     let emit = parking_lot::Mutex::new(emit);
+    let k = a.intent_clocks;
     run_workers(&node, threads, |t, mut w| -> Result<()> {
         let (cells, train, test, my_test, local_barrier, emit, node, my_rows) = (&cells, &train, &test, &my_test, &local_barrier, &emit, &node, &my_rows);
+        let (my_users, my_items) = &intents[t];
         if rank == 0 && t == 0 {
             // Initial values, identical to the single mode's.
             for (table, n, id) in [(users, train.n_users as u64, 0u64), (items, train.n_items as u64, 1)] {
@@ -505,6 +531,12 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
             // Data clustering: this node's rows stay here for the whole run.
             let rows: Vec<u64> = my_rows.clone().map(|u| u as u64).collect();
             w.localize(users, &rows)?;
+        }
+        if intent {
+            // The trainer only says what it will need: its users throughout, and the first
+            // sub-epoch's items in its first clocks.
+            w.intent(users, my_users, 0, u64::MAX)?;
+            w.intent(items, &my_items[rank % nodes], 0, k)?;
         }
         w.barrier()?;
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((rank as u64) << 40) ^ t as u64);
@@ -546,12 +578,26 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
                 local_barrier.wait();
                 let mut order = cells[t][block].clone();
                 order.shuffle(&mut rng);
+                if intent {
+                    // The next sub-epoch's items, for the next sub-epoch's clocks.
+                    let next = (rank + sub + 1) % nodes;
+                    let base = w.current_clock();
+                    w.intent(items, &my_items[next], base + k, base + 2 * k)?;
+                }
                 let mut params = FerryParams { worker: &mut w, tables: [users, items] };
-                for (x, batch) in order.chunks(a.batch.max(1)).enumerate() {
-                    loss += batcher.run(train, batch, len, mu, a.lr, a.reg, &mut params)?;
-                    n += batch.len();
-                    if rank == 0 && t == 0 && x.is_multiple_of(64) {
-                        (emit.lock())(Event::Progress(epoch, (sub as f64 + (x * a.batch) as f64 / order.len().max(1) as f64) / nodes as f64));
+                let clocks = if intent { k as usize } else { 1 };
+                for c in 0..clocks {
+                    let share = &order[c * order.len() / clocks..(c + 1) * order.len() / clocks];
+                    for (x, batch) in share.chunks(a.batch.max(1)).enumerate() {
+                        loss += batcher.run(train, batch, len, mu, a.lr, a.reg, &mut params)?;
+                        n += batch.len();
+                        if rank == 0 && t == 0 && x.is_multiple_of(64) {
+                            let done = (c * order.len() / clocks + x * a.batch) as f64 / order.len().max(1) as f64;
+                            (emit.lock())(Event::Progress(epoch, (sub as f64 + done) / nodes as f64));
+                        }
+                    }
+                    if intent {
+                        params.worker.advance_clock()?;
                     }
                 }
                 w.barrier()?;

@@ -40,6 +40,9 @@ pub enum Mode {
     Localize,
     /// A Ferry cluster that replicates hot keys and relocates the rest (NuPS).
     Hybrid,
+    /// A Ferry cluster in which the trainer only signals intent (AdaPM): which keys it needs in
+    /// which of its clocks; the engine moves them.
+    Intent,
 }
 
 impl Mode {
@@ -50,6 +53,7 @@ impl Mode {
             Mode::Classic => "classic",
             Mode::Localize => "localize",
             Mode::Hybrid => "hybrid",
+            Mode::Intent => "intent",
         }
     }
 }
@@ -65,6 +69,8 @@ pub enum ModeChoice {
     Localize,
     /// `hybrid`.
     Hybrid,
+    /// `intent`.
+    Intent,
     /// `single`, `classic` and `localize`, one after the other.
     All,
 }
@@ -76,6 +82,7 @@ impl ModeChoice {
             ModeChoice::Classic => vec![Mode::Classic],
             ModeChoice::Localize => vec![Mode::Localize],
             ModeChoice::Hybrid => vec![Mode::Hybrid],
+            ModeChoice::Intent => vec![Mode::Intent],
             ModeChoice::All => vec![Mode::Single, Mode::Classic, Mode::Localize],
         }
     }
@@ -350,6 +357,14 @@ pub struct EpochReport {
     /// Bytes the replica refreshes read during the epoch (all nodes).
     #[serde(default)]
     pub refresh_bytes: u64,
+    /// Share of key accesses that found a key the worker had declared intent for elsewhere
+    /// ("late"; 0 outside `intent` mode).
+    #[serde(default)]
+    pub late_share: f64,
+    /// Mean number of clocks between an intent's key arriving and its window starting (mean
+    /// over nodes; 0 outside `intent` mode).
+    #[serde(default)]
+    pub intent_lead: f64,
 }
 
 impl EpochReport {
@@ -370,6 +385,8 @@ impl EpochReport {
             replica_share: 0.0,
             staleness_p99_ms: 0.0,
             refresh_bytes: 0,
+            late_share: 0.0,
+            intent_lead: 0.0,
         }
     }
 
@@ -407,7 +424,8 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
             [ModeChoice::Classic] => Mode::Classic,
             [ModeChoice::Localize] => Mode::Localize,
             [ModeChoice::Hybrid] => Mode::Hybrid,
-            _ => bail!("a cluster node runs in classic, localize or hybrid mode"),
+            [ModeChoice::Intent] => Mode::Intent,
+            _ => bail!("a cluster node runs in classic, localize, hybrid or intent mode"),
         };
         let mut emit = |e: Event| match e {
             Event::Progress(epoch, f) => println!("PROGRESS {epoch} {f:.3}"),
@@ -477,7 +495,8 @@ fn more_quality(r: &EpochReport) -> String {
         .filter_map(|k| r.quality.get(*k).and_then(|v| v.as_f64()).map(|v| format!("{k} {v:.4}")));
     let counts = ["nonzero"].iter().filter_map(|k| r.quality.get(*k).and_then(|v| v.as_u64()).map(|v| format!("{k} {v}")));
     let texts = ["filtered"].iter().filter_map(|k| r.quality.get(*k).and_then(|v| v.as_str()).map(|v| format!("{k} {v}")));
-    numbers.chain(counts).chain(texts).collect::<Vec<_>>().join(" ")
+    let intent = (r.mode == Mode::Intent).then(|| format!("late {:.3}% lead {:.1}", r.late_share * 100.0, r.intent_lead));
+    numbers.chain(counts).chain(texts).chain(intent).collect::<Vec<_>>().join(" ")
 }
 
 fn print_report(r: &EpochReport, json: bool) {
@@ -543,7 +562,7 @@ fn run_scheduled(command: &TrainCommand, common: &Common, env: &ferry::ClusterEn
     let mode = match common.mode.iter().flat_map(|m| m.modes()).collect::<Vec<_>>()[..] {
         [mode] if mode != Mode::Single => mode,
         _ => bail!(
-            "started by {} as rank {} of {}: this process is one node of a cluster, so it runs exactly one cluster mode (--mode classic, localize or hybrid)",
+            "started by {} as rank {} of {}: this process is one node of a cluster, so it runs exactly one cluster mode (--mode classic, localize, hybrid or intent)",
             env.source,
             env.rank,
             env.nodes

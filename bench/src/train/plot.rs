@@ -13,6 +13,7 @@ fn colour(mode: Mode) -> RGBColor {
         Mode::Classic => RGBColor(200, 60, 40),
         Mode::Localize => RGBColor(30, 110, 200),
         Mode::Hybrid => RGBColor(40, 160, 80),
+        Mode::Intent => RGBColor(150, 60, 170),
     }
 }
 
@@ -38,7 +39,7 @@ pub fn draw(path: &Path, task: &str, reports: &[EpochReport]) -> Result<()> {
     let root = SVGBackend::new(path, (1100, 450)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
     let (left, right) = root.split_horizontally(550);
-    let modes = [Mode::Single, Mode::Classic, Mode::Localize, Mode::Hybrid];
+    let modes = [Mode::Single, Mode::Classic, Mode::Localize, Mode::Hybrid, Mode::Intent];
     for (area, by_time) in [(left, true), (right, false)] {
         let (x_min, x_max) = match (by_time, log_time) {
             (true, true) => (time_x(min_time) - 0.2, time_x(max_time) + 0.2),

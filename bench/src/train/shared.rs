@@ -84,6 +84,10 @@ pub mod field {
     pub const REFRESH_MB: usize = 12;
     /// Nodes reporting (each adds 1).
     pub const NODES: usize = 13;
+    /// Late accesses (intent mode).
+    pub const LATE: usize = 14;
+    /// Mean lead of intent actions in clocks (summed over nodes).
+    pub const INTENT_LEAD: usize = 15;
 }
 
 /// Pulls keys `0..n` of `table` (`len` values each), in chunks.
@@ -124,6 +128,8 @@ pub fn stats_fields(delta: &Stats, out: &mut [f32; METRIC_FIELDS]) {
     out[field::STALENESS_P99_MS] = delta.replication.staleness.p99_ns as f32 / 1e6;
     out[field::REFRESH_MB] = delta.replication.refresh_bytes as f32 / 1e6;
     out[field::NODES] = 1.0;
+    out[field::LATE] = delta.intent.late_accesses as f32;
+    out[field::INTENT_LEAD] = delta.intent.mean_lead() as f32;
 }
 
 /// Runs `body(t, worker)` on `threads` threads, each with its own worker of `node`, and returns
@@ -168,6 +174,8 @@ pub fn cluster_report(
         replica_share: if local + remote > 0.0 { sums[field::REPLICA] as f64 / (local + remote) } else { 0.0 },
         staleness_p99_ms: sums[field::STALENESS_P99_MS] as f64 / (sums[field::NODES] as f64).max(1.0),
         refresh_bytes: (sums[field::REFRESH_MB] as f64 * 1e6) as u64,
+        late_share: if local + remote > 0.0 { sums[field::LATE] as f64 / (local + remote) } else { 0.0 },
+        intent_lead: sums[field::INTENT_LEAD] as f64 / (sums[field::NODES] as f64).max(1.0),
     }
 }
 

@@ -75,6 +75,10 @@ pub struct W2vArgs {
     /// `postpone[:POOL:USES]` (L3), `local` (L4).
     #[arg(long, default_value = "independent")]
     pub negatives: String,
+    /// Intent mode: how many batches (clocks) ahead a worker declares the words and the
+    /// negatives it will need (it draws the negatives itself, from the same distribution).
+    #[arg(long, default_value_t = 4)]
+    pub intent_ahead: usize,
     /// Evaluate analogies every this many epochs (and after the last; 0: only after the last).
     #[arg(long, default_value_t = 0)]
     pub eval_every: usize,
@@ -128,6 +132,7 @@ impl W2vArgs {
             ("--chunk", self.chunk.to_string()),
             ("--negatives", self.negatives.clone()),
             ("--eval-every", self.eval_every.to_string()),
+            ("--intent-ahead", self.intent_ahead.to_string()),
         ] {
             a.push(k.to_string());
             a.push(v);
@@ -201,6 +206,14 @@ trait Vectors {
     fn prefetch(&mut self, input: &[u64], output: &[u64], negatives: usize) -> Result<()>;
     /// Draws `keys.len()` negatives with their output vectors.
     fn negatives(&mut self, keys: &mut [u64], values: &mut [f32]) -> Result<()>;
+    /// Batches to prepare ahead of the one training.
+    fn ahead(&self) -> usize {
+        1
+    }
+    /// A batch was trained.
+    fn trained(&mut self) -> Result<()> {
+        Ok(())
+    }
     fn finish(&mut self) -> Result<()> {
         Ok(())
     }
@@ -251,6 +264,19 @@ struct FerryVectors<'w> {
     localize: bool,
     tickets: VecDeque<Ticket>,
     handles: VecDeque<SampleHandle>,
+    /// Intent mode: the trainer draws negatives itself and declares every batch's keys.
+    intent: Option<IntentBatches<'w>>,
+}
+
+/// Intent mode's state: batch `b` of the epoch trains in clock `base + b`.
+struct IntentBatches<'a> {
+    table: &'a WeightedIndex<f64>,
+    rng: ChaCha8Rng,
+    ahead: usize,
+    base: u64,
+    prepared: u64,
+    /// Negatives drawn for the prepared batches, in order.
+    negatives: VecDeque<Vec<u64>>,
 }
 
 impl Vectors for FerryVectors<'_> {
@@ -263,6 +289,18 @@ impl Vectors for FerryVectors<'_> {
     }
 
     fn prefetch(&mut self, input: &[u64], output: &[u64], negatives: usize) -> Result<()> {
+        if let Some(i) = &mut self.intent {
+            let drawn: Vec<u64> = (0..negatives).map(|_| i.table.sample(&mut i.rng) as u64).collect();
+            let clock = i.base + i.prepared;
+            self.w.intent(self.input, input, clock, clock + 1)?;
+            let mut outputs: Vec<u64> = output.iter().chain(&drawn).copied().collect();
+            outputs.sort_unstable();
+            outputs.dedup();
+            self.w.intent(self.output, &outputs, clock, clock + 1)?;
+            i.negatives.push_back(drawn);
+            i.prepared += 1;
+            return Ok(());
+        }
         if self.localize {
             self.tickets.push_back(self.w.localize_async(self.input, input)?);
             self.tickets.push_back(self.w.localize_async(self.output, output)?);
@@ -276,11 +314,30 @@ impl Vectors for FerryVectors<'_> {
     }
 
     fn negatives(&mut self, keys: &mut [u64], values: &mut [f32]) -> Result<()> {
+        if let Some(i) = &mut self.intent {
+            let drawn = i.negatives.pop_front().filter(|d| d.len() == keys.len());
+            match drawn {
+                Some(d) => keys.copy_from_slice(&d),
+                None => keys.iter_mut().for_each(|k| *k = i.table.sample(&mut i.rng) as u64),
+            }
+            return Ok(self.w.pull(self.output, keys, values)?);
+        }
         let mut handle = match self.handles.pop_front() {
             Some(h) if h.remaining() == keys.len() => h,
             _ => self.w.prepare_sample(self.dist, keys.len())?,
         };
         self.w.pull_sample(&mut handle, keys, values)?;
+        Ok(())
+    }
+
+    fn ahead(&self) -> usize {
+        self.intent.as_ref().map_or(1, |i| i.ahead)
+    }
+
+    fn trained(&mut self) -> Result<()> {
+        if self.intent.is_some() {
+            self.w.advance_clock()?;
+        }
         Ok(())
     }
 
@@ -485,8 +542,8 @@ fn train_epoch(
     let mut done = Done::default();
     let mut ahead: VecDeque<(Batch, usize)> = VecDeque::new();
     loop {
-        // One batch ahead: its words start moving here while the current one trains.
-        while ahead.len() < 2 {
+        // Batches ahead: their words start moving here while the current one trains.
+        while ahead.len() <= v.ahead() {
             let Some(next) = batcher.next_batch(rng) else { break };
             v.prefetch(&next.0.contexts, &next.0.words, next.0.pairs.len() * a.neg)?;
             ahead.push_back(next);
@@ -497,6 +554,7 @@ fn train_epoch(
         done.loss += train_batch(v, &batch, a.dim, a.neg, lr, &mut scratch)?;
         done.pairs += batch.pairs.len() as u64;
         done.words += words as u64;
+        v.trained()?;
         progress(done.words);
     }
     v.finish()?;
@@ -674,8 +732,12 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
     }
     let tables = vec![input_spec, output_spec, TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS)];
     let localize = matches!(mode, Mode::Localize | Mode::Hybrid);
+    let intent = mode == Mode::Intent;
+    if intent && a.intent_ahead == 0 {
+        bail!("--intent-ahead must be at least 1");
+    }
     let scheme = a.negative_scheme()?;
-    let mut node = start_node(tables, localize)?;
+    let mut node = start_node(tables, localize || intent)?;
     let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
     if let Some(summary) = summary.filter(|_| rank == 0) {
         eprintln!("{summary}");
@@ -684,12 +746,13 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
     let analogies = if rank == 0 { Some(a.load_analogies()?) } else { None };
     let keep = corpus.keep_probabilities(a.sample);
     let weights = corpus.negative_weights();
+    let unigram = WeightedIndex::new(weights.clone()).context("negative distribution")?;
     let mine = part(corpus.sentences.len(), nodes, rank);
     let local_barrier = Barrier::new(threads);
     let emit = parking_lot::Mutex::new(emit);
     run_workers(&node, threads, |t, mut w| -> Result<()> {
-        let (corpus, keep, weights, emit, node, local_barrier, analogies, mine) =
-            (&corpus, &keep, &weights, &emit, &node, &local_barrier, &analogies, mine.clone());
+        let (corpus, keep, weights, emit, node, local_barrier, analogies, mine, unigram) =
+            (&corpus, &keep, &weights, &emit, &node, &local_barrier, &analogies, mine.clone(), &unigram);
         if rank == 0 && t == 0 {
             let keys: Vec<u64> = (0..v as u64).collect();
             for chunk in keys.chunks(1024) {
@@ -711,7 +774,16 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
             let before = node.stats();
             let started = Instant::now();
             let done = {
-                let mut vectors = FerryVectors { w: &mut w, input, output, dist, localize, tickets: VecDeque::new(), handles: VecDeque::new() };
+                let base = w.current_clock();
+                let intent = intent.then(|| IntentBatches {
+                    table: unigram,
+                    rng: ChaCha8Rng::seed_from_u64(rng.r#gen()),
+                    ahead: a.intent_ahead,
+                    base,
+                    prepared: 0,
+                    negatives: VecDeque::new(),
+                });
+                let mut vectors = FerryVectors { w: &mut w, input, output, dist, localize, tickets: VecDeque::new(), handles: VecDeque::new(), intent };
                 let mut last = 0u64;
                 train_epoch(&mut vectors, a, share, keep, epoch, &mut rng, |words| {
                     if rank == 0 && t == 0 && words - last > 20_000 {

@@ -160,20 +160,52 @@ pub struct Window {
     pub end: u64,
 }
 
-/// An entry of the start- and end-ordered indexes: (clock, table, key, worker, other clock).
-type Entry = (u64, u16, u64, u16, u64);
+/// How much a node needs a key: what it tells the key's home node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IntentLevel {
+    /// No intent the node acts on (none declared, or none within reach yet).
+    None = 0,
+    /// A window within the action horizon has not started yet.
+    Soon = 1,
+    /// A window has started: a worker uses the key now.
+    Now = 2,
+}
+
+impl IntentLevel {
+    /// The level of a wire byte.
+    pub fn from_u8(b: u8) -> Option<IntentLevel> {
+        match b {
+            0 => Some(IntentLevel::None),
+            1 => Some(IntentLevel::Soon),
+            2 => Some(IntentLevel::Now),
+            _ => None,
+        }
+    }
+}
+
+/// An entry of the ordered indexes: (clock, table, key, worker, start, end).
+type Entry = (u64, u16, u64, u16, u64, u64);
+
+/// The upper end of an index range over clocks up to `limit`.
+const fn upto(limit: u64) -> Entry {
+    (limit, u16::MAX, u64::MAX, u16::MAX, u64::MAX, u64::MAX)
+}
 
 /// A node's intents, aggregated per key across its workers and overlapping windows (AdaPM B.2).
 ///
-/// Each window is acted on once: [`IntentTable::take_due`] hands out windows whose start came
-/// within reach, in start order, and [`IntentTable::expire`] drops windows that ended. Both walk
-/// ordered indexes only as far as the clocks reach, so a round costs what it acts on, not what
-/// is declared.
+/// A window is *taken* once its start comes within its worker's action horizon, *started*
+/// once its worker reaches its start, and dropped once the worker reaches its end;
+/// [`IntentTable::advance`] moves windows along and names the keys whose state changed, and
+/// [`IntentTable::level`] says what the node needs of a key. Indexes ordered by start and end are
+/// walked only as far as the clocks reach, so a round costs what changes, not what is declared.
 #[derive(Debug, Default)]
 pub struct IntentTable {
-    windows: BTreeMap<(u16, u64), Vec<Window>>,
-    /// Windows not acted on yet, by start.
+    /// Per key: its windows and whether each is taken.
+    windows: BTreeMap<(u16, u64), Vec<(Window, bool)>>,
+    /// Windows not taken yet, by start.
     pending: BTreeSet<Entry>,
+    /// Windows not started yet, by start.
+    unstarted: BTreeSet<Entry>,
     /// Every window, by end.
     ends: BTreeSet<Entry>,
 }
@@ -187,69 +219,105 @@ impl IntentTable {
         }
         let window = Window { worker, start, end };
         let windows = self.windows.entry((table, key)).or_default();
-        if windows.contains(&window) {
-            return false;
+        // A window that overlaps or continues one of the same worker extends it: a key needed
+        // in consecutive clocks stays needed, instead of ending and beginning again.
+        if let Some(pos) = windows.iter().position(|(w, _)| w.worker == worker && w.start <= start && start <= w.end) {
+            let (old, taken) = windows[pos];
+            if end <= old.end {
+                return false;
+            }
+            windows[pos] = (Window { worker, start: old.start, end }, taken);
+            let (before, after) = ((old.start, table, key, worker, old.start, old.end), (old.start, table, key, worker, old.start, end));
+            self.ends.remove(&(old.end, table, key, worker, old.start, old.end));
+            self.ends.insert((end, table, key, worker, old.start, end));
+            if self.pending.remove(&before) {
+                self.pending.insert(after);
+            }
+            if self.unstarted.remove(&before) {
+                self.unstarted.insert(after);
+            }
+            return true;
         }
-        windows.push(window);
-        self.pending.insert((start, table, key, worker, end));
-        self.ends.insert((end, table, key, worker, start));
+        windows.push((window, false));
+        self.pending.insert((start, table, key, worker, start, end));
+        self.unstarted.insert((start, table, key, worker, start, end));
+        self.ends.insert((end, table, key, worker, start, end));
         true
     }
 
-    /// Takes the windows not acted on yet that start at or before `horizon(worker)` (at most
-    /// `limit`, the largest horizon) and have not ended at `clock(worker)`: the keys to act on
-    /// now. Each key comes once, with its earliest such window; the windows taken are not
-    /// handed out again.
-    pub fn take_due(&mut self, limit: u64, horizon: impl Fn(u16) -> u64, clock: impl Fn(u16) -> u64) -> Vec<((u16, u64), Window)> {
-        let reached: Vec<Entry> = self.pending.range(..=(limit, u16::MAX, u64::MAX, u16::MAX, u64::MAX)).filter(|e| e.0 <= horizon(e.3)).copied().collect();
-        let mut seen = BTreeSet::new();
-        let mut due = Vec::new();
-        for e @ (start, table, key, worker, end) in reached {
+    /// One round: takes the windows whose start is at or before `horizon(worker)` (at most
+    /// `max_horizon`), marks started those whose worker reached their start, and drops those
+    /// whose worker reached their end (`clock(worker)`, at most `max_clock`). Returns the keys
+    /// whose windows changed, sorted, each once.
+    pub fn advance(&mut self, max_horizon: u64, horizon: impl Fn(u16) -> u64, max_clock: u64, clock: impl Fn(u16) -> u64) -> Vec<(u16, u64)> {
+        let mut touched = BTreeSet::new();
+        let taken: Vec<Entry> = self.pending.range(..=upto(max_horizon)).filter(|e| e.0 <= horizon(e.3)).copied().collect();
+        for e @ (_, table, key, worker, start, end) in taken {
             self.pending.remove(&e);
-            if end > clock(worker) && seen.insert((table, key)) {
-                due.push(((table, key), Window { worker, start, end }));
+            if let Some(ws) = self.windows.get_mut(&(table, key))
+                && let Some(w) = ws.iter_mut().find(|(w, _)| *w == (Window { worker, start, end }))
+            {
+                w.1 = true;
             }
+            touched.insert((table, key));
         }
-        due
-    }
-
-    /// Drops windows that ended at their worker's `clock(worker)` (at most `limit`, the largest
-    /// clock); returns the keys whose last window ended, for which the node no longer has intent.
-    pub fn expire(&mut self, limit: u64, clock: impl Fn(u16) -> u64) -> Vec<(u16, u64)> {
-        let ended: Vec<Entry> = self.ends.range(..=(limit, u16::MAX, u64::MAX, u16::MAX, u64::MAX)).filter(|e| e.0 <= clock(e.3)).copied().collect();
-        let mut gone = Vec::new();
-        for (end, table, key, worker, start) in ended {
+        let started: Vec<Entry> = self.unstarted.range(..=upto(max_clock)).filter(|e| e.0 <= clock(e.3)).copied().collect();
+        for e @ (_, table, key, ..) in started {
+            self.unstarted.remove(&e);
+            touched.insert((table, key));
+        }
+        let ended: Vec<Entry> = self.ends.range(..=upto(max_clock)).filter(|e| e.0 <= clock(e.3)).copied().collect();
+        for (_, table, key, worker, start, end) in ended {
             self.remove(table, key, Window { worker, start, end });
-            if !self.windows.contains_key(&(table, key)) {
-                gone.push((table, key));
-            }
+            touched.insert((table, key));
         }
-        gone
+        touched.into_iter().collect()
     }
 
     fn remove(&mut self, table: u16, key: u64, w: Window) {
-        self.ends.remove(&(w.end, table, key, w.worker, w.start));
-        self.pending.remove(&(w.start, table, key, w.worker, w.end));
+        let (start, end) = (w.start, w.end);
+        self.ends.remove(&(end, table, key, w.worker, start, end));
+        self.pending.remove(&(start, table, key, w.worker, start, end));
+        self.unstarted.remove(&(start, table, key, w.worker, start, end));
         if let Some(ws) = self.windows.get_mut(&(table, key)) {
-            ws.retain(|x| *x != w);
+            ws.retain(|(x, _)| *x != w);
             if ws.is_empty() {
                 self.windows.remove(&(table, key));
             }
         }
     }
 
-    /// Whether worker `worker`, in clock `clock`, declared that it needs `key` of `table` now.
-    pub fn active(&self, table: u16, key: u64, worker: u16, clock: u64) -> bool {
-        self.windows.get(&(table, key)).is_some_and(|ws| ws.iter().any(|w| w.worker == worker && w.start <= clock && clock < w.end))
+    /// What this node needs of `key` of `table`, given each worker's `clock`: `Now` when a
+    /// taken window has started, `Soon` when a taken window has not, else `None`.
+    pub fn level(&self, table: u16, key: u64, clock: impl Fn(u16) -> u64) -> IntentLevel {
+        let Some(ws) = self.windows.get(&(table, key)) else { return IntentLevel::None };
+        ws.iter()
+            .filter(|(w, taken)| *taken && w.end > clock(w.worker))
+            .map(|(w, _)| if w.start <= clock(w.worker) { IntentLevel::Now } else { IntentLevel::Soon })
+            .max()
+            .unwrap_or(IntentLevel::None)
     }
 
-    /// Forgets every window of worker `worker` (it left).
-    pub fn forget_worker(&mut self, worker: u16) {
+    /// Whether worker `worker`, in clock `clock`, declared that it needs `key` of `table` now.
+    pub fn active(&self, table: u16, key: u64, worker: u16, clock: u64) -> bool {
+        self.windows.get(&(table, key)).is_some_and(|ws| ws.iter().any(|(w, _)| w.worker == worker && w.start <= clock && clock < w.end))
+    }
+
+    /// The earliest window on `key` of `table` that has not ended at its worker's `clock`.
+    pub fn earliest(&self, table: u16, key: u64, clock: impl Fn(u16) -> u64) -> Option<Window> {
+        self.windows.get(&(table, key)).and_then(|ws| ws.iter().map(|(w, _)| *w).filter(|w| w.end > clock(w.worker)).min_by_key(|w| w.start))
+    }
+
+    /// Forgets every window of worker `worker` (it left); returns the keys that lost windows.
+    pub fn forget_worker(&mut self, worker: u16) -> Vec<(u16, u64)> {
         let mine: Vec<(u16, u64, Window)> =
-            self.windows.iter().flat_map(|(&(t, k), ws)| ws.iter().filter(|w| w.worker == worker).map(move |w| (t, k, *w))).collect();
+            self.windows.iter().flat_map(|(&(t, k), ws)| ws.iter().filter(|(w, _)| w.worker == worker).map(move |(w, _)| (t, k, *w))).collect();
+        let mut touched: Vec<(u16, u64)> = mine.iter().map(|&(t, k, _)| (t, k)).collect();
+        touched.dedup();
         for (t, k, w) in mine {
             self.remove(t, k, w);
         }
+        touched
     }
 
     /// Keys with any window.
@@ -260,11 +328,6 @@ impl IntentTable {
     /// Whether no intent is registered.
     pub fn is_empty(&self) -> bool {
         self.windows.is_empty()
-    }
-
-    /// Windows not acted on yet.
-    pub fn pending(&self) -> usize {
-        self.pending.len()
     }
 }
 
@@ -304,30 +367,54 @@ mod tests {
     }
 
     #[test]
-    fn intents_aggregate_per_key_are_acted_on_once_and_expire() {
+    fn windows_are_taken_started_and_dropped_as_clocks_advance() {
+        use IntentLevel::*;
         let mut it = IntentTable::default();
         assert!(it.add(0, 7, 0, 5, 10));
         assert!(!it.add(0, 7, 0, 5, 10), "the same window twice is one window");
+        assert!(!it.add(0, 7, 0, 6, 8), "a window inside another adds nothing");
         assert!(it.add(0, 7, 1, 20, 30));
         assert!(it.add(0, 8, 0, 40, 50));
         assert!(!it.add(0, 9, 0, 3, 3), "an empty window is ignored");
         assert_eq!(it.len(), 2);
         assert!(it.active(0, 7, 0, 5) && it.active(0, 7, 0, 9) && !it.active(0, 7, 0, 10) && !it.active(0, 7, 1, 5));
-        // Worker 0 at clock 2 with horizon 8; worker 1 at clock 2 with horizon 12.
+        // Both workers at clock 2; worker 0's horizon 8, worker 1's 12: only (0, 7) of worker 0
+        // is within reach.
         let horizon = |w| if w == 0 { 8 } else { 12 };
-        assert_eq!(it.take_due(12, horizon, |_| 2), vec![((0, 7), Window { worker: 0, start: 5, end: 10 })]);
-        assert!(it.take_due(12, horizon, |_| 2).is_empty(), "a window is acted on once");
-        // A window starting exactly at the horizon is due; one that ended is not.
-        assert_eq!(it.take_due(20, |_| 20, |_| 2), vec![((0, 7), Window { worker: 1, start: 20, end: 30 })]);
-        let mut late = IntentTable::default();
-        late.add(0, 1, 0, 0, 5);
-        assert!(late.take_due(9, |_| 9, |_| 5).is_empty(), "a window that ended is not acted on");
-        assert_eq!(late.pending(), 0);
-        // At clock 12 worker 0's window on key 7 ended, worker 1's has not.
-        assert!(it.expire(12, |_| 12).is_empty());
-        assert!(!it.active(0, 7, 0, 9) && it.active(0, 7, 1, 25));
-        assert_eq!(it.expire(60, |_| 60), vec![(0, 7), (0, 8)]);
-        assert!(it.is_empty() && it.pending() == 0);
+        assert_eq!(it.advance(12, horizon, 2, |_| 2), vec![(0, 7)]);
+        assert_eq!((it.level(0, 7, |_| 2), it.level(0, 8, |_| 2)), (Soon, None));
+        assert!(it.advance(12, horizon, 2, |_| 2).is_empty(), "nothing changed");
+        // Worker 0 reaches clock 5: its window started.
+        assert_eq!(it.advance(12, horizon, 5, |w| if w == 0 { 5 } else { 2 }), vec![(0, 7)]);
+        assert_eq!(it.level(0, 7, |w| if w == 0 { 5 } else { 2 }), Now);
+        // At clock 10 worker 0's window ended; worker 1's (20..30) is within reach at horizon 20:
+        // the key is needed soon again, not now.
+        let at10 = |_| 10;
+        assert_eq!(it.advance(20, |_| 20, 10, at10), vec![(0, 7)]);
+        assert_eq!(it.level(0, 7, at10), Soon);
+        // A window that starts exactly at the horizon is taken; windows that ended are dropped.
+        assert_eq!(it.advance(40, |_| 40, 30, |_| 30), vec![(0, 7), (0, 8)]);
+        assert_eq!((it.level(0, 7, |_| 30), it.level(0, 8, |_| 30)), (None, Soon));
+        assert_eq!(it.len(), 1);
+        assert_eq!(it.earliest(0, 8, |_| 30), Some(Window { worker: 0, start: 40, end: 50 }));
+        assert_eq!(it.advance(60, |_| 60, 60, |_| 60), vec![(0, 8)]);
+        assert!(it.is_empty() && it.pending.is_empty() && it.unstarted.is_empty() && it.ends.is_empty());
+    }
+
+    #[test]
+    fn consecutive_windows_of_a_worker_merge() {
+        let mut it = IntentTable::default();
+        it.add(0, 1, 0, 3, 4);
+        assert_eq!(it.advance(3, |_| 3, 3, |_| 3), vec![(0, 1)]);
+        assert_eq!(it.level(0, 1, |_| 3), IntentLevel::Now);
+        // The next clock's window continues it: at clock 4 the key is still needed now.
+        assert!(it.add(0, 1, 0, 4, 5));
+        assert!(it.add(0, 1, 1, 4, 5), "another worker's window stays apart");
+        it.advance(4, |_| 4, 4, |_| 4);
+        assert_eq!(it.level(0, 1, |_| 4), IntentLevel::Now);
+        assert_eq!(it.earliest(0, 1, |_| 4), Some(Window { worker: 0, start: 3, end: 5 }));
+        it.advance(5, |_| 5, 5, |_| 5);
+        assert!(it.is_empty() && it.pending.is_empty() && it.unstarted.is_empty() && it.ends.is_empty());
     }
 
     #[test]
@@ -336,10 +423,10 @@ mod tests {
         it.add(0, 7, 0, 5, 10);
         it.add(0, 7, 1, 5, 10);
         it.add(1, 3, 1, 0, 4);
-        it.forget_worker(1);
+        assert_eq!(it.forget_worker(1), vec![(0, 7), (1, 3)]);
         assert_eq!(it.len(), 1);
         assert!(!it.active(0, 7, 1, 6) && it.active(0, 7, 0, 6));
-        assert_eq!(it.take_due(u64::MAX, |_| u64::MAX, |_| 0).len(), 1);
-        assert!(it.expire(u64::MAX, |_| 10) == vec![(0, 7)] && it.is_empty());
+        assert_eq!(it.advance(u64::MAX, |_| u64::MAX, 10, |_| 10), vec![(0, 7)]);
+        assert!(it.is_empty() && it.pending.is_empty() && it.unstarted.is_empty());
     }
 }

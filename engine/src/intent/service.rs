@@ -4,17 +4,19 @@
 //!
 //! 1. updates each declaring worker's clock-rate estimate from the clocks it completed since the
 //!    last round ([`ActionTiming::round`]) and computes its horizon;
-//! 2. takes the windows that start at or before their worker's horizon
-//!    ([`IntentTable::take_due`]) — each window once;
-//! 3. relocates the keys among them that are not here with one asynchronous `localize` per table
-//!    (the protocol sends one message per home node), through a worker of its own, and waits for
-//!    them: a round lasts as long as its relocations, which is what the rate estimate measures;
-//! 4. records for each key whether it landed before its window started (and how many clocks
-//!    before), and drops windows that ended.
+//! 2. moves the windows along ([`IntentTable::advance`]): taken once their start is within
+//!    the horizon, started once the worker reaches it, dropped once it reaches their end;
+//! 3. tells the homes of the keys whose level changed ([`IntentLevel`]: needed now, soon, or
+//!    no longer) with INTENT, one message per home, table and level
+//!    (`crate::protocol::IntentHomes` decides who gets a key);
+//! 4. starts relocating the keys the homes said this node should take (INTENT_GO), if it still
+//!    intends them and they are not here, with one asynchronous `localize` per table through a
+//!    worker of its own, and records for the relocations that completed whether each key landed
+//!    before its window started (and how many clocks before).
 //!
-//! A round that acts on nothing waits for the configured round time, or until a worker declares
-//! new intent. The thread starts with the node's first intent and stops before the node
-//! finalizes.
+//! A round waits for the configured round time, or until a worker declares new intent,
+//! completes a clock, or a move arrives. The thread starts with the node's first intent and
+//! stops before the node finalizes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,11 +26,14 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::{ActionTiming, IntentTable, Window};
+use super::{ActionTiming, IntentLevel, IntentTable};
 use crate::error::{Error, Result};
 use crate::node::Table;
 use crate::runtime::NodeInner;
 use crate::worker::Worker;
+
+/// Localize operations the service keeps in flight at most before it waits for them.
+const MAX_IN_FLIGHT: usize = 64;
 
 /// One declaring worker's clock and timing.
 struct WorkerClock {
@@ -40,6 +45,10 @@ struct WorkerClock {
 struct State {
     table: IntentTable,
     workers: BTreeMap<u16, WorkerClock>,
+    /// The level each key's home was last told (keys at `None` are left out).
+    signalled: BTreeMap<(u16, u64), IntentLevel>,
+    /// Keys that lost windows with a worker that left.
+    orphaned: Vec<(u16, u64)>,
 }
 
 /// A node's intents and the thread acting on them.
@@ -92,17 +101,24 @@ impl IntentService {
         Ok(())
     }
 
-    /// Worker `worker` is in clock `clock` now.
+    /// Worker `worker` is in clock `clock` now (wakes the service: windows may have ended).
     pub fn note_clock(&self, worker: u16, clock: u64) {
         if let Some(w) = self.state.lock().workers.get_mut(&worker) {
             w.clock = clock;
         }
+        self.wake.notify_all();
+    }
+
+    /// Wakes the service (a move was posted for it).
+    pub fn wake(&self) {
+        self.wake.notify_all();
     }
 
     /// Worker `worker` left: its intents end.
     pub fn forget_worker(&self, worker: u16) {
         let mut state = self.state.lock();
-        state.table.forget_worker(worker);
+        let gone = state.table.forget_worker(worker);
+        state.orphaned.extend(gone);
         state.workers.remove(&worker);
     }
 
@@ -138,67 +154,113 @@ impl IntentService {
     fn run(&self, node: &Arc<NodeInner>, mut own: Worker) {
         let round_time = node.config.intent.round;
         let counters = node.core.intent_counters();
+        let mut in_flight: Vec<InFlight> = Vec::new();
         loop {
             let started = Instant::now();
-            let due = {
+            let changes = {
                 let mut state = self.state.lock();
-                while state.table.is_empty() && !self.stopped(node) {
+                while state.table.is_empty() && state.signalled.is_empty() && !node.core.intent_go_waiting() && !self.stopped(node) {
                     self.wake.wait_for(&mut state, std::time::Duration::from_millis(100));
                 }
                 if self.stopped(node) {
                     return;
                 }
-                let State { table, workers } = &mut *state;
-                let mut horizons = BTreeMap::new();
+                let State { table, workers, signalled, orphaned } = &mut *state;
+                let mut at = BTreeMap::new();
                 for (&w, c) in workers.iter_mut() {
-                    horizons.insert(w, (c.clock, c.timing.round(c.clock)));
+                    at.insert(w, (c.clock, c.timing.round(c.clock)));
                 }
-                let limit = horizons.values().map(|h| h.1).max().unwrap_or(0);
-                let latest = horizons.values().map(|h| h.0).max().unwrap_or(0);
-                let at = |w: u16| horizons.get(&w).copied().unwrap_or((0, 0));
-                let due = table.take_due(limit, |w| at(w).1, |w| at(w).0);
-                table.expire(latest, |w| at(w).0);
-                due
+                let max_horizon = at.values().map(|h| h.1).max().unwrap_or(0);
+                let max_clock = at.values().map(|h| h.0).max().unwrap_or(0);
+                let clock = |w: u16| at.get(&w).map_or(0, |h| h.0);
+                let mut touched = table.advance(max_horizon, |w| at.get(&w).map_or(0, |h| h.1), max_clock, clock);
+                touched.append(orphaned);
+                // Per (level, table): the keys whose home must learn the new level.
+                let mut changes: BTreeMap<(IntentLevel, u16), Vec<u64>> = BTreeMap::new();
+                for (t, k) in touched {
+                    let level = table.level(t, k, clock);
+                    let told = signalled.get(&(t, k)).copied().unwrap_or(IntentLevel::None);
+                    if level != told {
+                        changes.entry((level, t)).or_default().push(k);
+                        if level == IntentLevel::None {
+                            signalled.remove(&(t, k));
+                        } else {
+                            signalled.insert((t, k), level);
+                        }
+                    }
+                }
+                changes
             };
             counters.note_round();
-            if !due.is_empty() && !self.act(node, &mut own, due) {
+            // Ends first (`None` sorts first): a key this node stops needing may be the one
+            // another node waits for.
+            for ((level, table), keys) in changes {
+                match own.signal_intent(table, &keys, level) {
+                    Ok(()) => {}
+                    Err(Error::ShutDown) => return,
+                    Err(e) => tracing::warn!(node = node.config.rank, error = %e, "the intent service could not reach a home node"),
+                }
+            }
+            // Relocations run while the workers go on; a round only starts them and records
+            // those that completed (at most MAX_IN_FLIGHT localizes at once).
+            let many = in_flight.len() >= MAX_IN_FLIGHT;
+            if !self.collect(node, &mut own, &mut in_flight, many) {
+                return;
+            }
+            if node.core.intent_go_waiting() && !self.act(node, &mut own, &mut in_flight) {
                 return;
             }
             let mut state = self.state.lock();
             let until = started + round_time;
-            if !self.stopped(node) && Instant::now() < until {
+            if !self.stopped(node) && !node.core.intent_go_waiting() && Instant::now() < until {
                 self.wake.wait_until(&mut state, until);
             }
         }
     }
 
-    /// Relocates the due keys that are not here; returns false when the node shuts down.
-    fn act(&self, node: &Arc<NodeInner>, own: &mut Worker, due: Vec<((u16, u64), Window)>) -> bool {
+    /// Starts relocating the keys this node was told to move (INTENT_GO) that it still intends
+    /// and does not hold; returns false when the node shuts down.
+    fn act(&self, node: &Arc<NodeInner>, own: &mut Worker, in_flight: &mut Vec<InFlight>) -> bool {
         let store = node.core.store();
-        let mut per_table: BTreeMap<u16, (Vec<u64>, Vec<Window>)> = BTreeMap::new();
-        for ((table, key), window) in due {
-            if store.table(table).slot_of(key).is_none() {
-                let (keys, windows) = per_table.entry(table).or_default();
-                keys.push(key);
-                windows.push(window);
+        let mut moves: Vec<(u16, Vec<u64>)> = Vec::new();
+        {
+            let state = self.state.lock();
+            for (table, keys) in node.core.take_intent_go() {
+                let keys: Vec<u64> =
+                    keys.into_iter().filter(|&k| state.signalled.contains_key(&(table, k)) && store.table(table).slot_of(k).is_none()).collect();
+                if !keys.is_empty() {
+                    moves.push((table, keys));
+                }
             }
         }
-        let mut tickets = Vec::new();
-        for (table, (keys, windows)) in per_table {
+        for (table, keys) in moves {
             match own.localize_async(node.table_by_id(table), &keys) {
-                Ok(ticket) => tickets.push((ticket, windows)),
+                Ok(ticket) => in_flight.push(InFlight { ticket, table, keys }),
                 Err(Error::ShutDown) => return false,
                 Err(e) => tracing::warn!(node = node.config.rank, error = %e, "the intent service could not relocate keys; their accesses go remote"),
             }
         }
-        for (ticket, windows) in tickets {
+        true
+    }
+
+    /// Records the relocations that completed (all of them, waiting, with `wait_all`); returns
+    /// false when the node shuts down.
+    fn collect(&self, node: &Arc<NodeInner>, own: &mut Worker, in_flight: &mut Vec<InFlight>, wait_all: bool) -> bool {
+        let mut i = 0;
+        while i < in_flight.len() {
+            if !wait_all && !own.is_done(&in_flight[i].ticket) {
+                i += 1;
+                continue;
+            }
+            let InFlight { ticket, table, keys } = in_flight.swap_remove(i);
             match own.wait(ticket) {
                 Ok(()) => {
                     let state = self.state.lock();
                     let counters = node.core.intent_counters();
-                    for w in windows {
-                        let clock = state.workers.get(&w.worker).map_or(0, |c| c.clock);
-                        counters.note_landed(w.start.checked_sub(clock).filter(|&lead| lead > 0));
+                    let clock = |w: u16| state.workers.get(&w).map_or(0, |c| c.clock);
+                    for key in keys {
+                        let lead = state.table.earliest(table, key, clock).and_then(|w| w.start.checked_sub(clock(w.worker))).filter(|&lead| lead > 0);
+                        counters.note_landed(lead);
                     }
                 }
                 Err(Error::ShutDown) => return false,
@@ -211,4 +273,11 @@ impl IntentService {
         }
         true
     }
+}
+
+/// A relocation the service started.
+struct InFlight {
+    ticket: crate::worker::Ticket,
+    table: u16,
+    keys: Vec<u64>,
 }

@@ -50,6 +50,7 @@ mod access;
 mod barrier;
 mod clock;
 mod directory;
+mod intent;
 mod issue;
 pub mod keycache;
 mod relocation;
@@ -69,6 +70,7 @@ use parking_lot::Mutex;
 pub use barrier::{BarrierEvent, BarrierKind, Barriers};
 pub use clock::Clocks;
 pub use directory::{Directory, LOST_OWNER, MAX_SHARDS, TableMeta};
+pub use intent::IntentHomes;
 pub use issue::{Issued, PullTarget};
 pub use requester::{Delivery, LocalEvent, OpId, OpKind, PeerFault, Requester, WORKER_SHIFT, worker_of};
 pub use rows::Rows;
@@ -147,6 +149,10 @@ pub struct Core {
     replication: crate::replication::Replication,
     /// Intent signalling's counters.
     intent: crate::intent::IntentCounters,
+    /// Intents on the keys homed here, and the moves this node was told to make.
+    intent_homes: Mutex<IntentHomes>,
+    /// Set when a move waits in `intent_homes` for the intent service.
+    intent_go: std::sync::atomic::AtomicBool,
 }
 
 impl Core {
@@ -166,6 +172,8 @@ impl Core {
             arrivals: AtomicU64::new(0),
             replication: crate::replication::Replication::new(specs.len()),
             intent: Default::default(),
+            intent_homes: Mutex::new(IntentHomes::default()),
+            intent_go: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -179,6 +187,30 @@ impl Core {
     #[inline]
     pub fn intent_counters(&self) -> &crate::intent::IntentCounters {
         &self.intent
+    }
+
+    /// Intents at this home node, and the moves this node was told to make.
+    #[inline]
+    pub fn intent_homes(&self) -> &Mutex<IntentHomes> {
+        &self.intent_homes
+    }
+
+    /// Whether moves wait for the intent service (see [`Core::take_intent_go`]).
+    #[inline]
+    pub fn intent_go_waiting(&self) -> bool {
+        self.intent_go.load(Ordering::Acquire)
+    }
+
+    /// Takes the moves this node was told to make (INTENT_GO), per table.
+    pub fn take_intent_go(&self) -> Vec<(u16, Vec<u64>)> {
+        let mut homes = self.intent_homes.lock();
+        self.intent_go.store(false, Ordering::Release);
+        homes.take_go()
+    }
+
+    pub(crate) fn post_intent_go(&self, table: u16, keys: Vec<u64>) {
+        self.intent_homes.lock().post_go(table, keys);
+        self.intent_go.store(true, Ordering::Release);
     }
 
     /// The arrivals counter (see the field).

@@ -164,6 +164,14 @@ impl<'c, 't> Step<'c, 't> {
                             self.handle_replica_ack(from, body)?;
                             None
                         }
+                        msg::INTENT => {
+                            self.handle_intent(from, body)?;
+                            None
+                        }
+                        msg::INTENT_GO => {
+                            self.handle_intent_go(body)?;
+                            None
+                        }
                         other => return Err(Error::Protocol(format!("unknown message type {other}"))),
                     };
                     if let Some(item) = resume {
@@ -232,6 +240,7 @@ impl<'c, 't> Step<'c, 't> {
         dir.lose_owner(peer);
         dir.uncache_node(peer);
         self.core.barriers().lock().handle_peer_lost(peer, &error, dir, self.tx);
+        self.intents_of_lost_node(peer);
         self.tx.touch_barrier();
         // A lost node no longer holds back the cluster's clocks.
         self.tx.touch_clock();

@@ -17,6 +17,7 @@
 //! | REPLICA_DELTA | flags u8 (CUT: the shipment's last message, cut an image; FULL: of every replicated slot), table u16, round u32, count u32, (key u64, values)×count |
 //! | LEAVING | count u16, (node u16, reason length u16, reason UTF-8)×count — alone in its frame, handled by the runtime, not the protocol |
 //! | CLOCK | pad×3, smallest completed clock of the sender's workers u64 |
+//! | INTENT, INTENT_GO | level u8 (INTENT: 0 none, 1 soon, 2 now; INTENT_GO: 0), pad u16, table u16, pad u16, count u32, key u64×count |
 //! | REPLICA_ACK | flags u8 (CUT: an image was cut), table u16, round u32, keys u32, changed u32, region u32, pad u32, addr u64, position u32×changed |
 
 use std::borrow::Cow;
@@ -54,6 +55,10 @@ pub mod msg {
     pub const LEAVING: u8 = 12;
     /// A node's smallest completed worker clock (bounded delay).
     pub const CLOCK: u8 = 13;
+    /// Node to home node: its workers' intent on keys begins (or ended).
+    pub const INTENT: u8 = 14;
+    /// Home node to node: it is the only one with intent on keys; move them (AdaPM 4.1).
+    pub const INTENT_GO: u8 = 15;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).
@@ -798,6 +803,36 @@ pub fn decode_clock(b: &[u8]) -> Result<u64> {
         return Err(bad("CLOCK of wrong size"));
     }
     Ok(u64::from_le_bytes(b[4..12].try_into().map_err(|_| bad("CLOCK of wrong size"))?))
+}
+
+/// Bytes of an INTENT or INTENT_GO before its keys (type byte included).
+pub const INTENT_HEADER: usize = 12;
+
+/// Encodes INTENT (`ty` = [`msg::INTENT`], with the sender's level of need) or INTENT_GO
+/// (level 0) for `keys` of `table`.
+pub fn encode_intent(out: &mut Vec<u8>, ty: u8, level: u8, table: u16, keys: &[u64]) {
+    let start = begin(out, ty);
+    out.extend_from_slice(&[level, 0, 0]);
+    out.extend_from_slice(&table.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+    for k in keys {
+        out.extend_from_slice(&k.to_le_bytes());
+    }
+    finish(out, start);
+}
+
+/// Decodes INTENT or INTENT_GO: (level, table, keys).
+pub fn decode_intent(b: &[u8]) -> Result<(crate::intent::IntentLevel, u16, impl ExactSizeIterator<Item = u64> + '_)> {
+    if b.len() < INTENT_HEADER {
+        return Err(bad("short INTENT"));
+    }
+    let count = u32_at(b, 8) as usize;
+    if count.checked_mul(8).and_then(|n| n.checked_add(INTENT_HEADER)) != Some(b.len()) {
+        return Err(bad(format!("INTENT of {count} keys has {} bytes", b.len())));
+    }
+    let level = crate::intent::IntentLevel::from_u8(b[1]).ok_or_else(|| bad(format!("INTENT with level {}", b[1])))?;
+    Ok((level, u16_at(b, 4), b[INTENT_HEADER..].chunks_exact(8).map(|c| u64_at(c, 0))))
 }
 
 /// Decodes BARRIER or BARRIER_RELEASE: (kind, generation).

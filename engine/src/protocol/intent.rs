@@ -1,0 +1,234 @@
+//! Intents at home nodes (AdaPM, Section 4.1 and Appendix B.2): every node tells a key's home
+//! how much it needs the key — `Soon` once the intent service acts on a window (it is within
+//! the action horizon), `Now` once a worker's window has started, `None` when its windows ended
+//! — and the home tells a node to move the key to itself (INTENT_GO) when that node alone
+//! needs it now, or, with nobody needing it now, alone needs it at all.
+//!
+//! A key that several nodes need now (or that several need soon, none now) stays where it is
+//! until that changes: AdaPM replicates such keys on the intending nodes, which needs replicas
+//! created and dropped at run time (Ferry's replicas are fixed when the cluster starts); until
+//! then, leaving the key in place is the choice that does not make it bounce between the
+//! nodes that share it. A node that needs a key now wins it from nodes that only need it soon,
+//! so an early intent for the next phase does not hold a key back from the node using it.
+//!
+//! Intents never change values or ownership by themselves: the move is an ordinary `localize`
+//! issued by the intent service, so every guarantee of relocation holds unchanged.
+
+use std::collections::BTreeMap;
+
+use super::step::Step;
+use super::wire::{self, msg};
+use crate::error::{Error, Result};
+use crate::intent::IntentLevel;
+use crate::stats::MessageKind;
+use crate::util::FastMap;
+
+/// Keys per INTENT or INTENT_GO message at most (512 KiB of keys).
+const KEYS_PER_MESSAGE: usize = 1 << 16;
+
+/// The intents on one key homed here.
+#[derive(Debug, Default)]
+struct KeyIntents {
+    /// Nodes with intent, and how much they need the key.
+    nodes: Vec<(u16, IntentLevel)>,
+    /// The node last told to take the key, while it still is the one.
+    told: Option<u16>,
+}
+
+impl KeyIntents {
+    /// Who should hold the key: the only node that needs it now, or, when none needs it now,
+    /// the only node that needs it at all; nobody while it is shared.
+    fn target(&self) -> Option<u16> {
+        let mut now = self.nodes.iter().filter(|n| n.1 == IntentLevel::Now);
+        match (now.next(), now.next()) {
+            (Some(&(node, _)), None) => Some(node),
+            (None, _) if self.nodes.len() == 1 => Some(self.nodes[0].0),
+            _ => None,
+        }
+    }
+}
+
+/// The intents on the keys homed at this node, and the moves this node was told to make.
+#[derive(Debug, Default)]
+pub struct IntentHomes {
+    intents: FastMap<(u16, u64), KeyIntents>,
+    /// Keys this node was told to take, per table, for the intent service.
+    go: Vec<(u16, Vec<u64>)>,
+}
+
+impl IntentHomes {
+    /// Node `from` needs `keys` of `table` at `level` now. Returns, per node, the keys it was
+    /// not yet told to take and now should.
+    pub fn update(&mut self, from: u16, level: IntentLevel, table: u16, keys: impl IntoIterator<Item = u64>) -> BTreeMap<u16, Vec<u64>> {
+        let mut go: BTreeMap<u16, Vec<u64>> = BTreeMap::new();
+        for key in keys {
+            let entry = self.intents.entry((table, key)).or_default();
+            entry.nodes.retain(|n| n.0 != from);
+            if level != IntentLevel::None {
+                entry.nodes.push((from, level));
+            }
+            if entry.nodes.is_empty() {
+                self.intents.remove(&(table, key));
+                continue;
+            }
+            let target = entry.target();
+            if let Some(node) = target.filter(|&t| entry.told != Some(t)) {
+                go.entry(node).or_default().push(key);
+            }
+            entry.told = target;
+        }
+        go
+    }
+
+    /// Node `lost` is gone: its intents end. Returns, per (node, table), the keys a node
+    /// should now take.
+    pub fn forget_node(&mut self, lost: u16) -> BTreeMap<(u16, u16), Vec<u64>> {
+        let mut keys: Vec<(u16, u64)> = self.intents.iter().filter(|(_, i)| i.nodes.iter().any(|n| n.0 == lost)).map(|(k, _)| *k).collect();
+        keys.sort_unstable();
+        let mut go = BTreeMap::new();
+        for (table, key) in keys {
+            for (node, ks) in self.update(lost, IntentLevel::None, table, [key]) {
+                go.entry((node, table)).or_insert_with(Vec::new).extend(ks);
+            }
+        }
+        go
+    }
+
+    /// The nodes with intent on `key` of `table` (homed here), with their levels.
+    pub fn intenders(&self, table: u16, key: u64) -> Vec<(u16, IntentLevel)> {
+        self.intents.get(&(table, key)).map_or_else(Vec::new, |i| i.nodes.clone())
+    }
+
+    /// Records that this node may move `keys` of `table` here.
+    pub fn post_go(&mut self, table: u16, keys: Vec<u64>) {
+        if !keys.is_empty() {
+            self.go.push((table, keys));
+        }
+    }
+
+    /// Takes the moves this node was told to make.
+    pub fn take_go(&mut self) -> Vec<(u16, Vec<u64>)> {
+        std::mem::take(&mut self.go)
+    }
+}
+
+impl Step<'_, '_> {
+    /// This node needs `keys` of `table` at `level`: tells each key's home (one message per
+    /// home; keys homed here are handled at once). Keys homed at lost nodes are left out.
+    pub fn signal_intent(&mut self, table: u16, keys: &[u64], level: IntentLevel) {
+        let dir = self.directory();
+        let rank = dir.rank();
+        let mut per_home: BTreeMap<u16, Vec<u64>> = BTreeMap::new();
+        for &key in keys {
+            let home = dir.home(table, key);
+            if !dir.is_lost(home) {
+                per_home.entry(home).or_default().push(key);
+            }
+        }
+        for (home, keys) in per_home {
+            if home == rank {
+                let go = self.core.intent_homes().lock().update(rank, level, table, keys);
+                self.send_go(table, go);
+            } else {
+                for chunk in keys.chunks(KEYS_PER_MESSAGE) {
+                    let buf = self.tx.buf(home);
+                    let before = buf.len();
+                    wire::encode_intent(buf, msg::INTENT, level as u8, table, chunk);
+                    let bytes = self.tx.buf(home).len() - before;
+                    self.tx.sent(home, MessageKind::Localize, bytes);
+                }
+            }
+        }
+    }
+
+    /// Tells each node of `go` that it may move its keys of `table` (this node itself through
+    /// its mailbox).
+    fn send_go(&mut self, table: u16, go: BTreeMap<u16, Vec<u64>>) {
+        let rank = self.directory().rank();
+        for (node, keys) in go {
+            if node == rank {
+                self.core.post_intent_go(table, keys);
+            } else if !self.directory().is_lost(node) {
+                for chunk in keys.chunks(KEYS_PER_MESSAGE) {
+                    let buf = self.tx.buf(node);
+                    let before = buf.len();
+                    wire::encode_intent(buf, msg::INTENT_GO, 0, table, chunk);
+                    let bytes = self.tx.buf(node).len() - before;
+                    self.tx.sent(node, MessageKind::Localize, bytes);
+                }
+            }
+        }
+    }
+
+    /// Checks that `table` exists and every key is within it (and, for INTENT, homed here).
+    fn intent_keys(&self, what: &str, table: u16, keys: impl Iterator<Item = u64>, homed_here: bool) -> Result<Vec<u64>> {
+        let dir = self.directory();
+        let meta = dir.table(table).ok_or_else(|| Error::Protocol(format!("{what} for unknown table {table}")))?;
+        let limit = meta.keys;
+        let mut out = Vec::with_capacity(keys.size_hint().0);
+        for key in keys {
+            if key >= limit || (homed_here && dir.home(table, key) != dir.rank()) {
+                return Err(Error::Protocol(format!("{what} for key {key} of table {table}, which is not homed here or does not exist")));
+            }
+            out.push(key);
+        }
+        Ok(out)
+    }
+
+    /// An INTENT from node `from`: updates the key's intenders and tells a sole intender.
+    pub(crate) fn handle_intent(&mut self, from: u16, body: &[u8]) -> Result<()> {
+        let (level, table, keys) = wire::decode_intent(body)?;
+        let keys = self.intent_keys("INTENT", table, keys, true)?;
+        let go = self.core.intent_homes().lock().update(from, level, table, keys);
+        self.send_go(table, go);
+        Ok(())
+    }
+
+    /// An INTENT_GO: hands the keys to the intent service.
+    pub(crate) fn handle_intent_go(&mut self, body: &[u8]) -> Result<()> {
+        let (_, table, keys) = wire::decode_intent(body)?;
+        let keys = self.intent_keys("INTENT_GO", table, keys, false)?;
+        self.core.post_intent_go(table, keys);
+        Ok(())
+    }
+
+    /// Node `lost` is gone: its intents end, and nodes that now intend a key alone are told.
+    pub(crate) fn intents_of_lost_node(&mut self, lost: u16) {
+        let go = self.core.intent_homes().lock().forget_node(lost);
+        for ((node, table), keys) in go {
+            self.send_go(table, BTreeMap::from([(node, keys)]));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_goes_to_the_node_that_needs_it_alone() {
+        use IntentLevel::*;
+        let mut h = IntentHomes::default();
+        let go = |n: u16, keys: &[u64]| BTreeMap::from([(n, keys.to_vec())]);
+        assert_eq!(h.update(1, Soon, 0, [5, 6]), go(1, &[5, 6]));
+        assert!(h.update(1, Now, 0, [5]).is_empty(), "already told");
+        // Node 2 needs key 5 soon: node 1 needs it now, so it stays with node 1.
+        assert!(h.update(2, Soon, 0, [5]).is_empty());
+        // Node 1 is done with key 5 now but will need it soon again: shared, nobody is told.
+        assert!(h.update(1, Soon, 0, [5]).is_empty());
+        // Node 2's window starts: it alone needs the key now.
+        assert_eq!(h.update(2, Now, 0, [5]), go(2, &[5]));
+        // Both need it now: shared, it stays; when node 2 is done, node 1 gets it.
+        assert!(h.update(1, Now, 0, [5]).is_empty());
+        assert_eq!(h.update(2, None, 0, [5]), go(1, &[5]));
+        assert_eq!(h.intenders(0, 5), vec![(1, Now)]);
+        // An end without a beginning changes nothing.
+        assert!(h.update(3, None, 0, [5, 9]).is_empty());
+        // A lost node's intents end with it.
+        h.update(3, Now, 0, [5]);
+        assert_eq!(h.forget_node(1), BTreeMap::from([((3, 0), vec![5])]));
+        assert!(h.update(3, None, 0, [5]).is_empty() && h.intenders(0, 5).is_empty());
+        assert!(h.update(1, None, 0, [6]).is_empty());
+        assert!(h.intents.is_empty(), "nothing is kept for keys nobody intends");
+    }
+}
