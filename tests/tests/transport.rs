@@ -59,6 +59,20 @@ fn updaters_push_pull_and_clocks_over_the_chosen_transport() {
     }
 }
 
+/// Intent signalling: keys follow declared windows between the processes (INTENT and
+/// INTENT_GO messages, relocations by the intent service), nothing lost.
+#[test]
+fn intents_move_keys_over_the_chosen_transport() {
+    let want = expected_transport();
+    let out = launch_testnode(2, &["intent"], Duration::from_secs(300));
+    let text = stdout(&out);
+    assert!(out.status.success(), "cluster failed:\n{text}");
+    for r in 0..2 {
+        assert!(text.contains(&format!("[{r}] transport {want}")), "rank {r} did not use {want}");
+        assert!(text.contains(&format!("[{r}] intent ok")), "rank {r} did not finish");
+    }
+}
+
 #[test]
 fn history_over_the_chosen_transport_is_sequentially_consistent() {
     let want = expected_transport();

@@ -106,6 +106,11 @@ enum Scenario {
         #[arg(long, default_value_t = 24)]
         clocks: u64,
     },
+    /// Intent signalling across processes: keys follow the declared windows.
+    Intent {
+        #[arg(long, default_value_t = 30)]
+        clocks: u64,
+    },
 }
 
 fn main() -> Result<()> {
@@ -125,7 +130,61 @@ fn main() -> Result<()> {
         Scenario::StalledReader { limit_mib } => stalled_reader(limit_mib),
         Scenario::Replicas { pushes, dir } => replicas(pushes, &dir),
         Scenario::Toolbox { clocks } => toolbox(clocks),
+        Scenario::Intent { clocks } => intent(clocks),
     }
+}
+
+/// Intent signalling across two processes: in clock `c` rank `r` needs the keys `k` with
+/// `k % 2 == (c + r) % 2` and declares each clock's keys two clocks ahead; both push to every
+/// key every clock. The keys must follow the windows (relocated by the intent service, granted
+/// by the homes), the late accesses must stay a minority, and no push may be lost or doubled.
+fn intent(clocks: u64) -> Result<()> {
+    const KEYS: u64 = 64;
+    let spec = TableSpec::new("t", KEYS, 2).partitioned(Partitioning::Hash);
+    let mut config = Config::from_env(vec![spec])?;
+    config.max_delay = Some(0);
+    let mut node = Node::start(config)?;
+    println!("transport {}", node.transport());
+    let rank = node.rank() as u64;
+    let table = node.table("t")?;
+    let needed = |c: u64| -> Vec<u64> { (0..KEYS).filter(|k| k % 2 == (c + rank) % 2).collect() };
+    let mut w = node.worker();
+    for c in 0..2 {
+        w.intent(table, &needed(c), c, c + 1)?;
+    }
+    let before = node.stats();
+    for c in 0..clocks {
+        w.intent(table, &needed(c + 2), c + 2, c + 3)?;
+        // The other rank used these keys until the clock began: the hand-over starts only
+        // now (the homes grant a key to the one node that needs it now), so the worker gives
+        // it a moment, as a trainer computing its next batch would.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let keys = needed(c);
+        let mut out = vec![0.0f32; keys.len() * 2];
+        w.pull(table, &keys, &mut out)?;
+        w.push(table, &(0..KEYS).collect::<Vec<_>>(), &vec![1.0; KEYS as usize * 2])?;
+        w.advance_clock()?;
+    }
+    w.barrier()?;
+    let mut out = vec![0.0f32; KEYS as usize * 2];
+    w.pull(table, &(0..KEYS).collect::<Vec<_>>(), &mut out)?;
+    if let Some(v) = out.iter().find(|&&v| v != 2.0 * clocks as f32) {
+        anyhow::bail!("a key holds {v}, expected {} (a push lost or doubled)", 2 * clocks);
+    }
+    let s = node.stats().since(&before);
+    // Accesses within declared windows: the pull and the push of the clock's keys.
+    let declared = clocks * KEYS;
+    if s.relocations_in < clocks * KEYS / 4 || s.intent.acted_keys == 0 {
+        anyhow::bail!("intent moved only {} keys here: {:?}", s.relocations_in, s.intent);
+    }
+    if s.intent.late_accesses * 2 > declared {
+        anyhow::bail!("{} of {declared} accesses in a declared window were late", s.intent.late_accesses);
+    }
+    w.barrier()?;
+    drop(w);
+    node.finalize()?;
+    println!("intent ok ({} relocations in, {} of {declared} accesses late, mean lead {:.1} clocks)", s.relocations_in, s.intent.late_accesses, s.intent.mean_lead());
+    Ok(())
 }
 
 /// The toolbox across two processes: rank `r` alone pushes the gradients of keys `k % 2 == r`
