@@ -624,17 +624,20 @@ impl Worker {
     /// Declares that this worker will need `keys` of `table` in its clocks `start..end` (see
     /// [`Worker::advance_clock`]; `start` is inclusive, `end` exclusive), so that the node
     /// relocates them here in time (AdaPM, *Good Intentions*, Sections 3 and 4): a background
-    /// thread estimates how fast this worker's clock advances and moves each key here once the
-    /// worker may reach `start` within the next two of its rounds. Intent changes where keys
-    /// live, never what operations return: every operation keeps the guarantees stated on
-    /// [`Worker`], whether the key arrived in time or not. Accesses in the window that still
-    /// find the key elsewhere are counted as late ([`crate::IntentStats`]).
+    /// thread estimates how fast this worker's clock advances and, once the worker may reach
+    /// `start` within the next two of its rounds, tells each key's home; the home grants the
+    /// key to the one node that needs it now (or, with nobody needing it now, to the one node
+    /// that needs it at all), and the key moves there. Intent changes where keys live, never
+    /// what operations return: every operation keeps the guarantees stated on [`Worker`],
+    /// whether the key arrived in time or not. Accesses in the window that still find the key
+    /// elsewhere are counted as late ([`crate::IntentStats`]).
     ///
-    /// Windows of several workers of this node on the same key are acted on as one; keys that
-    /// several *nodes* intend at the same time move to whichever acts last (see
-    /// `docs/INTENT.md`). Replicated keys are served here already and are left out; without
-    /// relocation, or on a single node, intents are checked and otherwise ignored. An empty
-    /// window, or one that ended already, changes nothing; `start > end` is an error.
+    /// Windows of several workers of this node on the same key are acted on as one. A key that
+    /// several nodes need at the same time stays where it is until only one does (AdaPM would
+    /// replicate it; see `docs/INTENT.md`). Replicated keys are served here already and are
+    /// left out; without relocation, or on a single node, intents are checked and otherwise
+    /// ignored. An empty window, or one that ended already, changes nothing; `start > end` is an
+    /// error.
     pub fn intent(&mut self, table: Table, keys: &[u64], start: u64, end: u64) -> Result<()> {
         self.validate_keys(table, keys)?;
         if start > end {

@@ -183,7 +183,12 @@ fn intent(clocks: u64) -> Result<()> {
     w.barrier()?;
     drop(w);
     node.finalize()?;
-    println!("intent ok ({} relocations in, {} of {declared} accesses late, mean lead {:.1} clocks)", s.relocations_in, s.intent.late_accesses, s.intent.mean_lead());
+    println!(
+        "intent ok ({} relocations in, {} of {declared} accesses late, mean lead {:.1} clocks)",
+        s.relocations_in,
+        s.intent.late_accesses,
+        s.intent.mean_lead()
+    );
     Ok(())
 }
 
