@@ -48,7 +48,7 @@ pub struct FuzzReport {
     pub first_panic: Option<String>,
 }
 
-const TYPES: [&str; 11] = [
+const TYPES: [&str; 13] = [
     "access",
     "response",
     "failure",
@@ -60,6 +60,8 @@ const TYPES: [&str; 11] = [
     "barrier-failed",
     "replica-delta",
     "replica-ack",
+    "intent",
+    "intent-go",
 ];
 /// Replicated keys of table 0: 40..48 are homed at the node under test (rank 1 of 3, range
 /// partitioning), 0..8 at node 0 and 70..80 at node 2.
@@ -215,6 +217,26 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
             }
             wire::finish_replica_delta(&mut out, start, count);
         }
+        11 | 12 => {
+            // INTENT: mostly keys homed at the node under test (accepted), sometimes any key;
+            // INTENT_GO: any key of the table.
+            let dir = t.core.directory();
+            let here = ty == 11 && rng.gen_bool(0.8);
+            let ks: Vec<u64> = (0..rng.gen_range(0..6))
+                .map(|_| {
+                    let mut k = rng.gen_range(0..keys);
+                    for _ in 0..20 {
+                        if !here || dir.home(table, k) == RANK as u16 {
+                            break;
+                        }
+                        k = rng.gen_range(0..keys);
+                    }
+                    k
+                })
+                .collect();
+            let ty_byte = if ty == 11 { msg::INTENT } else { msg::INTENT_GO };
+            wire::encode_intent(&mut out, ty_byte, rng.gen_range(0..3), table, &ks);
+        }
         _ => {
             // The key count the sender holds (node 0: 8 keys, node 2: 10), or not; positions of
             // changed slots among them.
@@ -282,7 +304,7 @@ fn mutate(rng: &mut ChaCha8Rng, m: &mut Vec<u8>) -> bool {
         }
         5 => {
             // The type byte.
-            m[body] = rng.gen_range(0..12);
+            m[body] = rng.gen_range(0..16);
         }
         6 => {
             // A key, an index or a value: a random 8-byte word somewhere after the header.
