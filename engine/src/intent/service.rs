@@ -109,8 +109,10 @@ impl IntentService {
         self.wake.notify_all();
     }
 
-    /// Wakes the service (a move was posted for it).
+    /// Wakes the service (a move was posted for it). Taking the lock orders the wake-up after
+    /// the service's check of the mailbox, so that it is not lost.
     pub fn wake(&self) {
+        let _state = self.state.lock();
         self.wake.notify_all();
     }
 
