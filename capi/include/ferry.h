@@ -257,6 +257,28 @@ int32_t ferry_wait_pull(struct FerryWorker *worker, uint64_t ticket, float *out,
 // `worker` is null or a live worker.
 int32_t ferry_barrier(struct FerryWorker *worker);
 
+// Declares that this worker will need `keys` of `table` in its clocks `start..end` (start
+// inclusive, end exclusive; see `ferry_advance_clock`), so that the node moves them here in
+// time (intent signalling, docs/INTENT.md). `start > end` is an argument error.
+//
+// # Safety
+//
+// `worker` is null or a live worker; `keys` holds `n_keys` keys.
+int32_t ferry_intent(struct FerryWorker *worker,
+                     uint32_t table,
+                     const uint64_t *keys,
+                     size_t n_keys,
+                     uint64_t start,
+                     uint64_t end);
+
+// Completes this worker's clock (its asynchronous operations complete first; with a delay
+// bound it waits for slower workers); `*clock` (when not null) receives the new clock.
+//
+// # Safety
+//
+// `worker` is null or a live worker; `clock` is null or writable.
+int32_t ferry_advance_clock(struct FerryWorker *worker, uint64_t *clock);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -83,7 +83,7 @@ fn code_of(e: &ferry::Error) -> i32 {
     use ferry::Error as E;
     match e {
         E::UnknownTable(_) | E::UnknownKey { .. } | E::KeyLost { .. } => FERRY_ERR_UNKNOWN,
-        E::WrongLength { .. } => FERRY_ERR_ARGUMENT,
+        E::WrongLength { .. } | E::Intent(_) => FERRY_ERR_ARGUMENT,
         E::PeerLost { .. } => FERRY_ERR_PEER_LOST,
         E::Timeout { .. } => FERRY_ERR_TIMEOUT,
         E::Config(_) => FERRY_ERR_CONFIG,
@@ -597,6 +597,43 @@ pub unsafe extern "C" fn ferry_barrier(worker: *mut FerryWorker) -> i32 {
     })
 }
 
+/// Declares that this worker will need `keys` of `table` in its clocks `start..end` (start
+/// inclusive, end exclusive; see `ferry_advance_clock`), so that the node moves them here in
+/// time (intent signalling, docs/INTENT.md). `start > end` is an argument error.
+///
+/// # Safety
+///
+/// `worker` is null or a live worker; `keys` holds `n_keys` keys.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_intent(worker: *mut FerryWorker, table: u32, keys: *const u64, n_keys: usize, start: u64, end: u64) -> i32 {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (w, keys) = unsafe { (handle(worker, "worker")?, slice(keys, n_keys, "keys")?) };
+        let t = w.table(table)?;
+        w.worker.intent(t, keys, start, end).map_err(ferry_err)
+    })
+}
+
+/// Completes this worker's clock (its asynchronous operations complete first; with a delay
+/// bound it waits for slower workers); `*clock` (when not null) receives the new clock.
+///
+/// # Safety
+///
+/// `worker` is null or a live worker; `clock` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_advance_clock(worker: *mut FerryWorker, clock: *mut u64) -> i32 {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let w = unsafe { handle(worker, "worker")? };
+        let now = w.worker.advance_clock().map_err(ferry_err)?;
+        if !clock.is_null() {
+            // SAFETY: the caller passes null (checked) or a writable `u64`.
+            unsafe { clock.write(now) };
+        }
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -641,6 +678,13 @@ mod tests {
             assert_eq!(ferry_pull(worker, 7, keys.as_ptr(), 2, out.as_mut_ptr(), 4), FERRY_ERR_UNKNOWN);
             assert_eq!(ferry_pull(worker, 0, std::ptr::null(), 2, out.as_mut_ptr(), 4), FERRY_ERR_ARGUMENT);
             assert_eq!(ferry_barrier(worker), FERRY_OK);
+            let mut clock = 0;
+            assert_eq!(ferry_intent(worker, 0, keys.as_ptr(), 2, 1, 3), FERRY_OK, "{}", last_error());
+            assert_eq!(ferry_intent(worker, 0, keys.as_ptr(), 2, 3, 1), FERRY_ERR_ARGUMENT);
+            assert!(last_error().contains("ends before it starts"), "{}", last_error());
+            assert_eq!(ferry_advance_clock(worker, &mut clock), FERRY_OK);
+            assert_eq!(clock, 1);
+            assert_eq!(ferry_advance_clock(worker, std::ptr::null_mut()), FERRY_OK);
             let mut stats = FerryStats::default();
             assert_eq!(ferry_node_stats(node, &mut stats), FERRY_OK);
             assert!(stats.local_accesses >= 6, "{stats:?}");

@@ -82,7 +82,7 @@ impl Node {
     }
 
     /// The node's counters: local and remote key accesses, relocations in and out, messages and
-    /// bytes sent.
+    /// bytes sent, keys relocated for intent and late accesses (intent signalling).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.live()?.stats();
         let d = PyDict::new(py);
@@ -92,6 +92,8 @@ impl Node {
         d.set_item("relocations_out", s.relocations_out)?;
         d.set_item("messages_sent", s.traffic.messages.iter().sum::<u64>())?;
         d.set_item("bytes_sent", s.traffic.bytes.iter().sum::<u64>())?;
+        d.set_item("intent_relocations", s.intent.acted_keys)?;
+        d.set_item("late_accesses", s.intent.late_accesses)?;
         Ok(d)
     }
 
@@ -223,6 +225,26 @@ impl Worker {
         let w = self.worker.as_mut().ok_or_else(|| argument("the worker is closed"))?;
         let values = py.allow_threads(|| w.wait_pull(pending)).map_err(failed)?;
         Ok(PyArray1::from_vec(py, values).reshape(shape)?.into_any())
+    }
+
+    /// Declares that this worker will need the keys in its clocks `start..end` (start
+    /// inclusive, end exclusive), so that the node moves them here in time (intent signalling).
+    fn intent(&mut self, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>, start: u64, end: u64) -> PyResult<()> {
+        let (w, t) = self.parts(table)?;
+        let k = keys(&keys_in)?;
+        w.intent(t, k, start, end).map_err(failed)
+    }
+
+    /// Completes this worker's clock and returns the new one (its asynchronous operations
+    /// complete first; with a delay bound it waits for slower workers).
+    fn advance_clock(&mut self, py: Python<'_>) -> PyResult<u64> {
+        let w = self.worker.as_mut().ok_or_else(|| argument("the worker is closed"))?;
+        py.allow_threads(|| w.advance_clock()).map_err(failed)
+    }
+
+    /// The clock this worker is in (the number of clocks it completed).
+    fn current_clock(&self) -> PyResult<u64> {
+        Ok(self.worker.as_ref().ok_or_else(|| argument("the worker is closed"))?.current_clock())
     }
 
     /// Waits for this worker's asynchronous operations, then for every worker of every node.

@@ -70,6 +70,25 @@ def test_localize_moves_keys_here(cluster):
     w.barrier()
 
 
+def test_intent_moves_keys_here_in_time(cluster):
+    import time
+
+    node, w = cluster
+    # Keys homed at the other rank (range partitioning: rank 0 homes 0..500).
+    theirs = np.arange((1 - node.rank) * 500 + 300, (1 - node.rank) * 500 + 310, dtype=np.uint64)
+    before = node.stats()["intent_relocations"]
+    clock = w.current_clock()
+    w.intent("params", theirs, clock + 1, clock + 3)
+    deadline = time.time() + 20
+    while node.stats()["intent_relocations"] < before + len(theirs) and time.time() < deadline:
+        time.sleep(0.01)
+    assert node.stats()["intent_relocations"] >= before + len(theirs)
+    assert w.advance_clock() == clock + 1
+    with pytest.raises(ferry.FerryError):
+        w.intent("params", theirs, 5, 2)
+    w.barrier()
+
+
 def test_waits_release_the_gil(cluster):
     _, w = cluster
     ticks = []
