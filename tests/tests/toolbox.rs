@@ -257,9 +257,13 @@ fn clocks_keep_the_bound(tau: Option<u64>) -> Vec<ClockTrace> {
         let handles: Vec<_> = nodes
             .iter()
             .flat_map(|node| (0..2).map(move |i| (node, i)))
-            .map(|(node, i)| {
+            // Every worker registers before any advances: a worker created after its node's
+            // others completed a clock starts at their clock, not at 0.
+            .map(|(node, i)| (node, i, node.worker()))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|(node, i, mut w)| {
                 s.spawn(move || {
-                    let mut w = node.worker();
                     let t = w.table("t").unwrap();
                     let mut trace = ClockTrace { started: vec![now()], finished: Vec::new() };
                     // Node 2's first worker is slow.
