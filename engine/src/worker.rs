@@ -79,16 +79,17 @@ pub struct PullTicket {
 
 impl Worker {
     pub(crate) fn new(node: Arc<NodeInner>) -> Worker {
-        Worker::with_clock(node, true)
+        Worker::register(node, true)
     }
 
     /// A worker outside the clocks and barriers, which never holds the trainer's workers back
     /// (the intent service's).
     pub(crate) fn unclocked(node: Arc<NodeInner>) -> Worker {
-        Worker::with_clock(node, false)
+        Worker::register(node, false)
     }
 
-    fn with_clock(node: Arc<NodeInner>, member: bool) -> Worker {
+    /// Registers a worker with the node (and, for a `member`, with the clocks).
+    fn register(node: Arc<NodeInner>, member: bool) -> Worker {
         let (index, first_seq, inbox) = node.register_worker(member);
         let requester = node.core.requester(index, first_seq);
         let mut tx = node.core.transmit();
@@ -648,7 +649,7 @@ impl Worker {
         }
         self.intents = true;
         let node = self.node.clone();
-        node.intents.declare(&node, self.index, self.clock, table, keys, start, end)
+        node.intents.declare(&node, self.index, self.clock, table, keys, start..end)
     }
 
     /// This node's statistics.

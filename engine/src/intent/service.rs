@@ -63,11 +63,10 @@ pub(crate) struct IntentService {
 }
 
 impl IntentService {
-    /// Worker `worker`, in clock `clock`, will need `keys` of `table` in clocks `start..end`.
-    /// Keys the node cannot move (replicated keys) are left out. Starts the service thread with
-    /// the first intent.
-    #[allow(clippy::too_many_arguments)]
-    pub fn declare(&self, node: &Arc<NodeInner>, worker: u16, clock: u64, table: Table, keys: &[u64], start: u64, end: u64) -> Result<()> {
+    /// Worker `worker`, in clock `clock`, will need `keys` of `table` in clocks `window`. Keys
+    /// the node cannot move (replicated keys) are left out. Starts the service thread with the
+    /// first intent.
+    pub fn declare(&self, node: &Arc<NodeInner>, worker: u16, clock: u64, table: Table, keys: &[u64], window: std::ops::Range<u64>) -> Result<()> {
         let store = node.core.store();
         let replicas = store.table(table.id).replicas();
         let mut state = self.state.lock();
@@ -82,7 +81,7 @@ impl IntentService {
             if replicas.is_some_and(|r| r.ordinal(key).is_some()) {
                 continue;
             }
-            added += state.table.add(table.id, key, worker, start, end) as u64;
+            added += state.table.add(table.id, key, worker, window.start, window.end) as u64;
         }
         node.core.intent_counters().note_declared(added);
         if !self.running.load(Ordering::Acquire) && !self.stop.load(Ordering::Acquire) {
