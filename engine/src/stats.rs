@@ -214,6 +214,15 @@ impl ReplicationStats {
     }
 }
 
+/// `a` with each of its counters (the fields `counters` lists) replaced by `op` of it and `b`'s;
+/// its other fields stay `a`'s.
+fn combine<T: Copy, const N: usize>(mut a: T, mut b: T, counters: fn(&mut T) -> [&mut u64; N], op: impl Fn(u64, u64) -> u64) -> T {
+    for (x, y) in counters(&mut a).into_iter().zip(counters(&mut b)) {
+        *x = op(*x, *y);
+    }
+    a
+}
+
 impl Stats {
     /// Share of this node's key accesses served locally (1 when there were none).
     pub fn local_share(&self) -> f64 {
@@ -239,20 +248,8 @@ impl Stats {
             traffic,
             relocation_time: self.relocation_time,
             blocking_time: self.blocking_time,
-            replication: {
-                let (mut now, mut before) = (self.replication, earlier.replication);
-                for (x, e) in now.counters().into_iter().zip(before.counters()) {
-                    *x = x.saturating_sub(*e);
-                }
-                now
-            },
-            intent: {
-                let (mut now, mut before) = (self.intent, earlier.intent);
-                for (x, e) in now.counters().into_iter().zip(before.counters()) {
-                    *x = x.saturating_sub(*e);
-                }
-                now
-            },
+            replication: combine(self.replication, earlier.replication, ReplicationStats::counters, u64::saturating_sub),
+            intent: combine(self.intent, earlier.intent, IntentStats::counters, u64::saturating_sub),
         }
     }
 
@@ -271,14 +268,8 @@ impl Stats {
                 s.traffic.messages[i] += o.traffic.messages[i];
                 s.traffic.bytes[i] += o.traffic.bytes[i];
             }
-            let mut theirs = o.replication;
-            for (x, y) in s.replication.counters().into_iter().zip(theirs.counters()) {
-                *x += *y;
-            }
-            let mut theirs = o.intent;
-            for (x, y) in s.intent.counters().into_iter().zip(theirs.counters()) {
-                *x += *y;
-            }
+            s.replication = combine(s.replication, o.replication, ReplicationStats::counters, |x, y| x + y);
+            s.intent = combine(s.intent, o.intent, IntentStats::counters, |x, y| x + y);
             for (mine, theirs) in [
                 (&mut s.relocation_time, &o.relocation_time),
                 (&mut s.blocking_time, &o.blocking_time),

@@ -85,9 +85,9 @@ pub struct ActionTiming {
 }
 
 impl ActionTiming {
-    /// AdaPM's untuned configuration: α = 0.1, p = 0.9999, initial estimate 10 clocks per round.
-    pub fn adapm() -> ActionTiming {
-        ActionTiming::new(0.1, 0.9999, 10.0)
+    /// Timing as `settings` say (their defaults are AdaPM's untuned configuration).
+    pub fn from_settings(settings: &crate::config::IntentSettings) -> ActionTiming {
+        ActionTiming::new(settings.alpha, settings.quantile, settings.initial_rate)
     }
 
     /// Timing with smoothing `alpha`, quantile `quantile` and an initial estimate of `initial`

@@ -70,12 +70,7 @@ impl IntentService {
         let store = node.core.store();
         let replicas = store.table(table.id).replicas();
         let mut state = self.state.lock();
-        let settings = node.config.intent;
-        state
-            .workers
-            .entry(worker)
-            .or_insert_with(|| WorkerClock { clock, timing: ActionTiming::new(settings.alpha, settings.quantile, settings.initial_rate) })
-            .clock = clock;
+        state.workers.entry(worker).or_insert_with(|| WorkerClock { clock, timing: ActionTiming::from_settings(&node.config.intent) }).clock = clock;
         let mut added = 0;
         for &key in keys {
             if replicas.is_some_and(|r| r.ordinal(key).is_some()) {

@@ -130,13 +130,7 @@ impl Step<'_, '_> {
                 let go = self.core.intent_homes().lock().update(rank, level, table, keys);
                 self.send_go(table, go);
             } else {
-                for chunk in keys.chunks(KEYS_PER_MESSAGE) {
-                    let buf = self.tx.buf(home);
-                    let before = buf.len();
-                    wire::encode_intent(buf, msg::INTENT, level as u8, table, chunk);
-                    let bytes = self.tx.buf(home).len() - before;
-                    self.tx.sent(home, MessageKind::Localize, bytes);
-                }
+                self.send_intent_messages(home, msg::INTENT, level as u8, table, &keys);
             }
         }
     }
@@ -149,14 +143,20 @@ impl Step<'_, '_> {
             if node == rank {
                 self.core.post_intent_go(table, keys);
             } else if !self.directory().is_lost(node) {
-                for chunk in keys.chunks(KEYS_PER_MESSAGE) {
-                    let buf = self.tx.buf(node);
-                    let before = buf.len();
-                    wire::encode_intent(buf, msg::INTENT_GO, 0, table, chunk);
-                    let bytes = self.tx.buf(node).len() - before;
-                    self.tx.sent(node, MessageKind::Localize, bytes);
-                }
+                self.send_intent_messages(node, msg::INTENT_GO, 0, table, &keys);
             }
+        }
+    }
+
+    /// Queues INTENT or INTENT_GO (`ty`) messages for `keys` to node `to`, at most
+    /// `KEYS_PER_MESSAGE` keys each.
+    fn send_intent_messages(&mut self, to: u16, ty: u8, level: u8, table: u16, keys: &[u64]) {
+        for chunk in keys.chunks(KEYS_PER_MESSAGE) {
+            let buf = self.tx.buf(to);
+            let before = buf.len();
+            wire::encode_intent(buf, ty, level, table, chunk);
+            let bytes = self.tx.buf(to).len() - before;
+            self.tx.sent(to, MessageKind::Localize, bytes);
         }
     }
 
