@@ -608,7 +608,12 @@ impl Sim {
             }
             let granted = self.nodes[node].core.take_intent_go();
             let Some(w) = (0..self.workers.len()).find(|&w| self.workers[w].node == node) else { continue };
-            for (_, keys) in granted {
+            for (_, grant, keys) in granted {
+                // Replicas are kept by the intent service with ordinary pushes and pulls, which
+                // the protocol cannot tell from a trainer's; the simulation runs the moves.
+                if grant == crate::protocol::Grant::Replicate {
+                    continue;
+                }
                 self.log(format!("node {node} granted {keys:?}: worker {w} localizes them"));
                 self.intent_grants += keys.len();
                 let asynchronous = !self.opts.location_caches;

@@ -160,11 +160,24 @@ pub struct IntentStats {
     /// Accesses by a worker to a key it had declared intent for in its current clock that did
     /// not find the key here ("late" accesses: they went to another node).
     pub late_accesses: u64,
+    /// Replicas made here because several nodes needed a key at once.
+    pub replicas_made: u64,
+    /// Rounds that synchronised this node's run-time replicas with the keys' owners.
+    pub replica_syncs: u64,
 }
 
 impl IntentStats {
-    fn counters(&mut self) -> [&mut u64; 6] {
-        [&mut self.rounds, &mut self.declared, &mut self.acted_keys, &mut self.in_time, &mut self.lead_clocks, &mut self.late_accesses]
+    fn counters(&mut self) -> [&mut u64; 8] {
+        [
+            &mut self.rounds,
+            &mut self.declared,
+            &mut self.acted_keys,
+            &mut self.in_time,
+            &mut self.lead_clocks,
+            &mut self.late_accesses,
+            &mut self.replicas_made,
+            &mut self.replica_syncs,
+        ]
     }
 
     /// Mean number of clocks between a key's arrival and its window's start (0 without data).

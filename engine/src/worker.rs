@@ -88,6 +88,13 @@ impl Worker {
         Worker::register(node, false)
     }
 
+    /// Makes this worker's accesses skip (`true`) or use this node's run-time replicas.
+    /// Such accesses keep replicas in sync: they are left out of the access and late counts.
+    pub(crate) fn bypass_replicas(&mut self, bypass: bool) {
+        self.requester.bypass_replicas = bypass;
+        self.tx.uncounted = bypass;
+    }
+
     /// Registers a worker with the node (and, for a `member`, with the clocks).
     fn register(node: Arc<NodeInner>, member: bool) -> Worker {
         let (index, first_seq, inbox) = node.register_worker(member);
@@ -178,7 +185,15 @@ impl Worker {
         }
         if !(kind == AccessKind::Pull && t.read_optimistic(key, output)) {
             let guard = store.lock(table.id, key);
-            let slot = guard.slot()?;
+            let Some(slot) = guard.slot() else {
+                // A run-time replica (intent) serves all but a set.
+                let (value, delta) = guard.replica().filter(|_| kind != AccessKind::Set && !self.requester.bypass_replicas)?;
+                crate::protocol::serve_replica(&value, &delta, kind, input, output);
+                drop(guard);
+                self.tx.count_local(1);
+                self.tx.count_replica(1);
+                return Some(());
+            };
             match kind {
                 AccessKind::Pull => slot.read(output),
                 AccessKind::Push | AccessKind::PushPull => {
@@ -215,9 +230,9 @@ impl Worker {
         ticket: Option<&Arc<()>>,
     ) -> Result<Issued> {
         let node = self.node.clone();
-        if self.intents && kind != AccessKind::Set {
+        if self.intents && kind != AccessKind::Set && !self.requester.bypass_replicas {
             let t = node.core.store().table(table.id);
-            let late = node.intents.count_late(table.id, keys, self.index, self.clock, |k| t.slot_of(k).is_some());
+            let late = node.intents.count_late(table.id, keys, self.index, self.clock, |k| t.slot_of(k).is_some() || t.has_dynamic_replica(k));
             if late > 0 {
                 node.core.intent_counters().note_late(late);
             }
@@ -543,9 +558,13 @@ impl Worker {
         self.wait_all_pending()?;
         // Replicated keys: this node's pushes go home before the barrier, and replicas are
         // refreshed after it, so that the barrier orders them like every other key.
+        // Run-time replicas (intent) likewise: deltas to the owners before, values after.
+        let node = self.node.clone();
         self.node.replication_sync()?;
+        node.intents.sync_replicas(&node, self)?;
         self.node.worker_barrier(timeout)?;
-        self.node.replication_sync()
+        self.node.replication_sync()?;
+        node.intents.sync_replicas(&node, self)
     }
 
     /// Waits until this worker's asynchronous operations have completed (at most the

@@ -82,7 +82,8 @@ impl Node {
     }
 
     /// The node's counters: local and remote key accesses, relocations in and out, messages and
-    /// bytes sent, keys relocated for intent and late accesses (intent signalling).
+    /// bytes sent, keys relocated and replicated for intent and late accesses (intent
+    /// signalling).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.live()?.stats();
         let d = PyDict::new(py);
@@ -94,6 +95,7 @@ impl Node {
         d.set_item("bytes_sent", s.traffic.bytes.iter().sum::<u64>())?;
         d.set_item("intent_relocations", s.intent.acted_keys)?;
         d.set_item("late_accesses", s.intent.late_accesses)?;
+        d.set_item("intent_replicas", s.intent.replicas_made)?;
         Ok(d)
     }
 

@@ -100,27 +100,74 @@ fn a_key_taken_away_during_its_window_counts_as_late_and_values_stay_exact() {
 }
 
 #[test]
-fn a_key_two_nodes_intend_stays_put_until_one_intent_ends() {
-    // AdaPM would replicate a key that two nodes intend at once; Ferry leaves it where it is
-    // until only one intends it, and then moves it there.
-    let nodes = cluster(3, TableSpec::new("t", KEYS, 1), |_| {});
+fn a_key_two_nodes_need_at_once_is_replicated_there_then_follows_the_remaining_intent() {
+    // AdaPM, Section 4.1: while two nodes need a key now, it stays where it is and each of them
+    // keeps a replica (the holder needs none); when one is done, the key moves to the other.
+    let nodes = cluster(3, TableSpec::new("t", KEYS, 1), |c| c.staleness = Duration::from_millis(10));
     let (mut w1, mut w2) = (nodes[1].worker(), nodes[2].worker());
     let t = w1.table("t").unwrap();
     let keys = [1u64, 2]; // homed at node 0
     w1.intent(t, &keys, 0, 3).unwrap();
     assert!(wait_until_held(&nodes[1], t, &keys), "the only intender did not get the keys");
     w2.intent(t, &keys, 0, 10).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while nodes[2].stats().intent.replicas_made < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(nodes[2].stats().intent.replicas_made, 2, "node 2 made no replicas");
+    assert_eq!(nodes[1].stats().intent.replicas_made, 0, "the holder needs no replica");
     assert!(keys.iter().all(|&k| nodes[1].slot_address(t, k).unwrap().is_some()), "a shared key moved");
     let before = nodes[2].stats();
     let mut out = [0.0; 2];
     w2.pull(t, &keys, &mut out).unwrap();
-    assert_eq!(nodes[2].stats().since(&before).intent.late_accesses, 2, "node 2 intends the keys now and they are elsewhere");
-    // Node 1's window ends: node 2 is alone and gets the keys.
+    let delta = nodes[2].stats().since(&before);
+    assert_eq!((delta.local_accesses, delta.remote_accesses, delta.intent.late_accesses), (2, 0, 0), "the replicas serve");
+    assert_eq!(delta.replication.replica_accesses, 2);
+    // Pushes on both sides meet within a few sync rounds, each counted once.
+    w2.push(t, &keys, &[1.0, 2.0]).unwrap();
+    w1.push(t, &keys, &[10.0, 20.0]).unwrap();
+    let settled = |w: &mut ferry::Worker| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut out = [0.0; 2];
+        while Instant::now() < deadline {
+            w.pull(t, &keys, &mut out).unwrap();
+            if out == [11.0, 22.0] {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        panic!("values never settled: {out:?}");
+    };
+    assert!(settled(&mut w1) && settled(&mut w2));
+    assert!(nodes[2].stats().intent.replica_syncs > 0);
+    // Node 1's window ends: node 2 is alone, drops its replicas and gets the keys.
     for _ in 0..3 {
         w1.advance_clock().unwrap();
     }
     assert!(wait_until_held(&nodes[2], t, &keys), "the keys did not follow the remaining intent");
+    w2.pull(t, &keys, &mut out).unwrap();
+    assert_eq!(out, [11.0, 22.0], "moving the key lost or repeated a push");
+    drop((w1, w2));
+    finalize_all(nodes);
+}
+
+#[test]
+fn replicas_of_a_table_with_server_side_updates_are_never_made() {
+    // A replica takes pushes by adding them; a table whose holder applies an optimizer keeps
+    // shared keys in place instead.
+    let spec = TableSpec::new("t", KEYS, 1).with_updater(ferry::Updater::Sgd { lr: 0.5 });
+    let nodes = cluster(3, spec, |_| {});
+    let (mut w1, mut w2) = (nodes[1].worker(), nodes[2].worker());
+    let t = w1.table("t").unwrap();
+    w1.intent(t, &[1], 0, 10).unwrap();
+    assert!(wait_until_held(&nodes[1], t, &[1]));
+    w2.intent(t, &[1], 0, 10).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut out = [0.0];
+    let before = nodes[2].stats();
+    w2.pull(t, &[1], &mut out).unwrap();
+    assert_eq!(nodes[2].stats().since(&before).intent.late_accesses, 1);
+    assert_eq!(nodes[2].stats().intent.replicas_made, 0);
     drop((w1, w2));
     finalize_all(nodes);
 }
@@ -128,7 +175,8 @@ fn a_key_two_nodes_intend_stays_put_until_one_intent_ends() {
 #[test]
 fn intents_of_both_nodes_and_explicit_localizes_never_change_values() {
     // Both nodes declare overlapping windows on the same keys, and localize some explicitly,
-    // while they push: the keys move back and forth, and every push counts exactly once.
+    // while they push: the keys move back and forth, keys both need at once are replicated on
+    // both, and every push counts exactly once.
     let nodes = cluster(2, TableSpec::new("t", KEYS, 1), |_| {});
     let rounds = 60u64;
     std::thread::scope(|s| {
@@ -155,6 +203,8 @@ fn intents_of_both_nodes_and_explicit_localizes_never_change_values() {
     });
     let acted: u64 = nodes.iter().map(|n| n.stats().intent.acted_keys).sum();
     assert!(acted > 0, "no intent was acted on");
+    let replicated: u64 = nodes.iter().map(|n| n.stats().intent.replicas_made).sum();
+    assert!(replicated > 0, "no key was replicated, although both nodes needed some at once");
     finalize_all(nodes);
 }
 

@@ -240,7 +240,7 @@ impl KgeArgs {
     /// Whether AdaGrad runs in Ferry (a server-side updater) in `mode`.
     pub fn server_adagrad(&self, mode: Mode) -> Result<bool> {
         match (self.adagrad.as_str(), mode) {
-            ("auto" | "server", Mode::Classic | Mode::Localize | Mode::Intent) => Ok(true),
+            ("auto" | "server", Mode::Classic | Mode::Localize) | ("server", Mode::Intent) => Ok(true),
             ("auto" | "worker", _) => Ok(false),
             ("server", Mode::Single) => Ok(false),
             ("server", _) => bail!("--adagrad server: {} replicates keys, and replicas take only additive pushes (use --adagrad worker or auto)", mode.name()),

@@ -6,16 +6,17 @@
 //! * [`IntentTable`]: a node's intents, aggregated per key across its workers (Appendix B.2);
 //! * the intent service (`service`): a background thread per node that runs AdaPM's
 //!   communication rounds — each round it updates every worker's clock-rate estimate, takes the
-//!   keys whose windows start within the horizon, and relocates those not here with one
-//!   `localize` per table (the protocol groups it into one message per home node).
+//!   keys whose windows start within the horizon, tells the keys' homes, and acts on what they
+//!   answer: relocates keys this node alone needs with one `localize` per table, and keeps
+//!   replicas of keys several nodes need at once (`replicas`, Section 4.1 and Appendix B.1).
 //!
 //! The timing and the table are deterministic and have no clock of their own; only the service
-//! thread sits around them. See `docs/INTENT.md` for what holds and what is not built yet (the
-//! replication of keys several nodes intend at once, Section 4.1).
+//! thread sits around them. See `docs/INTENT.md` for what holds.
 
+mod replicas;
 mod service;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) use service::IntentService;
@@ -31,6 +32,8 @@ pub struct IntentCounters {
     in_time: AtomicU64,
     lead_clocks: AtomicU64,
     late_accesses: AtomicU64,
+    replicas_made: AtomicU64,
+    replica_syncs: AtomicU64,
 }
 
 impl IntentCounters {
@@ -56,6 +59,14 @@ impl IntentCounters {
         self.late_accesses.fetch_add(accesses, Ordering::Relaxed);
     }
 
+    pub(crate) fn note_replicas_made(&self, keys: u64) {
+        self.replicas_made.fetch_add(keys, Ordering::Relaxed);
+    }
+
+    pub(crate) fn note_replica_sync(&self) {
+        self.replica_syncs.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The counters now.
     pub fn snapshot(&self) -> IntentStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -66,6 +77,8 @@ impl IntentCounters {
             in_time: get(&self.in_time),
             lead_clocks: get(&self.lead_clocks),
             late_accesses: get(&self.late_accesses),
+            replicas_made: get(&self.replicas_made),
+            replica_syncs: get(&self.replica_syncs),
         }
     }
 }
@@ -201,7 +214,7 @@ const fn upto(limit: u64) -> Entry {
 #[derive(Debug, Default)]
 pub struct IntentTable {
     /// Per key: its windows and whether each is taken.
-    windows: BTreeMap<(u16, u64), Vec<(Window, bool)>>,
+    windows: crate::util::FastMap<(u16, u64), Vec<(Window, bool)>>,
     /// Windows not taken yet, by start.
     pending: BTreeSet<Entry>,
     /// Windows not started yet, by start.
@@ -250,7 +263,7 @@ impl IntentTable {
     /// whose worker reached their end (`clock(worker)`, at most `max_clock`). Returns the keys
     /// whose windows changed, sorted, each once.
     pub fn advance(&mut self, max_horizon: u64, horizon: impl Fn(u16) -> u64, max_clock: u64, clock: impl Fn(u16) -> u64) -> Vec<(u16, u64)> {
-        let mut touched = BTreeSet::new();
+        let mut touched = Vec::new();
         let taken: Vec<Entry> = self.pending.range(..=upto(max_horizon)).filter(|e| e.0 <= horizon(e.3)).copied().collect();
         for e @ (_, table, key, worker, start, end) in taken {
             self.pending.remove(&e);
@@ -259,19 +272,21 @@ impl IntentTable {
             {
                 w.1 = true;
             }
-            touched.insert((table, key));
+            touched.push((table, key));
         }
         let started: Vec<Entry> = self.unstarted.range(..=upto(max_clock)).filter(|e| e.0 <= clock(e.3)).copied().collect();
         for e @ (_, table, key, ..) in started {
             self.unstarted.remove(&e);
-            touched.insert((table, key));
+            touched.push((table, key));
         }
         let ended: Vec<Entry> = self.ends.range(..=upto(max_clock)).filter(|e| e.0 <= clock(e.3)).copied().collect();
         for (_, table, key, worker, start, end) in ended {
             self.remove(table, key, Window { worker, start, end });
-            touched.insert((table, key));
+            touched.push((table, key));
         }
-        touched.into_iter().collect()
+        touched.sort_unstable();
+        touched.dedup();
+        touched
     }
 
     fn remove(&mut self, table: u16, key: u64, w: Window) {
@@ -313,6 +328,7 @@ impl IntentTable {
         let mine: Vec<(u16, u64, Window)> =
             self.windows.iter().flat_map(|(&(t, k), ws)| ws.iter().filter(|(w, _)| w.worker == worker).map(move |(w, _)| (t, k, *w))).collect();
         let mut touched: Vec<(u16, u64)> = mine.iter().map(|&(t, k, _)| (t, k)).collect();
+        touched.sort_unstable();
         touched.dedup();
         for (t, k, w) in mine {
             self.remove(t, k, w);

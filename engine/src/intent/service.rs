@@ -9,10 +9,14 @@
 //! 3. tells the homes of the keys whose level changed ([`IntentLevel`]: needed now, soon, or
 //!    no longer) with INTENT, one message per home, table and level
 //!    (`crate::protocol::IntentHomes` decides who gets a key);
-//! 4. starts relocating the keys the homes said this node should take (INTENT_GO), if it still
-//!    intends them and they are not here, with one asynchronous `localize` per table through a
-//!    worker of its own, and records for the relocations that completed whether each key landed
-//!    before its window started (and how many clocks before).
+//! 4. starts relocating the keys the homes said this node should take (INTENT_GO, move), if it
+//!    still intends them and they are not here, with one asynchronous `localize` per table
+//!    through a worker of its own, and records for the relocations that completed whether each
+//!    key landed before its window started (and how many clocks before);
+//! 5. makes replicas of the keys the homes said several nodes intend (INTENT_GO, replicate),
+//!    drops those whose intent ended here, and every half of the staleness bound starts a sync
+//!    round of the replicas (see [`super::replicas`]); what is in flight completes in later
+//!    rounds.
 //!
 //! A round waits for the configured round time, or until a worker declares new intent,
 //! completes a clock, or a move arrives. The thread starts with the node's first intent and
@@ -26,9 +30,11 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::replicas::ReplicaSet;
 use super::{ActionTiming, IntentLevel, IntentTable};
 use crate::error::{Error, Result};
 use crate::node::Table;
+use crate::protocol::Grant;
 use crate::runtime::NodeInner;
 use crate::worker::Worker;
 
@@ -46,7 +52,7 @@ struct State {
     table: IntentTable,
     workers: BTreeMap<u16, WorkerClock>,
     /// The level each key's home was last told (keys at `None` are left out).
-    signalled: BTreeMap<(u16, u64), IntentLevel>,
+    signalled: crate::util::FastMap<(u16, u64), IntentLevel>,
     /// Keys that lost windows with a worker that left.
     orphaned: Vec<(u16, u64)>,
 }
@@ -60,6 +66,11 @@ pub(crate) struct IntentService {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Whether the service thread (and its worker) exists.
     running: AtomicBool,
+    /// The run-time replicas kept here, and their operations in flight.
+    replicas: Mutex<ReplicaSet>,
+    /// Whether replicas exist or replica operations are in flight (the service keeps running
+    /// rounds while so).
+    replicas_busy: AtomicBool,
 }
 
 impl IntentService {
@@ -128,6 +139,39 @@ impl IntentService {
         keys.iter().filter(|&&k| !here(k) && state.table.active(table, k, worker, clock)).count() as u64
     }
 
+    /// A sync round of the run-time replicas through `worker` (around a barrier): their deltas
+    /// reach the owners, their values are refreshed. First waits (at most the operation
+    /// timeout) until the service has no sync round and no dropped replica's push in flight, so
+    /// that every delta taken before this call has reached its owner. Nothing to do without
+    /// replicas.
+    pub fn sync_replicas(&self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
+        let deadline = Instant::now() + node.config.op_timeout;
+        loop {
+            {
+                let mut replicas = self.replicas.lock();
+                if replicas.quiet() {
+                    if replicas.is_empty() {
+                        return Ok(());
+                    }
+                    worker.bypass_replicas(true);
+                    let outcome = replicas.sync_now(node, worker);
+                    worker.bypass_replicas(false);
+                    return outcome;
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: "the intent service's replica operations",
+                    millis: node.config.op_timeout.as_millis() as u64,
+                    nodes: Vec::new(),
+                });
+            }
+            // The service completes them in its rounds (every millisecond while busy).
+            self.wake();
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+
     /// Stops the service thread and waits for it (its worker is dropped with it).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
@@ -146,16 +190,31 @@ impl IntentService {
         self.stop.load(Ordering::Acquire) || node.stopping.load(Ordering::Acquire)
     }
 
-    /// The service thread.
+    /// The service thread; its replicas are dropped (their deltas pushed) when it stops.
     fn run(&self, node: &Arc<NodeInner>, mut own: Worker) {
+        own.bypass_replicas(true);
+        self.serve(node, &mut own);
+        if let Err(e) = self.replicas.lock().drop_all(node, &mut own) {
+            tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send its replicas' last pushes");
+        }
+    }
+
+    fn serve(&self, node: &Arc<NodeInner>, own: &mut Worker) {
         let round_time = node.config.intent.round;
+        let sync_every = node.config.staleness / 2;
+        let mut last_sync = Instant::now();
         let counters = node.core.intent_counters();
         let mut in_flight: Vec<InFlight> = Vec::new();
         loop {
             let started = Instant::now();
             let changes = {
                 let mut state = self.state.lock();
-                while state.table.is_empty() && state.signalled.is_empty() && !node.core.intent_go_waiting() && !self.stopped(node) {
+                while state.table.is_empty()
+                    && state.signalled.is_empty()
+                    && !node.core.intent_go_waiting()
+                    && !self.replicas_busy.load(Ordering::Acquire)
+                    && !self.stopped(node)
+                {
                     self.wake.wait_for(&mut state, std::time::Duration::from_millis(100));
                 }
                 if self.stopped(node) {
@@ -189,8 +248,16 @@ impl IntentService {
             };
             counters.note_round();
             // Ends first (`None` sorts first): a key this node stops needing may be the one
-            // another node waits for.
+            // another node waits for. Its replica, if any, ends with the intent.
             for ((level, table), keys) in changes {
+                if level == IntentLevel::None
+                    && let Err(e) = self.replicas.lock().drop_keys(node, own, table, &keys)
+                {
+                    if self.stopped(node) {
+                        return;
+                    }
+                    tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send a dropped replica's pushes");
+                }
                 match own.signal_intent(table, &keys, level) {
                     Ok(()) => {}
                     Err(Error::ShutDown) => return,
@@ -200,11 +267,26 @@ impl IntentService {
             // Relocations run while the workers go on; a round only starts them and records
             // those that completed (at most MAX_IN_FLIGHT localizes at once).
             let many = in_flight.len() >= MAX_IN_FLIGHT;
-            if !self.collect(node, &mut own, &mut in_flight, many) {
+            if !self.collect(node, own, &mut in_flight, many) {
                 return;
             }
-            if node.core.intent_go_waiting() && !self.act(node, &mut own, &mut in_flight) {
+            if node.core.intent_go_waiting() && !self.act(node, own, &mut in_flight) {
                 return;
+            }
+            {
+                let mut replicas = self.replicas.lock();
+                let mut outcome = replicas.poll(node, own, false);
+                if last_sync.elapsed() >= sync_every && replicas.quiet() && !replicas.is_empty() {
+                    last_sync = Instant::now();
+                    outcome = outcome.and(replicas.start_sync(node, own));
+                }
+                self.replicas_busy.store(replicas.busy(), Ordering::Release);
+                if let Err(e) = outcome {
+                    if self.stopped(node) {
+                        return;
+                    }
+                    tracing::warn!(node = node.config.rank, error = %e, "a replica operation failed; the replicas keep their values");
+                }
             }
             let mut state = self.state.lock();
             let until = started + round_time;
@@ -219,17 +301,36 @@ impl IntentService {
     fn act(&self, node: &Arc<NodeInner>, own: &mut Worker, in_flight: &mut Vec<InFlight>) -> bool {
         let store = node.core.store();
         let mut moves: Vec<(u16, Vec<u64>)> = Vec::new();
+        let mut replicate: Vec<(u16, Vec<u64>)> = Vec::new();
         {
             let state = self.state.lock();
-            for (table, keys) in node.core.take_intent_go() {
+            for (table, grant, keys) in node.core.take_intent_go() {
                 let keys: Vec<u64> =
                     keys.into_iter().filter(|&k| state.signalled.contains_key(&(table, k)) && store.table(table).slot_of(k).is_none()).collect();
                 if !keys.is_empty() {
-                    moves.push((table, keys));
+                    match grant {
+                        Grant::Move => moves.push((table, keys)),
+                        Grant::Replicate => replicate.push((table, keys)),
+                    }
                 }
             }
         }
+        for (table, keys) in replicate {
+            if let Err(e) = self.replicas.lock().start_make(node, own, table, &keys) {
+                if self.stopped(node) {
+                    return false;
+                }
+                tracing::warn!(node = node.config.rank, error = %e, "the intent service could not make replicas; their accesses go remote");
+            }
+        }
         for (table, keys) in moves {
+            // A replica here ends before the key moves here (its delta goes to the owner).
+            if let Err(e) = self.replicas.lock().drop_keys(node, own, table, &keys) {
+                if self.stopped(node) {
+                    return false;
+                }
+                tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send a dropped replica's pushes");
+            }
             match own.localize_async(node.table_by_id(table), &keys) {
                 Ok(ticket) => in_flight.push(InFlight { ticket, table, keys }),
                 Err(Error::ShutDown) => return false,

@@ -1,18 +1,21 @@
 //! Intents at home nodes (AdaPM, Section 4.1 and Appendix B.2): every node tells a key's home
 //! how much it needs the key — `Soon` once the intent service acts on a window (it is within
 //! the action horizon), `Now` once a worker's window has started, `None` when its windows ended
-//! — and the home tells a node to move the key to itself (INTENT_GO) when that node alone
-//! needs it now, or, with nobody needing it now, alone needs it at all.
+//! — and the home answers with INTENT_GO:
 //!
-//! A key that several nodes need now (or that several need soon, none now) stays where it is
-//! until that changes: AdaPM replicates such keys on the intending nodes, which needs replicas
-//! created and dropped at run time (Ferry's replicas are fixed when the cluster starts); until
-//! then, leaving the key in place is the choice that does not make it bounce between the
-//! nodes that share it. A node that needs a key now wins it from nodes that only need it soon,
-//! so an early intent for the next phase does not hold a key back from the node using it.
+//! - **move** the key to a node when that node alone needs it now, or, with nobody needing it
+//!   now, alone needs it at all;
+//! - **replicate** the key on every other intending node while several intend it — AdaPM
+//!   replicates while several nodes have *active* intent, which here is `Soon` or `Now` (the
+//!   node holding the key ignores this). A node keeps its replica until its own intent ends or
+//!   the key is moved to it, and the key itself does not move while several need it now, so it
+//!   never bounces between the nodes sharing it.
 //!
-//! Intents never change values or ownership by themselves: the move is an ordinary `localize`
-//! issued by the intent service, so every guarantee of relocation holds unchanged.
+//! A node that needs a key now wins it from nodes that only need it soon, so an early intent
+//! for the next phase does not hold a key back from the node using it. Intents never change
+//! values or ownership by themselves: a move is an ordinary `localize` issued by the intent
+//! service, a replica is kept by the service with ordinary pushes and pulls (see
+//! [`crate::intent`]), so every guarantee of relocation holds unchanged.
 
 use std::collections::BTreeMap;
 
@@ -26,6 +29,31 @@ use crate::util::FastMap;
 /// Keys per INTENT or INTENT_GO message at most (512 KiB of keys).
 const KEYS_PER_MESSAGE: usize = 1 << 16;
 
+/// What a home tells a node to do with a key it intends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Grant {
+    /// Move the key to the node (it alone needs it).
+    Move,
+    /// Keep a replica of the key on the node (several need it now).
+    Replicate,
+}
+
+impl Grant {
+    /// The level byte of an INTENT_GO carrying this grant.
+    pub fn to_u8(self) -> u8 {
+        self as u8
+    }
+
+    /// The grant of an INTENT_GO's level byte.
+    pub fn from_u8(b: u8) -> Option<Grant> {
+        match b {
+            0 => Some(Grant::Move),
+            1 => Some(Grant::Replicate),
+            _ => None,
+        }
+    }
+}
+
 /// The intents on one key homed here.
 #[derive(Debug, Default)]
 struct KeyIntents {
@@ -33,6 +61,8 @@ struct KeyIntents {
     nodes: Vec<(u16, IntentLevel)>,
     /// The node last told to take the key, while it still is the one.
     told: Option<u16>,
+    /// Nodes told to replicate the key whose intent has not ended since.
+    replicating: Vec<u16>,
 }
 
 impl KeyIntents {
@@ -48,19 +78,22 @@ impl KeyIntents {
     }
 }
 
-/// The intents on the keys homed at this node, and the moves this node was told to make.
+/// Per (node, grant): the keys of one table a node is told about.
+pub type Grants = BTreeMap<(u16, Grant), Vec<u64>>;
+
+/// The intents on the keys homed at this node, and what this node was told to do.
 #[derive(Debug, Default)]
 pub struct IntentHomes {
     intents: FastMap<(u16, u64), KeyIntents>,
-    /// Keys this node was told to take, per table, for the intent service.
-    go: Vec<(u16, Vec<u64>)>,
+    /// Keys this node was told to take or replicate, per table, for the intent service.
+    go: Vec<(u16, Grant, Vec<u64>)>,
 }
 
 impl IntentHomes {
-    /// Node `from` needs `keys` of `table` at `level` now. Returns, per node, the keys it was
-    /// not yet told to take and now should.
-    pub fn update(&mut self, from: u16, level: IntentLevel, table: u16, keys: impl IntoIterator<Item = u64>) -> BTreeMap<u16, Vec<u64>> {
-        let mut go: BTreeMap<u16, Vec<u64>> = BTreeMap::new();
+    /// Node `from` needs `keys` of `table` at `level` now. Returns, per node and grant, the
+    /// keys it was not yet told about and now should be.
+    pub fn update(&mut self, from: u16, level: IntentLevel, table: u16, keys: impl IntoIterator<Item = u64>) -> Grants {
+        let mut go = Grants::new();
         for key in keys {
             let entry = self.intents.entry((table, key)).or_default();
             entry.nodes.retain(|n| n.0 != from);
@@ -72,10 +105,23 @@ impl IntentHomes {
                 continue;
             }
             let target = entry.target();
+            let holder = entry.told;
             if let Some(node) = target.filter(|&t| entry.told != Some(t)) {
-                go.entry(node).or_default().push(key);
+                go.entry((node, Grant::Move)).or_default().push(key);
             }
             entry.told = target;
+            // A node whose intent ended dropped its replica; while several intend the key,
+            // each of them but the one it moves (or last moved) to keeps one.
+            let KeyIntents { nodes, replicating, .. } = entry;
+            replicating.retain(|r| nodes.iter().any(|n| n.0 == *r) && Some(*r) != target);
+            if nodes.len() >= 2 {
+                for &(node, _) in nodes.iter().filter(|n| Some(n.0) != target && Some(n.0) != holder) {
+                    if !replicating.contains(&node) {
+                        replicating.push(node);
+                        go.entry((node, Grant::Replicate)).or_default().push(key);
+                    }
+                }
+            }
         }
         go
     }
@@ -87,7 +133,8 @@ impl IntentHomes {
         keys.sort_unstable();
         let mut go = BTreeMap::new();
         for (table, key) in keys {
-            for (node, ks) in self.update(lost, IntentLevel::None, table, [key]) {
+            // Fewer nodes share the key now, so the only grants are moves.
+            for ((node, _), ks) in self.update(lost, IntentLevel::None, table, [key]) {
                 go.entry((node, table)).or_insert_with(Vec::new).extend(ks);
             }
         }
@@ -99,15 +146,15 @@ impl IntentHomes {
         self.intents.get(&(table, key)).map_or_else(Vec::new, |i| i.nodes.clone())
     }
 
-    /// Records that this node may move `keys` of `table` here.
-    pub fn post_go(&mut self, table: u16, keys: Vec<u64>) {
+    /// Records that this node may move (or replicate) `keys` of `table` here.
+    pub fn post_go(&mut self, table: u16, grant: Grant, keys: Vec<u64>) {
         if !keys.is_empty() {
-            self.go.push((table, keys));
+            self.go.push((table, grant, keys));
         }
     }
 
-    /// Takes the moves this node was told to make.
-    pub fn take_go(&mut self) -> Vec<(u16, Vec<u64>)> {
+    /// Takes the moves and replicas this node was told to make.
+    pub fn take_go(&mut self) -> Vec<(u16, Grant, Vec<u64>)> {
         std::mem::take(&mut self.go)
     }
 }
@@ -137,13 +184,13 @@ impl Step<'_, '_> {
 
     /// Tells each node of `go` that it may move its keys of `table` (this node itself through
     /// its mailbox).
-    fn send_go(&mut self, table: u16, go: BTreeMap<u16, Vec<u64>>) {
+    fn send_go(&mut self, table: u16, go: Grants) {
         let rank = self.directory().rank();
-        for (node, keys) in go {
+        for ((node, grant), keys) in go {
             if node == rank {
-                self.core.post_intent_go(table, keys);
+                self.core.post_intent_go(table, grant, keys);
             } else if !self.directory().is_lost(node) {
-                self.send_intent_messages(node, msg::INTENT_GO, 0, table, &keys);
+                self.send_intent_messages(node, msg::INTENT_GO, grant.to_u8(), table, &keys);
             }
         }
     }
@@ -186,9 +233,10 @@ impl Step<'_, '_> {
 
     /// An INTENT_GO: hands the keys to the intent service.
     pub(crate) fn handle_intent_go(&mut self, body: &[u8]) -> Result<()> {
-        let (_, table, keys) = wire::decode_intent(body)?;
+        let (level, table, keys) = wire::decode_intent(body)?;
+        let grant = Grant::from_u8(level as u8).ok_or_else(|| Error::Protocol(format!("INTENT_GO with grant {}", level as u8)))?;
         let keys = self.intent_keys("INTENT_GO", table, keys, false)?;
-        self.core.post_intent_go(table, keys);
+        self.core.post_intent_go(table, grant, keys);
         Ok(())
     }
 
@@ -196,7 +244,7 @@ impl Step<'_, '_> {
     pub(crate) fn intents_of_lost_node(&mut self, lost: u16) {
         let go = self.core.intent_homes().lock().forget_node(lost);
         for ((node, table), keys) in go {
-            self.send_go(table, BTreeMap::from([(node, keys)]));
+            self.send_go(table, Grants::from([((node, Grant::Move), keys)]));
         }
     }
 }
@@ -209,18 +257,24 @@ mod tests {
     fn a_key_goes_to_the_node_that_needs_it_alone() {
         use IntentLevel::*;
         let mut h = IntentHomes::default();
-        let go = |n: u16, keys: &[u64]| BTreeMap::from([(n, keys.to_vec())]);
+        let go = |n: u16, keys: &[u64]| Grants::from([((n, Grant::Move), keys.to_vec())]);
+        let replicate = |nodes: &[u16], keys: &[u64]| nodes.iter().map(|&n| ((n, Grant::Replicate), keys.to_vec())).collect::<Grants>();
         assert_eq!(h.update(1, Soon, 0, [5, 6]), go(1, &[5, 6]));
         assert!(h.update(1, Now, 0, [5]).is_empty(), "already told");
-        // Node 2 needs key 5 soon: node 1 needs it now, so it stays with node 1.
+        // Node 2 will need key 5 soon while node 1 needs it now: it stays with node 1 and node 2
+        // gets a replica to work on.
+        assert_eq!(h.update(2, Soon, 0, [5]), replicate(&[2], &[5]));
+        assert!(h.update(2, Now, 0, [5]).is_empty(), "both need it now: nothing new");
+        // Node 1 is done: node 2 alone gets the key (and drops its replica).
+        assert_eq!(h.update(1, None, 0, [5]), go(2, &[5]));
+        // Node 1 will need it soon again: a replica there.
+        assert_eq!(h.update(1, Soon, 0, [5]), replicate(&[1], &[5]));
+        // Nobody needs it now, both soon: it stays with node 2, which gets no replica.
         assert!(h.update(2, Soon, 0, [5]).is_empty());
-        // Node 1 is done with key 5 now but will need it soon again: shared, nobody is told.
-        assert!(h.update(1, Soon, 0, [5]).is_empty());
-        // Node 2's window starts: it alone needs the key now.
-        assert_eq!(h.update(2, Now, 0, [5]), go(2, &[5]));
-        // Both need it now: shared, it stays; when node 2 is done, node 1 gets it.
-        assert!(h.update(1, Now, 0, [5]).is_empty());
-        assert_eq!(h.update(2, None, 0, [5]), go(1, &[5]));
+        // A node that needs a key now wins it from nodes that only need it soon, which get a
+        // replica (one that still holds the key ignores that).
+        assert_eq!(h.update(1, Now, 0, [5]), Grants::from([((1, Grant::Move), vec![5]), ((2, Grant::Replicate), vec![5])]));
+        assert!(h.update(2, None, 0, [5]).is_empty(), "node 1 was told to take it already");
         assert_eq!(h.intenders(0, 5), vec![(1, Now)]);
         // An end without a beginning changes nothing.
         assert!(h.update(3, None, 0, [5, 9]).is_empty());

@@ -138,7 +138,7 @@ impl Step<'_, '_> {
             if kind.returns_values() && output.len() != need {
                 return Err(Error::WrongLength { what: "pull output", expected: need, got: output.len() });
             }
-            self.local_pass(kind, table, keys, run, input, output, &mut remote)
+            self.local_pass(kind, table, keys, run, req.bypass_replicas, input, output, &mut remote)
         };
         self.tx.count_local(served);
         if remote.is_empty() {
@@ -162,15 +162,27 @@ impl Step<'_, '_> {
     }
 
     /// Serves the rows held here; collects the others, in order, in `remote`. `run`: the keys
-    /// are consecutive.
+    /// are consecutive; `bypass_replicas`: run-time replicas do not serve.
     #[allow(clippy::too_many_arguments)]
-    fn local_pass(&mut self, kind: AccessKind, table: u16, keys: &[u64], run: bool, input: &[f32], output: &mut [f32], remote: &mut Rows) -> usize {
+    fn local_pass(
+        &mut self,
+        kind: AccessKind,
+        table: u16,
+        keys: &[u64],
+        run: bool,
+        bypass_replicas: bool,
+        input: &[f32],
+        output: &mut [f32],
+        remote: &mut Rows,
+    ) -> usize {
         let store = self.core.store();
         let t = store.table(table);
         let value_len = t.value_len();
         // The bulk remote case: nothing of the batch is here or arriving (for a run of keys,
         // one load per block of keys; otherwise one per key).
-        if keys.len() >= 64 && if run { t.run_is_away(keys[0], keys.len()) } else { keys.iter().all(|&k| t.is_away(k)) } {
+        // Run-time replicas are not in the slot map, so only a table without any takes it.
+        let dynamic = kind != AccessKind::Set && !bypass_replicas && t.any_dynamic_replica();
+        if keys.len() >= 64 && !dynamic && if run { t.run_is_away(keys[0], keys.len()) } else { keys.iter().all(|&k| t.is_away(k)) } {
             *remote = Rows::Run { first: 0, len: keys.len() as u32 };
             return 0;
         }
@@ -178,7 +190,7 @@ impl Step<'_, '_> {
         // goes to the key's home node with the remote rows.
         let replicas = t.replicas();
         let optimistic = kind == AccessKind::Pull && value_len <= OPTIMISTIC_MAX;
-        let (mut served, mut replica_rows) = (0, 0);
+        let (mut served, mut replica_rows, mut dynamic_rows) = (0, 0, 0);
         for (row, &key) in keys.iter().enumerate() {
             let ordinal = replicas.and_then(|r| r.ordinal(key));
             if let Residence::Here(_) = t.residence(key)
@@ -210,10 +222,37 @@ impl Step<'_, '_> {
                     continue;
                 }
             }
+            // A run-time replica (intent): served under the latch, unless the key itself
+            // arrived meanwhile, which then serves.
+            if dynamic && t.has_dynamic_replica(key) {
+                // Pulls carry no input and pushes no output.
+                let values = row * value_len..(row + 1) * value_len;
+                let guard = store.lock(table, key);
+                let served_here = match guard.slot() {
+                    Some(slot) => {
+                        serve_held(&slot, t.updater(), kind, input.get(values.clone()).unwrap_or_default(), output.get_mut(values).unwrap_or_default());
+                        true
+                    }
+                    None => guard
+                        .replica()
+                        .map(|(value, delta)| {
+                            serve_replica(&value, &delta, kind, input.get(values.clone()).unwrap_or_default(), output.get_mut(values).unwrap_or_default())
+                        })
+                        .is_some(),
+                };
+                if served_here {
+                    served += 1;
+                    dynamic_rows += 1;
+                    continue;
+                }
+            }
             remote.push(row as u32);
         }
         if replica_rows > 0 && self.tx.count_replica(replica_rows) {
             self.core.replication().sample_staleness(table, self.now);
+        }
+        if dynamic_rows > 0 {
+            self.tx.count_replica(dynamic_rows);
         }
         served
     }
@@ -712,4 +751,36 @@ fn encode_rows(
         }
     }
     wire::encode_access_block(buf, h, block_keys, f32_bytes(values));
+}
+
+/// Serves one row from a slot held here (no replica of any kind).
+#[inline]
+fn serve_held(slot: &crate::store::Slot<'_>, updater: &crate::update::Updater, kind: AccessKind, input: &[f32], output: &mut [f32]) {
+    match kind {
+        AccessKind::Pull => slot.read(output),
+        AccessKind::Push => slot.push(updater, input),
+        AccessKind::PushPull => {
+            slot.push(updater, input);
+            slot.read(output);
+        }
+        AccessKind::Set => slot.write(input),
+    }
+}
+
+/// Serves one row from a run-time replica (the caller holds the key's latch): a push adds to
+/// the value and to the delta, which the intent service sends to the key's owner. Sets are
+/// never served here (they go to the owner).
+#[inline]
+pub(crate) fn serve_replica(value: &crate::store::Slot<'_>, delta: &crate::store::Slot<'_>, kind: AccessKind, input: &[f32], output: &mut [f32]) {
+    match kind {
+        AccessKind::Pull => value.read(output),
+        AccessKind::Push | AccessKind::PushPull => {
+            value.add(input);
+            delta.add(input);
+            if kind == AccessKind::PushPull {
+                value.read(output);
+            }
+        }
+        AccessKind::Set => debug_assert!(false, "a set of a replica goes to the key's owner"),
+    }
 }

@@ -70,7 +70,8 @@ use parking_lot::Mutex;
 pub use barrier::{BarrierEvent, BarrierKind, Barriers};
 pub use clock::Clocks;
 pub use directory::{Directory, LOST_OWNER, MAX_SHARDS, TableMeta};
-pub use intent::IntentHomes;
+pub use intent::{Grant, IntentHomes};
+pub(crate) use issue::serve_replica;
 pub use issue::{Issued, PullTarget};
 pub use requester::{Delivery, LocalEvent, OpId, OpKind, PeerFault, Requester, WORKER_SHIFT, worker_of};
 pub use rows::Rows;
@@ -202,14 +203,14 @@ impl Core {
     }
 
     /// Takes the moves this node was told to make (INTENT_GO), per table.
-    pub fn take_intent_go(&self) -> Vec<(u16, Vec<u64>)> {
+    pub fn take_intent_go(&self) -> Vec<(u16, Grant, Vec<u64>)> {
         let mut homes = self.intent_homes.lock();
         self.intent_go.store(false, Ordering::Release);
         homes.take_go()
     }
 
-    pub(crate) fn post_intent_go(&self, table: u16, keys: Vec<u64>) {
-        self.intent_homes.lock().post_go(table, keys);
+    pub(crate) fn post_intent_go(&self, table: u16, grant: Grant, keys: Vec<u64>) {
+        self.intent_homes.lock().post_go(table, grant, keys);
         self.intent_go.store(true, Ordering::Release);
     }
 

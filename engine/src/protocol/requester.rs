@@ -231,6 +231,8 @@ pub struct Requester {
     done: FastMap<OpId, Result<Vec<f32>>>,
     /// Key lists the nodes keep for this worker (key caching), per node.
     key_caches: FastMap<u16, super::keycache::KeyCache>,
+    /// Accesses skip this node's run-time replicas (for the worker that keeps them in sync).
+    pub(crate) bypass_replicas: bool,
 }
 
 impl Requester {
@@ -246,6 +248,7 @@ impl Requester {
             deadlines: BinaryHeap::new(),
             done: FastMap::default(),
             key_caches: FastMap::default(),
+            bypass_replicas: false,
         }
     }
 

@@ -40,6 +40,9 @@ pub struct Transmit {
     earliest_deadline: Option<u64>,
     barrier_touched: bool,
     clock_touched: bool,
+    /// Accesses through this buffer are housekeeping (replica sync), not the trainer's: they
+    /// are left out of the local/remote counts.
+    pub(crate) uncounted: bool,
 }
 
 impl Transmit {
@@ -61,6 +64,7 @@ impl Transmit {
             earliest_deadline: None,
             barrier_touched: false,
             clock_touched: false,
+            uncounted: false,
         }
     }
 
@@ -97,6 +101,9 @@ impl Transmit {
     /// Counts keys served from local memory.
     #[inline]
     pub(crate) fn count_local(&mut self, keys: usize) {
+        if self.uncounted {
+            return;
+        }
         CounterCell::bump(&self.counters.local_keys, keys as u64);
     }
 
@@ -112,6 +119,9 @@ impl Transmit {
     /// Counts keys sent to other nodes.
     #[inline]
     pub(crate) fn count_remote(&mut self, keys: usize) {
+        if self.uncounted {
+            return;
+        }
         CounterCell::bump(&self.counters.remote_keys, keys as u64);
     }
 

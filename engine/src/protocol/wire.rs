@@ -17,7 +17,7 @@
 //! | REPLICA_DELTA | flags u8 (CUT: the shipment's last message, cut an image; FULL: of every replicated slot), table u16, round u32, count u32, (key u64, values)×count |
 //! | LEAVING | count u16, (node u16, reason length u16, reason UTF-8)×count — alone in its frame, handled by the runtime, not the protocol |
 //! | CLOCK | pad×3, smallest completed clock of the sender's workers u64 |
-//! | INTENT, INTENT_GO | level u8 (INTENT: 0 none, 1 soon, 2 now; INTENT_GO: 0), pad u16, table u16, pad u16, count u32, key u64×count |
+//! | INTENT, INTENT_GO | level u8 (INTENT: 0 none, 1 soon, 2 now; INTENT_GO: 0 move, 1 replicate), pad u16, table u16, pad u16, count u32, key u64×count |
 //! | REPLICA_ACK | flags u8 (CUT: an image was cut), table u16, round u32, keys u32, changed u32, region u32, pad u32, addr u64, position u32×changed |
 
 use std::borrow::Cow;
@@ -809,7 +809,7 @@ pub fn decode_clock(b: &[u8]) -> Result<u64> {
 pub const INTENT_HEADER: usize = 12;
 
 /// Encodes INTENT (`ty` = [`msg::INTENT`], with the sender's level of need) or INTENT_GO
-/// (level 0) for `keys` of `table`.
+/// (with the grant: 0 move, 1 replicate) for `keys` of `table`.
 pub fn encode_intent(out: &mut Vec<u8>, ty: u8, level: u8, table: u16, keys: &[u64]) {
     let start = begin(out, ty);
     out.extend_from_slice(&[level, 0, 0]);

@@ -14,6 +14,7 @@
 //! are reused.
 
 mod arena;
+pub mod dynamic;
 mod latch;
 pub mod replica;
 pub mod slot;
@@ -26,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, O
 use parking_lot::Mutex;
 
 pub use arena::{Arena, HUGE_PAGE, PageKind};
+pub use dynamic::{DynamicReplicas, ReplicaSlots};
 pub use latch::{AllLatches, LatchGuard, Latches};
 pub use replica::ReplicaState;
 pub use slot::{AllGuard, KeyGuard, Reserved, Slot};
@@ -149,6 +151,9 @@ pub struct TableStore {
     replicas: Option<ReplicaState>,
     /// Per peer, the image of the replicated keys homed here that it refreshes from.
     snapshots: Box<[Option<Snapshot>]>,
+    /// Replicas made at run time for intent (tables with a stateless, linear updater on
+    /// clusters of several nodes).
+    dynamic: Option<DynamicReplicas>,
 }
 
 /// All tables of a node plus the latches that guard them.
@@ -185,7 +190,8 @@ impl Store {
             let partitioner = Partitioner::new(spec.keys, nodes, spec.partitioning);
             let home = partitioner.home_count(rank);
             let replicas = ReplicaState::new(spec, rank, nodes);
-            let table = TableStore::new(id as u16, spec.clone(), home, huge_pages, replicas)?;
+            let dynamic = (nodes > 1 && spec.updater.is_add() && spec.replicated.is_empty()).then(|| DynamicReplicas::new(spec.keys as usize)).transpose()?;
+            let table = TableStore::new(id as u16, spec.clone(), home, huge_pages, replicas, dynamic)?;
             store.tables.push(table);
             let id = id as u16;
             for key in partitioner.home_keys(rank) {
@@ -264,6 +270,41 @@ impl Store {
         // SAFETY: the slot was just handed out by the allocator.
         unsafe { Slot::new(t, slot) }.settle_versions();
         Ok(Reserved { table, index: slot })
+    }
+
+    /// Makes a run-time replica of the key `guard` latches, holding `value` with an empty delta.
+    /// Returns false, changing nothing, when the key is held or arriving here, already has a
+    /// replica, or its table takes none.
+    pub fn install_replica(&self, guard: &KeyGuard<'_>, value: &[f32]) -> Result<bool> {
+        let t = guard.table;
+        let Some(dynamic) = t.dynamic() else { return Ok(false) };
+        if t.residence(guard.key) != Residence::Away || dynamic.get(guard.key).is_some() || value.len() != t.value_len {
+            return Ok(false);
+        }
+        let mut value_slot = self.reserve(t.id)?;
+        let mut delta_slot = match self.reserve(t.id) {
+            Ok(s) => s,
+            Err(e) => {
+                self.free(value_slot);
+                return Err(e);
+            }
+        };
+        self.reserved(&mut value_slot).write(value);
+        self.reserved(&mut delta_slot).write(&vec![0.0; value.len()]);
+        let slots = ReplicaSlots { value: value_slot.index, delta: delta_slot.index };
+        Ok(dynamic.set(guard.key, slots))
+    }
+
+    /// Ends the run-time replica of the key `guard` latches: its slots are freed and its
+    /// unsent delta copied to `delta` (which must hold one value). False when it has none.
+    pub fn remove_replica(&self, guard: &KeyGuard<'_>, delta: &mut [f32]) -> bool {
+        let t = guard.table;
+        let Some(slots) = t.dynamic().and_then(|d| d.clear(guard.key)) else { return false };
+        let mut delta_slot = Reserved { table: t.id, index: slots.delta };
+        self.reserved(&mut delta_slot).read(delta);
+        self.free(delta_slot);
+        self.free(Reserved { table: t.id, index: slots.value });
+        true
     }
 
     /// A view of a slot the caller holds, for reading or writing its value.
@@ -375,7 +416,14 @@ impl Store {
 }
 
 impl TableStore {
-    fn new(id: u16, spec: TableSpec, home_keys: usize, huge_pages: HugePages, replicas: Option<ReplicaState>) -> Result<TableStore> {
+    fn new(
+        id: u16,
+        spec: TableSpec,
+        home_keys: usize,
+        huge_pages: HugePages,
+        replicas: Option<ReplicaState>,
+        dynamic: Option<DynamicReplicas>,
+    ) -> Result<TableStore> {
         let value_len = spec.value_len;
         let state_len = spec.state_len();
         let value_bytes = value_len * spec.element.size();
@@ -391,8 +439,9 @@ impl TableStore {
         }
         let chunk_shift = per_chunk.trailing_zeros();
         // A node can hold every key of the table, and briefly a second slot per key while an
-        // outgoing copy completes.
-        let max_chunks = ((2 * spec.keys as usize + 2).div_ceil(per_chunk)).max(1);
+        // outgoing copy completes; a run-time replica takes two (value and delta).
+        let per_key = if dynamic.is_some() { 4 } else { 2 };
+        let max_chunks = ((per_key * spec.keys as usize + 2).div_ceil(per_chunk)).max(1);
         let keys = spec.keys as usize;
         let (slot_map, memory) = if keys * 4 >= HUGE_PAGE / 2 {
             let mut arena = Arena::allocate(keys * 4, huge_pages)?;
@@ -425,6 +474,7 @@ impl TableStore {
             alloc: Mutex::new(Allocator { free: Vec::new(), fresh: 0, live: 0, arenas: Vec::new() }),
             replicas,
             snapshots: Box::new([]),
+            dynamic,
             spec,
         })
     }
@@ -519,6 +569,24 @@ impl TableStore {
     #[inline]
     pub fn route_residence(&self, key: u64) -> Residence {
         if self.replicas.as_ref().is_some_and(|r| r.ordinal(key).is_some()) { Residence::Away } else { self.residence(key) }
+    }
+
+    /// The table's run-time replicas (`None` when the table takes none).
+    #[inline]
+    pub fn dynamic(&self) -> Option<&DynamicReplicas> {
+        self.dynamic.as_ref()
+    }
+
+    /// Whether this node has a run-time replica of `key` (a hint without the latch).
+    #[inline]
+    pub fn has_dynamic_replica(&self, key: u64) -> bool {
+        self.dynamic.as_ref().is_some_and(|d| d.get(key).is_some())
+    }
+
+    /// Whether any run-time replica of the table exists here.
+    #[inline]
+    pub fn any_dynamic_replica(&self) -> bool {
+        self.dynamic.as_ref().is_some_and(DynamicReplicas::any)
     }
 
     /// The table's specification.
@@ -686,6 +754,51 @@ mod tests {
         assert_eq!(out, [0.0; 3]);
         assert_eq!(t.slot_of(100), None, "beyond the table");
         assert_eq!(t.residence(u64::MAX), Residence::Away);
+    }
+
+    #[test]
+    fn run_time_replicas_live_beside_the_slot_map_and_give_back_their_delta() {
+        let s = store(100, 2, 2, 1);
+        let p = Partitioner::new(100, 2, Partitioning::Hash);
+        let t = s.table(0);
+        let (away, held) = ((0..100).find(|&k| p.home(k) == 0).unwrap(), p.home_keys(1).next().unwrap());
+        let live = t.slot_usage().0;
+        assert!(!s.install_replica(&s.lock(0, held), &[1.0, 2.0]).unwrap(), "a key held here needs no replica");
+        let guard = s.lock(0, away);
+        assert!(s.install_replica(&guard, &[1.0, 2.0]).unwrap());
+        assert!(!s.install_replica(&guard, &[5.0, 5.0]).unwrap(), "one replica per key");
+        assert!(t.any_dynamic_replica() && t.has_dynamic_replica(away));
+        assert_eq!(t.residence(away), Residence::Away, "the protocol still sees the key elsewhere");
+        assert!(guard.slot().is_none());
+        let (value, delta) = guard.replica().unwrap();
+        value.add(&[0.5, 0.5]);
+        delta.add(&[0.5, 0.5]);
+        let mut out = [0.0; 2];
+        value.read(&mut out);
+        assert_eq!(out, [1.5, 2.5]);
+        assert_eq!(t.slot_usage().0, live + 2, "value and delta slots");
+        assert!(s.remove_replica(&guard, &mut out));
+        assert_eq!(out, [0.5, 0.5]);
+        assert!(!s.remove_replica(&guard, &mut out));
+        assert!(guard.replica().is_none() && !t.any_dynamic_replica());
+        assert_eq!(t.slot_usage().0, live, "both slots freed");
+        drop(guard);
+        // A key arriving here takes no replica either.
+        s.lock(0, away).set_arriving(true);
+        assert!(!s.install_replica(&s.lock(0, away), &[0.0, 0.0]).unwrap());
+    }
+
+    #[test]
+    fn tables_with_an_optimizer_or_fixed_replicas_take_no_run_time_replicas() {
+        let specs = [
+            TableSpec::new("sgd", 10, 1).with_updater(crate::update::Updater::Sgd { lr: 0.1 }),
+            TableSpec::new("fixed", 10, 1).replicating(std::iter::once(0..2)),
+            TableSpec::new("plain", 10, 1),
+        ];
+        let s = Store::new(0, 2, &specs, 16, HugePages::Off, Arc::new(LocalRegistrar::default())).unwrap();
+        assert!(s.table(0).dynamic().is_none() && s.table(1).dynamic().is_none() && s.table(2).dynamic().is_some());
+        let single = Store::new(0, 1, &specs[2..], 16, HugePages::Off, Arc::new(LocalRegistrar::default())).unwrap();
+        assert!(single.table(0).dynamic().is_none(), "one node has nobody to share with");
     }
 
     #[test]

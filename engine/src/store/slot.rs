@@ -354,6 +354,20 @@ impl<'s> KeyGuard<'s> {
         self.table.slot_of(self.key).map(|s| unsafe { Slot::new(self.table, s) })
     }
 
+    /// The key's run-time replica here (value, delta), if it has one and is not held here.
+    #[inline]
+    pub fn replica(&self) -> Option<(Slot<'_>, Slot<'_>)> {
+        let slots = self.table.dynamic()?.get(self.key)?;
+        // SAFETY: a replica's slots were handed out by the allocator and are freed only with
+        // the replica, under this latch.
+        Some(unsafe { (Slot::new(self.table, slots.value), Slot::new(self.table, slots.delta)) })
+    }
+
+    /// The key.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
     /// Where the key lives, as this node sees it.
     pub fn residence(&self) -> Residence {
         self.table.residence(self.key)

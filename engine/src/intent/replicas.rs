@@ -1,0 +1,311 @@
+//! Run-time replicas of keys several nodes intend at once (AdaPM, Section 4.1 and Appendix
+//! B.1), kept by the intent service.
+//!
+//! A replica is made when the key's home tells this node that several nodes need the key now
+//! (INTENT_GO, replicate) and the key is not held here: the service pulls the key's value from
+//! its owner and installs it (see [`crate::store::DynamicReplicas`]). From then on the node's
+//! workers read and push it locally; a push also adds to the replica's delta.
+//!
+//! A **sync round** (every half of [`crate::Config::staleness`], and around worker barriers)
+//! takes each replica's delta under its latch, zeroing it, and sends all of a table's deltas as
+//! one push-pull to the keys' owners — the owner is the hub of AdaPM's owner-hub
+//! synchronisation; the protocol groups the rows per destination — and sets each replica to the
+//! value returned plus the delta accumulated since. The push-pull is atomic at the owner, so
+//! the value returned includes the delta just sent and every push the owner had applied: a
+//! replica never counts a push twice, and every push of this node reaches the owner exactly once
+//! (it leaves a delta exactly once, under the latch that also admits pushes).
+//!
+//! The replica is dropped when this node's intent on the key ends, when the key itself is to
+//! move here, or when the service stops (before `finalize`): its delta is taken under the latch
+//! and pushed to the owner. A key that arrived here meanwhile (an explicit `localize`) takes the
+//! delta directly. The service's worker bypasses replicas, so its pushes and pulls reach the
+//! owner.
+//!
+//! The service issues all of this asynchronously and completes it in its next rounds (at most
+//! one sync round in flight), so that a round never waits for the network; a barrier's sync
+//! waits until nothing is in flight and then runs synchronously through the barrier's worker.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::error::Result;
+use crate::runtime::NodeInner;
+use crate::worker::{PullTicket, Ticket, Worker};
+
+/// The pushes and pulls of one table in flight for a sync round.
+struct Syncing {
+    table: u16,
+    keys: Vec<u64>,
+    ticket: PullTicket,
+}
+
+/// The run-time replicas this node keeps, per table (the store is the authority on whether
+/// one exists; this set says which keys to look at), and their operations in flight.
+#[derive(Default)]
+pub(crate) struct ReplicaSet {
+    keys: BTreeMap<u16, BTreeSet<u64>>,
+    /// Keys whose values are being pulled to make a replica (dropped keys leave).
+    making: BTreeSet<(u16, u64)>,
+    makes: Vec<(u16, Vec<u64>, PullTicket)>,
+    /// The sync round in flight.
+    syncing: Option<Vec<Syncing>>,
+    /// Dropped replicas' deltas on their way to the owners.
+    pushes: Vec<Ticket>,
+}
+
+impl ReplicaSet {
+    /// Whether no replica is kept or being made.
+    pub fn is_empty(&self) -> bool {
+        self.making.is_empty() && self.keys.values().all(BTreeSet::is_empty)
+    }
+
+    /// Whether no sync round and no dropped replica's push is in flight.
+    pub fn quiet(&self) -> bool {
+        self.syncing.is_none() && self.pushes.is_empty()
+    }
+
+    /// Whether anything is kept or in flight.
+    pub fn busy(&self) -> bool {
+        !self.is_empty() || !self.quiet() || !self.makes.is_empty()
+    }
+
+    /// Starts making replicas of those of `keys` that are neither held here, replicated nor
+    /// being made: pulls their values from their owners through `worker` (which bypasses
+    /// replicas); [`ReplicaSet::poll`] installs them.
+    pub fn start_make(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: &[u64]) -> Result<()> {
+        let t = node.core.store().table(table);
+        if t.dynamic().is_none() {
+            return Ok(());
+        }
+        let wanted: Vec<u64> =
+            keys.iter().copied().filter(|&k| t.slot_of(k).is_none() && !t.has_dynamic_replica(k) && !self.making.contains(&(table, k))).collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let ticket = worker.pull_async(node.table_by_id(table), &wanted)?;
+        self.making.extend(wanted.iter().map(|&k| (table, k)));
+        self.makes.push((table, wanted, ticket));
+        Ok(())
+    }
+
+    /// Completes what finished (everything, waiting, with `wait`): installs the replicas whose
+    /// values arrived and are still wanted, refreshes after a sync round, reaps pushes.
+    pub fn poll(&mut self, node: &NodeInner, worker: &mut Worker, wait: bool) -> Result<()> {
+        let mut outcome = Ok(());
+        let mut note = |e| {
+            if outcome.is_ok() {
+                outcome = Err(e);
+            }
+        };
+        let mut i = 0;
+        while i < self.makes.len() {
+            if !wait && !worker.is_pull_done(&self.makes[i].2) {
+                i += 1;
+                continue;
+            }
+            let (table, keys, ticket) = self.makes.swap_remove(i);
+            match worker.wait_pull(ticket) {
+                Ok(values) => {
+                    if let Err(e) = self.install(node, table, &keys, &values) {
+                        note(e);
+                    }
+                }
+                Err(e) => {
+                    for k in &keys {
+                        self.making.remove(&(table, *k));
+                    }
+                    note(e);
+                }
+            }
+        }
+        if self.syncing.as_ref().is_some_and(|s| wait || s.iter().all(|s| worker.is_pull_done(&s.ticket))) {
+            for s in self.syncing.take().unwrap_or_default() {
+                match worker.wait_pull(s.ticket) {
+                    // The deltas were handed to the protocol: like any push, they reach their
+                    // owner unless it is lost. The replicas keep their values until next time.
+                    Err(e) => note(e),
+                    Ok(fresh) => refresh(node, s.table, &s.keys, fresh),
+                }
+            }
+            node.core.intent_counters().note_replica_sync();
+        }
+        let mut j = 0;
+        while j < self.pushes.len() {
+            if !wait && !worker.is_done(&self.pushes[j]) {
+                j += 1;
+                continue;
+            }
+            if let Err(e) = worker.wait(self.pushes.swap_remove(j)) {
+                note(e);
+            }
+        }
+        outcome
+    }
+
+    /// Installs the replicas of `keys` of `table` still being made, from `values`.
+    fn install(&mut self, node: &NodeInner, table: u16, keys: &[u64], values: &[f32]) -> Result<()> {
+        let store = node.core.store();
+        let value_len = store.table(table).value_len();
+        let set = self.keys.entry(table).or_default();
+        let mut made = 0;
+        for (&key, value) in keys.iter().zip(values.chunks_exact(value_len)) {
+            if !self.making.remove(&(table, key)) {
+                continue;
+            }
+            let guard = store.lock(table, key);
+            // A key that arrived meanwhile needs no replica; one pulled before a push of this
+            // node that went to the owner misses it until the next sync round.
+            if store.install_replica(&guard, value)? {
+                set.insert(key);
+                made += 1;
+            }
+        }
+        node.core.intent_counters().note_replicas_made(made);
+        Ok(())
+    }
+
+    /// Drops the replicas of `keys` of `table` (and stops making them); their deltas start on
+    /// their way to the keys' owners.
+    pub fn drop_keys(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: &[u64]) -> Result<()> {
+        for &key in keys {
+            self.making.remove(&(table, key));
+        }
+        let Some(set) = self.keys.get_mut(&table) else { return Ok(()) };
+        let store = node.core.store();
+        let value_len = store.table(table).value_len();
+        let (mut pushed, mut deltas) = (Vec::new(), Vec::new());
+        let mut delta = vec![0.0; value_len];
+        for &key in keys {
+            if !set.remove(&key) {
+                continue;
+            }
+            let guard = store.lock(table, key);
+            if store.remove_replica(&guard, &mut delta) && delta.iter().any(|&d| d != 0.0) {
+                // The key arrived here meanwhile: its slot takes the delta at once.
+                if let Some(slot) = guard.slot() {
+                    slot.add(&delta);
+                } else {
+                    pushed.push(key);
+                    deltas.extend_from_slice(&delta);
+                }
+            }
+        }
+        if !pushed.is_empty() {
+            self.pushes.push(worker.push_async(node.table_by_id(table), &pushed, &deltas)?);
+        }
+        Ok(())
+    }
+
+    /// Drops every replica and waits until their deltas reached the owners (the service stops).
+    pub fn drop_all(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
+        self.making.clear();
+        let tables: Vec<(u16, Vec<u64>)> = self.keys.iter().map(|(&t, k)| (t, k.iter().copied().collect())).collect();
+        let mut outcome = self.poll(node, worker, true);
+        for (table, keys) in tables {
+            if let Err(e) = self.drop_keys(node, worker, table, &keys)
+                && outcome.is_ok()
+            {
+                outcome = Err(e);
+            }
+        }
+        let last = self.poll(node, worker, true);
+        outcome.and(last)
+    }
+
+    /// Starts a sync round unless one is in flight: every replica's delta goes to its owner in
+    /// one push-pull per table; [`ReplicaSet::poll`] refreshes the replicas from the answers.
+    pub fn start_sync(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
+        if self.syncing.is_some() {
+            return Ok(());
+        }
+        let mut syncing = Vec::new();
+        let mut outcome = Ok(());
+        for (table, keys, deltas) in self.take_deltas(node) {
+            match worker.push_pull_async(node.table_by_id(table), &keys, &deltas) {
+                Ok(ticket) => syncing.push(Syncing { table, keys, ticket }),
+                Err(e) => {
+                    if outcome.is_ok() {
+                        outcome = Err(e);
+                    }
+                }
+            }
+        }
+        if !syncing.is_empty() {
+            self.syncing = Some(syncing);
+        }
+        outcome
+    }
+
+    /// A sync round now, through `worker`, waiting for it (around a barrier; nothing may be in
+    /// flight).
+    pub fn sync_now(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
+        debug_assert!(self.quiet());
+        let mut outcome = Ok(());
+        for (table, keys, deltas) in self.take_deltas(node) {
+            let mut fresh = vec![0.0; deltas.len()];
+            match worker.push_pull(node.table_by_id(table), &keys, &deltas, &mut fresh) {
+                Ok(()) => refresh(node, table, &keys, fresh),
+                Err(e) => {
+                    if outcome.is_ok() {
+                        outcome = Err(e);
+                    }
+                }
+            }
+        }
+        node.core.intent_counters().note_replica_sync();
+        outcome
+    }
+
+    /// Per table: the replicas and their deltas, each taken under its latch and zeroed. A
+    /// replica whose key arrived here ends, its delta added to the key.
+    fn take_deltas(&mut self, node: &NodeInner) -> Vec<(u16, Vec<u64>, Vec<f32>)> {
+        let store = node.core.store();
+        let mut out = Vec::new();
+        for (&table, set) in self.keys.iter_mut() {
+            let value_len = store.table(table).value_len();
+            let mut keys = Vec::with_capacity(set.len());
+            let mut deltas = Vec::with_capacity(set.len() * value_len);
+            let mut delta = vec![0.0; value_len];
+            let zero = vec![0.0; value_len];
+            set.retain(|&key| {
+                let guard = store.lock(table, key);
+                if let Some(slot) = guard.slot() {
+                    if store.remove_replica(&guard, &mut delta) {
+                        slot.add(&delta);
+                    }
+                    return false;
+                }
+                let Some((_, delta_slot)) = guard.replica() else { return false };
+                delta_slot.read(&mut delta);
+                delta_slot.write(&zero);
+                keys.push(key);
+                deltas.extend_from_slice(&delta);
+                true
+            });
+            if !keys.is_empty() {
+                out.push((table, keys, deltas));
+            }
+        }
+        out
+    }
+}
+
+/// Sets each replica of `keys` still here to its owner's value `fresh` (answering the push-pull
+/// of its delta) plus what was pushed to it since.
+fn refresh(node: &NodeInner, table: u16, keys: &[u64], mut fresh: Vec<f32>) {
+    let store = node.core.store();
+    let value_len = store.table(table).value_len();
+    let mut delta = vec![0.0; value_len];
+    for (&key, value) in keys.iter().zip(fresh.chunks_exact_mut(value_len)) {
+        let guard = store.lock(table, key);
+        if guard.slot().is_some() {
+            continue;
+        }
+        if let Some((value_slot, delta_slot)) = guard.replica() {
+            delta_slot.read(&mut delta);
+            for (v, d) in value.iter_mut().zip(&delta) {
+                *v += d;
+            }
+            value_slot.write(value);
+        }
+    }
+}

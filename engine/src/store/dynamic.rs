@@ -1,0 +1,127 @@
+//! Replicas made at run time for intent (AdaPM, Section 4.1): a key that several nodes need at
+//! once gets a replica on each intending node that does not hold it.
+//!
+//! Unlike the replicas fixed at start-up ([`super::ReplicaState`]), a run-time replica is not
+//! published in the slot map: the protocol — which serves remote operations, relocates keys and
+//! answers for the key's home — keeps seeing the key as held elsewhere, so nothing it does can
+//! touch the replica. Only the local paths of this node's workers look here, after the slot
+//! map, under the key's latch: a pull reads the replica, a push adds to it and to its *delta*
+//! (this node's pushes not yet sent to the key's owner), a set is routed to the owner.
+//!
+//! Each replica is two slots of the table: its value and its delta. Per key, one `u64` says
+//! which (zero: no replica), in memory mapped without populating it, so a table with no
+//! replicas costs address space only.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use memmap2::{MmapMut, MmapOptions};
+
+use crate::error::{Error, Result};
+
+/// Per key of one table: the slots of its run-time replica on this node, if any.
+pub struct DynamicReplicas {
+    entries: *const AtomicU64,
+    len: usize,
+    _memory: MmapMut,
+    live: AtomicUsize,
+}
+
+// SAFETY: `entries` points into `_memory`, owned by this value and mapped until it drops; it is
+// only accessed as atomics.
+unsafe impl Send for DynamicReplicas {}
+// SAFETY: as above.
+unsafe impl Sync for DynamicReplicas {}
+
+/// The two slots of one run-time replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaSlots {
+    /// The replica's value.
+    pub value: u32,
+    /// This node's pushes to it that its owner has not been sent yet.
+    pub delta: u32,
+}
+
+impl ReplicaSlots {
+    fn pack(self) -> u64 {
+        (self.value as u64 + 1) | ((self.delta as u64 + 1) << 32)
+    }
+
+    fn unpack(word: u64) -> Option<ReplicaSlots> {
+        (word != 0).then(|| ReplicaSlots { value: (word as u32).wrapping_sub(1), delta: ((word >> 32) as u32).wrapping_sub(1) })
+    }
+}
+
+impl DynamicReplicas {
+    /// Room for the replicas of `keys` keys (untouched, zeroed pages: no replica).
+    pub fn new(keys: usize) -> Result<DynamicReplicas> {
+        let bytes = keys.max(1) * 8;
+        let memory = MmapOptions::new().len(bytes).map_anon().map_err(|e| Error::Memory(format!("cannot map {bytes} bytes for replica entries: {e}")))?;
+        let entries = memory.as_ptr() as *const AtomicU64;
+        Ok(DynamicReplicas { entries, len: keys, _memory: memory, live: AtomicUsize::new(0) })
+    }
+
+    #[inline]
+    fn entry(&self, key: u64) -> Option<&AtomicU64> {
+        if key as usize >= self.len {
+            return None;
+        }
+        // SAFETY: bounds checked above; the mapping is page-aligned (so 8-aligned), zeroed,
+        // and lives as long as `self`; AtomicU64 has the layout of u64.
+        Some(unsafe { &*self.entries.add(key as usize) })
+    }
+
+    /// The replica of `key` here. Acting on its slots needs the key's latch.
+    #[inline]
+    pub fn get(&self, key: u64) -> Option<ReplicaSlots> {
+        ReplicaSlots::unpack(self.entry(key)?.load(Ordering::Acquire))
+    }
+
+    /// Whether any replica exists (lets bulk paths skip the per-key check).
+    #[inline]
+    pub fn any(&self) -> bool {
+        self.live.load(Ordering::Acquire) > 0
+    }
+
+    /// Replicas that exist now.
+    pub fn count(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Records `slots` as `key`'s replica (the caller holds the key's latch; none existed).
+    pub(super) fn set(&self, key: u64, slots: ReplicaSlots) -> bool {
+        let Some(entry) = self.entry(key) else { return false };
+        if entry.load(Ordering::Relaxed) != 0 {
+            return false;
+        }
+        self.live.fetch_add(1, Ordering::AcqRel);
+        entry.store(slots.pack(), Ordering::Release);
+        true
+    }
+
+    /// Forgets `key`'s replica and returns its slots (the caller holds the key's latch).
+    pub(super) fn clear(&self, key: u64) -> Option<ReplicaSlots> {
+        let slots = ReplicaSlots::unpack(self.entry(key)?.swap(0, Ordering::AcqRel))?;
+        self.live.fetch_sub(1, Ordering::AcqRel);
+        Some(slots)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_pack_both_slots_and_count_replicas() {
+        let r = DynamicReplicas::new(100).unwrap();
+        assert!(!r.any() && r.get(7).is_none() && r.get(1000).is_none());
+        let slots = ReplicaSlots { value: 0, delta: u32::MAX - 2 };
+        assert!(r.set(7, slots));
+        assert!(!r.set(7, slots), "a key has one replica at most");
+        assert!(!r.set(100, slots), "beyond the table");
+        assert_eq!(r.get(7), Some(slots));
+        assert_eq!(r.count(), 1);
+        assert_eq!(r.clear(7), Some(slots));
+        assert_eq!(r.clear(7), None);
+        assert!(!r.any());
+    }
+}
