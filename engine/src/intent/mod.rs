@@ -16,7 +16,7 @@
 mod replicas;
 mod service;
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) use service::IntentService;
@@ -196,12 +196,17 @@ impl IntentLevel {
     }
 }
 
-/// An entry of the ordered indexes: (clock, table, key, worker, start, end).
-type Entry = (u64, u16, u64, u16, u64, u64);
+/// An entry of the clock-ordered indexes: (table, key, worker, start, end) of a window.
+type Entry = (u16, u64, u16, u64, u64);
 
-/// The upper end of an index range over clocks up to `limit`.
-const fn upto(limit: u64) -> Entry {
-    (limit, u16::MAX, u64::MAX, u16::MAX, u64::MAX, u64::MAX)
+/// One window of a key and how far it got.
+#[derive(Debug, Clone, Copy)]
+struct WindowState {
+    window: Window,
+    /// Its start came within its worker's action horizon.
+    taken: bool,
+    /// Its worker reached its start.
+    started: bool,
 }
 
 /// A node's intents, aggregated per key across its workers and overlapping windows (AdaPM B.2).
@@ -209,18 +214,20 @@ const fn upto(limit: u64) -> Entry {
 /// A window is *taken* once its start comes within its worker's action horizon, *started*
 /// once its worker reaches its start, and dropped once the worker reaches its end;
 /// [`IntentTable::advance`] moves windows along and names the keys whose state changed, and
-/// [`IntentTable::level`] says what the node needs of a key. Indexes ordered by start and end are
-/// walked only as far as the clocks reach, so a round costs what changes, not what is declared.
+/// [`IntentTable::level`] says what the node needs of a key. Indexes bucketed by start and end
+/// clock are walked only as far as the clocks reach, so a round costs what changes, not what
+/// is declared. Index entries are not removed when their window changes (a window that grows
+/// gets new ones): an entry whose window no longer exists in that state is skipped when walked.
 #[derive(Debug, Default)]
 pub struct IntentTable {
-    /// Per key: its windows and whether each is taken.
-    windows: crate::util::FastMap<(u16, u64), Vec<(Window, bool)>>,
+    /// Per key: its windows.
+    windows: crate::util::FastMap<(u16, u64), Vec<WindowState>>,
     /// Windows not taken yet, by start.
-    pending: BTreeSet<Entry>,
+    pending: BTreeMap<u64, Vec<Entry>>,
     /// Windows not started yet, by start.
-    unstarted: BTreeSet<Entry>,
+    unstarted: BTreeMap<u64, Vec<Entry>>,
     /// Every window, by end.
-    ends: BTreeSet<Entry>,
+    ends: BTreeMap<u64, Vec<Entry>>,
 }
 
 impl IntentTable {
@@ -230,74 +237,88 @@ impl IntentTable {
         if start >= end {
             return false;
         }
-        let window = Window { worker, start, end };
         let windows = self.windows.entry((table, key)).or_default();
         // A window that overlaps or continues one of the same worker extends it: a key needed
         // in consecutive clocks stays needed, instead of ending and beginning again.
-        if let Some(pos) = windows.iter().position(|(w, _)| w.worker == worker && w.start <= start && start <= w.end) {
-            let (old, taken) = windows[pos];
-            if end <= old.end {
+        if let Some(w) = windows.iter_mut().find(|w| w.window.worker == worker && w.window.start <= start && start <= w.window.end) {
+            if end <= w.window.end {
                 return false;
             }
-            windows[pos] = (Window { worker, start: old.start, end }, taken);
-            let (before, after) = ((old.start, table, key, worker, old.start, old.end), (old.start, table, key, worker, old.start, end));
-            self.ends.remove(&(old.end, table, key, worker, old.start, old.end));
-            self.ends.insert((end, table, key, worker, old.start, end));
-            if self.pending.remove(&before) {
-                self.pending.insert(after);
+            w.window.end = end;
+            let (first, taken, started) = (w.window.start, w.taken, w.started);
+            let entry = (table, key, worker, first, end);
+            self.ends.entry(end).or_default().push(entry);
+            if !taken {
+                self.pending.entry(first).or_default().push(entry);
             }
-            if self.unstarted.remove(&before) {
-                self.unstarted.insert(after);
+            if !started {
+                self.unstarted.entry(first).or_default().push(entry);
             }
             return true;
         }
-        windows.push((window, false));
-        self.pending.insert((start, table, key, worker, start, end));
-        self.unstarted.insert((start, table, key, worker, start, end));
-        self.ends.insert((end, table, key, worker, start, end));
+        windows.push(WindowState { window: Window { worker, start, end }, taken: false, started: false });
+        let entry = (table, key, worker, start, end);
+        self.pending.entry(start).or_default().push(entry);
+        self.unstarted.entry(start).or_default().push(entry);
+        self.ends.entry(end).or_default().push(entry);
         true
     }
 
     /// One round: takes the windows whose start is at or before `horizon(worker)` (at most
-    /// `max_horizon`), marks started those whose worker reached their start, and drops those
-    /// whose worker reached their end (`clock(worker)`, at most `max_clock`). Returns the keys
-    /// whose windows changed, sorted, each once.
+    /// `max_horizon`), starts those whose start is at or before `clock(worker)` and drops those
+    /// whose end is (both at most `max_clock`). Returns the keys whose windows changed, sorted,
+    /// each once.
     pub fn advance(&mut self, max_horizon: u64, horizon: impl Fn(u16) -> u64, max_clock: u64, clock: impl Fn(u16) -> u64) -> Vec<(u16, u64)> {
         let mut touched = Vec::new();
-        let taken: Vec<Entry> = self.pending.range(..=upto(max_horizon)).filter(|e| e.0 <= horizon(e.3)).copied().collect();
-        for e @ (_, table, key, worker, start, end) in taken {
-            self.pending.remove(&e);
-            if let Some(ws) = self.windows.get_mut(&(table, key))
-                && let Some(w) = ws.iter_mut().find(|(w, _)| *w == (Window { worker, start, end }))
-            {
-                w.1 = true;
+        let windows = &mut self.windows;
+        // The window of an index entry, if it still exists as the entry describes it.
+        fn find<'w>(windows: &'w mut crate::util::FastMap<(u16, u64), Vec<WindowState>>, e: &Entry) -> Option<&'w mut WindowState> {
+            let w = Window { worker: e.2, start: e.3, end: e.4 };
+            windows.get_mut(&(e.0, e.1))?.iter_mut().find(|s| s.window == w)
+        }
+        walk(&mut self.pending, max_horizon, |at, e| match find(windows, e) {
+            Some(s) if !s.taken => {
+                if at > horizon(e.2) {
+                    return true;
+                }
+                s.taken = true;
+                touched.push((e.0, e.1));
+                false
             }
-            touched.push((table, key));
-        }
-        let started: Vec<Entry> = self.unstarted.range(..=upto(max_clock)).filter(|e| e.0 <= clock(e.3)).copied().collect();
-        for e @ (_, table, key, ..) in started {
-            self.unstarted.remove(&e);
-            touched.push((table, key));
-        }
-        let ended: Vec<Entry> = self.ends.range(..=upto(max_clock)).filter(|e| e.0 <= clock(e.3)).copied().collect();
-        for (_, table, key, worker, start, end) in ended {
-            self.remove(table, key, Window { worker, start, end });
-            touched.push((table, key));
-        }
+            _ => false,
+        });
+        walk(&mut self.unstarted, max_clock, |at, e| match find(windows, e) {
+            Some(s) if !s.started => {
+                if at > clock(e.2) {
+                    return true;
+                }
+                s.started = true;
+                touched.push((e.0, e.1));
+                false
+            }
+            _ => false,
+        });
+        walk(&mut self.ends, max_clock, |at, e| {
+            if find(windows, e).is_none() {
+                return false;
+            }
+            if at > clock(e.2) {
+                return true;
+            }
+            Self::remove_window(windows, e.0, e.1, Window { worker: e.2, start: e.3, end: e.4 });
+            touched.push((e.0, e.1));
+            false
+        });
         touched.sort_unstable();
         touched.dedup();
         touched
     }
 
-    fn remove(&mut self, table: u16, key: u64, w: Window) {
-        let (start, end) = (w.start, w.end);
-        self.ends.remove(&(end, table, key, w.worker, start, end));
-        self.pending.remove(&(start, table, key, w.worker, start, end));
-        self.unstarted.remove(&(start, table, key, w.worker, start, end));
-        if let Some(ws) = self.windows.get_mut(&(table, key)) {
-            ws.retain(|(x, _)| *x != w);
+    fn remove_window(windows: &mut crate::util::FastMap<(u16, u64), Vec<WindowState>>, table: u16, key: u64, w: Window) {
+        if let Some(ws) = windows.get_mut(&(table, key)) {
+            ws.retain(|x| x.window != w);
             if ws.is_empty() {
-                self.windows.remove(&(table, key));
+                windows.remove(&(table, key));
             }
         }
     }
@@ -307,32 +328,35 @@ impl IntentTable {
     pub fn level(&self, table: u16, key: u64, clock: impl Fn(u16) -> u64) -> IntentLevel {
         let Some(ws) = self.windows.get(&(table, key)) else { return IntentLevel::None };
         ws.iter()
-            .filter(|(w, taken)| *taken && w.end > clock(w.worker))
-            .map(|(w, _)| if w.start <= clock(w.worker) { IntentLevel::Now } else { IntentLevel::Soon })
+            .filter(|s| s.taken && s.window.end > clock(s.window.worker))
+            .map(|s| if s.window.start <= clock(s.window.worker) { IntentLevel::Now } else { IntentLevel::Soon })
             .max()
             .unwrap_or(IntentLevel::None)
     }
 
     /// Whether worker `worker`, in clock `clock`, declared that it needs `key` of `table` now.
     pub fn active(&self, table: u16, key: u64, worker: u16, clock: u64) -> bool {
-        self.windows.get(&(table, key)).is_some_and(|ws| ws.iter().any(|(w, _)| w.worker == worker && w.start <= clock && clock < w.end))
+        self.windows.get(&(table, key)).is_some_and(|ws| ws.iter().any(|s| s.window.worker == worker && s.window.start <= clock && clock < s.window.end))
     }
 
     /// The earliest window on `key` of `table` that has not ended at its worker's `clock`.
     pub fn earliest(&self, table: u16, key: u64, clock: impl Fn(u16) -> u64) -> Option<Window> {
-        self.windows.get(&(table, key)).and_then(|ws| ws.iter().map(|(w, _)| *w).filter(|w| w.end > clock(w.worker)).min_by_key(|w| w.start))
+        self.windows.get(&(table, key)).and_then(|ws| ws.iter().map(|s| s.window).filter(|w| w.end > clock(w.worker)).min_by_key(|w| w.start))
     }
 
-    /// Forgets every window of worker `worker` (it left); returns the keys that lost windows.
+    /// Forgets every window of worker `worker` (it left); returns the keys that lost windows
+    /// (their index entries are skipped when walked).
     pub fn forget_worker(&mut self, worker: u16) -> Vec<(u16, u64)> {
-        let mine: Vec<(u16, u64, Window)> =
-            self.windows.iter().flat_map(|(&(t, k), ws)| ws.iter().filter(|(w, _)| w.worker == worker).map(move |(w, _)| (t, k, *w))).collect();
-        let mut touched: Vec<(u16, u64)> = mine.iter().map(|&(t, k, _)| (t, k)).collect();
+        let mut touched = Vec::new();
+        self.windows.retain(|&key, ws| {
+            let before = ws.len();
+            ws.retain(|s| s.window.worker != worker);
+            if ws.len() != before {
+                touched.push(key);
+            }
+            !ws.is_empty()
+        });
         touched.sort_unstable();
-        touched.dedup();
-        for (t, k, w) in mine {
-            self.remove(t, k, w);
-        }
         touched
     }
 
@@ -344,6 +368,21 @@ impl IntentTable {
     /// Whether no intent is registered.
     pub fn is_empty(&self) -> bool {
         self.windows.is_empty()
+    }
+}
+
+/// Walks the buckets of `index` up to clock `limit` in order; `keep(clock, entry)` says
+/// whether an entry stays. Empty buckets go.
+fn walk(index: &mut BTreeMap<u64, Vec<Entry>>, limit: u64, mut keep: impl FnMut(u64, &Entry) -> bool) {
+    let mut emptied = Vec::new();
+    for (&at, bucket) in index.range_mut(..=limit) {
+        bucket.retain(|e| keep(at, e));
+        if bucket.is_empty() {
+            emptied.push(at);
+        }
+    }
+    for at in emptied {
+        index.remove(&at);
     }
 }
 
@@ -430,6 +469,14 @@ mod tests {
         assert_eq!(it.level(0, 1, |_| 4), IntentLevel::Now);
         assert_eq!(it.earliest(0, 1, |_| 4), Some(Window { worker: 0, start: 3, end: 5 }));
         it.advance(5, |_| 5, 5, |_| 5);
+        assert!(it.is_empty() && it.pending.is_empty() && it.unstarted.is_empty() && it.ends.is_empty());
+        // A window that grows before it is taken is taken once, with its new end: the entries
+        // of its old extent are skipped.
+        assert!(it.add(0, 2, 0, 10, 12) && it.add(0, 2, 0, 12, 15));
+        assert_eq!(it.advance(10, |_| 10, 10, |_| 10), vec![(0, 2)]);
+        assert!(it.advance(12, |_| 12, 12, |_| 12).is_empty(), "the old end is no end");
+        assert_eq!(it.level(0, 2, |_| 12), IntentLevel::Now);
+        assert_eq!(it.advance(15, |_| 15, 15, |_| 15), vec![(0, 2)]);
         assert!(it.is_empty() && it.pending.is_empty() && it.unstarted.is_empty() && it.ends.is_empty());
     }
 

@@ -15,10 +15,11 @@
 //! replica never counts a push twice, and every push of this node reaches the owner exactly once
 //! (it leaves a delta exactly once, under the latch that also admits pushes).
 //!
-//! The replica is dropped when this node's intent on the key ends, when the key itself is to
-//! move here, or when the service stops (before `finalize`): its delta is taken under the latch
-//! and pushed to the owner. A key that arrived here meanwhile (an explicit `localize`) takes the
-//! delta directly. The service's worker bypasses replicas, so its pushes and pulls reach the
+//! The replica is dropped when this node's intent on the key ends or when the service stops
+//! (before `finalize`): its delta is taken under the latch and pushed to the owner. When the key
+//! itself moves here (granted to this node, or an explicit `localize`), the replica serves until
+//! the key has landed — the local paths look at the slot map first — and the next sync round
+//! ends it, adding its delta to the key directly. The service's worker bypasses replicas, so its pushes and pulls reach the
 //! owner.
 //!
 //! The service issues all of this asynchronously and completes it in its next rounds (at most
@@ -45,6 +46,8 @@ pub(crate) struct ReplicaSet {
     keys: BTreeMap<u16, BTreeSet<u64>>,
     /// Keys whose values are being pulled to make a replica (dropped keys leave).
     making: BTreeSet<(u16, u64)>,
+    /// Keys granted a replica while held here: made once they leave, unless the intent ended.
+    wanted: BTreeSet<(u16, u64)>,
     makes: Vec<(u16, Vec<u64>, PullTicket)>,
     /// The sync round in flight.
     syncing: Option<Vec<Syncing>>,
@@ -53,9 +56,9 @@ pub(crate) struct ReplicaSet {
 }
 
 impl ReplicaSet {
-    /// Whether no replica is kept or being made.
+    /// Whether no replica is kept, being made or wanted.
     pub fn is_empty(&self) -> bool {
-        self.making.is_empty() && self.keys.values().all(BTreeSet::is_empty)
+        self.making.is_empty() && self.wanted.is_empty() && self.keys.values().all(BTreeSet::is_empty)
     }
 
     /// Whether no sync round and no dropped replica's push is in flight.
@@ -76,6 +79,9 @@ impl ReplicaSet {
         if t.dynamic().is_none() {
             return Ok(());
         }
+        // A key held here needs no replica until it leaves (the home grants a replica to the
+        // nodes that intend a key, and cannot tell when it is about to move away).
+        self.wanted.extend(keys.iter().filter(|&&k| t.slot_of(k).is_some()).map(|&k| (table, k)));
         let wanted: Vec<u64> =
             keys.iter().copied().filter(|&k| t.slot_of(k).is_none() && !t.has_dynamic_replica(k) && !self.making.contains(&(table, k))).collect();
         if wanted.is_empty() {
@@ -85,6 +91,31 @@ impl ReplicaSet {
         self.making.extend(wanted.iter().map(|&k| (table, k)));
         self.makes.push((table, wanted, ticket));
         Ok(())
+    }
+
+    /// Starts making the replicas granted while their keys were here, for those that left.
+    pub fn make_wanted(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
+        if self.wanted.is_empty() {
+            return Ok(());
+        }
+        let store = node.core.store();
+        let mut gone: BTreeMap<u16, Vec<u64>> = BTreeMap::new();
+        self.wanted.retain(|&(table, key)| {
+            let here = store.table(table).slot_of(key).is_some();
+            if !here {
+                gone.entry(table).or_default().push(key);
+            }
+            here
+        });
+        let mut outcome = Ok(());
+        for (table, keys) in gone {
+            if let Err(e) = self.start_make(node, worker, table, &keys)
+                && outcome.is_ok()
+            {
+                outcome = Err(e);
+            }
+        }
+        outcome
     }
 
     /// Completes what finished (everything, waiting, with `wait`): installs the replicas whose
@@ -168,6 +199,7 @@ impl ReplicaSet {
     pub fn drop_keys(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: &[u64]) -> Result<()> {
         for &key in keys {
             self.making.remove(&(table, key));
+            self.wanted.remove(&(table, key));
         }
         let Some(set) = self.keys.get_mut(&table) else { return Ok(()) };
         let store = node.core.store();
@@ -198,6 +230,7 @@ impl ReplicaSet {
     /// Drops every replica and waits until their deltas reached the owners (the service stops).
     pub fn drop_all(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         self.making.clear();
+        self.wanted.clear();
         let tables: Vec<(u16, Vec<u64>)> = self.keys.iter().map(|(&t, k)| (t, k.iter().copied().collect())).collect();
         let mut outcome = self.poll(node, worker, true);
         for (table, keys) in tables {

@@ -275,7 +275,7 @@ impl IntentService {
             }
             {
                 let mut replicas = self.replicas.lock();
-                let mut outcome = replicas.poll(node, own, false);
+                let mut outcome = replicas.poll(node, own, false).and(replicas.make_wanted(node, own));
                 if last_sync.elapsed() >= sync_every && replicas.quiet() && !replicas.is_empty() {
                     last_sync = Instant::now();
                     outcome = outcome.and(replicas.start_sync(node, own));
@@ -324,13 +324,8 @@ impl IntentService {
             }
         }
         for (table, keys) in moves {
-            // A replica here ends before the key moves here (its delta goes to the owner).
-            if let Err(e) = self.replicas.lock().drop_keys(node, own, table, &keys) {
-                if self.stopped(node) {
-                    return false;
-                }
-                tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send a dropped replica's pushes");
-            }
+            // A replica here keeps serving until the key has landed; the next sync round then
+            // ends it and adds its delta to the key.
             match own.localize_async(node.table_by_id(table), &keys) {
                 Ok(ticket) => in_flight.push(InFlight { ticket, table, keys }),
                 Err(Error::ShutDown) => return false,
