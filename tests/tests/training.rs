@@ -419,7 +419,7 @@ fn logistic_regression_on_a_real_libsvm_set_from_a_source_archive() {
 
 #[test]
 fn every_relocating_workload_trains_in_intent_mode() {
-    // The trainer only declares intent; the engine moves keys. MF's blocks are exclusive per
+    // The trainer only declares intent; the engine moves and replicates keys. MF's blocks are exclusive per
     // sub-epoch, so after the first epoch (the clock-rate estimate warming up) nearly every
     // access is local, and the model is the localize mode's.
     let mf =
@@ -442,10 +442,14 @@ fn every_relocating_workload_trains_in_intent_mode() {
     assert!(f(&kge.last().unwrap()["loss"]) < 0.5 * f(&kge[0]["loss"]), "kge: the loss did not fall");
     assert!(f(&kge.last().unwrap()["quality"]["mrr"]) > 0.35, "kge MRR {}", kge.last().unwrap()["quality"]["mrr"]);
     assert!(kge.iter().all(|r| r["relocations"].as_u64().unwrap() > 0 && f(&r["local_share"]) > 0.5));
+    // Entities that both nodes draw at once are replicated on both (AdaGrad runs in the
+    // trainer in intent mode, so replicas can take its pushes).
+    assert!(kge.iter().any(|r| f(&r["replica_share"]) > 0.0), "kge: nothing was replicated");
 
     let w2v = train(&["w2v", "--data", "synth-text", "--dim", "16", "--epochs", "3", "--eval-every", "3", "--nodes", "2", "--mode", "intent"]);
     assert!(f(&w2v[2]["loss"]) < f(&w2v[0]["loss"]), "w2v: the loss did not fall");
     assert!(w2v.iter().all(|r| r["relocations"].as_u64().unwrap() > 0));
+    assert!(w2v.iter().any(|r| f(&r["replica_share"]) > 0.0), "w2v: frequent words were not replicated");
 
     let lr = train(&["lr", "--data", "synth-lr", "--epochs", "4", "--nodes", "2", "--mode", "intent"]);
     assert!(f(&lr[3]["loss"]) < f(&lr[0]["loss"]), "lr: the loss did not fall");
