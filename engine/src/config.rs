@@ -146,8 +146,8 @@ pub enum TransportChoice {
 /// node: nodes may differ.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct IntentSettings {
-    /// Shortest communication round of the intent service; a round that relocates keys lasts as
-    /// long as the relocations take.
+    /// Communication round of the intent service: rounds start at most this often (earlier only
+    /// when a move is granted to the node).
     pub round: Duration,
     /// Smoothing factor α of the clocks-per-round estimate, in (0, 1].
     pub alpha: f64,

@@ -152,7 +152,8 @@ pub struct IntentStats {
     pub declared: u64,
     /// Keys the service relocated here because of an intent.
     pub acted_keys: u64,
-    /// Of those, keys that were here before their window started.
+    /// Of those, keys that were here before their window started (as the service sees it in
+    /// its first round after the relocation completed).
     pub in_time: u64,
     /// Sum over the keys in time of how many clocks before the window's start they were here
     /// (divide by `in_time` for the mean lead).

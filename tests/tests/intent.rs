@@ -29,6 +29,15 @@ fn wait_until_held(node: &Node, table: ferry::Table, keys: &[u64]) -> bool {
     false
 }
 
+/// Waits (at most 10 s) until `node`'s service recorded `keys` relocations: it records one in
+/// its first round after the keys landed.
+fn wait_until_recorded(node: &Node, keys: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while node.stats().intent.acted_keys < keys && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 #[test]
 fn declared_keys_arrive_before_their_window_and_accesses_are_local() {
     let nodes = cluster(2, TableSpec::new("t", KEYS, 2), |_| {});
@@ -39,6 +48,9 @@ fn declared_keys_arrive_before_their_window_and_accesses_are_local() {
     // AdaPM's initial estimate (10 clocks per round) acts on a window two clocks ahead at once.
     w1.intent(t, &keys, 2, 4).unwrap();
     assert!(wait_until_held(&nodes[1], t, &keys), "the intent service did not move the keys here");
+    // How early a key landed is measured in the service's first round after (a worker that
+    // advances at once may be a clock further by then).
+    wait_until_recorded(&nodes[1], 16);
     let before = nodes[1].stats();
     w1.advance_clock().unwrap();
     w1.advance_clock().unwrap();
@@ -70,6 +82,7 @@ fn a_slow_worker_gets_its_keys_only_when_it_comes_near_the_window() {
         w1.advance_clock().unwrap();
     }
     assert!(wait_until_held(&nodes[1], t, &keys), "the service never acted once the worker came near");
+    wait_until_recorded(&nodes[1], 4);
     let s = nodes[1].stats().intent;
     assert_eq!((s.acted_keys, s.in_time), (4, 4), "{s:?}");
     drop(w1);

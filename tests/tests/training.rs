@@ -441,7 +441,10 @@ fn every_relocating_workload_trains_in_intent_mode() {
     let kge = train(&["kge", "--data", "synth-kg", "--dim", "16", "--mode", "intent", "--epochs", "20", "--eval-every", "20", "--nodes", "2"]);
     assert!(f(&kge.last().unwrap()["loss"]) < 0.5 * f(&kge[0]["loss"]), "kge: the loss did not fall");
     assert!(f(&kge.last().unwrap()["quality"]["mrr"]) > 0.35, "kge MRR {}", kge.last().unwrap()["quality"]["mrr"]);
-    assert!(kge.iter().all(|r| r["relocations"].as_u64().unwrap() > 0 && f(&r["local_share"]) > 0.5));
+    // Keys move to the node that needs them alone and are replicated on nodes that share them;
+    // once the shared ones are replicated an epoch may move nothing.
+    assert!(kge.iter().any(|r| r["relocations"].as_u64().unwrap() > 0), "kge: intent moved nothing");
+    assert!(kge.iter().all(|r| f(&r["local_share"]) > 0.5), "kge: {:?}", kge.iter().map(|r| (&r["local_share"], &r["relocations"])).collect::<Vec<_>>());
     // Entities that both nodes draw at once are replicated on both (AdaGrad runs in the
     // trainer in intent mode, so replicas can take its pushes).
     assert!(kge.iter().any(|r| f(&r["replica_share"]) > 0.0), "kge: nothing was replicated");

@@ -30,6 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::error::Result;
 use crate::runtime::NodeInner;
+use crate::store::Residence;
 use crate::worker::{PullTicket, Ticket, Worker};
 
 /// The pushes and pulls of one table in flight for a sync round.
@@ -46,8 +47,12 @@ pub(crate) struct ReplicaSet {
     keys: BTreeMap<u16, BTreeSet<u64>>,
     /// Keys whose values are being pulled to make a replica (dropped keys leave).
     making: BTreeSet<(u16, u64)>,
-    /// Keys granted a replica while held here: made once they leave, unless the intent ended.
-    wanted: BTreeSet<(u16, u64)>,
+    /// Keys granted a replica whose intent has not ended here: a replica is kept of each
+    /// whenever the key is neither held nor arriving here (made again after it left).
+    granted: BTreeSet<(u16, u64)>,
+    /// Granted keys without a replica because they were held or arriving here: looked at every
+    /// round, a replica made as soon as they are elsewhere.
+    awaiting: BTreeSet<(u16, u64)>,
     makes: Vec<(u16, Vec<u64>, PullTicket)>,
     /// The sync round in flight.
     syncing: Option<Vec<Syncing>>,
@@ -56,9 +61,9 @@ pub(crate) struct ReplicaSet {
 }
 
 impl ReplicaSet {
-    /// Whether no replica is kept, being made or wanted.
+    /// Whether no replica is kept, being made or granted.
     pub fn is_empty(&self) -> bool {
-        self.making.is_empty() && self.wanted.is_empty() && self.keys.values().all(BTreeSet::is_empty)
+        self.making.is_empty() && self.granted.is_empty() && self.keys.values().all(BTreeSet::is_empty)
     }
 
     /// Whether no sync round and no dropped replica's push is in flight.
@@ -79,11 +84,13 @@ impl ReplicaSet {
         if t.dynamic().is_none() {
             return Ok(());
         }
-        // A key held here needs no replica until it leaves (the home grants a replica to the
-        // nodes that intend a key, and cannot tell when it is about to move away).
-        self.wanted.extend(keys.iter().filter(|&&k| t.slot_of(k).is_some()).map(|&k| (table, k)));
+        // A key held or arriving here needs no replica until it leaves (the home grants a
+        // replica to the nodes that intend a key, and cannot tell where it is about to be);
+        // `remake` catches up with those.
+        self.granted.extend(keys.iter().map(|&k| (table, k)));
+        self.awaiting.extend(keys.iter().filter(|&&k| t.residence(k) != Residence::Away).map(|&k| (table, k)));
         let wanted: Vec<u64> =
-            keys.iter().copied().filter(|&k| t.slot_of(k).is_none() && !t.has_dynamic_replica(k) && !self.making.contains(&(table, k))).collect();
+            keys.iter().copied().filter(|&k| t.residence(k) == Residence::Away && !t.has_dynamic_replica(k) && !self.making.contains(&(table, k))).collect();
         if wanted.is_empty() {
             return Ok(());
         }
@@ -93,22 +100,41 @@ impl ReplicaSet {
         Ok(())
     }
 
-    /// Starts making the replicas granted while their keys were here, for those that left.
-    pub fn make_wanted(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
-        if self.wanted.is_empty() {
+    /// Starts making the replicas of granted keys that are elsewhere now and have none: with
+    /// `all`, every granted key is looked at (a safety net, run with each sync round);
+    /// otherwise those that were held or arriving here (run every round).
+    pub fn remake(&mut self, node: &NodeInner, worker: &mut Worker, all: bool) -> Result<()> {
+        if self.awaiting.is_empty() && !all {
             return Ok(());
         }
         let store = node.core.store();
-        let mut gone: BTreeMap<u16, Vec<u64>> = BTreeMap::new();
-        self.wanted.retain(|&(table, key)| {
-            let here = store.table(table).slot_of(key).is_some();
-            if !here {
-                gone.entry(table).or_default().push(key);
+        let mut missing: BTreeMap<u16, Vec<u64>> = BTreeMap::new();
+        let making = &self.making;
+        let mut check = |&(table, key): &(u16, u64)| {
+            let t = store.table(table);
+            match t.residence(key) {
+                Residence::Away => {
+                    if !t.has_dynamic_replica(key) && !making.contains(&(table, key)) {
+                        missing.entry(table).or_default().push(key);
+                    }
+                    false
+                }
+                _ => true,
             }
-            here
-        });
+        };
+        if all {
+            for key in &self.granted {
+                check(key);
+            }
+        } else {
+            self.awaiting.retain(|key| check(key));
+        }
+        if all {
+            // Keys found elsewhere are made below; those held here wait for them to leave.
+            self.awaiting.retain(|&(table, key)| store.table(table).residence(key) != Residence::Away);
+        }
         let mut outcome = Ok(());
-        for (table, keys) in gone {
+        for (table, keys) in missing {
             if let Err(e) = self.start_make(node, worker, table, &keys)
                 && outcome.is_ok()
             {
@@ -188,6 +214,8 @@ impl ReplicaSet {
             if store.install_replica(&guard, value)? {
                 set.insert(key);
                 made += 1;
+            } else if self.granted.contains(&(table, key)) && store.table(table).residence(key) != Residence::Away {
+                self.awaiting.insert((table, key));
             }
         }
         node.core.intent_counters().note_replicas_made(made);
@@ -199,7 +227,8 @@ impl ReplicaSet {
     pub fn drop_keys(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: &[u64]) -> Result<()> {
         for &key in keys {
             self.making.remove(&(table, key));
-            self.wanted.remove(&(table, key));
+            self.granted.remove(&(table, key));
+            self.awaiting.remove(&(table, key));
         }
         let Some(set) = self.keys.get_mut(&table) else { return Ok(()) };
         let store = node.core.store();
@@ -230,7 +259,8 @@ impl ReplicaSet {
     /// Drops every replica and waits until their deltas reached the owners (the service stops).
     pub fn drop_all(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         self.making.clear();
-        self.wanted.clear();
+        self.granted.clear();
+        self.awaiting.clear();
         let tables: Vec<(u16, Vec<u64>)> = self.keys.iter().map(|(&t, k)| (t, k.iter().copied().collect())).collect();
         let mut outcome = self.poll(node, worker, true);
         for (table, keys) in tables {
@@ -293,6 +323,7 @@ impl ReplicaSet {
     fn take_deltas(&mut self, node: &NodeInner) -> Vec<(u16, Vec<u64>, Vec<f32>)> {
         let store = node.core.store();
         let mut out = Vec::new();
+        let (granted, awaiting) = (&self.granted, &mut self.awaiting);
         for (&table, set) in self.keys.iter_mut() {
             let value_len = store.table(table).value_len();
             let mut keys = Vec::with_capacity(set.len());
@@ -304,6 +335,10 @@ impl ReplicaSet {
                 if let Some(slot) = guard.slot() {
                     if store.remove_replica(&guard, &mut delta) {
                         slot.add(&delta);
+                    }
+                    // Granted still: a replica again once the key leaves.
+                    if granted.contains(&(table, key)) {
+                        awaiting.insert((table, key));
                     }
                     return false;
                 }

@@ -18,8 +18,8 @@
 //!    round of the replicas (see [`super::replicas`]); what is in flight completes in later
 //!    rounds.
 //!
-//! A round waits for the configured round time, or until a worker declares new intent,
-//! completes a clock, or a move arrives. The thread starts with the node's first intent and
+//! Rounds start at most every configured round time (earlier only when a move arrives); a
+//! service with nothing to do sleeps until a worker declares intent. The thread starts with the node's first intent and
 //! stops before the node finalizes.
 
 use std::collections::BTreeMap;
@@ -275,10 +275,10 @@ impl IntentService {
             }
             {
                 let mut replicas = self.replicas.lock();
-                let mut outcome = replicas.poll(node, own, false).and(replicas.make_wanted(node, own));
+                let mut outcome = replicas.poll(node, own, false).and(replicas.remake(node, own, false));
                 if last_sync.elapsed() >= sync_every && replicas.quiet() && !replicas.is_empty() {
                     last_sync = Instant::now();
-                    outcome = outcome.and(replicas.start_sync(node, own));
+                    outcome = outcome.and(replicas.start_sync(node, own)).and(replicas.remake(node, own, true));
                 }
                 self.replicas_busy.store(replicas.busy(), Ordering::Release);
                 if let Err(e) = outcome {
@@ -288,9 +288,12 @@ impl IntentService {
                     tracing::warn!(node = node.config.rank, error = %e, "a replica operation failed; the replicas keep their values");
                 }
             }
+            // Rounds start at most every round time (AdaPM limits rounds per second the same
+            // way): a worker completing clocks every few hundred microseconds would otherwise
+            // start a round for each. Only a move granted to this node starts one earlier.
             let mut state = self.state.lock();
             let until = started + round_time;
-            if !self.stopped(node) && !node.core.intent_go_waiting() && Instant::now() < until {
+            while !self.stopped(node) && !node.core.intent_go_waiting() && Instant::now() < until {
                 self.wake.wait_until(&mut state, until);
             }
         }
@@ -305,8 +308,12 @@ impl IntentService {
         {
             let state = self.state.lock();
             for (table, grant, keys) in node.core.take_intent_go() {
-                let keys: Vec<u64> =
-                    keys.into_iter().filter(|&k| state.signalled.contains_key(&(table, k)) && store.table(table).slot_of(k).is_none()).collect();
+                // Only keys still intended; a move only of keys not here. A replicate grant for
+                // a key held here is kept for when the key leaves (see `ReplicaSet`).
+                let keys: Vec<u64> = keys
+                    .into_iter()
+                    .filter(|&k| state.signalled.contains_key(&(table, k)) && (grant == Grant::Replicate || store.table(table).slot_of(k).is_none()))
+                    .collect();
                 if !keys.is_empty() {
                     match grant {
                         Grant::Move => moves.push((table, keys)),
