@@ -194,18 +194,9 @@ impl Worker {
                 self.tx.count_replica(1);
                 return Some(());
             };
-            match kind {
-                AccessKind::Pull => slot.read(output),
-                AccessKind::Push | AccessKind::PushPull => {
-                    slot.push(t.updater(), input);
-                    if let (Some(o), Some(r)) = (ordinal, replicas) {
-                        r.add_delta(o, input);
-                    }
-                    if kind == AccessKind::PushPull {
-                        slot.read(output);
-                    }
-                }
-                AccessKind::Set => slot.write(input),
+            crate::protocol::serve_held(&slot, t.updater(), kind, input, output);
+            if let (Some(o), Some(r), AccessKind::Push | AccessKind::PushPull) = (ordinal, replicas, kind) {
+                r.add_delta(o, input);
             }
         }
         self.tx.count_local(1);

@@ -276,28 +276,19 @@ impl IntentTable {
             let w = Window { worker: e.2, start: e.3, end: e.4 };
             windows.get_mut(&(e.0, e.1))?.iter_mut().find(|s| s.window == w)
         }
-        walk(&mut self.pending, max_horizon, |at, e| match find(windows, e) {
-            Some(s) if !s.taken => {
-                if at > horizon(e.2) {
-                    return true;
-                }
-                s.taken = true;
-                touched.push((e.0, e.1));
-                false
+        // Marks the window of `e` taken (or started) once `at` is within `limit` of its worker;
+        // returns whether the entry stays in its index.
+        let mut reach = |at: u64, e: &Entry, limit: u64, flag: fn(&mut WindowState) -> &mut bool| {
+            let Some(done) = find(windows, e).map(flag).filter(|done| !**done) else { return false };
+            if at > limit {
+                return true;
             }
-            _ => false,
-        });
-        walk(&mut self.unstarted, max_clock, |at, e| match find(windows, e) {
-            Some(s) if !s.started => {
-                if at > clock(e.2) {
-                    return true;
-                }
-                s.started = true;
-                touched.push((e.0, e.1));
-                false
-            }
-            _ => false,
-        });
+            *done = true;
+            touched.push((e.0, e.1));
+            false
+        };
+        walk(&mut self.pending, max_horizon, |at, e| reach(at, e, horizon(e.2), |s| &mut s.taken));
+        walk(&mut self.unstarted, max_clock, |at, e| reach(at, e, clock(e.2), |s| &mut s.started));
         walk(&mut self.ends, max_clock, |at, e| {
             if find(windows, e).is_none() {
                 return false;

@@ -19,8 +19,8 @@
 //! (before `finalize`): its delta is taken under the latch and pushed to the owner. When the key
 //! itself moves here (granted to this node, or an explicit `localize`), the replica serves until
 //! the key has landed — the local paths look at the slot map first — and the next sync round
-//! ends it, adding its delta to the key directly. The service's worker bypasses replicas, so its pushes and pulls reach the
-//! owner.
+//! ends it, adding its delta to the key directly. The service's worker bypasses replicas, so
+//! its pushes and pulls reach the owner.
 //!
 //! The service issues all of this asynchronously and completes it in its next rounds (at most
 //! one sync round in flight), so that a round never waits for the network; a barrier's sync
@@ -126,20 +126,14 @@ impl ReplicaSet {
             for key in &self.granted {
                 check(key);
             }
+            // Keys found elsewhere are made below; those held here wait for them to leave.
+            self.awaiting.retain(|&(table, key)| store.table(table).residence(key) != Residence::Away);
         } else {
             self.awaiting.retain(|key| check(key));
         }
-        if all {
-            // Keys found elsewhere are made below; those held here wait for them to leave.
-            self.awaiting.retain(|&(table, key)| store.table(table).residence(key) != Residence::Away);
-        }
         let mut outcome = Ok(());
         for (table, keys) in missing {
-            if let Err(e) = self.start_make(node, worker, table, &keys)
-                && outcome.is_ok()
-            {
-                outcome = Err(e);
-            }
+            keep_first_error(&mut outcome, self.start_make(node, worker, table, &keys));
         }
         outcome
     }
@@ -148,11 +142,7 @@ impl ReplicaSet {
     /// values arrived and are still wanted, refreshes after a sync round, reaps pushes.
     pub fn poll(&mut self, node: &NodeInner, worker: &mut Worker, wait: bool) -> Result<()> {
         let mut outcome = Ok(());
-        let mut note = |e| {
-            if outcome.is_ok() {
-                outcome = Err(e);
-            }
-        };
+        let mut note = |e| keep_first_error(&mut outcome, Err(e));
         let mut i = 0;
         while i < self.makes.len() {
             if !wait && !worker.is_pull_done(&self.makes[i].2) {
@@ -264,14 +254,11 @@ impl ReplicaSet {
         let tables: Vec<(u16, Vec<u64>)> = self.keys.iter().map(|(&t, k)| (t, k.iter().copied().collect())).collect();
         let mut outcome = self.poll(node, worker, true);
         for (table, keys) in tables {
-            if let Err(e) = self.drop_keys(node, worker, table, &keys)
-                && outcome.is_ok()
-            {
-                outcome = Err(e);
-            }
+            keep_first_error(&mut outcome, self.drop_keys(node, worker, table, &keys));
         }
         let last = self.poll(node, worker, true);
-        outcome.and(last)
+        keep_first_error(&mut outcome, last);
+        outcome
     }
 
     /// Starts a sync round unless one is in flight: every replica's delta goes to its owner in
@@ -285,11 +272,7 @@ impl ReplicaSet {
         for (table, keys, deltas) in self.take_deltas(node) {
             match worker.push_pull_async(node.table_by_id(table), &keys, &deltas) {
                 Ok(ticket) => syncing.push(Syncing { table, keys, ticket }),
-                Err(e) => {
-                    if outcome.is_ok() {
-                        outcome = Err(e);
-                    }
-                }
+                Err(e) => keep_first_error(&mut outcome, Err(e)),
             }
         }
         if !syncing.is_empty() {
@@ -307,11 +290,7 @@ impl ReplicaSet {
             let mut fresh = vec![0.0; deltas.len()];
             match worker.push_pull(node.table_by_id(table), &keys, &deltas, &mut fresh) {
                 Ok(()) => refresh(node, table, &keys, fresh),
-                Err(e) => {
-                    if outcome.is_ok() {
-                        outcome = Err(e);
-                    }
-                }
+                Err(e) => keep_first_error(&mut outcome, Err(e)),
             }
         }
         node.core.intent_counters().note_replica_sync();
@@ -354,6 +333,13 @@ impl ReplicaSet {
             }
         }
         out
+    }
+}
+
+/// Keeps the first error of several steps that all run (`outcome` is what is reported).
+fn keep_first_error(outcome: &mut Result<()>, result: Result<()>) {
+    if outcome.is_ok() {
+        *outcome = result;
     }
 }
 

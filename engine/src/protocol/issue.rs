@@ -193,54 +193,31 @@ impl Step<'_, '_> {
         let (mut served, mut replica_rows, mut dynamic_rows) = (0, 0, 0);
         for (row, &key) in keys.iter().enumerate() {
             let ordinal = replicas.and_then(|r| r.ordinal(key));
-            if let Residence::Here(_) = t.residence(key)
-                && !(kind == AccessKind::Set && ordinal.is_some())
-            {
-                let values = row * value_len..(row + 1) * value_len;
-                if optimistic && t.read_optimistic(key, &mut output[values.clone()]) {
-                    served += 1;
-                    replica_rows += ordinal.is_some() as usize;
-                    continue;
-                }
-                let guard = store.lock(table, key);
-                if let Some(slot) = guard.slot() {
-                    match kind {
-                        AccessKind::Pull => slot.read(&mut output[values]),
-                        AccessKind::Push | AccessKind::PushPull => {
-                            slot.push(t.updater(), &input[values.clone()]);
-                            if let (Some(o), Some(r)) = (ordinal, replicas) {
-                                r.add_delta(o, &input[values.clone()]);
-                            }
-                            if kind == AccessKind::PushPull {
-                                slot.read(&mut output[values]);
-                            }
-                        }
-                        AccessKind::Set => slot.write(&input[values]),
-                    }
-                    served += 1;
-                    replica_rows += ordinal.is_some() as usize;
-                    continue;
-                }
-            }
-            // A run-time replica (intent): served under the latch, unless the key itself
-            // arrived meanwhile, which then serves.
-            if dynamic && t.has_dynamic_replica(key) {
+            let here = matches!(t.residence(key), Residence::Here(_)) && !(kind == AccessKind::Set && ordinal.is_some());
+            // A run-time replica (intent) is not in the slot map: looked up under the latch.
+            let replica = dynamic && t.has_dynamic_replica(key);
+            if here || replica {
                 // Pulls carry no input and pushes no output.
                 let values = row * value_len..(row + 1) * value_len;
+                let (row_input, row_output) = (input.get(values.clone()).unwrap_or_default(), output.get_mut(values).unwrap_or_default());
+                if here && optimistic && t.read_optimistic(key, row_output) {
+                    served += 1;
+                    replica_rows += ordinal.is_some() as usize;
+                    continue;
+                }
                 let guard = store.lock(table, key);
-                let served_here = match guard.slot() {
-                    Some(slot) => {
-                        serve_held(&slot, t.updater(), kind, input.get(values.clone()).unwrap_or_default(), output.get_mut(values).unwrap_or_default());
-                        true
+                // A key that arrived since it was looked at serves itself, not its replica.
+                if let Some(slot) = guard.slot() {
+                    serve_held(&slot, t.updater(), kind, row_input, row_output);
+                    if let (Some(o), Some(r), AccessKind::Push | AccessKind::PushPull) = (ordinal, replicas, kind) {
+                        r.add_delta(o, row_input);
                     }
-                    None => guard
-                        .replica()
-                        .map(|(value, delta)| {
-                            serve_replica(&value, &delta, kind, input.get(values.clone()).unwrap_or_default(), output.get_mut(values).unwrap_or_default())
-                        })
-                        .is_some(),
-                };
-                if served_here {
+                    served += 1;
+                    replica_rows += ordinal.is_some() as usize;
+                    continue;
+                }
+                if replica && let Some((value, delta)) = guard.replica() {
+                    serve_replica(&value, &delta, kind, row_input, row_output);
                     served += 1;
                     dynamic_rows += 1;
                     continue;
@@ -753,9 +730,9 @@ fn encode_rows(
     wire::encode_access_block(buf, h, block_keys, f32_bytes(values));
 }
 
-/// Serves one row from a slot held here (no replica of any kind).
+/// Serves one row from a slot held here (a NuPS replica's delta is the caller's).
 #[inline]
-fn serve_held(slot: &crate::store::Slot<'_>, updater: &crate::update::Updater, kind: AccessKind, input: &[f32], output: &mut [f32]) {
+pub(crate) fn serve_held(slot: &crate::store::Slot<'_>, updater: &crate::update::Updater, kind: AccessKind, input: &[f32], output: &mut [f32]) {
     match kind {
         AccessKind::Pull => slot.read(output),
         AccessKind::Push => slot.push(updater, input),
