@@ -400,13 +400,16 @@ impl Config {
     /// Applies timeouts from the environment, each a number with a unit (`ms`, `s`, `m`, `h`;
     /// e.g. `30s`, `1.5m`): `FERRY_OP_TIMEOUT` (operations and barriers), `FERRY_PEER_TIMEOUT`
     /// (silence after which a peer is lost), `FERRY_START_TIMEOUT` (start-up: rendezvous and
-    /// connections); and the delay bound `FERRY_MAX_DELAY` (clocks, or `inf`). Unset variables leave the settings as they are.
+    /// connections), `FERRY_STALENESS` (replicas' staleness bound), `FERRY_INTENT_ROUND` (the
+    /// intent service's round time); and the delay bound `FERRY_MAX_DELAY` (clocks, or `inf`).
+    /// Unset variables leave the settings as they are.
     pub fn apply_timeout_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
         for (name, field) in [
             ("FERRY_OP_TIMEOUT", &mut self.op_timeout),
             ("FERRY_PEER_TIMEOUT", &mut self.peer_timeout),
             ("FERRY_START_TIMEOUT", &mut self.connect_timeout),
             ("FERRY_STALENESS", &mut self.staleness),
+            ("FERRY_INTENT_ROUND", &mut self.intent.round),
         ] {
             if let Some(v) = get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
                 *field = parse_duration(name, &v)?;

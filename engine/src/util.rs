@@ -39,6 +39,9 @@ impl Hasher for IdHasher {
 /// A hash map with [`IdHasher`].
 pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
+/// A hash set with [`IdHasher`].
+pub type FastSet<K> = std::collections::HashSet<K, BuildHasherDefault<IdHasher>>;
+
 /// The bytes of a float slice (little endian on every supported host).
 #[inline]
 pub fn f32_bytes(values: &[f32]) -> &[u8] {

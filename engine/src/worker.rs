@@ -550,8 +550,10 @@ impl Worker {
         // Replicated keys: this node's pushes go home before the barrier, and replicas are
         // refreshed after it, so that the barrier orders them like every other key.
         // Run-time replicas (intent) likewise: deltas to the owners before, values after.
+        // Intents: windows that ended before the barrier are released before it.
         let node = self.node.clone();
         self.node.replication_sync()?;
+        node.intents.signal_levels(&node)?;
         node.intents.sync_replicas(&node, self)?;
         self.node.worker_barrier(timeout)?;
         self.node.replication_sync()?;

@@ -360,10 +360,20 @@ fn logistic_regression_learns_with_every_toolbox_option() {
     // significance filter reports what it held back.
     let ftrl = train(&[&base[..], &["--mode", "classic", "--optimizer", "ftrl", "--lr", "2", "--l1", "1e-4", "--filter", "kkt"]].concat());
     assert!(auc(&ftrl[3]) > 0.7, "FTRL: AUC {}", auc(&ftrl[3]));
+    // AdaGrad computed by the trainer (each value carries its accumulator): the same model.
+    let worker_side = train(&[&base[..], &["--mode", "classic", "--optimizer-at", "worker"]].concat());
+    assert!((auc(&worker_side[3]) - auc(&classic[3])).abs() < 0.01, "worker-side AdaGrad: AUC {}", auc(&worker_side[3]));
     let filtered = train(&[&base[..], &["--mode", "classic", "--filter", "significance:0.05"]].concat());
     assert!(auc(&filtered[3]) > 0.7 && filtered[3]["quality"]["filtered"].as_str().is_some_and(|s| s.ends_with("held")));
     // Bad options are refused before anything starts.
-    for bad in [&["--optimizer", "sgd"][..], &["--codec", "fp8"], &["--filter", "significance:-1"], &["--l1", "0.1"]] {
+    for bad in [
+        &["--optimizer", "sgd"][..],
+        &["--codec", "fp8"],
+        &["--filter", "significance:-1"],
+        &["--l1", "0.1"],
+        &["--optimizer-at", "gpu"],
+        &["--filter", "kkt", "--optimizer-at", "worker"],
+    ] {
         let out = Command::new(binary("ferry")).args(["train", "lr", "--data", "synth-lr"]).args(bad).output().unwrap();
         assert!(!out.status.success(), "{bad:?} was accepted");
     }
@@ -437,6 +447,9 @@ fn every_relocating_workload_trains_in_intent_mode() {
     let in_time = |r: &&Value| f(&r["local_share"]) >= 0.98 && f(&r["late_share"]) <= 0.02;
     assert!(intent[1..].iter().any(|r| in_time(&r)), "no warmed-up epoch kept its blocks local: {intent:?}");
     assert!(localize.iter().all(|r| f(&r["late_share"]) == 0.0), "only intent mode has late accesses");
+    // A block passes from node to node at the sub-epoch barriers, its current user releasing
+    // it before its next user needs it: the homes move it and replicate nothing.
+    assert!(intent.iter().all(|r| f(&r["replica_share"]) == 0.0), "mf: blocks were replicated on their way: {intent:?}");
 
     let kge = train(&["kge", "--data", "synth-kg", "--dim", "16", "--mode", "intent", "--epochs", "20", "--eval-every", "20", "--nodes", "2"]);
     assert!(f(&kge.last().unwrap()["loss"]) < 0.5 * f(&kge[0]["loss"]), "kge: the loss did not fall");
@@ -457,12 +470,15 @@ fn every_relocating_workload_trains_in_intent_mode() {
     let lr = train(&["lr", "--data", "synth-lr", "--epochs", "4", "--nodes", "2", "--mode", "intent"]);
     assert!(f(&lr[3]["loss"]) < f(&lr[0]["loss"]), "lr: the loss did not fall");
     assert!(f(&lr[3]["quality"]["auc"]) > 0.7, "lr AUC {}", lr[3]["quality"]["auc"]);
+    // AdaGrad runs in the trainer in intent mode, so the weights both nodes need are replicated.
+    assert!(lr.iter().all(|r| f(&r["replica_share"]) > 0.0), "lr: nothing was replicated");
 
     // Options that contradict intent mode are refused with a reason.
     for (args, says) in [
         (&["kge", "--data", "synth-kg", "--mode", "intent", "--negatives", "local"][..], "--negatives direct"),
         (&["countmin", "--mode", "intent"][..], "classic mode"),
         (&["mf", "--data", "synth-tiny", "--mode", "intent", "--intent-clocks", "0"][..], "--intent-clocks"),
+        (&["lr", "--data", "synth-lr", "--mode", "intent", "--optimizer", "ftrl", "--optimizer-at", "worker"][..], "FTRL runs server-side"),
     ] {
         let out = Command::new(binary("ferry")).arg("train").args(args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

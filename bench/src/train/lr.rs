@@ -5,6 +5,9 @@
 //! their share of the examples, pull the weights of the batch's features, and push the gradient
 //! of the batch's mean log loss; Ferry applies AdaGrad (with the L2 penalty added to the
 //! gradient by the worker) or FTRL-proximal (L1 and L2 in the updater) where each weight is held.
+//! With `--optimizer-at worker` (the default in `intent` mode) AdaGrad runs in the trainer
+//! instead: a key's value is `[weight, accumulator]` and the push is the step and the squared
+//! gradient, additive, so that keys several nodes need can be replicated (AdaPM 4.1).
 //! `--filter` holds back insignificant updates ([`ferry::filter`]), `--codec` compresses values
 //! on the wire, `--key-cache` sends repeated key lists by hash (each worker's mini-batches are
 //! drawn once and revisited every epoch in a new order, so their key lists repeat). Quality: log
@@ -22,7 +25,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
-use super::shared::{METRIC_FIELDS, all_reduce, cluster_report, field, pull_all, run_workers, start_node, stats_fields};
+use super::shared::{METRIC_FIELDS, all_reduce, cluster_report, field, leading_columns, pull_all, run_workers, start_node, stats_fields};
 use super::{Common, EpochReport, Event, Mode, Sink};
 use crate::data::sparse::{Examples, load_labelled_text, load_libsvm};
 
@@ -43,9 +46,16 @@ pub struct LrArgs {
     /// Hash features into 2^bits keys (default: 18 for `spam`, none for LIBSVM files).
     #[arg(long)]
     pub hash_bits: Option<u32>,
-    /// Server-side optimizer: `adagrad` or `ftrl`.
+    /// Optimizer: `adagrad` or `ftrl`.
     #[arg(long, default_value = "adagrad")]
     pub optimizer: String,
+    /// Where AdaGrad runs in cluster modes: `server` (Ferry applies it where each weight is
+    /// held; the accumulators never travel), `worker` (the trainer computes the step; each value
+    /// carries its accumulator, and pushes are additive, so keys can be replicated), or `auto`:
+    /// worker in `intent` mode (without --filter), server otherwise. FTRL always runs
+    /// server-side.
+    #[arg(long, default_value = "auto")]
+    pub optimizer_at: String,
     /// AdaGrad's learning rate, or FTRL's α.
     #[arg(long, default_value_t = 0.1)]
     pub lr: f32,
@@ -75,6 +85,9 @@ pub struct LrArgs {
     #[command(flatten)]
     pub common: Common,
 }
+
+/// AdaGrad's ε (server- and worker-side alike).
+const ADAGRAD_EPS: f32 = 1e-8;
 
 const KNOWN: &[&str] = &["agaricus", "criteo-small", "spam", "synth-lr"];
 
@@ -128,6 +141,12 @@ impl LrArgs {
             bail!("--l1 needs --optimizer ftrl (AdaGrad takes no L1 step)");
         }
         self.updater()?;
+        for mode in [Mode::Classic, Mode::Localize, Mode::Intent] {
+            self.server_optimizer(mode)?;
+        }
+        if self.filter != "none" && self.optimizer_at == "worker" {
+            bail!("--filter needs the server-side optimizer (--optimizer-at server or auto)");
+        }
         self.common.on_the_wire(TableSpec::new("check", 1, 1))?;
         self.parse_filter()?;
         Ok(())
@@ -140,6 +159,8 @@ impl LrArgs {
             self.data.clone(),
             "--optimizer".into(),
             self.optimizer.clone(),
+            "--optimizer-at".into(),
+            self.optimizer_at.clone(),
             "--lr".into(),
             self.lr.to_string(),
             "--l2".into(),
@@ -165,9 +186,21 @@ impl LrArgs {
     /// The server-side updater.
     pub fn updater(&self) -> Result<Updater> {
         match self.optimizer.as_str() {
-            "adagrad" => Ok(Updater::Adagrad { lr: self.lr, eps: 1e-8, init: 0.0 }),
+            "adagrad" => Ok(Updater::Adagrad { lr: self.lr, eps: ADAGRAD_EPS, init: 0.0 }),
             "ftrl" => Ok(Updater::Ftrl { alpha: self.lr, beta: 1.0, l1: self.l1, l2: self.l2 }),
             other => bail!("--optimizer {other}: expected adagrad or ftrl"),
+        }
+    }
+
+    /// Whether the optimizer runs in Ferry (a server-side updater) in cluster mode `mode`.
+    pub fn server_optimizer(&self, mode: Mode) -> Result<bool> {
+        match (self.optimizer_at.as_str(), self.optimizer.as_str()) {
+            ("server", _) | ("auto", "ftrl") => Ok(true),
+            // A filter holds back gradients, which only a server-side optimizer takes.
+            ("auto", _) => Ok(mode != Mode::Intent || self.filter != "none"),
+            ("worker", "ftrl") => bail!("--optimizer-at worker: FTRL runs server-side only (use AdaGrad)"),
+            ("worker", _) => Ok(false),
+            (other, _) => bail!("--optimizer-at {other}: expected server, worker or auto"),
         }
     }
 
@@ -271,11 +304,15 @@ struct Batch {
     positions: Vec<usize>,
     weights: Vec<f32>,
     gradient: Vec<f32>,
+    /// Worker-side AdaGrad: the pulled `[weight, accumulator]` per key, and the pushed
+    /// `[step, squared gradient]`.
+    values: Vec<f32>,
+    update: Vec<f32>,
 }
 
 impl Batch {
     fn new() -> Batch {
-        Batch { keys: Vec::new(), positions: Vec::new(), weights: Vec::new(), gradient: Vec::new() }
+        Batch { keys: Vec::new(), positions: Vec::new(), weights: Vec::new(), gradient: Vec::new(), values: Vec::new(), update: Vec::new() }
     }
 
     fn gather(&mut self, data: &Examples, batch: &[usize], bias: u64) {
@@ -292,6 +329,17 @@ impl Batch {
         }
         self.weights.resize(self.keys.len(), 0.0);
         self.gradient.resize(self.keys.len(), 0.0);
+    }
+
+    /// Worker-side AdaGrad, with `values` pulled and the gradient computed: the additive
+    /// update of each `[weight, accumulator]`, the step the server-side updater would take.
+    fn adagrad_update(&mut self, lr: f32) {
+        self.update.resize(self.values.len(), 0.0);
+        for ((g, value), out) in self.gradient.iter().zip(self.values.chunks_exact(2)).zip(self.update.chunks_exact_mut(2)) {
+            let accumulator = value[1] + g * g;
+            out[0] = -lr * g / (accumulator.sqrt() + ADAGRAD_EPS);
+            out[1] = g * g;
+        }
     }
 
     /// With `weights` pulled: the gradient of the batch's mean log loss (plus `l2 · w` per key
@@ -420,7 +468,10 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
     let split = a.load()?;
     let epochs = a.common.epochs;
     let n = split.dims + 1;
-    let weights_spec = a.common.on_the_wire(TableSpec::new("weights", n, 1).partitioned(Partitioning::Hash).with_updater(a.updater()?))?;
+    let server = a.server_optimizer(mode)?;
+    // Worker-side AdaGrad: each value is `[weight, accumulator]` and pushes add.
+    let (value_len, updater) = if server { (1, a.updater()?) } else { (2, Updater::Add) };
+    let weights_spec = a.common.on_the_wire(TableSpec::new("weights", n, value_len).partitioned(Partitioning::Hash).with_updater(updater))?;
     let tables = vec![weights_spec, TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS)];
     let localize = mode == Mode::Localize;
     let intent = mode == Mode::Intent;
@@ -489,11 +540,23 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
                         ticket = Some(w.localize_async(weights, &next.keys)?);
                     }
                 }
-                w.pull(weights, &batch.keys, &mut batch.weights)?;
+                if server {
+                    w.pull(weights, &batch.keys, &mut batch.weights)?;
+                } else {
+                    batch.values.resize(batch.keys.len() * 2, 0.0);
+                    w.pull(weights, &batch.keys, &mut batch.values)?;
+                    for (weight, value) in batch.weights.iter_mut().zip(batch.values.chunks_exact(2)) {
+                        *weight = value[0];
+                    }
+                }
                 loss += batch.gradient(&split.train, chunk, a.worker_l2());
                 match pusher.as_mut() {
                     Some(p) => p.push(&mut w, &batch.keys, &batch.gradient, &batch.weights)?,
-                    None => w.push(weights, &batch.keys, &batch.gradient)?,
+                    None if server => w.push(weights, &batch.keys, &batch.gradient)?,
+                    None => {
+                        batch.adagrad_update(a.lr);
+                        w.push(weights, &batch.keys, &batch.update)?;
+                    }
                 }
                 if intent {
                     w.advance_clock()?;
@@ -521,7 +584,7 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
             let sums = all_reduce(&mut w, metrics, epoch as u64, &v)?;
             let mut quality = serde_json::Map::new();
             if rank == 0 && t == 0 {
-                let all = pull_all(&mut w, weights, n as usize, 1)?;
+                let all = leading_columns(&pull_all(&mut w, weights, n as usize, value_len)?, value_len, 1);
                 quality = evaluate(&all, &split.test);
                 if let Some(p) = pusher.as_ref() {
                     let s = p.stats();

@@ -579,10 +579,11 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
                 let mut order = cells[t][block].clone();
                 order.shuffle(&mut rng);
                 if intent {
-                    // The next sub-epoch's items, for the next sub-epoch's clocks.
+                    // The next sub-epoch's items, for the next sub-epoch's clocks (after this
+                    // sub-epoch's k clocks and the barrier's).
                     let next = (rank + sub + 1) % nodes;
                     let base = w.current_clock();
-                    w.intent(items, &my_items[next], base + k, base + 2 * k)?;
+                    w.intent(items, &my_items[next], base + k + 1, base + 2 * k + 1)?;
                 }
                 let mut params = FerryParams { worker: &mut w, tables: [users, items] };
                 let clocks = if intent { k as usize } else { 1 };
@@ -601,6 +602,13 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
                     }
                 }
                 w.barrier()?;
+                if intent {
+                    // The barrier is a clock of its own: a node waiting in it has finished its
+                    // block and does not need the next one yet, so the homes see the block's
+                    // current user release it before its next user needs it, and move it
+                    // instead of replicating it on the way.
+                    w.advance_clock()?;
+                }
             }
             let epoch_s = started.elapsed().as_secs_f64();
             let delta = node.stats().since(&before);

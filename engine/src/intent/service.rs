@@ -24,7 +24,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -71,6 +71,12 @@ pub(crate) struct IntentService {
     /// Whether replicas exist or replica operations are in flight (the service keeps running
     /// rounds while so).
     replicas_busy: AtomicBool,
+    /// Rounds that have computed their level changes (counted under the state lock), and
+    /// rounds whose changes were handed to the protocol.
+    rounds_started: AtomicU64,
+    rounds_signalled: AtomicU64,
+    /// A worker waits for a round to tell the homes its ended windows (before a barrier).
+    round_wanted: AtomicBool,
 }
 
 impl IntentService {
@@ -172,6 +178,40 @@ impl IntentService {
         }
     }
 
+    /// Waits (at most the operation timeout) until a round that started after this call has
+    /// told the homes every change of this node's levels — in particular the windows that ended
+    /// at the workers' current clocks. A worker calls this before a barrier, so that a key it is
+    /// done with is released before the barrier lets the key's next user start: the home then
+    /// sees the next user need the key after this node stopped needing it, and moves it rather
+    /// than replicating it (see [`crate::protocol::IntentHomes`]). Nothing to do without the
+    /// service.
+    pub fn signal_levels(&self, node: &NodeInner) -> Result<()> {
+        if !self.running.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let after = {
+            let _state = self.state.lock();
+            self.round_wanted.store(true, Ordering::Release);
+            self.wake.notify_all();
+            self.rounds_started.load(Ordering::Acquire)
+        };
+        let deadline = Instant::now() + node.config.op_timeout;
+        while self.rounds_signalled.load(Ordering::Acquire) <= after {
+            if self.stopped(node) || !self.running.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: "the intent service's round before a barrier",
+                    millis: node.config.op_timeout.as_millis() as u64,
+                    nodes: Vec::new(),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        Ok(())
+    }
+
     /// Stops the service thread and waits for it (its worker is dropped with it).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
@@ -213,6 +253,7 @@ impl IntentService {
                     && state.signalled.is_empty()
                     && !node.core.intent_go_waiting()
                     && !self.replicas_busy.load(Ordering::Acquire)
+                    && !self.round_wanted.load(Ordering::Acquire)
                     && !self.stopped(node)
                 {
                     self.wake.wait_for(&mut state, std::time::Duration::from_millis(100));
@@ -220,6 +261,8 @@ impl IntentService {
                 if self.stopped(node) {
                     return;
                 }
+                self.round_wanted.store(false, Ordering::Release);
+                self.rounds_started.fetch_add(1, Ordering::AcqRel);
                 let State { table, workers, signalled, orphaned } = &mut *state;
                 let mut at = BTreeMap::new();
                 for (&w, c) in workers.iter_mut() {
@@ -264,6 +307,7 @@ impl IntentService {
                     Err(e) => tracing::warn!(node = node.config.rank, error = %e, "the intent service could not reach a home node"),
                 }
             }
+            self.rounds_signalled.store(self.rounds_started.load(Ordering::Acquire), Ordering::Release);
             // Relocations run while the workers go on; a round only starts them and records
             // those that completed (at most MAX_IN_FLIGHT localizes at once).
             let many = in_flight.len() >= MAX_IN_FLIGHT;
@@ -293,7 +337,7 @@ impl IntentService {
             // start a round for each. Only a move granted to this node starts one earlier.
             let mut state = self.state.lock();
             let until = started + round_time;
-            while !self.stopped(node) && !node.core.intent_go_waiting() && Instant::now() < until {
+            while !self.stopped(node) && !node.core.intent_go_waiting() && !self.round_wanted.load(Ordering::Acquire) && Instant::now() < until {
                 self.wake.wait_until(&mut state, until);
             }
         }

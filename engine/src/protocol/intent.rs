@@ -6,10 +6,19 @@
 //! - **move** the key to a node when that node alone needs it now, or, with nobody needing it
 //!   now, alone needs it at all;
 //! - **replicate** the key on every other intending node while several intend it — AdaPM
-//!   replicates while several nodes have *active* intent, which here is `Soon` or `Now` (the
-//!   node holding the key ignores this). A node keeps its replica until its own intent ends or
-//!   the key is moved to it, and the key itself does not move while several need it now, so it
-//!   never bounces between the nodes sharing it.
+//!   replicates while several nodes have *active* intent (the node holding the key ignores
+//!   this). A node that needs the key now gets its replica at once. A node that needs it only
+//!   soon gets one in advance unless that rarely pays: if the key is *shared* (several nodes
+//!   needed it now at the same time before), or if in its table a node that intended a key
+//!   soon while another needed it now went on to need it while the other still did in at least
+//!   one of 16 cases (counted per table at each home, the older half of the counts dropped
+//!   every 1 024 outcomes; an advance replica is made in the background, an access that finds
+//!   no copy waits for the network). A key passed from one node to the next (matrix factorization's blocks: the next
+//!   user intends a block while its current user still works on it) is then moved when its
+//!   current user is done rather than replicated on its way, while keys several nodes use
+//!   together (popular entities, words) are replicated before they are needed. A node keeps
+//!   its replica until its own intent ends or the key is moved to it, and the key itself does
+//!   not move while several need it now, so it never bounces between the nodes sharing it.
 //!
 //! A node that needs a key now wins it from nodes that only need it soon, so an early intent
 //! for the next phase does not hold a key back from the node using it. Intents never change
@@ -24,7 +33,7 @@ use super::wire::{self, msg};
 use crate::error::{Error, Result};
 use crate::intent::IntentLevel;
 use crate::stats::MessageKind;
-use crate::util::FastMap;
+use crate::util::{FastMap, FastSet};
 
 /// Keys per INTENT or INTENT_GO message at most (512 KiB of keys).
 const KEYS_PER_MESSAGE: usize = 1 << 16;
@@ -63,6 +72,41 @@ struct KeyIntents {
     told: Option<u16>,
     /// Nodes told to replicate the key whose intent has not ended since.
     replicating: Vec<u16>,
+    /// Nodes that intended the key soon while another node needed it now: when they need it
+    /// now, whether the other still does is counted for the table ([`Contention`]).
+    undecided: Vec<u16>,
+}
+
+/// Per table, at a home: of the nodes that intended a key soon while another node needed it
+/// now (keys not yet shared), how many went on to need it while the other still did
+/// (`contended`) and how many only after the other was done (`passed`). Halved every 1 024
+/// outcomes, so that it follows a change of the workload.
+#[derive(Debug, Default, Clone, Copy)]
+struct Contention {
+    contended: u32,
+    passed: u32,
+}
+
+impl Contention {
+    fn note(&mut self, contended: bool) {
+        if contended {
+            self.contended += 1;
+        } else {
+            self.passed += 1;
+        }
+        if self.contended + self.passed >= 1024 {
+            self.contended /= 2;
+            self.passed /= 2;
+        }
+    }
+
+    /// Whether a node that will need a key soon should get a replica in advance: unless that
+    /// is rarely needed (in fewer than one in 16 outcomes). The bar is low because the costs
+    /// are lopsided: an advance replica is made in the background, while an access that finds
+    /// the key neither here nor replicated waits for the network.
+    fn replicate_ahead(&self) -> bool {
+        self.contended * 16 > self.passed
+    }
 }
 
 impl KeyIntents {
@@ -85,6 +129,11 @@ pub type Grants = BTreeMap<(u16, Grant), Vec<u64>>;
 #[derive(Debug, Default)]
 pub struct IntentHomes {
     intents: FastMap<(u16, u64), KeyIntents>,
+    /// Keys homed here that several nodes needed now at the same time (at most one entry per
+    /// key homed here; kept for the life of the node).
+    shared: FastSet<(u16, u64)>,
+    /// Per table: whether replicas made in advance were needed.
+    contention: FastMap<u16, Contention>,
     /// Keys this node was told to take or replicate, per table, for the intent service.
     go: Vec<(u16, Grant, Vec<u64>)>,
 }
@@ -111,11 +160,31 @@ impl IntentHomes {
             }
             entry.told = target;
             // A node whose intent ended dropped its replica; while several intend the key,
-            // each of them but the one it moves (or last moved) to keeps one.
-            let KeyIntents { nodes, replicating, .. } = entry;
+            // each of them but the one it moves (or last moved) to keeps one: at once if it
+            // needs the key now, in advance if that is likely to pay (see the module's notes).
+            let KeyIntents { nodes, replicating, undecided, .. } = entry;
             replicating.retain(|r| nodes.iter().any(|n| n.0 == *r) && Some(*r) != target);
+            let needing_now = nodes.iter().filter(|n| n.1 == IntentLevel::Now).count();
+            let mut shared = self.shared.contains(&(table, key));
+            if let Some(i) = undecided.iter().position(|&n| n == from).filter(|_| level != IntentLevel::Soon) {
+                undecided.swap_remove(i);
+                if level == IntentLevel::Now && !shared {
+                    self.contention.entry(table).or_default().note(needing_now >= 2);
+                }
+            }
+            if needing_now >= 2 && !shared {
+                self.shared.insert((table, key));
+                shared = true;
+            }
             if nodes.len() >= 2 {
-                for &(node, _) in nodes.iter().filter(|n| Some(n.0) != target && Some(n.0) != holder) {
+                let ahead = shared || self.contention.get(&table).is_some_and(Contention::replicate_ahead);
+                for &(node, level) in nodes.iter().filter(|n| Some(n.0) != target && Some(n.0) != holder) {
+                    if level == IntentLevel::Soon && needing_now > 0 && !shared && !undecided.contains(&node) {
+                        undecided.push(node);
+                    }
+                    if !(ahead || level == IntentLevel::Now) {
+                        continue;
+                    }
                     if !replicating.contains(&node) {
                         replicating.push(node);
                         go.entry((node, Grant::Replicate)).or_default().push(key);
@@ -261,13 +330,15 @@ mod tests {
         let replicate = |nodes: &[u16], keys: &[u64]| nodes.iter().map(|&n| ((n, Grant::Replicate), keys.to_vec())).collect::<Grants>();
         assert_eq!(h.update(1, Soon, 0, [5, 6]), go(1, &[5, 6]));
         assert!(h.update(1, Now, 0, [5]).is_empty(), "already told");
-        // Node 2 will need key 5 soon while node 1 needs it now: it stays with node 1 and node 2
-        // gets a replica to work on.
-        assert_eq!(h.update(2, Soon, 0, [5]), replicate(&[2], &[5]));
-        assert!(h.update(2, Now, 0, [5]).is_empty(), "both need it now: nothing new");
+        // Node 2 will need key 5 soon while node 1 needs it now: it stays with node 1, and
+        // node 2 gets nothing yet (nothing is known of the table: the key may simply pass on
+        // once node 1 is done).
+        assert!(h.update(2, Soon, 0, [5]).is_empty());
+        // Both need it now: node 2 gets a replica to work on, and the key is shared.
+        assert_eq!(h.update(2, Now, 0, [5]), replicate(&[2], &[5]));
         // Node 1 is done: node 2 alone gets the key (and drops its replica).
         assert_eq!(h.update(1, None, 0, [5]), go(2, &[5]));
-        // Node 1 will need it soon again: a replica there.
+        // Node 1 will need the shared key soon again: a replica there in advance.
         assert_eq!(h.update(1, Soon, 0, [5]), replicate(&[1], &[5]));
         // Nobody needs it now, both soon: it stays with node 2, which gets no replica.
         assert!(h.update(2, Soon, 0, [5]).is_empty());
@@ -284,5 +355,60 @@ mod tests {
         assert!(h.update(3, None, 0, [5]).is_empty() && h.intenders(0, 5).is_empty());
         assert!(h.update(1, None, 0, [6]).is_empty());
         assert!(h.intents.is_empty(), "nothing is kept for keys nobody intends");
+    }
+
+    #[test]
+    fn a_key_passed_from_node_to_node_moves_without_replicas() {
+        use IntentLevel::*;
+        let mut h = IntentHomes::default();
+        let go = |n: u16| Grants::from([((n, Grant::Move), vec![7])]);
+        // A block passed on in turn: each next user intends it while the current one works.
+        assert_eq!(h.update(0, Now, 0, [7]), go(0));
+        for (current, next) in [(0, 1), (1, 2), (2, 0)].repeat(6) {
+            assert!(h.update(next, Soon, 0, [7]).is_empty(), "no replica for a key that is only passed on");
+            assert_eq!(h.update(current, None, 0, [7]), go(next));
+            assert!(h.update(next, Now, 0, [7]).is_empty());
+        }
+        // Two nodes use it together once (one contended outcome against 18 passed on): from
+        // then on a node that will need it gets a replica in advance.
+        assert_eq!(h.update(1, Now, 0, [7]), Grants::from([((1, Grant::Replicate), vec![7])]));
+        // Node 0 alone again: it is told again (it holds the key and ignores that).
+        assert_eq!(h.update(1, None, 0, [7]), go(0));
+        assert_eq!(h.update(2, Soon, 0, [7]), Grants::from([((2, Grant::Replicate), vec![7])]));
+        // Other keys of the table are still passed on without replicas (fewer than one in 16
+        // outcomes was contended).
+        assert_eq!(h.update(0, Now, 0, [8]), Grants::from([((0, Grant::Move), vec![8])]));
+        assert!(h.update(1, Soon, 0, [8]).is_empty());
+    }
+
+    #[test]
+    fn a_table_whose_keys_are_used_together_gets_replicas_in_advance() {
+        use IntentLevel::*;
+        let mut h = IntentHomes::default();
+        let replicate = |n: u16, key: u64| Grants::from([((n, Grant::Replicate), vec![key])]);
+        // Keys of table 0 are used by two nodes at once each time: node 1 intends each soon while
+        // node 0 needs it now, and then needs it while node 0 still does.
+        h.update(0, Now, 0, [0]);
+        assert!(h.update(1, Soon, 0, [0]).is_empty(), "nothing known yet");
+        assert_eq!(h.update(1, Now, 0, [0]), replicate(1, 0));
+        // From then on, a node that will need a new key of that table soon gets its replica in
+        // advance.
+        for key in 1..4 {
+            h.update(0, Now, 0, [key]);
+            assert_eq!(h.update(1, Soon, 0, [key]), replicate(1, key), "key {key}");
+            assert!(h.update(1, Now, 0, [key]).is_empty(), "key {key}: it has its replica");
+        }
+        // Table 1 learned nothing: its keys wait.
+        h.update(0, Now, 1, [10]);
+        assert!(h.update(1, Soon, 1, [10]).is_empty());
+        // Passed-on outcomes outweigh the contended ones 16 to 1 again: advance replicas stop.
+        for key in 20..90 {
+            h.update(0, Now, 0, [key]);
+            h.update(1, Soon, 0, [key]);
+            h.update(0, None, 0, [key]);
+            h.update(1, Now, 0, [key]);
+        }
+        h.update(0, Now, 0, [100]);
+        assert!(h.update(1, Soon, 0, [100]).is_empty());
     }
 }
