@@ -156,12 +156,19 @@ pub struct IntentSettings {
     /// Initial estimate of clocks per round (AdaPM: 10, which acts early until the estimate has
     /// learned the real rate).
     pub initial_rate: f64,
+    /// A window that begins at most this many clocks after a window of the same worker on the
+    /// same key ends extends it: the node keeps needing the key across the gap, instead of
+    /// releasing it (or dropping its replica) and asking for it again a few clocks later. Larger
+    /// gaps hold keys longer; a gap as long as the time until another node needs a key turns a
+    /// hand-over into sharing. `FERRY_INTENT_GAP` sets it.
+    pub gap: u64,
 }
 
 impl Default for IntentSettings {
-    /// AdaPM's untuned settings (α = 0.1, p = 0.9999, 10 clocks per round) and 1 ms rounds.
+    /// AdaPM's untuned settings (α = 0.1, p = 0.9999, 10 clocks per round), 1 ms rounds, and
+    /// gaps of up to 4 clocks bridged.
     fn default() -> Self {
-        IntentSettings { round: Duration::from_millis(1), alpha: 0.1, quantile: 0.9999, initial_rate: 10.0 }
+        IntentSettings { round: Duration::from_millis(1), alpha: 0.1, quantile: 0.9999, initial_rate: 10.0, gap: 4 }
     }
 }
 
@@ -401,7 +408,8 @@ impl Config {
     /// e.g. `30s`, `1.5m`): `FERRY_OP_TIMEOUT` (operations and barriers), `FERRY_PEER_TIMEOUT`
     /// (silence after which a peer is lost), `FERRY_START_TIMEOUT` (start-up: rendezvous and
     /// connections), `FERRY_STALENESS` (replicas' staleness bound), `FERRY_INTENT_ROUND` (the
-    /// intent service's round time); and the delay bound `FERRY_MAX_DELAY` (clocks, or `inf`).
+    /// intent service's round time); the intent gap `FERRY_INTENT_GAP` (clocks) and the delay
+    /// bound `FERRY_MAX_DELAY` (clocks, or `inf`).
     /// Unset variables leave the settings as they are.
     pub fn apply_timeout_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
         for (name, field) in [
@@ -414,6 +422,9 @@ impl Config {
             if let Some(v) = get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
                 *field = parse_duration(name, &v)?;
             }
+        }
+        if let Some(v) = get("FERRY_INTENT_GAP").map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
+            self.intent.gap = v.parse().map_err(|_| Error::Config(format!("FERRY_INTENT_GAP='{v}' is not a number of clocks")))?;
         }
         if let Some(v) = get("FERRY_MAX_DELAY").map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
             self.max_delay = parse_max_delay(&v).map_err(|e| Error::Config(format!("FERRY_MAX_DELAY: {e}")))?;
@@ -741,6 +752,13 @@ mod tests {
         c.apply_timeout_env(|_| None).unwrap();
         assert_eq!(c.op_timeout, Config::new(vec![]).op_timeout, "unset leaves the default");
         assert!(c.apply_timeout_env(|k| (k == "FERRY_PEER_TIMEOUT").then(|| "5".to_string())).is_err(), "a unit is required");
+        // The intent service's settings: a round time with a unit, a gap in clocks.
+        let vars: HashMap<&str, &str> = [("FERRY_INTENT_ROUND", "2ms"), ("FERRY_INTENT_GAP", " 9 ")].into();
+        let mut c = Config::new(vec![]);
+        c.apply_timeout_env(|k| vars.get(k).map(|v| v.to_string())).unwrap();
+        assert_eq!((c.intent.round, c.intent.gap), (Duration::from_millis(2), 9));
+        let e = c.apply_timeout_env(|k| (k == "FERRY_INTENT_GAP").then(|| "-1".to_string())).unwrap_err().to_string();
+        assert!(e.contains("FERRY_INTENT_GAP"), "{e}");
     }
 
     #[test]

@@ -220,6 +220,9 @@ struct WindowState {
 /// gets new ones): an entry whose window no longer exists in that state is skipped when walked.
 #[derive(Debug, Default)]
 pub struct IntentTable {
+    /// A window that begins at most this many clocks after one of the same worker on the same
+    /// key ends extends it.
+    pub gap: u64,
     /// Per key: its windows.
     windows: crate::util::FastMap<(u16, u64), Vec<WindowState>>,
     /// Windows not taken yet, by start.
@@ -240,7 +243,7 @@ impl IntentTable {
         let windows = self.windows.entry((table, key)).or_default();
         // A window that overlaps or continues one of the same worker extends it: a key needed
         // in consecutive clocks stays needed, instead of ending and beginning again.
-        if let Some(w) = windows.iter_mut().find(|w| w.window.worker == worker && w.window.start <= start && start <= w.window.end) {
+        if let Some(w) = windows.iter_mut().find(|w| w.window.worker == worker && w.window.start <= start && start <= w.window.end.saturating_add(self.gap)) {
             if end <= w.window.end {
                 return false;
             }
@@ -469,6 +472,22 @@ mod tests {
         assert_eq!(it.level(0, 2, |_| 12), IntentLevel::Now);
         assert_eq!(it.advance(15, |_| 15, 15, |_| 15), vec![(0, 2)]);
         assert!(it.is_empty() && it.pending.is_empty() && it.unstarted.is_empty() && it.ends.is_empty());
+    }
+
+    #[test]
+    fn a_short_gap_between_windows_of_a_worker_is_bridged() {
+        let mut it = IntentTable { gap: 2, ..IntentTable::default() };
+        it.add(0, 1, 0, 3, 4);
+        // Two clocks without the key, then again: one window, needed throughout.
+        assert!(it.add(0, 1, 0, 6, 7));
+        assert_eq!(it.earliest(0, 1, |_| 3), Some(Window { worker: 0, start: 3, end: 7 }));
+        it.advance(5, |_| 5, 5, |_| 5);
+        assert_eq!(it.level(0, 1, |_| 5), IntentLevel::Now, "still needed in the gap");
+        // Three clocks without it: a window of its own.
+        assert!(it.add(0, 1, 0, 10, 11));
+        assert_eq!(it.advance(7, |_| 7, 7, |_| 7), vec![(0, 1)]);
+        assert_eq!(it.level(0, 1, |_| 7), IntentLevel::None);
+        assert_eq!(it.earliest(0, 1, |_| 7), Some(Window { worker: 0, start: 10, end: 11 }));
     }
 
     #[test]

@@ -87,6 +87,7 @@ impl IntentService {
         let store = node.core.store();
         let replicas = store.table(table.id).replicas();
         let mut state = self.state.lock();
+        state.table.gap = node.config.intent.gap;
         state.workers.entry(worker).or_insert_with(|| WorkerClock { clock, timing: ActionTiming::from_settings(&node.config.intent) }).clock = clock;
         let mut added = 0;
         for &key in keys {
