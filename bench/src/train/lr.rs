@@ -70,7 +70,7 @@ pub struct LrArgs {
     pub batch: usize,
     /// Intent mode: how many mini-batches (clocks) ahead a worker declares the weights it
     /// will need.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 8)]
     pub intent_ahead: usize,
     /// Push filter in cluster modes: `none`, `significance:T` (send a weight's accumulated
     /// update once it reaches T × the weight), or `kkt` (hold back gradients of zero weights

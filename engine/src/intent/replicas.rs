@@ -26,11 +26,12 @@
 //! one sync round in flight), so that a round never waits for the network; a barrier's sync
 //! waits until nothing is in flight and then runs synchronously through the barrier's worker.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::error::Result;
 use crate::runtime::NodeInner;
 use crate::store::Residence;
+use crate::util::FastSet;
 use crate::worker::{PullTicket, Ticket, Worker};
 
 /// The pushes and pulls of one table in flight for a sync round.
@@ -44,15 +45,15 @@ struct Syncing {
 /// one exists; this set says which keys to look at), and their operations in flight.
 #[derive(Default)]
 pub(crate) struct ReplicaSet {
-    keys: BTreeMap<u16, BTreeSet<u64>>,
+    keys: BTreeMap<u16, FastSet<u64>>,
     /// Keys whose values are being pulled to make a replica (dropped keys leave).
-    making: BTreeSet<(u16, u64)>,
+    making: FastSet<(u16, u64)>,
     /// Keys granted a replica whose intent has not ended here: a replica is kept of each
     /// whenever the key is neither held nor arriving here (made again after it left).
-    granted: BTreeSet<(u16, u64)>,
+    granted: FastSet<(u16, u64)>,
     /// Granted keys without a replica because they were held or arriving here: looked at every
     /// round, a replica made as soon as they are elsewhere.
-    awaiting: BTreeSet<(u16, u64)>,
+    awaiting: FastSet<(u16, u64)>,
     makes: Vec<(u16, Vec<u64>, PullTicket)>,
     /// The sync round in flight.
     syncing: Option<Vec<Syncing>>,
@@ -63,7 +64,7 @@ pub(crate) struct ReplicaSet {
 impl ReplicaSet {
     /// Whether no replica is kept, being made or granted.
     pub fn is_empty(&self) -> bool {
-        self.making.is_empty() && self.granted.is_empty() && self.keys.values().all(BTreeSet::is_empty)
+        self.making.is_empty() && self.granted.is_empty() && self.keys.values().all(FastSet::is_empty)
     }
 
     /// Whether no sync round and no dropped replica's push is in flight.
