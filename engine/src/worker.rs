@@ -645,11 +645,14 @@ impl Worker {
     /// whether the key arrived in time or not. Accesses in the window that still find the key
     /// elsewhere are counted as late ([`crate::IntentStats`]).
     ///
-    /// Windows of several workers of this node on the same key are acted on as one. A key that
-    /// several nodes need at the same time stays where it is until only one does (AdaPM would
-    /// replicate it; see `docs/INTENT.md`). Replicated keys are served here already and are
-    /// left out; without relocation, or on a single node, intents are checked and otherwise
-    /// ignored. An empty window, or one that ended already, changes nothing; `start > end` is an
+    /// Windows of several workers of this node on the same key are acted on as one, and a
+    /// window that begins at most [`crate::IntentSettings::gap`] clocks after one of this
+    /// worker's on the key ends extends it. A key that several nodes need at the same time
+    /// stays where it is and is replicated on the others while they need it, if its table's
+    /// updater is [`crate::Updater::Add`] (see `docs/INTENT.md`); a worker's barrier first
+    /// releases the keys whose windows ended. Keys replicated by the table's configuration are
+    /// served here already and are left out; without relocation, or on a single node, intents
+    /// are checked and otherwise ignored. An empty window, or one that ended already, changes nothing; `start > end` is an
     /// error.
     pub fn intent(&mut self, table: Table, keys: &[u64], start: u64, end: u64) -> Result<()> {
         self.validate_keys(table, keys)?;

@@ -66,7 +66,7 @@ pub struct KgeArgs {
     #[arg(long, default_value_t = 16)]
     pub intent_batch: usize,
     /// Intent mode: how many clocks ahead a worker declares the entities it will need.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 4)]
     pub intent_ahead: usize,
     /// Where AdaGrad runs: `server` (Ferry applies it at the key's holder; the accumulators never
     /// travel), `worker` (the trainer computes the step; values carry the accumulators), or
