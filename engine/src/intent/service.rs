@@ -87,6 +87,10 @@ impl IntentService {
         let store = node.core.store();
         let replicas = store.table(table.id).replicas();
         let mut state = self.state.lock();
+        // The service waits for work only while no window is registered (it checks under this
+        // lock); otherwise its next round sees the new windows, and waking it for each
+        // declaration would only cost context switches.
+        let idle = state.table.is_empty();
         state.table.gap = node.config.intent.gap;
         state.workers.entry(worker).or_insert_with(|| WorkerClock { clock, timing: ActionTiming::from_settings(&node.config.intent) }).clock = clock;
         let mut added = 0;
@@ -109,16 +113,19 @@ impl IntentService {
             self.running.store(true, Ordering::Release);
         }
         drop(state);
-        self.wake.notify_all();
+        if idle {
+            self.wake.notify_all();
+        }
         Ok(())
     }
 
-    /// Worker `worker` is in clock `clock` now (wakes the service: windows may have ended).
+    /// Worker `worker` is in clock `clock` now. The service is not woken: windows exist, so it
+    /// runs rounds anyway (at most a round time apart), and a worker completing a clock every
+    /// few hundred microseconds would otherwise wake it for each.
     pub fn note_clock(&self, worker: u16, clock: u64) {
         if let Some(w) = self.state.lock().workers.get_mut(&worker) {
             w.clock = clock;
         }
-        self.wake.notify_all();
     }
 
     /// Wakes the service (a move was posted for it). Taking the lock orders the wake-up after
