@@ -144,6 +144,10 @@ fn intent(clocks: u64) -> Result<()> {
     let spec = TableSpec::new("t", KEYS, 2).partitioned(Partitioning::Hash);
     let mut config = Config::from_env(vec![spec])?;
     config.max_delay = Some(0);
+    // A key is needed every other clock here: bridging one-clock gaps (the default bridges up
+    // to 4) would make both ranks need every key throughout, and the keys would only be
+    // replicated, never handed over.
+    config.intent.gap = 0;
     let mut node = Node::start(config)?;
     println!("transport {}", node.transport());
     let rank = node.rank() as u64;
