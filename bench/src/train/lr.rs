@@ -299,6 +299,7 @@ fn sigmoid(x: f32) -> f32 {
 
 /// The batch's distinct keys (features, then the bias) and, per example, each feature's position
 /// among them.
+#[derive(Default)]
 struct Batch {
     keys: Vec<u64>,
     positions: Vec<usize>,
@@ -311,10 +312,6 @@ struct Batch {
 }
 
 impl Batch {
-    fn new() -> Batch {
-        Batch { keys: Vec::new(), positions: Vec::new(), weights: Vec::new(), gradient: Vec::new(), values: Vec::new(), update: Vec::new() }
-    }
-
     fn gather(&mut self, data: &Examples, batch: &[usize], bias: u64) {
         self.keys.clear();
         for &i in batch {
@@ -432,7 +429,7 @@ pub fn run_single(a: &LrArgs, emit: Sink) -> Result<()> {
     let (mut weights, mut state) = (vec![0.0f32; n], vec![0.0f32; n * state_len]);
     let all: Vec<usize> = (0..split.train.len()).collect();
     let mut batches = fixed_batches(&all, a.batch, a.common.seed);
-    let mut batch = Batch::new();
+    let mut batch = Batch::default();
     let mut elapsed = 0.0;
     for epoch in 1..=a.common.epochs {
         batches.shuffle(&mut ChaCha8Rng::seed_from_u64(a.common.seed ^ ((epoch as u64) << 20)));
@@ -489,9 +486,9 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
         let mine: Vec<usize> = (0..split.train.len()).filter(|i| i % (nodes * threads) == worker_index).collect();
         let batches = fixed_batches(&mine, a.batch, a.common.seed ^ worker_index as u64);
         let mut pusher = a.parse_filter()?.map(|f| FilteredPusher::new(weights, f));
-        let mut batch = Batch::new();
-        let mut next = Batch::new();
-        let mut peek = Batch::new();
+        let mut batch = Batch::default();
+        let mut next = Batch::default();
+        let mut peek = Batch::default();
         let mut elapsed = 0.0;
         w.barrier()?;
         for epoch in 1..=epochs {
@@ -651,7 +648,7 @@ mod tests {
     fn batch_gradient_matches_finite_differences() {
         let data = synthetic(50, 40, 3);
         let idx: Vec<usize> = (0..10).collect();
-        let mut b = Batch::new();
+        let mut b = Batch::default();
         b.gather(&data, &idx, 40);
         for (i, w) in b.weights.iter_mut().enumerate() {
             *w = (i as f32 * 0.37).sin() * 0.3;

@@ -10,15 +10,16 @@
 //!   this). A node that needs the key now gets its replica at once. A node that needs it only
 //!   soon gets one in advance unless that rarely pays: if the key is *shared* (several nodes
 //!   needed it now at the same time before), or if in its table a node that intended a key
-//!   soon while another needed it now went on to need it while the other still did in at least
-//!   one of 16 cases (counted per table at each home, the older half of the counts dropped
-//!   every 1 024 outcomes; an advance replica is made in the background, an access that finds
-//!   no copy waits for the network). A key passed from one node to the next (matrix factorization's blocks: the next
-//!   user intends a block while its current user still works on it) is then moved when its
-//!   current user is done rather than replicated on its way, while keys several nodes use
-//!   together (popular entities, words) are replicated before they are needed. A node keeps
-//!   its replica until its own intent ends or the key is moved to it, and the key itself does
-//!   not move while several need it now, so it never bounces between the nodes sharing it.
+//!   soon while another needed it now went on to need it while the other still did in at
+//!   least one of 16 cases (counted per table at each home, the older half of the counts
+//!   dropped every 1 024 outcomes; an advance replica is made in the background, an access
+//!   that finds no copy waits for the network). A key passed from one node to the next
+//!   (matrix factorization's blocks: the next user intends a block while its current user
+//!   still works on it) is then moved when its current user is done rather than replicated
+//!   on its way, while keys several nodes use together (popular entities, words) are
+//!   replicated before they are needed. A node keeps its replica until its own intent ends or
+//!   the key is moved to it, and the key itself does not move while several need it now, so
+//!   it never bounces between the nodes sharing it.
 //!
 //! A node that needs a key now wins it from nodes that only need it soon, so an early intent
 //! for the next phase does not hold a key back from the node using it. Intents never change
