@@ -501,7 +501,7 @@ impl FabricHandler for Callbacks {
         }
         let result = node.run_pooled(|step, at, item| step.handle_frame(from as u16, &frame, at, item));
         if node.core.intent_go_waiting() {
-            node.intents.wake();
+            node.intents.wake_for_grants();
         }
         if let Err(e) = result {
             tracing::error!(node = node.config.rank, peer = from, error = %e, "closing the connection to a peer that broke the protocol");

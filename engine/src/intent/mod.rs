@@ -196,8 +196,13 @@ impl IntentLevel {
     }
 }
 
-/// An entry of the clock-ordered indexes: (table, key, worker, start, end) of a window.
-type Entry = (u16, u64, u16, u64, u64);
+/// An entry of the clock-ordered indexes: (table, key, worker, start) of a window. A worker
+/// has at most one window per key with a given start, and a window's start never changes (a
+/// window only grows at its end), so these name it for its whole life.
+type Entry = (u16, u64, u16, u64);
+
+/// A key's windows on a node.
+type KeyWindows = smallvec::SmallVec<[WindowState; 2]>;
 
 /// One window of a key and how far it got.
 #[derive(Debug, Clone, Copy)]
@@ -216,15 +221,16 @@ struct WindowState {
 /// [`IntentTable::advance`] moves windows along and names the keys whose state changed, and
 /// [`IntentTable::level`] says what the node needs of a key. Indexes bucketed by start and end
 /// clock are walked only as far as the clocks reach, so a round costs what changes, not what
-/// is declared. Index entries are not removed when their window changes (a window that grows
-/// gets new ones): an entry whose window no longer exists in that state is skipped when walked.
+/// is declared. A window that grows keeps its entries (a key declared clock after clock costs
+/// a lookup, not three index entries per clock): its end entry, once reached, is moved to the
+/// window's current end; an entry whose window no longer exists is skipped when walked.
 #[derive(Debug, Default)]
 pub struct IntentTable {
     /// A window that begins at most this many clocks after one of the same worker on the same
     /// key ends extends it.
     pub gap: u64,
-    /// Per key: its windows.
-    windows: crate::util::FastMap<(u16, u64), Vec<WindowState>>,
+    /// Per key: its windows (usually one or two: inline).
+    windows: crate::util::FastMap<(u16, u64), KeyWindows>,
     /// Windows not taken yet, by start.
     pending: BTreeMap<u64, Vec<Entry>>,
     /// Windows not started yet, by start.
@@ -247,20 +253,12 @@ impl IntentTable {
             if end <= w.window.end {
                 return false;
             }
+            // Its entries stay: the end entry moves to the new end when the walk reaches it.
             w.window.end = end;
-            let (first, taken, started) = (w.window.start, w.taken, w.started);
-            let entry = (table, key, worker, first, end);
-            self.ends.entry(end).or_default().push(entry);
-            if !taken {
-                self.pending.entry(first).or_default().push(entry);
-            }
-            if !started {
-                self.unstarted.entry(first).or_default().push(entry);
-            }
             return true;
         }
         windows.push(WindowState { window: Window { worker, start, end }, taken: false, started: false });
-        let entry = (table, key, worker, start, end);
+        let entry = (table, key, worker, start);
         self.pending.entry(start).or_default().push(entry);
         self.unstarted.entry(start).or_default().push(entry);
         self.ends.entry(end).or_default().push(entry);
@@ -275,9 +273,8 @@ impl IntentTable {
         let mut touched = Vec::new();
         let windows = &mut self.windows;
         // The window of an index entry, if it still exists as the entry describes it.
-        fn find<'w>(windows: &'w mut crate::util::FastMap<(u16, u64), Vec<WindowState>>, e: &Entry) -> Option<&'w mut WindowState> {
-            let w = Window { worker: e.2, start: e.3, end: e.4 };
-            windows.get_mut(&(e.0, e.1))?.iter_mut().find(|s| s.window == w)
+        fn find<'w>(windows: &'w mut crate::util::FastMap<(u16, u64), KeyWindows>, e: &Entry) -> Option<&'w mut WindowState> {
+            windows.get_mut(&(e.0, e.1))?.iter_mut().find(|s| s.window.worker == e.2 && s.window.start == e.3)
         }
         // Marks the window of `e` taken (or started) once `at` is within `limit` of its worker;
         // returns whether the entry stays in its index.
@@ -292,25 +289,32 @@ impl IntentTable {
         };
         walk(&mut self.pending, max_horizon, |at, e| reach(at, e, horizon(e.2), |s| &mut s.taken));
         walk(&mut self.unstarted, max_clock, |at, e| reach(at, e, clock(e.2), |s| &mut s.started));
+        // End entries of windows that grew since they were made move to the current end.
+        let mut moved = Vec::new();
         walk(&mut self.ends, max_clock, |at, e| {
-            if find(windows, e).is_none() {
+            let Some(end) = find(windows, e).map(|s| s.window.end) else { return false };
+            if clock(e.2) < end {
+                if end == at {
+                    return true;
+                }
+                moved.push((end, *e));
                 return false;
             }
-            if at > clock(e.2) {
-                return true;
-            }
-            Self::remove_window(windows, e.0, e.1, Window { worker: e.2, start: e.3, end: e.4 });
+            Self::remove_window(windows, e.0, e.1, e.2, e.3);
             touched.push((e.0, e.1));
             false
         });
+        for (end, e) in moved {
+            self.ends.entry(end).or_default().push(e);
+        }
         touched.sort_unstable();
         touched.dedup();
         touched
     }
 
-    fn remove_window(windows: &mut crate::util::FastMap<(u16, u64), Vec<WindowState>>, table: u16, key: u64, w: Window) {
+    fn remove_window(windows: &mut crate::util::FastMap<(u16, u64), KeyWindows>, table: u16, key: u64, worker: u16, start: u64) {
         if let Some(ws) = windows.get_mut(&(table, key)) {
-            ws.retain(|x| x.window != w);
+            ws.retain(|x| x.window.worker != worker || x.window.start != start);
             if ws.is_empty() {
                 windows.remove(&(table, key));
             }
@@ -471,6 +475,26 @@ mod tests {
         assert!(it.advance(12, |_| 12, 12, |_| 12).is_empty(), "the old end is no end");
         assert_eq!(it.level(0, 2, |_| 12), IntentLevel::Now);
         assert_eq!(it.advance(15, |_| 15, 15, |_| 15), vec![(0, 2)]);
+        assert!(it.is_empty() && it.pending.is_empty() && it.unstarted.is_empty() && it.ends.is_empty());
+    }
+
+    #[test]
+    fn a_window_declared_clock_after_clock_keeps_one_entry_per_index() {
+        let mut it = IntentTable::default();
+        // The key is declared 4 clocks ahead in every clock: one window that keeps growing.
+        for clock in 0..100u64 {
+            it.add(0, 1, 0, clock + 4, clock + 5);
+            it.advance(clock + 4, |_| clock + 4, clock, |_| clock);
+            for index in [&it.pending, &it.unstarted, &it.ends] {
+                let entries: usize = index.values().map(Vec::len).sum();
+                assert!(entries <= 1, "clock {clock}: {entries} entries of one window in an index");
+            }
+        }
+        assert_eq!(it.earliest(0, 1, |_| 100), Some(Window { worker: 0, start: 4, end: 104 }));
+        assert_eq!(it.level(0, 1, |_| 100), IntentLevel::Now);
+        // Its end entry was moved along; at the window's last end it goes.
+        assert!(it.advance(104, |_| 104, 103, |_| 103).is_empty());
+        assert_eq!(it.advance(104, |_| 104, 104, |_| 104), vec![(0, 1)]);
         assert!(it.is_empty() && it.pending.is_empty() && it.unstarted.is_empty() && it.ends.is_empty());
     }
 

@@ -18,9 +18,10 @@
 //!    round of the replicas (see [`super::replicas`]); what is in flight completes in later
 //!    rounds.
 //!
-//! Rounds start at most every configured round time (earlier only when a move arrives); a
-//! service with nothing to do sleeps until a worker declares intent. The thread starts with the node's first intent and
-//! stops before the node finalizes.
+//! Rounds start every configured round time (earlier only when a worker's barrier waits for
+//! one); a grant arriving in between wakes the service only for steps 4 and 5. A service with
+//! nothing to do sleeps until a worker declares intent. The thread starts with the node's first
+//! intent and stops before the node finalizes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -77,6 +78,8 @@ pub(crate) struct IntentService {
     rounds_signalled: AtomicU64,
     /// A worker waits for a round to tell the homes its ended windows (before a barrier).
     round_wanted: AtomicBool,
+    /// The service thread sleeps (or is about to): a grant must wake it.
+    resting: AtomicBool,
 }
 
 impl IntentService {
@@ -133,6 +136,16 @@ impl IntentService {
     pub fn wake(&self) {
         let _state = self.state.lock();
         self.wake.notify_all();
+    }
+
+    /// Wakes the service if it rests (a move or replica was granted to this node; called after
+    /// posting it). Called for every frame while a grant waits, so a service that is awake is
+    /// left alone: it acts on the grant before it rests again.
+    pub fn wake_for_grants(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.resting.load(Ordering::Relaxed) {
+            self.wake();
+        }
     }
 
     /// Worker `worker` left: its intents end.
@@ -253,10 +266,24 @@ impl IntentService {
         let mut last_sync = Instant::now();
         let counters = node.core.intent_counters();
         let mut in_flight: Vec<InFlight> = Vec::new();
+        let mut next_round = Instant::now();
         loop {
-            let started = Instant::now();
+            // A full round (clocks, windows, levels told to the homes) every round time, or at
+            // once when a worker waits for one; in between, the service only acts on what the
+            // homes granted, so a stream of grants does not make rounds back to back (and the
+            // clock-rate estimate stays per round time).
+            let now = Instant::now();
+            if now < next_round && !self.round_wanted.load(Ordering::Acquire) {
+                if !self.finish_round(node, own, &mut in_flight, &mut last_sync, sync_every) {
+                    return;
+                }
+                self.rest(node, next_round);
+                continue;
+            }
             let changes = {
                 let mut state = self.state.lock();
+                self.resting.store(true, Ordering::Relaxed);
+                std::sync::atomic::fence(Ordering::SeqCst);
                 while state.table.is_empty()
                     && state.signalled.is_empty()
                     && !node.core.intent_go_waiting()
@@ -266,9 +293,11 @@ impl IntentService {
                 {
                     self.wake.wait_for(&mut state, std::time::Duration::from_millis(100));
                 }
+                self.resting.store(false, Ordering::Relaxed);
                 if self.stopped(node) {
                     return;
                 }
+                next_round = Instant::now() + round_time;
                 self.round_wanted.store(false, Ordering::Release);
                 self.rounds_started.fetch_add(1, Ordering::AcqRel);
                 let State { table, workers, signalled, orphaned } = &mut *state;
@@ -316,39 +345,59 @@ impl IntentService {
                 }
             }
             self.rounds_signalled.store(self.rounds_started.load(Ordering::Acquire), Ordering::Release);
-            // Relocations run while the workers go on; a round only starts them and records
-            // those that completed (at most MAX_IN_FLIGHT localizes at once).
-            let many = in_flight.len() >= MAX_IN_FLIGHT;
-            if !self.collect(node, own, &mut in_flight, many) {
+            if !self.finish_round(node, own, &mut in_flight, &mut last_sync, sync_every) {
                 return;
             }
-            if node.core.intent_go_waiting() && !self.act(node, own, &mut in_flight) {
-                return;
-            }
-            {
-                let mut replicas = self.replicas.lock();
-                let mut outcome = replicas.poll(node, own, false).and(replicas.remake(node, own, false));
-                if last_sync.elapsed() >= sync_every && replicas.quiet() && !replicas.is_empty() {
-                    last_sync = Instant::now();
-                    outcome = outcome.and(replicas.start_sync(node, own)).and(replicas.remake(node, own, true));
-                }
-                self.replicas_busy.store(replicas.busy(), Ordering::Release);
-                if let Err(e) = outcome {
-                    if self.stopped(node) {
-                        return;
-                    }
-                    tracing::warn!(node = node.config.rank, error = %e, "a replica operation failed; the replicas keep their values");
-                }
-            }
-            // Rounds start at most every round time (AdaPM limits rounds per second the same
-            // way): a worker completing clocks every few hundred microseconds would otherwise
-            // start a round for each. Only a move granted to this node starts one earlier.
-            let mut state = self.state.lock();
-            let until = started + round_time;
-            while !self.stopped(node) && !node.core.intent_go_waiting() && !self.round_wanted.load(Ordering::Acquire) && Instant::now() < until {
-                self.wake.wait_until(&mut state, until);
-            }
+            self.rest(node, next_round);
         }
+    }
+
+    /// The part of a round that acts: records the relocations that completed, starts those
+    /// granted (at most MAX_IN_FLIGHT at once; they run while the workers go on), and moves the
+    /// replicas along. Returns false when the node shuts down.
+    fn finish_round(
+        &self,
+        node: &Arc<NodeInner>,
+        own: &mut Worker,
+        in_flight: &mut Vec<InFlight>,
+        last_sync: &mut Instant,
+        sync_every: std::time::Duration,
+    ) -> bool {
+        let many = in_flight.len() >= MAX_IN_FLIGHT;
+        if !self.collect(node, own, in_flight, many) {
+            return false;
+        }
+        if node.core.intent_go_waiting() && !self.act(node, own, in_flight) {
+            return false;
+        }
+        let mut replicas = self.replicas.lock();
+        let mut outcome = replicas.poll(node, own, false).and(replicas.remake(node, own, false));
+        if last_sync.elapsed() >= sync_every && replicas.quiet() && !replicas.is_empty() {
+            *last_sync = Instant::now();
+            outcome = outcome.and(replicas.start_sync(node, own)).and(replicas.remake(node, own, true));
+        }
+        self.replicas_busy.store(replicas.busy(), Ordering::Release);
+        if let Err(e) = outcome {
+            if self.stopped(node) {
+                return false;
+            }
+            tracing::warn!(node = node.config.rank, error = %e, "a replica operation failed; the replicas keep their values");
+        }
+        true
+    }
+
+    /// Sleeps until `until`, a move or replica granted to this node, a worker waiting for a
+    /// round, or the stop. While asleep, [`IntentService::wake_for_grants`] wakes it.
+    fn rest(&self, node: &NodeInner, until: Instant) {
+        let mut state = self.state.lock();
+        // Paired with the fence in `wake_for_grants`: either this sees the grant, or the
+        // poster sees this resting and wakes it.
+        self.resting.store(true, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        while !self.stopped(node) && !node.core.intent_go_waiting() && !self.round_wanted.load(Ordering::Acquire) && Instant::now() < until {
+            self.wake.wait_until(&mut state, until);
+        }
+        self.resting.store(false, Ordering::Relaxed);
     }
 
     /// Starts relocating the keys this node was told to move (INTENT_GO) that it still intends

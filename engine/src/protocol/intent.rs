@@ -29,6 +29,8 @@
 
 use std::collections::BTreeMap;
 
+use smallvec::SmallVec;
+
 use super::step::Step;
 use super::wire::{self, msg};
 use crate::error::{Error, Result};
@@ -64,18 +66,22 @@ impl Grant {
     }
 }
 
+/// A few nodes, inline: a key is intended by a handful of nodes at a time, and a home makes
+/// and drops these per key many thousand times a second.
+type FewNodes<T> = SmallVec<[T; 4]>;
+
 /// The intents on one key homed here.
 #[derive(Debug, Default)]
 struct KeyIntents {
     /// Nodes with intent, and how much they need the key.
-    nodes: Vec<(u16, IntentLevel)>,
+    nodes: FewNodes<(u16, IntentLevel)>,
     /// The node last told to take the key, while it still is the one.
     told: Option<u16>,
     /// Nodes told to replicate the key whose intent has not ended since.
-    replicating: Vec<u16>,
+    replicating: FewNodes<u16>,
     /// Nodes that intended the key soon while another node needed it now: when they need it
     /// now, whether the other still does is counted for the table ([`Contention`]).
-    undecided: Vec<u16>,
+    undecided: FewNodes<u16>,
 }
 
 /// Per table, at a home: of the nodes that intended a key soon while another node needed it
@@ -213,7 +219,7 @@ impl IntentHomes {
 
     /// The nodes with intent on `key` of `table` (homed here), with their levels.
     pub fn intenders(&self, table: u16, key: u64) -> Vec<(u16, IntentLevel)> {
-        self.intents.get(&(table, key)).map_or_else(Vec::new, |i| i.nodes.clone())
+        self.intents.get(&(table, key)).map_or_else(Vec::new, |i| i.nodes.to_vec())
     }
 
     /// Records that this node may move (or replicate) `keys` of `table` here.
