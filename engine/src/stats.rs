@@ -163,12 +163,14 @@ pub struct IntentStats {
     pub late_accesses: u64,
     /// Replicas made here because several nodes needed a key at once.
     pub replicas_made: u64,
+    /// Of those, replicas kept from a key's value when it left this node (no pull back).
+    pub replicas_kept: u64,
     /// Rounds that synchronised this node's run-time replicas with the keys' owners.
     pub replica_syncs: u64,
 }
 
 impl IntentStats {
-    fn counters(&mut self) -> [&mut u64; 8] {
+    fn counters(&mut self) -> [&mut u64; 9] {
         [
             &mut self.rounds,
             &mut self.declared,
@@ -177,6 +179,7 @@ impl IntentStats {
             &mut self.lead_clocks,
             &mut self.late_accesses,
             &mut self.replicas_made,
+            &mut self.replicas_kept,
             &mut self.replica_syncs,
         ]
     }

@@ -165,6 +165,65 @@ fn a_key_two_nodes_need_at_once_is_replicated_there_then_follows_the_remaining_i
 }
 
 #[test]
+fn a_key_leaving_a_node_that_intends_it_again_stays_there_as_a_replica() {
+    // Node 1 holds the keys; both nodes need them now (shared: no target, so node 1 is granted
+    // a replica it cannot make while it holds them). Node 1's window ends while it intends the
+    // keys again later: node 2 alone needs them now and gets them, and the departure leaves
+    // node 1 its replicas with their last values — nothing pulled back.
+    let nodes = cluster(3, TableSpec::new("t", KEYS, 1), |c| c.staleness = Duration::from_millis(10));
+    let (mut w1, mut w2) = (nodes[1].worker(), nodes[2].worker());
+    let t = w1.table("t").unwrap();
+    let keys: Vec<u64> = (0..8).collect(); // homed at node 0
+    w1.intent(t, &keys, 0, 3).unwrap();
+    assert!(wait_until_held(&nodes[1], t, &keys), "the only intender did not get the keys");
+    w1.push(t, &keys, &vec![5.0; keys.len()]).unwrap();
+    w2.intent(t, &keys, 0, 1_000).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while nodes[2].stats().intent.replicas_made < keys.len() as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(nodes[2].stats().intent.replicas_made, keys.len() as u64, "node 2 made no replicas");
+    // Node 1 needs the keys again from clock 20 (beyond the bridged gap), then leaves clock 3.
+    w1.intent(t, &keys, 20, 30).unwrap();
+    for _ in 0..3 {
+        w1.advance_clock().unwrap();
+    }
+    assert!(wait_until_held(&nodes[2], t, &keys), "the keys did not go to the node needing them now");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while nodes[1].stats().intent.replicas_made < keys.len() as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let intent = nodes[1].stats().intent;
+    assert_eq!(intent.replicas_made, keys.len() as u64, "node 1 has no replica of some key: {intent:?}");
+    // The grant reaches node 1 one hop after the home's decision, the move three hops (and a
+    // round of node 2's service) after it: the departures find the keys marked.
+    assert!(intent.replicas_kept > 0, "no departing key stayed as a replica: {intent:?}");
+    // Node 1's replicas serve its worker with the departing values.
+    let before = nodes[1].stats();
+    let mut out = vec![0.0; keys.len()];
+    w1.pull(t, &keys, &mut out).unwrap();
+    let delta = nodes[1].stats().since(&before);
+    assert_eq!((delta.replication.replica_accesses, delta.remote_accesses), (keys.len() as u64, 0), "{delta:?}");
+    assert!(out.iter().all(|&v| v == 5.0), "a replica holds the departing value: {out:?}");
+    // Pushes on both sides meet, each exactly once.
+    w1.push(t, &keys, &vec![1.0; keys.len()]).unwrap();
+    w2.push(t, &keys, &vec![10.0; keys.len()]).unwrap();
+    for w in [&mut w1, &mut w2] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            w.pull(t, &keys, &mut out).unwrap();
+            if out.iter().all(|&v| v == 16.0) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "values never settled: {out:?}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    drop((w1, w2));
+    finalize_all(nodes);
+}
+
+#[test]
 fn replicas_of_a_table_with_server_side_updates_are_never_made() {
     // A replica takes pushes by adding them; a table whose holder applies an optimizer keeps
     // shared keys in place instead.

@@ -33,6 +33,7 @@ pub struct IntentCounters {
     lead_clocks: AtomicU64,
     late_accesses: AtomicU64,
     replicas_made: AtomicU64,
+    replicas_kept: AtomicU64,
     replica_syncs: AtomicU64,
 }
 
@@ -63,6 +64,12 @@ impl IntentCounters {
         self.replicas_made.fetch_add(keys, Ordering::Relaxed);
     }
 
+    /// `keys` replicas were kept from departing keys (also counted as made).
+    pub(crate) fn note_replicas_kept(&self, keys: u64) {
+        self.replicas_made.fetch_add(keys, Ordering::Relaxed);
+        self.replicas_kept.fetch_add(keys, Ordering::Relaxed);
+    }
+
     pub(crate) fn note_replica_sync(&self) {
         self.replica_syncs.fetch_add(1, Ordering::Relaxed);
     }
@@ -78,6 +85,7 @@ impl IntentCounters {
             lead_clocks: get(&self.lead_clocks),
             late_accesses: get(&self.late_accesses),
             replicas_made: get(&self.replicas_made),
+            replicas_kept: get(&self.replicas_kept),
             replica_syncs: get(&self.replica_syncs),
         }
     }

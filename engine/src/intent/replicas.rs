@@ -15,6 +15,12 @@
 //! replica never counts a push twice, and every push of this node reaches the owner exactly once
 //! (it leaves a delta exactly once, under the latch that also admits pushes).
 //!
+//! A key granted while it is held (or arriving) here gets no replica yet; the store marks it
+//! (`DynamicReplicas::want`), and when the key leaves, the departure keeps its last value here
+//! as the replica — no pull back for a node that will need the key again. The service adopts
+//! such a replica in its next round (or makes one with a pull if the departure could not keep
+//! one).
+//!
 //! The replica is dropped when this node's intent on the key ends or when the service stops
 //! (before `finalize`): its delta is taken under the latch and pushed to the owner. When the key
 //! itself moves here (granted to this node, or an explicit `localize`), the replica serves until
@@ -67,6 +73,26 @@ impl ReplicaSet {
         self.making.is_empty() && self.granted.is_empty() && self.keys.values().all(FastSet::is_empty)
     }
 
+    /// Waits for granted `key`, held or arriving here, to leave: its departure keeps it here
+    /// as a replica.
+    fn await_departure(&mut self, node: &NodeInner, table: u16, key: u64) {
+        if self.awaiting.insert((table, key))
+            && let Some(d) = node.core.store().table(table).dynamic()
+        {
+            d.want(key, true);
+        }
+    }
+
+    /// Stops waiting for `key` to leave; returns whether it was waited for. A replica its
+    /// departure kept may exist and must be looked at under the key's latch afterwards.
+    fn stop_awaiting(&mut self, node: &NodeInner, table: u16, key: u64) -> bool {
+        let was = self.awaiting.remove(&(table, key));
+        if was && let Some(d) = node.core.store().table(table).dynamic() {
+            d.want(key, false);
+        }
+        was
+    }
+
     /// Whether no sync round and no dropped replica's push is in flight.
     pub fn quiet(&self) -> bool {
         self.syncing.is_none() && self.pushes.is_empty()
@@ -89,7 +115,15 @@ impl ReplicaSet {
         // replica to the nodes that intend a key, and cannot tell where it is about to be);
         // `remake` catches up with those.
         self.granted.extend(keys.iter().map(|&k| (table, k)));
-        self.awaiting.extend(keys.iter().filter(|&&k| t.residence(k) != Residence::Away).map(|&k| (table, k)));
+        for &k in keys.iter().filter(|&&k| t.residence(k) != Residence::Away) {
+            self.await_departure(node, table, k);
+        }
+        // A key that left since the grant arrived (marked then) kept a replica: adopted.
+        let kept = self.keys.entry(table).or_default();
+        let adopted = keys.iter().filter(|&&k| t.has_dynamic_replica(k) && kept.insert(k)).count();
+        if adopted > 0 {
+            node.core.intent_counters().note_replicas_kept(adopted as u64);
+        }
         let wanted: Vec<u64> =
             keys.iter().copied().filter(|&k| t.residence(k) == Residence::Away && !t.has_dynamic_replica(k) && !self.making.contains(&(table, k))).collect();
         if wanted.is_empty() {
@@ -110,9 +144,15 @@ impl ReplicaSet {
         }
         let store = node.core.store();
         let mut missing: BTreeMap<u16, Vec<u64>> = BTreeMap::new();
-        let making = &self.making;
+        let (making, kept) = (&self.making, &mut self.keys);
+        let mut adopted = 0;
         let mut check = |&(table, key): &(u16, u64)| {
             let t = store.table(table);
+            // A replica kept when the key left is adopted, whether or not the key has come
+            // back since (then the next sync round ends it and adds its delta to the key).
+            if t.has_dynamic_replica(key) && kept.entry(table).or_default().insert(key) {
+                adopted += 1;
+            }
             match t.residence(key) {
                 Residence::Away => {
                     if !t.has_dynamic_replica(key) && !making.contains(&(table, key)) {
@@ -123,15 +163,19 @@ impl ReplicaSet {
                 _ => true,
             }
         };
-        if all {
+        let left: Vec<(u16, u64)> = if all {
             for key in &self.granted {
                 check(key);
             }
             // Keys found elsewhere are made below; those held here wait for them to leave.
-            self.awaiting.retain(|&(table, key)| store.table(table).residence(key) != Residence::Away);
+            self.awaiting.iter().copied().filter(|&(table, key)| store.table(table).residence(key) == Residence::Away).collect()
         } else {
-            self.awaiting.retain(|key| check(key));
+            self.awaiting.iter().copied().filter(|key| !check(key)).collect()
+        };
+        for (table, key) in left {
+            self.stop_awaiting(node, table, key);
         }
+        node.core.intent_counters().note_replicas_kept(adopted);
         let mut outcome = Ok(());
         for (table, keys) in missing {
             keep_first_error(&mut outcome, self.start_make(node, worker, table, &keys));
@@ -193,7 +237,6 @@ impl ReplicaSet {
     fn install(&mut self, node: &NodeInner, table: u16, keys: &[u64], values: &[f32]) -> Result<()> {
         let store = node.core.store();
         let value_len = store.table(table).value_len();
-        let set = self.keys.entry(table).or_default();
         let mut made = 0;
         for (&key, value) in keys.iter().zip(values.chunks_exact(value_len)) {
             if !self.making.remove(&(table, key)) {
@@ -203,10 +246,16 @@ impl ReplicaSet {
             // A key that arrived meanwhile needs no replica; one pulled before a push of this
             // node that went to the owner misses it until the next sync round.
             if store.install_replica(&guard, value)? {
-                set.insert(key);
+                self.keys.entry(table).or_default().insert(key);
                 made += 1;
+            } else if guard.replica().is_some() {
+                // Kept by a departure meanwhile: adopted, the pulled value dropped.
+                if self.keys.entry(table).or_default().insert(key) {
+                    node.core.intent_counters().note_replicas_kept(1);
+                }
             } else if self.granted.contains(&(table, key)) && store.table(table).residence(key) != Residence::Away {
-                self.awaiting.insert((table, key));
+                drop(guard);
+                self.await_departure(node, table, key);
             }
         }
         node.core.intent_counters().note_replicas_made(made);
@@ -216,18 +265,32 @@ impl ReplicaSet {
     /// Drops the replicas of `keys` of `table` (and stops making them); their deltas start on
     /// their way to the keys' owners.
     pub fn drop_keys(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: &[u64]) -> Result<()> {
+        self.drop_replicas(node, worker, table, keys, false)
+    }
+
+    /// [`ReplicaSet::drop_keys`]; with `every`, each key's latch is taken to look for a replica
+    /// (keys whose marks were cleared already).
+    fn drop_replicas(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: &[u64], every: bool) -> Result<()> {
+        // Marked keys are unmarked first (waited for, or marked when the grant arrived): a
+        // departure after this keeps no replica, and one kept before is found under the latch
+        // below.
+        let mut unmarked = FastSet::default();
+        let dynamic = node.core.store().table(table).dynamic();
         for &key in keys {
             self.making.remove(&(table, key));
             self.granted.remove(&(table, key));
             self.awaiting.remove(&(table, key));
+            if dynamic.is_some_and(|d| d.want(key, false)) {
+                unmarked.insert(key);
+            }
         }
-        let Some(set) = self.keys.get_mut(&table) else { return Ok(()) };
+        let set = self.keys.entry(table).or_default();
         let store = node.core.store();
         let value_len = store.table(table).value_len();
         let (mut pushed, mut deltas) = (Vec::new(), Vec::new());
         let mut delta = vec![0.0; value_len];
         for &key in keys {
-            if !set.remove(&key) {
+            if !set.remove(&key) && !unmarked.contains(&key) && !every {
                 continue;
             }
             let guard = store.lock(table, key);
@@ -251,11 +314,18 @@ impl ReplicaSet {
     pub fn drop_all(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         self.making.clear();
         self.granted.clear();
+        // Kept replicas and marked keys (which may have left with a replica kept): the marks
+        // go first, then `drop_replicas` finds any such replica under its latch.
+        let mut tables: BTreeMap<u16, Vec<u64>> = self.keys.iter().map(|(&t, k)| (t, k.iter().copied().collect())).collect();
         self.awaiting.clear();
-        let tables: Vec<(u16, Vec<u64>)> = self.keys.iter().map(|(&t, k)| (t, k.iter().copied().collect())).collect();
+        for t in node.core.store().tables() {
+            if let Some(d) = t.dynamic() {
+                tables.entry(t.id()).or_default().extend(d.want_none());
+            }
+        }
         let mut outcome = self.poll(node, worker, true);
         for (table, keys) in tables {
-            keep_first_error(&mut outcome, self.drop_keys(node, worker, table, &keys));
+            keep_first_error(&mut outcome, self.drop_replicas(node, worker, table, &keys, true));
         }
         let last = self.poll(node, worker, true);
         keep_first_error(&mut outcome, last);
@@ -316,9 +386,13 @@ impl ReplicaSet {
                     if store.remove_replica(&guard, &mut delta) {
                         slot.add(&delta);
                     }
-                    // Granted still: a replica again once the key leaves.
-                    if granted.contains(&(table, key)) {
-                        awaiting.insert((table, key));
+                    // Granted still: a replica again once the key leaves (kept by its
+                    // departure).
+                    if granted.contains(&(table, key))
+                        && awaiting.insert((table, key))
+                        && let Some(d) = store.table(table).dynamic()
+                    {
+                        d.want(key, true);
                     }
                     return false;
                 }

@@ -254,6 +254,12 @@ impl IntentService {
     /// The service thread; its replicas are dropped (their deltas pushed) when it stops.
     fn run(&self, node: &Arc<NodeInner>, mut own: Worker) {
         own.bypass_replicas(true);
+        // Departing keys may stay as replicas while this thread adopts them (`drop_all` closes).
+        for t in node.core.store().tables() {
+            if let Some(d) = t.dynamic() {
+                d.open_marks();
+            }
+        }
         self.serve(node, &mut own);
         if let Err(e) = self.replicas.lock().drop_all(node, &mut own) {
             tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send its replicas' last pushes");
@@ -406,21 +412,35 @@ impl IntentService {
         let store = node.core.store();
         let mut moves: Vec<(u16, Vec<u64>)> = Vec::new();
         let mut replicate: Vec<(u16, Vec<u64>)> = Vec::new();
+        // Replicas granted for keys no longer intended: their marks (and any replica a
+        // departure kept meanwhile) go.
+        let mut unwanted: Vec<(u16, Vec<u64>)> = Vec::new();
         {
             let state = self.state.lock();
             for (table, grant, keys) in node.core.take_intent_go() {
                 // Only keys still intended; a move only of keys not here. A replicate grant for
                 // a key held here is kept for when the key leaves (see `ReplicaSet`).
-                let keys: Vec<u64> = keys
+                let (keys, stale): (Vec<u64>, Vec<u64>) = keys
                     .into_iter()
-                    .filter(|&k| state.signalled.contains_key(&(table, k)) && (grant == Grant::Replicate || store.table(table).slot_of(k).is_none()))
-                    .collect();
+                    .filter(|&k| grant == Grant::Replicate || store.table(table).slot_of(k).is_none())
+                    .partition(|&k| state.signalled.contains_key(&(table, k)));
+                if grant == Grant::Replicate && !stale.is_empty() {
+                    unwanted.push((table, stale));
+                }
                 if !keys.is_empty() {
                     match grant {
                         Grant::Move => moves.push((table, keys)),
                         Grant::Replicate => replicate.push((table, keys)),
                     }
                 }
+            }
+        }
+        for (table, keys) in unwanted {
+            if let Err(e) = self.replicas.lock().drop_keys(node, own, table, &keys) {
+                if self.stopped(node) {
+                    return false;
+                }
+                tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send a dropped replica's pushes");
             }
         }
         for (table, keys) in replicate {

@@ -210,6 +210,19 @@ impl Core {
     }
 
     pub(crate) fn post_intent_go(&self, table: u16, grant: Grant, keys: Vec<u64>) {
+        // A replica granted for a key held (or arriving) here is kept when the key leaves. The
+        // mark is set here, before the frames that follow from the home are handled — the
+        // request that moves the key away comes after the grant — not when the intent service
+        // gets to the grant; the service takes the marks over, or clears them with any replica
+        // kept (`intent::replicas`). Marks are only taken while the service runs.
+        if grant == Grant::Replicate
+            && let Some(d) = self.store.table(table).dynamic()
+        {
+            let t = self.store.table(table);
+            for &k in keys.iter().filter(|&&k| t.residence(k) != crate::store::Residence::Away) {
+                d.want(k, true);
+            }
+        }
         self.intent_homes.lock().post_go(table, grant, keys);
         self.intent_go.store(true, Ordering::Release);
     }

@@ -178,7 +178,7 @@ impl Step<'_, '_> {
                 break;
             }
             done += 1;
-            if let Some(mut slot) = self.core.store().lock(table, item.key).unpublish() {
+            if let Some(mut slot) = self.unpublish_departing(table, item.key) {
                 self.stamp(&mut slot);
                 self.shard_of(table, item.key).counters.relocations_out += 1;
                 self.send_slot(slot, table, item.key, new_owner, item);
@@ -197,6 +197,19 @@ impl Step<'_, '_> {
         let e = Error::Protocol("the old owner did not hold the key".into());
         self.send_localize_failed(new_owner, &e, table, &unknown);
         done
+    }
+
+    /// Stops serving a key that leaves this node and hands its slot over; a key this node was
+    /// granted a replica of (intent) stays here as one, with its departing value.
+    fn unpublish_departing(&mut self, table: u16, key: u64) -> Option<Reserved> {
+        let store = self.core.store();
+        let mut guard = store.lock(table, key);
+        let mut slot = guard.unpublish()?;
+        if let Err(e) = store.keep_departing_replica(&guard, &mut slot) {
+            // Only the replica is missing: the intent service makes it with a pull instead.
+            tracing::warn!(node = self.directory().rank(), key, error = %e, "no room for a departing key's replica");
+        }
+        Some(slot)
     }
 
     /// Stamps a slot leaving this node with the time it stopped being served.

@@ -24,6 +24,18 @@ pub struct DynamicReplicas {
     len: usize,
     _memory: MmapMut,
     live: AtomicUsize,
+    /// Keys held here that this node has been granted a replica of: when one leaves, it keeps
+    /// its departing value as a replica (see [`DynamicReplicas::wanted`]).
+    wanted: parking_lot::Mutex<Wanted>,
+    wanted_count: AtomicUsize,
+}
+
+/// The marked keys, and whether marks are taken: only while an intent service runs that adopts
+/// the replicas kept (otherwise nobody would sync or drop them).
+#[derive(Default)]
+struct Wanted {
+    keys: crate::util::FastSet<u64>,
+    open: bool,
 }
 
 // SAFETY: `entries` points into `_memory`, owned by this value and mapped until it drops; it is
@@ -57,7 +69,7 @@ impl DynamicReplicas {
         let bytes = keys.max(1) * 8;
         let memory = MmapOptions::new().len(bytes).map_anon().map_err(|e| Error::Memory(format!("cannot map {bytes} bytes for replica entries: {e}")))?;
         let entries = memory.as_ptr() as *const AtomicU64;
-        Ok(DynamicReplicas { entries, len: keys, _memory: memory, live: AtomicUsize::new(0) })
+        Ok(DynamicReplicas { entries, len: keys, _memory: memory, live: AtomicUsize::new(0), wanted: Default::default(), wanted_count: AtomicUsize::new(0) })
     }
 
     #[inline]
@@ -85,6 +97,47 @@ impl DynamicReplicas {
     /// Replicas that exist now.
     pub fn count(&self) -> usize {
         self.live.load(Ordering::Relaxed)
+    }
+
+    /// Marks (`true`; only while marks are open) or unmarks `key` as wanted as a replica when it
+    /// leaves this node; returns whether the mark changed. A caller that unmarks a key and then
+    /// takes its latch finds any replica kept on its departure: the departure path checks the
+    /// mark under the latch and installs before letting go.
+    pub fn want(&self, key: u64, wanted: bool) -> bool {
+        if !wanted && self.wanted_count.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let mut marks = self.wanted.lock();
+        let changed = if wanted { marks.open && marks.keys.insert(key) } else { marks.keys.remove(&key) };
+        if changed {
+            if wanted {
+                self.wanted_count.fetch_add(1, Ordering::AcqRel);
+            } else {
+                self.wanted_count.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        changed
+    }
+
+    /// Starts taking marks (the intent service started).
+    pub fn open_marks(&self) {
+        self.wanted.lock().open = true;
+    }
+
+    /// Unmarks every key and takes no more marks (the intent service stops); returns the keys
+    /// that were marked.
+    pub fn want_none(&self) -> Vec<u64> {
+        let mut marks = self.wanted.lock();
+        marks.open = false;
+        self.wanted_count.fetch_sub(marks.keys.len(), Ordering::AcqRel);
+        marks.keys.drain().collect()
+    }
+
+    /// Whether `key`, leaving this node, should stay here as a replica (the caller holds its
+    /// latch). One load when no key is marked.
+    #[inline]
+    pub fn wanted(&self, key: u64) -> bool {
+        self.wanted_count.load(Ordering::Acquire) > 0 && self.wanted.lock().keys.contains(&key)
     }
 
     /// Records `slots` as `key`'s replica (the caller holds the key's latch; none existed).
@@ -123,5 +176,23 @@ mod tests {
         assert_eq!(r.clear(7), Some(slots));
         assert_eq!(r.clear(7), None);
         assert!(!r.any());
+    }
+
+    #[test]
+    fn keys_are_marked_for_a_replica_on_departure_and_unmarked() {
+        let r = DynamicReplicas::new(100).unwrap();
+        assert!(!r.want(3, true) && !r.wanted(3), "no marks before they are opened");
+        r.open_marks();
+        assert!(r.want(3, true) && !r.want(3, true), "marked once");
+        r.want(4, true);
+        assert!(r.wanted(3) && r.wanted(4) && !r.wanted(5));
+        assert!(r.want(3, false) && !r.want(3, false), "unmarked once");
+        assert!(!r.wanted(3) && r.wanted(4));
+        assert_eq!(r.want_none(), vec![4]);
+        assert!(!r.wanted(4));
+        assert!(!r.want(5, true), "closed again");
+        r.open_marks();
+        r.want(5, true);
+        assert!(r.wanted(5), "the count survives unmarking what was not marked");
     }
 }

@@ -295,6 +295,21 @@ impl Store {
         Ok(dynamic.set(guard.key, slots))
     }
 
+    /// The key `guard` latches just left this node from `slot` (unpublished, not yet sent):
+    /// if it is wanted as a replica here ([`dynamic::DynamicReplicas::want`]), keeps its
+    /// departing value as one, so that a node that will need the key again does not have to
+    /// pull it back. Returns whether it did.
+    pub fn keep_departing_replica(&self, guard: &KeyGuard<'_>, slot: &mut Reserved) -> Result<bool> {
+        let t = guard.table;
+        if !t.dynamic().is_some_and(|d| d.wanted(guard.key)) {
+            return Ok(false);
+        }
+        let departing = self.reserved(slot);
+        let mut value = vec![0.0; departing.len()];
+        departing.read(&mut value);
+        self.install_replica(guard, &value)
+    }
+
     /// Ends the run-time replica of the key `guard` latches: its slots are freed and its
     /// unsent delta copied to `delta` (which must hold one value). False when it has none.
     pub fn remove_replica(&self, guard: &KeyGuard<'_>, delta: &mut [f32]) -> bool {
@@ -786,6 +801,39 @@ mod tests {
         // A key arriving here takes no replica either.
         s.lock(0, away).set_arriving(true);
         assert!(!s.install_replica(&s.lock(0, away), &[0.0, 0.0]).unwrap());
+    }
+
+    #[test]
+    fn a_departing_key_stays_as_a_replica_only_where_it_is_wanted() {
+        let s = store(100, 2, 2, 1);
+        let p = Partitioner::new(100, 2, Partitioning::Hash);
+        let t = s.table(0);
+        let mut held = p.home_keys(1);
+        let (wanted, unwanted) = (held.next().unwrap(), held.next().unwrap());
+        for key in [wanted, unwanted] {
+            s.lock(0, key).slot().unwrap().write(&[key as f32, 1.0]);
+        }
+        let dynamic = t.dynamic().unwrap();
+        dynamic.open_marks();
+        dynamic.want(wanted, true);
+        for key in [wanted, unwanted] {
+            let mut guard = s.lock(0, key);
+            let mut slot = guard.unpublish().unwrap();
+            let kept = s.keep_departing_replica(&guard, &mut slot).unwrap();
+            assert_eq!(kept, key == wanted, "key {key}");
+            s.free(slot);
+        }
+        assert!(!t.has_dynamic_replica(unwanted) && t.residence(wanted) == Residence::Away);
+        let guard = s.lock(0, wanted);
+        let (value, delta) = guard.replica().expect("kept on departure");
+        let mut out = [0.0; 2];
+        value.read(&mut out);
+        assert_eq!(out, [wanted as f32, 1.0], "the departing value");
+        delta.read(&mut out);
+        assert_eq!(out, [0.0, 0.0], "nothing pushed to it yet");
+        drop(guard);
+        dynamic.want(wanted, false);
+        assert!(!dynamic.wanted(wanted));
     }
 
     #[test]
