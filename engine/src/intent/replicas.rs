@@ -289,8 +289,11 @@ impl ReplicaSet {
         let value_len = store.table(table).value_len();
         let (mut pushed, mut deltas) = (Vec::new(), Vec::new());
         let mut delta = vec![0.0; value_len];
+        let t = store.table(table);
         for &key in keys {
-            if !set.remove(&key) && !unmarked.contains(&key) && !every {
+            // Any run-time replica is this set's, adopted or not yet (one a departure kept
+            // while the pull for the same key was failing, say): it ends with the intent.
+            if !set.remove(&key) && !unmarked.contains(&key) && !every && !t.has_dynamic_replica(key) {
                 continue;
             }
             let guard = store.lock(table, key);
