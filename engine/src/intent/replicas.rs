@@ -93,6 +93,26 @@ impl ReplicaSet {
         was
     }
 
+    /// Takes over the replicas that departing keys left here since the last call (before
+    /// anything looks at the replica set: every round, every sync round, the stop), so that
+    /// each is synced and dropped like one this set made.
+    pub fn adopt_kept(&mut self, node: &NodeInner) {
+        let mut adopted = 0;
+        for t in node.core.store().tables() {
+            let Some(d) = t.dynamic() else { continue };
+            for key in d.take_kept() {
+                // Gone already if its intent ended meanwhile (`drop_replicas` looks under the
+                // latch for any replica).
+                if t.has_dynamic_replica(key) && self.keys.entry(t.id()).or_default().insert(key) {
+                    adopted += 1;
+                }
+            }
+        }
+        if adopted > 0 {
+            node.core.intent_counters().note_replicas_kept(adopted);
+        }
+    }
+
     /// Whether no sync round and no dropped replica's push is in flight.
     pub fn quiet(&self) -> bool {
         self.syncing.is_none() && self.pushes.is_empty()
@@ -118,12 +138,6 @@ impl ReplicaSet {
         for &k in keys.iter().filter(|&&k| t.residence(k) != Residence::Away) {
             self.await_departure(node, table, k);
         }
-        // A key that left since the grant arrived (marked then) kept a replica: adopted.
-        let kept = self.keys.entry(table).or_default();
-        let adopted = keys.iter().filter(|&&k| t.has_dynamic_replica(k) && kept.insert(k)).count();
-        if adopted > 0 {
-            node.core.intent_counters().note_replicas_kept(adopted as u64);
-        }
         let wanted: Vec<u64> =
             keys.iter().copied().filter(|&k| t.residence(k) == Residence::Away && !t.has_dynamic_replica(k) && !self.making.contains(&(table, k))).collect();
         if wanted.is_empty() {
@@ -144,15 +158,9 @@ impl ReplicaSet {
         }
         let store = node.core.store();
         let mut missing: BTreeMap<u16, Vec<u64>> = BTreeMap::new();
-        let (making, kept) = (&self.making, &mut self.keys);
-        let mut adopted = 0;
+        let making = &self.making;
         let mut check = |&(table, key): &(u16, u64)| {
             let t = store.table(table);
-            // A replica kept when the key left is adopted, whether or not the key has come
-            // back since (then the next sync round ends it and adds its delta to the key).
-            if t.has_dynamic_replica(key) && kept.entry(table).or_default().insert(key) {
-                adopted += 1;
-            }
             match t.residence(key) {
                 Residence::Away => {
                     if !t.has_dynamic_replica(key) && !making.contains(&(table, key)) {
@@ -172,10 +180,10 @@ impl ReplicaSet {
         } else {
             self.awaiting.iter().copied().filter(|key| !check(key)).collect()
         };
+        // A key that left with its replica kept was adopted before this (`adopt_kept`).
         for (table, key) in left {
             self.stop_awaiting(node, table, key);
         }
-        node.core.intent_counters().note_replicas_kept(adopted);
         let mut outcome = Ok(());
         for (table, keys) in missing {
             keep_first_error(&mut outcome, self.start_make(node, worker, table, &keys));
@@ -186,6 +194,7 @@ impl ReplicaSet {
     /// Completes what finished (everything, waiting, with `wait`): installs the replicas whose
     /// values arrived and are still wanted, refreshes after a sync round, reaps pushes.
     pub fn poll(&mut self, node: &NodeInner, worker: &mut Worker, wait: bool) -> Result<()> {
+        self.adopt_kept(node);
         let mut outcome = Ok(());
         let mut note = |e| keep_first_error(&mut outcome, Err(e));
         let mut i = 0;
@@ -248,11 +257,6 @@ impl ReplicaSet {
             if store.install_replica(&guard, value)? {
                 self.keys.entry(table).or_default().insert(key);
                 made += 1;
-            } else if guard.replica().is_some() {
-                // Kept by a departure meanwhile: adopted, the pulled value dropped.
-                if self.keys.entry(table).or_default().insert(key) {
-                    node.core.intent_counters().note_replicas_kept(1);
-                }
             } else if self.granted.contains(&(table, key)) && store.table(table).residence(key) != Residence::Away {
                 drop(guard);
                 self.await_departure(node, table, key);
@@ -315,6 +319,7 @@ impl ReplicaSet {
 
     /// Drops every replica and waits until their deltas reached the owners (the service stops).
     pub fn drop_all(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
+        self.adopt_kept(node);
         self.making.clear();
         self.granted.clear();
         // Kept replicas and marked keys (which may have left with a replica kept): the marks
@@ -374,6 +379,7 @@ impl ReplicaSet {
     /// Per table: the replicas and their deltas, each taken under its latch and zeroed. A
     /// replica whose key arrived here ends, its delta added to the key.
     fn take_deltas(&mut self, node: &NodeInner) -> Vec<(u16, Vec<u64>, Vec<f32>)> {
+        self.adopt_kept(node);
         let store = node.core.store();
         let mut out = Vec::new();
         let (granted, awaiting) = (&self.granted, &mut self.awaiting);

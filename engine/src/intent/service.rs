@@ -177,6 +177,7 @@ impl IntentService {
             {
                 let mut replicas = self.replicas.lock();
                 if replicas.quiet() {
+                    replicas.adopt_kept(node);
                     if replicas.is_empty() {
                         return Ok(());
                     }

@@ -31,11 +31,13 @@ pub struct DynamicReplicas {
 }
 
 /// The marked keys, and whether marks are taken: only while an intent service runs that adopts
-/// the replicas kept (otherwise nobody would sync or drop them).
+/// the replicas kept (otherwise nobody would sync or drop them); and the keys that stayed as
+/// replicas since the service last looked.
 #[derive(Default)]
 struct Wanted {
     keys: crate::util::FastSet<u64>,
     open: bool,
+    kept: Vec<u64>,
 }
 
 // SAFETY: `entries` points into `_memory`, owned by this value and mapped until it drops; it is
@@ -138,6 +140,17 @@ impl DynamicReplicas {
     #[inline]
     pub fn wanted(&self, key: u64) -> bool {
         self.wanted_count.load(Ordering::Acquire) > 0 && self.wanted.lock().keys.contains(&key)
+    }
+
+    /// `key` left and stayed as a replica (the caller holds its latch): the intent service
+    /// takes it over with [`DynamicReplicas::take_kept`].
+    pub fn note_kept(&self, key: u64) {
+        self.wanted.lock().kept.push(key);
+    }
+
+    /// The keys that stayed as replicas since the last call.
+    pub fn take_kept(&self) -> Vec<u64> {
+        std::mem::take(&mut self.wanted.lock().kept)
     }
 
     /// Records `slots` as `key`'s replica (the caller holds the key's latch; none existed).

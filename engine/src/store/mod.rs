@@ -301,13 +301,15 @@ impl Store {
     /// pull it back. Returns whether it did.
     pub fn keep_departing_replica(&self, guard: &KeyGuard<'_>, slot: &mut Reserved) -> Result<bool> {
         let t = guard.table;
-        if !t.dynamic().is_some_and(|d| d.wanted(guard.key)) {
-            return Ok(false);
-        }
+        let Some(dynamic) = t.dynamic().filter(|d| d.wanted(guard.key)) else { return Ok(false) };
         let departing = self.reserved(slot);
         let mut value = vec![0.0; departing.len()];
         departing.read(&mut value);
-        self.install_replica(guard, &value)
+        let kept = self.install_replica(guard, &value)?;
+        if kept {
+            dynamic.note_kept(guard.key);
+        }
+        Ok(kept)
     }
 
     /// Ends the run-time replica of the key `guard` latches: its slots are freed and its
