@@ -289,8 +289,7 @@ impl IntentService {
             }
             let changes = {
                 let mut state = self.state.lock();
-                self.resting.store(true, Ordering::Relaxed);
-                std::sync::atomic::fence(Ordering::SeqCst);
+                self.begin_resting();
                 while state.table.is_empty()
                     && state.signalled.is_empty()
                     && !node.core.intent_go_waiting()
@@ -393,14 +392,19 @@ impl IntentService {
         true
     }
 
+    /// Marks the service as resting, before it checks for grants one last time and sleeps.
+    /// Paired with the fence in `wake_for_grants`: either the check sees the grant, or the
+    /// poster sees the service resting and wakes it.
+    fn begin_resting(&self) {
+        self.resting.store(true, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
     /// Sleeps until `until`, a move or replica granted to this node, a worker waiting for a
     /// round, or the stop. While asleep, [`IntentService::wake_for_grants`] wakes it.
     fn rest(&self, node: &NodeInner, until: Instant) {
         let mut state = self.state.lock();
-        // Paired with the fence in `wake_for_grants`: either this sees the grant, or the
-        // poster sees this resting and wakes it.
-        self.resting.store(true, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::SeqCst);
+        self.begin_resting();
         while !self.stopped(node) && !node.core.intent_go_waiting() && !self.round_wanted.load(Ordering::Acquire) && Instant::now() < until {
             self.wake.wait_until(&mut state, until);
         }

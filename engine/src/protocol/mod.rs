@@ -215,10 +215,10 @@ impl Core {
         // request that moves the key away comes after the grant — not when the intent service
         // gets to the grant; the service takes the marks over, or clears them with any replica
         // kept (`intent::replicas`). Marks are only taken while the service runs.
+        let t = self.store.table(table);
         if grant == Grant::Replicate
-            && let Some(d) = self.store.table(table).dynamic()
+            && let Some(d) = t.dynamic()
         {
-            let t = self.store.table(table);
             for &k in keys.iter().filter(|&&k| t.residence(k) != crate::store::Residence::Away) {
                 d.want(k, true);
             }
