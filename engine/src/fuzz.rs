@@ -3,7 +3,8 @@
 //! Uniformly random bytes almost never carry a valid length prefix, so they never reach the
 //! message decoders. This fuzzer builds *valid* frames of every message type — ACCESS (runs and
 //! lists, indexed or not, every kind), RESPONSE and FAILURE for operations that exist, LOCALIZE,
-//! RELOCATE, LOCALIZE_FAILED, BARRIER, BARRIER_RELEASE — and then mutates most of them: a
+//! RELOCATE, LOCALIZE_FAILED, BARRIER, BARRIER_RELEASE, the replication and intent messages —
+//! and then mutates most of them: a
 //! header field (count, table, kind or code, flags, operation, part, origin, node), a length
 //! prefix, the body's length, an index or key, the type byte, or random bits. Each frame is fed
 //! to a live node (a [`Core`] of a three-node cluster with keys at home, keys elsewhere, keys
@@ -48,7 +49,7 @@ pub struct FuzzReport {
     pub first_panic: Option<String>,
 }
 
-const TYPES: [&str; 13] = [
+const TYPES: [&str; 15] = [
     "access",
     "response",
     "failure",
@@ -62,6 +63,8 @@ const TYPES: [&str; 13] = [
     "replica-ack",
     "intent",
     "intent-go",
+    "replica-sync",
+    "replica-sync-ack",
 ];
 /// Replicated keys of table 0: 40..48 are homed at the node under test (rank 1 of 3, range
 /// partitioning), 0..8 at node 0 and 70..80 at node 2.
@@ -236,6 +239,32 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
                 .collect();
             let ty_byte = if ty == 11 { msg::INTENT } else { msg::INTENT_GO };
             wire::encode_intent(&mut out, ty_byte, rng.gen_range(0..3), table, &ks);
+        }
+        13 => {
+            // Table 1 keeps run-time replicas (accepted), table 0 does not (refused); keys held
+            // here or not, sometimes beyond the table.
+            let start = wire::begin_replica_sync(&mut out, table, rng.r#gen(), rng.gen_range(0..8));
+            let count = rng.gen_range(0..6u32);
+            for _ in 0..count {
+                let key = if rng.gen_bool(0.9) { rng.gen_range(0..keys) } else { keys + rng.gen_range(0..4) };
+                wire::push_replica_delta_key(&mut out, key);
+                out.extend(value_bytes(rng, vl));
+            }
+            wire::finish_replica_sync(&mut out, start, count);
+        }
+        14 => {
+            let count = rng.gen_range(0..6u32);
+            let held: Vec<u32> = (0..count).filter(|_| rng.gen_bool(0.5)).collect();
+            let hints = (0..count as usize - held.len()).map(|_| rng.gen_range(0..NODES as u16 + 1)).collect();
+            let ack = wire::ReplicaSyncAck {
+                table: rng.gen_range(0..3),
+                id: rng.r#gen(),
+                count,
+                remote: RemoteAddr { region: rng.gen_range(0..3), addr: rng.gen_range(0..4096) },
+                held,
+                hints,
+            };
+            wire::encode_replica_sync_ack(&mut out, &ack);
         }
         _ => {
             // The key count the sender holds (node 0: 8 keys, node 2: 10), or not; positions of

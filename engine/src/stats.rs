@@ -167,10 +167,20 @@ pub struct IntentStats {
     pub replicas_kept: u64,
     /// Rounds that synchronised this node's run-time replicas with the keys' owners.
     pub replica_syncs: u64,
+    /// One-sided reads (RDMA READs over verbs) that refreshed run-time replicas from the images
+    /// their owners cut.
+    pub refresh_reads: u64,
+    /// Bytes those reads fetched.
+    pub refresh_bytes: u64,
+    /// Run-time replica refreshes that came from those reads.
+    pub refreshed_by_read: u64,
+    /// Run-time replica syncs that went through a routed push-pull instead (the key was not
+    /// where this node believed it; the answer refreshed the replica).
+    pub synced_by_push_pull: u64,
 }
 
 impl IntentStats {
-    fn counters(&mut self) -> [&mut u64; 9] {
+    fn counters(&mut self) -> [&mut u64; 13] {
         [
             &mut self.rounds,
             &mut self.declared,
@@ -181,6 +191,10 @@ impl IntentStats {
             &mut self.replicas_made,
             &mut self.replicas_kept,
             &mut self.replica_syncs,
+            &mut self.refresh_reads,
+            &mut self.refresh_bytes,
+            &mut self.refreshed_by_read,
+            &mut self.synced_by_push_pull,
         ]
     }
 

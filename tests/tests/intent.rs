@@ -153,6 +153,19 @@ fn a_key_two_nodes_need_at_once_is_replicated_there_then_follows_the_remaining_i
     };
     assert!(settled(&mut w1) && settled(&mut w2));
     assert!(nodes[2].stats().intent.replica_syncs > 0);
+    // The deltas went to the home first, which does not hold the keys and names their owner;
+    // from then on they go to the owner, and its images refresh the replicas with one-sided
+    // reads.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while nodes[2].stats().intent.refreshed_by_read < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let intent = nodes[2].stats().intent;
+    assert!(intent.refreshed_by_read >= 2 && intent.refresh_reads >= 1 && intent.refresh_bytes > 0, "no one-sided refresh: {intent:?}");
+    assert!(intent.synced_by_push_pull >= 2, "the first sync went to the home, which routes: {intent:?}");
+    let routed = intent.synced_by_push_pull;
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(nodes[2].stats().intent.synced_by_push_pull, routed, "the owner was not learned");
     // Node 1's window ends: node 2 is alone, drops its replicas and gets the keys.
     for _ in 0..3 {
         w1.advance_clock().unwrap();

@@ -60,7 +60,8 @@ fn updaters_push_pull_and_clocks_over_the_chosen_transport() {
 }
 
 /// Intent signalling: keys follow declared windows between the processes (INTENT and
-/// INTENT_GO messages, relocations by the intent service), nothing lost.
+/// INTENT_GO messages, relocations by the intent service), keys both need are replicated on
+/// both and refreshed with one-sided reads (RDMA READs over verbs), nothing lost.
 #[test]
 fn intents_move_keys_over_the_chosen_transport() {
     let want = expected_transport();
@@ -70,6 +71,11 @@ fn intents_move_keys_over_the_chosen_transport() {
     for r in 0..2 {
         assert!(text.contains(&format!("[{r}] transport {want}")), "rank {r} did not use {want}");
         assert!(text.contains(&format!("[{r}] intent ok")), "rank {r} did not finish");
+        // Each rank kept replicas of keys the other held (made now or earlier) and refreshed
+        // them from its images.
+        let line = text.lines().find(|l| l.starts_with(&format!("[{r}] shared keys: "))).expect("each rank reports its shared keys");
+        let numbers: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
+        assert!(numbers.len() == 4 && numbers[1] > 0 && numbers[2] > 0, "{line}");
     }
 }
 

@@ -126,7 +126,8 @@ pub fn stats_fields(delta: &Stats, out: &mut [f32; METRIC_FIELDS]) {
     out[field::MEGABYTES] = delta.traffic.total_bytes() as f32 / 1e6;
     out[field::REPLICA] = delta.replication.replica_accesses as f32;
     out[field::STALENESS_P99_MS] = delta.replication.staleness.p99_ns as f32 / 1e6;
-    out[field::REFRESH_MB] = delta.replication.refresh_bytes as f32 / 1e6;
+    // Reads of replicated keys' images (NuPS) and of run-time replicas' (intent).
+    out[field::REFRESH_MB] = (delta.replication.refresh_bytes + delta.intent.refresh_bytes) as f32 / 1e6;
     out[field::NODES] = 1.0;
     out[field::LATE] = delta.intent.late_accesses as f32;
     out[field::INTENT_LEAD] = delta.intent.mean_lead() as f32;

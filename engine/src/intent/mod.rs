@@ -15,11 +15,14 @@
 
 mod replicas;
 mod service;
+mod sync_acks;
+mod sync_round;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) use service::IntentService;
+pub(crate) use sync_acks::SyncAcks;
 
 use crate::stats::IntentStats;
 
@@ -35,6 +38,10 @@ pub struct IntentCounters {
     replicas_made: AtomicU64,
     replicas_kept: AtomicU64,
     replica_syncs: AtomicU64,
+    refresh_reads: AtomicU64,
+    refresh_bytes: AtomicU64,
+    refreshed_by_read: AtomicU64,
+    synced_by_push_pull: AtomicU64,
 }
 
 impl IntentCounters {
@@ -74,6 +81,18 @@ impl IntentCounters {
         self.replica_syncs.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A one-sided read of `bytes` refreshed `keys` run-time replicas.
+    pub(crate) fn note_refresh_read(&self, bytes: u64, keys: u64) {
+        self.refresh_reads.fetch_add(1, Ordering::Relaxed);
+        self.refresh_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.refreshed_by_read.fetch_add(keys, Ordering::Relaxed);
+    }
+
+    /// `keys` run-time replicas were synced through a routed push-pull.
+    pub(crate) fn note_synced_by_push_pull(&self, keys: u64) {
+        self.synced_by_push_pull.fetch_add(keys, Ordering::Relaxed);
+    }
+
     /// The counters now.
     pub fn snapshot(&self) -> IntentStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -87,6 +106,10 @@ impl IntentCounters {
             replicas_made: get(&self.replicas_made),
             replicas_kept: get(&self.replicas_kept),
             replica_syncs: get(&self.replica_syncs),
+            refresh_reads: get(&self.refresh_reads),
+            refresh_bytes: get(&self.refresh_bytes),
+            refreshed_by_read: get(&self.refreshed_by_read),
+            synced_by_push_pull: get(&self.synced_by_push_pull),
         }
     }
 }

@@ -7,13 +7,16 @@
 //! workers read and push it locally; a push also adds to the replica's delta.
 //!
 //! A **sync round** (every half of [`crate::Config::staleness`], and around worker barriers)
-//! takes each replica's delta under its latch, zeroing it, and sends all of a table's deltas as
-//! one push-pull to the keys' owners — the owner is the hub of AdaPM's owner-hub
-//! synchronisation; the protocol groups the rows per destination — and sets each replica to the
-//! value returned plus the delta accumulated since. The push-pull is atomic at the owner, so
-//! the value returned includes the delta just sent and every push the owner had applied: a
-//! replica never counts a push twice, and every push of this node reaches the owner exactly once
-//! (it leaves a delta exactly once, under the latch that also admits pushes).
+//! takes each replica's delta under its latch, zeroing it, and sends a table's deltas to the
+//! keys' owners — the owner is the hub of AdaPM's owner-hub synchronisation — in one
+//! REPLICA_SYNC per owner; the owner adds them to the keys it holds and cuts their images, and
+//! the round refreshes those replicas with one one-sided read each message; keys not where
+//! they were sent go through a push-pull the homes route (see [`super::sync_round`]). Each
+//! replica becomes the owner's value plus the delta accumulated since. The owner applies a
+//! delta and copies the value under the key's latch, so the value read includes the delta just
+//! sent and every push the owner had applied: a replica never counts a push twice, and every
+//! push of this node reaches the owner exactly once (it leaves a delta exactly once, under the
+//! latch that also admits pushes, and is applied where the key is held or routed).
 //!
 //! A key granted while it is held (or arriving) here gets no replica yet; the store marks it
 //! (`DynamicReplicas::want`), and when the key leaves, the departure keeps its last value here
@@ -34,18 +37,12 @@
 
 use std::collections::BTreeMap;
 
+use super::sync_round::{OwnerHints, SyncRound, keep_first_error};
 use crate::error::Result;
 use crate::runtime::NodeInner;
 use crate::store::Residence;
 use crate::util::FastSet;
 use crate::worker::{PullTicket, Ticket, Worker};
-
-/// The pushes and pulls of one table in flight for a sync round.
-struct Syncing {
-    table: u16,
-    keys: Vec<u64>,
-    ticket: PullTicket,
-}
 
 /// The run-time replicas this node keeps, per table (the store is the authority on whether
 /// one exists; this set says which keys to look at), and their operations in flight.
@@ -62,7 +59,11 @@ pub(crate) struct ReplicaSet {
     awaiting: FastSet<(u16, u64)>,
     makes: Vec<(u16, Vec<u64>, PullTicket)>,
     /// The sync round in flight.
-    syncing: Option<Vec<Syncing>>,
+    syncing: Option<SyncRound>,
+    /// Where keys were found when not at their homes (for the sync rounds).
+    owners: OwnerHints,
+    /// The last REPLICA_SYNC id.
+    sync_id: u32,
     /// Dropped replicas' deltas on their way to the owners.
     pushes: Vec<Ticket>,
 }
@@ -218,16 +219,14 @@ impl ReplicaSet {
                 }
             }
         }
-        if self.syncing.as_ref().is_some_and(|s| wait || s.iter().all(|s| worker.is_pull_done(&s.ticket))) {
-            for s in self.syncing.take().unwrap_or_default() {
-                match worker.wait_pull(s.ticket) {
-                    // The deltas were handed to the protocol: like any push, they reach their
-                    // owner unless it is lost. The replicas keep their values until next time.
-                    Err(e) => note(e),
-                    Ok(fresh) => refresh(node, s.table, &s.keys, fresh),
-                }
+        if let Some(round) = &mut self.syncing {
+            if let Err(e) = round.poll(node, worker, &mut self.owners, wait) {
+                note(e);
             }
-            node.core.intent_counters().note_replica_sync();
+            if round.is_done() {
+                self.syncing = None;
+                node.core.intent_counters().note_replica_sync();
+            }
         }
         let mut j = 0;
         while j < self.pushes.len() {
@@ -282,6 +281,7 @@ impl ReplicaSet {
         let dynamic = node.core.store().table(table).dynamic();
         for &key in keys {
             self.making.remove(&(table, key));
+            self.owners.remove(&(table, key));
             self.granted.remove(&(table, key));
             self.awaiting.remove(&(table, key));
             if dynamic.is_some_and(|d| d.want(key, false)) {
@@ -340,22 +340,19 @@ impl ReplicaSet {
         outcome
     }
 
-    /// Starts a sync round unless one is in flight: every replica's delta goes to its owner in
-    /// one push-pull per table; [`ReplicaSet::poll`] refreshes the replicas from the answers.
+    /// Starts a sync round unless one is in flight (see [`super::sync_round`]);
+    /// [`ReplicaSet::poll`] completes it.
     pub fn start_sync(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         if self.syncing.is_some() {
             return Ok(());
         }
-        let mut syncing = Vec::new();
-        let mut outcome = Ok(());
-        for (table, keys, deltas) in self.take_deltas(node) {
-            match worker.push_pull_async(node.table_by_id(table), &keys, &deltas) {
-                Ok(ticket) => syncing.push(Syncing { table, keys, ticket }),
-                Err(e) => keep_first_error(&mut outcome, Err(e)),
-            }
+        let taken = self.take_deltas(node);
+        if taken.is_empty() {
+            return Ok(());
         }
-        if !syncing.is_empty() {
-            self.syncing = Some(syncing);
+        let (round, outcome) = SyncRound::start(node, worker, &self.owners, &mut self.sync_id, taken);
+        if !round.is_done() {
+            self.syncing = Some(round);
         }
         outcome
     }
@@ -364,14 +361,9 @@ impl ReplicaSet {
     /// flight).
     pub fn sync_now(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         debug_assert!(self.quiet());
-        let mut outcome = Ok(());
-        for (table, keys, deltas) in self.take_deltas(node) {
-            let mut fresh = vec![0.0; deltas.len()];
-            match worker.push_pull(node.table_by_id(table), &keys, &deltas, &mut fresh) {
-                Ok(()) => refresh(node, table, &keys, fresh),
-                Err(e) => keep_first_error(&mut outcome, Err(e)),
-            }
-        }
+        let taken = self.take_deltas(node);
+        let (mut round, mut outcome) = SyncRound::start(node, worker, &self.owners, &mut self.sync_id, taken);
+        keep_first_error(&mut outcome, round.poll(node, worker, &mut self.owners, true));
         node.core.intent_counters().note_replica_sync();
         outcome
     }
@@ -420,30 +412,31 @@ impl ReplicaSet {
     }
 }
 
-/// Keeps the first error of several steps that all run (`outcome` is what is reported).
-fn keep_first_error(outcome: &mut Result<()>, result: Result<()>) {
-    if outcome.is_ok() {
-        *outcome = result;
-    }
-}
-
 /// Sets each replica of `keys` still here to its owner's value `fresh` (answering the push-pull
 /// of its delta) plus what was pushed to it since.
-fn refresh(node: &NodeInner, table: u16, keys: &[u64], mut fresh: Vec<f32>) {
+pub(super) fn refresh(node: &NodeInner, table: u16, keys: &[u64], mut fresh: Vec<f32>) {
     let store = node.core.store();
     let value_len = store.table(table).value_len();
     let mut delta = vec![0.0; value_len];
     for (&key, value) in keys.iter().zip(fresh.chunks_exact_mut(value_len)) {
-        let guard = store.lock(table, key);
-        if guard.slot().is_some() {
-            continue;
+        set_replica(node, table, key, value, &mut delta);
+    }
+}
+
+/// Sets the replica of `key`, if it is still here, to its owner's `value` (which included the
+/// replica's delta when last taken) plus what was pushed to it since (`delta` is scratch space).
+/// A key that arrived here meanwhile keeps its own value.
+pub(super) fn set_replica(node: &NodeInner, table: u16, key: u64, value: &mut [f32], delta: &mut [f32]) {
+    let store = node.core.store();
+    let guard = store.lock(table, key);
+    if guard.slot().is_some() {
+        return;
+    }
+    if let Some((value_slot, delta_slot)) = guard.replica() {
+        delta_slot.read(delta);
+        for (v, d) in value.iter_mut().zip(delta.iter()) {
+            *v += d;
         }
-        if let Some((value_slot, delta_slot)) = guard.replica() {
-            delta_slot.read(&mut delta);
-            for (v, d) in value.iter_mut().zip(&delta) {
-                *v += d;
-            }
-            value_slot.write(value);
-        }
+        value_slot.write(value);
     }
 }

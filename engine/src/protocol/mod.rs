@@ -55,6 +55,7 @@ mod issue;
 pub mod keycache;
 mod relocation;
 mod replica;
+mod replica_sync;
 mod requester;
 mod rows;
 mod shard;
@@ -154,6 +155,8 @@ pub struct Core {
     intent_homes: Mutex<IntentHomes>,
     /// Set when a move waits in `intent_homes` for the intent service.
     intent_go: std::sync::atomic::AtomicBool,
+    /// Acknowledgements of this node's REPLICA_SYNC messages, for the intent service.
+    replica_sync_acks: crate::intent::SyncAcks,
 }
 
 impl Core {
@@ -175,6 +178,7 @@ impl Core {
             intent: Default::default(),
             intent_homes: Mutex::new(IntentHomes::default()),
             intent_go: std::sync::atomic::AtomicBool::new(false),
+            replica_sync_acks: Default::default(),
         }
     }
 
@@ -188,6 +192,11 @@ impl Core {
     #[inline]
     pub fn intent_counters(&self) -> &crate::intent::IntentCounters {
         &self.intent
+    }
+
+    /// Acknowledgements of this node's REPLICA_SYNC messages.
+    pub(crate) fn replica_sync_acks(&self) -> &crate::intent::SyncAcks {
+        &self.replica_sync_acks
     }
 
     /// Intents at this home node, and the moves this node was told to make.

@@ -172,6 +172,14 @@ impl<'c, 't> Step<'c, 't> {
                             self.handle_intent_go(body)?;
                             None
                         }
+                        msg::REPLICA_SYNC => {
+                            self.handle_replica_sync(from, body)?;
+                            None
+                        }
+                        msg::REPLICA_SYNC_ACK => {
+                            self.handle_replica_sync_ack(from, body)?;
+                            None
+                        }
                         other => return Err(Error::Protocol(format!("unknown message type {other}"))),
                     };
                     if let Some(item) = resume {

@@ -19,6 +19,8 @@
 //! | CLOCK | pad×3, smallest completed clock of the sender's workers u64 |
 //! | INTENT, INTENT_GO | level u8 (INTENT: 0 none, 1 soon, 2 now; INTENT_GO: 0 move, 1 replicate), pad u16, table u16, pad u16, count u32, key u64×count |
 //! | REPLICA_ACK | flags u8 (CUT: an image was cut), table u16, round u32, keys u32, changed u32, region u32, pad u32, addr u64, position u32×changed |
+//! | REPLICA_SYNC | pad u8, table u16, id u32, count u32, offset u32, (key u64, values)×count |
+//! | REPLICA_SYNC_ACK | pad u8, table u16, id u32, count u32, held u32, region u32, pad u32, addr u64, index u32×held, hint u16×(count − held) |
 
 use std::borrow::Cow;
 
@@ -59,6 +61,10 @@ pub mod msg {
     pub const INTENT: u8 = 14;
     /// Home node to node: it is the only one with intent on keys; move them (AdaPM 4.1).
     pub const INTENT_GO: u8 = 15;
+    /// Node to a key's owner: deltas of its run-time replicas; cut their images (AdaPM B.1).
+    pub const REPLICA_SYNC: u8 = 16;
+    /// Owner to replica node: which deltas were applied, where their keys' images lie.
+    pub const REPLICA_SYNC_ACK: u8 = 17;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).
@@ -992,6 +998,128 @@ pub fn decode_replica_ack(b: &[u8]) -> Result<(u16, u32, u32, Option<ReplicaImag
     }
 }
 
+/// Header bytes of REPLICA_SYNC (type byte included).
+pub const REPLICA_SYNC_HEADER: usize = 16;
+/// Bytes of REPLICA_SYNC_ACK before its indices.
+pub const REPLICA_SYNC_ACK_HEADER: usize = 32;
+
+/// Starts a REPLICA_SYNC of `table` with id `id` whose images go to slot image `offset` on;
+/// append `(key, values)` items with [`push_replica_delta_key`] and close it with
+/// [`finish_replica_sync`].
+pub fn begin_replica_sync(out: &mut Vec<u8>, table: u16, id: u32, offset: u32) -> usize {
+    let start = begin(out, msg::REPLICA_SYNC);
+    out.push(0);
+    out.extend_from_slice(&table.to_le_bytes());
+    out.extend_from_slice(&id.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&offset.to_le_bytes());
+    start
+}
+
+/// Closes a REPLICA_SYNC of `count` items begun at `start`.
+pub fn finish_replica_sync(out: &mut [u8], start: usize, count: u32) {
+    out[start + 4 + 8..start + 4 + 12].copy_from_slice(&count.to_le_bytes());
+    finish(out, start);
+}
+
+/// A decoded REPLICA_SYNC.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplicaSync<'a> {
+    /// Table id.
+    pub table: u16,
+    /// The sender's id for this message (echoed by the acknowledgement).
+    pub id: u32,
+    /// Where in the sender's image buffer the held keys' images go (in slot images).
+    pub offset: u32,
+    /// Items.
+    pub count: usize,
+    items: &'a [u8],
+    item_bytes: usize,
+}
+
+impl<'a> ReplicaSync<'a> {
+    /// Decodes a REPLICA_SYNC body; `value_len` gives each table's value length.
+    pub fn decode(b: &'a [u8], value_len: impl Fn(u16) -> Option<usize>) -> Result<ReplicaSync<'a>> {
+        if b.len() < REPLICA_SYNC_HEADER {
+            return Err(bad("short REPLICA_SYNC"));
+        }
+        let table = u16_at(b, 2);
+        let vl = value_len(table).ok_or_else(|| bad(format!("REPLICA_SYNC for unknown table {table}")))?;
+        let count = u32_at(b, 8) as usize;
+        let item_bytes = 8 + vl * 4;
+        if count.checked_mul(item_bytes) != Some(b.len() - REPLICA_SYNC_HEADER) {
+            return Err(bad(format!("REPLICA_SYNC of {count} items has {} bytes", b.len())));
+        }
+        Ok(ReplicaSync { table, id: u32_at(b, 4), offset: u32_at(b, 12), count, items: &b[REPLICA_SYNC_HEADER..], item_bytes })
+    }
+
+    /// Item `i`: its key and its values as little-endian bytes.
+    pub fn item(&self, i: usize) -> (u64, &'a [u8]) {
+        let at = i * self.item_bytes;
+        (u64_at(self.items, at), &self.items[at + 8..at + self.item_bytes])
+    }
+}
+
+/// A REPLICA_SYNC's acknowledgement: which of its items the receiver held (their deltas applied,
+/// their images at `remote`, in order) and, for each other item in order, the node to send it
+/// to next time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaSyncAck {
+    /// Table id.
+    pub table: u16,
+    /// The REPLICA_SYNC's id.
+    pub id: u32,
+    /// Its item count.
+    pub count: u32,
+    /// Where the held items' images start.
+    pub remote: RemoteAddr,
+    /// Indices of the held items, strictly increasing, below `count`.
+    pub held: Vec<u32>,
+    /// Per item not held, in order: where its key is to be found (the owner, as far as the
+    /// receiver knows, or the key's home).
+    pub hints: Vec<u16>,
+}
+
+/// Encodes REPLICA_SYNC_ACK.
+pub fn encode_replica_sync_ack(out: &mut Vec<u8>, ack: &ReplicaSyncAck) {
+    let start = begin(out, msg::REPLICA_SYNC_ACK);
+    out.push(0);
+    out.extend_from_slice(&ack.table.to_le_bytes());
+    out.extend_from_slice(&ack.id.to_le_bytes());
+    out.extend_from_slice(&ack.count.to_le_bytes());
+    out.extend_from_slice(&(ack.held.len() as u32).to_le_bytes());
+    out.extend_from_slice(&ack.remote.region.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&ack.remote.addr.to_le_bytes());
+    for i in &ack.held {
+        out.extend_from_slice(&i.to_le_bytes());
+    }
+    for h in &ack.hints {
+        out.extend_from_slice(&h.to_le_bytes());
+    }
+    finish(out, start);
+}
+
+/// Decodes REPLICA_SYNC_ACK; indices must increase below the item count, and there must be one
+/// hint per item not held.
+pub fn decode_replica_sync_ack(b: &[u8]) -> Result<ReplicaSyncAck> {
+    if b.len() < REPLICA_SYNC_ACK_HEADER {
+        return Err(bad("short REPLICA_SYNC_ACK"));
+    }
+    let (table, id, count, held) = (u16_at(b, 2), u32_at(b, 4), u32_at(b, 8), u32_at(b, 12));
+    let others = count.checked_sub(held).ok_or_else(|| bad(format!("REPLICA_SYNC_ACK holds {held} of {count} items")))? as usize;
+    if (held as usize) * 4 + others * 2 != b.len() - REPLICA_SYNC_ACK_HEADER {
+        return Err(bad(format!("REPLICA_SYNC_ACK of {count} items has {} bytes", b.len())));
+    }
+    let held: Vec<u32> = (0..held as usize).map(|i| u32_at(b, REPLICA_SYNC_ACK_HEADER + 4 * i)).collect();
+    if held.windows(2).any(|w| w[0] >= w[1]) || held.last().is_some_and(|&i| i >= count) {
+        return Err(bad("REPLICA_SYNC_ACK indices are not increasing below its item count"));
+    }
+    let hints_at = REPLICA_SYNC_ACK_HEADER + 4 * held.len();
+    let hints = (0..others).map(|i| u16_at(b, hints_at + 2 * i)).collect();
+    Ok(ReplicaSyncAck { table, id, count, remote: RemoteAddr { region: u32_at(b, 16), addr: u64_at(b, 24) }, held, hints })
+}
+
 /// Longest reason LEAVING carries per node (longer ones are cut at a character boundary).
 pub const LEAVING_REASON_MAX: usize = 512;
 
@@ -1119,6 +1247,39 @@ mod tests {
         let mut unordered = Vec::new();
         encode_replica_ack(&mut unordered, 1, 7, 6, Some(&ReplicaImage { positions: vec![2, 2], ..image }));
         assert!(decode_replica_ack(&unordered[4..]).is_err(), "positions must increase");
+    }
+
+    #[test]
+    fn replica_sync_messages_round_trip() {
+        let mut out = Vec::new();
+        let start = begin_replica_sync(&mut out, 1, 42, 100);
+        for (key, v) in [(5u64, 1.0f32), (9, 2.0), (11, 3.0)] {
+            push_replica_delta_key(&mut out, key);
+            for _ in 0..3 {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        finish_replica_sync(&mut out, start, 3);
+        let ack = ReplicaSyncAck { table: 1, id: 42, count: 3, remote: RemoteAddr { region: 3, addr: 64 }, held: vec![0, 2], hints: vec![4] };
+        encode_replica_sync_ack(&mut out, &ack);
+        let bodies: Vec<_> = Messages::new(&out).collect::<Result<_>>().unwrap();
+        let sync = ReplicaSync::decode(bodies[0], vl).unwrap();
+        assert_eq!((sync.table, sync.id, sync.offset, sync.count), (1, 42, 100, 3));
+        assert_eq!(sync.item(2), (11, &[3.0f32.to_le_bytes(); 3].concat()[..]));
+        assert!(ReplicaSync::decode(&bodies[0][..bodies[0].len() - 1], vl).is_err());
+        assert!(ReplicaSync::decode(bodies[0], |_| None).is_err());
+        assert_eq!(decode_replica_sync_ack(bodies[1]).unwrap(), ack);
+        for bad_ack in [
+            ReplicaSyncAck { held: vec![2, 0], ..ack.clone() },
+            ReplicaSyncAck { held: vec![0, 3], ..ack.clone() },
+            ReplicaSyncAck { hints: vec![], ..ack.clone() },
+            ReplicaSyncAck { count: 1, ..ack.clone() },
+        ] {
+            let mut o = Vec::new();
+            encode_replica_sync_ack(&mut o, &bad_ack);
+            assert!(decode_replica_sync_ack(&o[4..]).is_err(), "{bad_ack:?} must be refused");
+        }
+        assert!(decode_replica_sync_ack(&bodies[1][..bodies[1].len() - 2]).is_err());
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub use dynamic::{DynamicReplicas, ReplicaSlots};
 pub use latch::{AllLatches, LatchGuard, Latches};
 pub use replica::ReplicaState;
 pub use slot::{AllGuard, KeyGuard, Reserved, Slot};
-pub use snapshot::Snapshot;
+pub use snapshot::{ImageBuffer, Snapshot};
 
 use crate::config::{HugePages, TableSpec};
 use crate::error::{Error, Result};
@@ -154,6 +154,9 @@ pub struct TableStore {
     /// Replicas made at run time for intent (tables with a stateless, linear updater on
     /// clusters of several nodes).
     dynamic: Option<DynamicReplicas>,
+    /// Per peer, the buffers the images of keys held here are cut into for that peer's run-time
+    /// replicas (the last is current; earlier, smaller ones stay registered, unused).
+    sync_images: Mutex<crate::util::FastMap<u16, Vec<Arc<ImageBuffer>>>>,
 }
 
 /// All tables of a node plus the latches that guard them.
@@ -395,6 +398,28 @@ impl Store {
         Some((image.remote(), positions))
     }
 
+    /// The buffer the images of `table`'s keys for `peer`'s run-time replicas are cut into,
+    /// with room for at least `slots` slot images. A buffer too small is replaced by one twice
+    /// its size (or `slots`, if more); the old one stays registered, so that a read of an image
+    /// cut into it earlier still finds it. At most `table`'s key count: a peer cannot have more
+    /// replicas.
+    pub fn sync_image(&self, table: u16, peer: u16, slots: usize) -> Result<Arc<ImageBuffer>> {
+        let t = self.tables.get(table as usize).ok_or_else(|| Error::Protocol(format!("no table {table}")))?;
+        if slots as u64 > t.spec.keys {
+            return Err(Error::Protocol(format!("{slots} slot images asked of table {table}, which has {} keys", t.spec.keys)));
+        }
+        let slot_words = t.slot_bytes / 4;
+        let mut images = t.sync_images.lock();
+        let buffers = images.entry(peer).or_default();
+        if let Some(current) = buffers.last().filter(|b| b.capacity(slot_words) >= slots) {
+            return Ok(current.clone());
+        }
+        let room = buffers.last().map_or(slots, |b| b.capacity(slot_words) * 2).max(slots).min(t.spec.keys as usize);
+        let buffer = Arc::new(ImageBuffer::new(room * t.slot_bytes, &*self.registrar)?);
+        buffers.push(buffer.clone());
+        Ok(buffer)
+    }
+
     /// The first `slots` slot images of `peer`'s current image of `table`, as a one-sided read
     /// would copy them (for simulators and tests).
     pub fn snapshot_bytes(&self, table: u16, peer: usize, slots: usize) -> Option<Vec<u8>> {
@@ -492,6 +517,7 @@ impl TableStore {
             replicas,
             snapshots: Box::new([]),
             dynamic,
+            sync_images: Mutex::new(Default::default()),
             spec,
         })
     }

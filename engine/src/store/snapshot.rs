@@ -22,11 +22,56 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use super::{Registrar, RemoteAddr};
 use crate::error::Result;
 
-/// One peer's image of the replicated keys homed here.
-pub struct Snapshot {
+/// Registered words that peers read slot images from with one-sided reads: a replica node's
+/// [`Snapshot`], and the images a key's owner cuts for a run-time replica's refresh
+/// ([`super::SyncImages`]).
+pub struct ImageBuffer {
     /// Heap memory is enough: the image is read sequentially, and its address never moves.
     words: Box<[AtomicU32]>,
     remote: RemoteAddr,
+}
+
+impl ImageBuffer {
+    /// A zeroed buffer of at least `bytes` bytes, registered with `registrar` for peers'
+    /// one-sided reads only.
+    pub fn new(bytes: usize, registrar: &dyn Registrar) -> Result<ImageBuffer> {
+        let words: Box<[AtomicU32]> = (0..bytes.div_ceil(4).max(1)).map(|_| AtomicU32::new(0)).collect();
+        // SAFETY: the boxed slice stays allocated, at the same address, as long as the buffer,
+        // which the store keeps until it is dropped after the fabric shut down. Peers only read
+        // images: registered without remote write access.
+        let handle = unsafe { registrar.register_read_only(words.as_ptr() as *mut u8, words.len() * 4)? };
+        Ok(ImageBuffer { words, remote: RemoteAddr { region: handle.region, addr: handle.remote_base } })
+    }
+
+    /// The buffer as words.
+    pub fn words(&self) -> &[AtomicU32] {
+        &self.words
+    }
+
+    /// How many slot images of `slot_words` words it holds.
+    pub fn capacity(&self, slot_words: usize) -> usize {
+        self.words.len() / slot_words.max(1)
+    }
+
+    /// Where peers read slot image `index` (of `slot_words` words each).
+    pub fn remote_at(&self, index: usize, slot_words: usize) -> RemoteAddr {
+        RemoteAddr { region: self.remote.region, addr: self.remote.addr + (index * slot_words * 4) as u64 }
+    }
+
+    /// Writes slot image `index`: `version`, the value's words, `version`.
+    pub fn put(&self, index: usize, slot_words: usize, version: u32, values: impl Iterator<Item = u32>) {
+        let words = &self.words[index * slot_words..(index + 1) * slot_words];
+        words[0].store(version, Ordering::Relaxed);
+        for (w, v) in words[1..slot_words - 1].iter().zip(values) {
+            w.store(v, Ordering::Relaxed);
+        }
+        words[slot_words - 1].store(version, Ordering::Release);
+    }
+}
+
+/// One peer's image of the replicated keys homed here.
+pub struct Snapshot {
+    image: ImageBuffer,
     /// Per replicated key (by position): its slot version when last put into this image;
     /// `NEVER` before the first time, or after the peer asked for everything.
     sent: Box<[AtomicU32]>,
@@ -39,23 +84,18 @@ impl Snapshot {
     /// An image of up to `keys` slot images of `bytes` bytes in all (zeroed), registered with
     /// `registrar` for peers' one-sided reads.
     pub fn new(keys: usize, bytes: usize, registrar: &dyn Registrar) -> Result<Snapshot> {
-        let words: Box<[AtomicU32]> = (0..bytes.div_ceil(4).max(1)).map(|_| AtomicU32::new(0)).collect();
         let sent = (0..keys).map(|_| AtomicU32::new(NEVER)).collect();
-        // SAFETY: the boxed slice stays allocated, at the same address, as long as the
-        // snapshot, which the store keeps until it is dropped after the fabric shut down.
-        // Peers only read images: registered without remote write access.
-        let handle = unsafe { registrar.register_read_only(words.as_ptr() as *mut u8, words.len() * 4)? };
-        Ok(Snapshot { words, remote: RemoteAddr { region: handle.region, addr: handle.remote_base }, sent })
+        Ok(Snapshot { image: ImageBuffer::new(bytes, registrar)?, sent })
     }
 
     /// The image as words.
     pub fn words(&self) -> &[AtomicU32] {
-        &self.words
+        self.image.words()
     }
 
     /// Where peers read the image.
     pub fn remote(&self) -> RemoteAddr {
-        self.remote
+        self.image.remote
     }
 
     /// The version of the key at `position` when last put into this image (`NEVER`: not yet).
@@ -72,11 +112,6 @@ impl Snapshot {
 
     /// Writes slot `index` of the image: `version`, the value's words, `version`.
     pub fn put(&self, index: usize, slot_words: usize, version: u32, values: impl Iterator<Item = u32>) {
-        let words = &self.words[index * slot_words..(index + 1) * slot_words];
-        words[0].store(version, Ordering::Relaxed);
-        for (w, v) in words[1..slot_words - 1].iter().zip(values) {
-            w.store(v, Ordering::Relaxed);
-        }
-        words[slot_words - 1].store(version, Ordering::Release);
+        self.image.put(index, slot_words, version, values);
     }
 }

@@ -138,7 +138,8 @@ fn main() -> Result<()> {
 /// `k % 2 == (c + r) % 2` and declares each clock's keys two clocks ahead; both push to every
 /// key every clock. The keys must follow the windows (relocated or replicated by the intent
 /// service, as the homes grant), the late accesses must stay a minority, and no push may be
-/// lost or doubled.
+/// lost or doubled. Then both need every key for a few clocks (replicas on both sides, kept in
+/// sync through the holders' images).
 fn intent(clocks: u64) -> Result<()> {
     const KEYS: u64 = 64;
     let spec = TableSpec::new("t", KEYS, 2).partitioned(Partitioning::Hash);
@@ -187,6 +188,32 @@ fn intent(clocks: u64) -> Result<()> {
     if s.intent.late_accesses * 2 > declared {
         anyhow::bail!("{} of {declared} accesses in a declared window were late", s.intent.late_accesses);
     }
+    // Then both ranks need every key at once for a while: each keeps replicas of the keys the
+    // other holds, and their sync rounds send the deltas to the holder and refresh from the
+    // images it cuts with one-sided reads (RDMA READs over verbs).
+    const SHARED: u64 = 15;
+    let all: Vec<u64> = (0..KEYS).collect();
+    let start = clocks;
+    for c in start..start + 2 {
+        w.intent(table, &all, c, c + 1)?;
+    }
+    let before_shared = node.stats();
+    for c in start..start + SHARED {
+        if c + 2 < start + SHARED {
+            w.intent(table, &all, c + 2, c + 3)?;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        w.pull(table, &all, &mut out)?;
+        w.push(table, &all, &vec![1.0; KEYS as usize * 2])?;
+        w.advance_clock()?;
+    }
+    w.barrier()?;
+    w.pull(table, &all, &mut out)?;
+    let expected = 2.0 * (clocks + SHARED) as f32;
+    if let Some(v) = out.iter().find(|&&v| v != expected) {
+        anyhow::bail!("after the shared clocks a key holds {v}, expected {expected} (a push lost or doubled)");
+    }
+    let shared = node.stats().since(&before_shared).intent;
     w.barrier()?;
     drop(w);
     node.finalize()?;
@@ -196,6 +223,10 @@ fn intent(clocks: u64) -> Result<()> {
         s.intent.replicas_made,
         s.intent.late_accesses,
         s.intent.mean_lead()
+    );
+    println!(
+        "shared keys: {} replicas made, {} refreshed by {} one-sided reads, {} synced through push-pulls",
+        shared.replicas_made, shared.refreshed_by_read, shared.refresh_reads, shared.synced_by_push_pull
     );
     Ok(())
 }

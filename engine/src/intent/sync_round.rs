@@ -1,0 +1,258 @@
+//! One sync round of the run-time replicas (AdaPM, Appendix B.1): each replica's delta goes to
+//! the node believed to own its key in one REPLICA_SYNC per owner and table; the owner applies
+//! the deltas of the keys it holds, cuts their images and acknowledges; the round refreshes
+//! those replicas with **one one-sided read** per message (an RDMA READ over verbs) and sends
+//! the rest — keys that were not there — through an ordinary push-pull that the homes route,
+//! whose answer refreshes them. The acknowledgement names, per key not held, where to try next
+//! time (see the protocol's `replica_sync`).
+//!
+//! Each replica becomes its owner's value (which includes the delta just sent) plus the pushes
+//! it took since its delta was taken. The service runs a round asynchronously and completes it
+//! in its later rounds; a barrier runs one and waits for it.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::protocol::Progress;
+use crate::protocol::wire::ReplicaSyncAck;
+use crate::runtime::NodeInner;
+use crate::util::FastMap;
+use crate::worker::{PullTicket, Worker};
+
+/// Where each key's owner is believed to be, for keys that were not at their home's first
+/// guess (absent: try the home, or the owner the home records if that is this node).
+pub(super) type OwnerHints = FastMap<(u16, u64), u16>;
+
+/// A REPLICA_SYNC waiting for its acknowledgement.
+struct SyncPart {
+    owner: u16,
+    table: u16,
+    id: u32,
+    keys: Vec<u64>,
+    deltas: Vec<f32>,
+}
+
+/// A routed push-pull of deltas whose keys were not where they were sent (or had no guess).
+struct RoutedSync {
+    table: u16,
+    keys: Vec<u64>,
+    ticket: PullTicket,
+}
+
+/// A sync round in flight.
+pub(super) struct SyncRound {
+    parts: Vec<SyncPart>,
+    routed: Vec<RoutedSync>,
+    deadline: Instant,
+}
+
+impl SyncRound {
+    /// Starts a round for the `taken` deltas (per table: keys and their deltas, taken from the
+    /// replicas): REPLICA_SYNC to each believed owner, a push-pull through `worker` for keys
+    /// without one. Message ids come from `next_id`. Returns the round and the first error of
+    /// starting it (what started is in the round).
+    pub fn start(
+        node: &NodeInner,
+        worker: &mut Worker,
+        hints: &OwnerHints,
+        next_id: &mut u32,
+        taken: Vec<(u16, Vec<u64>, Vec<f32>)>,
+    ) -> (SyncRound, Result<()>) {
+        let mut round = SyncRound { parts: Vec::new(), routed: Vec::new(), deadline: Instant::now() + node.config.op_timeout };
+        let mut outcome = Ok(());
+        // Messages stay well below the largest one a peer accepts.
+        let limit = node.core.settings().max_message_bytes / 2;
+        let mut sends: Vec<(SyncPart, u32)> = Vec::new();
+        for (table, keys, deltas) in taken {
+            let value_len = node.core.store().table(table).value_len();
+            let per_item = 8 + 4 * value_len;
+            let mut by_owner: BTreeMap<u16, (Vec<u64>, Vec<f32>)> = BTreeMap::new();
+            let mut routed = (Vec::new(), Vec::new());
+            for (&key, delta) in keys.iter().zip(deltas.chunks_exact(value_len)) {
+                let (k, d) = match believed_owner(node, hints, table, key) {
+                    Some(owner) => by_owner.entry(owner).or_default(),
+                    None => &mut routed,
+                };
+                k.push(key);
+                d.extend_from_slice(delta);
+            }
+            for (owner, (keys, deltas)) in by_owner {
+                let per_message = (limit / per_item).max(1);
+                for (offset, chunk) in keys.chunks(per_message).enumerate().map(|(i, c)| (i * per_message, c)) {
+                    *next_id = next_id.wrapping_add(1);
+                    let deltas = deltas[offset * value_len..(offset + chunk.len()) * value_len].to_vec();
+                    sends.push((SyncPart { owner, table, id: *next_id, keys: chunk.to_vec(), deltas }, offset as u32));
+                }
+            }
+            if !routed.0.is_empty() {
+                keep_first_error(&mut outcome, round.route(node, worker, table, routed.0, &routed.1));
+            }
+        }
+        if !sends.is_empty() {
+            let sent = node.run_pooled(|step, _, _| {
+                for (part, offset) in &sends {
+                    step.send_replica_sync(part.owner, part.table, part.id, *offset, &part.keys, &part.deltas);
+                }
+                Ok(Progress::Done)
+            });
+            // Queuing cannot fail; were it to, whether a message left would be unknown, so the
+            // deltas are never sent a second way: an unanswered message times out.
+            keep_first_error(&mut outcome, sent);
+            round.parts.extend(sends.into_iter().map(|(part, _)| part));
+        }
+        (round, outcome)
+    }
+
+    /// Whether everything of the round completed.
+    pub fn is_done(&self) -> bool {
+        self.parts.is_empty() && self.routed.is_empty()
+    }
+
+    /// Completes what arrived (everything, waiting, with `wait`): refreshes from the images of
+    /// acknowledged messages, routes their keys that were not held (learning where they are),
+    /// refreshes from the routed push-pulls' answers.
+    pub fn poll(&mut self, node: &NodeInner, worker: &mut Worker, hints: &mut OwnerHints, wait: bool) -> Result<()> {
+        let mut outcome = Ok(());
+        let acks = node.core.replica_sync_acks();
+        let mut i = 0;
+        while i < self.parts.len() {
+            let (owner, id) = (self.parts[i].owner, self.parts[i].id);
+            let alive = || node.fabric.is_alive(owner as usize) && !node.core.directory().is_lost(owner);
+            let ack = if wait { acks.wait(owner, id, self.deadline, alive) } else { acks.take(owner, id) };
+            let Some(ack) = ack else {
+                if !wait && alive() && Instant::now() < self.deadline {
+                    i += 1;
+                    continue;
+                }
+                // Like a push to a node that is gone or silent: its deltas may be lost.
+                self.parts.swap_remove(i);
+                let error = if alive() {
+                    Error::Timeout {
+                        what: "run-time replica deltas to be acknowledged",
+                        millis: node.config.op_timeout.as_millis() as u64,
+                        nodes: vec![owner as usize],
+                    }
+                } else {
+                    node.core.directory().lost_error(owner)
+                };
+                keep_first_error(&mut outcome, Err(error));
+                continue;
+            };
+            let part = self.parts.swap_remove(i);
+            keep_first_error(&mut outcome, self.complete(node, worker, hints, part, ack));
+        }
+        let mut j = 0;
+        while j < self.routed.len() {
+            if !wait && !worker.is_pull_done(&self.routed[j].ticket) {
+                j += 1;
+                continue;
+            }
+            let r = self.routed.swap_remove(j);
+            match worker.wait_pull(r.ticket) {
+                Ok(fresh) => super::replicas::refresh(node, r.table, &r.keys, fresh),
+                // The deltas were handed to the protocol: like any push, they reach their
+                // owner unless it is lost. The replicas keep their values until next time.
+                Err(e) => keep_first_error(&mut outcome, Err(e)),
+            }
+        }
+        outcome
+    }
+
+    /// `part` was acknowledged with `ack`: reads the images of the items applied, routes the
+    /// others.
+    fn complete(&mut self, node: &NodeInner, worker: &mut Worker, hints: &mut OwnerHints, part: SyncPart, ack: ReplicaSyncAck) -> Result<()> {
+        let store = node.core.store();
+        let t = store.table(part.table);
+        let value_len = t.value_len();
+        if ack.table != part.table || ack.count as usize != part.keys.len() {
+            // A peer that answers another message than the one sent: what it applied is
+            // unknown, so nothing is sent again.
+            return Err(Error::Protocol(format!("REPLICA_SYNC_ACK from node {} does not match message {}", part.owner, part.id)));
+        }
+        let mut outcome = Ok(());
+        if !ack.held.is_empty() {
+            let slot_bytes = t.slot_bytes();
+            let mut copy = vec![0u8; ack.held.len() * slot_bytes];
+            match node.fabric.read(part.owner as usize, ack.remote, &mut copy, node.config.op_timeout) {
+                Ok(()) => {
+                    let keys: Vec<u64> = ack.held.iter().map(|&i| part.keys[i as usize]).collect();
+                    let torn = apply_images(node, part.table, &keys, &copy);
+                    node.core.intent_counters().note_refresh_read(copy.len() as u64, (keys.len() - torn) as u64);
+                    if torn > 0 {
+                        outcome = Err(Error::Protocol(format!("{torn} slot images read from node {} were torn", part.owner)));
+                    }
+                }
+                // The deltas were applied; the replicas keep their values until next time.
+                Err(e) => outcome = Err(e),
+            }
+        }
+        if ack.held.len() < part.keys.len() {
+            let (mut keys, mut deltas) = (Vec::new(), Vec::new());
+            let mut held = ack.held.iter().peekable();
+            let mut hint = ack.hints.iter();
+            for (i, (&key, delta)) in part.keys.iter().zip(part.deltas.chunks_exact(value_len)).enumerate() {
+                if held.next_if_eq(&&(i as u32)).is_some() {
+                    continue;
+                }
+                if let Some(&h) = hint.next() {
+                    hints.insert((part.table, key), h);
+                }
+                keys.push(key);
+                deltas.extend_from_slice(delta);
+            }
+            keep_first_error(&mut outcome, self.route(node, worker, part.table, keys, &deltas));
+        }
+        outcome
+    }
+
+    /// Sends `keys`' `deltas` through a push-pull the homes route.
+    fn route(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: Vec<u64>, deltas: &[f32]) -> Result<()> {
+        let ticket = worker.push_pull_async(node.table_by_id(table), &keys, deltas)?;
+        node.core.intent_counters().note_synced_by_push_pull(keys.len() as u64);
+        self.routed.push(RoutedSync { table, keys, ticket });
+        Ok(())
+    }
+}
+
+/// The node to send `key`'s delta to: where it was last found to be, else its home, else (this
+/// node being the home) the owner recorded here; `None` if that is this node or a lost one.
+fn believed_owner(node: &NodeInner, hints: &OwnerHints, table: u16, key: u64) -> Option<u16> {
+    let dir = node.core.directory();
+    let rank = dir.rank();
+    let home = dir.home(table, key);
+    let recorded = if home == rank { dir.owner_of(table, key) } else { None };
+    [hints.get(&(table, key)).copied(), Some(home), recorded]
+        .into_iter()
+        .flatten()
+        .find(|&n| n != rank && (n as usize) < dir.nodes() && !dir.is_lost(n) && node.fabric.is_alive(n as usize))
+}
+
+/// Sets each replica of `keys` still here to the value in its slot image in `copy` plus what
+/// was pushed to it since its delta was taken. Returns how many images were torn (their
+/// replicas keep their values).
+fn apply_images(node: &NodeInner, table: u16, keys: &[u64], copy: &[u8]) -> usize {
+    let store = node.core.store();
+    let t = store.table(table);
+    let value_len = t.value_len();
+    let (mut value, mut delta) = (vec![0f32; value_len], vec![0f32; value_len]);
+    let mut torn = 0;
+    for (&key, image) in keys.iter().zip(copy.chunks_exact(t.slot_bytes())) {
+        let Some(fresh) = crate::store::validate_slot_copy(image, value_len) else {
+            torn += 1;
+            continue;
+        };
+        for (v, b) in value.iter_mut().zip(fresh.chunks_exact(4)) {
+            *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        super::replicas::set_replica(node, table, key, &mut value, &mut delta);
+    }
+    torn
+}
+
+/// Keeps the first error of several steps that all run (`outcome` is what is reported).
+pub(super) fn keep_first_error(outcome: &mut Result<()>, result: Result<()>) {
+    if outcome.is_ok() {
+        *outcome = result;
+    }
+}

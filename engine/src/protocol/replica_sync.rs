@@ -1,0 +1,100 @@
+//! The protocol's part in keeping run-time replicas in sync (AdaPM, Appendix B.1, with the
+//! refresh of NuPS's replication): a node sends its replicas' deltas straight to the node it
+//! believes owns each key (REPLICA_SYNC, one message per owner and table, split when large);
+//! the receiver adds each delta to the key's slot if it holds the key, copies the slot under
+//! the same latch into an image buffer of the sender's own (see [`crate::store::ImageBuffer`]),
+//! and answers with REPLICA_SYNC_ACK: which items it applied, where their images lie, and, for
+//! each item it does not hold, where the key is to be found (the owner if it is the key's home,
+//! the home otherwise). The sender refreshes the applied items with one one-sided read and
+//! sends the others through an ordinary push-pull, which the homes route (see
+//! [`crate::intent`]'s replica set for that side).
+//!
+//! A delta is applied where the key is held, under its latch, or not at all, and the answer
+//! says which: every push reaches the key exactly once. The sender writes into a buffer range
+//! of its own (`offset` on, in slot images) and sends its next REPLICA_SYNC of the table only
+//! after it has read the images of the last one, so no image is overwritten before it is read.
+
+use super::Step;
+use super::wire::{self, ReplicaSync, ReplicaSyncAck};
+use crate::error::{Error, Result};
+use crate::stats::MessageKind;
+
+impl Step<'_, '_> {
+    /// Queues a REPLICA_SYNC of `table` with id `id` to `owner`: `keys` with their `deltas`
+    /// (`value_len` each), their images to go to slot image `offset` on.
+    pub fn send_replica_sync(&mut self, owner: u16, table: u16, id: u32, offset: u32, keys: &[u64], deltas: &[f32]) {
+        let value_len = if keys.is_empty() { 0 } else { deltas.len() / keys.len() };
+        let out = self.tx.buf(owner);
+        let before = out.len();
+        let start = wire::begin_replica_sync(out, table, id, offset);
+        for (&key, delta) in keys.iter().zip(deltas.chunks_exact(value_len.max(1))) {
+            wire::push_replica_delta_key(out, key);
+            for d in delta {
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+        }
+        wire::finish_replica_sync(out, start, keys.len() as u32);
+        let bytes = out.len() - before;
+        self.tx.sent(owner, MessageKind::Replica, bytes);
+    }
+
+    /// A REPLICA_SYNC arrived: applies the deltas of the keys held here, cuts their images for
+    /// the sender, and answers with REPLICA_SYNC_ACK. A message naming a table without
+    /// run-time replicas or a key beyond its table is refused whole (nothing applied).
+    pub(crate) fn handle_replica_sync(&mut self, from: u16, body: &[u8]) -> Result<()> {
+        let store = self.core.store().clone();
+        let dir = self.directory();
+        let sync = ReplicaSync::decode(body, |t| dir.table(t).map(|m| m.value_len))?;
+        let t = store.table(sync.table);
+        if t.dynamic().is_none() {
+            return Err(Error::Protocol(format!("REPLICA_SYNC for table {}, which keeps no run-time replicas", sync.table)));
+        }
+        let keys = dir.table(sync.table).map_or(0, |m| m.keys);
+        if let Some(i) = (0..sync.count).find(|&i| sync.item(i).0 >= keys) {
+            return Err(Error::Protocol(format!("REPLICA_SYNC names key {} of table {}, which has {keys}", sync.item(i).0, sync.table)));
+        }
+        let offset = sync.offset as usize;
+        let image = store.sync_image(sync.table, from, offset + sync.count)?;
+        let slot_words = t.slot_bytes() / 4;
+        let rank = dir.rank();
+        let (mut held, mut hints) = (Vec::new(), Vec::new());
+        for i in 0..sync.count {
+            let (key, delta) = sync.item(i);
+            let guard = store.lock(sync.table, key);
+            if let Some(slot) = guard.slot() {
+                slot.add_le_bytes(delta);
+                image.put(offset + held.len(), slot_words, slot.version(), slot.words());
+                held.push(i as u32);
+                continue;
+            }
+            drop(guard);
+            let home = dir.home(sync.table, key);
+            // A hint only: the sender tries there next time and is told again if it is wrong.
+            let hint = match dir.owner_of(sync.table, key) {
+                Some(owner) if home == rank => owner,
+                _ => home,
+            };
+            hints.push(hint);
+        }
+        let ack = ReplicaSyncAck { table: sync.table, id: sync.id, count: sync.count as u32, remote: image.remote_at(offset, slot_words), held, hints };
+        let out = self.tx.buf(from);
+        let before = out.len();
+        wire::encode_replica_sync_ack(out, &ack);
+        let bytes = out.len() - before;
+        self.tx.sent(from, MessageKind::Replica, bytes);
+        Ok(())
+    }
+
+    /// A REPLICA_SYNC_ACK arrived: hands it to the intent service's replica set.
+    pub(crate) fn handle_replica_sync_ack(&mut self, from: u16, body: &[u8]) -> Result<()> {
+        let ack = wire::decode_replica_sync_ack(body)?;
+        if self.directory().table(ack.table).is_none() {
+            return Err(Error::Protocol(format!("REPLICA_SYNC_ACK for unknown table {}", ack.table)));
+        }
+        if ack.hints.iter().any(|&h| h as usize >= self.directory().nodes()) {
+            return Err(Error::Protocol(format!("REPLICA_SYNC_ACK from node {from} names a node beyond the cluster")));
+        }
+        self.core.replica_sync_acks().post(from, ack);
+        Ok(())
+    }
+}
