@@ -127,6 +127,7 @@ impl SyncRound {
                 }
                 // Like a push to a node that is gone or silent: its deltas may be lost.
                 self.parts.swap_remove(i);
+                acks.abandon(owner, id);
                 let error = if alive() {
                     Error::Timeout {
                         what: "run-time replica deltas to be acknowledged",
