@@ -65,7 +65,9 @@ impl SyncAcks {
     }
 
     /// Nobody waits for the acknowledgement of `id` from `from` any more: drops it now or when
-    /// it arrives.
+    /// it arrives. Entries for acknowledgements that never come (a lost node's) are never
+    /// cleared, so at most `LIMIT` are remembered; beyond, a late acknowledgement stays in the
+    /// mailbox until the bound on it evicts it.
     pub fn abandon(&self, from: u16, id: u32) {
         let mut m = self.mailbox.lock();
         if m.acks.remove(&(from, id)).is_none() && m.abandoned.len() < LIMIT {
