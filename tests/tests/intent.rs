@@ -261,16 +261,21 @@ fn replicas_of_a_table_with_server_side_updates_are_never_made() {
 fn intents_of_both_nodes_and_explicit_localizes_never_change_values() {
     // Both nodes declare overlapping windows on the same keys, and localize some explicitly,
     // while they push: the keys move back and forth, keys both need at once are replicated on
-    // both, and every push counts exactly once.
+    // both, and every push counts exactly once. Half of each clock's keys are the same on both
+    // nodes, and the two workers complete their clocks in step, so that some keys are needed by
+    // both at once whatever the scheduling (without both, one worker could run ahead and the
+    // nodes' windows never overlap).
     let nodes = cluster(2, TableSpec::new("t", KEYS, 1), |_| {});
     let rounds = 60u64;
+    let in_step = std::sync::Barrier::new(nodes.len());
     std::thread::scope(|s| {
         for (rank, node) in nodes.iter().enumerate() {
+            let in_step = &in_step;
             s.spawn(move || {
                 let mut w = node.worker();
                 let t = w.table("t").unwrap();
                 for c in 0..rounds {
-                    let keys: Vec<u64> = (0..8).map(|i| (c * 5 + i * 7 + rank as u64) % KEYS).collect();
+                    let keys: Vec<u64> = (0..8).map(|i| (c * 5 + i * 7 + (i % 2) * rank as u64) % KEYS).collect();
                     w.intent(t, &keys, c + 1, c + 3).unwrap();
                     if c % 7 == rank as u64 {
                         w.localize(t, &keys[..2]).unwrap();
@@ -278,6 +283,7 @@ fn intents_of_both_nodes_and_explicit_localizes_never_change_values() {
                     let all: Vec<u64> = (0..KEYS).collect();
                     w.push(t, &all, &vec![1.0; KEYS as usize]).unwrap();
                     w.advance_clock().unwrap();
+                    in_step.wait();
                 }
                 w.barrier().unwrap();
                 let mut out = vec![0.0; KEYS as usize];

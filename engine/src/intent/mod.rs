@@ -205,9 +205,10 @@ pub struct Window {
 }
 
 /// How much a node needs a key: what it tells the key's home node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum IntentLevel {
     /// No intent the node acts on (none declared, or none within reach yet).
+    #[default]
     None = 0,
     /// A window within the action horizon has not started yet.
     Soon = 1,
@@ -232,8 +233,16 @@ impl IntentLevel {
 /// window only grows at its end), so these name it for its whole life.
 type Entry = (u16, u64, u16, u64);
 
-/// A key's windows on a node.
-type KeyWindows = smallvec::SmallVec<[WindowState; 2]>;
+/// A key on a node: its windows, and the level its home was last told.
+#[derive(Debug, Default)]
+struct KeyState {
+    /// Usually one or two: inline.
+    windows: smallvec::SmallVec<[WindowState; 2]>,
+    /// What the key's home was last told ([`IntentTable::relevel`]). Kept with the windows, so
+    /// that a round finds both with one lookup: a key outlives its last window until its home
+    /// has been told `None`.
+    signalled: IntentLevel,
+}
 
 /// One window of a key and how far it got.
 #[derive(Debug, Clone, Copy)]
@@ -254,14 +263,16 @@ struct WindowState {
 /// clock are walked only as far as the clocks reach, so a round costs what changes, not what
 /// is declared. A window that grows keeps its entries (a key declared clock after clock costs
 /// a lookup, not three index entries per clock): its end entry, once reached, is moved to the
-/// window's current end; an entry whose window no longer exists is skipped when walked.
+/// window's current end; an entry whose window no longer exists is skipped when walked. Each
+/// key also keeps the level its home was last told ([`IntentTable::relevel`]), so a round
+/// learns what to tell the homes with one lookup per changed key.
 #[derive(Debug, Default)]
 pub struct IntentTable {
     /// A window that begins at most this many clocks after one of the same worker on the same
     /// key ends extends it.
     pub gap: u64,
-    /// Per key: its windows (usually one or two: inline).
-    windows: crate::util::FastMap<(u16, u64), KeyWindows>,
+    /// Per key with windows, or whose home was told it is needed.
+    windows: crate::util::FastMap<(u16, u64), KeyState>,
     /// Windows not taken yet, by start.
     pending: BTreeMap<u64, Vec<Entry>>,
     /// Windows not started yet, by start.
@@ -277,7 +288,7 @@ impl IntentTable {
         if start >= end {
             return false;
         }
-        let windows = self.windows.entry((table, key)).or_default();
+        let windows = &mut self.windows.entry((table, key)).or_default().windows;
         // A window that overlaps or continues one of the same worker extends it: a key needed
         // in consecutive clocks stays needed, instead of ending and beginning again.
         if let Some(w) = windows.iter_mut().find(|w| w.window.worker == worker && w.window.start <= start && start <= w.window.end.saturating_add(self.gap)) {
@@ -304,8 +315,8 @@ impl IntentTable {
         let mut touched = Vec::new();
         let windows = &mut self.windows;
         // The window of an index entry, if it still exists as the entry describes it.
-        fn find<'w>(windows: &'w mut crate::util::FastMap<(u16, u64), KeyWindows>, e: &Entry) -> Option<&'w mut WindowState> {
-            windows.get_mut(&(e.0, e.1))?.iter_mut().find(|s| s.window.worker == e.2 && s.window.start == e.3)
+        fn find<'w>(windows: &'w mut crate::util::FastMap<(u16, u64), KeyState>, e: &Entry) -> Option<&'w mut WindowState> {
+            windows.get_mut(&(e.0, e.1))?.windows.iter_mut().find(|s| s.window.worker == e.2 && s.window.start == e.3)
         }
         // Marks the window of `e` taken (or started) once `at` is within `limit` of its worker;
         // returns whether the entry stays in its index.
@@ -343,20 +354,45 @@ impl IntentTable {
         touched
     }
 
-    fn remove_window(windows: &mut crate::util::FastMap<(u16, u64), KeyWindows>, table: u16, key: u64, worker: u16, start: u64) {
-        if let Some(ws) = windows.get_mut(&(table, key)) {
-            ws.retain(|x| x.window.worker != worker || x.window.start != start);
-            if ws.is_empty() {
+    fn remove_window(windows: &mut crate::util::FastMap<(u16, u64), KeyState>, table: u16, key: u64, worker: u16, start: u64) {
+        if let Some(ks) = windows.get_mut(&(table, key)) {
+            ks.windows.retain(|x| x.window.worker != worker || x.window.start != start);
+            if ks.windows.is_empty() && ks.signalled == IntentLevel::None {
                 windows.remove(&(table, key));
             }
         }
     }
 
+    /// The level of `key` of `table` (as [`IntentTable::level`]) if it differs from the one its
+    /// home was last told, which it becomes; `None` if unchanged. A key without windows is
+    /// forgotten once its home has been told `None`.
+    pub fn relevel(&mut self, table: u16, key: u64, clock: impl Fn(u16) -> u64) -> Option<IntentLevel> {
+        let ks = self.windows.get_mut(&(table, key))?;
+        let level = Self::level_of(&ks.windows, clock);
+        if level == ks.signalled {
+            return None;
+        }
+        ks.signalled = level;
+        if level == IntentLevel::None && ks.windows.is_empty() {
+            self.windows.remove(&(table, key));
+        }
+        Some(level)
+    }
+
+    /// The level `key` of `table` was last told to its home.
+    pub fn signalled(&self, table: u16, key: u64) -> IntentLevel {
+        self.windows.get(&(table, key)).map_or(IntentLevel::None, |ks| ks.signalled)
+    }
+
     /// What this node needs of `key` of `table`, given each worker's `clock`: `Now` when a
     /// taken window has started, `Soon` when a taken window has not, else `None`.
     pub fn level(&self, table: u16, key: u64, clock: impl Fn(u16) -> u64) -> IntentLevel {
-        let Some(ws) = self.windows.get(&(table, key)) else { return IntentLevel::None };
-        ws.iter()
+        self.windows.get(&(table, key)).map_or(IntentLevel::None, |ks| Self::level_of(&ks.windows, clock))
+    }
+
+    fn level_of(windows: &[WindowState], clock: impl Fn(u16) -> u64) -> IntentLevel {
+        windows
+            .iter()
             .filter(|s| s.taken && s.window.end > clock(s.window.worker))
             .map(|s| if s.window.start <= clock(s.window.worker) { IntentLevel::Now } else { IntentLevel::Soon })
             .max()
@@ -365,36 +401,38 @@ impl IntentTable {
 
     /// Whether worker `worker`, in clock `clock`, declared that it needs `key` of `table` now.
     pub fn active(&self, table: u16, key: u64, worker: u16, clock: u64) -> bool {
-        self.windows.get(&(table, key)).is_some_and(|ws| ws.iter().any(|s| s.window.worker == worker && s.window.start <= clock && clock < s.window.end))
+        self.windows
+            .get(&(table, key))
+            .is_some_and(|ks| ks.windows.iter().any(|s| s.window.worker == worker && s.window.start <= clock && clock < s.window.end))
     }
 
     /// The earliest window on `key` of `table` that has not ended at its worker's `clock`.
     pub fn earliest(&self, table: u16, key: u64, clock: impl Fn(u16) -> u64) -> Option<Window> {
-        self.windows.get(&(table, key)).and_then(|ws| ws.iter().map(|s| s.window).filter(|w| w.end > clock(w.worker)).min_by_key(|w| w.start))
+        self.windows.get(&(table, key)).and_then(|ks| ks.windows.iter().map(|s| s.window).filter(|w| w.end > clock(w.worker)).min_by_key(|w| w.start))
     }
 
     /// Forgets every window of worker `worker` (it left); returns the keys that lost windows
     /// (their index entries are skipped when walked).
     pub fn forget_worker(&mut self, worker: u16) -> Vec<(u16, u64)> {
         let mut touched = Vec::new();
-        self.windows.retain(|&key, ws| {
-            let before = ws.len();
-            ws.retain(|s| s.window.worker != worker);
-            if ws.len() != before {
+        self.windows.retain(|&key, ks| {
+            let before = ks.windows.len();
+            ks.windows.retain(|s| s.window.worker != worker);
+            if ks.windows.len() != before {
                 touched.push(key);
             }
-            !ws.is_empty()
+            !ks.windows.is_empty() || ks.signalled != IntentLevel::None
         });
         touched.sort_unstable();
         touched
     }
 
-    /// Keys with any window.
+    /// Keys with any window or whose home was last told they are needed.
     pub fn len(&self) -> usize {
         self.windows.len()
     }
 
-    /// Whether no intent is registered.
+    /// Whether no intent is registered and no key's home was last told it is needed.
     pub fn is_empty(&self) -> bool {
         self.windows.is_empty()
     }
@@ -543,6 +581,32 @@ mod tests {
         assert_eq!(it.advance(7, |_| 7, 7, |_| 7), vec![(0, 1)]);
         assert_eq!(it.level(0, 1, |_| 7), IntentLevel::None);
         assert_eq!(it.earliest(0, 1, |_| 7), Some(Window { worker: 0, start: 10, end: 11 }));
+    }
+
+    #[test]
+    fn a_key_is_kept_until_its_home_was_told_it_is_no_longer_needed() {
+        use IntentLevel::*;
+        let mut it = IntentTable::default();
+        it.add(0, 7, 0, 2, 4);
+        assert_eq!(it.relevel(0, 7, |_| 0), Option::None, "not taken yet: nothing to tell");
+        assert_eq!(it.advance(2, |_| 2, 0, |_| 0), vec![(0, 7)]);
+        assert_eq!(it.relevel(0, 7, |_| 0), Some(Soon));
+        assert_eq!(it.relevel(0, 7, |_| 0), Option::None, "told already");
+        assert_eq!(it.advance(2, |_| 2, 2, |_| 2), vec![(0, 7)]);
+        assert_eq!((it.relevel(0, 7, |_| 2), it.signalled(0, 7)), (Some(Now), Now));
+        // The window ends: the key stays until its home is told.
+        assert_eq!(it.advance(4, |_| 4, 4, |_| 4), vec![(0, 7)]);
+        assert_eq!((it.len(), it.level(0, 7, |_| 4), it.signalled(0, 7)), (1, None, Now));
+        assert!(!it.is_empty());
+        assert_eq!(it.relevel(0, 7, |_| 4), Some(None));
+        assert!(it.is_empty() && it.signalled(0, 7) == None && it.relevel(0, 7, |_| 4).is_none());
+        // A leaving worker's key likewise stays until its home is told.
+        it.add(0, 8, 1, 0, 10);
+        it.advance(0, |_| 0, 0, |_| 0);
+        assert_eq!(it.relevel(0, 8, |_| 0), Some(Now));
+        assert_eq!(it.forget_worker(1), vec![(0, 8)]);
+        assert_eq!((it.len(), it.relevel(0, 8, |_| 0)), (1, Some(None)));
+        assert!(it.is_empty());
     }
 
     #[test]

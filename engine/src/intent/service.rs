@@ -52,8 +52,6 @@ struct WorkerClock {
 struct State {
     table: IntentTable,
     workers: BTreeMap<u16, WorkerClock>,
-    /// The level each key's home was last told (keys at `None` are left out).
-    signalled: crate::util::FastMap<(u16, u64), IntentLevel>,
     /// Keys that lost windows with a worker that left.
     orphaned: Vec<(u16, u64)>,
 }
@@ -291,7 +289,6 @@ impl IntentService {
                 let mut state = self.state.lock();
                 self.begin_resting();
                 while state.table.is_empty()
-                    && state.signalled.is_empty()
                     && !node.core.intent_go_waiting()
                     && !self.replicas_busy.load(Ordering::Acquire)
                     && !self.round_wanted.load(Ordering::Acquire)
@@ -306,7 +303,7 @@ impl IntentService {
                 next_round = Instant::now() + round_time;
                 self.round_wanted.store(false, Ordering::Release);
                 self.rounds_started.fetch_add(1, Ordering::AcqRel);
-                let State { table, workers, signalled, orphaned } = &mut *state;
+                let State { table, workers, orphaned } = &mut *state;
                 let mut at = BTreeMap::new();
                 for (&w, c) in workers.iter_mut() {
                     at.insert(w, (c.clock, c.timing.round(c.clock)));
@@ -319,15 +316,8 @@ impl IntentService {
                 // Per (level, table): the keys whose home must learn the new level.
                 let mut changes: BTreeMap<(IntentLevel, u16), Vec<u64>> = BTreeMap::new();
                 for (t, k) in touched {
-                    let level = table.level(t, k, clock);
-                    let told = signalled.get(&(t, k)).copied().unwrap_or(IntentLevel::None);
-                    if level != told {
+                    if let Some(level) = table.relevel(t, k, clock) {
                         changes.entry((level, t)).or_default().push(k);
-                        if level == IntentLevel::None {
-                            signalled.remove(&(t, k));
-                        } else {
-                            signalled.insert((t, k), level);
-                        }
                     }
                 }
                 changes
@@ -428,7 +418,7 @@ impl IntentService {
                 let (keys, stale): (Vec<u64>, Vec<u64>) = keys
                     .into_iter()
                     .filter(|&k| grant == Grant::Replicate || store.table(table).slot_of(k).is_none())
-                    .partition(|&k| state.signalled.contains_key(&(table, k)));
+                    .partition(|&k| state.table.signalled(table, k) != IntentLevel::None);
                 if grant == Grant::Replicate && !stale.is_empty() {
                     unwanted.push((table, stale));
                 }
