@@ -221,12 +221,11 @@ impl Worker {
         ticket: Option<&Arc<()>>,
     ) -> Result<Issued> {
         let node = self.node.clone();
-        if self.intents && kind != AccessKind::Set && !self.requester.bypass_replicas {
-            let t = node.core.store().table(table.id);
-            let late = node.intents.count_late(table.id, keys, self.index, self.clock, |k| t.slot_of(k).is_some() || t.has_dynamic_replica(k));
-            if late > 0 {
-                node.core.intent_counters().note_late(late);
-            }
+        // Late accesses (intent): counted from the keys the protocol could not serve here, so
+        // that an access served here costs nothing more.
+        let count_late = self.intents && kind != AccessKind::Set && !self.requester.bypass_replicas;
+        if let Some(away) = &mut self.requester.remote_keys {
+            away.clear();
         }
         // Backpressure: a peer's full send queue holds the worker here, before it adds more.
         node.fabric.wait_for_room(node.config.op_timeout)?;
@@ -243,6 +242,12 @@ impl Worker {
             Ok(Progress::Done)
         })?;
         let issued = issued.unwrap_or(Err(Error::ShutDown))?;
+        if count_late && let Some(away) = self.requester.remote_keys.as_deref().filter(|away| !away.is_empty()) {
+            let late = node.intents.count_late(table.id, away, self.index, self.clock);
+            if late > 0 {
+                node.core.intent_counters().note_late(late);
+            }
+        }
         if let Issued::Pending { op, more: true } = issued {
             let mut more = true;
             while more {
@@ -663,6 +668,7 @@ impl Worker {
             return Ok(());
         }
         self.intents = true;
+        self.requester.remote_keys.get_or_insert_with(Vec::new);
         let node = self.node.clone();
         node.intents.declare(&node, self.index, self.clock, table, keys, start..end)
     }

@@ -284,11 +284,11 @@ impl Mesh {
 
     /// Waits until the send queue of every live peer is below
     /// [`MeshConfig::send_queue_limit`] (backpressure for a submitter that would add to them),
-    /// at most until `deadline`. Returns at once in the common case. A peer that does not drain
+    /// at most for `timeout`. Returns at once in the common case. A peer that does not drain
     /// is declared lost after the liveness timeout, which ends the wait for it.
-    pub fn wait_for_room(&self, deadline: Instant) -> Result<(), TransportError> {
+    pub fn wait_for_room(&self, timeout: Duration) -> Result<(), TransportError> {
         let limit = self.inner.config.send_queue_limit as u64;
-        wait_for_room(limit, deadline, || {
+        wait_for_room(limit, timeout, || {
             let queued = |p: &Arc<Peer>| p.queued.load(Ordering::Relaxed);
             self.inner.peers.iter().flatten().find(|p| p.alive.load(Ordering::Acquire) && queued(p) >= limit).map(|p| (p.id, queued(p)))
         })
@@ -424,18 +424,26 @@ impl Drop for Inner {
 }
 
 /// Waits until `full` finds no peer whose send queue holds `limit` bytes or more, polling with a
-/// growing pause, at most until `deadline` (then the error names the peer `full` last found, as
-/// `(peer, bytes queued)`). Shared by every fabric's backpressure.
-pub fn wait_for_room(limit: u64, deadline: Instant, full: impl Fn() -> Option<(usize, u64)>) -> Result<(), TransportError> {
+/// growing pause, at most for `timeout` (then the error names the peer `full` last found, as
+/// `(peer, bytes queued)`). Shared by every fabric's backpressure. Every access of a worker
+/// passes here, so the common case — room — reads no clock.
+pub fn wait_for_room(limit: u64, timeout: Duration, full: impl Fn() -> Option<(usize, u64)>) -> Result<(), TransportError> {
+    let Some(mut found) = full() else { return Ok(()) };
     let started = Instant::now();
+    let deadline = started + timeout;
     let mut pause = Duration::from_micros(50);
     loop {
-        let Some((peer, queued)) = full() else { return Ok(()) };
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
+            let (peer, queued) = found;
             return Err(TransportError::SendQueueFull { peer, queued, limit, millis: started.elapsed().as_millis() });
         }
-        std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+        std::thread::sleep(pause.min(deadline.saturating_duration_since(now)));
         pause = (pause * 2).min(Duration::from_millis(5));
+        match full() {
+            None => return Ok(()),
+            Some(f) => found = f,
+        }
     }
 }
 

@@ -100,7 +100,7 @@ impl Fabric for TcpFabric {
     }
 
     fn wait_for_room(&self, timeout: Duration) -> Result<()> {
-        self.mesh.wait_for_room(std::time::Instant::now() + timeout).map_err(Error::from)
+        self.mesh.wait_for_room(timeout).map_err(Error::from)
     }
 
     unsafe fn write(&self, to: usize, writes: &[WriteRequest]) -> Result<WriteCompletion> {

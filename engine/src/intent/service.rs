@@ -154,14 +154,11 @@ impl IntentService {
         state.workers.remove(&worker);
     }
 
-    /// How many of `keys` worker `worker`, in clock `clock`, declared intent for now although
-    /// they are not here (`here(key)`): late accesses.
-    pub fn count_late(&self, table: u16, keys: &[u64], worker: u16, clock: u64, here: impl Fn(u64) -> bool) -> u64 {
-        if keys.iter().all(|&k| here(k)) {
-            return 0;
-        }
+    /// How many of `away`, keys an access of worker `worker` in clock `clock` found neither
+    /// here nor replicated here, the worker declared intent for now: late accesses.
+    pub fn count_late(&self, table: u16, away: &[u64], worker: u16, clock: u64) -> u64 {
         let state = self.state.lock();
-        keys.iter().filter(|&&k| !here(k) && state.table.active(table, k, worker, clock)).count() as u64
+        away.iter().filter(|&&k| state.table.active(table, k, worker, clock)).count() as u64
     }
 
     /// A sync round of the run-time replicas through `worker` (around a barrier): their deltas

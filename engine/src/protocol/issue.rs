@@ -141,6 +141,10 @@ impl Step<'_, '_> {
             self.local_pass(kind, table, keys, run, req.bypass_replicas, input, output, &mut remote)
         };
         self.tx.count_local(served);
+        if let Some(away) = &mut req.remote_keys {
+            away.clear();
+            away.extend(remote.iter().map(|row| keys[row as usize]));
+        }
         if remote.is_empty() {
             return Ok(Issued::Done(owned));
         }

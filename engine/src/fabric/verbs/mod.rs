@@ -399,7 +399,7 @@ impl Fabric for VerbsFabric {
 
     fn wait_for_room(&self, timeout: Duration) -> Result<()> {
         let limit = self.inner.control.config().send_queue_limit as u64;
-        ferry_tcp::wait_for_room(limit, Instant::now() + timeout, || {
+        ferry_tcp::wait_for_room(limit, timeout, || {
             let queued = |p: &Peer| p.queued.load(Ordering::Relaxed);
             self.inner.peers.iter().flatten().find(|p| p.is_open() && queued(p) >= limit).map(|p| (p.rank, queued(p)))
         })
