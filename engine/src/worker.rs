@@ -221,12 +221,10 @@ impl Worker {
         ticket: Option<&Arc<()>>,
     ) -> Result<Issued> {
         let node = self.node.clone();
-        // Late accesses (intent): counted from the keys the protocol could not serve here, so
-        // that an access served here costs nothing more.
+        // Late accesses (intent): counted from the keys the protocol could not serve here (every
+        // access that returns refills `remote_keys`), so that an access served here costs
+        // nothing more.
         let count_late = self.intents && kind != AccessKind::Set && !self.requester.bypass_replicas;
-        if let Some(away) = &mut self.requester.remote_keys {
-            away.clear();
-        }
         // Backpressure: a peer's full send queue holds the worker here, before it adds more.
         node.fabric.wait_for_room(node.config.op_timeout)?;
         let mut issued = None;
