@@ -65,8 +65,9 @@ pub struct KgeArgs {
     /// Intent mode: triples per clock.
     #[arg(long, default_value_t = 16)]
     pub intent_batch: usize,
-    /// Intent mode: how many clocks ahead a worker declares the entities it will need.
-    #[arg(long, default_value_t = 4)]
+    /// Intent mode: how many clocks ahead a worker declares the entities it will need (the
+    /// engine's action timing decides when to act on them).
+    #[arg(long, default_value_t = 16)]
     pub intent_ahead: usize,
     /// Where AdaGrad runs: `server` (Ferry applies it at the key's holder; the accumulators never
     /// travel), `worker` (the trainer computes the step; values carry the accumulators), or

@@ -76,8 +76,9 @@ pub struct W2vArgs {
     #[arg(long, default_value = "independent")]
     pub negatives: String,
     /// Intent mode: how many batches (clocks) ahead a worker declares the words and the
-    /// negatives it will need (it draws the negatives itself, from the same distribution).
-    #[arg(long, default_value_t = 4)]
+    /// negatives it will need (it draws the negatives itself, from the same distribution; the
+    /// engine's action timing decides when to act on them).
+    #[arg(long, default_value_t = 16)]
     pub intent_ahead: usize,
     /// Evaluate analogies every this many epochs (and after the last; 0: only after the last).
     #[arg(long, default_value_t = 0)]

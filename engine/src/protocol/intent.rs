@@ -22,7 +22,9 @@
 //!   it never bounces between the nodes sharing it.
 //!
 //! A node that needs a key now wins it from nodes that only need it soon, so an early intent
-//! for the next phase does not hold a key back from the node using it. Intents never change
+//! for the next phase does not hold a key back from the node using it; the node it is won
+//! from is then one of the intending nodes like any other (a replicate grant where they pay,
+//! which turns the key's departing value into its replica). Intents never change
 //! values or ownership by themselves: a move is an ordinary `localize` issued by the intent
 //! service, a replica is kept by the service with ordinary pushes and pulls (see
 //! [`crate::intent`]), so every guarantee of relocation holds unchanged.
@@ -185,7 +187,12 @@ impl IntentHomes {
             }
             if nodes.len() >= 2 {
                 let ahead = shared || self.contention.get(&table).is_some_and(Contention::replicate_ahead);
-                for &(node, level) in nodes.iter().filter(|n| Some(n.0) != target && Some(n.0) != holder) {
+                // The node last told to take the key keeps it while nobody else is, and needs no
+                // replica; once the key moves on, it is one of the intending nodes like any other:
+                // a replicate grant, which reaches it before the request to hand the key over,
+                // makes the departing value its replica.
+                let keeps = |n: u16| Some(n) == holder && target.is_none();
+                for &(node, level) in nodes.iter().filter(|n| Some(n.0) != target && !keeps(n.0)) {
                     if level == IntentLevel::Soon && needing_now > 0 && !shared && !undecided.contains(&node) {
                         undecided.push(node);
                     }
@@ -350,7 +357,7 @@ mod tests {
         // Nobody needs it now, both soon: it stays with node 2, which gets no replica.
         assert!(h.update(2, Soon, 0, [5]).is_empty());
         // A node that needs a key now wins it from nodes that only need it soon, which get a
-        // replica (one that still holds the key ignores that).
+        // replica (node 2 still holds the key: its departing value becomes the replica).
         assert_eq!(h.update(1, Now, 0, [5]), Grants::from([((1, Grant::Move), vec![5]), ((2, Grant::Replicate), vec![5])]));
         assert!(h.update(2, None, 0, [5]).is_empty(), "node 1 was told to take it already");
         assert_eq!(h.intenders(0, 5), vec![(1, Now)]);
@@ -417,5 +424,28 @@ mod tests {
         }
         h.update(0, Now, 0, [100]);
         assert!(h.update(1, Soon, 0, [100]).is_empty());
+    }
+
+    #[test]
+    fn a_node_that_loses_a_key_it_still_intends_gets_a_replica_where_they_pay() {
+        use IntentLevel::*;
+        let mut h = IntentHomes::default();
+        let go = |n: u16, key: u64| Grants::from([((n, Grant::Move), vec![key])]);
+        // Table 0 learns that its keys are used together (one contended outcome).
+        h.update(0, Now, 0, [0]);
+        h.update(1, Soon, 0, [0]);
+        h.update(1, Now, 0, [0]);
+        // Node 1 alone intends key 5 and is told to take it; node 0 needs it now and wins it
+        // while node 1 still intends it soon: node 1's replica comes with the hand-over.
+        assert_eq!(h.update(1, Soon, 0, [5]), go(1, 5));
+        assert_eq!(h.update(0, Now, 0, [5]), Grants::from([((0, Grant::Move), vec![5]), ((1, Grant::Replicate), vec![5])]));
+        assert!(h.update(1, Now, 0, [5]).is_empty(), "node 1 has its replica");
+        // While nobody needs it now, the node last told keeps the key and gets no replica; the
+        // other intending node gets one in advance.
+        assert_eq!(h.update(1, Soon, 0, [6]), go(1, 6));
+        assert_eq!(h.update(0, Soon, 0, [6]), Grants::from([((0, Grant::Replicate), vec![6])]));
+        // In a table whose keys are passed on, the node that loses a key gets no replica.
+        assert_eq!(h.update(1, Soon, 1, [7]), go(1, 7));
+        assert_eq!(h.update(0, Now, 1, [7]), go(0, 7));
     }
 }
