@@ -244,6 +244,14 @@ struct KeyState {
     signalled: IntentLevel,
 }
 
+impl KeyState {
+    /// No window left and nothing told to the home that it must still take back: the entry
+    /// can go.
+    fn idle(&self) -> bool {
+        self.windows.is_empty() && self.signalled == IntentLevel::None
+    }
+}
+
 /// One window of a key and how far it got.
 #[derive(Debug, Clone, Copy)]
 struct WindowState {
@@ -357,7 +365,7 @@ impl IntentTable {
     fn remove_window(windows: &mut crate::util::FastMap<(u16, u64), KeyState>, table: u16, key: u64, worker: u16, start: u64) {
         if let Some(ks) = windows.get_mut(&(table, key)) {
             ks.windows.retain(|x| x.window.worker != worker || x.window.start != start);
-            if ks.windows.is_empty() && ks.signalled == IntentLevel::None {
+            if ks.idle() {
                 windows.remove(&(table, key));
             }
         }
@@ -373,7 +381,7 @@ impl IntentTable {
             return None;
         }
         ks.signalled = level;
-        if level == IntentLevel::None && ks.windows.is_empty() {
+        if ks.idle() {
             self.windows.remove(&(table, key));
         }
         Some(level)
@@ -421,7 +429,7 @@ impl IntentTable {
             if ks.windows.len() != before {
                 touched.push(key);
             }
-            !ks.windows.is_empty() || ks.signalled != IntentLevel::None
+            !ks.idle()
         });
         touched.sort_unstable();
         touched
