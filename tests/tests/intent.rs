@@ -90,6 +90,32 @@ fn a_slow_worker_gets_its_keys_only_when_it_comes_near_the_window() {
 }
 
 #[test]
+fn the_service_sleeps_while_no_worker_advances_and_wakes_when_one_does() {
+    // No clock moves, nothing is in flight, no replicas: a round could change nothing, so the
+    // service waits for the worker instead of running a round every millisecond.
+    let settings = IntentSettings { initial_rate: 0.0, ..IntentSettings::default() };
+    let nodes = cluster(2, TableSpec::new("t", KEYS, 1), |c| c.intent = settings);
+    let mut w1 = nodes[1].worker();
+    let t = w1.table("t").unwrap();
+    let keys: Vec<u64> = (0..4).collect();
+    w1.intent(t, &keys, 40, 50).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let before = nodes[1].stats().intent.rounds;
+    std::thread::sleep(Duration::from_millis(200));
+    let idle = nodes[1].stats().intent.rounds - before;
+    // One-millisecond rounds would be about 200 here; the safety net wakes it every 100 ms.
+    assert!(idle <= 5, "{idle} rounds while nothing moved");
+    // A clock wakes it at once, and the window is acted on when the worker comes near.
+    for _ in 0..30 {
+        w1.advance_clock().unwrap();
+    }
+    assert!(wait_until_held(&nodes[1], t, &keys), "the service never woke for the worker's clocks");
+    assert!(nodes[1].stats().intent.rounds > before + idle);
+    drop(w1);
+    finalize_all(nodes);
+}
+
+#[test]
 fn a_key_taken_away_during_its_window_counts_as_late_and_values_stay_exact() {
     let nodes = cluster(2, TableSpec::new("t", KEYS, 1), |_| {});
     let (mut w0, mut w1) = (nodes[0].worker(), nodes[1].worker());

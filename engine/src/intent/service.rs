@@ -19,9 +19,13 @@
 //!    rounds.
 //!
 //! Rounds start every configured round time (earlier only when a worker's barrier waits for
-//! one); a grant arriving in between wakes the service only for steps 4 and 5. A service with
-//! nothing to do sleeps until a worker declares intent. The thread starts with the node's first
-//! intent and stops before the node finalizes.
+//! one); a grant arriving in between wakes the service only for steps 4 and 5. A round in which
+//! no worker advanced or declared anything, with nothing in flight and no replicas, changes
+//! nothing: after one the service sleeps until a worker does (or a grant or barrier comes), so
+//! workers slower than a clock per round (MF's sub-epochs: a clock every few milliseconds) do
+//! not pay for rounds that cannot act. A service with nothing to do sleeps until a worker
+//! declares intent. The thread starts with the node's first intent and stops before the node
+//! finalizes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -42,6 +46,10 @@ use crate::worker::Worker;
 /// Localize operations the service keeps in flight at most before it waits for them.
 const MAX_IN_FLIGHT: usize = 64;
 
+/// The longest the service sleeps waiting for a worker's clock or declaration (a safety net:
+/// those wake it).
+const QUIET_REST: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// One declaring worker's clock and timing.
 struct WorkerClock {
     clock: u64,
@@ -54,6 +62,8 @@ struct State {
     workers: BTreeMap<u16, WorkerClock>,
     /// Keys that lost windows with a worker that left.
     orphaned: Vec<(u16, u64)>,
+    /// A worker advanced its clock, declared intent or left since the last round began.
+    news: bool,
 }
 
 /// A node's intents and the thread acting on them.
@@ -78,6 +88,9 @@ pub(crate) struct IntentService {
     round_wanted: AtomicBool,
     /// The service thread sleeps (or is about to): a grant must wake it.
     resting: AtomicBool,
+    /// The service sleeps until a worker advances or declares (set and read under the state
+    /// lock): `note_clock` must wake it.
+    awaiting_news: AtomicBool,
 }
 
 impl IntentService {
@@ -91,7 +104,8 @@ impl IntentService {
         // The service waits for work only while no window is registered (it checks under this
         // lock); otherwise its next round sees the new windows, and waking it for each
         // declaration would only cost context switches.
-        let idle = state.table.is_empty();
+        let idle = state.table.is_empty() || self.awaiting_news.load(Ordering::Relaxed);
+        state.news = true;
         state.table.gap = node.config.intent.gap;
         state.workers.entry(worker).or_insert_with(|| WorkerClock { clock, timing: ActionTiming::from_settings(&node.config.intent) }).clock = clock;
         let mut added = 0;
@@ -120,12 +134,17 @@ impl IntentService {
         Ok(())
     }
 
-    /// Worker `worker` is in clock `clock` now. The service is not woken: windows exist, so it
-    /// runs rounds anyway (at most a round time apart), and a worker completing a clock every
-    /// few hundred microseconds would otherwise wake it for each.
+    /// Worker `worker` is in clock `clock` now. The service is woken only if it sleeps waiting
+    /// for a worker to advance: otherwise it runs rounds anyway (at most a round time apart),
+    /// and a worker completing a clock every few hundred microseconds would wake it for each.
     pub fn note_clock(&self, worker: u16, clock: u64) {
-        if let Some(w) = self.state.lock().workers.get_mut(&worker) {
+        let mut state = self.state.lock();
+        if let Some(w) = state.workers.get_mut(&worker) {
             w.clock = clock;
+            state.news = true;
+            if self.awaiting_news.load(Ordering::Relaxed) {
+                self.wake.notify_all();
+            }
         }
     }
 
@@ -152,6 +171,8 @@ impl IntentService {
         let gone = state.table.forget_worker(worker);
         state.orphaned.extend(gone);
         state.workers.remove(&worker);
+        state.news = true;
+        self.wake.notify_all();
     }
 
     /// How many of `away`, keys an access of worker `worker` in clock `clock` found neither
@@ -269,6 +290,8 @@ impl IntentService {
         let counters = node.core.intent_counters();
         let mut in_flight: Vec<InFlight> = Vec::new();
         let mut next_round = Instant::now();
+        // Whether the last round had anything new to see (the first always does).
+        let mut news;
         loop {
             // A full round (clocks, windows, levels told to the homes) every round time, or at
             // once when a worker waits for one; in between, the service only acts on what the
@@ -300,7 +323,8 @@ impl IntentService {
                 next_round = Instant::now() + round_time;
                 self.round_wanted.store(false, Ordering::Release);
                 self.rounds_started.fetch_add(1, Ordering::AcqRel);
-                let State { table, workers, orphaned } = &mut *state;
+                news = std::mem::take(&mut state.news);
+                let State { table, workers, orphaned, .. } = &mut *state;
                 let mut at = BTreeMap::new();
                 for (&w, c) in workers.iter_mut() {
                     at.insert(w, (c.clock, c.timing.round(c.clock)));
@@ -340,6 +364,13 @@ impl IntentService {
             self.rounds_signalled.store(self.rounds_started.load(Ordering::Acquire), Ordering::Release);
             if !self.finish_round(node, own, &mut in_flight, &mut last_sync, sync_every) {
                 return;
+            }
+            // Nothing advanced since the last round and nothing is in flight: the next round
+            // would see the same clocks and horizons (a round without progress leaves the
+            // estimate alone), so it waits until a worker advances or declares.
+            if !news && in_flight.is_empty() && !self.replicas_busy.load(Ordering::Acquire) && self.rest_until_news(node) {
+                next_round = Instant::now();
+                continue;
             }
             self.rest(node, next_round);
         }
@@ -396,6 +427,24 @@ impl IntentService {
             self.wake.wait_until(&mut state, until);
         }
         self.resting.store(false, Ordering::Relaxed);
+    }
+
+    /// Sleeps until a worker advances, declares or leaves, a grant arrives, a worker waits for a
+    /// round, or the stop (at most [`QUIET_REST`]). Returns false, without sleeping, if one of
+    /// them already happened.
+    fn rest_until_news(&self, node: &NodeInner) -> bool {
+        let mut state = self.state.lock();
+        let until = Instant::now() + QUIET_REST;
+        self.awaiting_news.store(true, Ordering::Relaxed);
+        self.begin_resting();
+        let mut slept = false;
+        while !state.news && !self.stopped(node) && !node.core.intent_go_waiting() && !self.round_wanted.load(Ordering::Acquire) && Instant::now() < until {
+            self.wake.wait_until(&mut state, until);
+            slept = true;
+        }
+        self.awaiting_news.store(false, Ordering::Relaxed);
+        self.resting.store(false, Ordering::Relaxed);
+        slept
     }
 
     /// Starts relocating the keys this node was told to move (INTENT_GO) that it still intends
