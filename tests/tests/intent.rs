@@ -116,6 +116,32 @@ fn the_service_sleeps_while_no_worker_advances_and_wakes_when_one_does() {
 }
 
 #[test]
+fn rounds_stretch_while_a_slow_worker_moves_no_window() {
+    // A worker completing a clock about every millisecond, its only window far ahead: no round
+    // moves a window, so rounds come up to eight round times apart instead of one per clock.
+    let settings = IntentSettings { initial_rate: 0.0, ..IntentSettings::default() };
+    let nodes = cluster(2, TableSpec::new("t", KEYS, 1), |c| c.intent = settings);
+    let mut w1 = nodes[1].worker();
+    let t = w1.table("t").unwrap();
+    w1.intent(t, &[1, 2], 10_000, 10_010).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let before = nodes[1].stats().intent.rounds;
+    let mut clocks = 0;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(300) {
+        w1.advance_clock().unwrap();
+        clocks += 1;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let rounds = nodes[1].stats().intent.rounds - before;
+    // A round per clock (or per millisecond) would be at least `clocks`; 8 ms apart, about 40.
+    assert!(rounds * 2 < clocks, "{rounds} rounds for {clocks} clocks");
+    assert!(nodes[1].slot_address(t, 1).unwrap().is_none(), "acted on a window far out of reach");
+    drop(w1);
+    finalize_all(nodes);
+}
+
+#[test]
 fn a_key_taken_away_during_its_window_counts_as_late_and_values_stay_exact() {
     let nodes = cluster(2, TableSpec::new("t", KEYS, 1), |_| {});
     let (mut w0, mut w1) = (nodes[0].worker(), nodes[1].worker());

@@ -23,7 +23,8 @@
 //! no worker advanced or declared anything, with nothing in flight and no replicas, changes
 //! nothing: after one the service sleeps until a worker does (or a grant or barrier comes), so
 //! workers slower than a clock per round (MF's sub-epochs: a clock every few milliseconds) do
-//! not pay for rounds that cannot act. A service with nothing to do sleeps until a worker
+//! not pay for rounds that cannot act; rounds that see clocks advance but move no window come
+//! further apart (up to [`MAX_STRETCH`] round times). A service with nothing to do sleeps until a worker
 //! declares intent. The thread starts with the node's first intent and stops before the node
 //! finalizes.
 
@@ -49,6 +50,10 @@ const MAX_IN_FLIGHT: usize = 64;
 /// The longest the service sleeps waiting for a worker's clock or declaration (a safety net:
 /// those wake it).
 const QUIET_REST: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Rounds that move no window, with nothing in flight and no replicas, stretch the time to
+/// the next round, doubling it up to this many round times; a round that moves one resets it.
+const MAX_STRETCH: u32 = 8;
 
 /// One declaring worker's clock and timing.
 struct WorkerClock {
@@ -292,6 +297,8 @@ impl IntentService {
         let mut next_round = Instant::now();
         // Whether the last round had anything new to see (the first always does).
         let mut news;
+        // Round times to the next round (see MAX_STRETCH).
+        let mut stretch = 1;
         loop {
             // A full round (clocks, windows, levels told to the homes) every round time, or at
             // once when a worker waits for one; in between, the service only acts on what the
@@ -305,7 +312,7 @@ impl IntentService {
                 self.rest(node, next_round);
                 continue;
             }
-            let changes = {
+            let (changes, windows_moved, began) = {
                 let mut state = self.state.lock();
                 self.begin_resting();
                 while state.table.is_empty()
@@ -320,7 +327,7 @@ impl IntentService {
                 if self.stopped(node) {
                     return;
                 }
-                next_round = Instant::now() + round_time;
+                let began = Instant::now();
                 self.round_wanted.store(false, Ordering::Release);
                 self.rounds_started.fetch_add(1, Ordering::AcqRel);
                 news = std::mem::take(&mut state.news);
@@ -334,6 +341,7 @@ impl IntentService {
                 let clock = |w: u16| at.get(&w).map_or(0, |h| h.0);
                 let mut touched = table.advance(max_horizon, |w| at.get(&w).map_or(0, |h| h.1), max_clock, clock);
                 touched.append(orphaned);
+                let windows_moved = !touched.is_empty();
                 // Per (level, table): the keys whose home must learn the new level.
                 let mut changes: BTreeMap<(IntentLevel, u16), Vec<u64>> = BTreeMap::new();
                 for (t, k) in touched {
@@ -341,7 +349,7 @@ impl IntentService {
                         changes.entry((level, t)).or_default().push(k);
                     }
                 }
-                changes
+                (changes, windows_moved, began)
             };
             counters.note_round();
             // Ends first (`None` sorts first): a key this node stops needing may be the one
@@ -365,6 +373,14 @@ impl IntentService {
             if !self.finish_round(node, own, &mut in_flight, &mut last_sync, sync_every) {
                 return;
             }
+            // A round that moved no window while nothing is in flight and no replica is kept:
+            // the workers are slow against the round time (a clock every few milliseconds, as
+            // in MF's sub-epochs), so the next round may come later; the estimate is in clocks
+            // per round, and `ActionTiming::round` takes a longer round's clocks at once, so the
+            // horizon grows with the stretch. A round that moves a window resets it.
+            let quiet = in_flight.is_empty() && !self.replicas_busy.load(Ordering::Acquire);
+            stretch = if quiet && !windows_moved { (stretch * 2).min(MAX_STRETCH) } else { 1 };
+            next_round = began + round_time * stretch;
             // Nothing advanced since the last round and nothing is in flight: the next round
             // would see the same clocks and horizons (a round without progress leaves the
             // estimate alone), so it waits until a worker advances or declares.
