@@ -24,7 +24,7 @@ use crate::error::Result;
 
 /// Registered words that peers read slot images from with one-sided reads: a replica node's
 /// [`Snapshot`], and the images a key's owner cuts for a run-time replica's refresh
-/// ([`super::SyncImages`]).
+/// ([`super::Store::sync_image`]).
 pub struct ImageBuffer {
     /// Heap memory is enough: the image is read sequentially, and its address never moves.
     words: Box<[AtomicU32]>,
