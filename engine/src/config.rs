@@ -147,7 +147,9 @@ pub enum TransportChoice {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct IntentSettings {
     /// Communication round of the intent service: rounds start at most this often (earlier only
-    /// when a move is granted to the node).
+    /// when a worker's barrier waits for one; a grant in between is acted on at once). While no
+    /// round moves a window, with nothing in flight and no replica kept, rounds come up to 8
+    /// round times apart, and while no worker advances the service sleeps.
     pub round: Duration,
     /// Smoothing factor α of the clocks-per-round estimate, in (0, 1].
     pub alpha: f64,
