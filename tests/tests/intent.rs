@@ -65,23 +65,38 @@ fn declared_keys_arrive_before_their_window_and_accesses_are_local() {
     finalize_all(nodes);
 }
 
+/// Two nodes whose intent services start from an estimate of zero clocks per round, so that
+/// they wait for a worker's clock rate before acting on a window far ahead.
+fn unhurried_cluster() -> Vec<Node> {
+    let settings = IntentSettings { initial_rate: 0.0, ..IntentSettings::default() };
+    cluster(2, TableSpec::new("t", KEYS, 1), |c| c.intent = settings)
+}
+
 #[test]
 fn a_slow_worker_gets_its_keys_only_when_it_comes_near_the_window() {
     // With an initial estimate of zero clocks per round, the service waits for the worker's
     // clock rate before it acts on a window far ahead.
-    let settings = IntentSettings { initial_rate: 0.0, ..IntentSettings::default() };
-    let nodes = cluster(2, TableSpec::new("t", KEYS, 1), |c| c.intent = settings);
+    let nodes = unhurried_cluster();
     let mut w1 = nodes[1].worker();
     let t = w1.table("t").unwrap();
     let keys: Vec<u64> = (0..4).collect();
     w1.intent(t, &keys, 40, 50).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    std::thread::sleep(Duration::from_millis(20));
+    let before = nodes[1].stats().intent.rounds;
+    std::thread::sleep(Duration::from_millis(200));
+    // No clock moves, nothing is in flight, no replicas: a round could change nothing, so the
+    // service waits for the worker instead of running a round every millisecond (about 200
+    // here); the safety net wakes it every 100 ms.
+    let idle = nodes[1].stats().intent.rounds - before;
+    assert!(idle <= 5, "{idle} rounds while nothing moved");
     assert!(keys.iter().all(|&k| nodes[1].slot_address(t, k).unwrap().is_none()), "acted on a window far out of reach");
-    // Thirty clocks in one go: the rate estimate takes the jump, and 40 is within reach.
+    // Thirty clocks in one go wake it at once: the rate estimate takes the jump, and 40 is
+    // within reach.
     for _ in 0..30 {
         w1.advance_clock().unwrap();
     }
     assert!(wait_until_held(&nodes[1], t, &keys), "the service never acted once the worker came near");
+    assert!(nodes[1].stats().intent.rounds > before + idle);
     wait_until_recorded(&nodes[1], 4);
     let s = nodes[1].stats().intent;
     assert_eq!((s.acted_keys, s.in_time), (4, 4), "{s:?}");
@@ -90,37 +105,10 @@ fn a_slow_worker_gets_its_keys_only_when_it_comes_near_the_window() {
 }
 
 #[test]
-fn the_service_sleeps_while_no_worker_advances_and_wakes_when_one_does() {
-    // No clock moves, nothing is in flight, no replicas: a round could change nothing, so the
-    // service waits for the worker instead of running a round every millisecond.
-    let settings = IntentSettings { initial_rate: 0.0, ..IntentSettings::default() };
-    let nodes = cluster(2, TableSpec::new("t", KEYS, 1), |c| c.intent = settings);
-    let mut w1 = nodes[1].worker();
-    let t = w1.table("t").unwrap();
-    let keys: Vec<u64> = (0..4).collect();
-    w1.intent(t, &keys, 40, 50).unwrap();
-    std::thread::sleep(Duration::from_millis(20));
-    let before = nodes[1].stats().intent.rounds;
-    std::thread::sleep(Duration::from_millis(200));
-    let idle = nodes[1].stats().intent.rounds - before;
-    // One-millisecond rounds would be about 200 here; the safety net wakes it every 100 ms.
-    assert!(idle <= 5, "{idle} rounds while nothing moved");
-    // A clock wakes it at once, and the window is acted on when the worker comes near.
-    for _ in 0..30 {
-        w1.advance_clock().unwrap();
-    }
-    assert!(wait_until_held(&nodes[1], t, &keys), "the service never woke for the worker's clocks");
-    assert!(nodes[1].stats().intent.rounds > before + idle);
-    drop(w1);
-    finalize_all(nodes);
-}
-
-#[test]
 fn rounds_stretch_while_a_slow_worker_moves_no_window() {
     // A worker completing a clock about every millisecond, its only window far ahead: no round
     // moves a window, so rounds come up to eight round times apart instead of one per clock.
-    let settings = IntentSettings { initial_rate: 0.0, ..IntentSettings::default() };
-    let nodes = cluster(2, TableSpec::new("t", KEYS, 1), |c| c.intent = settings);
+    let nodes = unhurried_cluster();
     let mut w1 = nodes[1].worker();
     let t = w1.table("t").unwrap();
     w1.intent(t, &[1, 2], 10_000, 10_010).unwrap();

@@ -24,9 +24,9 @@
 //! nothing: after one the service sleeps until a worker does (or a grant or barrier comes), so
 //! workers slower than a clock per round (MF's sub-epochs: a clock every few milliseconds) do
 //! not pay for rounds that cannot act; rounds that see clocks advance but move no window come
-//! further apart (up to [`MAX_STRETCH`] round times). A service with nothing to do sleeps until a worker
-//! declares intent. The thread starts with the node's first intent and stops before the node
-//! finalizes.
+//! further apart (up to [`MAX_STRETCH`] round times). A service with nothing to do sleeps until
+//! a worker declares intent. The thread starts with the node's first intent and stops before
+//! the node finalizes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -295,8 +295,6 @@ impl IntentService {
         let counters = node.core.intent_counters();
         let mut in_flight: Vec<InFlight> = Vec::new();
         let mut next_round = Instant::now();
-        // Whether the last round had anything new to see (the first always does).
-        let mut news;
         // Round times to the next round (see MAX_STRETCH).
         let mut stretch = 1;
         loop {
@@ -312,7 +310,8 @@ impl IntentService {
                 self.rest(node, next_round);
                 continue;
             }
-            let (changes, windows_moved, began) = {
+            // `news`: whether a worker advanced, declared or left since the last round.
+            let (changes, news, windows_moved, began) = {
                 let mut state = self.state.lock();
                 self.begin_resting();
                 while state.table.is_empty()
@@ -330,7 +329,7 @@ impl IntentService {
                 let began = Instant::now();
                 self.round_wanted.store(false, Ordering::Release);
                 self.rounds_started.fetch_add(1, Ordering::AcqRel);
-                news = std::mem::take(&mut state.news);
+                let news = std::mem::take(&mut state.news);
                 let State { table, workers, orphaned, .. } = &mut *state;
                 let mut at = BTreeMap::new();
                 for (&w, c) in workers.iter_mut() {
@@ -349,7 +348,7 @@ impl IntentService {
                         changes.entry((level, t)).or_default().push(k);
                     }
                 }
-                (changes, windows_moved, began)
+                (changes, news, windows_moved, began)
             };
             counters.note_round();
             // Ends first (`None` sorts first): a key this node stops needing may be the one
@@ -384,7 +383,7 @@ impl IntentService {
             // Nothing advanced since the last round and nothing is in flight: the next round
             // would see the same clocks and horizons (a round without progress leaves the
             // estimate alone), so it waits until a worker advances or declares.
-            if !news && in_flight.is_empty() && !self.replicas_busy.load(Ordering::Acquire) && self.rest_until_news(node) {
+            if quiet && !news && self.rest_until_news(node) {
                 next_round = Instant::now();
                 continue;
             }
