@@ -159,8 +159,21 @@ pub struct IntentStats {
     /// (divide by `in_time` for the mean lead).
     pub lead_clocks: u64,
     /// Accesses by a worker to a key it had declared intent for in its current clock that did
-    /// not find the key here ("late" accesses: they went to another node).
+    /// not find the key here ("late" accesses: they went to another node). The five counts
+    /// below split them by cause ([`crate::intent::LateCause`]) and sum to this.
     pub late_accesses: u64,
+    /// Late accesses whose window the service had not acted on yet (its start was beyond the
+    /// worker's action horizon at every round so far).
+    pub late_unacted: u64,
+    /// Late accesses whose key's home had been told but nothing was on its way here yet (the
+    /// answer was, or the key was held for another node).
+    pub late_unanswered: u64,
+    /// Late accesses whose key's move here had been granted and was still on its way.
+    pub late_moving: u64,
+    /// Late accesses whose key's replica here had been granted and was still being made.
+    pub late_replicating: u64,
+    /// Late accesses whose key had landed here for the intent and left again.
+    pub late_left: u64,
     /// Replicas made here because several nodes needed a key at once.
     pub replicas_made: u64,
     /// Of those, replicas kept from a key's value when it left this node (no pull back).
@@ -180,7 +193,7 @@ pub struct IntentStats {
 }
 
 impl IntentStats {
-    fn counters(&mut self) -> [&mut u64; 13] {
+    fn counters(&mut self) -> [&mut u64; 18] {
         [
             &mut self.rounds,
             &mut self.declared,
@@ -188,6 +201,11 @@ impl IntentStats {
             &mut self.in_time,
             &mut self.lead_clocks,
             &mut self.late_accesses,
+            &mut self.late_unacted,
+            &mut self.late_unanswered,
+            &mut self.late_moving,
+            &mut self.late_replicating,
+            &mut self.late_left,
             &mut self.replicas_made,
             &mut self.replicas_kept,
             &mut self.replica_syncs,

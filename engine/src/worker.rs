@@ -242,9 +242,7 @@ impl Worker {
         let issued = issued.unwrap_or(Err(Error::ShutDown))?;
         if count_late && let Some(away) = self.requester.remote_keys.as_deref().filter(|away| !away.is_empty()) {
             let late = node.intents.count_late(table.id, away, self.index, self.clock);
-            if late > 0 {
-                node.core.intent_counters().note_late(late);
-            }
+            node.core.intent_counters().note_late(&late);
         }
         if let Issued::Pending { op, more: true } = issued {
             let mut more = true;

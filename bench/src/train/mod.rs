@@ -365,6 +365,36 @@ pub struct EpochReport {
     /// over nodes; 0 outside `intent` mode).
     #[serde(default)]
     pub intent_lead: f64,
+    /// How the late accesses split by cause (shares of them; all 0 without late accesses).
+    #[serde(default)]
+    pub late_causes: LateCauses,
+}
+
+/// Shares of an epoch's late accesses by cause (`ferry::intent::LateCause`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct LateCauses {
+    /// The window was not acted on yet (the action timing left no lead).
+    pub unacted: f64,
+    /// The home was told, nothing was on its way yet.
+    pub unanswered: f64,
+    /// The relocation was on its way.
+    pub moving: f64,
+    /// The replica was being made.
+    pub replicating: f64,
+    /// The key had landed for the intent and left again.
+    pub left: f64,
+}
+
+impl LateCauses {
+    /// Shares from counts (unacted, unanswered, moving, replicating, left).
+    pub fn from_counts(counts: [f64; 5]) -> LateCauses {
+        let total: f64 = counts.iter().sum();
+        if total <= 0.0 {
+            return LateCauses::default();
+        }
+        let [unacted, unanswered, moving, replicating, left] = counts.map(|n| n / total);
+        LateCauses { unacted, unanswered, moving, replicating, left }
+    }
 }
 
 impl EpochReport {
@@ -387,6 +417,7 @@ impl EpochReport {
             refresh_bytes: 0,
             late_share: 0.0,
             intent_lead: 0.0,
+            late_causes: LateCauses::default(),
         }
     }
 
@@ -495,7 +526,17 @@ fn more_quality(r: &EpochReport) -> String {
         .filter_map(|k| r.quality.get(*k).and_then(|v| v.as_f64()).map(|v| format!("{k} {v:.4}")));
     let counts = ["nonzero"].iter().filter_map(|k| r.quality.get(*k).and_then(|v| v.as_u64()).map(|v| format!("{k} {v}")));
     let texts = ["filtered"].iter().filter_map(|k| r.quality.get(*k).and_then(|v| v.as_str()).map(|v| format!("{k} {v}")));
-    let intent = (r.mode == Mode::Intent).then(|| format!("late {:.3}% lead {:.1}", r.late_share * 100.0, r.intent_lead));
+    let intent = (r.mode == Mode::Intent).then(|| {
+        let c = &r.late_causes;
+        let causes = [("unacted", c.unacted), ("unanswered", c.unanswered), ("moving", c.moving), ("replicating", c.replicating), ("left", c.left)]
+            .iter()
+            .filter(|(_, share)| *share > 0.0)
+            .map(|(name, share)| format!("{name} {:.0}%", share * 100.0))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let causes = if causes.is_empty() { String::new() } else { format!(" ({causes})") };
+        format!("late {:.3}%{causes} lead {:.1}", r.late_share * 100.0, r.intent_lead)
+    });
     numbers.chain(counts).chain(texts).chain(intent).collect::<Vec<_>>().join(" ")
 }
 

@@ -52,7 +52,7 @@ impl SharedArray {
 }
 
 /// Fields every node contributes to an epoch's cluster-wide sums.
-pub const METRIC_FIELDS: usize = 16;
+pub const METRIC_FIELDS: usize = 21;
 
 /// Field positions in the metrics table.
 pub mod field {
@@ -88,6 +88,9 @@ pub mod field {
     pub const LATE: usize = 14;
     /// Mean lead of intent actions in clocks (summed over nodes).
     pub const INTENT_LEAD: usize = 15;
+    /// Late accesses by cause: window not acted on yet, nothing on its way, key on its way,
+    /// replica being made, key left again (see `ferry::intent::LateCause`).
+    pub const LATE_CAUSES: [usize; 5] = [16, 17, 18, 19, 20];
 }
 
 /// Pulls keys `0..n` of `table` (`len` values each), in chunks.
@@ -131,6 +134,10 @@ pub fn stats_fields(delta: &Stats, out: &mut [f32; METRIC_FIELDS]) {
     out[field::NODES] = 1.0;
     out[field::LATE] = delta.intent.late_accesses as f32;
     out[field::INTENT_LEAD] = delta.intent.mean_lead() as f32;
+    let i = &delta.intent;
+    for (f, n) in field::LATE_CAUSES.into_iter().zip([i.late_unacted, i.late_unanswered, i.late_moving, i.late_replicating, i.late_left]) {
+        out[f] = n as f32;
+    }
 }
 
 /// Runs `body(t, worker)` on `threads` threads, each with its own worker of `node`, and returns
@@ -177,6 +184,7 @@ pub fn cluster_report(
         refresh_bytes: (sums[field::REFRESH_MB] as f64 * 1e6) as u64,
         late_share: if local + remote > 0.0 { sums[field::LATE] as f64 / (local + remote) } else { 0.0 },
         intent_lead: sums[field::INTENT_LEAD] as f64 / (sums[field::NODES] as f64).max(1.0),
+        late_causes: super::LateCauses::from_counts(field::LATE_CAUSES.map(|f| sums[f] as f64)),
     }
 }
 

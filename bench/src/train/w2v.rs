@@ -712,6 +712,19 @@ fn save_model(a: &W2vArgs, epoch: usize, words: Vec<f32>, contexts: Vec<f32>, co
     a.common.save_model("w2v", epoch, meta, &tables)
 }
 
+/// The sentences node `rank` of `nodes` trains, every epoch: a random share (the same on every
+/// node for one `seed`), not a contiguous block — a corpus in document order (`sotu` is
+/// chronological) split into blocks has nodes train different eras side by side, which cost
+/// analogy accuracy (`docs/WORKLOADS.md`); the share stays fixed so that the words a node
+/// trains stay there from epoch to epoch.
+fn node_sentences(sentences: usize, seed: u64, nodes: usize, rank: usize) -> Vec<usize> {
+    let mut all: Vec<usize> = (0..sentences).collect();
+    all.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ 0x5EED_5EED));
+    let mut mine = all[part(sentences, nodes, rank)].to_vec();
+    mine.sort_unstable();
+    mine
+}
+
 /// One node of a `classic`, `localize` or `hybrid` cluster.
 pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
     let corpus = a.load()?;
@@ -750,12 +763,12 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
     let keep = corpus.keep_probabilities(a.sample);
     let weights = corpus.negative_weights();
     let unigram = WeightedIndex::new(weights.clone()).context("negative distribution")?;
-    let mine = part(corpus.sentences.len(), nodes, rank);
+    let mine = node_sentences(corpus.sentences.len(), seed, nodes, rank);
     let local_barrier = Barrier::new(threads);
     let emit = parking_lot::Mutex::new(emit);
     run_workers(&node, threads, |t, mut w| -> Result<()> {
         let (corpus, keep, weights, emit, node, local_barrier, analogies, mine, unigram) =
-            (&corpus, &keep, &weights, &emit, &node, &local_barrier, &analogies, mine.clone(), &unigram);
+            (&corpus, &keep, &weights, &emit, &node, &local_barrier, &analogies, &mine, &unigram);
         if rank == 0 && t == 0 {
             let keys: Vec<u64> = (0..v as u64).collect();
             for chunk in keys.chunks(1024) {
@@ -766,9 +779,8 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
         w.barrier()?;
         let dist = w.register_distribution(output, KeyDistribution::Weighted { start: 0, weights: weights.clone() }, scheme)?;
         let mut elapsed = 0.0;
-        let sentences: Vec<usize> = mine.clone().collect();
         for epoch in 1..=epochs {
-            let mut order = sentences.clone();
+            let mut order = mine.clone();
             order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20) ^ rank as u64));
             let share: Vec<&[u32]> = order[part(order.len(), threads, t)].iter().map(|&i| corpus.sentences[i].as_slice()).collect();
             let total_words = share.iter().map(|s| s.len()).sum::<usize>().max(1) as f64;
@@ -842,6 +854,19 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nodes_train_disjoint_random_shares_of_the_sentences() {
+        let shares: Vec<Vec<usize>> = (0..3).map(|r| node_sentences(1000, 7, 3, r)).collect();
+        let mut all: Vec<usize> = shares.concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..1000).collect::<Vec<_>>(), "every sentence on exactly one node");
+        assert_eq!(shares[1], node_sentences(1000, 7, 3, 1), "the same share for the same seed");
+        // Not a contiguous block: a share spans the corpus.
+        for share in &shares {
+            assert!(share.len() >= 300 && share[0] < 50 && *share.last().unwrap() > 950, "{:?}", &share[..5]);
+        }
+    }
 
     #[test]
     fn a_batch_moves_the_pair_together_and_negatives_apart() {

@@ -35,6 +35,11 @@ pub struct IntentCounters {
     in_time: AtomicU64,
     lead_clocks: AtomicU64,
     late_accesses: AtomicU64,
+    late_unacted: AtomicU64,
+    late_unanswered: AtomicU64,
+    late_moving: AtomicU64,
+    late_replicating: AtomicU64,
+    late_left: AtomicU64,
     replicas_made: AtomicU64,
     replicas_kept: AtomicU64,
     replica_syncs: AtomicU64,
@@ -63,8 +68,24 @@ impl IntentCounters {
         }
     }
 
-    pub(crate) fn note_late(&self, accesses: u64) {
-        self.late_accesses.fetch_add(accesses, Ordering::Relaxed);
+    /// Late accesses, by cause.
+    pub(crate) fn note_late(&self, late: &LateCounts) {
+        let total = late.unacted + late.unanswered + late.moving + late.replicating + late.left;
+        if total == 0 {
+            return;
+        }
+        self.late_accesses.fetch_add(total, Ordering::Relaxed);
+        for (counter, n) in [
+            (&self.late_unacted, late.unacted),
+            (&self.late_unanswered, late.unanswered),
+            (&self.late_moving, late.moving),
+            (&self.late_replicating, late.replicating),
+            (&self.late_left, late.left),
+        ] {
+            if n > 0 {
+                counter.fetch_add(n, Ordering::Relaxed);
+            }
+        }
     }
 
     pub(crate) fn note_replicas_made(&self, keys: u64) {
@@ -103,6 +124,11 @@ impl IntentCounters {
             in_time: get(&self.in_time),
             lead_clocks: get(&self.lead_clocks),
             late_accesses: get(&self.late_accesses),
+            late_unacted: get(&self.late_unacted),
+            late_unanswered: get(&self.late_unanswered),
+            late_moving: get(&self.late_moving),
+            late_replicating: get(&self.late_replicating),
+            late_left: get(&self.late_left),
             replicas_made: get(&self.replicas_made),
             replicas_kept: get(&self.replicas_kept),
             replica_syncs: get(&self.replica_syncs),
@@ -111,6 +137,29 @@ impl IntentCounters {
             refreshed_by_read: get(&self.refreshed_by_read),
             synced_by_push_pull: get(&self.synced_by_push_pull),
         }
+    }
+}
+
+/// Late accesses of one access, by [`LateCause`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LateCounts {
+    pub unacted: u64,
+    pub unanswered: u64,
+    pub moving: u64,
+    pub replicating: u64,
+    pub left: u64,
+}
+
+impl LateCounts {
+    /// Counts one more late access of cause `cause`.
+    pub fn add(&mut self, cause: LateCause) {
+        *match cause {
+            LateCause::Unacted => &mut self.unacted,
+            LateCause::Unanswered => &mut self.unanswered,
+            LateCause::Moving => &mut self.moving,
+            LateCause::Replicating => &mut self.replicating,
+            LateCause::Left => &mut self.left,
+        } += 1;
     }
 }
 
@@ -242,6 +291,44 @@ struct KeyState {
     /// that a round finds both with one lookup: a key outlives its last window until its home
     /// has been told `None`.
     signalled: IntentLevel,
+    /// How far the home's answer to the level told got on this node (for the causes of late
+    /// accesses); back to [`Answer::Awaited`] when the key's intent ends.
+    answer: Answer,
+}
+
+/// What became of a key's intent after the node told its home.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Answer {
+    /// No grant yet.
+    #[default]
+    Awaited,
+    /// The home granted a move here; the key is on its way.
+    Moving,
+    /// The home granted a replica here; it is being made (or waits for the key to leave).
+    Replicating,
+    /// A relocation the grant started completed.
+    Landed,
+}
+
+/// Why an access of a worker to a key it had declared intent for in its current clock did not
+/// find the key here (see [`crate::IntentStats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LateCause {
+    /// The window was not yet acted on: its start was beyond the worker's action horizon at
+    /// every round so far (the timing, or a declaration made too late, left no lead).
+    Unacted,
+    /// Acted on (the home was told) but nothing was on its way here: the home's answer was on
+    /// its way, the key was held for another node, or the home granted a replica of a table
+    /// that keeps none (server-side updates).
+    Unanswered,
+    /// A move here was granted; the relocation was still on its way.
+    Moving,
+    /// A replica here was granted; it was still being made.
+    Replicating,
+    /// It had landed here for the intent and left again before the intent ended (won by a node
+    /// that needed it now while this one needed it only soon, or taken by an explicit
+    /// `localize`).
+    Left,
 }
 
 impl KeyState {
@@ -381,6 +468,9 @@ impl IntentTable {
             return None;
         }
         ks.signalled = level;
+        if level == IntentLevel::None {
+            ks.answer = Answer::Awaited;
+        }
         if ks.idle() {
             self.windows.remove(&(table, key));
         }
@@ -409,9 +499,37 @@ impl IntentTable {
 
     /// Whether worker `worker`, in clock `clock`, declared that it needs `key` of `table` now.
     pub fn active(&self, table: u16, key: u64, worker: u16, clock: u64) -> bool {
-        self.windows
-            .get(&(table, key))
-            .is_some_and(|ks| ks.windows.iter().any(|s| s.window.worker == worker && s.window.start <= clock && clock < s.window.end))
+        self.why_away(table, key, worker, clock).is_some()
+    }
+
+    /// If worker `worker`, in clock `clock`, declared that it needs `key` of `table` now: why
+    /// the key is not here, as far as this node knows (called for keys an access did not find
+    /// here).
+    pub fn why_away(&self, table: u16, key: u64, worker: u16, clock: u64) -> Option<LateCause> {
+        let ks = self.windows.get(&(table, key))?;
+        let window = ks.windows.iter().find(|s| s.window.worker == worker && s.window.start <= clock && clock < s.window.end)?;
+        Some(match (window.taken, ks.answer) {
+            (false, _) => LateCause::Unacted,
+            (true, Answer::Awaited) => LateCause::Unanswered,
+            (true, Answer::Moving) => LateCause::Moving,
+            (true, Answer::Replicating) => LateCause::Replicating,
+            (true, Answer::Landed) => LateCause::Left,
+        })
+    }
+
+    /// The home granted a move of `key` of `table` here (`replica` false) or a replica of it
+    /// here (`replica` true) while this node intends it.
+    pub fn note_granted(&mut self, table: u16, key: u64, replica: bool) {
+        if let Some(ks) = self.windows.get_mut(&(table, key)) {
+            ks.answer = if replica { Answer::Replicating } else { Answer::Moving };
+        }
+    }
+
+    /// A relocation of `key` of `table` for its intent completed.
+    pub fn note_landed(&mut self, table: u16, key: u64) {
+        if let Some(ks) = self.windows.get_mut(&(table, key)) {
+            ks.answer = Answer::Landed;
+        }
     }
 
     /// The earliest window on `key` of `table` that has not ended at its worker's `clock`.
@@ -628,5 +746,35 @@ mod tests {
         assert!(!it.active(0, 7, 1, 6) && it.active(0, 7, 0, 6));
         assert_eq!(it.advance(u64::MAX, |_| u64::MAX, 10, |_| 10), vec![(0, 7)]);
         assert!(it.is_empty() && it.pending.is_empty() && it.unstarted.is_empty());
+    }
+
+    #[test]
+    fn a_late_access_is_told_why_its_key_is_not_here() {
+        use LateCause::*;
+        let mut it = IntentTable::default();
+        it.add(0, 7, 0, 2, 6);
+        assert_eq!(it.why_away(0, 7, 0, 1), Option::None, "before the window: not late");
+        assert_eq!(it.why_away(0, 7, 1, 2), Option::None, "another worker's window");
+        assert_eq!(it.why_away(0, 7, 0, 2), Some(Unacted));
+        it.advance(2, |_| 2, 2, |_| 2);
+        it.relevel(0, 7, |_| 2);
+        assert_eq!(it.why_away(0, 7, 0, 2), Some(Unanswered));
+        it.note_granted(0, 7, true);
+        assert_eq!(it.why_away(0, 7, 0, 3), Some(Replicating));
+        it.note_granted(0, 7, false);
+        assert_eq!(it.why_away(0, 7, 0, 3), Some(Moving));
+        it.note_landed(0, 7);
+        assert_eq!(it.why_away(0, 7, 0, 3), Some(Left));
+        // The intent ends (its home told): a later window starts over.
+        it.add(0, 7, 0, 8, 9);
+        it.advance(6, |_| 6, 6, |_| 6);
+        assert_eq!(it.relevel(0, 7, |_| 6), Some(IntentLevel::None));
+        it.advance(8, |_| 8, 8, |_| 8);
+        it.relevel(0, 7, |_| 8);
+        assert_eq!(it.why_away(0, 7, 0, 8), Some(Unanswered));
+        // Grants for keys without intent leave no trace.
+        it.note_granted(0, 99, false);
+        it.note_landed(0, 99);
+        assert_eq!((it.len(), it.why_away(0, 99, 0, 8)), (1, Option::None));
     }
 }

@@ -37,7 +37,7 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 
 use super::replicas::ReplicaSet;
-use super::{ActionTiming, IntentLevel, IntentTable};
+use super::{ActionTiming, IntentLevel, IntentTable, LateCounts};
 use crate::error::{Error, Result};
 use crate::node::Table;
 use crate::protocol::Grant;
@@ -180,11 +180,15 @@ impl IntentService {
         self.wake.notify_all();
     }
 
-    /// How many of `away`, keys an access of worker `worker` in clock `clock` found neither
-    /// here nor replicated here, the worker declared intent for now: late accesses.
-    pub fn count_late(&self, table: u16, away: &[u64], worker: u16, clock: u64) -> u64 {
+    /// Of `away`, keys an access of worker `worker` in clock `clock` found neither here nor
+    /// replicated here, those the worker declared intent for now (late accesses), by cause.
+    pub fn count_late(&self, table: u16, away: &[u64], worker: u16, clock: u64) -> LateCounts {
         let state = self.state.lock();
-        away.iter().filter(|&&k| state.table.active(table, k, worker, clock)).count() as u64
+        let mut late = LateCounts::default();
+        for cause in away.iter().filter_map(|&k| state.table.why_away(table, k, worker, clock)) {
+            late.add(cause);
+        }
+        late
     }
 
     /// A sync round of the run-time replicas through `worker` (around a barrier): their deltas
@@ -472,7 +476,7 @@ impl IntentService {
         // departure kept meanwhile) go.
         let mut unwanted: Vec<(u16, Vec<u64>)> = Vec::new();
         {
-            let state = self.state.lock();
+            let mut state = self.state.lock();
             for (table, grant, keys) in node.core.take_intent_go() {
                 // Only keys still intended; a move only of keys not here. A replicate grant for
                 // a key held here is kept for when the key leaves (see `ReplicaSet`).
@@ -482,6 +486,13 @@ impl IntentService {
                     .partition(|&k| state.table.signalled(table, k) != IntentLevel::None);
                 if grant == Grant::Replicate && !stale.is_empty() {
                     unwanted.push((table, stale));
+                }
+                // A table whose holders apply server-side updates keeps no replicas: such a
+                // grant sets nothing on its way.
+                if grant == Grant::Move || store.table(table).dynamic().is_some() {
+                    for &key in &keys {
+                        state.table.note_granted(table, key, grant == Grant::Replicate);
+                    }
                 }
                 if !keys.is_empty() {
                     match grant {
@@ -531,12 +542,14 @@ impl IntentService {
             let InFlight { ticket, table, keys } = in_flight.swap_remove(i);
             match own.wait(ticket) {
                 Ok(()) => {
-                    let state = self.state.lock();
+                    let mut state = self.state.lock();
+                    let State { table: intents, workers, .. } = &mut *state;
                     let counters = node.core.intent_counters();
-                    let clock = |w: u16| state.workers.get(&w).map_or(0, |c| c.clock);
+                    let clock = |w: u16| workers.get(&w).map_or(0, |c| c.clock);
                     for key in keys {
-                        let lead = state.table.earliest(table, key, clock).and_then(|w| w.start.checked_sub(clock(w.worker))).filter(|&lead| lead > 0);
+                        let lead = intents.earliest(table, key, clock).and_then(|w| w.start.checked_sub(clock(w.worker))).filter(|&lead| lead > 0);
                         counters.note_landed(lead);
+                        intents.note_landed(table, key);
                     }
                 }
                 Err(Error::ShutDown) => return false,
