@@ -220,6 +220,18 @@ impl IntentStats {
     pub fn mean_lead(&self) -> f64 {
         if self.in_time == 0 { 0.0 } else { self.lead_clocks as f64 / self.in_time as f64 }
     }
+
+    /// Late accesses of cause `cause` (the field for it).
+    pub fn late(&self, cause: crate::intent::LateCause) -> u64 {
+        use crate::intent::LateCause::*;
+        match cause {
+            Unacted => self.late_unacted,
+            Unanswered => self.late_unanswered,
+            Moving => self.late_moving,
+            Replicating => self.late_replicating,
+            Left => self.late_left,
+        }
+    }
 }
 
 /// What replication did on a node (NuPS, Section 3.2).

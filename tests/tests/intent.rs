@@ -138,11 +138,8 @@ fn a_key_taken_away_during_its_window_counts_as_late_and_values_stay_exact() {
     w0.intent(t, &keys, 0, 100).unwrap();
     assert!(wait_until_held(&nodes[0], t, &keys));
     // The service records the landing when it collects the relocation (its next round).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while nodes[0].stats().intent.acted_keys < 3 {
-        assert!(Instant::now() < deadline, "the relocations were never recorded");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until_recorded(&nodes[0], 3);
+    assert_eq!(nodes[0].stats().intent.acted_keys, 3, "the relocations were never recorded");
     w0.push(t, &keys, &[1.0, 1.0, 1.0]).unwrap();
     // Node 1 takes one key back explicitly: node 0's window is still open, so its next access
     // to that key is late (each window is acted on once; the key is not pulled back).

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::Result;
+use ferry::intent::LateCause;
 use ferry::{Node, Stats, Table, Worker};
 
 /// Floats that several threads read and write without locks (the `single` mode's parameters).
@@ -134,9 +135,8 @@ pub fn stats_fields(delta: &Stats, out: &mut [f32; METRIC_FIELDS]) {
     out[field::NODES] = 1.0;
     out[field::LATE] = delta.intent.late_accesses as f32;
     out[field::INTENT_LEAD] = delta.intent.mean_lead() as f32;
-    let i = &delta.intent;
-    for (f, n) in field::LATE_CAUSES.into_iter().zip([i.late_unacted, i.late_unanswered, i.late_moving, i.late_replicating, i.late_left]) {
-        out[f] = n as f32;
+    for (f, cause) in field::LATE_CAUSES.into_iter().zip(LateCause::ALL) {
+        out[f] = delta.intent.late(cause) as f32;
     }
 }
 

@@ -35,11 +35,8 @@ pub struct IntentCounters {
     in_time: AtomicU64,
     lead_clocks: AtomicU64,
     late_accesses: AtomicU64,
-    late_unacted: AtomicU64,
-    late_unanswered: AtomicU64,
-    late_moving: AtomicU64,
-    late_replicating: AtomicU64,
-    late_left: AtomicU64,
+    /// Late accesses indexed by `LateCause as usize`.
+    late_by_cause: [AtomicU64; LateCause::ALL.len()],
     replicas_made: AtomicU64,
     replicas_kept: AtomicU64,
     replica_syncs: AtomicU64,
@@ -70,18 +67,12 @@ impl IntentCounters {
 
     /// Late accesses, by cause.
     pub(crate) fn note_late(&self, late: &LateCounts) {
-        let total = late.unacted + late.unanswered + late.moving + late.replicating + late.left;
+        let total: u64 = late.0.iter().sum();
         if total == 0 {
             return;
         }
         self.late_accesses.fetch_add(total, Ordering::Relaxed);
-        for (counter, n) in [
-            (&self.late_unacted, late.unacted),
-            (&self.late_unanswered, late.unanswered),
-            (&self.late_moving, late.moving),
-            (&self.late_replicating, late.replicating),
-            (&self.late_left, late.left),
-        ] {
+        for (counter, &n) in self.late_by_cause.iter().zip(&late.0) {
             if n > 0 {
                 counter.fetch_add(n, Ordering::Relaxed);
             }
@@ -117,6 +108,7 @@ impl IntentCounters {
     /// The counters now.
     pub fn snapshot(&self) -> IntentStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let [late_unacted, late_unanswered, late_moving, late_replicating, late_left] = self.late_by_cause.each_ref().map(get);
         IntentStats {
             rounds: get(&self.rounds),
             declared: get(&self.declared),
@@ -124,11 +116,11 @@ impl IntentCounters {
             in_time: get(&self.in_time),
             lead_clocks: get(&self.lead_clocks),
             late_accesses: get(&self.late_accesses),
-            late_unacted: get(&self.late_unacted),
-            late_unanswered: get(&self.late_unanswered),
-            late_moving: get(&self.late_moving),
-            late_replicating: get(&self.late_replicating),
-            late_left: get(&self.late_left),
+            late_unacted,
+            late_unanswered,
+            late_moving,
+            late_replicating,
+            late_left,
             replicas_made: get(&self.replicas_made),
             replicas_kept: get(&self.replicas_kept),
             replica_syncs: get(&self.replica_syncs),
@@ -140,26 +132,14 @@ impl IntentCounters {
     }
 }
 
-/// Late accesses of one access, by [`LateCause`].
+/// Late accesses of one access, indexed by `LateCause as usize`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct LateCounts {
-    pub unacted: u64,
-    pub unanswered: u64,
-    pub moving: u64,
-    pub replicating: u64,
-    pub left: u64,
-}
+pub(crate) struct LateCounts(pub [u64; LateCause::ALL.len()]);
 
 impl LateCounts {
     /// Counts one more late access of cause `cause`.
     pub fn add(&mut self, cause: LateCause) {
-        *match cause {
-            LateCause::Unacted => &mut self.unacted,
-            LateCause::Unanswered => &mut self.unanswered,
-            LateCause::Moving => &mut self.moving,
-            LateCause::Replicating => &mut self.replicating,
-            LateCause::Left => &mut self.left,
-        } += 1;
+        self.0[cause as usize] += 1;
     }
 }
 
@@ -331,6 +311,11 @@ pub enum LateCause {
     Left,
 }
 
+impl LateCause {
+    /// Every cause, in declaration order (`ALL[c as usize] == c`).
+    pub const ALL: [LateCause; 5] = [LateCause::Unacted, LateCause::Unanswered, LateCause::Moving, LateCause::Replicating, LateCause::Left];
+}
+
 impl KeyState {
     /// No window left and nothing told to the home that it must still take back: the entry
     /// can go.
@@ -497,11 +482,6 @@ impl IntentTable {
             .unwrap_or(IntentLevel::None)
     }
 
-    /// Whether worker `worker`, in clock `clock`, declared that it needs `key` of `table` now.
-    pub fn active(&self, table: u16, key: u64, worker: u16, clock: u64) -> bool {
-        self.why_away(table, key, worker, clock).is_some()
-    }
-
     /// If worker `worker`, in clock `clock`, declared that it needs `key` of `table` now: why
     /// the key is not here, as far as this node knows (called for keys an access did not find
     /// here).
@@ -625,7 +605,8 @@ mod tests {
         assert!(it.add(0, 8, 0, 40, 50));
         assert!(!it.add(0, 9, 0, 3, 3), "an empty window is ignored");
         assert_eq!(it.len(), 2);
-        assert!(it.active(0, 7, 0, 5) && it.active(0, 7, 0, 9) && !it.active(0, 7, 0, 10) && !it.active(0, 7, 1, 5));
+        let active = |it: &IntentTable, worker, clock| it.why_away(0, 7, worker, clock).is_some();
+        assert!(active(&it, 0, 5) && active(&it, 0, 9) && !active(&it, 0, 10) && !active(&it, 1, 5));
         // Both workers at clock 2; worker 0's horizon 8, worker 1's 12: only (0, 7) of worker 0
         // is within reach.
         let horizon = |w| if w == 0 { 8 } else { 12 };
@@ -743,7 +724,7 @@ mod tests {
         it.add(1, 3, 1, 0, 4);
         assert_eq!(it.forget_worker(1), vec![(0, 7), (1, 3)]);
         assert_eq!(it.len(), 1);
-        assert!(!it.active(0, 7, 1, 6) && it.active(0, 7, 0, 6));
+        assert!(it.why_away(0, 7, 1, 6).is_none() && it.why_away(0, 7, 0, 6).is_some());
         assert_eq!(it.advance(u64::MAX, |_| u64::MAX, 10, |_| 10), vec![(0, 7)]);
         assert!(it.is_empty() && it.pending.is_empty() && it.unstarted.is_empty());
     }

@@ -124,13 +124,16 @@ impl ReplicaSet {
         !self.is_empty() || !self.quiet() || !self.makes.is_empty()
     }
 
-    /// Starts making replicas of those of `keys` that are neither held here, replicated nor
-    /// being made: pulls their values from their owners through `worker` (which bypasses
-    /// replicas); [`ReplicaSet::poll`] installs them.
-    pub fn start_make(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: &[u64]) -> Result<()> {
+    /// Takes a replica grant for `keys`, and starts making replicas of those that are neither
+    /// held here, replicated nor being made: pulls their values from their owners through
+    /// `worker` (which bypasses replicas); [`ReplicaSet::poll`] installs them. Returns whether
+    /// the grant was taken: false for a table whose holders apply server-side updates, which
+    /// keeps no replicas. An error (the pull could not be sent) leaves the grant taken;
+    /// [`ReplicaSet::remake`] tries again.
+    pub fn start_make(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: &[u64]) -> Result<bool> {
         let t = node.core.store().table(table);
         if t.dynamic().is_none() {
-            return Ok(());
+            return Ok(false);
         }
         // A key held or arriving here needs no replica until it leaves (the home grants a
         // replica to the nodes that intend a key, and cannot tell where it is about to be);
@@ -142,12 +145,12 @@ impl ReplicaSet {
         let wanted: Vec<u64> =
             keys.iter().copied().filter(|&k| t.residence(k) == Residence::Away && !t.has_dynamic_replica(k) && !self.making.contains(&(table, k))).collect();
         if wanted.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         let ticket = worker.pull_async(node.table_by_id(table), &wanted)?;
         self.making.extend(wanted.iter().map(|&k| (table, k)));
         self.makes.push((table, wanted, ticket));
-        Ok(())
+        Ok(true)
     }
 
     /// Starts making the replicas of granted keys that are elsewhere now and have none: with
@@ -187,7 +190,7 @@ impl ReplicaSet {
         }
         let mut outcome = Ok(());
         for (table, keys) in missing {
-            keep_first_error(&mut outcome, self.start_make(node, worker, table, &keys));
+            keep_first_error(&mut outcome, self.start_make(node, worker, table, &keys).map(|_taken| ()));
         }
         outcome
     }

@@ -487,11 +487,10 @@ impl IntentService {
                 if grant == Grant::Replicate && !stale.is_empty() {
                     unwanted.push((table, stale));
                 }
-                // A table whose holders apply server-side updates keeps no replicas: such a
-                // grant sets nothing on its way.
-                if grant == Grant::Move || store.table(table).dynamic().is_some() {
+                // A replica grant is noted once `start_make` took it (below).
+                if grant == Grant::Move {
                     for &key in &keys {
-                        state.table.note_granted(table, key, grant == Grant::Replicate);
+                        state.table.note_granted(table, key, false);
                     }
                 }
                 if !keys.is_empty() {
@@ -511,11 +510,22 @@ impl IntentService {
             }
         }
         for (table, keys) in replicate {
-            if let Err(e) = self.replicas.lock().start_make(node, own, table, &keys) {
-                if self.stopped(node) {
-                    return false;
+            let made = self.replicas.lock().start_make(node, own, table, &keys);
+            let taken = match made {
+                Ok(taken) => taken,
+                Err(e) => {
+                    if self.stopped(node) {
+                        return false;
+                    }
+                    tracing::warn!(node = node.config.rank, error = %e, "the intent service could not make replicas; their accesses go remote");
+                    true
                 }
-                tracing::warn!(node = node.config.rank, error = %e, "the intent service could not make replicas; their accesses go remote");
+            };
+            if taken {
+                let mut state = self.state.lock();
+                for &key in &keys {
+                    state.table.note_granted(table, key, true);
+                }
             }
         }
         for (table, keys) in moves {
