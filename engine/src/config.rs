@@ -153,8 +153,15 @@ pub struct IntentSettings {
     pub round: Duration,
     /// Smoothing factor α of the clocks-per-round estimate, in (0, 1].
     pub alpha: f64,
-    /// Quantile `p` of the Poisson bound on how far a worker gets in two rounds, in [0.5, 1).
+    /// Quantile `p` of the Poisson bound on how far a worker gets in `rounds_ahead` rounds, in
+    /// [0.5, 1).
     pub quantile: f64,
+    /// How many rounds ahead the service acts on an intent (AdaPM: two, the round in which it
+    /// acts and the next), in 1..=16. Here an action is a level told to the key's home, whose
+    /// grant comes back and is taken at the service's next round before the relocation or the
+    /// replica's pull even starts, so two rounds leave the slowest of those too little time
+    /// (`docs/INTENT.md`, "Action timing"). `FERRY_INTENT_AHEAD` sets it.
+    pub rounds_ahead: u32,
     /// Initial estimate of clocks per round (AdaPM: 10, which acts early until the estimate has
     /// learned the real rate).
     pub initial_rate: f64,
@@ -167,10 +174,10 @@ pub struct IntentSettings {
 }
 
 impl Default for IntentSettings {
-    /// AdaPM's untuned settings (α = 0.1, p = 0.9999, 10 clocks per round), 1 ms rounds, and
-    /// gaps of up to 4 clocks bridged.
+    /// AdaPM's untuned settings (α = 0.1, p = 0.9999, 10 clocks per round), 1 ms rounds, acting
+    /// four rounds ahead, and gaps of up to 4 clocks bridged.
     fn default() -> Self {
-        IntentSettings { round: Duration::from_millis(1), alpha: 0.1, quantile: 0.9999, initial_rate: 10.0, gap: 4 }
+        IntentSettings { round: Duration::from_millis(1), alpha: 0.1, quantile: 0.9999, initial_rate: 10.0, rounds_ahead: 4, gap: 4 }
     }
 }
 
@@ -410,8 +417,9 @@ impl Config {
     /// e.g. `30s`, `1.5m`): `FERRY_OP_TIMEOUT` (operations and barriers), `FERRY_PEER_TIMEOUT`
     /// (silence after which a peer is lost), `FERRY_START_TIMEOUT` (start-up: rendezvous and
     /// connections), `FERRY_STALENESS` (replicas' staleness bound), `FERRY_INTENT_ROUND` (the
-    /// intent service's round time); the intent gap `FERRY_INTENT_GAP` (clocks) and the delay
-    /// bound `FERRY_MAX_DELAY` (clocks, or `inf`).
+    /// intent service's round time); the intent gap `FERRY_INTENT_GAP` (clocks), how many rounds
+    /// ahead the intent service acts `FERRY_INTENT_AHEAD`, and the delay bound `FERRY_MAX_DELAY`
+    /// (clocks, or `inf`).
     /// Unset variables leave the settings as they are.
     pub fn apply_timeout_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
         for (name, field) in [
@@ -427,6 +435,9 @@ impl Config {
         }
         if let Some(v) = get("FERRY_INTENT_GAP").map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
             self.intent.gap = v.parse().map_err(|_| Error::Config(format!("FERRY_INTENT_GAP='{v}' is not a number of clocks")))?;
+        }
+        if let Some(v) = get("FERRY_INTENT_AHEAD").map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
+            self.intent.rounds_ahead = v.parse().map_err(|_| Error::Config(format!("FERRY_INTENT_AHEAD='{v}' is not a number of rounds")))?;
         }
         if let Some(v) = get("FERRY_MAX_DELAY").map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
             self.max_delay = parse_max_delay(&v).map_err(|e| Error::Config(format!("FERRY_MAX_DELAY: {e}")))?;
@@ -569,6 +580,9 @@ impl Config {
         let timing_ok = i.alpha > 0.0 && i.alpha <= 1.0 && (0.5..1.0).contains(&i.quantile) && i.initial_rate.is_finite() && i.initial_rate >= 0.0;
         if !timing_ok {
             return bad(format!("intent timing needs 0 < alpha ≤ 1, 0.5 ≤ quantile < 1 and a finite initial rate ≥ 0, not {i:?}"));
+        }
+        if !(1..=16).contains(&i.rounds_ahead) {
+            return bad(format!("the intent service acts 1 to 16 rounds ahead, not {}", i.rounds_ahead));
         }
         if i.round.is_zero() || i.round > Duration::from_secs(1) {
             return bad(format!("the intent round must be between 0 and 1 s, not {:?}", i.round));
@@ -755,10 +769,12 @@ mod tests {
         assert_eq!(c.op_timeout, Config::new(vec![]).op_timeout, "unset leaves the default");
         assert!(c.apply_timeout_env(|k| (k == "FERRY_PEER_TIMEOUT").then(|| "5".to_string())).is_err(), "a unit is required");
         // The intent service's settings: a round time with a unit, a gap in clocks.
-        let vars: HashMap<&str, &str> = [("FERRY_INTENT_ROUND", "2ms"), ("FERRY_INTENT_GAP", " 9 ")].into();
+        let vars: HashMap<&str, &str> = [("FERRY_INTENT_ROUND", "2ms"), ("FERRY_INTENT_GAP", " 9 "), ("FERRY_INTENT_AHEAD", "3")].into();
         let mut c = Config::new(vec![]);
         c.apply_timeout_env(|k| vars.get(k).map(|v| v.to_string())).unwrap();
-        assert_eq!((c.intent.round, c.intent.gap), (Duration::from_millis(2), 9));
+        assert_eq!((c.intent.round, c.intent.gap, c.intent.rounds_ahead), (Duration::from_millis(2), 9, 3));
+        let e = c.apply_timeout_env(|k| (k == "FERRY_INTENT_AHEAD").then(|| "two".to_string())).unwrap_err().to_string();
+        assert!(e.contains("FERRY_INTENT_AHEAD"), "{e}");
         let e = c.apply_timeout_env(|k| (k == "FERRY_INTENT_GAP").then(|| "-1".to_string())).unwrap_err().to_string();
         assert!(e.contains("FERRY_INTENT_GAP"), "{e}");
     }
@@ -836,6 +852,22 @@ mod tests {
         assert!(Config::new(vec![TableSpec::new("a", 10, 1), TableSpec::new("a", 5, 1)]).validate().is_err());
         let mut c = Config::new(vec![TableSpec::new("a", 10, 1)]);
         c.rank = 1;
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn validation_catches_bad_intent_timing() {
+        let ok = Config::new(vec![TableSpec::new("a", 10, 1)]);
+        for bad in [0, 17] {
+            let mut c = ok.clone();
+            c.intent.rounds_ahead = bad;
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("rounds ahead"), "{e}");
+        }
+        let mut c = ok.clone();
+        c.intent.rounds_ahead = 16;
+        assert!(c.validate().is_ok());
+        c.intent.quantile = 1.0;
         assert!(c.validate().is_err());
     }
 

@@ -145,13 +145,16 @@ impl LateCounts {
 
 /// Adaptive action timing for one worker (Algorithm 1): estimates how many clocks the worker
 /// completes per communication round and acts on an intent once the worker might reach the
-/// intent's start within the next two rounds.
+/// intent's start within the next few rounds (AdaPM: two; see
+/// [`crate::config::IntentSettings::rounds_ahead`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ActionTiming {
     /// Smoothing factor α of the rate estimate.
     pub alpha: f64,
     /// Quantile `p` of the Poisson soft upper bound (AdaPM uses 0.9999).
     pub quantile: f64,
+    /// Rounds the horizon covers.
+    pub rounds_ahead: u32,
     estimate: f64,
     last_clock: Option<u64>,
     horizon: u64,
@@ -160,13 +163,20 @@ pub struct ActionTiming {
 impl ActionTiming {
     /// Timing as `settings` say (their defaults are AdaPM's untuned configuration).
     pub fn from_settings(settings: &crate::config::IntentSettings) -> ActionTiming {
-        ActionTiming::new(settings.alpha, settings.quantile, settings.initial_rate)
+        ActionTiming { rounds_ahead: settings.rounds_ahead.max(1), ..ActionTiming::new(settings.alpha, settings.quantile, settings.initial_rate) }
     }
 
     /// Timing with smoothing `alpha`, quantile `quantile` and an initial estimate of `initial`
-    /// clocks per round.
+    /// clocks per round, acting two rounds ahead (AdaPM's Algorithm 1).
     pub fn new(alpha: f64, quantile: f64, initial: f64) -> ActionTiming {
-        ActionTiming { alpha: alpha.clamp(0.0, 1.0), quantile: quantile.clamp(0.5, 1.0 - 1e-12), estimate: initial.max(0.0), last_clock: None, horizon: 0 }
+        ActionTiming {
+            alpha: alpha.clamp(0.0, 1.0),
+            quantile: quantile.clamp(0.5, 1.0 - 1e-12),
+            rounds_ahead: 2,
+            estimate: initial.max(0.0),
+            last_clock: None,
+            horizon: 0,
+        }
     }
 
     /// The current estimate of clocks per round.
@@ -184,8 +194,9 @@ impl ActionTiming {
             self.estimate = (1.0 - self.alpha) * self.estimate + self.alpha * delta as f64;
         }
         self.last_clock = Some(clock);
-        // Two rounds: this one and the next must complete before the worker gets there.
-        self.horizon = clock.saturating_add(poisson_quantile(2.0 * self.estimate.max(delta as f64), self.quantile));
+        // This round and the next `rounds_ahead - 1` must complete before the worker gets there.
+        let rate = self.estimate.max(delta as f64);
+        self.horizon = clock.saturating_add(poisson_quantile(f64::from(self.rounds_ahead) * rate, self.quantile));
         self.horizon
     }
 
@@ -574,6 +585,17 @@ mod tests {
         let q = poisson_quantile(10_000.0, 0.9999) as f64;
         assert!((q - (10_000.0 + 3.72 * 100.0)).abs() < 10.0, "{q}");
         assert!(poisson_quantile(20.0, 0.9999) > poisson_quantile(20.0, 0.99));
+    }
+
+    #[test]
+    fn the_horizon_covers_the_rounds_ahead_the_settings_ask_for() {
+        let settings = crate::config::IntentSettings { initial_rate: 100.0, ..Default::default() };
+        assert_eq!(settings.rounds_ahead, 4);
+        let mut ours = ActionTiming::from_settings(&settings);
+        let mut adapm = ActionTiming::new(settings.alpha, settings.quantile, settings.initial_rate);
+        assert_eq!(ours.round(1000), 1000 + poisson_quantile(400.0, settings.quantile));
+        assert_eq!(adapm.round(1000), 1000 + poisson_quantile(200.0, settings.quantile));
+        assert!(ours.act(1000 + 390) && !adapm.act(1000 + 390));
     }
 
     #[test]
