@@ -161,7 +161,8 @@ pub struct ActionTiming {
 }
 
 impl ActionTiming {
-    /// Timing as `settings` say (their defaults are AdaPM's untuned configuration).
+    /// Timing as `settings` say (their defaults are AdaPM's untuned configuration, acting four
+    /// rounds ahead instead of two).
     pub fn from_settings(settings: &crate::config::IntentSettings) -> ActionTiming {
         ActionTiming { rounds_ahead: settings.rounds_ahead.max(1), ..ActionTiming::new(settings.alpha, settings.quantile, settings.initial_rate) }
     }
