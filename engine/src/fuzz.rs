@@ -93,6 +93,7 @@ fn target(seed: u64) -> Target {
         op_timeout_ns: u64::MAX / 4,
         loss_grace_ns: 1_000,
         shards: 4,
+        share_clocks: true,
     };
     let core = Core::new(RANK, NODES, &specs, store, settings);
     let mut requester = core.requester(0, 1);

@@ -92,6 +92,7 @@ impl Node {
             op_timeout_ns: config.op_timeout.as_nanos() as u64,
             loss_grace_ns: (config.peer_timeout * 2).as_nanos() as u64,
             shards: config.shards,
+            share_clocks: config.max_delay.is_some(),
         };
         let core = Core::new(config.rank, config.nodes, &config.tables, store, settings);
         let inner = Arc::new(NodeInner::new(config, core, fabric.clone(), clock_offset));

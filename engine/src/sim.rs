@@ -464,6 +464,7 @@ impl Sim {
             op_timeout_ns: u64::MAX / 4,
             loss_grace_ns: 200_000,
             shards: opts.shards,
+            share_clocks: opts.max_delay.is_some(),
         };
         let mut nodes = Vec::new();
         for rank in 0..opts.nodes {

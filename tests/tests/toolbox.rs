@@ -409,3 +409,29 @@ fn filtered_pushes_hold_back_small_updates_and_lose_nothing() {
     drop(w);
     finalize_all(nodes);
 }
+
+/// Without a delay bound nobody waits for the cluster's clocks, so advancing one sends nothing
+/// (intent signalling advances a clock every mini-batch); under a bound every clock that raises
+/// the node's minimum is told to the peer (CLOCK, counted with the barrier messages).
+#[test]
+fn clocks_reach_the_peers_only_under_a_delay_bound() {
+    for (tau, expect_sent) in [(None, false), (Some(1_000), true)] {
+        let mut c = Config::new(vec![TableSpec::new("t", KEYS, 1)]);
+        c.max_delay = tau;
+        let nodes = Node::start_local_cluster(2, c).unwrap();
+        let mut w = nodes[0].worker();
+        let before = nodes[0].stats();
+        for _ in 0..50 {
+            w.advance_clock().unwrap();
+        }
+        let sent = nodes[0].stats().since(&before).traffic.messages[MessageKind::Barrier as usize];
+        if expect_sent {
+            assert!(sent >= 50, "τ = {tau:?}: {sent} clock messages for 50 clocks");
+        } else {
+            assert_eq!(sent, 0, "without a bound, {sent} clock messages went out");
+        }
+        assert_eq!(w.current_clock(), 50);
+        drop(w);
+        finalize_all(nodes);
+    }
+}

@@ -7,7 +7,8 @@
 //! synchronous, `τ = ∞` (no bound) fully asynchronous.
 //!
 //! Each node keeps its own workers' counts and, whenever their minimum grows, sends it to every
-//! peer (CLOCK); the cluster's minimum is the smallest of the last counts every live node
+//! peer (CLOCK) if the cluster has a delay bound (without one, nobody waits for the cluster's
+//! minimum, and intent signalling advances clocks every mini-batch); the cluster's minimum is the smallest of the last counts every live node
 //! reported. A node's count never decreases: a worker that starts later starts at its node's
 //! minimum. A node whose workers all left reports "done" (`u64::MAX`) and holds nobody back any
 //! more; a worker it starts after that begins at the smallest count it knows and is not waited
@@ -29,12 +30,16 @@ pub struct Clocks {
     reported: Vec<u64>,
     /// Whether a worker ever registered here (until then the node's count is 0).
     had_workers: bool,
+    /// Whether the node's minimum is sent to the peers (only a delay bound needs it).
+    share: bool,
 }
 
 impl Clocks {
-    /// The clocks of node `rank` of `nodes`.
-    pub fn new(rank: u16, nodes: usize) -> Clocks {
-        Clocks { rank, local: Vec::new(), reported: vec![0; nodes], had_workers: false }
+    /// The clocks of node `rank` of `nodes`; with `share` the node tells its peers its
+    /// minimum whenever it grows (needed only for a delay bound: without one, nobody waits for
+    /// [`Clocks::cluster_min`], and the peers' entries stay at what they reported, if anything).
+    pub fn new(rank: u16, nodes: usize, share: bool) -> Clocks {
+        Clocks { rank, local: Vec::new(), reported: vec![0; nodes], had_workers: false, share }
     }
 
     /// This node's workers' smallest count: 0 before any worker started, "done" once all left.
@@ -86,7 +91,7 @@ impl Clocks {
         self.report(directory, tx);
     }
 
-    /// Sends the node's minimum to every live peer if it grew.
+    /// Sends the node's minimum to every live peer if it grew (and the clocks are shared).
     fn report(&mut self, directory: &Directory, tx: &mut Transmit) {
         let min = self.node_min();
         let own = &mut self.reported[self.rank as usize];
@@ -94,6 +99,9 @@ impl Clocks {
             return;
         }
         *own = min;
+        if !self.share {
+            return;
+        }
         for node in 0..self.reported.len() as u16 {
             if node != self.rank && !directory.is_lost(node) {
                 wire::encode_clock(tx.buf(node), min);

@@ -104,6 +104,10 @@ pub struct Settings {
     pub loss_grace_ns: u64,
     /// Number of key shards (1..=64), each with its own lock.
     pub shards: usize,
+    /// Whether nodes tell each other their workers' clocks (CLOCK). Only a delay bound waits
+    /// for the cluster's clocks; without one, a trainer that advances its clock every
+    /// mini-batch (intent signalling) would send a message to every peer each time for nothing.
+    pub share_clocks: bool,
 }
 
 impl Settings {
@@ -169,7 +173,7 @@ impl Core {
             directory,
             shards,
             barriers: Mutex::new(Barriers::new(rank as u16, nodes)),
-            clocks: Mutex::new(Clocks::new(rank as u16, nodes)),
+            clocks: Mutex::new(Clocks::new(rank as u16, nodes, settings.share_clocks)),
             key_caches: Mutex::new(Default::default()),
             settings,
             counters: Arc::new(CounterRegistry::default()),
