@@ -231,13 +231,19 @@ impl IntentService {
     /// done with is released before the barrier lets the key's next user start: the home then
     /// sees the next user need the key after this node stopped needing it, and moves it rather
     /// than replicating it (see [`crate::protocol::IntentHomes`]). Nothing to do without the
-    /// service.
+    /// service, or when nothing happened since the last round that has told the homes.
     pub fn signal_levels(&self, node: &NodeInner) -> Result<()> {
         if !self.running.load(Ordering::Acquire) {
             return Ok(());
         }
         let after = {
-            let _state = self.state.lock();
+            let state = self.state.lock();
+            // No worker advanced, declared or left since the last round began (both happen
+            // under this lock), and that round has told the homes its changes: a round now
+            // would find the same clocks and horizons, hence no change to tell.
+            if !state.news && self.rounds_signalled.load(Ordering::Acquire) == self.rounds_started.load(Ordering::Acquire) {
+                return Ok(());
+            }
             self.round_wanted.store(true, Ordering::Release);
             self.wake.notify_all();
             self.rounds_started.load(Ordering::Acquire)
