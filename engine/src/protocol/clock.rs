@@ -8,11 +8,12 @@
 //!
 //! Each node keeps its own workers' counts and, whenever their minimum grows, sends it to every
 //! peer (CLOCK) if the cluster has a delay bound (without one, nobody waits for the cluster's
-//! minimum, and intent signalling advances clocks every mini-batch); the cluster's minimum is the smallest of the last counts every live node
-//! reported. A node's count never decreases: a worker that starts later starts at its node's
-//! minimum. A node whose workers all left reports "done" (`u64::MAX`) and holds nobody back any
-//! more; a worker it starts after that begins at the smallest count it knows and is not waited
-//! for by the others. A lost node no longer holds anybody back either. The state machine has no clock and no I/O: the runtime waits on
+//! minimum, and intent signalling advances clocks every mini-batch); the cluster's minimum is
+//! the smallest of the last counts every live node reported. A node's count never decreases: a
+//! worker that starts later starts at its node's minimum. A node whose workers all left reports
+//! "done" (`u64::MAX`) and holds nobody back any more; a worker it starts after that begins at
+//! the smallest count it knows and is not waited for by the others. A lost node no longer holds
+//! anybody back either. The state machine has no clock and no I/O: the runtime waits on
 //! [`Clocks::cluster_min`].
 
 use super::directory::Directory;
