@@ -322,6 +322,12 @@ pub struct Config {
 /// Replicated keys per table must stay below this (their ordinals are `u32` markers).
 const ARRIVING_LIMIT: u64 = (u32::MAX - 2) as u64;
 
+/// The value of variable `name` from `get`, trimmed; `None` if unset or blank (a blank variable
+/// leaves its setting as it is, like an unset one).
+fn set_value(get: &impl Fn(&str) -> Option<String>, name: &str) -> Option<String> {
+    get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+}
+
 /// Parses a duration with a unit: `250ms`, `30s`, `1.5m`, `2h`.
 pub fn parse_duration(name: &str, value: &str) -> Result<Duration> {
     let bad = || Error::Config(format!("{name}='{value}' is not a duration: give a number with a unit (ms, s, m, h), e.g. 30s"));
@@ -422,6 +428,7 @@ impl Config {
     /// (clocks, or `inf`).
     /// Unset variables leave the settings as they are.
     pub fn apply_timeout_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
+        let set = |name: &str| set_value(&get, name);
         for (name, field) in [
             ("FERRY_OP_TIMEOUT", &mut self.op_timeout),
             ("FERRY_PEER_TIMEOUT", &mut self.peer_timeout),
@@ -429,17 +436,17 @@ impl Config {
             ("FERRY_STALENESS", &mut self.staleness),
             ("FERRY_INTENT_ROUND", &mut self.intent.round),
         ] {
-            if let Some(v) = get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
+            if let Some(v) = set(name) {
                 *field = parse_duration(name, &v)?;
             }
         }
-        if let Some(v) = get("FERRY_INTENT_GAP").map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
+        if let Some(v) = set("FERRY_INTENT_GAP") {
             self.intent.gap = v.parse().map_err(|_| Error::Config(format!("FERRY_INTENT_GAP='{v}' is not a number of clocks")))?;
         }
-        if let Some(v) = get("FERRY_INTENT_AHEAD").map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
+        if let Some(v) = set("FERRY_INTENT_AHEAD") {
             self.intent.rounds_ahead = v.parse().map_err(|_| Error::Config(format!("FERRY_INTENT_AHEAD='{v}' is not a number of rounds")))?;
         }
-        if let Some(v) = get("FERRY_MAX_DELAY").map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
+        if let Some(v) = set("FERRY_MAX_DELAY") {
             self.max_delay = parse_max_delay(&v).map_err(|e| Error::Config(format!("FERRY_MAX_DELAY: {e}")))?;
         }
         Ok(())
@@ -449,7 +456,7 @@ impl Config {
     /// `FERRY_SECRET_FILE` (a file holding it; surrounding whitespace is ignored),
     /// `FERRY_JOB_ID` (else `SLURM_JOB_ID`), and `FERRY_REQUIRE_SECRET=1`.
     pub fn apply_membership_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
-        let set = |name: &str| get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let set = |name: &str| set_value(&get, name);
         match (set("FERRY_SECRET"), set("FERRY_SECRET_FILE")) {
             (Some(_), Some(_)) => return Err(Error::Config("set FERRY_SECRET or FERRY_SECRET_FILE, not both".into())),
             (Some(secret), None) => self.membership.secret = Some(secret.into_bytes()),
@@ -480,7 +487,7 @@ impl Config {
     /// `FERRY_VERBS_BUFFER_BYTES`, `FERRY_VERBS_SPIN_US`, and for fault-injection tests
     /// `FERRY_FAIL_SENDS`. Unset variables leave the settings as they are.
     pub fn apply_transport_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
-        let get = |name: &str| get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let get = |name: &str| set_value(&get, name);
         if let Some(t) = get("FERRY_TRANSPORT") {
             self.transport = t.parse()?;
         }
