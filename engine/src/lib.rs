@@ -13,7 +13,8 @@
 //! * [`protocol`] is the parameter-server protocol as deterministic state machines with no I/O;
 //! * [`update`] applies pushes at the key's holder: add, sgd, adagrad, adam, ftrl or a user rule;
 //!   [`codec`] compresses values on the wire, [`filter`] holds back insignificant pushes;
-//! * [`intent`] holds AdaPM's action timing and intent aggregation (not wired in yet);
+//! * [`intent`] holds AdaPM's intent signalling: windows, action timing and the service that
+//!   acts on them;
 //! * [`store`] holds the values, [`partition`] maps keys to home nodes;
 //! * with the `sim` feature, `sim` runs the protocol in seeded simulated clusters and
 //!   `consistency` checks recorded histories for per-key sequential consistency, and `fuzz`
@@ -31,6 +32,7 @@ pub mod filter;
 #[cfg(any(test, feature = "sim"))]
 pub mod fuzz;
 pub mod intent;
+mod keymap;
 pub mod launch;
 mod node;
 pub mod partition;

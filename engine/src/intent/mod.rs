@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) use service::IntentService;
 pub(crate) use sync_acks::SyncAcks;
 
+use crate::keymap::KeyMap;
 use crate::stats::IntentStats;
 
 /// A node's intent counters (see [`IntentStats`]).
@@ -363,8 +364,9 @@ pub struct IntentTable {
     /// A window that begins at most this many clocks after one of the same worker on the same
     /// key ends extends it.
     pub gap: u64,
-    /// Per key with windows, or whose home was told it is needed.
-    windows: crate::util::FastMap<(u16, u64), KeyState>,
+    /// Per key with windows, or whose home was told it is needed (found through a dense
+    /// index: a round visits its keys in order, see [`crate::keymap`]).
+    windows: KeyMap<KeyState>,
     /// Windows not taken yet, by start.
     pending: BTreeMap<u64, Vec<Entry>>,
     /// Windows not started yet, by start.
@@ -380,7 +382,7 @@ impl IntentTable {
         if start >= end {
             return false;
         }
-        let windows = &mut self.windows.entry((table, key)).or_default().windows;
+        let windows = &mut self.windows.get_or_default(table, key).windows;
         // A window that overlaps or continues one of the same worker extends it: a key needed
         // in consecutive clocks stays needed, instead of ending and beginning again.
         if let Some(w) = windows.iter_mut().find(|w| w.window.worker == worker && w.window.start <= start && start <= w.window.end.saturating_add(self.gap)) {
@@ -407,8 +409,8 @@ impl IntentTable {
         let mut touched = Vec::new();
         let windows = &mut self.windows;
         // The window of an index entry, if it still exists as the entry describes it.
-        fn find<'w>(windows: &'w mut crate::util::FastMap<(u16, u64), KeyState>, e: &Entry) -> Option<&'w mut WindowState> {
-            windows.get_mut(&(e.0, e.1))?.windows.iter_mut().find(|s| s.window.worker == e.2 && s.window.start == e.3)
+        fn find<'w>(windows: &'w mut KeyMap<KeyState>, e: &Entry) -> Option<&'w mut WindowState> {
+            windows.get_mut(e.0, e.1)?.windows.iter_mut().find(|s| s.window.worker == e.2 && s.window.start == e.3)
         }
         // Marks the window of `e` taken (or started) once `at` is within `limit` of its worker;
         // returns whether the entry stays in its index.
@@ -446,11 +448,11 @@ impl IntentTable {
         touched
     }
 
-    fn remove_window(windows: &mut crate::util::FastMap<(u16, u64), KeyState>, table: u16, key: u64, worker: u16, start: u64) {
-        if let Some(ks) = windows.get_mut(&(table, key)) {
+    fn remove_window(windows: &mut KeyMap<KeyState>, table: u16, key: u64, worker: u16, start: u64) {
+        if let Some(ks) = windows.get_mut(table, key) {
             ks.windows.retain(|x| x.window.worker != worker || x.window.start != start);
             if ks.idle() {
-                windows.remove(&(table, key));
+                windows.remove(table, key);
             }
         }
     }
@@ -459,7 +461,7 @@ impl IntentTable {
     /// home was last told, which it becomes; `None` if unchanged. A key without windows is
     /// forgotten once its home has been told `None`.
     pub fn relevel(&mut self, table: u16, key: u64, clock: impl Fn(u16) -> u64) -> Option<IntentLevel> {
-        let ks = self.windows.get_mut(&(table, key))?;
+        let ks = self.windows.get_mut(table, key)?;
         let level = Self::level_of(&ks.windows, clock);
         if level == ks.signalled {
             return None;
@@ -469,20 +471,20 @@ impl IntentTable {
             ks.answer = Answer::Awaited;
         }
         if ks.idle() {
-            self.windows.remove(&(table, key));
+            self.windows.remove(table, key);
         }
         Some(level)
     }
 
     /// The level `key` of `table` was last told to its home.
     pub fn signalled(&self, table: u16, key: u64) -> IntentLevel {
-        self.windows.get(&(table, key)).map_or(IntentLevel::None, |ks| ks.signalled)
+        self.windows.get(table, key).map_or(IntentLevel::None, |ks| ks.signalled)
     }
 
     /// What this node needs of `key` of `table`, given each worker's `clock`: `Now` when a
     /// taken window has started, `Soon` when a taken window has not, else `None`.
     pub fn level(&self, table: u16, key: u64, clock: impl Fn(u16) -> u64) -> IntentLevel {
-        self.windows.get(&(table, key)).map_or(IntentLevel::None, |ks| Self::level_of(&ks.windows, clock))
+        self.windows.get(table, key).map_or(IntentLevel::None, |ks| Self::level_of(&ks.windows, clock))
     }
 
     fn level_of(windows: &[WindowState], clock: impl Fn(u16) -> u64) -> IntentLevel {
@@ -498,7 +500,7 @@ impl IntentTable {
     /// the key is not here, as far as this node knows (called for keys an access did not find
     /// here).
     pub fn why_away(&self, table: u16, key: u64, worker: u16, clock: u64) -> Option<LateCause> {
-        let ks = self.windows.get(&(table, key))?;
+        let ks = self.windows.get(table, key)?;
         let window = ks.windows.iter().find(|s| s.window.worker == worker && s.window.start <= clock && clock < s.window.end)?;
         Some(match (window.taken, ks.answer) {
             (false, _) => LateCause::Unacted,
@@ -512,28 +514,28 @@ impl IntentTable {
     /// The home granted a move of `key` of `table` here (`replica` false) or a replica of it
     /// here (`replica` true) while this node intends it.
     pub fn note_granted(&mut self, table: u16, key: u64, replica: bool) {
-        if let Some(ks) = self.windows.get_mut(&(table, key)) {
+        if let Some(ks) = self.windows.get_mut(table, key) {
             ks.answer = if replica { Answer::Replicating } else { Answer::Moving };
         }
     }
 
     /// A relocation of `key` of `table` for its intent completed.
     pub fn note_landed(&mut self, table: u16, key: u64) {
-        if let Some(ks) = self.windows.get_mut(&(table, key)) {
+        if let Some(ks) = self.windows.get_mut(table, key) {
             ks.answer = Answer::Landed;
         }
     }
 
     /// The earliest window on `key` of `table` that has not ended at its worker's `clock`.
     pub fn earliest(&self, table: u16, key: u64, clock: impl Fn(u16) -> u64) -> Option<Window> {
-        self.windows.get(&(table, key)).and_then(|ks| ks.windows.iter().map(|s| s.window).filter(|w| w.end > clock(w.worker)).min_by_key(|w| w.start))
+        self.windows.get(table, key).and_then(|ks| ks.windows.iter().map(|s| s.window).filter(|w| w.end > clock(w.worker)).min_by_key(|w| w.start))
     }
 
     /// Forgets every window of worker `worker` (it left); returns the keys that lost windows
     /// (their index entries are skipped when walked).
     pub fn forget_worker(&mut self, worker: u16) -> Vec<(u16, u64)> {
         let mut touched = Vec::new();
-        self.windows.retain(|&key, ks| {
+        self.windows.retain(|key, ks| {
             let before = ks.windows.len();
             ks.windows.retain(|s| s.window.worker != worker);
             if ks.windows.len() != before {

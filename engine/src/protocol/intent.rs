@@ -37,8 +37,9 @@ use super::step::Step;
 use super::wire::{self, msg};
 use crate::error::{Error, Result};
 use crate::intent::IntentLevel;
+use crate::keymap::{KeyMap, KeySet};
 use crate::stats::MessageKind;
-use crate::util::{FastMap, FastSet};
+use crate::util::FastMap;
 
 /// Keys per INTENT or INTENT_GO message at most (512 KiB of keys).
 const KEYS_PER_MESSAGE: usize = 1 << 16;
@@ -137,10 +138,12 @@ pub type Grants = BTreeMap<(u16, Grant), Vec<u64>>;
 /// The intents on the keys homed at this node, and what this node was told to do.
 #[derive(Debug, Default)]
 pub struct IntentHomes {
-    intents: FastMap<(u16, u64), KeyIntents>,
+    /// Per intended key (found through a dense index: updates come in sorted batches, see
+    /// [`crate::keymap`]).
+    intents: KeyMap<KeyIntents>,
     /// Keys homed here that several nodes needed now at the same time (at most one entry per
     /// key homed here; kept for the life of the node).
-    shared: FastSet<(u16, u64)>,
+    shared: KeySet,
     /// Per table: whether replicas made in advance were needed.
     contention: FastMap<u16, Contention>,
     /// Keys this node was told to take or replicate, per table, for the intent service.
@@ -153,13 +156,13 @@ impl IntentHomes {
     pub fn update(&mut self, from: u16, level: IntentLevel, table: u16, keys: impl IntoIterator<Item = u64>) -> Grants {
         let mut go = Grants::new();
         for key in keys {
-            let entry = self.intents.entry((table, key)).or_default();
+            let entry = self.intents.get_or_default(table, key);
             entry.nodes.retain(|n| n.0 != from);
             if level != IntentLevel::None {
                 entry.nodes.push((from, level));
             }
             if entry.nodes.is_empty() {
-                self.intents.remove(&(table, key));
+                self.intents.remove(table, key);
                 continue;
             }
             let target = entry.target();
@@ -174,7 +177,7 @@ impl IntentHomes {
             let KeyIntents { nodes, replicating, undecided, .. } = entry;
             replicating.retain(|r| nodes.iter().any(|n| n.0 == *r) && Some(*r) != target);
             let needing_now = nodes.iter().filter(|n| n.1 == IntentLevel::Now).count();
-            let mut shared = self.shared.contains(&(table, key));
+            let mut shared = self.shared.contains(table, key);
             if let Some(i) = undecided.iter().position(|&n| n == from).filter(|_| level != IntentLevel::Soon) {
                 undecided.swap_remove(i);
                 if level == IntentLevel::Now && !shared {
@@ -182,7 +185,7 @@ impl IntentHomes {
                 }
             }
             if needing_now >= 2 && !shared {
-                self.shared.insert((table, key));
+                self.shared.insert(table, key);
                 shared = true;
             }
             if nodes.len() >= 2 {
@@ -212,7 +215,7 @@ impl IntentHomes {
     /// Node `lost` is gone: its intents end. Returns, per (node, table), the keys a node
     /// should now take.
     pub fn forget_node(&mut self, lost: u16) -> BTreeMap<(u16, u16), Vec<u64>> {
-        let mut keys: Vec<(u16, u64)> = self.intents.iter().filter(|(_, i)| i.nodes.iter().any(|n| n.0 == lost)).map(|(k, _)| *k).collect();
+        let mut keys: Vec<(u16, u64)> = self.intents.iter().filter(|(_, i)| i.nodes.iter().any(|n| n.0 == lost)).map(|(k, _)| k).collect();
         keys.sort_unstable();
         let mut go = BTreeMap::new();
         for (table, key) in keys {
@@ -226,7 +229,7 @@ impl IntentHomes {
 
     /// The nodes with intent on `key` of `table` (homed here), with their levels.
     pub fn intenders(&self, table: u16, key: u64) -> Vec<(u16, IntentLevel)> {
-        self.intents.get(&(table, key)).map_or_else(Vec::new, |i| i.nodes.to_vec())
+        self.intents.get(table, key).map_or_else(Vec::new, |i| i.nodes.to_vec())
     }
 
     /// Records that this node may move (or replicate) `keys` of `table` here.
