@@ -76,6 +76,9 @@ struct State {
 pub(crate) struct IntentService {
     state: Mutex<State>,
     wake: Condvar,
+    /// Notified (under the state lock) when a round has told the homes its changes: a worker
+    /// in [`IntentService::signal_levels`] waits on it.
+    signalled: Condvar,
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Whether the service thread (and its worker) exists.
@@ -236,18 +239,16 @@ impl IntentService {
         if !self.running.load(Ordering::Acquire) {
             return Ok(());
         }
-        let after = {
-            let state = self.state.lock();
-            // No worker advanced, declared or left since the last round began (both happen
-            // under this lock), and that round has told the homes its changes: a round now
-            // would find the same clocks and horizons, hence no change to tell.
-            if !state.news && self.rounds_signalled.load(Ordering::Acquire) == self.rounds_started.load(Ordering::Acquire) {
-                return Ok(());
-            }
-            self.round_wanted.store(true, Ordering::Release);
-            self.wake.notify_all();
-            self.rounds_started.load(Ordering::Acquire)
-        };
+        let mut state = self.state.lock();
+        // No worker advanced, declared or left since the last round began (both happen under
+        // this lock), and that round has told the homes its changes: a round now would find
+        // the same clocks and horizons, hence no change to tell.
+        if !state.news && self.rounds_signalled.load(Ordering::Acquire) == self.rounds_started.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.round_wanted.store(true, Ordering::Release);
+        self.wake.notify_all();
+        let after = self.rounds_started.load(Ordering::Acquire);
         let deadline = Instant::now() + node.config.op_timeout;
         while self.rounds_signalled.load(Ordering::Acquire) <= after {
             if self.stopped(node) || !self.running.load(Ordering::Acquire) {
@@ -260,7 +261,9 @@ impl IntentService {
                     nodes: Vec::new(),
                 });
             }
-            std::thread::sleep(std::time::Duration::from_micros(50));
+            // Woken when the round has signalled; the bound is a safety net against a service
+            // that stops without a round.
+            self.signalled.wait_for(&mut state, std::time::Duration::from_millis(10));
         }
         Ok(())
     }
@@ -271,6 +274,7 @@ impl IntentService {
         {
             let _state = self.state.lock();
             self.wake.notify_all();
+            self.signalled.notify_all();
         }
         let handle = self.thread.lock().take();
         if let Some(h) = handle {
@@ -379,6 +383,11 @@ impl IntentService {
                 }
             }
             self.rounds_signalled.store(self.rounds_started.load(Ordering::Acquire), Ordering::Release);
+            {
+                // Under the lock: a worker that saw the round unsignalled is waiting by now.
+                let _state = self.state.lock();
+                self.signalled.notify_all();
+            }
             if !self.finish_round(node, own, &mut in_flight, &mut last_sync, sync_every) {
                 return;
             }
