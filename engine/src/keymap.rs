@@ -13,20 +13,16 @@
 /// Keys per index page (4 KiB of slot numbers).
 pub const PAGE: usize = 1024;
 
-/// Records per `(table, key)`, found through a paged dense index.
+/// Per table, pages of `P` covering [`PAGE`] keys each, made on first use (the part
+/// [`KeyMap`]'s index and [`KeySet`]'s bits share).
 #[derive(Debug)]
-pub struct KeyMap<V> {
-    /// Per table, per page of keys: each key's slot in `slots` plus one (0: no record).
-    index: Vec<Vec<Option<Box<[u32; PAGE]>>>>,
-    /// The records, and the slots free for reuse.
-    slots: Vec<Option<((u16, u64), V)>>,
-    free: Vec<u32>,
-    len: usize,
+struct Pages<P> {
+    tables: Vec<Vec<Option<Box<P>>>>,
 }
 
-impl<V> Default for KeyMap<V> {
+impl<P> Default for Pages<P> {
     fn default() -> Self {
-        KeyMap { index: Vec::new(), slots: Vec::new(), free: Vec::new(), len: 0 }
+        Pages { tables: Vec::new() }
     }
 }
 
@@ -35,11 +31,51 @@ fn split(key: u64) -> (usize, usize) {
     ((key / PAGE as u64) as usize, (key % PAGE as u64) as usize)
 }
 
+impl<P> Pages<P> {
+    /// Page `page` of `table`, if it was made.
+    fn get(&self, table: u16, page: usize) -> Option<&P> {
+        self.tables.get(table as usize)?.get(page)?.as_deref()
+    }
+
+    /// Page `page` of `table`, if it was made, to change.
+    fn get_mut(&mut self, table: u16, page: usize) -> Option<&mut P> {
+        self.tables.get_mut(table as usize)?.get_mut(page)?.as_deref_mut()
+    }
+
+    /// Page `page` of `table`, made with `make` if it was not.
+    fn get_or_make(&mut self, table: u16, page: usize, make: impl FnOnce() -> Box<P>) -> &mut P {
+        if self.tables.len() <= table as usize {
+            self.tables.resize_with(table as usize + 1, Vec::new);
+        }
+        let pages = &mut self.tables[table as usize];
+        if pages.len() <= page {
+            pages.resize_with(page + 1, || None);
+        }
+        pages[page].get_or_insert_with(make)
+    }
+}
+
+/// Records per `(table, key)`, found through a paged dense index.
+#[derive(Debug)]
+pub struct KeyMap<V> {
+    /// Each key's slot in `slots` plus one (0: no record).
+    index: Pages<[u32; PAGE]>,
+    /// The records; a `None` slot is in `free`, for reuse.
+    slots: Vec<Option<((u16, u64), V)>>,
+    free: Vec<u32>,
+}
+
+impl<V> Default for KeyMap<V> {
+    fn default() -> Self {
+        KeyMap { index: Pages::default(), slots: Vec::new(), free: Vec::new() }
+    }
+}
+
 impl<V> KeyMap<V> {
     /// The slot (plus one) recorded for `key` of `table`; 0 when none.
     fn slot_of(&self, table: u16, key: u64) -> u32 {
         let (page, at) = split(key);
-        self.index.get(table as usize).and_then(|t| t.get(page)).and_then(|p| p.as_ref()).map_or(0, |p| p[at])
+        self.index.get(table, page).map_or(0, |p| p[at])
     }
 
     /// The record of `key` of `table`.
@@ -64,16 +100,7 @@ impl<V> KeyMap<V> {
         V: Default,
     {
         let (page, at) = split(key);
-        let pages = {
-            if self.index.len() <= table as usize {
-                self.index.resize_with(table as usize + 1, Vec::new);
-            }
-            &mut self.index[table as usize]
-        };
-        if pages.len() <= page {
-            pages.resize_with(page + 1, || None);
-        }
-        let entry = &mut pages[page].get_or_insert_with(|| Box::new([0; PAGE]))[at];
+        let entry = &mut self.index.get_or_make(table, page, || Box::new([0; PAGE]))[at];
         if *entry == 0 {
             let slot = match self.free.pop() {
                 Some(s) => {
@@ -86,7 +113,6 @@ impl<V> KeyMap<V> {
                 }
             };
             *entry = slot + 1;
-            self.len += 1;
         }
         let slot = *entry as usize - 1;
         &mut self.slots[slot].as_mut().expect("an indexed slot holds a record").1
@@ -95,10 +121,9 @@ impl<V> KeyMap<V> {
     /// Removes the record of `key` of `table` and returns it.
     pub fn remove(&mut self, table: u16, key: u64) -> Option<V> {
         let (page, at) = split(key);
-        let entry = self.index.get_mut(table as usize)?.get_mut(page)?.as_mut()?.get_mut(at)?;
+        let entry = &mut self.index.get_mut(table, page)?[at];
         let slot = std::mem::take(entry).checked_sub(1)?;
         self.free.push(slot);
-        self.len -= 1;
         self.slots[slot as usize].take().map(|(_, v)| v)
     }
 
@@ -120,41 +145,34 @@ impl<V> KeyMap<V> {
         self.slots.iter().flatten().map(|(k, v)| (*k, v))
     }
 
-    /// How many keys have a record.
+    /// How many keys have a record (every slot not free).
     pub fn len(&self) -> usize {
-        self.len
+        self.slots.len() - self.free.len()
     }
 
     /// Whether no key has a record.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 }
 
 /// A set of `(table, key)`, as bits in pages of [`PAGE`] keys made on first use.
 #[derive(Debug, Default)]
 pub struct KeySet {
-    pages: Vec<Vec<Option<Box<[u64; PAGE / 64]>>>>,
+    bits: Pages<[u64; PAGE / 64]>,
 }
 
 impl KeySet {
     /// Whether `key` of `table` is in the set.
     pub fn contains(&self, table: u16, key: u64) -> bool {
         let (page, at) = split(key);
-        self.pages.get(table as usize).and_then(|t| t.get(page)).and_then(|p| p.as_ref()).is_some_and(|p| p[at / 64] & (1 << (at % 64)) != 0)
+        self.bits.get(table, page).is_some_and(|p| p[at / 64] & (1 << (at % 64)) != 0)
     }
 
     /// Adds `key` of `table`.
     pub fn insert(&mut self, table: u16, key: u64) {
         let (page, at) = split(key);
-        if self.pages.len() <= table as usize {
-            self.pages.resize_with(table as usize + 1, Vec::new);
-        }
-        let pages = &mut self.pages[table as usize];
-        if pages.len() <= page {
-            pages.resize_with(page + 1, || None);
-        }
-        pages[page].get_or_insert_with(|| Box::new([0; PAGE / 64]))[at / 64] |= 1 << (at % 64);
+        self.bits.get_or_make(table, page, || Box::new([0; PAGE / 64]))[at / 64] |= 1 << (at % 64);
     }
 }
 
