@@ -6,19 +6,20 @@
 //! feature (on by default), RDMA verbs (`verbs::VerbsFabric`, over `ferry-verbs`); [`select`]
 //! picks one at start-up.
 
+mod reads;
 pub mod select;
 pub mod tcp;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
-
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::store::{Registrar, RemoteAddr};
+
+pub use reads::PostedRead;
+pub(crate) use reads::{Landing, Landings, ReadWaiters};
 
 /// A one-sided write of local bytes into a peer's registered memory.
 #[derive(Debug, Clone, Copy)]
@@ -82,9 +83,22 @@ pub trait Fabric: Send + Sync {
     ///
     /// Every `src` range must stay valid and unchanged until the write completes.
     unsafe fn write(&self, to: usize, writes: &[WriteRequest]) -> Result<WriteCompletion>;
+    /// Posts a one-sided read of `len` bytes at `remote` in `peer`'s registered memory, landing
+    /// in a registered buffer of the fabric's own until [`Fabric::finish_read`] takes the bytes.
+    /// Any number of reads may be in flight, from any threads.
+    fn post_read(&self, peer: usize, remote: RemoteAddr, len: usize) -> Result<PostedRead>;
+    /// Whether `read` has completed, successfully or not: [`Fabric::finish_read`] would not wait.
+    fn read_done(&self, read: &PostedRead) -> bool;
+    /// Waits at most `timeout` for `read` and copies its bytes into `out`, which must be
+    /// `read.len()` long. Its landing buffer serves later reads; after a failure or a timeout it
+    /// is retired instead (an answer may still arrive there).
+    fn finish_read(&self, read: PostedRead, out: &mut [u8], timeout: Duration) -> Result<()>;
     /// Reads `out.len()` bytes at `remote` in `peer`'s registered memory with a one-sided read,
-    /// waiting at most `timeout`. One caller at a time per fabric is served; others wait.
-    fn read(&self, peer: usize, remote: RemoteAddr, out: &mut [u8], timeout: Duration) -> Result<()>;
+    /// waiting at most `timeout`.
+    fn read(&self, peer: usize, remote: RemoteAddr, out: &mut [u8], timeout: Duration) -> Result<()> {
+        let read = self.post_read(peer, remote, out.len())?;
+        self.finish_read(read, out, timeout)
+    }
     /// Closes the connection to `peer` (after it broke the protocol).
     fn disconnect(&self, peer: usize);
     /// Whether `peer` is reachable.
@@ -93,52 +107,4 @@ pub trait Fabric: Send + Sync {
     fn shutdown(&self);
     /// Closes all connections at once, as a crash would.
     fn abort(&self);
-}
-
-/// Outstanding one-sided reads and the threads waiting for them.
-#[derive(Default)]
-pub(crate) struct ReadWaiters {
-    done: Mutex<HashMap<u64, Option<Result<()>>>>,
-    changed: Condvar,
-}
-
-impl ReadWaiters {
-    /// Registers read `id` before it is posted.
-    pub(crate) fn expect(&self, id: u64) {
-        self.done.lock().insert(id, None);
-    }
-
-    /// Records read `id`'s outcome (ignored when nobody waits for it any more).
-    pub(crate) fn complete(&self, id: u64, result: Result<()>) {
-        let mut done = self.done.lock();
-        if let Some(slot) = done.get_mut(&id) {
-            *slot = Some(result);
-            self.changed.notify_all();
-        }
-    }
-
-    /// Fails every outstanding read (the connection they depend on is gone).
-    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
-    pub(crate) fn fail_all(&self, error: &Error) {
-        let mut done = self.done.lock();
-        for slot in done.values_mut().filter(|s| s.is_none()) {
-            *slot = Some(Err(error.clone()));
-        }
-        self.changed.notify_all();
-    }
-
-    /// Waits for read `id` from `peer`; forgets it either way.
-    pub(crate) fn wait(&self, id: u64, peer: usize, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        let mut done = self.done.lock();
-        loop {
-            if let Some(Some(_)) = done.get(&id) {
-                return done.remove(&id).flatten().expect("present");
-            }
-            if self.changed.wait_until(&mut done, deadline).timed_out() {
-                done.remove(&id);
-                return Err(Error::Timeout { what: "one-sided read", millis: timeout.as_millis() as u64, nodes: vec![peer] });
-            }
-        }
-    }
 }

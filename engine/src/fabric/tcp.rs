@@ -6,9 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ferry_tcp::{AccessError, Handler, LandedWrite, Mesh, TransportError};
-use parking_lot::Mutex;
 
-use super::{Fabric, FabricHandler, ReadWaiters, WriteCompletion, WriteRequest};
+use super::{Fabric, FabricHandler, Landing, Landings, PostedRead, ReadWaiters, WriteCompletion, WriteRequest};
 use crate::error::{Error, Result};
 use crate::store::{RegionHandle, Registrar, RemoteAddr};
 
@@ -16,16 +15,27 @@ use crate::store::{RegionHandle, Registrar, RemoteAddr};
 pub struct TcpFabric {
     mesh: Arc<Mesh>,
     reads: Arc<ReadWaiters>,
-    /// The registered landing buffer of one-sided reads (grown on demand), and its region.
-    read_buffer: Mutex<Option<(Box<[u8]>, u32)>>,
+    /// The registered buffers one-sided reads land in.
+    landings: Landings<TcpLanding>,
     next_read: AtomicU64,
-    retired: Mutex<Vec<Box<[u8]>>>,
+}
+
+/// A buffer registered with the mesh for reads to land in.
+struct TcpLanding {
+    bytes: Box<[u8]>,
+    region: u32,
+}
+
+impl Landing for TcpLanding {
+    fn capacity(&self) -> usize {
+        self.bytes.len()
+    }
 }
 
 impl TcpFabric {
     /// Wraps a connected, not yet started mesh.
     pub fn new(mesh: Mesh) -> TcpFabric {
-        TcpFabric { mesh: Arc::new(mesh), reads: Arc::default(), read_buffer: Mutex::new(None), next_read: AtomicU64::new(1), retired: Mutex::new(Vec::new()) }
+        TcpFabric { mesh: Arc::new(mesh), reads: Arc::default(), landings: Landings::default(), next_read: AtomicU64::new(1) }
     }
 }
 
@@ -117,35 +127,37 @@ impl Fabric for TcpFabric {
         Ok(WriteCompletion::Immediate)
     }
 
-    fn read(&self, peer: usize, remote: RemoteAddr, out: &mut [u8], timeout: Duration) -> Result<()> {
-        let mut buffer = self.read_buffer.lock();
-        if buffer.as_ref().is_none_or(|(b, _)| b.len() < out.len()) {
-            if let Some((_, region)) = buffer.take() {
-                self.mesh.deregister(region);
-            }
-            let mut landing = vec![0u8; out.len().next_power_of_two()].into_boxed_slice();
-            // SAFETY: the box is kept in `read_buffer` until it is deregistered (above, or when
-            // the fabric drops) and its heap memory never moves.
-            let region = unsafe { self.mesh.register_read_only(landing.as_mut_ptr(), landing.len()) };
-            *buffer = Some((landing, region));
-        }
-        let region = buffer.as_ref().expect("just ensured").1;
+    fn post_read(&self, peer: usize, remote: RemoteAddr, len: usize) -> Result<PostedRead> {
         let id = self.next_read.fetch_add(1, Ordering::Relaxed);
+        let make = |size: usize| {
+            let mut bytes = vec![0u8; size].into_boxed_slice();
+            // SAFETY: the box lives in `landings` (free, lent or retired) until it is
+            // deregistered — when discarded, or never — and its heap memory never moves.
+            let region = unsafe { self.mesh.register_read_only(bytes.as_mut_ptr(), bytes.len()) };
+            Ok(TcpLanding { bytes, region })
+        };
+        // A free buffer is no read's target: once deregistered, nothing writes into it.
+        let discard = |old: TcpLanding| {
+            self.mesh.deregister(old.region);
+        };
+        self.landings.lend(id, len, make, discard)?;
+        let region = self.landings.with(id, |b| b.region).expect("just lent");
         self.reads.expect(id);
-        if let Err(e) = self.mesh.read(peer, remote.region, remote.addr, out.len(), region, 0, id) {
+        if let Err(e) = self.mesh.read(peer, remote.region, remote.addr, len, region, 0, id) {
             self.reads.complete(id, Err(e.into()));
         }
-        if let Err(e) = self.reads.wait(id, peer, timeout) {
-            // A late answer must not land in the buffer of a later read: retire this one (kept
-            // allocated, since the mesh may be copying into it right now).
-            self.mesh.deregister(region);
-            if let Some((landing, _)) = buffer.take() {
-                self.retired.lock().push(landing);
-            }
-            return Err(e);
-        }
-        out.copy_from_slice(&buffer.as_ref().expect("kept").0[..out.len()]);
-        Ok(())
+        Ok(PostedRead { id, peer, len })
+    }
+
+    fn read_done(&self, read: &PostedRead) -> bool {
+        self.reads.is_done(read.id)
+    }
+
+    fn finish_read(&self, read: PostedRead, out: &mut [u8], timeout: Duration) -> Result<()> {
+        self.landings.finish(&self.reads, read, out, timeout, |b, out| {
+            out.copy_from_slice(&b.bytes[..out.len()]);
+            Ok(())
+        })
     }
 
     fn disconnect(&self, peer: usize) {
@@ -162,5 +174,76 @@ impl Fabric for TcpFabric {
 
     fn abort(&self) {
         self.mesh.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_tcp::{MeshConfig, join_cluster};
+
+    /// A handler for a fabric whose frames the test does not look at.
+    struct Quiet;
+
+    impl FabricHandler for Quiet {
+        fn on_frame(&self, _: usize, _: bytes::Bytes) {}
+        fn on_writes_landed(&self, _: usize, _: &[u32]) {}
+        fn on_write_done(&self, _: u64, _: Result<()>) {}
+        fn on_peer_closed(&self, _: usize, _: Option<String>) {}
+    }
+
+    /// Two started fabrics over loopback.
+    fn pair() -> Vec<TcpFabric> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let coordinator = format!("127.0.0.1:{port}");
+        let joins: Vec<_> = (0..2)
+            .map(|rank| {
+                let coordinator = coordinator.clone();
+                std::thread::spawn(move || join_cluster(rank, 2, &coordinator, MeshConfig::default()).map(|(_, mesh)| mesh))
+            })
+            .collect();
+        let fabrics: Vec<TcpFabric> = joins.into_iter().map(|j| TcpFabric::new(j.join().unwrap().unwrap())).collect();
+        for f in &fabrics {
+            f.start(Arc::new(Quiet)).unwrap();
+        }
+        fabrics
+    }
+
+    #[test]
+    fn reads_in_flight_together_each_land_in_their_own_buffer() {
+        let fabrics = pair();
+        let mut served: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+        // SAFETY: `served` outlives both fabrics (they are shut down below, before it drops)
+        // and is not moved.
+        let region = unsafe { fabrics[1].registrar().register_read_only(served.as_mut_ptr(), served.len()) }.unwrap().region;
+        let at = |addr: u64| RemoteAddr { region, addr };
+        let timeout = Duration::from_secs(10);
+        let spans = [(0u64, 100usize), (1000, 3000), (4000, 96), (17, 1)];
+        let posted: Vec<PostedRead> = spans.iter().map(|&(addr, len)| fabrics[0].post_read(1, at(addr), len).unwrap()).collect();
+        // Finished in the reverse order of posting.
+        for (read, &(addr, len)) in posted.into_iter().zip(&spans).rev() {
+            assert_eq!((read.peer(), read.len()), (1, len));
+            let mut out = vec![0u8; len];
+            fabrics[0].finish_read(read, &mut out, timeout).unwrap();
+            assert_eq!(out, served[addr as usize..addr as usize + len], "read at {addr}");
+        }
+        // A read past the region fails alone; the reads around it are served.
+        let bad = fabrics[0].post_read(1, at(4000), 200).unwrap();
+        let good = fabrics[0].post_read(1, at(8), 8).unwrap();
+        let mut out = vec![0u8; 8];
+        fabrics[0].finish_read(good, &mut out, timeout).unwrap();
+        assert_eq!(out, served[8..16]);
+        let deadline = std::time::Instant::now() + timeout;
+        while !fabrics[0].read_done(&bad) {
+            assert!(std::time::Instant::now() < deadline, "the bad read never completed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(fabrics[0].finish_read(bad, &mut [0u8; 200], timeout).is_err());
+        let mut again = vec![0u8; 50];
+        fabrics[0].read(1, at(50), &mut again, timeout).unwrap();
+        assert_eq!(again, served[50..100]);
+        for f in &fabrics {
+            f.shutdown();
+        }
     }
 }

@@ -106,6 +106,9 @@ impl ReplicaSet {
                 // latch for any replica).
                 if t.has_dynamic_replica(key) && self.keys.entry(t.id()).or_default().insert(key) {
                     adopted += 1;
+                    if let Some(round) = &mut self.syncing {
+                        round.leave_out(t.id(), [key]);
+                    }
                 }
             }
         }
@@ -281,6 +284,9 @@ impl ReplicaSet {
         // departure after this keeps no replica, and one kept before is found under the latch
         // below.
         let mut unmarked = FastSet::default();
+        if let Some(round) = &mut self.syncing {
+            round.leave_out(table, keys.iter().copied());
+        }
         let dynamic = node.core.store().table(table).dynamic();
         for &key in keys {
             self.making.remove(&(table, key));
@@ -415,14 +421,16 @@ impl ReplicaSet {
     }
 }
 
-/// Sets each replica of `keys` still here to its owner's value `fresh` (answering the push-pull
-/// of its delta) plus what was pushed to it since.
-pub(super) fn refresh(node: &NodeInner, table: u16, keys: &[u64], mut fresh: Vec<f32>) {
+/// Sets each replica of `keys` still here and not `left_out` to its owner's value `fresh`
+/// (answering the push-pull of its delta) plus what was pushed to it since.
+pub(super) fn refresh(node: &NodeInner, table: u16, keys: &[u64], mut fresh: Vec<f32>, left_out: &FastSet<(u16, u64)>) {
     let store = node.core.store();
     let value_len = store.table(table).value_len();
     let mut delta = vec![0.0; value_len];
     for (&key, value) in keys.iter().zip(fresh.chunks_exact_mut(value_len)) {
-        set_replica(node, table, key, value, &mut delta);
+        if !left_out.contains(&(table, key)) {
+            set_replica(node, table, key, value, &mut delta);
+        }
     }
 }
 

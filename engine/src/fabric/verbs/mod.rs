@@ -31,7 +31,7 @@ use ferry_verbs::{
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use self::peer::{CLOSED, FAILED, Peer};
-use super::{Fabric, FabricHandler, ReadWaiters, WriteCompletion, WriteRequest};
+use super::{Fabric, FabricHandler, Landing, Landings, PostedRead, ReadWaiters, WriteCompletion, WriteRequest};
 use crate::config::VerbsSettings;
 use crate::error::{Error, Result};
 use crate::store::{RegionHandle, Registrar, RemoteAddr};
@@ -52,8 +52,8 @@ pub(crate) struct Inner {
     handler: OnceLock<Arc<dyn FabricHandler>>,
     poller: Mutex<Option<Poller>>,
     reads: ReadWaiters,
-    read_buffer: Mutex<Option<RegisteredBuffer>>,
-    retired: Mutex<Vec<RegisteredBuffer>>,
+    /// The registered buffers RDMA READs land in.
+    landings: Landings<RegisteredBuffer>,
     next_read: AtomicU64,
     max_frame: usize,
     poll_spin: Duration,
@@ -143,8 +143,7 @@ impl VerbsFabric {
                 handler: OnceLock::new(),
                 poller: Mutex::new(None),
                 reads: ReadWaiters::default(),
-                read_buffer: Mutex::new(None),
-                retired: Mutex::new(Vec::new()),
+                landings: Landings::default(),
                 next_read: AtomicU64::new(1),
                 max_frame,
                 poll_spin: settings.poll_spin,
@@ -415,31 +414,31 @@ impl Fabric for VerbsFabric {
         Ok(WriteCompletion::Deferred)
     }
 
-    fn read(&self, peer: usize, remote: RemoteAddr, out: &mut [u8], timeout: Duration) -> Result<()> {
+    fn post_read(&self, peer: usize, remote: RemoteAddr, len: usize) -> Result<PostedRead> {
         let inner = &self.inner;
         let p = inner.open_peer(peer)?;
-        let mut buffer = inner.read_buffer.lock();
-        if buffer.as_ref().is_none_or(|b| b.len() < out.len()) {
-            let fresh = inner.context.alloc(out.len().next_power_of_two(), Access::LOCAL).map_err(|e| Error::Memory(e.to_string()))?;
-            if let Some(old) = buffer.replace(fresh) {
-                inner.retired.lock().push(old);
-            }
-        }
-        let local = buffer.as_ref().expect("just ensured").slice(0, out.len()).map_err(verbs_err)?;
         let id = inner.next_read.fetch_add(1, Ordering::Relaxed);
+        let make = |size: usize| inner.context.alloc(size, Access::LOCAL).map_err(|e| Error::Memory(e.to_string()));
+        inner.landings.lend(id, len, make, drop)?;
         inner.reads.expect(id);
-        match p.enqueue_read(id, RemoteSlice { addr: remote.addr, rkey: remote.region }, local) {
+        let posted = inner
+            .landings
+            .with(id, |b| b.slice(0, len))
+            .expect("just lent")
+            .and_then(|local| p.enqueue_read(id, RemoteSlice { addr: remote.addr, rkey: remote.region }, local));
+        match posted {
             Ok(()) => inner.pump(peer),
             Err(e) => inner.reads.complete(id, Err(verbs_err(e))),
         }
-        if let Err(e) = inner.reads.wait(id, peer, timeout) {
-            // The device may still write into this buffer: retire it rather than reuse it.
-            if let Some(old) = buffer.take() {
-                inner.retired.lock().push(old);
-            }
-            return Err(e);
-        }
-        buffer.as_ref().expect("kept").read(0, out).map_err(verbs_err)
+        Ok(PostedRead { id, peer, len })
+    }
+
+    fn read_done(&self, read: &PostedRead) -> bool {
+        self.inner.reads.is_done(read.id)
+    }
+
+    fn finish_read(&self, read: PostedRead, out: &mut [u8], timeout: Duration) -> Result<()> {
+        self.inner.landings.finish(&self.inner.reads, read, out, timeout, |b, out| b.read(0, out).map_err(verbs_err))
     }
 
     fn disconnect(&self, peer: usize) {
@@ -469,5 +468,11 @@ impl Fabric for VerbsFabric {
         self.inner.closing.store(true, Ordering::Release);
         self.inner.control.abort();
         self.inner.stop();
+    }
+}
+
+impl Landing for RegisteredBuffer {
+    fn capacity(&self) -> usize {
+        self.len()
     }
 }
