@@ -539,6 +539,11 @@ impl Worker {
     /// Waits until this worker's asynchronous operations have completed, then until every live
     /// worker of every node has reached the barrier. Operations issued before the barrier are
     /// visible to all operations after it.
+    ///
+    /// A node enters the barrier when all of its workers alive at that moment have arrived, so
+    /// make a node's workers before any of them may reach a barrier (for instance before
+    /// spawning their threads): a worker made after its node entered a barrier takes part in
+    /// the next one, and waits for it.
     pub fn barrier(&mut self) -> Result<()> {
         self.barrier_within(self.node.config.op_timeout)
     }

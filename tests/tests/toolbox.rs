@@ -142,13 +142,14 @@ fn push_pull_returns_each_update_exactly_once() {
     let nodes = cluster(3, TableSpec::new("t", KEYS, 1));
     let per_worker = 200;
     let returned: Vec<Vec<f32>> = std::thread::scope(|s| {
-        let handles: Vec<_> = nodes
-            .iter()
-            .flat_map(|node| (0..2).map(move |_| node))
+        // Every worker exists before any thread runs: a worker made after its node's other
+        // worker had reached the barrier would wait for the next barrier, which nobody enters.
+        let workers: Vec<_> = nodes.iter().flat_map(|node| (0..2).map(move |_| node.worker())).collect();
+        let handles: Vec<_> = workers
+            .into_iter()
             .enumerate()
-            .map(|(i, node)| {
+            .map(|(i, mut w)| {
                 s.spawn(move || {
-                    let mut w = node.worker();
                     let t = w.table("t").unwrap();
                     let mut seen = Vec::new();
                     for j in 0..per_worker {
