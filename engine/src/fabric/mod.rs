@@ -85,7 +85,8 @@ pub trait Fabric: Send + Sync {
     unsafe fn write(&self, to: usize, writes: &[WriteRequest]) -> Result<WriteCompletion>;
     /// Posts a one-sided read of `len` bytes at `remote` in `peer`'s registered memory, landing
     /// in a registered buffer of the fabric's own until [`Fabric::finish_read`] takes the bytes.
-    /// Any number of reads may be in flight, from any threads.
+    /// Any number of reads may be in flight, from any threads. A read that cannot be sent (the
+    /// connection is closed) fails here and holds no buffer.
     fn post_read(&self, peer: usize, remote: RemoteAddr, len: usize) -> Result<PostedRead>;
     /// Whether `read` has completed, successfully or not: [`Fabric::finish_read`] would not wait.
     fn read_done(&self, read: &PostedRead) -> bool;

@@ -56,6 +56,11 @@ impl ReadWaiters {
         self.done.lock().insert(id, None);
     }
 
+    /// Forgets read `id`, which was never sent.
+    pub(crate) fn forget(&self, id: u64) {
+        self.done.lock().remove(&id);
+    }
+
     /// Records read `id`'s outcome (ignored when nobody waits for it any more).
     pub(crate) fn complete(&self, id: u64, result: Result<()>) {
         let mut done = self.done.lock();
@@ -125,9 +130,10 @@ impl<B> Default for Landings<B> {
 impl<B: Landing> Landings<B> {
     /// Lends read `id` a free buffer of at least `len` bytes, or one `make` makes (given the
     /// size to make: `len` rounded up to a power of two, so that growing reads soon stop
-    /// making buffers). Free buffers too small for any read to come are not kept: when none
-    /// fits, the smallest free one goes to `discard`.
-    pub(crate) fn lend(&self, id: u64, len: usize, make: impl FnOnce(usize) -> Result<B>, discard: impl FnOnce(B)) -> Result<()> {
+    /// making buffers), and returns what `view` makes of it (the address the read lands at).
+    /// Free buffers too small for any read to come are not kept: when none fits, the smallest
+    /// free one goes to `discard`.
+    pub(crate) fn lend<R>(&self, id: u64, len: usize, make: impl FnOnce(usize) -> Result<B>, discard: impl FnOnce(B), view: impl FnOnce(&B) -> R) -> Result<R> {
         let found = {
             let mut state = self.state.lock();
             match state.free.iter().position(|b| b.capacity() >= len) {
@@ -144,13 +150,17 @@ impl<B: Landing> Landings<B> {
             Some(b) => b,
             None => make(len.max(1).next_power_of_two())?,
         };
+        let viewed = view(&buffer);
         self.state.lock().lent.insert(id, buffer);
-        Ok(())
+        Ok(viewed)
     }
 
-    /// Runs `f` on read `id`'s buffer (`None`: it has none).
-    pub(crate) fn with<R>(&self, id: u64, f: impl FnOnce(&B) -> R) -> Option<R> {
-        self.state.lock().lent.get(&id).map(f)
+    /// Read `id` was never sent, so nothing will land in its buffer: it is free again.
+    pub(crate) fn unlend(&self, id: u64) {
+        let mut state = self.state.lock();
+        if let Some(b) = state.lent.remove(&id) {
+            state.free.push(b);
+        }
     }
 
     /// Finishes `read`: waits for it in `waiters` at most `timeout`, then has `copy` copy its
@@ -210,9 +220,10 @@ mod tests {
         }
     }
 
-    /// Lends read `id` a buffer for `len` bytes, recording what was made and discarded.
-    fn lend(landings: &Landings<Buf>, waiters: &ReadWaiters, id: u64, len: usize, made: &mut Vec<usize>, discarded: &mut Vec<usize>) -> PostedRead {
-        landings
+    /// Lends read `id` a buffer for `len` bytes, recording what was made and discarded; returns
+    /// the read and its buffer's size.
+    fn lend(landings: &Landings<Buf>, waiters: &ReadWaiters, id: u64, len: usize, made: &mut Vec<usize>, discarded: &mut Vec<usize>) -> (PostedRead, usize) {
+        let size = landings
             .lend(
                 id,
                 len,
@@ -221,10 +232,11 @@ mod tests {
                     Ok(Buf(n))
                 },
                 |b| discarded.push(b.0),
+                |b| b.0,
             )
             .unwrap();
         waiters.expect(id);
-        PostedRead { id, peer: 0, len }
+        (PostedRead { id, peer: 0, len }, size)
     }
 
     #[test]
@@ -235,10 +247,10 @@ mod tests {
             out.fill(b.0 as u8);
             Ok(())
         };
-        let one = lend(&landings, &waiters, 1, 100, &mut made, &mut discarded);
-        let two = lend(&landings, &waiters, 2, 10, &mut made, &mut discarded);
+        let (one, size) = lend(&landings, &waiters, 1, 100, &mut made, &mut discarded);
+        let (two, _) = lend(&landings, &waiters, 2, 10, &mut made, &mut discarded);
         assert_eq!(made, [128, 16], "each read in flight has a buffer of its own, a power of two");
-        assert_eq!(landings.with(1, |b| b.0), Some(128));
+        assert_eq!(size, 128);
         waiters.complete(1, Ok(()));
         let mut out = [0u8; 100];
         landings.finish(&waiters, one, &mut out, Duration::ZERO, copy).unwrap();
@@ -247,16 +259,21 @@ mod tests {
         let err = landings.finish(&waiters, two, &mut [0u8; 9], Duration::ZERO, copy);
         assert!(err.is_err(), "a wrong length is refused");
         assert_eq!(landings.counts(), (2, 0, 0), "completed reads free their buffers");
-        let three = lend(&landings, &waiters, 3, 120, &mut made, &mut discarded);
-        assert_eq!((landings.with(3, |b| b.0), made.len()), (Some(128), 2), "a free buffer that fits is reused");
-        let four = lend(&landings, &waiters, 4, 1000, &mut made, &mut discarded);
+        let (three, size) = lend(&landings, &waiters, 3, 120, &mut made, &mut discarded);
+        assert_eq!((size, made.len()), (128, 2), "a free buffer that fits is reused");
+        let (four, _) = lend(&landings, &waiters, 4, 1000, &mut made, &mut discarded);
         assert_eq!((made.len(), discarded.as_slice()), (3, [16].as_slice()), "a free buffer too small for it was let go");
         assert!(matches!(landings.finish(&waiters, four, &mut [0u8; 1000], Duration::from_millis(1), copy), Err(Error::Timeout { .. })));
         waiters.complete(3, Err(Error::ShutDown));
         assert!(landings.finish(&waiters, three, &mut [0u8; 120], Duration::ZERO, copy).is_err());
         assert_eq!(landings.counts(), (0, 0, 2), "a failed or timed-out read's buffer is never free again");
-        assert!(landings.lend(5, 4096, |_| Err(Error::Memory("no".into())), |_| {}).is_err());
+        assert!(landings.lend(5, 4096, |_| Err(Error::Memory("no".into())), |_| {}, |_| ()).is_err());
         assert_eq!(landings.counts(), (0, 0, 2), "a failed make lends nothing");
+        let (never_sent, _) = lend(&landings, &waiters, 6, 50, &mut made, &mut discarded);
+        landings.unlend(never_sent.id);
+        waiters.forget(never_sent.id);
+        assert_eq!(landings.counts(), (1, 0, 2), "a read never sent frees its buffer");
+        assert!(waiters.is_done(never_sent.id), "and nobody waits for it");
     }
 
     #[test]

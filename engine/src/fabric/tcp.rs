@@ -140,11 +140,13 @@ impl Fabric for TcpFabric {
         let discard = |old: TcpLanding| {
             self.mesh.deregister(old.region);
         };
-        self.landings.lend(id, len, make, discard)?;
-        let region = self.landings.with(id, |b| b.region).expect("just lent");
+        let region = self.landings.lend(id, len, make, discard, |b| b.region)?;
         self.reads.expect(id);
         if let Err(e) = self.mesh.read(peer, remote.region, remote.addr, len, region, 0, id) {
-            self.reads.complete(id, Err(e.into()));
+            // Not sent (the mesh forgot it too): no answer will land in the buffer.
+            self.reads.forget(id);
+            self.landings.unlend(id);
+            return Err(e.into());
         }
         Ok(PostedRead { id, peer, len })
     }
@@ -242,6 +244,13 @@ mod tests {
         let mut again = vec![0u8; 50];
         fabrics[0].read(1, at(50), &mut again, timeout).unwrap();
         assert_eq!(again, served[50..100]);
+        // A read towards a closed connection is never sent: it fails when posted.
+        fabrics[0].disconnect(1);
+        while fabrics[0].is_alive(1) {
+            assert!(std::time::Instant::now() < deadline, "the connection never closed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(fabrics[0].post_read(1, at(0), 8).is_err());
         for f in &fabrics {
             f.shutdown();
         }

@@ -419,17 +419,15 @@ impl Fabric for VerbsFabric {
         let p = inner.open_peer(peer)?;
         let id = inner.next_read.fetch_add(1, Ordering::Relaxed);
         let make = |size: usize| inner.context.alloc(size, Access::LOCAL).map_err(|e| Error::Memory(e.to_string()));
-        inner.landings.lend(id, len, make, drop)?;
+        let local = inner.landings.lend(id, len, make, drop, |b| b.slice(0, len))?;
         inner.reads.expect(id);
-        let posted = inner
-            .landings
-            .with(id, |b| b.slice(0, len))
-            .expect("just lent")
-            .and_then(|local| p.enqueue_read(id, RemoteSlice { addr: remote.addr, rkey: remote.region }, local));
-        match posted {
-            Ok(()) => inner.pump(peer),
-            Err(e) => inner.reads.complete(id, Err(verbs_err(e))),
+        if let Err(e) = local.and_then(|local| p.enqueue_read(id, RemoteSlice { addr: remote.addr, rkey: remote.region }, local)) {
+            // Not queued: no answer will land in the buffer.
+            inner.reads.forget(id);
+            inner.landings.unlend(id);
+            return Err(verbs_err(e));
         }
+        inner.pump(peer);
         Ok(PostedRead { id, peer, len })
     }
 
