@@ -171,13 +171,19 @@ pub struct IntentSettings {
     /// gaps hold keys longer; a gap as long as the time until another node needs a key turns a
     /// hand-over into sharing. `FERRY_INTENT_GAP` sets it.
     pub gap: u64,
+    /// The gap, instead of `gap`, on the keys of a table whose keys the homes have had this
+    /// node share with others (it was granted a replica of one): there, a key several nodes
+    /// use is best kept where it is, with replicas, than moved whenever one of its users pauses
+    /// (`docs/INTENT.md`, "Aggregation per node"). Tables whose keys pass from node to node
+    /// (MF's blocks) never get a replica and keep `gap`. `FERRY_INTENT_SHARED_GAP` sets it.
+    pub shared_gap: u64,
 }
 
 impl Default for IntentSettings {
     /// AdaPM's untuned settings (α = 0.1, p = 0.9999, 10 clocks per round), 1 ms rounds, acting
-    /// four rounds ahead, and gaps of up to 4 clocks bridged.
+    /// four rounds ahead, and gaps of up to 4 clocks bridged (64 on tables whose keys are shared).
     fn default() -> Self {
-        IntentSettings { round: Duration::from_millis(1), alpha: 0.1, quantile: 0.9999, initial_rate: 10.0, rounds_ahead: 4, gap: 4 }
+        IntentSettings { round: Duration::from_millis(1), alpha: 0.1, quantile: 0.9999, initial_rate: 10.0, rounds_ahead: 4, gap: 4, shared_gap: 64 }
     }
 }
 
@@ -423,7 +429,8 @@ impl Config {
     /// e.g. `30s`, `1.5m`): `FERRY_OP_TIMEOUT` (operations and barriers), `FERRY_PEER_TIMEOUT`
     /// (silence after which a peer is lost), `FERRY_START_TIMEOUT` (start-up: rendezvous and
     /// connections), `FERRY_STALENESS` (replicas' staleness bound), `FERRY_INTENT_ROUND` (the
-    /// intent service's round time); the intent gap `FERRY_INTENT_GAP` (clocks), how many rounds
+    /// intent service's round time); the intent gaps `FERRY_INTENT_GAP` and
+    /// `FERRY_INTENT_SHARED_GAP` (clocks), how many rounds
     /// ahead the intent service acts `FERRY_INTENT_AHEAD`, and the delay bound `FERRY_MAX_DELAY`
     /// (clocks, or `inf`).
     /// Unset variables leave the settings as they are.
@@ -442,6 +449,9 @@ impl Config {
         }
         if let Some(v) = set("FERRY_INTENT_GAP") {
             self.intent.gap = v.parse().map_err(|_| Error::Config(format!("FERRY_INTENT_GAP='{v}' is not a number of clocks")))?;
+        }
+        if let Some(v) = set("FERRY_INTENT_SHARED_GAP") {
+            self.intent.shared_gap = v.parse().map_err(|_| Error::Config(format!("FERRY_INTENT_SHARED_GAP='{v}' is not a number of clocks")))?;
         }
         if let Some(v) = set("FERRY_INTENT_AHEAD") {
             self.intent.rounds_ahead = v.parse().map_err(|_| Error::Config(format!("FERRY_INTENT_AHEAD='{v}' is not a number of rounds")))?;
@@ -776,10 +786,11 @@ mod tests {
         assert_eq!(c.op_timeout, Config::new(vec![]).op_timeout, "unset leaves the default");
         assert!(c.apply_timeout_env(|k| (k == "FERRY_PEER_TIMEOUT").then(|| "5".to_string())).is_err(), "a unit is required");
         // The intent service's settings: a round time with a unit, a gap in clocks.
-        let vars: HashMap<&str, &str> = [("FERRY_INTENT_ROUND", "2ms"), ("FERRY_INTENT_GAP", " 9 "), ("FERRY_INTENT_AHEAD", "3")].into();
+        let vars: HashMap<&str, &str> =
+            [("FERRY_INTENT_ROUND", "2ms"), ("FERRY_INTENT_GAP", " 9 "), ("FERRY_INTENT_SHARED_GAP", "40"), ("FERRY_INTENT_AHEAD", "3")].into();
         let mut c = Config::new(vec![]);
         c.apply_timeout_env(|k| vars.get(k).map(|v| v.to_string())).unwrap();
-        assert_eq!((c.intent.round, c.intent.gap, c.intent.rounds_ahead), (Duration::from_millis(2), 9, 3));
+        assert_eq!((c.intent.round, c.intent.gap, c.intent.shared_gap, c.intent.rounds_ahead), (Duration::from_millis(2), 9, 40, 3));
         let e = c.apply_timeout_env(|k| (k == "FERRY_INTENT_AHEAD").then(|| "two".to_string())).unwrap_err().to_string();
         assert!(e.contains("FERRY_INTENT_AHEAD"), "{e}");
         let e = c.apply_timeout_env(|k| (k == "FERRY_INTENT_GAP").then(|| "-1".to_string())).unwrap_err().to_string();

@@ -190,10 +190,13 @@ pub struct IntentStats {
     /// Run-time replica syncs that went through a routed push-pull instead (the key was not
     /// where this node believed it; the answer refreshed the replica).
     pub synced_by_push_pull: u64,
+    /// Keys whose home this node asked again because it needed them without pause and they
+    /// stayed neither here nor on their way ([`crate::intent::REASK_ROUNDS`]).
+    pub reasked: u64,
 }
 
 impl IntentStats {
-    fn counters(&mut self) -> [&mut u64; 18] {
+    fn counters(&mut self) -> [&mut u64; 19] {
         [
             &mut self.rounds,
             &mut self.declared,
@@ -213,6 +216,7 @@ impl IntentStats {
             &mut self.refresh_bytes,
             &mut self.refreshed_by_read,
             &mut self.synced_by_push_pull,
+            &mut self.reasked,
         ]
     }
 

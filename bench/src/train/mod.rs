@@ -365,6 +365,10 @@ pub struct EpochReport {
     /// over nodes; 0 outside `intent` mode).
     #[serde(default)]
     pub intent_lead: f64,
+    /// Keys whose homes the nodes asked again because they stayed remote although needed
+    /// (summed over nodes; 0 outside `intent` mode).
+    #[serde(default)]
+    pub reasked: u64,
     /// How the late accesses split by cause (shares of them; all 0 without late accesses).
     #[serde(default)]
     pub late_causes: LateCauses,
@@ -417,6 +421,7 @@ impl EpochReport {
             refresh_bytes: 0,
             late_share: 0.0,
             intent_lead: 0.0,
+            reasked: 0,
             late_causes: LateCauses::default(),
         }
     }
@@ -535,7 +540,8 @@ fn more_quality(r: &EpochReport) -> String {
             .collect::<Vec<_>>()
             .join(" ");
         let causes = if causes.is_empty() { String::new() } else { format!(" ({causes})") };
-        format!("late {:.3}%{causes} lead {:.1}", r.late_share * 100.0, r.intent_lead)
+        let reasked = if r.reasked > 0 { format!(" reasked {}", r.reasked) } else { String::new() };
+        format!("late {:.3}%{causes} lead {:.1}{reasked}", r.late_share * 100.0, r.intent_lead)
     });
     numbers.chain(counts).chain(texts).chain(intent).collect::<Vec<_>>().join(" ")
 }

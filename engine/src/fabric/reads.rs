@@ -1,11 +1,10 @@
 //! One-sided reads in flight: their completions, and the registered buffers they land in.
 //!
 //! A read is posted into a landing buffer of the fabric's own and finished later, so a caller
-//! can post several reads and do other work instead of waiting a network round trip per read,
-//! and readers on several threads are not served one at a time. (The intent service's sync
-//! round tried the first and still waits for its read: see its module.) Each read in flight
-//! has a buffer to itself; a
-//! finished read's buffer is reused by the next. A read that failed or timed out may still be
+//! can post several reads and do other work instead of waiting a network round trip per read
+//! (the intent service's sync round does), and readers on several threads are not served one
+//! at a time. Each read in flight has a buffer to itself; a finished read's buffer is reused by
+//! the next. A read that failed or timed out may still be
 //! answered, so its buffer is retired: kept, still registered, and never reused, so a late
 //! answer lands where nobody looks.
 

@@ -27,6 +27,14 @@ pub(crate) use sync_acks::SyncAcks;
 use crate::keymap::KeyMap;
 use crate::stats::IntentStats;
 
+/// How many rounds after telling a key's home its level a node asks again when an access
+/// finds the key neither here nor on its way (about 64 ms at the default round time, several
+/// times the few milliseconds a grant and a move take on a loaded machine). The home answers a
+/// level only when it changes, so a grant lost to a race (the key moved on before it landed,
+/// or a replica's grant went to a node the home believed held the key) would otherwise leave a
+/// key that the node needs without pause remote for as long as it needs it.
+pub const REASK_ROUNDS: u32 = 64;
+
 /// A node's intent counters (see [`IntentStats`]).
 #[derive(Debug, Default)]
 pub struct IntentCounters {
@@ -45,6 +53,7 @@ pub struct IntentCounters {
     refresh_bytes: AtomicU64,
     refreshed_by_read: AtomicU64,
     synced_by_push_pull: AtomicU64,
+    reasked: AtomicU64,
 }
 
 impl IntentCounters {
@@ -106,6 +115,11 @@ impl IntentCounters {
         self.synced_by_push_pull.fetch_add(keys, Ordering::Relaxed);
     }
 
+    /// `keys` keys' homes were asked again ([`REASK_ROUNDS`]).
+    pub(crate) fn note_reasked(&self, keys: u64) {
+        self.reasked.fetch_add(keys, Ordering::Relaxed);
+    }
+
     /// The counters now.
     pub fn snapshot(&self) -> IntentStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -129,6 +143,7 @@ impl IntentCounters {
             refresh_bytes: get(&self.refresh_bytes),
             refreshed_by_read: get(&self.refreshed_by_read),
             synced_by_push_pull: get(&self.synced_by_push_pull),
+            reasked: get(&self.reasked),
         }
     }
 }
@@ -287,6 +302,8 @@ struct KeyState {
     /// How far the home's answer to the level told got on this node (for the causes of late
     /// accesses); back to [`Answer::Awaited`] when the key's intent ends.
     answer: Answer,
+    /// The round in which the home was last told the key's level (or asked again).
+    asked: u32,
 }
 
 /// What became of a key's intent after the node told its home.
@@ -364,6 +381,14 @@ pub struct IntentTable {
     /// A window that begins at most this many clocks after one of the same worker on the same
     /// key ends extends it.
     pub gap: u64,
+    /// The gap on the keys of tables marked shared ([`IntentTable::mark_shared`]).
+    pub shared_gap: u64,
+    /// Per table id: whether its keys are shared with other nodes.
+    shared: Vec<bool>,
+    /// Rounds so far ([`IntentTable::advance`] calls), for [`KeyState::asked`].
+    rounds: u32,
+    /// Keys whose home is to be asked again ([`IntentTable::note_late`]).
+    reask: Vec<(u16, u64)>,
     /// Per key with windows, or whose home was told it is needed (found through a dense
     /// index: a round visits its keys in order, see [`crate::keymap`]).
     windows: KeyMap<KeyState>,
@@ -382,10 +407,11 @@ impl IntentTable {
         if start >= end {
             return false;
         }
+        let gap = self.gap_of(table);
         let windows = &mut self.windows.get_or_default(table, key).windows;
         // A window that overlaps or continues one of the same worker extends it: a key needed
         // in consecutive clocks stays needed, instead of ending and beginning again.
-        if let Some(w) = windows.iter_mut().find(|w| w.window.worker == worker && w.window.start <= start && start <= w.window.end.saturating_add(self.gap)) {
+        if let Some(w) = windows.iter_mut().find(|w| w.window.worker == worker && w.window.start <= start && start <= w.window.end.saturating_add(gap)) {
             if end <= w.window.end {
                 return false;
             }
@@ -401,11 +427,27 @@ impl IntentTable {
         true
     }
 
+    /// The homes granted this node a replica of a key of `table`: its keys are used by several
+    /// nodes at once, so from now on its windows bridge [`IntentTable::shared_gap`] clocks.
+    pub fn mark_shared(&mut self, table: u16) {
+        let t = table as usize;
+        if self.shared.len() <= t {
+            self.shared.resize(t + 1, false);
+        }
+        self.shared[t] = true;
+    }
+
+    /// The gap a window of `table` may leave and still continue one before it.
+    fn gap_of(&self, table: u16) -> u64 {
+        if self.shared.get(table as usize).copied().unwrap_or(false) { self.shared_gap } else { self.gap }
+    }
+
     /// One round: takes the windows whose start is at or before `horizon(worker)` (at most
     /// `max_horizon`), starts those whose start is at or before `clock(worker)` and drops those
     /// whose end is (both at most `max_clock`). Returns the keys whose windows changed, sorted,
     /// each once.
     pub fn advance(&mut self, max_horizon: u64, horizon: impl Fn(u16) -> u64, max_clock: u64, clock: impl Fn(u16) -> u64) -> Vec<(u16, u64)> {
+        self.rounds = self.rounds.wrapping_add(1);
         let mut touched = Vec::new();
         let windows = &mut self.windows;
         // The window of an index entry, if it still exists as the entry describes it.
@@ -467,6 +509,7 @@ impl IntentTable {
             return None;
         }
         ks.signalled = level;
+        ks.asked = self.rounds;
         if level == IntentLevel::None {
             ks.answer = Answer::Awaited;
         }
@@ -509,6 +552,40 @@ impl IntentTable {
             (true, Answer::Replicating) => LateCause::Replicating,
             (true, Answer::Landed) => LateCause::Left,
         })
+    }
+
+    /// [`IntentTable::why_away`], for an access that went remote; and if the key should have
+    /// been here or replicated here long ago — the home was told [`REASK_ROUNDS`] rounds ago or
+    /// more and nothing is on its way (nothing was granted, or the key landed and left without
+    /// a replica) — the key is listed to ask its home again ([`IntentTable::take_reasks`]).
+    pub fn note_late(&mut self, table: u16, key: u64, worker: u16, clock: u64) -> Option<LateCause> {
+        let cause = self.why_away(table, key, worker, clock)?;
+        if matches!(cause, LateCause::Unanswered | LateCause::Left)
+            && let Some(ks) = self.windows.get_mut(table, key)
+            && ks.signalled != IntentLevel::None
+            && self.rounds.wrapping_sub(ks.asked) >= REASK_ROUNDS
+        {
+            ks.asked = self.rounds;
+            self.reask.push((table, key));
+        }
+        Some(cause)
+    }
+
+    /// The keys to ask their homes about again, each with the level the home was last told
+    /// (still not `None`), by level and table.
+    pub fn take_reasks(&mut self) -> BTreeMap<(IntentLevel, u16), Vec<u64>> {
+        let mut out: BTreeMap<(IntentLevel, u16), Vec<u64>> = BTreeMap::new();
+        for (table, key) in std::mem::take(&mut self.reask) {
+            let level = self.signalled(table, key);
+            if level != IntentLevel::None {
+                out.entry((level, table)).or_default().push(key);
+            }
+        }
+        for keys in out.values_mut() {
+            keys.sort_unstable();
+            keys.dedup();
+        }
+        out
     }
 
     /// The home granted a move of `key` of `table` here (`replica` false) or a replica of it
@@ -713,6 +790,47 @@ mod tests {
         assert_eq!(it.advance(7, |_| 7, 7, |_| 7), vec![(0, 1)]);
         assert_eq!(it.level(0, 1, |_| 7), IntentLevel::None);
         assert_eq!(it.earliest(0, 1, |_| 7), Some(Window { worker: 0, start: 10, end: 11 }));
+    }
+
+    #[test]
+    fn a_key_still_remote_long_after_its_home_was_told_is_asked_about_again() {
+        let mut it = IntentTable::default();
+        it.add(0, 5, 0, 0, 1000);
+        it.advance(0, |_| 0, 0, |_| 0);
+        assert_eq!(it.relevel(0, 5, |_| 0), Some(IntentLevel::Now));
+        assert_eq!(it.note_late(0, 5, 0, 0), Some(LateCause::Unanswered));
+        assert!(it.take_reasks().is_empty(), "the answer may still be on its way");
+        for _ in 0..REASK_ROUNDS {
+            it.advance(0, |_| 0, 0, |_| 0);
+        }
+        assert_eq!(it.note_late(0, 5, 0, 0), Some(LateCause::Unanswered));
+        assert_eq!(it.note_late(0, 5, 0, 0), Some(LateCause::Unanswered));
+        assert_eq!(it.take_reasks(), BTreeMap::from([((IntentLevel::Now, 0), vec![5])]), "once, with the level told");
+        it.note_granted(0, 5, false);
+        for _ in 0..REASK_ROUNDS {
+            it.advance(0, |_| 0, 0, |_| 0);
+        }
+        assert_eq!(it.note_late(0, 5, 0, 0), Some(LateCause::Moving));
+        assert!(it.take_reasks().is_empty(), "a key on its way is waited for");
+        it.note_landed(0, 5);
+        assert_eq!(it.note_late(0, 5, 0, 0), Some(LateCause::Left));
+        assert_eq!(it.take_reasks().len(), 1, "a key that landed and left without a replica is asked about again");
+        assert_eq!(it.note_late(7, 5, 0, 0), None, "no window: not late");
+    }
+
+    #[test]
+    fn a_shared_table_bridges_its_own_longer_gap() {
+        let mut it = IntentTable { gap: 2, shared_gap: 10, ..IntentTable::default() };
+        it.mark_shared(3);
+        for table in [0, 3] {
+            it.add(table, 1, 0, 3, 4);
+            it.add(table, 1, 0, 12, 13);
+        }
+        assert_eq!(it.earliest(0, 1, |_| 3), Some(Window { worker: 0, start: 3, end: 4 }), "8 clocks apart: two windows");
+        assert_eq!(it.earliest(3, 1, |_| 3), Some(Window { worker: 0, start: 3, end: 13 }), "one window on the shared table");
+        it.add(3, 1, 0, 24, 25);
+        it.advance(24, |_| 24, 20, |_| 20);
+        assert_eq!(it.level(3, 1, |_| 20), IntentLevel::Soon, "11 clocks apart: released in between");
     }
 
     #[test]

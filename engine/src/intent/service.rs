@@ -115,6 +115,7 @@ impl IntentService {
         let idle = state.table.is_empty() || self.awaiting_news.load(Ordering::Relaxed);
         state.news = true;
         state.table.gap = node.config.intent.gap;
+        state.table.shared_gap = node.config.intent.shared_gap;
         state.workers.entry(worker).or_insert_with(|| WorkerClock { clock, timing: ActionTiming::from_settings(&node.config.intent) }).clock = clock;
         let mut added = 0;
         for &key in keys {
@@ -186,10 +187,12 @@ impl IntentService {
     /// Of `away`, keys an access of worker `worker` in clock `clock` found neither here nor
     /// replicated here, those the worker declared intent for now (late accesses), by cause.
     pub fn count_late(&self, table: u16, away: &[u64], worker: u16, clock: u64) -> LateCounts {
-        let state = self.state.lock();
+        let mut state = self.state.lock();
         let mut late = LateCounts::default();
-        for cause in away.iter().filter_map(|&k| state.table.why_away(table, k, worker, clock)) {
-            late.add(cause);
+        for &key in away {
+            if let Some(cause) = state.table.note_late(table, key, worker, clock) {
+                late.add(cause);
+            }
         }
         late
     }
@@ -325,7 +328,7 @@ impl IntentService {
                 continue;
             }
             // `news`: whether a worker advanced, declared or left since the last round.
-            let (changes, news, windows_moved, began) = {
+            let (changes, reasks, news, windows_moved, began) = {
                 let mut state = self.state.lock();
                 self.begin_resting();
                 while state.table.is_empty()
@@ -362,7 +365,7 @@ impl IntentService {
                         changes.entry((level, t)).or_default().push(k);
                     }
                 }
-                (changes, news, windows_moved, began)
+                (changes, table.take_reasks(), news, windows_moved, began)
             };
             counters.note_round();
             // Ends first (`None` sorts first): a key this node stops needing may be the one
@@ -377,6 +380,16 @@ impl IntentService {
                     tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send a dropped replica's pushes");
                 }
                 match own.signal_intent(table, &keys, level) {
+                    Ok(()) => {}
+                    Err(Error::ShutDown) => return,
+                    Err(e) => tracing::warn!(node = node.config.rank, error = %e, "the intent service could not reach a home node"),
+                }
+            }
+            // Asked again: the home forgets this node's intent on the keys and learns it anew,
+            // so it grants again what the node needs (one connection: the two arrive in order).
+            for ((level, table), keys) in reasks {
+                counters.note_reasked(keys.len() as u64);
+                match own.signal_intent(table, &keys, IntentLevel::None).and_then(|()| own.signal_intent(table, &keys, level)) {
                     Ok(()) => {}
                     Err(Error::ShutDown) => return,
                     Err(e) => tracing::warn!(node = node.config.rank, error = %e, "the intent service could not reach a home node"),
@@ -511,7 +524,10 @@ impl IntentService {
                 if !keys.is_empty() {
                     match grant {
                         Grant::Move => moves.push((table, keys)),
-                        Grant::Replicate => replicate.push((table, keys)),
+                        Grant::Replicate => {
+                            state.table.mark_shared(table);
+                            replicate.push((table, keys));
+                        }
                     }
                 }
             }

@@ -1,8 +1,8 @@
 //! One sync round of the run-time replicas (AdaPM, Appendix B.1): each replica's delta goes to
 //! the node believed to own its key in one REPLICA_SYNC per owner and table; the owner applies
 //! the deltas of the keys it holds, cuts their images and acknowledges; the round refreshes
-//! those replicas with **one one-sided read** per message (an RDMA READ over verbs), waited for
-//! when the acknowledgement arrives, and sends
+//! those replicas with **one one-sided read** per message (an RDMA READ over verbs), posted
+//! when the acknowledgement arrives and finished in a later poll, and sends
 //! the rest — keys that were not there — through an ordinary push-pull that the homes route,
 //! whose answer refreshes them. The acknowledgement names, per key not held, where to try next
 //! time (see the protocol's `replica_sync`).
@@ -13,17 +13,17 @@
 //! anew from its departing key) while the round is in flight is left out of its refresh: the
 //! round's value for it is older than what the replica has since become.
 //!
-//! Why the image read is waited for although the fabric can keep reads in flight
-//! ([`crate::fabric::Fabric::post_read`]): a build that finished the reads in later rounds
-//! halved KGE's late accesses, but word2vec's service then ran eight times as many rounds and
-//! its keys moved back and forth 2.4 times as often (the long waits had been sampling the
-//! windows' levels every 20 ms or so, bridging the short gaps between a word's windows);
-//! see `docs/PERFORMANCE.md`, "Intent signalling".
+//! The service does not wait for the reads, so its rounds come every round time rather than
+//! every read (an image read over loopback TCP took 6.6 ms behind the relocations' frames).
+//! Sampling the windows that often, a pause in a word's use became a release and the key went
+//! back and forth between nodes, unless the pause is bridged: tables whose keys are shared
+//! bridge longer pauses (`IntentSettings::shared_gap`).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::fabric::PostedRead;
 use crate::protocol::Progress;
 use crate::protocol::wire::ReplicaSyncAck;
 use crate::runtime::NodeInner;
@@ -50,9 +50,18 @@ struct RoutedSync {
     ticket: PullTicket,
 }
 
+/// A one-sided read of the images an owner cut for an acknowledged REPLICA_SYNC.
+struct ImageRead {
+    table: u16,
+    /// The keys whose images it reads, in the images' order.
+    keys: Vec<u64>,
+    read: PostedRead,
+}
+
 /// A sync round in flight.
 pub(super) struct SyncRound {
     parts: Vec<SyncPart>,
+    reads: Vec<ImageRead>,
     routed: Vec<RoutedSync>,
     /// Replicas that ended or were kept anew since the round started: not refreshed by it.
     left_out: FastSet<(u16, u64)>,
@@ -71,7 +80,13 @@ impl SyncRound {
         next_id: &mut u32,
         taken: Vec<(u16, Vec<u64>, Vec<f32>)>,
     ) -> (SyncRound, Result<()>) {
-        let mut round = SyncRound { parts: Vec::new(), routed: Vec::new(), left_out: FastSet::default(), deadline: Instant::now() + node.config.op_timeout };
+        let mut round = SyncRound {
+            parts: Vec::new(),
+            reads: Vec::new(),
+            routed: Vec::new(),
+            left_out: FastSet::default(),
+            deadline: Instant::now() + node.config.op_timeout,
+        };
         let mut outcome = Ok(());
         // Messages stay well below the largest one a peer accepts.
         let limit = node.core.settings().max_message_bytes / 2;
@@ -118,7 +133,7 @@ impl SyncRound {
 
     /// Whether everything of the round completed.
     pub fn is_done(&self) -> bool {
-        self.parts.is_empty() && self.routed.is_empty()
+        self.parts.is_empty() && self.reads.is_empty() && self.routed.is_empty()
     }
 
     /// The replicas of `keys` of `table` ended or were made anew: the round leaves them as
@@ -127,9 +142,9 @@ impl SyncRound {
         self.left_out.extend(keys.into_iter().map(|k| (table, k)));
     }
 
-    /// Completes what arrived (everything, waiting, with `wait`): refreshes from the images of
-    /// acknowledged messages, routes their keys that were not held (learning where they are),
-    /// refreshes from the routed push-pulls' answers.
+    /// Completes what arrived (everything, waiting, with `wait`): posts the reads of the images
+    /// of acknowledged messages and routes their keys that were not held (learning where they
+    /// are), refreshes from the reads that completed and from the routed push-pulls' answers.
     pub fn poll(&mut self, node: &NodeInner, worker: &mut Worker, hints: &mut OwnerHints, wait: bool) -> Result<()> {
         let mut outcome = Ok(());
         let acks = node.core.replica_sync_acks();
@@ -161,6 +176,15 @@ impl SyncRound {
             let part = self.parts.swap_remove(i);
             keep_first_error(&mut outcome, self.complete(node, worker, hints, part, ack));
         }
+        let mut k = 0;
+        while k < self.reads.len() {
+            if !wait && !node.fabric.read_done(&self.reads[k].read) && Instant::now() < self.deadline {
+                k += 1;
+                continue;
+            }
+            let r = self.reads.swap_remove(k);
+            keep_first_error(&mut outcome, self.finish_read(node, r));
+        }
         let mut j = 0;
         while j < self.routed.len() {
             if !wait && !worker.is_pull_done(&self.routed[j].ticket) {
@@ -178,8 +202,8 @@ impl SyncRound {
         outcome
     }
 
-    /// `part` was acknowledged with `ack`: reads the images of the items applied (waiting for
-    /// the read: see the module's notes), routes the others.
+    /// `part` was acknowledged with `ack`: posts the read of the images of the items applied,
+    /// routes the others.
     fn complete(&mut self, node: &NodeInner, worker: &mut Worker, hints: &mut OwnerHints, part: SyncPart, ack: ReplicaSyncAck) -> Result<()> {
         let store = node.core.store();
         let t = store.table(part.table);
@@ -192,15 +216,8 @@ impl SyncRound {
         let mut outcome = Ok(());
         if !ack.held.is_empty() {
             let keys: Vec<u64> = ack.held.iter().map(|&i| part.keys[i as usize]).collect();
-            let mut copy = vec![0u8; keys.len() * t.slot_bytes()];
-            match node.fabric.read(part.owner as usize, ack.remote, &mut copy, node.config.op_timeout) {
-                Ok(()) => {
-                    let torn = apply_images(node, part.table, &keys, &copy, &self.left_out);
-                    node.core.intent_counters().note_refresh_read(copy.len() as u64, (keys.len() - torn) as u64);
-                    if torn > 0 {
-                        outcome = Err(Error::Protocol(format!("{torn} slot images read from node {} were torn", part.owner)));
-                    }
-                }
+            match node.fabric.post_read(part.owner as usize, ack.remote, keys.len() * t.slot_bytes()) {
+                Ok(read) => self.reads.push(ImageRead { table: part.table, keys, read }),
                 // The deltas were applied; the replicas keep their values until next time.
                 Err(e) => outcome = Err(e),
             }
@@ -222,6 +239,22 @@ impl SyncRound {
             keep_first_error(&mut outcome, self.route(node, worker, part.table, keys, &deltas));
         }
         outcome
+    }
+
+    /// Finishes the read `r` (waiting until the round's deadline at most) and refreshes its
+    /// replicas from the images.
+    fn finish_read(&self, node: &NodeInner, r: ImageRead) -> Result<()> {
+        let owner = r.read.peer();
+        let mut copy = vec![0u8; r.read.len()];
+        // On failure the deltas were applied all the same; the replicas keep their values until
+        // next time.
+        node.fabric.finish_read(r.read, &mut copy, self.deadline.saturating_duration_since(Instant::now()))?;
+        let torn = apply_images(node, r.table, &r.keys, &copy, &self.left_out);
+        node.core.intent_counters().note_refresh_read(copy.len() as u64, (r.keys.len() - torn) as u64);
+        if torn > 0 {
+            return Err(Error::Protocol(format!("{torn} slot images read from node {owner} were torn")));
+        }
+        Ok(())
     }
 
     /// Sends `keys`' `deltas` through a push-pull the homes route.

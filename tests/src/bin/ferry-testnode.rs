@@ -147,8 +147,10 @@ fn intent(clocks: u64) -> Result<()> {
     config.max_delay = Some(0);
     // A key is needed every other clock here: bridging one-clock gaps (the default bridges up
     // to 4) would make both ranks need every key throughout, and the keys would only be
-    // replicated, never handed over.
+    // replicated, never handed over. Likewise on a table whose keys the homes had this node
+    // share (the shared phase below, and the hand-overs' overlaps).
     config.intent.gap = 0;
+    config.intent.shared_gap = 0;
     let mut node = Node::start(config)?;
     println!("transport {}", node.transport());
     let rank = node.rank() as u64;
