@@ -4,9 +4,8 @@
 //! can post several reads and do other work instead of waiting a network round trip per read
 //! (the intent service's sync round does), and readers on several threads are not served one
 //! at a time. Each read in flight has a buffer to itself; a finished read's buffer is reused by
-//! the next. A read that failed or timed out may still be
-//! answered, so its buffer is retired: kept, still registered, and never reused, so a late
-//! answer lands where nobody looks.
+//! the next. A read that failed or timed out may still be answered, so its buffer is retired:
+//! kept, still registered, and never reused, so a late answer lands where nobody looks.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -56,7 +55,7 @@ impl ReadWaiters {
     }
 
     /// Forgets read `id`, which was never sent.
-    pub(crate) fn forget(&self, id: u64) {
+    fn forget(&self, id: u64) {
         self.done.lock().remove(&id);
     }
 
@@ -154,8 +153,10 @@ impl<B: Landing> Landings<B> {
         Ok(viewed)
     }
 
-    /// Read `id` was never sent, so nothing will land in its buffer: it is free again.
-    pub(crate) fn unlend(&self, id: u64) {
+    /// Read `id` was never sent, so nothing will land in its buffer: it is free again, and
+    /// `waiters` forget the read.
+    pub(crate) fn unsent(&self, waiters: &ReadWaiters, id: u64) {
+        waiters.forget(id);
         let mut state = self.state.lock();
         if let Some(b) = state.lent.remove(&id) {
             state.free.push(b);
@@ -269,8 +270,7 @@ mod tests {
         assert!(landings.lend(5, 4096, |_| Err(Error::Memory("no".into())), |_| {}, |_| ()).is_err());
         assert_eq!(landings.counts(), (0, 0, 2), "a failed make lends nothing");
         let (never_sent, _) = lend(&landings, &waiters, 6, 50, &mut made, &mut discarded);
-        landings.unlend(never_sent.id);
-        waiters.forget(never_sent.id);
+        landings.unsent(&waiters, never_sent.id);
         assert_eq!(landings.counts(), (1, 0, 2), "a read never sent frees its buffer");
         assert!(waiters.is_done(never_sent.id), "and nobody waits for it");
     }

@@ -144,8 +144,7 @@ impl Fabric for TcpFabric {
         self.reads.expect(id);
         if let Err(e) = self.mesh.read(peer, remote.region, remote.addr, len, region, 0, id) {
             // Not sent (the mesh forgot it too): no answer will land in the buffer.
-            self.reads.forget(id);
-            self.landings.unlend(id);
+            self.landings.unsent(&self.reads, id);
             return Err(e.into());
         }
         Ok(PostedRead { id, peer, len })

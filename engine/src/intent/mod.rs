@@ -581,9 +581,10 @@ impl IntentTable {
                 out.entry((level, table)).or_default().push(key);
             }
         }
+        // Each key at most once (its `asked` round moved on when it was listed); sorted, as
+        // the homes take their batches.
         for keys in out.values_mut() {
             keys.sort_unstable();
-            keys.dedup();
         }
         out
     }

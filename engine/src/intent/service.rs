@@ -379,20 +379,16 @@ impl IntentService {
                     }
                     tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send a dropped replica's pushes");
                 }
-                match own.signal_intent(table, &keys, level) {
-                    Ok(()) => {}
-                    Err(Error::ShutDown) => return,
-                    Err(e) => tracing::warn!(node = node.config.rank, error = %e, "the intent service could not reach a home node"),
+                if !Self::tell_homes(node, own, table, &keys, &[level]) {
+                    return;
                 }
             }
             // Asked again: the home forgets this node's intent on the keys and learns it anew,
             // so it grants again what the node needs (one connection: the two arrive in order).
             for ((level, table), keys) in reasks {
                 counters.note_reasked(keys.len() as u64);
-                match own.signal_intent(table, &keys, IntentLevel::None).and_then(|()| own.signal_intent(table, &keys, level)) {
-                    Ok(()) => {}
-                    Err(Error::ShutDown) => return,
-                    Err(e) => tracing::warn!(node = node.config.rank, error = %e, "the intent service could not reach a home node"),
+                if !Self::tell_homes(node, own, table, &keys, &[IntentLevel::None, level]) {
+                    return;
                 }
             }
             self.rounds_signalled.store(self.rounds_started.load(Ordering::Acquire), Ordering::Release);
@@ -421,6 +417,23 @@ impl IntentService {
             }
             self.rest(node, next_round);
         }
+    }
+
+    /// Tells the homes of `keys` of `table` each of `levels` in turn; returns false when the
+    /// node shuts down (a home that cannot be reached is logged: the next change or re-ask
+    /// tells it again).
+    fn tell_homes(node: &NodeInner, own: &mut Worker, table: u16, keys: &[u64], levels: &[IntentLevel]) -> bool {
+        for &level in levels {
+            match own.signal_intent(table, keys, level) {
+                Ok(()) => {}
+                Err(Error::ShutDown) => return false,
+                Err(e) => {
+                    tracing::warn!(node = node.config.rank, error = %e, "the intent service could not reach a home node");
+                    return true;
+                }
+            }
+        }
+        true
     }
 
     /// The part of a round that acts: records the relocations that completed, starts those

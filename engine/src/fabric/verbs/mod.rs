@@ -423,8 +423,7 @@ impl Fabric for VerbsFabric {
         inner.reads.expect(id);
         if let Err(e) = local.and_then(|local| p.enqueue_read(id, RemoteSlice { addr: remote.addr, rkey: remote.region }, local)) {
             // Not queued: no answer will land in the buffer.
-            inner.reads.forget(id);
-            inner.landings.unlend(id);
+            inner.landings.unsent(&inner.reads, id);
             return Err(verbs_err(e));
         }
         inner.pump(peer);
