@@ -116,7 +116,7 @@ fn target(seed: u64) -> Target {
     }
     let mut step = core.step(&mut tx, 1);
     let arriving: Vec<u64> = (0..10).map(|k| k * 9 % KEYS[0]).collect();
-    if let Ok(Issued::Pending { op, .. }) = step.issue_localize(&mut requester, 0, &arriving, None) {
+    if let Ok(Issued::Pending { op, .. }) = step.issue_localize(&mut requester, 0, &arriving, true, None) {
         ops.push((op, 0, AccessKind::Pull, 0));
     }
     drain(&mut step);
@@ -202,11 +202,13 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
                 })
                 .collect();
             let (ty, owner) = if ty == 3 { (msg::LOCALIZE, 0) } else { (msg::RELOCATE, [0u16, 2][rng.gen_range(0..2)]) };
-            wire::encode_move(&mut out, ty, table, owner, &items);
+            let flags = if ty == msg::LOCALIZE { rng.gen_range(0..2) * wire::MOVE_GRANTED } else { 0 };
+            wire::encode_move(&mut out, ty, flags, table, owner, &items);
         }
         5 => {
             let resvs: Vec<u32> = (0..rng.gen_range(0..6)).map(|_| rng.gen_range(0..1 << 30)).collect();
-            wire::encode_localize_failed(&mut out, FailureCode::PeerLost, table, peer, &resvs);
+            let code = [FailureCode::PeerLost, FailureCode::Declined][rng.gen_range(0..2)];
+            wire::encode_localize_failed(&mut out, code, table, peer, &resvs);
         }
         6 | 7 => wire::encode_barrier(&mut out, if ty == 6 { msg::BARRIER } else { msg::BARRIER_RELEASE }, rng.gen_range(0..2), rng.gen_range(1..4)),
         8 => wire::encode_barrier_failed(&mut out, rng.gen_range(0..2), rng.gen_range(1..4), rng.gen_range(0..NODES as u16)),

@@ -302,6 +302,8 @@ enum ScriptOp {
     Localize {
         keys: Vec<u64>,
         asynchronous: bool,
+        /// Asked for on a home's intent grant (`MOVE_GRANTED`).
+        granted: bool,
     },
     /// The node's need of keys changes (what its intent service tells their homes).
     Intent {
@@ -537,7 +539,7 @@ impl Sim {
                         let level = [IntentLevel::None, IntentLevel::Soon, IntentLevel::Now][rng.gen_range(0..3)];
                         ScriptOp::Intent { keys, level }
                     } else if roll < 27 && opts.relocation {
-                        ScriptOp::Localize { keys, asynchronous }
+                        ScriptOp::Localize { keys, asynchronous, granted: false }
                     } else if roll < 33 {
                         let tags = keys.iter().map(|&k| {
                             next_tag[k as usize] += 1;
@@ -618,7 +620,7 @@ impl Sim {
                 self.log(format!("node {node} granted {keys:?}: worker {w} localizes them"));
                 self.intent_grants += keys.len();
                 let asynchronous = !self.opts.location_caches;
-                self.workers[w].script.push_front(ScriptOp::Localize { keys, asynchronous });
+                self.workers[w].script.push_front(ScriptOp::Localize { keys, asynchronous, granted: true });
             }
         }
     }
@@ -1023,10 +1025,10 @@ impl Sim {
                     Ok(())
                 })?;
             }
-            ScriptOp::Localize { keys, asynchronous } => {
+            ScriptOp::Localize { keys, asynchronous, granted } => {
                 self.ops += 1;
-                self.log(format!("worker {w}@{node} localize {keys:?}{}", if asynchronous { " async" } else { "" }));
-                let issued = self.worker_event(w, |step, req| step.issue_localize(req, 0, &keys, None))?;
+                self.log(format!("worker {w}@{node} localize {keys:?}{}{}", if asynchronous { " async" } else { "" }, if granted { " granted" } else { "" }));
+                let issued = self.worker_event(w, |step, req| step.issue_localize(req, 0, &keys, granted, None))?;
                 if let Some(Issued::Pending { op, .. }) = issued {
                     let first_event = self.workers[w].events.len();
                     self.workers[w].in_flight.push(InFlight { op, kind: None, keys: Vec::new(), buffer: Vec::new(), first_event, asynchronous });

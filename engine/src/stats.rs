@@ -193,10 +193,14 @@ pub struct IntentStats {
     /// Keys whose home this node asked again because it needed them without pause and they
     /// stayed neither here nor on their way ([`crate::intent::REASK_ROUNDS`]).
     pub reasked: u64,
+    /// Keys this node asked to move here on a grant that their home had since given to another
+    /// node, so the home declined the move (the grant and the move race; see
+    /// `docs/INTENT.md`, "Acting: moves").
+    pub declined: u64,
 }
 
 impl IntentStats {
-    fn counters(&mut self) -> [&mut u64; 19] {
+    fn counters(&mut self) -> [&mut u64; 20] {
         [
             &mut self.rounds,
             &mut self.declared,
@@ -217,6 +221,7 @@ impl IntentStats {
             &mut self.refreshed_by_read,
             &mut self.synced_by_push_pull,
             &mut self.reasked,
+            &mut self.declined,
         ]
     }
 

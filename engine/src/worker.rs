@@ -457,6 +457,17 @@ impl Worker {
 
     /// Starts moving `keys` to this node.
     pub fn localize_async(&mut self, table: Table, keys: &[u64]) -> Result<Ticket> {
+        self.start_localize(table, keys, false)
+    }
+
+    /// Starts moving `keys` to this node because their homes granted them to it (the intent
+    /// service): a home declines a key it has granted to another node since, and the ticket
+    /// then completes without it.
+    pub(crate) fn localize_granted_async(&mut self, table: Table, keys: &[u64]) -> Result<Ticket> {
+        self.start_localize(table, keys, true)
+    }
+
+    fn start_localize(&mut self, table: Table, keys: &[u64], granted: bool) -> Result<Ticket> {
         self.validate_keys(table, keys)?;
         let token = Arc::new(());
         let weak = Arc::downgrade(&token);
@@ -464,7 +475,7 @@ impl Worker {
         node.fabric.wait_for_room(node.config.op_timeout)?;
         let mut issued = None;
         node.run(&mut self.tx, |step, _, _| {
-            issued = Some(step.issue_localize(&mut self.requester, table.id, keys, Some(weak.clone())));
+            issued = Some(step.issue_localize(&mut self.requester, table.id, keys, granted, Some(weak.clone())));
             Ok(Progress::Done)
         })?;
         let op = match issued.unwrap_or(Err(Error::ShutDown))? {

@@ -369,6 +369,10 @@ pub struct EpochReport {
     /// (summed over nodes; 0 outside `intent` mode).
     #[serde(default)]
     pub reasked: u64,
+    /// Moves the nodes asked for on a grant that the homes declined, because they had since
+    /// granted the key to another node (summed over nodes; 0 outside `intent` mode).
+    #[serde(default)]
+    pub declined: u64,
     /// How the late accesses split by cause (shares of them; all 0 without late accesses).
     #[serde(default)]
     pub late_causes: LateCauses,
@@ -422,6 +426,7 @@ impl EpochReport {
             late_share: 0.0,
             intent_lead: 0.0,
             reasked: 0,
+            declined: 0,
             late_causes: LateCauses::default(),
         }
     }
@@ -541,7 +546,8 @@ fn more_quality(r: &EpochReport) -> String {
             .join(" ");
         let causes = if causes.is_empty() { String::new() } else { format!(" ({causes})") };
         let reasked = if r.reasked > 0 { format!(" reasked {}", r.reasked) } else { String::new() };
-        format!("late {:.3}%{causes} lead {:.1}{reasked}", r.late_share * 100.0, r.intent_lead)
+        let declined = if r.declined > 0 { format!(" declined {}", r.declined) } else { String::new() };
+        format!("late {:.3}%{causes} lead {:.1}{reasked}{declined}", r.late_share * 100.0, r.intent_lead)
     });
     numbers.chain(counts).chain(texts).chain(intent).collect::<Vec<_>>().join(" ")
 }

@@ -53,7 +53,7 @@ impl SharedArray {
 }
 
 /// Fields every node contributes to an epoch's cluster-wide sums.
-pub const METRIC_FIELDS: usize = 22;
+pub const METRIC_FIELDS: usize = 23;
 
 /// Field positions in the metrics table.
 pub mod field {
@@ -94,6 +94,9 @@ pub mod field {
     pub const LATE_CAUSES: [usize; 5] = [16, 17, 18, 19, 20];
     /// Keys whose homes were asked again (intent mode; `ferry::IntentStats::reasked`).
     pub const REASKED: usize = 21;
+    /// Moves asked for on a grant that the homes declined (intent mode;
+    /// `ferry::IntentStats::declined`).
+    pub const DECLINED: usize = 22;
 }
 
 /// Pulls keys `0..n` of `table` (`len` values each), in chunks.
@@ -138,6 +141,7 @@ pub fn stats_fields(delta: &Stats, out: &mut [f32; METRIC_FIELDS]) {
     out[field::LATE] = delta.intent.late_accesses as f32;
     out[field::INTENT_LEAD] = delta.intent.mean_lead() as f32;
     out[field::REASKED] = delta.intent.reasked as f32;
+    out[field::DECLINED] = delta.intent.declined as f32;
     for (f, cause) in field::LATE_CAUSES.into_iter().zip(LateCause::ALL) {
         out[f] = delta.intent.late(cause) as f32;
     }
@@ -188,6 +192,7 @@ pub fn cluster_report(
         late_share: if local + remote > 0.0 { sums[field::LATE] as f64 / (local + remote) } else { 0.0 },
         intent_lead: sums[field::INTENT_LEAD] as f64 / (sums[field::NODES] as f64).max(1.0),
         reasked: sums[field::REASKED] as u64,
+        declined: sums[field::DECLINED] as u64,
         late_causes: super::LateCauses::from_counts(field::LATE_CAUSES.map(|f| sums[f] as f64)),
     }
 }

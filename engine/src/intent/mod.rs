@@ -54,6 +54,7 @@ pub struct IntentCounters {
     refreshed_by_read: AtomicU64,
     synced_by_push_pull: AtomicU64,
     reasked: AtomicU64,
+    declined: AtomicU64,
 }
 
 impl IntentCounters {
@@ -120,6 +121,11 @@ impl IntentCounters {
         self.reasked.fetch_add(keys, Ordering::Relaxed);
     }
 
+    /// `keys` moves this node asked for on a grant were declined by their homes.
+    pub(crate) fn note_declined(&self, keys: u64) {
+        self.declined.fetch_add(keys, Ordering::Relaxed);
+    }
+
     /// The counters now.
     pub fn snapshot(&self) -> IntentStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -144,6 +150,7 @@ impl IntentCounters {
             refreshed_by_read: get(&self.refreshed_by_read),
             synced_by_push_pull: get(&self.synced_by_push_pull),
             reasked: get(&self.reasked),
+            declined: get(&self.declined),
         }
     }
 }

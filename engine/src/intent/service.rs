@@ -575,7 +575,7 @@ impl IntentService {
         for (table, keys) in moves {
             // A replica here keeps serving until the key has landed; the next sync round then
             // ends it and adds its delta to the key.
-            match own.localize_async(node.table_by_id(table), &keys) {
+            match own.localize_granted_async(node.table_by_id(table), &keys) {
                 Ok(ticket) => in_flight.push(InFlight { ticket, table, keys }),
                 Err(Error::ShutDown) => return false,
                 Err(e) => tracing::warn!(node = node.config.rank, error = %e, "the intent service could not relocate keys; their accesses go remote"),
@@ -600,7 +600,9 @@ impl IntentService {
                     let State { table: intents, workers, .. } = &mut *state;
                     let counters = node.core.intent_counters();
                     let clock = |w: u16| workers.get(&w).map_or(0, |c| c.clock);
-                    for key in keys {
+                    let store = node.core.store().table(table);
+                    // A key whose home declined the move (granted elsewhere since) did not land.
+                    for key in keys.into_iter().filter(|&key| store.slot_of(key).is_some()) {
                         let lead = intents.earliest(table, key, clock).and_then(|w| w.start.checked_sub(clock(w.worker))).filter(|&lead| lead > 0);
                         counters.note_landed(lead);
                         intents.note_landed(table, key);

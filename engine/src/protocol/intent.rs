@@ -232,6 +232,12 @@ impl IntentHomes {
         self.intents.get(table, key).map_or_else(Vec::new, |i| i.nodes.to_vec())
     }
 
+    /// Whether this home last told a node other than `requester` to take `key` of `table`,
+    /// and still means it to (a move `requester` asks for on an older grant is then declined).
+    pub fn granted_elsewhere(&self, table: u16, key: u64, requester: u16) -> bool {
+        self.intents.get(table, key).and_then(|i| i.told).is_some_and(|told| told != requester)
+    }
+
     /// Records that this node may move (or replicate) `keys` of `table` here.
     pub fn post_go(&mut self, table: u16, grant: Grant, keys: Vec<u64>) {
         if !keys.is_empty() {
@@ -372,6 +378,28 @@ mod tests {
         assert!(h.update(3, None, 0, [5]).is_empty() && h.intenders(0, 5).is_empty());
         assert!(h.update(1, None, 0, [6]).is_empty());
         assert!(h.intents.is_empty(), "nothing is kept for keys nobody intends");
+    }
+
+    #[test]
+    fn a_grant_given_to_another_node_since_makes_an_older_one_stale() {
+        use IntentLevel::*;
+        let mut h = IntentHomes::default();
+        // Node 1 alone will need key 4 soon: it is told to take it.
+        assert_eq!(h.update(1, Soon, 0, [4]), Grants::from([((1, Grant::Move), vec![4])]));
+        assert!(!h.granted_elsewhere(0, 4, 1));
+        // Node 2 needs it now before node 1's move arrived: node 2 is told to take it, and a
+        // move node 1 asks for on its older grant is stale.
+        assert_eq!(h.update(2, Now, 0, [4]), Grants::from([((2, Grant::Move), vec![4])]));
+        assert!(h.granted_elsewhere(0, 4, 1) && !h.granted_elsewhere(0, 4, 2));
+        // Node 2 is done: node 1 is told again, and its move is no longer stale.
+        assert_eq!(h.update(2, None, 0, [4]), Grants::from([((1, Grant::Move), vec![4])]));
+        assert!(!h.granted_elsewhere(0, 4, 1) && h.granted_elsewhere(0, 4, 2));
+        // While several need it now nobody is told to take it, so no move is stale; nor is
+        // one for a key nobody intends.
+        h.update(2, Now, 0, [4]);
+        h.update(1, Now, 0, [4]);
+        assert!(!h.granted_elsewhere(0, 4, 1) && !h.granted_elsewhere(0, 4, 2));
+        assert!(!h.granted_elsewhere(0, 9, 1));
     }
 
     #[test]

@@ -547,8 +547,10 @@ impl Step<'_, '_> {
     }
 
     /// Moves `keys` of `table` to this node for the worker owning `req` (keys already here are
-    /// skipped). The step must be fresh.
-    pub fn issue_localize(&mut self, req: &mut Requester, table: u16, keys: &[u64], ticket: Option<Weak<()>>) -> Result<Issued> {
+    /// skipped). The step must be fresh. `granted`: the intent service asks for the keys on
+    /// their homes' grant, and a home declines a key it has since granted to another node
+    /// (the key then stays where it is, and the operation completes without it).
+    pub fn issue_localize(&mut self, req: &mut Requester, table: u16, keys: &[u64], granted: bool, ticket: Option<Weak<()>>) -> Result<Issued> {
         let dir = self.directory();
         let meta = dir.table(table).ok_or_else(|| Error::UnknownTable(format!("#{table}")))?;
         if let Some(&bad) = keys.iter().find(|&&k| k >= meta.keys) {
@@ -585,6 +587,8 @@ impl Step<'_, '_> {
                     Some(e) => req.fail_count(op, 0, e),
                     None => {
                         transit.waiters.push((op, left.clone()));
+                        // A plain localize needs the key here whatever the home granted.
+                        transit.granted &= granted;
                         waiting += 1;
                     }
                 }
@@ -622,6 +626,7 @@ impl Step<'_, '_> {
                     suspect_since: 0,
                     abandoned: false,
                     generation,
+                    granted,
                 },
             );
             let deadline = now.saturating_add(deadline_after);
@@ -640,10 +645,11 @@ impl Step<'_, '_> {
             if items.is_empty() {
                 continue;
             }
+            let flags = if granted { wire::MOVE_GRANTED } else { 0 };
             if home as u16 == rank {
-                self.localize_at_home(rank, table, items, false);
+                self.localize_at_home(rank, table, items, false, flags);
             } else {
-                self.send_move(home as u16, msg::LOCALIZE, table, 0, items);
+                self.send_move(home as u16, msg::LOCALIZE, flags, table, 0, items);
             }
         }
         req.settle(op);

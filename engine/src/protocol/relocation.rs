@@ -5,7 +5,7 @@
 use super::access::{AnswerBatch, FailureBatch, apply, failure_code};
 use super::requester::{Delivery, LocalEvent, OpId, worker_of};
 use super::shard::{DeadlineKind, Queued, Waiters, resv_shard};
-use super::wire::{self, AccessHeader, FLAG_INDEXED, FLAG_STALE, FailureCode, LocalizeFailed, Move, MoveItem, msg};
+use super::wire::{self, AccessHeader, AccessKind, FLAG_INDEXED, FLAG_STALE, FailureCode, LocalizeFailed, Move, MoveItem, msg};
 use super::{LOST_OWNER, SlotWrite, Step};
 use crate::error::{Error, Result};
 use crate::stats::{MessageKind, ShardCounters};
@@ -23,12 +23,12 @@ const MIN_CHUNK: usize = 16;
 const MAX_CHUNK: usize = 4096;
 
 impl Step<'_, '_> {
-    pub(super) fn send_move(&mut self, to: u16, ty: u8, table: u16, new_owner: u16, items: &[MoveItem]) {
+    pub(super) fn send_move(&mut self, to: u16, ty: u8, flags: u8, table: u16, new_owner: u16, items: &[MoveItem]) {
         let per_message = ((self.core.settings().max_message_bytes - wire::MOVE_HEADER) / wire::MOVE_ITEM).max(1);
         for chunk in items.chunks(per_message) {
             let buf = self.tx.buf(to);
             let before = buf.len();
-            wire::encode_move(buf, ty, table, new_owner, chunk);
+            wire::encode_move(buf, ty, flags, table, new_owner, chunk);
             let bytes = buf.len() - before;
             let kind = if ty == msg::LOCALIZE { MessageKind::Localize } else { MessageKind::Relocate };
             self.tx.sent(to, kind, bytes);
@@ -83,24 +83,39 @@ impl Step<'_, '_> {
             return Ok(Some(start));
         }
         let items: Vec<MoveItem> = (start..end).map(|i| m.item(i)).collect();
-        let done = self.localize_at_home(requester, m.table, &items, true);
+        let done = self.localize_at_home(requester, m.table, &items, true, m.flags);
         Ok((start + done < m.count).then_some(start + done))
     }
 
     /// At the home node (shards held): record `requester` as owner and tell each old owner.
     /// With `pieces`, stops once a piece of hand-over writes is ready to be sent (so a large
-    /// hand-over streams); returns how many items it handled.
-    pub(super) fn localize_at_home(&mut self, requester: u16, table: u16, items: &[MoveItem], pieces: bool) -> usize {
+    /// hand-over streams); returns how many items it handled. A LOCALIZE the intent service
+    /// sent on a grant (`flags` has `MOVE_GRANTED`) is declined for a key this home has since
+    /// granted to another node: a grant and the move it starts are not atomic, and a stale
+    /// grant's move arriving after the current one would take the key from the node the home
+    /// now means to have it, which it would not be told again.
+    pub(super) fn localize_at_home(&mut self, requester: u16, table: u16, items: &[MoveItem], pieces: bool, flags: u8) -> usize {
         let dir = self.directory();
         let rank = dir.rank();
         let mut groups: Vec<Vec<MoveItem>> = vec![Vec::new(); dir.nodes()];
         let mut failed: Vec<(Error, Vec<u32>)> = Vec::new();
+        let granted_elsewhere: Vec<bool> = if flags & wire::MOVE_GRANTED != 0 {
+            let homes = self.core.intent_homes().lock();
+            items.iter().map(|item| homes.granted_elsewhere(table, item.key, requester)).collect()
+        } else {
+            Vec::new()
+        };
+        let mut declined: Vec<u32> = Vec::new();
         let mut done = 0;
-        for &item in items {
+        for (i, &item) in items.iter().enumerate() {
             if pieces && self.tx.pending_write_bytes() >= WRITE_PIECE {
                 break;
             }
             done += 1;
+            if granted_elsewhere.get(i).copied().unwrap_or(false) && dir.home(table, item.key) == rank {
+                declined.push(item.resv);
+                continue;
+            }
             let outcome = if dir.home(table, item.key) != rank {
                 Err(Error::Protocol(format!("LOCALIZE of key {} sent to a node that is not its home", item.key)))
             } else if self.core.store().table(table).is_replicated(item.key) {
@@ -139,13 +154,121 @@ impl Step<'_, '_> {
         }
         for (owner, items) in groups.iter().enumerate() {
             if !items.is_empty() {
-                self.send_move(owner as u16, msg::RELOCATE, table, requester, items);
+                self.send_move(owner as u16, msg::RELOCATE, 0, table, requester, items);
             }
         }
         for (e, resvs) in failed {
             self.send_localize_failed(requester, &e, table, &resvs);
         }
+        self.send_declined(requester, table, &declined);
         done
+    }
+
+    /// Tells `to` that the home declined its granted relocations `resvs`.
+    fn send_declined(&mut self, to: u16, table: u16, resvs: &[u32]) {
+        if resvs.is_empty() || self.directory().is_lost(to) {
+            return;
+        }
+        if to == self.directory().rank() {
+            let mut arrived = Vec::new();
+            for &resv in resvs {
+                self.decline_reservation(resv, &mut arrived);
+            }
+            self.deliver_arrived(arrived);
+            return;
+        }
+        let buf = self.tx.buf(to);
+        let before = buf.len();
+        wire::encode_localize_failed(buf, FailureCode::Declined, table, 0, resvs);
+        let bytes = buf.len() - before;
+        self.tx.sent(to, MessageKind::Failure, bytes);
+    }
+
+    /// Tells each `localize` in `arrived` that its last key is here (or was declined).
+    fn deliver_arrived(&mut self, arrived: Vec<OpId>) {
+        for op in arrived {
+            self.tx.deliver(worker_of(op), Delivery::Local(LocalEvent::Arrived { op }));
+        }
+    }
+
+    /// The home declined granted relocation `resv` (its shard held): the key stays where the
+    /// home has it, and what queued for it here goes there through the home. A plain
+    /// `localize` that joined the transit still needs the key: then the same reservation is
+    /// asked for again, without the flag.
+    fn decline_reservation(&mut self, resv: u32, arrived: &mut Vec<OpId>) {
+        let dir = self.directory();
+        let store = self.core.store();
+        let shard = self.shard(resv_shard(resv));
+        let Some(&(table, key)) = shard.reservations.get(&resv) else { return };
+        let Some(transit) = shard.transits.get(&(table, key)) else { return };
+        if !transit.granted {
+            let Some(to) = transit.slot.as_ref().map(|s| store.table(table).remote_addr(s.index())) else { return };
+            let (home, rank) = (dir.home(table, key), dir.rank());
+            let item = MoveItem { key, resv, to };
+            if home == rank {
+                self.localize_at_home(rank, table, &[item], false, 0);
+            } else {
+                self.send_move(home, msg::LOCALIZE, 0, table, 0, &[item]);
+            }
+            return;
+        }
+        shard.reservations.remove(&resv);
+        let Some(transit) = shard.transits.remove(&(table, key)) else { return };
+        store.lock(table, key).set_arriving(false);
+        if let Some(slot) = transit.slot {
+            store.free(slot);
+        }
+        dir.uncache(table, key);
+        for (op, left) in transit.waiters.iter() {
+            if left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                arrived.push(*op);
+            }
+        }
+        let mut failures = FailureBatch::default();
+        for queued in transit.queue {
+            match queued {
+                Queued::Access { origin, op, part, index, kind, values } => {
+                    self.forward_to_home(table, key, origin, op, part, index, kind, &values, &mut failures)
+                }
+                Queued::Relocate { new_owner, resv, .. } => {
+                    // The home routes nothing here for a key it declined to move here.
+                    tracing::error!(node = dir.rank(), key, "a hand-over queued behind a declined relocation");
+                    self.send_localize_failed(new_owner, &Error::Protocol("the key's relocation was declined".into()), table, &[resv]);
+                }
+            }
+        }
+        self.flush_failures(failures);
+        self.core.intent_counters().note_declined(1);
+    }
+
+    /// Passes an access item that queued for a key which did not (or no longer does) stay
+    /// here to the key's home, which routes it to the owner.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_to_home(
+        &mut self,
+        table: u16,
+        key: u64,
+        origin: u16,
+        op: OpId,
+        part: u32,
+        index: u32,
+        kind: AccessKind,
+        values: &[f32],
+        failures: &mut FailureBatch,
+    ) {
+        let dir = self.directory();
+        let home = dir.home(table, key);
+        if dir.is_lost(home) {
+            failures.add(origin, op, part, table, FailureCode::PeerLost, home, key, index);
+            return;
+        }
+        let h = AccessHeader { kind, flags: FLAG_INDEXED | FLAG_STALE, table, origin, op, part, codec: self.core.store().table(table).spec().codec };
+        let buf = self.tx.buf(home);
+        let before = buf.len();
+        wire::encode_access(buf, h, 1, |_| index, |_| key, |_, o| o.extend_from_slice(f32_bytes(values)));
+        let bytes = buf.len() - before;
+        self.tx.sent(home, MessageKind::Forward, bytes);
+        self.shard_of(table, key).counters.double_forwarded_keys += 1;
     }
 
     /// RELOCATE at the old owner, from item `start` on. Returns the item to resume at when the
@@ -255,9 +378,7 @@ impl Step<'_, '_> {
             self.landed(resv, &mut arrived);
         }
         // A `localize` hears only when its last key arrived.
-        for op in arrived {
-            self.tx.deliver(worker_of(op), Delivery::Local(LocalEvent::Arrived { op }));
-        }
+        self.deliver_arrived(arrived);
         super::Progress::Done
     }
 
@@ -313,18 +434,7 @@ impl Step<'_, '_> {
                 }
                 (Queued::Access { origin, op, part, index, kind, values }, false) => {
                     // The key moved on before this item was served: via the home node.
-                    let home = dir.home(table, key);
-                    if dir.is_lost(home) {
-                        failures.add(origin, op, part, table, FailureCode::PeerLost, home, key, index);
-                        continue;
-                    }
-                    let h = AccessHeader { kind, flags: FLAG_INDEXED | FLAG_STALE, table, origin, op, part, codec: store.table(table).spec().codec };
-                    let buf = self.tx.buf(home);
-                    let before = buf.len();
-                    wire::encode_access(buf, h, 1, |_| index, |_| key, |_, o| o.extend_from_slice(f32_bytes(&values)));
-                    let bytes = buf.len() - before;
-                    self.tx.sent(home, MessageKind::Forward, bytes);
-                    self.shard_of(table, key).counters.double_forwarded_keys += 1;
+                    self.forward_to_home(table, key, origin, op, part, index, kind, &values, &mut failures);
                 }
                 (Queued::Relocate { new_owner, resv, to }, true) => {
                     let mut held = slot.take().expect("here");
@@ -373,9 +483,14 @@ impl Step<'_, '_> {
         if !self.try_acquire(mask) {
             return Ok(Some(0));
         }
+        let mut arrived = Vec::new();
         for i in 0..f.count {
             let resv = f.resv(i);
             if resv_shard(resv) >= shards {
+                continue;
+            }
+            if f.code == FailureCode::Declined {
+                self.decline_reservation(resv, &mut arrived);
                 continue;
             }
             let Some(&(table, key)) = self.shard(resv_shard(resv)).reservations.get(&resv) else { continue };
@@ -386,6 +501,7 @@ impl Step<'_, '_> {
             };
             self.fail_reservation(resv, error);
         }
+        self.deliver_arrived(arrived);
         Ok(None)
     }
 

@@ -56,6 +56,9 @@ pub(crate) struct Transit {
     pub abandoned: bool,
     /// Tells this transit's deadlines from those of an earlier transit of the same key.
     pub generation: u64,
+    /// Asked for on a home's intent grant alone (`MOVE_GRANTED`; a plain `localize` that
+    /// joins it clears this): the home may decline it.
+    pub granted: bool,
 }
 
 /// Keys a `localize` still waits for, shared by its worker and the shards: a landing counts
@@ -255,7 +258,17 @@ mod tests {
         let generation = s.next_generation();
         s.transits.insert(
             (0, 1),
-            Transit { slot: None, queue: Vec::new(), waiters: Waiters::default(), started: 0, suspect: None, suspect_since: 0, abandoned: false, generation },
+            Transit {
+                slot: None,
+                queue: Vec::new(),
+                waiters: Waiters::default(),
+                started: 0,
+                suspect: None,
+                suspect_since: 0,
+                abandoned: false,
+                generation,
+                granted: false,
+            },
         );
         s.push_deadline((20, 0, 1, generation, DeadlineKind::Stuck));
         s.push_deadline((15, 0, 1, generation, DeadlineKind::Grace));

@@ -8,7 +8,7 @@
 //! | --- | --- |
 //! | ACCESS | kind u8, flags u8, pad u8, table u16, origin u16, op u64, part u32, count u32, [index u32]×count if INDEXED, keys: first u64 if RUN (keys first..first+count), the hash u64 of a kept list if KEYS_CACHED, else u64×count (kept by the receiver if KEYS_REMEMBER), \[values\]×count if push/set/push-pull |
 //! | RESPONSE | kind u8, flags u8, pad u8, table u16, responder u16, op u64, part u32, count u32, [index u32]×count if INDEXED, \[values\]×count if pull/push-pull |
-//! | LOCALIZE | pad×3, table u16, pad u16, count u32, pad u32, (key u64, resv u32, region u32, addr u64)×count |
+//! | LOCALIZE | flags u8 (GRANTED: asked for by the intent service on a home's grant), pad u16, table u16, pad u16, count u32, pad u32, (key u64, resv u32, region u32, addr u64)×count |
 //! | RELOCATE | pad, new_owner u16, table u16, pad u16, count u32, pad u32, (key u64, resv u32, region u32, addr u64)×count |
 //! | FAILURE | code u8, flags u8, pad u8, table u16, node u16, op u64, part u32, count u32, key u64 (the first failed key), index u32×count |
 //! | LOCALIZE_FAILED | code u8, pad u16, table u16, node u16, count u32, pad u32, resv u32×count |
@@ -82,6 +82,10 @@ pub const FLAG_KEYS_REMEMBER: u8 = 32;
 /// Flag: the keys are a list the receiver kept, sent as its hash (`u64`) alone.
 pub const FLAG_KEYS_CACHED: u8 = 64;
 
+/// LOCALIZE flag: the intent service asks for the keys because their home granted them to
+/// this node; the home declines a key it has since granted to another node.
+pub const MOVE_GRANTED: u8 = 1;
+
 /// Kinds of key access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -137,6 +141,9 @@ pub enum FailureCode {
     Protocol = 3,
     /// The key is stuck in a relocation that failed or timed out.
     Unavailable = 4,
+    /// LOCALIZE_FAILED: the home declined a granted relocation (`MOVE_GRANTED`): it has since
+    /// granted the key to another node.
+    Declined = 5,
 }
 
 impl FailureCode {
@@ -145,6 +152,7 @@ impl FailureCode {
             1 => FailureCode::PeerLost,
             2 => FailureCode::KeyLost,
             4 => FailureCode::Unavailable,
+            5 => FailureCode::Declined,
             _ => FailureCode::Protocol,
         }
     }
@@ -614,6 +622,8 @@ pub struct MoveItem {
 /// A decoded LOCALIZE or RELOCATE.
 #[derive(Debug, Clone, Copy)]
 pub struct Move<'a> {
+    /// LOCALIZE: its flags (`MOVE_GRANTED`).
+    pub flags: u8,
     /// Table id.
     pub table: u16,
     /// RELOCATE: the new owner.
@@ -637,7 +647,7 @@ impl<'a> Move<'a> {
         if count.checked_mul(MOVE_ITEM).and_then(|n| n.checked_add(MOVE_HEADER)) != Some(b.len()) {
             return Err(bad(format!("LOCALIZE/RELOCATE of {count} items has {} bytes", b.len())));
         }
-        Ok(Move { table, new_owner: u16_at(b, 2), count, items: &b[MOVE_HEADER..] })
+        Ok(Move { flags: b[1], table, new_owner: u16_at(b, 2), count, items: &b[MOVE_HEADER..] })
     }
 
     /// Item `i`.
@@ -651,10 +661,10 @@ impl<'a> Move<'a> {
     }
 }
 
-/// Encodes a LOCALIZE (`new_owner` unused, 0) or RELOCATE.
-pub fn encode_move(out: &mut Vec<u8>, ty: u8, table: u16, new_owner: u16, items: &[MoveItem]) {
+/// Encodes a LOCALIZE (`new_owner` unused, 0) or RELOCATE (`flags` 0).
+pub fn encode_move(out: &mut Vec<u8>, ty: u8, flags: u8, table: u16, new_owner: u16, items: &[MoveItem]) {
     let start = begin(out, ty);
-    out.push(0);
+    out.push(flags);
     out.extend_from_slice(&new_owner.to_le_bytes());
     out.extend_from_slice(&table.to_le_bytes());
     out.extend_from_slice(&0u16.to_le_bytes());
@@ -1306,10 +1316,12 @@ mod tests {
         out.extend_from_slice(&[0u8; 24]);
         finish_response(&mut out, start, 2);
         let items = [MoveItem { key: 3, resv: 4, to: RemoteAddr { region: 5, addr: 6 } }];
-        encode_move(&mut out, msg::RELOCATE, 1, 9, &items);
+        encode_move(&mut out, msg::RELOCATE, 0, 1, 9, &items);
         encode_failure(&mut out, FailureCode::KeyLost, 1, 3, 8, 2, 77, &[4, 5]);
         encode_localize_failed(&mut out, FailureCode::PeerLost, 0, 2, &[11]);
         encode_barrier(&mut out, msg::BARRIER, 1, 77);
+        encode_move(&mut out, msg::LOCALIZE, MOVE_GRANTED, 1, 0, &items);
+        encode_localize_failed(&mut out, FailureCode::Declined, 1, 0, &[12]);
         let bodies: Vec<_> = Messages::new(&out).collect::<Result<_>>().unwrap();
         let r = Response::decode(bodies[0], vl).unwrap();
         assert_eq!((r.count, r.responder, r.op, r.part, r.index(1)), (2, 2, 5, 1, 1));
@@ -1320,6 +1332,11 @@ mod tests {
         let lf = LocalizeFailed::decode(bodies[3]).unwrap();
         assert_eq!((lf.code, lf.node, lf.count, lf.resv(0)), (FailureCode::PeerLost, 2, 1, 11));
         assert_eq!(decode_barrier(bodies[4]).unwrap(), (1, 77));
+        assert_eq!(m.flags, 0);
+        let granted = Move::decode(bodies[5], 2).unwrap();
+        assert_eq!((granted.flags, granted.table, granted.item(0)), (MOVE_GRANTED, 1, items[0]));
+        let declined = LocalizeFailed::decode(bodies[6]).unwrap();
+        assert_eq!((declined.code, declined.resv(0)), (FailureCode::Declined, 12));
     }
 
     proptest! {
