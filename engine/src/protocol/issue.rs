@@ -13,7 +13,7 @@ use super::directory::SHARD_BLOCK_BITS;
 use super::requester::{OpId, OpKind, Output, Requester, Unsent};
 use super::rows::Rows;
 use super::shard::{Countdown, DeadlineKind, Queued, Transit, Waiters};
-use super::wire::{self, AccessHeader, AccessKind, BlockKeys, FLAG_DIRECT, FLAG_FORWARDED, FLAG_RUN, MoveItem, msg};
+use super::wire::{self, AccessHeader, AccessKind, BlockKeys, FLAG_DIRECT, FLAG_FORWARDED, FLAG_RUN, MoveItem};
 use crate::config::Partitioning;
 use crate::error::{Error, Result};
 use crate::stats::MessageKind;
@@ -645,12 +645,7 @@ impl Step<'_, '_> {
             if items.is_empty() {
                 continue;
             }
-            let flags = if granted { wire::MOVE_GRANTED } else { 0 };
-            if home as u16 == rank {
-                self.localize_at_home(rank, table, items, false, flags);
-            } else {
-                self.send_move(home as u16, msg::LOCALIZE, flags, table, 0, items);
-            }
+            self.request_move(home as u16, table, items, if granted { wire::MOVE_GRANTED } else { 0 });
         }
         req.settle(op);
         Ok(Issued::Pending { op, more: false })

@@ -4,7 +4,7 @@
 
 use super::access::{AnswerBatch, FailureBatch, apply, failure_code};
 use super::requester::{Delivery, LocalEvent, OpId, worker_of};
-use super::shard::{DeadlineKind, Queued, Waiters, resv_shard};
+use super::shard::{DeadlineKind, Queued, Transit, Waiters, resv_shard};
 use super::wire::{self, AccessHeader, AccessKind, FLAG_INDEXED, FLAG_STALE, FailureCode, LocalizeFailed, Move, MoveItem, msg};
 use super::{LOST_OWNER, SlotWrite, Step};
 use crate::error::{Error, Result};
@@ -112,7 +112,7 @@ impl Step<'_, '_> {
                 break;
             }
             done += 1;
-            if granted_elsewhere.get(i).copied().unwrap_or(false) && dir.home(table, item.key) == rank {
+            if granted_elsewhere.get(i).copied().unwrap_or(false) {
                 declined.push(item.resv);
                 continue;
             }
@@ -203,21 +203,10 @@ impl Step<'_, '_> {
         let Some(transit) = shard.transits.get(&(table, key)) else { return };
         if !transit.granted {
             let Some(to) = transit.slot.as_ref().map(|s| store.table(table).remote_addr(s.index())) else { return };
-            let (home, rank) = (dir.home(table, key), dir.rank());
-            let item = MoveItem { key, resv, to };
-            if home == rank {
-                self.localize_at_home(rank, table, &[item], false, 0);
-            } else {
-                self.send_move(home, msg::LOCALIZE, 0, table, 0, &[item]);
-            }
+            self.request_move(dir.home(table, key), table, &[MoveItem { key, resv, to }], 0);
             return;
         }
-        shard.reservations.remove(&resv);
-        let Some(transit) = shard.transits.remove(&(table, key)) else { return };
-        store.lock(table, key).set_arriving(false);
-        if let Some(slot) = transit.slot {
-            store.free(slot);
-        }
+        let Some(((table, key), transit)) = self.end_transit(resv) else { return };
         dir.uncache(table, key);
         for (op, left) in transit.waiters.iter() {
             if left.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -508,15 +497,33 @@ impl Step<'_, '_> {
     /// No write will fill reservation `resv` (its shard held): free the slot and fail what
     /// waits for the key.
     fn fail_reservation(&mut self, resv: u32, error: Error) {
+        let Some(((table, key), transit)) = self.end_transit(resv) else { return };
+        self.fail_transit_items(table, key, transit.queue, &transit.waiters, &error, false);
+    }
+
+    /// Ends reservation `resv` without a landing (its shard held): forgets it and its transit,
+    /// clears the key's arriving mark and frees the reserved slot. Returns the key and what
+    /// waited on the transit, for the caller to settle.
+    fn end_transit(&mut self, resv: u32) -> Option<((u16, u64), Transit)> {
         let shard = self.shard(resv_shard(resv));
-        let Some((table, key)) = shard.reservations.remove(&resv) else { return };
-        let Some(transit) = shard.transits.remove(&(table, key)) else { return };
+        let key = shard.reservations.remove(&resv)?;
+        let mut transit = shard.transits.remove(&key)?;
         let store = self.core.store();
-        store.lock(table, key).set_arriving(false);
-        if let Some(slot) = transit.slot {
+        store.lock(key.0, key.1).set_arriving(false);
+        if let Some(slot) = transit.slot.take() {
             store.free(slot);
         }
-        self.fail_transit_items(table, key, transit.queue, &transit.waiters, &error, false);
+        Some((key, transit))
+    }
+
+    /// Asks `home` (possibly this node) to move `items` of `table` here.
+    pub(super) fn request_move(&mut self, home: u16, table: u16, items: &[MoveItem], flags: u8) {
+        let rank = self.directory().rank();
+        if home == rank {
+            self.localize_at_home(rank, table, items, false, flags);
+        } else {
+            self.send_move(home, msg::LOCALIZE, flags, table, 0, items);
+        }
     }
 
     /// Gives up on what waits for a key in transit (the value may never come): queued items and
