@@ -159,7 +159,8 @@ pub struct IntentStats {
     /// (divide by `in_time` for the mean lead).
     pub lead_clocks: u64,
     /// Accesses by a worker to a key it had declared intent for in its current clock that did
-    /// not find the key here ("late" accesses: they went to another node). The five counts
+    /// not find the key here ("late" accesses: they went to another node; pulls, pushes and
+    /// sets, a set that found a run-time replica here not counted). The five counts
     /// below split them by cause ([`crate::intent::LateCause`]) and sum to this.
     pub late_accesses: u64,
     /// Late accesses whose window the service had not acted on yet (its start was beyond the

@@ -223,8 +223,9 @@ impl Worker {
         let node = self.node.clone();
         // Late accesses (intent): counted from the keys the protocol could not serve here (every
         // access that returns refills `remote_keys`), so that an access served here costs
-        // nothing more.
-        let count_late = self.intents && kind != AccessKind::Set && !self.requester.bypass_replicas;
+        // nothing more. The service's own accesses, which bypass replicas to sync them, are not
+        // the trainer's and are not counted.
+        let count_late = self.intents && !self.requester.bypass_replicas;
         // Backpressure: a peer's full send queue holds the worker here, before it adds more.
         node.fabric.wait_for_room(node.config.op_timeout)?;
         let mut issued = None;
@@ -240,7 +241,13 @@ impl Worker {
             Ok(Progress::Done)
         })?;
         let issued = issued.unwrap_or(Err(Error::ShutDown))?;
-        if count_late && let Some(away) = self.requester.remote_keys.as_deref().filter(|away| !away.is_empty()) {
+        if count_late && let Some(away) = self.requester.remote_keys.as_mut().filter(|away| !away.is_empty()) {
+            if kind == AccessKind::Set {
+                // A set goes to the key's owner even past a replica here, and a key replicated
+                // here for the intent is not late.
+                let t = node.core.store().table(table.id);
+                away.retain(|&key| !t.has_dynamic_replica(key));
+            }
             let late = node.intents.count_late(table.id, away, self.index, self.clock);
             node.core.intent_counters().note_late(&late);
         }

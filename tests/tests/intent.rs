@@ -152,6 +152,13 @@ fn a_key_taken_away_during_its_window_counts_as_late_and_values_stay_exact() {
     let delta = nodes[0].stats().since(&before);
     assert_eq!((delta.intent.late_accesses, delta.remote_accesses, delta.local_accesses), (1, 1, 2));
     assert_eq!(delta.intent.late_left, 1, "it had landed for the intent and left: {:?}", delta.intent);
+    // A set inside the window is an access like the others: late where the key is not here.
+    let before = nodes[0].stats();
+    w0.set(t, &keys, &[5.0, 6.0, 7.0]).unwrap();
+    let delta = nodes[0].stats().since(&before);
+    assert_eq!((delta.intent.late_accesses, delta.intent.late_left, delta.remote_accesses), (1, 1, 1), "{:?}", delta.intent);
+    w1.pull(t, &[41], &mut out[..1]).unwrap();
+    assert_eq!(out[0], 6.0);
     drop((w0, w1));
     finalize_all(nodes);
 }
@@ -196,6 +203,12 @@ fn a_key_two_nodes_need_at_once_is_replicated_there_then_follows_the_remaining_i
         panic!("values never settled: {out:?}");
     };
     assert!(settled(&mut w1) && settled(&mut w2));
+    // A set goes to the owner past the replica, and is not late for it (the same values, so
+    // what follows is unchanged).
+    let before = nodes[2].stats();
+    w2.set(t, &keys, &[11.0, 22.0]).unwrap();
+    let delta = nodes[2].stats().since(&before);
+    assert_eq!((delta.remote_accesses, delta.intent.late_accesses), (2, 0), "{:?}", delta.intent);
     assert!(nodes[2].stats().intent.replica_syncs > 0);
     // The deltas went to the home first, which does not hold the keys and names their owner;
     // from then on they go to the owner, and its images refresh the replicas with one-sided
