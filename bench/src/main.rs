@@ -59,7 +59,7 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
-    /// Train a model on real or synthetic data in single, classic or localize mode.
+    /// Train a model on real or synthetic data in single, classic, localize, hybrid or intent mode.
     #[command(subcommand)]
     Train(Box<train::TrainCommand>),
     /// Replica refresh throughput against a raw TCP stream, and replica staleness under a

@@ -61,15 +61,15 @@ impl Mode {
 /// Which modes to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ModeChoice {
-    /// `single`.
+    /// One process, plain shared arrays, several threads: the baseline without a parameter server.
     Single,
-    /// `classic`.
+    /// A Ferry cluster with relocation off: every key stays at its home node.
     Classic,
-    /// `localize`.
+    /// A Ferry cluster whose trainer relocates the keys it is about to use (`localize`; Lapse).
     Localize,
-    /// `hybrid`.
+    /// A Ferry cluster that replicates hot keys and relocates the rest (NuPS).
     Hybrid,
-    /// `intent`.
+    /// A Ferry cluster whose trainer only declares which keys it needs when (AdaPM).
     Intent,
     /// `single`, `classic` and `localize`, one after the other.
     All,
@@ -103,7 +103,7 @@ pub struct Common {
     /// Mode(s) to run, comma-separated, one after the other (e.g. `single,hybrid`).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "localize")]
     pub mode: Vec<ModeChoice>,
-    /// Nodes (processes) of the cluster modes: classic, localize and hybrid.
+    /// Nodes (processes) of the cluster modes: classic, localize, hybrid and intent.
     #[arg(long, default_value_t = 2)]
     pub nodes: usize,
     /// Worker threads per node (default 1).
