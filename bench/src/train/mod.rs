@@ -1,7 +1,7 @@
-//! ML workloads on Ferry: matrix factorization, knowledge-graph embeddings and word vectors, each in four
-//! modes — `single` (one process, shared arrays, several threads, no parameter server), `classic`
-//! (a Ferry cluster with relocation off), `localize` (a Ferry cluster with dynamic
-//! allocation) and `hybrid` (NuPS: hot keys replicated, the long tail relocated).
+//! ML workloads on Ferry: matrix factorization, knowledge-graph embeddings, word vectors, sparse
+//! logistic regression and a CountMin sketch, each run in one or more of the modes of [`Mode`] —
+//! `single` (one process, shared arrays, several threads, no parameter server), `classic`,
+//! `localize`, `hybrid` and `intent` (Ferry clusters that manage parameters differently).
 //!
 //! The driver runs `single` in this process and starts the other modes as clusters of
 //! processes of this binary (through `ferry::launch`); rank 0 of a cluster prints one `EPOCH`
@@ -28,20 +28,20 @@ use indicatif::{ProgressBar, ProgressStyle};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-/// How parameters are managed.
+/// How parameters are managed. Each variant's doc comment is also its `--mode` help.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
-    /// One process, plain shared arrays, several threads: no parameter server at all.
+    /// One process, plain shared arrays, several threads: the baseline without a parameter server.
     Single,
-    /// A Ferry cluster with relocation off (every key stays at its home node).
+    /// A Ferry cluster with relocation off: every key stays at its home node.
     Classic,
-    /// A Ferry cluster with dynamic allocation (`localize`).
+    /// A Ferry cluster whose trainer relocates the keys it is about to use (`localize`; Lapse).
     Localize,
     /// A Ferry cluster that replicates hot keys and relocates the rest (NuPS).
     Hybrid,
-    /// A Ferry cluster in which the trainer only signals intent (AdaPM): which keys it needs in
-    /// which of its clocks; the engine moves them.
+    /// A Ferry cluster whose trainer only declares which keys it needs in which of its clocks;
+    /// the engine relocates or replicates them (AdaPM).
     Intent,
 }
 
@@ -58,19 +58,11 @@ impl Mode {
     }
 }
 
-/// Which modes to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+/// A value of `--mode`: one mode, or `all` of the classic comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModeChoice {
-    /// One process, plain shared arrays, several threads: the baseline without a parameter server.
-    Single,
-    /// A Ferry cluster with relocation off: every key stays at its home node.
-    Classic,
-    /// A Ferry cluster whose trainer relocates the keys it is about to use (`localize`; Lapse).
-    Localize,
-    /// A Ferry cluster that replicates hot keys and relocates the rest (NuPS).
-    Hybrid,
-    /// A Ferry cluster whose trainer only declares which keys it needs when (AdaPM).
-    Intent,
+    /// This one mode.
+    One(Mode),
     /// `single`, `classic` and `localize`, one after the other.
     All,
 }
@@ -78,12 +70,29 @@ pub enum ModeChoice {
 impl ModeChoice {
     fn modes(self) -> Vec<Mode> {
         match self {
-            ModeChoice::Single => vec![Mode::Single],
-            ModeChoice::Classic => vec![Mode::Classic],
-            ModeChoice::Localize => vec![Mode::Localize],
-            ModeChoice::Hybrid => vec![Mode::Hybrid],
-            ModeChoice::Intent => vec![Mode::Intent],
+            ModeChoice::One(mode) => vec![mode],
             ModeChoice::All => vec![Mode::Single, Mode::Classic, Mode::Localize],
+        }
+    }
+}
+
+/// Written by hand so that a mode's help text is `Mode`'s doc comment, stated once.
+impl ValueEnum for ModeChoice {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[
+            ModeChoice::One(Mode::Single),
+            ModeChoice::One(Mode::Classic),
+            ModeChoice::One(Mode::Localize),
+            ModeChoice::One(Mode::Hybrid),
+            ModeChoice::One(Mode::Intent),
+            ModeChoice::All,
+        ]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        match self {
+            ModeChoice::One(mode) => mode.to_possible_value(),
+            ModeChoice::All => Some(clap::builder::PossibleValue::new("all").help("`single`, `classic` and `localize`, one after the other")),
         }
     }
 }
@@ -462,10 +471,7 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
     }
     if common.role == Role::Node {
         let mode = match common.mode[..] {
-            [ModeChoice::Classic] => Mode::Classic,
-            [ModeChoice::Localize] => Mode::Localize,
-            [ModeChoice::Hybrid] => Mode::Hybrid,
-            [ModeChoice::Intent] => Mode::Intent,
+            [ModeChoice::One(mode)] if mode != Mode::Single => mode,
             _ => bail!("a cluster node runs in classic, localize, hybrid or intent mode"),
         };
         let mut emit = |e: Event| match e {
