@@ -133,6 +133,12 @@ impl Node {
         handles.into_iter().map(|h| h.join().map_err(|_| Error::Transport("a node's start-up panicked".into()))?).collect()
     }
 
+    /// The node's shared state (engine unit tests drive its parts directly).
+    #[cfg(test)]
+    pub(crate) fn inner(&self) -> &Arc<NodeInner> {
+        &self.inner
+    }
+
     /// This node's rank.
     pub fn rank(&self) -> usize {
         self.inner.config.rank

@@ -25,7 +25,12 @@
 //! one).
 //!
 //! The replica is dropped when this node's intent on the key ends or when the service stops
-//! (before `finalize`): its delta is taken under the latch and pushed to the owner. When the key
+//! (before `finalize`): its delta is taken under the latch and pushed to the owner, and the
+//! replica *drains* — it goes on serving this node's workers until the owner has acknowledged
+//! that push (and any sync round that carried an earlier delta has ended), and only then is
+//! removed, pushing what was added meanwhile the same way. Removing it at once would let a
+//! worker's pull go to the owner ahead of the push carrying that worker's own earlier pushes.
+//! A grant of a draining key keeps its replica instead. When the key
 //! itself moves here (granted to this node, or an explicit `localize`), the replica serves until
 //! the key has landed — the local paths look at the slot map first — and the next sync round
 //! ends it, adding its delta to the key directly. The service's worker bypasses replicas, so
@@ -64,8 +69,19 @@ pub(crate) struct ReplicaSet {
     owners: OwnerHints,
     /// The last REPLICA_SYNC id.
     sync_id: u32,
-    /// Dropped replicas' deltas on their way to the owners.
-    pushes: Vec<Ticket>,
+    /// Dropped replicas whose deltas are on their way to the owners (see the module's notes).
+    drains: Vec<Drain>,
+    /// The keys of `drains` whose replicas still drain (a grant takes a key back out).
+    draining: FastSet<(u16, u64)>,
+}
+
+/// One push of dropped replicas' deltas: its keys' replicas serve until it is acknowledged.
+struct Drain {
+    table: u16,
+    /// Empty for the last pushes of a stopping service, whose replicas are gone already.
+    keys: Vec<u64>,
+    /// `None` when every delta was zero (the replicas wait only for a sync round in flight).
+    push: Option<Ticket>,
 }
 
 impl ReplicaSet {
@@ -117,9 +133,9 @@ impl ReplicaSet {
         }
     }
 
-    /// Whether no sync round and no dropped replica's push is in flight.
+    /// Whether no sync round is in flight and no dropped replica drains.
     pub fn quiet(&self) -> bool {
-        self.syncing.is_none() && self.pushes.is_empty()
+        self.syncing.is_none() && self.drains.is_empty()
     }
 
     /// Whether anything is kept or in flight.
@@ -142,6 +158,15 @@ impl ReplicaSet {
         // replica to the nodes that intend a key, and cannot tell where it is about to be);
         // `remake` catches up with those.
         self.granted.extend(keys.iter().map(|&k| (table, k)));
+        // A draining replica is wanted again: it stays (its drain's push goes on, and was
+        // taken from its delta once).
+        if !self.draining.is_empty() {
+            for &k in keys {
+                if self.draining.remove(&(table, k)) && t.has_dynamic_replica(k) {
+                    self.keys.entry(table).or_default().insert(k);
+                }
+            }
+        }
         for &k in keys.iter().filter(|&&k| t.residence(k) != Residence::Away) {
             self.await_departure(node, table, k);
         }
@@ -234,17 +259,72 @@ impl ReplicaSet {
                 node.core.intent_counters().note_replica_sync();
             }
         }
+        // A drain ends when its push is acknowledged and no sync round that may carry an
+        // earlier delta of its keys is in flight (none starts while anything drains).
         let mut j = 0;
-        while j < self.pushes.len() {
-            if !wait && !worker.is_done(&self.pushes[j]) {
+        while j < self.drains.len() {
+            let pushed = self.drains[j].push.as_ref().is_none_or(|push| worker.is_done(push));
+            // Waiting (the service stops), the round above has ended.
+            let ready = wait || (pushed && self.syncing.is_none());
+            if !ready {
                 j += 1;
                 continue;
             }
-            if let Err(e) = worker.wait(self.pushes.swap_remove(j)) {
+            let drain = self.drains.swap_remove(j);
+            if let Some(push) = drain.push
+                && let Err(e) = worker.wait(push)
+            {
+                note(e);
+            }
+            if let Err(e) = self.end_drain(node, worker, drain.table, &drain.keys, wait) {
                 note(e);
             }
         }
         outcome
+    }
+
+    /// Removes the drained replicas of `keys` of `table` (those a grant did not take back).
+    /// One whose key arrived here adds its delta to the key; one pushed to since its drain
+    /// began drains again with that delta, unless `last` (the service stops), when it is
+    /// removed and its delta pushed.
+    fn end_drain(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: &[u64], last: bool) -> Result<()> {
+        let store = node.core.store();
+        let value_len = store.table(table).value_len();
+        let mut delta = vec![0.0; value_len];
+        let zero = vec![0.0; value_len];
+        let (mut again, mut pushed, mut deltas) = (Vec::new(), Vec::new(), Vec::new());
+        for &key in keys {
+            if !self.draining.remove(&(table, key)) {
+                continue;
+            }
+            let guard = store.lock(table, key);
+            if let Some(slot) = guard.slot() {
+                if store.remove_replica(&guard, &mut delta) {
+                    slot.add(&delta);
+                }
+                continue;
+            }
+            let Some((_, delta_slot)) = guard.replica() else { continue };
+            delta_slot.read(&mut delta);
+            if delta.iter().all(|&d| d == 0.0) {
+                store.remove_replica(&guard, &mut delta);
+            } else if last {
+                store.remove_replica(&guard, &mut delta);
+                pushed.push(key);
+                deltas.extend_from_slice(&delta);
+            } else {
+                delta_slot.write(&zero);
+                again.push(key);
+                deltas.extend_from_slice(&delta);
+            }
+        }
+        if !again.is_empty() {
+            self.push_drain(node, worker, table, again, &deltas)?;
+        } else if !pushed.is_empty() {
+            let push = worker.push_async(node.table_by_id(table), &pushed, &deltas)?;
+            self.drains.push(Drain { table, keys: Vec::new(), push: Some(push) });
+        }
+        Ok(())
     }
 
     /// Installs the replicas of `keys` of `table` still being made, from `values`.
@@ -272,7 +352,7 @@ impl ReplicaSet {
     }
 
     /// Drops the replicas of `keys` of `table` (and stops making them); their deltas start on
-    /// their way to the keys' owners.
+    /// their way to the keys' owners, and the replicas drain (see the module's notes).
     pub fn drop_keys(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: &[u64]) -> Result<()> {
         self.drop_replicas(node, worker, table, keys, false)
     }
@@ -300,30 +380,77 @@ impl ReplicaSet {
         let set = self.keys.entry(table).or_default();
         let store = node.core.store();
         let value_len = store.table(table).value_len();
-        let (mut pushed, mut deltas) = (Vec::new(), Vec::new());
+        let (mut pushed, mut deltas, mut waiting) = (Vec::new(), Vec::new(), Vec::new());
         let mut delta = vec![0.0; value_len];
+        let zero = vec![0.0; value_len];
         let t = store.table(table);
         for &key in keys {
             // Any run-time replica is this set's, adopted or not yet (one a departure kept
             // while the pull for the same key was failing, say): it ends with the intent.
-            if !set.remove(&key) && !unmarked.contains(&key) && !every && !t.has_dynamic_replica(key) {
+            if self.draining.contains(&(table, key)) || (!set.remove(&key) && !unmarked.contains(&key) && !every && !t.has_dynamic_replica(key)) {
                 continue;
             }
             let guard = store.lock(table, key);
-            if store.remove_replica(&guard, &mut delta) && delta.iter().any(|&d| d != 0.0) {
+            if let Some(slot) = guard.slot() {
                 // The key arrived here meanwhile: its slot takes the delta at once.
-                if let Some(slot) = guard.slot() {
+                if store.remove_replica(&guard, &mut delta) {
                     slot.add(&delta);
-                } else {
-                    pushed.push(key);
-                    deltas.extend_from_slice(&delta);
                 }
+                continue;
+            }
+            let Some((_, delta_slot)) = guard.replica() else { continue };
+            delta_slot.read(&mut delta);
+            if delta.iter().any(|&d| d != 0.0) {
+                delta_slot.write(&zero);
+                pushed.push(key);
+                deltas.extend_from_slice(&delta);
+            } else if self.syncing.is_some() {
+                // Nothing new since the round in flight took its delta: it waits for that.
+                waiting.push(key);
+            } else {
+                store.remove_replica(&guard, &mut delta);
             }
         }
+        if !waiting.is_empty() {
+            self.draining.extend(waiting.iter().map(|&k| (table, k)));
+            self.drains.push(Drain { table, keys: waiting, push: None });
+        }
         if !pushed.is_empty() {
-            self.pushes.push(worker.push_async(node.table_by_id(table), &pushed, &deltas)?);
+            self.push_drain(node, worker, table, pushed, &deltas)?;
         }
         Ok(())
+    }
+
+    /// Pushes `deltas`, taken from the replicas of `keys` of `table`, which drain until the
+    /// push is acknowledged. A push that cannot be sent gives each replica its delta back and
+    /// leaves it draining, for [`ReplicaSet::end_drain`] to try again.
+    fn push_drain(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: Vec<u64>, deltas: &[f32]) -> Result<()> {
+        self.draining.extend(keys.iter().map(|&k| (table, k)));
+        match worker.push_async(node.table_by_id(table), &keys, deltas) {
+            Ok(push) => {
+                self.drains.push(Drain { table, keys, push: Some(push) });
+                Ok(())
+            }
+            Err(e) => {
+                let store = node.core.store();
+                let value_len = store.table(table).value_len();
+                let mut delta = vec![0.0; value_len];
+                for (&key, taken) in keys.iter().zip(deltas.chunks_exact(value_len)) {
+                    let guard = store.lock(table, key);
+                    if let Some(slot) = guard.slot() {
+                        slot.add(taken);
+                    } else if let Some((_, delta_slot)) = guard.replica() {
+                        delta_slot.read(&mut delta);
+                        for (d, t) in delta.iter_mut().zip(taken) {
+                            *d += t;
+                        }
+                        delta_slot.write(&delta);
+                    }
+                }
+                self.drains.push(Drain { table, keys, push: None });
+                Err(e)
+            }
+        }
     }
 
     /// Drops every replica and waits until their deltas reached the owners (the service stops).
@@ -449,5 +576,110 @@ pub(super) fn set_replica(node: &NodeInner, table: u16, key: u64, value: &mut [f
             *v += d;
         }
         value_slot.write(value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::{Config, Node, TableSpec};
+
+    /// Two in-process nodes, node 1's shared state, a trainer and a service worker on node 1
+    /// (the service's bypasses replicas), table `t`'s id, and a key held at node 0.
+    fn two_nodes() -> (Vec<Node>, std::sync::Arc<NodeInner>, Worker, Worker, u16, u64) {
+        let mut config = Config::new(vec![TableSpec::new("t", 16, 2)]);
+        config.latches = 16;
+        let nodes = Node::start_local_cluster(2, config).unwrap();
+        let node = nodes[1].inner().clone();
+        let (trainer, mut service) = (nodes[1].worker(), nodes[1].worker());
+        service.bypass_replicas(true);
+        let table = trainer.table("t").unwrap().id;
+        let key = (0..16).find(|&k| node.core.store().table(table).residence(k) == Residence::Away).unwrap();
+        (nodes, node, trainer, service, table, key)
+    }
+
+    /// Polls `set` until nothing drains or syncs (at most 10 s).
+    fn settle(set: &mut ReplicaSet, node: &NodeInner, service: &mut Worker) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !set.quiet() {
+            assert!(Instant::now() < deadline, "the replicas never drained");
+            set.poll(node, service, false).unwrap();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    fn shut_down(nodes: Vec<Node>, workers: [Worker; 2]) {
+        drop(workers);
+        std::thread::scope(|s| {
+            for mut n in nodes {
+                s.spawn(move || n.finalize().unwrap());
+            }
+        });
+    }
+
+    #[test]
+    fn a_dropped_replica_serves_until_the_owner_has_its_delta() {
+        let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
+        let t = node.core.store().table(table);
+        let handle = node.table_by_id(table);
+        let mut set = ReplicaSet::default();
+        assert!(set.start_make(&node, &mut service, table, &[key]).unwrap());
+        set.poll(&node, &mut service, true).unwrap();
+        assert!(t.has_dynamic_replica(key), "the replica was not made");
+        trainer.push(handle, &[key], &[1.0, 2.0]).unwrap();
+
+        // Dropped, the replica drains: it still serves this node's workers, their pushes
+        // included, until the owner has acknowledged the push carrying its delta.
+        set.drop_keys(&node, &mut service, table, &[key]).unwrap();
+        assert!(t.has_dynamic_replica(key) && !set.quiet(), "the replica went before its delta reached the owner");
+        let before = node.core.stats();
+        let mut out = [0.0; 2];
+        trainer.pull(handle, &[key], &mut out).unwrap();
+        assert_eq!(out, [1.0, 2.0]);
+        assert_eq!(node.core.stats().since(&before).remote_accesses, 0, "a draining replica serves");
+        // A push while it drains leaves with a second drain; then the replica goes.
+        trainer.push(handle, &[key], &[10.0, 20.0]).unwrap();
+        settle(&mut set, &node, &mut service);
+        assert!(!t.has_dynamic_replica(key), "the drained replica stayed");
+        let before = node.core.stats();
+        trainer.pull(handle, &[key], &mut out).unwrap();
+        assert_eq!(node.core.stats().since(&before).remote_accesses, 1);
+        assert_eq!(out, [11.0, 22.0], "a push was lost or counted twice");
+        let mut at_owner = nodes[0].worker();
+        at_owner.pull(handle, &[key], &mut out).unwrap();
+        assert_eq!(out, [11.0, 22.0]);
+        drop(at_owner);
+        shut_down(nodes, [trainer, service]);
+    }
+
+    #[test]
+    fn a_grant_keeps_a_draining_replica() {
+        let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
+        let t = node.core.store().table(table);
+        let handle = node.table_by_id(table);
+        let mut set = ReplicaSet::default();
+        set.start_make(&node, &mut service, table, &[key]).unwrap();
+        set.poll(&node, &mut service, true).unwrap();
+        trainer.push(handle, &[key], &[1.0, 1.0]).unwrap();
+        set.drop_keys(&node, &mut service, table, &[key]).unwrap();
+        // Granted again while it drains: the replica stays, is synced like any other, and is
+        // not pulled anew.
+        set.start_make(&node, &mut service, table, &[key]).unwrap();
+        assert!(set.makes.is_empty(), "a replica that is still here was made again");
+        settle(&mut set, &node, &mut service);
+        assert!(t.has_dynamic_replica(key), "the drain removed a replica granted again");
+        trainer.push(handle, &[key], &[2.0, 2.0]).unwrap();
+        set.start_sync(&node, &mut service).unwrap();
+        settle(&mut set, &node, &mut service);
+        set.drop_keys(&node, &mut service, table, &[key]).unwrap();
+        settle(&mut set, &node, &mut service);
+        let mut out = [0.0; 2];
+        let mut at_owner = nodes[0].worker();
+        at_owner.pull(handle, &[key], &mut out).unwrap();
+        assert_eq!(out, [3.0, 3.0], "a push was lost or counted twice");
+        drop(at_owner);
+        shut_down(nodes, [trainer, service]);
     }
 }

@@ -199,7 +199,7 @@ impl IntentService {
 
     /// A sync round of the run-time replicas through `worker` (around a barrier): their deltas
     /// reach the owners, their values are refreshed. First waits (at most the operation
-    /// timeout) until the service has no sync round and no dropped replica's push in flight, so
+    /// timeout) until the service has no sync round in flight and no dropped replica drains, so
     /// that every delta taken before this call has reached its owner. Nothing to do without
     /// replicas.
     pub fn sync_replicas(&self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
@@ -377,7 +377,7 @@ impl IntentService {
                     if self.stopped(node) {
                         return;
                     }
-                    tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send a dropped replica's pushes");
+                    tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send a dropped replica's pushes; the replica keeps serving, and they are sent again");
                 }
                 if !Self::tell_homes(node, own, table, &keys, &[level]) {
                     return;
@@ -550,7 +550,7 @@ impl IntentService {
                 if self.stopped(node) {
                     return false;
                 }
-                tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send a dropped replica's pushes");
+                tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send a dropped replica's pushes; the replica keeps serving, and they are sent again");
             }
         }
         for (table, keys) in replicate {
