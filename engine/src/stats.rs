@@ -198,10 +198,18 @@ pub struct IntentStats {
     /// node, so the home declined the move (the grant and the move race; see
     /// `docs/INTENT.md`, "Acting: moves").
     pub declined: u64,
+    /// Run-time replicas dropped with a delta on its way (or a sync round in flight) that
+    /// served this node's workers until the owner acknowledged it (see `docs/INTENT.md`,
+    /// "Acting: replicas").
+    pub drained: u64,
+    /// Of those, replicas a worker pushed to while they drained: accesses after this node's
+    /// intent on the key had ended, which a replica removed at once would have sent to the
+    /// owner, possibly ahead of the worker's own earlier pushes.
+    pub drained_again: u64,
 }
 
 impl IntentStats {
-    fn counters(&mut self) -> [&mut u64; 20] {
+    fn counters(&mut self) -> [&mut u64; 22] {
         [
             &mut self.rounds,
             &mut self.declared,
@@ -223,6 +231,8 @@ impl IntentStats {
             &mut self.synced_by_push_pull,
             &mut self.reasked,
             &mut self.declined,
+            &mut self.drained,
+            &mut self.drained_again,
         ]
     }
 

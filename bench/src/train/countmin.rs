@@ -191,7 +191,7 @@ pub fn run_single(a: &CountMinArgs, emit: Sink) -> Result<()> {
         elapsed += epoch_s;
         let mut quality = evaluate(a, &sketch, &stream, words, epoch, &hashes);
         rates(&mut quality, stream.len() * a.depth, epoch_s, raw);
-        emit(Event::Epoch(EpochReport::single("countmin", epoch, epoch_s, elapsed, 0.0, quality)));
+        emit(Event::Epoch(Box::new(EpochReport::single("countmin", epoch, epoch_s, elapsed, 0.0, quality))));
     }
     Ok(())
 }
@@ -274,7 +274,7 @@ pub fn run_node(a: &CountMinArgs, mode: Mode, emit: Sink) -> Result<()> {
             w.barrier()?;
             if rank == 0 && t == 0 {
                 elapsed += epoch_s;
-                (emit.lock())(Event::Epoch(cluster_report("countmin", mode, epoch, epoch_s, elapsed, &sums, quality)));
+                (emit.lock())(Event::Epoch(Box::new(cluster_report("countmin", mode, epoch, epoch_s, elapsed, &sums, quality))));
             }
         }
         Ok(())

@@ -557,7 +557,7 @@ pub fn run_single(a: &KgeArgs, emit: Sink) -> Result<()> {
         } else {
             serde_json::Map::new()
         };
-        emit(Event::Epoch(EpochReport::single("kge", epoch, epoch_s, elapsed, loss / n.max(1) as f64, quality)));
+        emit(Event::Epoch(Box::new(EpochReport::single("kge", epoch, epoch_s, elapsed, loss / n.max(1) as f64, quality))));
         if a.common.save_now(epoch) {
             save_model(a, epoch, len, &ents.to_vec(), &rels.to_vec(), &kg)?;
         }
@@ -780,7 +780,7 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
             local_barrier.wait();
             if rank == 0 && t == 0 {
                 elapsed += epoch_s;
-                (emit.lock())(Event::Epoch(cluster_report("kge", mode, epoch, epoch_s, elapsed, &sums, quality)));
+                (emit.lock())(Event::Epoch(Box::new(cluster_report("kge", mode, epoch, epoch_s, elapsed, &sums, quality))));
             }
         }
         Ok(())

@@ -454,7 +454,7 @@ pub fn run_single(a: &LrArgs, emit: Sink) -> Result<()> {
         let epoch_s = started.elapsed().as_secs_f64();
         elapsed += epoch_s;
         let quality = evaluate(&weights, &split.test);
-        emit(Event::Epoch(EpochReport::single("lr", epoch, epoch_s, elapsed, loss / split.train.len().max(1) as f64, quality)));
+        emit(Event::Epoch(Box::new(EpochReport::single("lr", epoch, epoch_s, elapsed, loss / split.train.len().max(1) as f64, quality))));
     }
     Ok(())
 }
@@ -594,7 +594,7 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
             local_barrier.wait();
             if rank == 0 && t == 0 {
                 elapsed += epoch_s;
-                (emit.lock())(Event::Epoch(cluster_report("lr", mode, epoch, epoch_s, elapsed, &sums, quality)));
+                (emit.lock())(Event::Epoch(Box::new(cluster_report("lr", mode, epoch, epoch_s, elapsed, &sums, quality))));
             }
         }
         Ok(())

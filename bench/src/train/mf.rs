@@ -445,7 +445,7 @@ pub fn run_single(a: &MfArgs, emit: Sink) -> Result<()> {
         }
         let mut quality = serde_json::Map::new();
         quality.insert("rmse".into(), ((sse / test.len().max(1) as f64).sqrt()).into());
-        emit(Event::Epoch(EpochReport::single("mf", epoch, epoch_s, elapsed, loss / n.max(1) as f64, quality)));
+        emit(Event::Epoch(Box::new(EpochReport::single("mf", epoch, epoch_s, elapsed, loss / n.max(1) as f64, quality))));
         if a.common.save_now(epoch) {
             save_model(a, epoch, mu, users.to_vec(), items.to_vec(), &train)?;
         }
@@ -649,7 +649,7 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
                 elapsed += epoch_s;
                 let mut quality = serde_json::Map::new();
                 quality.insert("rmse".into(), ((sums[field::TEST_SSE] as f64 / (sums[field::TEST_COUNT] as f64).max(1.0)).sqrt()).into());
-                (emit.lock())(Event::Epoch(cluster_report("mf", mode, epoch, epoch_s, elapsed, &sums, quality)));
+                (emit.lock())(Event::Epoch(Box::new(cluster_report("mf", mode, epoch, epoch_s, elapsed, &sums, quality))));
             }
             if a.common.save_now(epoch) {
                 if rank == 0 && t == 0 {

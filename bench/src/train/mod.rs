@@ -382,6 +382,10 @@ pub struct EpochReport {
     /// granted the key to another node (summed over nodes; 0 outside `intent` mode).
     #[serde(default)]
     pub declined: u64,
+    /// Dropped run-time replicas a worker pushed to while they drained, after the node's
+    /// intent on the key had ended (summed over nodes; 0 outside `intent` mode).
+    #[serde(default)]
+    pub drained_again: u64,
     /// How the late accesses split by cause (shares of them; all 0 without late accesses).
     #[serde(default)]
     pub late_causes: LateCauses,
@@ -436,6 +440,7 @@ impl EpochReport {
             intent_lead: 0.0,
             reasked: 0,
             declined: 0,
+            drained_again: 0,
             late_causes: LateCauses::default(),
         }
     }
@@ -456,8 +461,8 @@ pub enum Event {
     Progress(usize, f64),
     /// Progress of the evaluation after an epoch (0..=1).
     Evaluating(usize, f64),
-    /// An epoch finished.
-    Epoch(EpochReport),
+    /// An epoch finished (boxed: a report is large beside the other events).
+    Epoch(Box<EpochReport>),
 }
 
 /// Runs `command` as this process's role and reports (the entry point of `ferry-bench train`
@@ -553,7 +558,8 @@ fn more_quality(r: &EpochReport) -> String {
         let causes = if causes.is_empty() { String::new() } else { format!(" ({causes})") };
         let reasked = if r.reasked > 0 { format!(" reasked {}", r.reasked) } else { String::new() };
         let declined = if r.declined > 0 { format!(" declined {}", r.declined) } else { String::new() };
-        format!("late {:.3}%{causes} lead {:.1}{reasked}{declined}", r.late_share * 100.0, r.intent_lead)
+        let drained = if r.drained_again > 0 { format!(" redrained {}", r.drained_again) } else { String::new() };
+        format!("late {:.3}%{causes} lead {:.1}{reasked}{declined}{drained}", r.late_share * 100.0, r.intent_lead)
     });
     numbers.chain(counts).chain(texts).chain(intent).collect::<Vec<_>>().join(" ")
 }
@@ -607,7 +613,7 @@ fn reporter(common: &Common, mode: Mode) -> (ProgressBar, impl FnMut(Event) + Se
                     }
                     print_report(&r, json)
                 });
-                reports.lock().push(r);
+                reports.lock().push(*r);
             }
         }
     };
@@ -698,7 +704,7 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
             if rank == 0 && stream == Stream::Stdout {
                 if let Some(rest) = line.strip_prefix("EPOCH ") {
                     match serde_json::from_str::<EpochReport>(rest) {
-                        Ok(r) => (handle.lock())(Event::Epoch(r)),
+                        Ok(r) => (handle.lock())(Event::Epoch(Box::new(r))),
                         Err(e) => eprintln!("[0] unreadable report ({e})"),
                     }
                     return;

@@ -53,7 +53,7 @@ impl SharedArray {
 }
 
 /// Fields every node contributes to an epoch's cluster-wide sums.
-pub const METRIC_FIELDS: usize = 23;
+pub const METRIC_FIELDS: usize = 24;
 
 /// Field positions in the metrics table.
 pub mod field {
@@ -97,6 +97,9 @@ pub mod field {
     /// Moves asked for on a grant that the homes declined (intent mode;
     /// `ferry::IntentStats::declined`).
     pub const DECLINED: usize = 22;
+    /// Dropped replicas pushed to while they drained (intent mode;
+    /// `ferry::IntentStats::drained_again`).
+    pub const DRAINED_AGAIN: usize = 23;
 }
 
 /// Pulls keys `0..n` of `table` (`len` values each), in chunks.
@@ -142,6 +145,7 @@ pub fn stats_fields(delta: &Stats, out: &mut [f32; METRIC_FIELDS]) {
     out[field::INTENT_LEAD] = delta.intent.mean_lead() as f32;
     out[field::REASKED] = delta.intent.reasked as f32;
     out[field::DECLINED] = delta.intent.declined as f32;
+    out[field::DRAINED_AGAIN] = delta.intent.drained_again as f32;
     for (f, cause) in field::LATE_CAUSES.into_iter().zip(LateCause::ALL) {
         out[f] = delta.intent.late(cause) as f32;
     }
@@ -193,6 +197,7 @@ pub fn cluster_report(
         intent_lead: sums[field::INTENT_LEAD] as f64 / (sums[field::NODES] as f64).max(1.0),
         reasked: sums[field::REASKED] as u64,
         declined: sums[field::DECLINED] as u64,
+        drained_again: sums[field::DRAINED_AGAIN] as u64,
         late_causes: super::LateCauses::from_counts(field::LATE_CAUSES.map(|f| sums[f] as f64)),
     }
 }

@@ -693,7 +693,7 @@ pub fn run_single(a: &W2vArgs, emit: Sink) -> Result<()> {
             serde_json::Map::new()
         };
         quality.insert("words_per_s_per_thread".into(), (sum.words as f64 / epoch_s / threads as f64).into());
-        emit(Event::Epoch(EpochReport::single("w2v", epoch, epoch_s, elapsed, sum.loss / sum.pairs.max(1) as f64, quality)));
+        emit(Event::Epoch(Box::new(EpochReport::single("w2v", epoch, epoch_s, elapsed, sum.loss / sum.pairs.max(1) as f64, quality))));
         if a.common.save_now(epoch) {
             save_model(a, epoch, input.to_vec(), output.to_vec(), &corpus)?;
         }
@@ -842,7 +842,7 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
                 elapsed += epoch_s;
                 let words = sums[field::TEST_COUNT] as f64;
                 quality.insert("words_per_s_per_thread".into(), (words / epoch_s / (nodes * threads) as f64).into());
-                (emit.lock())(Event::Epoch(cluster_report("w2v", mode, epoch, epoch_s, elapsed, &sums, quality)));
+                (emit.lock())(Event::Epoch(Box::new(cluster_report("w2v", mode, epoch, epoch_s, elapsed, &sums, quality))));
             }
         }
         Ok(())

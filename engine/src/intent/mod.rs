@@ -55,6 +55,8 @@ pub struct IntentCounters {
     synced_by_push_pull: AtomicU64,
     reasked: AtomicU64,
     declined: AtomicU64,
+    drained: AtomicU64,
+    drained_again: AtomicU64,
 }
 
 impl IntentCounters {
@@ -126,6 +128,17 @@ impl IntentCounters {
         self.declined.fetch_add(keys, Ordering::Relaxed);
     }
 
+    /// `keys` dropped replicas drained: they served until the push of their deltas was
+    /// acknowledged.
+    pub(crate) fn note_drained(&self, keys: u64) {
+        self.drained.fetch_add(keys, Ordering::Relaxed);
+    }
+
+    /// `keys` draining replicas were pushed to meanwhile and drain again with that delta.
+    pub(crate) fn note_drained_again(&self, keys: u64) {
+        self.drained_again.fetch_add(keys, Ordering::Relaxed);
+    }
+
     /// The counters now.
     pub fn snapshot(&self) -> IntentStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -151,6 +164,8 @@ impl IntentCounters {
             synced_by_push_pull: get(&self.synced_by_push_pull),
             reasked: get(&self.reasked),
             declined: get(&self.declined),
+            drained: get(&self.drained),
+            drained_again: get(&self.drained_again),
         }
     }
 }

@@ -319,6 +319,7 @@ impl ReplicaSet {
             }
         }
         if !again.is_empty() {
+            node.core.intent_counters().note_drained_again(again.len() as u64);
             self.push_drain(node, worker, table, again, &deltas)?;
         } else if !pushed.is_empty() {
             let push = worker.push_async(node.table_by_id(table), &pushed, &deltas)?;
@@ -411,6 +412,7 @@ impl ReplicaSet {
                 store.remove_replica(&guard, &mut delta);
             }
         }
+        node.core.intent_counters().note_drained((waiting.len() + pushed.len()) as u64);
         if !waiting.is_empty() {
             self.draining.extend(waiting.iter().map(|&k| (table, k)));
             self.drains.push(Drain { table, keys: waiting, push: None });
@@ -643,6 +645,8 @@ mod tests {
         trainer.push(handle, &[key], &[10.0, 20.0]).unwrap();
         settle(&mut set, &node, &mut service);
         assert!(!t.has_dynamic_replica(key), "the drained replica stayed");
+        let intent = node.core.stats().intent;
+        assert_eq!((intent.drained, intent.drained_again), (1, 1), "{intent:?}");
         let before = node.core.stats();
         trainer.pull(handle, &[key], &mut out).unwrap();
         assert_eq!(node.core.stats().since(&before).remote_accesses, 1);
