@@ -424,32 +424,29 @@ impl ReplicaSet {
     }
 
     /// Pushes `deltas`, taken from the replicas of `keys` of `table`, which drain until the
-    /// push is acknowledged. A push that cannot be sent gives each replica its delta back and
-    /// leaves it draining, for [`ReplicaSet::end_drain`] to try again.
+    /// push is acknowledged (or fails: a lost owner's drain ends all the same). A push that
+    /// cannot even be issued (the node shuts down, say) would fail again: the replicas are
+    /// removed at once and their deltas lost with the error (a key that arrived here meanwhile
+    /// takes both).
     fn push_drain(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: Vec<u64>, deltas: &[f32]) -> Result<()> {
-        self.draining.extend(keys.iter().map(|&k| (table, k)));
         match worker.push_async(node.table_by_id(table), &keys, deltas) {
             Ok(push) => {
+                self.draining.extend(keys.iter().map(|&k| (table, k)));
                 self.drains.push(Drain { table, keys, push: Some(push) });
                 Ok(())
             }
             Err(e) => {
                 let store = node.core.store();
-                let value_len = store.table(table).value_len();
-                let mut delta = vec![0.0; value_len];
-                for (&key, taken) in keys.iter().zip(deltas.chunks_exact(value_len)) {
+                let mut delta = vec![0.0; store.table(table).value_len()];
+                for (&key, taken) in keys.iter().zip(deltas.chunks_exact(delta.len())) {
                     let guard = store.lock(table, key);
-                    if let Some(slot) = guard.slot() {
+                    if store.remove_replica(&guard, &mut delta)
+                        && let Some(slot) = guard.slot()
+                    {
+                        slot.add(&delta);
                         slot.add(taken);
-                    } else if let Some((_, delta_slot)) = guard.replica() {
-                        delta_slot.read(&mut delta);
-                        for (d, t) in delta.iter_mut().zip(taken) {
-                            *d += t;
-                        }
-                        delta_slot.write(&delta);
                     }
                 }
-                self.drains.push(Drain { table, keys, push: None });
                 Err(e)
             }
         }
@@ -685,5 +682,38 @@ mod tests {
         assert_eq!(out, [3.0, 3.0], "a push was lost or counted twice");
         drop(at_owner);
         shut_down(nodes, [trainer, service]);
+    }
+
+    #[test]
+    fn a_drain_whose_owner_is_lost_ends() {
+        let (mut nodes, node, mut trainer, mut service, table, key) = two_nodes();
+        let t = node.core.store().table(table);
+        let handle = node.table_by_id(table);
+        let mut set = ReplicaSet::default();
+        set.start_make(&node, &mut service, table, &[key]).unwrap();
+        set.poll(&node, &mut service, true).unwrap();
+        trainer.push(handle, &[key], &[1.0, 1.0]).unwrap();
+        nodes.remove(0).abort();
+        // This node learns of the loss (an access to the key fails) before the drop.
+        let (mut out, known) = ([0.0; 2], Instant::now() + Duration::from_secs(10));
+        while service.pull(handle, &[key], &mut out).is_ok() {
+            assert!(Instant::now() < known, "the owner's loss went unnoticed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The push to the lost owner fails: the replica goes with its delta instead of
+        // draining (and holding back every sync round) for ever.
+        let outcome = set.drop_keys(&node, &mut service, table, &[key]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut errors = usize::from(outcome.is_err());
+        while !set.quiet() {
+            assert!(Instant::now() < deadline, "a drain to a lost owner never ended");
+            errors += usize::from(set.poll(&node, &mut service, false).is_err());
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        assert!(!t.has_dynamic_replica(key) && errors >= 1, "errors {errors}");
+        drop((trainer, service));
+        for n in nodes {
+            n.abort();
+        }
     }
 }

@@ -377,7 +377,7 @@ impl IntentService {
                     if self.stopped(node) {
                         return;
                     }
-                    tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send a dropped replica's pushes; the replica keeps serving, and they are sent again");
+                    tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send a dropped replica's pushes");
                 }
                 if !Self::tell_homes(node, own, table, &keys, &[level]) {
                     return;
@@ -550,7 +550,7 @@ impl IntentService {
                 if self.stopped(node) {
                     return false;
                 }
-                tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send a dropped replica's pushes; the replica keeps serving, and they are sent again");
+                tracing::warn!(node = node.config.rank, error = %e, "the intent service could not send a dropped replica's pushes");
             }
         }
         for (table, keys) in replicate {
