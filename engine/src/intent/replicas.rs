@@ -46,7 +46,7 @@ use super::sync_round::{OwnerHints, SyncRound, keep_first_error};
 use crate::error::Result;
 use crate::runtime::NodeInner;
 use crate::store::Residence;
-use crate::util::FastSet;
+use crate::util::{FastMap, FastSet};
 use crate::worker::{PullTicket, Ticket, Worker};
 
 /// The run-time replicas this node keeps, per table (the store is the authority on whether
@@ -71,12 +71,16 @@ pub(crate) struct ReplicaSet {
     sync_id: u32,
     /// Dropped replicas whose deltas are on their way to the owners (see the module's notes).
     drains: Vec<Drain>,
-    /// The keys of `drains` whose replicas still drain (a grant takes a key back out).
-    draining: FastSet<(u16, u64)>,
+    /// The keys whose replicas drain, with the id of their latest drain (a grant takes a key
+    /// back out; a key granted and dropped again meanwhile ends with its newer drain only).
+    draining: FastMap<(u16, u64), u32>,
+    /// The last drain's id.
+    drain_id: u32,
 }
 
 /// One push of dropped replicas' deltas: its keys' replicas serve until it is acknowledged.
 struct Drain {
+    id: u32,
     table: u16,
     /// Empty for the last pushes of a stopping service, whose replicas are gone already.
     keys: Vec<u64>,
@@ -162,7 +166,7 @@ impl ReplicaSet {
         // taken from its delta once).
         if !self.draining.is_empty() {
             for &k in keys {
-                if self.draining.remove(&(table, k)) && t.has_dynamic_replica(k) {
+                if self.draining.remove(&(table, k)).is_some() && t.has_dynamic_replica(k) {
                     self.keys.entry(table).or_default().insert(k);
                 }
             }
@@ -270,13 +274,13 @@ impl ReplicaSet {
                 j += 1;
                 continue;
             }
-            let drain = self.drains.swap_remove(j);
-            if let Some(push) = drain.push
+            let mut drain = self.drains.swap_remove(j);
+            if let Some(push) = drain.push.take()
                 && let Err(e) = worker.wait(push)
             {
                 note(e);
             }
-            if let Err(e) = self.end_drain(node, worker, drain.table, &drain.keys, wait) {
+            if let Err(e) = self.end_drain(node, worker, &drain, wait) {
                 note(e);
             }
         }
@@ -287,16 +291,18 @@ impl ReplicaSet {
     /// One whose key arrived here adds its delta to the key; one pushed to since its drain
     /// began drains again with that delta, unless `last` (the service stops), when it is
     /// removed and its delta pushed.
-    fn end_drain(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: &[u64], last: bool) -> Result<()> {
+    fn end_drain(&mut self, node: &NodeInner, worker: &mut Worker, drain: &Drain, last: bool) -> Result<()> {
+        let table = drain.table;
         let store = node.core.store();
         let value_len = store.table(table).value_len();
         let mut delta = vec![0.0; value_len];
         let zero = vec![0.0; value_len];
         let (mut again, mut pushed, mut deltas) = (Vec::new(), Vec::new(), Vec::new());
-        for &key in keys {
-            if !self.draining.remove(&(table, key)) {
+        for &key in &drain.keys {
+            if self.draining.get(&(table, key)) != Some(&drain.id) {
                 continue;
             }
+            self.draining.remove(&(table, key));
             let guard = store.lock(table, key);
             if let Some(slot) = guard.slot() {
                 if store.remove_replica(&guard, &mut delta) {
@@ -323,7 +329,8 @@ impl ReplicaSet {
             self.push_drain(node, worker, table, again, &deltas)?;
         } else if !pushed.is_empty() {
             let push = worker.push_async(node.table_by_id(table), &pushed, &deltas)?;
-            self.drains.push(Drain { table, keys: Vec::new(), push: Some(push) });
+            self.drain_id = self.drain_id.wrapping_add(1);
+            self.drains.push(Drain { id: self.drain_id, table, keys: Vec::new(), push: Some(push) });
         }
         Ok(())
     }
@@ -388,7 +395,7 @@ impl ReplicaSet {
         for &key in keys {
             // Any run-time replica is this set's, adopted or not yet (one a departure kept
             // while the pull for the same key was failing, say): it ends with the intent.
-            if self.draining.contains(&(table, key)) || (!set.remove(&key) && !unmarked.contains(&key) && !every && !t.has_dynamic_replica(key)) {
+            if self.draining.contains_key(&(table, key)) || (!set.remove(&key) && !unmarked.contains(&key) && !every && !t.has_dynamic_replica(key)) {
                 continue;
             }
             let guard = store.lock(table, key);
@@ -414,8 +421,10 @@ impl ReplicaSet {
         }
         node.core.intent_counters().note_drained((waiting.len() + pushed.len()) as u64);
         if !waiting.is_empty() {
-            self.draining.extend(waiting.iter().map(|&k| (table, k)));
-            self.drains.push(Drain { table, keys: waiting, push: None });
+            self.drain_id = self.drain_id.wrapping_add(1);
+            let id = self.drain_id;
+            self.draining.extend(waiting.iter().map(|&k| ((table, k), id)));
+            self.drains.push(Drain { id, table, keys: waiting, push: None });
         }
         if !pushed.is_empty() {
             self.push_drain(node, worker, table, pushed, &deltas)?;
@@ -431,8 +440,10 @@ impl ReplicaSet {
     fn push_drain(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: Vec<u64>, deltas: &[f32]) -> Result<()> {
         match worker.push_async(node.table_by_id(table), &keys, deltas) {
             Ok(push) => {
-                self.draining.extend(keys.iter().map(|&k| (table, k)));
-                self.drains.push(Drain { table, keys, push: Some(push) });
+                self.drain_id = self.drain_id.wrapping_add(1);
+                let id = self.drain_id;
+                self.draining.extend(keys.iter().map(|&k| ((table, k), id)));
+                self.drains.push(Drain { id, table, keys, push: Some(push) });
                 Ok(())
             }
             Err(e) => {
