@@ -45,7 +45,7 @@ use std::collections::BTreeMap;
 use super::sync_round::{OwnerHints, SyncRound, keep_first_error};
 use crate::error::Result;
 use crate::runtime::NodeInner;
-use crate::store::Residence;
+use crate::store::{KeyGuard, Residence, Slot, Store};
 use crate::util::{FastMap, FastSet};
 use crate::worker::{PullTicket, Ticket, Worker};
 
@@ -304,24 +304,21 @@ impl ReplicaSet {
             }
             self.draining.remove(&(table, key));
             let guard = store.lock(table, key);
-            if let Some(slot) = guard.slot() {
-                if store.remove_replica(&guard, &mut delta) {
-                    slot.add(&delta);
+            match look_at_replica(store, &guard, &mut delta) {
+                Held::Arrived | Held::Gone => {}
+                Held::Replica { clean: true, .. } => {
+                    store.remove_replica(&guard, &mut delta);
                 }
-                continue;
-            }
-            let Some((_, delta_slot)) = guard.replica() else { continue };
-            delta_slot.read(&mut delta);
-            if delta.iter().all(|&d| d == 0.0) {
-                store.remove_replica(&guard, &mut delta);
-            } else if last {
-                store.remove_replica(&guard, &mut delta);
-                pushed.push(key);
-                deltas.extend_from_slice(&delta);
-            } else {
-                delta_slot.write(&zero);
-                again.push(key);
-                deltas.extend_from_slice(&delta);
+                Held::Replica { .. } if last => {
+                    store.remove_replica(&guard, &mut delta);
+                    pushed.push(key);
+                    deltas.extend_from_slice(&delta);
+                }
+                Held::Replica { delta: delta_slot, .. } => {
+                    delta_slot.write(&zero);
+                    again.push(key);
+                    deltas.extend_from_slice(&delta);
+                }
             }
         }
         if !again.is_empty() {
@@ -329,8 +326,7 @@ impl ReplicaSet {
             self.push_drain(node, worker, table, again, &deltas)?;
         } else if !pushed.is_empty() {
             let push = worker.push_async(node.table_by_id(table), &pushed, &deltas)?;
-            self.drain_id = self.drain_id.wrapping_add(1);
-            self.drains.push(Drain { id: self.drain_id, table, keys: Vec::new(), push: Some(push) });
+            self.start_drain(table, Vec::new(), Some(push));
         }
         Ok(())
     }
@@ -399,32 +395,24 @@ impl ReplicaSet {
                 continue;
             }
             let guard = store.lock(table, key);
-            if let Some(slot) = guard.slot() {
-                // The key arrived here meanwhile: its slot takes the delta at once.
-                if store.remove_replica(&guard, &mut delta) {
-                    slot.add(&delta);
+            // A key that arrived here meanwhile took the delta into its slot.
+            match look_at_replica(store, &guard, &mut delta) {
+                Held::Arrived | Held::Gone => {}
+                Held::Replica { delta: delta_slot, clean: false } => {
+                    delta_slot.write(&zero);
+                    pushed.push(key);
+                    deltas.extend_from_slice(&delta);
                 }
-                continue;
-            }
-            let Some((_, delta_slot)) = guard.replica() else { continue };
-            delta_slot.read(&mut delta);
-            if delta.iter().any(|&d| d != 0.0) {
-                delta_slot.write(&zero);
-                pushed.push(key);
-                deltas.extend_from_slice(&delta);
-            } else if self.syncing.is_some() {
                 // Nothing new since the round in flight took its delta: it waits for that.
-                waiting.push(key);
-            } else {
-                store.remove_replica(&guard, &mut delta);
+                Held::Replica { clean: true, .. } if self.syncing.is_some() => waiting.push(key),
+                Held::Replica { clean: true, .. } => {
+                    store.remove_replica(&guard, &mut delta);
+                }
             }
         }
         node.core.intent_counters().note_drained((waiting.len() + pushed.len()) as u64);
         if !waiting.is_empty() {
-            self.drain_id = self.drain_id.wrapping_add(1);
-            let id = self.drain_id;
-            self.draining.extend(waiting.iter().map(|&k| ((table, k), id)));
-            self.drains.push(Drain { id, table, keys: waiting, push: None });
+            self.start_drain(table, waiting, None);
         }
         if !pushed.is_empty() {
             self.push_drain(node, worker, table, pushed, &deltas)?;
@@ -440,10 +428,7 @@ impl ReplicaSet {
     fn push_drain(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: Vec<u64>, deltas: &[f32]) -> Result<()> {
         match worker.push_async(node.table_by_id(table), &keys, deltas) {
             Ok(push) => {
-                self.drain_id = self.drain_id.wrapping_add(1);
-                let id = self.drain_id;
-                self.draining.extend(keys.iter().map(|&k| ((table, k), id)));
-                self.drains.push(Drain { id, table, keys, push: Some(push) });
+                self.start_drain(table, keys, Some(push));
                 Ok(())
             }
             Err(e) => {
@@ -461,6 +446,16 @@ impl ReplicaSet {
                 Err(e)
             }
         }
+    }
+
+    /// Starts draining the replicas of `keys` of `table` until `push` (of their deltas) is
+    /// acknowledged and no sync round is in flight; a key drained again later ends with that
+    /// newer drain only.
+    fn start_drain(&mut self, table: u16, keys: Vec<u64>, push: Option<Ticket>) {
+        self.drain_id = self.drain_id.wrapping_add(1);
+        let id = self.drain_id;
+        self.draining.extend(keys.iter().map(|&k| ((table, k), id)));
+        self.drains.push(Drain { id, table, keys, push });
     }
 
     /// Drops every replica and waits until their deltas reached the owners (the service stops).
@@ -529,26 +524,28 @@ impl ReplicaSet {
             let zero = vec![0.0; value_len];
             set.retain(|&key| {
                 let guard = store.lock(table, key);
-                if let Some(slot) = guard.slot() {
-                    if store.remove_replica(&guard, &mut delta) {
-                        slot.add(&delta);
+                match look_at_replica(store, &guard, &mut delta) {
+                    Held::Arrived => {
+                        // Granted still: a replica again once the key leaves (kept by its
+                        // departure).
+                        if granted.contains(&(table, key))
+                            && awaiting.insert((table, key))
+                            && let Some(d) = store.table(table).dynamic()
+                        {
+                            d.want(key, true);
+                        }
+                        false
                     }
-                    // Granted still: a replica again once the key leaves (kept by its
-                    // departure).
-                    if granted.contains(&(table, key))
-                        && awaiting.insert((table, key))
-                        && let Some(d) = store.table(table).dynamic()
-                    {
-                        d.want(key, true);
+                    Held::Gone => false,
+                    Held::Replica { delta: delta_slot, clean } => {
+                        if !clean {
+                            delta_slot.write(&zero);
+                        }
+                        keys.push(key);
+                        deltas.extend_from_slice(&delta);
+                        true
                     }
-                    return false;
                 }
-                let Some((_, delta_slot)) = guard.replica() else { return false };
-                delta_slot.read(&mut delta);
-                delta_slot.write(&zero);
-                keys.push(key);
-                deltas.extend_from_slice(&delta);
-                true
             });
             if !keys.is_empty() {
                 out.push((table, keys, deltas));
@@ -556,6 +553,31 @@ impl ReplicaSet {
         }
         out
     }
+}
+
+/// What the key a [`KeyGuard`] latches holds of its run-time replica, for ending or syncing it.
+enum Held<'g> {
+    /// The key arrived here: any replica has ended, its delta added to the key's slot.
+    Arrived,
+    /// The key has no replica here.
+    Gone,
+    /// A replica, whose delta the caller's buffer received; `clean` when that delta is zero.
+    Replica { delta: Slot<'g>, clean: bool },
+}
+
+/// Looks at the replica of the key `guard` latches, reading its delta into `delta`; ends it at
+/// once when the key arrived here (the slot takes its delta, which nothing else holds).
+fn look_at_replica<'g>(store: &Store, guard: &'g KeyGuard<'_>, delta: &mut [f32]) -> Held<'g> {
+    if let Some(slot) = guard.slot() {
+        if store.remove_replica(guard, delta) {
+            slot.add(delta);
+        }
+        return Held::Arrived;
+    }
+    let Some((_, delta_slot)) = guard.replica() else { return Held::Gone };
+    delta_slot.read(delta);
+    let clean = delta.iter().all(|&d| d == 0.0);
+    Held::Replica { delta: delta_slot, clean }
 }
 
 /// Sets each replica of `keys` still here and not `left_out` to its owner's value `fresh`
