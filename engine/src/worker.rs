@@ -503,6 +503,17 @@ impl Worker {
         })
     }
 
+    /// Starts the pull that makes run-time replicas of `keys` (the intent service's worker,
+    /// which bypasses replicas): the pushes this node's workers send to those keys behind it,
+    /// which its values lack, are added up until the caller ends each key's making
+    /// ([`crate::store::DynamicReplicas::end_making`]) — including keys of a pull that fails.
+    pub(crate) fn pull_to_make_replicas(&mut self, table: Table, keys: &[u64]) -> Result<PullTicket> {
+        self.requester.making_replicas = true;
+        let ticket = self.pull_async(table, keys);
+        self.requester.making_replicas = false;
+        ticket
+    }
+
     /// Starts a push.
     pub fn push_async(&mut self, table: Table, keys: &[u64], updates: &[f32]) -> Result<Ticket> {
         self.validate(table, keys, updates.len(), "push updates")?;

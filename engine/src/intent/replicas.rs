@@ -6,6 +6,15 @@
 //! its owner and installs it (see [`crate::store::DynamicReplicas`]). From then on the node's
 //! workers read and push it locally; a push also adds to the replica's delta.
 //!
+//! The value pulled lacks exactly the pushes this node's workers send to the key after the
+//! pull: both are queued under the key's shard lock on the same ordered path (without location
+//! caches every access to a key not here goes by its home, which sequences them), so the
+//! owner answers the pull first. Such pushes are added up while the pull is on its way
+//! ([`crate::store::DynamicReplicas::begin_making`], in `Step::look_at_replicas`) and added to
+//! the replica's value when it is installed (not to its delta: the owner has them). A push that
+//! found no replica when it was issued and is routed after the install is served by the
+//! replica instead. A key granted again while its pull is on its way is made from that pull.
+//!
 //! A **sync round** (every half of [`crate::Config::staleness`], and around worker barriers)
 //! takes each replica's delta under its latch, zeroing it, and sends a table's deltas to the
 //! keys' owners — the owner is the hub of AdaPM's owner-hub synchronisation — in one
@@ -56,6 +65,9 @@ pub(crate) struct ReplicaSet {
     keys: BTreeMap<u16, FastSet<u64>>,
     /// Keys whose values are being pulled to make a replica (dropped keys leave).
     making: FastSet<(u16, u64)>,
+    /// Keys with a pull in flight to make their replicas (dropped or not): a key wanted again
+    /// meanwhile is made from that pull, not pulled a second time.
+    pulling: FastSet<(u16, u64)>,
     /// Keys granted a replica whose intent has not ended here: a replica is kept of each
     /// whenever the key is neither held nor arriving here (made again after it left).
     granted: FastSet<(u16, u64)>,
@@ -174,13 +186,29 @@ impl ReplicaSet {
         for &k in keys.iter().filter(|&&k| t.residence(k) != Residence::Away) {
             self.await_departure(node, table, k);
         }
-        let wanted: Vec<u64> =
+        let mut wanted: Vec<u64> =
             keys.iter().copied().filter(|&k| t.residence(k) == Residence::Away && !t.has_dynamic_replica(k) && !self.making.contains(&(table, k))).collect();
+        // A key whose earlier pull is still on its way is made from that one: its pushes sent
+        // since are added up from when that pull left.
+        wanted.retain(|&k| {
+            let in_flight = self.pulling.contains(&(table, k));
+            if in_flight {
+                self.making.insert((table, k));
+            }
+            !in_flight
+        });
         if wanted.is_empty() {
             return Ok(true);
         }
-        let ticket = worker.pull_async(node.table_by_id(table), &wanted)?;
+        let ticket = match worker.pull_to_make_replicas(node.table_by_id(table), &wanted) {
+            Ok(ticket) => ticket,
+            Err(e) => {
+                end_making(node, table, &wanted);
+                return Err(e);
+            }
+        };
         self.making.extend(wanted.iter().map(|&k| (table, k)));
+        self.pulling.extend(wanted.iter().map(|&k| (table, k)));
         self.makes.push((table, wanted, ticket));
         Ok(true)
     }
@@ -240,6 +268,9 @@ impl ReplicaSet {
                 continue;
             }
             let (table, keys, ticket) = self.makes.swap_remove(i);
+            for k in &keys {
+                self.pulling.remove(&(table, *k));
+            }
             match worker.wait_pull(ticket) {
                 Ok(values) => {
                     if let Err(e) = self.install(node, table, &keys, &values) {
@@ -250,6 +281,7 @@ impl ReplicaSet {
                     for k in &keys {
                         self.making.remove(&(table, *k));
                     }
+                    end_making(node, table, &keys);
                     note(e);
                 }
             }
@@ -331,28 +363,42 @@ impl ReplicaSet {
         Ok(())
     }
 
-    /// Installs the replicas of `keys` of `table` still being made, from `values`.
+    /// Installs the replicas of `keys` of `table` still being made, from `values` (the
+    /// answer of the pull that made them) plus the pushes this node sent to each key behind
+    /// that pull; ends every key's making.
     fn install(&mut self, node: &NodeInner, table: u16, keys: &[u64], values: &[f32]) -> Result<()> {
         let store = node.core.store();
-        let value_len = store.table(table).value_len();
-        let mut made = 0;
+        let t = store.table(table);
+        let value_len = t.value_len();
+        let (mut made, mut outcome) = (0, Ok(()));
         for (&key, value) in keys.iter().zip(values.chunks_exact(value_len)) {
-            if !self.making.remove(&(table, key)) {
-                continue;
-            }
+            let wanted = self.making.remove(&(table, key));
             let guard = store.lock(table, key);
-            // A key that arrived meanwhile needs no replica; one pulled before a push of this
-            // node that went to the owner misses it until the next sync round.
-            if store.install_replica(&guard, value)? {
+            // A key that arrived meanwhile needs no replica (the pushes sent to it travel with
+            // it). The replica is visible before its making ends (see
+            // `Step::look_at_replicas`): a push queued meanwhile either was added up or finds it.
+            let installed = wanted
+                && match store.install_replica(&guard, value) {
+                    Ok(installed) => installed,
+                    Err(e) => {
+                        keep_first_error(&mut outcome, Err(e));
+                        false
+                    }
+                };
+            let sent_behind = t.dynamic().and_then(|d| d.end_making(key));
+            if installed {
+                if let (Some(sum), Some((value_slot, _))) = (sent_behind, guard.replica()) {
+                    value_slot.add(&sum);
+                }
                 self.keys.entry(table).or_default().insert(key);
                 made += 1;
-            } else if self.granted.contains(&(table, key)) && store.table(table).residence(key) != Residence::Away {
+            } else if wanted && self.granted.contains(&(table, key)) && t.residence(key) != Residence::Away {
                 drop(guard);
                 self.await_departure(node, table, key);
             }
         }
         node.core.intent_counters().note_replicas_made(made);
-        Ok(())
+        outcome
     }
 
     /// Drops the replicas of `keys` of `table` (and stops making them); their deltas start on
@@ -555,6 +601,16 @@ impl ReplicaSet {
     }
 }
 
+/// Ends the making of the replicas of `keys` of `table` whose pull failed or was never sent.
+fn end_making(node: &NodeInner, table: u16, keys: &[u64]) {
+    let store = node.core.store();
+    let Some(d) = store.table(table).dynamic() else { return };
+    for &key in keys {
+        let _latch = store.lock(table, key);
+        d.end_making(key);
+    }
+}
+
 /// What the key a [`KeyGuard`] latches holds of its run-time replica, for ending or syncing it.
 enum Held<'g> {
     /// The key arrived here: any replica has ended, its delta added to the key's slot.
@@ -748,5 +804,65 @@ mod tests {
         for n in nodes {
             n.abort();
         }
+    }
+
+    #[test]
+    fn a_replica_made_while_this_node_pushes_has_those_pushes() {
+        let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
+        let t = node.core.store().table(table);
+        let handle = node.table_by_id(table);
+        let mut set = ReplicaSet::default();
+        trainer.push(handle, &[key], &[100.0, 200.0]).unwrap();
+        assert!(set.start_make(&node, &mut service, table, &[key]).unwrap());
+        // The pull that makes the replica is on its way: this push reaches the owner after the
+        // owner answered it (one ordered connection), so the value pulled lacks it.
+        trainer.push(handle, &[key], &[1.0, 2.0]).unwrap();
+        set.poll(&node, &mut service, true).unwrap();
+        assert!(t.has_dynamic_replica(key), "the replica was not made");
+        let before = node.core.stats();
+        let mut out = [0.0; 2];
+        trainer.pull(handle, &[key], &mut out).unwrap();
+        assert_eq!(node.core.stats().since(&before).remote_accesses, 0, "the replica does not serve");
+        assert_eq!(out, [101.0, 202.0], "the new replica lacks this node's own earlier push");
+        // The owner has each push once, and the replica, synced, agrees with it.
+        trainer.push(handle, &[key], &[10.0, 20.0]).unwrap();
+        set.start_sync(&node, &mut service).unwrap();
+        settle(&mut set, &node, &mut service);
+        trainer.pull(handle, &[key], &mut out).unwrap();
+        assert_eq!(out, [111.0, 222.0]);
+        set.drop_keys(&node, &mut service, table, &[key]).unwrap();
+        settle(&mut set, &node, &mut service);
+        let mut at_owner = nodes[0].worker();
+        at_owner.pull(handle, &[key], &mut out).unwrap();
+        assert_eq!(out, [111.0, 222.0], "a push was lost or counted twice");
+        drop(at_owner);
+        shut_down(nodes, [trainer, service]);
+    }
+
+    #[test]
+    fn a_key_granted_again_while_its_pull_is_on_its_way_is_made_from_that_pull() {
+        let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
+        let t = node.core.store().table(table);
+        let handle = node.table_by_id(table);
+        let mut set = ReplicaSet::default();
+        set.start_make(&node, &mut service, table, &[key]).unwrap();
+        trainer.push(handle, &[key], &[1.0, 1.0]).unwrap();
+        set.drop_keys(&node, &mut service, table, &[key]).unwrap();
+        trainer.push(handle, &[key], &[2.0, 2.0]).unwrap();
+        set.start_make(&node, &mut service, table, &[key]).unwrap();
+        assert_eq!(set.makes.len(), 1, "a second pull for a key whose first is on its way");
+        trainer.push(handle, &[key], &[4.0, 4.0]).unwrap();
+        set.poll(&node, &mut service, true).unwrap();
+        assert!(t.has_dynamic_replica(key), "the replica was not made");
+        let mut out = [0.0; 2];
+        trainer.pull(handle, &[key], &mut out).unwrap();
+        assert_eq!(out, [7.0, 7.0], "the replica lacks pushes sent behind its pull");
+        set.drop_keys(&node, &mut service, table, &[key]).unwrap();
+        settle(&mut set, &node, &mut service);
+        let mut at_owner = nodes[0].worker();
+        at_owner.pull(handle, &[key], &mut out).unwrap();
+        assert_eq!(out, [7.0, 7.0], "a push was lost or counted twice");
+        drop(at_owner);
+        shut_down(nodes, [trainer, service]);
     }
 }

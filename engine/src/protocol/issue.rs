@@ -387,10 +387,15 @@ impl Step<'_, '_> {
         unchanged: bool,
         keys: &[u64],
         input: &[f32],
-        caller: Option<&mut [f32]>,
+        mut caller: Option<&mut [f32]>,
     ) {
         let rank = self.directory().rank();
         let t = self.core.store().table(table);
+        let group = match self.look_at_replicas(req, op, kind, table, &group.rows, keys, input, caller.as_deref_mut()) {
+            None => group,
+            Some(left) if left.is_empty() => return,
+            Some(left) => Group::new(group.dest, group.flags, left, keys),
+        };
         let Group { dest, flags, rows, keys_run } = group;
         let (direct, own) = if dest == rank {
             (Rows::default(), rows)
@@ -421,6 +426,84 @@ impl Step<'_, '_> {
         if !own.is_empty() {
             self.route_each(req, op, kind, table, own, keys, input, caller);
         }
+    }
+
+    /// Looks at rows about to be sent for this node's run-time replicas (intent), under their
+    /// shards' locks, so that making a replica and this node's pushes are ordered as they are
+    /// queued for the network. A pull that makes replicas starts adding up, per key, the pushes
+    /// sent behind it (which the value it brings back lacks). A push row that finds a replica
+    /// made since the operation's local pass is served by it instead of being sent; one to a key
+    /// whose replica is being made adds itself to that key's sum. Returns the rows left to send
+    /// when any were served, `None` when all are.
+    #[allow(clippy::too_many_arguments)]
+    fn look_at_replicas(
+        &mut self,
+        req: &mut Requester,
+        op: OpId,
+        kind: AccessKind,
+        table: u16,
+        rows: &Rows,
+        keys: &[u64],
+        input: &[f32],
+        mut caller: Option<&mut [f32]>,
+    ) -> Option<Rows> {
+        let store = self.core.store();
+        let t = store.table(table);
+        let d = t.dynamic()?;
+        let value_len = t.value_len();
+        if req.making_replicas {
+            // With location caches, this pull and a later push may take different first hops,
+            // so the push could overtake it: nothing is added up (the replica then lacks such a
+            // push until its first sync round, as accesses with caches are eventually
+            // consistent).
+            if kind == AccessKind::Pull && !self.directory().caches() {
+                for row in rows.iter() {
+                    let key = keys[row as usize];
+                    let guard = store.lock(table, key);
+                    if guard.slot().is_none() && t.route_residence(key) == Residence::Away {
+                        d.begin_making(key, value_len);
+                    }
+                }
+            }
+            return None;
+        }
+        if !matches!(kind, AccessKind::Push | AccessKind::PushPull) || req.bypass_replicas || !(d.any() || d.any_making()) {
+            return None;
+        }
+        let (mut left, mut served) = (Rows::default(), 0);
+        for row in rows.iter() {
+            let key = keys[row as usize];
+            // A replica being installed is visible before its making ends (`ReplicaSet`'s
+            // install), so a key found in neither state, looked at in this order, has no
+            // replica and no pull making one queued ahead of this row.
+            if !d.any_making() && d.get(key).is_none() {
+                left.push(row);
+                continue;
+            }
+            let values = row as usize * value_len..(row as usize + 1) * value_len;
+            let guard = store.lock(table, key);
+            if guard.slot().is_none() {
+                if let Some((value, delta)) = guard.replica() {
+                    let mut out = vec![0.0; if kind == AccessKind::PushPull { value_len } else { 0 }];
+                    serve_replica(&value, &delta, kind, &input[values], &mut out);
+                    drop(guard);
+                    if kind == AccessKind::PushPull {
+                        req.deliver_row(op, row, &out, caller.as_deref_mut());
+                    }
+                    req.answer_rows(op, std::iter::once(row));
+                    served += 1;
+                    continue;
+                }
+                d.note_sent_push(key, &input[values]);
+            }
+            left.push(row);
+        }
+        if served == 0 {
+            return None;
+        }
+        self.tx.count_local(served);
+        self.tx.count_replica(served);
+        Some(left)
     }
 
     /// Routes rows one by one (their shards held): serves those that became local, queues those

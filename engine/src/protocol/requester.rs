@@ -233,6 +233,10 @@ pub struct Requester {
     key_caches: FastMap<u16, super::keycache::KeyCache>,
     /// Accesses skip this node's run-time replicas (for the worker that keeps them in sync).
     pub(crate) bypass_replicas: bool,
+    /// This worker's pulls make run-time replicas (the intent service's, while it issues one):
+    /// each key sent for starts adding up this node's pushes sent after it
+    /// ([`crate::store::DynamicReplicas::begin_making`]).
+    pub(crate) making_replicas: bool,
     /// When `Some`: the keys of the last access that were not served here (neither held nor
     /// replicated here), filled by [`crate::protocol::Step::issue_access`] — a worker that
     /// declared intent counts its late accesses from them, at no cost to accesses served here.
@@ -253,6 +257,7 @@ impl Requester {
             done: FastMap::default(),
             key_caches: FastMap::default(),
             bypass_replicas: false,
+            making_replicas: false,
             remote_keys: None,
         }
     }

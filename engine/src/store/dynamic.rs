@@ -28,6 +28,10 @@ pub struct DynamicReplicas {
     /// its departing value as a replica (see [`DynamicReplicas::wanted`]).
     wanted: parking_lot::Mutex<Wanted>,
     wanted_count: AtomicUsize,
+    /// Keys whose replicas are being made, with the sum of the pushes this node's workers sent
+    /// to each since the pull that makes it left (see [`DynamicReplicas::begin_making`]).
+    making: parking_lot::Mutex<crate::util::FastMap<u64, Vec<f32>>>,
+    making_count: AtomicUsize,
 }
 
 /// The marked keys, and whether marks are taken: only while an intent service runs that adopts
@@ -71,7 +75,16 @@ impl DynamicReplicas {
         let bytes = keys.max(1) * 8;
         let memory = MmapOptions::new().len(bytes).map_anon().map_err(|e| Error::Memory(format!("cannot map {bytes} bytes for replica entries: {e}")))?;
         let entries = memory.as_ptr() as *const AtomicU64;
-        Ok(DynamicReplicas { entries, len: keys, _memory: memory, live: AtomicUsize::new(0), wanted: Default::default(), wanted_count: AtomicUsize::new(0) })
+        Ok(DynamicReplicas {
+            entries,
+            len: keys,
+            _memory: memory,
+            live: AtomicUsize::new(0),
+            wanted: Default::default(),
+            wanted_count: AtomicUsize::new(0),
+            making: Default::default(),
+            making_count: AtomicUsize::new(0),
+        })
     }
 
     #[inline]
@@ -153,6 +166,51 @@ impl DynamicReplicas {
         std::mem::take(&mut self.wanted.lock().kept)
     }
 
+    /// The pull that makes `key`'s replica is being sent (the caller holds the key's latch and
+    /// the shard lock under which the pull is queued). From now until
+    /// [`DynamicReplicas::end_making`], each push of this node's workers to the key that is
+    /// queued for the network — behind the pull, on the same ordered path, so the value pulled
+    /// lacks it — is added up here (`note_sent_push`), to be added to the replica. A key with a
+    /// pull in flight already keeps its sum.
+    pub fn begin_making(&self, key: u64, value_len: usize) {
+        let mut making = self.making.lock();
+        if let std::collections::hash_map::Entry::Vacant(entry) = making.entry(key) {
+            entry.insert(vec![0.0; value_len]);
+            self.making_count.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether a replica is being made of any key (one load).
+    #[inline]
+    pub fn any_making(&self) -> bool {
+        self.making_count.load(Ordering::Acquire) > 0
+    }
+
+    /// Adds `update`, a push to `key` queued for the network, to the key's sum if its replica
+    /// is being made (the caller holds the key's latch); returns whether it was.
+    pub fn note_sent_push(&self, key: u64, update: &[f32]) -> bool {
+        if !self.any_making() {
+            return false;
+        }
+        let mut making = self.making.lock();
+        let Some(sum) = making.get_mut(&key) else { return false };
+        for (s, u) in sum.iter_mut().zip(update) {
+            *s += u;
+        }
+        true
+    }
+
+    /// The pull that made `key`'s replica has been answered: returns the sum of the pushes
+    /// sent since it left (the caller holds the key's latch), and stops adding them up.
+    pub fn end_making(&self, key: u64) -> Option<Vec<f32>> {
+        if !self.any_making() {
+            return None;
+        }
+        let sum = self.making.lock().remove(&key)?;
+        self.making_count.fetch_sub(1, Ordering::AcqRel);
+        Some(sum)
+    }
+
     /// Records `slots` as `key`'s replica (the caller holds the key's latch; none existed).
     pub(super) fn set(&self, key: u64, slots: ReplicaSlots) -> bool {
         let Some(entry) = self.entry(key) else { return false };
@@ -207,5 +265,19 @@ mod tests {
         r.open_marks();
         r.want(5, true);
         assert!(r.wanted(5), "the count survives unmarking what was not marked");
+    }
+
+    #[test]
+    fn pushes_sent_behind_a_making_pull_are_added_up_until_it_ends() {
+        let r = DynamicReplicas::new(100).unwrap();
+        assert!(!r.note_sent_push(3, &[1.0, 1.0]) && r.end_making(3).is_none(), "nothing is being made");
+        r.begin_making(3, 2);
+        assert!(r.any_making());
+        assert!(r.note_sent_push(3, &[1.0, 2.0]) && !r.note_sent_push(4, &[5.0, 5.0]));
+        // A second pull of the same key keeps the sum of the first.
+        r.begin_making(3, 2);
+        r.note_sent_push(3, &[10.0, 20.0]);
+        assert_eq!(r.end_making(3), Some(vec![11.0, 22.0]));
+        assert!(!r.any_making() && r.end_making(3).is_none() && !r.note_sent_push(3, &[1.0, 1.0]));
     }
 }
