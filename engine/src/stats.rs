@@ -206,10 +206,14 @@ pub struct IntentStats {
     /// intent on the key had ended, which a replica removed at once would have sent to the
     /// owner, possibly ahead of the worker's own earlier pushes.
     pub drained_again: u64,
+    /// Run-time replicas made while this node's workers pushed to the key: pushes sent to the
+    /// owner behind the pull that made the replica, which its value lacked and which the
+    /// install added (see `docs/INTENT.md`, "Pushes sent behind the pull").
+    pub made_with_pushes: u64,
 }
 
 impl IntentStats {
-    fn counters(&mut self) -> [&mut u64; 22] {
+    fn counters(&mut self) -> [&mut u64; 23] {
         [
             &mut self.rounds,
             &mut self.declared,
@@ -233,6 +237,7 @@ impl IntentStats {
             &mut self.declined,
             &mut self.drained,
             &mut self.drained_again,
+            &mut self.made_with_pushes,
         ]
     }
 

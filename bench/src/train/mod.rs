@@ -386,6 +386,10 @@ pub struct EpochReport {
     /// intent on the key had ended (summed over nodes; 0 outside `intent` mode).
     #[serde(default)]
     pub drained_again: u64,
+    /// Run-time replicas made while the node pushed to the key, whose install added the pushes
+    /// sent behind their pull (summed over nodes; 0 outside `intent` mode).
+    #[serde(default)]
+    pub made_with_pushes: u64,
     /// How the late accesses split by cause (shares of them; all 0 without late accesses).
     #[serde(default)]
     pub late_causes: LateCauses,
@@ -441,6 +445,7 @@ impl EpochReport {
             reasked: 0,
             declined: 0,
             drained_again: 0,
+            made_with_pushes: 0,
             late_causes: LateCauses::default(),
         }
     }
@@ -559,7 +564,8 @@ fn more_quality(r: &EpochReport) -> String {
         let reasked = if r.reasked > 0 { format!(" reasked {}", r.reasked) } else { String::new() };
         let declined = if r.declined > 0 { format!(" declined {}", r.declined) } else { String::new() };
         let drained = if r.drained_again > 0 { format!(" redrained {}", r.drained_again) } else { String::new() };
-        format!("late {:.3}%{causes} lead {:.1}{reasked}{declined}{drained}", r.late_share * 100.0, r.intent_lead)
+        let behind = if r.made_with_pushes > 0 { format!(" made-behind {}", r.made_with_pushes) } else { String::new() };
+        format!("late {:.3}%{causes} lead {:.1}{reasked}{declined}{drained}{behind}", r.late_share * 100.0, r.intent_lead)
     });
     numbers.chain(counts).chain(texts).chain(intent).collect::<Vec<_>>().join(" ")
 }

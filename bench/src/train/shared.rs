@@ -53,7 +53,7 @@ impl SharedArray {
 }
 
 /// Fields every node contributes to an epoch's cluster-wide sums.
-pub const METRIC_FIELDS: usize = 24;
+pub const METRIC_FIELDS: usize = 25;
 
 /// Field positions in the metrics table.
 pub mod field {
@@ -100,6 +100,9 @@ pub mod field {
     /// Dropped replicas pushed to while they drained (intent mode;
     /// `ferry::IntentStats::drained_again`).
     pub const DRAINED_AGAIN: usize = 23;
+    /// Replicas made with pushes sent behind their pull (intent mode;
+    /// `ferry::IntentStats::made_with_pushes`).
+    pub const MADE_WITH_PUSHES: usize = 24;
 }
 
 /// Pulls keys `0..n` of `table` (`len` values each), in chunks.
@@ -146,6 +149,7 @@ pub fn stats_fields(delta: &Stats, out: &mut [f32; METRIC_FIELDS]) {
     out[field::REASKED] = delta.intent.reasked as f32;
     out[field::DECLINED] = delta.intent.declined as f32;
     out[field::DRAINED_AGAIN] = delta.intent.drained_again as f32;
+    out[field::MADE_WITH_PUSHES] = delta.intent.made_with_pushes as f32;
     for (f, cause) in field::LATE_CAUSES.into_iter().zip(LateCause::ALL) {
         out[f] = delta.intent.late(cause) as f32;
     }
@@ -198,6 +202,7 @@ pub fn cluster_report(
         reasked: sums[field::REASKED] as u64,
         declined: sums[field::DECLINED] as u64,
         drained_again: sums[field::DRAINED_AGAIN] as u64,
+        made_with_pushes: sums[field::MADE_WITH_PUSHES] as u64,
         late_causes: super::LateCauses::from_counts(field::LATE_CAUSES.map(|f| sums[f] as f64)),
     }
 }

@@ -57,6 +57,7 @@ pub struct IntentCounters {
     declined: AtomicU64,
     drained: AtomicU64,
     drained_again: AtomicU64,
+    made_with_pushes: AtomicU64,
 }
 
 impl IntentCounters {
@@ -139,6 +140,11 @@ impl IntentCounters {
         self.drained_again.fetch_add(keys, Ordering::Relaxed);
     }
 
+    /// `keys` replicas were made with pushes sent behind the pull that made them.
+    pub(crate) fn note_made_with_pushes(&self, keys: u64) {
+        self.made_with_pushes.fetch_add(keys, Ordering::Relaxed);
+    }
+
     /// The counters now.
     pub fn snapshot(&self) -> IntentStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -166,6 +172,7 @@ impl IntentCounters {
             declined: get(&self.declined),
             drained: get(&self.drained),
             drained_again: get(&self.drained_again),
+            made_with_pushes: get(&self.made_with_pushes),
         }
     }
 }

@@ -370,7 +370,7 @@ impl ReplicaSet {
         let store = node.core.store();
         let t = store.table(table);
         let value_len = t.value_len();
-        let (mut made, mut outcome) = (0, Ok(()));
+        let (mut made, mut with_pushes, mut outcome) = (0, 0, Ok(()));
         for (&key, value) in keys.iter().zip(values.chunks_exact(value_len)) {
             let wanted = self.making.remove(&(table, key));
             let guard = store.lock(table, key);
@@ -387,8 +387,11 @@ impl ReplicaSet {
                 };
             let sent_behind = t.dynamic().and_then(|d| d.end_making(key));
             if installed {
-                if let (Some(sum), Some((value_slot, _))) = (sent_behind, guard.replica()) {
+                if let (Some(sum), Some((value_slot, _))) = (sent_behind, guard.replica())
+                    && sum.iter().any(|&s| s != 0.0)
+                {
                     value_slot.add(&sum);
+                    with_pushes += 1;
                 }
                 self.keys.entry(table).or_default().insert(key);
                 made += 1;
@@ -398,6 +401,7 @@ impl ReplicaSet {
             }
         }
         node.core.intent_counters().note_replicas_made(made);
+        node.core.intent_counters().note_made_with_pushes(with_pushes);
         outcome
     }
 
@@ -824,6 +828,7 @@ mod tests {
         trainer.pull(handle, &[key], &mut out).unwrap();
         assert_eq!(node.core.stats().since(&before).remote_accesses, 0, "the replica does not serve");
         assert_eq!(out, [101.0, 202.0], "the new replica lacks this node's own earlier push");
+        assert_eq!(node.core.stats().intent.made_with_pushes, 1);
         // The owner has each push once, and the replica, synced, agrees with it.
         trainer.push(handle, &[key], &[10.0, 20.0]).unwrap();
         set.start_sync(&node, &mut service).unwrap();
