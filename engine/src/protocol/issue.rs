@@ -434,7 +434,7 @@ impl Step<'_, '_> {
     /// sent behind it (which the value it brings back lacks). A push row that finds a replica
     /// made since the operation's local pass is served by it instead of being sent; one to a key
     /// whose replica is being made adds itself to that key's sum. Returns the rows left to send
-    /// when any were served, `None` when all are.
+    /// when any were served, `None` when none was.
     #[allow(clippy::too_many_arguments)]
     fn look_at_replicas(
         &mut self,
@@ -467,7 +467,8 @@ impl Step<'_, '_> {
             }
             return None;
         }
-        if !matches!(kind, AccessKind::Push | AccessKind::PushPull) || req.bypass_replicas || !(d.any() || d.any_making()) {
+        // Making first: an install counts its replica before it ends the making (see below).
+        if !matches!(kind, AccessKind::Push | AccessKind::PushPull) || req.bypass_replicas || !(d.any_making() || d.any()) {
             return None;
         }
         let (mut left, mut served) = (Rows::default(), 0);
