@@ -300,6 +300,15 @@ fn a_peer_that_breaks_the_protocol_is_disconnected() {
     }
     assert!(!mesh.is_alive(0) && !mesh.is_alive(1), "both real nodes closed the impostor's connection");
     let table = nodes[0].table("p").unwrap();
+    // The impostor sees its connection closed before a real node's protocol has necessarily
+    // marked it lost, and marking a peer lost fails every operation then pending on that node.
+    // A pull of a key the impostor homes returns once the node has marked it lost (at once if
+    // it already has, else failed by the marking), so after it nothing pending can be failed.
+    for node in &nodes {
+        let mut out = [0.0];
+        let err = node.worker().pull(table, &[25], &mut out).unwrap_err();
+        assert!(matches!(err, Error::PeerLost { node: 2, .. }), "node {}: {err:?}", node.rank());
+    }
     let mut w = nodes[0].worker();
     w.push(table, &[15], &[2.0]).unwrap();
     let mut out = [0.0];
