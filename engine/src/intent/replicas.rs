@@ -676,7 +676,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::{Config, Node, TableSpec};
+    use crate::{Config, Node, Table, TableSpec};
 
     /// Two in-process nodes, node 1's shared state, a trainer and a service worker on node 1
     /// (the service's bypasses replicas), table `t`'s id, and a key held at node 0.
@@ -700,6 +700,13 @@ mod tests {
             set.poll(node, service, false).unwrap();
             std::thread::sleep(Duration::from_micros(200));
         }
+    }
+
+    /// The key's value as its owner, node 0, reads it.
+    fn owner_value(nodes: &[Node], handle: Table, key: u64) -> [f32; 2] {
+        let mut out = [0.0; 2];
+        nodes[0].worker().pull(handle, &[key], &mut out).unwrap();
+        out
     }
 
     fn shut_down(nodes: Vec<Node>, workers: [Worker; 2]) {
@@ -741,10 +748,7 @@ mod tests {
         trainer.pull(handle, &[key], &mut out).unwrap();
         assert_eq!(node.core.stats().since(&before).remote_accesses, 1);
         assert_eq!(out, [11.0, 22.0], "a push was lost or counted twice");
-        let mut at_owner = nodes[0].worker();
-        at_owner.pull(handle, &[key], &mut out).unwrap();
-        assert_eq!(out, [11.0, 22.0]);
-        drop(at_owner);
+        assert_eq!(owner_value(&nodes, handle, key), [11.0, 22.0], "a push was lost or counted twice");
         shut_down(nodes, [trainer, service]);
     }
 
@@ -769,11 +773,7 @@ mod tests {
         settle(&mut set, &node, &mut service);
         set.drop_keys(&node, &mut service, table, &[key]).unwrap();
         settle(&mut set, &node, &mut service);
-        let mut out = [0.0; 2];
-        let mut at_owner = nodes[0].worker();
-        at_owner.pull(handle, &[key], &mut out).unwrap();
-        assert_eq!(out, [3.0, 3.0], "a push was lost or counted twice");
-        drop(at_owner);
+        assert_eq!(owner_value(&nodes, handle, key), [3.0, 3.0], "a push was lost or counted twice");
         shut_down(nodes, [trainer, service]);
     }
 
@@ -837,10 +837,7 @@ mod tests {
         assert_eq!(out, [111.0, 222.0]);
         set.drop_keys(&node, &mut service, table, &[key]).unwrap();
         settle(&mut set, &node, &mut service);
-        let mut at_owner = nodes[0].worker();
-        at_owner.pull(handle, &[key], &mut out).unwrap();
-        assert_eq!(out, [111.0, 222.0], "a push was lost or counted twice");
-        drop(at_owner);
+        assert_eq!(owner_value(&nodes, handle, key), [111.0, 222.0], "a push was lost or counted twice");
         shut_down(nodes, [trainer, service]);
     }
 
@@ -864,10 +861,7 @@ mod tests {
         assert_eq!(out, [7.0, 7.0], "the replica lacks pushes sent behind its pull");
         set.drop_keys(&node, &mut service, table, &[key]).unwrap();
         settle(&mut set, &node, &mut service);
-        let mut at_owner = nodes[0].worker();
-        at_owner.pull(handle, &[key], &mut out).unwrap();
-        assert_eq!(out, [7.0, 7.0], "a push was lost or counted twice");
-        drop(at_owner);
+        assert_eq!(owner_value(&nodes, handle, key), [7.0, 7.0], "a push was lost or counted twice");
         shut_down(nodes, [trainer, service]);
     }
 }
