@@ -90,6 +90,7 @@ fn target(seed: u64) -> Target {
         location_caches: seed.is_multiple_of(2),
         max_message_bytes: 64 << 10,
         part_bytes: 256,
+        small_operation_rows: crate::protocol::SMALL_OPERATION_ROWS,
         op_timeout_ns: u64::MAX / 4,
         loss_grace_ns: 1_000,
         shards: 4,

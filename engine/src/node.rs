@@ -89,6 +89,7 @@ impl Node {
             location_caches: config.location_caches,
             max_message_bytes: config.max_message_bytes,
             part_bytes: config.part_bytes,
+            small_operation_rows: crate::protocol::SMALL_OPERATION_ROWS,
             op_timeout_ns: config.op_timeout.as_nanos() as u64,
             loss_grace_ns: (config.peer_timeout * 2).as_nanos() as u64,
             shards: config.shards,

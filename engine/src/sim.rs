@@ -54,6 +54,9 @@ pub struct SimOptions {
     /// Part size: operations are split into parts of about this many bytes (small values make
     /// many parts).
     pub part_bytes: usize,
+    /// Operations with more remote rows than this stream, a frame of parts per worker step,
+    /// so keys can move between the steps of one operation.
+    pub small_operation_rows: usize,
     /// Shards per node.
     pub shards: usize,
     /// Lose this node at this step (fault injection); the run then checks liveness only.
@@ -103,6 +106,7 @@ impl SimOptions {
             async_share: 0.4,
             partitioning: Partitioning::Range,
             part_bytes: 4096,
+            small_operation_rows: crate::protocol::SMALL_OPERATION_ROWS,
             shards: 3,
             crash: None,
             replicated: Vec::new(),
@@ -130,6 +134,7 @@ impl SimOptions {
             ops_per_worker: 12,
             keys_per_op: (1, 250),
             part_bytes: 400,
+            small_operation_rows: 24,
             shards: 5,
             ..SimOptions::small(seed)
         }
@@ -219,6 +224,9 @@ pub struct SimReport {
     pub ops: usize,
     /// Most parts any one operation was split into.
     pub max_parts: usize,
+    /// Operations whose parts were encoded over several worker steps (streamed), so that keys
+    /// could move between the routing of their first and last parts.
+    pub streamed_ops: usize,
     /// Slots in use at the end, per node.
     pub slots_in_use: Vec<usize>,
     /// The last steps of the run.
@@ -371,6 +379,7 @@ struct Sim {
     failed_ops: usize,
     ops: usize,
     max_parts: usize,
+    streamed_ops: usize,
     /// Per node: replication round state.
     replication: Vec<SimRounds>,
     /// Per replicated key (in key order): pushes and pulls with their times.
@@ -463,6 +472,7 @@ impl Sim {
             location_caches: opts.location_caches,
             max_message_bytes: 64 << 10,
             part_bytes: opts.part_bytes,
+            small_operation_rows: opts.small_operation_rows,
             op_timeout_ns: u64::MAX / 4,
             loss_grace_ns: 200_000,
             shards: opts.shards,
@@ -488,6 +498,7 @@ impl Sim {
             failed_ops: 0,
             ops: 0,
             max_parts: 0,
+            streamed_ops: 0,
             replication: (0..opts.nodes).map(|_| SimRounds::default()).collect(),
             replica_history: opts.replicated.iter().flat_map(|r| r.clone()).map(|k| (k, Vec::new(), Vec::new())).collect(),
             intent_grants: 0,
@@ -526,7 +537,15 @@ impl Sim {
                         script.push_back(ScriptOp::Replicated { key, lane });
                         continue;
                     }
-                    let keys: Vec<u64> = keys.into_iter().filter(|k| !replicated(k)).collect();
+                    let mut keys: Vec<u64> = keys.into_iter().filter(|k| !replicated(k)).collect();
+                    if keys.len() > opts.small_operation_rows {
+                        // A streamed operation's repeats of a key may take effect in either
+                        // order when the key arrives at or leaves this node between its parts
+                        // (the exception on `Worker`'s consistency notes): the checker holds a
+                        // call's rows to the call's order, so such calls name each key once.
+                        let mut seen = crate::util::FastSet::default();
+                        keys.retain(|&k| seen.insert(k));
+                    }
                     if keys.is_empty() {
                         continue;
                     }
@@ -1095,6 +1114,7 @@ impl Sim {
                     Some(Issued::Pending { op, more }) => {
                         self.note_parts(w, op);
                         if more {
+                            self.streamed_ops += 1;
                             self.workers[w].streaming = Some(Streaming { op, keys: keys.clone(), input });
                         }
                         self.workers[w].in_flight.push(InFlight { op, kind: Some(kind), keys, buffer, first_event, asynchronous });
@@ -1270,6 +1290,7 @@ impl Sim {
             failed_ops: self.failed_ops,
             ops: self.ops,
             max_parts: self.max_parts,
+            streamed_ops: self.streamed_ops,
             slots_in_use,
             trace: self.trace.iter().cloned().collect(),
             rounds: rounds.iter().map(Vec::len).sum(),

@@ -69,8 +69,9 @@ impl Group {
     }
 }
 
-/// Operations with at most this many remote rows are routed in one step.
-const SMALL_OPERATION: usize = 4096;
+/// Operations with at most this many remote rows are routed in one step (the default of
+/// [`super::Settings::small_operation_rows`]).
+pub const SMALL_OPERATION_ROWS: usize = 4096;
 
 /// The shards of the keys of `rows` (runs of neighbouring keys cost one lookup per block).
 fn shard_mask(dir: &super::Directory, table: u16, keys: &[u64], rows: &Rows) -> u64 {
@@ -297,7 +298,7 @@ impl Step<'_, '_> {
         let epoch = req.op_mut(op).map_or(0, |o| o.arrivals);
         let total: usize = groups.iter().map(|g| g.rows.len()).sum();
         let mut chunk: Vec<Group> = Vec::new();
-        if total <= SMALL_OPERATION {
+        if total <= self.core.settings().small_operation_rows {
             chunk.extend(groups.drain(..));
         } else {
             // Parts until about a frame of requests: large requests stream a frame at a time,
@@ -485,7 +486,7 @@ impl Step<'_, '_> {
             let guard = store.lock(table, key);
             if guard.slot().is_none() {
                 if let Some((value, delta)) = guard.replica() {
-                    let mut out = vec![0.0; if kind == AccessKind::PushPull { value_len } else { 0 }];
+                    let mut out = vec![0.0; if kind.returns_values() { value_len } else { 0 }];
                     serve_replica(&value, &delta, kind, &input[values], &mut out);
                     drop(guard);
                     if kind == AccessKind::PushPull {
@@ -534,22 +535,14 @@ impl Step<'_, '_> {
             if let Residence::Here(_) = store.table(table).route_residence(key) {
                 let guard = store.lock(table, key);
                 if let Some(slot) = guard.slot() {
-                    match kind {
-                        AccessKind::Pull => {
-                            let mut value = vec![0.0; value_len];
-                            slot.read(&mut value);
-                            req.deliver_row(op, row, &value, caller.as_deref_mut());
-                        }
-                        AccessKind::Push => slot.push(store.table(table).updater(), &input[values]),
-                        AccessKind::PushPull => {
-                            slot.push(store.table(table).updater(), &input[values]);
-                            let mut value = vec![0.0; value_len];
-                            slot.read(&mut value);
-                            req.deliver_row(op, row, &value, caller.as_deref_mut());
-                        }
-                        AccessKind::Set => slot.write(&input[values]),
-                    }
+                    // Pulls carry no input; `route_residence` counts a NuPS replica as away, so
+                    // this slot is the key's own and no replica delta is kept.
+                    let mut value = vec![0.0; if kind.returns_values() { value_len } else { 0 }];
+                    serve_held(&slot, store.table(table).updater(), kind, input.get(values).unwrap_or_default(), &mut value);
                     drop(guard);
+                    if kind.returns_values() {
+                        req.deliver_row(op, row, &value, caller.as_deref_mut());
+                    }
                     self.tx.count_local(1);
                     req.answer_rows(op, std::iter::once(row));
                     continue;

@@ -72,7 +72,7 @@ pub use barrier::{BarrierEvent, BarrierKind, Barriers};
 pub use clock::Clocks;
 pub use directory::{Directory, LOST_OWNER, MAX_SHARDS, TableMeta};
 pub use intent::{Grant, IntentHomes};
-pub use issue::{Issued, PullTarget};
+pub use issue::{Issued, PullTarget, SMALL_OPERATION_ROWS};
 pub(crate) use issue::{serve_held, serve_replica};
 pub use requester::{Delivery, LocalEvent, OpId, OpKind, PeerFault, Requester, WORKER_SHIFT, worker_of};
 pub use rows::Rows;
@@ -97,6 +97,10 @@ pub struct Settings {
     /// Operations are split into parts of about this many bytes, so that the parts of a large
     /// operation stream through sender, network and receiver at the same time.
     pub part_bytes: usize,
+    /// Operations with at most this many remote rows are routed and encoded in one step;
+    /// larger ones a frame of parts per step, so that their parts stream
+    /// ([`SMALL_OPERATION_ROWS`] unless a test wants streaming at small sizes).
+    pub small_operation_rows: usize,
     /// Operations and incoming relocations older than this fail with a timeout.
     pub op_timeout_ns: u64,
     /// After a peer is lost, a relocation to this node that has not landed within this long is
