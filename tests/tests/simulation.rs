@@ -1,7 +1,7 @@
 //! Seeded simulated clusters checked for per-key sequential consistency: thousands of seeds.
 //!
-//! `FERRY_SIM_SEEDS` sets the seeds per configuration (default 400, so about 4 400 runs in all;
-//! the large-operation configurations run a quarter of that).
+//! `FERRY_SIM_SEEDS` sets the seeds per configuration (default 400; some configurations run a
+//! half of that, the large-operation ones a quarter: about 6 300 runs in all).
 //! A failure prints its seed; `FERRY_SIM_SEED=<seed> FERRY_SIM_CONFIG=<name> cargo test -p
 //! ferry-tests --test simulation replay -- --nocapture` reruns exactly that simulation and prints
 //! its trace.
@@ -95,6 +95,12 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
             o.async_share = 0.0;
             o.keys = 6;
         }
+        "intents-large-ops" => {
+            // Intents next to large operations streamed in small parts: keys the homes move on
+            // grants arrive between one operation's parts.
+            o = SimOptions::large(seed);
+            o.intents = true;
+        }
         "intents-replicated" => {
             // Intents next to keys replicated by the table's configuration (NuPS): intents on
             // those are left out, as the intent service leaves them out.
@@ -113,7 +119,7 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
     o
 }
 
-const CONFIGURATIONS: [&str; 23] = [
+const CONFIGURATIONS: [&str; 24] = [
     "classic",
     "relocation",
     "hash-4-nodes",
@@ -137,6 +143,7 @@ const CONFIGURATIONS: [&str; 23] = [
     "intents",
     "intents-hash-4-nodes-caches",
     "intents-replicated",
+    "intents-large-ops",
 ];
 
 fn seeds() -> u64 {
@@ -251,6 +258,7 @@ fn intents_keep_every_key_consistent() {
     sweep("intents", seeds());
     sweep("intents-hash-4-nodes-caches", seeds() / 2);
     sweep("intents-replicated", seeds() / 2);
+    sweep("intents-large-ops", seeds() / 4);
     let reports: Vec<_> = (0..40).map(|seed| run_and_check(configuration("intents", seed)).unwrap()).collect();
     let grants: usize = reports.iter().map(|r| r.intent_grants).sum();
     assert!(grants > 0, "no home ever granted a key");
@@ -258,6 +266,10 @@ fn intents_keep_every_key_consistent() {
     // to another node, and are declined.
     let declined: u64 = reports.iter().flat_map(|r| &r.stats).map(|s| s.intent.declined).sum();
     assert!(declined > 0, "no home ever declined a stale grant's move");
+    // Granted moves land between a streamed operation's parts too.
+    let large: Vec<_> = (0..10).map(|seed| run_and_check(configuration("intents-large-ops", seed)).unwrap()).collect();
+    let (grants, streamed): (usize, usize) = large.iter().fold((0, 0), |(g, s), r| (g + r.intent_grants, s + r.streamed_ops));
+    assert!(grants > 0 && streamed > 0, "large operations: {grants} grants, {streamed} streamed operations");
 }
 
 /// Push-pulls and server-side updaters: push-pulls read their own push and stay sequentially
