@@ -38,9 +38,11 @@ const YIELDING: Duration = Duration::from_micros(50);
 /// * **with location caches, asynchronous operations are only eventually consistent**: a stale
 ///   cache entry can make a later operation overtake an earlier one (Lapse, Theorem 3).
 ///
-/// A key repeated within one call is applied in the call's order, except that when the key
-/// arrives at (or leaves) this node during the call, its repeats may take effect in either
-/// order. Relocations never change values and never lose or duplicate updates. Operations that
+/// A key repeated within one call is applied in the call's order, except that its repeats may
+/// take effect in either order when the key arrives at (or leaves) this node during the call,
+/// and, with location caches, when a call of more than
+/// [`SMALL_OPERATION_ROWS`](crate::protocol::SMALL_OPERATION_ROWS) remote rows streams while the
+/// key moves (its parts go out one after another, like separate asynchronous operations). Relocations never change values and never lose or duplicate updates. Operations that
 /// fail (a lost peer, a timeout) may or may not have taken effect.
 pub struct Worker {
     node: Arc<NodeInner>,
