@@ -42,8 +42,9 @@ const YIELDING: Duration = Duration::from_micros(50);
 /// take effect in either order when the key arrives at (or leaves) this node during the call,
 /// and, with location caches, when a call of more than
 /// [`SMALL_OPERATION_ROWS`](crate::protocol::SMALL_OPERATION_ROWS) remote rows streams while the
-/// key moves (its parts go out one after another, like separate asynchronous operations). Relocations never change values and never lose or duplicate updates. Operations that
-/// fail (a lost peer, a timeout) may or may not have taken effect.
+/// key moves (its parts go out one after another, like separate asynchronous operations).
+/// Relocations never change values and never lose or duplicate updates. Operations that fail (a
+/// lost peer, a timeout) may or may not have taken effect.
 pub struct Worker {
     node: Arc<NodeInner>,
     index: u16,

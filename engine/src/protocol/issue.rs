@@ -469,7 +469,7 @@ impl Step<'_, '_> {
             return None;
         }
         // Making first: an install counts its replica before it ends the making (see below).
-        if !matches!(kind, AccessKind::Push | AccessKind::PushPull) || req.bypass_replicas || !(d.any_making() || d.any()) {
+        if !kind.updates() || req.bypass_replicas || !(d.any_making() || d.any()) {
             return None;
         }
         let (mut left, mut served) = (Rows::default(), 0);
@@ -489,7 +489,7 @@ impl Step<'_, '_> {
                     let mut out = vec![0.0; if kind.returns_values() { value_len } else { 0 }];
                     serve_replica(&value, &delta, kind, &input[values], &mut out);
                     drop(guard);
-                    if kind == AccessKind::PushPull {
+                    if kind.returns_values() {
                         req.deliver_row(op, row, &out, caller.as_deref_mut());
                     }
                     req.answer_rows(op, std::iter::once(row));
