@@ -247,14 +247,15 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
         13 => {
             // Table 1 keeps run-time replicas (accepted), table 0 does not (refused); keys held
             // here or not, sometimes beyond the table.
-            let start = wire::begin_replica_sync(&mut out, table, rng.r#gen(), rng.gen_range(0..8));
-            let count = rng.gen_range(0..6u32);
-            for _ in 0..count {
+            let count = rng.gen_range(0..12u32);
+            let start = wire::begin_replica_sync(&mut out, table, rng.r#gen(), rng.gen_range(0..8), count);
+            for i in 0..count as usize {
                 let key = if rng.gen_bool(0.9) { rng.gen_range(0..keys) } else { keys + rng.gen_range(0..4) };
-                wire::push_replica_delta_key(&mut out, key);
-                out.extend(value_bytes(rng, vl));
+                // Some deltas are zeros, which travel as their key only.
+                let delta: Vec<f32> = if rng.gen_bool(0.5) { vec![0.0; vl] } else { (0..vl).map(|_| rng.gen_range(-4..5) as f32).collect() };
+                wire::push_replica_sync_item(&mut out, start, i, key, &delta);
             }
-            wire::finish_replica_sync(&mut out, start, count);
+            wire::finish_replica_sync(&mut out, start);
         }
         14 => {
             let count = rng.gen_range(0..6u32);

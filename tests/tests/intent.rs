@@ -190,19 +190,19 @@ fn a_key_two_nodes_need_at_once_is_replicated_there_then_follows_the_remaining_i
     // Pushes on both sides meet within a few sync rounds, each counted once.
     w2.push(t, &keys, &[1.0, 2.0]).unwrap();
     w1.push(t, &keys, &[10.0, 20.0]).unwrap();
-    let settled = |w: &mut ferry::Worker| {
+    let settled = |w: &mut ferry::Worker, expected: [f32; 2]| {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut out = [0.0; 2];
         while Instant::now() < deadline {
             w.pull(t, &keys, &mut out).unwrap();
-            if out == [11.0, 22.0] {
+            if out == expected {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(2));
         }
-        panic!("values never settled: {out:?}");
+        panic!("values never settled at {expected:?}: {out:?}");
     };
-    assert!(settled(&mut w1) && settled(&mut w2));
+    assert!(settled(&mut w1, [11.0, 22.0]) && settled(&mut w2, [11.0, 22.0]));
     // A set goes to the owner past the replica, and is not late for it (the same values, so
     // what follows is unchanged).
     let before = nodes[2].stats();
@@ -223,13 +223,20 @@ fn a_key_two_nodes_need_at_once_is_replicated_there_then_follows_the_remaining_i
     let routed = intent.synced_by_push_pull;
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(nodes[2].stats().intent.synced_by_push_pull, routed, "the owner was not learned");
+    // Replicas that took no push since the last round still sync (their keys travel without
+    // deltas) and are refreshed from the owner's images: the holder's push reaches them.
+    let before = nodes[2].stats();
+    w1.push(t, &keys, &[100.0, 200.0]).unwrap();
+    assert!(settled(&mut w2, [111.0, 222.0]));
+    let delta = nodes[2].stats().since(&before);
+    assert!(delta.intent.refreshed_by_read >= 2 && delta.intent.synced_by_push_pull == 0, "{:?}", delta.intent);
     // Node 1's window ends: node 2 is alone, drops its replicas and gets the keys.
     for _ in 0..3 {
         w1.advance_clock().unwrap();
     }
     assert!(wait_until_held(&nodes[2], t, &keys), "the keys did not follow the remaining intent");
     w2.pull(t, &keys, &mut out).unwrap();
-    assert_eq!(out, [11.0, 22.0], "moving the key lost or repeated a push");
+    assert_eq!(out, [111.0, 222.0], "moving the key lost or repeated a push");
     drop((w1, w2));
     finalize_all(nodes);
 }

@@ -1,6 +1,7 @@
 //! The protocol's part in keeping run-time replicas in sync (AdaPM, Appendix B.1, with the
 //! refresh of NuPS's replication): a node sends its replicas' deltas straight to the node it
-//! believes owns each key (REPLICA_SYNC, one message per owner and table, split when large);
+//! believes owns each key (REPLICA_SYNC, one message per owner and table, split when large; a
+//! delta of zeros, a replica that took no push since the last round, travels as its key only);
 //! the receiver adds each delta to the key's slot if it holds the key, copies the slot under
 //! the same latch into an image buffer of the sender's own (see [`crate::store::ImageBuffer`]),
 //! and answers with REPLICA_SYNC_ACK: which items it applied, where their images lie, and, for
@@ -26,14 +27,11 @@ impl Step<'_, '_> {
         let value_len = if keys.is_empty() { 0 } else { deltas.len() / keys.len() };
         let out = self.tx.buf(owner);
         let before = out.len();
-        let start = wire::begin_replica_sync(out, table, id, offset);
-        for (&key, delta) in keys.iter().zip(deltas.chunks_exact(value_len.max(1))) {
-            wire::push_replica_delta_key(out, key);
-            for d in delta {
-                out.extend_from_slice(&d.to_le_bytes());
-            }
+        let start = wire::begin_replica_sync(out, table, id, offset, keys.len() as u32);
+        for (i, (&key, delta)) in keys.iter().zip(deltas.chunks_exact(value_len.max(1))).enumerate() {
+            wire::push_replica_sync_item(out, start, i, key, delta);
         }
-        wire::finish_replica_sync(out, start, keys.len() as u32);
+        wire::finish_replica_sync(out, start);
         let bytes = out.len() - before;
         self.tx.sent(owner, MessageKind::Replica, bytes);
     }
@@ -50,19 +48,20 @@ impl Step<'_, '_> {
             return Err(Error::Protocol(format!("REPLICA_SYNC for table {}, which keeps no run-time replicas", sync.table)));
         }
         let keys = dir.table(sync.table).map_or(0, |m| m.keys);
-        if let Some(i) = (0..sync.count).find(|&i| sync.item(i).0 >= keys) {
-            return Err(Error::Protocol(format!("REPLICA_SYNC names key {} of table {}, which has {keys}", sync.item(i).0, sync.table)));
+        if let Some((key, _)) = sync.items().find(|&(key, _)| key >= keys) {
+            return Err(Error::Protocol(format!("REPLICA_SYNC names key {key} of table {}, which has {keys}", sync.table)));
         }
         let offset = sync.offset as usize;
         let image = store.sync_image(sync.table, from, offset + sync.count)?;
         let slot_words = t.slot_bytes() / 4;
         let rank = dir.rank();
         let (mut held, mut hints) = (Vec::new(), Vec::new());
-        for i in 0..sync.count {
-            let (key, delta) = sync.item(i);
+        for (i, (key, delta)) in sync.items().enumerate() {
             let guard = store.lock(sync.table, key);
             if let Some(slot) = guard.slot() {
-                slot.add_le_bytes(delta);
+                if let Some(delta) = delta {
+                    slot.add_le_bytes(delta);
+                }
                 image.put(offset + held.len(), slot_words, slot.version(), slot.words());
                 held.push(i as u32);
                 continue;

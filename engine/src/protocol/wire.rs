@@ -19,7 +19,7 @@
 //! | CLOCK | pad×3, smallest completed clock of the sender's workers u64 |
 //! | INTENT, INTENT_GO | level u8 (INTENT: 0 none, 1 soon, 2 now; INTENT_GO: 0 move, 1 replicate), pad u16, table u16, pad u16, count u32, key u64×count |
 //! | REPLICA_ACK | flags u8 (CUT: an image was cut), table u16, round u32, keys u32, changed u32, region u32, pad u32, addr u64, position u32×changed |
-//! | REPLICA_SYNC | pad u8, table u16, id u32, count u32, offset u32, (key u64, values)×count |
+//! | REPLICA_SYNC | pad u8, table u16, id u32, count u32, offset u32, delta-present bits (⌈count/8⌉ bytes, item i in bit i % 8 of byte i / 8, unused bits 0), (key u64, values if present)×count |
 //! | REPLICA_SYNC_ACK | pad u8, table u16, id u32, count u32, held u32, region u32, pad u32, addr u64, index u32×held, hint u16×(count − held) |
 
 use std::borrow::Cow;
@@ -1013,22 +1013,36 @@ pub const REPLICA_SYNC_HEADER: usize = 16;
 /// Bytes of REPLICA_SYNC_ACK before its indices.
 pub const REPLICA_SYNC_ACK_HEADER: usize = 32;
 
-/// Starts a REPLICA_SYNC of `table` with id `id` whose images go to slot image `offset` on;
-/// append `(key, values)` items with [`push_replica_delta_key`] and close it with
-/// [`finish_replica_sync`].
-pub fn begin_replica_sync(out: &mut Vec<u8>, table: u16, id: u32, offset: u32) -> usize {
+/// Starts a REPLICA_SYNC of `table` with id `id` and `count` items whose images go to slot
+/// image `offset` on; append exactly `count` items with [`push_replica_sync_item`] and close it
+/// with [`finish_replica_sync`].
+pub fn begin_replica_sync(out: &mut Vec<u8>, table: u16, id: u32, offset: u32, count: u32) -> usize {
     let start = begin(out, msg::REPLICA_SYNC);
     out.push(0);
     out.extend_from_slice(&table.to_le_bytes());
     out.extend_from_slice(&id.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&count.to_le_bytes());
     out.extend_from_slice(&offset.to_le_bytes());
+    out.resize(out.len() + (count as usize).div_ceil(8), 0);
     start
 }
 
-/// Closes a REPLICA_SYNC of `count` items begun at `start`.
-pub fn finish_replica_sync(out: &mut [u8], start: usize, count: u32) {
-    out[start + 4 + 8..start + 4 + 12].copy_from_slice(&count.to_le_bytes());
+/// Appends item `index` of the REPLICA_SYNC begun at `start`: `key` and its `delta`. A delta of
+/// zeros is left out (only its key travels): most replicas took no push since the last round,
+/// and the owner need only cut their images.
+pub fn push_replica_sync_item(out: &mut Vec<u8>, start: usize, index: usize, key: u64, delta: &[f32]) {
+    out.extend_from_slice(&key.to_le_bytes());
+    if delta.iter().all(|&d| d == 0.0) {
+        return;
+    }
+    out[start + 4 + REPLICA_SYNC_HEADER + index / 8] |= 1 << (index % 8);
+    for d in delta {
+        out.extend_from_slice(&d.to_le_bytes());
+    }
+}
+
+/// Closes a REPLICA_SYNC begun at `start`.
+pub fn finish_replica_sync(out: &mut [u8], start: usize) {
     finish(out, start);
 }
 
@@ -1043,8 +1057,9 @@ pub struct ReplicaSync<'a> {
     pub offset: u32,
     /// Items.
     pub count: usize,
+    present: &'a [u8],
     items: &'a [u8],
-    item_bytes: usize,
+    value_bytes: usize,
 }
 
 impl<'a> ReplicaSync<'a> {
@@ -1056,17 +1071,37 @@ impl<'a> ReplicaSync<'a> {
         let table = u16_at(b, 2);
         let vl = value_len(table).ok_or_else(|| bad(format!("REPLICA_SYNC for unknown table {table}")))?;
         let count = u32_at(b, 8) as usize;
-        let item_bytes = 8 + vl * 4;
-        if count.checked_mul(item_bytes) != Some(b.len() - REPLICA_SYNC_HEADER) {
+        let items_at = REPLICA_SYNC_HEADER + count.div_ceil(8);
+        if b.len() < items_at {
             return Err(bad(format!("REPLICA_SYNC of {count} items has {} bytes", b.len())));
         }
-        Ok(ReplicaSync { table, id: u32_at(b, 4), offset: u32_at(b, 12), count, items: &b[REPLICA_SYNC_HEADER..], item_bytes })
+        let present = &b[REPLICA_SYNC_HEADER..items_at];
+        if !count.is_multiple_of(8) && present[count / 8] >> (count % 8) != 0 {
+            return Err(bad("REPLICA_SYNC marks deltas beyond its items"));
+        }
+        let deltas = present.iter().map(|m| m.count_ones() as usize).sum::<usize>();
+        let value_bytes = vl * 4;
+        let expected = deltas.checked_mul(value_bytes).and_then(|d| d.checked_add(count.checked_mul(8)?)).and_then(|i| i.checked_add(items_at));
+        if expected != Some(b.len()) {
+            return Err(bad(format!("REPLICA_SYNC of {count} items, {deltas} with deltas, has {} bytes", b.len())));
+        }
+        Ok(ReplicaSync { table, id: u32_at(b, 4), offset: u32_at(b, 12), count, present, items: &b[items_at..], value_bytes })
     }
 
-    /// Item `i`: its key and its values as little-endian bytes.
-    pub fn item(&self, i: usize) -> (u64, &'a [u8]) {
-        let at = i * self.item_bytes;
-        (u64_at(self.items, at), &self.items[at + 8..at + self.item_bytes])
+    /// The items in order: each key and its delta as little-endian bytes (`None`: zeros).
+    pub fn items(&self) -> impl Iterator<Item = (u64, Option<&'a [u8]>)> + use<'a> {
+        let (present, items, value_bytes) = (self.present, self.items, self.value_bytes);
+        let mut at = 0;
+        (0..self.count).map(move |i| {
+            let key = u64_at(items, at);
+            at += 8;
+            if present[i / 8] & (1 << (i % 8)) == 0 {
+                return (key, None);
+            }
+            let delta = &items[at..at + value_bytes];
+            at += value_bytes;
+            (key, Some(delta))
+        })
     }
 }
 
@@ -1262,22 +1297,37 @@ mod tests {
     #[test]
     fn replica_sync_messages_round_trip() {
         let mut out = Vec::new();
-        let start = begin_replica_sync(&mut out, 1, 42, 100);
-        for (key, v) in [(5u64, 1.0f32), (9, 2.0), (11, 3.0)] {
-            push_replica_delta_key(&mut out, key);
-            for _ in 0..3 {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
+        // Nine items, so the delta-present bits take two bytes; items 0, 1, 4 and 8 carry zeros
+        // (item 1 a negative zero among them).
+        let items: Vec<(u64, f32)> = (0..9).map(|i| (5 + 2 * i as u64, if i % 4 == 0 || i == 1 { 0.0 } else { i as f32 })).collect();
+        let start = begin_replica_sync(&mut out, 1, 42, 100, items.len() as u32);
+        for (i, &(key, v)) in items.iter().enumerate() {
+            push_replica_sync_item(&mut out, start, i, key, &[v, if i == 1 { -0.0 } else { v }, v]);
         }
-        finish_replica_sync(&mut out, start, 3);
+        finish_replica_sync(&mut out, start);
+        // Only the five deltas that are not zeros travel.
+        assert_eq!(out.len() - start, 4 + REPLICA_SYNC_HEADER + 2 + 9 * 8 + 5 * 12);
         let ack = ReplicaSyncAck { table: 1, id: 42, count: 3, remote: RemoteAddr { region: 3, addr: 64 }, held: vec![0, 2], hints: vec![4] };
         encode_replica_sync_ack(&mut out, &ack);
         let bodies: Vec<_> = Messages::new(&out).collect::<Result<_>>().unwrap();
         let sync = ReplicaSync::decode(bodies[0], vl).unwrap();
-        assert_eq!((sync.table, sync.id, sync.offset, sync.count), (1, 42, 100, 3));
-        assert_eq!(sync.item(2), (11, &[3.0f32.to_le_bytes(); 3].concat()[..]));
+        assert_eq!((sync.table, sync.id, sync.offset, sync.count), (1, 42, 100, 9));
+        let decoded: Vec<(u64, Option<Vec<u8>>)> = sync.items().map(|(k, d)| (k, d.map(<[u8]>::to_vec))).collect();
+        let expected: Vec<(u64, Option<Vec<u8>>)> = items.iter().map(|&(k, v)| (k, (v != 0.0).then(|| [v.to_le_bytes(); 3].concat()))).collect();
+        assert_eq!(decoded, expected);
         assert!(ReplicaSync::decode(&bodies[0][..bodies[0].len() - 1], vl).is_err());
         assert!(ReplicaSync::decode(bodies[0], |_| None).is_err());
+        // A delta marked present that is not there, and a mark beyond the items.
+        let mut marked = bodies[0].to_vec();
+        marked[REPLICA_SYNC_HEADER] |= 1 << 1;
+        assert!(ReplicaSync::decode(&marked, vl).is_err());
+        let mut beyond = bodies[0].to_vec();
+        beyond[REPLICA_SYNC_HEADER + 1] |= 1 << 1;
+        assert!(ReplicaSync::decode(&beyond, vl).is_err());
+        // A count the body cannot hold.
+        let mut huge = bodies[0].to_vec();
+        huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(ReplicaSync::decode(&huge, vl).is_err());
         assert_eq!(decode_replica_sync_ack(bodies[1]).unwrap(), ack);
         for bad_ack in [
             ReplicaSyncAck { held: vec![2, 0], ..ack.clone() },
