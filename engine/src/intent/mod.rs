@@ -27,6 +27,13 @@ pub(crate) use sync_acks::SyncAcks;
 use crate::keymap::KeyMap;
 use crate::stats::IntentStats;
 
+/// How many rounds a table counts as shared after the last replica grant for one of its keys
+/// (about 16 s at the default round time; rounds pass only while workers advance). A table whose
+/// keys stopped being used by several nodes at once — a phase of training that shares them, then
+/// one that does not — goes back to the plain gap instead of keeping the longer one for the
+/// node's life.
+pub const SHARED_ROUNDS: u32 = 16_384;
+
 /// How many rounds after telling a key's home its level a node asks again when an access
 /// finds the key neither here nor on its way (about 64 ms at the default round time, several
 /// times the few milliseconds a grant and a move take on a loaded machine). The home answers a
@@ -412,8 +419,9 @@ pub struct IntentTable {
     pub gap: u64,
     /// The gap on the keys of tables marked shared ([`IntentTable::mark_shared`]).
     pub shared_gap: u64,
-    /// Per table id: whether its keys are shared with other nodes.
-    shared: Vec<bool>,
+    /// Per table id: the round of the last replica grant for one of its keys, while its keys
+    /// count as shared with other nodes ([`SHARED_ROUNDS`]).
+    shared: Vec<Option<u32>>,
     /// Rounds so far ([`IntentTable::advance`] calls), for [`KeyState::asked`].
     rounds: u32,
     /// Keys whose home is to be asked again ([`IntentTable::note_late`]).
@@ -457,18 +465,19 @@ impl IntentTable {
     }
 
     /// The homes granted this node a replica of a key of `table`: its keys are used by several
-    /// nodes at once, so from now on its windows bridge [`IntentTable::shared_gap`] clocks.
+    /// nodes at once, so its windows bridge [`IntentTable::shared_gap`] clocks until
+    /// [`SHARED_ROUNDS`] rounds pass without another such grant.
     pub fn mark_shared(&mut self, table: u16) {
         let t = table as usize;
         if self.shared.len() <= t {
-            self.shared.resize(t + 1, false);
+            self.shared.resize(t + 1, None);
         }
-        self.shared[t] = true;
+        self.shared[t] = Some(self.rounds);
     }
 
     /// The gap a window of `table` may leave and still continue one before it.
     fn gap_of(&self, table: u16) -> u64 {
-        if self.shared.get(table as usize).copied().unwrap_or(false) { self.shared_gap } else { self.gap }
+        if self.shared.get(table as usize).is_some_and(Option::is_some) { self.shared_gap } else { self.gap }
     }
 
     /// One round: takes the windows whose start is at or before `horizon(worker)` (at most
@@ -477,6 +486,12 @@ impl IntentTable {
     /// each once.
     pub fn advance(&mut self, max_horizon: u64, horizon: impl Fn(u16) -> u64, max_clock: u64, clock: impl Fn(u16) -> u64) -> Vec<(u16, u64)> {
         self.rounds = self.rounds.wrapping_add(1);
+        let rounds = self.rounds;
+        for mark in self.shared.iter_mut() {
+            if mark.is_some_and(|at| rounds.wrapping_sub(at) >= SHARED_ROUNDS) {
+                *mark = None;
+            }
+        }
         let mut touched = Vec::new();
         let windows = &mut self.windows;
         // The window of an index entry, if it still exists as the entry describes it.
@@ -861,6 +876,22 @@ mod tests {
         it.add(3, 1, 0, 24, 25);
         it.advance(24, |_| 24, 20, |_| 20);
         assert_eq!(it.level(3, 1, |_| 20), IntentLevel::Soon, "11 clocks apart: released in between");
+        // Rounds without another replica grant: the table is no longer shared, and bridges the
+        // plain gap again; a grant makes it shared anew.
+        for _ in 0..SHARED_ROUNDS - 2 {
+            it.advance(24, |_| 24, 20, |_| 20);
+        }
+        it.add(3, 2, 0, 30, 31);
+        it.add(3, 2, 0, 35, 36);
+        assert_eq!(it.earliest(3, 2, |_| 30), Some(Window { worker: 0, start: 30, end: 36 }), "still shared");
+        it.advance(24, |_| 24, 20, |_| 20);
+        it.add(3, 3, 0, 30, 31);
+        it.add(3, 3, 0, 35, 36);
+        assert_eq!(it.earliest(3, 3, |_| 30), Some(Window { worker: 0, start: 30, end: 31 }), "no longer shared: two windows");
+        it.mark_shared(3);
+        it.add(3, 4, 0, 30, 31);
+        it.add(3, 4, 0, 35, 36);
+        assert_eq!(it.earliest(3, 4, |_| 30), Some(Window { worker: 0, start: 30, end: 36 }), "shared again");
     }
 
     #[test]
