@@ -134,8 +134,12 @@ fn drain(step: &mut crate::protocol::Step<'_, '_>) {
     }
 }
 
+fn values(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(-4..5) as f32).collect()
+}
+
 fn value_bytes(rng: &mut ChaCha8Rng, n: usize) -> Vec<u8> {
-    (0..n).flat_map(|_| (rng.gen_range(-4..5) as f32).to_le_bytes()).collect()
+    values(rng, n).iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 /// A valid message of type `ty` (an index into [`TYPES`]).
@@ -252,7 +256,7 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
             for i in 0..count as usize {
                 let key = if rng.gen_bool(0.9) { rng.gen_range(0..keys) } else { keys + rng.gen_range(0..4) };
                 // Some deltas are zeros, which travel as their key only.
-                let delta: Vec<f32> = if rng.gen_bool(0.5) { vec![0.0; vl] } else { (0..vl).map(|_| rng.gen_range(-4..5) as f32).collect() };
+                let delta = if rng.gen_bool(0.5) { vec![0.0; vl] } else { values(rng, vl) };
                 wire::push_replica_sync_item(&mut out, start, i, key, &delta);
             }
             wire::finish_replica_sync(&mut out, start);
