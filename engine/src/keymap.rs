@@ -174,6 +174,14 @@ impl KeySet {
         let (page, at) = split(key);
         self.bits.get_or_make(table, page, || Box::new([0; PAGE / 64]))[at / 64] |= 1 << (at % 64);
     }
+
+    /// Takes `key` of `table` out (its page stays).
+    pub fn remove(&mut self, table: u16, key: u64) {
+        let (page, at) = split(key);
+        if let Some(p) = self.bits.get_mut(table, page) {
+            p[at / 64] &= !(1 << (at % 64));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -246,5 +254,9 @@ mod tests {
         assert!(set.contains(0, 0) && set.contains(0, 63) && set.contains(0, 64));
         assert!(!set.contains(0, 1) && !set.contains(1, 0) && !set.contains(2, PAGE as u64 + 1));
         assert!(set.contains(2, PAGE as u64) && set.contains(1, 5 * PAGE as u64 + 7));
+        set.remove(0, 63);
+        set.remove(4, 1);
+        assert!(!set.contains(0, 63) && set.contains(0, 0) && set.contains(0, 64), "only that key left");
+        assert!(!set.contains(4, 1), "removing from an unknown table does nothing");
     }
 }

@@ -9,7 +9,8 @@
 //!   replicates while several nodes have *active* intent (the node holding the key ignores
 //!   this). A node that needs the key now gets its replica at once. A node that needs it only
 //!   soon gets one in advance unless that rarely pays: if the key is *shared* (several nodes
-//!   needed it now at the same time before), or if in its table a node that intended a key
+//!   needed it now at the same time before, and it was not passed on from one node that
+//!   needed it now to the next since), or if in its table a node that intended a key
 //!   soon while another needed it now went on to need it while the other still did in at
 //!   least one of 16 cases (counted per table at each home, the older half of the counts
 //!   dropped every 1 024 outcomes; an advance replica is made in the background, an access
@@ -141,8 +142,8 @@ pub struct IntentHomes {
     /// Per intended key (found through a dense index: updates come in sorted batches, see
     /// [`crate::keymap`]).
     intents: KeyMap<KeyIntents>,
-    /// Keys homed here that several nodes needed now at the same time (at most one entry per
-    /// key homed here; kept for the life of the node).
+    /// Keys homed here that several nodes needed now at the same time, and that were not
+    /// passed on from one node to the next since (a bit per key of a touched page).
     shared: KeySet,
     /// Per table: whether replicas made in advance were needed.
     contention: FastMap<u16, Contention>,
@@ -180,8 +181,15 @@ impl IntentHomes {
             let mut shared = self.shared.contains(table, key);
             if let Some(i) = undecided.iter().position(|&n| n == from).filter(|_| level != IntentLevel::Soon) {
                 undecided.swap_remove(i);
+                let contended = needing_now >= 2;
                 if level == IntentLevel::Now && !shared {
-                    self.contention.entry(table).or_default().note(needing_now >= 2);
+                    self.contention.entry(table).or_default().note(contended);
+                } else if level == IntentLevel::Now && !contended {
+                    // A shared key passed on from one node to the next: it is no longer used
+                    // together (a workload's phase changed), and the table's counts decide
+                    // again until several nodes need it now at the same time again.
+                    self.shared.remove(table, key);
+                    shared = false;
                 }
             }
             if needing_now >= 2 && !shared {
@@ -196,7 +204,7 @@ impl IntentHomes {
                 // makes the departing value its replica.
                 let keeps = |n: u16| Some(n) == holder && target.is_none();
                 for &(node, level) in nodes.iter().filter(|n| Some(n.0) != target && !keeps(n.0)) {
-                    if level == IntentLevel::Soon && needing_now > 0 && !shared && !undecided.contains(&node) {
+                    if level == IntentLevel::Soon && needing_now > 0 && !undecided.contains(&node) {
                         undecided.push(node);
                     }
                     if !(ahead || level == IntentLevel::Now) {
@@ -420,6 +428,15 @@ mod tests {
         // Node 0 alone again: it is told again (it holds the key and ignores that).
         assert_eq!(h.update(1, None, 0, [7]), go(0));
         assert_eq!(h.update(2, Soon, 0, [7]), Grants::from([((2, Grant::Replicate), vec![7])]));
+        // But then it is passed on again (node 2 needs it only once node 0 is done): it is no
+        // longer shared, and the next node that will need it gets no replica in advance.
+        assert_eq!(h.update(0, None, 0, [7]), go(2));
+        assert!(h.update(2, Now, 0, [7]).is_empty());
+        assert!(h.update(0, Soon, 0, [7]).is_empty(), "passed on since: no longer shared");
+        // Used together again, it is shared again.
+        assert_eq!(h.update(0, Now, 0, [7]), Grants::from([((0, Grant::Replicate), vec![7])]));
+        assert_eq!(h.update(0, None, 0, [7]), go(2));
+        assert_eq!(h.update(1, Soon, 0, [7]), Grants::from([((1, Grant::Replicate), vec![7])]));
         // Other keys of the table are still passed on without replicas (fewer than one in 16
         // outcomes was contended).
         assert_eq!(h.update(0, Now, 0, [8]), Grants::from([((0, Grant::Move), vec![8])]));
