@@ -38,7 +38,8 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// Only configurations whose "benchmark key=value…" text contains every word of this
-        /// pattern, e.g. "batched_push value_len=1" or "remote".
+        /// pattern, e.g. "batched_push value_len=1" or "remote"; alternatives separated by
+        /// commas, e.g. "remote,batched" (everything that goes over the network).
         #[arg(long)]
         only: Option<String>,
         /// Measure each configuration this many times; the table shows the median ratio and

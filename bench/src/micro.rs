@@ -42,28 +42,36 @@ pub(crate) fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Which configurations to run: every space-separated term must occur in
-/// `"<benchmark> <configuration>"`, e.g. `batched_push value_len=1` or `remote cold`.
+/// Which configurations to run: alternatives separated by commas, each selecting the
+/// configurations in whose `"<benchmark> <configuration>"` every one of its space-separated
+/// terms occurs, e.g. `batched_push value_len=1` or `remote,batched` (everything that goes over
+/// the network). An empty pattern selects everything.
 #[derive(Debug, Clone, Default)]
 pub struct Only {
-    terms: Vec<String>,
+    alternatives: Vec<Vec<String>>,
 }
 
 impl Only {
-    /// A filter from a pattern (empty: everything).
+    /// A filter from a pattern (`None` or empty: everything).
     pub fn new(pattern: Option<&str>) -> Only {
-        Only { terms: pattern.map(|p| p.split_whitespace().map(str::to_string).collect()).unwrap_or_default() }
+        let alternatives = pattern
+            .unwrap_or_default()
+            .split(',')
+            .map(|alt| alt.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .filter(|terms| !terms.is_empty())
+            .collect();
+        Only { alternatives }
     }
 
     /// Whether a configuration is selected.
     pub fn wants(&self, bench: &str, config: &serde_json::Value) -> bool {
         let text = format!("{bench} {}", crate::report::config_text(config));
-        self.terms.iter().all(|t| text.contains(t.as_str()))
+        self.alternatives.is_empty() || self.alternatives.iter().any(|terms| terms.iter().all(|t| text.contains(t.as_str())))
     }
 
     /// The pattern, for passing on to cluster nodes.
     pub fn pattern(&self) -> String {
-        self.terms.join(" ")
+        self.alternatives.iter().map(|terms| terms.join(" ")).collect::<Vec<_>>().join(",")
     }
 }
 
@@ -344,4 +352,27 @@ fn batched(worker: &mut Worker, client: &mut rawtcp::Client, table: Table, keys:
     } else {
         record(name, config, figures, "bytes_per_s", "tcp_stream", bytes / base_s, Better::Higher, ("ratio>=0.9", 0.9))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_selects_by_every_term_of_any_alternative() {
+        let remote = ("remote_pull", json!({"keys": 1, "value_len": 64}));
+        let batched = ("batched_push", json!({"keys": 300_000, "value_len": 1}));
+        let local = ("local_pull", json!({"cache": "cold", "keys": 1000, "value_len": 1}));
+        let picks = |pattern: Option<&str>| {
+            let only = Only::new(pattern);
+            [&remote, &batched, &local].map(|(b, c)| only.wants(b, c))
+        };
+        assert_eq!(picks(None), [true; 3]);
+        assert_eq!(picks(Some(" , ")), [true; 3], "no terms: everything");
+        assert_eq!(picks(Some("remote")), [true, false, false]);
+        assert_eq!(picks(Some("value_len=1 batched")), [false, true, false], "terms of one alternative all hold");
+        assert_eq!(picks(Some("remote,batched")), [true, true, false]);
+        assert_eq!(picks(Some("remote value_len=1,local cold")), [false, false, true]);
+        assert_eq!(Only::new(Some("remote  value_len=64 ,batched")).pattern(), "remote value_len=64,batched", "passed on to the nodes as it selects");
+    }
 }
