@@ -178,21 +178,23 @@ impl IntentHomes {
             let KeyIntents { nodes, replicating, undecided, .. } = entry;
             replicating.retain(|r| nodes.iter().any(|n| n.0 == *r) && Some(*r) != target);
             let needing_now = nodes.iter().filter(|n| n.1 == IntentLevel::Now).count();
+            let contended = needing_now >= 2;
             let mut shared = self.shared.contains(table, key);
             if let Some(i) = undecided.iter().position(|&n| n == from).filter(|_| level != IntentLevel::Soon) {
                 undecided.swap_remove(i);
-                let contended = needing_now >= 2;
-                if level == IntentLevel::Now && !shared {
-                    self.contention.entry(table).or_default().note(contended);
-                } else if level == IntentLevel::Now && !contended {
-                    // A shared key passed on from one node to the next: it is no longer used
-                    // together (a workload's phase changed), and the table's counts decide
-                    // again until several nodes need it now at the same time again.
-                    self.shared.remove(table, key);
-                    shared = false;
+                if level == IntentLevel::Now {
+                    if !shared {
+                        self.contention.entry(table).or_default().note(contended);
+                    } else if !contended {
+                        // A shared key passed on from one node to the next: it is no longer
+                        // used together (a workload's phase changed), and the table's counts
+                        // decide again until several nodes need it now at the same time again.
+                        self.shared.remove(table, key);
+                        shared = false;
+                    }
                 }
             }
-            if needing_now >= 2 && !shared {
+            if contended && !shared {
                 self.shared.insert(table, key);
                 shared = true;
             }
