@@ -89,6 +89,10 @@ enum Command {
         /// parameter-blocking workload.
         #[arg(long, value_delimiter = ',')]
         lens: Vec<usize>,
+        /// Keys of the parameter-blocking workload's table; its accesses per sub-epoch scale
+        /// with it, so a smaller table runs the same workload in less time.
+        #[arg(long, default_value_t = relocate::BLOCKING_KEYS)]
+        blocking_keys: u64,
         /// Internal: the part this process plays.
         #[arg(long, value_enum, default_value = "driver", hide = true)]
         role: Role,
@@ -155,8 +159,8 @@ fn run() -> Result<()> {
     match cli.command {
         Command::Micro { quick, json, only, repeat, role: Role::Driver } => micro::run_driver(quick, json, &micro::Only::new(only.as_deref()), repeat),
         Command::Micro { quick, only, repeat, role: Role::Node, .. } => micro::run_node(quick, &micro::Only::new(only.as_deref()), repeat),
-        Command::Relocate { quick, json, lens, role: Role::Driver } => relocate::run_driver(quick, json, &lens),
-        Command::Relocate { quick, lens, role: Role::Node, .. } => relocate::run_node(quick, &lens),
+        Command::Relocate { quick, json, lens, blocking_keys, role: Role::Driver } => relocate::run_driver(quick, json, &lens, blocking_keys),
+        Command::Relocate { quick, lens, blocking_keys, role: Role::Node, .. } => relocate::run_node(quick, &lens, blocking_keys),
         Command::Replicate { quick, json, role: Role::Driver } => replicate::run_driver(quick, json),
         Command::Replicate { quick, role: Role::Node, .. } => replicate::run_node(quick),
         Command::Train(t) => train::run(&t).map(|_| ()),

@@ -18,6 +18,13 @@ use crate::report::{Better, print_records, record};
 /// (value length, keys moved per localize call).
 const MOVES: [(usize, u64); 4] = [(1, 100_000), (100, 20_000), (1000, 4_000), (8000, 1_024)];
 
+/// Keys of the parameter-blocking table unless `--blocking-keys` says otherwise.
+pub const BLOCKING_KEYS: u64 = 200_000;
+
+/// Batches of 8 keys each node accesses per sub-epoch of the parameter-blocking workload at
+/// [`BLOCKING_KEYS`] keys (quick, full); they scale with the table's size.
+const BLOCKING_BATCHES: (u64, u64) = (4_000, 40_000);
+
 /// Wire bytes per relocated key: the LOCALIZE item (24) to the home, and the one-sided write of
 /// the value (frame header 8, write header 24, head word 4, values) to the new owner.
 fn bytes_per_key(value_len: usize) -> (usize, usize) {
@@ -25,27 +32,51 @@ fn bytes_per_key(value_len: usize) -> (usize, usize) {
 }
 
 /// Runs the relocation benchmark on a 2-process cluster and reports.
-pub fn run_driver(quick: bool, json: bool, lens: &[usize]) -> Result<()> {
+pub fn run_driver(quick: bool, json: bool, lens: &[usize], blocking_keys: u64) -> Result<()> {
     let started = Instant::now();
     if let Some(bad) = lens.iter().find(|l| !MOVES.iter().any(|(len, _)| len == *l)) {
         bail!("--lens {bad}: the value lengths measured are {:?}", MOVES.map(|(len, _)| len));
     }
-    let extra: Vec<String> = if lens.is_empty() { Vec::new() } else { vec!["--lens".into(), lens.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(",")] };
+    check_blocking_keys(blocking_keys)?;
+    if !lens.is_empty() && blocking_keys != BLOCKING_KEYS {
+        bail!("--blocking-keys sizes the parameter-blocking workload, which --lens leaves out");
+    }
+    let mut extra = vec!["--blocking-keys".to_string(), blocking_keys.to_string()];
+    if !lens.is_empty() {
+        extra.extend(["--lens".into(), lens.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(",")]);
+    }
     let records = crate::cluster::run_nodes_with("relocate", quick, 2, &extra)?;
     print_records("relocate", quick, started, json, &records);
     Ok(())
 }
 
-fn tables() -> Vec<TableSpec> {
+/// The parameter-blocking table needs a block per node, and more keys than the default's
+/// would only make the run longer than the full one.
+fn check_blocking_keys(keys: u64) -> Result<()> {
+    if !(2..=BLOCKING_KEYS).contains(&keys) {
+        bail!("--blocking-keys {keys}: between 2 and {BLOCKING_KEYS}");
+    }
+    Ok(())
+}
+
+/// Batches per sub-epoch for a parameter-blocking table of `keys` keys: the default's, scaled
+/// down with the table so that each key is accessed as often, at least one.
+fn blocking_batches(quick: bool, keys: u64) -> u64 {
+    let at_default = if quick { BLOCKING_BATCHES.0 } else { BLOCKING_BATCHES.1 };
+    (at_default * keys / BLOCKING_KEYS).max(1)
+}
+
+fn tables(blocking_keys: u64) -> Vec<TableSpec> {
     let mut t: Vec<TableSpec> = MOVES.iter().map(|&(len, n)| TableSpec::new(format!("move{len}"), 2 * n, len)).collect();
-    t.push(TableSpec::new("blocks", 200_000, 16).partitioned(Partitioning::Hash));
+    t.push(TableSpec::new("blocks", blocking_keys, 16).partitioned(Partitioning::Hash));
     t
 }
 
 /// One process of the cluster.
-pub fn run_node(quick: bool, lens: &[usize]) -> Result<()> {
+pub fn run_node(quick: bool, lens: &[usize], blocking_keys: u64) -> Result<()> {
+    check_blocking_keys(blocking_keys)?;
     let port: u16 = std::env::var("FERRY_BENCH_PORT").context("FERRY_BENCH_PORT is not set")?.parse()?;
-    let mut config = Config::from_env(tables())?;
+    let mut config = Config::from_env(tables(blocking_keys))?;
     config.relocation = true;
     config.op_timeout = crate::cluster::budget(quick);
     let mut node = Node::start(config)?;
@@ -120,7 +151,7 @@ pub fn run_node(quick: bool, lens: &[usize]) -> Result<()> {
     drop(worker);
     node.finalize()?;
     // The same workload on a classic parameter server: a second cluster with relocation off.
-    let mut config = Config::from_env(tables())?;
+    let mut config = Config::from_env(tables(blocking_keys))?;
     config.relocation = false;
     let mut classic_node = Node::start(config)?;
     let mut worker = classic_node.worker();
@@ -139,7 +170,7 @@ pub fn run_node(quick: bool, lens: &[usize]) -> Result<()> {
         });
         emit(record(
             "parameter_blocking",
-            json!({"nodes": 2, "keys": 200_000, "value_len": 16}),
+            json!({"nodes": 2, "keys": blocking_keys, "value_len": 16}),
             figures,
             "local_share",
             "classic_local_share",
@@ -163,7 +194,7 @@ fn blocking_workload(worker: &mut ferry::Worker, node: &Node, quick: bool) -> Re
     let keys = table.keys();
     let block = keys / nodes;
     let sub_epochs = 2 * nodes;
-    let batches = if quick { 4_000 } else { 40_000 };
+    let batches = blocking_batches(quick, keys);
     let batch = 8usize;
     let mut rng = ChaCha8Rng::seed_from_u64(rank);
     let mut values = vec![0.0f32; batch * 16];
@@ -190,4 +221,28 @@ fn blocking_workload(worker: &mut ferry::Worker, node: &Node, quick: bool) -> Re
     }
     let elapsed = started.elapsed().as_secs_f64();
     Ok((node.stats().since(&before), accesses as f64 / elapsed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocking_batches_scale_with_the_table() {
+        assert_eq!(blocking_batches(true, BLOCKING_KEYS), 4_000);
+        assert_eq!(blocking_batches(false, BLOCKING_KEYS), 40_000);
+        assert_eq!(blocking_batches(true, BLOCKING_KEYS / 4), 1_000);
+        assert_eq!(blocking_batches(false, BLOCKING_KEYS / 4), 10_000);
+        assert_eq!(blocking_batches(true, 2), 1, "a tiny table still runs a batch");
+    }
+
+    #[test]
+    fn blocking_keys_out_of_range_are_refused() {
+        assert!(check_blocking_keys(2).is_ok());
+        assert!(check_blocking_keys(BLOCKING_KEYS).is_ok());
+        for bad in [0, 1, BLOCKING_KEYS + 1] {
+            let err = check_blocking_keys(bad).unwrap_err().to_string();
+            assert!(err.contains("--blocking-keys"), "{err}");
+        }
+    }
 }
