@@ -373,6 +373,20 @@ pub(crate) struct Rating {
     value: f32,
 }
 
+/// The column block of `item` out of `blocks`: items are dealt out in turn rather than cut into
+/// contiguous ranges. Item numbers follow first appearance in the data, so the popular items
+/// come first, and contiguous ranges put most ratings in block 0 (ml-100k, 2 nodes: 86 % of
+/// the ratings in the two sub-epochs' larger cells, where dealing puts 54 %); every node then
+/// waits in the barrier for the one whose cell is heavy.
+fn column_block(item: u32, blocks: usize) -> usize {
+    item as usize % blocks.max(1)
+}
+
+/// The items of column block `block` out of `blocks` (see [`column_block`]).
+fn column_block_items(n_items: u32, blocks: usize, block: usize) -> Vec<u64> {
+    (block as u64..u64::from(n_items)).step_by(blocks.max(1)).collect()
+}
+
 /// The training ratings of each (row stratum, column block).
 fn cells(train: &Ratings, rows: std::ops::Range<usize>, strata: usize, blocks: usize) -> Vec<Vec<Vec<Rating>>> {
     let mut cells = vec![vec![Vec::new(); blocks]; strata];
@@ -382,7 +396,7 @@ fn cells(train: &Ratings, rows: std::ops::Range<usize>, strata: usize, blocks: u
             continue;
         }
         let stratum = part_of(u - rows.start, rows.len(), strata);
-        let block = part_of(train.items[i] as usize, train.n_items as usize, blocks);
+        let block = column_block(train.items[i], blocks);
         cells[stratum][block].push(Rating { user: train.users[i], item: train.items[i], value: train.values[i] });
     }
     cells
@@ -581,7 +595,7 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
             for sub in (0..nodes).filter(|_| max_delay.is_none()) {
                 let block = (rank + sub) % nodes;
                 if localize && t == 0 {
-                    let keys: Vec<u64> = part(train.n_items as usize, nodes, block).map(|i| i as u64).collect();
+                    let keys = column_block_items(train.n_items, nodes, block);
                     w.localize(items, &keys)?;
                 }
                 local_barrier.wait();
@@ -665,4 +679,38 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
     })?;
     node.finalize()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn column_blocks_deal_every_item_to_exactly_one_block() {
+        for (n_items, blocks) in [(1682u32, 2usize), (10, 3), (5, 4), (3, 8)] {
+            let mut seen = vec![0u32; n_items as usize];
+            for b in 0..blocks {
+                for item in column_block_items(n_items, blocks, b) {
+                    assert_eq!(column_block(item as u32, blocks), b, "item {item} listed in block {b}");
+                    seen[item as usize] += 1;
+                }
+            }
+            assert!(seen.iter().all(|&n| n == 1), "{n_items} items over {blocks} blocks: {seen:?}");
+        }
+    }
+
+    #[test]
+    fn popular_first_items_spread_over_the_blocks() {
+        // Ratings concentrated on the first items (as in data numbered by first appearance):
+        // contiguous halves would give block 0 all of them; dealt out, each block gets half.
+        let mut train = Ratings::default();
+        for i in 0..100u32 {
+            train.users.push(i % 10);
+            train.items.push(i % 20);
+            train.values.push(1.0);
+        }
+        (train.n_users, train.n_items) = (10, 200);
+        let cells = cells(&train, 0..10, 1, 2);
+        assert_eq!((cells[0][0].len(), cells[0][1].len()), (50, 50));
+    }
 }
