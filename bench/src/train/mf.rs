@@ -2,7 +2,7 @@
 //!
 //! Parallelised as DSGD with parameter blocking (Lapse, section 4 and appendix A): rows (users)
 //! are partitioned to nodes — each node localizes its rows once (data clustering) — and columns
-//! (items) are cut into one block per node; in sub-epoch `s` node `n` trains its ratings of block
+//! (items) are dealt out to one block per node; in sub-epoch `s` node `n` trains its ratings of block
 //! `(n + s) mod N`, after localizing that block, so that all parameter accesses within a
 //! sub-epoch are local. Worker threads of a node split its rows; a cluster barrier ends every
 //! sub-epoch. The `single` mode runs the same schedule over threads and plain shared arrays.
