@@ -89,10 +89,11 @@ enum Command {
         /// parameter-blocking workload.
         #[arg(long, value_delimiter = ',')]
         lens: Vec<usize>,
-        /// Keys of the parameter-blocking workload's table; its accesses per sub-epoch scale
-        /// with it, so a smaller table runs the same workload in less time.
-        #[arg(long, default_value_t = relocate::BLOCKING_KEYS)]
-        blocking_keys: u64,
+        /// Keys of the parameter-blocking workload's table (default 200 000, at most that); its
+        /// accesses per sub-epoch scale with it, so a smaller table runs the same workload in
+        /// less time. Not with --lens, which leaves the workload out.
+        #[arg(long)]
+        blocking_keys: Option<u64>,
         /// Internal: the part this process plays.
         #[arg(long, value_enum, default_value = "driver", hide = true)]
         role: Role,

@@ -32,22 +32,30 @@ fn bytes_per_key(value_len: usize) -> (usize, usize) {
 }
 
 /// Runs the relocation benchmark on a 2-process cluster and reports.
-pub fn run_driver(quick: bool, json: bool, lens: &[usize], blocking_keys: u64) -> Result<()> {
+pub fn run_driver(quick: bool, json: bool, lens: &[usize], blocking_keys: Option<u64>) -> Result<()> {
     let started = Instant::now();
     if let Some(bad) = lens.iter().find(|l| !MOVES.iter().any(|(len, _)| len == *l)) {
         bail!("--lens {bad}: the value lengths measured are {:?}", MOVES.map(|(len, _)| len));
     }
-    check_blocking_keys(blocking_keys)?;
-    if !lens.is_empty() && blocking_keys != BLOCKING_KEYS {
-        bail!("--blocking-keys sizes the parameter-blocking workload, which --lens leaves out");
-    }
-    let mut extra = vec!["--blocking-keys".to_string(), blocking_keys.to_string()];
-    if !lens.is_empty() {
-        extra.extend(["--lens".into(), lens.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(",")]);
-    }
+    let blocking_keys = blocking_keys_given(lens, blocking_keys)?;
+    let extra = if lens.is_empty() {
+        vec!["--blocking-keys".to_string(), blocking_keys.to_string()]
+    } else {
+        vec!["--lens".into(), lens.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(",")]
+    };
     let records = crate::cluster::run_nodes_with("relocate", quick, 2, &extra)?;
     print_records("relocate", quick, started, json, &records);
     Ok(())
+}
+
+/// The parameter-blocking table's keys: as given (refused with `--lens`, which leaves the
+/// workload out, even at the default's value) or the default.
+fn blocking_keys_given(lens: &[usize], given: Option<u64>) -> Result<u64> {
+    match given {
+        Some(_) if !lens.is_empty() => bail!("--blocking-keys sizes the parameter-blocking workload, which --lens leaves out"),
+        Some(keys) => check_blocking_keys(keys).map(|()| keys),
+        None => Ok(BLOCKING_KEYS),
+    }
 }
 
 /// The parameter-blocking table needs a block per node, and more keys than the default's
@@ -73,7 +81,9 @@ fn tables(blocking_keys: u64) -> Vec<TableSpec> {
 }
 
 /// One process of the cluster.
-pub fn run_node(quick: bool, lens: &[usize], blocking_keys: u64) -> Result<()> {
+pub fn run_node(quick: bool, lens: &[usize], blocking_keys: Option<u64>) -> Result<()> {
+    // The driver passes the table's size only without --lens (see `run_driver`).
+    let blocking_keys = blocking_keys.unwrap_or(BLOCKING_KEYS);
     check_blocking_keys(blocking_keys)?;
     let port: u16 = std::env::var("FERRY_BENCH_PORT").context("FERRY_BENCH_PORT is not set")?.parse()?;
     let mut config = Config::from_env(tables(blocking_keys))?;
@@ -244,5 +254,17 @@ mod tests {
             let err = check_blocking_keys(bad).unwrap_err().to_string();
             assert!(err.contains("--blocking-keys"), "{err}");
         }
+    }
+
+    #[test]
+    fn blocking_keys_with_lens_are_refused_even_at_the_default() {
+        assert_eq!(blocking_keys_given(&[], None).unwrap(), BLOCKING_KEYS);
+        assert_eq!(blocking_keys_given(&[], Some(50_000)).unwrap(), 50_000);
+        assert_eq!(blocking_keys_given(&[1], None).unwrap(), BLOCKING_KEYS);
+        for given in [50_000, BLOCKING_KEYS] {
+            let err = blocking_keys_given(&[1], Some(given)).unwrap_err().to_string();
+            assert!(err.contains("--lens"), "{err}");
+        }
+        assert!(blocking_keys_given(&[], Some(1)).is_err());
     }
 }
