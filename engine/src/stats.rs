@@ -160,15 +160,18 @@ pub struct IntentStats {
     pub lead_clocks: u64,
     /// Accesses by a worker to a key it had declared intent for in its current clock that did
     /// not find the key here ("late" accesses: they went to another node; pulls, pushes and
-    /// sets, a set that found a run-time replica here not counted). The five counts
+    /// sets, a set that found a run-time replica here not counted). The six counts
     /// below split them by cause ([`crate::intent::LateCause`]) and sum to this.
     pub late_accesses: u64,
     /// Late accesses whose window the service had not acted on yet (its start was beyond the
     /// worker's action horizon at every round so far).
     pub late_unacted: u64,
-    /// Late accesses whose key's home had been told but nothing was on its way here yet (the
-    /// answer was, or the key was held for another node).
+    /// Late accesses whose key's home had been told but nothing was on its way here yet and no
+    /// grant had arrived (the answer was on its way, or the key was held for another node).
     pub late_unanswered: u64,
+    /// Late accesses whose key's grant (a move or a replica here) had arrived but the intent
+    /// service had not taken it up yet.
+    pub late_untaken: u64,
     /// Late accesses whose key's move here had been granted and was still on its way.
     pub late_moving: u64,
     /// Late accesses whose key's replica here had been granted and was still being made.
@@ -213,7 +216,7 @@ pub struct IntentStats {
 }
 
 impl IntentStats {
-    fn counters(&mut self) -> [&mut u64; 23] {
+    fn counters(&mut self) -> [&mut u64; 24] {
         [
             &mut self.rounds,
             &mut self.declared,
@@ -223,6 +226,7 @@ impl IntentStats {
             &mut self.late_accesses,
             &mut self.late_unacted,
             &mut self.late_unanswered,
+            &mut self.late_untaken,
             &mut self.late_moving,
             &mut self.late_replicating,
             &mut self.late_left,
@@ -252,6 +256,7 @@ impl IntentStats {
         match cause {
             Unacted => self.late_unacted,
             Unanswered => self.late_unanswered,
+            Untaken => self.late_untaken,
             Moving => self.late_moving,
             Replicating => self.late_replicating,
             Left => self.late_left,

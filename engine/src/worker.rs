@@ -251,7 +251,7 @@ impl Worker {
                 let t = node.core.store().table(table.id);
                 away.retain(|&key| !t.has_dynamic_replica(key));
             }
-            let late = node.intents.count_late(table.id, away, self.index, self.clock);
+            let late = node.intents.count_late(node.core.intent_homes(), table.id, away, self.index, self.clock);
             node.core.intent_counters().note_late(&late);
         }
         if let Issued::Pending { op, more: true } = issued {
@@ -594,6 +594,7 @@ impl Worker {
         node.intents.signal_levels(&node)?;
         node.intents.sync_replicas(&node, self)?;
         self.node.worker_barrier(timeout)?;
+        node.intents.take_up_grants(&node);
         self.node.replication_sync()?;
         node.intents.sync_replicas(&node, self)
     }

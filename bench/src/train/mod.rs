@@ -400,8 +400,11 @@ pub struct EpochReport {
 pub struct LateCauses {
     /// The window was not acted on yet (the action timing left no lead).
     pub unacted: f64,
-    /// The home was told, nothing was on its way yet.
+    /// The home was told, nothing was on its way yet and no grant had arrived.
     pub unanswered: f64,
+    /// The home's grant had arrived; the intent service had not taken it up yet.
+    #[serde(default)]
+    pub untaken: f64,
     /// The relocation was on its way.
     pub moving: f64,
     /// The replica was being made.
@@ -411,14 +414,14 @@ pub struct LateCauses {
 }
 
 impl LateCauses {
-    /// Shares from counts (unacted, unanswered, moving, replicating, left).
-    pub fn from_counts(counts: [f64; 5]) -> LateCauses {
+    /// Shares from counts (unacted, unanswered, untaken, moving, replicating, left).
+    pub fn from_counts(counts: [f64; 6]) -> LateCauses {
         let total: f64 = counts.iter().sum();
         if total <= 0.0 {
             return LateCauses::default();
         }
-        let [unacted, unanswered, moving, replicating, left] = counts.map(|n| n / total);
-        LateCauses { unacted, unanswered, moving, replicating, left }
+        let [unacted, unanswered, untaken, moving, replicating, left] = counts.map(|n| n / total);
+        LateCauses { unacted, unanswered, untaken, moving, replicating, left }
     }
 }
 
@@ -554,12 +557,19 @@ fn more_quality(r: &EpochReport) -> String {
     let texts = ["filtered"].iter().filter_map(|k| r.quality.get(*k).and_then(|v| v.as_str()).map(|v| format!("{k} {v}")));
     let intent = (r.mode == Mode::Intent).then(|| {
         let c = &r.late_causes;
-        let causes = [("unacted", c.unacted), ("unanswered", c.unanswered), ("moving", c.moving), ("replicating", c.replicating), ("left", c.left)]
-            .iter()
-            .filter(|(_, share)| *share > 0.0)
-            .map(|(name, share)| format!("{name} {:.0}%", share * 100.0))
-            .collect::<Vec<_>>()
-            .join(" ");
+        let causes = [
+            ("unacted", c.unacted),
+            ("unanswered", c.unanswered),
+            ("untaken", c.untaken),
+            ("moving", c.moving),
+            ("replicating", c.replicating),
+            ("left", c.left),
+        ]
+        .iter()
+        .filter(|(_, share)| *share > 0.0)
+        .map(|(name, share)| format!("{name} {:.0}%", share * 100.0))
+        .collect::<Vec<_>>()
+        .join(" ");
         let causes = if causes.is_empty() { String::new() } else { format!(" ({causes})") };
         let reasked = if r.reasked > 0 { format!(" reasked {}", r.reasked) } else { String::new() };
         let declined = if r.declined > 0 { format!(" declined {}", r.declined) } else { String::new() };

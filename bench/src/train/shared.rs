@@ -53,7 +53,7 @@ impl SharedArray {
 }
 
 /// Fields every node contributes to an epoch's cluster-wide sums.
-pub const METRIC_FIELDS: usize = 25;
+pub const METRIC_FIELDS: usize = 26;
 
 /// Field positions in the metrics table.
 pub mod field {
@@ -89,20 +89,21 @@ pub mod field {
     pub const LATE: usize = 14;
     /// Mean lead of intent actions in clocks (summed over nodes).
     pub const INTENT_LEAD: usize = 15;
-    /// Late accesses by cause: window not acted on yet, nothing on its way, key on its way,
-    /// replica being made, key left again (see `ferry::intent::LateCause`).
-    pub const LATE_CAUSES: [usize; 5] = [16, 17, 18, 19, 20];
+    /// Late accesses by cause: window not acted on yet, nothing on its way, grant not taken
+    /// up yet, key on its way, replica being made, key left again (see
+    /// `ferry::intent::LateCause`).
+    pub const LATE_CAUSES: [usize; 6] = [16, 17, 18, 19, 20, 21];
     /// Keys whose homes were asked again (intent mode; `ferry::IntentStats::reasked`).
-    pub const REASKED: usize = 21;
+    pub const REASKED: usize = 22;
     /// Moves asked for on a grant that the homes declined (intent mode;
     /// `ferry::IntentStats::declined`).
-    pub const DECLINED: usize = 22;
+    pub const DECLINED: usize = 23;
     /// Dropped replicas pushed to while they drained (intent mode;
     /// `ferry::IntentStats::drained_again`).
-    pub const DRAINED_AGAIN: usize = 23;
+    pub const DRAINED_AGAIN: usize = 24;
     /// Replicas made with pushes sent behind their pull (intent mode;
     /// `ferry::IntentStats::made_with_pushes`).
-    pub const MADE_WITH_PUSHES: usize = 24;
+    pub const MADE_WITH_PUSHES: usize = 25;
 }
 
 /// Pulls keys `0..n` of `table` (`len` values each), in chunks.

@@ -155,7 +155,7 @@ impl IntentCounters {
     /// The counters now.
     pub fn snapshot(&self) -> IntentStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let [late_unacted, late_unanswered, late_moving, late_replicating, late_left] = self.late_by_cause.each_ref().map(get);
+        let [late_unacted, late_unanswered, late_untaken, late_moving, late_replicating, late_left] = self.late_by_cause.each_ref().map(get);
         IntentStats {
             rounds: get(&self.rounds),
             declared: get(&self.declared),
@@ -165,6 +165,7 @@ impl IntentCounters {
             late_accesses: get(&self.late_accesses),
             late_unacted,
             late_unanswered,
+            late_untaken,
             late_moving,
             late_replicating,
             late_left,
@@ -363,10 +364,14 @@ pub enum LateCause {
     /// The window was not yet acted on: its start was beyond the worker's action horizon at
     /// every round so far (the timing, or a declaration made too late, left no lead).
     Unacted,
-    /// Acted on (the home was told) but nothing was on its way here: the home's answer was on
-    /// its way, the key was held for another node, or the home granted a replica of a table
-    /// that keeps none (server-side updates).
+    /// Acted on (the home was told) but nothing was on its way here and no grant had arrived:
+    /// the home's answer was on its way, the key was held for another node, or the home
+    /// granted a replica of a table that keeps none (server-side updates).
     Unanswered,
+    /// The home's grant (a move or a replica here) had arrived, but the intent service had not
+    /// taken it up yet: the service was not scheduled between the grant's arrival and the
+    /// access.
+    Untaken,
     /// A move here was granted; the relocation was still on its way.
     Moving,
     /// A replica here was granted; it was still being made.
@@ -379,7 +384,7 @@ pub enum LateCause {
 
 impl LateCause {
     /// Every cause, in declaration order (`ALL[c as usize] == c`).
-    pub const ALL: [LateCause; 5] = [LateCause::Unacted, LateCause::Unanswered, LateCause::Moving, LateCause::Replicating, LateCause::Left];
+    pub const ALL: [LateCause; 6] = [LateCause::Unacted, LateCause::Unanswered, LateCause::Untaken, LateCause::Moving, LateCause::Replicating, LateCause::Left];
 }
 
 impl KeyState {

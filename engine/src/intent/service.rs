@@ -37,10 +37,10 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 
 use super::replicas::ReplicaSet;
-use super::{ActionTiming, IntentLevel, IntentTable, LateCounts};
+use super::{ActionTiming, IntentLevel, IntentTable, LateCause, LateCounts};
 use crate::error::{Error, Result};
 use crate::node::Table;
-use crate::protocol::Grant;
+use crate::protocol::{Grant, IntentHomes};
 use crate::runtime::NodeInner;
 use crate::worker::Worker;
 
@@ -54,6 +54,11 @@ const QUIET_REST: std::time::Duration = std::time::Duration::from_millis(100);
 /// Rounds that move no window, with nothing in flight and no replicas, stretch the time to
 /// the next round, doubling it up to this many round times; a round that moves one resets it.
 const MAX_STRETCH: u32 = 8;
+
+/// How many round times a worker leaving a barrier waits at most for the service to take up
+/// the grants that arrived meanwhile ([`IntentService::take_up_grants`]); past it, the worker
+/// goes on and its accesses find the keys where they are.
+const TAKE_UP_ROUNDS: u32 = 4;
 
 /// One declaring worker's clock and timing.
 struct WorkerClock {
@@ -94,6 +99,11 @@ pub(crate) struct IntentService {
     rounds_signalled: AtomicU64,
     /// A worker waits for a round to tell the homes its ended windows (before a barrier).
     round_wanted: AtomicBool,
+    /// Times the service took the grants waiting for it, and times it then had started their
+    /// moves and replicas (both counted under the state lock, `signalled` notified with the
+    /// second): a worker in [`IntentService::take_up_grants`] waits for them.
+    takes_begun: AtomicU64,
+    takes_done: AtomicU64,
     /// The service thread sleeps (or is about to): a grant must wake it.
     resting: AtomicBool,
     /// The service sleeps until a worker advances or declares (set and read under the state
@@ -186,14 +196,31 @@ impl IntentService {
 
     /// Of `away`, keys an access of worker `worker` in clock `clock` found neither here nor
     /// replicated here, those the worker declared intent for now (late accesses), by cause.
-    pub fn count_late(&self, table: u16, away: &[u64], worker: u16, clock: u64) -> LateCounts {
+    /// A key whose home has not answered, as far as the service knows, is told apart by
+    /// whether a grant for it waits in `homes` (taken after the state lock, as the service's
+    /// `act` does).
+    pub fn count_late(&self, homes: &Mutex<IntentHomes>, table: u16, away: &[u64], worker: u16, clock: u64) -> LateCounts {
         let mut state = self.state.lock();
         let mut late = LateCounts::default();
+        let mut unanswered = 0;
+        let mut untaken = 0;
+        let mut homes_guard = None;
         for &key in away {
-            if let Some(cause) = state.table.note_late(table, key, worker, clock) {
-                late.add(cause);
+            match state.table.note_late(table, key, worker, clock) {
+                Some(LateCause::Unanswered) => {
+                    let homes = homes_guard.get_or_insert_with(|| homes.lock());
+                    if homes.grant_waiting(table, key) {
+                        untaken += 1;
+                    } else {
+                        unanswered += 1;
+                    }
+                }
+                Some(cause) => late.add(cause),
+                None => {}
             }
         }
+        late.0[LateCause::Unanswered as usize] += unanswered;
+        late.0[LateCause::Untaken as usize] += untaken;
         late
     }
 
@@ -269,6 +296,39 @@ impl IntentService {
             self.signalled.wait_for(&mut state, std::time::Duration::from_millis(10));
         }
         Ok(())
+    }
+
+    /// A worker left a barrier: if grants the homes sent while the workers were in it still
+    /// wait for the service (the moves and replicas of the keys whose windows start now), the
+    /// worker gives its core to the service until it has taken them up — started the moves
+    /// and the replicas — at most [`TAKE_UP_ROUNDS`] round times. Otherwise the worker's first
+    /// accesses, made at once, find those keys still remote and are late (cause `Untaken`):
+    /// on two cores with a node per core, the woken service may not run before the worker
+    /// has made hundreds of accesses. After the take-up, an access to a key on its way here
+    /// waits for it locally instead of going to the node it is leaving.
+    pub fn take_up_grants(&self, node: &NodeInner) {
+        if !self.running.load(Ordering::Acquire) || !node.core.intent_go_waiting() {
+            return;
+        }
+        let mut state = self.state.lock();
+        // The take-up to wait for: the next one if grants still wait, else one the service is
+        // in the middle of (it took the grants and is starting their moves).
+        let begun = self.takes_begun.load(Ordering::Acquire);
+        let target = if node.core.intent_go_waiting() {
+            begun + 1
+        } else if self.takes_done.load(Ordering::Acquire) < begun {
+            begun
+        } else {
+            return;
+        };
+        let deadline = Instant::now() + node.config.intent.round * TAKE_UP_ROUNDS;
+        self.wake.notify_all();
+        while self.takes_done.load(Ordering::Acquire) < target {
+            if self.stopped(node) || !self.running.load(Ordering::Acquire) || Instant::now() >= deadline {
+                return;
+            }
+            self.signalled.wait_until(&mut state, deadline);
+        }
     }
 
     /// Stops the service thread and waits for it (its worker is dropped with it).
@@ -544,6 +604,8 @@ impl IntentService {
                     }
                 }
             }
+            // A worker leaving a barrier may wait until the moves and replicas below started.
+            self.takes_begun.fetch_add(1, Ordering::AcqRel);
         }
         for (table, keys) in unwanted {
             if let Err(e) = self.replicas.lock().drop_keys(node, own, table, &keys) {
@@ -581,6 +643,9 @@ impl IntentService {
                 Err(e) => tracing::warn!(node = node.config.rank, error = %e, "the intent service could not relocate keys; their accesses go remote"),
             }
         }
+        let _state = self.state.lock();
+        self.takes_done.fetch_add(1, Ordering::AcqRel);
+        self.signalled.notify_all();
         true
     }
 
@@ -625,4 +690,98 @@ struct InFlight {
     ticket: crate::worker::Ticket,
     table: u16,
     keys: Vec<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::Residence;
+    use crate::{Config, Node, TableSpec};
+
+    #[test]
+    fn a_worker_leaving_a_barrier_waits_until_the_waiting_grants_are_taken_up() {
+        // Rounds of 1 s: the take-up's bound (four rounds) is beyond what the test waits for.
+        let mut config = Config::new(vec![TableSpec::new("t", 16, 1)]);
+        config.latches = 16;
+        config.intent.round = Duration::from_secs(1);
+        let nodes = Node::start_local_cluster(2, config).unwrap();
+        let node = nodes[1].inner().clone();
+        let mut own = nodes[1].worker();
+        let handle = own.table("t").unwrap();
+        let key = (0..16).find(|&k| node.core.store().table(handle.id).residence(k) == Residence::Away).unwrap();
+        // A service of the test's own, driven by hand (no thread), that intends the key now.
+        let service = Arc::new(IntentService::default());
+        service.running.store(true, Ordering::Release);
+        {
+            let mut state = service.state.lock();
+            state.table.add(handle.id, key, 0, 0, 10);
+            state.table.advance(0, |_| 0, 0, |_| 0);
+            assert_eq!(state.table.relevel(handle.id, key, |_| 0), Some(IntentLevel::Now));
+        }
+        let take_up = |service: &Arc<IntentService>| {
+            let (service, node, (done, finished)) = (service.clone(), node.clone(), mpsc::channel());
+            std::thread::spawn(move || {
+                service.take_up_grants(&node);
+                done.send(()).unwrap();
+            });
+            finished
+        };
+        // Nothing waits: the worker goes on at once.
+        take_up(&service).recv_timeout(Duration::from_secs(2)).expect("nothing to wait for");
+        // A move was granted: the worker waits until the service has taken it and started it.
+        node.core.post_intent_go(handle.id, Grant::Move, vec![key]);
+        let finished = take_up(&service);
+        assert!(finished.recv_timeout(Duration::from_millis(300)).is_err(), "went on before the grant was taken up");
+        let mut in_flight = Vec::new();
+        assert!(service.act(&node, &mut own, &mut in_flight));
+        finished.recv_timeout(Duration::from_secs(2)).expect("still waiting after the take-up");
+        assert_eq!(in_flight.len(), 1, "the move was started before the worker went on");
+        for f in in_flight {
+            own.wait(f.ticket).unwrap();
+        }
+        assert!(matches!(node.core.store().table(handle.id).residence(key), Residence::Here(_)));
+        drop(own);
+        std::thread::scope(|s| {
+            for mut n in nodes {
+                s.spawn(move || n.finalize().unwrap());
+            }
+        });
+    }
+
+    #[test]
+    fn a_late_access_whose_grant_waits_for_the_service_is_told_apart() {
+        let service = IntentService::default();
+        {
+            let mut state = service.state.lock();
+            // Keys 5, 6 and 7 of table 0 are needed now; their homes were told.
+            for key in [5, 6, 7] {
+                state.table.add(0, key, 0, 0, 10);
+            }
+            state.table.advance(0, |_| 0, 0, |_| 0);
+            for key in [5, 6, 7] {
+                assert_eq!(state.table.relevel(0, key, |_| 0), Some(IntentLevel::Now));
+            }
+            // Key 7's move was taken up: it is on its way.
+            state.table.note_granted(0, 7, false);
+        }
+        let homes = Mutex::new(IntentHomes::default());
+        // A move of key 5 arrived and waits for the service; key 6's home has not answered.
+        homes.lock().post_go(0, Grant::Move, vec![4, 5]);
+        homes.lock().post_go(1, Grant::Move, vec![6]);
+        let late = service.count_late(&homes, 0, &[5, 6, 7, 8], 0, 0);
+        let mut expected = LateCounts::default();
+        expected.add(LateCause::Untaken);
+        expected.add(LateCause::Unanswered);
+        expected.add(LateCause::Moving);
+        assert_eq!(late, expected, "key 8 was not declared, so it is not late");
+        // Once the service took the grant, nothing waits.
+        homes.lock().take_go();
+        let late = service.count_late(&homes, 0, &[5], 0, 0);
+        let mut expected = LateCounts::default();
+        expected.add(LateCause::Unanswered);
+        assert_eq!(late, expected);
+    }
 }

@@ -255,6 +255,13 @@ impl IntentHomes {
         }
     }
 
+    /// Whether a grant for `key` of `table` arrived here and waits for the intent service
+    /// (for the cause of a late access: scans the waiting grants, which the service takes
+    /// every round, so only late accesses call it).
+    pub fn grant_waiting(&self, table: u16, key: u64) -> bool {
+        self.go.iter().any(|(t, _, keys)| *t == table && keys.contains(&key))
+    }
+
     /// Takes the moves and replicas this node was told to make.
     pub fn take_go(&mut self) -> Vec<(u16, Grant, Vec<u64>)> {
         std::mem::take(&mut self.go)
