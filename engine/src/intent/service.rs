@@ -197,30 +197,29 @@ impl IntentService {
     /// Of `away`, keys an access of worker `worker` in clock `clock` found neither here nor
     /// replicated here, those the worker declared intent for now (late accesses), by cause.
     /// A key whose home has not answered, as far as the service knows, is told apart by
-    /// whether a grant for it waits in `homes` (taken after the state lock, as the service's
-    /// `act` does).
+    /// whether a grant for it waits in `homes` for the service to take it up.
     pub fn count_late(&self, homes: &Mutex<IntentHomes>, table: u16, away: &[u64], worker: u16, clock: u64) -> LateCounts {
-        let mut state = self.state.lock();
         let mut late = LateCounts::default();
-        let mut unanswered = 0;
-        let mut untaken = 0;
-        let mut homes_guard = None;
-        for &key in away {
-            match state.table.note_late(table, key, worker, clock) {
-                Some(LateCause::Unanswered) => {
-                    let homes = homes_guard.get_or_insert_with(|| homes.lock());
-                    if homes.grant_waiting(table, key) {
-                        untaken += 1;
-                    } else {
-                        unanswered += 1;
-                    }
+        let mut unanswered = Vec::new();
+        {
+            let mut state = self.state.lock();
+            for &key in away {
+                match state.table.note_late(table, key, worker, clock) {
+                    Some(LateCause::Unanswered) => unanswered.push(key),
+                    Some(cause) => late.add(cause),
+                    None => {}
                 }
-                Some(cause) => late.add(cause),
-                None => {}
             }
         }
-        late.0[LateCause::Unanswered as usize] += unanswered;
-        late.0[LateCause::Untaken as usize] += untaken;
+        if !unanswered.is_empty() {
+            // One pass over the waiting grants (usually none: the service takes them every
+            // round), then a lookup per key.
+            let mut waiting = homes.lock().waiting_grants(table);
+            waiting.sort_unstable();
+            for key in unanswered {
+                late.add(if waiting.binary_search(&key).is_ok() { LateCause::Untaken } else { LateCause::Unanswered });
+            }
+        }
         late
     }
 
@@ -771,8 +770,10 @@ mod tests {
         // A move of key 5 arrived and waits for the service; key 6's home has not answered.
         homes.lock().post_go(0, Grant::Move, vec![4, 5]);
         homes.lock().post_go(1, Grant::Move, vec![6]);
-        let late = service.count_late(&homes, 0, &[5, 6, 7, 8], 0, 0);
+        // Key 5 is accessed twice in the batch: each access counts.
+        let late = service.count_late(&homes, 0, &[5, 6, 7, 8, 5], 0, 0);
         let mut expected = LateCounts::default();
+        expected.add(LateCause::Untaken);
         expected.add(LateCause::Untaken);
         expected.add(LateCause::Unanswered);
         expected.add(LateCause::Moving);

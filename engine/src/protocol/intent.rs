@@ -255,11 +255,10 @@ impl IntentHomes {
         }
     }
 
-    /// Whether a grant for `key` of `table` arrived here and waits for the intent service
-    /// (for the cause of a late access: scans the waiting grants, which the service takes
-    /// every round, so only late accesses call it).
-    pub fn grant_waiting(&self, table: u16, key: u64) -> bool {
-        self.go.iter().any(|(t, _, keys)| *t == table && keys.contains(&key))
+    /// The keys of `table` whose grants arrived here and wait for the intent service (for the
+    /// causes of late accesses), unsorted.
+    pub fn waiting_grants(&self, table: u16) -> Vec<u64> {
+        self.go.iter().filter(|(t, _, _)| *t == table).flat_map(|(_, _, keys)| keys.iter().copied()).collect()
     }
 
     /// Takes the moves and replicas this node was told to make.
