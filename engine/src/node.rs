@@ -362,3 +362,14 @@ impl NodeInner {
         }
     }
 }
+
+/// Finalizes every node of an in-process cluster, all at once (a node's `finalize` waits for
+/// its peers), for the crate's unit tests.
+#[cfg(test)]
+pub(crate) fn finalize_all(nodes: Vec<Node>) {
+    std::thread::scope(|s| {
+        for mut n in nodes {
+            s.spawn(move || n.finalize().unwrap());
+        }
+    });
+}

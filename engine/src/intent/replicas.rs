@@ -711,11 +711,7 @@ mod tests {
 
     fn shut_down(nodes: Vec<Node>, workers: [Worker; 2]) {
         drop(workers);
-        std::thread::scope(|s| {
-            for mut n in nodes {
-                s.spawn(move || n.finalize().unwrap());
-            }
-        });
+        crate::node::finalize_all(nodes);
     }
 
     #[test]

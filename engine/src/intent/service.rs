@@ -743,11 +743,7 @@ mod tests {
         }
         assert!(matches!(node.core.store().table(handle.id).residence(key), Residence::Here(_)));
         drop(own);
-        std::thread::scope(|s| {
-            for mut n in nodes {
-                s.spawn(move || n.finalize().unwrap());
-            }
-        });
+        crate::node::finalize_all(nodes);
     }
 
     #[test]
