@@ -306,20 +306,12 @@ impl IntentService {
     /// has made hundreds of accesses. After the take-up, an access to a key on its way here
     /// waits for it locally instead of going to the node it is leaving.
     pub fn take_up_grants(&self, node: &NodeInner) {
-        if !self.running.load(Ordering::Acquire) || !node.core.intent_go_waiting() {
+        // Looked at without the lock first: a barrier with nothing to take up costs a few loads.
+        if !self.running.load(Ordering::Acquire) || self.take_up_target(node).is_none() {
             return;
         }
         let mut state = self.state.lock();
-        // The take-up to wait for: the next one if grants still wait, else one the service is
-        // in the middle of (it took the grants and is starting their moves).
-        let begun = self.takes_begun.load(Ordering::Acquire);
-        let target = if node.core.intent_go_waiting() {
-            begun + 1
-        } else if self.takes_done.load(Ordering::Acquire) < begun {
-            begun
-        } else {
-            return;
-        };
+        let Some(target) = self.take_up_target(node) else { return };
         let deadline = Instant::now() + node.config.intent.round * TAKE_UP_ROUNDS;
         self.wake.notify_all();
         while self.takes_done.load(Ordering::Acquire) < target {
@@ -327,6 +319,21 @@ impl IntentService {
                 return;
             }
             self.signalled.wait_until(&mut state, deadline);
+        }
+    }
+
+    /// The take-up a worker leaving a barrier waits for (as a count of `takes_done`): the next
+    /// one if grants still wait, else one the service is in the middle of (it took the grants
+    /// and is starting their moves); none if neither. Exact under the state lock, which both
+    /// counts change under.
+    fn take_up_target(&self, node: &NodeInner) -> Option<u64> {
+        let begun = self.takes_begun.load(Ordering::Acquire);
+        if node.core.intent_go_waiting() {
+            Some(begun + 1)
+        } else if self.takes_done.load(Ordering::Acquire) < begun {
+            Some(begun)
+        } else {
+            None
         }
     }
 
@@ -742,6 +749,17 @@ mod tests {
             own.wait(f.ticket).unwrap();
         }
         assert!(matches!(node.core.store().table(handle.id).residence(key), Residence::Here(_)));
+        // A take-up in progress (the grants taken, their moves not yet started): the worker
+        // waits for it too.
+        service.takes_begun.fetch_add(1, Ordering::AcqRel);
+        let finished = take_up(&service);
+        assert!(finished.recv_timeout(Duration::from_millis(300)).is_err(), "went on in the middle of a take-up");
+        {
+            let _state = service.state.lock();
+            service.takes_done.fetch_add(1, Ordering::AcqRel);
+            service.signalled.notify_all();
+        }
+        finished.recv_timeout(Duration::from_secs(2)).expect("still waiting after the take-up");
         drop(own);
         crate::node::finalize_all(nodes);
     }
