@@ -5,8 +5,8 @@
 //!
 //! The driver runs `single` in this process and starts the other modes as clusters of
 //! processes of this binary (through `ferry::launch`); rank 0 of a cluster prints one `EPOCH`
-//! line per epoch and `PROGRESS` lines within epochs, which the driver turns into a table or JSON
-//! lines, a progress bar, and optionally an SVG plot.
+//! line per epoch and `PROGRESS` lines within epochs (at most ten a second), which the driver
+//! turns into a table or JSON lines, a progress bar, and optionally an SVG plot.
 
 pub mod countmin;
 pub mod kge;
@@ -19,7 +19,7 @@ pub mod w2v;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
@@ -459,6 +459,34 @@ impl EpochReport {
     }
 }
 
+/// The shortest time between two progress lines of a node: a line is a write to a pipe and wakes
+/// the driver, which on a machine with few cores takes that time from the trainers; and the
+/// lines must not come more often in one mode than in another (MF's intent mode reports every
+/// clock, sixteen per sub-epoch), or the modes' epoch times are not compared fairly.
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+
+/// Lets through the progress lines a node prints: the first of each epoch and of its
+/// evaluation, then at most one per [`PROGRESS_EVERY`].
+#[derive(Debug, Default)]
+struct ProgressThrottle {
+    /// The epoch and phase (evaluating or not) of the last line, and when it was printed.
+    last: Option<(usize, bool, Instant)>,
+}
+
+impl ProgressThrottle {
+    /// Whether a progress line of `epoch` (`evaluating` or training) at `now` is printed.
+    fn due(&mut self, epoch: usize, evaluating: bool, now: Instant) -> bool {
+        let due = match self.last {
+            Some((e, phase, at)) => (e, phase) != (epoch, evaluating) || now.duration_since(at) >= PROGRESS_EVERY,
+            None => true,
+        };
+        if due {
+            self.last = Some((epoch, evaluating, now));
+        }
+        due
+    }
+}
+
 /// Where a run's reports go.
 pub type Sink<'a> = &'a mut (dyn FnMut(Event) + Send);
 
@@ -487,9 +515,11 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
             [ModeChoice::One(mode)] if mode != Mode::Single => mode,
             _ => bail!("a cluster node runs in classic, localize, hybrid or intent mode"),
         };
+        let mut throttle = ProgressThrottle::default();
         let mut emit = |e: Event| match e {
-            Event::Progress(epoch, f) => println!("PROGRESS {epoch} {f:.3}"),
-            Event::Evaluating(epoch, f) => println!("EVALUATING {epoch} {f:.3}"),
+            Event::Progress(epoch, f) if throttle.due(epoch, false, Instant::now()) => println!("PROGRESS {epoch} {f:.3}"),
+            Event::Evaluating(epoch, f) if throttle.due(epoch, true, Instant::now()) => println!("EVALUATING {epoch} {f:.3}"),
+            Event::Progress(..) | Event::Evaluating(..) => {}
             Event::Epoch(r) => println!("EPOCH {}", serde_json::to_string(&r).expect("reports serialise")),
         };
         match command {
@@ -745,4 +775,25 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
     bar.finish_and_clear();
     let out = std::mem::take(&mut *reports.lock());
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_prints_the_first_progress_line_of_each_phase_then_one_per_interval() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut throttle = ProgressThrottle::default();
+        assert!(throttle.due(1, false, at(0)), "the first line of a run");
+        assert!(!throttle.due(1, false, at(10)) && !throttle.due(1, false, at(99)), "within the interval");
+        assert!(throttle.due(1, false, at(100)), "an interval after the last line printed");
+        assert!(!throttle.due(1, false, at(150)));
+        // A new phase or epoch is shown at once, however soon.
+        assert!(throttle.due(1, true, at(151)), "the epoch's evaluation begins");
+        assert!(!throttle.due(1, true, at(160)));
+        assert!(throttle.due(2, false, at(161)), "the next epoch begins");
+        assert!(!throttle.due(2, false, at(260)) && throttle.due(2, false, at(261)));
+    }
 }
