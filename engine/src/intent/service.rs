@@ -649,10 +649,16 @@ impl IntentService {
                 Err(e) => tracing::warn!(node = node.config.rank, error = %e, "the intent service could not relocate keys; their accesses go remote"),
             }
         }
+        self.finish_take_up();
+        true
+    }
+
+    /// A take-up's moves and replicas have started: counted under the state lock, so that a
+    /// worker in [`IntentService::take_up_grants`] that saw it unfinished is waiting by now.
+    fn finish_take_up(&self) {
         let _state = self.state.lock();
         self.takes_done.fetch_add(1, Ordering::AcqRel);
         self.signalled.notify_all();
-        true
     }
 
     /// Records the relocations that completed (all of them, waiting, with `wait_all`); returns
@@ -754,11 +760,7 @@ mod tests {
         service.takes_begun.fetch_add(1, Ordering::AcqRel);
         let finished = take_up(&service);
         assert!(finished.recv_timeout(Duration::from_millis(300)).is_err(), "went on in the middle of a take-up");
-        {
-            let _state = service.state.lock();
-            service.takes_done.fetch_add(1, Ordering::AcqRel);
-            service.signalled.notify_all();
-        }
+        service.finish_take_up();
         finished.recv_timeout(Duration::from_secs(2)).expect("still waiting after the take-up");
         drop(own);
         crate::node::finalize_all(nodes);
