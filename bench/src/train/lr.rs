@@ -25,6 +25,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
+use super::ahead::AheadCursor;
 use super::shared::{METRIC_FIELDS, all_reduce, cluster_report, field, leading_columns, pull_all, run_workers, start_node, stats_fields};
 use super::{Common, EpochReport, Event, Mode, Sink};
 use crate::data::sparse::{Examples, load_labelled_text, load_libsvm};
@@ -286,6 +287,14 @@ fn synthetic(n: usize, dims: u64, seed: u64) -> Examples {
     examples.expect("generated examples parse")
 }
 
+/// The order in which worker `worker_index` trains its mini-batches in epoch `epoch` (drawn
+/// from the seed, so that intent mode can declare an epoch's first batches before it starts).
+fn epoch_order(batches: &[Vec<usize>], seed: u64, epoch: usize, worker_index: usize) -> Vec<&[usize]> {
+    let mut chunks: Vec<&[usize]> = batches.iter().map(Vec::as_slice).collect();
+    chunks.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ worker_index as u64));
+    chunks
+}
+
 /// `examples` cut into mini-batches of `size` once (seeded): every epoch revisits the same
 /// batches in a new order (so their key lists repeat, for key caching).
 fn fixed_batches(examples: &[usize], size: usize, seed: u64) -> Vec<Vec<usize>> {
@@ -492,33 +501,45 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
         let mut next = Batch::default();
         let mut peek = Batch::default();
         let mut elapsed = 0.0;
+        let order = |epoch: usize| epoch_order(&batches, a.common.seed, epoch, worker_index);
+        // Intent mode: batch `x` of epoch `e` trains in clock `start + (e - 1) * batches + x`;
+        // its weights are declared `intent_ahead` clocks early, the next epoch's first batches
+        // during this epoch's last ones (see `super::ahead`).
+        let mut cursor = intent.then(|| AheadCursor::new(w.current_clock(), batches.len(), epochs, a.intent_ahead));
+        // The epoch whose order the declarations have reached, and that order.
+        let mut declaring: Option<(usize, Vec<&[usize]>)> = None;
+        let mut declare = |w: &mut Worker, cursor: &mut AheadCursor, epoch: usize, x: usize| -> Result<()> {
+            for due in cursor.due(epoch, x) {
+                if declaring.as_ref().is_none_or(|d| d.0 != due.epoch) {
+                    declaring = Some((due.epoch, order(due.epoch)));
+                }
+                if let Some((_, chunks)) = &declaring {
+                    peek.gather(&split.train, chunks[due.index], split.dims);
+                    w.intent(weights, &peek.keys, due.clock, due.clock + 1)?;
+                }
+            }
+            Ok(())
+        };
         w.barrier()?;
         for epoch in 1..=epochs {
-            let mut chunks: Vec<&[usize]> = batches.iter().map(Vec::as_slice).collect();
-            chunks.shuffle(&mut ChaCha8Rng::seed_from_u64(a.common.seed ^ ((epoch as u64) << 32) ^ worker_index as u64));
+            let chunks = order(epoch);
+            if let Some(cursor) = cursor.as_mut() {
+                // One clock per batch and none in between, or the declared windows are off.
+                let expected = cursor.clock(epoch, 0);
+                if w.current_clock() != expected {
+                    bail!("epoch {epoch} starts in clock {}, not {expected}: the intent windows declared for it are off", w.current_clock());
+                }
+                // Declared before the barrier: the service acts on them while the workers meet.
+                declare(&mut w, cursor, epoch, 0)?;
+            }
             w.barrier()?;
             let before = node.stats();
             let started = Instant::now();
             let mut loss = 0.0;
             let mut ticket = None;
-            // Intent mode: batch `x` trains in clock `base + x`; its weights are declared
-            // `intent_ahead` clocks early.
-            let base = w.current_clock();
-            let mut declare = |w: &mut Worker, x: usize| -> Result<()> {
-                if let Some(chunk) = chunks.get(x) {
-                    peek.gather(&split.train, chunk, split.dims);
-                    w.intent(weights, &peek.keys, base + x as u64, base + x as u64 + 1)?;
-                }
-                Ok(())
-            };
-            if intent {
-                for x in 0..a.intent_ahead {
-                    declare(&mut w, x)?;
-                }
-            }
             for (x, chunk) in chunks.iter().enumerate() {
-                if intent {
-                    declare(&mut w, x + a.intent_ahead)?;
+                if let Some(cursor) = cursor.as_mut() {
+                    declare(&mut w, cursor, epoch, x)?;
                 }
                 if localize && x > 0 {
                     // Gathered ahead, when its localize was issued.

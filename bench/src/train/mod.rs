@@ -8,6 +8,7 @@
 //! line per epoch and `PROGRESS` lines within epochs (at most ten a second), which the driver
 //! turns into a table or JSON lines, a progress bar, and optionally an SVG plot.
 
+mod ahead;
 pub mod countmin;
 pub mod kge;
 pub mod lr;
