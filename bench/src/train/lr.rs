@@ -73,7 +73,8 @@ pub struct LrArgs {
     /// will need (across epochs: the next epoch's first batches during this epoch's last). A
     /// mini-batch takes about 5 ms on spam, and a weight's way to a node (moved, or a replica
     /// made) takes several on shared cores: 32 left 0.06–0.2 % of accesses late on 2 nodes, 8
-    /// left 1–1.5 % (before the declarations ran across epochs; with it, 32 leaves about 0.03 %).
+    /// left 1–1.5 %, both before the declarations ran on across epochs; since, 32 leaves about
+    /// 0.03 %.
     #[arg(long, default_value_t = 32)]
     pub intent_ahead: usize,
     /// Push filter in cluster modes: `none`, `significance:T` (send a weight's accumulated
