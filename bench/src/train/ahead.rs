@@ -19,7 +19,8 @@
 pub struct AheadCursor {
     start: u64,
     per_epoch: usize,
-    epochs: usize,
+    /// Batches in the whole stream (`epochs * per_epoch`).
+    total: usize,
     ahead: usize,
     /// The first batch of the stream not declared yet.
     next: usize,
@@ -36,21 +37,25 @@ pub struct DueBatch {
 impl AheadCursor {
     /// A stream starting in clock `start`, declaring `ahead` clocks early.
     pub fn new(start: u64, per_epoch: usize, epochs: usize, ahead: usize) -> Self {
-        AheadCursor { start, per_epoch, epochs, ahead, next: 0 }
+        AheadCursor { start, per_epoch, total: per_epoch * epochs, ahead, next: 0 }
+    }
+
+    /// The place of batch `index` of epoch `epoch` in the stream.
+    fn position(&self, epoch: usize, index: usize) -> usize {
+        epoch.saturating_sub(1) * self.per_epoch + index
     }
 
     /// The clock batch `index` of epoch `epoch` trains in.
     pub fn clock(&self, epoch: usize, index: usize) -> u64 {
-        self.start + (epoch.saturating_sub(1) * self.per_epoch + index) as u64
+        self.start + self.position(epoch, index) as u64
     }
 
     /// The batches to declare now that batch `index` of epoch `epoch` is next to train: those
     /// up to `ahead` batches after it (into the next epoch when this one ends first) not
     /// declared yet, in order; none past the last epoch.
     pub fn due(&mut self, epoch: usize, index: usize) -> Vec<DueBatch> {
-        let total = self.per_epoch * self.epochs;
-        let at = epoch.saturating_sub(1) * self.per_epoch + index;
-        let through = (at + self.ahead + 1).min(total);
+        let at = self.position(epoch, index);
+        let through = (at + self.ahead + 1).min(self.total);
         let first = self.next.max(at);
         self.next = self.next.max(through);
         (first..through).map(|g| DueBatch { epoch: g / self.per_epoch + 1, index: g % self.per_epoch, clock: self.start + g as u64 }).collect()
