@@ -213,10 +213,14 @@ pub struct IntentStats {
     /// owner behind the pull that made the replica, which its value lacked and which the
     /// install added (see `docs/INTENT.md`, "Pushes sent behind the pull").
     pub made_with_pushes: u64,
+    /// Keys whose granted moves the intent service put off because a sync round in flight
+    /// carried their replicas' deltas straight to the old owner (a move landing first would
+    /// lack them; see `docs/INTENT.md`, "A delta on its way when the key lands").
+    pub moves_put_off: u64,
 }
 
 impl IntentStats {
-    fn counters(&mut self) -> [&mut u64; 24] {
+    fn counters(&mut self) -> [&mut u64; 25] {
         [
             &mut self.rounds,
             &mut self.declared,
@@ -242,6 +246,7 @@ impl IntentStats {
             &mut self.drained,
             &mut self.drained_again,
             &mut self.made_with_pushes,
+            &mut self.moves_put_off,
         ]
     }
 

@@ -465,20 +465,45 @@ impl Worker {
         self.wait(ticket)
     }
 
-    /// Starts moving `keys` to this node.
+    /// Starts moving `keys` to this node. A key with a run-time replica here (intent) whose
+    /// delta a sync round is carrying to the key's owner is moved once that round has ended:
+    /// the call waits for it (a few milliseconds; at most the operation timeout).
     pub fn localize_async(&mut self, table: Table, keys: &[u64]) -> Result<Ticket> {
         self.start_localize(table, keys, false)
     }
 
     /// Starts moving `keys` to this node because their homes granted them to it (the intent
     /// service): a home declines a key it has granted to another node since, and the ticket
-    /// then completes without it.
+    /// then completes without it. The service leaves out keys whose replicas' deltas a sync
+    /// round carries (see `store::dynamic::SyncMarks`).
     pub(crate) fn localize_granted_async(&mut self, table: Table, keys: &[u64]) -> Result<Ticket> {
         self.start_localize(table, keys, true)
     }
 
     fn start_localize(&mut self, table: Table, keys: &[u64], granted: bool) -> Result<Ticket> {
         self.validate_keys(table, keys)?;
+        let node = self.node.clone();
+        // An explicit localize of keys replicated here at run time: their deltas must not be on
+        // their way to the old owner when they land (see `store::dynamic::SyncMarks`).
+        if !granted && let Some(d) = node.core.store().table(table.id).dynamic().filter(|d| d.any() || d.any_making() || node.intents.is_running()) {
+            let in_sync = d.begin_localize(keys);
+            let synced = in_sync.is_empty() || d.wait_synced(&in_sync, Instant::now() + node.config.op_timeout);
+            let outcome = if synced {
+                self.issue_localize(table, keys, granted)
+            } else {
+                Err(Error::Timeout {
+                    what: "waiting for a sync round of run-time replicas to end before a localize",
+                    millis: node.config.op_timeout.as_millis() as u64,
+                    nodes: Vec::new(),
+                })
+            };
+            d.end_localize(keys);
+            return outcome;
+        }
+        self.issue_localize(table, keys, granted)
+    }
+
+    fn issue_localize(&mut self, table: Table, keys: &[u64], granted: bool) -> Result<Ticket> {
         let token = Arc::new(());
         let weak = Arc::downgrade(&token);
         let node = self.node.clone();

@@ -37,6 +37,17 @@ fn recorded_history_is_sequentially_consistent() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Random intents on three processes (keys moved, replicated on two or three nodes, dropped,
+/// localized explicitly): the guarantee for keys under intent holds for every pull.
+#[test]
+fn intent_history_on_three_processes_keeps_each_nodes_pushes() {
+    let dir = std::env::temp_dir().join(format!("ferry-intent-history-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = launch_testnode(3, &["intent-history", "--seed", "1", "--clocks", "150", "--dir", dir.to_str().unwrap()], Duration::from_secs(240));
+    assert_ok(&out, "[0] intent history ok");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_crashed_process_fails_operations_without_hanging() {
     let out = launch_testnode(3, &["crash"], Duration::from_secs(120));

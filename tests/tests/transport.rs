@@ -79,6 +79,23 @@ fn intents_move_keys_over_the_chosen_transport() {
     }
 }
 
+/// Random intents between the processes, with explicit localizes mixed in: keys move, run-time
+/// replicas are made, synced (one-sided reads over verbs) and dropped, and every pull still
+/// includes its own node's earlier pushes, each push at most once and none from its future;
+/// after a barrier every node reads every push.
+#[test]
+fn intent_histories_over_the_chosen_transport_keep_each_nodes_pushes() {
+    let want = expected_transport();
+    let dir = std::env::temp_dir().join(format!("ferry-transport-intent-history-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = launch_testnode(2, &["intent-history", "--clocks", "150", "--dir", dir.to_str().unwrap()], Duration::from_secs(300));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = stdout(&out);
+    assert!(out.status.success(), "cluster failed:\n{text}");
+    assert!(text.contains(&format!("[0] transport {want}")) && text.contains(&format!("[1] transport {want}")));
+    assert!(text.contains("[0] intent history ok"));
+}
+
 #[test]
 fn history_over_the_chosen_transport_is_sequentially_consistent() {
     let want = expected_transport();

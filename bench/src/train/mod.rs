@@ -391,6 +391,10 @@ pub struct EpochReport {
     /// sent behind their pull (summed over nodes; 0 outside `intent` mode).
     #[serde(default)]
     pub made_with_pushes: u64,
+    /// Granted moves the intent service put off while a sync round carried the keys' replica
+    /// deltas (summed over nodes; 0 outside `intent` mode).
+    #[serde(default)]
+    pub moves_put_off: u64,
     /// How the late accesses split by cause (shares of them; all 0 without late accesses).
     #[serde(default)]
     pub late_causes: LateCauses,
@@ -450,6 +454,7 @@ impl EpochReport {
             declined: 0,
             drained_again: 0,
             made_with_pushes: 0,
+            moves_put_off: 0,
             late_causes: LateCauses::default(),
         }
     }
@@ -606,7 +611,8 @@ fn more_quality(r: &EpochReport) -> String {
         let declined = if r.declined > 0 { format!(" declined {}", r.declined) } else { String::new() };
         let drained = if r.drained_again > 0 { format!(" redrained {}", r.drained_again) } else { String::new() };
         let behind = if r.made_with_pushes > 0 { format!(" made-behind {}", r.made_with_pushes) } else { String::new() };
-        format!("late {:.3}%{causes} lead {:.1}{reasked}{declined}{drained}{behind}", r.late_share * 100.0, r.intent_lead)
+        let put_off = if r.moves_put_off > 0 { format!(" put-off {}", r.moves_put_off) } else { String::new() };
+        format!("late {:.3}%{causes} lead {:.1}{reasked}{declined}{drained}{behind}{put_off}", r.late_share * 100.0, r.intent_lead)
     });
     numbers.chain(counts).chain(texts).chain(intent).collect::<Vec<_>>().join(" ")
 }

@@ -53,7 +53,7 @@ impl SharedArray {
 }
 
 /// Fields every node contributes to an epoch's cluster-wide sums.
-pub const METRIC_FIELDS: usize = 26;
+pub const METRIC_FIELDS: usize = 27;
 
 /// Field positions in the metrics table.
 pub mod field {
@@ -104,6 +104,9 @@ pub mod field {
     /// Replicas made with pushes sent behind their pull (intent mode;
     /// `ferry::IntentStats::made_with_pushes`).
     pub const MADE_WITH_PUSHES: usize = 25;
+    /// Granted moves put off while a sync round carried their replicas' deltas (intent mode;
+    /// `ferry::IntentStats::moves_put_off`).
+    pub const MOVES_PUT_OFF: usize = 26;
 }
 
 /// Pulls keys `0..n` of `table` (`len` values each), in chunks.
@@ -151,6 +154,7 @@ pub fn stats_fields(delta: &Stats, out: &mut [f32; METRIC_FIELDS]) {
     out[field::DECLINED] = delta.intent.declined as f32;
     out[field::DRAINED_AGAIN] = delta.intent.drained_again as f32;
     out[field::MADE_WITH_PUSHES] = delta.intent.made_with_pushes as f32;
+    out[field::MOVES_PUT_OFF] = delta.intent.moves_put_off as f32;
     for (f, cause) in field::LATE_CAUSES.into_iter().zip(LateCause::ALL) {
         out[f] = delta.intent.late(cause) as f32;
     }
@@ -204,6 +208,7 @@ pub fn cluster_report(
         declined: sums[field::DECLINED] as u64,
         drained_again: sums[field::DRAINED_AGAIN] as u64,
         made_with_pushes: sums[field::MADE_WITH_PUSHES] as u64,
+        moves_put_off: sums[field::MOVES_PUT_OFF] as u64,
         late_causes: super::LateCauses::from_counts(field::LATE_CAUSES.map(|f| sums[f] as f64)),
     }
 }

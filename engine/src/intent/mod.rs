@@ -65,6 +65,7 @@ pub struct IntentCounters {
     drained: AtomicU64,
     drained_again: AtomicU64,
     made_with_pushes: AtomicU64,
+    moves_put_off: AtomicU64,
 }
 
 impl IntentCounters {
@@ -152,6 +153,11 @@ impl IntentCounters {
         self.made_with_pushes.fetch_add(keys, Ordering::Relaxed);
     }
 
+    /// `keys` granted moves were put off while a sync round carried their replicas' deltas.
+    pub(crate) fn note_moves_put_off(&self, keys: u64) {
+        self.moves_put_off.fetch_add(keys, Ordering::Relaxed);
+    }
+
     /// The counters now.
     pub fn snapshot(&self) -> IntentStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -181,6 +187,7 @@ impl IntentCounters {
             drained: get(&self.drained),
             drained_again: get(&self.drained_again),
             made_with_pushes: get(&self.made_with_pushes),
+            moves_put_off: get(&self.moves_put_off),
         }
     }
 }

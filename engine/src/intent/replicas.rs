@@ -41,9 +41,15 @@
 //! worker's pull go to the owner ahead of the push carrying that worker's own earlier pushes.
 //! A grant of a draining key keeps its replica instead. When the key
 //! itself moves here (granted to this node, or an explicit `localize`), the replica serves until
-//! the key has landed — the local paths look at the slot map first — and the next sync round
-//! ends it, adding its delta to the key directly. The service's worker bypasses replicas, so
-//! its pushes and pulls reach the owner.
+//! the key has landed, and the landing ends it, adding its unsent delta to the arriving value
+//! before anything reads it (`Store::fold_replica_into_arrival`). No delta of such a key may be
+//! on its way to the old owner meanwhile: a sync round takes none of a key arriving here or
+//! about to be localized, and a `localize` waits for (a worker) or puts off (the service) a key
+//! whose delta a round carries (`store::dynamic::SyncMarks`); a dropped replica of an
+//! arriving key keeps its delta for the landing. A value fetched for a replica is written only
+//! into the incarnation it was fetched for (`DynamicReplicas::incarnation`): not into a replica
+//! made since, nor after the key was here. The service's worker bypasses replicas, so its
+//! pushes and pulls reach the owner.
 //!
 //! The service issues all of this asynchronously and completes it in its next rounds (at most
 //! one sync round in flight), so that a round never waits for the network; a barrier's sync
@@ -51,7 +57,7 @@
 
 use std::collections::BTreeMap;
 
-use super::sync_round::{OwnerHints, SyncRound, keep_first_error};
+use super::sync_round::{OwnerHints, SyncRound, TakenDeltas, keep_first_error};
 use crate::error::Result;
 use crate::runtime::NodeInner;
 use crate::store::{KeyGuard, Residence, Slot, Store};
@@ -74,9 +80,14 @@ pub(crate) struct ReplicaSet {
     /// Granted keys without a replica because they were held or arriving here: looked at every
     /// round, a replica made as soon as they are elsewhere.
     awaiting: FastSet<(u16, u64)>,
-    makes: Vec<(u16, Vec<u64>, PullTicket)>,
+    /// Pulls in flight that make replicas: table, keys, each key's incarnation when its pull
+    /// was sent (`DynamicReplicas::incarnation`), ticket.
+    makes: Vec<(u16, Vec<u64>, Vec<u32>, PullTicket)>,
     /// The sync round in flight.
     syncing: Option<SyncRound>,
+    /// Per table, the keys whose deltas (not zero) the sync round in flight carries, marked
+    /// in the store until it ends (`DynamicReplicas::sync_taker`).
+    sync_marked: Vec<(u16, Vec<u64>)>,
     /// Where keys were found when not at their homes (for the sync rounds).
     owners: OwnerHints,
     /// The last REPLICA_SYNC id.
@@ -88,6 +99,10 @@ pub(crate) struct ReplicaSet {
     draining: FastMap<(u16, u64), u32>,
     /// The last drain's id.
     drain_id: u32,
+    /// Dropped replicas with a delta whose keys were arriving here: their deltas stay for the
+    /// landing to add to the key (a push of them would reach this node behind the key); the
+    /// drop is tried again every round in case the key does not arrive.
+    put_off_drops: FastSet<(u16, u64)>,
 }
 
 /// One push of dropped replicas' deltas: its keys' replicas serve until it is acknowledged.
@@ -103,7 +118,7 @@ struct Drain {
 impl ReplicaSet {
     /// Whether no replica is kept, being made or granted.
     pub fn is_empty(&self) -> bool {
-        self.making.is_empty() && self.granted.is_empty() && self.keys.values().all(FastSet::is_empty)
+        self.making.is_empty() && self.granted.is_empty() && self.put_off_drops.is_empty() && self.keys.values().all(FastSet::is_empty)
     }
 
     /// Waits for granted `key`, held or arriving here, to leave: its departure keeps it here
@@ -149,6 +164,11 @@ impl ReplicaSet {
         }
     }
 
+    /// Whether a sync round is in flight.
+    pub fn sync_in_flight(&self) -> bool {
+        self.syncing.is_some()
+    }
+
     /// Whether no sync round is in flight and no dropped replica drains.
     pub fn quiet(&self) -> bool {
         self.syncing.is_none() && self.drains.is_empty()
@@ -174,6 +194,14 @@ impl ReplicaSet {
         // replica to the nodes that intend a key, and cannot tell where it is about to be);
         // `remake` catches up with those.
         self.granted.extend(keys.iter().map(|&k| (table, k)));
+        // A replica whose drop was put off is wanted again: it stays.
+        if !self.put_off_drops.is_empty() {
+            for &k in keys {
+                if self.put_off_drops.remove(&(table, k)) && t.has_dynamic_replica(k) {
+                    self.keys.entry(table).or_default().insert(k);
+                }
+            }
+        }
         // A draining replica is wanted again: it stays (its drain's push goes on, and was
         // taken from its delta once).
         if !self.draining.is_empty() {
@@ -200,6 +228,9 @@ impl ReplicaSet {
         if wanted.is_empty() {
             return Ok(true);
         }
+        // Read before the pull leaves: a key that lands here after it changes incarnation, and
+        // the value pulled, which lacks what the key took here, is not installed.
+        let incarnations: Vec<u32> = wanted.iter().map(|&k| t.dynamic().map_or(0, |d| d.incarnation(k))).collect();
         let ticket = match worker.pull_to_make_replicas(node.table_by_id(table), &wanted) {
             Ok(ticket) => ticket,
             Err(e) => {
@@ -209,7 +240,7 @@ impl ReplicaSet {
         };
         self.making.extend(wanted.iter().map(|&k| (table, k)));
         self.pulling.extend(wanted.iter().map(|&k| (table, k)));
-        self.makes.push((table, wanted, ticket));
+        self.makes.push((table, wanted, incarnations, ticket));
         Ok(true)
     }
 
@@ -263,17 +294,17 @@ impl ReplicaSet {
         let mut note = |e| keep_first_error(&mut outcome, Err(e));
         let mut i = 0;
         while i < self.makes.len() {
-            if !wait && !worker.is_pull_done(&self.makes[i].2) {
+            if !wait && !worker.is_pull_done(&self.makes[i].3) {
                 i += 1;
                 continue;
             }
-            let (table, keys, ticket) = self.makes.swap_remove(i);
+            let (table, keys, incarnations, ticket) = self.makes.swap_remove(i);
             for k in &keys {
                 self.pulling.remove(&(table, *k));
             }
             match worker.wait_pull(ticket) {
                 Ok(values) => {
-                    if let Err(e) = self.install(node, table, &keys, &values) {
+                    if let Err(e) = self.install(node, table, &keys, &incarnations, &values) {
                         note(e);
                     }
                 }
@@ -292,6 +323,7 @@ impl ReplicaSet {
             }
             if round.is_done() {
                 self.syncing = None;
+                self.end_sync_marks(node);
                 node.core.intent_counters().note_replica_sync();
             }
         }
@@ -346,6 +378,9 @@ impl ReplicaSet {
                     pushed.push(key);
                     deltas.extend_from_slice(&delta);
                 }
+                Held::Replica { .. } if guard.residence() == Residence::Arriving => {
+                    self.put_off_drops.insert((table, key));
+                }
                 Held::Replica { delta: delta_slot, .. } => {
                     delta_slot.write(&zero);
                     again.push(key);
@@ -366,18 +401,22 @@ impl ReplicaSet {
     /// Installs the replicas of `keys` of `table` still being made, from `values` (the
     /// answer of the pull that made them) plus the pushes this node sent to each key behind
     /// that pull; ends every key's making.
-    fn install(&mut self, node: &NodeInner, table: u16, keys: &[u64], values: &[f32]) -> Result<()> {
+    fn install(&mut self, node: &NodeInner, table: u16, keys: &[u64], incarnations: &[u32], values: &[f32]) -> Result<()> {
         let store = node.core.store();
         let t = store.table(table);
         let value_len = t.value_len();
         let (mut made, mut with_pushes, mut outcome) = (0, 0, Ok(()));
-        for (&key, value) in keys.iter().zip(values.chunks_exact(value_len)) {
+        for ((&key, &incarnation), value) in keys.iter().zip(incarnations).zip(values.chunks_exact(value_len)) {
             let wanted = self.making.remove(&(table, key));
             let guard = store.lock(table, key);
             // A key that arrived meanwhile needs no replica (the pushes sent to it travel with
-            // it). The replica is visible before its making ends (see
-            // `Step::look_at_replicas`): a push queued meanwhile either was added up or finds it.
+            // it); one that was here since the pull left (its incarnation changed) took pushes
+            // the value lacks, so the value is not installed (`remake` pulls again). The
+            // replica is visible before its making ends (see `Step::look_at_replicas`): a push
+            // queued meanwhile either was added up or finds it.
+            let current = t.dynamic().is_some_and(|d| d.incarnation(key) == incarnation);
             let installed = wanted
+                && current
                 && match store.install_replica(&guard, value) {
                     Ok(installed) => installed,
                     Err(e) => {
@@ -395,7 +434,9 @@ impl ReplicaSet {
                 }
                 self.keys.entry(table).or_default().insert(key);
                 made += 1;
-            } else if wanted && self.granted.contains(&(table, key)) && t.residence(key) != Residence::Away {
+            } else if wanted && self.granted.contains(&(table, key)) && (t.residence(key) != Residence::Away || !current) {
+                // Held here: made when it leaves. Elsewhere again since the pull: made anew by
+                // the next round's `remake`.
                 drop(guard);
                 self.await_departure(node, table, key);
             }
@@ -409,6 +450,23 @@ impl ReplicaSet {
     /// their way to the keys' owners, and the replicas drain (see the module's notes).
     pub fn drop_keys(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: &[u64]) -> Result<()> {
         self.drop_replicas(node, worker, table, keys, false)
+    }
+
+    /// Drops again the replicas whose drops were put off while their keys were arriving here:
+    /// those whose keys landed ended with the landing; the others drop now, or wait again.
+    pub fn retry_put_off_drops(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
+        if self.put_off_drops.is_empty() {
+            return Ok(());
+        }
+        let mut tables: BTreeMap<u16, Vec<u64>> = BTreeMap::new();
+        for (table, key) in self.put_off_drops.drain() {
+            tables.entry(table).or_default().push(key);
+        }
+        let mut outcome = Ok(());
+        for (table, keys) in tables {
+            keep_first_error(&mut outcome, self.drop_replicas(node, worker, table, &keys, false));
+        }
+        outcome
     }
 
     /// [`ReplicaSet::drop_keys`]; with `every`, each key's latch is taken to look for a replica
@@ -448,6 +506,10 @@ impl ReplicaSet {
             // A key that arrived here meanwhile took the delta into its slot.
             match look_at_replica(store, &guard, &mut delta) {
                 Held::Arrived | Held::Gone => {}
+                // (Not when the service stops: nothing would try again.)
+                Held::Replica { clean: false, .. } if !every && guard.residence() == Residence::Arriving => {
+                    self.put_off_drops.insert((table, key));
+                }
                 Held::Replica { delta: delta_slot, clean: false } => {
                     delta_slot.write(&zero);
                     pushed.push(key);
@@ -542,36 +604,83 @@ impl ReplicaSet {
             return Ok(());
         }
         let (round, outcome) = SyncRound::start(node, worker, &self.owners, &mut self.sync_id, taken);
-        if !round.is_done() {
+        if round.is_done() {
+            self.end_sync_marks(node);
+        } else {
             self.syncing = Some(round);
         }
         outcome
     }
 
+    /// Waits (at most the operation timeout) until no key with a replica here, or whose
+    /// replica's drop was put off, is arriving here or about to be localized: a sync round takes
+    /// no delta of such a key, which the landing adds to the key instead.
+    fn wait_for_arrivals(&self, node: &NodeInner) -> Result<()> {
+        let store = node.core.store();
+        let deadline = std::time::Instant::now() + node.config.op_timeout;
+        let on_its_way = |table: u16, key: u64| {
+            let t = store.table(table);
+            t.residence(key) == Residence::Arriving || t.dynamic().is_some_and(|d| d.is_localizing(key))
+        };
+        while self.keys.iter().any(|(&table, keys)| keys.iter().any(|&k| on_its_way(table, k)))
+            || self.put_off_drops.iter().any(|&(table, k)| on_its_way(table, k))
+        {
+            if std::time::Instant::now() >= deadline {
+                return Err(crate::error::Error::Timeout {
+                    what: "keys with run-time replicas here to land before a barrier's sync round",
+                    millis: node.config.op_timeout.as_millis() as u64,
+                    nodes: Vec::new(),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        Ok(())
+    }
+
+    /// The sync round that carried the marked deltas has ended: localizes waiting for them go on.
+    fn end_sync_marks(&mut self, node: &NodeInner) {
+        for (table, keys) in self.sync_marked.drain(..) {
+            if let Some(d) = node.core.store().table(table).dynamic() {
+                d.end_sync(&keys);
+            }
+        }
+    }
+
     /// A sync round now, through `worker`, waiting for it (around a barrier; nothing may be in
-    /// flight).
+    /// flight). Every delta must reach its key: the deltas of keys on their way here stay in
+    /// their replicas for the landing to add, so the round waits for those keys to land first.
     pub fn sync_now(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         debug_assert!(self.quiet());
+        self.wait_for_arrivals(node)?;
         let taken = self.take_deltas(node);
         let (mut round, mut outcome) = SyncRound::start(node, worker, &self.owners, &mut self.sync_id, taken);
         keep_first_error(&mut outcome, round.poll(node, worker, &mut self.owners, true));
+        self.end_sync_marks(node);
         node.core.intent_counters().note_replica_sync();
         outcome
     }
 
     /// Per table: the replicas and their deltas, each taken under its latch and zeroed. A
-    /// replica whose key arrived here ends, its delta added to the key.
-    fn take_deltas(&mut self, node: &NodeInner) -> Vec<(u16, Vec<u64>, Vec<f32>)> {
+    /// replica whose key arrived here ends, its delta added to the key. The delta of a key that
+    /// is arriving here, or that a `localize` is about to move here, stays in the replica: the
+    /// landing adds it to the key (`DynamicReplicas::sync_taker`). The keys whose deltas are
+    /// taken are marked until the round ends.
+    fn take_deltas(&mut self, node: &NodeInner) -> Vec<TakenDeltas> {
         self.adopt_kept(node);
         let store = node.core.store();
         let mut out = Vec::new();
         let (granted, awaiting) = (&self.granted, &mut self.awaiting);
         for (&table, set) in self.keys.iter_mut() {
             let value_len = store.table(table).value_len();
+            let dynamic = store.table(table).dynamic();
+            let mut marked = Vec::new();
+            let mut incarnations = Vec::with_capacity(set.len());
             let mut keys = Vec::with_capacity(set.len());
             let mut deltas = Vec::with_capacity(set.len() * value_len);
             let mut delta = vec![0.0; value_len];
             let zero = vec![0.0; value_len];
+            // Held through the table's keys: no worker's `localize` marks a key in between.
+            let mut taker = dynamic.map(|d| d.sync_taker());
             set.retain(|&key| {
                 let guard = store.lock(table, key);
                 match look_at_replica(store, &guard, &mut delta) {
@@ -589,16 +698,24 @@ impl ReplicaSet {
                     Held::Gone => false,
                     Held::Replica { delta: delta_slot, clean } => {
                         if !clean {
+                            if guard.residence() == Residence::Arriving || !taker.as_mut().is_some_and(|t| t.take(key)) {
+                                return true;
+                            }
+                            marked.push(key);
                             delta_slot.write(&zero);
                         }
                         keys.push(key);
                         deltas.extend_from_slice(&delta);
+                        incarnations.push(dynamic.map_or(0, |d| d.incarnation(key)));
                         true
                     }
                 }
             });
             if !keys.is_empty() {
-                out.push((table, keys, deltas));
+                out.push(TakenDeltas { table, keys, deltas, incarnations });
+            }
+            if !marked.is_empty() {
+                self.sync_marked.push((table, marked));
             }
         }
         out
@@ -640,26 +757,36 @@ fn look_at_replica<'g>(store: &Store, guard: &'g KeyGuard<'_>, delta: &mut [f32]
     Held::Replica { delta: delta_slot, clean }
 }
 
-/// Sets each replica of `keys` still here and not `left_out` to its owner's value `fresh`
-/// (answering the push-pull of its delta) plus what was pushed to it since.
-pub(super) fn refresh(node: &NodeInner, table: u16, keys: &[u64], mut fresh: Vec<f32>, left_out: &FastSet<(u16, u64)>) {
+/// Sets each replica of `keys` still here, not `left_out` and of the incarnation its delta was
+/// taken from to its owner's value `fresh` (answering the push-pull of its delta) plus what
+/// was pushed to it since.
+pub(super) fn refresh(
+    node: &NodeInner,
+    table: u16,
+    keys: &[u64],
+    mut fresh: Vec<f32>,
+    left_out: &FastSet<(u16, u64)>,
+    incarnations: &FastMap<(u16, u64), u32>,
+) {
     let store = node.core.store();
     let value_len = store.table(table).value_len();
     let mut delta = vec![0.0; value_len];
     for (&key, value) in keys.iter().zip(fresh.chunks_exact_mut(value_len)) {
-        if !left_out.contains(&(table, key)) {
-            set_replica(node, table, key, value, &mut delta);
+        if let Some(&incarnation) = incarnations.get(&(table, key)).filter(|_| !left_out.contains(&(table, key))) {
+            set_replica(node, table, key, incarnation, value, &mut delta);
         }
     }
 }
 
-/// Sets the replica of `key`, if it is still here, to its owner's `value` (which included the
-/// replica's delta when last taken) plus what was pushed to it since (`delta` is scratch space).
-/// A key that arrived here meanwhile keeps its own value.
-pub(super) fn set_replica(node: &NodeInner, table: u16, key: u64, value: &mut [f32], delta: &mut [f32]) {
+/// Sets the replica of `key`, if it is still here and still of `incarnation` (the one its delta
+/// was taken from), to its owner's `value` (which included the replica's delta when last taken)
+/// plus what was pushed to it since (`delta` is scratch space). A key that arrived here
+/// meanwhile keeps its own value; a replica made since, or one of a key that was here since,
+/// keeps its value too (the owner's predates pushes it has).
+pub(super) fn set_replica(node: &NodeInner, table: u16, key: u64, incarnation: u32, value: &mut [f32], delta: &mut [f32]) {
     let store = node.core.store();
     let guard = store.lock(table, key);
-    if guard.slot().is_some() {
+    if guard.slot().is_some() || store.table(table).dynamic().is_none_or(|d| d.incarnation(key) != incarnation) {
         return;
     }
     if let Some((value_slot, delta_slot)) = guard.replica() {
@@ -858,6 +985,113 @@ mod tests {
         set.drop_keys(&node, &mut service, table, &[key]).unwrap();
         settle(&mut set, &node, &mut service);
         assert_eq!(owner_value(&nodes, handle, key), [7.0, 7.0], "a push was lost or counted twice");
+        shut_down(nodes, [trainer, service]);
+    }
+
+    #[test]
+    fn a_key_landing_where_it_has_a_replica_keeps_this_nodes_pushes() {
+        let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
+        let t = node.core.store().table(table);
+        let handle = node.table_by_id(table);
+        let mut set = ReplicaSet::default();
+        set.start_make(&node, &mut service, table, &[key]).unwrap();
+        set.poll(&node, &mut service, true).unwrap();
+        // The push stays in the replica's delta (no sync round runs); then the key moves here.
+        trainer.push(handle, &[key], &[1.0, 2.0]).unwrap();
+        trainer.localize(handle, &[key]).unwrap();
+        assert!(t.slot_of(key).is_some() && !t.has_dynamic_replica(key), "the key did not land, or its replica stayed");
+        let mut out = [0.0; 2];
+        trainer.pull(handle, &[key], &mut out).unwrap();
+        assert_eq!(out, [1.0, 2.0], "the landed key lacks the push its replica took");
+        // The sync rounds after it find the key here and add nothing twice.
+        set.start_sync(&node, &mut service).unwrap();
+        settle(&mut set, &node, &mut service);
+        trainer.pull(handle, &[key], &mut out).unwrap();
+        assert_eq!(out, [1.0, 2.0], "a push was counted twice");
+        assert_eq!(owner_value(&nodes, handle, key), [1.0, 2.0]);
+        shut_down(nodes, [trainer, service]);
+    }
+
+    #[test]
+    fn a_localize_waits_until_no_sync_round_carries_the_keys_delta() {
+        let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
+        let t = node.core.store().table(table);
+        let handle = node.table_by_id(table);
+        let mut set = ReplicaSet::default();
+        set.start_make(&node, &mut service, table, &[key]).unwrap();
+        set.poll(&node, &mut service, true).unwrap();
+        trainer.push(handle, &[key], &[1.0, 2.0]).unwrap();
+        // The round takes the delta and sends it straight to the owner; a localize now would
+        // race it (the key could leave the owner before the delta gets there).
+        set.start_sync(&node, &mut service).unwrap();
+        assert!(set.sync_in_flight());
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let mover = std::thread::spawn(move || {
+            trainer.localize(handle, &[key]).unwrap();
+            let mut out = [0.0; 2];
+            trainer.pull(handle, &[key], &mut out).unwrap();
+            done_tx.send(out).unwrap();
+            trainer
+        });
+        assert!(done_rx.recv_timeout(Duration::from_millis(200)).is_err(), "the localize did not wait for the sync round");
+        assert!(t.slot_of(key).is_none() && t.residence(key) == Residence::Away);
+        settle(&mut set, &node, &mut service);
+        let out = done_rx.recv_timeout(Duration::from_secs(10)).expect("the localize never went on");
+        assert_eq!(out, [1.0, 2.0], "the landed key lacks the push its replica's delta carried");
+        let trainer = mover.join().unwrap();
+        assert_eq!(owner_value(&nodes, handle, key), [1.0, 2.0], "a push was lost or counted twice");
+        shut_down(nodes, [trainer, service]);
+    }
+
+    #[test]
+    fn a_sync_round_does_not_refresh_a_replica_made_after_the_key_was_here() {
+        let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
+        let t = node.core.store().table(table);
+        let handle = node.table_by_id(table);
+        let mut set = ReplicaSet::default();
+        set.start_make(&node, &mut service, table, &[key]).unwrap();
+        set.poll(&node, &mut service, true).unwrap();
+        // A round for the clean replica is in flight (its image will be the owner's [0, 0]).
+        set.start_sync(&node, &mut service).unwrap();
+        assert!(set.sync_in_flight());
+        // Meanwhile the key lands here, takes a push, leaves, and a new replica is made from
+        // the owner's value, which has that push.
+        trainer.localize(handle, &[key]).unwrap();
+        trainer.push(handle, &[key], &[5.0, 5.0]).unwrap();
+        nodes[0].worker().localize(handle, &[key]).unwrap();
+        assert!(t.residence(key) == Residence::Away);
+        set.start_make(&node, &mut service, table, &[key]).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !t.has_dynamic_replica(key) {
+            assert!(Instant::now() < deadline, "the new replica was not made");
+            set.poll(&node, &mut service, false).unwrap();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        // The old round's image predates the push: the new replica keeps its value.
+        settle(&mut set, &node, &mut service);
+        let mut out = [0.0; 2];
+        trainer.pull(handle, &[key], &mut out).unwrap();
+        assert_eq!(out, [5.0, 5.0], "an old round's image overwrote a newer replica");
+        shut_down(nodes, [trainer, service]);
+    }
+
+    #[test]
+    fn a_value_pulled_before_the_key_was_here_makes_no_replica() {
+        let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
+        let t = node.core.store().table(table);
+        let handle = node.table_by_id(table);
+        let mut set = ReplicaSet::default();
+        // The pull that makes the replica is answered with the owner's [0, 0]; before it is
+        // installed, the key lands here, takes a push and leaves.
+        set.start_make(&node, &mut service, table, &[key]).unwrap();
+        trainer.localize(handle, &[key]).unwrap();
+        trainer.push(handle, &[key], &[5.0, 5.0]).unwrap();
+        nodes[0].worker().localize(handle, &[key]).unwrap();
+        set.poll(&node, &mut service, true).unwrap();
+        let mut out = [0.0; 2];
+        trainer.pull(handle, &[key], &mut out).unwrap();
+        assert_eq!(out, [5.0, 5.0], "a replica was made from a value older than this node's push");
+        assert!(!t.has_dynamic_replica(key));
         shut_down(nodes, [trainer, service]);
     }
 }

@@ -106,6 +106,9 @@ pub(crate) struct IntentService {
     takes_done: AtomicU64,
     /// The service thread sleeps (or is about to): a grant must wake it.
     resting: AtomicBool,
+    /// Granted moves put off because a sync round in flight carried their keys' deltas (see
+    /// `store::dynamic::SyncMarks`): granted again once it has ended.
+    put_off_moves: Mutex<Vec<(u16, Vec<u64>)>>,
     /// The service sleeps until a worker advances or declares (set and read under the state
     /// lock): `note_clock` must wake it.
     awaiting_news: AtomicBool,
@@ -151,6 +154,11 @@ impl IntentService {
             self.wake.notify_all();
         }
         Ok(())
+    }
+
+    /// Whether the service thread runs (it takes replicas' deltas in sync rounds).
+    pub fn is_running(&self) -> bool {
+        self.running.load(Ordering::Acquire)
     }
 
     /// Worker `worker` is in clock `clock` now. The service is woken only if it sleeps waiting
@@ -521,8 +529,18 @@ impl IntentService {
             return false;
         }
         let mut replicas = self.replicas.lock();
-        let mut outcome = replicas.poll(node, own, false).and(replicas.remake(node, own, false));
-        if last_sync.elapsed() >= sync_every && replicas.quiet() && !replicas.is_empty() {
+        let mut outcome = replicas.poll(node, own, false).and(replicas.remake(node, own, false)).and(replicas.retry_put_off_drops(node, own));
+        // Moves put off while a sync round carried their keys' deltas: granted again, so the
+        // next pass moves them — before another round can take their deltas.
+        let mut put_off = self.put_off_moves.lock();
+        let reposted = !put_off.is_empty() && !replicas.sync_in_flight();
+        if reposted {
+            for (table, keys) in put_off.drain(..) {
+                node.core.post_intent_go(table, Grant::Move, keys);
+            }
+        }
+        drop(put_off);
+        if !reposted && last_sync.elapsed() >= sync_every && replicas.quiet() && !replicas.is_empty() {
             *last_sync = Instant::now();
             outcome = outcome.and(replicas.start_sync(node, own)).and(replicas.remake(node, own, true));
         }
@@ -640,15 +658,32 @@ impl IntentService {
                 }
             }
         }
-        for (table, keys) in moves {
-            // A replica here keeps serving until the key has landed; the next sync round then
-            // ends it and adds its delta to the key.
+        // A replica here keeps serving until the key has landed, and the landing adds its
+        // delta to the key. A key whose delta a sync round carries moves once the round has
+        // ended: the replica set stays locked meanwhile, so that no barrier's round starts
+        // between the check and the move (the service's own rounds run in this thread).
+        let replicas = self.replicas.lock();
+        for (table, mut keys) in moves {
+            if replicas.sync_in_flight()
+                && let Some(d) = store.table(table).dynamic()
+            {
+                let put_off = d.carried_by_sync(&keys);
+                if !put_off.is_empty() {
+                    keys.retain(|k| !put_off.contains(k));
+                    node.core.intent_counters().note_moves_put_off(put_off.len() as u64);
+                    self.put_off_moves.lock().push((table, put_off));
+                }
+            }
+            if keys.is_empty() {
+                continue;
+            }
             match own.localize_granted_async(node.table_by_id(table), &keys) {
                 Ok(ticket) => in_flight.push(InFlight { ticket, table, keys }),
                 Err(Error::ShutDown) => return false,
                 Err(e) => tracing::warn!(node = node.config.rank, error = %e, "the intent service could not relocate keys; their accesses go remote"),
             }
         }
+        drop(replicas);
         self.finish_take_up();
         true
     }

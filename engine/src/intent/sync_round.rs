@@ -58,6 +58,15 @@ struct ImageRead {
     read: PostedRead,
 }
 
+/// The deltas a sync round takes from one table's replicas, each with the replica's
+/// incarnation when it was taken (`DynamicReplicas::incarnation`).
+pub(super) struct TakenDeltas {
+    pub table: u16,
+    pub keys: Vec<u64>,
+    pub deltas: Vec<f32>,
+    pub incarnations: Vec<u32>,
+}
+
 /// A sync round in flight.
 pub(super) struct SyncRound {
     parts: Vec<SyncPart>,
@@ -65,6 +74,9 @@ pub(super) struct SyncRound {
     routed: Vec<RoutedSync>,
     /// Replicas that ended or were kept anew since the round started: not refreshed by it.
     left_out: FastSet<(u16, u64)>,
+    /// Each key's replica incarnation when its delta was taken: a replica refreshed must still
+    /// be that one (the key did not land here, no replica ended or was made meanwhile).
+    incarnations: FastMap<(u16, u64), u32>,
     deadline: Instant,
 }
 
@@ -73,25 +85,21 @@ impl SyncRound {
     /// replicas): REPLICA_SYNC to each believed owner, a push-pull through `worker` for keys
     /// without one. Message ids come from `next_id`. Returns the round and the first error of
     /// starting it (what started is in the round).
-    pub fn start(
-        node: &NodeInner,
-        worker: &mut Worker,
-        hints: &OwnerHints,
-        next_id: &mut u32,
-        taken: Vec<(u16, Vec<u64>, Vec<f32>)>,
-    ) -> (SyncRound, Result<()>) {
+    pub fn start(node: &NodeInner, worker: &mut Worker, hints: &OwnerHints, next_id: &mut u32, taken: Vec<TakenDeltas>) -> (SyncRound, Result<()>) {
         let mut round = SyncRound {
             parts: Vec::new(),
             reads: Vec::new(),
             routed: Vec::new(),
             left_out: FastSet::default(),
+            incarnations: FastMap::default(),
             deadline: Instant::now() + node.config.op_timeout,
         };
         let mut outcome = Ok(());
         // Messages stay well below the largest one a peer accepts.
         let limit = node.core.settings().max_message_bytes / 2;
         let mut sends: Vec<(SyncPart, u32)> = Vec::new();
-        for (table, keys, deltas) in taken {
+        for TakenDeltas { table, keys, deltas, incarnations } in taken {
+            round.incarnations.extend(keys.iter().zip(incarnations).map(|(&k, i)| ((table, k), i)));
             let value_len = node.core.store().table(table).value_len();
             let per_item = 8 + 4 * value_len;
             let mut by_owner: BTreeMap<u16, (Vec<u64>, Vec<f32>)> = BTreeMap::new();
@@ -193,7 +201,7 @@ impl SyncRound {
             }
             let r = self.routed.swap_remove(j);
             match worker.wait_pull(r.ticket) {
-                Ok(fresh) => super::replicas::refresh(node, r.table, &r.keys, fresh, &self.left_out),
+                Ok(fresh) => super::replicas::refresh(node, r.table, &r.keys, fresh, &self.left_out, &self.incarnations),
                 // The deltas were handed to the protocol: like any push, they reach their
                 // owner unless it is lost. The replicas keep their values until next time.
                 Err(e) => keep_first_error(&mut outcome, Err(e)),
@@ -249,7 +257,7 @@ impl SyncRound {
         // On failure the deltas were applied all the same; the replicas keep their values until
         // next time.
         node.fabric.finish_read(r.read, &mut copy, self.deadline.saturating_duration_since(Instant::now()))?;
-        let torn = apply_images(node, r.table, &r.keys, &copy, &self.left_out);
+        let torn = apply_images(node, r.table, &r.keys, &copy, &self.left_out, &self.incarnations);
         node.core.intent_counters().note_refresh_read(copy.len() as u64, (r.keys.len() - torn) as u64);
         if torn > 0 {
             return Err(Error::Protocol(format!("{torn} slot images read from node {owner} were torn")));
@@ -279,10 +287,10 @@ fn believed_owner(node: &NodeInner, hints: &OwnerHints, table: u16, key: u64) ->
         .find(|&n| n != rank && (n as usize) < dir.nodes() && !dir.is_lost(n) && node.fabric.is_alive(n as usize))
 }
 
-/// Sets each replica of `keys` still here and not `left_out` to the value in its slot image in
-/// `copy` plus what was pushed to it since its delta was taken. Returns how many images were
-/// torn (their replicas keep their values).
-fn apply_images(node: &NodeInner, table: u16, keys: &[u64], copy: &[u8], left_out: &FastSet<(u16, u64)>) -> usize {
+/// Sets each replica of `keys` still here, not `left_out` and of the incarnation its delta was
+/// taken from to the value in its slot image in `copy` plus what was pushed to it since its
+/// delta was taken. Returns how many images were torn (their replicas keep their values).
+fn apply_images(node: &NodeInner, table: u16, keys: &[u64], copy: &[u8], left_out: &FastSet<(u16, u64)>, incarnations: &FastMap<(u16, u64), u32>) -> usize {
     let store = node.core.store();
     let t = store.table(table);
     let value_len = t.value_len();
@@ -293,13 +301,11 @@ fn apply_images(node: &NodeInner, table: u16, keys: &[u64], copy: &[u8], left_ou
             torn += 1;
             continue;
         };
-        if left_out.contains(&(table, key)) {
-            continue;
-        }
+        let Some(&incarnation) = incarnations.get(&(table, key)).filter(|_| !left_out.contains(&(table, key))) else { continue };
         for (v, b) in value.iter_mut().zip(fresh.chunks_exact(4)) {
             *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         }
-        super::replicas::set_replica(node, table, key, &mut value, &mut delta);
+        super::replicas::set_replica(node, table, key, incarnation, &mut value, &mut delta);
     }
     torn
 }

@@ -405,6 +405,13 @@ impl Step<'_, '_> {
                 arrived.push(*op);
             }
         }
+        // A replica here served this node's workers while the key was on its way: its unsent
+        // pushes join the value before anything reads it — the accesses queued for the key
+        // below included (the slot is not yet published, and this step holds the key's shard).
+        {
+            let guard = store.lock(table, key);
+            store.fold_replica_into_arrival(&guard, &mut slot);
+        }
         let value_bytes = store.table(table).value_len() * 4;
         let mut slot = Some(slot);
         let mut answers = AnswerBatch::default();

@@ -12,7 +12,7 @@
 //! which (zero: no replica), in memory mapped without populating it, so a table with no
 //! replicas costs address space only.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use memmap2::{MmapMut, MmapOptions};
 
@@ -23,6 +23,10 @@ pub struct DynamicReplicas {
     entries: *const AtomicU64,
     len: usize,
     _memory: MmapMut,
+    /// Per key: how many times a replica of it was made or ended here, or the key landed here
+    /// (see [`DynamicReplicas::incarnation`]); mapped like `entries`.
+    incarnations: *const AtomicU32,
+    _incarnation_memory: MmapMut,
     live: AtomicUsize,
     /// Keys held here that this node has been granted a replica of: when one leaves, it keeps
     /// its departing value as a replica (see [`DynamicReplicas::wanted`]).
@@ -32,6 +36,48 @@ pub struct DynamicReplicas {
     /// to each since the pull that makes it left (see [`DynamicReplicas::begin_making`]).
     making: parking_lot::Mutex<crate::util::FastMap<u64, Vec<f32>>>,
     making_count: AtomicUsize,
+    /// Keys whose replica's delta a sync round carries, and keys a `localize` is about to
+    /// move here (see [`SyncMarks`]).
+    sync_marks: parking_lot::Mutex<SyncMarks>,
+    /// Notified when a sync round's keys are released.
+    synced: parking_lot::Condvar,
+}
+
+/// A sync round's hold on the marks while it takes deltas (see [`DynamicReplicas::sync_taker`]).
+pub struct SyncTaker<'a> {
+    marks: parking_lot::MutexGuard<'a, SyncMarks>,
+}
+
+impl SyncTaker<'_> {
+    /// The round is about to take `key`'s delta (not zero; the caller holds the key's latch and
+    /// has checked that the key is not arriving here): returns false, taking nothing, when a
+    /// `localize` is about to move the key here (its delta stays in the replica, and the
+    /// landing adds it to the key); otherwise marks the key as carried by the round until
+    /// [`DynamicReplicas::end_sync`].
+    pub fn take(&mut self, key: u64) -> bool {
+        if self.marks.localizing.contains_key(&key) {
+            return false;
+        }
+        self.marks.in_sync.insert(key);
+        true
+    }
+}
+
+/// Keeps a replica's delta off the direct path to the owner while the key may be moving here.
+///
+/// A sync round sends a replica's delta straight to the node believed to own the key
+/// (REPLICA_SYNC), while a relocation to this node travels by the key's home: the two are not
+/// ordered. A key that landed here while its delta was on its way to the old owner would lack
+/// this node's pushes until the round sent the delta on, and this node's workers, which read
+/// the key's slot once it landed, would miss their own pushes meanwhile. So a round takes no
+/// delta of a key a worker's `localize` is about to move here (or that is arriving: the landing
+/// adds the delta to the key), and a `localize` of a key whose delta a round carries waits for
+/// the round (a worker's) or is put off until it ends (the intent service's, which checks
+/// [`DynamicReplicas::carried_by_sync`] while no other thread can start a round).
+#[derive(Default)]
+struct SyncMarks {
+    in_sync: crate::util::FastSet<u64>,
+    localizing: crate::util::FastMap<u64, u32>,
 }
 
 /// The marked keys, and whether marks are taken: only while an intent service runs that adopts
@@ -44,8 +90,8 @@ struct Wanted {
     kept: Vec<u64>,
 }
 
-// SAFETY: `entries` points into `_memory`, owned by this value and mapped until it drops; it is
-// only accessed as atomics.
+// SAFETY: `entries` points into `_memory` and `incarnations` into `_incarnation_memory`, both
+// owned by this value and mapped until it drops; they are only accessed as atomics.
 unsafe impl Send for DynamicReplicas {}
 // SAFETY: as above.
 unsafe impl Sync for DynamicReplicas {}
@@ -75,15 +121,25 @@ impl DynamicReplicas {
         let bytes = keys.max(1) * 8;
         let memory = MmapOptions::new().len(bytes).map_anon().map_err(|e| Error::Memory(format!("cannot map {bytes} bytes for replica entries: {e}")))?;
         let entries = memory.as_ptr() as *const AtomicU64;
+        let incarnation_bytes = keys.max(1) * 4;
+        let incarnation_memory = MmapOptions::new()
+            .len(incarnation_bytes)
+            .map_anon()
+            .map_err(|e| Error::Memory(format!("cannot map {incarnation_bytes} bytes for replica incarnations: {e}")))?;
+        let incarnations = incarnation_memory.as_ptr() as *const AtomicU32;
         Ok(DynamicReplicas {
             entries,
             len: keys,
             _memory: memory,
+            incarnations,
+            _incarnation_memory: incarnation_memory,
             live: AtomicUsize::new(0),
             wanted: Default::default(),
             wanted_count: AtomicUsize::new(0),
             making: Default::default(),
             making_count: AtomicUsize::new(0),
+            sync_marks: Default::default(),
+            synced: parking_lot::Condvar::new(),
         })
     }
 
@@ -95,6 +151,37 @@ impl DynamicReplicas {
         // SAFETY: bounds checked above; the mapping is page-aligned (so 8-aligned), zeroed,
         // and lives as long as `self`; AtomicU64 has the layout of u64.
         Some(unsafe { &*self.entries.add(key as usize) })
+    }
+
+    #[inline]
+    fn incarnation_entry(&self, key: u64) -> Option<&AtomicU32> {
+        if key as usize >= self.len {
+            return None;
+        }
+        // SAFETY: bounds checked above; the mapping is page-aligned (so 4-aligned), zeroed, and
+        // lives as long as `self`; AtomicU32 has the layout of u32.
+        Some(unsafe { &*self.incarnations.add(key as usize) })
+    }
+
+    /// `key`'s incarnation: it changes (under the key's latch) whenever a replica of the key is
+    /// made or ends here, and whenever the key lands here. A value pulled or synced for a
+    /// replica is written into it only if the incarnation is still the one read when the pull
+    /// or the sync began: otherwise the replica is not the one the value is for, or the key
+    /// was here meanwhile and took pushes the value lacks.
+    #[inline]
+    pub fn incarnation(&self, key: u64) -> u32 {
+        self.incarnation_entry(key).map_or(0, |e| e.load(Ordering::Acquire))
+    }
+
+    /// The key landed here (the caller holds its latch): see [`DynamicReplicas::incarnation`].
+    pub fn note_landing(&self, key: u64) {
+        self.bump_incarnation(key);
+    }
+
+    fn bump_incarnation(&self, key: u64) {
+        if let Some(e) = self.incarnation_entry(key) {
+            e.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     /// The replica of `key` here. Acting on its slots needs the key's latch.
@@ -211,6 +298,78 @@ impl DynamicReplicas {
         Some(sum)
     }
 
+    /// Marks for a sync round taking deltas (locked until dropped): see [`SyncTaker::take`].
+    pub fn sync_taker(&self) -> SyncTaker<'_> {
+        SyncTaker { marks: self.sync_marks.lock() }
+    }
+
+    /// Of `keys`, those whose deltas a sync round in flight carries.
+    pub fn carried_by_sync(&self, keys: &[u64]) -> Vec<u64> {
+        let marks = self.sync_marks.lock();
+        if marks.in_sync.is_empty() {
+            return Vec::new();
+        }
+        keys.iter().copied().filter(|k| marks.in_sync.contains(k)).collect()
+    }
+
+    /// The sync round that carried the deltas of `keys` has ended (every delta applied where
+    /// its key is held): a `localize` waiting for them goes on.
+    pub fn end_sync(&self, keys: &[u64]) {
+        if keys.is_empty() {
+            return;
+        }
+        let mut marks = self.sync_marks.lock();
+        for key in keys {
+            marks.in_sync.remove(key);
+        }
+        self.synced.notify_all();
+    }
+
+    /// A `localize` is about to move `keys` here: from now until
+    /// [`DynamicReplicas::end_localize`] no sync round takes their deltas. Returns those whose
+    /// deltas a round in flight carries already (the caller waits for them with
+    /// [`DynamicReplicas::wait_synced`], or leaves them out and ends their marks).
+    pub fn begin_localize(&self, keys: &[u64]) -> Vec<u64> {
+        let mut marks = self.sync_marks.lock();
+        for &key in keys {
+            *marks.localizing.entry(key).or_insert(0) += 1;
+        }
+        keys.iter().copied().filter(|k| marks.in_sync.contains(k)).collect()
+    }
+
+    /// The `localize` that marked `keys` has been issued (they are arriving or here) or given up.
+    pub fn end_localize(&self, keys: &[u64]) {
+        let mut marks = self.sync_marks.lock();
+        for key in keys {
+            if let std::collections::hash_map::Entry::Occupied(mut entry) = marks.localizing.entry(*key) {
+                *entry.get_mut() -= 1;
+                if *entry.get() == 0 {
+                    entry.remove();
+                }
+            }
+        }
+    }
+
+    /// Whether a `localize` is about to move `key` here (between
+    /// [`DynamicReplicas::begin_localize`] and [`DynamicReplicas::end_localize`]).
+    pub fn is_localizing(&self, key: u64) -> bool {
+        self.sync_marks.lock().localizing.contains_key(&key)
+    }
+
+    /// Waits until no sync round carries the delta of any of `keys`, at most until `deadline`;
+    /// returns whether none does.
+    pub fn wait_synced(&self, keys: &[u64], deadline: std::time::Instant) -> bool {
+        let mut marks = self.sync_marks.lock();
+        loop {
+            if !keys.iter().any(|k| marks.in_sync.contains(k)) {
+                return true;
+            }
+            if self.synced.wait_until(&mut marks, deadline).timed_out() {
+                return !keys.iter().any(|k| marks.in_sync.contains(k));
+            }
+        }
+    }
+
     /// Records `slots` as `key`'s replica (the caller holds the key's latch; none existed).
     pub(super) fn set(&self, key: u64, slots: ReplicaSlots) -> bool {
         let Some(entry) = self.entry(key) else { return false };
@@ -219,6 +378,7 @@ impl DynamicReplicas {
         }
         self.live.fetch_add(1, Ordering::AcqRel);
         entry.store(slots.pack(), Ordering::Release);
+        self.bump_incarnation(key);
         true
     }
 
@@ -226,6 +386,7 @@ impl DynamicReplicas {
     pub(super) fn clear(&self, key: u64) -> Option<ReplicaSlots> {
         let slots = ReplicaSlots::unpack(self.entry(key)?.swap(0, Ordering::AcqRel))?;
         self.live.fetch_sub(1, Ordering::AcqRel);
+        self.bump_incarnation(key);
         Some(slots)
     }
 }
@@ -247,6 +408,58 @@ mod tests {
         assert_eq!(r.clear(7), Some(slots));
         assert_eq!(r.clear(7), None);
         assert!(!r.any());
+    }
+
+    #[test]
+    fn a_replica_made_or_ended_or_a_landing_changes_the_incarnation() {
+        let r = DynamicReplicas::new(100).unwrap();
+        let slots = ReplicaSlots { value: 1, delta: 2 };
+        let start = r.incarnation(7);
+        assert!(r.set(7, slots));
+        let made = r.incarnation(7);
+        assert_ne!(made, start);
+        assert!(!r.set(7, slots));
+        assert_eq!(r.incarnation(7), made, "a replica refused changes nothing");
+        r.clear(7);
+        let ended = r.incarnation(7);
+        assert_ne!(ended, made);
+        r.note_landing(7);
+        assert_ne!(r.incarnation(7), ended);
+        assert_eq!(r.incarnation(8), 0, "other keys keep theirs");
+        assert_eq!(r.incarnation(1000), 0, "beyond the table");
+    }
+
+    #[test]
+    fn a_sync_round_and_a_localize_never_hold_one_key_at_once() {
+        let r = std::sync::Arc::new(DynamicReplicas::new(100).unwrap());
+        // A localize about to move key 3 keeps its delta out of a round.
+        assert!(r.begin_localize(&[3]).is_empty());
+        assert!(r.is_localizing(3) && !r.sync_taker().take(3));
+        r.end_localize(&[3]);
+        assert!(!r.is_localizing(3) && r.sync_taker().take(3));
+        assert_eq!(r.carried_by_sync(&[2, 3]), vec![3]);
+        // Key 3's delta is in a round now: a localize learns it and waits for the round.
+        assert_eq!(r.begin_localize(&[3, 4]), vec![3]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(20);
+        assert!(!r.wait_synced(&[3], deadline), "the round has not ended");
+        let ender = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                r.end_sync(&[3]);
+            })
+        };
+        assert!(r.wait_synced(&[3, 4], std::time::Instant::now() + std::time::Duration::from_secs(10)));
+        ender.join().unwrap();
+        r.end_localize(&[3, 4]);
+        assert!(!r.is_localizing(3) && !r.is_localizing(4));
+        // Marks nest: two localizes of one key.
+        r.begin_localize(&[5]);
+        r.begin_localize(&[5]);
+        r.end_localize(&[5]);
+        assert!(r.is_localizing(5));
+        r.end_localize(&[5]);
+        assert!(!r.is_localizing(5));
     }
 
     #[test]

@@ -327,6 +327,28 @@ impl Store {
         true
     }
 
+    /// The key `guard` latches lands here in `slot` (not yet published; the caller holds the
+    /// key's shard until it is): a run-time replica of it ends, and its unsent delta — pushes of
+    /// this node's workers that the replica took while the key was on its way — is added to the
+    /// arriving value before the value serves anything, so that no access reads the key
+    /// without them. The key's replica incarnation changes either way
+    /// ([`dynamic::DynamicReplicas::incarnation`]). Returns whether there was a replica.
+    pub fn fold_replica_into_arrival(&self, guard: &KeyGuard<'_>, slot: &mut Reserved) -> bool {
+        let t = guard.table;
+        let Some(dynamic) = t.dynamic() else { return false };
+        if dynamic.get(guard.key).is_none() {
+            // A value pulled for a replica before now lacks what the key takes here.
+            dynamic.note_landing(guard.key);
+            return false;
+        }
+        let mut delta = vec![0.0; t.value_len];
+        if !self.remove_replica(guard, &mut delta) {
+            return false;
+        }
+        self.reserved(slot).add(&delta);
+        true
+    }
+
     /// A view of a slot the caller holds, for reading or writing its value.
     pub fn reserved<'a>(&'a self, slot: &'a mut Reserved) -> Slot<'a> {
         // SAFETY: a reservation is only made by `reserve` or `unpublish`, so the allocator

@@ -25,6 +25,12 @@
 //!   recording times on the host's monotonic clock; rank 0 checks the bounded-staleness
 //!   guarantee on the gathered history and the exact sums after a barrier, and every rank
 //!   reports how many one-sided reads its refreshes issued.
+//! * `intent-history`: workers of every node declare random intents on few keys (so that keys
+//!   move to one node, are replicated on several, and are dropped again), push into lanes of
+//!   their own, pull and localize explicitly, recording times on the host's monotonic clock;
+//!   rank 0 checks every pull against the guarantee for keys under intent (its own node's
+//!   pushes, each push at most once, other nodes' within a bound) and the exact sums after a
+//!   barrier.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -111,6 +117,19 @@ enum Scenario {
         #[arg(long, default_value_t = 30)]
         clocks: u64,
     },
+    /// Random intents with pushes, pulls and explicit localizes, checked per pull.
+    IntentHistory {
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        #[arg(long, default_value_t = 16)]
+        keys: u64,
+        #[arg(long, default_value_t = 40)]
+        clocks: u64,
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
 }
 
 fn main() -> Result<()> {
@@ -131,6 +150,7 @@ fn main() -> Result<()> {
         Scenario::Replicas { pushes, dir } => replicas(pushes, &dir),
         Scenario::Toolbox { clocks } => toolbox(clocks),
         Scenario::Intent { clocks } => intent(clocks),
+        Scenario::IntentHistory { workers, keys, clocks, dir, seed } => intent_history(workers, keys, clocks, &dir, seed),
     }
 }
 
@@ -896,6 +916,202 @@ fn replicas(pushes: u32, dir: &std::path::Path) -> Result<()> {
         }
         let pulls: usize = pulls_by_key.iter().map(Vec::len).sum();
         println!("replicas ok: {pulls} pulls within {} ms of every push, sums exact", bound / 1_000_000);
+    }
+    worker.barrier()?;
+    drop(worker);
+    node.finalize()?;
+    Ok(())
+}
+
+/// Lanes of the `intent-history` scenario's values: every push of a key has a lane of its own.
+const INTENT_LANES: usize = 512;
+
+/// What every worker of the `intent-history` scenario shares.
+#[derive(Clone, Copy)]
+struct IntentHistoryPlan {
+    table: ferry::Table,
+    keys: u64,
+    clocks: u64,
+    /// Lanes each worker has per key.
+    lanes_per_worker: usize,
+}
+
+/// One worker's part of the `intent-history` scenario: each clock it declares a few random
+/// keys for a short window two clocks ahead, then pushes to, pulls and sometimes localizes
+/// mostly the keys of its current windows. Returns its record lines (see `intent_history`).
+fn intent_history_worker(worker: &mut Worker, plan: &IntentHistoryPlan, rank: usize, global: usize, seed: u64) -> Result<String> {
+    let IntentHistoryPlan { table, keys, clocks, lanes_per_worker } = *plan;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut used = vec![0usize; keys as usize];
+    let mut windows: Vec<(Vec<u64>, u64, u64)> = Vec::new();
+    let mut text = String::new();
+    let mut localizes = Vec::new();
+    let declare = |rng: &mut ChaCha8Rng, worker: &mut Worker, windows: &mut Vec<(Vec<u64>, u64, u64)>, start: u64| -> Result<()> {
+        let mut chosen: Vec<u64> = (0..rng.gen_range(2..6)).map(|_| rng.gen_range(0..keys)).collect();
+        chosen.sort_unstable();
+        chosen.dedup();
+        let end = start + rng.gen_range(1..4);
+        worker.intent(table, &chosen, start, end)?;
+        windows.push((chosen, start, end));
+        Ok(())
+    };
+    for start in 0..2 {
+        declare(&mut rng, worker, &mut windows, start)?;
+    }
+    for clock in 0..clocks {
+        declare(&mut rng, worker, &mut windows, clock + 2)?;
+        windows.retain(|w| w.2 > clock);
+        let now: Vec<u64> = windows.iter().filter(|w| w.1 <= clock).flat_map(|w| w.0.iter().copied()).collect();
+        for _ in 0..6 {
+            let key = if !now.is_empty() && rng.gen_bool(0.8) { now[rng.gen_range(0..now.len())] } else { rng.gen_range(0..keys) };
+            match rng.gen_range(0..100) {
+                0..45 => {
+                    let u = &mut used[key as usize];
+                    if *u == lanes_per_worker {
+                        continue;
+                    }
+                    *u += 1;
+                    let lane = 1 + global * lanes_per_worker + *u - 1;
+                    let issued = ferry_tcp::monotonic_ns();
+                    worker.push(table, &[key], &push_update(lane as u32, INTENT_LANES))?;
+                    text.push_str(&format!("push {key} {rank} {lane} {issued} {} {global}\n", ferry_tcp::monotonic_ns()));
+                }
+                45..92 => {
+                    let mut value = vec![0.0; INTENT_LANES];
+                    let start = ferry_tcp::monotonic_ns();
+                    worker.pull(table, &[key], &mut value)?;
+                    let end = ferry_tcp::monotonic_ns();
+                    text.push_str(&format!("pull {key} {rank} {start} {end} {} {global}\n", sparse_value(&value)));
+                }
+                _ => {
+                    if rng.gen_bool(0.5) {
+                        localizes.push(worker.localize_async(table, &[key])?);
+                    } else {
+                        worker.localize(table, &[key])?;
+                    }
+                }
+            }
+        }
+        // The trainer's computation between clocks, during which the intent service acts.
+        std::thread::sleep(Duration::from_micros(rng.gen_range(300..2_000)));
+        worker.advance_clock()?;
+    }
+    for ticket in localizes {
+        worker.wait(ticket)?;
+    }
+    Ok(text)
+}
+
+/// A value's non-zero elements as `index=value` pairs (`-` when there are none).
+fn sparse_value(value: &[f32]) -> String {
+    let pairs: Vec<String> = value.iter().enumerate().filter(|(_, v)| **v != 0.0).map(|(i, v)| format!("{i}={v}")).collect();
+    if pairs.is_empty() { "-".to_string() } else { pairs.join(",") }
+}
+
+fn parse_sparse_value(text: &str, lanes: usize) -> Result<Vec<f32>> {
+    let mut value = vec![0.0; lanes];
+    if text != "-" {
+        for pair in text.split(',') {
+            let (i, v) = pair.split_once('=').context("a value element without '='")?;
+            let i: usize = i.parse()?;
+            ensure!(i < lanes, "element {i} of {lanes}");
+            value[i] = v.parse()?;
+        }
+    }
+    Ok(value)
+}
+
+/// Random intents on few keys across the cluster: keys move to the one node that declared
+/// them, are replicated on the nodes that declared them together and dropped when the windows
+/// end, while explicit localizes pull them elsewhere. Every pull must include each push at
+/// most once, every push its own node acknowledged before the pull began, no push issued after
+/// it returned, and every push acknowledged more than a bound before it began (the replicas'
+/// sync rounds run every half of the staleness bound; the bound checked adds a generous margin
+/// for rounds delayed on loaded machines, so it catches a push that never arrives, not a slow
+/// round). After a barrier every node reads every push exactly once.
+fn intent_history(workers: usize, keys: u64, clocks: u64, dir: &std::path::Path, seed: u64) -> Result<()> {
+    use ferry::consistency::{TimedPull, TimedPush, check_bounded_staleness};
+    let staleness = Duration::from_millis(20);
+    let margin = Duration::from_secs(2);
+    let mut config = Config::from_env(vec![TableSpec::new("i", keys, INTENT_LANES)])?;
+    config.relocation = true;
+    config.staleness = staleness;
+    let mut node = Node::start(config)?;
+    println!("transport {}", node.transport());
+    let (rank, nodes) = (node.rank(), node.nodes());
+    let table = node.table("i")?;
+    let plan = &IntentHistoryPlan { table, keys, clocks, lanes_per_worker: (INTENT_LANES - 1) / (nodes * workers) };
+    let before = node.stats();
+    let texts: Vec<String> = std::thread::scope(|s| -> Result<Vec<String>> {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let mut worker = node.worker();
+                s.spawn(move || -> Result<String> {
+                    let global = rank * workers + w;
+                    let text = intent_history_worker(&mut worker, plan, rank, global, seed * 1000 + global as u64)?;
+                    worker.barrier()?;
+                    Ok(text)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("worker thread")).collect()
+    })?;
+    let mut worker = node.worker();
+    // Every push of the cluster, exactly once, in every value read after the barrier.
+    let all: Vec<u64> = (0..keys).collect();
+    let mut out = vec![0.0; keys as usize * INTENT_LANES];
+    worker.pull(table, &all, &mut out)?;
+    let s = node.stats().since(&before);
+    let mut text = texts.concat();
+    for (key, value) in out.chunks(INTENT_LANES).enumerate() {
+        text.push_str(&format!("final {key} {rank} {}\n", sparse_value(value)));
+    }
+    text.push_str(&format!("stats {rank} {} {} {}\n", s.intent.acted_keys, s.intent.replicas_made, s.relocations_in));
+    std::fs::write(dir.join(format!("intent-history-{rank}.txt")), text)?;
+    worker.barrier()?;
+    if rank == 0 {
+        let (mut pushes, mut pulls, mut finals) = (vec![Vec::new(); keys as usize], vec![Vec::new(); keys as usize], Vec::new());
+        let (mut acted, mut made, mut moved) = (0u64, 0u64, 0u64);
+        for r in 0..nodes {
+            for line in std::fs::read_to_string(dir.join(format!("intent-history-{r}.txt")))?.lines() {
+                let f: Vec<&str> = line.split(' ').collect();
+                let key = |k: &str| -> Result<usize> { k.parse::<usize>().ok().filter(|&k| k < keys as usize).context("bad key") };
+                match f[..] {
+                    ["push", k, node, lane, issued, acked, _] => {
+                        pushes[key(k)?].push(TimedPush { node: node.parse()?, lane: lane.parse()?, issued: issued.parse()?, acked: acked.parse()? })
+                    }
+                    ["pull", k, node, start, end, value, _] => pulls[key(k)?].push(TimedPull {
+                        node: node.parse()?,
+                        start: start.parse()?,
+                        end: end.parse()?,
+                        value: parse_sparse_value(value, INTENT_LANES)?,
+                    }),
+                    ["final", k, node, value] => finals.push((key(k)?, node.to_string(), parse_sparse_value(value, INTENT_LANES)?)),
+                    ["stats", _, a, m, i] => {
+                        acted += a.parse::<u64>()?;
+                        made += m.parse::<u64>()?;
+                        moved += i.parse::<u64>()?;
+                    }
+                    _ => bail!("bad intent-history line: {line}"),
+                }
+            }
+        }
+        let bound = (staleness + margin).as_nanos() as u64;
+        for key in 0..keys as usize {
+            check_bounded_staleness(key as u64, &pushes[key], &pulls[key], INTENT_LANES, bound).map_err(|v| anyhow::anyhow!("violation: {v:?}"))?;
+        }
+        for (key, node, value) in &finals {
+            let expected = |lane: usize| if pushes[*key].iter().any(|p| p.lane as usize == lane) { 1.0 } else { 0.0 };
+            if let Some(lane) = (0..INTENT_LANES).find(|&l| value[l] != expected(l)) {
+                bail!("node {node} read key {key} after the barrier with {} in lane {lane}, expected {}", value[lane], expected(lane));
+            }
+        }
+        // The run must have exercised what it checks: moves by the service, run-time replicas.
+        ensure!(acted > 0 && made > 0, "the intent service moved {acted} keys and made {made} replicas: the history checks neither");
+        let (n_pushes, n_pulls): (usize, usize) = (pushes.iter().map(Vec::len).sum(), pulls.iter().map(Vec::len).sum());
+        println!(
+            "intent history ok: {n_pulls} pulls and {n_pushes} pushes on {keys} keys ({acted} keys moved by the service, {made} replicas made, {moved} relocations in)"
+        );
     }
     worker.barrier()?;
     drop(worker);
