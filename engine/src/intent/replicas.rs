@@ -431,6 +431,12 @@ impl ReplicaSet {
                 {
                     value_slot.add(&sum);
                     with_pushes += 1;
+                    // Those pushes may still be on their way, by the key's home; a sync sent
+                    // straight to the owner could overtake them, and the image it cuts would
+                    // lack them. So the replica's first sync goes the way they went: to the
+                    // home, which applies it if it holds the key and is otherwise answered by
+                    // a push-pull the home routes behind them.
+                    self.owners.remove(&(table, key));
                 }
                 self.keys.entry(table).or_default().insert(key);
                 made += 1;
@@ -612,29 +618,22 @@ impl ReplicaSet {
         outcome
     }
 
-    /// Waits (at most the operation timeout) until no key with a replica here, or whose
-    /// replica's drop was put off, is arriving here or about to be localized: a sync round takes
-    /// no delta of such a key, which the landing adds to the key instead.
-    fn wait_for_arrivals(&self, node: &NodeInner) -> Result<()> {
+    /// Whether a key on its way here has a replica here with a delta (one whose drop was put
+    /// off included): a sync round takes no delta of such a key, whose landing adds it to the
+    /// key, so a barrier's round, which must deliver every delta, waits for the landing.
+    pub fn replicas_arriving(&self, node: &NodeInner) -> bool {
         let store = node.core.store();
-        let deadline = std::time::Instant::now() + node.config.op_timeout;
-        let on_its_way = |table: u16, key: u64| {
+        let mut delta = Vec::new();
+        let mut arriving = |table: u16, key: u64| {
             let t = store.table(table);
-            t.residence(key) == Residence::Arriving || t.dynamic().is_some_and(|d| d.is_localizing(key))
-        };
-        while self.keys.iter().any(|(&table, keys)| keys.iter().any(|&k| on_its_way(table, k)))
-            || self.put_off_drops.iter().any(|&(table, k)| on_its_way(table, k))
-        {
-            if std::time::Instant::now() >= deadline {
-                return Err(crate::error::Error::Timeout {
-                    what: "keys with run-time replicas here to land before a barrier's sync round",
-                    millis: node.config.op_timeout.as_millis() as u64,
-                    nodes: Vec::new(),
-                });
+            if t.residence(key) != Residence::Arriving || !t.has_dynamic_replica(key) {
+                return false;
             }
-            std::thread::sleep(std::time::Duration::from_micros(100));
-        }
-        Ok(())
+            delta.resize(t.value_len(), 0.0);
+            let guard = store.lock(table, key);
+            matches!(look_at_replica(store, &guard, &mut delta), Held::Replica { clean: false, .. })
+        };
+        self.keys.iter().any(|(&table, keys)| keys.iter().any(|&k| arriving(table, k))) || self.put_off_drops.iter().any(|&(table, k)| arriving(table, k))
     }
 
     /// The sync round that carried the marked deltas has ended: localizes waiting for them go on.
@@ -647,11 +646,10 @@ impl ReplicaSet {
     }
 
     /// A sync round now, through `worker`, waiting for it (around a barrier; nothing may be in
-    /// flight). Every delta must reach its key: the deltas of keys on their way here stay in
-    /// their replicas for the landing to add, so the round waits for those keys to land first.
+    /// flight, and no key with a replica here may be on its way here: see
+    /// [`ReplicaSet::replicas_arriving`]).
     pub fn sync_now(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         debug_assert!(self.quiet());
-        self.wait_for_arrivals(node)?;
         let taken = self.take_deltas(node);
         let (mut round, mut outcome) = SyncRound::start(node, worker, &self.owners, &mut self.sync_id, taken);
         keep_first_error(&mut outcome, round.poll(node, worker, &mut self.owners, true));

@@ -234,7 +234,9 @@ impl IntentService {
     /// A sync round of the run-time replicas through `worker` (around a barrier): their deltas
     /// reach the owners, their values are refreshed. First waits (at most the operation
     /// timeout) until the service has no sync round in flight and no dropped replica drains, so
-    /// that every delta taken before this call has reached its owner. Nothing to do without
+    /// that every delta taken before this call has reached its owner, and until no key with a
+    /// replica here is on its way here (its delta reaches the key when it lands). It waits
+    /// without holding the replica set, so the service goes on meanwhile. Nothing to do without
     /// replicas.
     pub fn sync_replicas(&self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         let deadline = Instant::now() + node.config.op_timeout;
@@ -246,6 +248,11 @@ impl IntentService {
                     if replicas.is_empty() {
                         return Ok(());
                     }
+                }
+                // Checked with the set held through the round, so the service starts no move
+                // meanwhile. A worker of this node not yet in the barrier may localize a key:
+                // its delta stays for the landing, which the last worker's round waits for.
+                if replicas.quiet() && !replicas.replicas_arriving(node) {
                     worker.bypass_replicas(true);
                     let outcome = replicas.sync_now(node, worker);
                     worker.bypass_replicas(false);
@@ -254,7 +261,7 @@ impl IntentService {
             }
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
-                    what: "the intent service's replica operations",
+                    what: "the intent service's replica operations, and keys with replicas here to land,",
                     millis: node.config.op_timeout.as_millis() as u64,
                     nodes: Vec::new(),
                 });
