@@ -30,7 +30,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -99,6 +99,9 @@ pub(crate) struct IntentService {
     rounds_signalled: AtomicU64,
     /// A worker waits for a round to tell the homes its ended windows (before a barrier).
     round_wanted: AtomicBool,
+    /// Workers in [`IntentService::sync_replicas`], waiting for the replicas to be quiet: the
+    /// service starts no sync round of its own meanwhile.
+    barrier_syncs: AtomicUsize,
     /// Times the service took the grants waiting for it, and times it then had started their
     /// moves and replicas (both counted under the state lock, `signalled` notified with the
     /// second): a worker in [`IntentService::take_up_grants`] waits for them.
@@ -240,6 +243,10 @@ impl IntentService {
     /// replicas.
     pub fn sync_replicas(&self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         let deadline = Instant::now() + node.config.op_timeout;
+        // While rounds take longer than the sync period (a slow fabric, an emulated host), the
+        // service starts each one as the last ends, and a waiter that only looks now and then
+        // would never see the replicas quiet: so it holds the service's rounds off.
+        let _holding_off = HoldOff::new(&self.barrier_syncs);
         loop {
             {
                 let mut replicas = self.replicas.lock();
@@ -547,7 +554,8 @@ impl IntentService {
             }
         }
         drop(put_off);
-        if !reposted && last_sync.elapsed() >= sync_every && replicas.quiet() && !replicas.is_empty() {
+        let held_off = self.barrier_syncs.load(Ordering::Acquire) > 0;
+        if !reposted && !held_off && last_sync.elapsed() >= sync_every && replicas.quiet() && !replicas.is_empty() {
             *last_sync = Instant::now();
             outcome = outcome.and(replicas.start_sync(node, own)).and(replicas.remake(node, own, true));
         }
@@ -746,6 +754,22 @@ struct InFlight {
     keys: Vec<u64>,
 }
 
+/// Counts a waiter in a counter for as long as it lives (the count drops on every way out).
+struct HoldOff<'a>(&'a AtomicUsize);
+
+impl<'a> HoldOff<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        HoldOff(count)
+    }
+}
+
+impl Drop for HoldOff<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::mpsc;
@@ -805,6 +829,41 @@ mod tests {
         service.finish_take_up();
         finished.recv_timeout(Duration::from_secs(2)).expect("still waiting after the take-up");
         drop(own);
+        crate::node::finalize_all(nodes);
+    }
+
+    #[test]
+    fn a_barrier_waiting_for_quiet_replicas_holds_the_services_sync_rounds_off() {
+        let mut config = Config::new(vec![TableSpec::new("t", 16, 1)]);
+        config.latches = 16;
+        let nodes = Node::start_local_cluster(2, config).unwrap();
+        let node = nodes[1].inner().clone();
+        let (mut own, mut trainer) = (nodes[1].worker(), nodes[1].worker());
+        own.bypass_replicas(true);
+        let handle = own.table("t").unwrap();
+        let key = (0..16).find(|&k| node.core.store().table(handle.id).residence(k) == Residence::Away).unwrap();
+        // A service of the test's own, driven by hand, with a replica of the key that took a
+        // push: a sync round would carry its delta.
+        let service = IntentService::default();
+        {
+            let mut set = service.replicas.lock();
+            assert!(set.start_make(&node, &mut own, handle.id, &[key]).unwrap());
+            set.poll(&node, &mut own, true).unwrap();
+        }
+        assert!(node.core.store().table(handle.id).has_dynamic_replica(key));
+        trainer.push(handle, &[key], &[1.0]).unwrap();
+        let (mut in_flight, mut last_sync) = (Vec::new(), Instant::now());
+        // A worker waits in `sync_replicas`: the service's round starts no sync.
+        let waiting = HoldOff::new(&service.barrier_syncs);
+        assert!(service.finish_round(&node, &mut own, &mut in_flight, &mut last_sync, Duration::ZERO));
+        assert!(!service.replicas.lock().sync_in_flight(), "a sync round started while a barrier waited for quiet replicas");
+        // It went: the next round syncs.
+        drop(waiting);
+        assert_eq!(service.barrier_syncs.load(Ordering::Acquire), 0);
+        assert!(service.finish_round(&node, &mut own, &mut in_flight, &mut last_sync, Duration::ZERO));
+        assert!(service.replicas.lock().sync_in_flight(), "no sync round once nothing waits");
+        service.replicas.lock().drop_all(&node, &mut own).unwrap();
+        drop((own, trainer));
         crate::node::finalize_all(nodes);
     }
 
