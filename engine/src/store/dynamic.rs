@@ -145,22 +145,24 @@ impl DynamicReplicas {
 
     #[inline]
     fn entry(&self, key: u64) -> Option<&AtomicU64> {
-        if key as usize >= self.len {
-            return None;
-        }
-        // SAFETY: bounds checked above; the mapping is page-aligned (so 8-aligned), zeroed,
-        // and lives as long as `self`; AtomicU64 has the layout of u64.
-        Some(unsafe { &*self.entries.add(key as usize) })
+        self.mapped(self.entries, key)
     }
 
     #[inline]
     fn incarnation_entry(&self, key: u64) -> Option<&AtomicU32> {
+        self.mapped(self.incarnations, key)
+    }
+
+    /// `key`'s element of one of the per-key arrays this table maps (`entries`, `incarnations`).
+    #[inline]
+    fn mapped<T>(&self, base: *const T, key: u64) -> Option<&T> {
         if key as usize >= self.len {
             return None;
         }
-        // SAFETY: bounds checked above; the mapping is page-aligned (so 4-aligned), zeroed, and
-        // lives as long as `self`; AtomicU32 has the layout of u32.
-        Some(unsafe { &*self.incarnations.add(key as usize) })
+        // SAFETY: `base` is `entries` or `incarnations`, each a zeroed, page-aligned mapping of
+        // `len` elements (so aligned for its atomic type, whose layout is that of the plain
+        // integer) that lives as long as `self`; bounds checked above.
+        Some(unsafe { &*base.add(key as usize) })
     }
 
     /// `key`'s incarnation: it changes (under the key's latch) whenever a replica of the key is
