@@ -244,6 +244,13 @@ impl ReplicaSet {
         Ok(true)
     }
 
+    /// Makes replicas of `keys` of `table` through `worker` and installs them, waiting (tests).
+    #[cfg(test)]
+    pub(super) fn make_now(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: &[u64]) {
+        assert!(self.start_make(node, worker, table, keys).unwrap(), "the table keeps no run-time replicas");
+        self.poll(node, worker, true).unwrap();
+    }
+
     /// Starts making the replicas of granted keys that are elsewhere now and have none: with
     /// `all`, every granted key is looked at (a safety net, run with each sync round);
     /// otherwise those that were held or arriving here (run every round).
@@ -845,8 +852,7 @@ mod tests {
         let t = node.core.store().table(table);
         let handle = node.table_by_id(table);
         let mut set = ReplicaSet::default();
-        assert!(set.start_make(&node, &mut service, table, &[key]).unwrap());
-        set.poll(&node, &mut service, true).unwrap();
+        set.make_now(&node, &mut service, table, &[key]);
         assert!(t.has_dynamic_replica(key), "the replica was not made");
         trainer.push(handle, &[key], &[1.0, 2.0]).unwrap();
 
@@ -879,8 +885,7 @@ mod tests {
         let t = node.core.store().table(table);
         let handle = node.table_by_id(table);
         let mut set = ReplicaSet::default();
-        set.start_make(&node, &mut service, table, &[key]).unwrap();
-        set.poll(&node, &mut service, true).unwrap();
+        set.make_now(&node, &mut service, table, &[key]);
         trainer.push(handle, &[key], &[1.0, 1.0]).unwrap();
         set.drop_keys(&node, &mut service, table, &[key]).unwrap();
         // Granted again while it drains: the replica stays, is synced like any other, and is
@@ -904,8 +909,7 @@ mod tests {
         let t = node.core.store().table(table);
         let handle = node.table_by_id(table);
         let mut set = ReplicaSet::default();
-        set.start_make(&node, &mut service, table, &[key]).unwrap();
-        set.poll(&node, &mut service, true).unwrap();
+        set.make_now(&node, &mut service, table, &[key]);
         trainer.push(handle, &[key], &[1.0, 1.0]).unwrap();
         nodes.remove(0).abort();
         // This node learns of the loss (an access to the key fails) before the drop.
@@ -992,8 +996,7 @@ mod tests {
         let t = node.core.store().table(table);
         let handle = node.table_by_id(table);
         let mut set = ReplicaSet::default();
-        set.start_make(&node, &mut service, table, &[key]).unwrap();
-        set.poll(&node, &mut service, true).unwrap();
+        set.make_now(&node, &mut service, table, &[key]);
         // The push stays in the replica's delta (no sync round runs); then the key moves here.
         trainer.push(handle, &[key], &[1.0, 2.0]).unwrap();
         trainer.localize(handle, &[key]).unwrap();
@@ -1016,8 +1019,7 @@ mod tests {
         let t = node.core.store().table(table);
         let handle = node.table_by_id(table);
         let mut set = ReplicaSet::default();
-        set.start_make(&node, &mut service, table, &[key]).unwrap();
-        set.poll(&node, &mut service, true).unwrap();
+        set.make_now(&node, &mut service, table, &[key]);
         trainer.push(handle, &[key], &[1.0, 2.0]).unwrap();
         // The round takes the delta and sends it straight to the owner; a localize now would
         // race it (the key could leave the owner before the delta gets there).
@@ -1047,8 +1049,7 @@ mod tests {
         let t = node.core.store().table(table);
         let handle = node.table_by_id(table);
         let mut set = ReplicaSet::default();
-        set.start_make(&node, &mut service, table, &[key]).unwrap();
-        set.poll(&node, &mut service, true).unwrap();
+        set.make_now(&node, &mut service, table, &[key]);
         // A round for the clean replica is in flight (its image will be the owner's [0, 0]).
         set.start_sync(&node, &mut service).unwrap();
         assert!(set.sync_in_flight());

@@ -845,11 +845,7 @@ mod tests {
         // A service of the test's own, driven by hand, with a replica of the key that took a
         // push: a sync round would carry its delta.
         let service = IntentService::default();
-        {
-            let mut set = service.replicas.lock();
-            assert!(set.start_make(&node, &mut own, handle.id, &[key]).unwrap());
-            set.poll(&node, &mut own, true).unwrap();
-        }
+        service.replicas.lock().make_now(&node, &mut own, handle.id, &[key]);
         assert!(node.core.store().table(handle.id).has_dynamic_replica(key));
         trainer.push(handle, &[key], &[1.0]).unwrap();
         let (mut in_flight, mut last_sync) = (Vec::new(), Instant::now());
