@@ -145,23 +145,29 @@ impl DynamicReplicas {
 
     #[inline]
     fn entry(&self, key: u64) -> Option<&AtomicU64> {
-        self.mapped(self.entries, key)
+        // SAFETY: `entries` is one of this table's per-key arrays.
+        unsafe { self.mapped(self.entries, key) }
     }
 
     #[inline]
     fn incarnation_entry(&self, key: u64) -> Option<&AtomicU32> {
-        self.mapped(self.incarnations, key)
+        // SAFETY: `incarnations` is one of this table's per-key arrays.
+        unsafe { self.mapped(self.incarnations, key) }
     }
 
-    /// `key`'s element of one of the per-key arrays this table maps (`entries`, `incarnations`).
+    /// `key`'s element of one of the per-key arrays this table maps.
+    ///
+    /// # Safety
+    ///
+    /// `base` must be `self.entries` or `self.incarnations`.
     #[inline]
-    fn mapped<T>(&self, base: *const T, key: u64) -> Option<&T> {
+    unsafe fn mapped<T>(&self, base: *const T, key: u64) -> Option<&T> {
         if key as usize >= self.len {
             return None;
         }
-        // SAFETY: `base` is `entries` or `incarnations`, each a zeroed, page-aligned mapping of
-        // `len` elements (so aligned for its atomic type, whose layout is that of the plain
-        // integer) that lives as long as `self`; bounds checked above.
+        // SAFETY: `base` is `entries` or `incarnations` (the caller's promise), each a zeroed,
+        // page-aligned mapping of `len` elements (so aligned for its atomic type, whose layout
+        // is that of the plain integer) that lives as long as `self`; bounds checked above.
         Some(unsafe { &*base.add(key as usize) })
     }
 
