@@ -14,7 +14,10 @@
 //!   soon while another needed it now went on to need it while the other still did in at
 //!   least one of 16 cases (counted per table at each home, the older half of the counts
 //!   dropped every 1 024 outcomes; an advance replica is made in the background, an access
-//!   that finds no copy waits for the network). A key passed from one node to the next
+//!   that finds no copy waits for the network), or if the table has no such case yet and no
+//!   node needs the key now (a training's first clocks, when several nodes declare keys
+//!   that all still sit at their homes: without replicas all but the first to start would
+//!   be late). A key passed from one node to the next
 //!   (matrix factorization's blocks: the next user intends a block while its current user
 //!   still works on it) is then moved when its current user is done rather than replicated
 //!   on its way, while keys several nodes use together (popular entities, words) are
@@ -199,7 +202,15 @@ impl IntentHomes {
                 shared = true;
             }
             if nodes.len() >= 2 {
-                let ahead = shared || self.contention.get(&table).is_some_and(Contention::replicate_ahead);
+                // A table with no outcomes yet says nothing either way; a key several nodes will
+                // need while none needs it yet would otherwise wait until one of their windows
+                // starts, late for every other node (a training's first clocks, when every key
+                // still is at its home), so AdaPM's own rule applies: replicas on all of them.
+                let ahead = shared
+                    || match self.contention.get(&table) {
+                        Some(counts) => counts.replicate_ahead(),
+                        None => needing_now == 0,
+                    };
                 // The node last told to take the key keeps it while nobody else is, and needs no
                 // replica; once the key moves on, it is one of the intending nodes like any other:
                 // a replicate grant, which reaches it before the request to hand the key over,
@@ -480,6 +491,31 @@ mod tests {
         }
         h.update(0, Now, 0, [100]);
         assert!(h.update(1, Soon, 0, [100]).is_empty());
+    }
+
+    #[test]
+    fn a_key_several_nodes_will_need_before_their_table_has_outcomes_is_replicated_in_advance() {
+        use IntentLevel::*;
+        let mut h = IntentHomes::default();
+        let go = |n: u16, key: u64| Grants::from([((n, Grant::Move), vec![key])]);
+        let replicate = |n: u16, key: u64| Grants::from([((n, Grant::Replicate), vec![key])]);
+        // A training's first clocks: node 1 will need key 3 soon and is told to take it; node 2
+        // will need it soon too, nobody needs it now and nothing is known of the table: node 2
+        // gets a replica in advance instead of waiting for its window to start.
+        assert_eq!(h.update(1, Soon, 0, [3]), go(1, 3));
+        assert_eq!(h.update(2, Soon, 0, [3]), replicate(2, 3));
+        // A node that will need a key while another needs it now still gets nothing before the
+        // table's first outcome: the key may simply be passed on (matrix factorization's blocks).
+        h.update(0, Now, 2, [9]);
+        assert!(h.update(1, Soon, 2, [9]).is_empty());
+        // Once a table's outcomes say that its keys are passed on, several nodes that will need
+        // a key soon get no replicas either.
+        h.update(0, Now, 1, [7]);
+        h.update(1, Soon, 1, [7]);
+        assert_eq!(h.update(0, None, 1, [7]), go(1, 7));
+        assert!(h.update(1, Now, 1, [7]).is_empty());
+        assert_eq!(h.update(2, Soon, 1, [8]), go(2, 8));
+        assert!(h.update(3, Soon, 1, [8]).is_empty());
     }
 
     #[test]
