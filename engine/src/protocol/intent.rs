@@ -17,7 +17,9 @@
 //!   that finds no copy waits for the network), or if the table has no such case yet and no
 //!   node needs the key now (a training's first clocks, when several nodes declare keys
 //!   that all still sit at their homes: without replicas all but the first to start would
-//!   be late). A key passed from one node to the next
+//!   be late; a node that intends a key soon while another needs it now waits for the
+//!   table's first outcome, and gets its advance replica when that says *contended*). A key
+//!   passed from one node to the next
 //!   (matrix factorization's blocks: the next user intends a block while its current user
 //!   still works on it) is then moved when its current user is done rather than replicated
 //!   on its way, while keys several nodes use together (popular entities, words) are
@@ -159,6 +161,7 @@ impl IntentHomes {
     /// keys it was not yet told about and now should be.
     pub fn update(&mut self, from: u16, level: IntentLevel, table: u16, keys: impl IntoIterator<Item = u64>) -> Grants {
         let mut go = Grants::new();
+        let mut first_outcome_contended = false;
         for key in keys {
             let entry = self.intents.get_or_default(table, key);
             entry.nodes.retain(|n| n.0 != from);
@@ -187,6 +190,7 @@ impl IntentHomes {
                 undecided.swap_remove(i);
                 if level == IntentLevel::Now {
                     if !shared {
+                        first_outcome_contended |= contended && !self.contention.contains_key(&table);
                         self.contention.entry(table).or_default().note(contended);
                     } else if !contended {
                         // A shared key passed on from one node to the next: it is no longer
@@ -230,7 +234,29 @@ impl IntentHomes {
                 }
             }
         }
+        if first_outcome_contended {
+            self.replicate_undecided(table, &mut go);
+        }
         go
+    }
+
+    /// The first outcome of `table` says that its keys are used together: the nodes that
+    /// intended its keys soon while another needed them now, and got nothing while nothing was
+    /// known, get their advance replicas now rather than when their windows start (a training's
+    /// first clocks declare many keys at once; they would all be late). Once per table.
+    fn replicate_undecided(&mut self, table: u16, go: &mut Grants) {
+        let keys: Vec<u64> = self.intents.iter().filter(|((t, _), i)| *t == table && !i.undecided.is_empty()).map(|((_, k), _)| k).collect();
+        for key in keys {
+            let entry = self.intents.get_or_default(table, key);
+            let target = entry.target();
+            let KeyIntents { nodes, replicating, undecided, .. } = entry;
+            for &(node, _) in nodes.iter().filter(|n| n.1 == IntentLevel::Soon && Some(n.0) != target && undecided.contains(&n.0)) {
+                if !replicating.contains(&node) {
+                    replicating.push(node);
+                    go.entry((node, Grant::Replicate)).or_default().push(key);
+                }
+            }
+        }
     }
 
     /// Node `lost` is gone: its intents end. Returns, per (node, table), the keys a node
@@ -516,6 +542,26 @@ mod tests {
         assert!(h.update(1, Now, 1, [7]).is_empty());
         assert_eq!(h.update(2, Soon, 1, [8]), go(2, 8));
         assert!(h.update(3, Soon, 1, [8]).is_empty());
+    }
+
+    #[test]
+    fn a_tables_first_outcome_saying_used_together_replicates_the_keys_that_waited_for_it() {
+        use IntentLevel::*;
+        let mut h = IntentHomes::default();
+        // Node 1 will need keys 1–3 of table 0 while node 0 needs them now: nothing is known of
+        // the table, so node 1 waits.
+        h.update(0, Now, 0, [1, 2, 3]);
+        assert!(h.update(1, Soon, 0, [1, 2, 3]).is_empty());
+        // Node 1 needs key 1 while node 0 still does: the table's first outcome, contended. Node
+        // 1 gets its replica of key 1, and the advance replicas of keys 2 and 3 it waited for.
+        assert_eq!(h.update(1, Now, 0, [1]), Grants::from([((1, Grant::Replicate), vec![1, 2, 3])]));
+        assert!(h.update(1, Now, 0, [2, 3]).is_empty(), "it has its replicas");
+        // A first outcome saying that keys are passed on leaves the others waiting.
+        h.update(0, Now, 1, [5, 6]);
+        assert!(h.update(1, Soon, 1, [5, 6]).is_empty());
+        assert_eq!(h.update(0, None, 1, [5]), Grants::from([((1, Grant::Move), vec![5])]));
+        assert!(h.update(1, Now, 1, [5]).is_empty());
+        assert!(h.update(2, Soon, 1, [6]).is_empty());
     }
 
     #[test]
