@@ -616,7 +616,7 @@ impl Worker {
         // Intents: windows that ended before the barrier are released before it.
         let node = self.node.clone();
         self.node.replication_sync()?;
-        node.intents.signal_levels(&node)?;
+        node.intents.signal_levels(&node, self)?;
         node.intents.sync_replicas(&node, self)?;
         self.node.worker_barrier(timeout)?;
         node.intents.take_up_grants(&node);
