@@ -19,14 +19,14 @@
 //!    rounds.
 //!
 //! Rounds start every configured round time (earlier only when a worker's barrier waits for
-//! one; without replicas here that worker runs steps 1–3 itself); a grant arriving in between wakes the service only for steps 4 and 5. A round in which
-//! no worker advanced or declared anything, with nothing in flight and no replicas, changes
-//! nothing: after one the service sleeps until a worker does (or a grant or barrier comes), so
-//! workers slower than a clock per round (MF's sub-epochs: a clock every few milliseconds) do
-//! not pay for rounds that cannot act; rounds that see clocks advance but move no window come
-//! further apart (up to [`MAX_STRETCH`] round times). A service with nothing to do sleeps until
-//! a worker declares intent. The thread starts with the node's first intent and stops before
-//! the node finalizes.
+//! one; without replicas here that worker runs steps 1–3 itself); a grant arriving in between
+//! wakes the service only for steps 4 and 5. A round in which no worker advanced or declared
+//! anything, with nothing in flight and no replicas, changes nothing: after one the service
+//! sleeps until a worker does (or a grant or barrier comes), so workers slower than a clock per
+//! round (MF's sub-epochs: a clock every few milliseconds) do not pay for rounds that cannot
+//! act; rounds that see clocks advance but move no window come further apart (up to
+//! [`MAX_STRETCH`] round times). A service with nothing to do sleeps until a worker declares
+//! intent. The thread starts with the node's first intent and stops before the node finalizes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -851,6 +851,19 @@ mod tests {
     use crate::store::Residence;
     use crate::{Config, Node, TableSpec};
 
+    /// Two in-process nodes with a table "t" of 16 keys, and on node 1 a worker that bypasses
+    /// replicas (as the service's does) and one that trains.
+    fn node_one_of_two() -> (Vec<Node>, Arc<NodeInner>, Worker, Worker, Table) {
+        let mut config = Config::new(vec![TableSpec::new("t", 16, 1)]);
+        config.latches = 16;
+        let nodes = Node::start_local_cluster(2, config).unwrap();
+        let node = nodes[1].inner().clone();
+        let (mut own, trainer) = (nodes[1].worker(), nodes[1].worker());
+        own.bypass_replicas(true);
+        let handle = own.table("t").unwrap();
+        (nodes, node, own, trainer, handle)
+    }
+
     #[test]
     fn a_worker_leaving_a_barrier_waits_until_the_waiting_grants_are_taken_up() {
         // Rounds of 1 s: the take-up's bound (four rounds) is beyond what the test waits for.
@@ -906,13 +919,7 @@ mod tests {
 
     #[test]
     fn a_barrier_waiting_for_quiet_replicas_holds_the_services_sync_rounds_off() {
-        let mut config = Config::new(vec![TableSpec::new("t", 16, 1)]);
-        config.latches = 16;
-        let nodes = Node::start_local_cluster(2, config).unwrap();
-        let node = nodes[1].inner().clone();
-        let (mut own, mut trainer) = (nodes[1].worker(), nodes[1].worker());
-        own.bypass_replicas(true);
-        let handle = own.table("t").unwrap();
+        let (nodes, node, mut own, mut trainer, handle) = node_one_of_two();
         let key = (0..16).find(|&k| node.core.store().table(handle.id).residence(k) == Residence::Away).unwrap();
         // A service of the test's own, driven by hand, with a replica of the key that took a
         // push: a sync round would carry its delta.
@@ -937,13 +944,7 @@ mod tests {
 
     #[test]
     fn a_worker_tells_the_homes_itself_before_a_barrier_unless_replicas_are_kept() {
-        let mut config = Config::new(vec![TableSpec::new("t", 16, 1)]);
-        config.latches = 16;
-        let nodes = Node::start_local_cluster(2, config).unwrap();
-        let node = nodes[1].inner().clone();
-        let (mut own, mut trainer) = (nodes[1].worker(), nodes[1].worker());
-        own.bypass_replicas(true);
-        let handle = own.table("t").unwrap();
+        let (nodes, node, mut own, mut trainer, handle) = node_one_of_two();
         let residence = |k: u64| node.core.store().table(handle.id).residence(k);
         let mut homed_here = (0..16).filter(|&k| matches!(residence(k), Residence::Here(_)));
         let (first, second) = (homed_here.next().unwrap(), homed_here.next().unwrap());
