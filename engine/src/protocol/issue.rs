@@ -654,10 +654,7 @@ impl Step<'_, '_> {
         let left: Countdown = Arc::new(AtomicUsize::new(0));
         let mut groups: Vec<Vec<MoveItem>> = vec![Vec::new(); dir.nodes()];
         let mut waiting = 0usize;
-        // The arrivals counter is bumped once, before the first key is marked arriving: a
-        // requester compares it only for equality, after taking its shards' locks, which this
-        // holds for every key of the batch.
-        let mut arrivals_bumped = false;
+        let mut marked_arriving = false;
         for &key in keys {
             if t.slot_of(key).is_some() {
                 continue;
@@ -713,13 +710,16 @@ impl Step<'_, '_> {
             let deadline = now.saturating_add(deadline_after);
             shard.push_deadline((deadline, table, key, generation, DeadlineKind::Stuck));
             self.tx.note_deadline(deadline);
-            if !arrivals_bumped {
-                self.core.note_arrival();
-                arrivals_bumped = true;
-            }
             store.lock(table, key).set_arriving(true);
+            marked_arriving = true;
             groups[home as usize].push(MoveItem { key, resv, to });
             waiting += 1;
+        }
+        if marked_arriving {
+            // Once, after every key is marked and before the shard locks go: a requester that
+            // read the counter before a key was marked, and found the key away, sees the bump
+            // when it holds the key's shard lock, and looks again.
+            self.core.note_arrival();
         }
         left.store(waiting, Ordering::Release);
         if let Some(o) = req.op_mut(op) {

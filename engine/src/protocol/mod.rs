@@ -151,9 +151,9 @@ pub struct Core {
     key_caches: Mutex<crate::util::FastMap<(u16, u16), keycache::KeyCache>>,
     settings: Settings,
     counters: Arc<CounterRegistry>,
-    /// Bumped (under the keys' shard locks) whenever keys start arriving at this node, once
-    /// per localize: a requester that saw no change since it looked at its keys knows that
-    /// keys it found elsewhere are elsewhere still.
+    /// Bumped (under the keys' shard locks, after they are marked arriving) whenever keys start
+    /// arriving at this node, once per localize: a requester that saw no change since before
+    /// it looked at its keys knows that keys it found elsewhere are elsewhere still.
     arrivals: AtomicU64,
     /// Replication's counters and the acknowledgements its rounds wait for.
     replication: crate::replication::Replication,
@@ -250,10 +250,10 @@ impl Core {
         self.arrivals.load(Ordering::Acquire)
     }
 
-    /// Keys start arriving (called with their shard locks held, before the first of them is
-    /// marked arriving; once per batch: every bump is a locked write to a line that each
-    /// worker's access reads, and a bump per key cost the intent service about 8 % of its CPU
-    /// in MF).
+    /// Keys started arriving (called with their shard locks still held, after they were marked
+    /// arriving, so that a requester that read the counter before and found a key away sees
+    /// the change; once per batch: every bump is a locked write to a line that each worker's
+    /// access reads, and a bump per key cost the intent service about 8 % of its CPU in MF).
     pub(crate) fn note_arrival(&self) {
         self.arrivals.fetch_add(1, Ordering::AcqRel);
     }
