@@ -654,7 +654,6 @@ impl Step<'_, '_> {
         let left: Countdown = Arc::new(AtomicUsize::new(0));
         let mut groups: Vec<Vec<MoveItem>> = vec![Vec::new(); dir.nodes()];
         let mut waiting = 0usize;
-        let mut marked_arriving = false;
         for &key in keys {
             if t.slot_of(key).is_some() {
                 continue;
@@ -711,11 +710,11 @@ impl Step<'_, '_> {
             shard.push_deadline((deadline, table, key, generation, DeadlineKind::Stuck));
             self.tx.note_deadline(deadline);
             store.lock(table, key).set_arriving(true);
-            marked_arriving = true;
             groups[home as usize].push(MoveItem { key, resv, to });
             waiting += 1;
         }
-        if marked_arriving {
+        // Keys marked arriving are those a move was requested for.
+        if groups.iter().any(|items| !items.is_empty()) {
             // Once, after every key is marked and before the shard locks go: a requester that
             // read the counter before a key was marked, and found the key away, sees the bump
             // when it holds the key's shard lock, and looks again.
