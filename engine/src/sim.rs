@@ -9,7 +9,8 @@
 //! its output handed over before it ends, yields resumed on fresh steps). Simulated workers run
 //! random mixes of pull, push, set and localize, synchronous (pulls into the caller's buffer)
 //! and asynchronous, with one to hundreds of keys per operation split into parts of a
-//! configurable size, and every operation is recorded for the
+//! configurable size — and, as configured, intents whose grants they carry out and the deltas
+//! of replica syncs (`replica_syncs.rs`) — and every operation is recorded for the
 //! [consistency checker](crate::consistency). The same seed always gives the same run.
 
 use std::collections::VecDeque;
@@ -27,6 +28,10 @@ use crate::protocol::{ALL_WORKERS, AccessKind, Core, Delivery, Issued, OpId, Pro
 use crate::stats::Stats;
 use crate::store::{RegionHandle, Registrar, Store};
 use crate::update::Updater;
+
+mod replica_syncs;
+pub use replica_syncs::SyncCounts;
+use replica_syncs::SyncWait;
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -85,6 +90,12 @@ pub struct SimOptions {
     /// moves the homes grant (INTENT_GO) become asynchronous localizes of a worker of the node,
     /// mixed with the explicit localizes.
     pub intents: bool,
+    /// Each node's first worker also sends keys' deltas the way the intent service keeps its
+    /// run-time replicas in sync: a REPLICA_SYNC straight to a node it guesses holds them, the
+    /// images of the items applied read from that node's registered buffer (as a one-sided
+    /// read would), the others sent through a push-pull the homes route (see
+    /// `replica_syncs.rs`).
+    pub replica_syncs: bool,
     /// Trace lines kept for a failure report (the last ones).
     pub trace_lines: usize,
     /// The seed.
@@ -118,6 +129,7 @@ impl SimOptions {
             clocks: 0,
             max_delay: None,
             intents: false,
+            replica_syncs: false,
             trace_lines: 150,
             seed,
         }
@@ -243,6 +255,8 @@ pub struct SimReport {
     pub clock_violation: Option<Violation>,
     /// Keys the homes granted to nodes that signalled intent (each became a localize).
     pub intent_grants: usize,
+    /// Replica syncs sent (see [`SimOptions::replica_syncs`]) and what became of their items.
+    pub replica_syncs: SyncCounts,
 }
 
 /// A failed run: the seed, what went wrong, and the last steps taken.
@@ -318,6 +332,12 @@ enum ScriptOp {
         keys: Vec<u64>,
         level: crate::intent::IntentLevel,
     },
+    /// Deltas of `keys` sent as a replica sync (see [`SimOptions::replica_syncs`]): each key's
+    /// lane, or `None` for a delta of zeros (sent as the key alone).
+    ReplicaSync {
+        keys: Vec<u64>,
+        lanes: Vec<Option<u32>>,
+    },
     WaitAll,
     /// Completes the worker's clock (its operations completed: a `WaitAll` precedes it).
     AdvanceClock,
@@ -332,6 +352,9 @@ struct InFlight {
     buffer: Vec<f32>,
     first_event: usize,
     asynchronous: bool,
+    /// Where each row's read goes among the worker's events, when not in the usual layout
+    /// (a replica sync's routed push-pull); empty: the layout `first_event` implies.
+    pull_at: Vec<usize>,
 }
 
 /// An operation whose parts are still being encoded.
@@ -358,11 +381,13 @@ struct SimWorker {
     clock_target: Option<u64>,
     /// When it started and completed its clocks (simulated time).
     clocks: ClockTrace,
+    /// A replica sync waiting for its acknowledgement.
+    sync: Option<SyncWait>,
 }
 
 impl SimWorker {
     fn blocked(&self) -> bool {
-        self.in_flight.iter().any(|f| !f.asynchronous)
+        self.sync.is_some() || self.in_flight.iter().any(|f| !f.asynchronous)
     }
 }
 
@@ -386,6 +411,8 @@ struct Sim {
     replica_history: Vec<(u64, Vec<TimedPush>, Vec<TimedPull>)>,
     /// Keys granted by intent (see [`SimReport::intent_grants`]).
     intent_grants: usize,
+    /// Replica syncs sent and their items' outcomes.
+    syncs: SyncCounts,
 }
 
 /// A round under way: its number, the (home, table) acknowledgements it waits for, and when it
@@ -502,6 +529,7 @@ impl Sim {
             replication: (0..opts.nodes).map(|_| SimRounds::default()).collect(),
             replica_history: opts.replicated.iter().flat_map(|r| r.clone()).map(|k| (k, Vec::new(), Vec::new())).collect(),
             intent_grants: 0,
+            syncs: SyncCounts::default(),
             rng,
             nodes,
             opts,
@@ -551,8 +579,21 @@ impl Sim {
                     }
                     let asynchronous = rng.gen_bool(opts.async_share);
                     let roll = rng.gen_range(0..100);
+                    let distinct = keys.iter().enumerate().all(|(i, k)| !keys[..i].contains(k));
                     let op = if roll < 5 {
                         ScriptOp::WaitAll
+                    } else if roll < 14 && opts.replica_syncs && w == 0 && distinct && keys.iter().all(|&k| (next_lane[k as usize] as usize) < opts.lanes - 1) {
+                        // As the intent service's rounds do, one at a time per node; after the
+                        // worker's own operations completed (a replica's deltas hold pushes
+                        // made before the round, which a sync must not overtake).
+                        script.push_back(ScriptOp::WaitAll);
+                        let lanes = keys.iter().map(|&k| {
+                            rng.gen_bool(0.8).then(|| {
+                                next_lane[k as usize] += 1;
+                                next_lane[k as usize] - 1
+                            })
+                        });
+                        ScriptOp::ReplicaSync { lanes: lanes.collect(), keys }
                     } else if roll < 17 && opts.relocation && opts.intents {
                         use crate::intent::IntentLevel;
                         let level = [IntentLevel::None, IntentLevel::Soon, IntentLevel::Now][rng.gen_range(0..3)];
@@ -571,7 +612,6 @@ impl Sim {
                             next_lane[k as usize] - 1
                         });
                         let lanes: Vec<u32> = lanes.collect();
-                        let distinct = keys.iter().enumerate().all(|(i, k)| !keys[..i].contains(k));
                         // A push-pull's rows may be served in any order, so a key repeated in one
                         // would read the other row's push or not: only distinct keys are checkable.
                         let kind = if distinct && opts.push_pull > 0.0 && rng.gen_bool(opts.push_pull) { AccessKind::PushPull } else { AccessKind::Push };
@@ -598,6 +638,7 @@ impl Sim {
                     tx: n.core.transmit(),
                     script,
                     in_flight: Vec::new(),
+                    sync: None,
                     streaming: None,
                     waiting_all: false,
                     events: Vec::new(),
@@ -652,6 +693,9 @@ impl Sim {
         if worker.streaming.is_some() || !worker.inbox.is_empty() {
             return true;
         }
+        if let Some(sync) = &worker.sync {
+            return sync.acknowledged();
+        }
         if let Some(target) = worker.clock_target {
             let core = &self.nodes[worker.node].core;
             return core.clocks().lock().cluster_min(core.directory()) >= target;
@@ -681,6 +725,7 @@ impl Sim {
             }
             self.now += self.rng.gen_range(1..2000);
             self.grant_intents();
+            self.take_sync_acks();
             let runnable: Vec<usize> = (0..self.workers.len()).filter(|&w| self.runnable(w)).collect();
             let channels: Vec<usize> = (0..self.frames.len()).filter(|&c| !self.frames[c].is_empty()).collect();
             let write_channels: Vec<usize> = (0..self.writes.len()).filter(|&c| !self.writes[c].is_empty()).collect();
@@ -985,6 +1030,9 @@ impl Sim {
             }
             return self.collect(w);
         }
+        if self.workers[w].sync.as_ref().is_some_and(SyncWait::acknowledged) {
+            return self.finish_replica_sync(w);
+        }
         if self.workers[w].clock_target.take().is_some() {
             let now = self.now;
             self.log(format!("worker {w}@{node} starts clock {}", self.workers[w].clocks.started.len()));
@@ -1037,6 +1085,10 @@ impl Sim {
                     (None, None) => return Err("a pull returned no values".into()),
                 }
             }
+            ScriptOp::ReplicaSync { keys, lanes } => {
+                self.ops += 1;
+                self.send_replica_sync(w, keys, lanes)?;
+            }
             ScriptOp::Intent { keys, level } => {
                 self.log(format!("worker {w}@{node} intent {level:?} on {keys:?}"));
                 self.worker_event(w, |step, _| {
@@ -1050,7 +1102,15 @@ impl Sim {
                 let issued = self.worker_event(w, |step, req| step.issue_localize(req, 0, &keys, granted, None))?;
                 if let Some(Issued::Pending { op, .. }) = issued {
                     let first_event = self.workers[w].events.len();
-                    self.workers[w].in_flight.push(InFlight { op, kind: None, keys: Vec::new(), buffer: Vec::new(), first_event, asynchronous });
+                    self.workers[w].in_flight.push(InFlight {
+                        op,
+                        kind: None,
+                        keys: Vec::new(),
+                        buffer: Vec::new(),
+                        first_event,
+                        asynchronous,
+                        pull_at: Vec::new(),
+                    });
                 }
             }
             ScriptOp::Access { kind, keys, lanes_or_tags, asynchronous } => {
@@ -1117,7 +1177,7 @@ impl Sim {
                             self.streamed_ops += 1;
                             self.workers[w].streaming = Some(Streaming { op, keys: keys.clone(), input });
                         }
-                        self.workers[w].in_flight.push(InFlight { op, kind: Some(kind), keys, buffer, first_event, asynchronous });
+                        self.workers[w].in_flight.push(InFlight { op, kind: Some(kind), keys, buffer, first_event, asynchronous, pull_at: Vec::new() });
                     }
                 }
             }
@@ -1177,8 +1237,14 @@ impl Sim {
                         if values.len() != f.keys.len() * lanes {
                             return Err(format!("pull {op:#x} returned {} values for {} keys", values.len(), f.keys.len()));
                         }
-                        let first_pull = if kind == AccessKind::PushPull { f.first_event + f.keys.len() } else { f.first_event };
-                        self.record_pull(w, first_pull, &values);
+                        if f.pull_at.is_empty() {
+                            let first_pull = if kind == AccessKind::PushPull { f.first_event + f.keys.len() } else { f.first_event };
+                            self.record_pull(w, first_pull, &values);
+                        } else {
+                            for (&at, chunk) in f.pull_at.iter().zip(values.chunks(lanes)) {
+                                self.workers[w].events[at].1 = Event::Pull { value: chunk.to_vec() };
+                            }
+                        }
                     }
                 }
                 Err(e) => {
@@ -1187,7 +1253,10 @@ impl Sim {
                     }
                     self.failed_ops += 1;
                     // The outcome of a failed operation is unknown; its events are dropped.
-                    if let Some(kind) = f.kind {
+                    for &at in &f.pull_at {
+                        self.workers[w].events[at].1 = Event::Pull { value: Vec::new() };
+                    }
+                    if let Some(kind) = f.kind.filter(|_| f.pull_at.is_empty()) {
                         let events = if kind == AccessKind::PushPull { 2 * f.keys.len() } else { f.keys.len() };
                         for i in 0..events {
                             self.workers[w].events[f.first_event + i].1 = Event::Pull { value: Vec::new() };
@@ -1217,7 +1286,9 @@ impl Sim {
         let replica_events = self.replica_history.iter().map(|(_, p, q)| p.len() + q.len()).sum();
         self.converge_replicas()?;
         for (i, w) in self.workers.iter().enumerate() {
-            if !self.nodes[w.node].crashed && (!w.in_flight.is_empty() || !w.script.is_empty() || w.streaming.is_some() || w.clock_target.is_some()) {
+            if !self.nodes[w.node].crashed
+                && (!w.in_flight.is_empty() || !w.script.is_empty() || w.streaming.is_some() || w.clock_target.is_some() || w.sync.is_some())
+            {
                 return Err(format!("worker {i} is stuck: {} operations in flight, {} left in its script", w.in_flight.len(), w.script.len()));
             }
         }
@@ -1297,6 +1368,7 @@ impl Sim {
             replica_events,
             replica_violation,
             intent_grants: self.intent_grants,
+            replica_syncs: self.syncs,
         })
     }
 }

@@ -1,7 +1,7 @@
 //! Seeded simulated clusters checked for per-key sequential consistency: thousands of seeds.
 //!
 //! `FERRY_SIM_SEEDS` sets the seeds per configuration (default 400; some configurations run a
-//! half of that, the large-operation ones a quarter: about 6 300 runs in all).
+//! half of that, the large-operation ones a quarter: about 7 000 runs in all).
 //! A failure prints its seed; `FERRY_SIM_SEED=<seed> FERRY_SIM_CONFIG=<name> cargo test -p
 //! ferry-tests --test simulation replay -- --nocapture` reruns exactly that simulation and prints
 //! its trace.
@@ -108,6 +108,21 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
             o.keys = 8;
             o.replicated = vec![1..2, 4..6];
         }
+        "intents-syncs" => {
+            // Intents next to the deltas a run-time replica's sync round sends straight to a
+            // guessed owner (`ferry::sim::SimOptions::replica_syncs`).
+            o = SimOptions::intents(seed);
+            o.replica_syncs = true;
+        }
+        "intents-syncs-hash-4-nodes-caches" => {
+            o = configuration("intents-hash-4-nodes-caches", seed);
+            o.replica_syncs = true;
+        }
+        "intents-syncs-large-ops" => {
+            // Syncs of up to hundreds of keys, their images spread over the receivers' buffers.
+            o = configuration("intents-large-ops", seed);
+            o.replica_syncs = true;
+        }
         "bounded-delay-2-hash-4-nodes" => {
             o = SimOptions::bounded_delay(seed, 2);
             o.nodes = 4;
@@ -119,7 +134,7 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
     o
 }
 
-const CONFIGURATIONS: [&str; 24] = [
+const CONFIGURATIONS: [&str; 27] = [
     "classic",
     "relocation",
     "hash-4-nodes",
@@ -144,6 +159,9 @@ const CONFIGURATIONS: [&str; 24] = [
     "intents-hash-4-nodes-caches",
     "intents-replicated",
     "intents-large-ops",
+    "intents-syncs",
+    "intents-syncs-hash-4-nodes-caches",
+    "intents-syncs-large-ops",
 ];
 
 fn seeds() -> u64 {
@@ -270,6 +288,26 @@ fn intents_keep_every_key_consistent() {
     let large: Vec<_> = (0..10).map(|seed| run_and_check(configuration("intents-large-ops", seed)).unwrap()).collect();
     let (grants, streamed): (usize, usize) = large.iter().fold((0, 0), |(g, s), r| (g + r.intent_grants, s + r.streamed_ops));
     assert!(grants > 0 && streamed > 0, "large operations: {grants} grants, {streamed} streamed operations");
+}
+
+/// Deltas sent the way a run-time replica's sync round sends them — straight to the node
+/// believed to hold the key, applied there under the key's latch if it does, its image read
+/// back; sent on through the homes otherwise — stay exactly-once and read back the key's value,
+/// while keys move under them. Both outcomes occur (the test is not vacuous), with deltas of
+/// zeros among them.
+#[test]
+fn replica_syncs_apply_each_delta_once_while_keys_move() {
+    sweep("intents-syncs", seeds());
+    sweep("intents-syncs-hash-4-nodes-caches", seeds() / 2);
+    sweep("intents-syncs-large-ops", seeds() / 4);
+    for name in ["intents-syncs", "intents-syncs-hash-4-nodes-caches", "intents-syncs-large-ops"] {
+        let reports: Vec<_> = (0..40).map(|seed| run_and_check(configuration(name, seed)).unwrap()).collect();
+        let applied: usize = reports.iter().map(|r| r.replica_syncs.applied).sum();
+        let routed: usize = reports.iter().map(|r| r.replica_syncs.routed).sum();
+        let zero: usize = reports.iter().map(|r| r.replica_syncs.zero).sum();
+        let grants: usize = reports.iter().map(|r| r.intent_grants).sum();
+        assert!(applied > 0 && routed > 0 && zero > 0 && grants > 0, "{name}: {applied} applied, {routed} routed, {zero} zero deltas, {grants} grants");
+    }
 }
 
 /// Push-pulls and server-side updaters: push-pulls read their own push and stay sequentially

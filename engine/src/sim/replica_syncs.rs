@@ -1,0 +1,191 @@
+//! Replica syncs in the simulation: the protocol's half of keeping run-time replicas in sync
+//! (`protocol::replica_sync`), driven the way the intent service's sync rounds drive it
+//! (`intent::sync_round`), among the random relocations, intents and accesses of a simulated
+//! cluster.
+//!
+//! A node's first worker sends keys' deltas in a REPLICA_SYNC straight to a node it guesses
+//! holds them (usually the node that does, sometimes another), waits for the acknowledgement,
+//! reads the images of the items the receiver applied out of the receiver's registered buffer
+//! (as the one-sided read does: at some later step, the bytes as they are then), and sends the
+//! items it did not hold through a push-pull the homes route. No replica is kept: a delta here
+//! is a push, and the sync is recorded as a push followed by a read of the key — the image, or
+//! the push-pull's answer — which is what a replica is set to. So the checker holds it to per-key
+//! sequential consistency: every delta applied exactly once, wherever the key was or was going
+//! when the message arrived, and every image the key's value right after its delta.
+//!
+//! What the simulation does not run is the replica set itself (making, draining, folding a
+//! replica into a key that lands): that is the intent service's, tested on real processes.
+
+use rand::Rng;
+
+use super::{InFlight, Sim, Streaming};
+use crate::consistency::{Event, push_update};
+use crate::protocol::wire::ReplicaSyncAck;
+use crate::protocol::{AccessKind, Issued, PullTarget};
+
+/// What the replica syncs of a run came to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncCounts {
+    /// REPLICA_SYNC messages sent.
+    pub messages: usize,
+    /// Items the receiver held and applied (their images read back).
+    pub applied: usize,
+    /// Items the receiver did not hold, sent on through a push-pull the homes route.
+    pub routed: usize,
+    /// Items that carried a delta of zeros (sent as the key alone).
+    pub zero: usize,
+}
+
+/// A REPLICA_SYNC a worker sent and waits for.
+pub(super) struct SyncWait {
+    owner: usize,
+    id: u32,
+    keys: Vec<u64>,
+    deltas: Vec<f32>,
+    /// Per item, the index of its read among the worker's events.
+    pull_events: Vec<usize>,
+    ack: Option<ReplicaSyncAck>,
+}
+
+impl SyncWait {
+    /// Whether its acknowledgement arrived.
+    pub(super) fn acknowledged(&self) -> bool {
+        self.ack.is_some()
+    }
+}
+
+impl Sim {
+    /// Worker `w` sends the deltas of `keys` (each key's lane, `None` for zeros) in one
+    /// REPLICA_SYNC and waits for its acknowledgement.
+    pub(super) fn send_replica_sync(&mut self, w: usize, keys: Vec<u64>, lanes: Vec<Option<u32>>) -> Result<(), String> {
+        let node = self.workers[w].node;
+        let others: Vec<usize> = (0..self.opts.nodes).filter(|&m| m != node && !self.nodes[m].crashed).collect();
+        if others.is_empty() || keys.is_empty() {
+            return Ok(());
+        }
+        // The service's guess is where the key was last found: mostly right, sometimes not.
+        let holder = (0..self.opts.nodes).find(|&m| self.nodes[m].core.store().table(0).slot_of(keys[0]).is_some());
+        let owner = match holder {
+            Some(m) if m != node && self.rng.gen_bool(0.7) => m,
+            _ => others[self.rng.gen_range(0..others.len())],
+        };
+        let width = self.opts.lanes;
+        let scale = self.opts.updater.scale();
+        let mut deltas = vec![0f32; keys.len() * width];
+        let mut pull_events = Vec::with_capacity(keys.len());
+        for (i, (&key, lane)) in keys.iter().zip(&lanes).enumerate() {
+            match lane {
+                Some(lane) => {
+                    for (d, u) in deltas[i * width..(i + 1) * width].iter_mut().zip(push_update(*lane, width)) {
+                        *d = u * scale;
+                    }
+                    self.workers[w].events.push((key, Event::Push { lane: *lane }));
+                }
+                None => self.syncs.zero += 1,
+            }
+            pull_events.push(self.workers[w].events.len());
+            self.workers[w].events.push((key, Event::Pull { value: Vec::new() }));
+        }
+        // Images go to a range of the receiver's buffer for this node that the message chooses
+        // (the service's parts of one round take consecutive ranges): any range grows it.
+        let offset = self.rng.gen_range(0..=self.opts.keys as usize - keys.len()) as u32;
+        let id = self.ops as u32;
+        self.syncs.messages += 1;
+        self.log(format!("worker {w}@{node} syncs {keys:?} (lanes {lanes:?}) to node {owner}, id {id}, images at {offset}"));
+        self.worker_event(w, |step, _| {
+            step.send_replica_sync(owner as u16, 0, id, offset, &keys, &deltas);
+            Ok(())
+        })?;
+        self.workers[w].sync = Some(SyncWait { owner, id, keys, deltas, pull_events, ack: None });
+        Ok(())
+    }
+
+    /// Hands each waiting replica sync its acknowledgement, once the node has it.
+    pub(super) fn take_sync_acks(&mut self) {
+        for worker in &mut self.workers {
+            if let Some(sync) = worker.sync.as_mut().filter(|s| s.ack.is_none()) {
+                sync.ack = self.nodes[worker.node].core.replica_sync_acks().take(sync.owner as u16, sync.id);
+            }
+        }
+    }
+
+    /// Worker `w`'s replica sync was acknowledged: reads the applied items' images from the
+    /// receiver's buffer and sends the others through a push-pull (the sync completes with it).
+    pub(super) fn finish_replica_sync(&mut self, w: usize) -> Result<(), String> {
+        let Some(SyncWait { owner, id, keys, deltas, pull_events, ack: Some(ack) }) = self.workers[w].sync.take() else {
+            return Err(format!("worker {w} finished a replica sync it was not waiting for"));
+        };
+        let width = self.opts.lanes;
+        let count = keys.len();
+        let held_ok = ack.held.windows(2).all(|p| p[0] < p[1]) && ack.held.iter().all(|&i| (i as usize) < count);
+        if ack.table != 0 || ack.id != id || ack.count as usize != count || !held_ok || ack.hints.len() != count - ack.held.len() {
+            return Err(format!("node {owner} acknowledged replica sync {id} of {count} items with {ack:?}"));
+        }
+        if ack.hints.iter().any(|&h| h as usize >= self.opts.nodes) {
+            return Err(format!("node {owner} named a node beyond the cluster: {:?}", ack.hints));
+        }
+        self.log(format!("worker {w} reads {} images of sync {id} from node {owner}; {} items routed", ack.held.len(), count - ack.held.len()));
+        if !ack.held.is_empty() {
+            let slot_bytes = self.nodes[owner].core.store().table(0).slot_bytes();
+            let bytes = ack.held.len() * slot_bytes;
+            let (base, len) = {
+                let regions = self.nodes[owner].regions.regions.lock();
+                *regions.get(ack.remote.region as usize).ok_or(format!("node {owner} named unknown region {}", ack.remote.region))?
+            };
+            if ack.remote.addr as usize + bytes > len {
+                return Err(format!("images of {bytes} bytes at {} overflow node {owner}'s region of {len}", ack.remote.addr));
+            }
+            let mut copy = vec![0u8; bytes];
+            // SAFETY: the range was bounds-checked against a region the receiver registered (its
+            // image buffer, which the store keeps until it is dropped), and the simulation is
+            // single-threaded, so nothing writes it meanwhile.
+            unsafe { std::ptr::copy_nonoverlapping((base + ack.remote.addr as usize) as *const u8, copy.as_mut_ptr(), bytes) };
+            for (&item, image) in ack.held.iter().zip(copy.chunks_exact(slot_bytes)) {
+                let values = crate::store::validate_slot_copy(image, width).ok_or(format!("image of item {item} of sync {id} is torn"))?;
+                let value = values.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                self.workers[w].events[pull_events[item as usize]].1 = Event::Pull { value };
+            }
+            self.syncs.applied += ack.held.len();
+        }
+        let routed: Vec<usize> = (0..count).filter(|i| !ack.held.contains(&(*i as u32))).collect();
+        if routed.is_empty() {
+            return Ok(());
+        }
+        self.syncs.routed += routed.len();
+        let routed_keys: Vec<u64> = routed.iter().map(|&i| keys[i]).collect();
+        let routed_deltas: Vec<f32> = routed.iter().flat_map(|&i| deltas[i * width..(i + 1) * width].iter().copied()).collect();
+        let pull_at: Vec<usize> = routed.iter().map(|&i| pull_events[i]).collect();
+        let mut buffer = vec![0.0; routed.len() * width];
+        let issued = self.worker_event(w, |step, req| {
+            step.issue_access(req, AccessKind::PushPull, 0, &routed_keys, &routed_deltas, PullTarget::Caller(&mut buffer), None)
+        })?;
+        match issued {
+            // Failed to submit (a crashed node): the outcome is unknown.
+            None => {}
+            Some(Issued::Done(owned)) => {
+                let values = owned.unwrap_or(buffer);
+                for (&at, chunk) in pull_at.iter().zip(values.chunks(width)) {
+                    self.workers[w].events[at].1 = Event::Pull { value: chunk.to_vec() };
+                }
+            }
+            Some(Issued::Pending { op, more }) => {
+                self.note_parts(w, op);
+                if more {
+                    self.streamed_ops += 1;
+                    self.workers[w].streaming = Some(Streaming { op, keys: routed_keys.clone(), input: routed_deltas });
+                }
+                let first_event = pull_at[0];
+                self.workers[w].in_flight.push(InFlight {
+                    op,
+                    kind: Some(AccessKind::PushPull),
+                    keys: routed_keys,
+                    buffer,
+                    first_event,
+                    asynchronous: false,
+                    pull_at,
+                });
+            }
+        }
+        self.collect(w)
+    }
+}
