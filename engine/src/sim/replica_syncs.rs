@@ -34,6 +34,8 @@ pub struct SyncCounts {
     pub routed: usize,
     /// Items that carried a delta of zeros (sent as the key alone).
     pub zero: usize,
+    /// Syncs given up because their receiver was lost (fault injection).
+    pub abandoned: usize,
 }
 
 /// A REPLICA_SYNC a worker sent and waits for.
@@ -100,12 +102,26 @@ impl Sim {
         Ok(())
     }
 
-    /// Hands each waiting replica sync its acknowledgement, once the node has it.
+    /// Hands each waiting replica sync its acknowledgement, once the node has it; gives up on
+    /// one whose receiver the node has lost, as a sync round does (its deltas' outcome is then
+    /// unknown, like a push's to a lost node).
     pub(super) fn take_sync_acks(&mut self) {
-        for worker in &mut self.workers {
-            if let Some(sync) = worker.sync.as_mut().filter(|s| s.ack.is_none()) {
-                sync.ack = self.nodes[worker.node].core.replica_sync_acks().take(sync.owner as u16, sync.id);
+        for w in 0..self.workers.len() {
+            let core = &self.nodes[self.workers[w].node].core;
+            let Some(sync) = self.workers[w].sync.as_mut().filter(|s| s.ack.is_none()) else { continue };
+            sync.ack = core.replica_sync_acks().take(sync.owner as u16, sync.id);
+            if sync.ack.is_some() || !core.directory().is_lost(sync.owner as u16) {
+                continue;
             }
+            core.replica_sync_acks().abandon(sync.owner as u16, sync.id);
+            let (owner, id) = (sync.owner, sync.id);
+            let abandoned = self.workers[w].sync.take().map(|s| s.pull_events).unwrap_or_default();
+            for at in abandoned {
+                self.workers[w].events[at].1 = Event::Pull { value: Vec::new() };
+            }
+            self.syncs.abandoned += 1;
+            self.failed_ops += 1;
+            self.log(format!("worker {w} gives up sync {id}: node {owner} is lost"));
         }
     }
 
