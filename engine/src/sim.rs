@@ -26,7 +26,7 @@ use crate::consistency::{ClockTrace, Event, History, TimedPull, TimedPush, Viola
 use crate::error::{Error, Result};
 use crate::protocol::{ALL_WORKERS, AccessKind, Core, Delivery, Issued, OpId, Progress, PullTarget, Requester, Settings, SlotWrite, Step, Transmit};
 use crate::stats::Stats;
-use crate::store::{RegionHandle, Registrar, Store};
+use crate::store::{RegionHandle, Registrar, RemoteAddr, Store};
 use crate::update::Updater;
 
 mod replica_syncs;
@@ -93,7 +93,7 @@ pub struct SimOptions {
     /// Each node's first worker also sends keys' deltas the way the intent service keeps its
     /// run-time replicas in sync: a REPLICA_SYNC straight to a node it guesses holds them, the
     /// images of the items applied read from that node's registered buffer (as a one-sided
-    /// read would), the others sent through a push-pull the homes route (see
+    /// read would), the others sent on through the homes as a push-pull (see
     /// `replica_syncs.rs`).
     pub replica_syncs: bool,
     /// Trace lines kept for a failure report (the last ones).
@@ -352,9 +352,6 @@ struct InFlight {
     buffer: Vec<f32>,
     first_event: usize,
     asynchronous: bool,
-    /// Where each row's read goes among the worker's events, when not in the usual layout
-    /// (a replica sync's routed push-pull); empty: the layout `first_event` implies.
-    pull_at: Vec<usize>,
 }
 
 /// An operation whose parts are still being encoded.
@@ -861,20 +858,25 @@ impl Sim {
     fn land(&mut self, from: usize, to: usize, w: SlotWrite) -> Result<(), String> {
         self.log(format!("write {} lands {from}->{to} (imm {})", w.wr_id, w.imm));
         let src = self.nodes[from].core.store().table(w.table).slot_ptr(w.slot);
-        let (base, len) = {
-            let regions = self.nodes[to].regions.regions.lock();
-            *regions.get(w.remote.region as usize).ok_or("write to an unknown region")?
-        };
-        if w.remote.addr as usize + w.len > len {
-            return Err(format!("write of {} bytes at {} overflows region of {len}", w.len, w.remote.addr));
-        }
+        let target = self.registered_range(to, w.remote, w.len)?;
         // SAFETY: the source slot stays allocated until its write completes (the completion is
         // delivered after this), the target range was bounds-checked against the registered
         // region, and the simulation is single-threaded, so no other access runs meanwhile.
-        unsafe { std::ptr::copy_nonoverlapping(src, (base + w.remote.addr as usize) as *mut u8, w.len) };
+        unsafe { std::ptr::copy_nonoverlapping(src, target as *mut u8, w.len) };
         self.node_event(to, |step, at, _| Ok(step.handle_writes_landed(&[w.imm], at)))?;
         self.write_dones.push((from, w.wr_id));
         Ok(())
+    }
+
+    /// The address of `len` bytes at `remote` in a region node `node` registered, as a one-sided
+    /// operation would reach them; an error if the region is unknown or too short.
+    fn registered_range(&self, node: usize, remote: RemoteAddr, len: usize) -> Result<usize, String> {
+        let regions = self.nodes[node].regions.regions.lock();
+        let &(base, size) = regions.get(remote.region as usize).ok_or(format!("node {node} has no region {}", remote.region))?;
+        if remote.addr as usize + len > size {
+            return Err(format!("{len} bytes at {} overflow node {node}'s region of {size}", remote.addr));
+        }
+        Ok(base + remote.addr as usize)
     }
 
     /// Nodes whose replication can take a step: a round is due (while workers still work) or
@@ -1102,15 +1104,7 @@ impl Sim {
                 let issued = self.worker_event(w, |step, req| step.issue_localize(req, 0, &keys, granted, None))?;
                 if let Some(Issued::Pending { op, .. }) = issued {
                     let first_event = self.workers[w].events.len();
-                    self.workers[w].in_flight.push(InFlight {
-                        op,
-                        kind: None,
-                        keys: Vec::new(),
-                        buffer: Vec::new(),
-                        first_event,
-                        asynchronous,
-                        pull_at: Vec::new(),
-                    });
+                    self.workers[w].in_flight.push(InFlight { op, kind: None, keys: Vec::new(), buffer: Vec::new(), first_event, asynchronous });
                 }
             }
             ScriptOp::Access { kind, keys, lanes_or_tags, asynchronous } => {
@@ -1177,7 +1171,7 @@ impl Sim {
                             self.streamed_ops += 1;
                             self.workers[w].streaming = Some(Streaming { op, keys: keys.clone(), input });
                         }
-                        self.workers[w].in_flight.push(InFlight { op, kind: Some(kind), keys, buffer, first_event, asynchronous, pull_at: Vec::new() });
+                        self.workers[w].in_flight.push(InFlight { op, kind: Some(kind), keys, buffer, first_event, asynchronous });
                     }
                 }
             }
@@ -1237,14 +1231,8 @@ impl Sim {
                         if values.len() != f.keys.len() * lanes {
                             return Err(format!("pull {op:#x} returned {} values for {} keys", values.len(), f.keys.len()));
                         }
-                        if f.pull_at.is_empty() {
-                            let first_pull = if kind == AccessKind::PushPull { f.first_event + f.keys.len() } else { f.first_event };
-                            self.record_pull(w, first_pull, &values);
-                        } else {
-                            for (&at, chunk) in f.pull_at.iter().zip(values.chunks(lanes)) {
-                                self.workers[w].events[at].1 = Event::Pull { value: chunk.to_vec() };
-                            }
-                        }
+                        let first_pull = if kind == AccessKind::PushPull { f.first_event + f.keys.len() } else { f.first_event };
+                        self.record_pull(w, first_pull, &values);
                     }
                 }
                 Err(e) => {
@@ -1253,10 +1241,7 @@ impl Sim {
                     }
                     self.failed_ops += 1;
                     // The outcome of a failed operation is unknown; its events are dropped.
-                    for &at in &f.pull_at {
-                        self.workers[w].events[at].1 = Event::Pull { value: Vec::new() };
-                    }
-                    if let Some(kind) = f.kind.filter(|_| f.pull_at.is_empty()) {
+                    if let Some(kind) = f.kind {
                         let events = if kind == AccessKind::PushPull { 2 * f.keys.len() } else { f.keys.len() };
                         for i in 0..events {
                             self.workers[w].events[f.first_event + i].1 = Event::Pull { value: Vec::new() };

@@ -7,21 +7,24 @@
 //! holds them (usually the node that does, sometimes another), waits for the acknowledgement,
 //! reads the images of the items the receiver applied out of the receiver's registered buffer
 //! (as the one-sided read does: at some later step, the bytes as they are then), and sends the
-//! items it did not hold through a push-pull the homes route. No replica is kept: a delta here
-//! is a push, and the sync is recorded as a push followed by a read of the key — the image, or
-//! the push-pull's answer — which is what a replica is set to. So the checker holds it to per-key
+//! items it did not hold on as an ordinary push-pull the homes route (a delta of zeros as a
+//! pull: it changes nothing). No replica is kept: a delta here is a push, and an applied item is
+//! recorded as a push followed by a read of the key — its image, which is what a replica is set
+//! to — and a routed one as the push-pull it becomes. So the checker holds syncs to per-key
 //! sequential consistency: every delta applied exactly once, wherever the key was or was going
-//! when the message arrived, and every image the key's value right after its delta.
+//! when the message arrived, and every image the key's value right after its delta. The worker
+//! does nothing else until its sync is done, so recording a sync's events when their outcome is
+//! known keeps its program order.
 //!
 //! What the simulation does not run is the replica set itself (making, draining, folding a
 //! replica into a key that lands): that is the intent service's, tested on real processes.
 
 use rand::Rng;
 
-use super::{InFlight, Sim, Streaming};
+use super::{ScriptOp, Sim};
 use crate::consistency::{Event, push_update};
+use crate::protocol::AccessKind;
 use crate::protocol::wire::ReplicaSyncAck;
-use crate::protocol::{AccessKind, Issued, PullTarget};
 
 /// What the replica syncs of a run came to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,7 +33,7 @@ pub struct SyncCounts {
     pub messages: usize,
     /// Items the receiver held and applied (their images read back).
     pub applied: usize,
-    /// Items the receiver did not hold, sent on through a push-pull the homes route.
+    /// Items the receiver did not hold, sent on through the homes.
     pub routed: usize,
     /// Items that carried a delta of zeros (sent as the key alone).
     pub zero: usize,
@@ -43,9 +46,8 @@ pub(super) struct SyncWait {
     owner: usize,
     id: u32,
     keys: Vec<u64>,
-    deltas: Vec<f32>,
-    /// Per item, the index of its read among the worker's events.
-    pull_events: Vec<usize>,
+    /// Per item, its lane (`None`: a delta of zeros).
+    lanes: Vec<Option<u32>>,
     ack: Option<ReplicaSyncAck>,
 }
 
@@ -74,19 +76,11 @@ impl Sim {
         let width = self.opts.lanes;
         let scale = self.opts.updater.scale();
         let mut deltas = vec![0f32; keys.len() * width];
-        let mut pull_events = Vec::with_capacity(keys.len());
-        for (i, (&key, lane)) in keys.iter().zip(&lanes).enumerate() {
+        for (delta, lane) in deltas.chunks_exact_mut(width).zip(&lanes) {
             match lane {
-                Some(lane) => {
-                    for (d, u) in deltas[i * width..(i + 1) * width].iter_mut().zip(push_update(*lane, width)) {
-                        *d = u * scale;
-                    }
-                    self.workers[w].events.push((key, Event::Push { lane: *lane }));
-                }
+                Some(lane) => delta.iter_mut().zip(push_update(*lane, width)).for_each(|(d, u)| *d = u * scale),
                 None => self.syncs.zero += 1,
             }
-            pull_events.push(self.workers[w].events.len());
-            self.workers[w].events.push((key, Event::Pull { value: Vec::new() }));
         }
         // Images go to a range of the receiver's buffer for this node that the message chooses
         // (the service's parts of one round take consecutive ranges): any range grows it.
@@ -98,7 +92,7 @@ impl Sim {
             step.send_replica_sync(owner as u16, 0, id, offset, &keys, &deltas);
             Ok(())
         })?;
-        self.workers[w].sync = Some(SyncWait { owner, id, keys, deltas, pull_events, ack: None });
+        self.workers[w].sync = Some(SyncWait { owner, id, keys, lanes, ack: None });
         Ok(())
     }
 
@@ -115,20 +109,18 @@ impl Sim {
             }
             core.replica_sync_acks().abandon(sync.owner as u16, sync.id);
             let (owner, id) = (sync.owner, sync.id);
-            let abandoned = self.workers[w].sync.take().map(|s| s.pull_events).unwrap_or_default();
-            for at in abandoned {
-                self.workers[w].events[at].1 = Event::Pull { value: Vec::new() };
-            }
+            self.workers[w].sync = None;
             self.syncs.abandoned += 1;
             self.failed_ops += 1;
             self.log(format!("worker {w} gives up sync {id}: node {owner} is lost"));
         }
     }
 
-    /// Worker `w`'s replica sync was acknowledged: reads the applied items' images from the
-    /// receiver's buffer and sends the others through a push-pull (the sync completes with it).
+    /// Worker `w`'s replica sync was acknowledged: records the applied items with the images
+    /// read from the receiver's buffer, and puts the others at the front of its script as a
+    /// push-pull (and a pull for deltas of zeros), which complete the sync.
     pub(super) fn finish_replica_sync(&mut self, w: usize) -> Result<(), String> {
-        let Some(SyncWait { owner, id, keys, deltas, pull_events, ack: Some(ack) }) = self.workers[w].sync.take() else {
+        let Some(SyncWait { owner, id, keys, lanes, ack: Some(ack) }) = self.workers[w].sync.take() else {
             return Err(format!("worker {w} finished a replica sync it was not waiting for"));
         };
         let width = self.opts.lanes;
@@ -144,64 +136,44 @@ impl Sim {
         if !ack.held.is_empty() {
             let slot_bytes = self.nodes[owner].core.store().table(0).slot_bytes();
             let bytes = ack.held.len() * slot_bytes;
-            let (base, len) = {
-                let regions = self.nodes[owner].regions.regions.lock();
-                *regions.get(ack.remote.region as usize).ok_or(format!("node {owner} named unknown region {}", ack.remote.region))?
-            };
-            if ack.remote.addr as usize + bytes > len {
-                return Err(format!("images of {bytes} bytes at {} overflow node {owner}'s region of {len}", ack.remote.addr));
-            }
+            let source = self.registered_range(owner, ack.remote, bytes)?;
             let mut copy = vec![0u8; bytes];
             // SAFETY: the range was bounds-checked against a region the receiver registered (its
             // image buffer, which the store keeps until it is dropped), and the simulation is
             // single-threaded, so nothing writes it meanwhile.
-            unsafe { std::ptr::copy_nonoverlapping((base + ack.remote.addr as usize) as *const u8, copy.as_mut_ptr(), bytes) };
+            unsafe { std::ptr::copy_nonoverlapping(source as *const u8, copy.as_mut_ptr(), bytes) };
             for (&item, image) in ack.held.iter().zip(copy.chunks_exact(slot_bytes)) {
                 let values = crate::store::validate_slot_copy(image, width).ok_or(format!("image of item {item} of sync {id} is torn"))?;
                 let value = values.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-                self.workers[w].events[pull_events[item as usize]].1 = Event::Pull { value };
+                let (key, lane) = (keys[item as usize], lanes[item as usize]);
+                if let Some(lane) = lane {
+                    self.workers[w].events.push((key, Event::Push { lane }));
+                }
+                self.workers[w].events.push((key, Event::Pull { value }));
             }
             self.syncs.applied += ack.held.len();
         }
-        let routed: Vec<usize> = (0..count).filter(|i| !ack.held.contains(&(*i as u32))).collect();
-        if routed.is_empty() {
-            return Ok(());
-        }
-        self.syncs.routed += routed.len();
-        let routed_keys: Vec<u64> = routed.iter().map(|&i| keys[i]).collect();
-        let routed_deltas: Vec<f32> = routed.iter().flat_map(|&i| deltas[i * width..(i + 1) * width].iter().copied()).collect();
-        let pull_at: Vec<usize> = routed.iter().map(|&i| pull_events[i]).collect();
-        let mut buffer = vec![0.0; routed.len() * width];
-        let issued = self.worker_event(w, |step, req| {
-            step.issue_access(req, AccessKind::PushPull, 0, &routed_keys, &routed_deltas, PullTarget::Caller(&mut buffer), None)
-        })?;
-        match issued {
-            // Failed to submit (a crashed node): the outcome is unknown.
-            None => {}
-            Some(Issued::Done(owned)) => {
-                let values = owned.unwrap_or(buffer);
-                for (&at, chunk) in pull_at.iter().zip(values.chunks(width)) {
-                    self.workers[w].events[at].1 = Event::Pull { value: chunk.to_vec() };
-                }
+        let (mut pushed, mut zeros) = ((Vec::new(), Vec::new()), Vec::new());
+        for (i, (&key, lane)) in keys.iter().zip(&lanes).enumerate() {
+            if ack.held.contains(&(i as u32)) {
+                continue;
             }
-            Some(Issued::Pending { op, more }) => {
-                self.note_parts(w, op);
-                if more {
-                    self.streamed_ops += 1;
-                    self.workers[w].streaming = Some(Streaming { op, keys: routed_keys.clone(), input: routed_deltas });
+            self.syncs.routed += 1;
+            match lane {
+                Some(lane) => {
+                    pushed.0.push(key);
+                    pushed.1.push(*lane);
                 }
-                let first_event = pull_at[0];
-                self.workers[w].in_flight.push(InFlight {
-                    op,
-                    kind: Some(AccessKind::PushPull),
-                    keys: routed_keys,
-                    buffer,
-                    first_event,
-                    asynchronous: false,
-                    pull_at,
-                });
+                None => zeros.push(key),
             }
         }
-        self.collect(w)
+        let script = &mut self.workers[w].script;
+        if !zeros.is_empty() {
+            script.push_front(ScriptOp::Access { kind: AccessKind::Pull, keys: zeros, lanes_or_tags: Vec::new(), asynchronous: false });
+        }
+        if !pushed.0.is_empty() {
+            script.push_front(ScriptOp::Access { kind: AccessKind::PushPull, keys: pushed.0, lanes_or_tags: pushed.1, asynchronous: false });
+        }
+        Ok(())
     }
 }
