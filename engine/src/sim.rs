@@ -9,9 +9,12 @@
 //! its output handed over before it ends, yields resumed on fresh steps). Simulated workers run
 //! random mixes of pull, push, set and localize, synchronous (pulls into the caller's buffer)
 //! and asynchronous, with one to hundreds of keys per operation split into parts of a
-//! configurable size — and, as configured, intents whose grants they carry out and the deltas
-//! of replica syncs (`replica_syncs.rs`) — and every operation is recorded for the
-//! [consistency checker](crate::consistency). The same seed always gives the same run.
+//! configurable size — and, as configured, intents whose grants they carry out, the deltas of
+//! replica syncs (`replica_syncs.rs`), and a service worker per node that makes, syncs and
+//! drops run-time replicas of some keys as the intent service does (`replica_set.rs`) — and
+//! every operation is recorded for the [consistency checker](crate::consistency) (keys with
+//! run-time replicas for the replica guarantee). A slow link can be drawn per run. The same
+//! seed always gives the same run.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -29,7 +32,10 @@ use crate::stats::Stats;
 use crate::store::{RegionHandle, Registrar, RemoteAddr, Store};
 use crate::update::Updater;
 
+mod replica_set;
 mod replica_syncs;
+pub use replica_set::ReplicaSetCounts;
+use replica_set::SimReplicaSet;
 pub use replica_syncs::SyncCounts;
 use replica_syncs::SyncWait;
 
@@ -96,6 +102,15 @@ pub struct SimOptions {
     /// read would), the others sent on through the homes as a push-pull (see
     /// `replica_syncs.rs`).
     pub replica_syncs: bool,
+    /// Keys that may get run-time replicas: each node runs a service worker that makes and
+    /// drops them the way the intent service does — on the homes' replicate grants and at
+    /// random — and the workers' accesses of these keys (no sets) are checked against the
+    /// replica guarantee (see `replica_set.rs`). Needs a table without static replication
+    /// whose pushes add.
+    pub run_time_replicas: Option<std::ops::Range<u64>>,
+    /// One link, drawn per run, delivers its frames only when no other link has any, nine times
+    /// in ten: frames sent over it are overtaken by much that follows them on other paths.
+    pub slow_link: bool,
     /// Trace lines kept for a failure report (the last ones).
     pub trace_lines: usize,
     /// The seed.
@@ -130,6 +145,8 @@ impl SimOptions {
             max_delay: None,
             intents: false,
             replica_syncs: false,
+            run_time_replicas: None,
+            slow_link: false,
             trace_lines: 150,
             seed,
         }
@@ -166,6 +183,12 @@ impl SimOptions {
     /// Intent signalling mixed with explicit localizes and every access.
     pub fn intents(seed: u64) -> SimOptions {
         SimOptions { intents: true, ops_per_worker: 35, ..SimOptions::small(seed) }
+    }
+
+    /// Intents, with run-time replicas of the lower half of 8 keys made and dropped by each
+    /// node's simulated intent service among the relocations.
+    pub fn run_time_replicas(seed: u64) -> SimOptions {
+        SimOptions { keys: 8, run_time_replicas: Some(0..4), ..SimOptions::intents(seed) }
     }
 
     /// A small cluster where 3 of 8 keys are replicated and the others relocate.
@@ -257,6 +280,10 @@ pub struct SimReport {
     pub intent_grants: usize,
     /// Replica syncs sent (see [`SimOptions::replica_syncs`]) and what became of their items.
     pub replica_syncs: SyncCounts,
+    /// What the simulated replica sets did (see [`SimOptions::run_time_replicas`]).
+    pub run_time_replicas: ReplicaSetCounts,
+    /// The first violation of the run-time replica guarantee, if any.
+    pub run_time_violation: Option<Violation>,
 }
 
 /// A failed run: the seed, what went wrong, and the last steps taken.
@@ -332,6 +359,18 @@ enum ScriptOp {
         keys: Vec<u64>,
         level: crate::intent::IntentLevel,
     },
+    /// The service makes replicas of `keys` (see [`SimOptions::run_time_replicas`]).
+    MakeReplicas {
+        keys: Vec<u64>,
+    },
+    /// The service drops the replicas of `keys`.
+    DropReplicas {
+        keys: Vec<u64>,
+    },
+    /// The service starts a sync round of its replicas.
+    SyncReplicas,
+    /// The service's last step, once its node's workers are done: drops every replica.
+    StopReplicas,
     /// Deltas of `keys` sent as a replica sync (see [`SimOptions::replica_syncs`]): each key's
     /// lane, or `None` for a delta of zeros (sent as the key alone).
     ReplicaSync {
@@ -343,6 +382,20 @@ enum ScriptOp {
     AdvanceClock,
 }
 
+/// What served an access of a key with run-time replicas, as far as the simulation knows (see
+/// `replica_set.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Served {
+    /// Not known (a streamed operation, whose later parts were routed in later steps).
+    Unknown,
+    /// The key's value wherever it was (here, or at its owner): a pull includes every push
+    /// known to be there when it was issued, a push is there when it completes.
+    Owner,
+    /// A run-time replica here whose value includes every push that was at the owner at the
+    /// given time (`None`: not known, e.g. a replica kept from a departing key).
+    Replica(Option<u64>),
+}
+
 /// An operation the worker waits for or will collect.
 struct InFlight {
     op: OpId,
@@ -352,6 +405,9 @@ struct InFlight {
     buffer: Vec<f32>,
     first_event: usize,
     asynchronous: bool,
+    /// An operation of a node's simulated intent service (`replica_set.rs`), which records no
+    /// events.
+    service: bool,
 }
 
 /// An operation whose parts are still being encoded.
@@ -372,6 +428,10 @@ struct SimWorker {
     waiting_all: bool,
     /// Program-ordered events; pulls are filled in at completion.
     events: Vec<(u64, Event)>,
+    /// Per event, when its operation was issued and when it completed (simulated time).
+    times: Vec<(u64, u64)>,
+    /// Per event, what served it (recorded for keys with run-time replicas only).
+    served: Vec<Served>,
     /// The worker's index on its node.
     index: u16,
     /// Waiting to start its next clock until the cluster completed this many.
@@ -380,9 +440,35 @@ struct SimWorker {
     clocks: ClockTrace,
     /// A replica sync waiting for its acknowledgement.
     sync: Option<SyncWait>,
+    /// A localize waiting until no sync round carries these keys' deltas (run-time replicas).
+    localize_waits_for: Option<Vec<u64>>,
+    /// The localize at the front of the script has marked its keys (`begin_localize`).
+    localize_marked: bool,
 }
 
 impl SimWorker {
+    fn new(node: usize, index: u16, requester: Requester, tx: Transmit, script: VecDeque<ScriptOp>) -> SimWorker {
+        SimWorker {
+            index,
+            clock_target: None,
+            clocks: ClockTrace { started: vec![0], finished: Vec::new() },
+            node,
+            requester,
+            inbox: VecDeque::new(),
+            tx,
+            script,
+            in_flight: Vec::new(),
+            sync: None,
+            streaming: None,
+            waiting_all: false,
+            events: Vec::new(),
+            times: Vec::new(),
+            served: Vec::new(),
+            localize_waits_for: None,
+            localize_marked: false,
+        }
+    }
+
     fn blocked(&self) -> bool {
         self.sync.is_some() || self.in_flight.iter().any(|f| !f.asynchronous)
     }
@@ -410,6 +496,12 @@ struct Sim {
     intent_grants: usize,
     /// Replica syncs sent and their items' outcomes.
     syncs: SyncCounts,
+    /// Per node, its simulated replica set (empty without run-time replicas).
+    replica_sets: Vec<SimReplicaSet>,
+    /// What the replica sets did.
+    replica_counts: ReplicaSetCounts,
+    /// The slow link's channel (see [`SimOptions::slow_link`]).
+    slow_link: Option<usize>,
 }
 
 /// A round under way: its number, the (home, table) acknowledgements it waits for, and when it
@@ -451,6 +543,9 @@ pub fn run_and_check(opts: SimOptions) -> Result<SimReport, SimFailure> {
     }
     if let Some(v) = &report.replica_violation {
         return Err(SimFailure { seed, reason: format!("replica staleness violation: {v}"), trace: report.trace });
+    }
+    if let Some(v) = &report.run_time_violation {
+        return Err(SimFailure { seed, reason: format!("run-time replica violation: {v}"), trace: report.trace });
     }
     Ok(report)
 }
@@ -511,7 +606,8 @@ impl Sim {
             nodes.push(SimNode { core, regions, tx, crashed: false });
         }
         let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
-        let workers = Self::scripts(&opts, &mut rng, &nodes);
+        let mut workers = Self::scripts(&opts, &mut rng, &nodes);
+        let replica_sets = Self::replica_services(&opts, &mut rng, &nodes, &mut workers);
         Ok(Sim {
             frames: (0..opts.nodes * opts.nodes).map(|_| VecDeque::new()).collect(),
             writes: (0..opts.nodes * opts.nodes).map(|_| VecDeque::new()).collect(),
@@ -527,6 +623,12 @@ impl Sim {
             replica_history: opts.replicated.iter().flat_map(|r| r.clone()).map(|k| (k, Vec::new(), Vec::new())).collect(),
             intent_grants: 0,
             syncs: SyncCounts::default(),
+            replica_sets,
+            replica_counts: ReplicaSetCounts::default(),
+            slow_link: opts.slow_link.then(|| {
+                let (from, to) = (rng.gen_range(0..opts.nodes), rng.gen_range(1..opts.nodes.max(2)));
+                from * opts.nodes + (from + to) % opts.nodes
+            }),
             rng,
             nodes,
             opts,
@@ -594,10 +696,20 @@ impl Sim {
                     } else if roll < 17 && opts.relocation && opts.intents {
                         use crate::intent::IntentLevel;
                         let level = [IntentLevel::None, IntentLevel::Soon, IntentLevel::Now][rng.gen_range(0..3)];
+                        // A replicate grant marks a key held here for a replica when it leaves
+                        // (`Core::post_intent_go`): with run-time replicas, only their keys
+                        // are intended, so that the others keep sequential consistency.
+                        let keys = match &opts.run_time_replicas {
+                            Some(r) => keys.into_iter().filter(|k| r.contains(k)).collect(),
+                            None => keys,
+                        };
+                        if keys.is_empty() {
+                            continue;
+                        }
                         ScriptOp::Intent { keys, level }
                     } else if roll < 27 && opts.relocation {
                         ScriptOp::Localize { keys, asynchronous, granted: false }
-                    } else if roll < 33 {
+                    } else if roll < 33 && !keys.iter().any(|k| opts.run_time_replicas.as_ref().is_some_and(|r| r.contains(k))) {
                         let tags = keys.iter().map(|&k| {
                             next_tag[k as usize] += 1;
                             next_tag[k as usize] - 1
@@ -625,24 +737,43 @@ impl Sim {
                 }
                 script.push_back(ScriptOp::WaitAll);
                 n.core.clocks().lock().register(w as u16);
-                workers.push(SimWorker {
-                    index: w as u16,
-                    clock_target: None,
-                    clocks: ClockTrace { started: vec![0], finished: Vec::new() },
-                    node,
-                    requester: n.core.requester(w as u16, 1),
-                    inbox: VecDeque::new(),
-                    tx: n.core.transmit(),
-                    script,
-                    in_flight: Vec::new(),
-                    sync: None,
-                    streaming: None,
-                    waiting_all: false,
-                    events: Vec::new(),
-                });
+                workers.push(SimWorker::new(node, w as u16, n.core.requester(w as u16, 1), n.core.transmit(), script));
             }
         }
         workers
+    }
+
+    /// With run-time replicas, a service worker per node (after the node's others) whose
+    /// script makes replicas, drops them and runs sync rounds at random (three times as many
+    /// steps as a worker's operations, three in five of them sync rounds, so that rounds are
+    /// often in flight while keys move) and ends by dropping them all.
+    fn replica_services(opts: &SimOptions, rng: &mut ChaCha8Rng, nodes: &[SimNode], workers: &mut Vec<SimWorker>) -> Vec<SimReplicaSet> {
+        let Some(range) = opts.run_time_replicas.clone().filter(|r| !r.is_empty()) else { return Vec::new() };
+        let mut sets = Vec::new();
+        for (node, n) in nodes.iter().enumerate() {
+            let mut script = VecDeque::new();
+            for _ in 0..opts.ops_per_worker * 3 {
+                let count = rng.gen_range(1..=3);
+                let keys = (0..count).map(|_| rng.gen_range(range.clone())).collect();
+                script.push_back(match rng.gen_range(0..5) {
+                    0 => ScriptOp::MakeReplicas { keys },
+                    1 => ScriptOp::DropReplicas { keys },
+                    _ => ScriptOp::SyncReplicas,
+                });
+            }
+            script.push_back(ScriptOp::StopReplicas);
+            // The service takes marks of keys wanted when they leave from its start.
+            if let Some(d) = n.core.store().table(0).dynamic() {
+                d.open_marks();
+            }
+            let index = opts.workers_per_node as u16;
+            let mut requester = n.core.requester(index, 1);
+            // As the service's worker: its pulls and pushes reach the owners.
+            requester.bypass_replicas = true;
+            sets.push(SimReplicaSet::new(workers.len()));
+            workers.push(SimWorker::new(node, index, requester, n.core.transmit(), script));
+        }
+        sets
     }
 
     fn log(&mut self, line: String) {
@@ -672,6 +803,7 @@ impl Sim {
                 // Replicas are kept by the intent service with ordinary pushes and pulls, which
                 // the protocol cannot tell from a trainer's; the simulation runs the moves.
                 if grant == crate::protocol::Grant::Replicate {
+                    self.grant_replicas(node, keys);
                     continue;
                 }
                 self.log(format!("node {node} granted {keys:?}: worker {w} localizes them"));
@@ -693,6 +825,9 @@ impl Sim {
         if let Some(sync) = &worker.sync {
             return sync.acknowledged();
         }
+        if let Some(keys) = &worker.localize_waits_for {
+            return self.nodes[worker.node].core.store().table(0).dynamic().is_none_or(|d| d.carried_by_sync(keys).is_empty());
+        }
         if let Some(target) = worker.clock_target {
             let core = &self.nodes[worker.node].core;
             return core.clocks().lock().cluster_min(core.directory()) >= target;
@@ -703,7 +838,11 @@ impl Sim {
         if worker.waiting_all {
             return worker.in_flight.is_empty();
         }
-        !worker.script.is_empty()
+        match worker.script.front() {
+            Some(ScriptOp::StopReplicas) => self.may_stop_replicas(w),
+            Some(_) => true,
+            None => false,
+        }
     }
 
     fn run(&mut self) -> Result<SimReport, String> {
@@ -723,8 +862,17 @@ impl Sim {
             self.now += self.rng.gen_range(1..2000);
             self.grant_intents();
             self.take_sync_acks();
+            self.take_replica_set_acks()?;
             let runnable: Vec<usize> = (0..self.workers.len()).filter(|&w| self.runnable(w)).collect();
-            let channels: Vec<usize> = (0..self.frames.len()).filter(|&c| !self.frames[c].is_empty()).collect();
+            // A slow link's frames wait while others can go, nine times in ten.
+            let mut channels: Vec<usize> = (0..self.frames.len()).filter(|&c| !self.frames[c].is_empty()).collect();
+            if let Some(slow) = self.slow_link
+                && channels.len() > 1
+                && channels.contains(&slow)
+                && self.rng.gen_bool(0.9)
+            {
+                channels.retain(|&c| c != slow);
+            }
             let write_channels: Vec<usize> = (0..self.writes.len()).filter(|&c| !self.writes[c].is_empty()).collect();
             let mut choices = Vec::new();
             if !runnable.is_empty() {
@@ -1045,6 +1193,9 @@ impl Sim {
             self.workers[w].waiting_all = false;
             return Ok(());
         }
+        if self.workers[w].localize_waits_for.take().is_some() {
+            return Ok(());
+        }
         let op = self.workers[w].script.pop_front().expect("runnable");
         let lanes = self.opts.lanes;
         match op {
@@ -1087,6 +1238,9 @@ impl Sim {
                     (None, None) => return Err("a pull returned no values".into()),
                 }
             }
+            op @ (ScriptOp::MakeReplicas { .. } | ScriptOp::DropReplicas { .. } | ScriptOp::SyncReplicas | ScriptOp::StopReplicas) => {
+                self.service_step(w, op)?;
+            }
             ScriptOp::ReplicaSync { keys, lanes } => {
                 self.ops += 1;
                 self.send_replica_sync(w, keys, lanes)?;
@@ -1099,12 +1253,29 @@ impl Sim {
                 })?;
             }
             ScriptOp::Localize { keys, asynchronous, granted } => {
+                if self.localize_waits_for_sync(w, &keys, granted) {
+                    self.workers[w].script.push_front(ScriptOp::Localize { keys, asynchronous, granted });
+                    return Ok(());
+                }
                 self.ops += 1;
                 self.log(format!("worker {w}@{node} localize {keys:?}{}{}", if asynchronous { " async" } else { "" }, if granted { " granted" } else { "" }));
                 let issued = self.worker_event(w, |step, req| step.issue_localize(req, 0, &keys, granted, None))?;
+                if std::mem::take(&mut self.workers[w].localize_marked)
+                    && let Some(d) = self.nodes[node].core.store().table(0).dynamic()
+                {
+                    d.end_localize(&keys);
+                }
                 if let Some(Issued::Pending { op, .. }) = issued {
                     let first_event = self.workers[w].events.len();
-                    self.workers[w].in_flight.push(InFlight { op, kind: None, keys: Vec::new(), buffer: Vec::new(), first_event, asynchronous });
+                    self.workers[w].in_flight.push(InFlight {
+                        op,
+                        kind: None,
+                        keys: Vec::new(),
+                        buffer: Vec::new(),
+                        first_event,
+                        asynchronous,
+                        service: false,
+                    });
                 }
             }
             ScriptOp::Access { kind, keys, lanes_or_tags, asynchronous } => {
@@ -1143,6 +1314,8 @@ impl Sim {
                 } else {
                     first_event
                 };
+                let recorded = self.workers[w].events.len();
+                self.pad_events(w, u64::MAX);
                 let pull = kind.returns_values();
                 let mut buffer = vec![0.0; if pull { keys.len() * lanes } else { 0 }];
                 let issued = self.worker_event(w, |step, req| {
@@ -1153,6 +1326,8 @@ impl Sim {
                     };
                     step.issue_access(req, kind, 0, &keys, &input, target, None)
                 })?;
+                let streamed = matches!(issued, Some(Issued::Pending { more: true, .. }));
+                self.note_served(w, &keys, first_event, streamed);
                 match issued {
                     None => {
                         for e in &mut self.workers[w].events[first_event..] {
@@ -1160,6 +1335,7 @@ impl Sim {
                         }
                     }
                     Some(Issued::Done(owned)) => {
+                        self.note_completed(w, first_event, recorded);
                         if pull {
                             let values = owned.unwrap_or(buffer);
                             self.record_pull(w, first_pull, &values);
@@ -1171,7 +1347,7 @@ impl Sim {
                             self.streamed_ops += 1;
                             self.workers[w].streaming = Some(Streaming { op, keys: keys.clone(), input });
                         }
-                        self.workers[w].in_flight.push(InFlight { op, kind: Some(kind), keys, buffer, first_event, asynchronous });
+                        self.workers[w].in_flight.push(InFlight { op, kind: Some(kind), keys, buffer, first_event, asynchronous, service: false });
                     }
                 }
             }
@@ -1224,6 +1400,14 @@ impl Sim {
             };
             let f = self.workers[w].in_flight.swap_remove(i);
             self.log(format!("op {op:#x} of worker {w} completes: {}", if result.is_ok() { "ok" } else { "error" }));
+            if f.service {
+                self.service_op_done(w, op, result)?;
+                continue;
+            }
+            if let Some(kind) = f.kind {
+                let events = if kind == AccessKind::PushPull { 2 * f.keys.len() } else { f.keys.len() };
+                self.note_completed(w, f.first_event, f.first_event + events);
+            }
             match result {
                 Ok(values) => {
                     if let Some(kind) = f.kind.filter(|k| k.returns_values()) {
@@ -1253,6 +1437,22 @@ impl Sim {
         Ok(())
     }
 
+    /// Gives worker `w`'s events recorded since the last call their issue time (and a completion
+    /// time, `u64::MAX` until known).
+    fn pad_events(&mut self, w: usize, completed: u64) {
+        let (now, recorded) = (self.now, self.workers[w].events.len());
+        self.workers[w].times.resize(recorded, (now, completed));
+        self.workers[w].served.resize(recorded, Served::Unknown);
+    }
+
+    /// Worker `w`'s events `from..to` completed now.
+    fn note_completed(&mut self, w: usize, from: usize, to: usize) {
+        let now = self.now;
+        for t in &mut self.workers[w].times[from..to] {
+            t.1 = now;
+        }
+    }
+
     fn record_pull(&mut self, w: usize, first_event: usize, values: &[f32]) {
         let lanes = self.opts.lanes;
         for (i, chunk) in values.chunks(lanes).enumerate() {
@@ -1278,15 +1478,18 @@ impl Sim {
             }
         }
         let mut history = History::new(self.workers.len());
+        let run_time_replica = |key: &u64| self.opts.run_time_replicas.as_ref().is_some_and(|r| r.contains(key));
         for (i, w) in self.workers.iter().enumerate() {
             for (key, e) in &w.events {
-                if matches!(e, Event::Pull { value } if value.is_empty()) {
+                // Keys with run-time replicas are checked against the replica guarantee.
+                if matches!(e, Event::Pull { value } if value.is_empty()) || run_time_replica(key) {
                     continue;
                 }
                 history.record(i, *key, e.clone());
             }
         }
         let lanes = self.opts.lanes;
+        let mut finals = std::collections::BTreeMap::new();
         let mut slots_in_use = Vec::new();
         for (rank, node) in self.nodes.iter().enumerate() {
             if node.crashed {
@@ -1324,7 +1527,11 @@ impl Sim {
                     }
                 }
                 drop(guard);
-                history.record_after_all(key, Event::Pull { value });
+                if run_time_replica(&key) {
+                    finals.insert(key, value);
+                } else {
+                    history.record_after_all(key, Event::Pull { value });
+                }
                 for node in &self.nodes {
                     if let Some(recorded) = node.core.directory().owner_of(0, key)
                         && recorded as usize != owner
@@ -1336,6 +1543,7 @@ impl Sim {
         }
         let traces: Vec<ClockTrace> = self.workers.iter().map(|w| w.clocks.clone()).collect();
         let clock_violation = if self.opts.clocks > 0 { check_bounded_delay(&traces, self.opts.max_delay).err() } else { None };
+        let run_time_violation = if self.opts.crash.is_none() { self.check_run_time_replicas(&finals) } else { None };
         let stats = self.nodes.iter().map(|n| n.core.stats()).collect();
         Ok(SimReport {
             clock_violation,
@@ -1354,6 +1562,8 @@ impl Sim {
             replica_violation,
             intent_grants: self.intent_grants,
             replica_syncs: self.syncs,
+            run_time_replicas: self.replica_counts,
+            run_time_violation,
         })
     }
 }

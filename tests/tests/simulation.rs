@@ -123,6 +123,29 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
             o = configuration("intents-large-ops", seed);
             o.replica_syncs = true;
         }
+        "run-time-replicas" => {
+            // The intent service's replica set (`ferry::sim::SimOptions::run_time_replicas`):
+            // replicas of half the keys made on grants and at random, served, kept by
+            // departures, folded into landings and drained, among intents and relocations.
+            o = SimOptions::run_time_replicas(seed);
+        }
+        "run-time-replicas-hash-4-nodes" => {
+            o = SimOptions::run_time_replicas(seed);
+            o.nodes = 4;
+            o.partitioning = Partitioning::Hash;
+            o.push_pull = 0.3;
+        }
+        "run-time-replicas-slow-link" => {
+            // One link lags, so that a sync's deltas sent straight to an owner are overtaken by
+            // relocations of their keys, and pulls' answers by the keys themselves.
+            o = SimOptions::run_time_replicas(seed);
+            o.slow_link = true;
+        }
+        "run-time-replicas-large-ops" => {
+            // Operations of up to hundreds of keys, a third of them with replicas.
+            o = configuration("intents-large-ops", seed);
+            o.run_time_replicas = Some(0..100);
+        }
         "bounded-delay-2-hash-4-nodes" => {
             o = SimOptions::bounded_delay(seed, 2);
             o.nodes = 4;
@@ -134,7 +157,7 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
     o
 }
 
-const CONFIGURATIONS: [&str; 27] = [
+const CONFIGURATIONS: [&str; 31] = [
     "classic",
     "relocation",
     "hash-4-nodes",
@@ -162,6 +185,10 @@ const CONFIGURATIONS: [&str; 27] = [
     "intents-syncs",
     "intents-syncs-hash-4-nodes-caches",
     "intents-syncs-large-ops",
+    "run-time-replicas",
+    "run-time-replicas-hash-4-nodes",
+    "run-time-replicas-slow-link",
+    "run-time-replicas-large-ops",
 ];
 
 fn seeds() -> u64 {
@@ -314,6 +341,40 @@ fn replica_syncs_apply_each_delta_once_while_keys_move() {
         let zero: usize = reports.iter().map(|r| r.replica_syncs.zero).sum();
         let grants: usize = reports.iter().map(|r| r.intent_grants).sum();
         assert!(applied > 0 && routed > 0 && zero > 0 && grants > 0, "{name}: {applied} applied, {routed} routed, {zero} zero deltas, {grants} grants");
+    }
+}
+
+/// Run-time replicas (the intent service's replica set): made on the homes' grants and at
+/// random while the keys move, served to this node's workers, synced in rounds, kept by
+/// departures, folded into landings and drained when dropped; every read includes its own
+/// node's acknowledged pushes, every push that was at the owner when its value was fetched, and
+/// no push twice, and after the run every push is in its key exactly once.
+#[test]
+fn run_time_replicas_read_their_own_node_and_keep_every_push_once() {
+    sweep("run-time-replicas", seeds());
+    sweep("run-time-replicas-hash-4-nodes", seeds() / 2);
+    sweep("run-time-replicas-slow-link", seeds() / 2);
+    sweep("run-time-replicas-large-ops", seeds() / 4);
+    for name in ["run-time-replicas", "run-time-replicas-hash-4-nodes", "run-time-replicas-slow-link", "run-time-replicas-large-ops"] {
+        let reports: Vec<_> = (0..40).map(|seed| run_and_check(configuration(name, seed)).unwrap()).collect();
+        let sum = |f: fn(&ferry::sim::ReplicaSetCounts) -> usize| -> usize { reports.iter().map(|r| f(&r.run_time_replicas)).sum() };
+        let served: u64 = reports.iter().flat_map(|r| &r.stats).map(|s| s.replication.replica_accesses).sum();
+        let (made, behind, kept, folded, drains, events) =
+            (sum(|c| c.made), sum(|c| c.made_with_pushes), sum(|c| c.kept), sum(|c| c.folded), sum(|c| c.drain_pushes), sum(|c| c.events));
+        let (applied, routed) = (sum(|c| c.sync_applied), sum(|c| c.sync_routed));
+        eprintln!(
+            "{name}: {made} made ({behind} with pushes sent behind the pull), {kept} kept, {folded} folded, {drains} drain pushes, {served} served, \
+             {} syncs ({applied} deltas applied, {routed} routed), {} localizes waited for a sync, {events} events checked ({} reads for freshness), {} stale, {} put off",
+            sum(|c| c.syncs),
+            sum(|c| c.localize_waits),
+            sum(|c| c.fresh_checked),
+            sum(|c| c.stale),
+            sum(|c| c.put_off)
+        );
+        assert!(
+            made > 0 && behind > 0 && kept > 0 && folded > 0 && drains > 0 && served > 0 && applied > 0 && routed > 0,
+            "{name}: a part of the replica set was never exercised"
+        );
     }
 }
 

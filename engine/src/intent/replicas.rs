@@ -60,7 +60,7 @@ use std::collections::BTreeMap;
 use super::sync_round::{OwnerHints, SyncRound, TakenDeltas, keep_first_error};
 use crate::error::Result;
 use crate::runtime::NodeInner;
-use crate::store::{KeyGuard, Residence, Slot, Store};
+use crate::store::{KeyGuard, MadeReplica, Residence, Slot, Store};
 use crate::util::{FastMap, FastSet};
 use crate::worker::{PullTicket, Ticket, Worker};
 
@@ -410,48 +410,29 @@ impl ReplicaSet {
     /// that pull; ends every key's making.
     fn install(&mut self, node: &NodeInner, table: u16, keys: &[u64], incarnations: &[u32], values: &[f32]) -> Result<()> {
         let store = node.core.store();
-        let t = store.table(table);
-        let value_len = t.value_len();
+        let value_len = store.table(table).value_len();
         let (mut made, mut with_pushes, mut outcome) = (0, 0, Ok(()));
         for ((&key, &incarnation), value) in keys.iter().zip(incarnations).zip(values.chunks_exact(value_len)) {
             let wanted = self.making.remove(&(table, key));
-            let guard = store.lock(table, key);
-            // A key that arrived meanwhile needs no replica (the pushes sent to it travel with
-            // it); one that was here since the pull left (its incarnation changed) took pushes
-            // the value lacks, so the value is not installed (`remake` pulls again). The
-            // replica is visible before its making ends (see `Step::look_at_replicas`): a push
-            // queued meanwhile either was added up or finds it.
-            let current = t.dynamic().is_some_and(|d| d.incarnation(key) == incarnation);
-            let installed = wanted
-                && current
-                && match store.install_replica(&guard, value) {
-                    Ok(installed) => installed,
-                    Err(e) => {
-                        keep_first_error(&mut outcome, Err(e));
-                        false
+            match store.install_made_replica(table, key, incarnation, wanted, value) {
+                Ok(MadeReplica::Installed { with_pushes: pushes }) => {
+                    if pushes {
+                        with_pushes += 1;
+                        // Those pushes may still be on their way, by the key's home; a sync
+                        // sent straight to the owner could overtake them, and the image it cuts
+                        // would lack them. So the replica's first sync goes the way they went:
+                        // to the home, which applies it if it holds the key and is otherwise
+                        // answered by a push-pull the home routes behind them.
+                        self.owners.remove(&(table, key));
                     }
-                };
-            let sent_behind = t.dynamic().and_then(|d| d.end_making(key));
-            if installed {
-                if let (Some(sum), Some((value_slot, _))) = (sent_behind, guard.replica())
-                    && sum.iter().any(|&s| s != 0.0)
-                {
-                    value_slot.add(&sum);
-                    with_pushes += 1;
-                    // Those pushes may still be on their way, by the key's home; a sync sent
-                    // straight to the owner could overtake them, and the image it cuts would
-                    // lack them. So the replica's first sync goes the way they went: to the
-                    // home, which applies it if it holds the key and is otherwise answered by
-                    // a push-pull the home routes behind them.
-                    self.owners.remove(&(table, key));
+                    self.keys.entry(table).or_default().insert(key);
+                    made += 1;
                 }
-                self.keys.entry(table).or_default().insert(key);
-                made += 1;
-            } else if wanted && self.granted.contains(&(table, key)) && (t.residence(key) != Residence::Away || !current) {
                 // Held here: made when it leaves. Elsewhere again since the pull: made anew by
                 // the next round's `remake`.
-                drop(guard);
-                self.await_departure(node, table, key);
+                Ok(MadeReplica::Stale) if wanted && self.granted.contains(&(table, key)) => self.await_departure(node, table, key),
+                Ok(_) => {}
+                Err(e) => keep_first_error(&mut outcome, Err(e)),
             }
         }
         node.core.intent_counters().note_replicas_made(made);
@@ -516,23 +497,16 @@ impl ReplicaSet {
                 continue;
             }
             let guard = store.lock(table, key);
-            // A key that arrived here meanwhile took the delta into its slot.
-            match look_at_replica(store, &guard, &mut delta) {
-                Held::Arrived | Held::Gone => {}
-                // (Not when the service stops: nothing would try again.)
-                Held::Replica { clean: false, .. } if !every && guard.residence() == Residence::Arriving => {
+            match drop_replica(store, &guard, &mut delta, &zero, every, self.syncing.is_some()) {
+                Dropped::Nothing | Dropped::Removed => {}
+                Dropped::PutOff => {
                     self.put_off_drops.insert((table, key));
                 }
-                Held::Replica { delta: delta_slot, clean: false } => {
-                    delta_slot.write(&zero);
+                Dropped::Push => {
                     pushed.push(key);
                     deltas.extend_from_slice(&delta);
                 }
-                // Nothing new since the round in flight took its delta: it waits for that.
-                Held::Replica { clean: true, .. } if self.syncing.is_some() => waiting.push(key),
-                Held::Replica { clean: true, .. } => {
-                    store.remove_replica(&guard, &mut delta);
-                }
+                Dropped::WaitForRound => waiting.push(key),
             }
         }
         node.core.intent_counters().note_drained((waiting.len() + pushed.len()) as u64);
@@ -676,55 +650,65 @@ impl ReplicaSet {
         let mut out = Vec::new();
         let (granted, awaiting) = (&self.granted, &mut self.awaiting);
         for (&table, set) in self.keys.iter_mut() {
-            let value_len = store.table(table).value_len();
-            let dynamic = store.table(table).dynamic();
-            let mut marked = Vec::new();
-            let mut incarnations = Vec::with_capacity(set.len());
-            let mut keys = Vec::with_capacity(set.len());
-            let mut deltas = Vec::with_capacity(set.len() * value_len);
-            let mut delta = vec![0.0; value_len];
-            let zero = vec![0.0; value_len];
-            // Held through the table's keys: no worker's `localize` marks a key in between.
-            let mut taker = dynamic.map(|d| d.sync_taker());
-            set.retain(|&key| {
-                let guard = store.lock(table, key);
-                match look_at_replica(store, &guard, &mut delta) {
-                    Held::Arrived => {
-                        // Granted still: a replica again once the key leaves (kept by its
-                        // departure).
-                        if granted.contains(&(table, key))
-                            && awaiting.insert((table, key))
-                            && let Some(d) = store.table(table).dynamic()
-                        {
-                            d.want(key, true);
-                        }
-                        false
-                    }
-                    Held::Gone => false,
-                    Held::Replica { delta: delta_slot, clean } => {
-                        if !clean {
-                            if guard.residence() == Residence::Arriving || !taker.as_mut().is_some_and(|t| t.take(key)) {
-                                return true;
-                            }
-                            marked.push(key);
-                            delta_slot.write(&zero);
-                        }
-                        keys.push(key);
-                        deltas.extend_from_slice(&delta);
-                        incarnations.push(dynamic.map_or(0, |d| d.incarnation(key)));
-                        true
-                    }
+            let (taken, marked) = take_table_deltas(store, table, set, |key| {
+                // Granted still: a replica again once the key leaves (kept by its departure).
+                if granted.contains(&(table, key))
+                    && awaiting.insert((table, key))
+                    && let Some(d) = store.table(table).dynamic()
+                {
+                    d.want(key, true);
                 }
             });
-            if !keys.is_empty() {
-                out.push(TakenDeltas { table, keys, deltas, incarnations });
-            }
+            out.extend(taken);
             if !marked.is_empty() {
                 self.sync_marked.push((table, marked));
             }
         }
         out
     }
+}
+
+/// Takes the deltas of the replicas of `table` whose keys `set` lists, each under its latch and
+/// zeroed (see `ReplicaSet::take_deltas`): a key whose replica ended leaves `set`, and
+/// `arrived` is told of each that ended because the key arrived here (its delta went into the
+/// key). Returns the deltas taken, if any, and the keys marked as carried by the round (until
+/// [`crate::store::DynamicReplicas::end_sync`]). The intent service and the simulator share it.
+pub(crate) fn take_table_deltas(store: &Store, table: u16, set: &mut FastSet<u64>, mut arrived: impl FnMut(u64)) -> (Option<TakenDeltas>, Vec<u64>) {
+    let value_len = store.table(table).value_len();
+    let dynamic = store.table(table).dynamic();
+    let mut marked = Vec::new();
+    let mut incarnations = Vec::with_capacity(set.len());
+    let mut keys = Vec::with_capacity(set.len());
+    let mut deltas = Vec::with_capacity(set.len() * value_len);
+    let mut delta = vec![0.0; value_len];
+    let zero = vec![0.0; value_len];
+    // Held through the table's keys: no worker's `localize` marks a key in between.
+    let mut taker = dynamic.map(|d| d.sync_taker());
+    set.retain(|&key| {
+        let guard = store.lock(table, key);
+        match look_at_replica(store, &guard, &mut delta) {
+            Held::Arrived => {
+                arrived(key);
+                false
+            }
+            Held::Gone => false,
+            Held::Replica { delta: delta_slot, clean } => {
+                if !clean {
+                    if guard.residence() == Residence::Arriving || !taker.as_mut().is_some_and(|t| t.take(key)) {
+                        return true;
+                    }
+                    marked.push(key);
+                    delta_slot.write(&zero);
+                }
+                keys.push(key);
+                deltas.extend_from_slice(&delta);
+                incarnations.push(dynamic.map_or(0, |d| d.incarnation(key)));
+                true
+            }
+        }
+    });
+    let taken = (!keys.is_empty()).then_some(TakenDeltas { table, keys, deltas, incarnations });
+    (taken, marked)
 }
 
 /// Ends the making of the replicas of `keys` of `table` whose pull failed or was never sent.
@@ -737,8 +721,46 @@ fn end_making(node: &NodeInner, table: u16, keys: &[u64]) {
     }
 }
 
+/// What dropping a run-time replica came to ([`drop_replica`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dropped {
+    /// No replica (or the key arrived here, which ended it).
+    Nothing,
+    /// Its delta stays for the key, arriving here, to take when it lands: drop again later.
+    PutOff,
+    /// Its delta, taken and zeroed, is to be pushed to the owner; it drains until then.
+    Push,
+    /// Clean, but the sync round in flight carries its last delta: it drains until that ends.
+    WaitForRound,
+    /// Clean: removed.
+    Removed,
+}
+
+/// Drops the run-time replica of the key `guard` latches (`ReplicaSet::drop_replicas`): a
+/// dirty one's delta goes to `delta` and is zeroed in the replica (`zero` is one value of
+/// zeros), unless the key is arriving here and the service is not `stopping`; a clean one is
+/// removed unless a round is `syncing`. The intent service and the simulator share it.
+pub(crate) fn drop_replica(store: &Store, guard: &KeyGuard<'_>, delta: &mut [f32], zero: &[f32], stopping: bool, syncing: bool) -> Dropped {
+    // A key that arrived here meanwhile took the delta into its slot.
+    match look_at_replica(store, guard, delta) {
+        Held::Arrived | Held::Gone => Dropped::Nothing,
+        // (Not when the service stops: nothing would try again.)
+        Held::Replica { clean: false, .. } if !stopping && guard.residence() == Residence::Arriving => Dropped::PutOff,
+        Held::Replica { delta: delta_slot, clean: false } => {
+            delta_slot.write(zero);
+            Dropped::Push
+        }
+        // Nothing new since the round in flight took its delta: it waits for that.
+        Held::Replica { clean: true, .. } if syncing => Dropped::WaitForRound,
+        Held::Replica { clean: true, .. } => {
+            store.remove_replica(guard, delta);
+            Dropped::Removed
+        }
+    }
+}
+
 /// What the key a [`KeyGuard`] latches holds of its run-time replica, for ending or syncing it.
-enum Held<'g> {
+pub(crate) enum Held<'g> {
     /// The key arrived here: any replica has ended, its delta added to the key's slot.
     Arrived,
     /// The key has no replica here.
@@ -749,7 +771,7 @@ enum Held<'g> {
 
 /// Looks at the replica of the key `guard` latches, reading its delta into `delta`; ends it at
 /// once when the key arrived here (the slot takes its delta, which nothing else holds).
-fn look_at_replica<'g>(store: &Store, guard: &'g KeyGuard<'_>, delta: &mut [f32]) -> Held<'g> {
+pub(crate) fn look_at_replica<'g>(store: &Store, guard: &'g KeyGuard<'_>, delta: &mut [f32]) -> Held<'g> {
     if let Some(slot) = guard.slot() {
         if store.remove_replica(guard, delta) {
             slot.add(delta);
@@ -778,7 +800,7 @@ pub(super) fn refresh(
     let mut delta = vec![0.0; value_len];
     for (&key, value) in keys.iter().zip(fresh.chunks_exact_mut(value_len)) {
         if let Some(&incarnation) = incarnations.get(&(table, key)).filter(|_| !left_out.contains(&(table, key))) {
-            set_replica(node, table, key, incarnation, value, &mut delta);
+            set_replica(node.core.store(), table, key, incarnation, value, &mut delta);
         }
     }
 }
@@ -787,20 +809,19 @@ pub(super) fn refresh(
 /// was taken from), to its owner's `value` (which included the replica's delta when last taken)
 /// plus what was pushed to it since (`delta` is scratch space). A key that arrived here
 /// meanwhile keeps its own value; a replica made since, or one of a key that was here since,
-/// keeps its value too (the owner's predates pushes it has).
-pub(super) fn set_replica(node: &NodeInner, table: u16, key: u64, incarnation: u32, value: &mut [f32], delta: &mut [f32]) {
-    let store = node.core.store();
+/// keeps its value too (the owner's predates pushes it has). Returns whether it was set.
+pub(crate) fn set_replica(store: &Store, table: u16, key: u64, incarnation: u32, value: &mut [f32], delta: &mut [f32]) -> bool {
     let guard = store.lock(table, key);
     if guard.slot().is_some() || store.table(table).dynamic().is_none_or(|d| d.incarnation(key) != incarnation) {
-        return;
+        return false;
     }
-    if let Some((value_slot, delta_slot)) = guard.replica() {
-        delta_slot.read(delta);
-        for (v, d) in value.iter_mut().zip(delta.iter()) {
-            *v += d;
-        }
-        value_slot.write(value);
+    let Some((value_slot, delta_slot)) = guard.replica() else { return false };
+    delta_slot.read(delta);
+    for (v, d) in value.iter_mut().zip(delta.iter()) {
+        *v += d;
     }
+    value_slot.write(value);
+    true
 }
 
 #[cfg(test)]

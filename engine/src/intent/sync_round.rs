@@ -60,10 +60,14 @@ struct ImageRead {
 
 /// The deltas a sync round takes from one table's replicas, each with the replica's
 /// incarnation when it was taken (`DynamicReplicas::incarnation`).
-pub(super) struct TakenDeltas {
+pub(crate) struct TakenDeltas {
+    /// The table.
     pub table: u16,
+    /// The replicas' keys.
     pub keys: Vec<u64>,
+    /// Their deltas, one value each.
     pub deltas: Vec<f32>,
+    /// Their incarnations.
     pub incarnations: Vec<u32>,
 }
 
@@ -305,7 +309,7 @@ fn apply_images(node: &NodeInner, table: u16, keys: &[u64], copy: &[u8], left_ou
         for (v, b) in value.iter_mut().zip(fresh.chunks_exact(4)) {
             *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         }
-        super::replicas::set_replica(node, table, key, incarnation, &mut value, &mut delta);
+        super::replicas::set_replica(store, table, key, incarnation, &mut value, &mut delta);
     }
     torn
 }

@@ -16,8 +16,8 @@
 //! does nothing else until its sync is done, so recording a sync's events when their outcome is
 //! known keeps its program order.
 //!
-//! What the simulation does not run is the replica set itself (making, draining, folding a
-//! replica into a key that lands): that is the intent service's, tested on real processes.
+//! The replica set itself — making, serving, syncing, draining and folding replicas — runs in
+//! `replica_set.rs`, on keys of its own.
 
 use rand::Rng;
 
@@ -153,6 +153,8 @@ impl Sim {
             }
             self.syncs.applied += ack.held.len();
         }
+        let now = self.now;
+        self.pad_events(w, now);
         let (mut pushed, mut zeros) = ((Vec::new(), Vec::new()), Vec::new());
         for (i, (&key, lane)) in keys.iter().zip(&lanes).enumerate() {
             if ack.held.contains(&(i as u32)) {

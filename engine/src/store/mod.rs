@@ -50,6 +50,22 @@ pub const STAMP_SHIFT: u32 = 6;
 /// Keys per block of the slot map's summary.
 const BLOCK: usize = 64;
 
+/// What became of a value pulled to make a run-time replica ([`Store::install_made_replica`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MadeReplica {
+    /// The replica was installed; `with_pushes` when pushes this node sent behind the pull
+    /// were added to its value.
+    Installed {
+        /// Whether pushes sent behind the pull were added.
+        with_pushes: bool,
+    },
+    /// Not installed: the key is held or arriving here, or was here since the pull left, so the
+    /// value lacks what it took here.
+    Stale,
+    /// Not installed for another reason: not wanted any more, or a replica exists already.
+    NotMade,
+}
+
 /// Where a key lives, as one node's slot map says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Residence {
@@ -296,6 +312,36 @@ impl Store {
         self.reserved(&mut delta_slot).write(&vec![0.0; value.len()]);
         let slots = ReplicaSlots { value: value_slot.index, delta: delta_slot.index };
         Ok(dynamic.set(guard.key, slots))
+    }
+
+    /// The pull that made replicas was answered with `value` for `key` of `table`, sent when
+    /// the key's replica incarnation was `incarnation` ([`dynamic::DynamicReplicas::incarnation`]):
+    /// installs the replica if it is still `wanted`, the key is still elsewhere and of that
+    /// incarnation, adding to its value the pushes this node sent behind the pull
+    /// ([`dynamic::DynamicReplicas::begin_making`]); ends the key's making either way. The
+    /// replica is visible before its making ends (see `Step::look_at_replicas`), so a push
+    /// queued meanwhile was either added up or finds it. One function for the intent service
+    /// and the simulator, so that the simulator runs the service's rule.
+    pub fn install_made_replica(&self, table: u16, key: u64, incarnation: u32, wanted: bool, value: &[f32]) -> Result<MadeReplica> {
+        let t = &self.tables[table as usize];
+        let guard = self.lock(table, key);
+        // A key that arrived meanwhile needs no replica (the pushes sent to it travel with it);
+        // one that was here since the pull left (its incarnation changed) took pushes the value
+        // lacks, so the value is not installed.
+        let current = t.dynamic().is_some_and(|d| d.incarnation(key) == incarnation);
+        let installed = if wanted && current { self.install_replica(&guard, value) } else { Ok(false) };
+        let sent_behind = t.dynamic().and_then(|d| d.end_making(key));
+        if !installed? {
+            return Ok(if !current || t.residence(key) != Residence::Away { MadeReplica::Stale } else { MadeReplica::NotMade });
+        }
+        let mut with_pushes = false;
+        if let (Some(sum), Some((value_slot, _))) = (sent_behind, guard.replica())
+            && sum.iter().any(|&s| s != 0.0)
+        {
+            value_slot.add(&sum);
+            with_pushes = true;
+        }
+        Ok(MadeReplica::Installed { with_pushes })
     }
 
     /// The key `guard` latches just left this node from `slot` (unpublished, not yet sent):
