@@ -375,21 +375,16 @@ impl ReplicaSet {
             }
             self.draining.remove(&(table, key));
             let guard = store.lock(table, key);
-            match look_at_replica(store, &guard, &mut delta) {
-                Held::Arrived | Held::Gone => {}
-                Held::Replica { clean: true, .. } => {
-                    store.remove_replica(&guard, &mut delta);
-                }
-                Held::Replica { .. } if last => {
-                    store.remove_replica(&guard, &mut delta);
+            match end_drained_replica(store, &guard, &mut delta, &zero, last) {
+                Drained::Ended => {}
+                Drained::Removed => {
                     pushed.push(key);
                     deltas.extend_from_slice(&delta);
                 }
-                Held::Replica { .. } if guard.residence() == Residence::Arriving => {
+                Drained::PutOff => {
                     self.put_off_drops.insert((table, key));
                 }
-                Held::Replica { delta: delta_slot, .. } => {
-                    delta_slot.write(&zero);
+                Drained::Again => {
                     again.push(key);
                     deltas.extend_from_slice(&delta);
                 }
@@ -759,8 +754,45 @@ pub(crate) fn drop_replica(store: &Store, guard: &KeyGuard<'_>, delta: &mut [f32
     }
 }
 
+/// What became of a draining replica whose push was acknowledged ([`end_drained_replica`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Drained {
+    /// It ended: clean and removed, or gone (the key arrived here, which took its delta).
+    Ended,
+    /// Removed with what was pushed to it meanwhile, now in `delta`, to push (the service stops).
+    Removed,
+    /// Pushed to meanwhile, and the key is arriving here: its landing takes the delta.
+    PutOff,
+    /// Pushed to meanwhile: that delta, now in `delta` and zeroed in the replica, drains again.
+    Again,
+}
+
+/// Ends the drain of the replica of the key `guard` latches, its push acknowledged
+/// (`ReplicaSet::end_drain`): a clean replica is removed; one pushed to meanwhile is removed
+/// with its delta if this is the `last` drain, is put off while its key is arriving here, and
+/// otherwise gives its delta (into `delta`, zeroed in the replica; `zero` is one value of
+/// zeros) to drain again. The intent service and the simulator share it.
+pub(crate) fn end_drained_replica(store: &Store, guard: &KeyGuard<'_>, delta: &mut [f32], zero: &[f32], last: bool) -> Drained {
+    match look_at_replica(store, guard, delta) {
+        Held::Arrived | Held::Gone => Drained::Ended,
+        Held::Replica { clean: true, .. } => {
+            store.remove_replica(guard, delta);
+            Drained::Ended
+        }
+        Held::Replica { .. } if last => {
+            store.remove_replica(guard, delta);
+            Drained::Removed
+        }
+        Held::Replica { .. } if guard.residence() == Residence::Arriving => Drained::PutOff,
+        Held::Replica { delta: delta_slot, .. } => {
+            delta_slot.write(zero);
+            Drained::Again
+        }
+    }
+}
+
 /// What the key a [`KeyGuard`] latches holds of its run-time replica, for ending or syncing it.
-pub(crate) enum Held<'g> {
+enum Held<'g> {
     /// The key arrived here: any replica has ended, its delta added to the key's slot.
     Arrived,
     /// The key has no replica here.
@@ -771,7 +803,7 @@ pub(crate) enum Held<'g> {
 
 /// Looks at the replica of the key `guard` latches, reading its delta into `delta`; ends it at
 /// once when the key arrived here (the slot takes its delta, which nothing else holds).
-pub(crate) fn look_at_replica<'g>(store: &Store, guard: &'g KeyGuard<'_>, delta: &mut [f32]) -> Held<'g> {
+fn look_at_replica<'g>(store: &Store, guard: &'g KeyGuard<'_>, delta: &mut [f32]) -> Held<'g> {
     if let Some(slot) = guard.slot() {
         if store.remove_replica(guard, delta) {
             slot.add(delta);

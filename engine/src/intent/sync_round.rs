@@ -24,8 +24,8 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::fabric::PostedRead;
-use crate::protocol::Progress;
 use crate::protocol::wire::ReplicaSyncAck;
+use crate::protocol::{Directory, Progress};
 use crate::runtime::NodeInner;
 use crate::util::{FastMap, FastSet};
 use crate::worker::{PullTicket, Worker};
@@ -109,7 +109,7 @@ impl SyncRound {
             let mut by_owner: BTreeMap<u16, (Vec<u64>, Vec<f32>)> = BTreeMap::new();
             let mut routed = (Vec::new(), Vec::new());
             for (&key, delta) in keys.iter().zip(deltas.chunks_exact(value_len)) {
-                let (k, d) = match believed_owner(node, hints, table, key) {
+                let (k, d) = match believed_owner(node.core.directory(), hints.get(&(table, key)).copied(), table, key, |n| node.fabric.is_alive(n as usize)) {
                     Some(owner) => by_owner.entry(owner).or_default(),
                     None => &mut routed,
                 };
@@ -278,17 +278,14 @@ impl SyncRound {
     }
 }
 
-/// The node to send `key`'s delta to: where it was last found to be, else its home, else (this
-/// node being the home) the owner recorded here; `None` if that is this node or a lost one.
-fn believed_owner(node: &NodeInner, hints: &OwnerHints, table: u16, key: u64) -> Option<u16> {
-    let dir = node.core.directory();
+/// The node to send `key`'s delta to: where it was last found to be (`hint`), else its home,
+/// else (this node being the home) the owner `dir` records; `None` if that is this node, a lost
+/// one or one `alive` says is gone. The intent service and the simulator share it.
+pub(crate) fn believed_owner(dir: &Directory, hint: Option<u16>, table: u16, key: u64, alive: impl Fn(u16) -> bool) -> Option<u16> {
     let rank = dir.rank();
     let home = dir.home(table, key);
     let recorded = if home == rank { dir.owner_of(table, key) } else { None };
-    [hints.get(&(table, key)).copied(), Some(home), recorded]
-        .into_iter()
-        .flatten()
-        .find(|&n| n != rank && (n as usize) < dir.nodes() && !dir.is_lost(n) && node.fabric.is_alive(n as usize))
+    [hint, Some(home), recorded].into_iter().flatten().find(|&n| n != rank && (n as usize) < dir.nodes() && !dir.is_lost(n) && alive(n))
 }
 
 /// Sets each replica of `keys` still here, not `left_out` and of the incarnation its delta was

@@ -4,10 +4,10 @@
 //!
 //! The service worker bypasses replicas, as the service's does, and follows the service's
 //! rules step by step, calling the same store and replica functions where the service's code
-//! can be shared (`Store::install_made_replica`, `take_table_deltas`, `look_at_replica`,
-//! `set_replica`); the bookkeeping around them (which keys are made, wanted, draining, put off,
-//! where an owner is believed to be) is a copy in miniature of `ReplicaSet` and `SyncRound`,
-//! whose own code needs a running node:
+//! can be shared (`Store::install_made_replica`, `take_table_deltas`, `drop_replica`,
+//! `end_drained_replica`, `set_replica`, `believed_owner`); the bookkeeping around them (which
+//! keys are made, wanted, draining, put off) is a copy in miniature of `ReplicaSet` and
+//! `SyncRound`, whose own code needs a running node:
 //!
 //! - a replica is made from a pull sent with the making flag (the protocol adds up the pushes
 //!   this node sends behind it) and installed, with those pushes, unless the key was here since
@@ -48,7 +48,7 @@ use crate::util::FastSet;
 
 use super::{InFlight, ScriptOp, Served, Sim};
 use crate::consistency::{Event, TimedPull, TimedPush, Violation, check_bounded_staleness};
-use crate::intent::{Dropped, Held, TakenDeltas, drop_replica, look_at_replica, set_replica, take_table_deltas};
+use crate::intent::{Drained, Dropped, TakenDeltas, believed_owner, drop_replica, end_drained_replica, set_replica, take_table_deltas};
 use crate::protocol::{AccessKind, Issued, OpId, PullTarget};
 use crate::store::{MadeReplica, Residence};
 
@@ -483,19 +483,17 @@ impl Sim {
             }
             set.draining.remove(&key);
             let guard = store.lock(0, key);
-            match look_at_replica(&store, &guard, &mut delta) {
-                Held::Arrived | Held::Gone => {}
-                Held::Replica { clean: true, .. } => {
-                    store.remove_replica(&guard, &mut delta);
-                }
-                Held::Replica { .. } if guard.residence() == Residence::Arriving => {
+            // Never the last drain: the simulator's service drains before it stops.
+            match end_drained_replica(&store, &guard, &mut delta, &zero, false) {
+                Drained::Ended => {}
+                Drained::PutOff => {
                     set.put_off.insert(key);
                 }
-                Held::Replica { delta: delta_slot, .. } => {
-                    delta_slot.write(&zero);
+                Drained::Again => {
                     again.push(key);
                     deltas.extend_from_slice(&delta);
                 }
+                Drained::Removed => return Err(format!("replica of key {key} removed with its delta by a drain that is not the last")),
             }
         }
         self.log(format!("worker {w}@{node} ends drain {id} ({} again)", again.len()));
@@ -524,14 +522,10 @@ impl Sim {
         };
         let lanes = self.opts.lanes;
         let dir = self.nodes[node].core.directory();
-        let rank = node as u16;
         let mut by_owner: BTreeMap<u16, (Vec<u64>, Vec<f32>)> = BTreeMap::new();
         let mut routed = (Vec::new(), Vec::new());
         for (&key, delta) in keys.iter().zip(deltas.chunks_exact(lanes)) {
-            let home = dir.home(0, key);
-            let recorded = if home == rank { dir.owner_of(0, key) } else { None };
-            let owner = [set.hints.get(&key).copied(), Some(home), recorded].into_iter().flatten().find(|&n| n != rank && !dir.is_lost(n));
-            let (k, d) = match owner {
+            let (k, d) = match believed_owner(dir, set.hints.get(&key).copied(), 0, key, |_| true) {
                 Some(owner) => by_owner.entry(owner).or_default(),
                 None => &mut routed,
             };
@@ -649,30 +643,17 @@ impl Sim {
         let node = self.workers[w].node;
         let lanes = self.opts.lanes;
         let count = keys.len();
-        let held_ok = ack.held.windows(2).all(|p| p[0] < p[1]) && ack.held.iter().all(|&i| (i as usize) < count);
-        if ack.table != 0 || ack.id != id || ack.count as usize != count || !held_ok || ack.hints.len() != count - ack.held.len() {
-            return Err(format!("node {owner} acknowledged replica sync {id} of {count} items with {ack:?}"));
-        }
+        let images = self.read_sync_images(owner as usize, id, count, &ack)?;
         self.log(format!("worker {w}@{node} reads {} images of sync {id} from node {owner}", ack.held.len()));
-        let store = self.nodes[node].core.store().clone();
         if !ack.held.is_empty() {
-            let slot_bytes = self.nodes[owner as usize].core.store().table(0).slot_bytes();
-            let bytes = ack.held.len() * slot_bytes;
-            let source = self.registered_range(owner as usize, ack.remote, bytes)?;
-            let mut copy = vec![0u8; bytes];
-            // SAFETY: the range was bounds-checked against a region the owner registered (its
-            // image buffer, kept until its store is dropped), and the simulation is
-            // single-threaded, so nothing writes it meanwhile.
-            unsafe { std::ptr::copy_nonoverlapping(source as *const u8, copy.as_mut_ptr(), bytes) };
+            let store = self.nodes[node].core.store().clone();
             let mut delta = vec![0.0; lanes];
             let held_keys: Vec<u64> = ack.held.iter().map(|&i| keys[i as usize]).collect();
             let held_deltas: Vec<f32> = ack.held.iter().flat_map(|&i| deltas[i as usize * lanes..(i as usize + 1) * lanes].iter().copied()).collect();
             self.note_delivered(node, &held_keys, &held_deltas);
             let set = &mut self.replica_sets[node];
             let Some(round) = &set.syncing else { return Err("a sync acknowledged outside its round".into()) };
-            for (&key, image) in held_keys.iter().zip(copy.chunks_exact(slot_bytes)) {
-                let bytes = crate::store::validate_slot_copy(image, lanes).ok_or(format!("image of key {key} of sync {id} is torn"))?;
-                let mut value: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            for (&key, mut value) in held_keys.iter().zip(images) {
                 if let Some(&incarnation) = round.incarnations.get(&key).filter(|_| !round.left_out.contains(&key))
                     && set_replica(&store, 0, key, incarnation, &mut value, &mut delta)
                 {

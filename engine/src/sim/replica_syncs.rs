@@ -116,15 +116,12 @@ impl Sim {
         }
     }
 
-    /// Worker `w`'s replica sync was acknowledged: records the applied items with the images
-    /// read from the receiver's buffer, and puts the others at the front of its script as a
-    /// push-pull (and a pull for deltas of zeros), which complete the sync.
-    pub(super) fn finish_replica_sync(&mut self, w: usize) -> Result<(), String> {
-        let Some(SyncWait { owner, id, keys, lanes, ack: Some(ack) }) = self.workers[w].sync.take() else {
-            return Err(format!("worker {w} finished a replica sync it was not waiting for"));
-        };
-        let width = self.opts.lanes;
-        let count = keys.len();
+    /// Checks `owner`'s acknowledgement `ack` of replica sync `id` of `count` items (against
+    /// what a peer may send, beyond what decoding checked) and reads the images of the items it
+    /// applied out of `owner`'s registered buffer, as the one-sided read does: one value per
+    /// applied item, in `ack.held`'s order. Shared by the syncs of `send_replica_sync` and the
+    /// replica set's rounds.
+    pub(super) fn read_sync_images(&self, owner: usize, id: u32, count: usize, ack: &ReplicaSyncAck) -> Result<Vec<Vec<f32>>, String> {
         let held_ok = ack.held.windows(2).all(|p| p[0] < p[1]) && ack.held.iter().all(|&i| (i as usize) < count);
         if ack.table != 0 || ack.id != id || ack.count as usize != count || !held_ok || ack.hints.len() != count - ack.held.len() {
             return Err(format!("node {owner} acknowledged replica sync {id} of {count} items with {ack:?}"));
@@ -132,27 +129,46 @@ impl Sim {
         if ack.hints.iter().any(|&h| h as usize >= self.opts.nodes) {
             return Err(format!("node {owner} named a node beyond the cluster: {:?}", ack.hints));
         }
-        self.log(format!("worker {w} reads {} images of sync {id} from node {owner}; {} items routed", ack.held.len(), count - ack.held.len()));
-        if !ack.held.is_empty() {
-            let slot_bytes = self.nodes[owner].core.store().table(0).slot_bytes();
-            let bytes = ack.held.len() * slot_bytes;
-            let source = self.registered_range(owner, ack.remote, bytes)?;
-            let mut copy = vec![0u8; bytes];
-            // SAFETY: the range was bounds-checked against a region the receiver registered (its
-            // image buffer, which the store keeps until it is dropped), and the simulation is
-            // single-threaded, so nothing writes it meanwhile.
-            unsafe { std::ptr::copy_nonoverlapping(source as *const u8, copy.as_mut_ptr(), bytes) };
-            for (&item, image) in ack.held.iter().zip(copy.chunks_exact(slot_bytes)) {
-                let values = crate::store::validate_slot_copy(image, width).ok_or(format!("image of item {item} of sync {id} is torn"))?;
-                let value = values.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-                let (key, lane) = (keys[item as usize], lanes[item as usize]);
-                if let Some(lane) = lane {
-                    self.workers[w].events.push((key, Event::Push { lane }));
-                }
-                self.workers[w].events.push((key, Event::Pull { value }));
-            }
-            self.syncs.applied += ack.held.len();
+        if ack.held.is_empty() {
+            return Ok(Vec::new());
         }
+        let slot_bytes = self.nodes[owner].core.store().table(0).slot_bytes();
+        let bytes = ack.held.len() * slot_bytes;
+        let source = self.registered_range(owner, ack.remote, bytes)?;
+        let mut copy = vec![0u8; bytes];
+        // SAFETY: the range was bounds-checked against a region the owner registered (its image
+        // buffer, which the store keeps until it is dropped), and the simulation is
+        // single-threaded, so nothing writes it meanwhile.
+        unsafe { std::ptr::copy_nonoverlapping(source as *const u8, copy.as_mut_ptr(), bytes) };
+        let width = self.opts.lanes;
+        ack.held
+            .iter()
+            .zip(copy.chunks_exact(slot_bytes))
+            .map(|(&item, image)| {
+                let values = crate::store::validate_slot_copy(image, width).ok_or(format!("image of item {item} of sync {id} is torn"))?;
+                Ok(values.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+            })
+            .collect()
+    }
+
+    /// Worker `w`'s replica sync was acknowledged: records the applied items with the images
+    /// read from the receiver's buffer, and puts the others at the front of its script as a
+    /// push-pull (and a pull for deltas of zeros), which complete the sync.
+    pub(super) fn finish_replica_sync(&mut self, w: usize) -> Result<(), String> {
+        let Some(SyncWait { owner, id, keys, lanes, ack: Some(ack) }) = self.workers[w].sync.take() else {
+            return Err(format!("worker {w} finished a replica sync it was not waiting for"));
+        };
+        let count = keys.len();
+        let images = self.read_sync_images(owner, id, count, &ack)?;
+        self.log(format!("worker {w} reads {} images of sync {id} from node {owner}; {} items routed", ack.held.len(), count - ack.held.len()));
+        for (&item, value) in ack.held.iter().zip(images) {
+            let (key, lane) = (keys[item as usize], lanes[item as usize]);
+            if let Some(lane) = lane {
+                self.workers[w].events.push((key, Event::Push { lane }));
+            }
+            self.workers[w].events.push((key, Event::Pull { value }));
+        }
+        self.syncs.applied += ack.held.len();
         let now = self.now;
         self.pad_events(w, now);
         let (mut pushed, mut zeros) = ((Vec::new(), Vec::new()), Vec::new());
