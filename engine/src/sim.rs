@@ -369,6 +369,14 @@ enum ScriptOp {
     },
     /// The service starts a sync round of its replicas.
     SyncReplicas,
+    /// The service pushes the deltas of dropped replicas it took at an earlier step (drain `id`;
+    /// `marked`: keys marked as carried until the drain ends).
+    PushDrain {
+        id: u32,
+        keys: Vec<u64>,
+        deltas: Vec<f32>,
+        marked: Vec<u64>,
+    },
     /// The service's last step, once its node's workers are done: drops every replica.
     StopReplicas,
     /// Deltas of `keys` sent as a replica sync (see [`SimOptions::replica_syncs`]): each key's
@@ -1241,6 +1249,7 @@ impl Sim {
             op @ (ScriptOp::MakeReplicas { .. } | ScriptOp::DropReplicas { .. } | ScriptOp::SyncReplicas | ScriptOp::StopReplicas) => {
                 self.service_step(w, op)?;
             }
+            ScriptOp::PushDrain { id, keys, deltas, marked } => self.issue_drain_push(w, id, keys, deltas, marked)?,
             ScriptOp::ReplicaSync { keys, lanes } => {
                 self.ops += 1;
                 self.send_replica_sync(w, keys, lanes)?;

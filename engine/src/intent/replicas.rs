@@ -60,7 +60,7 @@ use std::collections::BTreeMap;
 use super::sync_round::{OwnerHints, SyncRound, TakenDeltas, keep_first_error};
 use crate::error::Result;
 use crate::runtime::NodeInner;
-use crate::store::{KeyGuard, MadeReplica, Residence, Slot, Store};
+use crate::store::{KeyGuard, MadeReplica, Residence, Slot, Store, SyncTaker};
 use crate::util::{FastMap, FastSet};
 use crate::worker::{PullTicket, Ticket, Worker};
 
@@ -113,6 +113,9 @@ struct Drain {
     keys: Vec<u64>,
     /// `None` when every delta was zero (the replicas wait only for a sync round in flight).
     push: Option<Ticket>,
+    /// Keys whose deltas the push carries, marked until it is acknowledged
+    /// ([`crate::store::DynamicReplicas::end_sync`]): a `localize` of one waits until then.
+    marked: Vec<u64>,
 }
 
 impl ReplicaSet {
@@ -351,6 +354,8 @@ impl ReplicaSet {
             {
                 note(e);
             }
+            // Applied where the key is (or lost with its owner): the key may move here now.
+            end_marks(node, drain.table, &drain.marked);
             if let Err(e) = self.end_drain(node, worker, &drain, wait) {
                 note(e);
             }
@@ -368,18 +373,22 @@ impl ReplicaSet {
         let value_len = store.table(table).value_len();
         let mut delta = vec![0.0; value_len];
         let zero = vec![0.0; value_len];
-        let (mut again, mut pushed, mut deltas) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut again, mut pushed, mut deltas, mut marked) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut taker = store.table(table).dynamic().map(|d| d.sync_taker());
         for &key in &drain.keys {
             if self.draining.get(&(table, key)) != Some(&drain.id) {
                 continue;
             }
             self.draining.remove(&(table, key));
             let guard = store.lock(table, key);
-            match end_drained_replica(store, &guard, &mut delta, &zero, last) {
+            match end_drained_replica(store, &guard, &mut delta, &zero, last, taker.as_mut()) {
                 Drained::Ended => {}
-                Drained::Removed => {
+                Drained::Removed { marked: m } => {
                     pushed.push(key);
                     deltas.extend_from_slice(&delta);
+                    if m {
+                        marked.push(key);
+                    }
                 }
                 Drained::PutOff => {
                     self.put_off_drops.insert((table, key));
@@ -390,12 +399,19 @@ impl ReplicaSet {
                 }
             }
         }
+        drop(taker);
         if !again.is_empty() {
             node.core.intent_counters().note_drained_again(again.len() as u64);
-            self.push_drain(node, worker, table, again, &deltas)?;
+            // Every key drained again was marked (a refused one was put off).
+            self.push_drain(node, worker, table, again.clone(), &deltas, again)?;
         } else if !pushed.is_empty() {
-            let push = worker.push_async(node.table_by_id(table), &pushed, &deltas)?;
-            self.start_drain(table, Vec::new(), Some(push));
+            match worker.push_async(node.table_by_id(table), &pushed, &deltas) {
+                Ok(push) => self.start_drain(table, Vec::new(), Some(push), marked),
+                Err(e) => {
+                    end_marks(node, table, &marked);
+                    return Err(e);
+                }
+            }
         }
         Ok(())
     }
@@ -481,10 +497,12 @@ impl ReplicaSet {
         let set = self.keys.entry(table).or_default();
         let store = node.core.store();
         let value_len = store.table(table).value_len();
-        let (mut pushed, mut deltas, mut waiting) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut pushed, mut deltas, mut waiting, mut marked) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut delta = vec![0.0; value_len];
         let zero = vec![0.0; value_len];
         let t = store.table(table);
+        // Held through the keys, like a sync round's: no `localize` marks a key in between.
+        let mut taker = t.dynamic().map(|d| d.sync_taker());
         for &key in keys {
             // Any run-time replica is this set's, adopted or not yet (one a departure kept
             // while the pull for the same key was failing, say): it ends with the intent.
@@ -492,24 +510,28 @@ impl ReplicaSet {
                 continue;
             }
             let guard = store.lock(table, key);
-            match drop_replica(store, &guard, &mut delta, &zero, every, self.syncing.is_some()) {
+            match drop_replica(store, &guard, &mut delta, &zero, every, self.syncing.is_some(), taker.as_mut()) {
                 Dropped::Nothing | Dropped::Removed => {}
                 Dropped::PutOff => {
                     self.put_off_drops.insert((table, key));
                 }
-                Dropped::Push => {
+                Dropped::Push { marked: m } => {
                     pushed.push(key);
                     deltas.extend_from_slice(&delta);
+                    if m {
+                        marked.push(key);
+                    }
                 }
                 Dropped::WaitForRound => waiting.push(key),
             }
         }
+        drop(taker);
         node.core.intent_counters().note_drained((waiting.len() + pushed.len()) as u64);
         if !waiting.is_empty() {
-            self.start_drain(table, waiting, None);
+            self.start_drain(table, waiting, None, Vec::new());
         }
         if !pushed.is_empty() {
-            self.push_drain(node, worker, table, pushed, &deltas)?;
+            self.push_drain(node, worker, table, pushed, &deltas, marked)?;
         }
         Ok(())
     }
@@ -518,14 +540,15 @@ impl ReplicaSet {
     /// push is acknowledged (or fails: a lost owner's drain ends all the same). A push that
     /// cannot even be issued (the node shuts down, say) would fail again: the replicas are
     /// removed at once and their deltas lost with the error (a key that arrived here meanwhile
-    /// takes both).
-    fn push_drain(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: Vec<u64>, deltas: &[f32]) -> Result<()> {
+    /// takes both). The `marked` keys' marks end when the push is acknowledged or fails.
+    fn push_drain(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: Vec<u64>, deltas: &[f32], marked: Vec<u64>) -> Result<()> {
         match worker.push_async(node.table_by_id(table), &keys, deltas) {
             Ok(push) => {
-                self.start_drain(table, keys, Some(push));
+                self.start_drain(table, keys, Some(push), marked);
                 Ok(())
             }
             Err(e) => {
+                end_marks(node, table, &marked);
                 let store = node.core.store();
                 let mut delta = vec![0.0; store.table(table).value_len()];
                 for (&key, taken) in keys.iter().zip(deltas.chunks_exact(delta.len())) {
@@ -544,12 +567,12 @@ impl ReplicaSet {
 
     /// Starts draining the replicas of `keys` of `table` until `push` (of their deltas) is
     /// acknowledged and no sync round is in flight; a key drained again later ends with that
-    /// newer drain only.
-    fn start_drain(&mut self, table: u16, keys: Vec<u64>, push: Option<Ticket>) {
+    /// newer drain only. The `marked` keys' marks end when `push` is acknowledged.
+    fn start_drain(&mut self, table: u16, keys: Vec<u64>, push: Option<Ticket>, marked: Vec<u64>) {
         self.drain_id = self.drain_id.wrapping_add(1);
         let id = self.drain_id;
         self.draining.extend(keys.iter().map(|&k| ((table, k), id)));
-        self.drains.push(Drain { id, table, keys, push });
+        self.drains.push(Drain { id, table, keys, push, marked });
     }
 
     /// Drops every replica and waits until their deltas reached the owners (the service stops).
@@ -716,15 +739,38 @@ fn end_making(node: &NodeInner, table: u16, keys: &[u64]) {
     }
 }
 
+/// Ends the marks of `keys` of `table` that a drain's push carried
+/// ([`crate::store::DynamicReplicas::end_sync`]).
+fn end_marks(node: &NodeInner, table: u16, keys: &[u64]) {
+    if let Some(d) = node.core.store().table(table).dynamic() {
+        d.end_sync(keys);
+    }
+}
+
+/// Whether a drain may take the delta of the replica of the key `guard` latches, and if so
+/// whether `taker` marked the key as carried: `None` when the key is arriving here or a
+/// `localize` is about to move it here (the delta then stays for the landing), unless the
+/// service is `stopping` (nothing would try again: taken all the same, unmarked).
+fn take_for_drain(guard: &KeyGuard<'_>, taker: Option<&mut SyncTaker<'_>>, stopping: bool) -> Option<bool> {
+    let arriving = guard.residence() == Residence::Arriving;
+    let marked = !arriving && taker.is_some_and(|t| t.take(guard.key()));
+    (marked || stopping).then_some(marked)
+}
+
 /// What dropping a run-time replica came to ([`drop_replica`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dropped {
     /// No replica (or the key arrived here, which ended it).
     Nothing,
-    /// Its delta stays for the key, arriving here, to take when it lands: drop again later.
+    /// Its delta stays for the key, arriving here or about to be moved here by a `localize`,
+    /// to take when it lands: drop again later.
     PutOff,
     /// Its delta, taken and zeroed, is to be pushed to the owner; it drains until then.
-    Push,
+    /// `marked`: the key is marked as carried until the push is acknowledged.
+    Push {
+        /// Whether the key was marked.
+        marked: bool,
+    },
     /// Clean, but the sync round in flight carries its last delta: it drains until that ends.
     WaitForRound,
     /// Clean: removed.
@@ -733,17 +779,26 @@ pub(crate) enum Dropped {
 
 /// Drops the run-time replica of the key `guard` latches (`ReplicaSet::drop_replicas`): a
 /// dirty one's delta goes to `delta` and is zeroed in the replica (`zero` is one value of
-/// zeros), unless the key is arriving here and the service is not `stopping`; a clean one is
-/// removed unless a round is `syncing`. The intent service and the simulator share it.
-pub(crate) fn drop_replica(store: &Store, guard: &KeyGuard<'_>, delta: &mut [f32], zero: &[f32], stopping: bool, syncing: bool) -> Dropped {
+/// zeros), the key marked by `taker` until the delta's push is acknowledged, unless the key is
+/// arriving here or about to be (see [`take_for_drain`]) and the service is not `stopping`; a
+/// clean one is removed unless a round is `syncing`. The intent service and the simulator
+/// share it.
+pub(crate) fn drop_replica(
+    store: &Store,
+    guard: &KeyGuard<'_>,
+    delta: &mut [f32],
+    zero: &[f32],
+    stopping: bool,
+    syncing: bool,
+    taker: Option<&mut SyncTaker<'_>>,
+) -> Dropped {
     // A key that arrived here meanwhile took the delta into its slot.
     match look_at_replica(store, guard, delta) {
         Held::Arrived | Held::Gone => Dropped::Nothing,
-        // (Not when the service stops: nothing would try again.)
-        Held::Replica { clean: false, .. } if !stopping && guard.residence() == Residence::Arriving => Dropped::PutOff,
         Held::Replica { delta: delta_slot, clean: false } => {
+            let Some(marked) = take_for_drain(guard, taker, stopping) else { return Dropped::PutOff };
             delta_slot.write(zero);
-            Dropped::Push
+            Dropped::Push { marked }
         }
         // Nothing new since the round in flight took its delta: it waits for that.
         Held::Replica { clean: true, .. } if syncing => Dropped::WaitForRound,
@@ -759,32 +814,46 @@ pub(crate) fn drop_replica(store: &Store, guard: &KeyGuard<'_>, delta: &mut [f32
 pub(crate) enum Drained {
     /// It ended: clean and removed, or gone (the key arrived here, which took its delta).
     Ended,
-    /// Removed with what was pushed to it meanwhile, now in `delta`, to push (the service stops).
-    Removed,
-    /// Pushed to meanwhile, and the key is arriving here: its landing takes the delta.
+    /// Removed with what was pushed to it meanwhile, now in `delta`, to push (the service
+    /// stops); `marked` as for [`Dropped::Push`].
+    Removed {
+        /// Whether the key was marked.
+        marked: bool,
+    },
+    /// Pushed to meanwhile, and the key is arriving here or about to be: its landing takes the
+    /// delta.
     PutOff,
-    /// Pushed to meanwhile: that delta, now in `delta` and zeroed in the replica, drains again.
+    /// Pushed to meanwhile: that delta, now in `delta` and zeroed in the replica, drains again,
+    /// the key marked until its push is acknowledged.
     Again,
 }
 
 /// Ends the drain of the replica of the key `guard` latches, its push acknowledged
 /// (`ReplicaSet::end_drain`): a clean replica is removed; one pushed to meanwhile is removed
-/// with its delta if this is the `last` drain, is put off while its key is arriving here, and
-/// otherwise gives its delta (into `delta`, zeroed in the replica; `zero` is one value of
-/// zeros) to drain again. The intent service and the simulator share it.
-pub(crate) fn end_drained_replica(store: &Store, guard: &KeyGuard<'_>, delta: &mut [f32], zero: &[f32], last: bool) -> Drained {
+/// with its delta if this is the `last` drain, is put off while its key is arriving here or
+/// about to be (see [`take_for_drain`]), and otherwise gives its delta (into `delta`, zeroed in
+/// the replica; `zero` is one value of zeros) to drain again, the key marked by `taker`. The
+/// intent service and the simulator share it.
+pub(crate) fn end_drained_replica(
+    store: &Store,
+    guard: &KeyGuard<'_>,
+    delta: &mut [f32],
+    zero: &[f32],
+    last: bool,
+    taker: Option<&mut SyncTaker<'_>>,
+) -> Drained {
     match look_at_replica(store, guard, delta) {
         Held::Arrived | Held::Gone => Drained::Ended,
         Held::Replica { clean: true, .. } => {
             store.remove_replica(guard, delta);
             Drained::Ended
         }
-        Held::Replica { .. } if last => {
-            store.remove_replica(guard, delta);
-            Drained::Removed
-        }
-        Held::Replica { .. } if guard.residence() == Residence::Arriving => Drained::PutOff,
         Held::Replica { delta: delta_slot, .. } => {
+            let Some(marked) = take_for_drain(guard, taker, last) else { return Drained::PutOff };
+            if last {
+                store.remove_replica(guard, delta);
+                return Drained::Removed { marked };
+            }
             delta_slot.write(zero);
             Drained::Again
         }
@@ -929,6 +998,42 @@ mod tests {
         assert_eq!(node.core.stats().since(&before).remote_accesses, 1);
         assert_eq!(out, [11.0, 22.0], "a push was lost or counted twice");
         assert_eq!(owner_value(&nodes, handle, key), [11.0, 22.0], "a push was lost or counted twice");
+        shut_down(nodes, [trainer, service]);
+    }
+
+    #[test]
+    fn a_drained_delta_holds_a_localize_off_until_the_owner_has_it() {
+        let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
+        let t = node.core.store().table(table);
+        let d = t.dynamic().unwrap();
+        let handle = node.table_by_id(table);
+        let mut set = ReplicaSet::default();
+        set.make_now(&node, &mut service, table, &[key]);
+        trainer.push(handle, &[key], &[1.0, 2.0]).unwrap();
+
+        // A `localize` is about to move the key here: the drop leaves the delta for its
+        // landing (a push issued after the localize's request would reach the key after it
+        // landed, and this node would read the key without its own pushes meanwhile).
+        assert!(d.begin_localize(&[key]).is_empty());
+        set.drop_keys(&node, &mut service, table, &[key]).unwrap();
+        assert!(set.put_off_drops.contains(&(table, key)) && set.quiet(), "the delta was taken under a localize");
+        let mut out = [0.0; 2];
+        trainer.pull(handle, &[key], &mut out).unwrap();
+        assert_eq!(out, [1.0, 2.0]);
+        d.end_localize(&[key]);
+
+        // Given up, the localize lets the drop go on: the delta's push marks the key until the
+        // owner has it, and a `localize` learns that it must wait.
+        set.retry_put_off_drops(&node, &mut service).unwrap();
+        assert!(set.put_off_drops.is_empty() && !set.quiet());
+        assert_eq!(d.carried_by_sync(&[key]), vec![key], "the drain's push does not mark its key");
+        assert_eq!(d.begin_localize(&[key]), vec![key]);
+        d.end_localize(&[key]);
+        // The mark ends when the service sees the push acknowledged.
+        settle(&mut set, &node, &mut service);
+        assert!(d.carried_by_sync(&[key]).is_empty() && !t.has_dynamic_replica(key));
+        assert!(d.wait_synced(&[key], Instant::now()));
+        assert_eq!(owner_value(&nodes, handle, key), [1.0, 2.0], "a push was lost or counted twice");
         shut_down(nodes, [trainer, service]);
     }
 

@@ -107,8 +107,12 @@ pub(super) struct SimReplicaSet {
     put_off: BTreeSet<u64>,
     /// Make pulls in flight: op, keys, incarnations, when the pull was issued.
     makes: Vec<(OpId, Vec<u64>, Vec<u32>, u64)>,
-    /// Drain pushes in flight: op, drain id, keys, deltas.
-    drains: Vec<(OpId, u32, Vec<u64>, Vec<f32>)>,
+    /// Drain pushes in flight.
+    drains: Vec<SimDrain>,
+    /// Drain pushes whose deltas were taken but that the service has not issued yet (it does
+    /// at its next step, as the service issues a drain's push after taking its deltas: a
+    /// `localize` may come in between).
+    drain_pushes_due: usize,
     /// Per key, the replica's incarnation and a time such that its value includes every push
     /// that was at the owner then (when the request that last set it was sent).
     fresh: BTreeMap<u64, (u32, u64)>,
@@ -116,8 +120,8 @@ pub(super) struct SimReplicaSet {
     /// the time their delta's delivery was acknowledged.
     delivered: BTreeMap<(u64, u32), u64>,
     /// Drains waiting for the sync round in flight to end (their pushes completed, or their
-    /// replicas had no delta): drain id, keys.
-    drains_after_sync: Vec<(u32, Vec<u64>)>,
+    /// replicas had no delta): drain id, keys, keys marked until the drain ends.
+    drains_after_sync: Vec<(u32, Vec<u64>, Vec<u64>)>,
     /// The sync round in flight.
     syncing: Option<SimSyncRound>,
     /// The last REPLICA_SYNC id.
@@ -160,8 +164,18 @@ impl SimReplicaSet {
     /// Whether no sync round is in flight and no replica drains (`ReplicaSet::quiet`): a sync
     /// round may start.
     fn quiet(&self) -> bool {
-        self.syncing.is_none() && self.drains.is_empty() && self.drains_after_sync.is_empty()
+        self.syncing.is_none() && self.drains.is_empty() && self.drains_after_sync.is_empty() && self.drain_pushes_due == 0
     }
+}
+
+/// A drain's push in flight (`ReplicaSet`'s `Drain`).
+struct SimDrain {
+    op: OpId,
+    id: u32,
+    keys: Vec<u64>,
+    deltas: Vec<f32>,
+    /// Keys marked as carried until the drain ends.
+    marked: Vec<u64>,
 }
 
 impl Sim {
@@ -315,13 +329,14 @@ impl Sim {
         let t = store.table(0);
         let Some(d) = t.dynamic() else { return Err("the simulated table keeps no run-time replicas".into()) };
         let value_len = t.value_len();
-        let (mut pushed, mut deltas, mut waiting) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut pushed, mut deltas, mut waiting, mut marked) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut delta = vec![0.0; value_len];
         let zero = vec![0.0; value_len];
         let set = &mut self.replica_sets[node];
         if let Some(round) = &mut set.syncing {
             round.left_out.extend(&keys);
         }
+        let mut taker = d.sync_taker();
         for key in keys {
             set.making.remove(&key);
             set.hints.remove(&key);
@@ -333,7 +348,7 @@ impl Sim {
             }
             set.replicas.remove(&key);
             let guard = store.lock(0, key);
-            match drop_replica(&store, &guard, &mut delta, &zero, stopping, set.syncing.is_some()) {
+            match drop_replica(&store, &guard, &mut delta, &zero, stopping, set.syncing.is_some(), Some(&mut taker)) {
                 Dropped::Nothing | Dropped::Removed => {}
                 Dropped::PutOff => {
                     set.put_off.insert(key);
@@ -341,19 +356,23 @@ impl Sim {
                         self.replica_counts.put_off += 1;
                     }
                 }
-                Dropped::Push => {
+                Dropped::Push { marked: m } => {
                     pushed.push(key);
                     deltas.extend_from_slice(&delta);
+                    if m {
+                        marked.push(key);
+                    }
                 }
                 Dropped::WaitForRound => waiting.push(key),
             }
         }
+        drop(taker);
         if !waiting.is_empty() {
             let id = set.next_drain();
             set.draining.extend(waiting.iter().map(|&k| (k, id)));
-            set.drains_after_sync.push((id, waiting));
+            set.drains_after_sync.push((id, waiting, Vec::new()));
         }
-        self.push_drain(w, pushed, deltas)
+        self.push_drain(w, pushed, deltas, marked)
     }
 
     /// Sends the remaining parts of the service's operation `op`, as the service's worker does
@@ -374,12 +393,28 @@ impl Sim {
         Ok(())
     }
 
-    /// Pushes dropped replicas' `deltas` to the owners; the replicas drain until it completes.
-    fn push_drain(&mut self, w: usize, keys: Vec<u64>, deltas: Vec<f32>) -> Result<(), String> {
+    /// Pushes dropped replicas' `deltas` to the owners at service worker `w`'s next step; the
+    /// replicas drain until it completes, and the `marked` keys' marks end with the drain.
+    fn push_drain(&mut self, w: usize, keys: Vec<u64>, deltas: Vec<f32>, marked: Vec<u64>) -> Result<(), String> {
         if keys.is_empty() {
             return Ok(());
         }
         let node = self.workers[w].node;
+        // The drain is the replicas' own from now on: a drop or a round finds them draining.
+        let set = self.replica_set(node);
+        let id = set.next_drain();
+        set.draining.extend(keys.iter().map(|&k| (k, id)));
+        set.drain_pushes_due += 1;
+        self.log(format!("worker {w}@{node} takes the deltas of dropped replicas {keys:?} (drain {id})"));
+        self.workers[w].script.push_front(ScriptOp::PushDrain { id, keys, deltas, marked });
+        Ok(())
+    }
+
+    /// Service worker `w` issues drain `id`'s push of `deltas` of `keys`, taken at an earlier
+    /// step (see [`Sim::push_drain`]).
+    pub(super) fn issue_drain_push(&mut self, w: usize, id: u32, keys: Vec<u64>, deltas: Vec<f32>, marked: Vec<u64>) -> Result<(), String> {
+        let node = self.workers[w].node;
+        self.replica_set(node).drain_pushes_due -= 1;
         self.log(format!("worker {w}@{node} pushes the deltas of dropped replicas {keys:?}"));
         let issued = self.worker_event(w, |step, req| step.issue_access(req, AccessKind::Push, 0, &keys, &deltas, PullTarget::None, None))?;
         let op = match issued {
@@ -389,14 +424,22 @@ impl Sim {
                 }
                 op
             }
-            Some(Issued::Done(_)) => return Err(format!("node {node}'s push of drained deltas of {keys:?} was served here")),
+            Some(Issued::Done(_)) => {
+                // Every key landed here since its delta was taken (which its marks keep
+                // `localize` from doing): served here, the drain is done.
+                self.replica_counts.drain_pushes += 1;
+                self.log(format!("worker {w}@{node}'s push of drained deltas of {keys:?} was served here"));
+                self.note_delivered(node, &keys, &deltas);
+                if self.replica_sets[node].syncing.is_some() {
+                    self.replica_sets[node].drains_after_sync.push((id, keys, marked));
+                    return Ok(());
+                }
+                return self.end_drain(w, id, keys, marked);
+            }
             None => return Err(format!("node {node} could not push the drained deltas of {keys:?}")),
         };
         self.replica_counts.drain_pushes += 1;
-        let set = self.replica_set(node);
-        let id = set.next_drain();
-        set.draining.extend(keys.iter().map(|&k| (k, id)));
-        set.drains.push((op, id, keys, deltas));
+        self.replica_set(node).drains.push(SimDrain { op, id, keys, deltas, marked });
         let first_event = self.workers[w].events.len();
         self.workers[w].in_flight.push(InFlight { op, kind: None, keys: Vec::new(), buffer: Vec::new(), first_event, asynchronous: true, service: true });
         Ok(())
@@ -453,30 +496,34 @@ impl Sim {
             self.refresh_routed(w, &keys, &values, issued)?;
             return self.end_sync_if_done(w);
         }
-        let Some(i) = set.drains.iter().position(|d| d.0 == op) else {
+        let Some(i) = set.drains.iter().position(|d| d.op == op) else {
             return Err(format!("node {node}'s service completed an operation {op:#x} it did not send"));
         };
-        let (_, id, keys, deltas) = set.drains.swap_remove(i);
+        let SimDrain { id, keys, deltas, marked, .. } = set.drains.swap_remove(i);
         self.note_delivered(node, &keys, &deltas);
         let set = &mut self.replica_sets[node];
         // A sync round in flight may carry an earlier delta of these keys: they drain until it
         // has ended.
         if set.syncing.is_some() {
-            set.drains_after_sync.push((id, keys));
+            set.drains_after_sync.push((id, keys, marked));
             return Ok(());
         }
-        self.end_drain(w, id, keys)
+        self.end_drain(w, id, keys, marked)
     }
 
     /// Ends drain `id` of service worker `w` (`ReplicaSet::end_drain`).
-    fn end_drain(&mut self, w: usize, id: u32, keys: Vec<u64>) -> Result<(), String> {
+    fn end_drain(&mut self, w: usize, id: u32, keys: Vec<u64>, marked: Vec<u64>) -> Result<(), String> {
         let node = self.workers[w].node;
         let store = self.nodes[node].core.store().clone();
+        let Some(d) = store.table(0).dynamic() else { return Err("the simulated table keeps no run-time replicas".into()) };
+        // Its push reached the owner: a `localize` of its keys may go on.
+        d.end_sync(&marked);
         let set = &mut self.replica_sets[node];
         let value_len = store.table(0).value_len();
         let (mut again, mut deltas) = (Vec::new(), Vec::new());
         let mut delta = vec![0.0; value_len];
         let zero = vec![0.0; value_len];
+        let mut taker = d.sync_taker();
         for key in keys {
             if set.draining.get(&key) != Some(&id) {
                 continue;
@@ -484,7 +531,7 @@ impl Sim {
             set.draining.remove(&key);
             let guard = store.lock(0, key);
             // Never the last drain: the simulator's service drains before it stops.
-            match end_drained_replica(&store, &guard, &mut delta, &zero, false) {
+            match end_drained_replica(&store, &guard, &mut delta, &zero, false, Some(&mut taker)) {
                 Drained::Ended => {}
                 Drained::PutOff => {
                     set.put_off.insert(key);
@@ -493,11 +540,13 @@ impl Sim {
                     again.push(key);
                     deltas.extend_from_slice(&delta);
                 }
-                Drained::Removed => return Err(format!("replica of key {key} removed with its delta by a drain that is not the last")),
+                Drained::Removed { .. } => return Err(format!("replica of key {key} removed with its delta by a drain that is not the last")),
             }
         }
+        drop(taker);
         self.log(format!("worker {w}@{node} ends drain {id} ({} again)", again.len()));
-        self.push_drain(w, again, deltas)
+        // Every key drained again was marked (a refused one was put off).
+        self.push_drain(w, again.clone(), deltas, again)
     }
 
     /// Starts a sync round of service worker `w`'s replicas unless one is in flight or a
@@ -693,8 +742,8 @@ impl Sim {
             d.end_sync(&round.marked);
         }
         self.log(format!("worker {w}@{node} ends its sync round"));
-        for (id, keys) in std::mem::take(&mut self.replica_sets[node].drains_after_sync) {
-            self.end_drain(w, id, keys)?;
+        for (id, keys, marked) in std::mem::take(&mut self.replica_sets[node].drains_after_sync) {
+            self.end_drain(w, id, keys, marked)?;
         }
         Ok(())
     }

@@ -43,40 +43,46 @@ pub struct DynamicReplicas {
     synced: parking_lot::Condvar,
 }
 
-/// A sync round's hold on the marks while it takes deltas (see [`DynamicReplicas::sync_taker`]).
+/// A sync round's or a drain's hold on the marks while it takes deltas (see
+/// [`DynamicReplicas::sync_taker`]).
 pub struct SyncTaker<'a> {
     marks: parking_lot::MutexGuard<'a, SyncMarks>,
 }
 
 impl SyncTaker<'_> {
-    /// The round is about to take `key`'s delta (not zero; the caller holds the key's latch and
-    /// has checked that the key is not arriving here): returns false, taking nothing, when a
-    /// `localize` is about to move the key here (its delta stays in the replica, and the
-    /// landing adds it to the key); otherwise marks the key as carried by the round until
-    /// [`DynamicReplicas::end_sync`].
+    /// A sync round or a drain is about to take `key`'s delta (not zero; the caller holds the
+    /// key's latch and has checked that the key is not arriving here): returns false, taking
+    /// nothing, when a `localize` is about to move the key here (its delta stays in the
+    /// replica, and the landing adds it to the key); otherwise marks the key as carried until
+    /// [`DynamicReplicas::end_sync`] (once per mark: a drain may carry a key's newer delta while
+    /// a round carries its older one).
     pub fn take(&mut self, key: u64) -> bool {
         if self.marks.localizing.contains_key(&key) {
             return false;
         }
-        self.marks.in_sync.insert(key);
+        *self.marks.in_sync.entry(key).or_insert(0) += 1;
         true
     }
 }
 
-/// Keeps a replica's delta off the direct path to the owner while the key may be moving here.
+/// Keeps a replica's delta off its way to the owner while the key may be moving here.
 ///
 /// A sync round sends a replica's delta straight to the node believed to own the key
 /// (REPLICA_SYNC), while a relocation to this node travels by the key's home: the two are not
-/// ordered. A key that landed here while its delta was on its way to the old owner would lack
-/// this node's pushes until the round sent the delta on, and this node's workers, which read
-/// the key's slot once it landed, would miss their own pushes meanwhile. So a round takes no
+/// ordered. A dropped replica's delta goes in a push (a drain), which is issued after the delta
+/// was taken, so a `localize` issued in between overtakes it. Either way, a key that landed
+/// here while its delta was on its way to the old owner would lack this node's pushes until the
+/// delta followed it, and this node's workers, which read the key's slot once it landed (the
+/// replica ends there), would miss their own pushes meanwhile. So a round or a drain takes no
 /// delta of a key a worker's `localize` is about to move here (or that is arriving: the landing
-/// adds the delta to the key), and a `localize` of a key whose delta a round carries waits for
-/// the round (a worker's) or is put off until it ends (the intent service's, which checks
-/// [`DynamicReplicas::carried_by_sync`] while no other thread can start a round).
+/// adds the delta to the key), and a `localize` of a key whose delta a round or a drain carries
+/// waits until it has reached the owner (a worker's) or is put off until then (the intent
+/// service's, which checks [`DynamicReplicas::carried_by_sync`] while no other thread takes
+/// deltas).
 #[derive(Default)]
 struct SyncMarks {
-    in_sync: crate::util::FastSet<u64>,
+    /// Keys whose deltas are on their way, with how many takes carry them.
+    in_sync: crate::util::FastMap<u64, u32>,
     localizing: crate::util::FastMap<u64, u32>,
 }
 
@@ -306,29 +312,35 @@ impl DynamicReplicas {
         Some(sum)
     }
 
-    /// Marks for a sync round taking deltas (locked until dropped): see [`SyncTaker::take`].
+    /// Marks for a sync round or a drain taking deltas (locked until dropped): see
+    /// [`SyncTaker::take`].
     pub fn sync_taker(&self) -> SyncTaker<'_> {
         SyncTaker { marks: self.sync_marks.lock() }
     }
 
-    /// Of `keys`, those whose deltas a sync round in flight carries.
+    /// Of `keys`, those whose deltas a sync round or a drain in flight carries.
     pub fn carried_by_sync(&self, keys: &[u64]) -> Vec<u64> {
         let marks = self.sync_marks.lock();
         if marks.in_sync.is_empty() {
             return Vec::new();
         }
-        keys.iter().copied().filter(|k| marks.in_sync.contains(k)).collect()
+        keys.iter().copied().filter(|k| marks.in_sync.contains_key(k)).collect()
     }
 
-    /// The sync round that carried the deltas of `keys` has ended (every delta applied where
-    /// its key is held): a `localize` waiting for them goes on.
+    /// The sync round or the drain that carried the deltas of `keys` has ended (every delta
+    /// applied where its key is held): a `localize` waiting for them goes on.
     pub fn end_sync(&self, keys: &[u64]) {
         if keys.is_empty() {
             return;
         }
         let mut marks = self.sync_marks.lock();
         for key in keys {
-            marks.in_sync.remove(key);
+            if let std::collections::hash_map::Entry::Occupied(mut entry) = marks.in_sync.entry(*key) {
+                *entry.get_mut() -= 1;
+                if *entry.get() == 0 {
+                    entry.remove();
+                }
+            }
         }
         self.synced.notify_all();
     }
@@ -342,7 +354,7 @@ impl DynamicReplicas {
         for &key in keys {
             *marks.localizing.entry(key).or_insert(0) += 1;
         }
-        keys.iter().copied().filter(|k| marks.in_sync.contains(k)).collect()
+        keys.iter().copied().filter(|k| marks.in_sync.contains_key(k)).collect()
     }
 
     /// The `localize` that marked `keys` has been issued (they are arriving or here) or given up.
@@ -369,11 +381,11 @@ impl DynamicReplicas {
     pub fn wait_synced(&self, keys: &[u64], deadline: std::time::Instant) -> bool {
         let mut marks = self.sync_marks.lock();
         loop {
-            if !keys.iter().any(|k| marks.in_sync.contains(k)) {
+            if !keys.iter().any(|k| marks.in_sync.contains_key(k)) {
                 return true;
             }
             if self.synced.wait_until(&mut marks, deadline).timed_out() {
-                return !keys.iter().any(|k| marks.in_sync.contains(k));
+                return !keys.iter().any(|k| marks.in_sync.contains_key(k));
             }
         }
     }
@@ -461,6 +473,15 @@ mod tests {
         ender.join().unwrap();
         r.end_localize(&[3, 4]);
         assert!(!r.is_localizing(3) && !r.is_localizing(4));
+        // Carried twice (a drain's newer delta while a round carries the older one): the key
+        // is free once both ended.
+        assert!(r.sync_taker().take(6) && r.sync_taker().take(6));
+        r.end_sync(&[6]);
+        assert_eq!(r.carried_by_sync(&[6]), vec![6], "one end freed a key carried twice");
+        r.end_sync(&[6]);
+        assert!(r.carried_by_sync(&[6]).is_empty());
+        r.end_sync(&[6]);
+        assert!(r.sync_taker().take(6), "an extra end is harmless");
         // Marks nest: two localizes of one key.
         r.begin_localize(&[5]);
         r.begin_localize(&[5]);
