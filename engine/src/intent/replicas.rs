@@ -638,9 +638,7 @@ impl ReplicaSet {
     /// The sync round that carried the marked deltas has ended: localizes waiting for them go on.
     fn end_sync_marks(&mut self, node: &NodeInner) {
         for (table, keys) in self.sync_marked.drain(..) {
-            if let Some(d) = node.core.store().table(table).dynamic() {
-                d.end_sync(&keys);
-            }
+            end_marks(node, table, &keys);
         }
     }
 
@@ -739,7 +737,7 @@ fn end_making(node: &NodeInner, table: u16, keys: &[u64]) {
     }
 }
 
-/// Ends the marks of `keys` of `table` that a drain's push carried
+/// Ends the marks of `keys` of `table` that a drain's push or a sync round carried
 /// ([`crate::store::DynamicReplicas::end_sync`]).
 fn end_marks(node: &NodeInner, table: u16, keys: &[u64]) {
     if let Some(d) = node.core.store().table(table).dynamic() {

@@ -429,12 +429,7 @@ impl Sim {
                 // `localize` from doing): served here, the drain is done.
                 self.replica_counts.drain_pushes += 1;
                 self.log(format!("worker {w}@{node}'s push of drained deltas of {keys:?} was served here"));
-                self.note_delivered(node, &keys, &deltas);
-                if self.replica_sets[node].syncing.is_some() {
-                    self.replica_sets[node].drains_after_sync.push((id, keys, marked));
-                    return Ok(());
-                }
-                return self.end_drain(w, id, keys, marked);
+                return self.drain_pushed(w, id, keys, &deltas, marked);
             }
             None => return Err(format!("node {node} could not push the drained deltas of {keys:?}")),
         };
@@ -500,10 +495,16 @@ impl Sim {
             return Err(format!("node {node}'s service completed an operation {op:#x} it did not send"));
         };
         let SimDrain { id, keys, deltas, marked, .. } = set.drains.swap_remove(i);
-        self.note_delivered(node, &keys, &deltas);
+        self.drain_pushed(w, id, keys, &deltas, marked)
+    }
+
+    /// The push of service worker `w`'s drain `id` (`deltas` of `keys`, `marked` keys)
+    /// completed: its deltas are at the owners; the drain ends, or waits for the sync round in
+    /// flight, which may carry an earlier delta of its keys.
+    fn drain_pushed(&mut self, w: usize, id: u32, keys: Vec<u64>, deltas: &[f32], marked: Vec<u64>) -> Result<(), String> {
+        let node = self.workers[w].node;
+        self.note_delivered(node, &keys, deltas);
         let set = &mut self.replica_sets[node];
-        // A sync round in flight may carry an earlier delta of these keys: they drain until it
-        // has ended.
         if set.syncing.is_some() {
             set.drains_after_sync.push((id, keys, marked));
             return Ok(());

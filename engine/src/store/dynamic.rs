@@ -86,6 +86,17 @@ struct SyncMarks {
     localizing: crate::util::FastMap<u64, u32>,
 }
 
+/// Takes one of `key`'s marks in `counts` back (the key is unmarked at zero; an extra call is
+/// harmless).
+fn unmark(counts: &mut crate::util::FastMap<u64, u32>, key: u64) {
+    if let std::collections::hash_map::Entry::Occupied(mut entry) = counts.entry(key) {
+        *entry.get_mut() -= 1;
+        if *entry.get() == 0 {
+            entry.remove();
+        }
+    }
+}
+
 /// The marked keys, and whether marks are taken: only while an intent service runs that adopts
 /// the replicas kept (otherwise nobody would sync or drop them); and the keys that stayed as
 /// replicas since the service last looked.
@@ -335,12 +346,7 @@ impl DynamicReplicas {
         }
         let mut marks = self.sync_marks.lock();
         for key in keys {
-            if let std::collections::hash_map::Entry::Occupied(mut entry) = marks.in_sync.entry(*key) {
-                *entry.get_mut() -= 1;
-                if *entry.get() == 0 {
-                    entry.remove();
-                }
-            }
+            unmark(&mut marks.in_sync, *key);
         }
         self.synced.notify_all();
     }
@@ -361,12 +367,7 @@ impl DynamicReplicas {
     pub fn end_localize(&self, keys: &[u64]) {
         let mut marks = self.sync_marks.lock();
         for key in keys {
-            if let std::collections::hash_map::Entry::Occupied(mut entry) = marks.localizing.entry(*key) {
-                *entry.get_mut() -= 1;
-                if *entry.get() == 0 {
-                    entry.remove();
-                }
-            }
+            unmark(&mut marks.localizing, *key);
         }
     }
 
