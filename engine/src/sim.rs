@@ -6,7 +6,10 @@
 //! frames of different pairs, one-sided writes (on a channel of their own, so they may overtake
 //! or trail frames), write completions, worker steps, deliveries, timer ticks — as a seeded
 //! random generator decides. The nodes are driven exactly as the runtime drives them (a step,
-//! its output handed over before it ends, yields resumed on fresh steps). Simulated workers run
+//! its output handed over before it ends, yields resumed on fresh steps), except that a worker's
+//! step may hand its frames over late, as when its thread waits for a CPU before it queues
+//! them: steps that do not need its shards then queue theirs first, as the runtime's may
+//! ([`SimOptions::late_hand_over`]). Simulated workers run
 //! random mixes of pull, push, set and localize, synchronous (pulls into the caller's buffer)
 //! and asynchronous, with one to hundreds of keys per operation split into parts of a
 //! configurable size — and, as configured, intents whose grants they carry out, the deltas of
@@ -111,6 +114,12 @@ pub struct SimOptions {
     /// One link, drawn per run, delivers its frames only when no other link has any, nine times
     /// in ten: frames sent over it are overtaken by much that follows them on other paths.
     pub slow_link: bool,
+    /// A worker's step that took shard locks hands its frames over late one time in two, as
+    /// when its thread waits for a CPU between routing and queueing: they wait until a step of
+    /// the node takes one of those shards (which the runtime's would take only after them) or
+    /// until a later event, and that worker's later frames queue behind them. Other steps queue
+    /// theirs first meanwhile, as the runtime's may.
+    pub late_hand_over: bool,
     /// Trace lines kept for a failure report (the last ones).
     pub trace_lines: usize,
     /// The seed.
@@ -147,6 +156,7 @@ impl SimOptions {
             replica_syncs: false,
             run_time_replicas: None,
             slow_link: false,
+            late_hand_over: true,
             trace_lines: 150,
             seed,
         }
@@ -284,6 +294,8 @@ pub struct SimReport {
     pub run_time_replicas: ReplicaSetCounts,
     /// The first violation of the run-time replica guarantee, if any.
     pub run_time_violation: Option<Violation>,
+    /// Worker steps whose frames were handed over late (see [`SimOptions::late_hand_over`]).
+    pub late_hand_overs: usize,
 }
 
 /// A failed run: the seed, what went wrong, and the last steps taken.
@@ -510,6 +522,10 @@ struct Sim {
     replica_counts: ReplicaSetCounts,
     /// The slow link's channel (see [`SimOptions::slow_link`]).
     slow_link: Option<usize>,
+    /// Per worker: frames its steps handed over late.
+    late: Vec<LateFrames>,
+    /// Worker steps whose frames were handed over late.
+    late_hand_overs: usize,
 }
 
 /// A round under way: its number, the (home, table) acknowledgements it waits for, and when it
@@ -558,6 +574,27 @@ pub fn run_and_check(opts: SimOptions) -> Result<SimReport, SimFailure> {
     Ok(report)
 }
 
+/// A worker's frames handed over late (see [`SimOptions::late_hand_over`]).
+#[derive(Default)]
+struct LateFrames {
+    /// The shards the steps that made them held: a step taking one of these lets them go first.
+    shards: u64,
+    /// The frames with their channels, in order.
+    frames: VecDeque<(usize, Vec<u8>)>,
+}
+
+impl LateFrames {
+    /// Moves the frames onto their links, in order (those from or to a crashed node vanish).
+    fn flush(&mut self, frames: &mut [VecDeque<Vec<u8>>], crashed: &[bool], n: usize) {
+        for (channel, frame) in self.frames.drain(..) {
+            if !crashed[channel % n] && !crashed[channel / n] {
+                frames[channel].push_back(frame);
+            }
+        }
+        self.shards = 0;
+    }
+}
+
 /// Where a step's frames and writes go in the simulated fabric.
 struct Wires<'a> {
     from: usize,
@@ -565,15 +602,40 @@ struct Wires<'a> {
     crashed: Vec<bool>,
     frames: &'a mut Vec<VecDeque<Vec<u8>>>,
     writes: &'a mut Vec<VecDeque<SlotWrite>>,
+    /// Every worker's late frames (see [`SimOptions::late_hand_over`]).
+    late: &'a mut [LateFrames],
+    /// The node's workers.
+    node_workers: Vec<usize>,
+    /// The worker whose steps these are (`None`: the node's own).
+    worker: Option<usize>,
+    /// Whether this worker's steps that take shards hand their frames over late.
+    defer: bool,
 }
 
 impl Wires<'_> {
     /// Hands a step's frames and writes over, as the runtime does before a step ends. Writes to
-    /// a crashed node complete with an error at once.
+    /// a crashed node complete with an error at once. A step that took shards first lets the
+    /// other workers' late frames made under any of them go (the runtime's would have waited
+    /// for them); this worker's frames queue behind its own late ones.
     fn hand_over(&mut self, step: &mut Step<'_, '_>) {
+        let held = step.held_shards();
+        for &w in self.node_workers.iter().filter(|&&w| Some(w) != self.worker) {
+            if self.late[w].shards & held != 0 {
+                self.late[w].flush(self.frames, &self.crashed, self.n);
+            }
+        }
+        let late = self.worker.filter(|&w| (self.defer && held != 0) || !self.late[w].frames.is_empty());
+        if let Some(w) = late {
+            self.late[w].shards |= held;
+        }
         while let Some((to, frame)) = step.transmit().poll_transmit() {
-            if !self.crashed[to as usize] {
-                self.frames[self.from * self.n + to as usize].push_back(frame);
+            if self.crashed[to as usize] {
+                continue;
+            }
+            let channel = self.from * self.n + to as usize;
+            match late {
+                Some(w) => self.late[w].frames.push_back((channel, frame)),
+                None => self.frames[channel].push_back(frame),
             }
         }
         while let Some(w) = step.transmit().poll_write() {
@@ -616,6 +678,7 @@ impl Sim {
         let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
         let mut workers = Self::scripts(&opts, &mut rng, &nodes);
         let replica_sets = Self::replica_services(&opts, &mut rng, &nodes, &mut workers);
+        let late = (0..workers.len()).map(|_| LateFrames::default()).collect();
         Ok(Sim {
             frames: (0..opts.nodes * opts.nodes).map(|_| VecDeque::new()).collect(),
             writes: (0..opts.nodes * opts.nodes).map(|_| VecDeque::new()).collect(),
@@ -637,6 +700,8 @@ impl Sim {
                 let (from, to) = (rng.gen_range(0..opts.nodes), rng.gen_range(1..opts.nodes.max(2)));
                 from * opts.nodes + (from + to) % opts.nodes
             }),
+            late,
+            late_hand_overs: 0,
             rng,
             nodes,
             opts,
@@ -899,6 +964,11 @@ impl Sim {
             if !rounds_ready.is_empty() {
                 choices.push(4);
             }
+            // A thread that waits for a CPU waits while much else happens.
+            let late: Vec<usize> = (0..self.late.len()).filter(|&w| !self.late[w].frames.is_empty()).collect();
+            if !late.is_empty() && (choices.is_empty() || self.rng.gen_range(0..4) == 0) {
+                choices.push(5);
+            }
             if choices.is_empty() {
                 // Only timers can make progress now (a crash left relocations to give up).
                 let waiting = self.workers.iter().any(|w| !self.nodes[w.node].crashed && !w.in_flight.is_empty());
@@ -940,6 +1010,11 @@ impl Sim {
                     let node = rounds_ready[self.rng.gen_range(0..rounds_ready.len())];
                     self.round_step(node)?;
                 }
+                5 => {
+                    let w = late[self.rng.gen_range(0..late.len())];
+                    self.log(format!("worker {w}@{} hands its late frames over", self.workers[w].node));
+                    self.flush_late(w);
+                }
                 _ => {
                     let i = self.rng.gen_range(0..self.write_dones.len());
                     let (node, wr_id) = self.write_dones.swap_remove(i);
@@ -963,11 +1038,28 @@ impl Sim {
         let crashed: Vec<bool> = self.nodes.iter().map(|n| n.crashed).collect();
         let n = self.opts.nodes;
         let now = self.now;
+        let node_workers = (0..self.workers.len()).filter(|&w| self.workers[w].node == node).collect();
         let SimNode { core, tx, .. } = &mut self.nodes[node];
-        let mut wires = Wires { from: node, n, crashed, frames: &mut self.frames, writes: &mut self.writes };
+        let mut wires = Wires {
+            from: node,
+            n,
+            crashed,
+            frames: &mut self.frames,
+            writes: &mut self.writes,
+            late: &mut self.late,
+            node_workers,
+            worker: None,
+            defer: false,
+        };
         let outcome = drive(core, tx, now, &mut wires, &mut event);
         self.route_deliveries(node, None);
         outcome.map_err(|e| e.to_string())
+    }
+
+    /// Moves worker `w`'s late frames onto their links.
+    fn flush_late(&mut self, w: usize) {
+        let crashed: Vec<bool> = self.nodes.iter().map(|n| n.crashed).collect();
+        self.late[w].flush(&mut self.frames, &crashed, self.opts.nodes);
     }
 
     /// Moves deliveries out of a buffer (node `node`'s own, or worker `worker`'s) into inboxes.
@@ -1150,6 +1242,9 @@ impl Sim {
 
     /// Delivers every frame in flight, in per-pair order.
     fn deliver_all(&mut self) -> Result<(), String> {
+        for w in 0..self.late.len() {
+            self.flush_late(w);
+        }
         while let Some(c) = (0..self.frames.len()).find(|&c| !self.frames[c].is_empty()) {
             let frame = Bytes::from(self.frames[c].pop_front().expect("non-empty"));
             let (from, to) = (c / self.opts.nodes, c % self.opts.nodes);
@@ -1370,14 +1465,22 @@ impl Sim {
         let crashed: Vec<bool> = self.nodes.iter().map(|n| n.crashed).collect();
         let n = self.opts.nodes;
         let now = self.now;
+        let node_workers = (0..self.workers.len()).filter(|&x| self.workers[x].node == node).collect();
+        let defer = self.opts.late_hand_over && self.rng.gen_range(0..2) == 0;
+        let late_before = self.late[w].frames.len();
         let core = &self.nodes[node].core;
         let worker = &mut self.workers[w];
-        let mut wires = Wires { from: node, n, crashed, frames: &mut self.frames, writes: &mut self.writes };
+        let mut wires =
+            Wires { from: node, n, crashed, frames: &mut self.frames, writes: &mut self.writes, late: &mut self.late, node_workers, worker: Some(w), defer };
         let mut result = None;
         let outcome = drive(core, &mut worker.tx, now, &mut wires, &mut |step, _, _| {
             result = Some(event(step, &mut worker.requester));
             Ok(Progress::Done)
         });
+        if late_before == 0 && !self.late[w].frames.is_empty() {
+            self.late_hand_overs += 1;
+            self.log(format!("worker {w}@{node} hands {} frames over late", self.late[w].frames.len()));
+        }
         self.route_deliveries(node, Some(w));
         outcome.map_err(|e| e.to_string())?;
         match result {
@@ -1573,6 +1676,7 @@ impl Sim {
             replica_syncs: self.syncs,
             run_time_replicas: self.replica_counts,
             run_time_violation,
+            late_hand_overs: self.late_hand_overs,
         })
     }
 }
@@ -1595,6 +1699,15 @@ fn drive(
             Progress::Done => return Ok(()),
             Progress::Yield { at: a, item: i } => (at, item) = (a, i),
         }
+    }
+}
+
+/// What a worker step that queues REPLICA_SYNCs on a fresh step returns: a yield (the step
+/// held other shards) cannot happen there, so it is an error.
+fn queued(progress: Progress) -> Result<()> {
+    match progress {
+        Progress::Done => Ok(()),
+        Progress::Yield { .. } => Err(Error::Protocol("a fresh step could not take the shards of its REPLICA_SYNCs".into())),
     }
 }
 

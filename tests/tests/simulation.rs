@@ -371,8 +371,10 @@ fn run_time_replicas_read_their_own_node_and_keep_every_push_once() {
             sum(|c| c.stale),
             sum(|c| c.put_off)
         );
+        let late: usize = reports.iter().map(|r| r.late_hand_overs).sum();
+        eprintln!("{name}: {late} worker steps handed their frames over late");
         assert!(
-            made > 0 && behind > 0 && kept > 0 && folded > 0 && drains > 0 && served > 0 && applied > 0 && routed > 0,
+            made > 0 && behind > 0 && kept > 0 && folded > 0 && drains > 0 && served > 0 && applied > 0 && routed > 0 && late > 0,
             "{name}: a part of the replica set was never exercised"
         );
     }

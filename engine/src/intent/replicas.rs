@@ -1036,6 +1036,40 @@ mod tests {
     }
 
     #[test]
+    fn a_sync_round_is_queued_behind_the_steps_routing_its_keys() {
+        let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
+        let handle = node.table_by_id(table);
+        let mut set = ReplicaSet::default();
+        set.make_now(&node, &mut service, table, &[key]);
+        trainer.push(handle, &[key], &[1.0, 2.0]).unwrap();
+
+        // A step that routed an access to the key holds its shard until it has queued its
+        // frames (its thread may wait for a CPU meanwhile). A REPLICA_SYNC queued before them
+        // would reach the owner first, whose image would then lack a push the replica's
+        // making counted as sent behind its pull: the round's message waits for the step.
+        let mut tx = node.core.transmit();
+        let mut routing = node.core.step(&mut tx, node.now());
+        assert!(routing.try_acquire_keys([(table, key)]));
+        let (sent_tx, sent_rx) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            let (node, set, service) = (&*node, &mut set, &mut service);
+            scope.spawn(move || {
+                let outcome = set.start_sync(node, service);
+                let _ = sent_tx.send(outcome);
+            });
+            assert!(
+                matches!(sent_rx.recv_timeout(Duration::from_millis(300)), Err(std::sync::mpsc::RecvTimeoutError::Timeout)),
+                "a REPLICA_SYNC was queued while a step holding its key's shard had not queued its frames"
+            );
+            drop(routing);
+            sent_rx.recv_timeout(Duration::from_secs(10)).expect("the round never started").unwrap();
+        });
+        settle(&mut set, &node, &mut service);
+        assert_eq!(owner_value(&nodes, handle, key), [1.0, 2.0], "a push was lost or counted twice");
+        shut_down(nodes, [trainer, service]);
+    }
+
+    #[test]
     fn a_grant_keeps_a_draining_replica() {
         let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
         let t = node.core.store().table(table);

@@ -25,7 +25,7 @@ use std::time::Instant;
 use crate::error::{Error, Result};
 use crate::fabric::PostedRead;
 use crate::protocol::wire::ReplicaSyncAck;
-use crate::protocol::{Directory, Progress};
+use crate::protocol::{Directory, OutgoingSync};
 use crate::runtime::NodeInner;
 use crate::util::{FastMap, FastSet};
 use crate::worker::{PullTicket, Worker};
@@ -129,12 +129,18 @@ impl SyncRound {
             }
         }
         if !sends.is_empty() {
-            let sent = node.run_pooled(|step, _, _| {
-                for (part, offset) in &sends {
-                    step.send_replica_sync(part.owner, part.table, part.id, *offset, &part.keys, &part.deltas);
-                }
-                Ok(Progress::Done)
-            });
+            let syncs: Vec<OutgoingSync<'_>> = sends
+                .iter()
+                .map(|(part, offset)| OutgoingSync {
+                    owner: part.owner,
+                    table: part.table,
+                    id: part.id,
+                    offset: *offset,
+                    keys: &part.keys,
+                    deltas: &part.deltas,
+                })
+                .collect();
+            let sent = node.run_pooled(|step, _, _| Ok(step.send_replica_syncs(&syncs)));
             // Queuing cannot fail; were it to, whether a message left would be unknown, so the
             // deltas are never sent a second way: an unanswered message times out.
             keep_first_error(&mut outcome, sent);

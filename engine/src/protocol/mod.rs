@@ -74,6 +74,7 @@ pub use directory::{Directory, LOST_OWNER, MAX_SHARDS, TableMeta};
 pub use intent::{Grant, IntentHomes};
 pub use issue::{Issued, PullTarget, SMALL_OPERATION_ROWS};
 pub(crate) use issue::{serve_held, serve_replica};
+pub use replica_sync::OutgoingSync;
 pub use requester::{Delivery, LocalEvent, OpId, OpKind, PeerFault, Requester, WORKER_SHIFT, worker_of};
 pub use rows::Rows;
 pub use shard::Shard;

@@ -14,16 +14,55 @@
 //! says which: every push reaches the key exactly once. The sender writes into a buffer range
 //! of its own (`offset` on, in slot images) and sends its next REPLICA_SYNC of the table only
 //! after it has read the images of the last one, so no image is overwritten before it is read.
+//!
+//! A REPLICA_SYNC is queued by a step that holds its keys' shards. A push this node routed to
+//! one of the keys before the delta was taken (one a pull making the replica counted as sent
+//! behind it, say) was routed by a step holding the key's shard, and a step queues its frames
+//! for the fabric before it lets its shards go; frames to one peer leave in order. So the push
+//! reaches the owner first and the image includes it. Queued without the shards, the message
+//! could go first while the routing step's thread waits for a CPU, and the refresh would lose
+//! the push from the replica (seen over soft-RoCE, see `docs/INTENT.md`).
 
-use super::Step;
 use super::wire::{self, ReplicaSync, ReplicaSyncAck};
+use super::{Progress, Step};
 use crate::error::{Error, Result};
 use crate::stats::MessageKind;
 
+/// One REPLICA_SYNC to queue: `keys` of `table` with their `deltas` (one value each) to
+/// `owner`, message id `id`, their images to go to slot image `offset` on.
+#[derive(Debug, Clone, Copy)]
+pub struct OutgoingSync<'a> {
+    /// The node believed to own the keys.
+    pub owner: u16,
+    /// The table.
+    pub table: u16,
+    /// The message's id (its acknowledgement's).
+    pub id: u32,
+    /// The first slot image of the sender's buffer that the keys' images go to.
+    pub offset: u32,
+    /// The keys.
+    pub keys: &'a [u64],
+    /// Their deltas, one value each.
+    pub deltas: &'a [f32],
+}
+
 impl Step<'_, '_> {
+    /// Queues `syncs` behind every step that routed an access to their keys (see the module
+    /// documentation): takes the keys' shards first. Returns [`Progress::Yield`] when the step
+    /// already holds other shards (queueing nothing); the caller retries on a fresh step.
+    pub fn send_replica_syncs(&mut self, syncs: &[OutgoingSync<'_>]) -> Progress {
+        if !self.try_acquire_keys(syncs.iter().flat_map(|s| s.keys.iter().map(|&key| (s.table, key)))) {
+            return Progress::Yield { at: 0, item: 0 };
+        }
+        for s in syncs {
+            self.send_replica_sync(s.owner, s.table, s.id, s.offset, s.keys, s.deltas);
+        }
+        Progress::Done
+    }
+
     /// Queues a REPLICA_SYNC of `table` with id `id` to `owner`: `keys` with their `deltas`
     /// (`value_len` each), their images to go to slot image `offset` on.
-    pub fn send_replica_sync(&mut self, owner: u16, table: u16, id: u32, offset: u32, keys: &[u64], deltas: &[f32]) {
+    fn send_replica_sync(&mut self, owner: u16, table: u16, id: u32, offset: u32, keys: &[u64], deltas: &[f32]) {
         let value_len = if keys.is_empty() { 0 } else { deltas.len() / keys.len() };
         let out = self.tx.buf(owner);
         let before = out.len();

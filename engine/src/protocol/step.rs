@@ -63,6 +63,11 @@ impl<'c, 't> Step<'c, 't> {
         self.held != 0
     }
 
+    /// The shards the step holds, one bit each.
+    pub fn held_shards(&self) -> u64 {
+        self.held
+    }
+
     /// Takes the shards in `mask` unless the step already took others: true when the step
     /// holds all of them afterwards.
     pub(crate) fn try_acquire(&mut self, mask: u64) -> bool {
@@ -80,6 +85,14 @@ impl<'c, 't> Step<'c, 't> {
         }
         self.held = mask;
         true
+    }
+
+    /// Takes the shards of `keys` (table and key) unless the step already took others: true
+    /// when the step holds all of them afterwards.
+    pub(crate) fn try_acquire_keys(&mut self, keys: impl IntoIterator<Item = (u16, u64)>) -> bool {
+        let dir = self.core.directory();
+        let mask = keys.into_iter().fold(0u64, |mask, (table, key)| mask | 1 << dir.shard_of(table, key));
+        self.try_acquire(mask)
     }
 
     /// Every shard's bit.

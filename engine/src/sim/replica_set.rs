@@ -46,10 +46,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::util::FastSet;
 
-use super::{InFlight, ScriptOp, Served, Sim};
+use super::{InFlight, ScriptOp, Served, Sim, queued};
 use crate::consistency::{Event, TimedPull, TimedPush, Violation, check_bounded_staleness};
 use crate::intent::{Drained, Dropped, TakenDeltas, believed_owner, drop_replica, end_drained_replica, set_replica, take_table_deltas};
-use crate::protocol::{AccessKind, Issued, OpId, PullTarget};
+use crate::protocol::{AccessKind, Issued, OpId, OutgoingSync, PullTarget};
 use crate::store::{MadeReplica, Residence};
 
 /// What the simulated replica sets did over a run.
@@ -592,12 +592,9 @@ impl Sim {
         self.log(format!("worker {w}@{node} syncs {keys:?}: {} messages, {} keys routed", round.parts.len(), routed.0.len()));
         let parts = round.parts.clone();
         self.replica_sets[node].syncing = Some(round);
-        self.worker_event(w, |step, _| {
-            for (owner, id, keys, deltas) in &parts {
-                step.send_replica_sync(*owner, 0, *id, 0, keys, deltas);
-            }
-            Ok(())
-        })?;
+        let syncs: Vec<OutgoingSync<'_>> =
+            parts.iter().map(|(owner, id, keys, deltas)| OutgoingSync { owner: *owner, table: 0, id: *id, offset: 0, keys, deltas }).collect();
+        self.worker_event(w, |step, _| queued(step.send_replica_syncs(&syncs)))?;
         if !routed.0.is_empty() {
             self.route_sync(w, routed.0, routed.1)?;
         }

@@ -21,10 +21,10 @@
 
 use rand::Rng;
 
-use super::{ScriptOp, Sim};
+use super::{ScriptOp, Sim, queued};
 use crate::consistency::{Event, push_update};
-use crate::protocol::AccessKind;
 use crate::protocol::wire::ReplicaSyncAck;
+use crate::protocol::{AccessKind, OutgoingSync};
 
 /// What the replica syncs of a run came to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -88,10 +88,8 @@ impl Sim {
         let id = self.ops as u32;
         self.syncs.messages += 1;
         self.log(format!("worker {w}@{node} syncs {keys:?} (lanes {lanes:?}) to node {owner}, id {id}, images at {offset}"));
-        self.worker_event(w, |step, _| {
-            step.send_replica_sync(owner as u16, 0, id, offset, &keys, &deltas);
-            Ok(())
-        })?;
+        let sync = OutgoingSync { owner: owner as u16, table: 0, id, offset, keys: &keys, deltas: &deltas };
+        self.worker_event(w, |step, _| queued(step.send_replica_syncs(&[sync])))?;
         self.workers[w].sync = Some(SyncWait { owner, id, keys, lanes, ack: None });
         Ok(())
     }
