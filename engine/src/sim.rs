@@ -524,6 +524,8 @@ struct Sim {
     slow_link: Option<usize>,
     /// Per worker: frames its steps handed over late.
     late: Vec<LateFrames>,
+    /// Per node: its workers.
+    workers_by_node: Vec<Vec<usize>>,
     /// Worker steps whose frames were handed over late.
     late_hand_overs: usize,
 }
@@ -605,7 +607,7 @@ struct Wires<'a> {
     /// Every worker's late frames (see [`SimOptions::late_hand_over`]).
     late: &'a mut [LateFrames],
     /// The node's workers.
-    node_workers: Vec<usize>,
+    node_workers: &'a [usize],
     /// The worker whose steps these are (`None`: the node's own).
     worker: Option<usize>,
     /// Whether this worker's steps that take shards hand their frames over late.
@@ -679,6 +681,7 @@ impl Sim {
         let mut workers = Self::scripts(&opts, &mut rng, &nodes);
         let replica_sets = Self::replica_services(&opts, &mut rng, &nodes, &mut workers);
         let late = (0..workers.len()).map(|_| LateFrames::default()).collect();
+        let workers_by_node = (0..opts.nodes).map(|node| (0..workers.len()).filter(|&w| workers[w].node == node).collect()).collect();
         Ok(Sim {
             frames: (0..opts.nodes * opts.nodes).map(|_| VecDeque::new()).collect(),
             writes: (0..opts.nodes * opts.nodes).map(|_| VecDeque::new()).collect(),
@@ -701,6 +704,7 @@ impl Sim {
                 from * opts.nodes + (from + to) % opts.nodes
             }),
             late,
+            workers_by_node,
             late_hand_overs: 0,
             rng,
             nodes,
@@ -1038,7 +1042,6 @@ impl Sim {
         let crashed: Vec<bool> = self.nodes.iter().map(|n| n.crashed).collect();
         let n = self.opts.nodes;
         let now = self.now;
-        let node_workers = (0..self.workers.len()).filter(|&w| self.workers[w].node == node).collect();
         let SimNode { core, tx, .. } = &mut self.nodes[node];
         let mut wires = Wires {
             from: node,
@@ -1047,7 +1050,7 @@ impl Sim {
             frames: &mut self.frames,
             writes: &mut self.writes,
             late: &mut self.late,
-            node_workers,
+            node_workers: &self.workers_by_node[node],
             worker: None,
             defer: false,
         };
@@ -1465,13 +1468,21 @@ impl Sim {
         let crashed: Vec<bool> = self.nodes.iter().map(|n| n.crashed).collect();
         let n = self.opts.nodes;
         let now = self.now;
-        let node_workers = (0..self.workers.len()).filter(|&x| self.workers[x].node == node).collect();
         let defer = self.opts.late_hand_over && self.rng.gen_range(0..2) == 0;
         let late_before = self.late[w].frames.len();
         let core = &self.nodes[node].core;
         let worker = &mut self.workers[w];
-        let mut wires =
-            Wires { from: node, n, crashed, frames: &mut self.frames, writes: &mut self.writes, late: &mut self.late, node_workers, worker: Some(w), defer };
+        let mut wires = Wires {
+            from: node,
+            n,
+            crashed,
+            frames: &mut self.frames,
+            writes: &mut self.writes,
+            late: &mut self.late,
+            node_workers: &self.workers_by_node[node],
+            worker: Some(w),
+            defer,
+        };
         let mut result = None;
         let outcome = drive(core, &mut worker.tx, now, &mut wires, &mut |step, _, _| {
             result = Some(event(step, &mut worker.requester));
