@@ -1666,7 +1666,7 @@ impl Sim {
         }
         let traces: Vec<ClockTrace> = self.workers.iter().map(|w| w.clocks.clone()).collect();
         let clock_violation = if self.opts.clocks > 0 { check_bounded_delay(&traces, self.opts.max_delay).err() } else { None };
-        let run_time_violation = if self.opts.crash.is_none() { self.check_run_time_replicas(&finals) } else { None };
+        let run_time_violation = if self.opts.crash.is_none() { self.check_run_time_replicas(&finals) } else { self.check_run_time_replicas_at_most_once() };
         let stats = self.nodes.iter().map(|n| n.core.stats()).collect();
         Ok(SimReport {
             clock_violation,

@@ -269,23 +269,38 @@ fn large_synchronous_operations_with_caches_on_one_shard() {
 
 /// A node crashes in the middle of the run: every operation of the survivors completes (with an
 /// error where it depended on the lost node); nothing hangs — a replica sync to the lost node
-/// is given up.
+/// is given up, and the intent service's replica set (run-time replicas) ends the makes, drains
+/// and routed syncs that failed and gives up its REPLICA_SYNCs to the lost node, and still drops
+/// every replica before it stops; no read of a key with run-time replicas includes a push twice.
 #[test]
 fn crashes_never_hang_operations() {
-    let mut abandoned = 0;
+    let (mut abandoned, mut replicas) = (0, ferry::sim::ReplicaSetCounts::default());
     for seed in 0..seeds() / 2 {
-        let mut o = configuration(["large-ops-small-parts", "relocation", "intents", "intents-syncs"][(seed % 4) as usize], seed);
+        let mut o = configuration(["large-ops-small-parts", "relocation", "intents", "intents-syncs", "run-time-replicas"][(seed % 5) as usize], seed);
         o.crash = Some(((seed % o.nodes as u64) as usize, 20 + (seed as usize * 7) % 300));
         match run(o) {
             Ok(report) => {
                 assert!(report.ops > 0);
+                if let Some(v) = &report.run_time_violation {
+                    panic!("crash configuration: seed {seed}: run-time replica violation: {v}");
+                }
                 abandoned += report.replica_syncs.abandoned;
+                let r = &report.run_time_replicas;
+                replicas.made += r.made;
+                replicas.failed += r.failed;
+                replicas.sync_abandoned += r.sync_abandoned;
+                replicas.events += r.events;
             }
             Err(f) => panic!("crash configuration: {f}"),
         }
     }
-    // Not vacuous: replica syncs to the lost node are given up (a few seeds may not say).
-    assert!(abandoned > 0 || seeds() < 40, "no replica sync was ever given up");
+    // Not vacuous: replica syncs to the lost node are given up (a few seeds may not say), and
+    // run-time replicas are made, and lose operations and syncs to the lost node.
+    if seeds() >= 40 {
+        assert!(abandoned > 0, "no replica sync was ever given up");
+        let r = &replicas;
+        assert!(r.made > 0 && r.failed > 0 && r.sync_abandoned > 0 && r.events > 0, "run-time replicas under a crash: {r:?}");
+    }
 }
 
 /// Replicated keys next to relocated ones: the relocated keys stay per-key sequentially

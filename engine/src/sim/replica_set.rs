@@ -85,6 +85,10 @@ pub struct ReplicaSetCounts {
     pub localize_waits: usize,
     /// Reads checked for including every push at the owner when their value was fetched.
     pub fresh_checked: usize,
+    /// Service operations (makes, drains, routed syncs) that failed: their node was lost.
+    pub failed: usize,
+    /// REPLICA_SYNCs given up because their owner was lost.
+    pub sync_abandoned: usize,
 }
 
 /// One node's simulated replica set (the intent service's `ReplicaSet`, in miniature).
@@ -444,7 +448,11 @@ impl Sim {
     /// (`ReplicaSet::poll`, `end_drain`).
     pub(super) fn service_op_done(&mut self, w: usize, op: OpId, result: crate::error::Result<Vec<f32>>) -> Result<(), String> {
         let node = self.workers[w].node;
-        let values = result.map_err(|e| format!("service operation {op:#x} of node {node} failed: {e}"))?;
+        let values = match result {
+            Ok(values) => values,
+            Err(e) if self.opts.crash.is_some() => return self.service_op_failed(w, op, &e),
+            Err(e) => return Err(format!("service operation {op:#x} of node {node} failed: {e}")),
+        };
         let store = self.nodes[node].core.store().clone();
         let set = &mut self.replica_sets[node];
         if let Some(i) = set.makes.iter().position(|m| m.0 == op) {
@@ -498,13 +506,55 @@ impl Sim {
         self.drain_pushed(w, id, keys, &deltas, marked)
     }
 
+    /// A service operation of worker `w` failed (a node it needed was lost), as
+    /// `ReplicaSet::poll` and `SyncRound::poll` take it: a make's replicas are not made (their
+    /// making ends), a routed sync's replicas keep their values until the next round, and a
+    /// drain ends all the same (its deltas went wherever its push went: lost with the owner, or
+    /// applied).
+    fn service_op_failed(&mut self, w: usize, op: OpId, error: &crate::error::Error) -> Result<(), String> {
+        let node = self.workers[w].node;
+        self.replica_counts.failed += 1;
+        self.failed_ops += 1;
+        self.log(format!("worker {w}@{node}'s service operation {op:#x} failed: {error}"));
+        let store = self.nodes[node].core.store().clone();
+        let set = &mut self.replica_sets[node];
+        if let Some(i) = set.makes.iter().position(|m| m.0 == op) {
+            let (_, keys, _, _) = set.makes.swap_remove(i);
+            for key in &keys {
+                set.pulling.remove(key);
+                set.making.remove(key);
+                let _latch = store.lock(0, *key);
+                if let Some(d) = store.table(0).dynamic() {
+                    d.end_making(*key);
+                }
+            }
+            return Ok(());
+        }
+        if let Some(round) = set.syncing.as_mut()
+            && let Some(i) = round.routed.iter().position(|x| x.0 == op)
+        {
+            round.routed.swap_remove(i);
+            return self.end_sync_if_done(w);
+        }
+        let Some(i) = set.drains.iter().position(|d| d.op == op) else {
+            return Err(format!("node {node}'s service lost an operation {op:#x} it did not send"));
+        };
+        let SimDrain { id, keys, marked, .. } = set.drains.swap_remove(i);
+        self.end_drain_after_sync(w, id, keys, marked)
+    }
+
     /// The push of service worker `w`'s drain `id` (`deltas` of `keys`, `marked` keys)
     /// completed: its deltas are at the owners; the drain ends, or waits for the sync round in
     /// flight, which may carry an earlier delta of its keys.
     fn drain_pushed(&mut self, w: usize, id: u32, keys: Vec<u64>, deltas: &[f32], marked: Vec<u64>) -> Result<(), String> {
-        let node = self.workers[w].node;
-        self.note_delivered(node, &keys, deltas);
-        let set = &mut self.replica_sets[node];
+        self.note_delivered(self.workers[w].node, &keys, deltas);
+        self.end_drain_after_sync(w, id, keys, marked)
+    }
+
+    /// Ends drain `id` of service worker `w`, whose push completed, or has it wait for the sync
+    /// round in flight, which may carry an earlier delta of its keys.
+    fn end_drain_after_sync(&mut self, w: usize, id: u32, keys: Vec<u64>, marked: Vec<u64>) -> Result<(), String> {
+        let set = &mut self.replica_sets[self.workers[w].node];
         if set.syncing.is_some() {
             set.drains_after_sync.push((id, keys, marked));
             return Ok(());
@@ -657,16 +707,30 @@ impl Sim {
     /// refreshes their replicas, and routes the others (`SyncRound::complete`).
     pub(super) fn take_replica_set_acks(&mut self) -> Result<(), String> {
         for node in 0..self.replica_sets.len() {
+            if self.nodes[node].crashed {
+                continue;
+            }
             let Some(round) = &mut self.replica_sets[node].syncing else { continue };
-            let acks = self.nodes[node].core.replica_sync_acks();
+            let core = &self.nodes[node].core;
+            let acks = core.replica_sync_acks();
             let mut arrived = Vec::new();
+            let mut abandoned = 0;
             round.parts.retain(|(owner, id, keys, deltas)| match acks.take(*owner, *id) {
                 Some(ack) => {
                     arrived.push((*owner, *id, keys.clone(), deltas.clone(), ack));
                     false
                 }
+                // Given up as a sync round gives up a message to a lost node: its deltas may
+                // be lost with it; the replicas keep their values.
+                None if core.directory().is_lost(*owner) => {
+                    acks.abandon(*owner, *id);
+                    abandoned += 1;
+                    false
+                }
                 None => true,
             });
+            self.replica_counts.sync_abandoned += abandoned;
+            self.failed_ops += abandoned;
             let w = self.replica_sets[node].worker;
             for (owner, id, keys, deltas, ack) in arrived {
                 self.complete_sync(w, owner, id, keys, deltas, ack)?;
@@ -847,6 +911,63 @@ impl Sim {
             self.workers[w].script.push_back(ScriptOp::StopReplicas);
         }
         Ok(())
+    }
+
+    /// Checks what of the replica guarantee a lost node leaves whole (the crash test): no read
+    /// of a key with run-time replicas, and no survivor's value of one after the run, includes
+    /// a push more than once, and no read includes a push issued after it returned. (Pushes
+    /// that reached the lost node, or whose deltas a replica was syncing to it, may be missing,
+    /// so the rest of the guarantee cannot be held to.)
+    pub(super) fn check_run_time_replicas_at_most_once(&mut self) -> Option<Violation> {
+        let range = self.opts.run_time_replicas.clone()?;
+        let lanes = self.opts.lanes;
+        let mut issued: BTreeMap<(u64, u32), u64> = BTreeMap::new();
+        for w in &self.workers {
+            for ((key, event), &(at, _)) in w.events.iter().zip(&w.times) {
+                if let Event::Push { lane } = event
+                    && range.contains(key)
+                {
+                    issued.insert((*key, *lane), at);
+                }
+            }
+        }
+        let twice = |key: u64, value: &[f32], what: &dyn Fn() -> String| {
+            let wrong: Vec<(usize, f32)> = value.iter().enumerate().filter(|&(_, &x)| x != 0.0 && x != 1.0).map(|(lane, &x)| (lane, x)).collect();
+            (!wrong.is_empty()).then(|| Violation { key, reason: format!("{}: a push applied more than once or partly, (lane, value) {wrong:?}", what()) })
+        };
+        for w in &self.workers {
+            for ((key, event), &(start, end)) in w.events.iter().zip(&w.times) {
+                let Event::Pull { value } = event else { continue };
+                if !range.contains(key) || value.is_empty() {
+                    continue;
+                }
+                self.replica_counts.events += 1;
+                if let Some(v) = twice(*key, value, &|| format!("a pull of node {} at t={start}", w.node)) {
+                    return Some(v);
+                }
+                for (lane, _) in value.iter().enumerate().filter(|&(_, &x)| x == 1.0) {
+                    if issued.get(&(*key, lane as u32)).is_some_and(|&at| at > end) {
+                        return Some(Violation {
+                            key: *key,
+                            reason: format!("a pull of node {} at t={start} includes the push in lane {lane}, issued after it returned", w.node),
+                        });
+                    }
+                }
+            }
+        }
+        let mut value = vec![0.0; lanes];
+        for (rank, node) in self.nodes.iter().enumerate().filter(|(_, n)| !n.crashed) {
+            let store = node.core.store();
+            for key in range.clone() {
+                let guard = store.lock(0, key);
+                let Some(slot) = guard.slot() else { continue };
+                slot.read(&mut value);
+                if let Some(v) = twice(key, &value, &|| format!("node {rank}'s value after the run")) {
+                    return Some(v);
+                }
+            }
+        }
+        None
     }
 
     /// Checks the run-time replica keys' histories (see the module's notes); `finals` holds
