@@ -548,6 +548,13 @@ struct SimRounds {
     acks: Option<Vec<crate::replication::Ack>>,
 }
 
+/// Whether `error` is one a lost node explains: the node itself, a key whose value it took, or
+/// an operation that waited for it. Anything else failing an operation under a crash means the
+/// protocol's state went wrong (a home that records an owner without the key, say).
+fn is_loss(error: &Error) -> bool {
+    matches!(error, Error::PeerLost { .. } | Error::KeyLost { .. } | Error::Timeout { .. })
+}
+
 /// Runs one simulation.
 pub fn run(opts: SimOptions) -> Result<SimReport, SimFailure> {
     let mut sim = Sim::new(opts.clone()).map_err(|e| SimFailure { seed: opts.seed, reason: format!("set-up failed: {e}"), trace: Vec::new() })?;
@@ -1543,7 +1550,7 @@ impl Sim {
                     }
                 }
                 Err(e) => {
-                    if self.opts.crash.is_none() {
+                    if self.opts.crash.is_none() || !is_loss(&e) {
                         return Err(format!("operation {op:#x} of worker {w} failed: {e}"));
                     }
                     self.failed_ops += 1;

@@ -48,6 +48,18 @@ fn intent_history_on_three_processes_keeps_each_nodes_pushes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The last of three processes dies while keys move and are replicated under intent: the
+/// survivors' calls fail naming the loss (never hang, never return a push twice), their barrier
+/// fails at once and their intent services stop.
+#[test]
+fn a_crash_under_intent_fails_operations_without_hanging() {
+    for seed in 1..=3 {
+        let out = launch_testnode(3, &["intent-crash", "--seed", &seed.to_string()], Duration::from_secs(120));
+        assert_ok(&out, "[0] intent crash ok");
+        assert_ok(&out, "[1] intent crash ok");
+    }
+}
+
 #[test]
 fn a_crashed_process_fails_operations_without_hanging() {
     let out = launch_testnode(3, &["crash"], Duration::from_secs(120));

@@ -267,6 +267,11 @@ fn large_synchronous_operations_with_caches_on_one_shard() {
     sweep("large-ops-sync-caches", seeds() / 4);
 }
 
+/// Has a node crash part-way through the run of `seed` (which node and when follow the seed).
+fn crash_in(o: &mut SimOptions, seed: u64) {
+    o.crash = Some(((seed % o.nodes as u64) as usize, 20 + (seed as usize * 7) % 300));
+}
+
 /// A node crashes in the middle of the run: every operation of the survivors completes (with an
 /// error where it depended on the lost node); nothing hangs — a replica sync to the lost node
 /// is given up, and the intent service's replica set (run-time replicas) ends the makes, drains
@@ -277,7 +282,7 @@ fn crashes_never_hang_operations() {
     let (mut abandoned, mut replicas) = (0, ferry::sim::ReplicaSetCounts::default());
     for seed in 0..seeds() / 2 {
         let mut o = configuration(["large-ops-small-parts", "relocation", "intents", "intents-syncs", "run-time-replicas"][(seed % 5) as usize], seed);
-        o.crash = Some(((seed % o.nodes as u64) as usize, 20 + (seed as usize * 7) % 300));
+        crash_in(&mut o, seed);
         match run(o) {
             Ok(report) => {
                 assert!(report.ops > 0);
@@ -454,8 +459,22 @@ fn replay() {
         let name: &'static str = CONFIGURATIONS.iter().find(|c| **c == name).unwrap_or_else(|| panic!("unknown configuration {name}"));
         let mut opts = configuration(name, seed);
         opts.trace_lines = std::env::var("FERRY_SIM_TRACE").ok().and_then(|s| s.parse().ok()).unwrap_or(150);
+        // `FERRY_SIM_CRASH=1`: the crash test's run of the seed (a node crashes; checked as there).
+        let crash = std::env::var("FERRY_SIM_CRASH").is_ok_and(|v| v == "1");
+        if crash {
+            crash_in(&mut opts, seed);
+        }
         eprintln!("replaying {name} seed {seed}: {opts:?}");
-        match run_and_check(opts) {
+        let outcome = if crash {
+            run(opts).inspect(|r| {
+                if let Some(v) = &r.run_time_violation {
+                    panic!("run-time replica violation: {v}");
+                }
+            })
+        } else {
+            run_and_check(opts)
+        };
+        match outcome {
             Ok(report) => eprintln!("ok: {} operations, {} steps, {} events checked", report.ops, report.steps, report.history.len()),
             Err(f) => panic!("{f}"),
         }

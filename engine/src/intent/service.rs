@@ -262,8 +262,8 @@ impl IntentService {
     /// timeout) until the service has no sync round in flight and no dropped replica drains, so
     /// that every delta taken before this call has reached its owner, and until no key with a
     /// replica here is on its way here (its delta reaches the key when it lands). It waits
-    /// without holding the replica set, so the service goes on meanwhile. Nothing to do without
-    /// replicas.
+    /// without holding the replica set, so the service goes on meanwhile; it fails at once
+    /// instead while a node is lost. Nothing to do without replicas.
     pub fn sync_replicas(&self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         let deadline = Instant::now() + node.config.op_timeout;
         // While rounds take longer than the sync period (a slow fabric, an emulated host), the
@@ -288,6 +288,12 @@ impl IntentService {
                     worker.bypass_replicas(false);
                     return outcome;
                 }
+            }
+            // A barrier fails while a node is lost (`Barriers::enter`), and what this waits for
+            // may wait for that node for good — a key with a replica here whose value was on
+            // its way from it never lands: fail now, as the barrier would.
+            if let Some((peer, reason)) = node.core.directory().any_lost() {
+                return Err(Error::PeerLost { node: peer as usize, reason });
             }
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
@@ -646,7 +652,11 @@ impl IntentService {
             if self.stopped(node) {
                 return false;
             }
-            tracing::warn!(node = node.config.rank, error = %e, "a replica operation failed; the replicas keep their values");
+            if known_loss(node, &e) {
+                tracing::debug!(node = node.config.rank, error = %e, "a replica operation failed; the replicas keep their values");
+            } else {
+                tracing::warn!(node = node.config.rank, error = %e, "a replica operation failed; the replicas keep their values");
+            }
         }
         true
     }
@@ -828,10 +838,25 @@ impl IntentService {
                     tracing::debug!(node = node.config.rank, error = %e, "intent relocation ended by shutdown");
                     return false;
                 }
+                Err(e) if known_loss(node, &e) => {
+                    tracing::debug!(node = node.config.rank, error = %e, "an intent relocation failed; its keys' accesses go remote")
+                }
                 Err(e) => tracing::warn!(node = node.config.rank, error = %e, "an intent relocation failed; its keys' accesses go remote"),
             }
         }
         true
+    }
+}
+
+/// Whether `error` comes from a node this one already knows lost, or a key whose value went
+/// with it. The loss itself was logged as a warning when it was found; the service tries such
+/// keys again in its rounds for as long as they are intended, and each try fails the same way,
+/// so those failures are logged at debug level rather than as a warning per round.
+fn known_loss(node: &NodeInner, error: &Error) -> bool {
+    match error {
+        Error::PeerLost { node: lost, .. } => node.core.directory().is_lost(*lost as u16),
+        Error::KeyLost { .. } => true,
+        _ => false,
     }
 }
 

@@ -464,9 +464,9 @@ impl Step<'_, '_> {
         }
     }
 
-    /// LOCALIZE_FAILED at the requester: the home node or old owner refused relocations.
-    /// `Some(0)` when the step must end first.
-    pub(super) fn handle_localize_failed(&mut self, body: &[u8]) -> Result<Option<usize>> {
+    /// LOCALIZE_FAILED from node `from` at the requester: the home node or old owner refused
+    /// relocations. `Some(0)` when the step must end first.
+    pub(super) fn handle_localize_failed(&mut self, from: u16, body: &[u8]) -> Result<Option<usize>> {
         let f = LocalizeFailed::decode(body)?;
         let shards = self.directory().shards();
         let mut mask = 0u64;
@@ -491,11 +491,21 @@ impl Step<'_, '_> {
             }
             let Some(&(table, key)) = self.shard(resv_shard(resv)).reservations.get(&resv) else { continue };
             let error = match f.code {
-                FailureCode::PeerLost => Error::PeerLost { node: f.node as usize, reason: "reported by the home node".into() },
+                FailureCode::PeerLost => Error::PeerLost { node: f.node as usize, reason: format!("reported by node {from}") },
                 FailureCode::KeyLost => Error::KeyLost { table: self.directory().table_name(table), key },
                 _ => Error::Protocol(format!("relocation of key {key} of '{}' was refused", self.directory().table_name(table))),
             };
-            self.fail_reservation(resv, error);
+            // The old owner lost the key's value (it was itself waiting for it from a lost
+            // node) after the home had made this node the owner: the home routes the key here
+            // for good, so its transit stays, given up, and fails what comes for it with the
+            // loss (as at the old owner), instead of the key being found nowhere. A home that
+            // refuses made no such change, or marked the key lost itself.
+            let lost_on_the_way = matches!(f.code, FailureCode::PeerLost | FailureCode::KeyLost) && from != self.directory().home(table, key);
+            if lost_on_the_way {
+                self.lose_reservation(resv, error);
+            } else {
+                self.fail_reservation(resv, error);
+            }
         }
         self.deliver_arrived(arrived);
         Ok(None)
@@ -506,6 +516,19 @@ impl Step<'_, '_> {
     fn fail_reservation(&mut self, resv: u32, error: Error) {
         let Some(((table, key), transit)) = self.end_transit(resv) else { return };
         self.fail_transit_items(table, key, transit.queue, &transit.waiters, &error, false);
+    }
+
+    /// Reservation `resv`'s key will never come and its home records this node as the owner
+    /// (its shard held): the transit is given up with `error` as after a lost peer's grace
+    /// period ([`Step::give_up_transit`]), its reservation kept.
+    fn lose_reservation(&mut self, resv: u32, error: Error) {
+        let Some(&key) = self.shard(resv_shard(resv)).reservations.get(&resv) else { return };
+        let Some(transit) = self.shard_of(key.0, key.1).transits.get_mut(&key) else { return };
+        if transit.abandoned {
+            return;
+        }
+        transit.suspect = Some(error);
+        self.give_up_transit(key);
     }
 
     /// Ends reservation `resv` without a landing (its shard held): forgets it and its transit,
@@ -582,6 +605,16 @@ impl Step<'_, '_> {
                     if keep_relocations {
                         kept.push(Queued::Relocate { new_owner, resv, to });
                     } else {
+                        // The value is lost on its way; as the key's home, this node made
+                        // `new_owner` the owner: the key is lost (its requester, told by the
+                        // home, forgets its transit).
+                        let dir = self.directory();
+                        if matches!(error, Error::PeerLost { .. } | Error::KeyLost { .. })
+                            && dir.home(table, key) == dir.rank()
+                            && dir.owner(table, key) == new_owner
+                        {
+                            dir.set_owner(table, key, LOST_OWNER);
+                        }
                         self.send_localize_failed(new_owner, error, table, &[resv]);
                     }
                 }

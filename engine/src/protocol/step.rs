@@ -157,7 +157,7 @@ impl<'c, 't> Step<'c, 't> {
                         msg::ACCESS => self.handle_access(from, body, first_item)?,
                         msg::LOCALIZE => self.handle_localize(from, body, first_item)?,
                         msg::RELOCATE => self.handle_relocate(body, first_item)?,
-                        msg::LOCALIZE_FAILED => self.handle_localize_failed(body)?,
+                        msg::LOCALIZE_FAILED => self.handle_localize_failed(from, body)?,
                         msg::BARRIER | msg::BARRIER_RELEASE | msg::BARRIER_FAILED => {
                             let core = self.core;
                             self.tx.touch_barrier();

@@ -450,7 +450,7 @@ impl Sim {
         let node = self.workers[w].node;
         let values = match result {
             Ok(values) => values,
-            Err(e) if self.opts.crash.is_some() => return self.service_op_failed(w, op, &e),
+            Err(e) if self.opts.crash.is_some() && super::is_loss(&e) => return self.service_op_failed(w, op, &e),
             Err(e) => return Err(format!("service operation {op:#x} of node {node} failed: {e}")),
         };
         let store = self.nodes[node].core.store().clone();

@@ -31,6 +31,12 @@
 //!   rank 0 checks every pull against the guarantee for keys under intent (its own node's
 //!   pushes, each push at most once, other nodes' within a bound) and the exact sums after a
 //!   barrier.
+//! * `intent-crash`: the last of three ranks dies while the keys its workers and the others'
+//!   declare are moving and replicated under intent; the survivors' workers go on declaring,
+//!   pushing and pulling: operations that needed the lost node fail with an error naming it
+//!   (or a key it held),
+//!   none hangs, no pull returns a push twice or one its worker has not made yet, and the
+//!   survivors' intent services stop (`finalize`) without hanging.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -130,6 +136,13 @@ enum Scenario {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Random intents while the last rank dies: errors, no hang, no push twice.
+    IntentCrash {
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
 }
 
 fn main() -> Result<()> {
@@ -151,6 +164,7 @@ fn main() -> Result<()> {
         Scenario::Toolbox { clocks } => toolbox(clocks),
         Scenario::Intent { clocks } => intent(clocks),
         Scenario::IntentHistory { workers, keys, clocks, dir, seed } => intent_history(workers, keys, clocks, &dir, seed),
+        Scenario::IntentCrash { workers, seed } => intent_crash(workers, seed),
     }
 }
 
@@ -1116,5 +1130,149 @@ fn intent_history(workers: usize, keys: u64, clocks: u64, dir: &std::path::Path,
     worker.barrier()?;
     drop(worker);
     node.finalize()?;
+    Ok(())
+}
+
+/// What one survivor's worker saw in `intent-crash`.
+#[derive(Default)]
+struct CrashedIntents {
+    ok: u64,
+    failed: u64,
+    /// Failures that blamed neither a lost node nor a key it held.
+    misblamed: Vec<String>,
+    /// The longest single call, in milliseconds.
+    longest_ms: u128,
+}
+
+/// The last of three ranks dies at clock `DIE_AT` of `CLOCKS` while every node's workers declare
+/// random intents on few keys (so that keys move, and are replicated on the nodes that declare
+/// them together), push into lanes of their own and pull. The survivors' workers go on to the
+/// end: every call returns (an error naming the lost node, or a key it held, where it needed
+/// it), no pull includes
+/// a push twice or one of its own worker's lanes the worker has not pushed yet, run-time
+/// replicas existed, and the survivors' nodes stop — their intent services drop every replica,
+/// whose deltas to the lost node fail — without hanging.
+fn intent_crash(workers: usize, seed: u64) -> Result<()> {
+    const KEYS: u64 = 12;
+    const CLOCKS: u64 = 120;
+    const DIE_AT: u64 = 40;
+    let mut config = Config::from_env(vec![TableSpec::new("i", KEYS, INTENT_LANES)])?;
+    config.relocation = true;
+    config.staleness = Duration::from_millis(20);
+    config.peer_timeout = Duration::from_millis(1500);
+    config.op_timeout = Duration::from_secs(10);
+    let node = Node::start(config)?;
+    let (rank, nodes) = (node.rank(), node.nodes());
+    ensure!(nodes >= 3, "intent-crash needs three nodes or more (two survivors)");
+    let victim = nodes - 1;
+    let table = node.table("i")?;
+    let lanes_per_worker = (INTENT_LANES - 1) / (nodes * workers);
+    let mut first = node.worker();
+    first.barrier()?;
+    drop(first);
+    let started = Instant::now();
+    let seen: Vec<CrashedIntents> = std::thread::scope(|s| -> Result<Vec<CrashedIntents>> {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let mut worker = node.worker();
+                s.spawn(move || -> Result<CrashedIntents> {
+                    let global = rank * workers + w;
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed * 1000 + global as u64);
+                    let mut seen = CrashedIntents::default();
+                    let mut pushed = vec![0usize; KEYS as usize];
+                    let own = 1 + global * lanes_per_worker..1 + (global + 1) * lanes_per_worker;
+                    let note = |seen: &mut CrashedIntents, began: Instant, outcome: std::result::Result<(), ferry::Error>| {
+                        seen.longest_ms = seen.longest_ms.max(began.elapsed().as_millis());
+                        match outcome {
+                            Ok(()) => seen.ok += 1,
+                            Err(e) => {
+                                seen.failed += 1;
+                                // The lost node by name, a key it held (whose value went with it),
+                                // or a survivor that finished first and left.
+                                if !matches!(e, ferry::Error::PeerLost { .. } | ferry::Error::KeyLost { .. }) {
+                                    seen.misblamed.push(e.to_string());
+                                }
+                            }
+                        }
+                    };
+                    for clock in 0..CLOCKS {
+                        if rank == victim && clock == DIE_AT {
+                            return Ok(seen);
+                        }
+                        let mut chosen: Vec<u64> = (0..rng.gen_range(2..6)).map(|_| rng.gen_range(0..KEYS)).collect();
+                        chosen.sort_unstable();
+                        chosen.dedup();
+                        let began = Instant::now();
+                        let declared = worker.intent(table, &chosen, clock + 1, clock + 1 + rng.gen_range(1..4));
+                        note(&mut seen, began, declared);
+                        for _ in 0..6 {
+                            let key = if rng.gen_bool(0.8) { chosen[rng.gen_range(0..chosen.len())] } else { rng.gen_range(0..KEYS) };
+                            let began = Instant::now();
+                            if rng.gen_bool(0.5) && pushed[key as usize] < lanes_per_worker {
+                                let lane = own.start + pushed[key as usize];
+                                pushed[key as usize] += 1;
+                                let outcome = worker.push(table, &[key], &push_update(lane as u32, INTENT_LANES));
+                                note(&mut seen, began, outcome);
+                            } else {
+                                let mut value = vec![0.0; INTENT_LANES];
+                                let outcome = worker.pull(table, &[key], &mut value);
+                                let ok = outcome.is_ok();
+                                note(&mut seen, began, outcome);
+                                if ok {
+                                    if let Some((lane, x)) = value.iter().enumerate().find(|&(_, &x)| x != 0.0 && x != 1.0) {
+                                        bail!("a pull of key {key} holds {x} in lane {lane}: a push applied more than once");
+                                    }
+                                    let unmade = own.clone().skip(pushed[key as usize]).find(|&lane| value[lane] != 0.0);
+                                    ensure!(unmade.is_none(), "a pull of key {key} includes lane {unmade:?}, which its worker has not pushed yet");
+                                }
+                            }
+                        }
+                        std::thread::sleep(Duration::from_micros(rng.gen_range(300..2_000)));
+                        let began = Instant::now();
+                        let advanced = worker.advance_clock().map(|_| ());
+                        note(&mut seen, began, advanced);
+                    }
+                    Ok(seen)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("worker thread")).collect()
+    })?;
+    let stats = node.stats();
+    if rank == victim {
+        println!("intent crash: rank {rank} dies ({} replicas made here)", stats.intent.replicas_made);
+        node.abort();
+        std::process::exit(0);
+    }
+    let (ok, failed) = (seen.iter().map(|s| s.ok).sum::<u64>(), seen.iter().map(|s| s.failed).sum::<u64>());
+    let longest = seen.iter().map(|s| s.longest_ms).max().unwrap_or(0);
+    let misblamed: Vec<&String> = seen.iter().flat_map(|s| &s.misblamed).collect();
+    ensure!(misblamed.is_empty(), "failures that do not name the lost node {victim}: {misblamed:?}");
+    ensure!(failed > 0, "no call failed although node {victim} died");
+    ensure!(longest < 20_000, "a call took {longest} ms (the operation timeout is 10 s)");
+    let mut last = node.worker();
+    let barrier_began = Instant::now();
+    let barrier = last.barrier();
+    let barrier_ms = barrier_began.elapsed().as_millis();
+    let Err(barrier) = barrier else { bail!("a barrier passed with node {victim} lost") };
+    // It fails as it starts (a lost node), not after waiting for what the lost node had.
+    ensure!(barrier_ms < 5_000, "the barrier took {barrier_ms} ms to fail ({barrier})");
+    drop(last);
+    let mut node = node;
+    let stopping = Instant::now();
+    let finalized = node.finalize();
+    let stop_ms = stopping.elapsed().as_millis();
+    ensure!(stop_ms < 30_000, "finalize took {stop_ms} ms");
+    println!(
+        "intent crash ok: {ok} calls succeeded and {failed} failed (naming node {victim} or a key it held), the longest took {longest} ms; \
+         {} replicas made and {} syncs here; the barrier failed in {barrier_ms} ms ({barrier}); finalize returned in {stop_ms} ms ({}) after {} ms",
+        stats.intent.replicas_made,
+        stats.intent.replica_syncs,
+        match &finalized {
+            Ok(()) => "ok".to_string(),
+            Err(e) => e.to_string(),
+        },
+        started.elapsed().as_millis()
+    );
     Ok(())
 }
