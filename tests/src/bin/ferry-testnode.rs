@@ -7,7 +7,8 @@
 //!   recording every operation; rank 0 gathers the histories (files in `--dir`) and runs the
 //!   per-key sequential-consistency checker.
 //! * `crash`: the last rank dies in the middle of relocations; the others must see their
-//!   operations fail with an error (never hang) and then shut down.
+//!   operations fail with the loss's error (the node, a key it held, or a timeout; never a
+//!   protocol error, never a hang) and then shut down.
 //! * `send-failure`: rank 0's sends to rank 1 fail after a number of sends (injected: a failing
 //!   `sendmsg` over TCP, a failing post over verbs); rank 0's operations end in errors and rank 1
 //!   sees rank 0 lost — nobody hangs.
@@ -625,26 +626,29 @@ fn crash(workers: usize) -> Result<()> {
         let handles: Vec<_> = (0..workers)
             .map(|w| {
                 let mut worker = node.worker();
-                s.spawn(move || -> bool {
+                s.spawn(move || -> std::result::Result<bool, ferry::Error> {
                     let mut rng = ChaCha8Rng::seed_from_u64(w as u64);
                     let mut failed = false;
                     let deadline = Instant::now() + Duration::from_secs(8);
                     while Instant::now() < deadline {
                         let keys: Vec<u64> = (0..4).map(|_| rng.gen_range(0..64)).collect();
                         let r = if rng.gen_bool(0.5) { worker.localize(table, &keys) } else { worker.push(table, &keys, &[1.0; 32]) };
-                        if r.is_err() {
-                            failed = true;
+                        match r {
+                            Ok(()) => {}
+                            // The loss, a key whose value it took, or a wait for it.
+                            Err(ferry::Error::PeerLost { .. } | ferry::Error::KeyLost { .. } | ferry::Error::Timeout { .. }) => failed = true,
+                            Err(e) => return Err(e),
                         }
                         if failed && Instant::now() > deadline - Duration::from_secs(6) {
                             break;
                         }
                     }
-                    failed
+                    Ok(failed)
                 })
             })
             .collect();
         for h in handles {
-            saw_error |= h.join().expect("worker thread");
+            saw_error |= h.join().expect("worker thread").context("an operation failed with something else than the loss")?;
         }
         Ok(())
     })?;
