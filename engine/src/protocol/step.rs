@@ -58,11 +58,6 @@ impl<'c, 't> Step<'c, 't> {
         self.now
     }
 
-    /// Whether the step holds any shard lock.
-    pub fn holds_locks(&self) -> bool {
-        self.held != 0
-    }
-
     /// The shards the step holds, one bit each.
     pub fn held_shards(&self) -> u64 {
         self.held
