@@ -1503,7 +1503,7 @@ impl Sim {
         outcome.map_err(|e| e.to_string())?;
         match result {
             Some(Ok(t)) => Ok(Some(t)),
-            Some(Err(_)) if self.opts.crash.is_some() => {
+            Some(Err(e)) if self.opts.crash.is_some() && is_loss(&e) => {
                 self.failed_ops += 1;
                 Ok(None)
             }
