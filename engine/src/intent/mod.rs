@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 #[cfg(any(test, feature = "sim"))]
-pub(crate) use replicas::{Drained, Dropped, drop_replica, end_drained_replica, set_replica, take_table_deltas};
+pub(crate) use replicas::{Drained, Dropped, drop_replica, end_drained_replica, end_making, set_replica, take_table_deltas};
 pub(crate) use service::IntentService;
 pub(crate) use sync_acks::SyncAcks;
 #[cfg(any(test, feature = "sim"))]

@@ -237,7 +237,7 @@ impl ReplicaSet {
         let ticket = match worker.pull_to_make_replicas(node.table_by_id(table), &wanted) {
             Ok(ticket) => ticket,
             Err(e) => {
-                end_making(node, table, &wanted);
+                end_making(node.core.store(), table, &wanted);
                 return Err(e);
             }
         };
@@ -322,7 +322,7 @@ impl ReplicaSet {
                     for k in &keys {
                         self.making.remove(&(table, *k));
                     }
-                    end_making(node, table, &keys);
+                    end_making(node.core.store(), table, &keys);
                     note(e);
                 }
             }
@@ -727,9 +727,9 @@ pub(crate) fn take_table_deltas(store: &Store, table: u16, set: &mut FastSet<u64
     (taken, marked)
 }
 
-/// Ends the making of the replicas of `keys` of `table` whose pull failed or was never sent.
-fn end_making(node: &NodeInner, table: u16, keys: &[u64]) {
-    let store = node.core.store();
+/// Ends the making of the replicas of `keys` of `table` whose pull failed or was never sent
+/// (each under its latch): the protocol stops adding up the pushes sent behind the pull.
+pub(crate) fn end_making(store: &Store, table: u16, keys: &[u64]) {
     let Some(d) = store.table(table).dynamic() else { return };
     for &key in keys {
         let _latch = store.lock(table, key);

@@ -5,9 +5,9 @@
 //! The service worker bypasses replicas, as the service's does, and follows the service's
 //! rules step by step, calling the same store and replica functions where the service's code
 //! can be shared (`Store::install_made_replica`, `take_table_deltas`, `drop_replica`,
-//! `end_drained_replica`, `set_replica`, `believed_owner`); the bookkeeping around them (which
-//! keys are made, wanted, draining, put off) is a copy in miniature of `ReplicaSet` and
-//! `SyncRound`, whose own code needs a running node:
+//! `end_drained_replica`, `end_making`, `set_replica`, `believed_owner`); the bookkeeping
+//! around them (which keys are made, wanted, draining, put off) is a copy in miniature of
+//! `ReplicaSet` and `SyncRound`, whose own code needs a running node:
 //!
 //! - a replica is made from a pull sent with the making flag (the protocol adds up the pushes
 //!   this node sends behind it) and installed, with those pushes, unless the key was here since
@@ -48,7 +48,7 @@ use crate::util::FastSet;
 
 use super::{InFlight, ScriptOp, Served, Sim, queued};
 use crate::consistency::{Event, TimedPull, TimedPush, Violation, check_bounded_staleness};
-use crate::intent::{Drained, Dropped, TakenDeltas, believed_owner, drop_replica, end_drained_replica, set_replica, take_table_deltas};
+use crate::intent::{Drained, Dropped, TakenDeltas, believed_owner, drop_replica, end_drained_replica, end_making, set_replica, take_table_deltas};
 use crate::protocol::{AccessKind, Issued, OpId, OutgoingSync, PullTarget};
 use crate::store::{MadeReplica, Residence};
 
@@ -523,11 +523,8 @@ impl Sim {
             for key in &keys {
                 set.pulling.remove(key);
                 set.making.remove(key);
-                let _latch = store.lock(0, *key);
-                if let Some(d) = store.table(0).dynamic() {
-                    d.end_making(*key);
-                }
             }
+            end_making(&store, 0, &keys);
             return Ok(());
         }
         if let Some(round) = set.syncing.as_mut()
