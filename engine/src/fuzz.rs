@@ -3,7 +3,8 @@
 //! Uniformly random bytes almost never carry a valid length prefix, so they never reach the
 //! message decoders. This fuzzer builds *valid* frames of every message type — ACCESS (runs and
 //! lists, indexed or not, every kind), RESPONSE and FAILURE for operations that exist, LOCALIZE,
-//! RELOCATE, LOCALIZE_FAILED, BARRIER, BARRIER_RELEASE, the replication and intent messages —
+//! RELOCATE, LOCALIZE_FAILED, BARRIER, BARRIER_RELEASE, the replication and intent messages,
+//! PEER_LOST —
 //! and then mutates most of them: a
 //! header field (count, table, kind or code, flags, operation, part, origin, node), a length
 //! prefix, the body's length, an index or key, the type byte, or random bits. Each frame is fed
@@ -49,7 +50,7 @@ pub struct FuzzReport {
     pub first_panic: Option<String>,
 }
 
-const TYPES: [&str; 15] = [
+const TYPES: [&str; 16] = [
     "access",
     "response",
     "failure",
@@ -65,6 +66,7 @@ const TYPES: [&str; 15] = [
     "intent-go",
     "replica-sync",
     "replica-sync-ack",
+    "peer-lost",
 ];
 /// Replicated keys of table 0: 40..48 are homed at the node under test (rank 1 of 3, range
 /// partitioning), 0..8 at node 0 and 70..80 at node 2.
@@ -275,6 +277,17 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
             };
             wire::encode_replica_sync_ack(&mut out, &ack);
         }
+        15 => {
+            // Mostly a node the receiver ignores (itself, the sender) or none at all; now and
+            // then a real peer, which the node then treats as lost for the rest of its run.
+            let lost = match rng.gen_range(0..50) {
+                0 => [0u16, 2][rng.gen_range(0..2)],
+                1..=20 => RANK as u16,
+                21..=30 => peer,
+                _ => rng.gen_range(NODES as u16..u16::MAX),
+            };
+            wire::encode_peer_lost(&mut out, lost, "fuzzed");
+        }
         _ => {
             // The key count the sender holds (node 0: 8 keys, node 2: 10), or not; positions of
             // changed slots among them.
@@ -342,7 +355,7 @@ fn mutate(rng: &mut ChaCha8Rng, m: &mut Vec<u8>) -> bool {
         }
         5 => {
             // The type byte.
-            m[body] = rng.gen_range(0..16);
+            m[body] = rng.gen_range(0..20);
         }
         6 => {
             // A key, an index or a value: a random 8-byte word somewhere after the header.

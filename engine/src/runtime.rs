@@ -120,6 +120,18 @@ impl NodeInner {
         self.lose_peer(from, &reason);
     }
 
+    /// Closes the connections to lost peers that are still open: nodes another node reported
+    /// lost (PEER_LOST), which this one must not hear from any more (a node lost to one is lost
+    /// to all).
+    pub fn disconnect_lost(&self) {
+        for (peer, reason) in self.core.directory().lost_nodes() {
+            if self.fabric.is_alive(peer as usize) {
+                tracing::warn!(node = self.config.rank, peer, %reason, "peer lost");
+                self.fabric.disconnect(peer as usize);
+            }
+        }
+    }
+
     /// Tells every live peer that this node leaves after losing peers, and why (LEAVING), so
     /// that their errors name the cause. Nothing is sent when no peer was lost.
     pub fn announce_leaving(&self) {
@@ -499,7 +511,11 @@ impl FabricHandler for Callbacks {
             }
             None => {}
         }
+        let losses = node.core.directory().losses();
         let result = node.run_pooled(|step, at, item| step.handle_frame(from as u16, &frame, at, item));
+        if node.core.directory().losses() != losses {
+            node.disconnect_lost();
+        }
         if node.core.intent_go_waiting() {
             node.intents.wake_for_grants();
         }

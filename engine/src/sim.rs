@@ -528,6 +528,9 @@ struct Sim {
     workers_by_node: Vec<Vec<usize>>,
     /// Worker steps whose frames were handed over late.
     late_hand_overs: usize,
+    /// Survivors not yet told of the crash: each learns of it at a time of its own, as each
+    /// real node detects a dead peer on its own connection.
+    unaware: Vec<usize>,
 }
 
 /// A round under way: its number, the (home, table) acknowledgements it waits for, and when it
@@ -713,6 +716,7 @@ impl Sim {
             late,
             workers_by_node,
             late_hand_overs: 0,
+            unaware: Vec::new(),
             rng,
             nodes,
             opts,
@@ -980,6 +984,10 @@ impl Sim {
             if !late.is_empty() && (choices.is_empty() || self.rng.gen_range(0..4) == 0) {
                 choices.push(5);
             }
+            // A survivor may go on for a while before it learns of a crash.
+            if !self.unaware.is_empty() && (choices.is_empty() || self.rng.gen_range(0..3) == 0) {
+                choices.push(6);
+            }
             if choices.is_empty() {
                 // Only timers can make progress now (a crash left relocations to give up).
                 let waiting = self.workers.iter().any(|w| !self.nodes[w.node].crashed && !w.in_flight.is_empty());
@@ -1021,6 +1029,7 @@ impl Sim {
                     let node = rounds_ready[self.rng.gen_range(0..rounds_ready.len())];
                     self.round_step(node)?;
                 }
+                6 => self.tell_of_crash()?,
                 5 => {
                     let w = late[self.rng.gen_range(0..late.len())];
                     self.log(format!("worker {w}@{} hands its late frames over", self.workers[w].node));
@@ -1105,12 +1114,17 @@ impl Sim {
             }
         }
         self.write_dones.retain(|(m, _)| *m != node);
-        for other in 0..n {
-            if other != node && !self.nodes[other].crashed {
-                self.node_event(other, |step, _, _| Ok(step.handle_peer_lost(node as u16, "crashed in the simulation")))?;
-            }
-        }
+        // The survivors learn of the crash one by one, later (`tell_of_crash`).
+        self.unaware = (0..n).filter(|&other| other != node && !self.nodes[other].crashed).collect();
         Ok(())
+    }
+
+    /// Tells a survivor not yet told of the crash (picked at random) that the node is lost.
+    fn tell_of_crash(&mut self) -> Result<(), String> {
+        let Some((crashed, _)) = self.opts.crash else { return Ok(()) };
+        let node = self.unaware.swap_remove(self.rng.gen_range(0..self.unaware.len()));
+        self.log(format!("node {node} learns that node {crashed} crashed"));
+        self.node_event(node, |step, _, _| Ok(step.handle_peer_lost(crashed as u16, "crashed in the simulation")))
     }
 
     fn land(&mut self, from: usize, to: usize, w: SlotWrite) -> Result<(), String> {
@@ -1759,6 +1773,10 @@ fn describe_frame(frame: &[u8]) -> String {
             msg::BARRIER => "barrier".into(),
             msg::BARRIER_RELEASE => "release".into(),
             msg::BARRIER_FAILED => "barrier-failed".into(),
+            msg::PEER_LOST => match wire::decode_peer_lost(b) {
+                Ok((node, _)) => format!("peer-lost[{node}]"),
+                Err(_) => "peer-lost[bad]".into(),
+            },
             _ => "?".into(),
         }
     };

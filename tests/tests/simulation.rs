@@ -272,9 +272,11 @@ fn crash_in(o: &mut SimOptions, seed: u64) {
     o.crash = Some(((seed % o.nodes as u64) as usize, 20 + (seed as usize * 7) % 300));
 }
 
-/// A node crashes in the middle of the run: every operation of the survivors completes (with the
-/// loss's error — `PeerLost`, `KeyLost`, a timeout — where it depended on the lost node, never
-/// another); nothing hangs — a replica sync to the lost node
+/// A node crashes in the middle of the run, and each survivor learns of it at a time of its own
+/// (the first to learn tells the others, PEER_LOST): every operation of the survivors completes
+/// (with the loss's error — `PeerLost`, `KeyLost`, a timeout — where it depended on the lost node,
+/// never another); nothing hangs — not a request sent after its node learnt of the crash through
+/// a home that had not, a replica sync to the lost node
 /// is given up, and the intent service's replica set (run-time replicas) ends the makes, drains
 /// and routed syncs that failed and gives up its REPLICA_SYNCs to the lost node, and still drops
 /// every replica before it stops; no read of a key with run-time replicas includes a push twice.

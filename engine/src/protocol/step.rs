@@ -12,6 +12,7 @@ use super::transmit::{ALL_WORKERS, Transmit};
 use super::wire::{self, Failure, Response, msg};
 use super::{Core, Directory};
 use crate::error::{Error, Result};
+use crate::stats::MessageKind;
 
 /// How far an event handler got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,6 +189,12 @@ impl<'c, 't> Step<'c, 't> {
                             self.handle_replica_sync_ack(from, body)?;
                             None
                         }
+                        // Needs every shard: a step holding some ends here, and a fresh one
+                        // starts with this message.
+                        msg::PEER_LOST => match self.handle_peer_lost_notice(from, body)? {
+                            Progress::Done => None,
+                            Progress::Yield { .. } => return Ok(Progress::Yield { at: start, item: 0 }),
+                        },
                         other => return Err(Error::Protocol(format!("unknown message type {other}"))),
                     };
                     if let Some(item) = resume {
@@ -246,6 +253,7 @@ impl<'c, 't> Step<'c, 't> {
             return Progress::Done;
         }
         let error = Error::PeerLost { node: peer as usize, reason: reason.to_string() };
+        self.announce_loss(peer, reason);
         for s in 0..dir.shards() {
             let mut keys: Vec<(u16, u64)> = self.shard(s).transits.keys().copied().collect();
             keys.sort_unstable();
@@ -263,6 +271,35 @@ impl<'c, 't> Step<'c, 't> {
         self.tx.forget(peer);
         self.tx.deliver(ALL_WORKERS, Delivery::PeerLost { node: peer, reason: reason.to_string(), losses: dir.losses() });
         Progress::Done
+    }
+
+    /// Tells every other live node that `peer` is lost (PEER_LOST), ahead of anything this
+    /// node sends them later. A node may learn of a loss before others do (each watches its own
+    /// connections); without the notice, a request it sends after learning could reach a home
+    /// that has not learnt yet and be forwarded to the lost node, to wait out the operation
+    /// timeout. Links keep their order, so the home learns first and fails the request.
+    fn announce_loss(&mut self, peer: u16, reason: &str) {
+        let dir = self.directory();
+        let rank = dir.rank();
+        for node in (0..dir.nodes() as u16).filter(|&n| n != rank && n != peer && !dir.is_lost(n)) {
+            let bytes = wire::encode_peer_lost(self.tx.buf(node), peer, reason);
+            self.tx.sent(node, MessageKind::Failure, bytes);
+        }
+    }
+
+    /// PEER_LOST from `from`: its node is lost here too (see [`Step::announce_loss`]).
+    fn handle_peer_lost_notice(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
+        let (peer, reason) = wire::decode_peer_lost(body)?;
+        let dir = self.directory();
+        if peer as usize >= dir.nodes() {
+            return Err(Error::Protocol(format!("PEER_LOST names node {peer} of {}", dir.nodes())));
+        }
+        // A node never names itself; one naming this node has lost it and no longer talks
+        // to it.
+        if peer == from || peer == dir.rank() || dir.is_lost(peer) {
+            return Ok(Progress::Done);
+        }
+        Ok(self.handle_peer_lost(peer, &format!("{reason}; reported by node {from}")))
     }
 
     /// Gives up relocations whose deadline passed: a transfer that did not land within the

@@ -21,6 +21,7 @@
 //! | REPLICA_ACK | flags u8 (CUT: an image was cut), table u16, round u32, keys u32, changed u32, region u32, pad u32, addr u64, position u32×changed |
 //! | REPLICA_SYNC | pad u8, table u16, id u32, count u32, offset u32, delta-present bits (⌈count/8⌉ bytes, item i in bit i % 8 of byte i / 8, unused bits 0), (key u64, values if present)×count |
 //! | REPLICA_SYNC_ACK | pad u8, table u16, id u32, count u32, held u32, region u32, pad u32, addr u64, index u32×held, hint u16×(count − held) |
+//! | PEER_LOST | pad u8, lost node u16, reason length u16, reason UTF-8 (at most 512 bytes) |
 
 use std::borrow::Cow;
 
@@ -65,6 +66,9 @@ pub mod msg {
     pub const REPLICA_SYNC: u8 = 16;
     /// Owner to replica node: which deltas were applied, where their keys' images lie.
     pub const REPLICA_SYNC_ACK: u8 = 17;
+    /// A node learnt that a peer is lost, and tells every other live node before anything it
+    /// sends them later (so that none serves its later requests through the lost node).
+    pub const PEER_LOST: u8 = 18;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).
@@ -1221,6 +1225,31 @@ fn decode_leaving(b: &[u8]) -> Result<Vec<(u16, String)>> {
     Ok(lost)
 }
 
+/// Encodes PEER_LOST: node `lost` is gone, and why (cut to [`LEAVING_REASON_MAX`] bytes at a
+/// character boundary). Returns the message's length.
+pub fn encode_peer_lost(out: &mut Vec<u8>, lost: u16, reason: &str) -> usize {
+    let reason = &reason[..reason.floor_char_boundary(LEAVING_REASON_MAX)];
+    let start = begin(out, msg::PEER_LOST);
+    out.push(0);
+    out.extend_from_slice(&lost.to_le_bytes());
+    out.extend_from_slice(&(reason.len() as u16).to_le_bytes());
+    out.extend_from_slice(reason.as_bytes());
+    finish(out, start);
+    out.len() - start
+}
+
+/// Decodes PEER_LOST: (lost node, reason).
+pub fn decode_peer_lost(b: &[u8]) -> Result<(u16, String)> {
+    if b.len() < 6 {
+        return Err(bad("PEER_LOST too short"));
+    }
+    let len = u16_at(b, 4) as usize;
+    if b.len() != 6 + len || len > LEAVING_REASON_MAX {
+        return Err(bad("PEER_LOST of wrong size"));
+    }
+    Ok((u16_at(b, 2), String::from_utf8_lossy(&b[6..]).into_owned()))
+}
+
 fn begin(out: &mut Vec<u8>, ty: u8) -> usize {
     let start = out.len();
     out.extend_from_slice(&[0, 0, 0, 0, ty]);
@@ -1235,6 +1264,27 @@ fn finish(out: &mut [u8], start: usize) {
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
+
+    #[test]
+    fn peer_lost_round_trips_and_rejects_garbage() {
+        let mut frame = Vec::new();
+        let len = encode_peer_lost(&mut frame, 3, "crashed");
+        assert_eq!(len, frame.len());
+        let body = Messages::new(&frame).next().unwrap().unwrap();
+        assert_eq!(decode_peer_lost(body).unwrap(), (3, "crashed".to_string()));
+        let mut long = Vec::new();
+        encode_peer_lost(&mut long, 1, &"é".repeat(400));
+        let body = Messages::new(&long).next().unwrap().unwrap();
+        let (_, reason) = decode_peer_lost(body).unwrap();
+        assert!(reason.len() <= LEAVING_REASON_MAX && reason.starts_with('é'), "cut at a character boundary");
+        let body = Messages::new(&frame).next().unwrap().unwrap().to_vec();
+        for cut in 0..body.len() {
+            assert!(decode_peer_lost(&body[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = body.clone();
+        longer.push(b'x');
+        assert!(decode_peer_lost(&longer).is_err(), "trailing bytes");
+    }
 
     #[test]
     fn leaving_round_trips_and_rejects_garbage() {

@@ -704,7 +704,7 @@ fn send_failure(after: u64) -> Result<()> {
 fn stopped() -> Result<()> {
     let mut config = Config::from_env(vec![TableSpec::new("s", 300, 2)])?;
     // Rank 1 notices the stop itself; rank 0, with a long liveness timeout, learns it from rank 1
-    // when rank 1 leaves — and must name the stopped node, not the one that left.
+    // (its PEER_LOST notice) — and must name the stopped node, not the one that told it.
     config.peer_timeout = if config.rank == 0 { Duration::from_secs(12) } else { Duration::from_millis(1500) };
     config.op_timeout = Duration::from_secs(20);
     let node = Node::start(config)?;
@@ -732,11 +732,19 @@ fn stopped() -> Result<()> {
             ensure!(started.elapsed() < Duration::from_secs(8), "pushes to the stopped node kept succeeding");
         };
         ensure!(blames_victim(&error), "the failure blames the wrong node: {error}");
+        let between_survivors = [50u64]; // homed at rank 0
         if node.rank() == 1 {
-            // Rank 0 has not noticed anything: the survivors still work with each other.
-            worker.push(table, &[50], &[1.0; 2]).context("a push between survivors")?;
+            // The survivors still work with each other.
+            worker.push(table, &between_survivors, &[1.0; 2]).context("a push between survivors")?;
         } else {
             ensure!(error.to_string().contains("reported by node 1"), "rank 0 learnt of the loss from rank 1: {error}");
+            // Rank 0 stays until rank 1's push landed (it leaves afterwards).
+            let mut value = [0.0f32; 2];
+            while value[0] < 1.0 {
+                ensure!(started.elapsed() < Duration::from_secs(15), "rank 1's push between survivors never came");
+                worker.pull(table, &between_survivors, &mut value)?;
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
         let barrier = worker.barrier().expect_err("a barrier with a stopped node cannot pass");
         ensure!(blames_victim(&barrier), "the barrier blames the wrong node: {barrier}");
