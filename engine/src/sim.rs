@@ -531,6 +531,10 @@ struct Sim {
     /// Survivors not yet told of the crash: each learns of it at a time of its own, as each
     /// real node detects a dead peer on its own connection.
     unaware: Vec<usize>,
+    /// The pushes and sets of operations that failed (under a crash), each with its key: each
+    /// may have taken effect or not, at any time after it was issued, so the checker sees it
+    /// as the only event of a worker of its own.
+    floating: Vec<(u64, Event)>,
 }
 
 /// A round under way: its number, the (home, table) acknowledgements it waits for, and when it
@@ -582,6 +586,24 @@ pub fn run_and_check(opts: SimOptions) -> Result<SimReport, SimFailure> {
     }
     if let Some(v) = &report.run_time_violation {
         return Err(SimFailure { seed, reason: format!("run-time replica violation: {v}"), trace: report.trace });
+    }
+    Ok(report)
+}
+
+/// Runs a simulation with a crash ([`SimOptions::crash`]) and checks what survives a lost
+/// node: per-key sequential consistency of every key (a failed operation's pushes and sets may
+/// have taken effect at any time after they were issued, or never), and for keys with run-time
+/// replicas that no push is read twice or before it was issued. Nothing may hang, and what
+/// fails must fail with the loss ([`run`] checks those).
+pub fn run_and_check_crashing(opts: SimOptions) -> Result<SimReport, SimFailure> {
+    let (lanes, seed) = (opts.lanes, opts.seed);
+    let report = run(opts)?;
+    if let Err(v) = report.history.check(lanes) {
+        let v: Violation = v;
+        return Err(SimFailure { seed, reason: format!("consistency violation under a crash: {v}"), trace: report.trace });
+    }
+    if let Some(v) = &report.run_time_violation {
+        return Err(SimFailure { seed, reason: format!("run-time replica violation under a crash: {v}"), trace: report.trace });
     }
     Ok(report)
 }
@@ -717,6 +739,7 @@ impl Sim {
             workers_by_node,
             late_hand_overs: 0,
             unaware: Vec::new(),
+            floating: Vec::new(),
             rng,
             nodes,
             opts,
@@ -1457,11 +1480,7 @@ impl Sim {
                 let streamed = matches!(issued, Some(Issued::Pending { more: true, .. }));
                 self.note_served(w, &keys, first_event, streamed);
                 match issued {
-                    None => {
-                        for e in &mut self.workers[w].events[first_event..] {
-                            e.1 = Event::Pull { value: Vec::new() };
-                        }
-                    }
+                    None => self.drop_events(w, first_event, recorded),
                     Some(Issued::Done(owned)) => {
                         self.note_completed(w, first_event, recorded);
                         if pull {
@@ -1568,17 +1587,27 @@ impl Sim {
                         return Err(format!("operation {op:#x} of worker {w} failed: {e}"));
                     }
                     self.failed_ops += 1;
-                    // The outcome of a failed operation is unknown; its events are dropped.
                     if let Some(kind) = f.kind {
                         let events = if kind == AccessKind::PushPull { 2 * f.keys.len() } else { f.keys.len() };
-                        for i in 0..events {
-                            self.workers[w].events[f.first_event + i].1 = Event::Pull { value: Vec::new() };
-                        }
+                        self.drop_events(w, f.first_event, f.first_event + events);
                     }
                 }
             }
         }
         Ok(())
+    }
+
+    /// Worker `w`'s events `from..to` belong to an operation that failed: its outcome is
+    /// unknown, so they leave the worker's history — its reads are dropped, and its pushes and
+    /// sets float (see [`Sim::floating`]).
+    fn drop_events(&mut self, w: usize, from: usize, to: usize) {
+        for i in from..to {
+            let (key, event) = std::mem::replace(&mut self.workers[w].events[i], (0, Event::Pull { value: Vec::new() }));
+            self.workers[w].events[i].0 = key;
+            if !matches!(event, Event::Pull { .. }) {
+                self.floating.push((key, event));
+            }
+        }
     }
 
     /// Gives worker `w`'s events recorded since the last call their issue time (and a completion
@@ -1621,8 +1650,17 @@ impl Sim {
                 return Err(format!("worker {i} is stuck: {} operations in flight, {} left in its script", w.in_flight.len(), w.script.len()));
             }
         }
-        let mut history = History::new(self.workers.len());
+        // A crashed node's worker may have been waiting for a replica sync.
+        for w in 0..self.workers.len() {
+            if self.nodes[self.workers[w].node].crashed {
+                self.float_sync(w);
+            }
+        }
+        let mut history = History::new(self.workers.len() + self.floating.len());
         let run_time_replica = |key: &u64| self.opts.run_time_replicas.as_ref().is_some_and(|r| r.contains(key));
+        for (i, (key, e)) in self.floating.iter().enumerate().filter(|(_, (key, _))| !run_time_replica(key)) {
+            history.record(self.workers.len() + i, *key, e.clone());
+        }
         for (i, w) in self.workers.iter().enumerate() {
             for (key, e) in &w.events {
                 // Keys with run-time replicas are checked against the replica guarantee.

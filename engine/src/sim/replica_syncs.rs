@@ -107,10 +107,22 @@ impl Sim {
             }
             core.replica_sync_acks().abandon(sync.owner as u16, sync.id);
             let (owner, id) = (sync.owner, sync.id);
-            self.workers[w].sync = None;
+            self.float_sync(w);
             self.syncs.abandoned += 1;
             self.failed_ops += 1;
             self.log(format!("worker {w} gives up sync {id}: node {owner} is lost"));
+        }
+    }
+
+    /// Worker `w`'s replica sync will not be finished (its receiver or its node was lost): its
+    /// deltas may have been applied or not, so they float (see `Sim::floating`).
+    pub(super) fn float_sync(&mut self, w: usize) {
+        if let Some(sync) = self.workers[w].sync.take() {
+            for (&key, lane) in sync.keys.iter().zip(&sync.lanes) {
+                if let Some(lane) = *lane {
+                    self.floating.push((key, Event::Push { lane }));
+                }
+            }
         }
     }
 
