@@ -100,7 +100,8 @@ pub trait Fabric: Send + Sync {
         let read = self.post_read(peer, remote, out.len())?;
         self.finish_read(read, out, timeout)
     }
-    /// Closes the connection to `peer` (after it broke the protocol).
+    /// Closes the connection to `peer` (after it broke the protocol, or another node reported
+    /// it lost).
     fn disconnect(&self, peer: usize);
     /// Whether `peer` is reachable.
     fn is_alive(&self, peer: usize) -> bool;

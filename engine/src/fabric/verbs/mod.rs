@@ -440,7 +440,7 @@ impl Fabric for VerbsFabric {
 
     fn disconnect(&self, peer: usize) {
         // Reported by the reporter thread, like any failure a node thread runs into.
-        self.inner.reports.lock().push_back(Report::Broken(peer, "disconnected after it broke the protocol".into()));
+        self.inner.reports.lock().push_back(Report::Broken(peer, "disconnected by this node".into()));
         self.inner.reports_cv.notify_all();
     }
 
