@@ -137,7 +137,9 @@ fn a_member_that_stops_reading_is_declared_lost_and_memory_stays_bounded() {
 }
 
 /// A stopped node (SIGSTOP; its process lives on but says nothing): both survivors name it in
-/// their errors and barrier failures, never each other, and go on working with each other.
+/// their errors and barrier failures, never each other, and go on working with each other. The
+/// survivor with a long liveness timeout learns of the loss from the other's PEER_LOST, seconds
+/// before its own timeout would have told it.
 #[test]
 fn a_stopped_node_is_named_by_every_survivor() {
     let out = launch_testnode(3, &["stopped"], Duration::from_secs(120));

@@ -732,19 +732,21 @@ fn stopped() -> Result<()> {
             ensure!(started.elapsed() < Duration::from_secs(8), "pushes to the stopped node kept succeeding");
         };
         ensure!(blames_victim(&error), "the failure blames the wrong node: {error}");
-        let between_survivors = [50u64]; // homed at rank 0
-        if node.rank() == 1 {
-            // The survivors still work with each other.
-            worker.push(table, &between_survivors, &[1.0; 2]).context("a push between survivors")?;
-        } else {
+        if node.rank() == 0 {
             ensure!(error.to_string().contains("reported by node 1"), "rank 0 learnt of the loss from rank 1: {error}");
-            // Rank 0 stays until rank 1's push landed (it leaves afterwards).
-            let mut value = [0.0f32; 2];
-            while value[0] < 1.0 {
-                ensure!(started.elapsed() < Duration::from_secs(15), "rank 1's push between survivors never came");
-                worker.pull(table, &between_survivors, &mut value)?;
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            // Rank 1 stays until rank 0 has pushed to it below, so only its PEER_LOST can have
+            // told rank 0 this early (rank 0's own liveness timeout is 12 s).
+            ensure!(started.elapsed() < Duration::from_secs(8), "rank 0 learnt of the loss only after {} ms", started.elapsed().as_millis());
+        }
+        // The survivors still work with each other: each pushes to a key the other homes, and
+        // waits for the other's push, so that neither leaves before both know of the loss.
+        let (to_other, from_other) = if node.rank() == 0 { ([150u64], [50u64]) } else { ([50u64], [150u64]) };
+        worker.push(table, &to_other, &[1.0; 2]).context("a push between survivors")?;
+        let mut value = [0.0f32; 2];
+        while value[0] < 1.0 {
+            ensure!(started.elapsed() < Duration::from_secs(15), "the other survivor's push never came");
+            worker.pull(table, &from_other, &mut value)?;
+            std::thread::sleep(Duration::from_millis(10));
         }
         let barrier = worker.barrier().expect_err("a barrier with a stopped node cannot pass");
         ensure!(blames_victim(&barrier), "the barrier blames the wrong node: {barrier}");
