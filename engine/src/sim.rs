@@ -1602,8 +1602,8 @@ impl Sim {
     /// sets float (see [`Sim::floating`]).
     fn drop_events(&mut self, w: usize, from: usize, to: usize) {
         for i in from..to {
-            let (key, event) = std::mem::replace(&mut self.workers[w].events[i], (0, Event::Pull { value: Vec::new() }));
-            self.workers[w].events[i].0 = key;
+            let (key, event) = &mut self.workers[w].events[i];
+            let (key, event) = (*key, std::mem::replace(event, Event::Pull { value: Vec::new() }));
             if !matches!(event, Event::Pull { .. }) {
                 self.floating.push((key, event));
             }

@@ -272,8 +272,8 @@ fn crash_in(o: &mut SimOptions, seed: u64) {
     o.crash = Some(((seed % o.nodes as u64) as usize, 20 + (seed as usize * 7) % 300));
 }
 
-/// A node crashes in the middle of the run, and each survivor learns of it at a time of its own
-/// (the first to learn tells the others, PEER_LOST): every operation of the survivors completes
+/// A node of 3, 4 or 8 crashes in the middle of the run, and each survivor learns of it at a
+/// time of its own (the first to learn tells the others, PEER_LOST): every operation of the survivors completes
 /// (with the loss's error — `PeerLost`, `KeyLost`, a timeout — where it depended on the lost node,
 /// never another); nothing hangs — not a request sent after its node learnt of the crash through
 /// a home that had not, a replica sync to the lost node
@@ -296,6 +296,12 @@ fn crashes_never_hang_operations() {
         replicas.failed += r.failed;
         replicas.sync_abandoned += r.sync_abandoned;
         replicas.events += r.events;
+    }
+    // More nodes: more of them learn of the crash late, and from each other.
+    for seed in 0..seeds() / 10 {
+        let mut o = configuration(["hash-4-nodes", "8-nodes", "intents-hash-4-nodes-caches"][(seed % 3) as usize], seed);
+        crash_in(&mut o, seed);
+        checked += run_crashing(o).history.len();
     }
     // Not vacuous: replica syncs to the lost node are given up (a few seeds may not say), and
     // run-time replicas are made, and lose operations and syncs to the lost node; keys keep
