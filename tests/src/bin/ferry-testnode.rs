@@ -32,8 +32,9 @@
 //!   rank 0 checks every pull against the guarantee for keys under intent (its own node's
 //!   pushes, each push at most once, other nodes' within a bound) and the exact sums after a
 //!   barrier.
-//! * `intent-crash`: the last of three ranks dies while the keys its workers and the others'
-//!   declare are moving and replicated under intent; the survivors' workers go on declaring,
+//! * `intent-crash`: one of three ranks (the last, or `--victim`) dies while the keys its
+//!   workers and the others' declare are moving and replicated under intent; the survivors'
+//!   workers go on declaring,
 //!   pushing and pulling: operations that needed the lost node fail with an error naming it
 //!   (or a key it held, or a timeout),
 //!   none hangs, no pull returns a push twice or one its worker has not made yet, and the
@@ -137,12 +138,16 @@ enum Scenario {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
-    /// Random intents while the last rank dies: errors, no hang, no push twice.
+    /// Random intents while a rank (the last, or `--victim`) dies: errors, no hang, no push
+    /// twice.
     IntentCrash {
         #[arg(long, default_value_t = 2)]
         workers: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// The rank that dies (default: the last).
+        #[arg(long)]
+        victim: Option<usize>,
     },
 }
 
@@ -165,7 +170,7 @@ fn main() -> Result<()> {
         Scenario::Toolbox { clocks } => toolbox(clocks),
         Scenario::Intent { clocks } => intent(clocks),
         Scenario::IntentHistory { workers, keys, clocks, dir, seed } => intent_history(workers, keys, clocks, &dir, seed),
-        Scenario::IntentCrash { workers, seed } => intent_crash(workers, seed),
+        Scenario::IntentCrash { workers, seed, victim } => intent_crash(workers, seed, victim),
     }
 }
 
@@ -1158,7 +1163,7 @@ struct CrashedIntents {
     longest_ms: u128,
 }
 
-/// The last of three ranks dies at clock `DIE_AT` of `CLOCKS` while every node's workers declare
+/// One of three ranks (`victim`, the last by default) dies at clock `DIE_AT` of `CLOCKS` while every node's workers declare
 /// random intents on few keys (so that keys move, and are replicated on the nodes that declare
 /// them together), push into lanes of their own and pull; bounded-delay clocks (τ = 2) keep
 /// every worker within two clocks of the slowest, so the victim dies while the survivors are
@@ -1167,7 +1172,7 @@ struct CrashedIntents {
 /// push twice or one of its own worker's lanes the worker has not pushed yet, run-time replicas
 /// existed, the barrier fails at once, and the survivors' nodes stop — their intent services
 /// drop every replica, whose deltas to the lost node fail — without hanging.
-fn intent_crash(workers: usize, seed: u64) -> Result<()> {
+fn intent_crash(workers: usize, seed: u64, victim: Option<usize>) -> Result<()> {
     const KEYS: u64 = 12;
     const CLOCKS: u64 = 120;
     const DIE_AT: u64 = 40;
@@ -1183,7 +1188,8 @@ fn intent_crash(workers: usize, seed: u64) -> Result<()> {
     println!("transport {}", node.transport());
     let (rank, nodes) = (node.rank(), node.nodes());
     ensure!(nodes >= 3, "intent-crash needs three nodes or more (two survivors)");
-    let victim = nodes - 1;
+    let victim = victim.unwrap_or(nodes - 1);
+    ensure!(victim < nodes, "no rank {victim} among {nodes}");
     let table = node.table("i")?;
     let lanes_per_worker = (INTENT_LANES - 1) / (nodes * workers);
     let mut first = node.worker();
@@ -1207,9 +1213,8 @@ fn intent_crash(workers: usize, seed: u64) -> Result<()> {
                             Err(e) => {
                                 seen.failed += 1;
                                 // The lost node by name, a key it held (whose value went with it),
-                                // a survivor that finished first and left, or a wait for what the
-                                // lost node would have sent (a relocation its home routed to it
-                                // before the home learnt of the loss waits out the timeout).
+                                // or a timeout (every wait is bounded by one; none has been seen
+                                // since the first node to learn of a loss tells the others).
                                 if !matches!(e, ferry::Error::PeerLost { .. } | ferry::Error::KeyLost { .. } | ferry::Error::Timeout { .. }) {
                                     seen.misblamed.push(e.to_string());
                                 }
