@@ -6,7 +6,7 @@
 //! ferry-tests --test simulation replay -- --nocapture` reruns exactly that simulation and prints
 //! its trace.
 
-use ferry::sim::{SimOptions, SimUpdater, run, run_and_check, run_and_check_crashing};
+use ferry::sim::{SimOptions, SimUpdater, run, run_and_check};
 use ferry::{Partitioning, ValueCodec};
 
 /// Named configurations of the sweep.
@@ -314,9 +314,9 @@ fn crashes_never_hang_operations() {
     }
 }
 
-/// Runs a crash configuration and checks it (see [`run_and_check_crashing`]).
+/// Runs a crash configuration and checks what survives the loss (see [`run_and_check`]).
 fn run_crashing(o: SimOptions) -> ferry::sim::SimReport {
-    run_and_check_crashing(o).unwrap_or_else(|f| panic!("crash configuration: {f}"))
+    run_and_check(o).unwrap_or_else(|f| panic!("crash configuration: {f}"))
 }
 
 /// Replicated keys next to relocated ones: the relocated keys stay per-key sequentially
@@ -476,8 +476,7 @@ fn replay() {
             crash_in(&mut opts, seed);
         }
         eprintln!("replaying {name} seed {seed}: {opts:?}");
-        let outcome = if crash { run_and_check_crashing(opts) } else { run_and_check(opts) };
-        match outcome {
+        match run_and_check(opts) {
             Ok(report) => eprintln!("ok: {} operations, {} steps, {} events checked", report.ops, report.steps, report.history.len()),
             Err(f) => panic!("{f}"),
         }
