@@ -22,6 +22,10 @@ pub enum TransportError {
         /// What was wrong.
         reason: String,
     },
+    /// This node closed the connection to a peer ([`crate::Mesh::disconnect`]: the peer broke
+    /// the protocol above the transport, or another node reported it lost).
+    #[error("the connection to node {0} was closed by this node")]
+    Disconnected(usize),
     /// The connection to a peer is closed (it left, failed, or was cut off).
     #[error("node {0} is not reachable: its connection is closed")]
     PeerGone(usize),

@@ -372,11 +372,12 @@ impl Mesh {
         Ok(())
     }
 
-    /// Closes the connection to `peer` (for instance after it broke the protocol above the
-    /// transport); the handler is told, from the connection's reader thread, as for any lost peer.
+    /// Closes the connection to `peer` (after it broke the protocol above the transport, or
+    /// another node reported it lost); the handler is told, from the connection's reader
+    /// thread, as for any lost peer ([`TransportError::Disconnected`]).
     pub fn disconnect(&self, peer: usize) {
         if let Some(Some(p)) = self.inner.peers.get(peer) {
-            self.inner.defer_loss(p, TransportError::Malformed { peer, reason: "disconnected by this node".into() });
+            self.inner.defer_loss(p, TransportError::Disconnected(peer));
         }
     }
 
