@@ -266,7 +266,8 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
         14 => {
             let count = rng.gen_range(0..6u32);
             let held: Vec<u32> = (0..count).filter(|_| rng.gen_bool(0.5)).collect();
-            let hints = (0..count as usize - held.len()).map(|_| rng.gen_range(0..NODES as u16 + 1)).collect();
+            // Now and then the home's "lost with its owner" (u16::MAX).
+            let hints = (0..count as usize - held.len()).map(|_| if rng.gen_bool(0.2) { u16::MAX } else { rng.gen_range(0..NODES as u16 + 1) }).collect();
             let ack = wire::ReplicaSyncAck {
                 table: rng.gen_range(0..3),
                 id: rng.r#gen(),

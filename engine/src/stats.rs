@@ -217,10 +217,14 @@ pub struct IntentStats {
     /// carried their replicas' deltas straight to the old owner (a move landing first would
     /// lack them; see `docs/INTENT.md`, "A delta on its way when the key lands").
     pub moves_put_off: u64,
+    /// Keys with a run-time replica here (made, being made or granted) whose values were found
+    /// lost with their owners: their replicas were dropped and none is made again, so their
+    /// accesses fail with [`crate::Error::KeyLost`] (see `docs/INTENT.md`, "What holds").
+    pub replicas_lost: u64,
 }
 
 impl IntentStats {
-    fn counters(&mut self) -> [&mut u64; 25] {
+    fn counters(&mut self) -> [&mut u64; 26] {
         [
             &mut self.rounds,
             &mut self.declared,
@@ -247,6 +251,7 @@ impl IntentStats {
             &mut self.drained_again,
             &mut self.made_with_pushes,
             &mut self.moves_put_off,
+            &mut self.replicas_lost,
         ]
     }
 

@@ -301,6 +301,63 @@ fn a_key_leaving_a_node_that_intends_it_again_stays_there_as_a_replica() {
 }
 
 #[test]
+fn replicas_of_keys_lost_with_their_owner_are_dropped_and_their_accesses_fail() {
+    // Node 1 holds keys 1 and 2 (homed at node 0) and all three nodes need them now: nodes 0
+    // and 2 keep replicas. Node 1 dies with the keys' values. Each survivor's replicas serve
+    // until its next sync round finds the values lost: node 2 from the home's answer to its
+    // REPLICA_SYNC, node 0 (the home) from its own directory. Then the replicas are gone, and
+    // the keys' accesses fail as those of any key lost with its owner — a push into a replica
+    // whose deltas can reach no one would vanish without an error.
+    let mut nodes = cluster(3, TableSpec::new("t", KEYS, 1), |c| {
+        c.staleness = Duration::from_millis(10);
+        c.peer_timeout = Duration::from_millis(800);
+        c.heartbeat = Duration::from_millis(100);
+    });
+    let (mut w0, mut w1, mut w2) = (nodes[0].worker(), nodes[1].worker(), nodes[2].worker());
+    let t = w1.table("t").unwrap();
+    let keys = [1u64, 2];
+    w1.intent(t, &keys, 0, 1_000).unwrap();
+    assert!(wait_until_held(&nodes[1], t, &keys), "the only intender did not get the keys");
+    w0.intent(t, &keys, 0, 1_000).unwrap();
+    w2.intent(t, &keys, 0, 1_000).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while [0, 2].iter().any(|&n| nodes[n].stats().intent.replicas_made < 2) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    for n in [0, 2] {
+        assert_eq!(nodes[n].stats().intent.replicas_made, 2, "node {n} made no replicas");
+    }
+    w2.push(t, &keys, &[1.0, 2.0]).unwrap();
+    let routed = [0, 2].map(|n| nodes[n].stats().intent.synced_by_push_pull);
+    drop(w1);
+    nodes.remove(1).abort();
+    for (rank, node, w) in [(0, &nodes[0], &mut w0), (2, &nodes[1], &mut w2)] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut out = [0.0; 2];
+        let error = loop {
+            match w.pull(t, &keys, &mut out) {
+                Ok(()) => assert!(Instant::now() < deadline, "node {rank}'s replicas of lost keys still serve"),
+                Err(e) => break e,
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert!(matches!(error, Error::KeyLost { .. }), "node {rank}: {error:?}");
+        assert!(matches!(w.push(t, &keys[..1], &[1.0]), Err(Error::KeyLost { key: 1, .. })), "node {rank}'s push went somewhere");
+        let intent = node.stats().intent;
+        assert_eq!(intent.replicas_lost, 2, "node {rank}: {intent:?}");
+        // Told by the home, not by failing push-pulls (which name one key each).
+        assert_eq!(intent.synced_by_push_pull, routed[rank / 2], "node {rank}: {intent:?}");
+    }
+    // Keys homed and held on the survivors still work.
+    let mut out = [0.0];
+    w2.pull(t, &[3], &mut out).unwrap();
+    drop((w0, w2));
+    for n in nodes {
+        n.abort();
+    }
+}
+
+#[test]
 fn replicas_of_a_table_with_server_side_updates_are_never_made() {
     // A replica takes pushes by adding them; a table whose holder applies an optimizer keeps
     // shared keys in place instead.

@@ -295,6 +295,7 @@ fn crashes_never_hang_operations() {
         replicas.made += r.made;
         replicas.failed += r.failed;
         replicas.sync_abandoned += r.sync_abandoned;
+        replicas.lost += r.lost;
         replicas.events += r.events;
     }
     // More nodes: more of them learn of the crash late, and from each other.
@@ -309,7 +310,7 @@ fn crashes_never_hang_operations() {
     if seeds() >= 40 {
         assert!(abandoned > 0, "no replica sync was ever given up");
         let r = &replicas;
-        assert!(r.made > 0 && r.failed > 0 && r.sync_abandoned > 0 && r.events > 0, "run-time replicas under a crash: {r:?}");
+        assert!(r.made > 0 && r.failed > 0 && r.sync_abandoned > 0 && r.lost > 0 && r.events > 0, "run-time replicas under a crash: {r:?}");
         assert!(checked > 0, "no key of a crash run kept its history");
     }
 }

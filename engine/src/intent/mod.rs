@@ -70,6 +70,7 @@ pub struct IntentCounters {
     drained_again: AtomicU64,
     made_with_pushes: AtomicU64,
     moves_put_off: AtomicU64,
+    replicas_lost: AtomicU64,
 }
 
 impl IntentCounters {
@@ -162,6 +163,11 @@ impl IntentCounters {
         self.moves_put_off.fetch_add(keys, Ordering::Relaxed);
     }
 
+    /// `keys` keys granted a replica here were found lost with their owners.
+    pub(crate) fn note_replicas_lost(&self, keys: u64) {
+        self.replicas_lost.fetch_add(keys, Ordering::Relaxed);
+    }
+
     /// The counters now.
     pub fn snapshot(&self) -> IntentStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -192,6 +198,7 @@ impl IntentCounters {
             drained_again: get(&self.drained_again),
             made_with_pushes: get(&self.made_with_pushes),
             moves_put_off: get(&self.moves_put_off),
+            replicas_lost: get(&self.replicas_lost),
         }
     }
 }

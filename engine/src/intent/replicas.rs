@@ -103,6 +103,12 @@ pub(crate) struct ReplicaSet {
     /// landing to add to the key (a push of them would reach this node behind the key); the
     /// drop is tried again every round in case the key does not arrive.
     put_off_drops: FastSet<(u16, u64)>,
+    /// Keys found lost with their owners: their replicas were dropped and no grant makes one
+    /// again (a lost value stays lost).
+    lost: FastSet<(u16, u64)>,
+    /// Keys a barrier's sync round found lost, for the service's next poll to drop (with its
+    /// own worker: a drain's push is polled by the service's worker).
+    found_lost: Vec<(u16, u64)>,
 }
 
 /// One push of dropped replicas' deltas: its keys' replicas serve until it is acknowledged.
@@ -193,6 +199,14 @@ impl ReplicaSet {
         if t.dynamic().is_none() {
             return Ok(false);
         }
+        // A grant its home sent before it learnt of the loss.
+        let kept;
+        let keys = if self.lost.is_empty() {
+            keys
+        } else {
+            kept = keys.iter().copied().filter(|&k| !self.lost.contains(&(table, k))).collect::<Vec<u64>>();
+            &kept[..]
+        };
         // A key held or arriving here needs no replica until it leaves (the home grants a
         // replica to the nodes that intend a key, and cannot tell where it is about to be);
         // `remake` catches up with those.
@@ -300,6 +314,7 @@ impl ReplicaSet {
     /// values arrived and are still wanted, refreshes after a sync round, reaps pushes.
     pub fn poll(&mut self, node: &NodeInner, worker: &mut Worker, wait: bool) -> Result<()> {
         self.adopt_kept(node);
+        let mut lost = std::mem::take(&mut self.found_lost);
         let mut outcome = Ok(());
         let mut note = |e| keep_first_error(&mut outcome, Err(e));
         let mut i = 0;
@@ -323,6 +338,11 @@ impl ReplicaSet {
                         self.making.remove(&(table, *k));
                     }
                     end_making(node.core.store(), table, &keys);
+                    if let crate::Error::KeyLost { key, .. } = e
+                        && keys.contains(&key)
+                    {
+                        lost.push((table, key));
+                    }
                     note(e);
                 }
             }
@@ -331,11 +351,15 @@ impl ReplicaSet {
             if let Err(e) = round.poll(node, worker, &mut self.owners, wait) {
                 note(e);
             }
+            lost.extend(round.take_lost());
             if round.is_done() {
                 self.syncing = None;
                 self.end_sync_marks(node);
                 node.core.intent_counters().note_replica_sync();
             }
+        }
+        if !lost.is_empty() {
+            self.forget_lost(node, worker, lost).unwrap_or_else(&mut note);
         }
         // A drain ends when its push is acknowledged and no sync round that may carry an
         // earlier delta of its keys is in flight (none starts while anything drains).
@@ -608,11 +632,35 @@ impl ReplicaSet {
         if taken.is_empty() {
             return Ok(());
         }
-        let (round, outcome) = SyncRound::start(node, worker, &self.owners, &mut self.sync_id, taken);
+        let (mut round, mut outcome) = SyncRound::start(node, worker, &self.owners, &mut self.sync_id, taken);
+        let lost = round.take_lost();
         if round.is_done() {
             self.end_sync_marks(node);
         } else {
             self.syncing = Some(round);
+        }
+        if !lost.is_empty() {
+            keep_first_error(&mut outcome, self.forget_lost(node, worker, lost));
+        }
+        outcome
+    }
+
+    /// `lost` keys' values were lost with their owners: drops their replicas (their deltas can
+    /// reach no one; the drop's push fails as any push of a lost key does), stops making them,
+    /// and takes no grant of them again. Accesses of these keys then fail as those of any key
+    /// lost with its owner, rather than being served by a replica whose pushes would vanish.
+    fn forget_lost(&mut self, node: &NodeInner, worker: &mut Worker, lost: Vec<(u16, u64)>) -> Result<()> {
+        let mut tables: BTreeMap<u16, Vec<u64>> = BTreeMap::new();
+        for (table, key) in lost {
+            if self.lost.insert((table, key)) {
+                tables.entry(table).or_default().push(key);
+            }
+        }
+        let mut outcome = Ok(());
+        for (table, keys) in tables {
+            tracing::debug!(node = node.config.rank, table, keys = keys.len(), "run-time replicas of keys lost with their owner are dropped");
+            node.core.intent_counters().note_replicas_lost(keys.len() as u64);
+            keep_first_error(&mut outcome, self.drop_replicas(node, worker, table, &keys, false));
         }
         outcome
     }
@@ -644,7 +692,8 @@ impl ReplicaSet {
 
     /// A sync round now, through `worker`, waiting for it (around a barrier; nothing may be in
     /// flight, and no key with a replica here may be on its way here: see
-    /// [`ReplicaSet::replicas_arriving`]).
+    /// [`ReplicaSet::replicas_arriving`]). Keys it finds lost are dropped by the service's next
+    /// poll.
     pub fn sync_now(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         debug_assert!(self.quiet());
         let taken = self.take_deltas(node);
@@ -652,6 +701,7 @@ impl ReplicaSet {
         keep_first_error(&mut outcome, round.poll(node, worker, &mut self.owners, true));
         self.end_sync_marks(node);
         node.core.intent_counters().note_replica_sync();
+        self.found_lost.extend(round.take_lost());
         outcome
     }
 

@@ -5,7 +5,8 @@
 //! when the acknowledgement arrives and finished in a later poll, and sends
 //! the rest — keys that were not there — through an ordinary push-pull that the homes route,
 //! whose answer refreshes them. The acknowledgement names, per key not held, where to try next
-//! time (see the protocol's `replica_sync`).
+//! time (see the protocol's `replica_sync`), or that the key's value was lost with its owner:
+//! such keys are not routed but handed to the replica set, which drops their replicas.
 //!
 //! Each replica becomes its owner's value (which includes the delta just sent) plus the pushes
 //! it took since its delta was taken. The service runs a round asynchronously and completes it
@@ -25,7 +26,7 @@ use std::time::Instant;
 use crate::error::{Error, Result};
 use crate::fabric::PostedRead;
 use crate::protocol::wire::ReplicaSyncAck;
-use crate::protocol::{Directory, OutgoingSync};
+use crate::protocol::{Directory, LOST_OWNER, OutgoingSync};
 use crate::runtime::NodeInner;
 use crate::util::{FastMap, FastSet};
 use crate::worker::{PullTicket, Worker};
@@ -76,6 +77,9 @@ pub(super) struct SyncRound {
     parts: Vec<SyncPart>,
     reads: Vec<ImageRead>,
     routed: Vec<RoutedSync>,
+    /// Keys found lost with their owners (by the home's answer, this node being the home, or
+    /// a routed push-pull's failure), not yet taken by the replica set.
+    lost: Vec<(u16, u64)>,
     /// Replicas that ended or were kept anew since the round started: not refreshed by it.
     left_out: FastSet<(u16, u64)>,
     /// Each key's replica incarnation when its delta was taken: a replica refreshed must still
@@ -94,6 +98,7 @@ impl SyncRound {
             parts: Vec::new(),
             reads: Vec::new(),
             routed: Vec::new(),
+            lost: Vec::new(),
             left_out: FastSet::default(),
             incarnations: FastMap::default(),
             deadline: Instant::now() + node.config.op_timeout,
@@ -108,9 +113,15 @@ impl SyncRound {
             let per_item = 8 + 4 * value_len;
             let mut by_owner: BTreeMap<u16, (Vec<u64>, Vec<f32>)> = BTreeMap::new();
             let mut routed = (Vec::new(), Vec::new());
+            let dir = node.core.directory();
             for (&key, delta) in keys.iter().zip(deltas.chunks_exact(value_len)) {
-                let (k, d) = match believed_owner(node.core.directory(), hints.get(&(table, key)).copied(), table, key, |n| node.fabric.is_alive(n as usize)) {
+                let (k, d) = match believed_owner(dir, hints.get(&(table, key)).copied(), table, key, |n| node.fabric.is_alive(n as usize)) {
                     Some(owner) => by_owner.entry(owner).or_default(),
+                    // This node is the key's home and knows its value went with its owner.
+                    None if dir.home(table, key) == dir.rank() && dir.owner(table, key) == LOST_OWNER => {
+                        round.lost.push((table, key));
+                        continue;
+                    }
                     None => &mut routed,
                 };
                 k.push(key);
@@ -147,6 +158,12 @@ impl SyncRound {
             round.parts.extend(sends.into_iter().map(|(part, _)| part));
         }
         (round, outcome)
+    }
+
+    /// Takes the keys the round found lost with their owners since the last call: their
+    /// replicas can reach no one (their deltas, sent or not, are lost with the value).
+    pub fn take_lost(&mut self) -> Vec<(u16, u64)> {
+        std::mem::take(&mut self.lost)
     }
 
     /// Whether everything of the round completed.
@@ -213,8 +230,16 @@ impl SyncRound {
             match worker.wait_pull(r.ticket) {
                 Ok(fresh) => super::replicas::refresh(node, r.table, &r.keys, fresh, &self.left_out, &self.incarnations),
                 // The deltas were handed to the protocol: like any push, they reach their
-                // owner unless it is lost. The replicas keep their values until next time.
-                Err(e) => keep_first_error(&mut outcome, Err(e)),
+                // owner unless it is lost. The replicas keep their values until next time,
+                // except that of a key the failure names lost with its owner.
+                Err(e) => {
+                    if let Error::KeyLost { key, .. } = e
+                        && r.keys.contains(&key)
+                    {
+                        self.lost.push((r.table, key));
+                    }
+                    keep_first_error(&mut outcome, Err(e))
+                }
             }
         }
         outcome
@@ -248,8 +273,16 @@ impl SyncRound {
                 if held.next_if_eq(&&(i as u32)).is_some() {
                     continue;
                 }
-                if let Some(&h) = hint.next() {
-                    hints.insert((part.table, key), h);
+                match hint.next() {
+                    // The key's home answered that its value was lost with its owner.
+                    Some(&LOST_OWNER) => {
+                        self.lost.push((part.table, key));
+                        continue;
+                    }
+                    Some(&h) => {
+                        hints.insert((part.table, key), h);
+                    }
+                    None => {}
                 }
                 keys.push(key);
                 deltas.extend_from_slice(delta);

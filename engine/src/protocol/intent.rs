@@ -413,39 +413,16 @@ mod tests {
     /// grantee's move or replica could only fail.
     #[test]
     fn a_home_grants_no_key_whose_value_was_lost() {
-        use crate::config::{HugePages, TableSpec};
-        use crate::store::{LocalRegistrar, Store};
-        let specs = [TableSpec::new("t", 30, 2)];
-        let store = std::sync::Arc::new(Store::new(1, 3, &specs, 4, HugePages::Off, std::sync::Arc::new(LocalRegistrar::default())).unwrap());
-        let settings = super::super::Settings {
-            relocation: true,
-            location_caches: false,
-            max_message_bytes: 64 << 10,
-            part_bytes: 4096,
-            small_operation_rows: super::super::SMALL_OPERATION_ROWS,
-            op_timeout_ns: u64::MAX / 4,
-            loss_grace_ns: 1_000,
-            shards: 2,
-            share_clocks: false,
-        };
-        let core = super::super::Core::new(1, 3, &specs, store, settings);
-        let mut tx = core.transmit();
+        let core = super::super::tests::core_of(1, 3);
         // Keys 10..20 are homed at node 1 (range partitioning); key 11's value was lost.
         let dir = core.directory();
         assert_eq!((dir.home(0, 10), dir.home(0, 11)), (1, 1));
         dir.set_owner(0, 11, LOST_OWNER);
         let mut frame = Vec::new();
         wire::encode_intent(&mut frame, msg::INTENT, IntentLevel::Now as u8, 0, &[10, 11]);
-        let mut step = core.step(&mut tx, 1);
-        assert_eq!(step.handle_frame(2, &bytes::Bytes::from(frame), 0, 0).unwrap(), super::super::Progress::Done);
-        drop(step);
-        let (to, frame) = tx.poll_transmit().expect("an INTENT_GO for node 2");
-        assert_eq!(to, 2);
-        let body = wire::Messages::new(&frame).next().unwrap().unwrap();
-        assert_eq!(body[0], msg::INTENT_GO);
-        let (_, table, keys) = wire::decode_intent(body).unwrap();
+        let body = super::super::tests::answer_to(&core, 2, frame, msg::INTENT_GO);
+        let (_, table, keys) = wire::decode_intent(&body).unwrap();
         assert_eq!((table, keys.collect::<Vec<_>>()), (0, vec![10]), "key 11 is not granted");
-        assert!(tx.poll_transmit().is_none());
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! the same latch into an image buffer of the sender's own (see [`crate::store::ImageBuffer`]),
 //! and answers with REPLICA_SYNC_ACK: which items it applied, where their images lie, and, for
 //! each item it does not hold, where the key is to be found (the owner if it is the key's home,
-//! the home otherwise). The sender refreshes the applied items with one one-sided read and
+//! the home otherwise; [`LOST_OWNER`] from the home of a key whose value was lost with its
+//! owner). The sender refreshes the applied items with one one-sided read and
 //! sends the others through an ordinary push-pull, which the homes route (see
 //! [`crate::intent`]'s replica set for that side).
 //!
@@ -24,7 +25,7 @@
 //! the push from the replica (seen over soft-RoCE, see `docs/INTENT.md`).
 
 use super::wire::{self, ReplicaSync, ReplicaSyncAck};
-use super::{Progress, Step};
+use super::{LOST_OWNER, Progress, Step};
 use crate::error::{Error, Result};
 use crate::stats::MessageKind;
 
@@ -108,10 +109,9 @@ impl Step<'_, '_> {
             drop(guard);
             let home = dir.home(sync.table, key);
             // A hint only: the sender tries there next time and is told again if it is wrong.
-            let hint = match dir.owner_of(sync.table, key) {
-                Some(owner) if home == rank => owner,
-                _ => home,
-            };
+            // The home of a key whose value went with a lost owner says so ([`LOST_OWNER`]):
+            // the sender's replica can reach no one, and is dropped.
+            let hint = if home == rank { dir.owner(sync.table, key) } else { home };
             hints.push(hint);
         }
         let ack = ReplicaSyncAck { table: sync.table, id: sync.id, count: sync.count as u32, remote: image.remote_at(offset, slot_words), held, hints };
@@ -129,10 +129,48 @@ impl Step<'_, '_> {
         if self.directory().table(ack.table).is_none() {
             return Err(Error::Protocol(format!("REPLICA_SYNC_ACK for unknown table {}", ack.table)));
         }
-        if ack.hints.iter().any(|&h| h as usize >= self.directory().nodes()) {
+        if ack.hints.iter().any(|&h| h as usize >= self.directory().nodes() && h != LOST_OWNER) {
             return Err(Error::Protocol(format!("REPLICA_SYNC_ACK from node {from} names a node beyond the cluster")));
         }
         self.core.replica_sync_acks().post(from, ack);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::wire::msg;
+
+    /// A home answers a REPLICA_SYNC item of a key whose value was lost with its owner with
+    /// [`LOST_OWNER`] (the sender drops its replica); the sender's side takes that hint and
+    /// still refuses a node beyond the cluster.
+    #[test]
+    fn a_home_names_a_key_lost_with_its_owner_in_its_answer() {
+        let core = crate::protocol::tests::core_of(1, 3);
+        // Keys 10..20 are homed (and held) at node 1; key 11 left for a node that was lost,
+        // with its value; key 3 is homed at node 0.
+        let left = core.store().lock(0, 11).unpublish().expect("held at its home");
+        core.store().free(left);
+        core.directory().set_owner(0, 11, LOST_OWNER);
+        let mut frame = Vec::new();
+        let start = wire::begin_replica_sync(&mut frame, 0, 7, 0, 3);
+        for (i, key) in [10u64, 11, 3].into_iter().enumerate() {
+            wire::push_replica_sync_item(&mut frame, start, i, key, &[1.0, 2.0]);
+        }
+        wire::finish_replica_sync(&mut frame, start);
+        let body = crate::protocol::tests::answer_to(&core, 2, frame, msg::REPLICA_SYNC_ACK);
+        let ack = wire::decode_replica_sync_ack(&body).unwrap();
+        assert_eq!((ack.held.clone(), ack.hints.clone()), (vec![0], vec![LOST_OWNER, 0]), "key 10 applied, key 11 lost, key 3 at its home");
+        // Node 2's side.
+        let core = crate::protocol::tests::core_of(2, 3);
+        let mut tx = core.transmit();
+        for (hints, accepted) in [(vec![LOST_OWNER, 0], true), (vec![3, 0], false)] {
+            let mut frame = Vec::new();
+            wire::encode_replica_sync_ack(&mut frame, &ReplicaSyncAck { hints, ..ack.clone() });
+            let mut step = core.step(&mut tx, 1);
+            let handled = step.handle_frame(1, &bytes::Bytes::from(frame), 0, 0);
+            assert_eq!(handled.is_ok(), accepted, "{handled:?}");
+        }
     }
 }

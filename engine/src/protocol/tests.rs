@@ -3,6 +3,45 @@
 use crate::config::Partitioning;
 use crate::sim::{SimOptions, run_and_check};
 
+/// The protocol core of node `rank` of `nodes`, with one table "t" of 30 keys of 2 values
+/// (range partitioning) and no peers, for tests that hand it frames and look at what it sends.
+pub(super) fn core_of(rank: usize, nodes: usize) -> super::Core {
+    use crate::config::{HugePages, TableSpec};
+    use crate::store::{LocalRegistrar, Store};
+    let specs = [TableSpec::new("t", 30, 2)];
+    let store = std::sync::Arc::new(Store::new(rank, nodes, &specs, 4, HugePages::Off, std::sync::Arc::new(LocalRegistrar::default())).unwrap());
+    let settings = super::Settings {
+        relocation: true,
+        location_caches: false,
+        max_message_bytes: 64 << 10,
+        part_bytes: 4096,
+        small_operation_rows: super::SMALL_OPERATION_ROWS,
+        op_timeout_ns: u64::MAX / 4,
+        loss_grace_ns: 1_000,
+        shards: 2,
+        share_clocks: false,
+    };
+    super::Core::new(rank, nodes, &specs, store, settings)
+}
+
+/// Hands `core` the message `frame` from node `from` (wholly handled by one step) and returns
+/// the only frame it sends back, which must go to `from` and hold one message of type `kind`:
+/// that message.
+pub(super) fn answer_to(core: &super::Core, from: u16, frame: Vec<u8>, kind: u8) -> Vec<u8> {
+    let mut tx = core.transmit();
+    let mut step = core.step(&mut tx, 1);
+    assert_eq!(step.handle_frame(from, &bytes::Bytes::from(frame), 0, 0).unwrap(), super::Progress::Done);
+    drop(step);
+    let (to, frame) = tx.poll_transmit().expect("an answer");
+    assert_eq!(to, from);
+    assert!(tx.poll_transmit().is_none(), "one answer");
+    let mut messages = super::wire::Messages::new(&frame);
+    let body = messages.next().unwrap().unwrap().to_vec();
+    assert!(messages.next().is_none(), "one message");
+    assert_eq!(body[0], kind);
+    body
+}
+
 fn sweep(seeds: std::ops::Range<u64>, configure: impl Fn(&mut SimOptions)) {
     for seed in seeds {
         let mut opts = SimOptions::small(seed);

@@ -1125,7 +1125,8 @@ pub struct ReplicaSyncAck {
     /// Indices of the held items, strictly increasing, below `count`.
     pub held: Vec<u32>,
     /// Per item not held, in order: where its key is to be found (the owner, as far as the
-    /// receiver knows, or the key's home).
+    /// receiver knows, or the key's home), or `LOST_OWNER` from the home of a key whose value
+    /// was lost with its owner.
     pub hints: Vec<u16>,
 }
 

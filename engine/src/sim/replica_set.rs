@@ -49,7 +49,7 @@ use crate::util::FastSet;
 use super::{InFlight, ScriptOp, Served, Sim, queued};
 use crate::consistency::{Event, TimedPull, TimedPush, Violation, check_bounded_staleness};
 use crate::intent::{Drained, Dropped, TakenDeltas, believed_owner, drop_replica, end_drained_replica, end_making, set_replica, take_table_deltas};
-use crate::protocol::{AccessKind, Issued, OpId, OutgoingSync, PullTarget};
+use crate::protocol::{AccessKind, Issued, LOST_OWNER, OpId, OutgoingSync, PullTarget};
 use crate::store::{MadeReplica, Residence};
 
 /// What the simulated replica sets did over a run.
@@ -89,6 +89,9 @@ pub struct ReplicaSetCounts {
     pub failed: usize,
     /// REPLICA_SYNCs given up because their owner was lost.
     pub sync_abandoned: usize,
+    /// Keys found lost with their owners (by a home's answer to a REPLICA_SYNC, the node's
+    /// own directory as their home, or a failed make or routed sync): their replicas dropped.
+    pub lost: usize,
 }
 
 /// One node's simulated replica set (the intent service's `ReplicaSet`, in miniature).
@@ -132,6 +135,8 @@ pub(super) struct SimReplicaSet {
     sync_id: u32,
     /// Where keys were found when not at their homes (`OwnerHints`).
     hints: BTreeMap<u64, u16>,
+    /// Keys found lost with their owners: no replica is made of them again.
+    lost: BTreeSet<u64>,
     /// The node's workers are done and every replica was dropped.
     pub(super) stopped: bool,
 }
@@ -272,7 +277,8 @@ impl Sim {
         let Some(d) = t.dynamic() else { return Err("the simulated table keeps no run-time replicas".into()) };
         let set = &mut self.replica_sets[node];
         let mut wanted = Vec::new();
-        for &key in &keys {
+        // A grant its home sent before it learnt of the loss.
+        for &key in keys.iter().filter(|k| !set.lost.contains(k)) {
             // A drained or put-off replica wanted again stays.
             if (set.put_off.remove(&key) || set.draining.remove(&key).is_some()) && t.has_dynamic_replica(key) {
                 set.replicas.insert(key);
@@ -518,6 +524,11 @@ impl Sim {
         self.log(format!("worker {w}@{node}'s service operation {op:#x} failed: {error}"));
         let store = self.nodes[node].core.store().clone();
         let set = &mut self.replica_sets[node];
+        // A key the failure names lost with its owner.
+        let named = match error {
+            crate::error::Error::KeyLost { key, .. } => Some(*key),
+            _ => None,
+        };
         if let Some(i) = set.makes.iter().position(|m| m.0 == op) {
             let (_, keys, _, _) = set.makes.swap_remove(i);
             for key in &keys {
@@ -525,12 +536,13 @@ impl Sim {
                 set.making.remove(key);
             }
             end_making(&store, 0, &keys);
-            return Ok(());
+            return self.forget_lost(w, named.filter(|k| keys.contains(k)).into_iter().collect());
         }
         if let Some(round) = set.syncing.as_mut()
             && let Some(i) = round.routed.iter().position(|x| x.0 == op)
         {
-            round.routed.swap_remove(i);
+            let (_, keys, _, _) = round.routed.swap_remove(i);
+            self.forget_lost(w, named.filter(|k| keys.contains(k)).into_iter().collect())?;
             return self.end_sync_if_done(w);
         }
         let Some(i) = set.drains.iter().position(|d| d.op == op) else {
@@ -621,9 +633,14 @@ impl Sim {
         let dir = self.nodes[node].core.directory();
         let mut by_owner: BTreeMap<u16, (Vec<u64>, Vec<f32>)> = BTreeMap::new();
         let mut routed = (Vec::new(), Vec::new());
+        let mut lost = Vec::new();
         for (&key, delta) in keys.iter().zip(deltas.chunks_exact(lanes)) {
             let (k, d) = match believed_owner(dir, set.hints.get(&key).copied(), 0, key, |_| true) {
                 Some(owner) => by_owner.entry(owner).or_default(),
+                None if dir.home(0, key) == node as u16 && dir.owner(0, key) == LOST_OWNER => {
+                    lost.push(key);
+                    continue;
+                }
                 None => &mut routed,
             };
             k.push(key);
@@ -645,7 +662,22 @@ impl Sim {
         if !routed.0.is_empty() {
             self.route_sync(w, routed.0, routed.1)?;
         }
+        self.forget_lost(w, lost)?;
         self.end_sync_if_done(w)
+    }
+
+    /// Service worker `w`'s node found `keys` lost with their owners (`ReplicaSet::forget_lost`):
+    /// their replicas drop, and none is made of them again.
+    fn forget_lost(&mut self, w: usize, keys: Vec<u64>) -> Result<(), String> {
+        let node = self.workers[w].node;
+        let set = &mut self.replica_sets[node];
+        let fresh: Vec<u64> = keys.into_iter().filter(|&k| set.lost.insert(k)).collect();
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        self.replica_counts.lost += fresh.len();
+        self.log(format!("worker {w}@{node} drops the replicas of {fresh:?}, lost with their owner"));
+        self.drop_replicas(w, fresh, false, false)
     }
 
     /// Sends deltas of keys that were not where a sync sent them (or had no believed owner)
@@ -771,19 +803,29 @@ impl Sim {
             self.replica_counts.sync_applied += ack.held.len();
         }
         if ack.held.len() < count {
-            let (mut routed, mut routed_deltas) = (Vec::new(), Vec::new());
+            let (mut routed, mut routed_deltas, mut lost) = (Vec::new(), Vec::new(), Vec::new());
             let mut hints = ack.hints.iter();
             for (i, (&key, delta)) in keys.iter().zip(deltas.chunks_exact(lanes)).enumerate() {
                 if ack.held.contains(&(i as u32)) {
                     continue;
                 }
-                if let Some(&h) = hints.next() {
-                    self.replica_sets[node].hints.insert(key, h);
+                match hints.next() {
+                    Some(&LOST_OWNER) => {
+                        lost.push(key);
+                        continue;
+                    }
+                    Some(&h) => {
+                        self.replica_sets[node].hints.insert(key, h);
+                    }
+                    None => {}
                 }
                 routed.push(key);
                 routed_deltas.extend_from_slice(delta);
             }
-            self.route_sync(w, routed, routed_deltas)?;
+            if !routed.is_empty() {
+                self.route_sync(w, routed, routed_deltas)?;
+            }
+            self.forget_lost(w, lost)?;
         }
         Ok(())
     }

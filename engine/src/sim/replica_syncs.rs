@@ -136,7 +136,7 @@ impl Sim {
         if ack.table != 0 || ack.id != id || ack.count as usize != count || !held_ok || ack.hints.len() != count - ack.held.len() {
             return Err(format!("node {owner} acknowledged replica sync {id} of {count} items with {ack:?}"));
         }
-        if ack.hints.iter().any(|&h| h as usize >= self.opts.nodes) {
+        if ack.hints.iter().any(|&h| h as usize >= self.opts.nodes && h != crate::protocol::LOST_OWNER) {
             return Err(format!("node {owner} named a node beyond the cluster: {:?}", ack.hints));
         }
         if ack.held.is_empty() {

@@ -1161,6 +1161,8 @@ struct CrashedIntents {
     misblamed: Vec<String>,
     /// The longest single call, in milliseconds.
     longest_ms: u128,
+    /// What it was, and how it ended.
+    longest_call: String,
 }
 
 /// One of three ranks (`victim`, the last by default) dies at clock `DIE_AT` of `CLOCKS` while every node's workers declare
@@ -1206,8 +1208,16 @@ fn intent_crash(workers: usize, seed: u64, victim: Option<usize>) -> Result<()> 
                     let mut seen = CrashedIntents::default();
                     let mut pushed = vec![0usize; KEYS as usize];
                     let own = 1 + global * lanes_per_worker..1 + (global + 1) * lanes_per_worker;
-                    let note = |seen: &mut CrashedIntents, began: Instant, outcome: std::result::Result<(), ferry::Error>| {
-                        seen.longest_ms = seen.longest_ms.max(began.elapsed().as_millis());
+                    let note = |seen: &mut CrashedIntents, began: Instant, call: &dyn Fn() -> String, outcome: std::result::Result<(), ferry::Error>| {
+                        let took = began.elapsed().as_millis();
+                        if took >= seen.longest_ms {
+                            seen.longest_ms = took;
+                            let ended = match &outcome {
+                                Ok(()) => "ok".to_string(),
+                                Err(e) => e.to_string(),
+                            };
+                            seen.longest_call = format!("{}: {ended}", call());
+                        }
                         match outcome {
                             Ok(()) => seen.ok += 1,
                             Err(e) => {
@@ -1231,7 +1241,7 @@ fn intent_crash(workers: usize, seed: u64, victim: Option<usize>) -> Result<()> 
                         chosen.dedup();
                         let began = Instant::now();
                         let declared = worker.intent(table, &chosen, clock + 1, clock + 1 + rng.gen_range(1..4));
-                        note(&mut seen, began, declared);
+                        note(&mut seen, began, &|| format!("intent on {chosen:?} at clock {clock}"), declared);
                         for _ in 0..6 {
                             let key = if rng.gen_bool(0.8) { chosen[rng.gen_range(0..chosen.len())] } else { rng.gen_range(0..KEYS) };
                             let began = Instant::now();
@@ -1239,12 +1249,12 @@ fn intent_crash(workers: usize, seed: u64, victim: Option<usize>) -> Result<()> 
                                 let lane = own.start + pushed[key as usize];
                                 pushed[key as usize] += 1;
                                 let outcome = worker.push(table, &[key], &push_update(lane as u32, INTENT_LANES));
-                                note(&mut seen, began, outcome);
+                                note(&mut seen, began, &|| format!("push to key {key} at clock {clock}"), outcome);
                             } else {
                                 let mut value = vec![0.0; INTENT_LANES];
                                 let outcome = worker.pull(table, &[key], &mut value);
                                 let ok = outcome.is_ok();
-                                note(&mut seen, began, outcome);
+                                note(&mut seen, began, &|| format!("pull of key {key} at clock {clock}"), outcome);
                                 if ok {
                                     if let Some((lane, x)) = value.iter().enumerate().find(|&(_, &x)| x != 0.0 && x != 1.0) {
                                         bail!("a pull of key {key} holds {x} in lane {lane}: a push applied more than once");
@@ -1257,7 +1267,7 @@ fn intent_crash(workers: usize, seed: u64, victim: Option<usize>) -> Result<()> 
                         std::thread::sleep(Duration::from_micros(rng.gen_range(300..2_000)));
                         let began = Instant::now();
                         let advanced = worker.advance_clock().map(|_| ());
-                        note(&mut seen, began, advanced);
+                        note(&mut seen, began, &|| format!("advance from clock {clock}"), advanced);
                         clock += 1;
                     }
                     Ok(seen)
@@ -1273,7 +1283,7 @@ fn intent_crash(workers: usize, seed: u64, victim: Option<usize>) -> Result<()> 
         std::process::exit(0);
     }
     let (ok, failed) = (seen.iter().map(|s| s.ok).sum::<u64>(), seen.iter().map(|s| s.failed).sum::<u64>());
-    let longest = seen.iter().map(|s| s.longest_ms).max().unwrap_or(0);
+    let (longest, longest_call) = seen.iter().max_by_key(|s| s.longest_ms).map_or((0, ""), |s| (s.longest_ms, s.longest_call.as_str()));
     let misblamed: Vec<&String> = seen.iter().flat_map(|s| &s.misblamed).collect();
     ensure!(misblamed.is_empty(), "failures that do not name the lost node {victim}: {misblamed:?}");
     // No check that a call failed: a survivor may hold or replicate every key it used after the
@@ -1294,10 +1304,12 @@ fn intent_crash(workers: usize, seed: u64, victim: Option<usize>) -> Result<()> 
     let stop_ms = stopping.elapsed().as_millis();
     ensure!(stop_ms < 30_000, "finalize took {stop_ms} ms");
     println!(
-        "intent crash ok: {ok} calls succeeded and {failed} failed (naming node {victim}, a key it held, or a timeout), the longest took {longest} ms; \
-         {} replicas made and {} syncs here; the barrier failed in {barrier_ms} ms ({barrier}); finalize returned in {stop_ms} ms ({}) after {} ms",
+        "intent crash ok: {ok} calls succeeded and {failed} failed (naming node {victim}, a key it held, or a timeout), the longest took {longest} ms ({longest_call}); \
+         {} replicas made and {} syncs here, {} keys found lost with the victim dropped their replicas; the barrier failed in {barrier_ms} ms ({barrier}); \
+         finalize returned in {stop_ms} ms ({}) after {} ms",
         stats.intent.replicas_made,
         stats.intent.replica_syncs,
+        stats.intent.replicas_lost,
         match &finalized {
             Ok(()) => "ok".to_string(),
             Err(e) => e.to_string(),
