@@ -278,8 +278,9 @@ fn crash_in(o: &mut SimOptions, seed: u64) {
 /// never another); nothing hangs — not a request sent after its node learnt of the crash through
 /// a home that had not, a replica sync to the lost node
 /// is given up, and the intent service's replica set (run-time replicas) ends the makes, drains
-/// and routed syncs that failed and gives up its REPLICA_SYNCs to the lost node, and still drops
-/// every replica before it stops; no read of a key with run-time replicas includes a push twice;
+/// and routed syncs that failed, gives up its REPLICA_SYNCs to the lost node, drops the replicas
+/// of keys whose values were lost with it (found by a home's answer, its own directory as the
+/// home, or a failure naming the key), and still drops every replica before it stops; no read of a key with run-time replicas includes a push twice;
 /// every other key stays sequentially consistent, a failed operation's pushes and sets taking
 /// effect at any time after they were issued, or never.
 #[test]
