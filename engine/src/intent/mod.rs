@@ -26,7 +26,7 @@ pub(crate) use replicas::{Drained, Dropped, drop_replica, end_drained_replica, e
 pub(crate) use service::IntentService;
 pub(crate) use sync_acks::SyncAcks;
 #[cfg(any(test, feature = "sim"))]
-pub(crate) use sync_round::{TakenDeltas, believed_owner};
+pub(crate) use sync_round::{TakenDeltas, believed_owner, lost_key_among};
 
 use crate::keymap::KeyMap;
 use crate::stats::IntentStats;

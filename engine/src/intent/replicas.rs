@@ -57,7 +57,7 @@
 
 use std::collections::BTreeMap;
 
-use super::sync_round::{OwnerHints, SyncRound, TakenDeltas, keep_first_error};
+use super::sync_round::{OwnerHints, SyncRound, TakenDeltas, keep_first_error, lost_key_among};
 use crate::error::Result;
 use crate::runtime::NodeInner;
 use crate::store::{KeyGuard, MadeReplica, Residence, Slot, Store, SyncTaker};
@@ -338,11 +338,7 @@ impl ReplicaSet {
                         self.making.remove(&(table, *k));
                     }
                     end_making(node.core.store(), table, &keys);
-                    if let crate::Error::KeyLost { key, .. } = e
-                        && keys.contains(&key)
-                    {
-                        lost.push((table, key));
-                    }
+                    lost.extend(lost_key_among(&e, &keys).map(|key| (table, key)));
                     note(e);
                 }
             }

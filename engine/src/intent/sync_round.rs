@@ -118,7 +118,7 @@ impl SyncRound {
                 let (k, d) = match believed_owner(dir, hints.get(&(table, key)).copied(), table, key, |n| node.fabric.is_alive(n as usize)) {
                     Some(owner) => by_owner.entry(owner).or_default(),
                     // This node is the key's home and knows its value went with its owner.
-                    None if dir.home(table, key) == dir.rank() && dir.owner(table, key) == LOST_OWNER => {
+                    None if dir.knows_lost(table, key) => {
                         round.lost.push((table, key));
                         continue;
                     }
@@ -233,11 +233,7 @@ impl SyncRound {
                 // owner unless it is lost. The replicas keep their values until next time,
                 // except that of a key the failure names lost with its owner.
                 Err(e) => {
-                    if let Error::KeyLost { key, .. } = e
-                        && r.keys.contains(&key)
-                    {
-                        self.lost.push((r.table, key));
-                    }
+                    self.lost.extend(lost_key_among(&e, &r.keys).map(|key| (r.table, key)));
                     keep_first_error(&mut outcome, Err(e))
                 }
             }
@@ -348,6 +344,14 @@ fn apply_images(node: &NodeInner, table: u16, keys: &[u64], copy: &[u8], left_ou
         super::replicas::set_replica(store, table, key, incarnation, &mut value, &mut delta);
     }
     torn
+}
+
+/// The key of `keys` that `error` says was lost with its owner, if any.
+pub(crate) fn lost_key_among(error: &Error, keys: &[u64]) -> Option<u64> {
+    match error {
+        Error::KeyLost { key, .. } if keys.contains(key) => Some(*key),
+        _ => None,
+    }
 }
 
 /// Keeps the first error of several steps that all run (`outcome` is what is reported).

@@ -140,6 +140,12 @@ impl Directory {
         t.owners[t.partitioner.home_index(key)].store(owner, Ordering::Relaxed);
     }
 
+    /// Whether this node is `key`'s home and knows its value was lost with its owner.
+    #[inline]
+    pub fn knows_lost(&self, table: u16, key: u64) -> bool {
+        self.home(table, key) == self.rank && self.owner(table, key) == LOST_OWNER
+    }
+
     /// The owner this node records for `key` when it is the key's home and the owner is not
     /// lost; `None` otherwise (for tests and consistency checks).
     pub fn owner_of(&self, table: u16, key: u64) -> Option<u16> {

@@ -48,7 +48,9 @@ use crate::util::FastSet;
 
 use super::{InFlight, ScriptOp, Served, Sim, queued};
 use crate::consistency::{Event, TimedPull, TimedPush, Violation, check_bounded_staleness};
-use crate::intent::{Drained, Dropped, TakenDeltas, believed_owner, drop_replica, end_drained_replica, end_making, set_replica, take_table_deltas};
+use crate::intent::{
+    Drained, Dropped, TakenDeltas, believed_owner, drop_replica, end_drained_replica, end_making, lost_key_among, set_replica, take_table_deltas,
+};
 use crate::protocol::{AccessKind, Issued, LOST_OWNER, OpId, OutgoingSync, PullTarget};
 use crate::store::{MadeReplica, Residence};
 
@@ -524,11 +526,6 @@ impl Sim {
         self.log(format!("worker {w}@{node}'s service operation {op:#x} failed: {error}"));
         let store = self.nodes[node].core.store().clone();
         let set = &mut self.replica_sets[node];
-        // A key the failure names lost with its owner.
-        let named = match error {
-            crate::error::Error::KeyLost { key, .. } => Some(*key),
-            _ => None,
-        };
         if let Some(i) = set.makes.iter().position(|m| m.0 == op) {
             let (_, keys, _, _) = set.makes.swap_remove(i);
             for key in &keys {
@@ -536,13 +533,13 @@ impl Sim {
                 set.making.remove(key);
             }
             end_making(&store, 0, &keys);
-            return self.forget_lost(w, named.filter(|k| keys.contains(k)).into_iter().collect());
+            return self.forget_lost(w, lost_key_among(error, &keys).into_iter().collect());
         }
         if let Some(round) = set.syncing.as_mut()
             && let Some(i) = round.routed.iter().position(|x| x.0 == op)
         {
             let (_, keys, _, _) = round.routed.swap_remove(i);
-            self.forget_lost(w, named.filter(|k| keys.contains(k)).into_iter().collect())?;
+            self.forget_lost(w, lost_key_among(error, &keys).into_iter().collect())?;
             return self.end_sync_if_done(w);
         }
         let Some(i) = set.drains.iter().position(|d| d.op == op) else {
@@ -637,7 +634,7 @@ impl Sim {
         for (&key, delta) in keys.iter().zip(deltas.chunks_exact(lanes)) {
             let (k, d) = match believed_owner(dir, set.hints.get(&key).copied(), 0, key, |_| true) {
                 Some(owner) => by_owner.entry(owner).or_default(),
-                None if dir.home(0, key) == node as u16 && dir.owner(0, key) == LOST_OWNER => {
+                None if dir.knows_lost(0, key) => {
                     lost.push(key);
                     continue;
                 }
