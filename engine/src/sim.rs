@@ -80,6 +80,11 @@ pub struct SimOptions {
     pub replicated: Vec<std::ops::Range<u64>>,
     /// Simulated nanoseconds between a node's replication rounds.
     pub round_period: u64,
+    /// A round that has waited more than a round period for its acknowledgements is given up
+    /// now and then, as the runtime's driver gives one up at its deadline: it refreshes from
+    /// the images that came, its late acknowledgements are dropped, and the next round asks
+    /// for full images.
+    pub round_give_ups: bool,
     /// Share of pushes issued as push-pulls (0..=1): the update and the updated value in one
     /// round trip, recorded as a push followed by a pull of the same key.
     pub push_pull: f64,
@@ -146,6 +151,7 @@ impl SimOptions {
             crash: None,
             replicated: Vec::new(),
             round_period: 40_000,
+            round_give_ups: false,
             push_pull: 0.0,
             updater: SimUpdater::Add,
             codec: crate::codec::ValueCodec::F32,
@@ -203,7 +209,7 @@ impl SimOptions {
 
     /// A small cluster where 3 of 8 keys are replicated and the others relocate.
     pub fn replicated(seed: u64) -> SimOptions {
-        SimOptions { keys: 8, replicated: vec![1..2, 4..6], ops_per_worker: 40, ..SimOptions::small(seed) }
+        SimOptions { keys: 8, replicated: vec![1..2, 4..6], ops_per_worker: 40, round_give_ups: true, ..SimOptions::small(seed) }
     }
 }
 
@@ -278,6 +284,8 @@ pub struct SimReport {
     pub trace: Vec<String>,
     /// Replication rounds completed, over all nodes.
     pub rounds: usize,
+    /// Replication rounds given up (see [`SimOptions::round_give_ups`]), over all nodes.
+    pub rounds_given_up: usize,
     /// Replicated-key accesses recorded.
     pub replica_events: usize,
     /// The first violation of the round-based staleness rule, if any.
@@ -537,22 +545,19 @@ struct Sim {
     floating: Vec<(u64, Event)>,
 }
 
-/// A round under way: its number, the (home, table) acknowledgements it waits for, and when it
-/// began.
-type RoundUnderWay = (u32, Vec<(u16, u16)>, u64);
-
-/// A simulated node's replication rounds.
+/// A simulated node's replication rounds: the shipped machine ([`crate::replication::Rounds`])
+/// and the round under way, driven as the runtime's driver drives them.
 #[derive(Default)]
 struct SimRounds {
-    round: u32,
+    rounds: crate::replication::Rounds,
+    /// When the next round is due.
     next_at: u64,
-    /// The round under way: its number, the (home, table) acknowledgements it waits for, and
-    /// when it began.
-    waiting: Option<RoundUnderWay>,
+    /// The round under way.
+    under_way: Option<crate::replication::Round>,
     /// Completed rounds: (began, completed).
     done: Vec<(u64, u64)>,
-    /// The acknowledgements of the round under way, once all arrived.
-    acks: Option<Vec<crate::replication::Ack>>,
+    /// Rounds given up.
+    given_up: usize,
 }
 
 /// Whether `error` is one a lost node explains: the node itself, a key whose value it took, or
@@ -1166,8 +1171,9 @@ impl Sim {
         Ok(base + remote.addr as usize)
     }
 
-    /// Nodes whose replication can take a step: a round is due (while workers still work) or
-    /// the round under way has all its acknowledgements.
+    /// Nodes whose replication can take a step: a round is due (while workers still work), the
+    /// round under way has all its acknowledgements, or (with [`SimOptions::round_give_ups`])
+    /// it has waited long enough to be given up.
     fn rounds_ready(&mut self) -> Vec<usize> {
         if self.opts.replicated.is_empty() || self.opts.nodes < 2 || self.opts.crash.is_some() {
             return Vec::new();
@@ -1175,61 +1181,71 @@ impl Sim {
         let working = self.workers.iter().any(|w| !w.script.is_empty() || !w.in_flight.is_empty() || w.streaming.is_some());
         let mut ready = Vec::new();
         for node in 0..self.opts.nodes {
-            let r = &mut self.replication[node];
-            match &r.waiting {
+            self.take_round_acks(node);
+            let r = &self.replication[node];
+            match &r.under_way {
                 None if working && self.now >= r.next_at => ready.push(node),
-                Some((round, expected, _)) => {
-                    if r.acks.is_none() {
-                        r.acks = self.nodes[node].core.replication().mailbox().take_if_complete(*round, expected);
-                    }
-                    if r.acks.is_some() {
-                        ready.push(node);
-                    }
-                }
-                None => {}
+                Some(round) if round.acknowledged() => ready.push(node),
+                Some(round) if self.opts.round_give_ups && working && self.now > round.began() + self.opts.round_period => ready.push(node),
+                _ => {}
             }
         }
         ready
     }
 
-    /// Node `node`'s next replication step: ship a round's deltas, or, with every
-    /// acknowledgement in, refresh from the homes' images (read from their stores, as a
-    /// one-sided read would).
-    fn round_step(&mut self, node: usize) -> Result<(), String> {
-        let now = self.now;
-        if self.replication[node].waiting.is_none() {
-            let r = &mut self.replication[node];
-            r.round += 1;
-            let round = r.round;
-            let homes: Vec<u16> = (0..self.opts.nodes as u16).filter(|&h| h as usize != node).collect();
-            // Full images in a node's first round; then only slots that changed.
-            let full = round == 1;
-            let mut sent = Vec::new();
-            self.node_event(node, |step, _, _| {
-                sent = step.ship_replica_deltas(round, &homes, full);
-                Ok(Progress::Done)
-            })?;
-            self.log(format!("node {node} ships round {round} ({} messages)", sent.len()));
-            self.replication[node].waiting = Some((round, sent, now));
-            return Ok(());
-        }
+    /// Hands node `node`'s round under way the acknowledgements posted to its mailbox.
+    fn take_round_acks(&mut self, node: usize) {
+        let acks = self.nodes[node].core.replication().mailbox().take();
         let r = &mut self.replication[node];
-        let (Some((round, _, began)), Some(acks)) = (r.waiting.take(), r.acks.take()) else { return Ok(()) };
-        for ack in &acks {
-            let Some(image) = &ack.image else { continue };
-            let store = self.nodes[ack.from as usize].core.store();
-            let Some(bytes) = store.snapshot_bytes(ack.table, node, image.positions.len()) else {
-                return Err(format!("node {} acknowledged round {round} of node {node} without an image", ack.from));
-            };
-            let (_, torn) = crate::replication::apply_image(self.nodes[node].core.store(), ack.from, ack.table, &image.positions, &bytes);
-            if torn > 0 {
-                return Err(format!("node {node} read {torn} torn slot images from node {}", ack.from));
+        if let Some(round) = &mut r.under_way {
+            for ack in acks {
+                round.handle_ack(ack);
             }
         }
-        self.log(format!("node {node} refreshed its replicas (round {round})"));
+    }
+
+    /// Node `node`'s next replication step: begin a round and ship its deltas, or, with every
+    /// acknowledgement in (or the round given up), refresh from the homes' images (read from
+    /// their stores, as a one-sided read would) and end it.
+    fn round_step(&mut self, node: usize) -> Result<(), String> {
+        let now = self.now;
+        let Some(mut round) = self.replication[node].under_way.take() else {
+            let mut round = self.replication[node].rounds.begin(now);
+            let homes: Vec<u16> = (0..self.opts.nodes as u16).filter(|&h| h as usize != node).collect();
+            let mut sent = Vec::new();
+            self.node_event(node, |step, _, _| {
+                sent = step.ship_replica_deltas(round.number(), &homes, round.full());
+                Ok(Progress::Done)
+            })?;
+            self.log(format!("node {node} ships round {} ({} messages{})", round.number(), sent.len(), if round.full() { ", full images" } else { "" }));
+            round.shipped(sent);
+            self.replication[node].under_way = Some(round);
+            return Ok(());
+        };
+        if !round.acknowledged() {
+            self.log(format!("node {node} gives up round {} waiting for node(s) {:?}", round.number(), round.waiting_for()));
+            round.give_up(self.opts.round_period / 1_000_000);
+            self.replication[node].given_up += 1;
+        }
+        for read in round.take_reads() {
+            let store = self.nodes[read.home as usize].core.store();
+            let Some(bytes) = store.snapshot_bytes(read.table, node, read.image.positions.len()) else {
+                return Err(format!("node {} acknowledged round {} of node {node} without an image", read.home, round.number()));
+            };
+            let (_, torn) = crate::replication::apply_image(self.nodes[node].core.store(), read.home, read.table, &read.image.positions, &bytes);
+            if torn > 0 {
+                return Err(format!("node {node} read {torn} torn slot images from node {}", read.home));
+            }
+            round.handle_read(read.table, Ok(()));
+        }
+        let (number, began) = (round.number(), round.began());
         let r = &mut self.replication[node];
-        r.done.push((began, now));
+        let end = r.rounds.end(round);
+        if end.complete {
+            r.done.push((began, now));
+        }
         r.next_at = now + self.opts.round_period;
+        self.log(format!("node {node} refreshed its replicas (round {number}{})", if end.complete { "" } else { ", given up" }));
         Ok(())
     }
 
@@ -1242,10 +1258,10 @@ impl Sim {
         for _ in 0..2 {
             for node in 0..self.opts.nodes {
                 // A round still under way completes first.
-                while self.replication[node].waiting.is_some() {
+                while self.replication[node].under_way.is_some() {
                     self.deliver_all()?;
-                    self.rounds_ready();
-                    if self.replication[node].acks.is_none() {
+                    self.take_round_acks(node);
+                    if !self.replication[node].under_way.as_ref().is_some_and(|r| r.acknowledged()) {
                         return Err(format!("node {node}'s round never got all its acknowledgements"));
                     }
                     self.round_step(node)?;
@@ -1254,9 +1270,9 @@ impl Sim {
                 self.round_step(node)?;
             }
             self.deliver_all()?;
-            self.rounds_ready();
             for node in 0..self.opts.nodes {
-                if self.replication[node].acks.is_none() {
+                self.take_round_acks(node);
+                if !self.replication[node].under_way.as_ref().is_some_and(|r| r.acknowledged()) {
                     return Err(format!("node {node}'s last round never got all its acknowledgements"));
                 }
                 self.round_step(node)?;
@@ -1732,6 +1748,7 @@ impl Sim {
             slots_in_use,
             trace: self.trace.iter().cloned().collect(),
             rounds: rounds.iter().map(Vec::len).sum(),
+            rounds_given_up: self.replication.iter().map(|r| r.given_up).sum(),
             replica_events,
             replica_violation,
             intent_grants: self.intent_grants,

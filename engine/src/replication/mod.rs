@@ -23,6 +23,12 @@
 //!    value plus this node's unshipped pushes. After any failure the next round asks for full
 //!    images.
 //!
+//! A round is a state machine with no thread, clock or I/O (`round::Rounds` and the
+//! `round::Round` under way, fed the shipment, acknowledgements, lost homes, a deadline and the
+//! reads' outcomes); the runtime drives it with the fabric (`runtime::replication`) and the
+//! simulator drives the same machine, giving rounds up now and then to take the path after a
+//! failed one. Applying an image to the store is shared too (`image::apply_image`).
+//!
 //! Worker barriers run a round before and after the cluster-wide barrier, so that every push
 //! before a barrier is visible in every replica after it, and [`crate::Node::finalize`] ships
 //! the last deltas home.
@@ -38,6 +44,7 @@
 //! shipped after it are added to it.
 
 mod choose;
+mod image;
 mod round;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,9 +54,8 @@ use hdrhistogram::Histogram;
 use parking_lot::{Condvar, Mutex};
 
 pub use choose::{AccessCounts, as_ranges, hot_keys};
-#[cfg(any(test, feature = "sim"))]
-pub(crate) use round::apply_image;
-pub(crate) use round::{RoundState, run_round, sync_since};
+pub(crate) use image::apply_image;
+pub(crate) use round::{Round, Rounds};
 
 use crate::protocol::wire::ReplicaImage;
 use crate::stats::{Latency, ReplicationStats, Stats};
@@ -70,7 +76,8 @@ pub struct Ack {
     pub image: Option<ReplicaImage>,
 }
 
-/// Acknowledgements on their way from the protocol to the round waiting for them.
+/// Acknowledgements on their way from the protocol to the driver of the round waiting for
+/// them, which hands them to its [`round::Round`].
 #[derive(Default)]
 pub struct AckMailbox {
     acks: Mutex<Vec<Ack>>,
@@ -90,62 +97,19 @@ impl AckMailbox {
         self.arrived.notify_all();
     }
 
-    /// Waits until each of `expected` (home, table) has acknowledged `round` (one per entry;
-    /// an entry may repeat), a home is no longer `alive`, or `deadline` passes. Returns the
-    /// acknowledgements received (older rounds' are dropped) and whether every one came.
-    pub fn wait(&self, round: u32, expected: &[(u16, u16)], deadline: Instant, alive: impl Fn(u16) -> bool) -> (Vec<Ack>, bool) {
-        let mut missing: Vec<(u16, u16)> = expected.to_vec();
-        let mut got = Vec::new();
-        let mut acks = self.acks.lock();
-        loop {
-            acks.retain(|a| a.round == round || round.wrapping_sub(a.round) > u32::MAX / 2);
-            let mut i = 0;
-            while i < acks.len() {
-                if acks[i].round == round
-                    && let Some(pos) = missing.iter().position(|&(h, t)| h == acks[i].from && t == acks[i].table)
-                {
-                    missing.swap_remove(pos);
-                    got.push(acks.swap_remove(i));
-                } else {
-                    i += 1;
-                }
-            }
-            missing.retain(|&(h, _)| alive(h));
-            if missing.is_empty() {
-                return (got, true);
-            }
-            if self.arrived.wait_until(&mut acks, deadline.min(Instant::now() + std::time::Duration::from_millis(50))).timed_out() && Instant::now() >= deadline
-            {
-                return (got, false);
-            }
-        }
+    /// Takes every acknowledgement posted so far (for drivers without threads, like the
+    /// simulator).
+    pub fn take(&self) -> Vec<Ack> {
+        std::mem::take(&mut *self.acks.lock())
     }
-}
 
-impl AckMailbox {
-    /// Without waiting: when every (home, table) of `expected` has acknowledged `round`, takes
-    /// and returns those acknowledgements (for drivers without threads, like the simulator).
-    pub fn take_if_complete(&self, round: u32, expected: &[(u16, u16)]) -> Option<Vec<Ack>> {
+    /// Takes every acknowledgement posted so far, waiting until one is or `until` passes.
+    pub(crate) fn wait_take(&self, until: Instant) -> Vec<Ack> {
         let mut acks = self.acks.lock();
-        let mut missing: Vec<(u16, u16)> = expected.to_vec();
-        let mut found = Vec::new();
-        for (i, a) in acks.iter().enumerate() {
-            if a.round == round
-                && let Some(pos) = missing.iter().position(|&(h, t)| h == a.from && t == a.table)
-            {
-                missing.swap_remove(pos);
-                found.push(i);
-            }
+        if acks.is_empty() {
+            self.arrived.wait_until(&mut acks, until);
         }
-        if !missing.is_empty() {
-            return None;
-        }
-        let mut taken = Vec::new();
-        for i in found.into_iter().rev() {
-            taken.push(acks.remove(i));
-        }
-        taken.reverse();
-        Some(taken)
+        std::mem::take(&mut *acks)
     }
 }
 

@@ -1,149 +1,296 @@
-//! One replication round, run by the node's replication thread and by barriers: ship, wait for
-//! the acknowledgements, refresh with one-sided reads (see the module documentation).
-
-use std::time::{Duration, Instant};
+//! A node's replication rounds as a state machine: no thread, clock, lock or I/O. The node's
+//! replication thread and barriers drive it in the runtime (`runtime::replication`), the
+//! simulator drives the same machine among its random events (see the module documentation
+//! for what a round does).
+//!
+//! [`Rounds`] is what outlives a round: its number, whether the next one must ask for full
+//! images, and when the last completed one began. [`Rounds::begin`] hands out the one
+//! [`Round`] under way, which takes the driver's events — its shipment, the homes'
+//! acknowledgements, lost homes, a deadline passed, the refresh reads' outcomes — and is
+//! consumed by [`Rounds::end`], so that a round cannot end twice or be forgotten half-way.
 
 use crate::error::{Error, Result};
-use crate::protocol::Progress;
 use crate::protocol::wire::ReplicaImage;
-use crate::runtime::NodeInner;
-use crate::store::TableStore;
 
-/// Rounds of one node; held while a round runs, so rounds never overlap.
+use super::Ack;
+
+/// One node's replication rounds (see the module documentation).
 #[derive(Debug)]
-pub(crate) struct RoundState {
+pub(crate) struct Rounds {
     /// The last round's number.
-    round: u32,
+    number: u32,
     /// Cluster time at which the last completed round began (0: none yet).
     last_completed_start: u64,
-    /// How long the last round took.
-    pub last_duration: Duration,
-    /// The last round did not refresh everything (or none ran yet): ask for full images.
+    /// The last round did not refresh everything (or none ran yet): the next one asks for
+    /// full images. A home cuts its image when it acknowledges the shipment, whether or not
+    /// this node then reads it, so after a round that missed an acknowledgement or a read
+    /// only a full image brings back every slot the home changed.
     stale: bool,
 }
 
-impl Default for RoundState {
-    fn default() -> RoundState {
-        RoundState { round: 0, last_completed_start: 0, last_duration: Duration::ZERO, stale: true }
+impl Default for Rounds {
+    fn default() -> Rounds {
+        Rounds { number: 0, last_completed_start: 0, stale: true }
     }
 }
 
-/// Runs a round unless one that began at or after cluster time `since` has completed.
-pub(crate) fn sync_since(node: &NodeInner, since: u64) -> Result<()> {
-    let mut state = node.replication_rounds.lock();
-    if state.last_completed_start >= since {
-        return Ok(());
-    }
-    run_round(node, &mut state)
+/// The round under way: what it shipped, the acknowledgements it still waits for, and the
+/// images it is to read.
+#[derive(Debug)]
+#[must_use = "a round ends with Rounds::end"]
+pub(crate) struct Round {
+    number: u32,
+    /// Cluster time at which it began.
+    began: u64,
+    full: bool,
+    /// Per message shipped, its (home, table), until acknowledged; a split shipment repeats
+    /// its entry once per message.
+    missing: Vec<(u16, u16)>,
+    /// The images to read, in the order their acknowledgements arrived: (home, table, image).
+    images: Vec<(u16, u16, ReplicaImage)>,
+    /// The first failure: a deadline passed, a read failed or came back torn.
+    error: Option<Error>,
+    /// Whether every acknowledgement came (from every home still alive).
+    acknowledged: bool,
+    /// Tables one of whose refreshes failed.
+    unrefreshed: Vec<u16>,
 }
 
-/// Runs one round now.
-pub(crate) fn run_round(node: &NodeInner, state: &mut RoundState) -> Result<()> {
-    let began = Instant::now();
-    let start = node.now();
-    state.round = state.round.wrapping_add(1);
-    let round = state.round;
-    let rank = node.config.rank;
-    let homes: Vec<u16> = (0..node.config.nodes).filter(|&h| h != rank && node.fabric.is_alive(h)).map(|h| h as u16).collect();
-    let mut sent = Vec::new();
-    let full = state.stale;
-    node.run_pooled(|step, _, _| {
-        sent = step.ship_replica_deltas(round, &homes, full);
-        Ok(Progress::Done)
-    })?;
-    let replication = node.core.replication();
-    let deadline = Instant::now() + node.config.op_timeout;
-    let (acks, complete) = replication.mailbox().wait(round, &sent, deadline, |h| node.fabric.is_alive(h as usize));
-    let mut outcome = if complete {
-        Ok(())
-    } else {
-        let mut nodes: Vec<usize> = sent.iter().filter(|(h, t)| !acks.iter().any(|a| a.from == *h && a.table == *t)).map(|(h, _)| *h as usize).collect();
-        nodes.dedup();
-        Err(Error::Timeout { what: "replica deltas to be acknowledged", millis: node.config.op_timeout.as_millis() as u64, nodes })
-    };
-    let reads_began = node.now();
-    let mut refreshed_tables = vec![true; node.config.tables.len()];
-    for ack in &acks {
+/// An image to read with one one-sided read and apply ([`super::apply_image`]).
+#[derive(Debug)]
+pub(crate) struct ImageRead {
+    /// The home that cut it.
+    pub home: u16,
+    /// Its table.
+    pub table: u16,
+    /// Where it is and which replicas it holds.
+    pub image: ReplicaImage,
+}
+
+/// How a round ended.
+#[derive(Debug)]
+pub(crate) struct RoundEnd {
+    /// Whether every live home acknowledged it: the replicas of every table in `refreshed`
+    /// include every push acknowledged before it began.
+    pub complete: bool,
+    /// Tables whose every refresh succeeded (meaningful when `complete`).
+    pub refreshed: Vec<u16>,
+    /// The round's first failure.
+    pub outcome: Result<()>,
+}
+
+impl Rounds {
+    /// Whether a round that began at or after cluster time `since` has completed.
+    pub fn completed_since(&self, since: u64) -> bool {
+        self.last_completed_start >= since && self.last_completed_start != 0
+    }
+
+    /// Begins the next round at cluster time `now`. The driver ships its deltas
+    /// (`Step::ship_replica_deltas` with [`Round::number`] and [`Round::full`]) and hands
+    /// what it sent to [`Round::shipped`].
+    pub fn begin(&mut self, now: u64) -> Round {
+        self.number = self.number.wrapping_add(1);
+        Round {
+            number: self.number,
+            began: now,
+            full: self.stale,
+            missing: Vec::new(),
+            images: Vec::new(),
+            error: None,
+            acknowledged: false,
+            unrefreshed: Vec::new(),
+        }
+    }
+
+    /// Ends `round`: a failed one makes the next round ask for full images; a complete one
+    /// (every acknowledgement in) counts as completed from the time it began.
+    pub fn end(&mut self, round: Round) -> RoundEnd {
+        debug_assert!(round.acknowledged || round.error.is_some(), "a round ends acknowledged or failed");
+        self.stale = round.error.is_some();
+        if round.acknowledged {
+            self.last_completed_start = round.began.max(1);
+        }
+        let mut refreshed = Vec::new();
+        if round.acknowledged {
+            for (_, table, _) in &round.images {
+                if !round.unrefreshed.contains(table) && !refreshed.contains(table) {
+                    refreshed.push(*table);
+                }
+            }
+        }
+        RoundEnd { complete: round.acknowledged, refreshed, outcome: round.error.map_or(Ok(()), Err) }
+    }
+}
+
+impl Round {
+    /// The round's number, carried by its deltas and their acknowledgements.
+    pub fn number(&self) -> u32 {
+        self.number
+    }
+
+    /// Whether the homes are to cut full images (after a failed round, or in the first).
+    pub fn full(&self) -> bool {
+        self.full
+    }
+
+    /// Cluster time at which the round began.
+    pub fn began(&self) -> u64 {
+        self.began
+    }
+
+    /// The deltas went out: one entry (home, table) per message, as `Step::ship_replica_deltas`
+    /// returns them. A round that shipped nothing is acknowledged at once.
+    pub fn shipped(&mut self, sent: Vec<(u16, u16)>) {
+        self.missing = sent;
+        self.acknowledged = self.missing.is_empty();
+    }
+
+    /// A home's acknowledgement arrived. Those of other rounds (one given up, a peer that
+    /// misbehaves) and ones not waited for are dropped.
+    pub fn handle_ack(&mut self, ack: Ack) {
+        if ack.round != self.number || self.acknowledged {
+            return;
+        }
+        let Some(i) = self.missing.iter().position(|&(h, t)| h == ack.from && t == ack.table) else { return };
+        self.missing.swap_remove(i);
         // A split shipment is acknowledged once per message; the last one carries the image.
-        let Some(image) = &ack.image else { continue };
-        if let Err(e) = refresh(node, ack.from, ack.table, image) {
-            refreshed_tables[ack.table as usize] = false;
-            if outcome.is_ok() {
-                outcome = Err(e);
+        if let Some(image) = ack.image {
+            self.images.push((ack.from, ack.table, image));
+        }
+        self.acknowledged = self.missing.is_empty();
+    }
+
+    /// `home` is lost: its acknowledgements are no longer waited for.
+    pub fn handle_lost(&mut self, home: u16) {
+        self.missing.retain(|&(h, _)| h != home);
+        self.acknowledged |= self.missing.is_empty();
+    }
+
+    /// The homes whose acknowledgements are still missing (each once, in order).
+    pub fn waiting_for(&self) -> Vec<u16> {
+        let mut homes: Vec<u16> = self.missing.iter().map(|&(h, _)| h).collect();
+        homes.sort_unstable();
+        homes.dedup();
+        homes
+    }
+
+    /// Whether every acknowledgement the round waits for has come.
+    pub fn acknowledged(&self) -> bool {
+        self.acknowledged
+    }
+
+    /// The driver's deadline (`millis` after the shipment) passed with acknowledgements
+    /// missing: the round fails naming the homes, and refreshes from the images that came.
+    pub fn give_up(&mut self, millis: u64) {
+        if self.acknowledged {
+            return;
+        }
+        let nodes = self.waiting_for().into_iter().map(usize::from).collect();
+        self.missing.clear();
+        self.fail(Error::Timeout { what: "replica deltas to be acknowledged", millis, nodes });
+    }
+
+    /// The images to read now (each once): the driver reads each with one one-sided read,
+    /// applies it and reports with [`Round::handle_read`].
+    pub fn take_reads(&mut self) -> Vec<ImageRead> {
+        // The images stay listed (their tables make up `RoundEnd::refreshed`); what is read
+        // is a copy.
+        self.images.iter().map(|(home, table, image)| ImageRead { home: *home, table: *table, image: image.clone() }).collect()
+    }
+
+    /// The read of `table`'s image from a home ended with `result` (a failed read, or one
+    /// whose slot images were torn, is an error).
+    pub fn handle_read(&mut self, table: u16, result: Result<()>) {
+        if let Err(e) = result {
+            if !self.unrefreshed.contains(&table) {
+                self.unrefreshed.push(table);
             }
+            self.fail(e);
         }
     }
-    state.stale = outcome.is_err();
-    if complete {
-        for (table, ok) in refreshed_tables.into_iter().enumerate() {
-            if ok && node.core.store().table(table as u16).replicas().is_some() {
-                replication.note_refreshed(table as u16, reads_began);
-            }
+
+    /// The round failed with `error` (the driver could not ship it, say); its first failure
+    /// is the one it ends with.
+    pub fn fail(&mut self, error: Error) {
+        if self.error.is_none() {
+            self.error = Some(error);
         }
-        state.last_completed_start = start;
     }
-    state.last_duration = began.elapsed();
-    replication.note_round(state.last_duration.as_nanos() as u64);
-    outcome
 }
 
-/// Refreshes this node's replicas of `table` homed at `home` from `image`: one one-sided read,
-/// each slot image's versions checked. A torn slot image fails the refresh (the next round asks
-/// for full images).
-fn refresh(node: &NodeInner, home: u16, table: u16, image: &ReplicaImage) -> Result<()> {
-    let store = node.core.store();
-    let t = store.table(table);
-    if t.replicas().is_none() || image.positions.is_empty() {
-        return Ok(());
-    }
-    let mut copy = vec![0u8; image.positions.len() * t.slot_bytes()];
-    node.fabric.read(home as usize, image.remote, &mut copy, node.config.op_timeout)?;
-    let (refreshed, torn) = apply_image(store, home, table, &image.positions, &copy);
-    let replication = node.core.replication();
-    replication.note_reads(1, copy.len() as u64);
-    replication.note_refreshed_keys(refreshed, torn);
-    if torn > 0 {
-        return Err(Error::Protocol(format!("{torn} slot images read from node {home} were torn")));
-    }
-    Ok(())
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::RemoteAddr;
 
-/// Applies an image read from `home`: slot images of `table`'s replicated keys homed there, the
-/// i-th at `positions[i]` among them. Each replica becomes the image's value plus this node's
-/// unshipped delta. Returns (replicas refreshed, slot images rejected as torn).
-pub(crate) fn apply_image(store: &crate::store::Store, home: u16, table: u16, positions: &[u32], image: &[u8]) -> (u64, u64) {
-    let t = store.table(table);
-    let Some(replicas) = t.replicas() else { return (0, 0) };
-    let homed = replicas.homed_at(home as usize);
-    let mut value = vec![0f32; t.value_len()];
-    let (mut refreshed, mut torn) = (0, 0);
-    for (&position, slot_image) in positions.iter().zip(image.chunks_exact(t.slot_bytes())) {
-        let ordinal = homed.start + position;
-        if ordinal >= homed.end {
-            break;
-        }
-        match crate::store::validate_slot_copy(slot_image, t.value_len()) {
-            Some(fresh) => {
-                apply(t, store, replicas, ordinal, fresh, &mut value);
-                refreshed += 1;
-            }
-            // Only a peer that broke the round's order could leave a torn image: this replica
-            // keeps its value until the next round.
-            None => torn += 1,
-        }
+    fn image() -> ReplicaImage {
+        ReplicaImage { remote: RemoteAddr { region: 0, addr: 0 }, positions: vec![0] }
     }
-    (refreshed, torn)
-}
 
-/// Sets replica `ordinal` to the home's `fresh` value plus this node's unshipped delta.
-fn apply(t: &TableStore, store: &crate::store::Store, replicas: &crate::store::ReplicaState, ordinal: u32, fresh: &[u8], value: &mut [f32]) {
-    for (v, b) in value.iter_mut().zip(fresh.chunks_exact(4)) {
-        *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    fn ack(from: u16, table: u16, round: u32, image: Option<ReplicaImage>) -> Ack {
+        Ack { from, table, round, image }
     }
-    let key = replicas.key(ordinal);
-    let guard = store.lock(t.id(), key);
-    if let Some(slot) = guard.slot() {
-        replicas.add_current_delta(ordinal, value);
-        slot.write(value);
+
+    #[test]
+    fn a_round_completes_with_every_acknowledgement_and_refreshes_its_tables() {
+        let mut rounds = Rounds::default();
+        let mut round = rounds.begin(10);
+        assert!(round.full(), "the first round asks for full images");
+        round.shipped(vec![(1, 0), (1, 0), (2, 0), (2, 1)]);
+        round.handle_ack(ack(1, 0, 1, None));
+        round.handle_ack(ack(2, 0, 1, Some(image())));
+        round.handle_ack(ack(2, 1, 2, Some(image()))); // another round's: dropped
+        assert!(!round.acknowledged());
+        assert_eq!(round.waiting_for(), vec![1, 2]);
+        round.handle_ack(ack(1, 0, 1, Some(image())));
+        round.handle_ack(ack(2, 1, 1, Some(image())));
+        assert!(round.acknowledged());
+        let reads = round.take_reads();
+        assert_eq!(reads.iter().map(|r| (r.home, r.table)).collect::<Vec<_>>(), vec![(2, 0), (1, 0), (2, 1)]);
+        round.handle_read(1, Err(Error::Protocol("torn".into())));
+        let end = rounds.end(round);
+        assert!(end.complete && end.outcome.is_err());
+        assert_eq!(end.refreshed, vec![0]);
+        assert!(rounds.completed_since(10) && !rounds.completed_since(11));
+        // The failed read makes the next round ask for full images; a clean one does not.
+        let mut round = rounds.begin(20);
+        assert!(round.full() && round.number() == 2);
+        round.shipped(Vec::new());
+        assert!(round.acknowledged());
+        assert!(rounds.end(round).outcome.is_ok());
+        assert!(!rounds.begin(30).full());
+    }
+
+    #[test]
+    fn a_round_given_up_fails_naming_the_homes_and_the_next_asks_for_full_images() {
+        let mut rounds = Rounds::default();
+        let mut first = rounds.begin(1);
+        first.shipped(Vec::new());
+        assert!(rounds.end(first).outcome.is_ok());
+        let mut round = rounds.begin(5);
+        assert!(!round.full());
+        round.shipped(vec![(1, 0), (3, 0), (4, 0)]);
+        round.handle_ack(ack(1, 0, 2, Some(image())));
+        round.handle_lost(4);
+        round.give_up(60_000);
+        assert_eq!(round.take_reads().len(), 1, "the images that came are read");
+        let end = rounds.end(round);
+        assert!(!end.complete && end.refreshed.is_empty());
+        match end.outcome {
+            Err(Error::Timeout { nodes, millis, .. }) => assert_eq!((nodes, millis), (vec![3], 60_000)),
+            other => panic!("{other:?}"),
+        }
+        assert!(!rounds.completed_since(5), "a round given up has not completed");
+        assert!(rounds.begin(9).full(), "after a round given up the homes cut full images");
+    }
+
+    #[test]
+    fn a_round_whose_homes_are_all_lost_is_acknowledged() {
+        let mut rounds = Rounds::default();
+        let mut round = rounds.begin(1);
+        round.shipped(vec![(1, 0), (1, 1)]);
+        round.handle_lost(1);
+        assert!(round.acknowledged() && round.waiting_for().is_empty());
+        assert!(rounds.end(round).complete);
     }
 }

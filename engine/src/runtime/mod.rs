@@ -12,6 +12,8 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex, RwLock};
 
+mod replication;
+
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricHandler, WriteCompletion, WriteRequest};
@@ -58,7 +60,7 @@ pub(crate) struct NodeInner {
     timer_wake: Mutex<u64>,
     timer_cv: Condvar,
     /// Replication rounds (held while one runs).
-    pub replication_rounds: Mutex<crate::replication::RoundState>,
+    pub replication_rounds: Mutex<crate::replication::Rounds>,
     /// Tells the replication thread to stop (finalize stops it before its last round).
     pub replication_stop: AtomicBool,
     /// The workers' intents and the thread acting on them.
@@ -84,7 +86,7 @@ impl NodeInner {
             finalizing: AtomicBool::new(false),
             timer_wake: Mutex::new(u64::MAX),
             timer_cv: Condvar::new(),
-            replication_rounds: Mutex::new(crate::replication::RoundState::default()),
+            replication_rounds: Mutex::new(crate::replication::Rounds::default()),
             replication_stop: AtomicBool::new(false),
             intents: Default::default(),
         }
@@ -463,13 +465,14 @@ impl NodeInner {
             if self.replication_stopped() {
                 return;
             }
-            let mut state = self.replication_rounds.lock();
-            if let Err(e) = crate::replication::run_round(self, &mut state)
+            let mut rounds = self.replication_rounds.lock();
+            let began = Instant::now();
+            if let Err(e) = replication::run_round(self, &mut rounds)
                 && !self.stopping.load(Ordering::Acquire)
             {
                 tracing::warn!(node = self.config.rank, error = %e, "a replication round failed; replicas refresh in the next one");
             }
-            last = state.last_duration;
+            last = began.elapsed();
         }
     }
 
@@ -483,7 +486,7 @@ impl NodeInner {
         if !self.replicates() {
             return Ok(());
         }
-        crate::replication::sync_since(self, self.now())
+        replication::sync_since(self, self.now())
     }
 
     /// Wakes the timer thread (shutdown).
