@@ -102,12 +102,12 @@ enum Command {
 
 fn fuzz(cases: u64, seed: u64) -> Result<()> {
     let started = std::time::Instant::now();
-    let mut total = ferry::fuzz::FuzzReport::default();
+    let mut total = ferry::testing::fuzz::FuzzReport::default();
     let mut left = cases;
     let mut batch_seed = seed;
     while left > 0 {
         let n = left.min(100_000);
-        let r = ferry::fuzz::run(n, batch_seed);
+        let r = ferry::testing::fuzz::run(n, batch_seed);
         total.cases += r.cases;
         total.accepted += r.accepted;
         total.rejected += r.rejected;

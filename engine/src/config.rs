@@ -4,6 +4,9 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+/// Most shards a node can have (shard sets are 64-bit masks).
+pub const MAX_SHARDS: usize = 64;
+
 /// How keys are assigned to home nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Partitioning {
@@ -604,8 +607,8 @@ impl Config {
         if i.round.is_zero() || i.round > Duration::from_secs(1) {
             return bad(format!("the intent round must be between 0 and 1 s, not {:?}", i.round));
         }
-        if !(1..=crate::protocol::MAX_SHARDS).contains(&self.shards) {
-            return bad(format!("shards must be in 1..={}, not {}", crate::protocol::MAX_SHARDS, self.shards));
+        if !(1..=MAX_SHARDS).contains(&self.shards) {
+            return bad(format!("shards must be in 1..={}, not {}", MAX_SHARDS, self.shards));
         }
         for (i, t) in self.tables.iter().enumerate() {
             if t.name.is_empty() {

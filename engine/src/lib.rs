@@ -5,55 +5,84 @@
 //! `push` any parameter by key, wherever it lives, and `localize` moves parameters to the node
 //! that uses them (dynamic parameter allocation, as in Lapse).
 //!
-//! The pieces:
-//! * [`Node`] starts a node (rendezvous, fabric, store, protocol) and hands out [`Worker`]s;
-//! * [`Worker`] is one trainer thread's handle with the synchronous and asynchronous API;
-//! * [`replication`] keeps replicas of hot keys on every node within a staleness bound (NuPS);
-//! * [`sampling`] gives workers samples from a key distribution under a conformity level (NuPS);
-//! * [`protocol`] is the parameter-server protocol as deterministic state machines with no I/O;
-//! * [`update`] applies pushes at the key's holder: add, sgd, adagrad, adam, ftrl or a user rule;
-//!   [`codec`] compresses values on the wire, [`filter`] holds back insignificant pushes;
-//! * [`intent`] holds AdaPM's intent signalling: windows, action timing and the service that
-//!   acts on them;
-//! * [`store`] holds the values, [`partition`] maps keys to home nodes;
-//! * with the `sim` feature, `sim` runs the protocol in seeded simulated clusters and
-//!   `consistency` checks recorded histories for per-key sequential consistency, and `fuzz`
-//!   feeds mutated well-formed frames to a live node.
+//! The public API is what a trainer uses:
+//! * [`Node`] starts a node (rendezvous, fabric, store, protocol) from a [`Config`] of
+//!   [`TableSpec`]s and hands out [`Worker`]s; [`Table`] names a table;
+//! * [`Worker`] is one trainer thread's handle: `pull`, `push`, `set`, `localize`, their
+//!   asynchronous forms ([`Ticket`], [`PullTicket`]), push-pull, ranges, barriers, clocks
+//!   (bounded delay) and intent signalling (`Worker::intent`, tuned by [`IntentSettings`]);
+//! * [`sampling`] gives workers samples from a [`KeyDistribution`] under a [`Conformity`]
+//!   level (NuPS);
+//! * hot keys are replicated on every node within a staleness bound
+//!   ([`TableSpec::replicating`], chosen with [`hot_keys`] from [`AccessCounts`]; NuPS);
+//! * [`Updater`]s apply pushes at the key's holder (add, sgd, adagrad, adam, ftrl or an
+//!   [`UpdateRule`] of your own), [`ValueCodec`] compresses values on the wire, [`filter`]
+//!   holds back insignificant pushes;
+//! * [`Stats`] (with [`IntentStats`], [`ReplicationStats`], [`Traffic`]) say what a node did;
+//!   every call fails with an [`Error`] value;
+//! * [`launch`] starts a local cluster of processes.
+//!
+//! The protocol (deterministic state machines with no I/O), the store, the fabrics and the
+//! services around the protocol are internal. With the `sim` feature, `testing` holds what
+//! tests and benchmarks need of them: seeded simulated clusters, the consistency checker and
+//! the structured fuzzer.
 
 #![warn(missing_docs)]
 
 pub mod codec;
-pub mod config;
+mod config;
 #[cfg(any(test, feature = "sim"))]
-pub mod consistency;
+mod consistency;
 mod error;
-pub mod fabric;
+mod fabric;
 pub mod filter;
 #[cfg(any(test, feature = "sim"))]
-pub mod fuzz;
-pub mod intent;
+mod fuzz;
+mod intent;
 mod keymap;
 pub mod launch;
 mod node;
-pub mod partition;
-pub mod protocol;
+mod partition;
+mod protocol;
 pub mod replication;
 mod runtime;
 pub mod sampling;
 #[cfg(any(test, feature = "sim"))]
-pub mod sim;
-pub mod stats;
-pub mod store;
+mod sim;
+mod stats;
+mod store;
+mod table;
 pub mod update;
 mod util;
 mod worker;
 
 pub use codec::ValueCodec;
-pub use config::{ClusterEnv, Config, ElementType, HugePages, IntentSettings, Partitioning, TableSpec, TransportChoice, VerbsSettings};
+pub use config::{ClusterEnv, Config, ElementType, HugePages, IntentSettings, Partitioning, TableSpec, TransportChoice, VerbsSettings, parse_max_delay};
 pub use error::{Error, Result};
-pub use node::{Node, SlotAddress, Table};
-pub use replication::AccessCounts;
-pub use sampling::{Conformity, DistributionId, KeyDistribution, SampleHandle, SamplingScheme, SamplingStats};
+pub use fabric::select::{LocalVerbs, local_verbs};
+pub use intent::LateCause;
+pub use node::{Node, SlotAddress};
+pub use replication::{AccessCounts, as_ranges, hot_keys};
+pub use sampling::{Conformity, DistributionId, KeyDistribution, SamplingScheme, SamplingStats};
 pub use stats::{IntentStats, Latency, MessageKind, ReplicationStats, Stats, Traffic};
+pub use table::Table;
 pub use update::{UpdateRule, Updater};
-pub use worker::{PullTicket, Ticket, Worker};
+pub use worker::{PullTicket, SampleHandle, Ticket, Worker};
+
+/// What tests and benchmarks need of the engine's insides (feature `sim`; not for production
+/// builds).
+#[cfg(any(test, feature = "sim"))]
+pub mod testing {
+    /// Seeded simulated clusters that run the shipped protocol and services.
+    pub mod sim {
+        pub use crate::sim::*;
+    }
+    /// The per-key sequential-consistency, staleness and bounded-delay checkers.
+    pub mod consistency {
+        pub use crate::consistency::*;
+    }
+    /// Structured fuzzing of a live node's frame handling.
+    pub mod fuzz {
+        pub use crate::fuzz::*;
+    }
+}

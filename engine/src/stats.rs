@@ -161,7 +161,7 @@ pub struct IntentStats {
     /// Accesses by a worker to a key it had declared intent for in its current clock that did
     /// not find the key here ("late" accesses: they went to another node; pulls, pushes and
     /// sets, a set that found a run-time replica here not counted). The six counts
-    /// below split them by cause ([`crate::intent::LateCause`]) and sum to this.
+    /// below split them by cause ([`LateCause`]) and sum to this.
     pub late_accesses: u64,
     /// Late accesses whose window the service had not acted on yet (its start was beyond the
     /// worker's action horizon at every round so far).
@@ -195,7 +195,7 @@ pub struct IntentStats {
     /// where this node believed it; the answer refreshed the replica).
     pub synced_by_push_pull: u64,
     /// Keys whose home this node asked again because it needed them without pause and they
-    /// stayed neither here nor on their way ([`crate::intent::REASK_ROUNDS`]).
+    /// stayed neither here nor on their way (64 rounds after it last asked).
     pub reasked: u64,
     /// Keys this node asked to move here on a grant that their home had since given to another
     /// node, so the home declined the move (the grant and the move race; see
@@ -261,8 +261,8 @@ impl IntentStats {
     }
 
     /// Late accesses of cause `cause` (the field for it).
-    pub fn late(&self, cause: crate::intent::LateCause) -> u64 {
-        use crate::intent::LateCause::*;
+    pub fn late(&self, cause: LateCause) -> u64 {
+        use LateCause::*;
         match cause {
             Unacted => self.late_unacted,
             Unanswered => self.late_unanswered,
@@ -503,4 +503,34 @@ impl ShardCounters {
 /// A histogram for merging shard latencies.
 pub(crate) fn latency_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid histogram bounds")
+}
+
+/// Why an access of a worker to a key it had declared intent for in its current clock did not
+/// find the key here (see [`IntentStats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LateCause {
+    /// The window was not yet acted on: its start was beyond the worker's action horizon at
+    /// every round so far (the timing, or a declaration made too late, left no lead).
+    Unacted,
+    /// Acted on (the home was told) but nothing was on its way here and no grant had arrived:
+    /// the home's answer was on its way, the key was held for another node, or the home
+    /// granted a replica of a table that keeps none (server-side updates).
+    Unanswered,
+    /// The home's grant (a move or a replica here) had arrived, but the intent service had not
+    /// taken it up yet: the service was not scheduled between the grant's arrival and the
+    /// access.
+    Untaken,
+    /// A move here was granted; the relocation was still on its way.
+    Moving,
+    /// A replica here was granted; it was still being made.
+    Replicating,
+    /// It had landed here for the intent and left again before the intent ended (won by a node
+    /// that needed it now while this one needed it only soon, or taken by an explicit
+    /// `localize`).
+    Left,
+}
+
+impl LateCause {
+    /// Every cause, in declaration order (`ALL[c as usize] == c`).
+    pub const ALL: [LateCause; 6] = [LateCause::Unacted, LateCause::Unanswered, LateCause::Untaken, LateCause::Moving, LateCause::Replicating, LateCause::Left];
 }

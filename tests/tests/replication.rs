@@ -6,7 +6,7 @@
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use ferry::consistency::{TimedPull, TimedPush, check_bounded_staleness, push_update};
+use ferry::testing::consistency::{TimedPull, TimedPush, check_bounded_staleness, push_update};
 use ferry::{Config, Error, Node, TableSpec};
 use ferry_tests::finalize_all;
 

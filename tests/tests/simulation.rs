@@ -8,7 +8,7 @@
 //! ferry-tests --test simulation replay -- --nocapture` reruns exactly that simulation and prints
 //! its trace.
 
-use ferry::sim::{SimOptions, SimUpdater, run, run_and_check};
+use ferry::testing::sim::{SimOptions, SimUpdater, run, run_and_check};
 use ferry::{Partitioning, ValueCodec};
 
 /// Named configurations of the sweep.
@@ -112,7 +112,7 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
         }
         "intents-syncs" => {
             // Intents next to the deltas a run-time replica's sync round sends straight to a
-            // guessed owner (`ferry::sim::SimOptions::replica_syncs`).
+            // guessed owner (`ferry::testing::sim::SimOptions::replica_syncs`).
             o = SimOptions::intents(seed);
             o.replica_syncs = true;
         }
@@ -126,7 +126,7 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
             o.replica_syncs = true;
         }
         "run-time-replicas" => {
-            // The intent service's replica set (`ferry::sim::SimOptions::run_time_replicas`):
+            // The intent service's replica set (`ferry::testing::sim::SimOptions::run_time_replicas`):
             // replicas of half the keys made on grants and at random, served, kept by
             // departures, folded into landings and drained, among intents and relocations.
             o = SimOptions::run_time_replicas(seed);
@@ -223,7 +223,7 @@ fn parse_seeds(text: &str) -> Option<Seeds> {
         None => text.parse().ok().map(|count| Seeds { start: 0, count }),
         Some((a, b)) => {
             let (start, end): (u64, u64) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-            (start < end).then_some(Seeds { start, count: end - start })
+            (start < end).then(|| Seeds { start, count: end - start })
         }
     }
 }
@@ -328,7 +328,7 @@ fn crash_in(o: &mut SimOptions, seed: u64) {
 /// effect at any time after they were issued, or never.
 #[test]
 fn crashes_never_hang_operations() {
-    let (mut abandoned, mut replicas, mut checked) = (0, ferry::sim::ReplicaSetCounts::default(), 0);
+    let (mut abandoned, mut replicas, mut checked) = (0, ferry::testing::sim::ReplicaSetCounts::default(), 0);
     for seed in seeds().share(2).range() {
         let mut o = configuration(["large-ops-small-parts", "relocation", "intents", "intents-syncs", "run-time-replicas"][(seed % 5) as usize], seed);
         crash_in(&mut o, seed);
@@ -360,7 +360,7 @@ fn crashes_never_hang_operations() {
 }
 
 /// Runs a crash configuration and checks what survives the loss (see [`run_and_check`]).
-fn run_crashing(o: SimOptions) -> ferry::sim::SimReport {
+fn run_crashing(o: SimOptions) -> ferry::testing::sim::SimReport {
     run_and_check(o).unwrap_or_else(|f| panic!("crash configuration: {f}"))
 }
 
@@ -438,7 +438,7 @@ fn run_time_replicas_read_their_own_node_and_keep_every_push_once() {
     sweep("run-time-replicas-large-ops", seeds().share(4));
     for name in ["run-time-replicas", "run-time-replicas-hash-4-nodes", "run-time-replicas-slow-link", "run-time-replicas-large-ops"] {
         let reports: Vec<_> = (0..40).map(|seed| run_and_check(configuration(name, seed)).unwrap()).collect();
-        let sum = |f: fn(&ferry::sim::ReplicaSetCounts) -> usize| -> usize { reports.iter().map(|r| f(&r.run_time_replicas)).sum() };
+        let sum = |f: fn(&ferry::testing::sim::ReplicaSetCounts) -> usize| -> usize { reports.iter().map(|r| f(&r.run_time_replicas)).sum() };
         let served: u64 = reports.iter().flat_map(|r| &r.stats).map(|s| s.replication.replica_accesses).sum();
         let (made, behind, kept, folded, drains, events) =
             (sum(|c| c.made), sum(|c| c.made_with_pushes), sum(|c| c.kept), sum(|c| c.folded), sum(|c| c.drain_pushes), sum(|c| c.events));
@@ -479,7 +479,7 @@ fn push_pull_and_updaters() {
     let relocated: u64 = r.stats.iter().map(|s| s.relocations_in).sum();
     assert!(relocated > 0, "no key relocated");
     // The same run with bf16 values sends fewer bytes of requests and answers.
-    let bytes = |r: &ferry::sim::SimReport| -> u64 {
+    let bytes = |r: &ferry::testing::sim::SimReport| -> u64 {
         r.stats.iter().map(|s| s.traffic.bytes[ferry::MessageKind::Access as usize] + s.traffic.bytes[ferry::MessageKind::Response as usize]).sum()
     };
     let compressed = run_and_check(configuration("compressed-bf16", 3)).unwrap();
@@ -504,7 +504,7 @@ fn bounded_delay_holds() {
         let mut o = SimOptions::bounded_delay(seed, 0);
         o.max_delay = None;
         let r = run(o).expect("run");
-        ferry::consistency::check_bounded_delay(&r.clocks, Some(0)).is_err()
+        ferry::testing::consistency::check_bounded_delay(&r.clocks, Some(0)).is_err()
     });
     assert!(caught, "free-running clocks never broke τ = 0");
 }

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use ferry::consistency::{ClockTrace, check_bounded_delay};
+use ferry::testing::consistency::{ClockTrace, check_bounded_delay};
 use ferry::{Config, Error, MessageKind, Node, TableSpec, UpdateRule, Updater};
 use ferry_tests::finalize_all;
 

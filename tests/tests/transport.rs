@@ -20,7 +20,7 @@ fn expected_transport() -> &'static str {
         Ok("tcp") => "tcp",
         Ok(other) => panic!("FERRY_EXPECT_TRANSPORT='{other}' is neither verbs nor tcp"),
         Err(_) => {
-            if ferry::fabric::select::local_verbs(&Config::new(vec![TableSpec::new("x", 1, 1)])).is_ok() {
+            if ferry::local_verbs(&Config::new(vec![TableSpec::new("x", 1, 1)])).is_ok() {
                 "verbs"
             } else {
                 "tcp"

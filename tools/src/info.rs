@@ -46,7 +46,7 @@ pub fn print() -> Result<()> {
     }
     match config.transport {
         ferry::TransportChoice::Tcp => println!("transport:           tcp (FERRY_TRANSPORT=tcp)"),
-        choice => match ferry::fabric::select::local_verbs(&config) {
+        choice => match ferry::local_verbs(&config) {
             Ok(c) => println!(
                 "transport {choice} picks: verbs on {} port {} GID index {} ({}), provided every node has verbs",
                 c.device, c.port, c.gid_index, c.link_layer

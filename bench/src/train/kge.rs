@@ -609,7 +609,7 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
         let hot = a.common.hot_keys(&counts);
         summary =
             Some(format!("hybrid: {} of {n_e} entities replicated ({:.1}% of positive accesses), all {n_r} relations", hot.len(), 100.0 * counts.share(&hot)));
-        entity_spec = entity_spec.replicating(ferry::replication::as_ranges(&hot));
+        entity_spec = entity_spec.replicating(ferry::as_ranges(&hot));
         relation_spec = relation_spec.replicating(std::iter::once(0..n_r as u64));
     }
     let tables = vec![entity_spec, relation_spec, TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS)];

@@ -482,7 +482,7 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
         }
         let hot = a.common.hot_keys(&counts);
         summary = Some(format!("hybrid: {} of {} items replicated ({:.1}% of accesses)", hot.len(), train.n_items, 100.0 * counts.share(&hot)));
-        item_spec = item_spec.replicating(ferry::replication::as_ranges(&hot));
+        item_spec = item_spec.replicating(ferry::as_ranges(&hot));
     }
     let tables = vec![
         a.common.on_the_wire(TableSpec::new("users", train.n_users as u64, len).partitioned(Partitioning::Hash))?,
@@ -500,7 +500,7 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
         None => None,
         Some(_) if mode != Mode::Classic => bail!("--max-delay works in classic mode: localize and hybrid need the sub-epoch barriers that keep blocks apart"),
         Some(_) if a.clocks_per_epoch == 0 => bail!("--clocks-per-epoch must be at least 1"),
-        Some(d) => Some(ferry::config::parse_max_delay(d).map_err(|e| anyhow::anyhow!("--max-delay: {e}"))?),
+        Some(d) => Some(ferry::parse_max_delay(d).map_err(|e| anyhow::anyhow!("--max-delay: {e}"))?),
     };
     let mut node = start_node_with(tables, localize || intent, |c| {
         if let Some(tau) = max_delay {

@@ -400,7 +400,7 @@ pub struct EpochReport {
     pub late_causes: LateCauses,
 }
 
-/// Shares of an epoch's late accesses by cause (`ferry::intent::LateCause`).
+/// Shares of an epoch's late accesses by cause (`ferry::LateCause`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct LateCauses {
     /// The window was not acted on yet (the action timing left no lead).

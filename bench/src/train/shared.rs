@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::Result;
-use ferry::intent::LateCause;
+use ferry::LateCause;
 use ferry::{Node, Stats, Table, Worker};
 
 /// Floats that several threads read and write without locks (the `single` mode's parameters).
@@ -91,7 +91,7 @@ pub mod field {
     pub const INTENT_LEAD: usize = 15;
     /// Late accesses by cause: window not acted on yet, nothing on its way, grant not taken
     /// up yet, key on its way, replica being made, key left again (see
-    /// `ferry::intent::LateCause`).
+    /// `ferry::LateCause`).
     pub const LATE_CAUSES: [usize; 6] = [16, 17, 18, 19, 20, 21];
     /// Keys whose homes were asked again (intent mode; `ferry::IntentStats::reasked`).
     pub const REASKED: usize = 22;

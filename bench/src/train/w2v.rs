@@ -739,7 +739,7 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
         // The frequency heuristic on word counts: a word's input vector is accessed once per
         // occurrence, its output vector once per occurrence as a context and as a negative.
         let counts = ferry::AccessCounts::from_counts(corpus.counts.clone());
-        let hot = ferry::replication::as_ranges(&a.common.hot_keys(&counts));
+        let hot = ferry::as_ranges(&a.common.hot_keys(&counts));
         let n: u64 = hot.iter().map(|r| r.end - r.start).sum();
         let share = counts.share(&hot.iter().flat_map(|r| r.clone()).collect::<Vec<_>>());
         summary = Some(format!("hybrid: the {n} most frequent of {v} words replicated ({:.1}% of occurrences)", 100.0 * share));

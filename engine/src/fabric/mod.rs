@@ -43,7 +43,9 @@ pub trait FabricHandler: Send + Sync {
     fn on_frame(&self, from: usize, frame: bytes::Bytes);
     /// One-sided writes with these immediates landed at this node.
     fn on_writes_landed(&self, from: usize, imms: &[u32]);
-    /// A one-sided write this node posted completed (its source may be reused).
+    /// A one-sided write this node posted completed (its source may be reused). Only a fabric
+    /// that completes writes later ([`WriteCompletion::Deferred`], verbs) calls it.
+    #[cfg(feature = "verbs")]
     fn on_write_done(&self, wr_id: u64, result: Result<()>);
     /// The connection to `peer` closed: cleanly (`None`) or through a failure.
     fn on_peer_closed(&self, peer: usize, error: Option<String>);
@@ -55,6 +57,7 @@ pub enum WriteCompletion {
     /// The source was copied while posting; it may be reused at once.
     Immediate,
     /// Completion comes later through [`FabricHandler::on_write_done`].
+    #[cfg(feature = "verbs")]
     Deferred,
 }
 

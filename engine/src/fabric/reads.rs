@@ -30,11 +30,6 @@ impl PostedRead {
         self.len
     }
 
-    /// Whether the read fetches nothing.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// The peer read from.
     pub fn peer(&self) -> usize {
         self.peer

@@ -189,6 +189,7 @@ mod tests {
     impl FabricHandler for Quiet {
         fn on_frame(&self, _: usize, _: bytes::Bytes) {}
         fn on_writes_landed(&self, _: usize, _: &[u32]) {}
+        #[cfg(feature = "verbs")]
         fn on_write_done(&self, _: u64, _: Result<()>) {}
         fn on_peer_closed(&self, _: usize, _: Option<String>) {}
     }

@@ -13,23 +13,18 @@
 //! The timing and the table are deterministic and have no clock of their own; only the service
 //! thread sits around them. See `docs/INTENT.md` for what holds.
 
-mod replicas;
-mod service;
-mod sync_acks;
-mod sync_round;
+mod replica_store;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-#[cfg(any(test, feature = "sim"))]
-pub(crate) use replicas::{Drained, Dropped, drop_replica, end_drained_replica, end_making, set_replica, take_table_deltas};
-pub(crate) use service::IntentService;
-pub(crate) use sync_acks::SyncAcks;
-#[cfg(any(test, feature = "sim"))]
-pub(crate) use sync_round::{TakenDeltas, believed_owner, lost_key_among};
+pub(crate) use replica_store::{
+    Drained, Dropped, Held, TakenDeltas, believed_owner, drop_replica, end_drained_replica, end_making, look_at_replica, lost_key_among, set_replica,
+    take_table_deltas,
+};
 
 use crate::keymap::KeyMap;
-use crate::stats::IntentStats;
+pub use crate::protocol::IntentLevel;
+pub use crate::stats::LateCause;
 
 /// How many rounds a table counts as shared after the last replica grant for one of its keys
 /// (about 16 s at the default round time; rounds pass only while workers advance). A table whose
@@ -45,174 +40,6 @@ pub const SHARED_ROUNDS: u32 = 16_384;
 /// or a replica's grant went to a node the home believed held the key) would otherwise leave a
 /// key that the node needs without pause remote for as long as it needs it.
 pub const REASK_ROUNDS: u32 = 64;
-
-/// A node's intent counters (see [`IntentStats`]).
-#[derive(Debug, Default)]
-pub struct IntentCounters {
-    rounds: AtomicU64,
-    declared: AtomicU64,
-    acted_keys: AtomicU64,
-    in_time: AtomicU64,
-    lead_clocks: AtomicU64,
-    late_accesses: AtomicU64,
-    /// Late accesses indexed by `LateCause as usize`.
-    late_by_cause: [AtomicU64; LateCause::ALL.len()],
-    replicas_made: AtomicU64,
-    replicas_kept: AtomicU64,
-    replica_syncs: AtomicU64,
-    refresh_reads: AtomicU64,
-    refresh_bytes: AtomicU64,
-    refreshed_by_read: AtomicU64,
-    synced_by_push_pull: AtomicU64,
-    reasked: AtomicU64,
-    declined: AtomicU64,
-    drained: AtomicU64,
-    drained_again: AtomicU64,
-    made_with_pushes: AtomicU64,
-    moves_put_off: AtomicU64,
-    replicas_lost: AtomicU64,
-}
-
-impl IntentCounters {
-    pub(crate) fn note_round(&self) {
-        self.rounds.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn note_declared(&self, windows: u64) {
-        self.declared.fetch_add(windows, Ordering::Relaxed);
-    }
-
-    /// A key relocated for an intent landed `lead` clocks before its window starts (`None`:
-    /// after it started).
-    pub(crate) fn note_landed(&self, lead: Option<u64>) {
-        self.acted_keys.fetch_add(1, Ordering::Relaxed);
-        if let Some(lead) = lead {
-            self.in_time.fetch_add(1, Ordering::Relaxed);
-            self.lead_clocks.fetch_add(lead, Ordering::Relaxed);
-        }
-    }
-
-    /// Late accesses, by cause.
-    pub(crate) fn note_late(&self, late: &LateCounts) {
-        let total: u64 = late.0.iter().sum();
-        if total == 0 {
-            return;
-        }
-        self.late_accesses.fetch_add(total, Ordering::Relaxed);
-        for (counter, &n) in self.late_by_cause.iter().zip(&late.0) {
-            if n > 0 {
-                counter.fetch_add(n, Ordering::Relaxed);
-            }
-        }
-    }
-
-    pub(crate) fn note_replicas_made(&self, keys: u64) {
-        self.replicas_made.fetch_add(keys, Ordering::Relaxed);
-    }
-
-    /// `keys` replicas were kept from departing keys (also counted as made).
-    pub(crate) fn note_replicas_kept(&self, keys: u64) {
-        self.replicas_made.fetch_add(keys, Ordering::Relaxed);
-        self.replicas_kept.fetch_add(keys, Ordering::Relaxed);
-    }
-
-    pub(crate) fn note_replica_sync(&self) {
-        self.replica_syncs.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A one-sided read of `bytes` refreshed `keys` run-time replicas.
-    pub(crate) fn note_refresh_read(&self, bytes: u64, keys: u64) {
-        self.refresh_reads.fetch_add(1, Ordering::Relaxed);
-        self.refresh_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.refreshed_by_read.fetch_add(keys, Ordering::Relaxed);
-    }
-
-    /// `keys` run-time replicas were synced through a routed push-pull.
-    pub(crate) fn note_synced_by_push_pull(&self, keys: u64) {
-        self.synced_by_push_pull.fetch_add(keys, Ordering::Relaxed);
-    }
-
-    /// `keys` keys' homes were asked again ([`REASK_ROUNDS`]).
-    pub(crate) fn note_reasked(&self, keys: u64) {
-        self.reasked.fetch_add(keys, Ordering::Relaxed);
-    }
-
-    /// `keys` moves this node asked for on a grant were declined by their homes.
-    pub(crate) fn note_declined(&self, keys: u64) {
-        self.declined.fetch_add(keys, Ordering::Relaxed);
-    }
-
-    /// `keys` dropped replicas drained: they served until the push of their deltas was
-    /// acknowledged.
-    pub(crate) fn note_drained(&self, keys: u64) {
-        self.drained.fetch_add(keys, Ordering::Relaxed);
-    }
-
-    /// `keys` draining replicas were pushed to meanwhile and drain again with that delta.
-    pub(crate) fn note_drained_again(&self, keys: u64) {
-        self.drained_again.fetch_add(keys, Ordering::Relaxed);
-    }
-
-    /// `keys` replicas were made with pushes sent behind the pull that made them.
-    pub(crate) fn note_made_with_pushes(&self, keys: u64) {
-        self.made_with_pushes.fetch_add(keys, Ordering::Relaxed);
-    }
-
-    /// `keys` granted moves were put off while a sync round carried their replicas' deltas.
-    pub(crate) fn note_moves_put_off(&self, keys: u64) {
-        self.moves_put_off.fetch_add(keys, Ordering::Relaxed);
-    }
-
-    /// `keys` keys granted a replica here were found lost with their owners.
-    pub(crate) fn note_replicas_lost(&self, keys: u64) {
-        self.replicas_lost.fetch_add(keys, Ordering::Relaxed);
-    }
-
-    /// The counters now.
-    pub fn snapshot(&self) -> IntentStats {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let [late_unacted, late_unanswered, late_untaken, late_moving, late_replicating, late_left] = self.late_by_cause.each_ref().map(get);
-        IntentStats {
-            rounds: get(&self.rounds),
-            declared: get(&self.declared),
-            acted_keys: get(&self.acted_keys),
-            in_time: get(&self.in_time),
-            lead_clocks: get(&self.lead_clocks),
-            late_accesses: get(&self.late_accesses),
-            late_unacted,
-            late_unanswered,
-            late_untaken,
-            late_moving,
-            late_replicating,
-            late_left,
-            replicas_made: get(&self.replicas_made),
-            replicas_kept: get(&self.replicas_kept),
-            replica_syncs: get(&self.replica_syncs),
-            refresh_reads: get(&self.refresh_reads),
-            refresh_bytes: get(&self.refresh_bytes),
-            refreshed_by_read: get(&self.refreshed_by_read),
-            synced_by_push_pull: get(&self.synced_by_push_pull),
-            reasked: get(&self.reasked),
-            declined: get(&self.declined),
-            drained: get(&self.drained),
-            drained_again: get(&self.drained_again),
-            made_with_pushes: get(&self.made_with_pushes),
-            moves_put_off: get(&self.moves_put_off),
-            replicas_lost: get(&self.replicas_lost),
-        }
-    }
-}
-
-/// Late accesses of one access, indexed by `LateCause as usize`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct LateCounts(pub [u64; LateCause::ALL.len()]);
-
-impl LateCounts {
-    /// Counts one more late access of cause `cause`.
-    pub fn add(&mut self, cause: LateCause) {
-        self.0[cause as usize] += 1;
-    }
-}
 
 /// Adaptive action timing for one worker (Algorithm 1): estimates how many clocks the worker
 /// completes per communication round and acts on an intent once the worker might reach the
@@ -252,6 +79,7 @@ impl ActionTiming {
     }
 
     /// The current estimate of clocks per round.
+    #[cfg(test)]
     pub fn estimate(&self) -> f64 {
         self.estimate
     }
@@ -273,11 +101,13 @@ impl ActionTiming {
     }
 
     /// Whether to act now on an intent that starts at clock `start` (after [`ActionTiming::round`]).
+    #[cfg(test)]
     pub fn act(&self, start: u64) -> bool {
         start <= self.horizon
     }
 
     /// The horizon computed by the last [`ActionTiming::round`].
+    #[cfg(test)]
     pub fn horizon(&self) -> u64 {
         self.horizon
     }
@@ -316,30 +146,6 @@ pub struct Window {
     pub end: u64,
 }
 
-/// How much a node needs a key: what it tells the key's home node.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum IntentLevel {
-    /// No intent the node acts on (none declared, or none within reach yet).
-    #[default]
-    None = 0,
-    /// A window within the action horizon has not started yet.
-    Soon = 1,
-    /// A window has started: a worker uses the key now.
-    Now = 2,
-}
-
-impl IntentLevel {
-    /// The level of a wire byte.
-    pub fn from_u8(b: u8) -> Option<IntentLevel> {
-        match b {
-            0 => Some(IntentLevel::None),
-            1 => Some(IntentLevel::Soon),
-            2 => Some(IntentLevel::Now),
-            _ => None,
-        }
-    }
-}
-
 /// An entry of the clock-ordered indexes: (table, key, worker, start) of a window. A worker
 /// has at most one window per key with a given start, and a window's start never changes (a
 /// window only grows at its end), so these name it for its whole life.
@@ -373,36 +179,6 @@ enum Answer {
     Replicating,
     /// A relocation the grant started completed.
     Landed,
-}
-
-/// Why an access of a worker to a key it had declared intent for in its current clock did not
-/// find the key here (see [`crate::IntentStats`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LateCause {
-    /// The window was not yet acted on: its start was beyond the worker's action horizon at
-    /// every round so far (the timing, or a declaration made too late, left no lead).
-    Unacted,
-    /// Acted on (the home was told) but nothing was on its way here and no grant had arrived:
-    /// the home's answer was on its way, the key was held for another node, or the home
-    /// granted a replica of a table that keeps none (server-side updates).
-    Unanswered,
-    /// The home's grant (a move or a replica here) had arrived, but the intent service had not
-    /// taken it up yet: the service was not scheduled between the grant's arrival and the
-    /// access.
-    Untaken,
-    /// A move here was granted; the relocation was still on its way.
-    Moving,
-    /// A replica here was granted; it was still being made.
-    Replicating,
-    /// It had landed here for the intent and left again before the intent ended (won by a node
-    /// that needed it now while this one needed it only soon, or taken by an explicit
-    /// `localize`).
-    Left,
-}
-
-impl LateCause {
-    /// Every cause, in declaration order (`ALL[c as usize] == c`).
-    pub const ALL: [LateCause; 6] = [LateCause::Unacted, LateCause::Unanswered, LateCause::Untaken, LateCause::Moving, LateCause::Replicating, LateCause::Left];
 }
 
 impl KeyState {
@@ -593,6 +369,7 @@ impl IntentTable {
 
     /// What this node needs of `key` of `table`, given each worker's `clock`: `Now` when a
     /// taken window has started, `Soon` when a taken window has not, else `None`.
+    #[cfg(test)]
     pub fn level(&self, table: u16, key: u64, clock: impl Fn(u16) -> u64) -> IntentLevel {
         self.windows.get(table, key).map_or(IntentLevel::None, |ks| Self::level_of(&ks.windows, clock))
     }
@@ -693,6 +470,7 @@ impl IntentTable {
     }
 
     /// Keys with any window or whose home was last told they are needed.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.windows.len()
     }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::config::TableSpec;
+use crate::config::{MAX_SHARDS, TableSpec};
 use crate::error::Error;
 use crate::partition::Partitioner;
 
@@ -21,8 +21,6 @@ const NOT_CACHED: u16 = u16::MAX;
 /// Keys per block that maps to one shard (neighbouring keys share a shard, so runs of keys lock
 /// few shards).
 pub const SHARD_BLOCK_BITS: u32 = 6;
-/// Most shards a node can have (shard sets are 64-bit masks).
-pub const MAX_SHARDS: usize = 64;
 
 /// One table as the protocol sees it.
 pub struct TableMeta {

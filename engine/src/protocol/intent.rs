@@ -43,10 +43,33 @@ use super::LOST_OWNER;
 use super::step::Step;
 use super::wire::{self, msg};
 use crate::error::{Error, Result};
-use crate::intent::IntentLevel;
 use crate::keymap::{KeyMap, KeySet};
 use crate::stats::MessageKind;
 use crate::util::FastMap;
+
+/// How much a node needs a key: what it tells the key's home node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IntentLevel {
+    /// No intent the node acts on (none declared, or none within reach yet).
+    #[default]
+    None = 0,
+    /// A window within the action horizon has not started yet.
+    Soon = 1,
+    /// A window has started: a worker uses the key now.
+    Now = 2,
+}
+
+impl IntentLevel {
+    /// The level of a wire byte.
+    pub fn from_u8(b: u8) -> Option<IntentLevel> {
+        match b {
+            0 => Some(IntentLevel::None),
+            1 => Some(IntentLevel::Soon),
+            2 => Some(IntentLevel::Now),
+            _ => None,
+        }
+    }
+}
 
 /// Keys per INTENT or INTENT_GO message at most (512 KiB of keys).
 const KEYS_PER_MESSAGE: usize = 1 << 16;
@@ -276,6 +299,7 @@ impl IntentHomes {
     }
 
     /// The nodes with intent on `key` of `table` (homed here), with their levels.
+    #[cfg(test)]
     pub fn intenders(&self, table: u16, key: u64) -> Vec<(u16, IntentLevel)> {
         self.intents.get(table, key).map_or_else(Vec::new, |i| i.nodes.to_vec())
     }

@@ -51,15 +51,18 @@ mod barrier;
 mod clock;
 mod directory;
 mod intent;
+mod intent_counters;
 mod issue;
 pub mod keycache;
 mod relocation;
 mod replica;
 mod replica_sync;
+mod replication_counters;
 mod requester;
 mod rows;
 mod shard;
 mod step;
+mod sync_acks;
 mod transmit;
 pub mod wire;
 
@@ -70,15 +73,18 @@ use parking_lot::Mutex;
 
 pub use barrier::{BarrierEvent, BarrierKind, Barriers};
 pub use clock::Clocks;
-pub use directory::{Directory, LOST_OWNER, MAX_SHARDS, TableMeta};
-pub use intent::{Grant, IntentHomes};
+pub use directory::{Directory, LOST_OWNER};
+pub use intent::{Grant, IntentHomes, IntentLevel};
+pub use intent_counters::IntentCounters;
+pub(crate) use intent_counters::LateCounts;
 pub use issue::{Issued, PullTarget, SMALL_OPERATION_ROWS};
 pub(crate) use issue::{serve_held, serve_replica};
 pub use replica_sync::OutgoingSync;
-pub use requester::{Delivery, LocalEvent, OpId, OpKind, PeerFault, Requester, WORKER_SHIFT, worker_of};
-pub use rows::Rows;
+pub use replication_counters::{Ack, AckMailbox, Replication};
+pub use requester::{Delivery, OpId, Requester, worker_of};
 pub use shard::Shard;
 pub use step::{Progress, Step};
+pub(crate) use sync_acks::SyncAcks;
 pub use transmit::{ALL_WORKERS, Transmit};
 pub use wire::AccessKind;
 
@@ -157,15 +163,15 @@ pub struct Core {
     /// it looked at its keys knows that keys it found elsewhere are elsewhere still.
     arrivals: AtomicU64,
     /// Replication's counters and the acknowledgements its rounds wait for.
-    replication: crate::replication::Replication,
+    replication: Replication,
     /// Intent signalling's counters.
-    intent: crate::intent::IntentCounters,
+    intent: IntentCounters,
     /// Intents on the keys homed here, and the moves this node was told to make.
     intent_homes: Mutex<IntentHomes>,
     /// Set when a move waits in `intent_homes` for the intent service.
     intent_go: std::sync::atomic::AtomicBool,
     /// Acknowledgements of this node's REPLICA_SYNC messages, for the intent service.
-    replica_sync_acks: crate::intent::SyncAcks,
+    replica_sync_acks: SyncAcks,
 }
 
 impl Core {
@@ -183,7 +189,7 @@ impl Core {
             settings,
             counters: Arc::new(CounterRegistry::default()),
             arrivals: AtomicU64::new(0),
-            replication: crate::replication::Replication::new(specs.len()),
+            replication: Replication::new(specs.len()),
             intent: Default::default(),
             intent_homes: Mutex::new(IntentHomes::default()),
             intent_go: std::sync::atomic::AtomicBool::new(false),
@@ -193,18 +199,18 @@ impl Core {
 
     /// Replication's counters and acknowledgement mailbox.
     #[inline]
-    pub fn replication(&self) -> &crate::replication::Replication {
+    pub fn replication(&self) -> &Replication {
         &self.replication
     }
 
     /// Intent signalling's counters.
     #[inline]
-    pub fn intent_counters(&self) -> &crate::intent::IntentCounters {
+    pub fn intent_counters(&self) -> &IntentCounters {
         &self.intent
     }
 
     /// Acknowledgements of this node's REPLICA_SYNC messages.
-    pub(crate) fn replica_sync_acks(&self) -> &crate::intent::SyncAcks {
+    pub(crate) fn replica_sync_acks(&self) -> &SyncAcks {
         &self.replica_sync_acks
     }
 
@@ -306,6 +312,7 @@ impl Core {
     }
 
     /// Keys currently relocating to this node.
+    #[cfg(any(test, feature = "sim"))]
     pub fn keys_in_transit(&self) -> usize {
         self.shards.iter().map(|s| s.lock().keys_in_transit()).sum()
     }

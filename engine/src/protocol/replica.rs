@@ -5,10 +5,10 @@
 //! where to read that image with one-sided reads. The refresh itself is I/O and runs in
 //! [`crate::replication`]; see there for the round as a whole.
 
+use super::AckMailbox;
 use super::Step;
 use super::wire::{self, REPLICA_CUT, REPLICA_FULL, ReplicaDelta, ReplicaImage};
 use crate::error::{Error, Result};
-use crate::replication::AckMailbox;
 use crate::stats::MessageKind;
 
 impl Step<'_, '_> {

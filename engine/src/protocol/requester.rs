@@ -62,24 +62,6 @@ pub enum Delivery {
 /// Something this node's own protocol did for an operation.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LocalEvent {
-    /// A row queued here while its key arrived was served (pulled values; empty for push/set).
-    Served {
-        /// The operation.
-        op: OpId,
-        /// The row.
-        row: u32,
-        /// Pulled values.
-        values: Vec<f32>,
-    },
-    /// A queued row failed.
-    RowFailed {
-        /// The operation.
-        op: OpId,
-        /// The row.
-        row: u32,
-        /// Why.
-        error: Error,
-    },
     /// The last key a `localize` waited for arrived (its countdown reached zero).
     Arrived {
         /// The operation.
@@ -268,6 +250,7 @@ impl Requester {
     }
 
     /// The worker index.
+    #[cfg(any(test, feature = "sim"))]
     pub fn worker(&self) -> u16 {
         self.worker
     }
@@ -391,6 +374,7 @@ impl Requester {
     }
 
     /// Parts an operation under way was split into so far.
+    #[cfg(any(test, feature = "sim"))]
     pub fn parts_of(&self, op: OpId) -> Option<usize> {
         self.ops.get(&op).map(|o| o.parts.len())
     }
@@ -412,12 +396,6 @@ impl Requester {
         nodes.sort_unstable();
         nodes.dedup();
         nodes
-    }
-
-    /// Forgets an operation (its caller gave up); late answers are ignored.
-    pub fn cancel(&mut self, op: OpId) {
-        self.ops.remove(&op);
-        self.done.remove(&op);
     }
 
     /// The earliest deadline of a pending operation.
@@ -470,7 +448,7 @@ impl Requester {
                 fault
             }
             Delivery::Local(event) => {
-                self.on_local(event, &mut caller);
+                self.on_local(event);
                 None
             }
             Delivery::PeerLost { node, reason, losses } => {
@@ -589,29 +567,8 @@ impl Requester {
         Ok(())
     }
 
-    fn on_local(&mut self, event: LocalEvent, caller: &mut Option<(OpId, &mut [f32])>) {
+    fn on_local(&mut self, event: LocalEvent) {
         match event {
-            LocalEvent::Served { op, row, values } => {
-                let mut out = Self::caller_for(op, caller);
-                if let Some(o) = self.ops.get_mut(&op)
-                    && o.answer(row)
-                    && !values.is_empty()
-                {
-                    match o.row_output(row as usize, &mut out) {
-                        Some(dst) if dst.len() == values.len() => dst.copy_from_slice(&values),
-                        _ => o.fail(Error::Protocol("pulled values arrived while nobody waited for them".into())),
-                    }
-                }
-                self.settle(op);
-            }
-            LocalEvent::RowFailed { op, row, error } => {
-                if let Some(o) = self.ops.get_mut(&op)
-                    && o.answer(row)
-                {
-                    o.fail(error);
-                }
-                self.settle(op);
-            }
             LocalEvent::Arrived { op } => self.settle(op),
             LocalEvent::ArrivalFailed { op, error } => {
                 if let Some(o) = self.ops.get_mut(&op) {

@@ -100,6 +100,7 @@ impl Rows {
     }
 
     /// Splits into pieces of at most `n` rows.
+    #[cfg(test)]
     pub fn chunks(&self, n: usize) -> Vec<Rows> {
         let n = n.max(1);
         match self {

@@ -141,12 +141,8 @@ impl Shard {
         }
     }
 
-    /// The shard's index.
-    pub fn index(&self) -> usize {
-        self.index
-    }
-
     /// Keys relocating to this node in this shard.
+    #[cfg(any(test, feature = "sim"))]
     pub fn keys_in_transit(&self) -> usize {
         self.transits.len()
     }

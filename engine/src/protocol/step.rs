@@ -54,12 +54,8 @@ impl<'c, 't> Step<'c, 't> {
         self.tx
     }
 
-    /// The cluster time the step runs at.
-    pub fn now(&self) -> u64 {
-        self.now
-    }
-
     /// The shards the step holds, one bit each.
+    #[cfg(any(test, feature = "sim"))]
     pub fn held_shards(&self) -> u64 {
         self.held
     }

@@ -162,15 +162,6 @@ impl Transmit {
         next
     }
 
-    /// Only frames that are full, leaving partly filled ones to grow.
-    pub fn poll_sealed(&mut self) -> Option<(u16, Vec<u8>)> {
-        let next = self.sealed.pop_front();
-        if let Some((to, _)) = &next {
-            self.touched[*to as usize] = true;
-        }
-        next
-    }
-
     /// The next one-sided write to post.
     pub fn poll_write(&mut self) -> Option<SlotWrite> {
         let next = self.writes.pop_front();
@@ -216,11 +207,6 @@ impl Transmit {
         if let Some((w, s, e)) = run {
             self.deliveries.push_back((w, Delivery::Messages { from: self.rank, bytes: bytes.slice(s..e) }));
         }
-    }
-
-    /// Whether frames, writes or deliveries wait to be drained.
-    pub fn is_empty(&self) -> bool {
-        self.sealed.is_empty() && self.writes.is_empty() && self.deliveries.is_empty() && self.loopback.is_empty() && self.building.iter().all(Vec::is_empty)
     }
 
     /// Destinations that frames or writes were handed out for since the last call (to flush).

@@ -263,6 +263,7 @@ pub struct Access<'a> {
 impl<'a> Access<'a> {
     /// Decodes an ACCESS body; `value_len` gives each table's value length. A message that
     /// refers to a cached key list fails (see [`Access::decode_cached`]).
+    #[cfg(any(test, feature = "sim"))]
     pub fn decode(b: &'a [u8], value_len: impl Fn(u16) -> Option<usize>) -> Result<Access<'a>> {
         Access::decode_cached(b, value_len, |_| None)
     }
@@ -461,11 +462,6 @@ impl BlockKeys<'_> {
             BlockKeys::Run { count, .. } | BlockKeys::Cached { count, .. } => *count,
             BlockKeys::List(k) => k.len(),
         }
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -756,8 +752,6 @@ pub fn encode_failure(out: &mut Vec<u8>, code: FailureCode, table: u16, node: u1
 pub struct LocalizeFailed<'a> {
     /// Why.
     pub code: FailureCode,
-    /// Table id.
-    pub table: u16,
     /// The lost node, for `PeerLost`.
     pub node: u16,
     /// Number of reservations.
@@ -775,7 +769,7 @@ impl<'a> LocalizeFailed<'a> {
         if count.checked_mul(4).and_then(|n| n.checked_add(MOVE_HEADER)) != Some(b.len()) {
             return Err(bad(format!("LOCALIZE_FAILED of {count} items has {} bytes", b.len())));
         }
-        Ok(LocalizeFailed { code: FailureCode::from_u8(b[1]), table: u16_at(b, 4), node: u16_at(b, 6), count, resvs: &b[MOVE_HEADER..] })
+        Ok(LocalizeFailed { code: FailureCode::from_u8(b[1]), node: u16_at(b, 6), count, resvs: &b[MOVE_HEADER..] })
     }
 
     /// Reservation `i`.
@@ -843,7 +837,7 @@ pub fn encode_intent(out: &mut Vec<u8>, ty: u8, level: u8, table: u16, keys: &[u
 }
 
 /// Decodes INTENT or INTENT_GO: (level, table, keys).
-pub fn decode_intent(b: &[u8]) -> Result<(crate::intent::IntentLevel, u16, impl ExactSizeIterator<Item = u64> + '_)> {
+pub fn decode_intent(b: &[u8]) -> Result<(super::IntentLevel, u16, impl ExactSizeIterator<Item = u64> + '_)> {
     if b.len() < INTENT_HEADER {
         return Err(bad("short INTENT"));
     }
@@ -851,7 +845,7 @@ pub fn decode_intent(b: &[u8]) -> Result<(crate::intent::IntentLevel, u16, impl 
     if count.checked_mul(8).and_then(|n| n.checked_add(INTENT_HEADER)) != Some(b.len()) {
         return Err(bad(format!("INTENT of {count} keys has {} bytes", b.len())));
     }
-    let level = crate::intent::IntentLevel::from_u8(b[1]).ok_or_else(|| bad(format!("INTENT with level {}", b[1])))?;
+    let level = super::IntentLevel::from_u8(b[1]).ok_or_else(|| bad(format!("INTENT with level {}", b[1])))?;
     Ok((level, u16_at(b, 4), b[INTENT_HEADER..].chunks_exact(8).map(|c| u64_at(c, 0))))
 }
 

@@ -133,7 +133,8 @@ impl Round {
         self.full
     }
 
-    /// Cluster time at which the round began.
+    /// Cluster time at which the round began (the simulator records rounds by it).
+    #[cfg(any(test, feature = "sim"))]
     pub fn began(&self) -> u64 {
         self.began
     }

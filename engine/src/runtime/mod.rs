@@ -12,6 +12,7 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex, RwLock};
 
+mod intent;
 mod replication;
 
 use crate::config::Config;
@@ -64,7 +65,7 @@ pub(crate) struct NodeInner {
     /// Tells the replication thread to stop (finalize stops it before its last round).
     pub replication_stop: AtomicBool,
     /// The workers' intents and the thread acting on them.
-    pub intents: crate::intent::IntentService,
+    pub intents: intent::IntentService,
 }
 
 impl NodeInner {
@@ -190,6 +191,7 @@ impl NodeInner {
                 let outcome = unsafe { self.fabric.write(group[0].to as usize, &requests) };
                 let done = match outcome {
                     Ok(WriteCompletion::Immediate) => Some(Ok(())),
+                    #[cfg(feature = "verbs")]
                     Ok(WriteCompletion::Deferred) => None,
                     Err(e) => Some(Err(e)),
                 };
@@ -534,6 +536,7 @@ impl FabricHandler for Callbacks {
         }
     }
 
+    #[cfg(feature = "verbs")]
     fn on_write_done(&self, wr_id: u64, result: Result<()>) {
         if let Some(node) = self.node.upgrade() {
             let _ = node.run_pooled(|step, _, _| Ok(step.handle_write_done(wr_id, result.clone())));

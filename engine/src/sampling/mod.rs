@@ -20,13 +20,10 @@
 //! are seeded from the node's rank, the worker's number and the distribution's number, so a run
 //! is reproducible given the same placement.
 
-mod alias;
-mod sampler;
-
-pub(crate) use sampler::Sampler;
+pub(crate) mod alias;
 
 use crate::error::{Error, Result};
-use crate::node::Table;
+use crate::table::Table;
 
 /// How closely the samples follow the target distribution (NuPS 4.1). Each level implies the
 /// ones below it.
@@ -213,40 +210,6 @@ impl KeyDistribution {
 pub struct DistributionId {
     pub(crate) worker: u16,
     pub(crate) index: u32,
-}
-
-/// Samples prepared by [`crate::Worker::prepare_sample`], taken with
-/// [`crate::Worker::pull_sample`] in one or several portions.
-#[must_use = "prepared samples are only used by pulling them"]
-pub struct SampleHandle {
-    pub(crate) dist: DistributionId,
-    /// Keys still to hand out, with whether each was postponed already.
-    pub(crate) keys: std::collections::VecDeque<(u64, bool)>,
-    pub(crate) total: usize,
-    /// The localize started for these samples, if any.
-    pub(crate) localizing: Option<crate::Ticket>,
-}
-
-impl SampleHandle {
-    /// Samples not yet pulled.
-    pub fn remaining(&self) -> usize {
-        self.keys.len()
-    }
-
-    /// Samples prepared in all.
-    pub fn len(&self) -> usize {
-        self.total
-    }
-
-    /// Whether the handle was prepared for no samples.
-    pub fn is_empty(&self) -> bool {
-        self.total == 0
-    }
-
-    /// The distribution the samples come from.
-    pub fn distribution(&self) -> DistributionId {
-        self.dist
-    }
 }
 
 /// What one registered distribution has done so far.

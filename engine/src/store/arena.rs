@@ -80,11 +80,6 @@ impl Arena {
         self.len
     }
 
-    /// Whether the arena is empty (never: lengths are rounded up to a huge page).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// The kind of pages that back it.
     pub fn kind(&self) -> PageKind {
         self.kind

@@ -222,6 +222,7 @@ impl DynamicReplicas {
     }
 
     /// Replicas that exist now.
+    #[cfg(test)]
     pub fn count(&self) -> usize {
         self.live.load(Ordering::Relaxed)
     }
@@ -373,6 +374,7 @@ impl DynamicReplicas {
 
     /// Whether a `localize` is about to move `key` here (between
     /// [`DynamicReplicas::begin_localize`] and [`DynamicReplicas::end_localize`]).
+    #[cfg(test)]
     pub fn is_localizing(&self, key: u64) -> bool {
         self.sync_marks.lock().localizing.contains_key(&key)
     }

@@ -88,11 +88,6 @@ impl Latches {
         self.stripes.len()
     }
 
-    /// Whether there are no latches (never).
-    pub fn is_empty(&self) -> bool {
-        self.stripes.is_empty()
-    }
-
     /// Locks the latch of `key` in a table with the given salt.
     #[inline]
     pub fn lock(&self, salt: u64, key: u64) -> LatchGuard<'_> {

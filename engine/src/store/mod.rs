@@ -28,7 +28,7 @@ use parking_lot::Mutex;
 
 pub use arena::{Arena, HUGE_PAGE, PageKind};
 pub use dynamic::{DynamicReplicas, ReplicaSlots, SyncTaker};
-pub use latch::{AllLatches, LatchGuard, Latches};
+pub use latch::Latches;
 pub use replica::ReplicaState;
 pub use slot::{AllGuard, KeyGuard, Reserved, Slot};
 pub use snapshot::{ImageBuffer, Snapshot};
@@ -116,10 +116,12 @@ pub trait Registrar: Send + Sync {
 
 /// A registrar for nodes without peers: regions are numbered, addresses are chunk offsets.
 #[derive(Default)]
+#[cfg(any(test, feature = "sim"))]
 pub struct LocalRegistrar {
     next: AtomicU32,
 }
 
+#[cfg(any(test, feature = "sim"))]
 impl Registrar for LocalRegistrar {
     unsafe fn register(&self, _base: *mut u8, _len: usize) -> Result<RegionHandle> {
         Ok(RegionHandle { region: self.next.fetch_add(1, Ordering::Relaxed), remote_base: 0 })
@@ -490,6 +492,7 @@ impl Store {
 
     /// The first `slots` slot images of `peer`'s current image of `table`, as a one-sided read
     /// would copy them (for simulators and tests).
+    #[cfg(any(test, feature = "sim"))]
     pub fn snapshot_bytes(&self, table: u16, peer: usize, slots: usize) -> Option<Vec<u8>> {
         let t = self.tables.get(table as usize)?;
         let image = t.snapshots.get(peer)?.as_ref()?;
@@ -731,12 +734,6 @@ impl TableStore {
     /// Bytes per slot.
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
-    }
-
-    /// The latch salt of this table.
-    #[inline]
-    pub fn salt(&self) -> u64 {
-        self.salt
     }
 
     /// The slot holding `key` here, if this node holds it and serves it locally. Acting on the

@@ -50,6 +50,7 @@ pub struct Slot<'a> {
     values: &'a [AtomicU32],
     state: &'a [AtomicU32],
     tail: &'a AtomicU32,
+    #[cfg_attr(not(test), expect(dead_code, reason = "read by the store's tests only"))]
     index: u32,
 }
 
@@ -93,6 +94,7 @@ impl<'a> Slot<'a> {
 
     /// The slot's number in its table.
     #[inline]
+    #[cfg(test)]
     pub fn index(&self) -> u32 {
         self.index
     }
@@ -101,12 +103,6 @@ impl<'a> Slot<'a> {
     #[inline]
     pub fn len(&self) -> usize {
         self.values.len()
-    }
-
-    /// Whether the value has no elements (never: tables have at least one).
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
     }
 
     #[inline(always)]
@@ -246,6 +242,7 @@ impl<'a> Slot<'a> {
     }
 
     /// The optimizer state (f32 bits), for tests and diagnostics.
+    #[cfg(any(test, feature = "sim"))]
     pub fn state(&self) -> Vec<f32> {
         self.state.iter().map(|w| f32::from_bits(w.load(Ordering::Relaxed))).collect()
     }

@@ -44,6 +44,7 @@ impl ImageBuffer {
     }
 
     /// The buffer as words.
+    #[cfg(any(test, feature = "sim"))]
     pub fn words(&self) -> &[AtomicU32] {
         &self.words
     }
@@ -89,6 +90,7 @@ impl Snapshot {
     }
 
     /// The image as words.
+    #[cfg(any(test, feature = "sim"))]
     pub fn words(&self) -> &[AtomicU32] {
         self.image.words()
     }

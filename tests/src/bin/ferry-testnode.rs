@@ -50,7 +50,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, Subcommand};
-use ferry::consistency::{Event, History, push_update, set_value};
+use ferry::testing::consistency::{Event, History, push_update, set_value};
 use ferry::{Config, Node, Partitioning, TableSpec, Worker};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -875,7 +875,7 @@ fn writes_queued(keys: u64) -> Result<()> {
 const REPLICATED: [u64; 6] = [1, 5, 9, 33, 40, 60];
 
 fn replicas(pushes: u32, dir: &std::path::Path) -> Result<()> {
-    use ferry::consistency::{TimedPull, TimedPush, check_bounded_staleness};
+    use ferry::testing::consistency::{TimedPull, TimedPush, check_bounded_staleness};
     let staleness = Duration::from_millis(30);
     let mut config = Config::from_env(vec![TableSpec::new("r", 64, LANES).replicating_keys(REPLICATED)])?;
     config.staleness = staleness;
@@ -1063,7 +1063,7 @@ fn parse_sparse_value(text: &str, lanes: usize) -> Result<Vec<f32>> {
 /// for rounds delayed on loaded machines, so it catches a push that never arrives, not a slow
 /// round). After a barrier every node reads every push exactly once.
 fn intent_history(workers: usize, keys: u64, clocks: u64, dir: &std::path::Path, seed: u64) -> Result<()> {
-    use ferry::consistency::{TimedPull, TimedPush, check_bounded_staleness};
+    use ferry::testing::consistency::{TimedPull, TimedPush, check_bounded_staleness};
     let staleness = Duration::from_millis(20);
     let margin = Duration::from_secs(2);
     let mut config = Config::from_env(vec![TableSpec::new("i", keys, INTENT_LANES)])?;

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use ferry_tcp::{AccessError, Handler, LandedWrite, Mesh, Rendezvous, TransportError};
 use ferry_verbs::{
-    Access, Backoff, Chosen, CompletionQueue, Context, Endpoint, LocalSlice, MemoryRegion, Poller, QueuePair, QueuePairCaps, RegisteredBuffer, RemoteSlice,
+    Access, Backoff, CompletionQueue, Context, Endpoint, LocalSlice, MemoryRegion, Poller, QueuePair, QueuePairCaps, RegisteredBuffer, RemoteSlice,
 };
 use parking_lot::{Condvar, Mutex, RwLock};
 
@@ -153,11 +153,6 @@ impl VerbsFabric {
                 reporter: Mutex::new(None),
             }),
         })
-    }
-
-    /// The device, port and GID in use.
-    pub fn chosen(&self) -> &Chosen {
-        self.inner.context.chosen()
     }
 }
 

@@ -37,11 +37,12 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 
 use super::replicas::ReplicaSet;
-use super::{ActionTiming, IntentLevel, IntentTable, LateCause, LateCounts};
 use crate::error::{Error, Result};
-use crate::node::Table;
+use crate::intent::{ActionTiming, IntentLevel, IntentTable, LateCause};
+use crate::protocol::LateCounts;
 use crate::protocol::{Grant, IntentHomes};
 use crate::runtime::NodeInner;
+use crate::table::Table;
 use crate::worker::Worker;
 
 /// Localize operations the service keeps in flight at most before it waits for them.

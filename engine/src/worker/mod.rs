@@ -1,14 +1,19 @@
 //! The handle a trainer thread holds.
 
+mod barrier_hooks;
+mod sampling;
+
+pub use sampling::SampleHandle;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 
 use crate::error::{Error, Result};
-use crate::node::Table;
 use crate::protocol::{AccessKind, Delivery, Issued, OpId, Progress, PullTarget, Requester, Transmit};
 use crate::runtime::NodeInner;
+use crate::table::Table;
 
 /// Polls of the inbox before the waiting worker starts yielding its core.
 const SPINS: usize = 200;
@@ -41,7 +46,7 @@ const YIELDING: Duration = Duration::from_micros(50);
 /// A key repeated within one call is applied in the call's order, except that its repeats may
 /// take effect in either order when the key arrives at (or leaves) this node during the call,
 /// and, with location caches, when a call of more than
-/// [`SMALL_OPERATION_ROWS`](crate::protocol::SMALL_OPERATION_ROWS) remote rows streams while the
+/// 4 096 remote rows streams while the
 /// key moves (its parts go out one after another, like separate asynchronous operations).
 /// Relocations never change values and never lose or duplicate updates. Operations that fail (a
 /// lost peer, a timeout) may or may not have taken effect.
@@ -52,7 +57,7 @@ pub struct Worker {
     inbox: Receiver<Delivery>,
     tx: Transmit,
     /// Distributions this worker registered for sampling.
-    pub(crate) samplers: Vec<crate::sampling::Sampler>,
+    pub(crate) samplers: Vec<sampling::Sampler>,
     /// The keys of the last range operation (reused: a range operation allocates nothing after
     /// the first of its size).
     range_keys: Vec<u64>,
@@ -610,18 +615,15 @@ impl Worker {
     /// one). A lost node still fails it within the liveness timeout.
     pub fn barrier_within(&mut self, timeout: Duration) -> Result<()> {
         self.wait_all_pending()?;
-        // Replicated keys: this node's pushes go home before the barrier, and replicas are
-        // refreshed after it, so that the barrier orders them like every other key.
-        // Run-time replicas (intent) likewise: deltas to the owners before, values after.
-        // Intents: windows that ended before the barrier are released before it.
-        let node = self.node.clone();
-        self.node.replication_sync()?;
-        node.intents.signal_levels(&node, self)?;
-        node.intents.sync_replicas(&node, self)?;
+        // The services' hooks nest around the cluster-wide barrier (see `barrier_hooks`).
+        for service in barrier_hooks::SERVICES {
+            service.before_barrier(self)?;
+        }
         self.node.worker_barrier(timeout)?;
-        node.intents.take_up_grants(&node);
-        self.node.replication_sync()?;
-        node.intents.sync_replicas(&node, self)
+        for service in barrier_hooks::SERVICES.iter().rev() {
+            service.after_barrier(self)?;
+        }
+        Ok(())
     }
 
     /// Waits until this worker's asynchronous operations have completed (at most the

@@ -25,8 +25,9 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::fabric::PostedRead;
+use crate::intent::{TakenDeltas, believed_owner, lost_key_among, set_replica};
 use crate::protocol::wire::ReplicaSyncAck;
-use crate::protocol::{Directory, LOST_OWNER, OutgoingSync};
+use crate::protocol::{LOST_OWNER, OutgoingSync};
 use crate::runtime::NodeInner;
 use crate::util::{FastMap, FastSet};
 use crate::worker::{PullTicket, Worker};
@@ -57,19 +58,6 @@ struct ImageRead {
     /// The keys whose images it reads, in the images' order.
     keys: Vec<u64>,
     read: PostedRead,
-}
-
-/// The deltas a sync round takes from one table's replicas, each with the replica's
-/// incarnation when it was taken (`DynamicReplicas::incarnation`).
-pub(crate) struct TakenDeltas {
-    /// The table.
-    pub table: u16,
-    /// The replicas' keys.
-    pub keys: Vec<u64>,
-    /// Their deltas, one value each.
-    pub deltas: Vec<f32>,
-    /// Their incarnations.
-    pub incarnations: Vec<u32>,
 }
 
 /// A sync round in flight.
@@ -313,16 +301,6 @@ impl SyncRound {
     }
 }
 
-/// The node to send `key`'s delta to: where it was last found to be (`hint`), else its home,
-/// else (this node being the home) the owner `dir` records; `None` if that is this node, a lost
-/// one or one `alive` says is gone. The intent service and the simulator share it.
-pub(crate) fn believed_owner(dir: &Directory, hint: Option<u16>, table: u16, key: u64, alive: impl Fn(u16) -> bool) -> Option<u16> {
-    let rank = dir.rank();
-    let home = dir.home(table, key);
-    let recorded = if home == rank { dir.owner_of(table, key) } else { None };
-    [hint, Some(home), recorded].into_iter().flatten().find(|&n| n != rank && (n as usize) < dir.nodes() && !dir.is_lost(n) && alive(n))
-}
-
 /// Sets each replica of `keys` still here, not `left_out` and of the incarnation its delta was
 /// taken from to the value in its slot image in `copy` plus what was pushed to it since its
 /// delta was taken. Returns how many images were torn (their replicas keep their values).
@@ -341,17 +319,9 @@ fn apply_images(node: &NodeInner, table: u16, keys: &[u64], copy: &[u8], left_ou
         for (v, b) in value.iter_mut().zip(fresh.chunks_exact(4)) {
             *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         }
-        super::replicas::set_replica(store, table, key, incarnation, &mut value, &mut delta);
+        set_replica(store, table, key, incarnation, &mut value, &mut delta);
     }
     torn
-}
-
-/// The key of `keys` that `error` says was lost with its owner, if any.
-pub(crate) fn lost_key_among(error: &Error, keys: &[u64]) -> Option<u64> {
-    match error {
-        Error::KeyLost { key, .. } if keys.contains(key) => Some(*key),
-        _ => None,
-    }
 }
 
 /// Keeps the first error of several steps that all run (`outcome` is what is reported).

@@ -1,4 +1,5 @@
-//! One registered distribution's state and the worker calls that use it.
+//! One registered distribution's state and the worker calls that use it (the distributions,
+//! schemes and handles are in [`crate::sampling`]).
 
 use std::collections::VecDeque;
 
@@ -6,16 +7,50 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::alias::AliasTable;
-use super::{DistributionId, KeyDistribution, SampleHandle, SamplingScheme, SamplingStats, check_distribution};
+use super::{Ticket, Worker};
 use crate::error::{Error, Result};
-use crate::node::Table;
-use crate::worker::{Ticket, Worker};
+use crate::sampling::alias::AliasTable;
+use crate::sampling::{DistributionId, KeyDistribution, SamplingScheme, SamplingStats, check_distribution};
+use crate::table::Table;
 
 /// Most samples one `prepare_sample` may ask for.
 const MAX_SAMPLES: usize = 1 << 28;
 /// Draws tried among the locally held keys before the list of them is rebuilt.
 const LOCAL_TRIES: usize = 64;
+
+/// Samples prepared by [`crate::Worker::prepare_sample`], taken with
+/// [`crate::Worker::pull_sample`] in one or several portions.
+#[must_use = "prepared samples are only used by pulling them"]
+pub struct SampleHandle {
+    pub(crate) dist: DistributionId,
+    /// Keys still to hand out, with whether each was postponed already.
+    pub(crate) keys: std::collections::VecDeque<(u64, bool)>,
+    pub(crate) total: usize,
+    /// The localize started for these samples, if any.
+    pub(crate) localizing: Option<Ticket>,
+}
+
+impl SampleHandle {
+    /// Samples not yet pulled.
+    pub fn remaining(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Samples prepared in all.
+    pub fn len(&self) -> usize {
+        self.total
+    }
+
+    /// Whether the handle was prepared for no samples.
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// The distribution the samples come from.
+    pub fn distribution(&self) -> DistributionId {
+        self.dist
+    }
+}
 
 /// A registered distribution: what to draw from, how, and what is prepared already.
 pub(crate) struct Sampler {
