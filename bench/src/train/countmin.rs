@@ -49,6 +49,32 @@ const KNOWN: &[&str] = &["sotu", "lee", "synth-text"];
 /// The Mersenne prime 2^61 − 1 of the hash family.
 const P: u64 = (1 << 61) - 1;
 
+impl super::Task for CountMinArgs {
+    fn name(&self) -> &'static str {
+        "countmin"
+    }
+
+    fn common(&self) -> &super::Common {
+        &self.common
+    }
+
+    fn prepare(&self) -> Result<String> {
+        CountMinArgs::prepare(self)
+    }
+
+    fn task_args(&self) -> Vec<String> {
+        CountMinArgs::task_args(self)
+    }
+
+    fn run_single(&self, emit: Sink) -> Result<()> {
+        run_single(self, emit)
+    }
+
+    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
+        run_node(self, mode, emit)
+    }
+}
+
 impl CountMinArgs {
     /// Driver side: makes named data available; returns a description.
     pub fn prepare(&self) -> Result<String> {

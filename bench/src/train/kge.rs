@@ -156,6 +156,40 @@ const KNOWN: &[&str] = &["umls", "kinships", "nations", "film", "synth-kg"];
 const ADAGRAD_EPS: f32 = 1e-10;
 const INITIAL_ACCUMULATOR: f32 = 0.1;
 
+impl super::Task for KgeArgs {
+    fn name(&self) -> &'static str {
+        "kge"
+    }
+
+    fn common(&self) -> &super::Common {
+        &self.common
+    }
+
+    fn prepare(&self) -> Result<String> {
+        KgeArgs::prepare(self)
+    }
+
+    fn task_args(&self) -> Vec<String> {
+        KgeArgs::task_args(self)
+    }
+
+    fn run_single(&self, emit: Sink) -> Result<()> {
+        run_single(self, emit)
+    }
+
+    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
+        run_node(self, mode, emit)
+    }
+
+    fn run_other(&self) -> Result<bool> {
+        if self.rank_tails.is_none() {
+            return Ok(false);
+        }
+        rank_tails(self)?;
+        Ok(true)
+    }
+}
+
 impl KgeArgs {
     /// Driver side: makes named data available; returns a description.
     pub fn prepare(&self) -> Result<String> {

@@ -107,6 +107,36 @@ pub struct Split {
     pub dims: u64,
 }
 
+impl super::Task for LrArgs {
+    fn name(&self) -> &'static str {
+        "lr"
+    }
+
+    fn common(&self) -> &super::Common {
+        &self.common
+    }
+
+    fn prepare(&self) -> Result<String> {
+        LrArgs::prepare(self)
+    }
+
+    fn task_args(&self) -> Vec<String> {
+        LrArgs::task_args(self)
+    }
+
+    fn run_single(&self, emit: Sink) -> Result<()> {
+        run_single(self, emit)
+    }
+
+    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
+        run_node(self, mode, emit)
+    }
+
+    fn after_modes(&self) -> Result<()> {
+        if self.sklearn { sklearn(self) } else { Ok(()) }
+    }
+}
+
 impl LrArgs {
     /// Driver side: makes named data available; returns a description.
     pub fn prepare(&self) -> Result<String> {

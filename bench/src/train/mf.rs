@@ -124,6 +124,40 @@ pub fn predict_pairs(a: &MfArgs) -> Result<()> {
 /// The named ratings data sets.
 const KNOWN: &[&str] = &["ml-100k", "synth-small", "synth-tiny"];
 
+impl super::Task for MfArgs {
+    fn name(&self) -> &'static str {
+        "mf"
+    }
+
+    fn common(&self) -> &super::Common {
+        &self.common
+    }
+
+    fn prepare(&self) -> Result<String> {
+        MfArgs::prepare(self)
+    }
+
+    fn task_args(&self) -> Vec<String> {
+        MfArgs::task_args(self)
+    }
+
+    fn run_single(&self, emit: Sink) -> Result<()> {
+        run_single(self, emit)
+    }
+
+    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
+        run_node(self, mode, emit)
+    }
+
+    fn run_other(&self) -> Result<bool> {
+        if self.predict.is_none() {
+            return Ok(false);
+        }
+        predict_pairs(self)?;
+        Ok(true)
+    }
+}
+
 impl MfArgs {
     /// Driver side: makes named data available; returns a description.
     pub fn prepare(&self) -> Result<String> {

@@ -321,15 +321,48 @@ pub enum TrainCommand {
 }
 
 impl TrainCommand {
+    /// The task: the one place that names every workload (a new one adds its variant above and
+    /// its arm here).
+    pub fn task(&self) -> &dyn Task {
+        match self {
+            TrainCommand::Mf(a) => a,
+            TrainCommand::Kge(a) => a,
+            TrainCommand::W2v(a) => a,
+            TrainCommand::Lr(a) => a,
+            TrainCommand::Countmin(a) => a,
+        }
+    }
+
     /// The options every task shares.
     pub fn common(&self) -> &Common {
-        match self {
-            TrainCommand::Mf(a) => &a.common,
-            TrainCommand::Kge(a) => &a.common,
-            TrainCommand::W2v(a) => &a.common,
-            TrainCommand::Lr(a) => &a.common,
-            TrainCommand::Countmin(a) => &a.common,
-        }
+        self.task().common()
+    }
+}
+
+/// A training workload: its options and data, and how it trains in each mode. The driver, the
+/// schedulers' entry and the cluster launch go through this alone, so a new workload is one
+/// module that implements it and one variant of [`TrainCommand`].
+pub trait Task: Sync {
+    /// The subcommand's name (`mf`, `kge`, …), also the reports' `task`.
+    fn name(&self) -> &'static str;
+    /// The options every task shares.
+    fn common(&self) -> &Common;
+    /// Loads (or fetches) the data and checks the options; returns a line describing the run.
+    fn prepare(&self) -> Result<String>;
+    /// The task's own options as a cluster node's command line takes them.
+    fn task_args(&self) -> Vec<String>;
+    /// Trains in `single` mode in this process.
+    fn run_single(&self, emit: Sink) -> Result<()>;
+    /// Trains as one node of a cluster in `mode`.
+    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()>;
+    /// A command of the task that does not train (MF's `--predict`, KGE's `--rank-tails`): runs
+    /// it and says so, or says there is none.
+    fn run_other(&self) -> Result<bool> {
+        Ok(false)
+    }
+    /// After every requested mode trained (LR's scikit-learn baseline).
+    fn after_modes(&self) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -510,11 +543,9 @@ pub enum Event {
 /// Runs `command` as this process's role and reports (the entry point of `ferry-bench train`
 /// and `ferry train`).
 pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
-    let common = command.common();
-    match command {
-        TrainCommand::Mf(a) if a.predict.is_some() => return mf::predict_pairs(a).map(|()| Vec::new()),
-        TrainCommand::Kge(a) if a.rank_tails.is_some() => return kge::rank_tails(a).map(|()| Vec::new()),
-        _ => {}
+    let (task, common) = (command.task(), command.common());
+    if task.run_other()? {
+        return Ok(Vec::new());
     }
     if common.role == Role::Node {
         let mode = match common.mode[..] {
@@ -528,39 +559,23 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
             Event::Progress(..) | Event::Evaluating(..) => {}
             Event::Epoch(r) => println!("EPOCH {}", serde_json::to_string(&r).expect("reports serialise")),
         };
-        match command {
-            TrainCommand::Mf(a) => mf::run_node(a, mode, &mut emit)?,
-            TrainCommand::Kge(a) => kge::run_node(a, mode, &mut emit)?,
-            TrainCommand::W2v(a) => w2v::run_node(a, mode, &mut emit)?,
-            TrainCommand::Lr(a) => lr::run_node(a, mode, &mut emit)?,
-            TrainCommand::Countmin(a) => countmin::run_node(a, mode, &mut emit)?,
-        }
+        task.run_node(mode, &mut emit)?;
         return Ok(Vec::new());
     }
     let env = ferry::ClusterEnv::detect(|name| std::env::var(name).ok())?;
     if env.nodes > 1 {
         return run_scheduled(command, common, &env);
     }
-    let (task, description) = match command {
-        TrainCommand::Mf(a) => ("mf", a.prepare()?),
-        TrainCommand::Kge(a) => ("kge", a.prepare()?),
-        TrainCommand::W2v(a) => ("w2v", a.prepare()?),
-        TrainCommand::Lr(a) => ("lr", a.prepare()?),
-        TrainCommand::Countmin(a) => ("countmin", a.prepare()?),
-    };
-    eprintln!("{task}: {description}");
+    let description = task.prepare()?;
+    eprintln!("{}: {description}", task.name());
     let mut all = Vec::new();
     for mode in common.mode.iter().flat_map(|m| m.modes()) {
         let reports = run_mode(command, common, mode)?;
         all.extend(reports);
     }
-    if let TrainCommand::Lr(a) = command
-        && a.sklearn
-    {
-        lr::sklearn(a)?;
-    }
+    task.after_modes()?;
     if let Some(path) = &common.plot {
-        plot::draw(path, task, &all).with_context(|| format!("drawing {}", path.display()))?;
+        plot::draw(path, task.name(), &all).with_context(|| format!("drawing {}", path.display()))?;
         eprintln!("plot written to {}", path.display());
     }
     Ok(all)
@@ -686,13 +701,7 @@ fn run_scheduled(command: &TrainCommand, common: &Common, env: &ferry::ClusterEn
             env.nodes
         ),
     };
-    let description = match command {
-        TrainCommand::Mf(a) => a.prepare()?,
-        TrainCommand::Kge(a) => a.prepare()?,
-        TrainCommand::W2v(a) => a.prepare()?,
-        TrainCommand::Lr(a) => a.prepare()?,
-        TrainCommand::Countmin(a) => a.prepare()?,
-    };
+    let description = command.task().prepare()?;
     if env.rank == 0 {
         eprintln!("{description}; {} mode on {} nodes started by {}", mode.name(), env.nodes, env.source);
     }
@@ -700,13 +709,7 @@ fn run_scheduled(command: &TrainCommand, common: &Common, env: &ferry::ClusterEn
     if env.rank != 0 {
         bar.finish_and_clear();
     }
-    match command {
-        TrainCommand::Mf(a) => mf::run_node(a, mode, &mut handle)?,
-        TrainCommand::Kge(a) => kge::run_node(a, mode, &mut handle)?,
-        TrainCommand::W2v(a) => w2v::run_node(a, mode, &mut handle)?,
-        TrainCommand::Lr(a) => lr::run_node(a, mode, &mut handle)?,
-        TrainCommand::Countmin(a) => countmin::run_node(a, mode, &mut handle)?,
-    }
+    command.task().run_node(mode, &mut handle)?;
     bar.finish_and_clear();
     let out = std::mem::take(&mut *reports.lock());
     Ok(out)
@@ -715,40 +718,14 @@ fn run_scheduled(command: &TrainCommand, common: &Common, env: &ferry::ClusterEn
 /// Runs one mode: in this process for `single`, as a launched cluster otherwise.
 pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<Vec<EpochReport>> {
     let (bar, handle, reports) = reporter(common, mode);
+    let task = command.task();
     if mode == Mode::Single {
         let mut handle = handle;
-        match command {
-            TrainCommand::Mf(a) => mf::run_single(a, &mut handle)?,
-            TrainCommand::Kge(a) => kge::run_single(a, &mut handle)?,
-            TrainCommand::W2v(a) => w2v::run_single(a, &mut handle)?,
-            TrainCommand::Lr(a) => lr::run_single(a, &mut handle)?,
-            TrainCommand::Countmin(a) => countmin::run_single(a, &mut handle)?,
-        }
+        task.run_single(&mut handle)?;
     } else {
         let exe = std::env::current_exe().context("locating this program")?;
-        let mut args: Vec<String> = vec!["train".into()];
-        match command {
-            TrainCommand::Mf(a) => {
-                args.push("mf".into());
-                args.extend(a.task_args());
-            }
-            TrainCommand::Kge(a) => {
-                args.push("kge".into());
-                args.extend(a.task_args());
-            }
-            TrainCommand::W2v(a) => {
-                args.push("w2v".into());
-                args.extend(a.task_args());
-            }
-            TrainCommand::Lr(a) => {
-                args.push("lr".into());
-                args.extend(a.task_args());
-            }
-            TrainCommand::Countmin(a) => {
-                args.push("countmin".into());
-                args.extend(a.task_args());
-            }
-        }
+        let mut args: Vec<String> = vec!["train".into(), task.name().into()];
+        args.extend(task.task_args());
         args.extend(common.node_args(mode));
         let mut spec = LaunchSpec::new(common.nodes, exe, args);
         spec.timeout = Some(Duration::from_secs(6 * 3600));

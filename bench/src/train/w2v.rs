@@ -90,6 +90,32 @@ pub struct W2vArgs {
     pub common: Common,
 }
 
+impl super::Task for W2vArgs {
+    fn name(&self) -> &'static str {
+        "w2v"
+    }
+
+    fn common(&self) -> &super::Common {
+        &self.common
+    }
+
+    fn prepare(&self) -> Result<String> {
+        W2vArgs::prepare(self)
+    }
+
+    fn task_args(&self) -> Vec<String> {
+        W2vArgs::task_args(self)
+    }
+
+    fn run_single(&self, emit: Sink) -> Result<()> {
+        run_single(self, emit)
+    }
+
+    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
+        run_node(self, mode, emit)
+    }
+}
+
 impl W2vArgs {
     /// Driver side: makes named data available; returns a description.
     pub fn prepare(&self) -> Result<String> {
