@@ -58,26 +58,8 @@ impl super::Task for CountMinArgs {
         &self.common
     }
 
-    fn prepare(&self) -> Result<String> {
-        CountMinArgs::prepare(self)
-    }
-
-    fn task_args(&self) -> Vec<String> {
-        CountMinArgs::task_args(self)
-    }
-
-    fn run_single(&self, emit: Sink) -> Result<()> {
-        run_single(self, emit)
-    }
-
-    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
-        run_node(self, mode, emit)
-    }
-}
-
-impl CountMinArgs {
     /// Driver side: makes named data available; returns a description.
-    pub fn prepare(&self) -> Result<String> {
+    fn prepare(&self) -> Result<String> {
         self.check()?;
         match self.data.as_str() {
             "sotu" | "lee" => {
@@ -89,15 +71,8 @@ impl CountMinArgs {
         }
     }
 
-    fn check(&self) -> Result<()> {
-        if self.depth == 0 || self.depth > 32 || self.width < 2 || self.width > 1 << 26 || self.batch == 0 {
-            bail!("--depth must be in 1..=32, --width in 2..=2^26, --batch at least 1");
-        }
-        Ok(())
-    }
-
     /// The task's options as command-line arguments (for the cluster's processes).
-    pub fn task_args(&self) -> Vec<String> {
+    fn task_args(&self) -> Vec<String> {
         vec![
             "--data".into(),
             self.data.clone(),
@@ -110,6 +85,23 @@ impl CountMinArgs {
             "--combine".into(),
             self.combine.to_string(),
         ]
+    }
+
+    fn run_single(&self, emit: Sink) -> Result<()> {
+        run_single(self, emit)
+    }
+
+    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
+        run_node(self, mode, emit)
+    }
+}
+
+impl CountMinArgs {
+    fn check(&self) -> Result<()> {
+        if self.depth == 0 || self.depth > 32 || self.width < 2 || self.width > 1 << 26 || self.batch == 0 {
+            bail!("--depth must be in 1..=32, --width in 2..=2^26, --batch at least 1");
+        }
+        Ok(())
     }
 
     /// The token stream as word ids, and the number of distinct words.

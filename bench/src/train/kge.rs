@@ -165,34 +165,8 @@ impl super::Task for KgeArgs {
         &self.common
     }
 
-    fn prepare(&self) -> Result<String> {
-        KgeArgs::prepare(self)
-    }
-
-    fn task_args(&self) -> Vec<String> {
-        KgeArgs::task_args(self)
-    }
-
-    fn run_single(&self, emit: Sink) -> Result<()> {
-        run_single(self, emit)
-    }
-
-    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
-        run_node(self, mode, emit)
-    }
-
-    fn run_other(&self) -> Result<bool> {
-        if self.rank_tails.is_none() {
-            return Ok(false);
-        }
-        rank_tails(self)?;
-        Ok(true)
-    }
-}
-
-impl KgeArgs {
     /// Driver side: makes named data available; returns a description.
-    pub fn prepare(&self) -> Result<String> {
+    fn prepare(&self) -> Result<String> {
         self.files.check()?;
         if let (Some(train), Some(test)) = (&self.files.train, &self.files.test) {
             return Ok(format!("triples from {} (train) and {} (test)", train.display(), test.display()));
@@ -212,7 +186,7 @@ impl KgeArgs {
     }
 
     /// The task's options as command-line arguments (for the cluster's processes).
-    pub fn task_args(&self) -> Vec<String> {
+    fn task_args(&self) -> Vec<String> {
         vec![
             "--data".into(),
             self.data.clone(),
@@ -244,6 +218,24 @@ impl KgeArgs {
         .collect()
     }
 
+    fn run_single(&self, emit: Sink) -> Result<()> {
+        run_single(self, emit)
+    }
+
+    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
+        run_node(self, mode, emit)
+    }
+
+    fn run_other(&self) -> Result<bool> {
+        if self.rank_tails.is_none() {
+            return Ok(false);
+        }
+        rank_tails(self)?;
+        Ok(true)
+    }
+}
+
+impl KgeArgs {
     /// The sampling scheme for negatives, `None` for trainer-drawn ones.
     pub fn negative_scheme(&self) -> Result<Option<SamplingScheme>> {
         match self.negatives.as_str() {

@@ -116,30 +116,8 @@ impl super::Task for LrArgs {
         &self.common
     }
 
-    fn prepare(&self) -> Result<String> {
-        LrArgs::prepare(self)
-    }
-
-    fn task_args(&self) -> Vec<String> {
-        LrArgs::task_args(self)
-    }
-
-    fn run_single(&self, emit: Sink) -> Result<()> {
-        run_single(self, emit)
-    }
-
-    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
-        run_node(self, mode, emit)
-    }
-
-    fn after_modes(&self) -> Result<()> {
-        if self.sklearn { sklearn(self) } else { Ok(()) }
-    }
-}
-
-impl LrArgs {
     /// Driver side: makes named data available; returns a description.
-    pub fn prepare(&self) -> Result<String> {
+    fn prepare(&self) -> Result<String> {
         self.validate()?;
         if let (Some(train), Some(test)) = (&self.train, &self.test) {
             return Ok(format!("examples from {} (train) and {} (test)", train.display(), test.display()));
@@ -157,6 +135,51 @@ impl LrArgs {
         }
     }
 
+    /// The task's options as command-line arguments (for the cluster's processes).
+    fn task_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--data".into(),
+            self.data.clone(),
+            "--optimizer".into(),
+            self.optimizer.clone(),
+            "--optimizer-at".into(),
+            self.optimizer_at.clone(),
+            "--lr".into(),
+            self.lr.to_string(),
+            "--l2".into(),
+            self.l2.to_string(),
+            "--l1".into(),
+            self.l1.to_string(),
+            "--batch".into(),
+            self.batch.to_string(),
+            "--filter".into(),
+            self.filter.clone(),
+            "--intent-ahead".into(),
+            self.intent_ahead.to_string(),
+        ];
+        if let Some(b) = self.hash_bits {
+            args.extend(["--hash-bits".into(), b.to_string()]);
+        }
+        if let (Some(train), Some(test)) = (&self.train, &self.test) {
+            args.extend(["--train".into(), train.display().to_string(), "--test".into(), test.display().to_string()]);
+        }
+        args
+    }
+
+    fn run_single(&self, emit: Sink) -> Result<()> {
+        run_single(self, emit)
+    }
+
+    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
+        run_node(self, mode, emit)
+    }
+
+    fn after_modes(&self) -> Result<()> {
+        if self.sklearn { sklearn(self) } else { Ok(()) }
+    }
+}
+
+impl LrArgs {
     fn spam_bits(&self) -> u32 {
         self.hash_bits.unwrap_or(18)
     }
@@ -185,37 +208,6 @@ impl LrArgs {
         self.common.on_the_wire(TableSpec::new("check", 1, 1))?;
         self.parse_filter()?;
         Ok(())
-    }
-
-    /// The task's options as command-line arguments (for the cluster's processes).
-    pub fn task_args(&self) -> Vec<String> {
-        let mut args = vec![
-            "--data".into(),
-            self.data.clone(),
-            "--optimizer".into(),
-            self.optimizer.clone(),
-            "--optimizer-at".into(),
-            self.optimizer_at.clone(),
-            "--lr".into(),
-            self.lr.to_string(),
-            "--l2".into(),
-            self.l2.to_string(),
-            "--l1".into(),
-            self.l1.to_string(),
-            "--batch".into(),
-            self.batch.to_string(),
-            "--filter".into(),
-            self.filter.clone(),
-            "--intent-ahead".into(),
-            self.intent_ahead.to_string(),
-        ];
-        if let Some(b) = self.hash_bits {
-            args.extend(["--hash-bits".into(), b.to_string()]);
-        }
-        if let (Some(train), Some(test)) = (&self.train, &self.test) {
-            args.extend(["--train".into(), train.display().to_string(), "--test".into(), test.display().to_string()]);
-        }
-        args
     }
 
     /// The server-side updater.

@@ -133,34 +133,8 @@ impl super::Task for MfArgs {
         &self.common
     }
 
-    fn prepare(&self) -> Result<String> {
-        MfArgs::prepare(self)
-    }
-
-    fn task_args(&self) -> Vec<String> {
-        MfArgs::task_args(self)
-    }
-
-    fn run_single(&self, emit: Sink) -> Result<()> {
-        run_single(self, emit)
-    }
-
-    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
-        run_node(self, mode, emit)
-    }
-
-    fn run_other(&self) -> Result<bool> {
-        if self.predict.is_none() {
-            return Ok(false);
-        }
-        predict_pairs(self)?;
-        Ok(true)
-    }
-}
-
-impl MfArgs {
     /// Driver side: makes named data available; returns a description.
-    pub fn prepare(&self) -> Result<String> {
+    fn prepare(&self) -> Result<String> {
         self.files.check()?;
         if self.files.valid.is_some() {
             bail!("--valid: matrix factorization has no validation set (give --train and --test)");
@@ -180,7 +154,7 @@ impl MfArgs {
     }
 
     /// The task's options as command-line arguments (for the cluster's processes).
-    pub fn task_args(&self) -> Vec<String> {
+    fn task_args(&self) -> Vec<String> {
         vec![
             "--data".into(),
             self.data.clone(),
@@ -207,6 +181,24 @@ impl MfArgs {
         .collect()
     }
 
+    fn run_single(&self, emit: Sink) -> Result<()> {
+        run_single(self, emit)
+    }
+
+    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
+        run_node(self, mode, emit)
+    }
+
+    fn run_other(&self) -> Result<bool> {
+        if self.predict.is_none() {
+            return Ok(false);
+        }
+        predict_pairs(self)?;
+        Ok(true)
+    }
+}
+
+impl MfArgs {
     /// The training and test ratings (identical in every process).
     pub fn load(&self) -> Result<(Ratings, Ratings)> {
         if self.rank == 0 {

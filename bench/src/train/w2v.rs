@@ -99,26 +99,8 @@ impl super::Task for W2vArgs {
         &self.common
     }
 
-    fn prepare(&self) -> Result<String> {
-        W2vArgs::prepare(self)
-    }
-
-    fn task_args(&self) -> Vec<String> {
-        W2vArgs::task_args(self)
-    }
-
-    fn run_single(&self, emit: Sink) -> Result<()> {
-        run_single(self, emit)
-    }
-
-    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
-        run_node(self, mode, emit)
-    }
-}
-
-impl W2vArgs {
     /// Driver side: makes named data available; returns a description.
-    pub fn prepare(&self) -> Result<String> {
+    fn prepare(&self) -> Result<String> {
         self.check()?;
         let (corpus, questions) = (self.corpus(), self.questions());
         let analogies = if corpus == "synth-text" { "" } else { questions.as_str() };
@@ -136,18 +118,8 @@ impl W2vArgs {
         Ok(format!("corpus {corpus}, analogies {questions}"))
     }
 
-    /// The corpus: a known name or a file (`--train` wins over `--data`).
-    fn corpus(&self) -> String {
-        self.train.as_ref().map_or_else(|| self.data.clone(), |p| p.display().to_string())
-    }
-
-    /// The analogy questions: a known name or a file (`--test` wins over `--analogies`).
-    fn questions(&self) -> String {
-        self.test.as_ref().map_or_else(|| self.analogies.clone(), |p| p.display().to_string())
-    }
-
     /// The task's options as command-line arguments (for the cluster's processes).
-    pub fn task_args(&self) -> Vec<String> {
+    fn task_args(&self) -> Vec<String> {
         let mut a = Vec::new();
         for (k, v) in [
             ("--data", self.corpus()),
@@ -167,6 +139,26 @@ impl W2vArgs {
             a.push(v);
         }
         a
+    }
+
+    fn run_single(&self, emit: Sink) -> Result<()> {
+        run_single(self, emit)
+    }
+
+    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
+        run_node(self, mode, emit)
+    }
+}
+
+impl W2vArgs {
+    /// The corpus: a known name or a file (`--train` wins over `--data`).
+    fn corpus(&self) -> String {
+        self.train.as_ref().map_or_else(|| self.data.clone(), |p| p.display().to_string())
+    }
+
+    /// The analogy questions: a known name or a file (`--test` wins over `--analogies`).
+    fn questions(&self) -> String {
+        self.test.as_ref().map_or_else(|| self.analogies.clone(), |p| p.display().to_string())
     }
 
     fn check(&self) -> Result<()> {
