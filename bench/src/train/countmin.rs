@@ -15,7 +15,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 use ferry::{Partitioning, TableSpec};
 
-use super::shared::{METRIC_FIELDS, all_reduce, cluster_report, field, pull_all, run_workers, start_node, stats_fields};
+use super::shared::{ClusterEpochs, METRIC_FIELDS, field, pull_all, run_workers, start_node};
 use super::{Common, EpochReport, Event, Mode, Sink};
 use crate::data::text::{Corpus, synthetic_text};
 
@@ -236,20 +236,20 @@ pub fn run_node(a: &CountMinArgs, mode: Mode, emit: Sink) -> Result<()> {
     let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
     let (sketch, metrics) = (node.table("sketch")?, node.table("metrics")?);
     let emit = parking_lot::Mutex::new(emit);
+    let local_barrier = std::sync::Barrier::new(threads);
     let chunk_tokens = if a.combine > 0 { a.combine } else { a.batch };
     let chunks: Vec<&[u32]> = stream.chunks(chunk_tokens).collect();
     run_workers(&node, threads, |t, mut w| -> Result<()> {
-        let (hashes, emit, node, chunks, stream) = (&hashes, &emit, &node, &chunks, &stream);
+        let (hashes, node, chunks, stream) = (&hashes, &node, &chunks, &stream);
+        let mut epochs_of = ClusterEpochs::new(node, metrics, "countmin", mode, t, &local_barrier, &emit);
         let worker_index = rank * threads + t;
-        let raw = if rank == 0 && t == 0 { raw_rate(stream, hashes, a.batch) } else { 0.0 };
+        let raw = if epochs_of.reporter() { raw_rate(stream, hashes, a.batch) } else { 0.0 };
         let mut keys = Vec::with_capacity(a.batch * a.depth);
         let mut ones = Vec::new();
         let mut combined = if a.combine > 0 { vec![0f32; a.keys() as usize] } else { Vec::new() };
-        let mut elapsed = 0.0;
         for epoch in 1..=epochs {
             w.barrier()?;
-            let before = node.stats();
-            let started = Instant::now();
+            let start = epochs_of.begin();
             let mut inserted = 0usize;
             for chunk in chunks.iter().skip(worker_index).step_by(nodes * threads) {
                 if a.combine > 0 {
@@ -275,25 +275,15 @@ pub fn run_node(a: &CountMinArgs, mode: Mode, emit: Sink) -> Result<()> {
                 inserted += chunk.len();
             }
             w.barrier()?;
-            let epoch_s = started.elapsed().as_secs_f64();
-            let delta = node.stats().since(&before);
+            let trained = epochs_of.stop(start);
             let mut v = [0.0f32; METRIC_FIELDS];
             v[field::EXAMPLES] = inserted as f32;
-            if t == 0 {
-                stats_fields(&delta, &mut v);
-            }
-            let sums = all_reduce(&mut w, metrics, epoch as u64, &v)?;
-            let mut quality = serde_json::Map::new();
-            if rank == 0 && t == 0 {
-                let all = pull_all(&mut w, sketch, a.keys() as usize, 1)?;
-                quality = evaluate(a, &all, stream, words, epoch, hashes);
+            epochs_of.end(&mut w, epoch, trained, v, true, |w, sums, epoch_s| {
+                let all = pull_all(w, sketch, a.keys() as usize, 1)?;
+                let mut quality = evaluate(a, &all, stream, words, epoch, hashes);
                 rates(&mut quality, sums[field::EXAMPLES] as usize * a.depth, epoch_s, raw);
-            }
-            w.barrier()?;
-            if rank == 0 && t == 0 {
-                elapsed += epoch_s;
-                (emit.lock())(Event::Epoch(Box::new(cluster_report("countmin", mode, epoch, epoch_s, elapsed, &sums, quality))));
-            }
+                Ok(quality)
+            })?;
         }
         Ok(())
     })?;

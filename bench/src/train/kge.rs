@@ -27,7 +27,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::mf::initial;
 use super::model::SavedTable;
-use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, leading_columns, pull_all, run_workers, start_node, stats_fields};
+use super::shared::{ClusterEpochs, METRIC_FIELDS, SharedArray, field, leading_columns, pull_all, run_workers, start_node};
 use super::{Common, EpochReport, Event, Mode, Sink};
 use crate::data::triples::{KnowledgeGraph, Triples};
 
@@ -661,8 +661,9 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
     let local_barrier = Barrier::new(threads);
     let emit = parking_lot::Mutex::new(emit);
     run_workers(&node, threads, |t, mut w| -> Result<()> {
-        let (kg, mine, my_relations, known, emit, node, local_barrier) = (&kg, &mine, &my_relations, &known, &emit, &node, &local_barrier);
-        if rank == 0 && t == 0 {
+        let (kg, mine, my_relations, known, node) = (&kg, &mine, &my_relations, &known, &node);
+        let mut epochs_of = ClusterEpochs::new(node, metrics, "kge", mode, t, &local_barrier, &emit);
+        if epochs_of.reporter() {
             for (table, n, id) in [(entities, n_e as u64, 0u64), (relations, n_r as u64, 1)] {
                 let keys: Vec<u64> = (0..n).collect();
                 for chunk in keys.chunks(1024) {
@@ -690,14 +691,12 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
         let (mut ev, mut rv) = (vec![0.0; slots * len], vec![0.0; len]);
         let (mut eo, mut ro) = (vec![0.0; slots * len], vec![0.0; len]);
         let mut grads = vec![0.0; (slots + 1) * 2 * d];
-        let mut elapsed = 0.0;
         for epoch in 1..=epochs {
             let mut order: Vec<usize> = mine.iter().copied().skip(t).step_by(threads).collect();
             let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ ((rank as u64) << 16) ^ t as u64);
             order.shuffle(&mut rng);
             w.barrier()?;
-            let before = node.stats();
-            let started = Instant::now();
+            let start = epochs_of.begin();
             let (mut loss, mut n) = (0.0f64, 0usize);
             // Samples drawn ahead, so that their entities can be localized ahead.
             let mut ahead: VecDeque<(Sample, Option<SampleHandle>)> = VecDeque::new();
@@ -770,45 +769,36 @@ pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
                 if intent && (x.is_multiple_of(batch) || x == order.len()) {
                     w.advance_clock()?;
                 }
-                if rank == 0 && t == 0 && x.is_multiple_of(512) {
-                    (emit.lock())(Event::Progress(epoch, x as f64 / order.len().max(1) as f64));
+                if x.is_multiple_of(512) {
+                    epochs_of.progress(epoch, x as f64 / order.len().max(1) as f64);
                 }
             }
             for ticket in tickets {
                 w.wait(ticket)?;
             }
             w.barrier()?;
-            let epoch_s = started.elapsed().as_secs_f64();
-            let delta = node.stats().since(&before);
+            let trained = epochs_of.stop(start);
             let mut v = [0.0f32; METRIC_FIELDS];
             v[field::LOSS] = loss as f32;
             v[field::EXAMPLES] = n as f32;
-            if t == 0 {
-                stats_fields(&delta, &mut v);
-            }
-            let sums = all_reduce(&mut w, metrics, epoch as u64, &v)?;
             let (evaluating, saving) = (a.evaluate_now(epoch), a.common.save_now(epoch));
-            let mut quality = serde_json::Map::new();
-            if (evaluating || saving) && rank == 0 && t == 0 {
-                let e_all = pull_all(&mut w, entities, n_e, len)?;
-                let r_all = pull_all(&mut w, relations, n_r, len)?;
-                if evaluating {
-                    quality =
-                        evaluate(&e_all, &r_all, d, len, n_e, &kg.test, known, a.eval_max, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)));
+            let evaluate_epoch = |w: &mut Worker, _: &[f32; METRIC_FIELDS], _: f64| -> Result<serde_json::Map<String, serde_json::Value>> {
+                if !(evaluating || saving) {
+                    return Ok(serde_json::Map::new());
                 }
+                let e_all = pull_all(w, entities, n_e, len)?;
+                let r_all = pull_all(w, relations, n_r, len)?;
                 if saving {
                     save_model(a, epoch, len, &e_all, &r_all, kg)?;
                 }
-            }
-            if evaluating || saving {
-                // Nobody trains on while rank 0 reads the model.
-                w.barrier_within(super::shared::EVALUATION_WAIT)?;
-            }
-            local_barrier.wait();
-            if rank == 0 && t == 0 {
-                elapsed += epoch_s;
-                (emit.lock())(Event::Epoch(Box::new(cluster_report("kge", mode, epoch, epoch_s, elapsed, &sums, quality))));
-            }
+                Ok(if evaluating {
+                    evaluate(&e_all, &r_all, d, len, n_e, &kg.test, known, a.eval_max, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)))
+                } else {
+                    serde_json::Map::new()
+                })
+            };
+            // Nobody trains on while rank 0 reads the model.
+            epochs_of.end(&mut w, epoch, trained, v, evaluating || saving, evaluate_epoch)?;
         }
         Ok(())
     })?;

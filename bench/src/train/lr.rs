@@ -26,7 +26,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use super::ahead::AheadCursor;
-use super::shared::{METRIC_FIELDS, all_reduce, cluster_report, field, leading_columns, pull_all, run_workers, start_node, stats_fields};
+use super::shared::{ClusterEpochs, METRIC_FIELDS, field, leading_columns, pull_all, run_workers, start_node};
 use super::{Common, EpochReport, Event, Mode, Sink};
 use crate::data::sparse::{Examples, load_labelled_text, load_libsvm};
 
@@ -516,7 +516,8 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
     let local_barrier = Barrier::new(threads);
     let emit = parking_lot::Mutex::new(emit);
     run_workers(&node, threads, |t, mut w: Worker| -> Result<()> {
-        let (split, emit, node, local_barrier) = (&split, &emit, &node, &local_barrier);
+        let (split, node) = (&split, &node);
+        let mut epochs_of = ClusterEpochs::new(node, metrics, "lr", mode, t, &local_barrier, &emit);
         let worker_index = rank * threads + t;
         let mine: Vec<usize> = (0..split.train.len()).filter(|i| i % (nodes * threads) == worker_index).collect();
         let batches = fixed_batches(&mine, a.batch, a.common.seed ^ worker_index as u64);
@@ -524,7 +525,6 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
         let mut batch = Batch::default();
         let mut next = Batch::default();
         let mut peek = Batch::default();
-        let mut elapsed = 0.0;
         let order = |epoch: usize| epoch_order(&batches, a.common.seed, epoch, worker_index);
         // Intent mode: batch `x` of epoch `e` trains in clock `start + (e - 1) * batches + x`;
         // its weights are declared `intent_ahead` clocks early, the next epoch's first batches
@@ -557,8 +557,7 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
                 declare(&mut w, cursor, epoch, 0)?;
             }
             w.barrier()?;
-            let before = node.stats();
-            let started = Instant::now();
+            let start = epochs_of.begin();
             let mut loss = 0.0;
             let mut ticket = None;
             for (x, chunk) in chunks.iter().enumerate() {
@@ -605,8 +604,8 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
                 if intent {
                     w.advance_clock()?;
                 }
-                if rank == 0 && t == 0 && x % 256 == 0 {
-                    (emit.lock())(Event::Progress(epoch, x as f64 / chunks.len().max(1) as f64));
+                if x % 256 == 0 {
+                    epochs_of.progress(epoch, x as f64 / chunks.len().max(1) as f64);
                 }
             }
             if let Some(t) = ticket.take() {
@@ -617,30 +616,22 @@ pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
                 p.flush(&mut w)?;
             }
             w.barrier()?;
-            let epoch_s = started.elapsed().as_secs_f64();
-            let delta = node.stats().since(&before);
+            let trained = epochs_of.stop(start);
             let mut v = [0.0f32; METRIC_FIELDS];
             v[field::LOSS] = loss as f32;
             v[field::EXAMPLES] = mine.len() as f32;
-            if t == 0 {
-                stats_fields(&delta, &mut v);
-            }
-            let sums = all_reduce(&mut w, metrics, epoch as u64, &v)?;
-            let mut quality = serde_json::Map::new();
-            if rank == 0 && t == 0 {
-                let all = leading_columns(&pull_all(&mut w, weights, n as usize, value_len)?, value_len, 1);
-                quality = evaluate(&all, &split.test);
-                if let Some(p) = pusher.as_ref() {
-                    let s = p.stats();
-                    quality.insert("filtered".into(), format!("{:.1}% held", 100.0 * s.held as f64 / s.offered.max(1) as f64).into());
+            let filtered = pusher.as_ref().map(|p| {
+                let s = p.stats();
+                format!("{:.1}% held", 100.0 * s.held as f64 / s.offered.max(1) as f64)
+            });
+            epochs_of.end(&mut w, epoch, trained, v, true, |w, _, _| {
+                let all = leading_columns(&pull_all(w, weights, n as usize, value_len)?, value_len, 1);
+                let mut quality = evaluate(&all, &split.test);
+                if let Some(filtered) = filtered {
+                    quality.insert("filtered".into(), filtered.into());
                 }
-            }
-            w.barrier_within(super::shared::EVALUATION_WAIT)?;
-            local_barrier.wait();
-            if rank == 0 && t == 0 {
-                elapsed += epoch_s;
-                (emit.lock())(Event::Epoch(Box::new(cluster_report("lr", mode, epoch, epoch_s, elapsed, &sums, quality))));
-            }
+                Ok(quality)
+            })?;
         }
         Ok(())
     })?;

@@ -19,7 +19,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::DataFiles;
 use super::model::SavedTable;
-use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, part, part_of, pull_all, run_workers, start_node_with, stats_fields};
+use super::shared::{ClusterEpochs, METRIC_FIELDS, SharedArray, field, part, part_of, pull_all, run_workers, start_node_with};
 use super::{Common, EpochReport, Event, Mode, Sink};
 use crate::data::ratings::{Ratings, Synthetic};
 
@@ -563,9 +563,10 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
     let emit = parking_lot::Mutex::new(emit);
     let k = a.intent_clocks;
     run_workers(&node, threads, |t, mut w| -> Result<()> {
-        let (cells, train, test, my_test, local_barrier, emit, node, my_rows) = (&cells, &train, &test, &my_test, &local_barrier, &emit, &node, &my_rows);
+        let (cells, train, test, my_test, node, my_rows) = (&cells, &train, &test, &my_test, &node, &my_rows);
+        let mut epochs_of = ClusterEpochs::new(node, metrics, "mf", mode, t, &local_barrier, &emit);
         let (my_users, my_items) = &intents[t];
-        if rank == 0 && t == 0 {
+        if epochs_of.reporter() {
             // Initial values, identical to the single mode's.
             for (table, n, id) in [(users, train.n_users as u64, 0u64), (items, train.n_items as u64, 1)] {
                 let keys: Vec<u64> = (0..n).collect();
@@ -590,11 +591,9 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
         w.barrier()?;
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((rank as u64) << 40) ^ t as u64);
         let mut batcher = Batcher::new(train.n_users as usize, train.n_items as usize, len);
-        let mut elapsed = 0.0;
         for epoch in 1..=epochs {
             w.barrier()?;
-            let before = node.stats();
-            let started = Instant::now();
+            let start = epochs_of.begin();
             let (mut loss, mut n) = (0.0f64, 0usize);
             if max_delay.is_some() {
                 // All of this worker's ratings, in clocks_per_epoch clocks.
@@ -611,9 +610,7 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
                         loss += batcher.run(batch, len, mu, a.lr, a.reg, &mut params)?;
                         n += batch.len();
                     }
-                    if rank == 0 && t == 0 {
-                        (emit.lock())(Event::Progress(epoch, (c + 1) as f64 / clocks as f64));
-                    }
+                    epochs_of.progress(epoch, (c + 1) as f64 / clocks as f64);
                     params.worker.advance_clock()?;
                 }
                 w.barrier()?;
@@ -641,9 +638,9 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
                     for (x, batch) in share.chunks(a.batch.max(1)).enumerate() {
                         loss += batcher.run(batch, len, mu, a.lr, a.reg, &mut params)?;
                         n += batch.len();
-                        if rank == 0 && t == 0 && x.is_multiple_of(64) {
+                        if x.is_multiple_of(64) {
                             let done = (c * order.len() / clocks + x * a.batch) as f64 / order.len().max(1) as f64;
-                            (emit.lock())(Event::Progress(epoch, (sub as f64 + done) / nodes as f64));
+                            epochs_of.progress(epoch, (sub as f64 + done) / nodes as f64);
                         }
                     }
                     if intent {
@@ -659,8 +656,7 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
                     w.advance_clock()?;
                 }
             }
-            let epoch_s = started.elapsed().as_secs_f64();
-            let delta = node.stats().since(&before);
+            let trained = epochs_of.stop(start);
             // Test error of this thread's share of the node's test ratings.
             let mut sse = 0.0f64;
             let mine: Vec<u32> = my_test.iter().copied().skip(t).step_by(threads).collect();
@@ -680,26 +676,17 @@ pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
             v[field::EXAMPLES] = n as f32;
             v[field::TEST_SSE] = sse as f32;
             v[field::TEST_COUNT] = mine.len() as f32;
-            if t == 0 {
-                stats_fields(&delta, &mut v);
-                v[field::EPOCH_S] = epoch_s as f32;
-            }
-            let sums = all_reduce(&mut w, metrics, epoch as u64, &v)?;
-            if rank == 0 && t == 0 {
-                elapsed += epoch_s;
-                let mut quality = serde_json::Map::new();
-                quality.insert("rmse".into(), ((sums[field::TEST_SSE] as f64 / (sums[field::TEST_COUNT] as f64).max(1.0)).sqrt()).into());
-                (emit.lock())(Event::Epoch(Box::new(cluster_report("mf", mode, epoch, epoch_s, elapsed, &sums, quality))));
-            }
-            if a.common.save_now(epoch) {
-                if rank == 0 && t == 0 {
-                    let all_users = pull_all(&mut w, users, train.n_users as usize, len)?;
-                    let all_items = pull_all(&mut w, items, train.n_items as usize, len)?;
+            let saving = a.common.save_now(epoch);
+            epochs_of.end(&mut w, epoch, trained, v, saving, |w, sums, _| {
+                if saving {
+                    let all_users = pull_all(w, users, train.n_users as usize, len)?;
+                    let all_items = pull_all(w, items, train.n_items as usize, len)?;
                     save_model(a, epoch, mu, all_users, all_items, train)?;
                 }
-                // Nobody trains on while rank 0 reads the model.
-                w.barrier_within(super::shared::EVALUATION_WAIT)?;
-            }
+                let mut quality = serde_json::Map::new();
+                quality.insert("rmse".into(), ((sums[field::TEST_SSE] as f64 / (sums[field::TEST_COUNT] as f64).max(1.0)).sqrt()).into());
+                Ok(quality)
+            })?;
         }
         Ok(())
     })?;

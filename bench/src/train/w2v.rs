@@ -27,7 +27,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::mf::initial;
-use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, part, run_workers, start_node, stats_fields};
+use super::shared::{ClusterEpochs, METRIC_FIELDS, SharedArray, field, part, run_workers, start_node};
 use super::{Common, EpochReport, Event, Mode, Sink};
 use crate::data::text::{Analogies, Corpus, synthetic_text};
 
@@ -785,9 +785,9 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
     let local_barrier = Barrier::new(threads);
     let emit = parking_lot::Mutex::new(emit);
     run_workers(&node, threads, |t, mut w| -> Result<()> {
-        let (corpus, keep, weights, emit, node, local_barrier, analogies, mine, unigram) =
-            (&corpus, &keep, &weights, &emit, &node, &local_barrier, &analogies, &mine, &unigram);
-        if rank == 0 && t == 0 {
+        let (corpus, keep, weights, node, analogies, mine, unigram) = (&corpus, &keep, &weights, &node, &analogies, &mine, &unigram);
+        let mut epochs_of = ClusterEpochs::new(node, metrics, "w2v", mode, t, &local_barrier, &emit);
+        if epochs_of.reporter() {
             let keys: Vec<u64> = (0..v as u64).collect();
             for chunk in keys.chunks(1024) {
                 let values: Vec<f32> = chunk.iter().flat_map(|&k| (0..dim).map(move |j| init_input(seed, k as usize, j, dim))).collect();
@@ -796,7 +796,6 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
         }
         w.barrier()?;
         let dist = w.register_distribution(output, KeyDistribution::Weighted { start: 0, weights: weights.clone() }, scheme)?;
-        let mut elapsed = 0.0;
         for epoch in 1..=epochs {
             let mut order = mine.clone();
             order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20) ^ rank as u64));
@@ -804,8 +803,7 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
             let total_words = share.iter().map(|s| s.len()).sum::<usize>().max(1) as f64;
             let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ ((rank as u64) << 16) ^ t as u64);
             w.barrier()?;
-            let before = node.stats();
-            let started = Instant::now();
+            let start = epochs_of.begin();
             let done = {
                 let base = w.current_clock();
                 let intent = intent.then(|| IntentBatches {
@@ -819,49 +817,40 @@ pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
                 let mut vectors = FerryVectors { w: &mut w, input, output, dist, localize, tickets: VecDeque::new(), handles: VecDeque::new(), intent };
                 let mut last = 0u64;
                 train_epoch(&mut vectors, a, share, keep, epoch, &mut rng, |words| {
-                    if rank == 0 && t == 0 && words - last > 20_000 {
+                    if words - last > 20_000 {
                         last = words;
-                        (emit.lock())(Event::Progress(epoch, words as f64 / total_words));
+                        epochs_of.progress(epoch, words as f64 / total_words);
                     }
                 })?
             };
             w.barrier()?;
-            let epoch_s = started.elapsed().as_secs_f64();
-            let delta = node.stats().since(&before);
+            let trained = epochs_of.stop(start);
             let mut m = [0.0f32; METRIC_FIELDS];
             m[field::LOSS] = done.loss as f32;
             m[field::EXAMPLES] = done.pairs as f32;
             m[field::TEST_COUNT] = done.words as f32;
-            if t == 0 {
-                stats_fields(&delta, &mut m);
-            }
-            let sums = all_reduce(&mut w, metrics, epoch as u64, &m)?;
-            let mut quality = match analogies {
-                Some(analogies) if a.evaluate_now(epoch) && t == 0 => {
-                    let keys: Vec<u64> = (0..v as u64).collect();
-                    let mut all = vec![0.0; v * dim];
-                    w.pull(input, &keys, &mut all)?;
-                    evaluate(&all, dim, corpus, analogies, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)))
+            let (evaluating, saving) = (a.evaluate_now(epoch), a.common.save_now(epoch));
+            let evaluate_epoch = |w: &mut Worker, sums: &[f32; METRIC_FIELDS], epoch_s: f64| -> Result<serde_json::Map<String, serde_json::Value>> {
+                let mut quality = match analogies {
+                    Some(analogies) if evaluating => {
+                        let keys: Vec<u64> = (0..v as u64).collect();
+                        let mut all = vec![0.0; v * dim];
+                        w.pull(input, &keys, &mut all)?;
+                        evaluate(&all, dim, corpus, analogies, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)))
+                    }
+                    _ => serde_json::Map::new(),
+                };
+                if saving {
+                    let words = super::shared::pull_all(w, input, v, dim)?;
+                    let contexts = super::shared::pull_all(w, output, v, dim)?;
+                    save_model(a, epoch, words, contexts, corpus)?;
                 }
-                _ => serde_json::Map::new(),
-            };
-            let saving = a.common.save_now(epoch);
-            if saving && rank == 0 && t == 0 {
-                let words = super::shared::pull_all(&mut w, input, v, dim)?;
-                let contexts = super::shared::pull_all(&mut w, output, v, dim)?;
-                save_model(a, epoch, words, contexts, corpus)?;
-            }
-            if a.evaluate_now(epoch) || saving {
-                // Nobody trains on while rank 0 reads the model.
-                w.barrier_within(super::shared::EVALUATION_WAIT)?;
-            }
-            local_barrier.wait();
-            if rank == 0 && t == 0 {
-                elapsed += epoch_s;
                 let words = sums[field::TEST_COUNT] as f64;
                 quality.insert("words_per_s_per_thread".into(), (words / epoch_s / (nodes * threads) as f64).into());
-                (emit.lock())(Event::Epoch(Box::new(cluster_report("w2v", mode, epoch, epoch_s, elapsed, &sums, quality))));
-            }
+                Ok(quality)
+            };
+            // Nobody trains on while rank 0 reads the model.
+            epochs_of.end(&mut w, epoch, trained, m, evaluating || saving, evaluate_epoch)?;
         }
         Ok(())
     })?;
