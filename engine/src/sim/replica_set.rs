@@ -1,4 +1,4 @@
-//! Run-time replicas in the simulation: the intent service's replica set (`intent::replicas`)
+//! Run-time replicas in the simulation: the intent service's replica set (`runtime::intent::replicas`)
 //! driven by a service worker of each node, among the random relocations, intents and accesses
 //! of a simulated cluster, on a range of keys ([`super::SimOptions::run_time_replicas`]).
 //!
@@ -143,7 +143,7 @@ pub(super) struct SimReplicaSet {
     pub(super) stopped: bool,
 }
 
-/// A sync round in flight (`intent::sync_round::SyncRound`, in miniature).
+/// A sync round in flight (`runtime::intent::sync_round::SyncRound`, in miniature).
 #[derive(Default)]
 struct SimSyncRound {
     /// REPLICA_SYNCs waiting for their acknowledgements: owner, id, keys, deltas.
