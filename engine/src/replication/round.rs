@@ -46,13 +46,14 @@ pub(crate) struct Round {
     /// Per message shipped, its (home, table), until acknowledged; a split shipment repeats
     /// its entry once per message.
     missing: Vec<(u16, u16)>,
-    /// The images to read, in the order their acknowledgements arrived: (home, table, image).
-    images: Vec<(u16, u16, ReplicaImage)>,
+    /// The images to read, in the order their acknowledgements arrived.
+    images: Vec<ImageRead>,
     /// The first failure: a deadline passed, a read failed or came back torn.
     error: Option<Error>,
     /// Whether every acknowledgement came (from every home still alive).
     acknowledged: bool,
-    /// Tables one of whose refreshes failed.
+    /// Tables whose reads ended, and those one of whose reads failed.
+    read: Vec<u16>,
     unrefreshed: Vec<u16>,
 }
 
@@ -98,6 +99,7 @@ impl Rounds {
             images: Vec::new(),
             error: None,
             acknowledged: false,
+            read: Vec::new(),
             unrefreshed: Vec::new(),
         }
     }
@@ -110,14 +112,7 @@ impl Rounds {
         if round.acknowledged {
             self.last_completed_start = round.began.max(1);
         }
-        let mut refreshed = Vec::new();
-        if round.acknowledged {
-            for (_, table, _) in &round.images {
-                if !round.unrefreshed.contains(table) && !refreshed.contains(table) {
-                    refreshed.push(*table);
-                }
-            }
-        }
+        let refreshed = if round.acknowledged { round.read.into_iter().filter(|t| !round.unrefreshed.contains(t)).collect() } else { Vec::new() };
         RoundEnd { complete: round.acknowledged, refreshed, outcome: round.error.map_or(Ok(()), Err) }
     }
 }
@@ -156,7 +151,7 @@ impl Round {
         self.missing.swap_remove(i);
         // A split shipment is acknowledged once per message; the last one carries the image.
         if let Some(image) = ack.image {
-            self.images.push((ack.from, ack.table, image));
+            self.images.push(ImageRead { home: ack.from, table: ack.table, image });
         }
         self.acknowledged = self.missing.is_empty();
     }
@@ -194,14 +189,15 @@ impl Round {
     /// The images to read now (each once): the driver reads each with one one-sided read,
     /// applies it and reports with [`Round::handle_read`].
     pub fn take_reads(&mut self) -> Vec<ImageRead> {
-        // The images stay listed (their tables make up `RoundEnd::refreshed`); what is read
-        // is a copy.
-        self.images.iter().map(|(home, table, image)| ImageRead { home: *home, table: *table, image: image.clone() }).collect()
+        std::mem::take(&mut self.images)
     }
 
     /// The read of `table`'s image from a home ended with `result` (a failed read, or one
     /// whose slot images were torn, is an error).
     pub fn handle_read(&mut self, table: u16, result: Result<()>) {
+        if !self.read.contains(&table) {
+            self.read.push(table);
+        }
         if let Err(e) = result {
             if !self.unrefreshed.contains(&table) {
                 self.unrefreshed.push(table);
@@ -248,7 +244,9 @@ mod tests {
         assert!(round.acknowledged());
         let reads = round.take_reads();
         assert_eq!(reads.iter().map(|r| (r.home, r.table)).collect::<Vec<_>>(), vec![(2, 0), (1, 0), (2, 1)]);
-        round.handle_read(1, Err(Error::Protocol("torn".into())));
+        for read in reads {
+            round.handle_read(read.table, if read.table == 1 { Err(Error::Protocol("torn".into())) } else { Ok(()) });
+        }
         let end = rounds.end(round);
         assert!(end.complete && end.outcome.is_err());
         assert_eq!(end.refreshed, vec![0]);
