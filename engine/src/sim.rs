@@ -14,7 +14,8 @@
 //! and asynchronous, with one to hundreds of keys per operation split into parts of a
 //! configurable size — and, as configured, intents whose grants they carry out, the deltas of
 //! replica syncs (`replica_syncs.rs`), and a service worker per node that makes, syncs and
-//! drops run-time replicas of some keys as the intent service does (`replica_set.rs`) — and
+//! drops run-time replicas of some keys with the intent service's own replica set
+//! (`replica_set.rs`) — and
 //! every operation is recorded for the [consistency checker](crate::consistency) (keys with
 //! run-time replicas for the replica guarantee). A slow link can be drawn per run. The same
 //! seed always gives the same run.
@@ -35,6 +36,7 @@ use crate::stats::Stats;
 use crate::store::{RegionHandle, Registrar, RemoteAddr, Store};
 use crate::update::Updater;
 
+mod replica_checks;
 mod replica_set;
 mod replica_syncs;
 pub use replica_set::ReplicaSetCounts;
@@ -389,13 +391,15 @@ enum ScriptOp {
     },
     /// The service starts a sync round of its replicas.
     SyncReplicas,
-    /// The service pushes the deltas of dropped replicas it took at an earlier step (drain `id`;
-    /// `marked`: keys marked as carried until the drain ends).
+    /// A barrier's sync round of the replicas (`ReplicaSet::sync_now`), once nothing drains
+    /// or syncs and no key with a dirty replica is arriving here.
+    SyncReplicasNow,
+    /// The service pushes the deltas of dropped replicas its replica set took at an earlier
+    /// step (`token`: the set's action).
     PushDrain {
-        id: u32,
+        token: u32,
         keys: Vec<u64>,
         deltas: Vec<f32>,
-        marked: Vec<u64>,
     },
     /// The service's last step, once its node's workers are done: drops every replica.
     StopReplicas,
@@ -470,8 +474,10 @@ struct SimWorker {
     sync: Option<SyncWait>,
     /// A localize waiting until no sync round carries these keys' deltas (run-time replicas).
     localize_waits_for: Option<Vec<u64>>,
-    /// The localize at the front of the script has marked its keys (`begin_localize`).
-    localize_marked: bool,
+    /// The keys a worker's localize (not a granted one: the service's) marked
+    /// (`begin_localize`) until it is issued: a granted localize put at the front of the
+    /// script meanwhile leaves them marked.
+    localize_marked: Option<Vec<u64>>,
 }
 
 impl SimWorker {
@@ -493,7 +499,7 @@ impl SimWorker {
             times: Vec::new(),
             served: Vec::new(),
             localize_waits_for: None,
-            localize_marked: false,
+            localize_marked: None,
         }
     }
 
@@ -866,6 +872,7 @@ impl Sim {
                 script.push_back(match rng.gen_range(0..5) {
                     0 => ScriptOp::MakeReplicas { keys },
                     1 => ScriptOp::DropReplicas { keys },
+                    2 if rng.gen_bool(0.5) => ScriptOp::SyncReplicasNow,
                     _ => ScriptOp::SyncReplicas,
                 });
             }
@@ -1396,10 +1403,14 @@ impl Sim {
                     (None, None) => return Err("a pull returned no values".into()),
                 }
             }
-            op @ (ScriptOp::MakeReplicas { .. } | ScriptOp::DropReplicas { .. } | ScriptOp::SyncReplicas | ScriptOp::StopReplicas) => {
+            op @ (ScriptOp::MakeReplicas { .. }
+            | ScriptOp::DropReplicas { .. }
+            | ScriptOp::SyncReplicas
+            | ScriptOp::SyncReplicasNow
+            | ScriptOp::StopReplicas) => {
                 self.service_step(w, op)?;
             }
-            ScriptOp::PushDrain { id, keys, deltas, marked } => self.issue_drain_push(w, id, keys, deltas, marked)?,
+            ScriptOp::PushDrain { token, keys, deltas } => self.issue_drain_push(w, token, keys, deltas)?,
             ScriptOp::ReplicaSync { keys, lanes } => {
                 self.ops += 1;
                 self.send_replica_sync(w, keys, lanes)?;
@@ -1419,10 +1430,11 @@ impl Sim {
                 self.ops += 1;
                 self.log(format!("worker {w}@{node} localize {keys:?}{}{}", if asynchronous { " async" } else { "" }, if granted { " granted" } else { "" }));
                 let issued = self.worker_event(w, |step, req| step.issue_localize(req, 0, &keys, granted, None))?;
-                if std::mem::take(&mut self.workers[w].localize_marked)
+                if !granted
+                    && let Some(marked) = self.workers[w].localize_marked.take()
                     && let Some(d) = self.nodes[node].core.store().table(0).dynamic()
                 {
-                    d.end_localize(&keys);
+                    d.end_localize(&marked);
                 }
                 if let Some(Issued::Pending { op, .. }) = issued {
                     let first_event = self.workers[w].events.len();
@@ -1753,7 +1765,7 @@ impl Sim {
             replica_violation,
             intent_grants: self.intent_grants,
             replica_syncs: self.syncs,
-            run_time_replicas: self.replica_counts,
+            run_time_replicas: self.replica_set_counts(),
             run_time_violation,
             late_hand_overs: self.late_hand_overs,
         })

@@ -425,11 +425,13 @@ fn replica_syncs_apply_each_delta_once_while_keys_move() {
     }
 }
 
-/// Run-time replicas (the intent service's replica set): made on the homes' grants and at
-/// random while the keys move, served to this node's workers, synced in rounds, kept by
-/// departures, folded into landings and drained when dropped; every read includes its own
+/// Run-time replicas (the intent service's own replica set, `intent::ReplicaSet`, driven by a
+/// simulated service worker): made on the homes' grants and at random while the keys move,
+/// served to this node's workers, synced in the service's rounds and in barriers' rounds, kept
+/// by departures, folded into landings and drained when dropped; every read includes its own
 /// node's acknowledged pushes, every push that was at the owner when its value was fetched, and
-/// no push twice, and after the run every push is in its key exactly once.
+/// no push twice, a stopped service leaves no replica, and after the run every push is in its
+/// key exactly once.
 #[test]
 fn run_time_replicas_read_their_own_node_and_keep_every_push_once() {
     sweep("run-time-replicas", seeds());
@@ -445,8 +447,9 @@ fn run_time_replicas_read_their_own_node_and_keep_every_push_once() {
         let (applied, routed) = (sum(|c| c.sync_applied), sum(|c| c.sync_routed));
         eprintln!(
             "{name}: {made} made ({behind} with pushes sent behind the pull), {kept} kept, {folded} folded, {drains} drain pushes, {served} served, \
-             {} syncs ({applied} deltas applied, {routed} routed), {} localizes waited for a sync, {events} events checked ({} reads for freshness), {} stale, {} put off",
+             {} syncs ({applied} deltas applied, {routed} routed, {} barriers'), {} localizes waited for a sync, {events} events checked ({} reads for freshness), {} stale, {} put off",
             sum(|c| c.syncs),
+            sum(|c| c.barrier_rounds),
             sum(|c| c.localize_waits),
             sum(|c| c.fresh_checked),
             sum(|c| c.stale),
@@ -455,7 +458,16 @@ fn run_time_replicas_read_their_own_node_and_keep_every_push_once() {
         let late: usize = reports.iter().map(|r| r.late_hand_overs).sum();
         eprintln!("{name}: {late} worker steps handed their frames over late");
         assert!(
-            made > 0 && behind > 0 && kept > 0 && folded > 0 && drains > 0 && served > 0 && applied > 0 && routed > 0 && late > 0,
+            made > 0
+                && behind > 0
+                && kept > 0
+                && folded > 0
+                && drains > 0
+                && served > 0
+                && applied > 0
+                && routed > 0
+                && late > 0
+                && sum(|c| c.barrier_rounds) > 0,
             "{name}: a part of the replica set was never exercised"
         );
     }

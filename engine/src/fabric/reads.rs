@@ -31,6 +31,7 @@ impl PostedRead {
     }
 
     /// The peer read from.
+    #[cfg(test)]
     pub fn peer(&self) -> usize {
         self.peer
     }

@@ -13,14 +13,13 @@
 //! The timing and the table are deterministic and have no clock of their own; only the service
 //! thread sits around them. See `docs/INTENT.md` for what holds.
 
+mod replica_set;
 mod replica_store;
+mod sync_round;
 
 use std::collections::BTreeMap;
 
-pub(crate) use replica_store::{
-    Drained, Dropped, Held, TakenDeltas, believed_owner, drop_replica, end_drained_replica, end_making, look_at_replica, lost_key_among, set_replica,
-    take_table_deltas,
-};
+pub(crate) use replica_set::{OpToken, ReplicaAction, ReplicaContext, ReplicaSet};
 
 use crate::keymap::KeyMap;
 pub use crate::protocol::IntentLevel;

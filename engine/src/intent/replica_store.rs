@@ -1,7 +1,6 @@
 //! What a run-time replica does to the store — take its delta for a sync round, drop it, end
 //! its drain or its making, set it to its owner's value — each under the key's latch, with no
-//! node, worker or I/O: the intent service's replica set (`runtime::intent`) and the
-//! simulator run these same functions.
+//! node, worker or I/O; the replica set's state machine (`replica_set.rs`) calls them.
 
 use crate::error::Error;
 use crate::protocol::Directory;
@@ -23,7 +22,7 @@ pub(crate) struct TakenDeltas {
 
 /// The node to send `key`'s delta to: where it was last found to be (`hint`), else its home,
 /// else (this node being the home) the owner `dir` records; `None` if that is this node, a lost
-/// one or one `alive` says is gone. The intent service and the simulator share it.
+/// one or one `alive` says is gone.
 pub(crate) fn believed_owner(dir: &Directory, hint: Option<u16>, table: u16, key: u64, alive: impl Fn(u16) -> bool) -> Option<u16> {
     let rank = dir.rank();
     let home = dir.home(table, key);
@@ -43,7 +42,7 @@ pub(crate) fn lost_key_among(error: &Error, keys: &[u64]) -> Option<u64> {
 /// zeroed (see `ReplicaSet::take_deltas`): a key whose replica ended leaves `set`, and
 /// `arrived` is told of each that ended because the key arrived here (its delta went into the
 /// key). Returns the deltas taken, if any, and the keys marked as carried by the round (until
-/// [`crate::store::DynamicReplicas::end_sync`]). The intent service and the simulator share it.
+/// [`crate::store::DynamicReplicas::end_sync`]).
 pub(crate) fn take_table_deltas(store: &Store, table: u16, set: &mut FastSet<u64>, mut arrived: impl FnMut(u64)) -> (Option<TakenDeltas>, Vec<u64>) {
     let value_len = store.table(table).value_len();
     let dynamic = store.table(table).dynamic();
@@ -126,8 +125,7 @@ pub(crate) enum Dropped {
 /// dirty one's delta goes to `delta` and is zeroed in the replica (`zero` is one value of
 /// zeros), the key marked by `taker` until the delta's push is acknowledged, unless the key is
 /// arriving here or about to be (see [`take_for_drain`]) and the service is not `stopping`; a
-/// clean one is removed unless a round is `syncing`. The intent service and the simulator
-/// share it.
+/// clean one is removed unless a round is `syncing`.
 pub(crate) fn drop_replica(
     store: &Store,
     guard: &KeyGuard<'_>,
@@ -177,8 +175,7 @@ pub(crate) enum Drained {
 /// (`ReplicaSet::end_drain`): a clean replica is removed; one pushed to meanwhile is removed
 /// with its delta if this is the `last` drain, is put off while its key is arriving here or
 /// about to be (see [`take_for_drain`]), and otherwise gives its delta (into `delta`, zeroed in
-/// the replica; `zero` is one value of zeros) to drain again, the key marked by `taker`. The
-/// intent service and the simulator share it.
+/// the replica; `zero` is one value of zeros) to drain again, the key marked by `taker`.
 pub(crate) fn end_drained_replica(
     store: &Store,
     guard: &KeyGuard<'_>,

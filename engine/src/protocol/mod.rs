@@ -238,7 +238,7 @@ impl Core {
         // mark is set here, before the frames that follow from the home are handled — the
         // request that moves the key away comes after the grant — not when the intent service
         // gets to the grant; the service takes the marks over, or clears them with any replica
-        // kept (`runtime::intent::replicas`). Marks are only taken while the service runs.
+        // kept (`intent::ReplicaSet`). Marks are only taken while the service runs.
         let t = self.store.table(table);
         if grant == Grant::Replicate
             && let Some(d) = t.dynamic()

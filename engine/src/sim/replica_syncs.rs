@@ -1,6 +1,6 @@
 //! Replica syncs in the simulation: the protocol's half of keeping run-time replicas in sync
 //! (`protocol::replica_sync`), driven the way the intent service's sync rounds drive it
-//! (`runtime::intent::sync_round`), among the random relocations, intents and accesses of a simulated
+//! (`intent::sync_round`), among the random relocations, intents and accesses of a simulated
 //! cluster.
 //!
 //! A node's first worker sends keys' deltas in a REPLICA_SYNC straight to a node it guesses

@@ -374,7 +374,7 @@ impl DynamicReplicas {
 
     /// Whether a `localize` is about to move `key` here (between
     /// [`DynamicReplicas::begin_localize`] and [`DynamicReplicas::end_localize`]).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "sim"))]
     pub fn is_localizing(&self, key: u64) -> bool {
         self.sync_marks.lock().localizing.contains_key(&key)
     }

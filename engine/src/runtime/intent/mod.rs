@@ -1,9 +1,8 @@
-//! The driver of the node's intents: the intent service's thread, its run-time replica set
-//! and sync rounds (see [`crate::intent`] for the timing, the table and what the replicas do to
-//! the store, which the simulator runs too).
+//! The driver of the node's intents: the intent service's thread and the driver of its run-time
+//! replica set (see [`crate::intent`] for the timing, the table and the replica set's state
+//! machine, which the simulator runs too).
 
 mod replicas;
 mod service;
-mod sync_round;
 
 pub(crate) use service::IntentService;

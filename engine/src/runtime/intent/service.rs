@@ -36,7 +36,7 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::replicas::ReplicaSet;
+use super::replicas::ReplicaDriver;
 use crate::error::{Error, Result};
 use crate::intent::{ActionTiming, IntentLevel, IntentTable, LateCause};
 use crate::protocol::LateCounts;
@@ -95,7 +95,7 @@ pub(crate) struct IntentService {
     /// Whether the service thread (and its worker) exists.
     running: AtomicBool,
     /// The run-time replicas kept here, and their operations in flight.
-    replicas: Mutex<ReplicaSet>,
+    replicas: Mutex<ReplicaDriver>,
     /// Whether replicas exist or replica operations are in flight (the service keeps running
     /// rounds while so).
     replicas_busy: AtomicBool,
@@ -717,7 +717,7 @@ impl IntentService {
             let mut state = self.state.lock();
             for (table, grant, keys) in node.core.take_intent_go() {
                 // Only keys still intended; a move only of keys not here. A replicate grant for
-                // a key held here is kept for when the key leaves (see `ReplicaSet`).
+                // a key held here is kept for when the key leaves (see `intent::ReplicaSet`).
                 let (keys, stale): (Vec<u64>, Vec<u64>) = keys
                     .into_iter()
                     .filter(|&k| grant == Grant::Replicate || store.table(table).slot_of(k).is_none())
