@@ -15,7 +15,7 @@
 //! configurable size — and, as configured, intents whose grants they carry out, the deltas of
 //! replica syncs (`replica_syncs.rs`), and a service worker per node that makes, syncs and
 //! drops run-time replicas of some keys with the intent service's own replica set
-//! (`replica_set.rs`) — and
+//! (`replica_set.rs`) and runs its rounds on windows the workers declare (`intent_rounds.rs`) — and
 //! every operation is recorded for the [consistency checker](crate::consistency) (keys with
 //! run-time replicas for the replica guarantee). A slow link can be drawn per run. The same
 //! seed always gives the same run.
@@ -36,9 +36,11 @@ use crate::stats::Stats;
 use crate::store::{RegionHandle, Registrar, RemoteAddr, Store};
 use crate::update::Updater;
 
+mod intent_rounds;
 mod replica_checks;
 mod replica_set;
 mod replica_syncs;
+pub use intent_rounds::DeclaredIntentCounts;
 pub use replica_set::ReplicaSetCounts;
 use replica_set::SimReplicaSet;
 pub use replica_syncs::SyncCounts;
@@ -118,6 +120,12 @@ pub struct SimOptions {
     /// replica guarantee (see `replica_set.rs`). Needs a table without static replication
     /// whose pushes add.
     pub run_time_replicas: Option<std::ops::Range<u64>>,
+    /// With [`SimOptions::intents`] and run-time replicas: instead of sending random levels,
+    /// the workers declare windows of clocks in which they will need keys, and each node's
+    /// service worker runs the intent service's rounds on them (the shipped
+    /// `intent::IntentRounds`), telling the homes the level changes and taking their grants
+    /// (see `intent_rounds.rs`).
+    pub declared_intents: bool,
     /// One link, drawn per run, delivers its frames only when no other link has any, nine times
     /// in ten: frames sent over it are overtaken by much that follows them on other paths.
     pub slow_link: bool,
@@ -163,6 +171,7 @@ impl SimOptions {
             intents: false,
             replica_syncs: false,
             run_time_replicas: None,
+            declared_intents: false,
             slow_link: false,
             late_hand_over: true,
             trace_lines: 150,
@@ -302,6 +311,8 @@ pub struct SimReport {
     pub replica_syncs: SyncCounts,
     /// What the simulated replica sets did (see [`SimOptions::run_time_replicas`]).
     pub run_time_replicas: ReplicaSetCounts,
+    /// What the nodes' intent rounds did (see [`SimOptions::declared_intents`]).
+    pub declared_intents: DeclaredIntentCounts,
     /// The first violation of the run-time replica guarantee, if any.
     pub run_time_violation: Option<Violation>,
     /// Worker steps whose frames were handed over late (see [`SimOptions::late_hand_over`]).
@@ -384,6 +395,8 @@ enum ScriptOp {
     /// The service makes replicas of `keys` (see [`SimOptions::run_time_replicas`]).
     MakeReplicas {
         keys: Vec<u64>,
+        /// A home's grant (the node's intents note it once taken).
+        granted: bool,
     },
     /// The service drops the replicas of `keys`.
     DropReplicas {
@@ -391,6 +404,15 @@ enum ScriptOp {
     },
     /// The service starts a sync round of its replicas.
     SyncReplicas,
+    /// The worker declares that it will need `keys` in the `len` clocks beginning `start`
+    /// clocks from now (see [`SimOptions::declared_intents`]).
+    Declare {
+        keys: Vec<u64>,
+        start: u64,
+        len: u64,
+    },
+    /// The service runs a round of its node's intents.
+    IntentRound,
     /// A barrier's sync round of the replicas (`ReplicaSet::sync_now`), once nothing drains
     /// or syncs and no key with a dirty replica is arriving here.
     SyncReplicasNow,
@@ -478,6 +500,8 @@ struct SimWorker {
     /// (`begin_localize`) until it is issued: a granted localize put at the front of the
     /// script meanwhile leaves them marked.
     localize_marked: Option<Vec<u64>>,
+    /// Script steps taken: the worker's clock for declared intents.
+    intent_clock: u64,
 }
 
 impl SimWorker {
@@ -500,6 +524,7 @@ impl SimWorker {
             served: Vec::new(),
             localize_waits_for: None,
             localize_marked: None,
+            intent_clock: 0,
         }
     }
 
@@ -534,6 +559,9 @@ struct Sim {
     replica_sets: Vec<SimReplicaSet>,
     /// What the replica sets did.
     replica_counts: ReplicaSetCounts,
+    /// Each node's intents (see [`SimOptions::declared_intents`]).
+    intent_rounds: Vec<crate::intent::IntentRounds>,
+    declared: DeclaredIntentCounts,
     /// The slow link's channel (see [`SimOptions::slow_link`]).
     slow_link: Option<usize>,
     /// Per worker: frames its steps handed over late.
@@ -734,6 +762,8 @@ impl Sim {
             syncs: SyncCounts::default(),
             replica_sets,
             replica_counts: ReplicaSetCounts::default(),
+            intent_rounds: (0..if opts.declared_intents { opts.nodes } else { 0 }).map(|_| crate::intent::IntentRounds::default()).collect(),
+            declared: DeclaredIntentCounts::default(),
             slow_link: opts.slow_link.then(|| {
                 let (from, to) = (rng.gen_range(0..opts.nodes), rng.gen_range(1..opts.nodes.max(2)));
                 from * opts.nodes + (from + to) % opts.nodes
@@ -820,7 +850,11 @@ impl Sim {
                         if keys.is_empty() {
                             continue;
                         }
-                        ScriptOp::Intent { keys, level }
+                        if opts.declared_intents {
+                            ScriptOp::Declare { keys, start: rng.gen_range(0..6), len: rng.gen_range(1..10) }
+                        } else {
+                            ScriptOp::Intent { keys, level }
+                        }
                     } else if roll < 27 && opts.relocation {
                         ScriptOp::Localize { keys, asynchronous, granted: false }
                     } else if roll < 33 && !keys.iter().any(|k| opts.run_time_replicas.as_ref().is_some_and(|r| r.contains(k))) {
@@ -870,11 +904,15 @@ impl Sim {
                 let count = rng.gen_range(1..=3);
                 let keys = (0..count).map(|_| rng.gen_range(range.clone())).collect();
                 script.push_back(match rng.gen_range(0..5) {
-                    0 => ScriptOp::MakeReplicas { keys },
+                    0 => ScriptOp::MakeReplicas { keys, granted: false },
                     1 => ScriptOp::DropReplicas { keys },
                     2 if rng.gen_bool(0.5) => ScriptOp::SyncReplicasNow,
                     _ => ScriptOp::SyncReplicas,
                 });
+                // The intent service's rounds, as often as its other steps.
+                if opts.declared_intents {
+                    script.push_back(ScriptOp::IntentRound);
+                }
             }
             script.push_back(ScriptOp::StopReplicas);
             // The service takes marks of keys wanted when they leave from its start.
@@ -913,6 +951,10 @@ impl Sim {
                 continue;
             }
             let granted = self.nodes[node].core.take_intent_go();
+            if self.opts.declared_intents {
+                self.take_declared_grants(node, granted);
+                continue;
+            }
             let Some(w) = (0..self.workers.len()).find(|&w| self.workers[w].node == node) else { continue };
             for (_, grant, keys) in granted {
                 // Replicas are kept by the intent service with ordinary pushes and pulls, which
@@ -1362,6 +1404,7 @@ impl Sim {
             return Ok(());
         }
         let op = self.workers[w].script.pop_front().expect("runnable");
+        self.workers[w].intent_clock += 1;
         let lanes = self.opts.lanes;
         match op {
             ScriptOp::WaitAll => {
@@ -1415,6 +1458,8 @@ impl Sim {
                 self.ops += 1;
                 self.send_replica_sync(w, keys, lanes)?;
             }
+            ScriptOp::Declare { keys, start, len } => self.declare_intent(w, keys, start, len),
+            ScriptOp::IntentRound => self.intent_round(w)?,
             ScriptOp::Intent { keys, level } => {
                 self.log(format!("worker {w}@{node} intent {level:?} on {keys:?}"));
                 self.worker_event(w, |step, _| {
@@ -1766,6 +1811,7 @@ impl Sim {
             intent_grants: self.intent_grants,
             replica_syncs: self.syncs,
             run_time_replicas: self.replica_set_counts(),
+            declared_intents: self.declared,
             run_time_violation,
             late_hand_overs: self.late_hand_overs,
         })

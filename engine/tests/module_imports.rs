@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 const REMAINING: &[(&str, &str, &str)] = &[(
     "runtime",
     "worker",
-    "the intent service's driver (runtime::intent) still acts through a Worker of its own; it goes once the service is a state machine whose actions a thin driver runs",
+    "the intent service's driver (runtime::intent), which the node holds, executes the actions of the service's state machines (intent::IntentRounds, intent::ReplicaSet) through a Worker of its own, and a Worker holds the node",
 )];
 
 type Graph = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;

@@ -4,22 +4,26 @@
 //!
 //! * [`ActionTiming`]: when to act on an intent (Section 4.2, Algorithm 1);
 //! * [`IntentTable`]: a node's intents, aggregated per key across its workers (Appendix B.2);
-//! * the intent service (`service`): a background thread per node that runs AdaPM's
-//!   communication rounds — each round it updates every worker's clock-rate estimate, takes the
-//!   keys whose windows start within the horizon, tells the keys' homes, and acts on what they
-//!   answer: relocates keys this node alone needs with one `localize` per table, and keeps
-//!   replicas of keys several nodes need at once (`replicas`, Section 4.1 and Appendix B.1).
+//! * `rounds`: what the node's intent service decides each communication round — the workers'
+//!   horizons, the windows moved along, the level changes each key's home must learn, and what
+//!   becomes of the homes' grants (moves of keys still intended, replicas, unwanted replicas);
+//! * `replica_set` and `sync_round`: the run-time replicas of keys several nodes intend at once
+//!   (Section 4.1 and Appendix B.1) — made, synced through their owners, drained and dropped.
 //!
-//! The timing and the table are deterministic and have no clock of their own; only the service
-//! thread sits around them. See `docs/INTENT.md` for what holds.
+//! All of it is deterministic, with no thread, clock, lock or I/O of its own: the service's
+//! thread (`runtime::intent`) feeds it clocks, declarations, grants and the outcomes of what it
+//! asked for, and does the I/O; the simulator (`sim`) runs the same code among simulated
+//! workers and network. See `docs/INTENT.md` for what holds.
 
 mod replica_set;
 mod replica_store;
+mod rounds;
 mod sync_round;
 
 use std::collections::BTreeMap;
 
 pub(crate) use replica_set::{OpToken, ReplicaAction, ReplicaContext, ReplicaSet};
+pub(crate) use rounds::{GrantsTaken, IntentRounds, LevelChanges};
 
 use crate::keymap::KeyMap;
 pub use crate::protocol::IntentLevel;

@@ -145,7 +145,7 @@ impl Sim {
     }
 
     /// Runs `f` on node `node`'s replica set with what it works on.
-    fn with_machine<R>(&mut self, node: usize, f: impl FnOnce(&mut ReplicaSet, &ReplicaContext<'_>) -> R) -> R {
+    pub(super) fn with_replica_set<R>(&mut self, node: usize, f: impl FnOnce(&mut ReplicaSet, &ReplicaContext<'_>) -> R) -> R {
         let core = &self.nodes[node].core;
         let alive = |_: u16| true;
         let ctx = ReplicaContext {
@@ -176,7 +176,7 @@ impl Sim {
         }
         let w = self.replica_sets[node].worker;
         self.log(format!("node {node} granted replicas of {keys:?}"));
-        self.workers[w].script.push_front(ScriptOp::MakeReplicas { keys });
+        self.workers[w].script.push_front(ScriptOp::MakeReplicas { keys, granted: true });
     }
 
     /// Whether the service worker `w` may take its last step: its node's other workers are
@@ -197,25 +197,30 @@ impl Sim {
     /// again the put-off ones), then the step's own call, then the actions they ask for.
     pub(super) fn service_step(&mut self, w: usize, op: ScriptOp) -> Result<(), String> {
         let node = self.workers[w].node;
-        self.with_machine(node, |m, ctx| {
+        self.with_replica_set(node, |m, ctx| {
             m.adopt_kept(ctx);
             m.remake(ctx, false);
             m.retry_put_off_drops(ctx);
         });
         match op {
-            ScriptOp::MakeReplicas { keys } => {
+            ScriptOp::MakeReplicas { keys, granted } => {
                 self.log(format!("worker {w}@{node} takes a grant of replicas of {keys:?}"));
-                if !self.with_machine(node, |m, ctx| m.start_make(ctx, 0, &keys)) {
+                if !self.with_replica_set(node, |m, ctx| m.start_make(ctx, 0, &keys)) {
                     return Err("the simulated table keeps no run-time replicas".into());
+                }
+                // As the service notes a replica grant its replica set took.
+                if granted && let Some(rounds) = self.intent_rounds.get_mut(node) {
+                    rounds.replicas_taken(0, &keys);
+                    self.declared.replicas += keys.len();
                 }
             }
             ScriptOp::DropReplicas { keys } => {
                 self.log(format!("worker {w}@{node} drops replicas of {keys:?}"));
-                self.with_machine(node, |m, ctx| m.drop_keys(ctx, 0, &keys));
+                self.with_replica_set(node, |m, ctx| m.drop_keys(ctx, 0, &keys));
             }
             ScriptOp::SyncReplicas => {
                 // As the service's round: only while nothing drains or syncs.
-                self.with_machine(node, |m, ctx| {
+                self.with_replica_set(node, |m, ctx| {
                     if m.quiet() && !m.is_empty() {
                         m.start_sync(ctx);
                         m.remake(ctx, true);
@@ -225,7 +230,7 @@ impl Sim {
             ScriptOp::SyncReplicasNow => {
                 // As a barrier's: once nothing drains or syncs, and no key with a dirty replica
                 // here is arriving (the barrier waits for the service meanwhile).
-                let ready = self.with_machine(node, |m, ctx| m.quiet() && !m.replicas_arriving(ctx));
+                let ready = self.with_replica_set(node, |m, ctx| m.quiet() && !m.replicas_arriving(ctx));
                 if !ready {
                     self.workers[w].script.push_back(ScriptOp::SyncReplicasNow);
                     return self.run_replica_actions(w);
@@ -233,7 +238,7 @@ impl Sim {
                 self.log(format!("worker {w}@{node} runs a barrier's sync round"));
                 self.replica_sets[node].barrier_round = true;
                 self.replica_counts.barrier_rounds += 1;
-                self.with_machine(node, |m, ctx| m.sync_now(ctx));
+                self.with_replica_set(node, |m, ctx| m.sync_now(ctx));
             }
             ScriptOp::StopReplicas => return self.stop_replicas(w),
             _ => return Err("not a service operation".into()),
@@ -248,9 +253,9 @@ impl Sim {
         if !self.replica_sets[node].stopped {
             self.replica_sets[node].stopped = true;
             self.log(format!("worker {w}@{node} stops its replicas"));
-            self.with_machine(node, |m, ctx| m.begin_stop(ctx));
+            self.with_replica_set(node, |m, ctx| m.begin_stop(ctx));
         }
-        self.with_machine(node, |m, ctx| m.drop_all(ctx));
+        self.with_replica_set(node, |m, ctx| m.drop_all(ctx));
         self.run_replica_actions(w)?;
         if !self.replica_sets[node].machine.idle() {
             self.workers[w].script.push_back(ScriptOp::StopReplicas);
@@ -269,14 +274,14 @@ impl Sim {
 
     /// Notes what the replica set set from which answer, drops the keys it found lost, and
     /// executes the actions it asks for, until it asks for none.
-    fn run_replica_actions(&mut self, w: usize) -> Result<(), String> {
+    pub(super) fn run_replica_actions(&mut self, w: usize) -> Result<(), String> {
         let node = self.workers[w].node;
         loop {
             self.note_fresh(node);
             let set = &mut self.replica_sets[node];
             set.barrier_round &= set.machine.sync_in_flight();
             if !set.barrier_round {
-                self.with_machine(node, |m, ctx| m.forget_found_lost(ctx));
+                self.with_replica_set(node, |m, ctx| m.forget_found_lost(ctx));
             }
             let Some(action) = self.replica_sets[node].machine.poll_action() else { return Ok(()) };
             self.execute_replica_action(w, action)?;
@@ -321,7 +326,7 @@ impl Sim {
                         Ok(())
                     }
                     Some(Issued::Done(values)) => {
-                        let outcome = self.with_machine(node, |m, ctx| m.handle_pulled(ctx, token, Ok(values.unwrap_or_default())));
+                        let outcome = self.with_replica_set(node, |m, ctx| m.handle_pulled(ctx, token, Ok(values.unwrap_or_default())));
                         self.replica_outcome(node, outcome)
                     }
                     None => Err(format!("node {node} could not send a pull to make replicas")),
@@ -351,7 +356,7 @@ impl Sim {
                     // The keys landed here since their deltas were taken: applied to them here.
                     Some(Issued::Done(values)) => {
                         self.note_delivered(node, &keys, &deltas);
-                        let outcome = self.with_machine(node, |m, ctx| m.handle_pulled(ctx, token, Ok(values.unwrap_or_default())));
+                        let outcome = self.with_replica_set(node, |m, ctx| m.handle_pulled(ctx, token, Ok(values.unwrap_or_default())));
                         self.replica_outcome(node, outcome)
                     }
                     None => Err(format!("node {node} could not route the sync of {keys:?}")),
@@ -394,7 +399,7 @@ impl Sim {
                     unsafe { std::ptr::copy_nonoverlapping(source as *const u8, copy.as_mut_ptr(), bytes) };
                     Ok(copy)
                 };
-                let outcome = self.with_machine(node, |m, ctx| m.handle_read(ctx, token, copy));
+                let outcome = self.with_replica_set(node, |m, ctx| m.handle_read(ctx, token, copy));
                 self.replica_outcome(node, outcome)
             }
         }
@@ -453,7 +458,7 @@ impl Sim {
                 // Every key landed here since its delta was taken (which its marks keep
                 // `localize` from doing): served here, the drain's push is done.
                 self.note_delivered(node, &keys, &deltas);
-                let outcome = self.with_machine(node, |m, ctx| m.handle_pushed(ctx, token, Ok(())));
+                let outcome = self.with_replica_set(node, |m, ctx| m.handle_pushed(ctx, token, Ok(())));
                 self.replica_outcome(node, outcome)?;
                 self.run_replica_actions(w)
             }
@@ -477,7 +482,7 @@ impl Sim {
                 self.log(format!("worker {w}@{node}'s service operation {op:#x} failed: {e}"));
             }
         }
-        let outcome = self.with_machine(node, |m, ctx| match kind {
+        let outcome = self.with_replica_set(node, |m, ctx| match kind {
             ServiceKind::Make | ServiceKind::Routed => m.handle_pulled(ctx, token, result),
             ServiceKind::Drain => m.handle_pushed(ctx, token, result.map(drop)),
         });
@@ -509,7 +514,7 @@ impl Sim {
                             self.note_delivered(node, &held_keys, &held_deltas);
                         }
                         self.log(format!("node {node} takes the acknowledgement of REPLICA_SYNC {id} from node {owner}: {} held", ack.held.len()));
-                        self.with_machine(node, |m, ctx| m.handle_sync_ack(ctx, owner, id, ack))
+                        self.with_replica_set(node, |m, ctx| m.handle_sync_ack(ctx, owner, id, ack))
                     }
                     None if core.directory().is_lost(owner) => {
                         acks.abandon(owner, id);
@@ -517,7 +522,7 @@ impl Sim {
                         self.replica_counts.sync_abandoned += 1;
                         self.failed_ops += 1;
                         self.replica_sets[node].sent.remove(&(owner, id));
-                        self.with_machine(node, |m, ctx| m.handle_sync_unanswered(ctx, owner, id, error))
+                        self.with_replica_set(node, |m, ctx| m.handle_sync_unanswered(ctx, owner, id, error))
                     }
                     None => continue,
                 };

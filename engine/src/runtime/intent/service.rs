@@ -38,7 +38,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::replicas::ReplicaDriver;
 use crate::error::{Error, Result};
-use crate::intent::{ActionTiming, IntentLevel, IntentTable, LateCause};
+use crate::intent::{GrantsTaken, IntentLevel, IntentRounds, LateCause, LevelChanges};
 use crate::protocol::LateCounts;
 use crate::protocol::{Grant, IntentHomes};
 use crate::runtime::NodeInner;
@@ -61,31 +61,19 @@ const MAX_STRETCH: u32 = 8;
 /// goes on and its accesses find the keys where they are.
 const TAKE_UP_ROUNDS: u32 = 4;
 
-#[derive(Default)]
-struct State {
-    table: IntentTable,
-    /// Each declaring worker's clock-rate estimate (its clock is in [`IntentService::clocks`]).
-    workers: BTreeMap<u16, ActionTiming>,
-    /// Keys that lost windows with a worker that left.
-    orphaned: Vec<(u16, u64)>,
-}
-
-/// What a round's steps 1–2 found for the homes.
-struct LevelChanges {
-    /// Per (level, table): the keys whose home must learn the new level.
-    levels: BTreeMap<(IntentLevel, u16), Vec<u64>>,
-    /// Keys whose homes are asked again (`IntentTable::take_reasks`).
-    reasks: BTreeMap<(IntentLevel, u16), Vec<u64>>,
-    /// Whether a worker advanced, declared or left since the last round began.
+/// What a round's steps 1–2 found: the changes for the homes, and whether a worker advanced,
+/// declared or left since the last round began.
+struct RoundChanges {
+    changes: LevelChanges,
     news: bool,
-    /// Whether any window was taken, started or dropped.
-    windows_moved: bool,
 }
 
 /// A node's intents and the thread acting on them.
 #[derive(Default)]
 pub(crate) struct IntentService {
-    state: Mutex<State>,
+    /// The intents and what the rounds decide (the state machine; workers' clocks are in
+    /// [`IntentService::clocks`]).
+    state: Mutex<IntentRounds>,
     wake: Condvar,
     /// Notified (under the state lock) when a round has told the homes its changes: a worker
     /// in [`IntentService::signal_levels`] waits on it.
@@ -146,19 +134,11 @@ impl IntentService {
         // The service waits for work only while no window is registered (it checks under this
         // lock); otherwise its next round sees the new windows, and waking it for each
         // declaration would only cost context switches.
-        let idle = state.table.is_empty() || self.awaiting_news.load(Ordering::Relaxed);
+        let idle = state.is_empty() || self.awaiting_news.load(Ordering::Relaxed);
         self.news.store(true, Ordering::SeqCst);
-        state.table.gap = node.config.intent.gap;
-        state.table.shared_gap = node.config.intent.shared_gap;
-        state.workers.entry(worker).or_insert_with(|| ActionTiming::from_settings(&node.config.intent));
         self.clocks.lock().insert(worker, clock);
-        let mut added = 0;
-        for &key in keys {
-            if replicas.is_some_and(|r| r.ordinal(key).is_some()) {
-                continue;
-            }
-            added += state.table.add(table.id, key, worker, window.start, window.end) as u64;
-        }
+        let movable = keys.iter().copied().filter(|&key| replicas.is_none_or(|r| r.ordinal(key).is_none()));
+        let added = state.declare(&node.config.intent, worker, table.id, movable, window);
         node.core.intent_counters().note_declared(added);
         if !self.running.load(Ordering::Acquire) && !self.stop.load(Ordering::Acquire) {
             // The service's worker is outside barriers and finalize's count of live workers.
@@ -220,10 +200,7 @@ impl IntentService {
 
     /// Worker `worker` left: its intents end.
     pub fn forget_worker(&self, worker: u16) {
-        let mut state = self.state.lock();
-        let gone = state.table.forget_worker(worker);
-        state.orphaned.extend(gone);
-        state.workers.remove(&worker);
+        self.state.lock().forget_worker(worker);
         self.clocks.lock().remove(&worker);
         self.news.store(true, Ordering::SeqCst);
         self.wake.notify_all();
@@ -480,7 +457,7 @@ impl IntentService {
             {
                 let mut state = self.state.lock();
                 self.begin_resting();
-                while state.table.is_empty()
+                while state.is_empty()
                     && !node.core.intent_go_waiting()
                     && !self.replicas_busy.load(Ordering::Acquire)
                     && !self.round_wanted.load(Ordering::Acquire)
@@ -502,7 +479,7 @@ impl IntentService {
                 self.round_wanted.store(false, Ordering::Release);
                 self.level_changes(&mut state)
             };
-            let (news, windows_moved) = (changes.news, changes.windows_moved);
+            let (news, windows_moved) = (changes.news, changes.changes.windows_moved);
             if !self.tell_changes(node, own, changes, true) {
                 return;
             }
@@ -532,37 +509,19 @@ impl IntentService {
     /// Steps 1–2 of a round, under the state lock (and with [`IntentService::signalling`]
     /// held): the workers' horizons, the windows moved along, and the level changes the homes
     /// must learn.
-    fn level_changes(&self, state: &mut State) -> LevelChanges {
+    fn level_changes(&self, state: &mut IntentRounds) -> RoundChanges {
         self.rounds_started.fetch_add(1, Ordering::SeqCst);
         let news = self.news.swap(false, Ordering::SeqCst);
-        let State { table, workers, orphaned } = state;
-        let mut at = BTreeMap::new();
-        let clocks = self.clocks.lock();
-        for (&w, timing) in workers.iter_mut() {
-            let clock = clocks.get(&w).copied().unwrap_or(0);
-            at.insert(w, (clock, timing.round(clock)));
-        }
-        drop(clocks);
-        let max_horizon = at.values().map(|h| h.1).max().unwrap_or(0);
-        let max_clock = at.values().map(|h| h.0).max().unwrap_or(0);
-        let clock = |w: u16| at.get(&w).map_or(0, |h| h.0);
-        let mut touched = table.advance(max_horizon, |w| at.get(&w).map_or(0, |h| h.1), max_clock, clock);
-        touched.append(orphaned);
-        let windows_moved = !touched.is_empty();
-        let mut levels: BTreeMap<(IntentLevel, u16), Vec<u64>> = BTreeMap::new();
-        for (t, k) in touched {
-            if let Some(level) = table.relevel(t, k, clock) {
-                levels.entry((level, t)).or_default().push(k);
-            }
-        }
-        LevelChanges { levels, reasks: table.take_reasks(), news, windows_moved }
+        let clocks = self.clocks.lock().clone();
+        RoundChanges { changes: state.round(&clocks), news }
     }
 
     /// Step 3 of a round, through `own` (with [`IntentService::signalling`] held): tells the
     /// homes `changes`, dropping the replicas of keys whose intent ended first if
     /// `drop_replicas` (a caller that holds the replica set, empty, passes false), and wakes the
     /// workers waiting for it. Returns false when the node shuts down.
-    fn tell_changes(&self, node: &NodeInner, own: &mut Worker, changes: LevelChanges, drop_replicas: bool) -> bool {
+    fn tell_changes(&self, node: &NodeInner, own: &mut Worker, changes: RoundChanges, drop_replicas: bool) -> bool {
+        let changes = changes.changes;
         let counters = node.core.intent_counters();
         counters.note_round();
         // Ends first (`None` sorts first): a key this node stops needing may be the one
@@ -708,42 +667,15 @@ impl IntentService {
     /// and does not hold; returns false when the node shuts down.
     fn act(&self, node: &Arc<NodeInner>, own: &mut Worker, in_flight: &mut Vec<InFlight>) -> bool {
         let store = node.core.store();
-        let mut moves: Vec<(u16, Vec<u64>)> = Vec::new();
-        let mut replicate: Vec<(u16, Vec<u64>)> = Vec::new();
-        // Replicas granted for keys no longer intended: their marks (and any replica a
-        // departure kept meanwhile) go.
-        let mut unwanted: Vec<(u16, Vec<u64>)> = Vec::new();
-        {
+        let GrantsTaken { moves, replicate, unwanted } = {
             let mut state = self.state.lock();
-            for (table, grant, keys) in node.core.take_intent_go() {
-                // Only keys still intended; a move only of keys not here. A replicate grant for
-                // a key held here is kept for when the key leaves (see `intent::ReplicaSet`).
-                let (keys, stale): (Vec<u64>, Vec<u64>) = keys
-                    .into_iter()
-                    .filter(|&k| grant == Grant::Replicate || store.table(table).slot_of(k).is_none())
-                    .partition(|&k| state.table.signalled(table, k) != IntentLevel::None);
-                if grant == Grant::Replicate && !stale.is_empty() {
-                    unwanted.push((table, stale));
-                }
-                // A replica grant is noted once `start_make` took it (below).
-                if grant == Grant::Move {
-                    for &key in &keys {
-                        state.table.note_granted(table, key, false);
-                    }
-                }
-                if !keys.is_empty() {
-                    match grant {
-                        Grant::Move => moves.push((table, keys)),
-                        Grant::Replicate => {
-                            state.table.mark_shared(table);
-                            replicate.push((table, keys));
-                        }
-                    }
-                }
-            }
+            // A replicate grant for a key held here is kept for when the key leaves (see
+            // `intent::ReplicaSet`).
+            let taken = state.take_grants(node.core.take_intent_go(), |table, key| store.table(table).slot_of(key).is_some());
             // A worker leaving a barrier may wait until the moves and replicas below started.
             self.takes_begun.fetch_add(1, Ordering::AcqRel);
-        }
+            taken
+        };
         for (table, keys) in unwanted {
             if let Err(e) = self.replicas.lock().drop_keys(node, own, table, &keys) {
                 if self.stopped(node) {
@@ -765,10 +697,7 @@ impl IntentService {
                 }
             };
             if taken {
-                let mut state = self.state.lock();
-                for &key in &keys {
-                    state.table.note_granted(table, key, true);
-                }
+                self.state.lock().replicas_taken(table, &keys);
             }
         }
         // A replica here keeps serving until the key has landed, and the landing adds its
@@ -822,17 +751,8 @@ impl IntentService {
             match own.wait(ticket) {
                 Ok(()) => {
                     let clocks = self.clocks.lock().clone();
-                    let mut state = self.state.lock();
-                    let intents = &mut state.table;
-                    let counters = node.core.intent_counters();
-                    let clock = |w: u16| clocks.get(&w).copied().unwrap_or(0);
                     let store = node.core.store().table(table);
-                    // A key whose home declined the move (granted elsewhere since) did not land.
-                    for key in keys.into_iter().filter(|&key| store.slot_of(key).is_some()) {
-                        let lead = intents.earliest(table, key, clock).and_then(|w| w.start.checked_sub(clock(w.worker))).filter(|&lead| lead > 0);
-                        counters.note_landed(lead);
-                        intents.note_landed(table, key);
-                    }
+                    self.state.lock().landed(table, &keys, &clocks, |key| store.slot_of(key).is_some(), node.core.intent_counters());
                 }
                 Err(Error::ShutDown) => return false,
                 Err(e) if self.stopped(node) => {
@@ -909,7 +829,7 @@ mod tests {
     #[test]
     fn a_worker_advancing_its_clock_does_not_wait_for_a_round_in_progress() {
         let service = Arc::new(IntentService::default());
-        service.state.lock().workers.insert(0, ActionTiming::from_settings(&crate::config::IntentSettings::default()));
+        service.state.lock().add_worker(0, &crate::config::IntentSettings::default());
         service.clocks.lock().insert(0, 0);
         // A clock of a worker that never declared is not news.
         service.note_clock(9, 3);
@@ -1027,7 +947,7 @@ mod tests {
         service.running.store(true, Ordering::Release);
         let declare = |key: u64| {
             let mut state = service.state.lock();
-            state.workers.entry(0).or_insert_with(|| ActionTiming::from_settings(&node.config.intent));
+            state.add_worker(0, &node.config.intent);
             service.clocks.lock().entry(0).or_insert(0);
             state.table.add(handle.id, key, 0, 0, 10);
             service.news.store(true, Ordering::SeqCst);
