@@ -58,12 +58,12 @@
 //!
 //! At most one sync round is in flight; none starts while a dropped replica drains.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use super::replica_store::{
     Drained, Dropped, Held, TakenDeltas, drop_replica, end_drained_replica, end_making, look_at_replica, lost_key_among, take_table_deltas,
 };
-use super::sync_round::{OwnerHints, RoundOutput, SyncRound};
+use super::sync_round::{Outbox, OwnerHints, SyncRound};
 use crate::error::{Error, Result};
 use crate::protocol::wire::ReplicaSyncAck;
 use crate::protocol::{Directory, IntentCounters, OutgoingSync};
@@ -186,26 +186,21 @@ pub(crate) struct ReplicaSet {
     /// Keys found lost with their owners: their replicas were dropped and no grant makes one
     /// again (a lost value stays lost).
     lost: FastSet<(u16, u64)>,
-    /// Keys found lost and not yet dropped ([`ReplicaSet::forget_found_lost`]).
-    found_lost: Vec<(u16, u64)>,
     /// The service stops: a drain ending removes its replicas (see [`ReplicaSet::begin_stop`]).
     stopping: bool,
     /// Keys to drop when the service stops.
     stop_keys: BTreeMap<u16, Vec<u64>>,
-    /// Actions for the driver.
-    actions: VecDeque<ReplicaAction>,
-    /// The last action's token.
-    next_op: OpToken,
-    /// Replicas set from their owners' values with the token of the action that fetched the
-    /// value, kept while [`ReplicaSet::observe`] asks for them.
-    set_log: Option<Vec<(u16, u64, OpToken)>>,
+    /// Actions for the driver, keys found lost and not yet dropped
+    /// ([`ReplicaSet::forget_found_lost`]), and the replicas set from owners' values while
+    /// [`ReplicaSet::observe`] asks for them.
+    out: Outbox,
     tally: ReplicaTally,
 }
 
 impl ReplicaSet {
     /// The next action for the driver to execute, in the order they were asked for.
     pub fn poll_action(&mut self) -> Option<ReplicaAction> {
-        self.actions.pop_front()
+        self.out.actions.pop_front()
     }
 
     /// Whether no replica is kept, being made or granted.
@@ -232,7 +227,7 @@ impl ReplicaSet {
     /// action queued).
     #[cfg(any(test, feature = "sim"))]
     pub fn idle(&self) -> bool {
-        self.quiet() && self.makes.is_empty() && self.actions.is_empty()
+        self.quiet() && self.makes.is_empty() && self.out.actions.is_empty()
     }
 
     /// Whether a drop of `key` of `table` was put off (its key was arriving here with a delta).
@@ -251,7 +246,7 @@ impl ReplicaSet {
     /// action's value (the simulator's freshness check).
     #[cfg(any(test, feature = "sim"))]
     pub fn observe(&mut self) {
-        self.set_log.get_or_insert_with(Vec::new);
+        self.out.set.get_or_insert_with(Vec::new);
     }
 
     /// The replicas set from an owner's value since the last call: table, key, and the token of
@@ -259,7 +254,7 @@ impl ReplicaSet {
     /// REPLICA_SYNCs).
     #[cfg(any(test, feature = "sim"))]
     pub fn take_set_log(&mut self) -> Vec<(u16, u64, OpToken)> {
-        self.set_log.as_mut().map(std::mem::take).unwrap_or_default()
+        self.out.set.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// What the set did that the node's statistics leave out.
@@ -283,11 +278,6 @@ impl ReplicaSet {
             self.put_off_drops.contains(&k),
             self.lost.contains(&k)
         )
-    }
-
-    fn op(&mut self) -> OpToken {
-        self.next_op = self.next_op.wrapping_add(1);
-        self.next_op
     }
 
     /// Waits for granted `key`, held or arriving here, to leave: its departure keeps it here
@@ -395,8 +385,8 @@ impl ReplicaSet {
         let incarnations: Vec<u32> = wanted.iter().map(|&k| t.dynamic().map_or(0, |d| d.incarnation(k))).collect();
         self.making.extend(wanted.iter().map(|&k| (table, k)));
         self.pulling.extend(wanted.iter().map(|&k| (table, k)));
-        let op = self.op();
-        self.actions.push_back(ReplicaAction::MakePull { op, table, keys: wanted.clone() });
+        let op = self.out.op();
+        self.out.actions.push_back(ReplicaAction::MakePull { op, table, keys: wanted.clone() });
         self.makes.push(Make { op, table, keys: wanted, incarnations });
         true
     }
@@ -527,18 +517,19 @@ impl ReplicaSet {
             self.start_drain(table, waiting, None, Vec::new());
         }
         if !pushed.is_empty() {
-            self.push_drain(table, pushed.clone(), pushed, deltas, marked);
+            self.push_drain(table, pushed, deltas, marked, true);
         }
     }
 
-    /// Asks for a push of `deltas` (taken from the replicas of `keys` of `table`, or of
-    /// `pushed` when the replicas are gone already) and starts a drain for it, whose replicas
-    /// serve until it is acknowledged (or fails: a lost owner's drain ends all the same). The
-    /// `marked` keys' marks end with the drain.
-    fn push_drain(&mut self, table: u16, keys: Vec<u64>, pushed: Vec<u64>, deltas: Vec<f32>, marked: Vec<u64>) {
-        let op = self.op();
-        self.actions.push_back(ReplicaAction::DrainPush { op, table, keys: pushed, deltas });
-        self.start_drain(table, keys, Some(op), marked);
+    /// Asks for a push of `deltas` of `keys` of `table` and starts a drain for it: with
+    /// `replicas_stay`, the keys' replicas serve until it is acknowledged (or fails: a lost
+    /// owner's drain ends all the same); otherwise they are gone already (the last pushes of a
+    /// stopping service). The `marked` keys' marks end with the drain.
+    fn push_drain(&mut self, table: u16, keys: Vec<u64>, deltas: Vec<f32>, marked: Vec<u64>, replicas_stay: bool) {
+        let op = self.out.op();
+        let draining = if replicas_stay { keys.clone() } else { Vec::new() };
+        self.out.actions.push_back(ReplicaAction::DrainPush { op, table, keys, deltas });
+        self.start_drain(table, draining, Some(op), marked);
     }
 
     /// Starts draining the replicas of `keys` of `table` until `push` (of their deltas) is
@@ -621,8 +612,7 @@ impl ReplicaSet {
 
     /// Starts a round for `taken`; `counts`: as a sync even if it has nothing to wait for.
     fn begin_round(&mut self, ctx: &ReplicaContext<'_>, taken: Vec<TakenDeltas>, counts: bool) {
-        let mut out = RoundOutput { actions: &mut self.actions, next_op: &mut self.next_op, lost: &mut self.found_lost, set: self.set_log.as_mut() };
-        let round = SyncRound::start(ctx, &self.owners, &mut self.sync_id, taken, &mut out);
+        let round = SyncRound::start(ctx, &self.owners, &mut self.sync_id, taken, &mut self.out);
         if round.is_done() {
             // Nothing to wait for (every key lost, say): the round ends at once, and counts
             // only as a barrier's.
@@ -640,6 +630,13 @@ impl ReplicaSet {
     /// id.
     pub fn awaiting_acks(&self) -> Vec<(u16, u32)> {
         self.syncing.as_ref().map(|r| r.awaiting_acks().collect()).unwrap_or_default()
+    }
+
+    /// The keys and deltas of the round's message `id` to `owner`, while it waits for its
+    /// acknowledgement (the simulator's record of what reached the owners).
+    #[cfg(any(test, feature = "sim"))]
+    pub fn awaited_sync(&self, owner: u16, id: u32) -> Option<(&[u64], &[f32])> {
+        self.syncing.as_ref()?.awaited(owner, id)
     }
 
     /// The REPLICA_SYNCs that action `op` sends.
@@ -704,8 +701,7 @@ impl ReplicaSet {
             let make = self.makes.swap_remove(i);
             self.made(ctx, make, values)
         } else if let Some(round) = self.syncing.as_mut().filter(|r| r.routes(op)) {
-            let mut out = RoundOutput { actions: &mut self.actions, next_op: &mut self.next_op, lost: &mut self.found_lost, set: self.set_log.as_mut() };
-            round.handle_routed(ctx, op, values, &mut out)
+            round.handle_routed(ctx, op, values, &mut self.out)
         } else {
             Ok(())
         };
@@ -727,7 +723,7 @@ impl ReplicaSet {
             }
             Err(e) => {
                 self.not_made(ctx, table, &keys);
-                self.found_lost.extend(lost_key_among(&e, &keys).map(|key| (table, key)));
+                self.out.lost.extend(lost_key_among(&e, &keys).map(|key| (table, key)));
                 return Err(e);
             }
         };
@@ -746,9 +742,7 @@ impl ReplicaSet {
                         self.owners.remove(&(table, key));
                     }
                     self.keys.entry(table).or_default().insert(key);
-                    if let Some(log) = &mut self.set_log {
-                        log.push((table, key, op));
-                    }
+                    self.out.note_set(table, key, op);
                     made += 1;
                 }
                 // Held here: made when it leaves. Elsewhere again since the pull: made anew by
@@ -823,10 +817,7 @@ impl ReplicaSet {
     /// `owner` acknowledged message `id` of the round in flight with `ack`.
     pub fn handle_sync_ack(&mut self, ctx: &ReplicaContext<'_>, owner: u16, id: u32, ack: ReplicaSyncAck) -> Result<()> {
         let outcome = match self.syncing.as_mut() {
-            Some(round) => {
-                let mut out = RoundOutput { actions: &mut self.actions, next_op: &mut self.next_op, lost: &mut self.found_lost, set: self.set_log.as_mut() };
-                round.handle_ack(ctx, &mut self.owners, owner, id, ack, &mut out)
-            }
+            Some(round) => round.handle_ack(ctx, &mut self.owners, owner, id, ack, &mut self.out),
             None => Ok(()),
         };
         self.settle(ctx);
@@ -847,10 +838,7 @@ impl ReplicaSet {
     /// Image read `op` finished with the bytes read, or failed.
     pub fn handle_read(&mut self, ctx: &ReplicaContext<'_>, op: OpToken, copy: Result<Vec<u8>>) -> Result<()> {
         let outcome = match self.syncing.as_mut() {
-            Some(round) => {
-                let mut out = RoundOutput { actions: &mut self.actions, next_op: &mut self.next_op, lost: &mut self.found_lost, set: self.set_log.as_mut() };
-                round.handle_read(ctx, op, copy, &mut out)
-            }
+            Some(round) => round.handle_read(ctx, op, copy, &mut self.out),
             None => Ok(()),
         };
         self.settle(ctx);
@@ -863,11 +851,11 @@ impl ReplicaSet {
     /// its owner, rather than being served by a replica whose pushes would vanish. The driver
     /// calls this where its own worker may push (not in a barrier's round).
     pub fn forget_found_lost(&mut self, ctx: &ReplicaContext<'_>) {
-        if self.found_lost.is_empty() {
+        if self.out.lost.is_empty() {
             return;
         }
         let mut tables: BTreeMap<u16, Vec<u64>> = BTreeMap::new();
-        for (table, key) in std::mem::take(&mut self.found_lost) {
+        for (table, key) in std::mem::take(&mut self.out.lost) {
             if self.lost.insert((table, key)) {
                 tables.entry(table).or_default().push(key);
             }
@@ -939,9 +927,9 @@ impl ReplicaSet {
         if !again.is_empty() {
             ctx.counters.note_drained_again(again.len() as u64);
             // Every key drained again was marked (a refused one was put off).
-            self.push_drain(table, again.clone(), again.clone(), deltas, again);
+            self.push_drain(table, again.clone(), deltas, again, true);
         } else if !pushed.is_empty() {
-            self.push_drain(table, Vec::new(), pushed, deltas, marked);
+            self.push_drain(table, pushed, deltas, marked, false);
         }
     }
 

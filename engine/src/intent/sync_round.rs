@@ -62,25 +62,31 @@ pub(crate) struct SyncRound {
     incarnations: FastMap<(u16, u64), u32>,
 }
 
-/// Where a round's actions and notes go (the replica set's queues and counters).
-pub(crate) struct RoundOutput<'s> {
-    pub actions: &'s mut VecDeque<ReplicaAction>,
-    pub next_op: &'s mut OpToken,
+/// What the replica set and its rounds hand out: the actions for the driver, keys found lost,
+/// and (when the simulator looks) which replicas were set from which action's value.
+#[derive(Default)]
+pub(crate) struct Outbox {
+    /// Actions for the driver, in the order they were asked for.
+    pub actions: VecDeque<ReplicaAction>,
+    /// The last action's token.
+    next_op: OpToken,
     /// Keys found lost with their owners, for the replica set to drop.
-    pub lost: &'s mut Vec<(u16, u64)>,
-    /// Replicas set from their owners' values, with the token of the operation that fetched
-    /// them (the simulator's freshness check; `None` when nobody looks).
-    pub set: Option<&'s mut Vec<(u16, u64, OpToken)>>,
+    pub lost: Vec<(u16, u64)>,
+    /// Replicas set from their owners' values, with the token of the action that fetched them
+    /// (the simulator's freshness check; `None` when nobody looks).
+    pub set: Option<Vec<(u16, u64, OpToken)>>,
 }
 
-impl RoundOutput<'_> {
-    fn op(&mut self) -> OpToken {
-        *self.next_op = self.next_op.wrapping_add(1);
-        *self.next_op
+impl Outbox {
+    /// A new action's token.
+    pub fn op(&mut self) -> OpToken {
+        self.next_op = self.next_op.wrapping_add(1);
+        self.next_op
     }
 
-    fn note_set(&mut self, table: u16, key: u64, op: OpToken) {
-        if let Some(set) = self.set.as_deref_mut() {
+    /// The replica of `key` of `table` was set from the value action `op` fetched.
+    pub fn note_set(&mut self, table: u16, key: u64, op: OpToken) {
+        if let Some(set) = &mut self.set {
             set.push((table, key, op));
         }
     }
@@ -91,7 +97,7 @@ impl SyncRound {
     /// replicas): one REPLICA_SYNC per believed owner (a message at most half the largest one a
     /// peer accepts), a push-pull the homes route for keys without one. Message ids come from
     /// `next_id`.
-    pub fn start(ctx: &ReplicaContext<'_>, hints: &OwnerHints, next_id: &mut u32, taken: Vec<TakenDeltas>, out: &mut RoundOutput<'_>) -> SyncRound {
+    pub fn start(ctx: &ReplicaContext<'_>, hints: &OwnerHints, next_id: &mut u32, taken: Vec<TakenDeltas>, out: &mut Outbox) -> SyncRound {
         let mut round = SyncRound {
             send_op: None,
             parts: Vec::new(),
@@ -156,6 +162,12 @@ impl SyncRound {
         self.parts.iter().map(|p| (p.owner, p.id))
     }
 
+    /// The keys and deltas of message `id` to `owner`, while it waits for its acknowledgement.
+    #[cfg(any(test, feature = "sim"))]
+    pub fn awaited(&self, owner: u16, id: u32) -> Option<(&[u64], &[f32])> {
+        self.parts.iter().find(|p| (p.owner, p.id) == (owner, id)).map(|p| (&p.keys[..], &p.deltas[..]))
+    }
+
     /// Whether everything of the round completed.
     pub fn is_done(&self) -> bool {
         self.parts.is_empty() && self.reads.is_empty() && self.routed.is_empty()
@@ -187,15 +199,7 @@ impl SyncRound {
     /// items applied, routes the others (learning where they are), and hands keys whose values
     /// were lost with their owners to the replica set. An acknowledgement of no message sent is
     /// ignored.
-    pub fn handle_ack(
-        &mut self,
-        ctx: &ReplicaContext<'_>,
-        hints: &mut OwnerHints,
-        owner: u16,
-        id: u32,
-        ack: ReplicaSyncAck,
-        out: &mut RoundOutput<'_>,
-    ) -> Result<()> {
+    pub fn handle_ack(&mut self, ctx: &ReplicaContext<'_>, hints: &mut OwnerHints, owner: u16, id: u32, ack: ReplicaSyncAck, out: &mut Outbox) -> Result<()> {
         let Some(i) = self.parts.iter().position(|p| (p.owner, p.id) == (owner, id)) else { return Ok(()) };
         let part = self.parts.swap_remove(i);
         let count = part.keys.len();
@@ -245,7 +249,7 @@ impl SyncRound {
     /// Image read `op` finished with `copy` (the owner's slot images, in the keys' order), or
     /// failed: refreshes its replicas (a failure leaves them as they are until next time; the
     /// deltas were applied all the same). Returns an error for images that were torn.
-    pub fn handle_read(&mut self, ctx: &ReplicaContext<'_>, op: OpToken, copy: Result<Vec<u8>>, out: &mut RoundOutput<'_>) -> Result<()> {
+    pub fn handle_read(&mut self, ctx: &ReplicaContext<'_>, op: OpToken, copy: Result<Vec<u8>>, out: &mut Outbox) -> Result<()> {
         let Some(r) = self.reads.remove(&op) else { return Ok(()) };
         let copy = copy?;
         let t = ctx.store.table(r.table);
@@ -281,7 +285,7 @@ impl SyncRound {
     /// replicas, or (failed) leaves them as they are until next time, except those of keys the
     /// failure names lost with their owner. The deltas were handed to the protocol: like any
     /// push, they reach their owner unless it is lost.
-    pub fn handle_routed(&mut self, ctx: &ReplicaContext<'_>, op: OpToken, fresh: Result<Vec<f32>>, out: &mut RoundOutput<'_>) -> Result<()> {
+    pub fn handle_routed(&mut self, ctx: &ReplicaContext<'_>, op: OpToken, fresh: Result<Vec<f32>>, out: &mut Outbox) -> Result<()> {
         let Some(r) = self.routed.remove(&op) else { return Ok(()) };
         let mut fresh = match fresh {
             Ok(fresh) => fresh,
@@ -312,7 +316,7 @@ impl SyncRound {
     }
 
     /// Queues `keys`' `deltas` as a push-pull the homes route.
-    fn route(&mut self, ctx: &ReplicaContext<'_>, table: u16, keys: Vec<u64>, deltas: Vec<f32>, out: &mut RoundOutput<'_>) {
+    fn route(&mut self, ctx: &ReplicaContext<'_>, table: u16, keys: Vec<u64>, deltas: Vec<f32>, out: &mut Outbox) {
         ctx.counters.note_synced_by_push_pull(keys.len() as u64);
         let op = out.op();
         self.routed.insert(op, Refreshing { table, keys: keys.clone() });

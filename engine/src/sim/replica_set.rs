@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 
 use super::{InFlight, ScriptOp, Sim, is_loss, queued};
 use crate::intent::{OpToken, ReplicaAction, ReplicaContext, ReplicaSet};
-use crate::protocol::{AccessKind, Issued, OpId, OutgoingSync, PullTarget};
+use crate::protocol::{AccessKind, Issued, OpId, PullTarget};
 
 /// What the simulated replica sets did over a run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -88,8 +88,6 @@ pub(super) struct SimReplicaSet {
     /// round's REPLICA_SYNCs): a replica set from its answer includes every push at the owner
     /// then.
     issued_at: BTreeMap<OpToken, u64>,
-    /// The REPLICA_SYNCs sent, by owner and id: keys and deltas.
-    sent: BTreeMap<(u16, u32), (Vec<u64>, Vec<f32>)>,
     /// Per key, the replica's incarnation and a time such that its value includes every push
     /// that was at the owner then (when the request that last set it was sent).
     pub(super) fresh: BTreeMap<u64, (u32, u64)>,
@@ -116,16 +114,6 @@ struct ServiceOp {
     op: OpId,
     token: OpToken,
     kind: ServiceKind,
-    keys: Vec<u64>,
-    deltas: Vec<f32>,
-}
-
-/// A REPLICA_SYNC the replica set sent, as the simulation keeps it.
-struct SentSync {
-    owner: u16,
-    table: u16,
-    id: u32,
-    offset: u32,
     keys: Vec<u64>,
     deltas: Vec<f32>,
 }
@@ -310,26 +298,12 @@ impl Sim {
                 self.log(format!("worker {w}@{node} pulls {keys:?} to make replicas"));
                 self.replica_counts.pulls += 1;
                 self.replica_sets[node].issued_at.insert(token, now);
-                let lanes = self.opts.lanes;
-                let issued = self.worker_event(w, |step, req| {
-                    req.making_replicas = true;
-                    let issued = step.issue_access(req, AccessKind::Pull, 0, &keys, &[], PullTarget::Owned(vec![0.0; keys.len() * lanes]), None);
-                    req.making_replicas = false;
-                    issued
-                })?;
-                match issued {
-                    Some(Issued::Pending { op, more }) => {
-                        if more {
-                            self.send_all_parts(w, op, &keys, &[], true)?;
-                        }
-                        self.service_op_issued(w, ServiceOp { op, token, kind: ServiceKind::Make, keys, deltas: Vec::new() });
-                        Ok(())
-                    }
-                    Some(Issued::Done(values)) => {
-                        let outcome = self.with_replica_set(node, |m, ctx| m.handle_pulled(ctx, token, Ok(values.unwrap_or_default())));
+                match self.issue_service_access(w, token, ServiceKind::Make, &keys, &[])? {
+                    None => Ok(()),
+                    Some(values) => {
+                        let outcome = self.with_replica_set(node, |m, ctx| m.handle_pulled(ctx, token, Ok(values)));
                         self.replica_outcome(node, outcome)
                     }
-                    None => Err(format!("node {node} could not send a pull to make replicas")),
                 }
             }
             ReplicaAction::DrainPush { op: token, keys, deltas, .. } => {
@@ -341,49 +315,30 @@ impl Sim {
                 self.log(format!("worker {w}@{node} routes the sync of {keys:?}"));
                 self.replica_counts.sync_routed += keys.len();
                 self.replica_sets[node].issued_at.insert(token, now);
-                let lanes = self.opts.lanes;
-                let issued = self.worker_event(w, |step, req| {
-                    step.issue_access(req, AccessKind::PushPull, 0, &keys, &deltas, PullTarget::Owned(vec![0.0; keys.len() * lanes]), None)
-                })?;
-                match issued {
-                    Some(Issued::Pending { op, more }) => {
-                        if more {
-                            self.send_all_parts(w, op, &keys, &deltas, false)?;
-                        }
-                        self.service_op_issued(w, ServiceOp { op, token, kind: ServiceKind::Routed, keys, deltas });
-                        Ok(())
-                    }
+                match self.issue_service_access(w, token, ServiceKind::Routed, &keys, &deltas)? {
+                    None => Ok(()),
                     // The keys landed here since their deltas were taken: applied to them here.
-                    Some(Issued::Done(values)) => {
+                    Some(values) => {
                         self.note_delivered(node, &keys, &deltas);
-                        let outcome = self.with_replica_set(node, |m, ctx| m.handle_pulled(ctx, token, Ok(values.unwrap_or_default())));
+                        let outcome = self.with_replica_set(node, |m, ctx| m.handle_pulled(ctx, token, Ok(values)));
                         self.replica_outcome(node, outcome)
                     }
-                    None => Err(format!("node {node} could not route the sync of {keys:?}")),
                 }
             }
             ReplicaAction::SendSyncs { op: token } => {
-                // Owned copies: the step that sends them borrows the simulation.
-                let syncs: Vec<SentSync> = self.replica_sets[node]
-                    .machine
-                    .syncs_to_send(token)
-                    .into_iter()
-                    .map(|s| SentSync { owner: s.owner, table: s.table, id: s.id, offset: s.offset, keys: s.keys.to_vec(), deltas: s.deltas.to_vec() })
-                    .collect();
-                let keys: usize = syncs.iter().map(|s| s.keys.len()).sum();
-                self.log(format!("worker {w}@{node} sends {} REPLICA_SYNCs of {keys} deltas", syncs.len()));
                 self.replica_counts.syncs += 1;
-                self.replica_counts.synced += keys;
                 self.replica_sets[node].issued_at.insert(token, now);
-                let outgoing: Vec<OutgoingSync<'_>> = syncs
-                    .iter()
-                    .map(|s| OutgoingSync { owner: s.owner, table: s.table, id: s.id, offset: s.offset, keys: &s.keys, deltas: &s.deltas })
-                    .collect();
-                self.worker_event(w, |step, _| queued(step.send_replica_syncs(&outgoing)))?;
-                for s in syncs {
-                    self.replica_sets[node].sent.insert((s.owner, s.id), (s.keys, s.deltas));
-                }
-                Ok(())
+                // Out of the simulation while the step that sends its messages borrows it (the
+                // step touches no replica set).
+                let machine = std::mem::take(&mut self.replica_sets[node].machine);
+                let syncs = machine.syncs_to_send(token);
+                let keys: usize = syncs.iter().map(|s| s.keys.len()).sum();
+                self.replica_counts.synced += keys;
+                self.log(format!("worker {w}@{node} sends {} REPLICA_SYNCs of {keys} deltas", syncs.len()));
+                let sent = self.worker_event(w, |step, _| queued(step.send_replica_syncs(&syncs)));
+                drop(syncs);
+                self.replica_sets[node].machine = machine;
+                sent.map(drop)
             }
             ReplicaAction::ReadImages { op: token, owner, remote, bytes } => {
                 self.log(format!("worker {w}@{node} reads {bytes} bytes of images from node {owner}"));
@@ -445,24 +400,47 @@ impl Sim {
         let node = self.workers[w].node;
         self.log(format!("worker {w}@{node} pushes the deltas of dropped replicas {keys:?}"));
         self.replica_counts.drain_pushes += 1;
-        let issued = self.worker_event(w, |step, req| step.issue_access(req, AccessKind::Push, 0, &keys, &deltas, PullTarget::None, None))?;
+        if self.issue_service_access(w, token, ServiceKind::Drain, &keys, &deltas)?.is_none() {
+            return Ok(());
+        }
+        // Every key landed here since its delta was taken (which its marks keep `localize` from
+        // doing): served here, the drain's push is done.
+        self.note_delivered(node, &keys, &deltas);
+        let outcome = self.with_replica_set(node, |m, ctx| m.handle_pushed(ctx, token, Ok(())));
+        self.replica_outcome(node, outcome)?;
+        self.run_replica_actions(w)
+    }
+
+    /// Service worker `w` issues the access that action `token` of `kind` asks for (a make's
+    /// pull, flagged as making replicas; a routed push-pull; a drain's push) on `keys` with
+    /// `input`, all its parts within the call as the service's worker does. Returns `None` while
+    /// it is in flight (among the worker's operations), or the values it returned when it was
+    /// served here at once.
+    fn issue_service_access(&mut self, w: usize, token: OpToken, kind: ServiceKind, keys: &[u64], input: &[f32]) -> Result<Option<Vec<f32>>, String> {
+        let node = self.workers[w].node;
+        let (access, making) = match kind {
+            ServiceKind::Make => (AccessKind::Pull, true),
+            ServiceKind::Routed => (AccessKind::PushPull, false),
+            ServiceKind::Drain => (AccessKind::Push, false),
+        };
+        let lanes = self.opts.lanes;
+        let issued = self.worker_event(w, |step, req| {
+            let target = if access.returns_values() { PullTarget::Owned(vec![0.0; keys.len() * lanes]) } else { PullTarget::None };
+            req.making_replicas = making;
+            let issued = step.issue_access(req, access, 0, keys, input, target, None);
+            req.making_replicas = false;
+            issued
+        })?;
         match issued {
             Some(Issued::Pending { op, more }) => {
                 if more {
-                    self.send_all_parts(w, op, &keys, &deltas, false)?;
+                    self.send_all_parts(w, op, keys, input, making)?;
                 }
-                self.service_op_issued(w, ServiceOp { op, token, kind: ServiceKind::Drain, keys, deltas });
-                Ok(())
+                self.service_op_issued(w, ServiceOp { op, token, kind, keys: keys.to_vec(), deltas: input.to_vec() });
+                Ok(None)
             }
-            Some(Issued::Done(_)) => {
-                // Every key landed here since its delta was taken (which its marks keep
-                // `localize` from doing): served here, the drain's push is done.
-                self.note_delivered(node, &keys, &deltas);
-                let outcome = self.with_replica_set(node, |m, ctx| m.handle_pushed(ctx, token, Ok(())));
-                self.replica_outcome(node, outcome)?;
-                self.run_replica_actions(w)
-            }
-            None => Err(format!("node {node} could not push the drained deltas of {keys:?}")),
+            Some(Issued::Done(values)) => Ok(Some(values.unwrap_or_default())),
+            None => Err(format!("node {node} could not issue the service's {access:?} of {keys:?}")),
         }
     }
 
@@ -503,7 +481,7 @@ impl Sim {
                 let acks = core.replica_sync_acks();
                 let outcome = match acks.take(owner, id) {
                     Some(ack) => {
-                        if let Some((keys, deltas)) = self.replica_sets[node].sent.remove(&(owner, id)) {
+                        if let Some((keys, deltas)) = self.replica_sets[node].machine.awaited_sync(owner, id) {
                             let lanes = self.opts.lanes;
                             let held = ack.held.iter().filter(|&&i| (i as usize) < keys.len());
                             let (held_keys, held_deltas): (Vec<u64>, Vec<f32>) = (
@@ -521,7 +499,6 @@ impl Sim {
                         let error = core.directory().lost_error(owner);
                         self.replica_counts.sync_abandoned += 1;
                         self.failed_ops += 1;
-                        self.replica_sets[node].sent.remove(&(owner, id));
                         self.with_replica_set(node, |m, ctx| m.handle_sync_unanswered(ctx, owner, id, error))
                     }
                     None => continue,
