@@ -16,11 +16,13 @@ use crate::runtime::{Callbacks, NodeInner};
 use crate::stats::Stats;
 use crate::store::{PageKind, Store};
 use crate::table::Table;
-use crate::worker::Worker;
+use crate::worker::{IntentService, Worker};
 
 /// A running node: one process's share of the cluster.
 pub struct Node {
     inner: Arc<NodeInner>,
+    /// The workers' intents and the thread acting on them (handed to every worker).
+    intents: Arc<IntentService>,
     timer: Option<JoinHandle<()>>,
     replication: Option<JoinHandle<()>>,
     finished: bool,
@@ -82,7 +84,10 @@ impl Node {
         } else {
             None
         };
-        Ok(Node { inner, timer: Some(timer), replication, finished: false })
+        let intents = Arc::new(IntentService::default());
+        let listener: Arc<dyn crate::runtime::GrantListener> = intents.clone();
+        inner.listen_for_grants(Arc::downgrade(&listener));
+        Ok(Node { inner, intents, timer: Some(timer), replication, finished: false })
     }
 
     /// Starts `nodes` nodes inside this process, connected over loopback TCP, with `template`'s
@@ -140,7 +145,7 @@ impl Node {
 
     /// A handle for one trainer thread.
     pub fn worker(&self) -> Worker {
-        Worker::new(self.inner.clone())
+        Worker::new(self.inner.clone(), self.intents.clone())
     }
 
     /// This node's statistics.
@@ -248,7 +253,7 @@ impl Node {
         if live > 0 {
             return Err(Error::WorkersAlive(live));
         }
-        self.inner.intents.stop();
+        self.intents.stop();
         // The replication thread stops first (a round of its own could still be talking to a
         // peer that already left); then the replicas' last pushes go home before anyone leaves.
         self.stop_replication();
@@ -292,7 +297,7 @@ impl Node {
         // Fail whatever still waits, so that no worker stays blocked (the intent thread's
         // worker included, which then ends).
         self.inner.shut_down_workers();
-        self.inner.intents.stop();
+        self.intents.stop();
     }
 }
 

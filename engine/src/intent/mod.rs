@@ -11,7 +11,7 @@
 //!   (Section 4.1 and Appendix B.1) — made, synced through their owners, drained and dropped.
 //!
 //! All of it is deterministic, with no thread, clock, lock or I/O of its own: the service's
-//! thread (`runtime::intent`) feeds it clocks, declarations, grants and the outcomes of what it
+//! thread (`worker::intent`) feeds it clocks, declarations, grants and the outcomes of what it
 //! asked for, and does the I/O; the simulator (`sim`) runs the same code among simulated
 //! workers and network. See `docs/INTENT.md` for what holds.
 

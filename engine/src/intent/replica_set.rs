@@ -1,5 +1,5 @@
 //! Run-time replicas of keys several nodes intend at once (AdaPM, Section 4.1 and Appendix
-//! B.1), as a state machine: the intent service's driver (`runtime::intent::replicas`) and the
+//! B.1), as a state machine: the intent service's driver (`worker::intent::replicas`) and the
 //! simulator feed it grants, drops, rounds and the outcomes of what it asked for, and execute
 //! the actions it queues — pull a key's value to make a replica, push a dropped replica's delta,
 //! send REPLICA_SYNCs, read an owner's images, route a push-pull. It has no thread, clock, lock,

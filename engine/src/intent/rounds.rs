@@ -2,7 +2,7 @@
 //! windows its workers declared ([`IntentTable`]), each worker's action timing
 //! ([`ActionTiming`]), each round's level changes for the homes, and what becomes of the homes'
 //! grants (moves of keys still intended and not here, replicas, unwanted replica grants). The
-//! service's thread (`runtime::intent::service`) feeds it declarations, clocks, grants and
+//! service's thread (`worker::intent::service`) feeds it declarations, clocks, grants and
 //! landings and does what it answers; the simulator feeds it the same.
 
 use std::collections::BTreeMap;

@@ -12,7 +12,6 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex, RwLock};
 
-mod intent;
 mod replication;
 
 use crate::config::Config;
@@ -64,8 +63,19 @@ pub(crate) struct NodeInner {
     pub replication_rounds: Mutex<crate::replication::Rounds>,
     /// Tells the replication thread to stop (finalize stops it before its last round).
     pub replication_stop: AtomicBool,
-    /// The workers' intents and the thread acting on them.
-    pub intents: intent::IntentService,
+    /// Told when the homes granted this node moves or replicas (the intent service, which sits
+    /// above the runtime and registers itself at start-up: see [`GrantListener`]).
+    grant_listener: std::sync::OnceLock<std::sync::Weak<dyn GrantListener>>,
+}
+
+/// A service above the runtime that acts on the homes' grants (INTENT_GO) posted for this
+/// node: the fabric's frame handler tells it, after posting, while a grant waits. Registered
+/// weakly ([`NodeInner::listen_for_grants`]), so that the runtime never names the service nor
+/// keeps it alive.
+pub(crate) trait GrantListener: Send + Sync {
+    /// Grants wait to be taken up (called for every frame while they do: cheap when the
+    /// listener is awake already).
+    fn grants_waiting(&self);
 }
 
 impl NodeInner {
@@ -89,8 +99,14 @@ impl NodeInner {
             timer_cv: Condvar::new(),
             replication_rounds: Mutex::new(crate::replication::Rounds::default()),
             replication_stop: AtomicBool::new(false),
-            intents: Default::default(),
+            grant_listener: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Registers the service that takes up this node's grants (see [`GrantListener`]; once, at
+    /// start-up: a second listener is ignored).
+    pub fn listen_for_grants(&self, listener: std::sync::Weak<dyn GrantListener>) {
+        let _ = self.grant_listener.set(listener);
     }
 
     /// Marks `peer` lost (once; later calls change nothing) and fails what depended on it.
@@ -521,8 +537,10 @@ impl FabricHandler for Callbacks {
         if node.core.directory().losses() != losses {
             node.disconnect_lost();
         }
-        if node.core.intent_go_waiting() {
-            node.intents.wake_for_grants();
+        if node.core.intent_go_waiting()
+            && let Some(listener) = node.grant_listener.get().and_then(|l| l.upgrade())
+        {
+            listener.grants_waiting();
         }
         if let Err(e) = result {
             tracing::error!(node = node.config.rank, peer = from, error = %e, "closing the connection to a peer that broke the protocol");

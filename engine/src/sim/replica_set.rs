@@ -2,7 +2,7 @@
 //! state machine, [`crate::intent::ReplicaSet`] — driven by a service worker of the node among
 //! the random relocations, intents and accesses of a simulated cluster, on a range of keys
 //! ([`super::SimOptions::run_time_replicas`]). This file is the simulator's driver of that
-//! machine, as `runtime::intent::replicas` is the node's: it feeds the machine the homes'
+//! machine, as `worker::intent::replicas` is the node's: it feeds the machine the homes'
 //! grants and random makes, drops and sync rounds (each service step first does what the
 //! service's round does: adopt kept replicas, make those of keys that left, retry put-off
 //! drops), executes the actions it asks for through the service worker (which bypasses

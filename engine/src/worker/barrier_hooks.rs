@@ -44,15 +44,15 @@ struct Intents;
 
 impl BarrierHooks for Intents {
     fn before_barrier(&self, worker: &mut Worker) -> Result<()> {
-        let node = worker.node.clone();
-        node.intents.signal_levels(&node, worker)?;
-        node.intents.sync_replicas(&node, worker)
+        let (node, service) = (worker.node.clone(), worker.intent_service.clone());
+        service.signal_levels(&node, worker)?;
+        service.sync_replicas(&node, worker)
     }
 
     fn after_barrier(&self, worker: &mut Worker) -> Result<()> {
-        let node = worker.node.clone();
-        node.intents.take_up_grants(&node);
-        node.intents.sync_replicas(&node, worker)
+        let (node, service) = (worker.node.clone(), worker.intent_service.clone());
+        service.take_up_grants(&node);
+        service.sync_replicas(&node, worker)
     }
 }
 

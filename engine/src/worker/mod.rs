@@ -1,7 +1,10 @@
 //! The handle a trainer thread holds.
 
 mod barrier_hooks;
+mod intent;
 mod sampling;
+
+pub(crate) use intent::IntentService;
 
 pub use sampling::SampleHandle;
 
@@ -67,7 +70,10 @@ pub struct Worker {
     /// finalize waiting (the intent service's own worker does none of these).
     member: bool,
     /// Whether this worker declared intent (its accesses are then checked for lateness).
-    intents: bool,
+    declared: bool,
+    /// The node's intent service (the worker declares to it, tells it its clocks, and its
+    /// barriers run the service's hooks).
+    intent_service: Arc<IntentService>,
 }
 
 /// An asynchronous push, set or localize in flight; pass it to [`Worker::wait`].
@@ -86,14 +92,14 @@ pub struct PullTicket {
 }
 
 impl Worker {
-    pub(crate) fn new(node: Arc<NodeInner>) -> Worker {
-        Worker::register(node, true)
+    pub(crate) fn new(node: Arc<NodeInner>, intent_service: Arc<IntentService>) -> Worker {
+        Worker::register(node, intent_service, true)
     }
 
     /// A worker outside the clocks and barriers, which never holds the trainer's workers back
     /// (the intent service's).
-    pub(crate) fn unclocked(node: Arc<NodeInner>) -> Worker {
-        Worker::register(node, false)
+    pub(crate) fn unclocked(node: Arc<NodeInner>, intent_service: Arc<IntentService>) -> Worker {
+        Worker::register(node, intent_service, false)
     }
 
     /// Makes this worker's accesses skip (`true`) or use this node's run-time replicas.
@@ -104,7 +110,7 @@ impl Worker {
     }
 
     /// Registers a worker with the node (and, for a `member`, with the clocks).
-    fn register(node: Arc<NodeInner>, member: bool) -> Worker {
+    fn register(node: Arc<NodeInner>, intent_service: Arc<IntentService>, member: bool) -> Worker {
         let (index, first_seq, inbox) = node.register_worker(member);
         let requester = node.core.requester(index, first_seq);
         let mut tx = node.core.transmit();
@@ -117,7 +123,7 @@ impl Worker {
                 Ok(Progress::Done)
             });
         }
-        Worker { node, index, requester, inbox, tx, samplers: Vec::new(), range_keys: Vec::new(), clock, member, intents: false }
+        Worker { node, index, requester, inbox, tx, samplers: Vec::new(), range_keys: Vec::new(), clock, member, declared: false, intent_service }
     }
 
     /// This worker's number on its node.
@@ -233,7 +239,7 @@ impl Worker {
         // access that returns refills `remote_keys`), so that an access served here costs
         // nothing more. The service's own accesses, which bypass replicas to sync them, are not
         // the trainer's and are not counted.
-        let count_late = self.intents && !self.requester.bypass_replicas;
+        let count_late = self.declared && !self.requester.bypass_replicas;
         // Backpressure: a peer's full send queue holds the worker here, before it adds more.
         node.fabric.wait_for_room(node.config.op_timeout)?;
         let mut issued = None;
@@ -256,7 +262,7 @@ impl Worker {
                 let t = node.core.store().table(table.id);
                 away.retain(|&key| !t.has_dynamic_replica(key));
             }
-            let late = node.intents.count_late(node.core.intent_homes(), table.id, away, self.index, self.clock);
+            let late = self.intent_service.count_late(node.core.intent_homes(), table.id, away, self.index, self.clock);
             node.core.intent_counters().note_late(&late);
         }
         if let Issued::Pending { op, more: true } = issued {
@@ -490,7 +496,7 @@ impl Worker {
         let node = self.node.clone();
         // An explicit localize of keys replicated here at run time: their deltas must not be on
         // their way to the old owner when they land (see `store::dynamic::SyncMarks`).
-        if !granted && let Some(d) = node.core.store().table(table.id).dynamic().filter(|d| d.any() || d.any_making() || node.intents.is_running()) {
+        if !granted && let Some(d) = node.core.store().table(table.id).dynamic().filter(|d| d.any() || d.any_making() || self.intent_service.is_running()) {
             let in_sync = d.begin_localize(keys);
             let synced = in_sync.is_empty() || d.wait_synced(&in_sync, Instant::now() + node.config.op_timeout);
             let outcome = if synced {
@@ -672,8 +678,8 @@ impl Worker {
         })?;
         let completed = completed.ok_or(Error::ShutDown)?;
         self.clock = completed;
-        if self.intents {
-            node.intents.note_clock(self.index, completed);
+        if self.declared {
+            self.intent_service.note_clock(self.index, completed);
         }
         if let Some(tau) = node.config.max_delay {
             node.wait_clock(completed.saturating_sub(tau), timeout)?;
@@ -728,10 +734,9 @@ impl Worker {
         if start == end || end <= self.clock || keys.is_empty() || !self.node.config.relocation || self.node.config.nodes < 2 {
             return Ok(());
         }
-        self.intents = true;
+        self.declared = true;
         self.requester.remote_keys.get_or_insert_with(Vec::new);
-        let node = self.node.clone();
-        node.intents.declare(&node, self.index, self.clock, table, keys, start..end)
+        self.intent_service.declare(&self.node, self.index, self.clock, table, keys, start..end)
     }
 
     /// This node's statistics.
@@ -750,8 +755,8 @@ impl Drop for Worker {
                 Ok(Progress::Done)
             });
         }
-        if self.intents {
-            self.node.intents.forget_worker(index);
+        if self.declared {
+            self.intent_service.forget_worker(index);
         }
         self.node.retire_worker(self.index, self.requester.next_seq(), self.member);
     }

@@ -127,7 +127,7 @@ impl IntentService {
     /// Worker `worker`, in clock `clock`, will need `keys` of `table` in clocks `window`. Keys
     /// the node cannot move (replicated keys) are left out. Starts the service thread with the
     /// first intent.
-    pub fn declare(&self, node: &Arc<NodeInner>, worker: u16, clock: u64, table: Table, keys: &[u64], window: std::ops::Range<u64>) -> Result<()> {
+    pub fn declare(self: &Arc<Self>, node: &Arc<NodeInner>, worker: u16, clock: u64, table: Table, keys: &[u64], window: std::ops::Range<u64>) -> Result<()> {
         let store = node.core.store();
         let replicas = store.table(table.id).replicas();
         let mut state = self.state.lock();
@@ -142,11 +142,11 @@ impl IntentService {
         node.core.intent_counters().note_declared(added);
         if !self.running.load(Ordering::Acquire) && !self.stop.load(Ordering::Acquire) {
             // The service's worker is outside barriers and finalize's count of live workers.
-            let own = Worker::unclocked(node.clone());
-            let service_node = node.clone();
+            let own = Worker::unclocked(node.clone(), self.clone());
+            let (service, service_node) = (self.clone(), node.clone());
             let handle = std::thread::Builder::new()
                 .name(format!("ferry{}-intent", node.config.rank))
-                .spawn(move || service_node.intents.run(&service_node, own))
+                .spawn(move || service.run(&service_node, own))
                 .map_err(|e| Error::Transport(format!("cannot start the intent thread: {e}")))?;
             *self.thread.lock() = Some(handle);
             self.running.store(true, Ordering::Release);
@@ -186,16 +186,6 @@ impl IntentService {
     pub fn wake(&self) {
         let _state = self.state.lock();
         self.wake.notify_all();
-    }
-
-    /// Wakes the service if it rests (a move or replica was granted to this node; called after
-    /// posting it). Called for every frame while a grant waits, so a service that is awake is
-    /// left alone: it acts on the grant before it rests again.
-    pub fn wake_for_grants(&self) {
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.resting.load(Ordering::Relaxed) {
-            self.wake();
-        }
     }
 
     /// Worker `worker` left: its intents end.
@@ -622,7 +612,7 @@ impl IntentService {
     }
 
     /// Marks the service as resting, before it checks for grants one last time and sleeps.
-    /// Paired with the fence in `wake_for_grants`: either the check sees the grant, or the
+    /// Paired with the fence in `grants_waiting`: either the check sees the grant, or the
     /// poster sees the service resting and wakes it.
     fn begin_resting(&self) {
         self.resting.store(true, Ordering::Relaxed);
@@ -630,7 +620,7 @@ impl IntentService {
     }
 
     /// Sleeps until `until`, a move or replica granted to this node, a worker waiting for a
-    /// round, or the stop. While asleep, [`IntentService::wake_for_grants`] wakes it.
+    /// round, or the stop. While asleep, a grant wakes it (`GrantListener::grants_waiting`).
     fn rest(&self, node: &NodeInner, until: Instant) {
         let mut state = self.state.lock();
         self.begin_resting();
@@ -766,6 +756,18 @@ impl IntentService {
             }
         }
         true
+    }
+}
+
+impl crate::runtime::GrantListener for IntentService {
+    /// Wakes the service if it rests (a move or replica was granted to this node; called after
+    /// posting it). Called for every frame while a grant waits, so a service that is awake is
+    /// left alone: it acts on the grant before it rests again.
+    fn grants_waiting(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.resting.load(Ordering::Relaxed) {
+            self.wake();
+        }
     }
 }
 
