@@ -84,7 +84,7 @@ impl Node {
         } else {
             None
         };
-        let intents = Arc::new(IntentService::default());
+        let intents = Arc::new(IntentService::new(&inner.config));
         let listener: Arc<dyn crate::runtime::GrantListener> = intents.clone();
         inner.listen_for_grants(Arc::downgrade(&listener));
         Ok(Node { inner, intents, timer: Some(timer), replication, finished: false })

@@ -411,8 +411,9 @@ enum ScriptOp {
         start: u64,
         len: u64,
     },
-    /// The service runs a round of its node's intents.
-    IntentRound,
+    /// The intent service's thread gets a core: it does what its schedule says now (a round,
+    /// taking up the grants, or nothing while it rests).
+    IntentService,
     /// A barrier's sync round of the replicas (`ReplicaSet::sync_now`), once nothing drains
     /// or syncs and no key with a dirty replica is arriving here.
     SyncReplicasNow,
@@ -559,8 +560,8 @@ struct Sim {
     replica_sets: Vec<SimReplicaSet>,
     /// What the replica sets did.
     replica_counts: ReplicaSetCounts,
-    /// Each node's intents (see [`SimOptions::declared_intents`]).
-    intent_rounds: Vec<crate::intent::IntentRounds>,
+    /// Each node's intents and service schedule (see [`SimOptions::declared_intents`]).
+    intent_services: Vec<intent_rounds::SimIntentService>,
     declared: DeclaredIntentCounts,
     /// The slow link's channel (see [`SimOptions::slow_link`]).
     slow_link: Option<usize>,
@@ -762,7 +763,7 @@ impl Sim {
             syncs: SyncCounts::default(),
             replica_sets,
             replica_counts: ReplicaSetCounts::default(),
-            intent_rounds: (0..if opts.declared_intents { opts.nodes } else { 0 }).map(|_| crate::intent::IntentRounds::default()).collect(),
+            intent_services: (0..if opts.declared_intents { opts.nodes } else { 0 }).map(|_| intent_rounds::SimIntentService::new()).collect(),
             declared: DeclaredIntentCounts::default(),
             slow_link: opts.slow_link.then(|| {
                 let (from, to) = (rng.gen_range(0..opts.nodes), rng.gen_range(1..opts.nodes.max(2)));
@@ -911,7 +912,7 @@ impl Sim {
                 });
                 // The intent service's rounds, as often as its other steps.
                 if opts.declared_intents {
-                    script.push_back(ScriptOp::IntentRound);
+                    script.push_back(ScriptOp::IntentService);
                 }
             }
             script.push_back(ScriptOp::StopReplicas);
@@ -950,11 +951,11 @@ impl Sim {
             if self.nodes[node].crashed || !self.nodes[node].core.intent_go_waiting() {
                 continue;
             }
-            let granted = self.nodes[node].core.take_intent_go();
+            // Declared intents: the grants wait for the service's schedule to take them up.
             if self.opts.declared_intents {
-                self.take_declared_grants(node, granted);
                 continue;
             }
+            let granted = self.nodes[node].core.take_intent_go();
             let Some(w) = (0..self.workers.len()).find(|&w| self.workers[w].node == node) else { continue };
             for (_, grant, keys) in granted {
                 // Replicas are kept by the intent service with ordinary pushes and pulls, which
@@ -1404,7 +1405,7 @@ impl Sim {
             return Ok(());
         }
         let op = self.workers[w].script.pop_front().expect("runnable");
-        self.workers[w].intent_clock += 1;
+        self.advance_intent_clock(w);
         let lanes = self.opts.lanes;
         match op {
             ScriptOp::WaitAll => {
@@ -1459,7 +1460,7 @@ impl Sim {
                 self.send_replica_sync(w, keys, lanes)?;
             }
             ScriptOp::Declare { keys, start, len } => self.declare_intent(w, keys, start, len),
-            ScriptOp::IntentRound => self.intent_round(w)?,
+            ScriptOp::IntentService => self.intent_service_step(w)?,
             ScriptOp::Intent { keys, level } => {
                 self.log(format!("worker {w}@{node} intent {level:?} on {keys:?}"));
                 self.worker_event(w, |step, _| {

@@ -503,11 +503,14 @@ fn declared_intents_run_the_services_rounds() {
         let declared: u64 = reports.iter().map(|r| r.declared_intents.declared).sum();
         let (rounds, told, ended, moves, replicas, unwanted) =
             (sum(|c| c.rounds), sum(|c| c.levels_told), sum(|c| c.ended), sum(|c| c.moves), sum(|c| c.replicas), sum(|c| c.unwanted));
+        let (acts, rests) = (sum(|c| c.acts), sum(|c| c.rests));
         let made = reports.iter().map(|r| r.run_time_replicas.made).sum::<usize>();
         eprintln!(
-            "{name}: {declared} windows, {rounds} rounds, {told} levels told ({ended} ends), {moves} moves, {replicas} replica grants taken ({made} made), {unwanted} unwanted"
+            "{name}: {declared} windows, {rounds} rounds, {acts} acts, {rests} rests, {told} levels told ({ended} ends), {moves} moves, {replicas} replica grants taken ({made} made), {unwanted} unwanted"
         );
-        // Not vacuous: the rounds tell levels, and the grants come back as moves and replicas.
+        // Not vacuous: the schedule runs rounds, acts and rests; the rounds tell levels, and the
+        // grants come back as moves and replicas.
+        assert!(rounds > 0 && acts > 0 && rests > 0, "{name}: the service's schedule was never exercised");
         assert!(declared > 0 && told > 0 && ended > 0 && moves > 0 && replicas > 0, "{name}: the intent rounds were never exercised");
     }
 }

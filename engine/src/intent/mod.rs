@@ -7,6 +7,8 @@
 //! * `rounds`: what the node's intent service decides each communication round — the workers'
 //!   horizons, the windows moved along, the level changes each key's home must learn, and what
 //!   becomes of the homes' grants (moves of keys still intended, replicas, unwanted replicas);
+//! * `schedule`: when the service acts — its rounds' cadence, its rests and what wakes it — and
+//!   what workers wait for around a barrier (a round told, the grants taken up);
 //! * `replica_set` and `sync_round`: the run-time replicas of keys several nodes intend at once
 //!   (Section 4.1 and Appendix B.1) — made, synced through their owners, drained and dropped.
 //!
@@ -18,12 +20,14 @@
 mod replica_set;
 mod replica_store;
 mod rounds;
+mod schedule;
 mod sync_round;
 
 use std::collections::BTreeMap;
 
 pub(crate) use replica_set::{OpToken, ReplicaAction, ReplicaContext, ReplicaSet};
 pub(crate) use rounds::{GrantsTaken, IntentRounds, LevelChanges};
+pub(crate) use schedule::{Nanos, Next, ServiceSchedule};
 
 use crate::keymap::KeyMap;
 pub use crate::protocol::IntentLevel;

@@ -125,6 +125,12 @@ impl SimReplicaSet {
         machine.observe();
         SimReplicaSet { worker, machine, ..SimReplicaSet::default() }
     }
+
+    /// Whether replicas are kept or replica operations are in flight (the service's schedule
+    /// keeps rounds coming while so).
+    pub(super) fn busy(&self) -> bool {
+        self.machine.busy()
+    }
 }
 
 impl Sim {
@@ -197,8 +203,8 @@ impl Sim {
                     return Err("the simulated table keeps no run-time replicas".into());
                 }
                 // As the service notes a replica grant its replica set took.
-                if granted && let Some(rounds) = self.intent_rounds.get_mut(node) {
-                    rounds.replicas_taken(0, &keys);
+                if granted && let Some(service) = self.intent_services.get_mut(node) {
+                    service.rounds.replicas_taken(0, &keys);
                     self.declared.replicas += keys.len();
                 }
             }

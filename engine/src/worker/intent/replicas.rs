@@ -35,11 +35,22 @@ pub(crate) struct ReplicaDriver {
     reads: Vec<(OpToken, PostedRead)>,
     /// When the sync round in flight stops waiting for an acknowledgement or a read.
     deadline: Instant,
+    /// Granted moves put off because the sync round in flight carried their keys' deltas
+    /// (see `store::dynamic::SyncMarks`): granted again once it has ended.
+    put_off_moves: Vec<(u16, Vec<u64>)>,
 }
 
 impl Default for ReplicaDriver {
     fn default() -> Self {
-        ReplicaDriver { set: ReplicaSet::default(), makes: Vec::new(), pushes: Vec::new(), routed: Vec::new(), reads: Vec::new(), deadline: Instant::now() }
+        ReplicaDriver {
+            set: ReplicaSet::default(),
+            makes: Vec::new(),
+            pushes: Vec::new(),
+            routed: Vec::new(),
+            reads: Vec::new(),
+            deadline: Instant::now(),
+            put_off_moves: Vec::new(),
+        }
     }
 }
 
@@ -67,7 +78,8 @@ impl ReplicaDriver {
         self.set.is_empty()
     }
 
-    /// Whether a sync round is in flight.
+    /// Whether a sync round is in flight (tests).
+    #[cfg(test)]
     pub fn sync_in_flight(&self) -> bool {
         self.set.sync_in_flight()
     }
@@ -130,6 +142,36 @@ impl ReplicaDriver {
         let alive = |n: u16| node.fabric.is_alive(n as usize);
         self.set.drop_keys(&context(node, &alive), table, keys);
         self.execute(node, worker)
+    }
+
+    /// Of `keys` of `table`, granted to move here, those to move now: the keys whose deltas the
+    /// sync round in flight carries are put off until it has ended (counted), and granted again
+    /// then by [`ReplicaDriver::repost_put_off_moves`].
+    pub fn put_off_moves_carried(&mut self, node: &NodeInner, table: u16, mut keys: Vec<u64>) -> Vec<u64> {
+        if !self.set.sync_in_flight() {
+            return keys;
+        }
+        let Some(d) = node.core.store().table(table).dynamic() else { return keys };
+        let put_off = d.carried_by_sync(&keys);
+        if !put_off.is_empty() {
+            keys.retain(|k| !put_off.contains(k));
+            node.core.intent_counters().note_moves_put_off(put_off.len() as u64);
+            self.put_off_moves.push((table, put_off));
+        }
+        keys
+    }
+
+    /// Grants again the moves put off for a sync round, once no sync round is in flight, so
+    /// that the service's next act moves them before another round can take their deltas.
+    /// Returns whether it did.
+    pub fn repost_put_off_moves(&mut self, node: &NodeInner) -> bool {
+        if self.put_off_moves.is_empty() || self.set.sync_in_flight() {
+            return false;
+        }
+        for (table, keys) in self.put_off_moves.drain(..) {
+            node.core.post_intent_go(table, crate::protocol::Grant::Move, keys);
+        }
+        true
     }
 
     /// Drops again the replicas whose drops were put off ([`ReplicaSet::retry_put_off_drops`]).

@@ -18,29 +18,29 @@
 //!    round of the replicas (see [`super::replicas`]); what is in flight completes in later
 //!    rounds.
 //!
-//! Rounds start every configured round time (earlier only when a worker's barrier waits for
-//! one; without replicas here that worker runs steps 1–3 itself); a grant arriving in between
-//! wakes the service only for steps 4 and 5. A round in which no worker advanced or declared
-//! anything, with nothing in flight and no replicas, changes nothing: after one the service
-//! sleeps until a worker does (or a grant or barrier comes), so workers slower than a clock per
-//! round (MF's sub-epochs: a clock every few milliseconds) do not pay for rounds that cannot
-//! act; rounds that see clocks advance but move no window come further apart (up to
-//! [`MAX_STRETCH`] round times). A service with nothing to do sleeps until a worker declares
-//! intent. The thread starts with the node's first intent and stops before the node finalizes.
+//! What is decided is in state machines with no thread, clock or lock: steps 1–3 and what
+//! becomes of the grants in [`IntentRounds`], the replicas in [`crate::intent::ReplicaSet`], and
+//! *when* — the rounds' cadence, the rests and what ends them, what workers wait for around
+//! their barriers — in [`ServiceSchedule`]. This driver holds each behind a lock, reads the
+//! clock, sleeps when the schedule says rest, wakes the service when an event answers that it
+//! must, and does the I/O through a worker of its own. The thread starts with the node's first
+//! intent and stops before the node finalizes.
+//!
+//! [`ActionTiming::round`]: crate::intent::ActionTiming::round
+//! [`IntentTable::advance`]: crate::intent::IntentTable::advance
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
 use super::replicas::ReplicaDriver;
+use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::intent::{GrantsTaken, IntentLevel, IntentRounds, LateCause, LevelChanges};
+use crate::intent::{GrantsTaken, IntentLevel, IntentRounds, LateCause, LevelChanges, Nanos, Next, ServiceSchedule};
+use crate::protocol::IntentHomes;
 use crate::protocol::LateCounts;
-use crate::protocol::{Grant, IntentHomes};
 use crate::runtime::NodeInner;
 use crate::table::Table;
 use crate::worker::Worker;
@@ -48,152 +48,118 @@ use crate::worker::Worker;
 /// Localize operations the service keeps in flight at most before it waits for them.
 const MAX_IN_FLIGHT: usize = 64;
 
-/// The longest the service sleeps waiting for a worker's clock or declaration (a safety net:
-/// those wake it).
-const QUIET_REST: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// Rounds that move no window, with nothing in flight and no replicas, stretch the time to
-/// the next round, doubling it up to this many round times; a round that moves one resets it.
-const MAX_STRETCH: u32 = 8;
-
 /// How many round times a worker leaving a barrier waits at most for the service to take up
 /// the grants that arrived meanwhile ([`IntentService::take_up_grants`]); past it, the worker
 /// goes on and its accesses find the keys where they are.
 const TAKE_UP_ROUNDS: u32 = 4;
 
-/// What a round's steps 1–2 found: the changes for the homes, and whether a worker advanced,
-/// declared or left since the last round began.
-struct RoundChanges {
-    changes: LevelChanges,
-    news: bool,
-}
-
 /// A node's intents and the thread acting on them.
-#[derive(Default)]
 pub(crate) struct IntentService {
-    /// The intents and what the rounds decide (the state machine; workers' clocks are in
-    /// [`IntentService::clocks`]).
-    state: Mutex<IntentRounds>,
+    /// The intents and what the rounds decide. Held while a round computes its changes, never
+    /// while the schedule is.
+    rounds: Mutex<IntentRounds>,
+    /// When the service acts and what workers wait for; held only for a few field updates, so
+    /// that a worker advancing its clock never waits for a round in progress.
+    schedule: Mutex<ServiceSchedule>,
+    /// The service thread rests on it (with the schedule).
     wake: Condvar,
-    /// Notified (under the state lock) when a round has told the homes its changes: a worker
-    /// in [`IntentService::signal_levels`] waits on it.
+    /// Workers waiting for a round told, a take-up or the turn to tell a round rest on it (with
+    /// the schedule); notified whenever one of those changes.
     signalled: Condvar,
-    stop: AtomicBool,
-    thread: Mutex<Option<JoinHandle<()>>>,
-    /// Whether the service thread (and its worker) exists.
-    running: AtomicBool,
     /// The run-time replicas kept here, and their operations in flight.
     replicas: Mutex<ReplicaDriver>,
-    /// Whether replicas exist or replica operations are in flight (the service keeps running
-    /// rounds while so).
-    replicas_busy: AtomicBool,
-    /// Rounds that have computed their level changes (counted under the state lock), and
-    /// rounds whose changes were handed to the protocol.
-    rounds_started: AtomicU64,
-    rounds_signalled: AtomicU64,
-    /// A worker waits for a round to tell the homes its ended windows (before a barrier).
-    round_wanted: AtomicBool,
-    /// Held from a round's computing its level changes until it has told the homes, by the
-    /// service or by a worker signalling before a barrier itself: the homes must learn one
-    /// round's changes before the next round's, or a key's end could overtake its new start.
-    signalling: Mutex<()>,
-    /// Workers in [`IntentService::sync_replicas`], waiting for the replicas to be quiet: the
-    /// service starts no sync round of its own meanwhile.
-    barrier_syncs: AtomicUsize,
-    /// Times the service took the grants waiting for it, and times it then had started their
-    /// moves and replicas (both counted under the state lock, `signalled` notified with the
-    /// second): a worker in [`IntentService::take_up_grants`] waits for them.
-    takes_begun: AtomicU64,
-    takes_done: AtomicU64,
-    /// The service thread sleeps (or is about to): a grant must wake it.
-    resting: AtomicBool,
-    /// Granted moves put off because a sync round in flight carried their keys' deltas (see
-    /// `store::dynamic::SyncMarks`): granted again once it has ended.
-    put_off_moves: Mutex<Vec<(u16, Vec<u64>)>>,
-    /// The service sleeps until a worker advances or declares (set under the state lock):
-    /// `note_clock` must wake it.
-    awaiting_news: AtomicBool,
-    /// A worker advanced its clock, declared intent or left since the last round began (taken
-    /// by the round under the state lock; set by `note_clock` without it).
-    news: AtomicBool,
-    /// Each declaring worker's current clock. Not in the state: a worker advancing its clock
-    /// takes only this lock, held for a store, while the state lock is held for whole rounds
-    /// (a worker that waited for it there spent 3–8 µs per clock in MF, 2–4 % of an epoch,
-    /// whenever the service holding it waited for a core).
-    clocks: Mutex<BTreeMap<u16, u64>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The origin of the schedule's clock.
+    origin: Instant,
+}
+
+/// The part of a round its caller tells the homes: the changes, and whether windows are left.
+struct RoundChanges {
+    changes: LevelChanges,
+    windows: bool,
 }
 
 impl IntentService {
+    /// A service for a node configured by `config` (its thread starts with the first intent).
+    pub fn new(config: &Config) -> IntentService {
+        let nanos = |d: Duration| d.as_nanos().min(u64::MAX as u128) as u64;
+        IntentService {
+            rounds: Mutex::new(IntentRounds::default()),
+            schedule: Mutex::new(ServiceSchedule::new(nanos(config.intent.round), nanos(config.staleness / 2), 0)),
+            wake: Condvar::new(),
+            signalled: Condvar::new(),
+            replicas: Mutex::new(ReplicaDriver::default()),
+            thread: Mutex::new(None),
+            origin: Instant::now(),
+        }
+    }
+
+    /// Now on the schedule's clock.
+    fn now(&self) -> Nanos {
+        self.origin.elapsed().as_nanos().min(u64::MAX as u128) as u64
+    }
+
+    /// `at` on the schedule's clock as an instant.
+    fn instant(&self, at: Nanos) -> Instant {
+        self.origin + Duration::from_nanos(at)
+    }
+
+    /// Wakes the resting service if `needed` (an event's answer; the schedule is held, so the
+    /// wake-up cannot fall between the service's look at the schedule and its sleep).
+    fn wake_if(&self, needed: bool) {
+        if needed {
+            self.wake.notify_all();
+        }
+    }
+
     /// Worker `worker`, in clock `clock`, will need `keys` of `table` in clocks `window`. Keys
     /// the node cannot move (replicated keys) are left out. Starts the service thread with the
     /// first intent.
     pub fn declare(self: &Arc<Self>, node: &Arc<NodeInner>, worker: u16, clock: u64, table: Table, keys: &[u64], window: std::ops::Range<u64>) -> Result<()> {
         let store = node.core.store();
         let replicas = store.table(table.id).replicas();
-        let mut state = self.state.lock();
-        // The service waits for work only while no window is registered (it checks under this
-        // lock); otherwise its next round sees the new windows, and waking it for each
-        // declaration would only cost context switches.
-        let idle = state.is_empty() || self.awaiting_news.load(Ordering::Relaxed);
-        self.news.store(true, Ordering::SeqCst);
-        self.clocks.lock().insert(worker, clock);
         let movable = keys.iter().copied().filter(|&key| replicas.is_none_or(|r| r.ordinal(key).is_none()));
-        let added = state.declare(&node.config.intent, worker, table.id, movable, window);
+        let added = self.rounds.lock().declare(&node.config.intent, worker, table.id, movable, window);
         node.core.intent_counters().note_declared(added);
-        if !self.running.load(Ordering::Acquire) && !self.stop.load(Ordering::Acquire) {
-            // The service's worker is outside barriers and finalize's count of live workers.
-            let own = Worker::unclocked(node.clone(), self.clone());
-            let (service, service_node) = (self.clone(), node.clone());
-            let handle = std::thread::Builder::new()
-                .name(format!("ferry{}-intent", node.config.rank))
-                .spawn(move || service.run(&service_node, own))
-                .map_err(|e| Error::Transport(format!("cannot start the intent thread: {e}")))?;
-            *self.thread.lock() = Some(handle);
-            self.running.store(true, Ordering::Release);
+        let mut schedule = self.schedule.lock();
+        self.wake_if(schedule.declare(worker, clock));
+        if !schedule.start() {
+            return Ok(());
         }
-        drop(state);
-        if idle {
-            self.wake.notify_all();
+        drop(schedule);
+        // The service's worker is outside barriers and finalize's count of live workers.
+        let own = Worker::unclocked(node.clone(), self.clone());
+        let (service, service_node) = (self.clone(), node.clone());
+        let started = std::thread::Builder::new().name(format!("ferry{}-intent", node.config.rank)).spawn(move || service.run(&service_node, own));
+        match started {
+            Ok(handle) => {
+                *self.thread.lock() = Some(handle);
+                Ok(())
+            }
+            Err(e) => {
+                self.schedule.lock().not_started();
+                Err(Error::Transport(format!("cannot start the intent thread: {e}")))
+            }
         }
-        Ok(())
     }
 
     /// Whether the service thread runs (it takes replicas' deltas in sync rounds).
     pub fn is_running(&self) -> bool {
-        self.running.load(Ordering::Acquire)
+        self.schedule.lock().is_running()
     }
 
-    /// Worker `worker` is in clock `clock` now. The service is woken only if it sleeps waiting
-    /// for a worker to advance: otherwise it runs rounds anyway (at most a round time apart),
-    /// and a worker completing a clock every few hundred microseconds would wake it for each.
+    /// Worker `worker` is in clock `clock` now. The service is woken only if it rests waiting
+    /// for a worker to advance ([`ServiceSchedule::note_clock`]).
     pub fn note_clock(&self, worker: u16, clock: u64) {
-        match self.clocks.lock().get_mut(&worker) {
-            Some(c) => *c = clock,
-            None => return,
-        }
-        // Paired with `rest_until_news`, which sets `awaiting_news` before it looks at `news`
-        // (both SeqCst): either it sees the news, or this sees it waiting and wakes it under
-        // the lock it waits with.
-        self.news.store(true, Ordering::SeqCst);
-        if self.awaiting_news.load(Ordering::SeqCst) {
-            let _state = self.state.lock();
-            self.wake.notify_all();
-        }
-    }
-
-    /// Wakes the service (a move was posted for it). Taking the lock orders the wake-up after
-    /// the service's check of the mailbox, so that it is not lost.
-    pub fn wake(&self) {
-        let _state = self.state.lock();
-        self.wake.notify_all();
+        let mut schedule = self.schedule.lock();
+        self.wake_if(schedule.note_clock(worker, clock));
     }
 
     /// Worker `worker` left: its intents end.
     pub fn forget_worker(&self, worker: u16) {
-        self.state.lock().forget_worker(worker);
-        self.clocks.lock().remove(&worker);
-        self.news.store(true, Ordering::SeqCst);
-        self.wake.notify_all();
+        self.rounds.lock().forget_worker(worker);
+        let mut schedule = self.schedule.lock();
+        self.wake_if(schedule.forget_worker(worker));
     }
 
     /// Of `away`, keys an access of worker `worker` in clock `clock` found neither here nor
@@ -204,9 +170,9 @@ impl IntentService {
         let mut late = LateCounts::default();
         let mut unanswered = Vec::new();
         {
-            let mut state = self.state.lock();
+            let mut rounds = self.rounds.lock();
             for &key in away {
-                match state.table.note_late(table, key, worker, clock) {
+                match rounds.table.note_late(table, key, worker, clock) {
                     Some(LateCause::Unanswered) => unanswered.push(key),
                     Some(cause) => late.add(cause),
                     None => {}
@@ -230,14 +196,15 @@ impl IntentService {
     /// timeout) until the service has no sync round in flight and no dropped replica drains, so
     /// that every delta taken before this call has reached its owner, and until no key with a
     /// replica here is on its way here (its delta reaches the key when it lands). It waits
-    /// without holding the replica set, so the service goes on meanwhile; it fails at once
-    /// instead while a node is lost. Nothing to do without replicas.
+    /// without holding the replica set, so the service goes on meanwhile (it runs a round every
+    /// round time while replicas are kept); it fails at once instead while a node is lost.
+    /// Nothing to do without replicas.
     pub fn sync_replicas(&self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         let deadline = Instant::now() + node.config.op_timeout;
         // While rounds take longer than the sync period (a slow fabric, an emulated host), the
         // service starts each one as the last ends, and a waiter that only looks now and then
         // would never see the replicas quiet: so it holds the service's rounds off.
-        let _holding_off = HoldOff::new(&self.barrier_syncs);
+        let _holding_off = HoldOff::new(&self.schedule);
         loop {
             {
                 let mut replicas = self.replicas.lock();
@@ -270,9 +237,7 @@ impl IntentService {
                     nodes: Vec::new(),
                 });
             }
-            // The service completes them in its rounds (every millisecond while busy).
-            self.wake();
-            std::thread::sleep(std::time::Duration::from_micros(200));
+            std::thread::sleep(Duration::from_micros(200));
         }
     }
 
@@ -285,25 +250,15 @@ impl IntentService {
     /// service, or when nothing happened since the last round that has told the homes. Without
     /// replicas here, `worker` runs that round itself ([`IntentService::signal_here`]).
     pub fn signal_levels(&self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
-        if !self.running.load(Ordering::Acquire) {
+        if !self.is_running() || self.signal_here(node, worker) {
             return Ok(());
         }
-        if self.signal_here(node, worker) {
-            return Ok(());
-        }
-        let mut state = self.state.lock();
-        // No worker advanced, declared or left since the last round began (a round counts
-        // itself started before it takes the news), and that round has told the homes its
-        // changes: a round now would find the same clocks and horizons, hence no change to tell.
-        if !self.news.load(Ordering::SeqCst) && self.rounds_signalled.load(Ordering::Acquire) == self.rounds_started.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        self.round_wanted.store(true, Ordering::Release);
-        self.wake.notify_all();
-        let after = self.rounds_started.load(Ordering::Acquire);
+        let mut schedule = self.schedule.lock();
+        let Some((started, wake)) = schedule.want_round() else { return Ok(()) };
+        self.wake_if(wake);
         let deadline = Instant::now() + node.config.op_timeout;
-        while self.rounds_signalled.load(Ordering::Acquire) <= after {
-            if self.stopped(node) || !self.running.load(Ordering::Acquire) {
+        while !schedule.told_since(started) {
+            if schedule.stopped() || node.stopping.load(std::sync::atomic::Ordering::Acquire) {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -313,9 +268,9 @@ impl IntentService {
                     nodes: Vec::new(),
                 });
             }
-            // Woken when the round has signalled; the bound is a safety net against a service
-            // that stops without a round.
-            self.signalled.wait_for(&mut state, std::time::Duration::from_millis(10));
+            // Woken when a round was told; the bound is a safety net against a service that
+            // stops without one.
+            self.signalled.wait_for(&mut schedule, Duration::from_millis(10));
         }
         Ok(())
     }
@@ -329,24 +284,46 @@ impl IntentService {
     /// the service's worker, which completes it in later rounds). Returns false, having
     /// changed nothing, when there are replicas: the service's round then drops them.
     fn signal_here(&self, node: &NodeInner, worker: &mut Worker) -> bool {
-        let _round = self.signalling.lock();
+        // The turn to tell a round first (the service may be telling one: wait for it), then
+        // the replica set, then the intents: the service's rounds take them in that order too.
+        {
+            let mut schedule = self.schedule.lock();
+            while !schedule.claim_round() {
+                if schedule.stopped() {
+                    return true;
+                }
+                self.signalled.wait_for(&mut schedule, Duration::from_millis(10));
+            }
+        }
         let mut replicas = self.replicas.lock();
         replicas.adopt_kept(node);
         if replicas.busy() {
+            self.give_back_turn();
             return false;
         }
-        let changes = {
-            let mut state = self.state.lock();
+        let clocks = {
+            let mut schedule = self.schedule.lock();
             // No worker advanced, declared or left since the last round (rounds are not in
-            // progress while `signalling` is held): nothing to tell.
-            if !self.news.load(Ordering::SeqCst) {
+            // progress while the turn is held): nothing to tell.
+            if !schedule.has_news() {
+                let wake = schedule.release_round();
+                self.wake_if(wake);
                 return true;
             }
-            self.level_changes(&mut state)
+            schedule.begin_round().0
         };
+        let changes = self.compute_round(&clocks);
         // On a shutdown the barrier that follows fails.
         self.tell_changes(node, worker, changes, false);
         true
+    }
+
+    /// Gives the turn to tell a round back unused.
+    fn give_back_turn(&self) {
+        let mut schedule = self.schedule.lock();
+        let wake = schedule.release_round();
+        self.wake_if(wake);
+        self.signalled.notify_all();
     }
 
     /// A worker left a barrier: if grants the homes sent while the workers were in it still
@@ -358,42 +335,23 @@ impl IntentService {
     /// has made hundreds of accesses. After the take-up, an access to a key on its way here
     /// waits for it locally instead of going to the node it is leaving.
     pub fn take_up_grants(&self, node: &NodeInner) {
-        // Looked at without the lock first: a barrier with nothing to take up costs a few loads.
-        if !self.running.load(Ordering::Acquire) || self.take_up_target(node).is_none() {
-            return;
-        }
-        let mut state = self.state.lock();
-        let Some(target) = self.take_up_target(node) else { return };
+        let mut schedule = self.schedule.lock();
+        let Some(target) = schedule.take_up_target(node.core.intent_go_waiting()) else { return };
+        self.wake_if(schedule.take_up_wanted());
         let deadline = Instant::now() + node.config.intent.round * TAKE_UP_ROUNDS;
-        self.wake.notify_all();
-        while self.takes_done.load(Ordering::Acquire) < target {
-            if self.stopped(node) || !self.running.load(Ordering::Acquire) || Instant::now() >= deadline {
+        while !schedule.taken_up(target) {
+            if schedule.stopped() || node.stopping.load(std::sync::atomic::Ordering::Acquire) || Instant::now() >= deadline {
                 return;
             }
-            self.signalled.wait_until(&mut state, deadline);
-        }
-    }
-
-    /// The take-up a worker leaving a barrier waits for (as a count of `takes_done`): the next
-    /// one if grants still wait, else one the service is in the middle of (it took the grants
-    /// and is starting their moves); none if neither. Exact under the state lock, which both
-    /// counts change under.
-    fn take_up_target(&self, node: &NodeInner) -> Option<u64> {
-        let begun = self.takes_begun.load(Ordering::Acquire);
-        if node.core.intent_go_waiting() {
-            Some(begun + 1)
-        } else if self.takes_done.load(Ordering::Acquire) < begun {
-            Some(begun)
-        } else {
-            None
+            self.signalled.wait_until(&mut schedule, deadline);
         }
     }
 
     /// Stops the service thread and waits for it (its worker is dropped with it).
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::Release);
         {
-            let _state = self.state.lock();
+            let mut schedule = self.schedule.lock();
+            schedule.stop();
             self.wake.notify_all();
             self.signalled.notify_all();
         }
@@ -401,11 +359,10 @@ impl IntentService {
         if let Some(h) = handle {
             let _ = h.join();
         }
-        self.running.store(false, Ordering::Release);
     }
 
     fn stopped(&self, node: &NodeInner) -> bool {
-        self.stop.load(Ordering::Acquire) || node.stopping.load(Ordering::Acquire)
+        node.stopping.load(std::sync::atomic::Ordering::Acquire) || self.schedule.lock().stopped()
     }
 
     /// The service thread; its replicas are dropped (their deltas pushed) when it stops.
@@ -423,95 +380,78 @@ impl IntentService {
         }
     }
 
+    /// The service's loop: asks the schedule what to do, does it, reports back.
     fn serve(&self, node: &Arc<NodeInner>, own: &mut Worker) {
-        let round_time = node.config.intent.round;
-        let sync_every = node.config.staleness / 2;
-        let mut last_sync = Instant::now();
         let mut in_flight: Vec<InFlight> = Vec::new();
-        let mut next_round = Instant::now();
-        // Round times to the next round (see MAX_STRETCH).
-        let mut stretch = 1;
         loop {
-            // A full round (clocks, windows, levels told to the homes) every round time, or at
-            // once when a worker waits for one; in between, the service only acts on what the
-            // homes granted, so a stream of grants does not make rounds back to back (and the
-            // clock-rate estimate stays per round time).
-            let now = Instant::now();
-            if now < next_round && !self.round_wanted.load(Ordering::Acquire) {
-                if !self.finish_round(node, own, &mut in_flight, &mut last_sync, sync_every) {
-                    return;
-                }
-                self.rest(node, next_round);
-                continue;
-            }
-            {
-                let mut state = self.state.lock();
-                self.begin_resting();
-                while state.is_empty()
-                    && !node.core.intent_go_waiting()
-                    && !self.replicas_busy.load(Ordering::Acquire)
-                    && !self.round_wanted.load(Ordering::Acquire)
-                    && !self.stopped(node)
-                {
-                    self.wake.wait_for(&mut state, std::time::Duration::from_millis(100));
-                }
-                self.resting.store(false, Ordering::Relaxed);
-                if self.stopped(node) {
-                    return;
-                }
-            }
-            // Taken without the state lock held: a worker signalling itself takes this, then
-            // the replica set, then the state.
-            let round = self.signalling.lock();
-            let began = Instant::now();
-            let changes = {
-                let mut state = self.state.lock();
-                self.round_wanted.store(false, Ordering::Release);
-                self.level_changes(&mut state)
-            };
-            let (news, windows_moved) = (changes.news, changes.changes.windows_moved);
-            if !self.tell_changes(node, own, changes, true) {
+            if node.stopping.load(std::sync::atomic::Ordering::Acquire) {
                 return;
             }
-            drop(round);
-            if !self.finish_round(node, own, &mut in_flight, &mut last_sync, sync_every) {
-                return;
+            match self.next(node) {
+                Next::Stop => return,
+                Next::Round { clocks } => {
+                    let changes = self.compute_round(&clocks);
+                    if !self.tell_changes(node, own, changes, true) {
+                        return;
+                    }
+                }
+                Next::Act => {
+                    if !self.act(node, own, &mut in_flight) {
+                        return;
+                    }
+                    let now = self.now();
+                    self.schedule.lock().acted(now, in_flight.is_empty());
+                }
+                Next::Rest { .. } => unreachable!("the service rests inside IntentService::next"),
             }
-            // A round that moved no window while nothing is in flight and no replica is kept:
-            // the workers are slow against the round time (a clock every few milliseconds, as
-            // in MF's sub-epochs), so the next round may come later; the estimate is in clocks
-            // per round, and `ActionTiming::round` takes a longer round's clocks at once, so the
-            // horizon grows with the stretch. A round that moves a window resets it.
-            let quiet = in_flight.is_empty() && !self.replicas_busy.load(Ordering::Acquire);
-            stretch = if quiet && !windows_moved { (stretch * 2).min(MAX_STRETCH) } else { 1 };
-            next_round = began + round_time * stretch;
-            // Nothing advanced since the last round and nothing is in flight: the next round
-            // would see the same clocks and horizons (a round without progress leaves the
-            // estimate alone), so it waits until a worker advances or declares.
-            if quiet && !news && self.rest_until_news(node) {
-                next_round = Instant::now();
-                continue;
-            }
-            self.rest(node, next_round);
         }
     }
 
-    /// Steps 1–2 of a round, under the state lock (and with [`IntentService::signalling`]
-    /// held): the workers' horizons, the windows moved along, and the level changes the homes
-    /// must learn.
-    fn level_changes(&self, state: &mut IntentRounds) -> RoundChanges {
-        self.rounds_started.fetch_add(1, Ordering::SeqCst);
-        let news = self.news.swap(false, Ordering::SeqCst);
-        let clocks = self.clocks.lock().clone();
-        RoundChanges { changes: state.round(&clocks), news }
+    /// What the schedule says to do next; rests (releasing the schedule) as long as it says
+    /// rest, until the time it names or a wake-up.
+    fn next(&self, node: &NodeInner) -> Next {
+        let mut schedule = self.schedule.lock();
+        loop {
+            // Grants are posted by the frame handler, which then takes the schedule to wake the
+            // service (`GrantListener::grants_waiting`): either this look sees them, or that
+            // wake-up comes after the service started waiting.
+            match schedule.next(self.now(), node.core.intent_go_waiting()) {
+                Next::Rest { until } => {
+                    let until = self.instant(until);
+                    if Instant::now() < until {
+                        self.wake.wait_until(&mut schedule, until);
+                    }
+                }
+                next => return next,
+            }
+        }
     }
 
-    /// Step 3 of a round, through `own` (with [`IntentService::signalling`] held): tells the
-    /// homes `changes`, dropping the replicas of keys whose intent ended first if
-    /// `drop_replicas` (a caller that holds the replica set, empty, passes false), and wakes the
-    /// workers waiting for it. Returns false when the node shuts down.
+    /// Steps 1–2 of a round at the workers' `clocks` (the caller holds the turn to tell it):
+    /// the workers' horizons, the windows moved along, and the level changes the homes must
+    /// learn.
+    fn compute_round(&self, clocks: &std::collections::BTreeMap<u16, u64>) -> RoundChanges {
+        let mut rounds = self.rounds.lock();
+        let changes = rounds.round(clocks);
+        RoundChanges { changes, windows: !rounds.is_empty() }
+    }
+
+    /// Step 3 of a round, through `own` (with the turn to tell it held): tells the homes
+    /// `changes`, dropping the replicas of keys whose intent ended first if `drop_replicas` (a
+    /// caller that holds the replica set, empty, passes false), then gives the turn back and
+    /// wakes the workers waiting for the round. Returns false when the node shuts down.
     fn tell_changes(&self, node: &NodeInner, own: &mut Worker, changes: RoundChanges, drop_replicas: bool) -> bool {
-        let changes = changes.changes;
+        let RoundChanges { changes, windows } = changes;
+        let windows_moved = changes.windows_moved;
+        let told = self.tell_homes_changes(node, own, changes, drop_replicas);
+        let mut schedule = self.schedule.lock();
+        let wake = schedule.round_told(windows, windows_moved);
+        self.wake_if(wake);
+        self.signalled.notify_all();
+        told
+    }
+
+    fn tell_homes_changes(&self, node: &NodeInner, own: &mut Worker, changes: LevelChanges, drop_replicas: bool) -> bool {
         let counters = node.core.intent_counters();
         counters.note_round();
         // Ends first (`None` sorts first): a key this node stops needing may be the one
@@ -538,10 +478,6 @@ impl IntentService {
                 return false;
             }
         }
-        self.rounds_signalled.store(self.rounds_started.load(Ordering::Acquire), Ordering::Release);
-        // Under the lock: a worker that saw the round unsignalled is waiting by now.
-        let _state = self.state.lock();
-        self.signalled.notify_all();
         true
     }
 
@@ -562,42 +498,27 @@ impl IntentService {
         true
     }
 
-    /// The part of a round that acts: records the relocations that completed, starts those
-    /// granted (at most MAX_IN_FLIGHT at once; they run while the workers go on), and moves the
-    /// replicas along. Returns false when the node shuts down.
-    fn finish_round(
-        &self,
-        node: &Arc<NodeInner>,
-        own: &mut Worker,
-        in_flight: &mut Vec<InFlight>,
-        last_sync: &mut Instant,
-        sync_every: std::time::Duration,
-    ) -> bool {
+    /// The part of a round that acts: records the relocations that completed, takes up the
+    /// grants waiting (starts their moves, at most MAX_IN_FLIGHT at once, and their replicas;
+    /// they run while the workers go on), and moves the replicas along. Returns false when the
+    /// node shuts down.
+    fn act(&self, node: &Arc<NodeInner>, own: &mut Worker, in_flight: &mut Vec<InFlight>) -> bool {
         let many = in_flight.len() >= MAX_IN_FLIGHT;
         if !self.collect(node, own, in_flight, many) {
             return false;
         }
-        if node.core.intent_go_waiting() && !self.act(node, own, in_flight) {
+        if node.core.intent_go_waiting() && !self.take_up(node, own, in_flight) {
             return false;
         }
         let mut replicas = self.replicas.lock();
         let mut outcome = replicas.poll(node, own, false).and(replicas.remake(node, own, false)).and(replicas.retry_put_off_drops(node, own));
         // Moves put off while a sync round carried their keys' deltas: granted again, so the
-        // next pass moves them — before another round can take their deltas.
-        let mut put_off = self.put_off_moves.lock();
-        let reposted = !put_off.is_empty() && !replicas.sync_in_flight();
-        if reposted {
-            for (table, keys) in put_off.drain(..) {
-                node.core.post_intent_go(table, Grant::Move, keys);
-            }
-        }
-        drop(put_off);
-        let held_off = self.barrier_syncs.load(Ordering::Acquire) > 0;
-        if !reposted && !held_off && last_sync.elapsed() >= sync_every && replicas.quiet() && !replicas.is_empty() {
-            *last_sync = Instant::now();
+        // next act moves them — before another round can take their deltas.
+        let reposted = replicas.repost_put_off_moves(node);
+        if !reposted && replicas.quiet() && !replicas.is_empty() && self.schedule.lock().sync_due(self.now()) {
             outcome = outcome.and(replicas.start_sync(node, own)).and(replicas.remake(node, own, true));
         }
-        self.replicas_busy.store(replicas.busy(), Ordering::Release);
+        self.schedule.lock().set_replicas_busy(replicas.busy());
         if let Err(e) = outcome {
             if self.stopped(node) {
                 return false;
@@ -611,61 +532,37 @@ impl IntentService {
         true
     }
 
-    /// Marks the service as resting, before it checks for grants one last time and sleeps.
-    /// Paired with the fence in `grants_waiting`: either the check sees the grant, or the
-    /// poster sees the service resting and wakes it.
-    fn begin_resting(&self) {
-        self.resting.store(true, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::SeqCst);
-    }
-
-    /// Sleeps until `until`, a move or replica granted to this node, a worker waiting for a
-    /// round, or the stop. While asleep, a grant wakes it (`GrantListener::grants_waiting`).
-    fn rest(&self, node: &NodeInner, until: Instant) {
-        let mut state = self.state.lock();
-        self.begin_resting();
-        while !self.stopped(node) && !node.core.intent_go_waiting() && !self.round_wanted.load(Ordering::Acquire) && Instant::now() < until {
-            self.wake.wait_until(&mut state, until);
-        }
-        self.resting.store(false, Ordering::Relaxed);
-    }
-
-    /// Sleeps until a worker advances, declares or leaves, a grant arrives, a worker waits for a
-    /// round, or the stop (at most [`QUIET_REST`]). Returns false, without sleeping, if one of
-    /// them already happened.
-    fn rest_until_news(&self, node: &NodeInner) -> bool {
-        let mut state = self.state.lock();
-        let until = Instant::now() + QUIET_REST;
-        self.awaiting_news.store(true, Ordering::SeqCst);
-        self.begin_resting();
-        let mut slept = false;
-        while !self.news.load(Ordering::SeqCst)
-            && !self.stopped(node)
-            && !node.core.intent_go_waiting()
-            && !self.round_wanted.load(Ordering::Acquire)
-            && Instant::now() < until
-        {
-            self.wake.wait_until(&mut state, until);
-            slept = true;
-        }
-        self.awaiting_news.store(false, Ordering::Relaxed);
-        self.resting.store(false, Ordering::Relaxed);
-        slept
-    }
-
-    /// Starts relocating the keys this node was told to move (INTENT_GO) that it still intends
-    /// and does not hold; returns false when the node shuts down.
-    fn act(&self, node: &Arc<NodeInner>, own: &mut Worker, in_flight: &mut Vec<InFlight>) -> bool {
+    /// Takes up the grants waiting (INTENT_GO): starts relocating the keys this node was told to
+    /// move that it still intends and does not hold, makes the replicas granted, drops the
+    /// replicas no longer wanted. Returns false when the node shuts down.
+    fn take_up(&self, node: &Arc<NodeInner>, own: &mut Worker, in_flight: &mut Vec<InFlight>) -> bool {
         let store = node.core.store();
-        let GrantsTaken { moves, replicate, unwanted } = {
-            let mut state = self.state.lock();
-            // A replicate grant for a key held here is kept for when the key leaves (see
-            // `intent::ReplicaSet`).
-            let taken = state.take_grants(node.core.take_intent_go(), |table, key| store.table(table).slot_of(key).is_some());
-            // A worker leaving a barrier may wait until the moves and replicas below started.
-            self.takes_begun.fetch_add(1, Ordering::AcqRel);
-            taken
+        let granted = {
+            // Taken with the schedule held: a worker leaving a barrier sees either the grants
+            // waiting or the take-up begun (`ServiceSchedule::take_up_target`).
+            let mut schedule = self.schedule.lock();
+            schedule.begin_take();
+            node.core.take_intent_go()
         };
+        // A replicate grant for a key held here is kept for when the key leaves (see
+        // `intent::ReplicaSet`).
+        let GrantsTaken { moves, replicate, unwanted } = self.rounds.lock().take_grants(granted, |table, key| store.table(table).slot_of(key).is_some());
+        let started = self.start_granted(node, own, in_flight, moves, replicate, unwanted);
+        let mut schedule = self.schedule.lock();
+        schedule.finish_take();
+        self.signalled.notify_all();
+        started
+    }
+
+    fn start_granted(
+        &self,
+        node: &Arc<NodeInner>,
+        own: &mut Worker,
+        in_flight: &mut Vec<InFlight>,
+        moves: Vec<(u16, Vec<u64>)>,
+        replicate: Vec<(u16, Vec<u64>)>,
+        unwanted: Vec<(u16, Vec<u64>)>,
+    ) -> bool {
         for (table, keys) in unwanted {
             if let Err(e) = self.replicas.lock().drop_keys(node, own, table, &keys) {
                 if self.stopped(node) {
@@ -687,25 +584,16 @@ impl IntentService {
                 }
             };
             if taken {
-                self.state.lock().replicas_taken(table, &keys);
+                self.rounds.lock().replicas_taken(table, &keys);
             }
         }
         // A replica here keeps serving until the key has landed, and the landing adds its
         // delta to the key. A key whose delta a sync round carries moves once the round has
         // ended: the replica set stays locked meanwhile, so that no barrier's round starts
         // between the check and the move (the service's own rounds run in this thread).
-        let replicas = self.replicas.lock();
-        for (table, mut keys) in moves {
-            if replicas.sync_in_flight()
-                && let Some(d) = store.table(table).dynamic()
-            {
-                let put_off = d.carried_by_sync(&keys);
-                if !put_off.is_empty() {
-                    keys.retain(|k| !put_off.contains(k));
-                    node.core.intent_counters().note_moves_put_off(put_off.len() as u64);
-                    self.put_off_moves.lock().push((table, put_off));
-                }
-            }
+        let mut replicas = self.replicas.lock();
+        for (table, keys) in moves {
+            let keys = replicas.put_off_moves_carried(node, table, keys);
             if keys.is_empty() {
                 continue;
             }
@@ -715,17 +603,7 @@ impl IntentService {
                 Err(e) => tracing::warn!(node = node.config.rank, error = %e, "the intent service could not relocate keys; their accesses go remote"),
             }
         }
-        drop(replicas);
-        self.finish_take_up();
         true
-    }
-
-    /// A take-up's moves and replicas have started: counted under the state lock, so that a
-    /// worker in [`IntentService::take_up_grants`] that saw it unfinished is waiting by now.
-    fn finish_take_up(&self) {
-        let _state = self.state.lock();
-        self.takes_done.fetch_add(1, Ordering::AcqRel);
-        self.signalled.notify_all();
     }
 
     /// Records the relocations that completed (all of them, waiting, with `wait_all`); returns
@@ -740,9 +618,9 @@ impl IntentService {
             let InFlight { ticket, table, keys } = in_flight.swap_remove(i);
             match own.wait(ticket) {
                 Ok(()) => {
-                    let clocks = self.clocks.lock().clone();
+                    let clocks = self.schedule.lock().clocks().clone();
                     let store = node.core.store().table(table);
-                    self.state.lock().landed(table, &keys, &clocks, |key| store.slot_of(key).is_some(), node.core.intent_counters());
+                    self.rounds.lock().landed(table, &keys, &clocks, |key| store.slot_of(key).is_some(), node.core.intent_counters());
                 }
                 Err(Error::ShutDown) => return false,
                 Err(e) if self.stopped(node) => {
@@ -760,14 +638,11 @@ impl IntentService {
 }
 
 impl crate::runtime::GrantListener for IntentService {
-    /// Wakes the service if it rests (a move or replica was granted to this node; called after
-    /// posting it). Called for every frame while a grant waits, so a service that is awake is
-    /// left alone: it acts on the grant before it rests again.
+    /// Wakes the service if it rests in a way grants end (a move or replica was granted to this
+    /// node; called after posting it, for every frame while a grant waits).
     fn grants_waiting(&self) {
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.resting.load(Ordering::Relaxed) {
-            self.wake();
-        }
+        let schedule = self.schedule.lock();
+        self.wake_if(schedule.grants_arrived());
     }
 }
 
@@ -790,19 +665,20 @@ struct InFlight {
     keys: Vec<u64>,
 }
 
-/// Counts a waiter in a counter for as long as it lives (the count drops on every way out).
-struct HoldOff<'a>(&'a AtomicUsize);
+/// Holds the service's own sync rounds off for as long as it lives (a worker waiting for quiet
+/// replicas; released on every way out).
+struct HoldOff<'a>(&'a Mutex<ServiceSchedule>);
 
 impl<'a> HoldOff<'a> {
-    fn new(count: &'a AtomicUsize) -> Self {
-        count.fetch_add(1, Ordering::AcqRel);
-        HoldOff(count)
+    fn new(schedule: &'a Mutex<ServiceSchedule>) -> Self {
+        schedule.lock().hold_off_syncs();
+        HoldOff(schedule)
     }
 }
 
 impl Drop for HoldOff<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.lock().release_syncs();
     }
 }
 
@@ -812,6 +688,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::protocol::Grant;
     use crate::store::Residence;
     use crate::{Config, Node, TableSpec};
 
@@ -830,15 +707,16 @@ mod tests {
 
     #[test]
     fn a_worker_advancing_its_clock_does_not_wait_for_a_round_in_progress() {
-        let service = Arc::new(IntentService::default());
-        service.state.lock().add_worker(0, &crate::config::IntentSettings::default());
-        service.clocks.lock().insert(0, 0);
+        let service = Arc::new(IntentService::new(&Config::new(Vec::new())));
+        service.rounds.lock().add_worker(0, &crate::config::IntentSettings::default());
+        service.schedule.lock().declare(0, 0);
+        service.schedule.lock().begin_round_for_test();
         // A clock of a worker that never declared is not news.
         service.note_clock(9, 3);
-        assert!(!service.news.load(Ordering::SeqCst));
-        // A round in progress holds the state lock (for its whole walk of the windows, and
-        // for as long as the thread running it waits for a core).
-        let round = service.state.lock();
+        assert!(!service.schedule.lock().has_news());
+        // A round in progress holds the intents (for its whole walk of the windows, and for as
+        // long as the thread running it waits for a core).
+        let round = service.rounds.lock();
         let (done, advanced) = mpsc::channel();
         let worker = {
             let service = service.clone();
@@ -850,13 +728,12 @@ mod tests {
         let waited = advanced.recv_timeout(Duration::from_secs(10)).is_err();
         drop(round);
         worker.join().unwrap();
-        assert!(!waited, "the worker's clock waited for the round to release the state");
+        assert!(!waited, "the worker's clock waited for the round to release the intents");
         // The next round sees it.
-        assert!(service.news.load(Ordering::SeqCst));
-        assert_eq!(service.clocks.lock().get(&0), Some(&7));
-        let changes = service.level_changes(&mut service.state.lock());
-        assert!(changes.news);
-        assert!(!service.news.load(Ordering::SeqCst), "the round took the news");
+        let (clocks, news) = service.schedule.lock().begin_round_for_test();
+        assert!(news);
+        assert_eq!(clocks.get(&0), Some(&7));
+        assert!(!service.schedule.lock().has_news(), "the round took the news");
     }
 
     #[test]
@@ -871,10 +748,10 @@ mod tests {
         let handle = own.table("t").unwrap();
         let key = (0..16).find(|&k| node.core.store().table(handle.id).residence(k) == Residence::Away).unwrap();
         // A service of the test's own, driven by hand (no thread), that intends the key now.
-        let service = Arc::new(IntentService::default());
-        service.running.store(true, Ordering::Release);
+        let service = Arc::new(IntentService::new(&node.config));
+        assert!(service.schedule.lock().start());
         {
-            let mut state = service.state.lock();
+            let mut state = service.rounds.lock();
             state.table.add(handle.id, key, 0, 0, 10);
             state.table.advance(0, |_| 0, 0, |_| 0);
             assert_eq!(state.table.relevel(handle.id, key, |_| 0), Some(IntentLevel::Now));
@@ -894,7 +771,7 @@ mod tests {
         let finished = take_up(&service);
         assert!(finished.recv_timeout(Duration::from_millis(300)).is_err(), "went on before the grant was taken up");
         let mut in_flight = Vec::new();
-        assert!(service.act(&node, &mut own, &mut in_flight));
+        assert!(service.take_up(&node, &mut own, &mut in_flight));
         finished.recv_timeout(Duration::from_secs(2)).expect("still waiting after the take-up");
         assert_eq!(in_flight.len(), 1, "the move was started before the worker went on");
         for f in in_flight {
@@ -903,10 +780,11 @@ mod tests {
         assert!(matches!(node.core.store().table(handle.id).residence(key), Residence::Here(_)));
         // A take-up in progress (the grants taken, their moves not yet started): the worker
         // waits for it too.
-        service.takes_begun.fetch_add(1, Ordering::AcqRel);
+        service.schedule.lock().begin_take();
         let finished = take_up(&service);
         assert!(finished.recv_timeout(Duration::from_millis(300)).is_err(), "went on in the middle of a take-up");
-        service.finish_take_up();
+        service.schedule.lock().finish_take();
+        service.signalled.notify_all();
         finished.recv_timeout(Duration::from_secs(2)).expect("still waiting after the take-up");
         drop(own);
         crate::node::finalize_all(nodes);
@@ -918,19 +796,21 @@ mod tests {
         let key = (0..16).find(|&k| node.core.store().table(handle.id).residence(k) == Residence::Away).unwrap();
         // A service of the test's own, driven by hand, with a replica of the key that took a
         // push: a sync round would carry its delta.
-        let service = IntentService::default();
+        // Sync rounds are due at every act (a staleness bound of zero).
+        let mut config = node.config.clone();
+        config.staleness = Duration::ZERO;
+        let service = IntentService::new(&config);
         service.replicas.lock().make_now(&node, &mut own, handle.id, &[key]);
         assert!(node.core.store().table(handle.id).has_dynamic_replica(key));
         trainer.push(handle, &[key], &[1.0]).unwrap();
-        let (mut in_flight, mut last_sync) = (Vec::new(), Instant::now());
-        // A worker waits in `sync_replicas`: the service's round starts no sync.
-        let waiting = HoldOff::new(&service.barrier_syncs);
-        assert!(service.finish_round(&node, &mut own, &mut in_flight, &mut last_sync, Duration::ZERO));
+        let mut in_flight = Vec::new();
+        // A worker waits in `sync_replicas`: the service's act starts no sync.
+        let waiting = HoldOff::new(&service.schedule);
+        assert!(service.act(&node, &mut own, &mut in_flight));
         assert!(!service.replicas.lock().sync_in_flight(), "a sync round started while a barrier waited for quiet replicas");
-        // It went: the next round syncs.
+        // It went: the next act syncs.
         drop(waiting);
-        assert_eq!(service.barrier_syncs.load(Ordering::Acquire), 0);
-        assert!(service.finish_round(&node, &mut own, &mut in_flight, &mut last_sync, Duration::ZERO));
+        assert!(service.act(&node, &mut own, &mut in_flight));
         assert!(service.replicas.lock().sync_in_flight(), "no sync round once nothing waits");
         service.replicas.lock().drop_all(&node, &mut own).unwrap();
         drop((own, trainer));
@@ -945,16 +825,15 @@ mod tests {
         let (first, second) = (homed_here.next().unwrap(), homed_here.next().unwrap());
         let away = (0..16).find(|&k| residence(k) == Residence::Away).unwrap();
         // A service of the test's own without a thread: nobody else runs a round.
-        let service = IntentService::default();
-        service.running.store(true, Ordering::Release);
+        let service = IntentService::new(&node.config);
+        assert!(service.schedule.lock().start());
         let declare = |key: u64| {
-            let mut state = service.state.lock();
+            let mut state = service.rounds.lock();
             state.add_worker(0, &node.config.intent);
-            service.clocks.lock().entry(0).or_insert(0);
             state.table.add(handle.id, key, 0, 0, 10);
-            service.news.store(true, Ordering::SeqCst);
+            service.schedule.lock().declare(0, 0);
         };
-        let rounds = || (service.rounds_started.load(Ordering::Acquire), service.rounds_signalled.load(Ordering::Acquire));
+        let rounds = || service.schedule.lock().rounds_for_test();
         // The worker's window on `first` started: the worker tells the key's home (this node)
         // itself, in a round of its own.
         declare(first);
@@ -969,7 +848,8 @@ mod tests {
         service.replicas.lock().make_now(&node, &mut own, handle.id, &[away]);
         declare(second);
         assert!(!service.signal_here(&node, &mut trainer), "a worker ran a round while replicas were kept");
-        assert!(service.news.load(Ordering::SeqCst), "the round's news were taken");
+        assert!(service.schedule.lock().has_news(), "the round's news were taken");
+        assert!(!service.schedule.lock().turn_taken(), "the turn was given back");
         assert_eq!(rounds(), (1, 1));
         assert!(node.core.intent_homes().lock().intenders(handle.id, second).is_empty());
         service.replicas.lock().drop_all(&node, &mut own).unwrap();
@@ -979,9 +859,9 @@ mod tests {
 
     #[test]
     fn a_late_access_whose_grant_waits_for_the_service_is_told_apart() {
-        let service = IntentService::default();
+        let service = IntentService::new(&Config::new(Vec::new()));
         {
-            let mut state = service.state.lock();
+            let mut state = service.rounds.lock();
             // Keys 5, 6 and 7 of table 0 are needed now; their homes were told.
             for key in [5, 6, 7] {
                 state.table.add(0, key, 0, 0, 10);
