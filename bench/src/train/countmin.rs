@@ -15,8 +15,9 @@ use anyhow::{Result, bail};
 use clap::Args;
 use ferry::{Partitioning, TableSpec};
 
-use super::shared::{ClusterEpochs, METRIC_FIELDS, field, pull_all, run_workers, start_node};
-use super::{Common, EpochReport, Event, Mode, Sink};
+use super::epochs::{Fields, Measured, Model, ModelReader, ModelTable, Pass, Quality, Trainer, Workload};
+use super::shared::{METRIC_FIELDS, field};
+use super::{Common, Event, Mode, Sink};
 use crate::data::text::{Corpus, synthetic_text};
 
 /// Options of `train countmin`.
@@ -87,12 +88,8 @@ impl super::Task for CountMinArgs {
         ]
     }
 
-    fn run_single(&self, emit: Sink) -> Result<()> {
-        run_single(self, emit)
-    }
-
-    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
-        run_node(self, mode, emit)
+    fn train(&self, mode: Mode, emit: Sink) -> Result<()> {
+        super::epochs::run(self, mode, emit)
     }
 }
 
@@ -186,34 +183,6 @@ fn raw_rate(stream: &[u32], hashes: &Hashes, batch: usize) -> f64 {
     total as f64 / started.elapsed().as_secs_f64().max(1e-9)
 }
 
-/// `single`: the sketch in a plain array.
-pub fn run_single(a: &CountMinArgs, emit: Sink) -> Result<()> {
-    let (stream, words) = a.load()?;
-    let hashes = Hashes::new(a.depth, a.width, a.common.seed);
-    let mut sketch = vec![0f32; a.keys() as usize];
-    let mut elapsed = 0.0;
-    let mut keys = Vec::new();
-    for epoch in 1..=a.common.epochs {
-        let raw = raw_rate(&stream, &hashes, a.batch);
-        let started = Instant::now();
-        for chunk in stream.chunks(a.batch) {
-            keys.clear();
-            for &w in chunk {
-                hashes.keys(w, &mut keys);
-            }
-            for &k in &keys {
-                sketch[k as usize] += 1.0;
-            }
-        }
-        let epoch_s = started.elapsed().as_secs_f64();
-        elapsed += epoch_s;
-        let mut quality = evaluate(a, &sketch, &stream, words, epoch, &hashes);
-        rates(&mut quality, stream.len() * a.depth, epoch_s, raw);
-        emit(Event::Epoch(Box::new(EpochReport::single("countmin", epoch, epoch_s, elapsed, 0.0, quality))));
-    }
-    Ok(())
-}
-
 fn rates(q: &mut serde_json::Map<String, serde_json::Value>, keys: usize, seconds: f64, raw: f64) {
     let rate = keys as f64 / seconds.max(1e-9);
     q.insert("keys_per_s".into(), rate.into());
@@ -221,74 +190,117 @@ fn rates(q: &mut serde_json::Map<String, serde_json::Value>, keys: usize, second
     q.insert("vs_raw".into(), (rate / raw).into());
 }
 
-/// One node of a `classic` cluster: this node's share of the stream pushed into the sketch.
-pub fn run_node(a: &CountMinArgs, mode: Mode, emit: Sink) -> Result<()> {
-    if mode != Mode::Classic {
-        bail!("train countmin runs in classic mode (its counters are pushed to, never worked on where they are)");
+/// The token stream, its distinct words and the sketch's hash functions.
+pub struct Stream {
+    tokens: Vec<u32>,
+    words: usize,
+    hashes: Hashes,
+}
+
+impl Workload for CountMinArgs {
+    type Data = Stream;
+
+    fn load(&self) -> Result<Stream> {
+        let (tokens, words) = CountMinArgs::load(self)?;
+        Ok(Stream { tokens, words, hashes: Hashes::new(self.depth, self.width, self.common.seed) })
     }
-    let (stream, words) = a.load()?;
-    let hashes = Hashes::new(a.depth, a.width, a.common.seed);
-    let epochs = a.common.epochs;
-    // Combined pushes cover every counter: range partitioning makes them one run per node.
-    let partitioning = if a.combine > 0 { Partitioning::Range } else { Partitioning::Hash };
-    let tables = vec![TableSpec::new("sketch", a.keys(), 1).partitioned(partitioning), TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS)];
-    let mut node = start_node(tables, false)?;
-    let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
-    let (sketch, metrics) = (node.table("sketch")?, node.table("metrics")?);
-    let emit = parking_lot::Mutex::new(emit);
-    let local_barrier = std::sync::Barrier::new(threads);
-    let chunk_tokens = if a.combine > 0 { a.combine } else { a.batch };
-    let chunks: Vec<&[u32]> = stream.chunks(chunk_tokens).collect();
-    run_workers(&node, threads, |t, mut w| -> Result<()> {
-        let (hashes, node, chunks, stream) = (&hashes, &node, &chunks, &stream);
-        let mut epochs_of = ClusterEpochs::new(node, metrics, "countmin", mode, t, &local_barrier, &emit);
-        let worker_index = rank * threads + t;
-        let raw = if epochs_of.reporter() { raw_rate(stream, hashes, a.batch) } else { 0.0 };
-        let mut keys = Vec::with_capacity(a.batch * a.depth);
-        let mut ones = Vec::new();
-        let mut combined = if a.combine > 0 { vec![0f32; a.keys() as usize] } else { Vec::new() };
-        for epoch in 1..=epochs {
-            w.barrier()?;
-            let start = epochs_of.begin();
-            let mut inserted = 0usize;
-            for chunk in chunks.iter().skip(worker_index).step_by(nodes * threads) {
-                if a.combine > 0 {
-                    combined.fill(0.0);
-                    for &word in chunk.iter() {
-                        keys.clear();
-                        hashes.keys(word, &mut keys);
-                        for &k in &keys {
-                            combined[k as usize] += 1.0;
-                        }
-                    }
-                    w.push_range(sketch, 0..a.keys(), &combined)?;
-                } else {
-                    for part in chunk.chunks(a.batch) {
-                        keys.clear();
-                        for &word in part {
-                            hashes.keys(word, &mut keys);
-                        }
-                        ones.resize(keys.len(), 1.0f32);
-                        w.push(sketch, &keys, &ones)?;
-                    }
-                }
-                inserted += chunk.len();
-            }
-            w.barrier()?;
-            let trained = epochs_of.stop(start);
-            let mut v = [0.0f32; METRIC_FIELDS];
-            v[field::EXAMPLES] = inserted as f32;
-            epochs_of.end(&mut w, epoch, trained, v, true, |w, sums, epoch_s| {
-                let all = pull_all(w, sketch, a.keys() as usize, 1)?;
-                let mut quality = evaluate(a, &all, stream, words, epoch, hashes);
-                rates(&mut quality, sums[field::EXAMPLES] as usize * a.depth, epoch_s, raw);
-                Ok(quality)
-            })?;
+
+    fn model(&self, _: &Stream, mode: Mode) -> Result<Model> {
+        if !matches!(mode, Mode::Single | Mode::Classic) {
+            bail!("train countmin runs in classic mode (its counters are pushed to, never worked on where they are)");
         }
-        Ok(())
-    })?;
-    node.finalize()?;
-    Ok(())
+        // Combined pushes cover every counter: range partitioning makes them one run per node.
+        let partitioning = if self.combine > 0 { Partitioning::Range } else { Partitioning::Hash };
+        Ok(Model { tables: vec![ModelTable::zeros(TableSpec::new("sketch", self.keys(), 1).partitioned(partitioning))], notes: Vec::new() })
+    }
+
+    fn trainer<'a>(&'a self, data: &'a Stream, _: &mut Pass<'_>) -> Result<Box<dyn Trainer + 'a>> {
+        let combining = self.combine > 0;
+        Ok(Box::new(Inserter { a: self, data, keys: Vec::with_capacity(self.batch * self.depth), ones: Vec::new(), combined: Vec::new(), combining }))
+    }
+
+    fn reads_model(&self, _: usize) -> bool {
+        true
+    }
+
+    fn evaluate(&self, data: &Stream, epoch: usize, model: &mut ModelReader<'_>, sums: &Fields, at: Measured, _: &(dyn Fn(Event) + Sync)) -> Result<Quality> {
+        let sketch = model.all(0)?;
+        let mut quality = evaluate(self, &sketch, &data.tokens, data.words, epoch, &data.hashes);
+        // The raw stream's rate, measured now beside the epoch's (the machine is shared).
+        let raw = raw_rate(&data.tokens, &data.hashes, self.batch);
+        rates(&mut quality, sums[field::EXAMPLES] as usize * self.depth, at.epoch_s, raw);
+        Ok(quality)
+    }
+}
+
+/// A thread inserting its share of the stream.
+struct Inserter<'a> {
+    a: &'a CountMinArgs,
+    data: &'a Stream,
+    keys: Vec<u64>,
+    ones: Vec<f32>,
+    /// A private copy of the sketch that chunks are counted into (combining, and `single`).
+    combined: Vec<f32>,
+    combining: bool,
+}
+
+impl Inserter<'_> {
+    /// Counts `tokens` into the private sketch.
+    fn count(&mut self, tokens: &[u32]) {
+        let (keys, combined, hashes) = (&mut self.keys, &mut self.combined, &self.data.hashes);
+        combined.resize(self.a.keys() as usize, 0.0);
+        for &word in tokens {
+            keys.clear();
+            hashes.keys(word, keys);
+            for &k in keys.iter() {
+                combined[k as usize] += 1.0;
+            }
+        }
+    }
+}
+
+impl Trainer for Inserter<'_> {
+    fn epoch(&mut self, _: usize, pass: &mut Pass<'_>) -> Result<Fields> {
+        let a = self.a;
+        let mut v = [0.0f32; METRIC_FIELDS];
+        if pass.mode == Mode::Single {
+            // One thread counts the whole stream into a plain array and adds it to the sketch
+            // (the others have nothing to do).
+            if pass.thread == 0 {
+                let data = self.data;
+                self.combined.clear();
+                self.count(&data.tokens);
+                let keys: Vec<u64> = (0..a.keys()).collect();
+                pass.push(0, &keys, &self.combined)?;
+                v[field::EXAMPLES] = self.data.tokens.len() as f32;
+            }
+            return Ok(v);
+        }
+        let (worker_index, workers) = (pass.rank * pass.threads + pass.thread, pass.nodes * pass.threads);
+        let (w, tables) = pass.node().expect("a cluster's pass has a worker");
+        let sketch = tables[0];
+        let chunk_tokens = if self.combining { a.combine } else { a.batch };
+        let mut inserted = 0usize;
+        for chunk in self.data.tokens.chunks(chunk_tokens).skip(worker_index).step_by(workers) {
+            if self.combining {
+                self.combined.clear();
+                self.count(chunk);
+                w.push_range(sketch, 0..a.keys(), &self.combined)?;
+            } else {
+                for part in chunk.chunks(a.batch) {
+                    self.keys.clear();
+                    for &word in part {
+                        self.data.hashes.keys(word, &mut self.keys);
+                    }
+                    self.ones.resize(self.keys.len(), 1.0f32);
+                    w.push(sketch, &self.keys, &self.ones)?;
+                }
+            }
+            inserted += chunk.len();
+        }
+        v[field::EXAMPLES] = inserted as f32;
+        Ok(v)
+    }
 }
 
 #[cfg(test)]

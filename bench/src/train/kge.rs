@@ -15,20 +15,19 @@
 //! (including that triple's pre-drawn negatives).
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::Barrier;
-use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use ferry::{KeyDistribution, Partitioning, SampleHandle, SamplingScheme, TableSpec, Updater, Worker};
+use ferry::{DistributionId, KeyDistribution, Partitioning, SampleHandle, SamplingScheme, TableSpec, Updater};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::epochs::{Fields, Measured, Model, ModelReader, ModelTable, Pass, Quality, Trainer, Workload};
 use super::mf::initial;
 use super::model::SavedTable;
-use super::shared::{ClusterEpochs, METRIC_FIELDS, SharedArray, field, leading_columns, pull_all, run_workers, start_node};
-use super::{Common, EpochReport, Event, Mode, Sink};
+use super::shared::{METRIC_FIELDS, field, leading_columns};
+use super::{Common, Event, Mode, Sink};
 use crate::data::triples::{KnowledgeGraph, Triples};
 
 /// Options of `train kge`.
@@ -218,12 +217,8 @@ impl super::Task for KgeArgs {
         .collect()
     }
 
-    fn run_single(&self, emit: Sink) -> Result<()> {
-        run_single(self, emit)
-    }
-
-    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
-        run_node(self, mode, emit)
+    fn train(&self, mode: Mode, emit: Sink) -> Result<()> {
+        super::epochs::run(self, mode, emit)
     }
 
     fn run_other(&self) -> Result<bool> {
@@ -519,77 +514,284 @@ fn eval_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get()).min(8)
 }
 
-/// The `single` mode: Hogwild over threads and shared arrays, no parameter server.
-pub fn run_single(a: &KgeArgs, emit: Sink) -> Result<()> {
-    let kg = a.load()?;
-    let server = a.server_adagrad(Mode::Single)?;
-    let (seed, d, len, threads) = (a.common.seed, a.dim, a.value_len(server), a.common.single_threads());
-    let (n_e, n_r) = (kg.entities.len(), kg.relations.len());
-    let ents = SharedArray::new(n_e, len, |k, j| init_value(seed, 0, k as u64, j, d));
-    let rels = SharedArray::new(n_r, len, |k, j| init_value(seed, 1, k as u64, j, d));
-    let known = kg.known();
-    let mut order: Vec<usize> = (0..kg.train.len()).collect();
-    let mut elapsed = 0.0;
-    for epoch in 1..=a.common.epochs {
-        order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20)));
-        let started = Instant::now();
-        let progress = parking_lot::Mutex::new(&mut *emit);
-        let losses: Vec<(f64, usize)> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|t| {
-                    let (order, ents, rels, kg, progress) = (&order, &ents, &rels, &kg, &progress);
-                    s.spawn(move || {
-                        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ t as u64);
-                        let slots = 2 + 2 * a.neg;
-                        let (mut ev, mut rv) = (vec![0.0; slots * len], vec![0.0; len]);
-                        let (mut eo, mut ro) = (vec![0.0; slots * len], vec![0.0; len]);
-                        let mut grads = vec![0.0; (slots + 1) * 2 * d];
-                        let (mut loss, mut n) = (0.0f64, 0usize);
-                        let mine: Vec<usize> = order.iter().copied().skip(t).step_by(threads).collect();
-                        for (x, &i) in mine.iter().enumerate() {
-                            let sample = Sample::draw(&kg.train, i, n_e as u32, a.neg, &mut rng);
-                            for (slot, &e) in sample.entity_keys().iter().enumerate() {
-                                ents.read(e as usize, &mut ev[slot * len..(slot + 1) * len]);
-                            }
-                            rels.read(sample.r as usize, &mut rv);
-                            loss += step(&ev, &rv, d, a.neg, Update::Worker { lr: a.lr }, a.reg, &mut grads, &mut eo, &mut ro) as f64;
-                            for (slot, &e) in sample.entity_keys().iter().enumerate() {
-                                ents.add(e as usize, &eo[slot * len..(slot + 1) * len]);
-                            }
-                            rels.add(sample.r as usize, &ro);
-                            n += 1;
-                            if t == 0 && x.is_multiple_of(512) {
-                                (progress.lock())(Event::Progress(epoch, x as f64 / mine.len().max(1) as f64));
-                            }
-                        }
-                        (loss, n)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("training thread")).collect()
-        });
-        let epoch_s = started.elapsed().as_secs_f64();
-        elapsed += epoch_s;
-        let (loss, n) = losses.iter().fold((0.0, 0), |(l, c), (x, y)| (l + x, c + y));
-        let quality = if a.evaluate_now(epoch) {
-            let (mut e_all, mut r_all) = (vec![0.0; n_e * len], vec![0.0; n_r * len]);
-            for k in 0..n_e {
-                ents.read(k, &mut e_all[k * len..(k + 1) * len]);
-            }
-            for k in 0..n_r {
-                rels.read(k, &mut r_all[k * len..(k + 1) * len]);
-            }
-            let emit = parking_lot::Mutex::new(&mut *emit);
-            evaluate(&e_all, &r_all, d, len, n_e, &kg.test, &known, a.eval_max, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)))
-        } else {
-            serde_json::Map::new()
-        };
-        emit(Event::Epoch(Box::new(EpochReport::single("kge", epoch, epoch_s, elapsed, loss / n.max(1) as f64, quality))));
-        if a.common.save_now(epoch) {
-            save_model(a, epoch, len, &ents.to_vec(), &rels.to_vec(), &kg)?;
-        }
+/// The graph, and the triples known to be true (for the filtered ranking; made when first
+/// evaluated, by the reporter alone).
+pub struct Graph {
+    kg: KnowledgeGraph,
+    known: std::sync::OnceLock<HashSet<(u32, u32, u32)>>,
+}
+
+impl Workload for KgeArgs {
+    type Data = Graph;
+
+    fn load(&self) -> Result<Graph> {
+        Ok(Graph { kg: KgeArgs::load(self)?, known: std::sync::OnceLock::new() })
     }
-    Ok(())
+
+    fn model(&self, data: &Graph, mode: Mode) -> Result<Model> {
+        let kg = &data.kg;
+        let server = self.server_adagrad(mode)?;
+        let (seed, d, len) = (self.common.seed, self.dim, self.value_len(server));
+        let (n_e, n_r) = (kg.entities.len(), kg.relations.len());
+        if mode == Mode::Intent && self.negative_scheme()?.is_some() {
+            bail!("--mode intent: the trainer declares the negatives it draws, so use --negatives direct");
+        }
+        if mode == Mode::Intent && (self.intent_batch == 0 || self.intent_ahead == 0) {
+            bail!("--intent-batch and --intent-ahead must be at least 1");
+        }
+        let updater = if server { Updater::Adagrad { lr: self.lr, eps: ADAGRAD_EPS, init: INITIAL_ACCUMULATOR } } else { Updater::Add };
+        let (mut entity_spec, mut relation_spec) = (
+            TableSpec::new("entities", n_e as u64, len).partitioned(Partitioning::Hash).with_updater(updater.clone()),
+            TableSpec::new("relations", n_r as u64, len).partitioned(Partitioning::Hash).with_updater(updater),
+        );
+        let mut notes = Vec::new();
+        if mode != Mode::Single {
+            (entity_spec, relation_spec) = (self.common.on_the_wire(entity_spec)?, self.common.on_the_wire(relation_spec)?);
+        }
+        if mode == Mode::Hybrid {
+            // NuPS's choice (Section 5.1): hot entities and every relation replicated, the long
+            // tail of entities relocated.
+            let mut counts = ferry::AccessCounts::new(n_e as u64);
+            for i in 0..kg.train.len() {
+                counts.add(kg.train.heads[i] as u64, 1);
+                counts.add(kg.train.tails[i] as u64, 1);
+            }
+            let hot = self.common.hot_keys(&counts);
+            notes.push(format!(
+                "hybrid: {} of {n_e} entities replicated ({:.1}% of positive accesses), all {n_r} relations",
+                hot.len(),
+                100.0 * counts.share(&hot)
+            ));
+            entity_spec = entity_spec.replicating(ferry::as_ranges(&hot));
+            relation_spec = relation_spec.replicating(std::iter::once(0..n_r as u64));
+        }
+        Ok(Model {
+            tables: vec![
+                ModelTable::init(entity_spec, move |k, j| init_value(seed, 0, k, j, d)),
+                ModelTable::init(relation_spec, move |k, j| init_value(seed, 1, k, j, d)),
+            ],
+            notes,
+        })
+    }
+
+    fn trainer<'a>(&'a self, data: &'a Graph, pass: &mut Pass<'_>) -> Result<Box<dyn Trainer + 'a>> {
+        let kg = &data.kg;
+        let server = self.server_adagrad(pass.mode)?;
+        let (len, slots) = (self.value_len(server), 2 + 2 * self.neg);
+        let buffers = Buffers {
+            keys: vec![0u64; slots],
+            ev: vec![0.0; slots * len],
+            rv: vec![0.0; len],
+            eo: vec![0.0; slots * len],
+            ro: vec![0.0; len],
+            grads: vec![0.0; (slots + 1) * 2 * self.dim],
+        };
+        let update = if server { Update::Server } else { Update::Worker { lr: self.lr } };
+        if pass.mode == Mode::Single {
+            return Ok(Box::new(KgeTrainer { a: self, kg, mine: (0..kg.train.len()).collect(), update, len, buffers, negatives: None }));
+        }
+        let (rank, nodes, t, threads) = (pass.rank, pass.nodes, pass.thread, pass.threads);
+        let (localize, hybrid, intent) = (matches!(pass.mode, Mode::Localize | Mode::Hybrid), pass.mode == Mode::Hybrid, pass.mode == Mode::Intent);
+        let n_r = kg.relations.len();
+        let owners = relation_owners(&kg.train, n_r, nodes);
+        let mine: Vec<usize> = (0..kg.train.len()).filter(|&i| owners[kg.train.relations[i] as usize] == rank).skip(t).step_by(threads).collect();
+        let my_relations: Vec<u64> = (0..n_r).filter(|&r| owners[r] == rank).map(|r| r as u64).collect();
+        let (w, tables) = pass.node().expect("a cluster's pass has a worker");
+        if localize && !hybrid && t == 0 {
+            // Data clustering: this node's relations stay here.
+            w.localize(tables[1], &my_relations)?;
+        }
+        if intent {
+            // The same, said as intent: this node's relations, for the whole run.
+            w.intent(tables[1], &my_relations, 0, u64::MAX)?;
+        }
+        let negatives = match self.negative_scheme()? {
+            Some(scheme) => Some(w.register_distribution(tables[0], KeyDistribution::uniform(0..kg.entities.len() as u64), scheme)?),
+            None => None,
+        };
+        Ok(Box::new(KgeTrainer { a: self, kg, mine, update, len, buffers, negatives }))
+    }
+
+    fn reads_model(&self, epoch: usize) -> bool {
+        self.evaluate_now(epoch) || self.common.save_now(epoch)
+    }
+
+    fn evaluate(&self, data: &Graph, epoch: usize, model: &mut ModelReader<'_>, _: &Fields, _: Measured, emit: &(dyn Fn(Event) + Sync)) -> Result<Quality> {
+        let (evaluating, saving) = (self.evaluate_now(epoch), self.common.save_now(epoch));
+        if !(evaluating || saving) {
+            return Ok(Quality::new());
+        }
+        let (kg, d) = (&data.kg, self.dim);
+        let (e_all, r_all) = (model.all(0)?, model.all(1)?);
+        let len = e_all.len() / kg.entities.len().max(1);
+        if saving {
+            save_model(self, epoch, len, &e_all, &r_all, kg)?;
+        }
+        if !evaluating {
+            return Ok(Quality::new());
+        }
+        let known = data.known.get_or_init(|| kg.known());
+        let progress = |f: f64| emit(Event::Evaluating(epoch, f));
+        Ok(evaluate(&e_all, &r_all, d, len, kg.entities.len(), &kg.test, known, self.eval_max, eval_threads(), &progress))
+    }
+}
+
+/// A training thread's buffers for one triple: its entities' keys, values and changes, the
+/// relation's value and change, and the gradients.
+struct Buffers {
+    keys: Vec<u64>,
+    ev: Vec<f32>,
+    rv: Vec<f32>,
+    eo: Vec<f32>,
+    ro: Vec<f32>,
+    grads: Vec<f32>,
+}
+
+/// One thread's share of the triples: `single`'s every `threads`-th of a shuffled order (Hogwild
+/// over the shared arrays), a cluster thread's of its node's relations (with its entities
+/// localized ahead, declared as intent, or sampled by Ferry).
+struct KgeTrainer<'a> {
+    a: &'a KgeArgs,
+    kg: &'a KnowledgeGraph,
+    /// The triples this thread trains (`single`: all of them, shared by the threads).
+    mine: Vec<usize>,
+    update: Update,
+    len: usize,
+    buffers: Buffers,
+    /// Negatives drawn by Ferry under a sampling scheme (`--negatives`).
+    negatives: Option<DistributionId>,
+}
+
+impl KgeTrainer<'_> {
+    /// `single`: the threads' shares of one shuffled order.
+    fn single_epoch(&mut self, epoch: usize, pass: &mut Pass<'_>) -> Result<(f64, usize)> {
+        let (a, kg, len) = (self.a, self.kg, self.len);
+        let (seed, d, t, threads, n_e) = (a.common.seed, a.dim, pass.thread, pass.threads, kg.entities.len());
+        let mut order = self.mine.clone();
+        order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20)));
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ t as u64);
+        let Buffers { keys, ev, rv, eo, ro, grads } = &mut self.buffers;
+        let (mut loss, mut n) = (0.0f64, 0usize);
+        let mine: Vec<usize> = order.iter().copied().skip(t).step_by(threads).collect();
+        for (x, &i) in mine.iter().enumerate() {
+            let sample = Sample::draw(&kg.train, i, n_e as u32, a.neg, &mut rng);
+            keys.clear();
+            keys.extend(sample.entity_keys());
+            pass.pull(0, keys, ev)?;
+            pass.pull(1, &[sample.r as u64], rv)?;
+            loss += step(ev, rv, d, a.neg, self.update, a.reg, grads, eo, ro) as f64;
+            pass.push(0, keys, &eo[..keys.len() * len])?;
+            pass.push(1, &[sample.r as u64], ro)?;
+            n += 1;
+            if x.is_multiple_of(512) {
+                pass.progress(epoch, x as f64 / mine.len().max(1) as f64);
+            }
+        }
+        Ok((loss, n))
+    }
+
+    /// A cluster thread: its triples in a new order, their entities moved here ahead (localize),
+    /// declared for their clock (intent), or their negatives drawn by Ferry.
+    fn node_epoch(&mut self, epoch: usize, pass: &mut Pass<'_>) -> Result<(f64, usize)> {
+        let (a, kg, len) = (self.a, self.kg, self.len);
+        let (seed, d, rank, t, n_e) = (a.common.seed, a.dim, pass.rank, pass.thread, kg.entities.len());
+        let (localize, intent) = (matches!(pass.mode, Mode::Localize | Mode::Hybrid), pass.mode == Mode::Intent);
+        let slots = 2 + 2 * a.neg;
+        let negatives = self.negatives;
+        let mut order = self.mine.clone();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ ((rank as u64) << 16) ^ t as u64);
+        order.shuffle(&mut rng);
+        let Buffers { keys, ev, rv, eo, ro, grads } = &mut self.buffers;
+        let (w, tables) = pass.node().expect("a cluster's pass has a worker");
+        let (entities, relations) = (tables[0], tables[1]);
+        let (mut loss, mut n) = (0.0f64, 0usize);
+        // Samples drawn ahead, so that their entities can be localized ahead.
+        let mut ahead: VecDeque<(Sample, Option<SampleHandle>)> = VecDeque::new();
+        let mut tickets: VecDeque<ferry::Ticket> = VecDeque::new();
+        let mut next = 0usize;
+        // Intent mode: triple `x` of the epoch is trained in clock `base + x / batch`; its
+        // entities are declared for that clock when it is drawn, `intent_ahead` clocks early.
+        let (batch, base) = (a.intent_batch.max(1), w.current_clock());
+        let lookahead = if intent { a.intent_ahead * batch } else { a.lookahead };
+        let mut declared: Vec<u64> = Vec::new();
+        let mut fill = |ahead: &mut VecDeque<(Sample, Option<SampleHandle>)>, w: &mut ferry::Worker| -> Result<()> {
+            while ahead.len() <= lookahead && next < order.len() {
+                let (sample, handle) = match negatives {
+                    // Ferry draws the negatives and moves them here as the scheme says.
+                    Some(dist) => (Sample::positive(&kg.train, order[next]), Some(w.prepare_sample(dist, 2 * a.neg)?)),
+                    None => (Sample::draw(&kg.train, order[next], n_e as u32, a.neg, &mut rng), None),
+                };
+                if localize {
+                    tickets.push_back(w.localize_async(entities, &sample.entity_keys())?);
+                }
+                if intent {
+                    declared.extend(sample.entity_keys());
+                    if (next + 1).is_multiple_of(batch) || next + 1 == order.len() {
+                        let clock = base + (next / batch) as u64;
+                        declared.sort_unstable();
+                        declared.dedup();
+                        w.intent(entities, &declared, clock, clock + 1)?;
+                        declared.clear();
+                    }
+                }
+                ahead.push_back((sample, handle));
+                next += 1;
+            }
+            while tickets.len() > 2 * a.lookahead + 4 {
+                let t = tickets.pop_front().expect("non-empty");
+                w.wait(t)?;
+            }
+            Ok(())
+        };
+        let total = order.len();
+        let mut x = 0usize;
+        loop {
+            let (w, _) = pass.node().expect("a cluster's pass has a worker");
+            fill(&mut ahead, w)?;
+            let Some((sample, handle)) = ahead.pop_front() else { break };
+            match handle {
+                None => {
+                    keys.clear();
+                    keys.extend(sample.entity_keys());
+                    w.pull(entities, keys, ev)?;
+                }
+                Some(mut handle) => {
+                    keys.clear();
+                    keys.extend([sample.h as u64, sample.t as u64]);
+                    keys.resize(slots, 0);
+                    w.pull(entities, &keys[..2], &mut ev[..2 * len])?;
+                    w.pull_sample(&mut handle, &mut keys[2..], &mut ev[2 * len..])?;
+                }
+            }
+            w.pull(relations, &[sample.r as u64], rv)?;
+            loss += step(ev, rv, d, a.neg, self.update, a.reg, grads, eo, ro) as f64;
+            w.push(entities, keys, eo)?;
+            w.push(relations, &[sample.r as u64], ro)?;
+            n += 1;
+            x += 1;
+            if intent && (x.is_multiple_of(batch) || x == total) {
+                w.advance_clock()?;
+            }
+            if x.is_multiple_of(512) {
+                pass.progress(epoch, x as f64 / total.max(1) as f64);
+            }
+        }
+        let (w, _) = pass.node().expect("a cluster's pass has a worker");
+        for ticket in tickets {
+            w.wait(ticket)?;
+        }
+        Ok((loss, n))
+    }
+}
+
+impl Trainer for KgeTrainer<'_> {
+    fn epoch(&mut self, epoch: usize, pass: &mut Pass<'_>) -> Result<Fields> {
+        let (loss, n) = if pass.mode == Mode::Single { self.single_epoch(epoch, pass)? } else { self.node_epoch(epoch, pass)? };
+        let mut v = [0.0f32; METRIC_FIELDS];
+        v[field::LOSS] = loss as f32;
+        v[field::EXAMPLES] = n as f32;
+        Ok(v)
+    }
 }
 
 /// Assigns relations to nodes so that each node gets about the same number of triples.
@@ -608,202 +810,6 @@ fn relation_owners(train: &Triples, relations: usize, nodes: usize) -> Vec<usize
         load[n] += counts[r];
     }
     owner
-}
-
-/// One node of a `classic`, `localize` or `hybrid` cluster.
-pub fn run_node(a: &KgeArgs, mode: Mode, emit: Sink) -> Result<()> {
-    let kg = a.load()?;
-    let server = a.server_adagrad(mode)?;
-    let update = if server { Update::Server } else { Update::Worker { lr: a.lr } };
-    let (seed, d, len, epochs) = (a.common.seed, a.dim, a.value_len(server), a.common.epochs);
-    let (n_e, n_r) = (kg.entities.len(), kg.relations.len());
-    let updater = if server { Updater::Adagrad { lr: a.lr, eps: ADAGRAD_EPS, init: INITIAL_ACCUMULATOR } } else { Updater::Add };
-    let (mut entity_spec, mut relation_spec) = (
-        a.common.on_the_wire(TableSpec::new("entities", n_e as u64, len).partitioned(Partitioning::Hash).with_updater(updater.clone()))?,
-        a.common.on_the_wire(TableSpec::new("relations", n_r as u64, len).partitioned(Partitioning::Hash).with_updater(updater))?,
-    );
-    let hybrid = mode == Mode::Hybrid;
-    let mut summary = None;
-    if hybrid {
-        // NuPS's choice (Section 5.1): hot entities and every relation replicated, the long tail
-        // of entities relocated.
-        let mut counts = ferry::AccessCounts::new(n_e as u64);
-        for i in 0..kg.train.len() {
-            counts.add(kg.train.heads[i] as u64, 1);
-            counts.add(kg.train.tails[i] as u64, 1);
-        }
-        let hot = a.common.hot_keys(&counts);
-        summary =
-            Some(format!("hybrid: {} of {n_e} entities replicated ({:.1}% of positive accesses), all {n_r} relations", hot.len(), 100.0 * counts.share(&hot)));
-        entity_spec = entity_spec.replicating(ferry::as_ranges(&hot));
-        relation_spec = relation_spec.replicating(std::iter::once(0..n_r as u64));
-    }
-    let tables = vec![entity_spec, relation_spec, TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS)];
-    let localize = matches!(mode, Mode::Localize | Mode::Hybrid);
-    let intent = mode == Mode::Intent;
-    let negative_scheme = a.negative_scheme()?;
-    if intent && negative_scheme.is_some() {
-        bail!("--mode intent: the trainer declares the negatives it draws, so use --negatives direct");
-    }
-    if intent && (a.intent_batch == 0 || a.intent_ahead == 0) {
-        bail!("--intent-batch and --intent-ahead must be at least 1");
-    }
-    let mut node = start_node(tables, localize || intent)?;
-    let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
-    if let Some(summary) = summary.filter(|_| rank == 0) {
-        eprintln!("{summary}");
-    }
-    let (entities, relations, metrics) = (node.table("entities")?, node.table("relations")?, node.table("metrics")?);
-    let owners = relation_owners(&kg.train, n_r, nodes);
-    let mine: Vec<usize> = (0..kg.train.len()).filter(|&i| owners[kg.train.relations[i] as usize] == rank).collect();
-    let my_relations: Vec<u64> = (0..n_r).filter(|&r| owners[r] == rank).map(|r| r as u64).collect();
-    let known = if rank == 0 { kg.known() } else { HashSet::new() };
-    let local_barrier = Barrier::new(threads);
-    let emit = parking_lot::Mutex::new(emit);
-    run_workers(&node, threads, |t, mut w| -> Result<()> {
-        let (kg, mine, my_relations, known, node) = (&kg, &mine, &my_relations, &known, &node);
-        let mut epochs_of = ClusterEpochs::new(node, metrics, "kge", mode, t, &local_barrier, &emit);
-        if epochs_of.reporter() {
-            for (table, n, id) in [(entities, n_e as u64, 0u64), (relations, n_r as u64, 1)] {
-                let keys: Vec<u64> = (0..n).collect();
-                for chunk in keys.chunks(1024) {
-                    let values: Vec<f32> = chunk.iter().flat_map(|&k| (0..len).map(move |j| init_value(seed, id, k, j, d))).collect();
-                    w.set(table, chunk, &values)?;
-                }
-            }
-        }
-        w.barrier()?;
-        if localize && !hybrid && t == 0 {
-            // Data clustering: this node's relations stay here.
-            w.localize(relations, my_relations)?;
-        }
-        if intent {
-            // The same, said as intent: this node's relations, for the whole run.
-            w.intent(relations, my_relations, 0, u64::MAX)?;
-        }
-        w.barrier()?;
-        let slots = 2 + 2 * a.neg;
-        let negatives = match negative_scheme {
-            Some(scheme) => Some(w.register_distribution(entities, KeyDistribution::uniform(0..n_e as u64), scheme)?),
-            None => None,
-        };
-        let mut keys = vec![0u64; slots];
-        let (mut ev, mut rv) = (vec![0.0; slots * len], vec![0.0; len]);
-        let (mut eo, mut ro) = (vec![0.0; slots * len], vec![0.0; len]);
-        let mut grads = vec![0.0; (slots + 1) * 2 * d];
-        for epoch in 1..=epochs {
-            let mut order: Vec<usize> = mine.iter().copied().skip(t).step_by(threads).collect();
-            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ ((rank as u64) << 16) ^ t as u64);
-            order.shuffle(&mut rng);
-            w.barrier()?;
-            let start = epochs_of.begin();
-            let (mut loss, mut n) = (0.0f64, 0usize);
-            // Samples drawn ahead, so that their entities can be localized ahead.
-            let mut ahead: VecDeque<(Sample, Option<SampleHandle>)> = VecDeque::new();
-            let mut tickets: VecDeque<ferry::Ticket> = VecDeque::new();
-            let mut next = 0usize;
-            // Intent mode: triple `x` of the epoch is trained in clock `base + x / batch`; its
-            // entities are declared for that clock when it is drawn, `intent_ahead` clocks early.
-            let (batch, base) = (a.intent_batch.max(1), w.current_clock());
-            let lookahead = if intent { a.intent_ahead * batch } else { a.lookahead };
-            let mut declared: Vec<u64> = Vec::new();
-            let fill = |ahead: &mut VecDeque<(Sample, Option<SampleHandle>)>,
-                        next: &mut usize,
-                        rng: &mut ChaCha8Rng,
-                        w: &mut Worker,
-                        tickets: &mut VecDeque<ferry::Ticket>,
-                        declared: &mut Vec<u64>|
-             -> Result<()> {
-                while ahead.len() <= lookahead && *next < order.len() {
-                    let (sample, handle) = match negatives {
-                        // Ferry draws the negatives and moves them here as the scheme says.
-                        Some(dist) => (Sample::positive(&kg.train, order[*next]), Some(w.prepare_sample(dist, 2 * a.neg)?)),
-                        None => (Sample::draw(&kg.train, order[*next], n_e as u32, a.neg, rng), None),
-                    };
-                    if localize {
-                        tickets.push_back(w.localize_async(entities, &sample.entity_keys())?);
-                    }
-                    if intent {
-                        declared.extend(sample.entity_keys());
-                        if (*next + 1).is_multiple_of(batch) || *next + 1 == order.len() {
-                            let clock = base + (*next / batch) as u64;
-                            declared.sort_unstable();
-                            declared.dedup();
-                            w.intent(entities, declared, clock, clock + 1)?;
-                            declared.clear();
-                        }
-                    }
-                    ahead.push_back((sample, handle));
-                    *next += 1;
-                }
-                while tickets.len() > 2 * a.lookahead + 4 {
-                    let t = tickets.pop_front().expect("non-empty");
-                    w.wait(t)?;
-                }
-                Ok(())
-            };
-            let mut x = 0usize;
-            loop {
-                fill(&mut ahead, &mut next, &mut rng, &mut w, &mut tickets, &mut declared)?;
-                let Some((sample, handle)) = ahead.pop_front() else { break };
-                match handle {
-                    None => {
-                        keys.clear();
-                        keys.extend(sample.entity_keys());
-                        w.pull(entities, &keys, &mut ev)?;
-                    }
-                    Some(mut handle) => {
-                        keys.clear();
-                        keys.extend([sample.h as u64, sample.t as u64]);
-                        keys.resize(slots, 0);
-                        w.pull(entities, &keys[..2], &mut ev[..2 * len])?;
-                        w.pull_sample(&mut handle, &mut keys[2..], &mut ev[2 * len..])?;
-                    }
-                }
-                w.pull(relations, &[sample.r as u64], &mut rv)?;
-                loss += step(&ev, &rv, d, a.neg, update, a.reg, &mut grads, &mut eo, &mut ro) as f64;
-                w.push(entities, &keys, &eo)?;
-                w.push(relations, &[sample.r as u64], &ro)?;
-                n += 1;
-                x += 1;
-                if intent && (x.is_multiple_of(batch) || x == order.len()) {
-                    w.advance_clock()?;
-                }
-                if x.is_multiple_of(512) {
-                    epochs_of.progress(epoch, x as f64 / order.len().max(1) as f64);
-                }
-            }
-            for ticket in tickets {
-                w.wait(ticket)?;
-            }
-            w.barrier()?;
-            let trained = epochs_of.stop(start);
-            let mut v = [0.0f32; METRIC_FIELDS];
-            v[field::LOSS] = loss as f32;
-            v[field::EXAMPLES] = n as f32;
-            let (evaluating, saving) = (a.evaluate_now(epoch), a.common.save_now(epoch));
-            let evaluate_epoch = |w: &mut Worker, _: &[f32; METRIC_FIELDS], _: f64| -> Result<serde_json::Map<String, serde_json::Value>> {
-                if !(evaluating || saving) {
-                    return Ok(serde_json::Map::new());
-                }
-                let e_all = pull_all(w, entities, n_e, len)?;
-                let r_all = pull_all(w, relations, n_r, len)?;
-                if saving {
-                    save_model(a, epoch, len, &e_all, &r_all, kg)?;
-                }
-                Ok(if evaluating {
-                    evaluate(&e_all, &r_all, d, len, n_e, &kg.test, known, a.eval_max, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)))
-                } else {
-                    serde_json::Map::new()
-                })
-            };
-            // Nobody trains on while rank 0 reads the model.
-            epochs_of.end(&mut w, epoch, trained, v, evaluating || saving, evaluate_epoch)?;
-        }
-        Ok(())
-    })?;
-    node.finalize()?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -14,20 +14,18 @@
 //! loss and AUC on the held-out examples, against scikit-learn's `LogisticRegression` on the
 //! same split (`--sklearn`).
 
-use std::sync::Barrier;
-use std::time::Instant;
-
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ferry::filter::{FilteredPusher, Kkt, PushFilter, Significance};
-use ferry::{Partitioning, TableSpec, Updater, Worker};
+use ferry::{Partitioning, TableSpec, Updater};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use super::ahead::AheadCursor;
-use super::shared::{ClusterEpochs, METRIC_FIELDS, field, leading_columns, pull_all, run_workers, start_node};
-use super::{Common, EpochReport, Event, Mode, Sink};
+use super::epochs::{Fields, Measured, Model, ModelReader, ModelTable, Pass, Quality, Trainer, Workload};
+use super::shared::{METRIC_FIELDS, field, leading_columns};
+use super::{Common, Event, Mode, Sink};
 use crate::data::sparse::{Examples, load_labelled_text, load_libsvm};
 
 /// Options of `train lr`.
@@ -166,12 +164,8 @@ impl super::Task for LrArgs {
         args
     }
 
-    fn run_single(&self, emit: Sink) -> Result<()> {
-        run_single(self, emit)
-    }
-
-    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
-        run_node(self, mode, emit)
+    fn train(&self, mode: Mode, emit: Sink) -> Result<()> {
+        super::epochs::run(self, mode, emit)
     }
 
     fn after_modes(&self) -> Result<()> {
@@ -311,12 +305,13 @@ fn synthetic(n: usize, dims: u64, seed: u64) -> Examples {
     examples.expect("generated examples parse")
 }
 
-/// The order in which worker `worker_index` trains its mini-batches in epoch `epoch` (drawn
-/// from the seed, so that intent mode can declare an epoch's first batches before it starts).
-fn epoch_order(batches: &[Vec<usize>], seed: u64, epoch: usize, worker_index: usize) -> Vec<&[usize]> {
-    let mut chunks: Vec<&[usize]> = batches.iter().map(Vec::as_slice).collect();
-    chunks.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ worker_index as u64));
-    chunks
+/// The order (as indices into its batches) in which worker `worker_index`, of `batches`
+/// mini-batches, trains them in epoch `epoch` (drawn from the seed, so that intent mode can
+/// declare an epoch's first batches before it starts).
+fn epoch_order(batches: usize, seed: u64, epoch: usize, worker_index: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..batches).collect();
+    order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ worker_index as u64));
+    order
 }
 
 /// `examples` cut into mini-batches of `size` once (seeded): every epoch revisits the same
@@ -455,188 +450,266 @@ fn auc(scored: &mut [(f32, f32)]) -> f64 {
     (rank_sum - (positives * (positives + 1)) as f64 / 2.0) / (positives * negatives) as f64
 }
 
-/// `single`: one thread, the weights and the optimizer state in plain arrays, the same updater.
-pub fn run_single(a: &LrArgs, emit: Sink) -> Result<()> {
-    let split = a.load()?;
-    let updater = a.updater()?;
-    let n = split.dims as usize + 1;
-    let state_len = updater.state_len(1);
-    let (mut weights, mut state) = (vec![0.0f32; n], vec![0.0f32; n * state_len]);
-    let all: Vec<usize> = (0..split.train.len()).collect();
-    let mut batches = fixed_batches(&all, a.batch, a.common.seed);
-    let mut batch = Batch::default();
-    let mut elapsed = 0.0;
-    for epoch in 1..=a.common.epochs {
-        batches.shuffle(&mut ChaCha8Rng::seed_from_u64(a.common.seed ^ ((epoch as u64) << 20)));
-        let started = Instant::now();
-        let mut loss = 0.0;
-        for (x, chunk) in batches.iter().enumerate() {
-            batch.gather(&split.train, chunk, split.dims);
-            for (w, &k) in batch.weights.iter_mut().zip(&batch.keys) {
-                *w = weights[k as usize];
-            }
-            loss += batch.gradient(&split.train, chunk, a.worker_l2());
-            for (&k, &g) in batch.keys.iter().zip(&batch.gradient) {
-                let k = k as usize;
-                updater.apply(&mut weights[k..k + 1], &mut state[k * state_len..(k + 1) * state_len], &[g]);
-            }
-            if x % 256 == 0 {
-                emit(Event::Progress(epoch, x as f64 / batches.len().max(1) as f64));
-            }
-        }
-        let epoch_s = started.elapsed().as_secs_f64();
-        elapsed += epoch_s;
-        let quality = evaluate(&weights, &split.test);
-        emit(Event::Epoch(Box::new(EpochReport::single("lr", epoch, epoch_s, elapsed, loss / split.train.len().max(1) as f64, quality))));
-    }
-    Ok(())
-}
+impl Workload for LrArgs {
+    type Data = Split;
 
-/// One node of a `classic`, `localize` or `intent` cluster.
-pub fn run_node(a: &LrArgs, mode: Mode, emit: Sink) -> Result<()> {
-    if mode == Mode::Hybrid {
-        bail!("train lr has no hybrid mode (server-side optimizers do not take replicated keys)");
+    fn load(&self) -> Result<Split> {
+        LrArgs::load(self)
     }
-    let split = a.load()?;
-    let epochs = a.common.epochs;
-    let n = split.dims + 1;
-    let server = a.server_optimizer(mode)?;
-    // Worker-side AdaGrad: each value is `[weight, accumulator]` and pushes add.
-    let (value_len, updater) = if server { (1, a.updater()?) } else { (2, Updater::Add) };
-    let weights_spec = a.common.on_the_wire(TableSpec::new("weights", n, value_len).partitioned(Partitioning::Hash).with_updater(updater))?;
-    let tables = vec![weights_spec, TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS)];
-    let localize = mode == Mode::Localize;
-    let intent = mode == Mode::Intent;
-    if intent && a.intent_ahead == 0 {
-        bail!("--intent-ahead must be at least 1");
+
+    /// `single`: the weights and the updater's state in plain arrays (one thread applies the
+    /// updater itself). A cluster: the weights, with the optimizer as the table's updater, or
+    /// as `[weight, accumulator]` values that the trainer's AdaGrad adds to.
+    fn model(&self, split: &Split, mode: Mode) -> Result<Model> {
+        let n = split.dims + 1;
+        if mode == Mode::Hybrid {
+            bail!("train lr has no hybrid mode (server-side optimizers do not take replicated keys)");
+        }
+        if mode == Mode::Intent && self.intent_ahead == 0 {
+            bail!("--intent-ahead must be at least 1");
+        }
+        let tables = if mode == Mode::Single {
+            let state_len = self.updater()?.state_len(1);
+            vec![ModelTable::zeros(TableSpec::new("weights", n, 1)), ModelTable::zeros(TableSpec::new("state", n, state_len))]
+        } else {
+            // Worker-side AdaGrad: each value is `[weight, accumulator]` and pushes add.
+            let (value_len, updater) = if self.server_optimizer(mode)? { (1, self.updater()?) } else { (2, Updater::Add) };
+            vec![ModelTable::zeros(self.common.on_the_wire(TableSpec::new("weights", n, value_len).partitioned(Partitioning::Hash).with_updater(updater))?)]
+        };
+        Ok(Model { tables, notes: Vec::new() })
     }
-    let mut node = start_node(tables, localize || intent)?;
-    let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
-    let (weights, metrics) = (node.table("weights")?, node.table("metrics")?);
-    let local_barrier = Barrier::new(threads);
-    let emit = parking_lot::Mutex::new(emit);
-    run_workers(&node, threads, |t, mut w: Worker| -> Result<()> {
-        let (split, node) = (&split, &node);
-        let mut epochs_of = ClusterEpochs::new(node, metrics, "lr", mode, t, &local_barrier, &emit);
-        let worker_index = rank * threads + t;
-        let mine: Vec<usize> = (0..split.train.len()).filter(|i| i % (nodes * threads) == worker_index).collect();
-        let batches = fixed_batches(&mine, a.batch, a.common.seed ^ worker_index as u64);
-        let mut pusher = a.parse_filter()?.map(|f| FilteredPusher::new(weights, f));
-        let mut batch = Batch::default();
-        let mut next = Batch::default();
-        let mut peek = Batch::default();
-        let order = |epoch: usize| epoch_order(&batches, a.common.seed, epoch, worker_index);
+
+    fn trainer<'a>(&'a self, split: &'a Split, pass: &mut Pass<'_>) -> Result<Box<dyn Trainer + 'a>> {
+        if pass.mode == Mode::Single {
+            let all: Vec<usize> = (0..split.train.len()).collect();
+            return Ok(Box::new(SingleLr {
+                a: self,
+                split,
+                updater: self.updater()?,
+                batches: fixed_batches(&all, self.batch, self.common.seed),
+                batch: Batch::default(),
+            }));
+        }
+        let worker_index = pass.rank * pass.threads + pass.thread;
+        let workers = pass.nodes * pass.threads;
+        let mine: Vec<usize> = (0..split.train.len()).filter(|i| i % workers == worker_index).collect();
+        let batches = fixed_batches(&mine, self.batch, self.common.seed ^ worker_index as u64);
+        let mode = pass.mode;
+        let (w, tables) = pass.node().expect("a cluster's pass has a worker");
         // Intent mode: batch `x` of epoch `e` trains in clock `start + (e - 1) * batches + x`;
         // its weights are declared `intent_ahead` clocks early, the next epoch's first batches
         // during this epoch's last ones (see `super::ahead`).
-        let mut cursor = intent.then(|| AheadCursor::new(w.current_clock(), batches.len(), epochs, a.intent_ahead));
-        // The epoch whose order the declarations have reached, and that order.
-        let mut declaring: Option<(usize, Vec<&[usize]>)> = None;
-        let mut declare = |w: &mut Worker, cursor: &mut AheadCursor, epoch: usize, x: usize| -> Result<()> {
-            for due in cursor.due(epoch, x) {
-                if declaring.as_ref().is_none_or(|d| d.0 != due.epoch) {
-                    declaring = Some((due.epoch, order(due.epoch)));
-                }
-                if let Some((_, chunks)) = &declaring {
-                    peek.gather(&split.train, chunks[due.index], split.dims);
-                    w.intent(weights, &peek.keys, due.clock, due.clock + 1)?;
-                }
-            }
-            Ok(())
+        let cursor = (mode == Mode::Intent).then(|| AheadCursor::new(w.current_clock(), batches.len(), self.common.epochs, self.intent_ahead));
+        let mut trainer = NodeLr {
+            a: self,
+            split,
+            server: self.server_optimizer(mode)?,
+            localize: mode == Mode::Localize,
+            intent: mode == Mode::Intent,
+            worker_index,
+            examples: mine.len(),
+            batches,
+            pusher: self.parse_filter()?.map(|f| FilteredPusher::new(tables[0], f)),
+            batch: Batch::default(),
+            next: Batch::default(),
+            peek: Batch::default(),
+            cursor,
+            declaring: None,
         };
-        w.barrier()?;
-        for epoch in 1..=epochs {
-            let chunks = order(epoch);
-            if let Some(cursor) = cursor.as_mut() {
-                // One clock per batch and none in between, or the declared windows are off.
-                let expected = cursor.clock(epoch, 0);
-                if w.current_clock() != expected {
-                    bail!("epoch {epoch} starts in clock {}, not {expected}: the intent windows declared for it are off", w.current_clock());
-                }
-                // Declared before the barrier: the service acts on them while the workers meet.
-                declare(&mut w, cursor, epoch, 0)?;
+        // The first epoch's first batches, declared before the workers meet to start it: the
+        // service acts on them meanwhile.
+        trainer.declare(pass, 1, 0)?;
+        Ok(Box::new(trainer))
+    }
+
+    fn reads_model(&self, _: usize) -> bool {
+        true
+    }
+
+    fn evaluate(&self, split: &Split, _: usize, model: &mut ModelReader<'_>, sums: &Fields, _: Measured, _: &(dyn Fn(Event) + Sync)) -> Result<Quality> {
+        let weights = model.all(0)?;
+        let value_len = weights.len() / (split.dims as usize + 1);
+        let mut quality = evaluate(&leading_columns(&weights, value_len, 1), &split.test);
+        if sums[field::FILTER_OFFERED] > 0.0 {
+            quality.insert("filtered".into(), format!("{:.1}% held", 100.0 * sums[field::FILTER_HELD] as f64 / sums[field::FILTER_OFFERED] as f64).into());
+        }
+        Ok(quality)
+    }
+}
+
+/// `single`: one thread, the weights and the optimizer state in plain arrays, the same updater
+/// applied where the trainer runs.
+struct SingleLr<'a> {
+    a: &'a LrArgs,
+    split: &'a Split,
+    updater: Updater,
+    batches: Vec<Vec<usize>>,
+    batch: Batch,
+}
+
+impl Trainer for SingleLr<'_> {
+    fn epoch(&mut self, epoch: usize, pass: &mut Pass<'_>) -> Result<Fields> {
+        let mut v = [0.0f32; METRIC_FIELDS];
+        if pass.thread != 0 {
+            return Ok(v);
+        }
+        let (split, a) = (self.split, self.a);
+        let state_len = self.updater.state_len(1);
+        let (mut weight, mut state) = ([0.0f32], vec![0.0f32; state_len]);
+        self.batches.shuffle(&mut ChaCha8Rng::seed_from_u64(a.common.seed ^ ((epoch as u64) << 20)));
+        let mut loss = 0.0;
+        for (x, chunk) in self.batches.iter().enumerate() {
+            self.batch.gather(&split.train, chunk, split.dims);
+            pass.pull(0, &self.batch.keys, &mut self.batch.weights)?;
+            loss += self.batch.gradient(&split.train, chunk, a.worker_l2());
+            let super::epochs::Access::Shared(arrays) = pass.access else { unreachable!("single mode has shared arrays") };
+            for (&k, &g) in self.batch.keys.iter().zip(&self.batch.gradient) {
+                let k = k as usize;
+                arrays[0].read(k, &mut weight);
+                arrays[1].read(k, &mut state);
+                self.updater.apply(&mut weight, &mut state, &[g]);
+                arrays[0].write(k, &weight);
+                arrays[1].write(k, &state);
             }
-            w.barrier()?;
-            let start = epochs_of.begin();
-            let mut loss = 0.0;
-            let mut ticket = None;
-            for (x, chunk) in chunks.iter().enumerate() {
-                if let Some(cursor) = cursor.as_mut() {
-                    declare(&mut w, cursor, epoch, x)?;
-                }
-                if localize && x > 0 {
-                    // Gathered ahead, when its localize was issued.
-                    std::mem::swap(&mut batch, &mut next);
-                } else {
-                    batch.gather(&split.train, chunk, split.dims);
-                }
-                if localize {
-                    // Latency hiding: the next batch's weights move here while this one trains.
-                    if let Some(t) = ticket.take() {
-                        w.wait(t)?;
-                    }
-                    if x == 0 {
-                        w.localize(weights, &batch.keys)?;
-                    }
-                    if let Some(following) = chunks.get(x + 1) {
-                        next.gather(&split.train, following, split.dims);
-                        ticket = Some(w.localize_async(weights, &next.keys)?);
-                    }
-                }
-                if server {
-                    w.pull(weights, &batch.keys, &mut batch.weights)?;
-                } else {
-                    batch.values.resize(batch.keys.len() * 2, 0.0);
-                    w.pull(weights, &batch.keys, &mut batch.values)?;
-                    for (weight, value) in batch.weights.iter_mut().zip(batch.values.chunks_exact(2)) {
-                        *weight = value[0];
-                    }
-                }
-                loss += batch.gradient(&split.train, chunk, a.worker_l2());
-                match pusher.as_mut() {
-                    Some(p) => p.push(&mut w, &batch.keys, &batch.gradient, &batch.weights)?,
-                    None if server => w.push(weights, &batch.keys, &batch.gradient)?,
-                    None => {
-                        batch.adagrad_update(a.lr);
-                        w.push(weights, &batch.keys, &batch.update)?;
-                    }
-                }
-                if intent {
-                    w.advance_clock()?;
-                }
-                if x % 256 == 0 {
-                    epochs_of.progress(epoch, x as f64 / chunks.len().max(1) as f64);
-                }
+            if x % 256 == 0 {
+                pass.progress(epoch, x as f64 / self.batches.len().max(1) as f64);
             }
-            if let Some(t) = ticket.take() {
-                w.wait(t)?;
+        }
+        v[field::LOSS] = loss as f32;
+        v[field::EXAMPLES] = split.train.len() as f32;
+        Ok(v)
+    }
+}
+
+/// A cluster worker's share of the examples, in fixed mini-batches.
+struct NodeLr<'a> {
+    a: &'a LrArgs,
+    split: &'a Split,
+    /// Whether the optimizer runs in Ferry (else AdaGrad in the trainer).
+    server: bool,
+    localize: bool,
+    intent: bool,
+    worker_index: usize,
+    examples: usize,
+    batches: Vec<Vec<usize>>,
+    pusher: Option<FilteredPusher<Box<dyn PushFilter>>>,
+    batch: Batch,
+    next: Batch,
+    peek: Batch,
+    cursor: Option<AheadCursor>,
+    /// The epoch whose order the declarations have reached, and that order.
+    declaring: Option<(usize, Vec<usize>)>,
+}
+
+impl NodeLr<'_> {
+    fn order(&self, epoch: usize) -> Vec<usize> {
+        epoch_order(self.batches.len(), self.a.common.seed, epoch, self.worker_index)
+    }
+
+    /// Intent mode: declares the batches due at batch `x` of `epoch`.
+    fn declare(&mut self, pass: &mut Pass<'_>, epoch: usize, x: usize) -> Result<()> {
+        let Some(cursor) = self.cursor.as_mut() else { return Ok(()) };
+        let due = cursor.due(epoch, x);
+        let (w, tables) = pass.node().expect("a cluster's pass has a worker");
+        for due in due {
+            if self.declaring.as_ref().is_none_or(|d| d.0 != due.epoch) {
+                self.declaring = Some((due.epoch, epoch_order(self.batches.len(), self.a.common.seed, due.epoch, self.worker_index)));
             }
-            if let Some(p) = pusher.as_mut() {
-                // Nothing is lost: what the filter held back goes out before the evaluation.
-                p.flush(&mut w)?;
+            if let Some((_, order)) = &self.declaring {
+                self.peek.gather(&self.split.train, &self.batches[order[due.index]], self.split.dims);
+                w.intent(tables[0], &self.peek.keys, due.clock, due.clock + 1)?;
             }
-            w.barrier()?;
-            let trained = epochs_of.stop(start);
-            let mut v = [0.0f32; METRIC_FIELDS];
-            v[field::LOSS] = loss as f32;
-            v[field::EXAMPLES] = mine.len() as f32;
-            let filtered = pusher.as_ref().map(|p| {
-                let s = p.stats();
-                format!("{:.1}% held", 100.0 * s.held as f64 / s.offered.max(1) as f64)
-            });
-            epochs_of.end(&mut w, epoch, trained, v, true, |w, _, _| {
-                let all = leading_columns(&pull_all(w, weights, n as usize, value_len)?, value_len, 1);
-                let mut quality = evaluate(&all, &split.test);
-                if let Some(filtered) = filtered {
-                    quality.insert("filtered".into(), filtered.into());
-                }
-                Ok(quality)
-            })?;
         }
         Ok(())
-    })?;
-    node.finalize()?;
-    Ok(())
+    }
+}
+
+impl Trainer for NodeLr<'_> {
+    fn epoch(&mut self, epoch: usize, pass: &mut Pass<'_>) -> Result<Fields> {
+        let (a, split) = (self.a, self.split);
+        let order = self.order(epoch);
+        if let Some(cursor) = &self.cursor {
+            // One clock per batch and none in between, or the declared windows are off.
+            let expected = cursor.clock(epoch, 0);
+            let clock = pass.node().expect("a cluster's pass has a worker").0.current_clock();
+            if clock != expected {
+                bail!("epoch {epoch} starts in clock {clock}, not {expected}: the intent windows declared for it are off");
+            }
+        }
+        let mut loss = 0.0;
+        let mut ticket = None;
+        for (x, &b) in order.iter().enumerate() {
+            self.declare(pass, epoch, x)?;
+            let chunk = &self.batches[b];
+            if self.localize && x > 0 {
+                // Gathered ahead, when its localize was issued.
+                std::mem::swap(&mut self.batch, &mut self.next);
+            } else {
+                self.batch.gather(&split.train, chunk, split.dims);
+            }
+            let (w, tables) = pass.node().expect("a cluster's pass has a worker");
+            let weights = tables[0];
+            if self.localize {
+                // Latency hiding: the next batch's weights move here while this one trains.
+                if let Some(t) = ticket.take() {
+                    w.wait(t)?;
+                }
+                if x == 0 {
+                    w.localize(weights, &self.batch.keys)?;
+                }
+                if let Some(&following) = order.get(x + 1) {
+                    self.next.gather(&split.train, &self.batches[following], split.dims);
+                    ticket = Some(w.localize_async(weights, &self.next.keys)?);
+                }
+            }
+            let batch = &mut self.batch;
+            if self.server {
+                w.pull(weights, &batch.keys, &mut batch.weights)?;
+            } else {
+                batch.values.resize(batch.keys.len() * 2, 0.0);
+                w.pull(weights, &batch.keys, &mut batch.values)?;
+                for (weight, value) in batch.weights.iter_mut().zip(batch.values.chunks_exact(2)) {
+                    *weight = value[0];
+                }
+            }
+            loss += batch.gradient(&split.train, chunk, a.worker_l2());
+            match self.pusher.as_mut() {
+                Some(p) => p.push(w, &batch.keys, &batch.gradient, &batch.weights)?,
+                None if self.server => w.push(weights, &batch.keys, &batch.gradient)?,
+                None => {
+                    batch.adagrad_update(a.lr);
+                    w.push(weights, &batch.keys, &batch.update)?;
+                }
+            }
+            if self.intent {
+                w.advance_clock()?;
+            }
+            if x % 256 == 0 {
+                pass.progress(epoch, x as f64 / order.len().max(1) as f64);
+            }
+        }
+        let (w, _) = pass.node().expect("a cluster's pass has a worker");
+        if let Some(t) = ticket.take() {
+            w.wait(t)?;
+        }
+        if let Some(p) = self.pusher.as_mut() {
+            // Nothing is lost: what the filter held back goes out before the evaluation.
+            p.flush(w)?;
+        }
+        if epoch < a.common.epochs {
+            // The next epoch's first batches, declared before the workers meet to start it.
+            self.declare(pass, epoch + 1, 0)?;
+        }
+        let mut v = [0.0f32; METRIC_FIELDS];
+        v[field::LOSS] = loss as f32;
+        v[field::EXAMPLES] = self.examples as f32;
+        if let Some(p) = &self.pusher {
+            let stats = p.stats();
+            v[field::FILTER_HELD] = stats.held as f32;
+            v[field::FILTER_OFFERED] = stats.offered as f32;
+        }
+        Ok(v)
+    }
 }
 
 /// Fits scikit-learn's LogisticRegression on the same split (scripts/sklearn-baseline) and

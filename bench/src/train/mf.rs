@@ -7,9 +7,6 @@
 //! sub-epoch are local. Worker threads of a node split its rows; a cluster barrier ends every
 //! sub-epoch. The `single` mode runs the same schedule over threads and plain shared arrays.
 
-use std::sync::Barrier;
-use std::time::Instant;
-
 use anyhow::{Result, bail};
 use clap::Args;
 use ferry::{Partitioning, TableSpec};
@@ -18,9 +15,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::DataFiles;
+use super::epochs::{Fields, Measured, Model, ModelReader, ModelTable, Pass, Quality, Trainer, Workload};
 use super::model::SavedTable;
-use super::shared::{ClusterEpochs, METRIC_FIELDS, SharedArray, field, part, part_of, pull_all, run_workers, start_node_with};
-use super::{Common, EpochReport, Event, Mode, Sink};
+use super::shared::{METRIC_FIELDS, field, part, part_of};
+use super::{Common, Event, Mode, Sink};
 use crate::data::ratings::{Ratings, Synthetic};
 
 /// Options of `train mf`.
@@ -181,12 +179,8 @@ impl super::Task for MfArgs {
         .collect()
     }
 
-    fn run_single(&self, emit: Sink) -> Result<()> {
-        run_single(self, emit)
-    }
-
-    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
-        run_node(self, mode, emit)
+    fn train(&self, mode: Mode, emit: Sink) -> Result<()> {
+        super::epochs::run(self, mode, emit)
     }
 
     fn run_other(&self) -> Result<bool> {
@@ -258,8 +252,8 @@ pub(crate) fn sgd_step(mu: f32, r: f32, p: &[f32], q: &[f32], lr: f32, reg: f32,
     err * err
 }
 
-/// Where a mini-batch's parameters come from and go to: the single mode's shared arrays, or a
-/// Ferry worker.
+/// Where a mini-batch's parameters come from and go to (a training thread's [`Pass`]: the
+/// single mode's shared arrays, or a Ferry worker).
 pub(crate) trait Params {
     /// Reads the values of `keys` of table `t` (0: rows, 1: columns) into `out`.
     fn pull(&mut self, t: usize, keys: &[u64], out: &mut [f32]) -> Result<()>;
@@ -348,39 +342,13 @@ impl Batcher {
     }
 }
 
-struct SharedParams<'a> {
-    tables: [&'a SharedArray; 2],
-    len: usize,
-}
-
-impl Params for SharedParams<'_> {
+impl Params for Pass<'_> {
     fn pull(&mut self, t: usize, keys: &[u64], out: &mut [f32]) -> Result<()> {
-        for (j, &k) in keys.iter().enumerate() {
-            self.tables[t].read(k as usize, &mut out[j * self.len..(j + 1) * self.len]);
-        }
-        Ok(())
+        Pass::pull(self, t, keys, out)
     }
 
     fn push(&mut self, t: usize, keys: &[u64], delta: &[f32]) -> Result<()> {
-        for (j, &k) in keys.iter().enumerate() {
-            self.tables[t].add(k as usize, &delta[j * self.len..(j + 1) * self.len]);
-        }
-        Ok(())
-    }
-}
-
-struct FerryParams<'a> {
-    worker: &'a mut ferry::Worker,
-    tables: [ferry::Table; 2],
-}
-
-impl Params for FerryParams<'_> {
-    fn pull(&mut self, t: usize, keys: &[u64], out: &mut [f32]) -> Result<()> {
-        Ok(self.worker.pull(self.tables[t], keys, out)?)
-    }
-
-    fn push(&mut self, t: usize, keys: &[u64], delta: &[f32]) -> Result<()> {
-        Ok(self.worker.push(self.tables[t], keys, delta)?)
+        Pass::push(self, t, keys, delta)
     }
 }
 
@@ -413,285 +381,316 @@ fn column_block_items(n_items: u32, blocks: usize, block: usize) -> Vec<u64> {
     (block as u64..u64::from(n_items)).step_by(blocks.max(1)).collect()
 }
 
-/// The training ratings of each (row stratum, column block).
-fn cells(train: &Ratings, rows: std::ops::Range<usize>, strata: usize, blocks: usize) -> Vec<Vec<Vec<Rating>>> {
-    let mut cells = vec![vec![Vec::new(); blocks]; strata];
+/// The training ratings of row stratum `stratum` of `strata` over `rows`, per column block.
+fn cells(train: &Ratings, rows: std::ops::Range<usize>, strata: usize, stratum: usize, blocks: usize) -> Vec<Vec<Rating>> {
+    let mut cells = vec![Vec::new(); blocks];
     for i in 0..train.len() {
         let u = train.users[i] as usize;
-        if !rows.contains(&u) {
+        if !rows.contains(&u) || part_of(u - rows.start, rows.len(), strata) != stratum {
             continue;
         }
-        let stratum = part_of(u - rows.start, rows.len(), strata);
         let block = column_block(train.items[i], blocks);
-        cells[stratum][block].push(Rating { user: train.users[i], item: train.items[i], value: train.values[i] });
+        cells[block].push(Rating { user: train.users[i], item: train.items[i], value: train.values[i] });
     }
     cells
 }
 
-/// The `single` mode: DSGD over threads and shared arrays, no parameter server.
-pub fn run_single(a: &MfArgs, emit: Sink) -> Result<()> {
-    let (train, test) = a.load()?;
-    let threads = a.common.single_threads();
-    let (seed, len) = (a.common.seed, a.rank + 1);
-    let users = SharedArray::new(train.n_users as usize, len, |k, j| factor_init(seed, 0, k as u64, j));
-    let items = SharedArray::new(train.n_items as usize, len, |k, j| factor_init(seed, 1, k as u64, j));
-    let mu = train.mean();
-    let cells = cells(&train, 0..train.n_users as usize, threads, threads);
-    let barrier = Barrier::new(threads);
-    let mut elapsed = 0.0;
-    for epoch in 1..=a.common.epochs {
-        let started = Instant::now();
-        let progress = parking_lot::Mutex::new(&mut *emit);
-        let losses: Vec<(f64, usize)> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|t| {
-                    let (cells, users, items, barrier, train, progress) = (&cells, &users, &items, &barrier, &train, &progress);
-                    s.spawn(move || {
-                        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20) ^ t as u64);
-                        let mut batcher = Batcher::new(train.n_users as usize, train.n_items as usize, len);
-                        let mut params = SharedParams { tables: [users, items], len };
-                        let (mut loss, mut n) = (0.0f64, 0usize);
-                        for sub in 0..threads {
-                            let mut order = cells[t][(t + sub) % threads].clone();
-                            order.shuffle(&mut rng);
-                            for (x, batch) in order.chunks(a.batch.max(1)).enumerate() {
-                                loss += batcher.run(batch, len, mu, a.lr, a.reg, &mut params).expect("shared arrays do not fail");
-                                n += batch.len();
-                                if t == 0 && x.is_multiple_of(64) {
-                                    (progress.lock())(Event::Progress(
-                                        epoch,
-                                        (sub as f64 + n as f64 / order.len().max(1) as f64 / (sub + 1) as f64) / threads as f64,
-                                    ));
-                                }
-                            }
-                            barrier.wait();
-                        }
-                        (loss, n)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("training thread")).collect()
-        });
-        let epoch_s = started.elapsed().as_secs_f64();
-        elapsed += epoch_s;
-        let (loss, n) = losses.iter().fold((0.0, 0), |(l, c), (a, b)| (l + a, c + b));
-        let (mut p, mut q) = (vec![0.0; len], vec![0.0; len]);
-        let mut sse = 0.0f64;
-        for i in 0..test.len() {
-            users.read(test.users[i] as usize, &mut p);
-            items.read(test.items[i] as usize, &mut q);
-            let e = (test.values[i] - predict(mu, &p, &q)) as f64;
-            sse += e * e;
-        }
-        let mut quality = serde_json::Map::new();
-        quality.insert("rmse".into(), ((sse / test.len().max(1) as f64).sqrt()).into());
-        emit(Event::Epoch(Box::new(EpochReport::single("mf", epoch, epoch_s, elapsed, loss / n.max(1) as f64, quality))));
-        if a.common.save_now(epoch) {
-            save_model(a, epoch, mu, users.to_vec(), items.to_vec(), &train)?;
-        }
-    }
-    Ok(())
+/// The training and test ratings, and the mean rating.
+pub struct RatingsData {
+    train: Ratings,
+    test: Ratings,
+    mu: f32,
 }
 
-/// One node of a `classic`, `localize` or `hybrid` cluster.
-pub fn run_node(a: &MfArgs, mode: Mode, emit: Sink) -> Result<()> {
-    let (train, test) = a.load()?;
-    let (seed, len, epochs) = (a.common.seed, a.rank + 1, a.common.epochs);
-    let mut item_spec = a.common.on_the_wire(TableSpec::new("items", train.n_items as u64, len).partitioned(Partitioning::Hash))?;
-    let mut summary = None;
-    if mode == Mode::Hybrid {
-        // Column keys the frequency heuristic finds hot are replicated (with the default factor
-        // of 100, none on MovieLens: its most rated film has about ten times the mean).
-        let mut counts = ferry::AccessCounts::new(train.n_items as u64);
-        for &i in &train.items {
-            counts.add(i as u64, 1);
-        }
-        let hot = a.common.hot_keys(&counts);
-        summary = Some(format!("hybrid: {} of {} items replicated ({:.1}% of accesses)", hot.len(), train.n_items, 100.0 * counts.share(&hot)));
-        item_spec = item_spec.replicating(ferry::as_ranges(&hot));
-    }
-    let tables = vec![
-        a.common.on_the_wire(TableSpec::new("users", train.n_users as u64, len).partitioned(Partitioning::Hash))?,
-        item_spec,
-        TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS),
-    ];
-    let localize = matches!(mode, Mode::Localize | Mode::Hybrid);
-    let intent = mode == Mode::Intent;
-    if intent && a.intent_clocks == 0 {
-        bail!("--intent-clocks must be at least 1");
-    }
-    // Bounded delay: clocks instead of sub-epoch barriers (only where no block must be
-    // exclusive, i.e. in classic mode).
-    let max_delay = match &a.max_delay {
-        None => None,
-        Some(_) if mode != Mode::Classic => bail!("--max-delay works in classic mode: localize and hybrid need the sub-epoch barriers that keep blocks apart"),
-        Some(_) if a.clocks_per_epoch == 0 => bail!("--clocks-per-epoch must be at least 1"),
-        Some(d) => Some(ferry::parse_max_delay(d).map_err(|e| anyhow::anyhow!("--max-delay: {e}"))?),
-    };
-    let mut node = start_node_with(tables, localize || intent, |c| {
-        if let Some(tau) = max_delay {
-            c.max_delay = tau;
-        }
-    })?;
-    let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
-    if let Some(summary) = summary.filter(|_| rank == 0) {
-        eprintln!("{summary}");
-    }
-    if let (Some(tau), 0) = (max_delay, rank) {
-        eprintln!("bounded delay: τ = {}, {} clocks per epoch", tau.map_or("∞".to_string(), |t| t.to_string()), a.clocks_per_epoch);
-    }
-    let (users, items, metrics) = (node.table("users")?, node.table("items")?, node.table("metrics")?);
-    let my_rows = part(train.n_users as usize, nodes, rank);
-    let cells = cells(&train, my_rows.clone(), threads, nodes);
-    // Intent mode: per thread, the users it trains and the items of each block it touches.
-    let distinct = |ids: &mut dyn Iterator<Item = u32>| -> Vec<u64> {
-        let mut v: Vec<u64> = ids.map(u64::from).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
-    };
-    let intents: Vec<(Vec<u64>, Vec<Vec<u64>>)> = (0..threads)
-        .map(|t| {
-            let users = distinct(&mut cells[t].iter().flatten().map(|r| r.user));
-            let items = (0..nodes).map(|b| distinct(&mut cells[t][b].iter().map(|r| r.item))).collect();
-            (users, items)
-        })
-        .collect();
-    let my_test: Vec<u32> = (0..test.len() as u32).filter(|&i| my_rows.contains(&(test.users[i as usize] as usize))).collect();
-    let mu = train.mean();
-    let local_barrier = Barrier::new(threads);
-    let emit = parking_lot::Mutex::new(emit);
-    let k = a.intent_clocks;
-    run_workers(&node, threads, |t, mut w| -> Result<()> {
-        let (cells, train, test, my_test, node, my_rows) = (&cells, &train, &test, &my_test, &node, &my_rows);
-        let mut epochs_of = ClusterEpochs::new(node, metrics, "mf", mode, t, &local_barrier, &emit);
-        let (my_users, my_items) = &intents[t];
-        if epochs_of.reporter() {
-            // Initial values, identical to the single mode's.
-            for (table, n, id) in [(users, train.n_users as u64, 0u64), (items, train.n_items as u64, 1)] {
-                let keys: Vec<u64> = (0..n).collect();
-                for chunk in keys.chunks(8192) {
-                    let values: Vec<f32> = chunk.iter().flat_map(|&k| (0..len).map(move |j| factor_init(seed, id, k, j))).collect();
-                    w.set(table, chunk, &values)?;
-                }
+impl MfArgs {
+    /// The bounded delay `τ` of `--max-delay` in `mode` (`None`: none; `Some(None)`: `inf`).
+    fn max_delay(&self, mode: Mode) -> Result<Option<Option<u64>>> {
+        match &self.max_delay {
+            None => Ok(None),
+            Some(_) if mode == Mode::Single => Ok(None),
+            Some(_) if mode != Mode::Classic => {
+                bail!("--max-delay works in classic mode: localize and hybrid need the sub-epoch barriers that keep blocks apart")
             }
+            Some(_) if self.clocks_per_epoch == 0 => bail!("--clocks-per-epoch must be at least 1"),
+            Some(d) => Ok(Some(ferry::parse_max_delay(d).map_err(|e| anyhow::anyhow!("--max-delay: {e}"))?)),
         }
-        w.barrier()?;
+    }
+}
+
+impl Workload for MfArgs {
+    type Data = RatingsData;
+
+    fn load(&self) -> Result<RatingsData> {
+        let (train, test) = MfArgs::load(self)?;
+        let mu = train.mean();
+        Ok(RatingsData { train, test, mu })
+    }
+
+    fn model(&self, data: &RatingsData, mode: Mode) -> Result<Model> {
+        let (seed, len, train) = (self.common.seed, self.rank + 1, &data.train);
+        if mode == Mode::Intent && self.intent_clocks == 0 {
+            bail!("--intent-clocks must be at least 1");
+        }
+        let max_delay = self.max_delay(mode)?;
+        let mut notes = Vec::new();
+        let mut item_spec = self.common.on_the_wire(TableSpec::new("items", train.n_items as u64, len).partitioned(Partitioning::Hash))?;
+        if mode == Mode::Hybrid {
+            // Column keys the frequency heuristic finds hot are replicated (with the default
+            // factor of 100, none on MovieLens: its most rated film has about ten times the mean).
+            let mut counts = ferry::AccessCounts::new(train.n_items as u64);
+            for &i in &train.items {
+                counts.add(i as u64, 1);
+            }
+            let hot = self.common.hot_keys(&counts);
+            notes.push(format!("hybrid: {} of {} items replicated ({:.1}% of accesses)", hot.len(), train.n_items, 100.0 * counts.share(&hot)));
+            item_spec = item_spec.replicating(ferry::as_ranges(&hot));
+        }
+        if let Some(tau) = max_delay {
+            notes.push(format!("bounded delay: τ = {}, {} clocks per epoch", tau.map_or("∞".to_string(), |t| t.to_string()), self.clocks_per_epoch));
+        }
+        let tables = vec![
+            ModelTable::init(self.common.on_the_wire(TableSpec::new("users", train.n_users as u64, len).partitioned(Partitioning::Hash))?, move |k, j| {
+                factor_init(seed, 0, k, j)
+            }),
+            ModelTable::init(item_spec, move |k, j| factor_init(seed, 1, k, j)),
+        ];
+        Ok(Model { tables, notes })
+    }
+
+    fn configure(&self, config: &mut ferry::Config, mode: Mode) -> Result<()> {
+        // Bounded delay: clocks instead of sub-epoch barriers (only where no block must be
+        // exclusive, i.e. in classic mode).
+        if let Some(tau) = self.max_delay(mode)? {
+            config.max_delay = tau;
+        }
+        Ok(())
+    }
+
+    fn trainer<'a>(&'a self, data: &'a RatingsData, pass: &mut Pass<'_>) -> Result<Box<dyn Trainer + 'a>> {
+        let (train, len) = (&data.train, self.rank + 1);
+        let batcher = Batcher::new(train.n_users as usize, train.n_items as usize, len);
+        if pass.mode == Mode::Single {
+            // The same schedule over threads: thread `t` trains row stratum `t` of every user,
+            // in its cell of each column block in turn.
+            let cells = cells(train, 0..train.n_users as usize, pass.threads, pass.thread, pass.threads);
+            let test = (pass.thread..data.test.len()).step_by(pass.threads).map(|i| i as u32).collect();
+            return Ok(Box::new(MfTrainer { a: self, data, cells, batcher, rng: None, test, node: None }));
+        }
+        let (rank, nodes, t, threads) = (pass.rank, pass.nodes, pass.thread, pass.threads);
+        let my_rows = part(train.n_users as usize, nodes, rank);
+        let cells = cells(train, my_rows.clone(), threads, t, nodes);
+        // Test error of this thread's share of the node's test ratings.
+        let test = (0..data.test.len() as u32).filter(|&i| my_rows.contains(&(data.test.users[i as usize] as usize))).skip(t).step_by(threads).collect();
+        let (localize, intent) = (matches!(pass.mode, Mode::Localize | Mode::Hybrid), pass.mode == Mode::Intent);
+        let distinct = |ids: &mut dyn Iterator<Item = u32>| -> Vec<u64> {
+            let mut v: Vec<u64> = ids.map(u64::from).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        // Intent mode: the users this thread trains and the items of each block it touches.
+        let my_items: Vec<Vec<u64>> = if intent { (0..nodes).map(|b| distinct(&mut cells[b].iter().map(|r| r.item))).collect() } else { Vec::new() };
+        let (w, tables) = pass.node().expect("a cluster's pass has a worker");
         if localize && t == 0 {
             // Data clustering: this node's rows stay here for the whole run.
-            let rows: Vec<u64> = my_rows.clone().map(|u| u as u64).collect();
-            w.localize(users, &rows)?;
+            let rows: Vec<u64> = my_rows.map(|u| u as u64).collect();
+            w.localize(tables[0], &rows)?;
         }
         if intent {
             // The trainer only says what it will need: its users throughout, and the first
             // sub-epoch's items in its first clocks.
-            w.intent(users, my_users, 0, u64::MAX)?;
-            w.intent(items, &my_items[rank % nodes], 0, k)?;
+            let my_users = distinct(&mut cells.iter().flatten().map(|r| r.user));
+            w.intent(tables[0], &my_users, 0, u64::MAX)?;
+            w.intent(tables[1], &my_items[rank % nodes], 0, self.intent_clocks)?;
         }
-        w.barrier()?;
-        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((rank as u64) << 40) ^ t as u64);
-        let mut batcher = Batcher::new(train.n_users as usize, train.n_items as usize, len);
-        for epoch in 1..=epochs {
-            w.barrier()?;
-            let start = epochs_of.begin();
-            let (mut loss, mut n) = (0.0f64, 0usize);
-            if max_delay.is_some() {
-                // All of this worker's ratings, in clocks_per_epoch clocks.
-                let mut order: Vec<Rating> = (0..nodes).flat_map(|block| cells[t][block].iter().copied()).collect();
-                order.shuffle(&mut rng);
-                let clocks = a.clocks_per_epoch;
-                let mut params = FerryParams { worker: &mut w, tables: [users, items] };
-                for c in 0..clocks {
-                    if a.straggle_ms > 0 && rng.gen_range(0..nodes) == 0 {
-                        std::thread::sleep(std::time::Duration::from_millis(a.straggle_ms));
-                    }
-                    let share = &order[c * order.len() / clocks..(c + 1) * order.len() / clocks];
-                    for batch in share.chunks(a.batch.max(1)) {
-                        loss += batcher.run(batch, len, mu, a.lr, a.reg, &mut params)?;
-                        n += batch.len();
-                    }
-                    epochs_of.progress(epoch, (c + 1) as f64 / clocks as f64);
-                    params.worker.advance_clock()?;
+        let rng = ChaCha8Rng::seed_from_u64(self.common.seed ^ ((rank as u64) << 40) ^ t as u64);
+        let node = NodeSchedule { localize, intent, max_delay: self.max_delay(pass.mode)?.is_some(), my_items };
+        Ok(Box::new(MfTrainer { a: self, data, cells, batcher, rng: Some(rng), test, node: Some(node) }))
+    }
+
+    fn reads_model(&self, epoch: usize) -> bool {
+        self.common.save_now(epoch)
+    }
+
+    fn evaluate(
+        &self,
+        data: &RatingsData,
+        epoch: usize,
+        model: &mut ModelReader<'_>,
+        sums: &Fields,
+        _: Measured,
+        _: &(dyn Fn(Event) + Sync),
+    ) -> Result<Quality> {
+        if self.common.save_now(epoch) {
+            let (users, items) = (model.all(0)?, model.all(1)?);
+            save_model(self, epoch, data.mu, users, items, &data.train)?;
+        }
+        let mut quality = Quality::new();
+        quality.insert("rmse".into(), ((sums[field::TEST_SSE] as f64 / (sums[field::TEST_COUNT] as f64).max(1.0)).sqrt()).into());
+        Ok(quality)
+    }
+}
+
+/// What a cluster thread does besides the blocks' SGD.
+struct NodeSchedule {
+    localize: bool,
+    intent: bool,
+    /// Bounded delay: clocks instead of sub-epoch barriers.
+    max_delay: bool,
+    /// Intent mode: the items of each column block this thread touches.
+    my_items: Vec<Vec<u64>>,
+}
+
+/// One thread's DSGD: its row stratum's cells of every column block, one block per sub-epoch.
+struct MfTrainer<'a> {
+    a: &'a MfArgs,
+    data: &'a RatingsData,
+    /// Per column block: this thread's ratings in it.
+    cells: Vec<Vec<Rating>>,
+    batcher: Batcher,
+    /// A cluster thread's generator, kept across epochs (`single` draws one per epoch).
+    rng: Option<ChaCha8Rng>,
+    /// This thread's share of the test ratings.
+    test: Vec<u32>,
+    node: Option<NodeSchedule>,
+}
+
+impl MfTrainer<'_> {
+    /// `single`: DSGD over the threads and the shared arrays.
+    fn single_epoch(&mut self, epoch: usize, pass: &mut Pass<'_>) -> Result<(f64, usize)> {
+        let (a, t, threads) = (self.a, pass.thread, pass.threads);
+        let (len, mu) = (a.rank + 1, self.data.mu);
+        let mut rng = ChaCha8Rng::seed_from_u64(a.common.seed ^ ((epoch as u64) << 20) ^ t as u64);
+        let (mut loss, mut n) = (0.0f64, 0usize);
+        for sub in 0..threads {
+            let mut order = self.cells[(t + sub) % threads].clone();
+            order.shuffle(&mut rng);
+            for (x, batch) in order.chunks(a.batch.max(1)).enumerate() {
+                loss += self.batcher.run(batch, len, mu, a.lr, a.reg, pass)?;
+                n += batch.len();
+                if x.is_multiple_of(64) {
+                    pass.progress(epoch, (sub as f64 + n as f64 / order.len().max(1) as f64 / (sub + 1) as f64) / threads as f64);
                 }
-                w.barrier()?;
             }
-            for sub in (0..nodes).filter(|_| max_delay.is_none()) {
-                let block = (rank + sub) % nodes;
-                if localize && t == 0 {
-                    let keys = column_block_items(train.n_items, nodes, block);
-                    w.localize(items, &keys)?;
+            // The last sub-epoch's barrier is the loop's.
+            if sub + 1 < threads {
+                pass.barrier()?;
+            }
+        }
+        Ok((loss, n))
+    }
+
+    /// A cluster thread: bounded-delay clocks, or the sub-epochs' blocks with their localizes
+    /// or intents.
+    fn node_epoch(&mut self, epoch: usize, pass: &mut Pass<'_>) -> Result<(f64, usize)> {
+        let (a, rank, nodes, t) = (self.a, pass.rank, pass.nodes, pass.thread);
+        let (len, mu, k) = (a.rank + 1, self.data.mu, a.intent_clocks);
+        let node = self.node.as_ref().expect("a cluster thread's schedule");
+        let (localize, intent) = (node.localize, node.intent);
+        let rng = self.rng.as_mut().expect("a cluster thread's generator");
+        let (mut loss, mut n) = (0.0f64, 0usize);
+        if node.max_delay {
+            // All of this worker's ratings, in clocks_per_epoch clocks.
+            let mut order: Vec<Rating> = self.cells.iter().flatten().copied().collect();
+            order.shuffle(rng);
+            let clocks = a.clocks_per_epoch;
+            for c in 0..clocks {
+                if a.straggle_ms > 0 && rng.gen_range(0..nodes) == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(a.straggle_ms));
                 }
-                local_barrier.wait();
-                let mut order = cells[t][block].clone();
-                order.shuffle(&mut rng);
+                let share = &order[c * order.len() / clocks..(c + 1) * order.len() / clocks];
+                for batch in share.chunks(a.batch.max(1)) {
+                    loss += self.batcher.run(batch, len, mu, a.lr, a.reg, pass)?;
+                    n += batch.len();
+                }
+                pass.progress(epoch, (c + 1) as f64 / clocks as f64);
+                pass.node().expect("a cluster's pass has a worker").0.advance_clock()?;
+            }
+            return Ok((loss, n));
+        }
+        for sub in 0..nodes {
+            let block = (rank + sub) % nodes;
+            if localize && t == 0 {
+                let keys = column_block_items(self.data.train.n_items, nodes, block);
+                let (w, tables) = pass.node().expect("a cluster's pass has a worker");
+                w.localize(tables[1], &keys)?;
+            }
+            pass.local_barrier();
+            let mut order = self.cells[block].clone();
+            order.shuffle(rng);
+            if intent {
+                // The next sub-epoch's items, for the next sub-epoch's clocks (after this
+                // sub-epoch's k clocks and the barrier's).
+                let next = (rank + sub + 1) % nodes;
+                let (w, tables) = pass.node().expect("a cluster's pass has a worker");
+                let base = w.current_clock();
+                w.intent(tables[1], &node.my_items[next], base + k + 1, base + 2 * k + 1)?;
+            }
+            let clocks = if intent { k as usize } else { 1 };
+            for c in 0..clocks {
+                let share = &order[c * order.len() / clocks..(c + 1) * order.len() / clocks];
+                for (x, batch) in share.chunks(a.batch.max(1)).enumerate() {
+                    loss += self.batcher.run(batch, len, mu, a.lr, a.reg, pass)?;
+                    n += batch.len();
+                    if x.is_multiple_of(64) {
+                        let done = (c * order.len() / clocks + x * a.batch) as f64 / order.len().max(1) as f64;
+                        pass.progress(epoch, (sub as f64 + done) / nodes as f64);
+                    }
+                }
                 if intent {
-                    // The next sub-epoch's items, for the next sub-epoch's clocks (after this
-                    // sub-epoch's k clocks and the barrier's).
-                    let next = (rank + sub + 1) % nodes;
-                    let base = w.current_clock();
-                    w.intent(items, &my_items[next], base + k + 1, base + 2 * k + 1)?;
+                    pass.node().expect("a cluster's pass has a worker").0.advance_clock()?;
                 }
-                let mut params = FerryParams { worker: &mut w, tables: [users, items] };
-                let clocks = if intent { k as usize } else { 1 };
-                for c in 0..clocks {
-                    let share = &order[c * order.len() / clocks..(c + 1) * order.len() / clocks];
-                    for (x, batch) in share.chunks(a.batch.max(1)).enumerate() {
-                        loss += batcher.run(batch, len, mu, a.lr, a.reg, &mut params)?;
-                        n += batch.len();
-                        if x.is_multiple_of(64) {
-                            let done = (c * order.len() / clocks + x * a.batch) as f64 / order.len().max(1) as f64;
-                            epochs_of.progress(epoch, (sub as f64 + done) / nodes as f64);
-                        }
-                    }
-                    if intent {
-                        params.worker.advance_clock()?;
-                    }
-                }
-                w.barrier()?;
+            }
+            // The last sub-epoch's barrier is the loop's (its clock, in intent mode, is taken in
+            // `measure`, right after it).
+            if sub + 1 < nodes {
+                pass.barrier()?;
                 if intent {
                     // The barrier is a clock of its own: a node waiting in it has finished its
                     // block and does not need the next one yet, so the homes see the block's
                     // current user release it before its next user needs it, and move it
                     // instead of replicating it on the way.
-                    w.advance_clock()?;
+                    pass.node().expect("a cluster's pass has a worker").0.advance_clock()?;
                 }
             }
-            let trained = epochs_of.stop(start);
-            // Test error of this thread's share of the node's test ratings.
-            let mut sse = 0.0f64;
-            let mine: Vec<u32> = my_test.iter().copied().skip(t).step_by(threads).collect();
-            for chunk in mine.chunks(1024) {
-                let us: Vec<u64> = chunk.iter().map(|&i| test.users[i as usize] as u64).collect();
-                let is: Vec<u64> = chunk.iter().map(|&i| test.items[i as usize] as u64).collect();
-                let (mut pu, mut qi) = (vec![0.0; us.len() * len], vec![0.0; is.len() * len]);
-                w.pull(users, &us, &mut pu)?;
-                w.pull(items, &is, &mut qi)?;
-                for (j, &i) in chunk.iter().enumerate() {
-                    let e = (test.values[i as usize] - predict(mu, &pu[j * len..(j + 1) * len], &qi[j * len..(j + 1) * len])) as f64;
-                    sse += e * e;
-                }
-            }
-            let mut v = [0.0f32; METRIC_FIELDS];
-            v[field::LOSS] = loss as f32;
-            v[field::EXAMPLES] = n as f32;
-            v[field::TEST_SSE] = sse as f32;
-            v[field::TEST_COUNT] = mine.len() as f32;
-            let saving = a.common.save_now(epoch);
-            epochs_of.end(&mut w, epoch, trained, v, saving, |w, sums, _| {
-                if saving {
-                    let all_users = pull_all(w, users, train.n_users as usize, len)?;
-                    let all_items = pull_all(w, items, train.n_items as usize, len)?;
-                    save_model(a, epoch, mu, all_users, all_items, train)?;
-                }
-                let mut quality = serde_json::Map::new();
-                quality.insert("rmse".into(), ((sums[field::TEST_SSE] as f64 / (sums[field::TEST_COUNT] as f64).max(1.0)).sqrt()).into());
-                Ok(quality)
-            })?;
         }
-        Ok(())
-    })?;
-    node.finalize()?;
-    Ok(())
+        Ok((loss, n))
+    }
+}
+
+impl Trainer for MfTrainer<'_> {
+    fn epoch(&mut self, epoch: usize, pass: &mut Pass<'_>) -> Result<Fields> {
+        let (loss, n) = if self.node.is_some() { self.node_epoch(epoch, pass)? } else { self.single_epoch(epoch, pass)? };
+        let mut v = [0.0f32; METRIC_FIELDS];
+        v[field::LOSS] = loss as f32;
+        v[field::EXAMPLES] = n as f32;
+        Ok(v)
+    }
+
+    /// The last sub-epoch's barrier clock (intent mode), then the squared error of this
+    /// thread's share of the test ratings.
+    fn measure(&mut self, _: usize, pass: &mut Pass<'_>) -> Result<Fields> {
+        if self.node.as_ref().is_some_and(|n| n.intent && !n.max_delay) {
+            pass.node().expect("a cluster's pass has a worker").0.advance_clock()?;
+        }
+        let (test, len, mu) = (&self.data.test, self.a.rank + 1, self.data.mu);
+        let mut sse = 0.0f64;
+        for chunk in self.test.chunks(1024) {
+            let us: Vec<u64> = chunk.iter().map(|&i| test.users[i as usize] as u64).collect();
+            let is: Vec<u64> = chunk.iter().map(|&i| test.items[i as usize] as u64).collect();
+            let (mut pu, mut qi) = (vec![0.0; us.len() * len], vec![0.0; is.len() * len]);
+            pass.pull(0, &us, &mut pu)?;
+            pass.pull(1, &is, &mut qi)?;
+            for (j, &i) in chunk.iter().enumerate() {
+                let e = (test.values[i as usize] - predict(mu, &pu[j * len..(j + 1) * len], &qi[j * len..(j + 1) * len])) as f64;
+                sse += e * e;
+            }
+        }
+        let mut v = [0.0f32; METRIC_FIELDS];
+        v[field::TEST_SSE] = sse as f32;
+        v[field::TEST_COUNT] = self.test.len() as f32;
+        Ok(v)
+    }
 }
 
 #[cfg(test)]
@@ -723,7 +722,7 @@ mod tests {
             train.values.push(1.0);
         }
         (train.n_users, train.n_items) = (10, 200);
-        let cells = cells(&train, 0..10, 1, 2);
-        assert_eq!((cells[0][0].len(), cells[0][1].len()), (50, 50));
+        let cells = cells(&train, 0..10, 1, 0, 2);
+        assert_eq!((cells[0].len(), cells[1].len()), (50, 50));
     }
 }

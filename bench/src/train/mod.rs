@@ -10,6 +10,7 @@
 
 mod ahead;
 pub mod countmin;
+pub mod epochs;
 pub mod kge;
 pub mod lr;
 pub mod mf;
@@ -351,10 +352,9 @@ pub trait Task: Sync {
     fn prepare(&self) -> Result<String>;
     /// The task's own options as a cluster node's command line takes them.
     fn task_args(&self) -> Vec<String>;
-    /// Trains in `single` mode in this process.
-    fn run_single(&self, emit: Sink) -> Result<()>;
-    /// Trains as one node of a cluster in `mode`.
-    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()>;
+    /// Trains in `mode`: `single` in this process, a cluster mode as one node of the cluster
+    /// (the shared epoch loop, [`epochs::run`]).
+    fn train(&self, mode: Mode, emit: Sink) -> Result<()>;
     /// A command of the task that does not train (MF's `--predict`, KGE's `--rank-tails`): runs
     /// it and says so, or says there is none.
     fn run_other(&self) -> Result<bool> {
@@ -559,7 +559,7 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
             Event::Progress(..) | Event::Evaluating(..) => {}
             Event::Epoch(r) => println!("EPOCH {}", serde_json::to_string(&r).expect("reports serialise")),
         };
-        task.run_node(mode, &mut emit)?;
+        task.train(mode, &mut emit)?;
         return Ok(Vec::new());
     }
     let env = ferry::ClusterEnv::detect(|name| std::env::var(name).ok())?;
@@ -709,7 +709,7 @@ fn run_scheduled(command: &TrainCommand, common: &Common, env: &ferry::ClusterEn
     if env.rank != 0 {
         bar.finish_and_clear();
     }
-    command.task().run_node(mode, &mut handle)?;
+    command.task().train(mode, &mut handle)?;
     bar.finish_and_clear();
     let out = std::mem::take(&mut *reports.lock());
     Ok(out)
@@ -721,7 +721,7 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
     let task = command.task();
     if mode == Mode::Single {
         let mut handle = handle;
-        task.run_single(&mut handle)?;
+        task.train(Mode::Single, &mut handle)?;
     } else {
         let exe = std::env::current_exe().context("locating this program")?;
         let mut args: Vec<String> = vec!["train".into(), task.name().into()];

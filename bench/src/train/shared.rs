@@ -1,5 +1,5 @@
-//! Pieces shared by the workloads: plain shared arrays for the `single` mode, cluster-wide sums
-//! through a Ferry table, and per-epoch statistics.
+//! Pieces shared by the workloads and their epoch loop: plain shared arrays for the `single`
+//! mode, cluster-wide sums through a Ferry table, and per-epoch statistics.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -34,11 +34,24 @@ impl SharedArray {
         self.data.iter().map(|a| f32::from_bits(a.load(Ordering::Relaxed))).collect()
     }
 
+    /// Elements per row.
+    pub fn row_len(&self) -> usize {
+        self.row
+    }
+
     /// Copies row `r` into `out`.
     #[inline]
     pub fn read(&self, r: usize, out: &mut [f32]) {
         for (o, a) in out.iter_mut().zip(&self.data[r * self.row..(r + 1) * self.row]) {
             *o = f32::from_bits(a.load(Ordering::Relaxed));
+        }
+    }
+
+    /// Sets row `r` to `values`.
+    #[inline]
+    pub fn write(&self, r: usize, values: &[f32]) {
+        for (v, a) in values.iter().zip(&self.data[r * self.row..(r + 1) * self.row]) {
+            a.store(v.to_bits(), Ordering::Relaxed);
         }
     }
 
@@ -53,7 +66,7 @@ impl SharedArray {
 }
 
 /// Fields every node contributes to an epoch's cluster-wide sums.
-pub const METRIC_FIELDS: usize = 27;
+pub const METRIC_FIELDS: usize = 29;
 
 /// Field positions in the metrics table.
 pub mod field {
@@ -107,6 +120,11 @@ pub mod field {
     /// Granted moves put off while a sync round carried their replicas' deltas (intent mode;
     /// `ferry::IntentStats::moves_put_off`).
     pub const MOVES_PUT_OFF: usize = 26;
+    /// Key updates a push filter held back, and key updates offered to it, since the start (LR
+    /// with `--filter`).
+    pub const FILTER_HELD: usize = 27;
+    /// See [`FILTER_HELD`].
+    pub const FILTER_OFFERED: usize = 28;
 }
 
 /// Pulls keys `0..n` of `table` (`len` values each), in chunks.
@@ -213,107 +231,6 @@ pub fn cluster_report(
     }
 }
 
-/// One training thread's cluster epochs: each epoch's start, its progress, and the ending every
-/// cluster task shares — the node's statistics and the task's fields summed over the cluster,
-/// rank 0's evaluation, a wait while it evaluates, and the report. Rank 0's thread 0, the
-/// *reporter*, alone evaluates and reports.
-pub struct ClusterEpochs<'a, 's> {
-    node: &'a Node,
-    metrics: Table,
-    task: &'static str,
-    mode: super::Mode,
-    thread: usize,
-    local_barrier: &'a std::sync::Barrier,
-    emit: &'a parking_lot::Mutex<super::Sink<'s>>,
-    elapsed: f64,
-}
-
-/// Where an epoch began: the node's statistics and the time.
-pub struct EpochStart {
-    stats: Stats,
-    started: std::time::Instant,
-}
-
-/// What an epoch's training did on this node: its statistics and how long it took (the
-/// evaluation excluded).
-pub struct EpochDone {
-    delta: Stats,
-    seconds: f64,
-}
-
-impl<'a, 's> ClusterEpochs<'a, 's> {
-    /// Thread `thread` of this node's workers, training `task` in `mode`; `metrics` is the
-    /// table of the cluster-wide sums (one key per epoch), `local_barrier` the node's threads'.
-    pub fn new(
-        node: &'a Node,
-        metrics: Table,
-        task: &'static str,
-        mode: super::Mode,
-        thread: usize,
-        local_barrier: &'a std::sync::Barrier,
-        emit: &'a parking_lot::Mutex<super::Sink<'s>>,
-    ) -> Self {
-        ClusterEpochs { node, metrics, task, mode, thread, local_barrier, emit, elapsed: 0.0 }
-    }
-
-    /// Whether this thread evaluates and reports (rank 0's thread 0).
-    pub fn reporter(&self) -> bool {
-        self.node.rank() == 0 && self.thread == 0
-    }
-
-    /// The training of an epoch begins (after the barrier that starts it).
-    pub fn begin(&self) -> EpochStart {
-        EpochStart { stats: self.node.stats(), started: std::time::Instant::now() }
-    }
-
-    /// The training of an epoch has ended on every node (the caller's barrier); what follows is
-    /// evaluation, not training.
-    pub fn stop(&self, start: EpochStart) -> EpochDone {
-        EpochDone { seconds: start.started.elapsed().as_secs_f64(), delta: self.node.stats().since(&start.stats) }
-    }
-
-    /// Reports progress within `epoch` (0..=1), from the reporter only.
-    pub fn progress(&self, epoch: usize, fraction: f64) {
-        if self.reporter() {
-            (self.emit.lock())(super::Event::Progress(epoch, fraction));
-        }
-    }
-
-    /// Ends `epoch`, whose training is `done` ([`ClusterEpochs::stop`]): adds this node's
-    /// statistics (from thread 0) to the task's `fields`, sums them
-    /// over the cluster, has the reporter compute the epoch's quality with `evaluate(worker,
-    /// sums, epoch seconds)` — where it may also save the model —, waits for it while `hold`
-    /// (the same on every node: rank 0 reads or saves the whole model, so nobody trains on),
-    /// and reports. Returns the sums.
-    pub fn end(
-        &mut self,
-        worker: &mut Worker,
-        epoch: usize,
-        done: EpochDone,
-        mut fields: [f32; METRIC_FIELDS],
-        hold: bool,
-        evaluate: impl FnOnce(&mut Worker, &[f32; METRIC_FIELDS], f64) -> Result<serde_json::Map<String, serde_json::Value>>,
-    ) -> Result<[f32; METRIC_FIELDS]> {
-        let epoch_s = done.seconds;
-        if self.thread == 0 {
-            stats_fields(&done.delta, &mut fields);
-            fields[field::EPOCH_S] = epoch_s as f32;
-        }
-        let sums = all_reduce(worker, self.metrics, epoch as u64, &fields)?;
-        let quality = if self.reporter() { evaluate(worker, &sums, epoch_s)? } else { serde_json::Map::new() };
-        if hold {
-            worker.barrier_within(EVALUATION_WAIT)?;
-        }
-        self.local_barrier.wait();
-        if self.reporter() {
-            self.elapsed += epoch_s;
-            let report = cluster_report(self.task, self.mode, epoch, epoch_s, self.elapsed, &sums, quality);
-            (self.emit.lock())(super::Event::Epoch(Box::new(report)));
-        }
-        Ok(sums)
-    }
-}
-
 /// Splits `0..n` into `parts` contiguous ranges of nearly equal size; part `i`.
 pub fn part(n: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
     (i * n / parts)..((i + 1) * n / parts)
@@ -328,27 +245,6 @@ pub fn part_of(x: usize, n: usize, parts: usize) -> usize {
 /// large test set); every other wait uses the library's timeouts (`FERRY_OP_TIMEOUT`). A lost
 /// rank 0 still fails the wait within the liveness timeout.
 pub const EVALUATION_WAIT: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
-
-/// The node's start-up helper: the configuration's tables and switches for a mode.
-pub fn start_node(tables: Vec<ferry::TableSpec>, localize: bool) -> Result<Node> {
-    start_node_with(tables, localize, |_| {})
-}
-
-/// [`start_node`] with a last change to the configuration (every node must make the same).
-pub fn start_node_with(tables: Vec<ferry::TableSpec>, localize: bool, configure: impl FnOnce(&mut ferry::Config)) -> Result<Node> {
-    let mut config = ferry::Config::from_env(tables)?;
-    configure(&mut config);
-    let replicated: u64 = config.tables.iter().map(|t| t.replicated_keys()).sum();
-    if replicated > 0 && config.rank == 0 {
-        eprintln!("replicated keys: {replicated}, staleness bound {:?}", config.staleness);
-    }
-    config.relocation = localize;
-    let node = Node::start(config)?;
-    if node.rank() == 0 {
-        eprintln!("transport: {}", node.transport());
-    }
-    Ok(node)
-}
 
 #[cfg(test)]
 mod tests {

@@ -14,9 +14,7 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::Barrier;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -26,9 +24,10 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::epochs::{Access, Fields, Measured, Model, ModelReader, ModelTable, Pass, Quality, Trainer, Workload};
 use super::mf::initial;
-use super::shared::{ClusterEpochs, METRIC_FIELDS, SharedArray, field, part, run_workers, start_node};
-use super::{Common, EpochReport, Event, Mode, Sink};
+use super::shared::{METRIC_FIELDS, SharedArray, field, part};
+use super::{Common, Event, Mode, Sink};
 use crate::data::text::{Analogies, Corpus, synthetic_text};
 
 /// Options of `train w2v`.
@@ -141,12 +140,8 @@ impl super::Task for W2vArgs {
         a
     }
 
-    fn run_single(&self, emit: Sink) -> Result<()> {
-        run_single(self, emit)
-    }
-
-    fn run_node(&self, mode: Mode, emit: Sink) -> Result<()> {
-        run_node(self, mode, emit)
+    fn train(&self, mode: Mode, emit: Sink) -> Result<()> {
+        super::epochs::run(self, mode, emit)
     }
 }
 
@@ -653,72 +648,6 @@ fn init_input(seed: u64, key: usize, j: usize, dim: usize) -> f32 {
     initial(seed, 7, key as u64, j) * 0.5 / dim as f32
 }
 
-/// The `single` mode: threads over shared arrays, the same batches as the clusters.
-pub fn run_single(a: &W2vArgs, emit: Sink) -> Result<()> {
-    let corpus = a.load()?;
-    let analogies = a.load_analogies()?;
-    let (seed, dim, threads) = (a.common.seed, a.dim, a.common.single_threads());
-    let v = corpus.words.len();
-    let input = SharedArray::new(v, dim, |k, j| init_input(seed, k, j, dim));
-    let output = SharedArray::new(v, dim, |_, _| 0.0);
-    let keep = corpus.keep_probabilities(a.sample);
-    let table = WeightedIndex::new(corpus.negative_weights()).context("negative distribution")?;
-    let mut order: Vec<usize> = (0..corpus.sentences.len()).collect();
-    let mut elapsed = 0.0;
-    for epoch in 1..=a.common.epochs {
-        order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20)));
-        let started = Instant::now();
-        let progress = parking_lot::Mutex::new(&mut *emit);
-        let total_words = corpus.sentences.iter().map(|s| s.len()).sum::<usize>() as f64 / threads as f64;
-        let results: Vec<Result<Done>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|t| {
-                    let (order, corpus, keep, input, output, table, progress) = (&order, &corpus, &keep, &input, &output, &table, &progress);
-                    s.spawn(move || {
-                        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ t as u64);
-                        let mut vectors =
-                            SharedVectors { input, output, table, rng: ChaCha8Rng::seed_from_u64(seed ^ 0xAB ^ t as u64 ^ ((epoch as u64) << 8)), dim };
-                        let mine: Vec<&[u32]> = order[part(order.len(), threads, t)].iter().map(|&i| corpus.sentences[i].as_slice()).collect();
-                        let mut last = 0u64;
-                        train_epoch(&mut vectors, a, mine, keep, epoch, &mut rng, |w| {
-                            if t == 0 && w - last > 20_000 {
-                                last = w;
-                                (progress.lock())(Event::Progress(epoch, w as f64 / total_words));
-                            }
-                        })
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("training thread")).collect()
-        });
-        let epoch_s = started.elapsed().as_secs_f64();
-        elapsed += epoch_s;
-        let mut sum = Done::default();
-        for r in results {
-            let d = r?;
-            sum.loss += d.loss;
-            sum.pairs += d.pairs;
-            sum.words += d.words;
-        }
-        let mut quality = if a.evaluate_now(epoch) {
-            let mut all = vec![0.0; v * dim];
-            for k in 0..v {
-                input.read(k, &mut all[k * dim..(k + 1) * dim]);
-            }
-            let emit = parking_lot::Mutex::new(&mut *emit);
-            evaluate(&all, dim, &corpus, &analogies, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)))
-        } else {
-            serde_json::Map::new()
-        };
-        quality.insert("words_per_s_per_thread".into(), (sum.words as f64 / epoch_s / threads as f64).into());
-        emit(Event::Epoch(Box::new(EpochReport::single("w2v", epoch, epoch_s, elapsed, sum.loss / sum.pairs.max(1) as f64, quality))));
-        if a.common.save_now(epoch) {
-            save_model(a, epoch, input.to_vec(), output.to_vec(), &corpus)?;
-        }
-    }
-    Ok(())
-}
-
 /// Saves the word vectors (`words`: the input vectors, the embeddings one uses) and the context
 /// vectors (`contexts`: the output vectors), both keyed by word.
 fn save_model(a: &W2vArgs, epoch: usize, words: Vec<f32>, contexts: Vec<f32>, corpus: &Corpus) -> Result<()> {
@@ -743,119 +672,157 @@ fn node_sentences(sentences: usize, seed: u64, nodes: usize, rank: usize) -> Vec
     mine
 }
 
-/// One node of a `classic`, `localize` or `hybrid` cluster.
-pub fn run_node(a: &W2vArgs, mode: Mode, emit: Sink) -> Result<()> {
-    let corpus = a.load()?;
-    let (seed, dim, epochs) = (a.common.seed, a.dim, a.common.epochs);
-    let v = corpus.words.len();
-    let (mut input_spec, mut output_spec) = (
-        a.common.on_the_wire(TableSpec::new("input", v as u64, dim).partitioned(Partitioning::Hash))?,
-        a.common.on_the_wire(TableSpec::new("output", v as u64, dim).partitioned(Partitioning::Hash))?,
-    );
-    let mut summary = None;
-    if mode == Mode::Hybrid {
-        // The frequency heuristic on word counts: a word's input vector is accessed once per
-        // occurrence, its output vector once per occurrence as a context and as a negative.
-        let counts = ferry::AccessCounts::from_counts(corpus.counts.clone());
-        let hot = ferry::as_ranges(&a.common.hot_keys(&counts));
-        let n: u64 = hot.iter().map(|r| r.end - r.start).sum();
-        let share = counts.share(&hot.iter().flat_map(|r| r.clone()).collect::<Vec<_>>());
-        summary = Some(format!("hybrid: the {n} most frequent of {v} words replicated ({:.1}% of occurrences)", 100.0 * share));
-        input_spec = input_spec.replicating(hot.clone());
-        output_spec = output_spec.replicating(hot);
+/// The corpus, what training draws from it, and (at the reporter) the analogy questions.
+pub struct Text {
+    corpus: Corpus,
+    /// Per word: the probability that an occurrence is kept (subsampling).
+    keep: Vec<f32>,
+    /// The negatives' weights (unigram counts to the power 0.75).
+    weights: Vec<f64>,
+    unigram: WeightedIndex<f64>,
+    analogies: std::sync::OnceLock<Analogies>,
+}
+
+impl Workload for W2vArgs {
+    type Data = Text;
+
+    fn load(&self) -> Result<Text> {
+        let corpus = W2vArgs::load(self)?;
+        let keep = corpus.keep_probabilities(self.sample);
+        let weights = corpus.negative_weights();
+        let unigram = WeightedIndex::new(weights.clone()).context("negative distribution")?;
+        Ok(Text { corpus, keep, weights, unigram, analogies: std::sync::OnceLock::new() })
     }
-    let tables = vec![input_spec, output_spec, TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS)];
-    let localize = matches!(mode, Mode::Localize | Mode::Hybrid);
-    let intent = mode == Mode::Intent;
-    if intent && a.intent_ahead == 0 {
-        bail!("--intent-ahead must be at least 1");
+
+    fn model(&self, text: &Text, mode: Mode) -> Result<Model> {
+        let (seed, dim, v) = (self.common.seed, self.dim, text.corpus.words.len());
+        if mode == Mode::Intent && self.intent_ahead == 0 {
+            bail!("--intent-ahead must be at least 1");
+        }
+        let (mut input_spec, mut output_spec) = (TableSpec::new("input", v as u64, dim), TableSpec::new("output", v as u64, dim));
+        let mut notes = Vec::new();
+        if mode != Mode::Single {
+            input_spec = self.common.on_the_wire(input_spec.partitioned(Partitioning::Hash))?;
+            output_spec = self.common.on_the_wire(output_spec.partitioned(Partitioning::Hash))?;
+        }
+        if mode == Mode::Hybrid {
+            // The frequency heuristic on word counts: a word's input vector is accessed once per
+            // occurrence, its output vector once per occurrence as a context and as a negative.
+            let counts = ferry::AccessCounts::from_counts(text.corpus.counts.clone());
+            let hot = ferry::as_ranges(&self.common.hot_keys(&counts));
+            let n: u64 = hot.iter().map(|r| r.end - r.start).sum();
+            let share = counts.share(&hot.iter().flat_map(|r| r.clone()).collect::<Vec<_>>());
+            notes.push(format!("hybrid: the {n} most frequent of {v} words replicated ({:.1}% of occurrences)", 100.0 * share));
+            input_spec = input_spec.replicating(hot.clone());
+            output_spec = output_spec.replicating(hot);
+        }
+        Ok(Model { tables: vec![ModelTable::init(input_spec, move |k, j| init_input(seed, k as usize, j, dim)), ModelTable::zeros(output_spec)], notes })
     }
-    let scheme = a.negative_scheme()?;
-    let mut node = start_node(tables, localize || intent)?;
-    let (rank, nodes, threads) = (node.rank(), node.nodes(), a.common.threads());
-    if let Some(summary) = summary.filter(|_| rank == 0) {
-        eprintln!("{summary}");
+
+    fn trainer<'a>(&'a self, text: &'a Text, pass: &mut Pass<'_>) -> Result<Box<dyn Trainer + 'a>> {
+        if pass.reporter() && text.analogies.get().is_none() {
+            // Loaded before training, so that a missing file is found at once.
+            let _ = text.analogies.set(self.load_analogies()?);
+        }
+        if pass.mode == Mode::Single {
+            return Ok(Box::new(W2vTrainer { a: self, text, mine: (0..text.corpus.sentences.len()).collect(), dist: None }));
+        }
+        let mine = node_sentences(text.corpus.sentences.len(), self.common.seed, pass.nodes, pass.rank);
+        let scheme = self.negative_scheme()?;
+        let (w, tables) = pass.node().expect("a cluster's pass has a worker");
+        let dist = w.register_distribution(tables[1], KeyDistribution::Weighted { start: 0, weights: text.weights.clone() }, scheme)?;
+        Ok(Box::new(W2vTrainer { a: self, text, mine, dist: Some(dist) }))
     }
-    let (input, output, metrics) = (node.table("input")?, node.table("output")?, node.table("metrics")?);
-    let analogies = if rank == 0 { Some(a.load_analogies()?) } else { None };
-    let keep = corpus.keep_probabilities(a.sample);
-    let weights = corpus.negative_weights();
-    let unigram = WeightedIndex::new(weights.clone()).context("negative distribution")?;
-    let mine = node_sentences(corpus.sentences.len(), seed, nodes, rank);
-    let local_barrier = Barrier::new(threads);
-    let emit = parking_lot::Mutex::new(emit);
-    run_workers(&node, threads, |t, mut w| -> Result<()> {
-        let (corpus, keep, weights, node, analogies, mine, unigram) = (&corpus, &keep, &weights, &node, &analogies, &mine, &unigram);
-        let mut epochs_of = ClusterEpochs::new(node, metrics, "w2v", mode, t, &local_barrier, &emit);
-        if epochs_of.reporter() {
-            let keys: Vec<u64> = (0..v as u64).collect();
-            for chunk in keys.chunks(1024) {
-                let values: Vec<f32> = chunk.iter().flat_map(|&k| (0..dim).map(move |j| init_input(seed, k as usize, j, dim))).collect();
-                w.set(input, chunk, &values)?;
+
+    fn reads_model(&self, epoch: usize) -> bool {
+        self.evaluate_now(epoch) || self.common.save_now(epoch)
+    }
+
+    fn evaluate(&self, text: &Text, epoch: usize, model: &mut ModelReader<'_>, sums: &Fields, at: Measured, emit: &(dyn Fn(Event) + Sync)) -> Result<Quality> {
+        let (evaluating, saving) = (self.evaluate_now(epoch), self.common.save_now(epoch));
+        let mut quality = Quality::new();
+        if evaluating || saving {
+            let words = model.all(0)?;
+            if let Some(analogies) = text.analogies.get().filter(|_| evaluating) {
+                quality = evaluate(&words, self.dim, &text.corpus, analogies, eval_threads(), &|f| emit(Event::Evaluating(epoch, f)));
+            }
+            if saving {
+                save_model(self, epoch, words, model.all(1)?, &text.corpus)?;
             }
         }
-        w.barrier()?;
-        let dist = w.register_distribution(output, KeyDistribution::Weighted { start: 0, weights: weights.clone() }, scheme)?;
-        for epoch in 1..=epochs {
-            let mut order = mine.clone();
-            order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20) ^ rank as u64));
-            let share: Vec<&[u32]> = order[part(order.len(), threads, t)].iter().map(|&i| corpus.sentences[i].as_slice()).collect();
+        quality.insert("words_per_s_per_thread".into(), (sums[field::TEST_COUNT] as f64 / at.epoch_s / at.threads as f64).into());
+        Ok(quality)
+    }
+}
+
+/// One thread's share of the sentences: `single`'s part of a shuffled order of all of them, a
+/// cluster thread's part of its node's.
+struct W2vTrainer<'a> {
+    a: &'a W2vArgs,
+    text: &'a Text,
+    /// The sentences this thread's node trains (`single`: all).
+    mine: Vec<usize>,
+    /// The negatives' distribution in Ferry (a cluster).
+    dist: Option<DistributionId>,
+}
+
+impl Trainer for W2vTrainer<'_> {
+    fn epoch(&mut self, epoch: usize, pass: &mut Pass<'_>) -> Result<Fields> {
+        let (a, text) = (self.a, self.text);
+        let (seed, dim, rank, t, threads) = (a.common.seed, a.dim, pass.rank, pass.thread, pass.threads);
+        let mut order = self.mine.clone();
+        let single = pass.mode == Mode::Single;
+        // `single` draws as it always has; a cluster node's order and generators depend on its rank.
+        let order_seed = if single { seed ^ ((epoch as u64) << 20) } else { seed ^ ((epoch as u64) << 20) ^ rank as u64 };
+        order.shuffle(&mut ChaCha8Rng::seed_from_u64(order_seed));
+        let share: Vec<&[u32]> = order[part(order.len(), threads, t)].iter().map(|&i| text.corpus.sentences[i].as_slice()).collect();
+        let mut last = 0u64;
+        let done = if single {
+            let Access::Shared(arrays) = pass.access else { unreachable!("single mode has shared arrays") };
+            let total_words = text.corpus.sentences.iter().map(|s| s.len()).sum::<usize>() as f64 / threads as f64;
+            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ t as u64);
+            let rng_negatives = ChaCha8Rng::seed_from_u64(seed ^ 0xAB ^ t as u64 ^ ((epoch as u64) << 8));
+            let mut vectors = SharedVectors { input: &arrays[0], output: &arrays[1], table: &text.unigram, rng: rng_negatives, dim };
+            let progress = |words: u64| {
+                if words - last > 20_000 {
+                    last = words;
+                    pass.progress(epoch, words as f64 / total_words);
+                }
+            };
+            train_epoch(&mut vectors, a, share, &text.keep, epoch, &mut rng, progress)?
+        } else {
             let total_words = share.iter().map(|s| s.len()).sum::<usize>().max(1) as f64;
             let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ ((rank as u64) << 16) ^ t as u64);
-            w.barrier()?;
-            let start = epochs_of.begin();
-            let done = {
-                let base = w.current_clock();
-                let intent = intent.then(|| IntentBatches {
-                    table: unigram,
-                    rng: ChaCha8Rng::seed_from_u64(rng.r#gen()),
-                    ahead: a.intent_ahead,
-                    base,
-                    prepared: 0,
-                    negatives: VecDeque::new(),
-                });
-                let mut vectors = FerryVectors { w: &mut w, input, output, dist, localize, tickets: VecDeque::new(), handles: VecDeque::new(), intent };
-                let mut last = 0u64;
-                train_epoch(&mut vectors, a, share, keep, epoch, &mut rng, |words| {
-                    if words - last > 20_000 {
-                        last = words;
-                        epochs_of.progress(epoch, words as f64 / total_words);
-                    }
-                })?
-            };
-            w.barrier()?;
-            let trained = epochs_of.stop(start);
-            let mut m = [0.0f32; METRIC_FIELDS];
-            m[field::LOSS] = done.loss as f32;
-            m[field::EXAMPLES] = done.pairs as f32;
-            m[field::TEST_COUNT] = done.words as f32;
-            let (evaluating, saving) = (a.evaluate_now(epoch), a.common.save_now(epoch));
-            let evaluate_epoch = |w: &mut Worker, sums: &[f32; METRIC_FIELDS], epoch_s: f64| -> Result<serde_json::Map<String, serde_json::Value>> {
-                let mut quality = match analogies {
-                    Some(analogies) if evaluating => {
-                        let keys: Vec<u64> = (0..v as u64).collect();
-                        let mut all = vec![0.0; v * dim];
-                        w.pull(input, &keys, &mut all)?;
-                        evaluate(&all, dim, corpus, analogies, eval_threads(), &|f| (emit.lock())(Event::Evaluating(epoch, f)))
-                    }
-                    _ => serde_json::Map::new(),
-                };
-                if saving {
-                    let words = super::shared::pull_all(w, input, v, dim)?;
-                    let contexts = super::shared::pull_all(w, output, v, dim)?;
-                    save_model(a, epoch, words, contexts, corpus)?;
+            let (localize, intent) = (matches!(pass.mode, Mode::Localize | Mode::Hybrid), pass.mode == Mode::Intent);
+            let dist = self.dist.expect("a cluster thread's negatives");
+            let reporter = pass.reporter();
+            let progress_of = pass.progress_fn();
+            let Access::Node { worker, tables } = &mut pass.access else { unreachable!("a cluster's pass has a worker") };
+            let base = worker.current_clock();
+            let intent = intent.then(|| IntentBatches {
+                table: &text.unigram,
+                rng: ChaCha8Rng::seed_from_u64(rng.r#gen()),
+                ahead: a.intent_ahead,
+                base,
+                prepared: 0,
+                negatives: VecDeque::new(),
+            });
+            let mut vectors =
+                FerryVectors { w: worker, input: tables[0], output: tables[1], dist, localize, tickets: VecDeque::new(), handles: VecDeque::new(), intent };
+            let progress = |words: u64| {
+                if reporter && words - last > 20_000 {
+                    last = words;
+                    progress_of(epoch, words as f64 / total_words);
                 }
-                let words = sums[field::TEST_COUNT] as f64;
-                quality.insert("words_per_s_per_thread".into(), (words / epoch_s / (nodes * threads) as f64).into());
-                Ok(quality)
             };
-            // Nobody trains on while rank 0 reads the model.
-            epochs_of.end(&mut w, epoch, trained, m, evaluating || saving, evaluate_epoch)?;
-        }
-        Ok(())
-    })?;
-    node.finalize()?;
-    Ok(())
+            train_epoch(&mut vectors, a, share, &text.keep, epoch, &mut rng, progress)?
+        };
+        let mut m = [0.0f32; METRIC_FIELDS];
+        m[field::LOSS] = done.loss as f32;
+        m[field::EXAMPLES] = done.pairs as f32;
+        m[field::TEST_COUNT] = done.words as f32;
+        Ok(m)
+    }
 }
 
 #[cfg(test)]

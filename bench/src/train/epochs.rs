@@ -1,0 +1,478 @@
+//! One epoch loop for every workload in every mode.
+//!
+//! A workload ([`Workload`]) says what its data and model are, makes a trainer per thread
+//! ([`Trainer`]: one epoch of that thread's training, and what it measures after), and computes
+//! an epoch's quality. [`run`] does the rest, the same way in `single` and in a cluster:
+//! creates the model's tables (plain shared arrays in `single`, Ferry tables on a node started
+//! for the mode), sets their initial values, starts the training threads (each with a worker
+//! of the node in a cluster), and for every epoch times the training between two barriers,
+//! sums the threads' figures (over the cluster, through a metrics table), has the reporter —
+//! thread 0, on rank 0 — evaluate, and reports. Everything mode-specific a trainer does itself,
+//! through its [`Pass`]: a cluster's trainer reaches its worker there ([`Access::Node`]).
+
+use std::sync::Barrier;
+
+use anyhow::Result;
+use ferry::{Node, Stats, Table, TableSpec, Worker};
+
+use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, pull_all, run_workers, stats_fields};
+use super::{EpochReport, Event, Mode, Sink, Task};
+
+/// Figures of an epoch, per thread and summed (positions in [`field`]).
+pub type Fields = [f32; METRIC_FIELDS];
+
+/// An epoch's quality measures (RMSE; MRR and Hits@k; …), by name.
+pub type Quality = serde_json::Map<String, serde_json::Value>;
+
+/// One table of a workload's model: Ferry's spec (its name, keys and value length, and in a
+/// cluster its updater, partitioning, replication and wire options) and its initial values.
+pub struct ModelTable {
+    /// The table.
+    pub spec: TableSpec,
+    /// The initial value of element `j` of key `key`; `None`: zeros.
+    pub init: Option<Box<dyn Fn(u64, usize) -> f32 + Sync>>,
+}
+
+impl ModelTable {
+    /// A table of zeros.
+    pub fn zeros(spec: TableSpec) -> ModelTable {
+        ModelTable { spec, init: None }
+    }
+
+    /// A table whose element `j` of key `key` starts at `init(key, j)`.
+    pub fn init(spec: TableSpec, init: impl Fn(u64, usize) -> f32 + Sync + 'static) -> ModelTable {
+        ModelTable { spec, init: Some(Box::new(init)) }
+    }
+}
+
+/// A workload's model in one mode.
+pub struct Model {
+    /// Its tables, in the order trainers name them by.
+    pub tables: Vec<ModelTable>,
+    /// Lines rank 0 of a cluster prints before training (what hybrid replicates, say).
+    pub notes: Vec<String>,
+}
+
+/// A training workload, as the epoch loop runs it (see the module documentation).
+pub trait Workload: Task {
+    /// The loaded data, shared by the training threads.
+    type Data: Sync;
+    /// Loads the data.
+    fn load(&self) -> Result<Self::Data>;
+    /// The model in `mode`; refuses options the mode does not take.
+    fn model(&self, data: &Self::Data, mode: Mode) -> Result<Model>;
+    /// A last change to a cluster node's configuration (every node makes the same).
+    fn configure(&self, _config: &mut ferry::Config, _mode: Mode) -> Result<()> {
+        Ok(())
+    }
+    /// The trainer of the thread `pass` names, made once before the first epoch (after the
+    /// initial values are set); what it does here (relocating keys, declaring intent) happens
+    /// before every thread's first epoch.
+    fn trainer<'a>(&'a self, data: &'a Self::Data, pass: &mut Pass<'_>) -> Result<Box<dyn Trainer + 'a>>;
+    /// Whether the reporter reads the model after `epoch` (to evaluate or save it): the other
+    /// nodes then wait until it has, instead of training on.
+    fn reads_model(&self, epoch: usize) -> bool;
+    /// The quality after `epoch`, at the reporter, which may also save the model here: `model`
+    /// reads the tables, `sums` are the epoch's figures summed over every thread of every node,
+    /// `threads` is how many there were, `emit` reports the evaluation's progress.
+    fn evaluate(
+        &self,
+        data: &Self::Data,
+        epoch: usize,
+        model: &mut ModelReader<'_>,
+        sums: &Fields,
+        at: Measured,
+        emit: &(dyn Fn(Event) + Sync),
+    ) -> Result<Quality>;
+}
+
+/// What the loop measured of an epoch, for [`Workload::evaluate`].
+#[derive(Debug, Clone, Copy)]
+pub struct Measured {
+    /// Training seconds of the epoch.
+    pub epoch_s: f64,
+    /// Training threads over every node.
+    pub threads: usize,
+}
+
+/// One training thread's part of every epoch.
+pub trait Trainer {
+    /// Trains one epoch (timed); returns this thread's figures (loss, examples, …).
+    fn epoch(&mut self, epoch: usize, pass: &mut Pass<'_>) -> Result<Fields>;
+    /// After the epoch's training ended everywhere (not timed): further figures of this thread,
+    /// added to the epoch's (MF's share of the test error).
+    fn measure(&mut self, _epoch: usize, _pass: &mut Pass<'_>) -> Result<Fields> {
+        Ok([0.0; METRIC_FIELDS])
+    }
+}
+
+/// Where a trainer's parameters are.
+pub enum Access<'a> {
+    /// `single`: the model's tables as shared arrays.
+    Shared(&'a [SharedArray]),
+    /// A cluster: this thread's worker and the model's tables.
+    Node {
+        /// The thread's worker.
+        worker: &'a mut Worker,
+        /// The model's tables, in [`Model::tables`]'s order.
+        tables: &'a [Table],
+    },
+}
+
+/// A training thread's view of the run: who it is, its parameters, its barriers and progress.
+pub struct Pass<'a> {
+    /// The mode.
+    pub mode: Mode,
+    /// This node's rank (0 in `single`).
+    pub rank: usize,
+    /// Nodes (1 in `single`).
+    pub nodes: usize,
+    /// This thread's number on its node.
+    pub thread: usize,
+    /// Training threads per node.
+    pub threads: usize,
+    /// The parameters.
+    pub access: Access<'a>,
+    local_barrier: &'a Barrier,
+    progress: &'a (dyn Fn(usize, f64) + Sync),
+}
+
+impl<'a> Pass<'a> {
+    /// Reads rows `keys` of table `table` into `out`.
+    pub fn pull(&mut self, table: usize, keys: &[u64], out: &mut [f32]) -> Result<()> {
+        match &mut self.access {
+            Access::Shared(arrays) => {
+                let len = arrays[table].row_len();
+                for (row, &key) in keys.iter().enumerate() {
+                    arrays[table].read(key as usize, &mut out[row * len..(row + 1) * len]);
+                }
+                Ok(())
+            }
+            Access::Node { worker, tables } => Ok(worker.pull(tables[table], keys, out)?),
+        }
+    }
+
+    /// Adds `delta` to rows `keys` of table `table` (through the table's updater in a cluster).
+    pub fn push(&mut self, table: usize, keys: &[u64], delta: &[f32]) -> Result<()> {
+        match &mut self.access {
+            Access::Shared(arrays) => {
+                let len = arrays[table].row_len();
+                for (row, &key) in keys.iter().enumerate() {
+                    arrays[table].add(key as usize, &delta[row * len..(row + 1) * len]);
+                }
+                Ok(())
+            }
+            Access::Node { worker, tables } => Ok(worker.push(tables[table], keys, delta)?),
+        }
+    }
+
+    /// A cluster's worker and tables (`None` in `single`).
+    pub fn node(&mut self) -> Option<(&mut Worker, &[Table])> {
+        match &mut self.access {
+            Access::Shared(_) => None,
+            Access::Node { worker, tables } => Some((worker, tables)),
+        }
+    }
+
+    /// Waits for every training thread of every node (in a cluster, a worker barrier).
+    pub fn barrier(&mut self) -> Result<()> {
+        match &mut self.access {
+            Access::Shared(_) => {
+                self.local_barrier.wait();
+                Ok(())
+            }
+            Access::Node { worker, .. } => Ok(worker.barrier()?),
+        }
+    }
+
+    /// Waits for this node's training threads.
+    pub fn local_barrier(&self) {
+        self.local_barrier.wait();
+    }
+
+    /// Whether this thread evaluates and reports (thread 0 of rank 0).
+    pub fn reporter(&self) -> bool {
+        self.rank == 0 && self.thread == 0
+    }
+
+    /// Progress within `epoch` (0..=1); only the reporter's is shown.
+    pub fn progress(&self, epoch: usize, fraction: f64) {
+        if self.reporter() {
+            (self.progress)(epoch, fraction);
+        }
+    }
+
+    /// The run's progress report (for a trainer that lends its worker out meanwhile; only the
+    /// reporter's calls should reach it).
+    pub fn progress_fn(&self) -> &'a (dyn Fn(usize, f64) + Sync) {
+        self.progress
+    }
+}
+
+/// Reads the model's tables whole or by rows (the reporter's evaluation and saving).
+pub enum ModelReader<'a> {
+    /// `single`'s shared arrays.
+    Shared(&'a [SharedArray]),
+    /// A cluster's tables, through the reporter's worker.
+    Node(&'a mut Worker, &'a [Table]),
+}
+
+impl ModelReader<'_> {
+    /// Every row of table `table`, one after the other.
+    pub fn all(&mut self, table: usize) -> Result<Vec<f32>> {
+        match self {
+            ModelReader::Shared(arrays) => Ok(arrays[table].to_vec()),
+            ModelReader::Node(worker, tables) => {
+                let t = tables[table];
+                pull_all(worker, t, t.keys() as usize, t.value_len())
+            }
+        }
+    }
+}
+
+/// Runs `task` in `mode`: in this process for `single`, as this process's node of a cluster
+/// otherwise.
+pub fn run<W: Workload>(task: &W, mode: Mode, emit: Sink) -> Result<()> {
+    let data = task.load()?;
+    let model = task.model(&data, mode)?;
+    if mode == Mode::Single { run_single(task, &data, model, emit) } else { run_node(task, &data, model, mode, emit) }
+}
+
+/// Adds `more` to `fields`.
+fn add_fields(fields: &mut Fields, more: &Fields) {
+    for (f, m) in fields.iter_mut().zip(more) {
+        *f += m;
+    }
+}
+
+/// `single`: the model in shared arrays, the threads of this process.
+fn run_single<W: Workload>(task: &W, data: &W::Data, model: Model, emit: Sink) -> Result<()> {
+    let threads = task.common().single_threads();
+    let arrays: Vec<SharedArray> = model
+        .tables
+        .iter()
+        .map(|t| {
+            let (rows, len) = (t.spec.keys as usize, t.spec.value_len);
+            match &t.init {
+                Some(init) => SharedArray::new(rows, len, |k, j| init(k as u64, j)),
+                None => SharedArray::new(rows, len, |_, _| 0.0),
+            }
+        })
+        .collect();
+    let shared = SingleRun {
+        barrier: Barrier::new(threads),
+        emit: parking_lot::Mutex::new(emit),
+        sums: parking_lot::Mutex::new([0.0f32; METRIC_FIELDS]),
+        failed: std::sync::atomic::AtomicBool::new(false),
+    };
+    let progress = |epoch: usize, f: f64| (shared.emit.lock())(Event::Progress(epoch, f));
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (arrays, shared, progress) = (&arrays, &shared, &progress);
+                s.spawn(move || -> Result<()> {
+                    let mut pass = Pass {
+                        mode: Mode::Single,
+                        rank: 0,
+                        nodes: 1,
+                        thread: t,
+                        threads,
+                        access: Access::Shared(arrays),
+                        local_barrier: &shared.barrier,
+                        progress,
+                    };
+                    shared.thread(task, data, &mut pass)
+                })
+            })
+            .collect();
+        handles.into_iter().try_for_each(|h| h.join().expect("training thread"))
+    })
+}
+
+/// What `single`'s threads share besides the model.
+struct SingleRun<'s> {
+    barrier: Barrier,
+    emit: parking_lot::Mutex<Sink<'s>>,
+    /// The epoch's figures, summed as the threads finish it.
+    sums: parking_lot::Mutex<Fields>,
+    /// A thread failed: every thread stops at the next epoch's start (a thread cannot leave
+    /// while the others may wait for it in a barrier, so the failed one keeps meeting them).
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl SingleRun<'_> {
+    /// One thread's epochs; its first error, after the others stopped too.
+    fn thread<W: Workload>(&self, task: &W, data: &W::Data, pass: &mut Pass<'_>) -> Result<()> {
+        let mut error = None;
+        let mut attempt = |outcome: Result<()>| {
+            if let Err(e) = outcome {
+                self.failed.store(true, std::sync::atomic::Ordering::Release);
+                error.get_or_insert(e);
+            }
+        };
+        let mut trainer = match task.trainer(data, pass) {
+            Ok(trainer) => Some(trainer),
+            Err(e) => {
+                attempt(Err(e));
+                None
+            }
+        };
+        let mut elapsed = 0.0;
+        for epoch in 1..=task.common().epochs {
+            self.barrier.wait();
+            // Every thread reads the same flag here: it changes only between barriers.
+            if self.failed.load(std::sync::atomic::Ordering::Acquire) {
+                break;
+            }
+            let Some(trainer) = trainer.as_mut() else { unreachable!("a thread without a trainer failed") };
+            let started = std::time::Instant::now();
+            let trained = trainer.epoch(epoch, pass);
+            self.barrier.wait();
+            let epoch_s = started.elapsed().as_secs_f64();
+            let measured = trained.and_then(|mut fields| {
+                add_fields(&mut fields, &trainer.measure(epoch, pass)?);
+                add_fields(&mut self.sums.lock(), &fields);
+                Ok(())
+            });
+            attempt(measured);
+            self.barrier.wait();
+            if pass.reporter() && !self.failed.load(std::sync::atomic::Ordering::Acquire) {
+                // The others wait for it at the next epoch's first barrier.
+                elapsed += epoch_s;
+                attempt(self.report(task, data, pass, epoch, epoch_s, elapsed));
+            }
+        }
+        error.map_or(Ok(()), Err)
+    }
+
+    /// The reporter's end of an epoch: the quality and the report.
+    fn report<W: Workload>(&self, task: &W, data: &W::Data, pass: &Pass<'_>, epoch: usize, epoch_s: f64, elapsed: f64) -> Result<()> {
+        let sums = std::mem::replace(&mut *self.sums.lock(), [0.0; METRIC_FIELDS]);
+        let Access::Shared(arrays) = pass.access else { unreachable!("single mode has shared arrays") };
+        let emit_event = |e: Event| (self.emit.lock())(e);
+        let measured = Measured { epoch_s, threads: pass.threads };
+        let quality = task.evaluate(data, epoch, &mut ModelReader::Shared(arrays), &sums, measured, &emit_event)?;
+        let loss = sums[field::LOSS] as f64 / (sums[field::EXAMPLES] as f64).max(1.0);
+        (self.emit.lock())(Event::Epoch(Box::new(EpochReport::single(task.name(), epoch, epoch_s, elapsed, loss, quality))));
+        Ok(())
+    }
+}
+
+/// A cluster: this process's node, its worker threads.
+fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emit: Sink) -> Result<()> {
+    let common = task.common();
+    let epochs = common.epochs;
+    let mut specs: Vec<TableSpec> = model.tables.iter().map(|t| t.spec.clone()).collect();
+    specs.push(TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS));
+    let mut config = ferry::Config::from_env(specs)?;
+    task.configure(&mut config, mode)?;
+    let replicated: u64 = config.tables.iter().map(|t| t.replicated_keys()).sum();
+    if replicated > 0 && config.rank == 0 {
+        eprintln!("replicated keys: {replicated}, staleness bound {:?}", config.staleness);
+    }
+    config.relocation = mode != Mode::Classic;
+    let mut node = Node::start(config)?;
+    let (rank, nodes, threads) = (node.rank(), node.nodes(), common.threads());
+    if rank == 0 {
+        eprintln!("transport: {}", node.transport());
+        for note in &model.notes {
+            eprintln!("{note}");
+        }
+    }
+    let tables: Vec<Table> = model.tables.iter().map(|t| node.table(&t.spec.name)).collect::<ferry::Result<_>>()?;
+    let metrics = node.table("metrics")?;
+    let local_barrier = Barrier::new(threads);
+    let emit = parking_lot::Mutex::new(emit);
+    let progress = |epoch: usize, f: f64| (emit.lock())(Event::Progress(epoch, f));
+    run_workers(&node, threads, |t, mut w| -> Result<()> {
+        let (node, tables, model) = (&node, &tables, &model);
+        if rank == 0 && t == 0 {
+            set_initial_values(&mut w, tables, &model.tables)?;
+        }
+        w.barrier()?;
+        let mut pass =
+            Pass { mode, rank, nodes, thread: t, threads, access: Access::Node { worker: &mut w, tables }, local_barrier: &local_barrier, progress: &progress };
+        let mut trainer = task.trainer(data, &mut pass)?;
+        pass.barrier()?;
+        let mut elapsed = 0.0;
+        for epoch in 1..=epochs {
+            pass.barrier()?;
+            let (stats, started) = (node.stats(), std::time::Instant::now());
+            let mut fields = trainer.epoch(epoch, &mut pass)?;
+            pass.barrier()?;
+            let (epoch_s, delta) = (started.elapsed().as_secs_f64(), node.stats().since(&stats));
+            add_fields(&mut fields, &trainer.measure(epoch, &mut pass)?);
+            let Access::Node { worker, .. } = &mut pass.access else { unreachable!("a cluster's pass has a worker") };
+            let ended = EpochEnd { task, data, node_stats: (t == 0).then_some(&delta), metrics, mode, epoch, epoch_s, threads: nodes * threads };
+            if let Some(report) = ended.end(worker, tables, fields, rank == 0 && t == 0, &local_barrier, &emit)? {
+                elapsed += epoch_s;
+                let mut report = report;
+                report.elapsed_s = elapsed;
+                (emit.lock())(Event::Epoch(Box::new(report)));
+            }
+        }
+        Ok(())
+    })?;
+    node.finalize()?;
+    Ok(())
+}
+
+/// Sets the initial values of the model's tables that do not start at zero (rank 0's reporter
+/// alone, before the first barrier).
+fn set_initial_values(w: &mut Worker, tables: &[Table], model: &[ModelTable]) -> Result<()> {
+    for (table, spec) in tables.iter().zip(model) {
+        let Some(init) = &spec.init else { continue };
+        let (keys, len): (Vec<u64>, usize) = ((0..table.keys()).collect(), table.value_len());
+        for chunk in keys.chunks(4096) {
+            let values: Vec<f32> = chunk.iter().flat_map(|&k| (0..len).map(move |j| init(k, j))).collect();
+            w.set(*table, chunk, &values)?;
+        }
+    }
+    Ok(())
+}
+
+/// The end of a cluster epoch on one thread: the node's statistics (from thread 0) and the
+/// thread's figures summed over the cluster, rank 0's evaluation — the others waiting while it
+/// reads the model —, and the report.
+struct EpochEnd<'a, W: Workload> {
+    task: &'a W,
+    data: &'a W::Data,
+    node_stats: Option<&'a Stats>,
+    metrics: Table,
+    mode: Mode,
+    epoch: usize,
+    epoch_s: f64,
+    threads: usize,
+}
+
+impl<W: Workload> EpochEnd<'_, W> {
+    /// Returns the report at the reporter (its elapsed time left for the caller).
+    fn end(
+        self,
+        worker: &mut Worker,
+        tables: &[Table],
+        mut fields: Fields,
+        reporter: bool,
+        local_barrier: &Barrier,
+        emit: &parking_lot::Mutex<Sink>,
+    ) -> Result<Option<EpochReport>> {
+        if let Some(stats) = self.node_stats {
+            stats_fields(stats, &mut fields);
+            fields[field::EPOCH_S] = self.epoch_s as f32;
+        }
+        let sums = all_reduce(worker, self.metrics, self.epoch as u64, &fields)?;
+        let quality = if reporter {
+            let emit_event = |e: Event| (emit.lock())(e);
+            let measured = Measured { epoch_s: self.epoch_s, threads: self.threads };
+            self.task.evaluate(self.data, self.epoch, &mut ModelReader::Node(worker, tables), &sums, measured, &emit_event)?
+        } else {
+            Quality::new()
+        };
+        if self.task.reads_model(self.epoch) {
+            // Nobody trains on while rank 0 reads the model.
+            worker.barrier_within(super::shared::EVALUATION_WAIT)?;
+        }
+        local_barrier.wait();
+        Ok(reporter.then(|| cluster_report(self.task.name(), self.mode, self.epoch, self.epoch_s, 0.0, &sums, quality)))
+    }
+}
