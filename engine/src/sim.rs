@@ -501,6 +501,9 @@ struct SimWorker {
     /// (`begin_localize`) until it is issued: a granted localize put at the front of the
     /// script meanwhile leaves them marked.
     localize_marked: Option<Vec<u64>>,
+    /// The worker's localize marked its keys at its last step and found none carried: it is
+    /// issued at this step without looking again.
+    localize_deferred: bool,
     /// Script steps taken: the worker's clock for declared intents.
     intent_clock: u64,
 }
@@ -524,6 +527,7 @@ impl SimWorker {
             times: Vec::new(),
             served: Vec::new(),
             localize_waits_for: None,
+            localize_deferred: false,
             localize_marked: None,
             intent_clock: 0,
         }
@@ -984,7 +988,7 @@ impl Sim {
             return sync.acknowledged();
         }
         if let Some(keys) = &worker.localize_waits_for {
-            return self.nodes[worker.node].core.store().table(0).dynamic().is_none_or(|d| d.carried_by_sync(keys).is_empty());
+            return self.replica_sets.get(worker.node).is_none_or(|s| s.marks.carried(0, keys).is_empty());
         }
         if let Some(target) = worker.clock_target {
             let core = &self.nodes[worker.node].core;
@@ -1478,9 +1482,9 @@ impl Sim {
                 let issued = self.worker_event(w, |step, req| step.issue_localize(req, 0, &keys, granted, None))?;
                 if !granted
                     && let Some(marked) = self.workers[w].localize_marked.take()
-                    && let Some(d) = self.nodes[node].core.store().table(0).dynamic()
+                    && let Some(set) = self.replica_sets.get(node)
                 {
-                    d.end_localize(&marked);
+                    set.marks.end_localize(0, &marked);
                 }
                 if let Some(Issued::Pending { op, .. }) = issued {
                     let first_event = self.workers[w].events.len();

@@ -9,6 +9,8 @@
 //!   becomes of the homes' grants (moves of keys still intended, replicas, unwanted replicas);
 //! * `schedule`: when the service acts — its rounds' cadence, its rests and what wakes it — and
 //!   what workers wait for around a barrier (a round told, the grants taken up);
+//! * `sync_marks`: which replicas' deltas are on their way and which keys a `localize` is about
+//!   to move here, so that the two never meet;
 //! * `replica_set` and `sync_round`: the run-time replicas of keys several nodes intend at once
 //!   (Section 4.1 and Appendix B.1) — made, synced through their owners, drained and dropped.
 //!
@@ -21,6 +23,7 @@ mod replica_set;
 mod replica_store;
 mod rounds;
 mod schedule;
+mod sync_marks;
 mod sync_round;
 
 use std::collections::BTreeMap;
@@ -28,6 +31,7 @@ use std::collections::BTreeMap;
 pub(crate) use replica_set::{OpToken, ReplicaAction, ReplicaContext, ReplicaSet};
 pub(crate) use rounds::{GrantsTaken, IntentRounds, LevelChanges};
 pub(crate) use schedule::{Nanos, Next, ServiceSchedule};
+pub(crate) use sync_marks::SyncMarks;
 
 use crate::keymap::KeyMap;
 pub use crate::protocol::IntentLevel;

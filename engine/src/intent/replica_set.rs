@@ -50,7 +50,7 @@
 //! before anything reads it (`Store::fold_replica_into_arrival`). No delta of such a key may be
 //! on its way to the old owner meanwhile: a sync round takes none of a key arriving here or
 //! about to be localized, and a `localize` waits for (a worker) or puts off (the service) a key
-//! whose delta a round carries (`store::dynamic::SyncMarks`); a dropped replica of an
+//! whose delta a round carries (`intent::SyncMarks`); a dropped replica of an
 //! arriving key keeps its delta for the landing. A value fetched for a replica is written only
 //! into the incarnation it was fetched for (`DynamicReplicas::incarnation`): not into a replica
 //! made since, nor after the key was here. The driver's worker bypasses replicas, so its
@@ -83,6 +83,8 @@ pub(crate) struct ReplicaContext<'a> {
     pub alive: &'a dyn Fn(u16) -> bool,
     /// The largest message a peer accepts.
     pub max_message_bytes: usize,
+    /// The node's sync marks (the intent service's, shared with its workers' `localize`).
+    pub marks: &'a super::SyncMarks,
 }
 
 /// Names one action, so that its outcome can be handed back.
@@ -130,7 +132,7 @@ struct Drain {
     /// was zero): the replicas then wait only for a sync round in flight.
     push: Option<OpToken>,
     /// Keys whose deltas the push carries, marked until it is acknowledged
-    /// ([`crate::store::DynamicReplicas::end_sync`]): a `localize` of one waits until then.
+    /// ([`super::SyncMarks::end_sync`]): a `localize` of one waits until then.
     marked: Vec<u64>,
 }
 
@@ -166,7 +168,7 @@ pub(crate) struct ReplicaSet {
     /// The sync round in flight.
     syncing: Option<SyncRound>,
     /// Per table, the keys whose deltas (not zero) the sync round in flight carries, marked
-    /// in the store until it ends (`DynamicReplicas::sync_taker`).
+    /// in the node's sync marks until it ends (`SyncMarks::taker`).
     sync_marked: Vec<(u16, Vec<u64>)>,
     /// Where keys were found when not at their homes (for the sync rounds).
     owners: OwnerHints,
@@ -484,7 +486,7 @@ impl ReplicaSet {
         let zero = vec![0.0; value_len];
         let mut seen = FastSet::default();
         // Held through the keys, like a sync round's: no `localize` marks a key in between.
-        let mut taker = dynamic.map(|d| d.sync_taker());
+        let mut taker = dynamic.map(|_| ctx.marks.taker(table));
         for &key in keys {
             // Any run-time replica is this set's, adopted or not yet (one a departure kept
             // while the pull for the same key was failing, say): it ends with the intent.
@@ -647,7 +649,7 @@ impl ReplicaSet {
     /// Per table: the replicas and their deltas, each taken under its latch and zeroed. A
     /// replica whose key arrived here ends, its delta added to the key. The delta of a key that
     /// is arriving here, or that a `localize` is about to move here, stays in the replica: the
-    /// landing adds it to the key (`DynamicReplicas::sync_taker`). The keys whose deltas are
+    /// landing adds it to the key (`SyncMarks::taker`). The keys whose deltas are
     /// taken are marked until the round ends.
     fn take_deltas(&mut self, ctx: &ReplicaContext<'_>) -> Vec<TakenDeltas> {
         self.adopt_kept(ctx);
@@ -655,7 +657,7 @@ impl ReplicaSet {
         let mut out = Vec::new();
         let (granted, awaiting, tally) = (&self.granted, &mut self.awaiting, &mut self.tally);
         for (&table, set) in self.keys.iter_mut() {
-            let (taken, marked) = take_table_deltas(store, table, set, |key| {
+            let (taken, marked) = take_table_deltas(store, ctx.marks, table, set, |key| {
                 tally.folded += 1;
                 // Granted still: a replica again once the key leaves (kept by its departure).
                 if granted.contains(&(table, key))
@@ -791,7 +793,7 @@ impl ReplicaSet {
     pub fn handle_drain_unsent(&mut self, ctx: &ReplicaContext<'_>, op: OpToken, keys: &[u64], deltas: &[f32], error: Error) -> Result<()> {
         let Some(i) = self.drains.iter().position(|d| d.push == Some(op)) else { return Err(error) };
         let drain = self.drains.swap_remove(i);
-        end_marks(ctx.store, drain.table, &drain.marked);
+        ctx.marks.end_sync(drain.table, &drain.marked);
         for key in &drain.keys {
             if self.draining.get(&(drain.table, *key)) == Some(&drain.id) {
                 self.draining.remove(&(drain.table, *key));
@@ -882,7 +884,7 @@ impl ReplicaSet {
         while let Some(i) = self.drains.iter().position(|d| d.push.is_none()) {
             let drain = self.drains.swap_remove(i);
             // Applied where the key is (or lost with its owner): the key may move here now.
-            end_marks(ctx.store, drain.table, &drain.marked);
+            ctx.marks.end_sync(drain.table, &drain.marked);
             self.end_drain(ctx, &drain);
         }
     }
@@ -898,7 +900,7 @@ impl ReplicaSet {
         let mut delta = vec![0.0; value_len];
         let zero = vec![0.0; value_len];
         let (mut again, mut pushed, mut deltas, mut marked) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut taker = store.table(table).dynamic().map(|d| d.sync_taker());
+        let mut taker = store.table(table).dynamic().map(|_| ctx.marks.taker(table));
         for &key in &drain.keys {
             if self.draining.get(&(table, key)) != Some(&drain.id) {
                 continue;
@@ -936,15 +938,7 @@ impl ReplicaSet {
     /// The sync round that carried the marked deltas has ended: localizes waiting for them go on.
     fn end_sync_marks(&mut self, ctx: &ReplicaContext<'_>) {
         for (table, keys) in self.sync_marked.drain(..) {
-            end_marks(ctx.store, table, &keys);
+            ctx.marks.end_sync(table, &keys);
         }
-    }
-}
-
-/// Ends the marks of `keys` of `table` that a drain's push or a sync round carried
-/// ([`crate::store::DynamicReplicas::end_sync`]).
-fn end_marks(store: &Store, table: u16, keys: &[u64]) {
-    if let Some(d) = store.table(table).dynamic() {
-        d.end_sync(keys);
     }
 }

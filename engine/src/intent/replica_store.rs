@@ -2,9 +2,10 @@
 //! its drain or its making, set it to its owner's value — each under the key's latch, with no
 //! node, worker or I/O; the replica set's state machine (`replica_set.rs`) calls them.
 
+use super::sync_marks::{SyncMarks, SyncTaker};
 use crate::error::Error;
 use crate::protocol::Directory;
-use crate::store::{KeyGuard, Residence, Slot, Store, SyncTaker};
+use crate::store::{KeyGuard, Residence, Slot, Store};
 use crate::util::FastSet;
 
 /// The deltas a sync round takes from one table's replicas, each with the replica's
@@ -41,9 +42,15 @@ pub(crate) fn lost_key_among(error: &Error, keys: &[u64]) -> Option<u64> {
 /// Takes the deltas of the replicas of `table` whose keys `set` lists, each under its latch and
 /// zeroed (see `ReplicaSet::take_deltas`): a key whose replica ended leaves `set`, and
 /// `arrived` is told of each that ended because the key arrived here (its delta went into the
-/// key). Returns the deltas taken, if any, and the keys marked as carried by the round (until
-/// [`crate::store::DynamicReplicas::end_sync`]).
-pub(crate) fn take_table_deltas(store: &Store, table: u16, set: &mut FastSet<u64>, mut arrived: impl FnMut(u64)) -> (Option<TakenDeltas>, Vec<u64>) {
+/// key). Returns the deltas taken, if any, and the keys marked as carried by the round in
+/// `marks` (until [`SyncMarks::end_sync`]).
+pub(crate) fn take_table_deltas(
+    store: &Store,
+    marks: &SyncMarks,
+    table: u16,
+    set: &mut FastSet<u64>,
+    mut arrived: impl FnMut(u64),
+) -> (Option<TakenDeltas>, Vec<u64>) {
     let value_len = store.table(table).value_len();
     let dynamic = store.table(table).dynamic();
     let mut marked = Vec::new();
@@ -53,7 +60,7 @@ pub(crate) fn take_table_deltas(store: &Store, table: u16, set: &mut FastSet<u64
     let mut delta = vec![0.0; value_len];
     let zero = vec![0.0; value_len];
     // Held through the table's keys: no worker's `localize` marks a key in between.
-    let mut taker = dynamic.map(|d| d.sync_taker());
+    let mut taker = dynamic.map(|_| marks.taker(table));
     set.retain(|&key| {
         let guard = store.lock(table, key);
         match look_at_replica(store, &guard, &mut delta) {

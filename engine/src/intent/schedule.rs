@@ -320,13 +320,16 @@ impl ServiceSchedule {
         self.resting_for(Wake::Declared)
     }
 
-    /// Whether the service thread should be started now (once, unless stopped): marks it
-    /// running. A driver that then cannot start it calls [`ServiceSchedule::not_started`].
-    pub fn start(&mut self) -> bool {
+    /// Whether the service thread should be started now, at `now` (once, unless stopped):
+    /// marks it running; its first round is due at once, its first sync round one sync period
+    /// later (replicas are made fresh). A driver that then cannot start it calls
+    /// [`ServiceSchedule::not_started`].
+    pub fn start(&mut self, now: Nanos) -> bool {
         if self.running || self.stopped {
             return false;
         }
         self.running = true;
+        (self.next_round, self.last_sync) = (now, now);
         true
     }
 
@@ -486,7 +489,7 @@ mod tests {
     /// A schedule of 1 ms rounds and 20 ms syncs, running, with worker 0 declared at clock 0.
     fn declared() -> ServiceSchedule {
         let mut s = ServiceSchedule::new(MS, 20 * MS, 0);
-        assert!(s.start() && !s.start(), "started once");
+        assert!(s.start(0) && !s.start(0), "started once");
         s.declare(0, 0);
         s
     }
@@ -577,7 +580,7 @@ mod tests {
     #[test]
     fn with_nothing_declared_granted_or_kept_the_service_waits_for_work() {
         let mut s = ServiceSchedule::new(MS, 20 * MS, 0);
-        s.start();
+        s.start(0);
         assert_eq!(s.next(0, false), Next::Rest { until: QUIET_REST });
         assert!(!s.note_clock(3, 1), "a worker that never declared is no news");
         assert!(s.declare(3, 1), "a declaration wakes it");
@@ -669,7 +672,7 @@ mod tests {
     #[test]
     fn busy_replicas_keep_rounds_coming_and_a_stop_ends_everything() {
         let mut s = ServiceSchedule::new(MS, MS, 0);
-        s.start();
+        s.start(0);
         s.set_replicas_busy(true);
         assert!(matches!(s.next(0, false), Next::Round { .. }));
         s.round_told(false, false);
@@ -677,6 +680,6 @@ mod tests {
         assert_eq!(s.next(0, false), Next::Rest { until: MS }, "no stretch and no rest for news while replicas are kept");
         s.stop();
         assert_eq!(s.next(0, false), Next::Stop);
-        assert!(!s.start(), "a stopped service is not started again");
+        assert!(!s.start(0), "a stopped service is not started again");
     }
 }

@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use rand::Rng;
+
 use super::{Served, Sim};
 use crate::consistency::{Event, TimedPull, TimedPush, Violation, check_bounded_staleness};
 use crate::store::Residence;
@@ -58,12 +60,25 @@ impl Sim {
             return false;
         }
         let node = self.workers[w].node;
-        let Some(d) = self.nodes[node].core.store().table(0).dynamic() else { return false };
+        let Some(marks) = self.replica_sets.get(node).map(|s| &s.marks) else { return false };
+        if !granted && std::mem::take(&mut self.workers[w].localize_deferred) {
+            // Marked at its last step, found nothing carried then: issued now without looking
+            // again, as a worker's `localize` does.
+            return false;
+        }
         let in_sync = if granted || self.workers[w].localize_marked.is_some() {
-            d.carried_by_sync(keys)
+            marks.carried(0, keys)
         } else {
+            let in_sync = marks.begin_localize(0, keys);
             self.workers[w].localize_marked = Some(keys.to_vec());
-            d.begin_localize(keys)
+            if in_sync.is_empty() && self.rng.gen_bool(0.5) {
+                // A worker's thread may lose its core between marking the keys and issuing the
+                // localize: it issues it at its next step, the service going on meanwhile.
+                self.log(format!("worker {w}@{node} marks {keys:?} and localizes them at its next step"));
+                self.workers[w].localize_deferred = true;
+                return true;
+            }
+            in_sync
         };
         if in_sync.is_empty() {
             return false;

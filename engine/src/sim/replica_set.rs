@@ -82,6 +82,8 @@ pub(super) struct SimReplicaSet {
     pub(super) worker: usize,
     /// The shipped replica set.
     machine: ReplicaSet,
+    /// The node's sync marks, which the replica set and the workers' localizes share.
+    pub(super) marks: crate::intent::SyncMarks,
     /// The machine's operations the service worker has in flight.
     ops: Vec<ServiceOp>,
     /// When each action that fetched values was issued (a make's pull, a routed push-pull, a
@@ -142,14 +144,16 @@ impl Sim {
     pub(super) fn with_replica_set<R>(&mut self, node: usize, f: impl FnOnce(&mut ReplicaSet, &ReplicaContext<'_>) -> R) -> R {
         let core = &self.nodes[node].core;
         let alive = |_: u16| true;
+        let set = &mut self.replica_sets[node];
         let ctx = ReplicaContext {
             store: core.store(),
             directory: core.directory(),
             counters: core.intent_counters(),
             alive: &alive,
             max_message_bytes: core.settings().max_message_bytes,
+            marks: &set.marks,
         };
-        f(&mut self.replica_sets[node].machine, &ctx)
+        f(&mut set.machine, &ctx)
     }
 
     /// What the replica set's call came to: an error ends the run, unless it is a loss in a
@@ -259,7 +263,7 @@ impl Sim {
         if let Some(key) = self.opts.run_time_replicas.clone().into_iter().flatten().find(|&k| t.has_dynamic_replica(k)) {
             let set = self.replica_sets[node].machine.describe(0, key);
             let residence = t.residence(key);
-            let localizing = t.dynamic().is_some_and(|d| d.is_localizing(key));
+            let localizing = self.replica_sets[node].marks.is_localizing(0, key);
             let set = format!("{set}, localizing {localizing}");
             return Err(format!("node {node}'s replica set stopped with a run-time replica of key {key} left ({residence:?}; {set})"));
         }

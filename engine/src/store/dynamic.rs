@@ -36,65 +36,6 @@ pub struct DynamicReplicas {
     /// to each since the pull that makes it left (see [`DynamicReplicas::begin_making`]).
     making: parking_lot::Mutex<crate::util::FastMap<u64, Vec<f32>>>,
     making_count: AtomicUsize,
-    /// Keys whose replica's delta a sync round carries, and keys a `localize` is about to
-    /// move here (see [`SyncMarks`]).
-    sync_marks: parking_lot::Mutex<SyncMarks>,
-    /// Notified when a sync round's keys are released.
-    synced: parking_lot::Condvar,
-}
-
-/// A sync round's or a drain's hold on the marks while it takes deltas (see
-/// [`DynamicReplicas::sync_taker`]).
-pub struct SyncTaker<'a> {
-    marks: parking_lot::MutexGuard<'a, SyncMarks>,
-}
-
-impl SyncTaker<'_> {
-    /// A sync round or a drain is about to take `key`'s delta (not zero; the caller holds the
-    /// key's latch and has checked that the key is not arriving here): returns false, taking
-    /// nothing, when a `localize` is about to move the key here (its delta stays in the
-    /// replica, and the landing adds it to the key); otherwise marks the key as carried until
-    /// [`DynamicReplicas::end_sync`] (once per mark: a drain may carry a key's newer delta while
-    /// a round carries its older one).
-    pub fn take(&mut self, key: u64) -> bool {
-        if self.marks.localizing.contains_key(&key) {
-            return false;
-        }
-        *self.marks.in_sync.entry(key).or_insert(0) += 1;
-        true
-    }
-}
-
-/// Keeps a replica's delta off its way to the owner while the key may be moving here.
-///
-/// A sync round sends a replica's delta straight to the node believed to own the key
-/// (REPLICA_SYNC), while a relocation to this node travels by the key's home: the two are not
-/// ordered. A dropped replica's delta goes in a push (a drain), which is issued after the delta
-/// was taken, so a `localize` issued in between overtakes it. Either way, a key that landed
-/// here while its delta was on its way to the old owner would lack this node's pushes until the
-/// delta followed it, and this node's workers, which read the key's slot once it landed (the
-/// replica ends there), would miss their own pushes meanwhile. So a round or a drain takes no
-/// delta of a key a worker's `localize` is about to move here (or that is arriving: the landing
-/// adds the delta to the key), and a `localize` of a key whose delta a round or a drain carries
-/// waits until it has reached the owner (a worker's) or is put off until then (the intent
-/// service's, which checks [`DynamicReplicas::carried_by_sync`] while no other thread takes
-/// deltas).
-#[derive(Default)]
-struct SyncMarks {
-    /// Keys whose deltas are on their way, with how many takes carry them.
-    in_sync: crate::util::FastMap<u64, u32>,
-    localizing: crate::util::FastMap<u64, u32>,
-}
-
-/// Takes one of `key`'s marks in `counts` back (the key is unmarked at zero; an extra call is
-/// harmless).
-fn unmark(counts: &mut crate::util::FastMap<u64, u32>, key: u64) {
-    if let std::collections::hash_map::Entry::Occupied(mut entry) = counts.entry(key) {
-        *entry.get_mut() -= 1;
-        if *entry.get() == 0 {
-            entry.remove();
-        }
-    }
 }
 
 /// The marked keys, and whether marks are taken: only while an intent service runs that adopts
@@ -155,8 +96,6 @@ impl DynamicReplicas {
             wanted_count: AtomicUsize::new(0),
             making: Default::default(),
             making_count: AtomicUsize::new(0),
-            sync_marks: Default::default(),
-            synced: parking_lot::Condvar::new(),
         })
     }
 
@@ -324,75 +263,6 @@ impl DynamicReplicas {
         Some(sum)
     }
 
-    /// Marks for a sync round or a drain taking deltas (locked until dropped): see
-    /// [`SyncTaker::take`].
-    pub fn sync_taker(&self) -> SyncTaker<'_> {
-        SyncTaker { marks: self.sync_marks.lock() }
-    }
-
-    /// Of `keys`, those whose deltas a sync round or a drain in flight carries.
-    pub fn carried_by_sync(&self, keys: &[u64]) -> Vec<u64> {
-        let marks = self.sync_marks.lock();
-        if marks.in_sync.is_empty() {
-            return Vec::new();
-        }
-        keys.iter().copied().filter(|k| marks.in_sync.contains_key(k)).collect()
-    }
-
-    /// The sync round or the drain that carried the deltas of `keys` has ended (every delta
-    /// applied where its key is held): a `localize` waiting for them goes on.
-    pub fn end_sync(&self, keys: &[u64]) {
-        if keys.is_empty() {
-            return;
-        }
-        let mut marks = self.sync_marks.lock();
-        for key in keys {
-            unmark(&mut marks.in_sync, *key);
-        }
-        self.synced.notify_all();
-    }
-
-    /// A `localize` is about to move `keys` here: from now until
-    /// [`DynamicReplicas::end_localize`] no sync round takes their deltas. Returns those whose
-    /// deltas a round in flight carries already (the caller waits for them with
-    /// [`DynamicReplicas::wait_synced`], or leaves them out and ends their marks).
-    pub fn begin_localize(&self, keys: &[u64]) -> Vec<u64> {
-        let mut marks = self.sync_marks.lock();
-        for &key in keys {
-            *marks.localizing.entry(key).or_insert(0) += 1;
-        }
-        keys.iter().copied().filter(|k| marks.in_sync.contains_key(k)).collect()
-    }
-
-    /// The `localize` that marked `keys` has been issued (they are arriving or here) or given up.
-    pub fn end_localize(&self, keys: &[u64]) {
-        let mut marks = self.sync_marks.lock();
-        for key in keys {
-            unmark(&mut marks.localizing, *key);
-        }
-    }
-
-    /// Whether a `localize` is about to move `key` here (between
-    /// [`DynamicReplicas::begin_localize`] and [`DynamicReplicas::end_localize`]).
-    #[cfg(any(test, feature = "sim"))]
-    pub fn is_localizing(&self, key: u64) -> bool {
-        self.sync_marks.lock().localizing.contains_key(&key)
-    }
-
-    /// Waits until no sync round carries the delta of any of `keys`, at most until `deadline`;
-    /// returns whether none does.
-    pub fn wait_synced(&self, keys: &[u64], deadline: std::time::Instant) -> bool {
-        let mut marks = self.sync_marks.lock();
-        loop {
-            if !keys.iter().any(|k| marks.in_sync.contains_key(k)) {
-                return true;
-            }
-            if self.synced.wait_until(&mut marks, deadline).timed_out() {
-                return !keys.iter().any(|k| marks.in_sync.contains_key(k));
-            }
-        }
-    }
-
     /// Records `slots` as `key`'s replica (the caller holds the key's latch; none existed).
     pub(super) fn set(&self, key: u64, slots: ReplicaSlots) -> bool {
         let Some(entry) = self.entry(key) else { return false };
@@ -450,48 +320,6 @@ mod tests {
         assert_ne!(r.incarnation(7), ended);
         assert_eq!(r.incarnation(8), 0, "other keys keep theirs");
         assert_eq!(r.incarnation(1000), 0, "beyond the table");
-    }
-
-    #[test]
-    fn a_sync_round_and_a_localize_never_hold_one_key_at_once() {
-        let r = std::sync::Arc::new(DynamicReplicas::new(100).unwrap());
-        // A localize about to move key 3 keeps its delta out of a round.
-        assert!(r.begin_localize(&[3]).is_empty());
-        assert!(r.is_localizing(3) && !r.sync_taker().take(3));
-        r.end_localize(&[3]);
-        assert!(!r.is_localizing(3) && r.sync_taker().take(3));
-        assert_eq!(r.carried_by_sync(&[2, 3]), vec![3]);
-        // Key 3's delta is in a round now: a localize learns it and waits for the round.
-        assert_eq!(r.begin_localize(&[3, 4]), vec![3]);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(20);
-        assert!(!r.wait_synced(&[3], deadline), "the round has not ended");
-        let ender = {
-            let r = r.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-                r.end_sync(&[3]);
-            })
-        };
-        assert!(r.wait_synced(&[3, 4], std::time::Instant::now() + std::time::Duration::from_secs(10)));
-        ender.join().unwrap();
-        r.end_localize(&[3, 4]);
-        assert!(!r.is_localizing(3) && !r.is_localizing(4));
-        // Carried twice (a drain's newer delta while a round carries the older one): the key
-        // is free once both ended.
-        assert!(r.sync_taker().take(6) && r.sync_taker().take(6));
-        r.end_sync(&[6]);
-        assert_eq!(r.carried_by_sync(&[6]), vec![6], "one end freed a key carried twice");
-        r.end_sync(&[6]);
-        assert!(r.carried_by_sync(&[6]).is_empty());
-        r.end_sync(&[6]);
-        assert!(r.sync_taker().take(6), "an extra end is harmless");
-        // Marks nest: two localizes of one key.
-        r.begin_localize(&[5]);
-        r.begin_localize(&[5]);
-        r.end_localize(&[5]);
-        assert!(r.is_localizing(5));
-        r.end_localize(&[5]);
-        assert!(!r.is_localizing(5));
     }
 
     #[test]

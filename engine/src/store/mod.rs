@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, O
 use parking_lot::Mutex;
 
 pub use arena::{Arena, HUGE_PAGE, PageKind};
-pub use dynamic::{DynamicReplicas, ReplicaSlots, SyncTaker};
+pub use dynamic::{DynamicReplicas, ReplicaSlots};
 pub use latch::Latches;
 pub use replica::ReplicaState;
 pub use slot::{AllGuard, KeyGuard, Reserved, Slot};

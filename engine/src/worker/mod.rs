@@ -486,7 +486,7 @@ impl Worker {
     /// Starts moving `keys` to this node because their homes granted them to it (the intent
     /// service): a home declines a key it has granted to another node since, and the ticket
     /// then completes without it. The service leaves out keys whose replicas' deltas a sync
-    /// round carries (see `store::dynamic::SyncMarks`).
+    /// round carries (see `intent::SyncMarks`).
     pub(crate) fn localize_granted_async(&mut self, table: Table, keys: &[u64]) -> Result<Ticket> {
         self.start_localize(table, keys, true)
     }
@@ -495,10 +495,12 @@ impl Worker {
         self.validate_keys(table, keys)?;
         let node = self.node.clone();
         // An explicit localize of keys replicated here at run time: their deltas must not be on
-        // their way to the old owner when they land (see `store::dynamic::SyncMarks`).
-        if !granted && let Some(d) = node.core.store().table(table.id).dynamic().filter(|d| d.any() || d.any_making() || self.intent_service.is_running()) {
-            let in_sync = d.begin_localize(keys);
-            let synced = in_sync.is_empty() || d.wait_synced(&in_sync, Instant::now() + node.config.op_timeout);
+        // their way to the old owner when they land (see `intent::SyncMarks`).
+        if !granted && node.core.store().table(table.id).dynamic().is_some_and(|d| d.any() || d.any_making() || self.intent_service.is_running()) {
+            let marks = self.intent_service.clone();
+            let marks = marks.marks();
+            let in_sync = marks.begin_localize(table.id, keys);
+            let synced = in_sync.is_empty() || marks.wait_synced(table.id, &in_sync, Instant::now() + node.config.op_timeout);
             let outcome = if synced {
                 self.issue_localize(table, keys, granted)
             } else {
@@ -508,7 +510,7 @@ impl Worker {
                     nodes: Vec::new(),
                 })
             };
-            d.end_localize(keys);
+            marks.end_localize(table.id, keys);
             return outcome;
         }
         self.issue_localize(table, keys, granted)

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::fabric::PostedRead;
-use crate::intent::{OpToken, ReplicaAction, ReplicaContext, ReplicaSet};
+use crate::intent::{OpToken, ReplicaAction, ReplicaContext, ReplicaSet, SyncMarks};
 use crate::runtime::NodeInner;
 use crate::worker::{PullTicket, Ticket, Worker};
 
@@ -36,12 +36,15 @@ pub(crate) struct ReplicaDriver {
     /// When the sync round in flight stops waiting for an acknowledgement or a read.
     deadline: Instant,
     /// Granted moves put off because the sync round in flight carried their keys' deltas
-    /// (see `store::dynamic::SyncMarks`): granted again once it has ended.
+    /// (see [`SyncMarks`]): granted again once it has ended.
     put_off_moves: Vec<(u16, Vec<u64>)>,
+    /// The node's sync marks (the service's, shared with the workers' `localize`).
+    marks: std::sync::Arc<SyncMarks>,
 }
 
-impl Default for ReplicaDriver {
-    fn default() -> Self {
+impl ReplicaDriver {
+    /// A driver whose replica set marks the deltas it carries in `marks`.
+    pub fn new(marks: std::sync::Arc<SyncMarks>) -> Self {
         ReplicaDriver {
             set: ReplicaSet::default(),
             makes: Vec::new(),
@@ -50,18 +53,20 @@ impl Default for ReplicaDriver {
             reads: Vec::new(),
             deadline: Instant::now(),
             put_off_moves: Vec::new(),
+            marks,
         }
     }
 }
 
 /// What the replica set works on at `node`; `alive` says whether the fabric reaches a node.
-fn context<'a>(node: &'a NodeInner, alive: &'a dyn Fn(u16) -> bool) -> ReplicaContext<'a> {
+fn context<'a>(node: &'a NodeInner, alive: &'a dyn Fn(u16) -> bool, marks: &'a SyncMarks) -> ReplicaContext<'a> {
     ReplicaContext {
         store: node.core.store(),
         directory: node.core.directory(),
         counters: node.core.intent_counters(),
         alive,
         max_message_bytes: node.core.settings().max_message_bytes,
+        marks,
     }
 }
 
@@ -97,13 +102,13 @@ impl ReplicaDriver {
     /// Takes over the replicas departing keys left here ([`ReplicaSet::adopt_kept`]).
     pub fn adopt_kept(&mut self, node: &NodeInner) {
         let alive = |n: u16| node.fabric.is_alive(n as usize);
-        self.set.adopt_kept(&context(node, &alive));
+        self.set.adopt_kept(&context(node, &alive, &self.marks));
     }
 
     /// Whether a key on its way here has a replica with a delta ([`ReplicaSet::replicas_arriving`]).
     pub fn replicas_arriving(&self, node: &NodeInner) -> bool {
         let alive = |n: u16| node.fabric.is_alive(n as usize);
-        self.set.replicas_arriving(&context(node, &alive))
+        self.set.replicas_arriving(&context(node, &alive, &self.marks))
     }
 
     /// Takes a replica grant for `keys` ([`ReplicaSet::start_make`]) and issues the pulls it
@@ -112,7 +117,7 @@ impl ReplicaDriver {
     /// tries again.
     pub fn start_make(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: &[u64]) -> Result<bool> {
         let alive = |n: u16| node.fabric.is_alive(n as usize);
-        let taken = self.set.start_make(&context(node, &alive), table, keys);
+        let taken = self.set.start_make(&context(node, &alive, &self.marks), table, keys);
         self.execute(node, worker).map(|()| taken)
     }
 
@@ -133,14 +138,14 @@ impl ReplicaDriver {
     /// ([`ReplicaSet::remake`]).
     pub fn remake(&mut self, node: &NodeInner, worker: &mut Worker, all: bool) -> Result<()> {
         let alive = |n: u16| node.fabric.is_alive(n as usize);
-        self.set.remake(&context(node, &alive), all);
+        self.set.remake(&context(node, &alive, &self.marks), all);
         self.execute(node, worker)
     }
 
     /// Drops the replicas of `keys` of `table` ([`ReplicaSet::drop_keys`]).
     pub fn drop_keys(&mut self, node: &NodeInner, worker: &mut Worker, table: u16, keys: &[u64]) -> Result<()> {
         let alive = |n: u16| node.fabric.is_alive(n as usize);
-        self.set.drop_keys(&context(node, &alive), table, keys);
+        self.set.drop_keys(&context(node, &alive, &self.marks), table, keys);
         self.execute(node, worker)
     }
 
@@ -151,8 +156,7 @@ impl ReplicaDriver {
         if !self.set.sync_in_flight() {
             return keys;
         }
-        let Some(d) = node.core.store().table(table).dynamic() else { return keys };
-        let put_off = d.carried_by_sync(&keys);
+        let put_off = self.marks.carried(table, &keys);
         if !put_off.is_empty() {
             keys.retain(|k| !put_off.contains(k));
             node.core.intent_counters().note_moves_put_off(put_off.len() as u64);
@@ -177,7 +181,7 @@ impl ReplicaDriver {
     /// Drops again the replicas whose drops were put off ([`ReplicaSet::retry_put_off_drops`]).
     pub fn retry_put_off_drops(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         let alive = |n: u16| node.fabric.is_alive(n as usize);
-        self.set.retry_put_off_drops(&context(node, &alive));
+        self.set.retry_put_off_drops(&context(node, &alive, &self.marks));
         self.execute(node, worker)
     }
 
@@ -185,7 +189,7 @@ impl ReplicaDriver {
     /// completes it.
     pub fn start_sync(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         let alive = |n: u16| node.fabric.is_alive(n as usize);
-        let ctx = context(node, &alive);
+        let ctx = context(node, &alive, &self.marks);
         self.set.start_sync(&ctx);
         self.set.forget_found_lost(&ctx);
         self.execute(node, worker)
@@ -197,7 +201,7 @@ impl ReplicaDriver {
     /// poll.
     pub fn sync_now(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         let alive = |n: u16| node.fabric.is_alive(n as usize);
-        self.set.sync_now(&context(node, &alive));
+        self.set.sync_now(&context(node, &alive, &self.marks));
         let mut outcome = self.execute(node, worker);
         while self.set.sync_in_flight() {
             keep_first_error(&mut outcome, self.complete_round(node, worker, true));
@@ -209,9 +213,9 @@ impl ReplicaDriver {
     /// Drops every replica and waits until their deltas reached the owners (the service stops).
     pub fn drop_all(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         let alive = |n: u16| node.fabric.is_alive(n as usize);
-        self.set.begin_stop(&context(node, &alive));
+        self.set.begin_stop(&context(node, &alive, &self.marks));
         let mut outcome = self.poll(node, worker, true);
-        self.set.drop_all(&context(node, &alive));
+        self.set.drop_all(&context(node, &alive, &self.marks));
         keep_first_error(&mut outcome, self.execute(node, worker));
         keep_first_error(&mut outcome, self.poll(node, worker, true));
         outcome
@@ -227,7 +231,7 @@ impl ReplicaDriver {
             keep_first_error(&mut outcome, self.complete_ops(node, worker, wait));
             keep_first_error(&mut outcome, self.complete_round(node, worker, wait));
             let alive = |n: u16| node.fabric.is_alive(n as usize);
-            self.set.forget_found_lost(&context(node, &alive));
+            self.set.forget_found_lost(&context(node, &alive, &self.marks));
             keep_first_error(&mut outcome, self.execute(node, worker));
             if !wait || self.nothing_in_flight() {
                 return outcome;
@@ -243,7 +247,7 @@ impl ReplicaDriver {
     /// completed (all of them, waiting, with `wait`).
     fn complete_ops(&mut self, node: &NodeInner, worker: &mut Worker, wait: bool) -> Result<()> {
         let alive = |n: u16| node.fabric.is_alive(n as usize);
-        let ctx = context(node, &alive);
+        let ctx = context(node, &alive, &self.marks);
         let mut outcome = Ok(());
         let mut i = 0;
         while i < self.makes.len() {
@@ -271,7 +275,7 @@ impl ReplicaDriver {
     /// push-pulls' answers; gives up a message whose owner is gone or silent past the deadline.
     fn complete_round(&mut self, node: &NodeInner, worker: &mut Worker, wait: bool) -> Result<()> {
         let alive = |n: u16| node.fabric.is_alive(n as usize);
-        let ctx = context(node, &alive);
+        let ctx = context(node, &alive, &self.marks);
         let mut outcome = Ok(());
         let acks = node.core.replica_sync_acks();
         for (owner, id) in self.set.awaiting_acks() {
@@ -326,7 +330,7 @@ impl ReplicaDriver {
     /// cannot even be issued is handed back as failed at once.
     fn execute(&mut self, node: &NodeInner, worker: &mut Worker) -> Result<()> {
         let alive = |n: u16| node.fabric.is_alive(n as usize);
-        let ctx = context(node, &alive);
+        let ctx = context(node, &alive, &self.marks);
         let mut outcome = Ok(());
         while let Some(action) = self.set.poll_action() {
             let result = match action {
@@ -422,7 +426,7 @@ mod tests {
         let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
         let t = node.core.store().table(table);
         let handle = node.table_by_id(table);
-        let mut set = ReplicaDriver::default();
+        let mut set = ReplicaDriver::new(service.intent_service.marks_handle());
         set.make_now(&node, &mut service, table, &[key]);
         assert!(t.has_dynamic_replica(key), "the replica was not made");
         trainer.push(handle, &[key], &[1.0, 2.0]).unwrap();
@@ -454,34 +458,34 @@ mod tests {
     fn a_drained_delta_holds_a_localize_off_until_the_owner_has_it() {
         let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
         let t = node.core.store().table(table);
-        let d = t.dynamic().unwrap();
         let handle = node.table_by_id(table);
-        let mut set = ReplicaDriver::default();
+        let mut set = ReplicaDriver::new(service.intent_service.marks_handle());
+        let d = set.marks.clone();
         set.make_now(&node, &mut service, table, &[key]);
         trainer.push(handle, &[key], &[1.0, 2.0]).unwrap();
 
         // A `localize` is about to move the key here: the drop leaves the delta for its
         // landing (a push issued after the localize's request would reach the key after it
         // landed, and this node would read the key without its own pushes meanwhile).
-        assert!(d.begin_localize(&[key]).is_empty());
+        assert!(d.begin_localize(table, &[key]).is_empty());
         set.drop_keys(&node, &mut service, table, &[key]).unwrap();
         assert!(set.machine().put_off(table, key) && set.quiet(), "the delta was taken under a localize");
         let mut out = [0.0; 2];
         trainer.pull(handle, &[key], &mut out).unwrap();
         assert_eq!(out, [1.0, 2.0]);
-        d.end_localize(&[key]);
+        d.end_localize(table, &[key]);
 
         // Given up, the localize lets the drop go on: the delta's push marks the key until the
         // owner has it, and a `localize` learns that it must wait.
         set.retry_put_off_drops(&node, &mut service).unwrap();
         assert!(!set.machine().put_off(table, key) && !set.quiet());
-        assert_eq!(d.carried_by_sync(&[key]), vec![key], "the drain's push does not mark its key");
-        assert_eq!(d.begin_localize(&[key]), vec![key]);
-        d.end_localize(&[key]);
+        assert_eq!(d.carried(table, &[key]), vec![key], "the drain's push does not mark its key");
+        assert_eq!(d.begin_localize(table, &[key]), vec![key]);
+        d.end_localize(table, &[key]);
         // The mark ends when the service sees the push acknowledged.
         settle(&mut set, &node, &mut service);
-        assert!(d.carried_by_sync(&[key]).is_empty() && !t.has_dynamic_replica(key));
-        assert!(d.wait_synced(&[key], Instant::now()));
+        assert!(d.carried(table, &[key]).is_empty() && !t.has_dynamic_replica(key));
+        assert!(d.wait_synced(table, &[key], Instant::now()));
         assert_eq!(owner_value(&nodes, handle, key), [1.0, 2.0], "a push was lost or counted twice");
         shut_down(nodes, [trainer, service]);
     }
@@ -490,19 +494,19 @@ mod tests {
     fn a_stopping_service_pushes_the_delta_of_a_drop_it_put_off() {
         let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
         let t = node.core.store().table(table);
-        let d = t.dynamic().unwrap();
         let handle = node.table_by_id(table);
-        let mut set = ReplicaDriver::default();
+        let mut set = ReplicaDriver::new(service.intent_service.marks_handle());
+        let d = set.marks.clone();
         set.make_now(&node, &mut service, table, &[key]);
         trainer.push(handle, &[key], &[1.0, 2.0]).unwrap();
         // A `localize` about to move the key here puts the drop off; the service stops before
         // the localize goes on (or is given up). The stop must not leave the replica, and its
         // delta, behind: the simulator found a stop that did.
-        assert!(d.begin_localize(&[key]).is_empty());
+        assert!(d.begin_localize(table, &[key]).is_empty());
         set.drop_keys(&node, &mut service, table, &[key]).unwrap();
         assert!(set.machine().put_off(table, key));
         set.drop_all(&node, &mut service).unwrap();
-        d.end_localize(&[key]);
+        d.end_localize(table, &[key]);
         assert!(!t.has_dynamic_replica(key), "a stopped service left a replica whose drop was put off");
         assert_eq!(owner_value(&nodes, handle, key), [1.0, 2.0], "the put-off replica's delta was lost");
         shut_down(nodes, [trainer, service]);
@@ -512,7 +516,7 @@ mod tests {
     fn a_sync_round_is_queued_behind_the_steps_routing_its_keys() {
         let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
         let handle = node.table_by_id(table);
-        let mut set = ReplicaDriver::default();
+        let mut set = ReplicaDriver::new(service.intent_service.marks_handle());
         set.make_now(&node, &mut service, table, &[key]);
         trainer.push(handle, &[key], &[1.0, 2.0]).unwrap();
 
@@ -547,7 +551,7 @@ mod tests {
         let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
         let t = node.core.store().table(table);
         let handle = node.table_by_id(table);
-        let mut set = ReplicaDriver::default();
+        let mut set = ReplicaDriver::new(service.intent_service.marks_handle());
         set.make_now(&node, &mut service, table, &[key]);
         trainer.push(handle, &[key], &[1.0, 1.0]).unwrap();
         set.drop_keys(&node, &mut service, table, &[key]).unwrap();
@@ -571,7 +575,7 @@ mod tests {
         let (mut nodes, node, mut trainer, mut service, table, key) = two_nodes();
         let t = node.core.store().table(table);
         let handle = node.table_by_id(table);
-        let mut set = ReplicaDriver::default();
+        let mut set = ReplicaDriver::new(service.intent_service.marks_handle());
         set.make_now(&node, &mut service, table, &[key]);
         trainer.push(handle, &[key], &[1.0, 1.0]).unwrap();
         nodes.remove(0).abort();
@@ -603,7 +607,7 @@ mod tests {
         let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
         let t = node.core.store().table(table);
         let handle = node.table_by_id(table);
-        let mut set = ReplicaDriver::default();
+        let mut set = ReplicaDriver::new(service.intent_service.marks_handle());
         trainer.push(handle, &[key], &[100.0, 200.0]).unwrap();
         assert!(set.start_make(&node, &mut service, table, &[key]).unwrap());
         // The pull that makes the replica is on its way: this push reaches the owner after the
@@ -634,7 +638,7 @@ mod tests {
         let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
         let t = node.core.store().table(table);
         let handle = node.table_by_id(table);
-        let mut set = ReplicaDriver::default();
+        let mut set = ReplicaDriver::new(service.intent_service.marks_handle());
         set.start_make(&node, &mut service, table, &[key]).unwrap();
         trainer.push(handle, &[key], &[1.0, 1.0]).unwrap();
         set.drop_keys(&node, &mut service, table, &[key]).unwrap();
@@ -658,7 +662,7 @@ mod tests {
         let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
         let t = node.core.store().table(table);
         let handle = node.table_by_id(table);
-        let mut set = ReplicaDriver::default();
+        let mut set = ReplicaDriver::new(service.intent_service.marks_handle());
         set.make_now(&node, &mut service, table, &[key]);
         // The push stays in the replica's delta (no sync round runs); then the key moves here.
         trainer.push(handle, &[key], &[1.0, 2.0]).unwrap();
@@ -681,7 +685,7 @@ mod tests {
         let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
         let t = node.core.store().table(table);
         let handle = node.table_by_id(table);
-        let mut set = ReplicaDriver::default();
+        let mut set = ReplicaDriver::new(service.intent_service.marks_handle());
         set.make_now(&node, &mut service, table, &[key]);
         trainer.push(handle, &[key], &[1.0, 2.0]).unwrap();
         // The round takes the delta and sends it straight to the owner; a localize now would
@@ -711,7 +715,7 @@ mod tests {
         let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
         let t = node.core.store().table(table);
         let handle = node.table_by_id(table);
-        let mut set = ReplicaDriver::default();
+        let mut set = ReplicaDriver::new(service.intent_service.marks_handle());
         set.make_now(&node, &mut service, table, &[key]);
         // A round for the clean replica is in flight (its image will be the owner's [0, 0]).
         set.start_sync(&node, &mut service).unwrap();
@@ -742,7 +746,7 @@ mod tests {
         let (nodes, node, mut trainer, mut service, table, key) = two_nodes();
         let t = node.core.store().table(table);
         let handle = node.table_by_id(table);
-        let mut set = ReplicaDriver::default();
+        let mut set = ReplicaDriver::new(service.intent_service.marks_handle());
         // The pull that makes the replica is answered with the owner's [0, 0]; before it is
         // installed, the key lands here, takes a push and leaves.
         set.start_make(&node, &mut service, table, &[key]).unwrap();

@@ -38,7 +38,7 @@ use parking_lot::{Condvar, Mutex};
 use super::replicas::ReplicaDriver;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::intent::{GrantsTaken, IntentLevel, IntentRounds, LateCause, LevelChanges, Nanos, Next, ServiceSchedule};
+use crate::intent::{GrantsTaken, IntentLevel, IntentRounds, LateCause, LevelChanges, Nanos, Next, ServiceSchedule, SyncMarks};
 use crate::protocol::IntentHomes;
 use crate::protocol::LateCounts;
 use crate::runtime::NodeInner;
@@ -68,6 +68,9 @@ pub(crate) struct IntentService {
     signalled: Condvar,
     /// The run-time replicas kept here, and their operations in flight.
     replicas: Mutex<ReplicaDriver>,
+    /// Which replicas' deltas are on their way, and which keys a worker's `localize` is about
+    /// to move here (shared with the replica set).
+    marks: Arc<SyncMarks>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The origin of the schedule's clock.
     origin: Instant,
@@ -83,12 +86,14 @@ impl IntentService {
     /// A service for a node configured by `config` (its thread starts with the first intent).
     pub fn new(config: &Config) -> IntentService {
         let nanos = |d: Duration| d.as_nanos().min(u64::MAX as u128) as u64;
+        let marks = Arc::new(SyncMarks::default());
         IntentService {
             rounds: Mutex::new(IntentRounds::default()),
             schedule: Mutex::new(ServiceSchedule::new(nanos(config.intent.round), nanos(config.staleness / 2), 0)),
             wake: Condvar::new(),
             signalled: Condvar::new(),
-            replicas: Mutex::new(ReplicaDriver::default()),
+            replicas: Mutex::new(ReplicaDriver::new(marks.clone())),
+            marks,
             thread: Mutex::new(None),
             origin: Instant::now(),
         }
@@ -123,7 +128,7 @@ impl IntentService {
         node.core.intent_counters().note_declared(added);
         let mut schedule = self.schedule.lock();
         self.wake_if(schedule.declare(worker, clock));
-        if !schedule.start() {
+        if !schedule.start(self.now()) {
             return Ok(());
         }
         drop(schedule);
@@ -141,6 +146,18 @@ impl IntentService {
                 Err(Error::Transport(format!("cannot start the intent thread: {e}")))
             }
         }
+    }
+
+    /// The node's sync marks: a worker's `localize` of keys with run-time replicas here marks
+    /// them, and waits for the sync rounds that carry their deltas.
+    pub fn marks(&self) -> &SyncMarks {
+        &self.marks
+    }
+
+    /// The node's sync marks, shared (tests drive replica sets of their own on them).
+    #[cfg(test)]
+    pub(crate) fn marks_handle(&self) -> Arc<SyncMarks> {
+        self.marks.clone()
     }
 
     /// Whether the service thread runs (it takes replicas' deltas in sync rounds).
@@ -749,7 +766,7 @@ mod tests {
         let key = (0..16).find(|&k| node.core.store().table(handle.id).residence(k) == Residence::Away).unwrap();
         // A service of the test's own, driven by hand (no thread), that intends the key now.
         let service = Arc::new(IntentService::new(&node.config));
-        assert!(service.schedule.lock().start());
+        assert!(service.schedule.lock().start(0));
         {
             let mut state = service.rounds.lock();
             state.table.add(handle.id, key, 0, 0, 10);
@@ -826,7 +843,7 @@ mod tests {
         let away = (0..16).find(|&k| residence(k) == Residence::Away).unwrap();
         // A service of the test's own without a thread: nobody else runs a round.
         let service = IntentService::new(&node.config);
-        assert!(service.schedule.lock().start());
+        assert!(service.schedule.lock().start(0));
         let declare = |key: u64| {
             let mut state = service.rounds.lock();
             state.add_worker(0, &node.config.intent);
