@@ -239,19 +239,22 @@ struct Inserter<'a> {
     data: &'a Stream,
     keys: Vec<u64>,
     ones: Vec<f32>,
-    /// A private copy of the sketch that chunks are counted into (combining, and `single`).
+    /// A private copy of the sketch that chunks are counted into (combining: cleared per
+    /// chunk), or in `single` the sketch itself (kept across epochs).
     combined: Vec<f32>,
     combining: bool,
 }
 
 impl Inserter<'_> {
-    /// Counts `tokens` into the private sketch.
+    /// Counts `tokens` into the private sketch, a batch of tokens' keys at a time.
     fn count(&mut self, tokens: &[u32]) {
         let (keys, combined, hashes) = (&mut self.keys, &mut self.combined, &self.data.hashes);
         combined.resize(self.a.keys() as usize, 0.0);
-        for &word in tokens {
+        for batch in tokens.chunks(self.a.batch) {
             keys.clear();
-            hashes.keys(word, keys);
+            for &word in batch {
+                hashes.keys(word, keys);
+            }
             for &k in keys.iter() {
                 combined[k as usize] += 1.0;
             }
@@ -260,18 +263,26 @@ impl Inserter<'_> {
 }
 
 impl Trainer for Inserter<'_> {
+    /// `single`: the sketch into the model's table (the evaluation reads it there).
+    fn measure(&mut self, _: usize, pass: &mut Pass<'_>) -> Result<Fields> {
+        if pass.mode == Mode::Single && pass.thread == 0 {
+            let super::epochs::Access::Shared(arrays) = pass.access else { unreachable!("single mode has shared arrays") };
+            for (k, count) in self.combined.iter().enumerate() {
+                arrays[0].write(k, std::slice::from_ref(count));
+            }
+        }
+        Ok([0.0; METRIC_FIELDS])
+    }
+
     fn epoch(&mut self, _: usize, pass: &mut Pass<'_>) -> Result<Fields> {
         let a = self.a;
         let mut v = [0.0f32; METRIC_FIELDS];
         if pass.mode == Mode::Single {
-            // One thread counts the whole stream into a plain array and adds it to the sketch
-            // (the others have nothing to do).
+            // One thread counts the whole stream into its plain array, the sketch (the others
+            // have nothing to do); `measure` copies it into the model's table.
             if pass.thread == 0 {
                 let data = self.data;
-                self.combined.clear();
                 self.count(&data.tokens);
-                let keys: Vec<u64> = (0..a.keys()).collect();
-                pass.push(0, &keys, &self.combined)?;
                 v[field::EXAMPLES] = self.data.tokens.len() as f32;
             }
             return Ok(v);

@@ -404,9 +404,8 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
             add_fields(&mut fields, &trainer.measure(epoch, &mut pass)?);
             let Access::Node { worker, .. } = &mut pass.access else { unreachable!("a cluster's pass has a worker") };
             let ended = EpochEnd { task, data, node_stats: (t == 0).then_some(&delta), metrics, mode, epoch, epoch_s, threads: nodes * threads };
-            if let Some(report) = ended.end(worker, tables, fields, rank == 0 && t == 0, &local_barrier, &emit)? {
+            if let Some(mut report) = ended.end(worker, tables, fields, rank == 0 && t == 0, &local_barrier, &emit)? {
                 elapsed += epoch_s;
-                let mut report = report;
                 report.elapsed_s = elapsed;
                 (emit.lock())(Event::Epoch(Box::new(report)));
             }

@@ -457,8 +457,8 @@ impl Workload for LrArgs {
         LrArgs::load(self)
     }
 
-    /// `single`: the weights and the updater's state in plain arrays (one thread applies the
-    /// updater itself). A cluster: the weights, with the optimizer as the table's updater, or
+    /// `single`: the weights (one thread trains them in plain arrays with the updater's state
+    /// beside them, and copies them here after each epoch). A cluster: the weights, with the optimizer as the table's updater, or
     /// as `[weight, accumulator]` values that the trainer's AdaGrad adds to.
     fn model(&self, split: &Split, mode: Mode) -> Result<Model> {
         let n = split.dims + 1;
@@ -469,8 +469,7 @@ impl Workload for LrArgs {
             bail!("--intent-ahead must be at least 1");
         }
         let tables = if mode == Mode::Single {
-            let state_len = self.updater()?.state_len(1);
-            vec![ModelTable::zeros(TableSpec::new("weights", n, 1)), ModelTable::zeros(TableSpec::new("state", n, state_len))]
+            vec![ModelTable::zeros(TableSpec::new("weights", n, 1))]
         } else {
             // Worker-side AdaGrad: each value is `[weight, accumulator]` and pushes add.
             let (value_len, updater) = if self.server_optimizer(mode)? { (1, self.updater()?) } else { (2, Updater::Add) };
@@ -482,13 +481,10 @@ impl Workload for LrArgs {
     fn trainer<'a>(&'a self, split: &'a Split, pass: &mut Pass<'_>) -> Result<Box<dyn Trainer + 'a>> {
         if pass.mode == Mode::Single {
             let all: Vec<usize> = (0..split.train.len()).collect();
-            return Ok(Box::new(SingleLr {
-                a: self,
-                split,
-                updater: self.updater()?,
-                batches: fixed_batches(&all, self.batch, self.common.seed),
-                batch: Batch::default(),
-            }));
+            let (updater, n) = (self.updater()?, split.dims as usize + 1);
+            let state = vec![0.0; n * updater.state_len(1)];
+            let batches = fixed_batches(&all, self.batch, self.common.seed);
+            return Ok(Box::new(SingleLr { a: self, split, updater, batches, batch: Batch::default(), weights: vec![0.0; n], state }));
         }
         let worker_index = pass.rank * pass.threads + pass.thread;
         let workers = pass.nodes * pass.threads;
@@ -538,13 +534,16 @@ impl Workload for LrArgs {
 }
 
 /// `single`: one thread, the weights and the optimizer state in plain arrays, the same updater
-/// applied where the trainer runs.
+/// applied where the trainer runs; the weights are copied into the model's table after each
+/// epoch, for the evaluation.
 struct SingleLr<'a> {
     a: &'a LrArgs,
     split: &'a Split,
     updater: Updater,
     batches: Vec<Vec<usize>>,
     batch: Batch,
+    weights: Vec<f32>,
+    state: Vec<f32>,
 }
 
 impl Trainer for SingleLr<'_> {
@@ -555,21 +554,18 @@ impl Trainer for SingleLr<'_> {
         }
         let (split, a) = (self.split, self.a);
         let state_len = self.updater.state_len(1);
-        let (mut weight, mut state) = ([0.0f32], vec![0.0f32; state_len]);
         self.batches.shuffle(&mut ChaCha8Rng::seed_from_u64(a.common.seed ^ ((epoch as u64) << 20)));
         let mut loss = 0.0;
         for (x, chunk) in self.batches.iter().enumerate() {
-            self.batch.gather(&split.train, chunk, split.dims);
-            pass.pull(0, &self.batch.keys, &mut self.batch.weights)?;
-            loss += self.batch.gradient(&split.train, chunk, a.worker_l2());
-            let super::epochs::Access::Shared(arrays) = pass.access else { unreachable!("single mode has shared arrays") };
-            for (&k, &g) in self.batch.keys.iter().zip(&self.batch.gradient) {
+            let batch = &mut self.batch;
+            batch.gather(&split.train, chunk, split.dims);
+            for (w, &k) in batch.weights.iter_mut().zip(&batch.keys) {
+                *w = self.weights[k as usize];
+            }
+            loss += batch.gradient(&split.train, chunk, a.worker_l2());
+            for (&k, &g) in batch.keys.iter().zip(&batch.gradient) {
                 let k = k as usize;
-                arrays[0].read(k, &mut weight);
-                arrays[1].read(k, &mut state);
-                self.updater.apply(&mut weight, &mut state, &[g]);
-                arrays[0].write(k, &weight);
-                arrays[1].write(k, &state);
+                self.updater.apply(&mut self.weights[k..k + 1], &mut self.state[k * state_len..(k + 1) * state_len], &[g]);
             }
             if x % 256 == 0 {
                 pass.progress(epoch, x as f64 / self.batches.len().max(1) as f64);
@@ -578,6 +574,17 @@ impl Trainer for SingleLr<'_> {
         v[field::LOSS] = loss as f32;
         v[field::EXAMPLES] = split.train.len() as f32;
         Ok(v)
+    }
+
+    /// The weights into the model's table (the evaluation reads them there).
+    fn measure(&mut self, _: usize, pass: &mut Pass<'_>) -> Result<Fields> {
+        if pass.thread == 0 {
+            let super::epochs::Access::Shared(arrays) = pass.access else { unreachable!("single mode has shared arrays") };
+            for (k, w) in self.weights.iter().enumerate() {
+                arrays[0].write(k, std::slice::from_ref(w));
+            }
+        }
+        Ok([0.0; METRIC_FIELDS])
     }
 }
 

@@ -770,11 +770,17 @@ impl Trainer for W2vTrainer<'_> {
     fn epoch(&mut self, epoch: usize, pass: &mut Pass<'_>) -> Result<Fields> {
         let (a, text) = (self.a, self.text);
         let (seed, dim, rank, t, threads) = (a.common.seed, a.dim, pass.rank, pass.thread, pass.threads);
-        let mut order = self.mine.clone();
         let single = pass.mode == Mode::Single;
-        // `single` draws as it always has; a cluster node's order and generators depend on its rank.
-        let order_seed = if single { seed ^ ((epoch as u64) << 20) } else { seed ^ ((epoch as u64) << 20) ^ rank as u64 };
-        order.shuffle(&mut ChaCha8Rng::seed_from_u64(order_seed));
+        // `single` shuffles one order of every sentence anew each epoch; a cluster node shuffles
+        // its sentences from their first order, with its rank in the seed.
+        let order = if single {
+            self.mine.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20)));
+            self.mine.clone()
+        } else {
+            let mut order = self.mine.clone();
+            order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20) ^ rank as u64));
+            order
+        };
         let share: Vec<&[u32]> = order[part(order.len(), threads, t)].iter().map(|&i| text.corpus.sentences[i].as_slice()).collect();
         let mut last = 0u64;
         let done = if single {
