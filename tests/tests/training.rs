@@ -170,6 +170,35 @@ fn own_train_and_test_files_and_clear_errors_for_bad_data() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `ferry train args` fails, and its error output names `want`, without a backtrace and without
+/// the ranks' parser having misread a value.
+fn fails_saying(args: &[&str], want: &str) {
+    let out = Command::new(binary("ferry")).arg("train").args(args).env("RUST_BACKTRACE", "1").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded:\n{}", String::from_utf8_lossy(&out.stdout));
+    assert!(stderr.contains(want), "{args:?}: expected '{want}' in:\n{stderr}");
+    assert!(!stderr.contains("backtrace") && !stderr.contains("unexpected argument"), "{args:?}:\n{stderr}");
+}
+
+#[test]
+fn a_diverged_run_fails_and_options_that_cannot_train_are_refused() {
+    // A learning rate that makes the factors blow up: the epoch's loss is not a number.
+    for mode in ["single", "classic"] {
+        fails_saying(
+            &["mf", "--data", "synth-tiny", "--rank", "4", "--lr", "1e6", "--epochs", "3", "--mode", mode, "--nodes", "2"],
+            "epoch 1: the training diverged",
+        );
+    }
+    fails_saying(&["kge", "--data", "synth-kg", "--dim", "8", "--lr", "1e30", "--epochs", "2", "--mode", "single"], "the training diverged");
+    // Refused before any rank starts (a negative value once reached the ranks as a flag).
+    fails_saying(&["mf", "--data", "synth-tiny", "--lr=-1", "--mode", "localize"], "--lr must be a positive number");
+    fails_saying(&["mf", "--data", "synth-tiny", "--lr", "nan", "--mode", "single"], "--lr must be a positive number");
+    fails_saying(&["kge", "--data", "synth-kg", "--reg=-0.5", "--mode", "localize"], "--reg a number at least 0");
+    fails_saying(&["mf", "--data", "synth-tiny", "--threads", "0", "--mode", "single"], "--threads must be at least 1");
+    fails_saying(&["mf", "--data", "synth-tiny", "--epochs", "0", "--mode", "single"], "--epochs must be at least 1");
+    fails_saying(&["mf", "--data", "synth-tiny", "--test-share", "1.5", "--mode", "single"], "--test-share must be between 0 and 1");
+}
+
 #[test]
 fn fetching_reports_clearly_when_offline() {
     let cache = std::env::temp_dir().join(format!("ferry-offline-{}", std::process::id()));

@@ -238,6 +238,23 @@ pub fn run<W: Workload>(task: &W, mode: Mode, emit: Sink) -> Result<()> {
     if mode == Mode::Single { run_single(task, &data, model, emit) } else { run_node(task, &data, model, mode, emit) }
 }
 
+/// An error if the epoch's loss or a quality measure is not a finite number: the training
+/// diverged (a learning rate too large, say), and a run that goes on would only report NaNs.
+fn check_finite(epoch: usize, loss: f64, quality: &Quality) -> Result<()> {
+    if !loss.is_finite() {
+        anyhow::bail!("epoch {epoch}: the training diverged: the loss is {loss} (a smaller learning rate may help)");
+    }
+    for (name, value) in quality {
+        if let Some(v) = value.as_f64().filter(|v| !v.is_finite()) {
+            anyhow::bail!("epoch {epoch}: the training diverged: {name} is {v}");
+        }
+        if value.is_null() {
+            anyhow::bail!("epoch {epoch}: the training diverged: {name} is not a number");
+        }
+    }
+    Ok(())
+}
+
 /// Adds `more` to `fields`.
 fn add_fields(fields: &mut Fields, more: &Fields) {
     for (f, m) in fields.iter_mut().zip(more) {
@@ -351,8 +368,10 @@ impl SingleRun<'_> {
         let Access::Shared(arrays) = pass.access else { unreachable!("single mode has shared arrays") };
         let emit_event = |e: Event| (self.emit.lock())(e);
         let measured = Measured { epoch_s, threads: pass.threads };
-        let quality = task.evaluate(data, epoch, &mut ModelReader::Shared(arrays), &sums, measured, &emit_event)?;
         let loss = sums[field::LOSS] as f64 / (sums[field::EXAMPLES] as f64).max(1.0);
+        check_finite(epoch, loss, &Quality::new())?;
+        let quality = task.evaluate(data, epoch, &mut ModelReader::Shared(arrays), &sums, measured, &emit_event)?;
+        check_finite(epoch, loss, &quality)?;
         (self.emit.lock())(Event::Epoch(Box::new(EpochReport::single(task.name(), epoch, epoch_s, elapsed, loss, quality))));
         Ok(())
     }
@@ -460,10 +479,14 @@ impl<W: Workload> EpochEnd<'_, W> {
             fields[field::EPOCH_S] = self.epoch_s as f32;
         }
         let sums = all_reduce(worker, self.metrics, self.epoch as u64, &fields)?;
+        // Every node sees the same sums: all of them stop here, saying why.
+        check_finite(self.epoch, sums[field::LOSS] as f64 / (sums[field::EXAMPLES] as f64).max(1.0), &Quality::new())?;
         let quality = if reporter {
             let emit_event = |e: Event| (emit.lock())(e);
             let measured = Measured { epoch_s: self.epoch_s, threads: self.threads };
-            self.task.evaluate(self.data, self.epoch, &mut ModelReader::Node(worker, tables), &sums, measured, &emit_event)?
+            let quality = self.task.evaluate(self.data, self.epoch, &mut ModelReader::Node(worker, tables), &sums, measured, &emit_event)?;
+            check_finite(self.epoch, 0.0, &quality)?;
+            quality
         } else {
             Quality::new()
         };

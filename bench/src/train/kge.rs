@@ -166,6 +166,7 @@ impl super::Task for KgeArgs {
 
     /// Driver side: makes named data available; returns a description.
     fn prepare(&self) -> Result<String> {
+        self.check()?;
         self.files.check()?;
         if let (Some(train), Some(test)) = (&self.files.train, &self.files.test) {
             return Ok(format!("triples from {} (train) and {} (test)", train.display(), test.display()));
@@ -239,12 +240,21 @@ impl KgeArgs {
         }
     }
 
-    /// The graph (identical in every process).
-    pub fn load(&self) -> Result<KnowledgeGraph> {
+    /// Refuses options that cannot train.
+    fn check(&self) -> Result<()> {
         if self.dim == 0 || self.neg == 0 {
             bail!("--dim and --neg must be at least 1");
         }
+        if !(self.lr.is_finite() && self.lr > 0.0 && self.reg.is_finite() && self.reg >= 0.0) {
+            bail!("--lr must be a positive number and --reg a number at least 0 (not {} and {})", self.lr, self.reg);
+        }
         self.negative_scheme()?;
+        Ok(())
+    }
+
+    /// The graph (identical in every process).
+    pub fn load(&self) -> Result<KnowledgeGraph> {
+        self.check()?;
         let format = self.files.format();
         if let (Some(train), Some(test)) = (&self.files.train, &self.files.test) {
             return KnowledgeGraph::load_files(train, self.files.valid.as_deref(), test, format);

@@ -133,6 +133,7 @@ impl super::Task for MfArgs {
 
     /// Driver side: makes named data available; returns a description.
     fn prepare(&self) -> Result<String> {
+        self.check()?;
         self.files.check()?;
         if self.files.valid.is_some() {
             bail!("--valid: matrix factorization has no validation set (give --train and --test)");
@@ -193,11 +194,23 @@ impl super::Task for MfArgs {
 }
 
 impl MfArgs {
+    /// Refuses options that cannot train.
+    fn check(&self) -> Result<()> {
+        if self.rank == 0 || self.batch == 0 {
+            bail!("--rank and --batch must be at least 1");
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0 && self.reg.is_finite() && self.reg >= 0.0) {
+            bail!("--lr must be a positive number and --reg a number at least 0 (not {} and {})", self.lr, self.reg);
+        }
+        if !(self.test_share > 0.0 && self.test_share < 1.0) {
+            bail!("--test-share must be between 0 and 1, not {}", self.test_share);
+        }
+        Ok(())
+    }
+
     /// The training and test ratings (identical in every process).
     pub fn load(&self) -> Result<(Ratings, Ratings)> {
-        if self.rank == 0 {
-            bail!("--rank must be at least 1");
-        }
+        self.check()?;
         let format = self.files.format();
         let (train, test) = match (&self.files.train, &self.files.test, self.data.as_str()) {
             (Some(train), Some(test), _) => Ratings::load_pair(train, test, format)?,

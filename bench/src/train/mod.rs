@@ -164,6 +164,22 @@ pub struct Common {
 }
 
 impl Common {
+    /// Refuses counts that cannot run (zero threads, nodes or epochs) and a hot factor that is
+    /// not a positive number.
+    pub fn check(&self) -> Result<()> {
+        for (flag, value) in
+            [("--nodes", Some(self.nodes)), ("--threads", self.threads), ("--single-threads", self.single_threads), ("--epochs", Some(self.epochs))]
+        {
+            if value == Some(0) {
+                bail!("{flag} must be at least 1");
+            }
+        }
+        if !(self.hot_factor.is_finite() && self.hot_factor > 0.0) {
+            bail!("--hot-factor must be a positive number, not {}", self.hot_factor);
+        }
+        Ok(())
+    }
+
     /// Worker threads per node.
     pub fn threads(&self) -> usize {
         self.threads.unwrap_or(1).max(1)
@@ -291,6 +307,23 @@ impl DataFiles {
         }
         Ok(())
     }
+}
+
+/// `args` (`--flag value` pairs and switches) with each value that starts with a dash (a
+/// negative number, a file name) attached to its flag as `--flag=value`: passed on as two
+/// arguments, a rank's parser would take `-1` for a flag of its own.
+fn attach_dashed_values(args: Vec<String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(args.len());
+    for arg in args {
+        match out.last_mut() {
+            Some(flag) if flag.starts_with("--") && !flag.contains('=') && arg.starts_with('-') && !arg.starts_with("--") => {
+                flag.push('=');
+                flag.push_str(&arg);
+            }
+            _ => out.push(arg),
+        }
+    }
+    out
 }
 
 /// A data set named on the command line that is not one of `known`: it must be a file (or, with
@@ -544,6 +577,7 @@ pub enum Event {
 /// and `ferry train`).
 pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
     let (task, common) = (command.task(), command.common());
+    common.check()?;
     if task.run_other()? {
         return Ok(Vec::new());
     }
@@ -725,8 +759,8 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
     } else {
         let exe = std::env::current_exe().context("locating this program")?;
         let mut args: Vec<String> = vec!["train".into(), task.name().into()];
-        args.extend(task.task_args());
-        args.extend(common.node_args(mode));
+        args.extend(attach_dashed_values(task.task_args()));
+        args.extend(attach_dashed_values(common.node_args(mode)));
         let mut spec = LaunchSpec::new(common.nodes, exe, args);
         spec.timeout = Some(Duration::from_secs(6 * 3600));
         let handle = Mutex::new(handle);
@@ -764,6 +798,15 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dashed_values_are_attached_to_their_flags() {
+        let args = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            attach_dashed_values(args(&["--lr", "-1", "--header", "--data", "-odd name", "--reg", "0.5", "--seed", "-"])),
+            args(&["--lr=-1", "--header", "--data=-odd name", "--reg", "0.5", "--seed=-"])
+        );
+    }
 
     #[test]
     fn a_node_prints_the_first_progress_line_of_each_phase_then_one_per_interval() {
