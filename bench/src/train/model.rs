@@ -225,8 +225,17 @@ fn read_npy(bytes: &[u8]) -> Result<(usize, usize, Vec<f32>)> {
     let dims: Vec<usize> =
         inside.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::parse).collect::<Result<_, _>>().context("the NPY shape is not numbers")?;
     let [rows, cols] = dims[..] else { bail!("expected a 2-D array, found shape ({inside})") };
+    // Checked against the file before anything is sized by the shape: with at least one column,
+    // the rows cannot outnumber the file's values.
+    ensure!(cols > 0, "a table without columns (shape ({inside}))");
     let data = &bytes[start + header_len..];
-    ensure!(data.len() == rows * cols * 4, "{rows} × {cols} float32 values need {} bytes, the file has {}", rows * cols * 4, data.len());
+    let need = rows.checked_mul(cols).and_then(|n| n.checked_mul(4));
+    ensure!(
+        need == Some(data.len()),
+        "{rows} × {cols} float32 values need {} bytes, the file has {}",
+        need.map_or("more than 2^64".to_string(), |n| n.to_string()),
+        data.len()
+    );
     Ok((rows, cols, data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
 }
 
@@ -251,6 +260,19 @@ mod tests {
         assert!(format!("{:#}", load(&dir).unwrap_err()).contains("need 24 bytes"));
         std::fs::write(dir.join("users.npy"), b"garbage").unwrap();
         assert!(load(&dir).is_err());
+        // Crafted shapes are refused before anything is allocated for them.
+        for (shape, want) in
+            [("(4611686018427387904, 1)", "more than 2^64"), ("(1000000000000000, 0)", "without columns"), ("(1000000000000000, 1)", "the file has 0")]
+        {
+            let header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}\n");
+            let mut crafted = NPY_MAGIC.to_vec();
+            crafted.extend([1, 0]);
+            crafted.extend((header.len() as u16).to_le_bytes());
+            crafted.extend(header.as_bytes());
+            std::fs::write(dir.join("users.npy"), &crafted).unwrap();
+            let e = format!("{:#}", load(&dir).unwrap_err());
+            assert!(e.contains(want), "{shape}: {e}");
+        }
         assert!(load(&dir.join("nowhere")).unwrap_err().to_string().contains("saved model"));
         // Exports of a model read back from disk.
         save(&dir, "mf", json!({ "mu": 3.5 }), std::slice::from_ref(&users)).unwrap();
