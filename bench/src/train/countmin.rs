@@ -266,7 +266,7 @@ impl Trainer for Inserter<'_> {
     /// `single`: the sketch into the model's table (the evaluation reads it there).
     fn measure(&mut self, _: usize, pass: &mut Pass<'_>) -> Result<Fields> {
         if pass.mode == Mode::Single && pass.thread == 0 {
-            let super::epochs::Access::Shared(arrays) = pass.access else { unreachable!("single mode has shared arrays") };
+            let arrays = pass.shared().expect("single mode has shared arrays");
             for (k, count) in self.combined.iter().enumerate() {
                 arrays[0].write(k, std::slice::from_ref(count));
             }

@@ -15,7 +15,7 @@ use std::sync::Barrier;
 use anyhow::Result;
 use ferry::{Node, Stats, Table, TableSpec, Worker};
 
-use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, pull_all, run_workers, stats_fields};
+use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, mean_loss, pull_all, run_workers, stats_fields};
 use super::{EpochReport, Event, Mode, Sink, Task};
 
 /// Figures of an epoch, per thread and summed (positions in [`field`]).
@@ -166,6 +166,14 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// `single`'s shared arrays (`None` in a cluster).
+    pub fn shared(&self) -> Option<&'a [SharedArray]> {
+        match self.access {
+            Access::Shared(arrays) => Some(arrays),
+            Access::Node { .. } => None,
+        }
+    }
+
     /// A cluster's worker and tables (`None` in `single`).
     pub fn node(&mut self) -> Option<(&mut Worker, &[Table])> {
         match &mut self.access {
@@ -238,12 +246,17 @@ pub fn run<W: Workload>(task: &W, mode: Mode, emit: Sink) -> Result<()> {
     if mode == Mode::Single { run_single(task, &data, model, emit) } else { run_node(task, &data, model, mode, emit) }
 }
 
-/// An error if the epoch's loss or a quality measure is not a finite number: the training
-/// diverged (a learning rate too large, say), and a run that goes on would only report NaNs.
-fn check_finite(epoch: usize, loss: f64, quality: &Quality) -> Result<()> {
+/// An error if the epoch's loss is not a finite number: the training diverged (a learning rate
+/// too large, say), and a run that goes on would only report NaNs.
+fn check_loss(epoch: usize, loss: f64) -> Result<()> {
     if !loss.is_finite() {
         anyhow::bail!("epoch {epoch}: the training diverged: the loss is {loss} (a smaller learning rate may help)");
     }
+    Ok(())
+}
+
+/// An error if a quality measure of the epoch is not a finite number (serde makes a NaN `null`).
+fn check_quality(epoch: usize, quality: &Quality) -> Result<()> {
     for (name, value) in quality {
         if let Some(v) = value.as_f64().filter(|v| !v.is_finite()) {
             anyhow::bail!("epoch {epoch}: the training diverged: {name} is {v}");
@@ -365,13 +378,13 @@ impl SingleRun<'_> {
     /// The reporter's end of an epoch: the quality and the report.
     fn report<W: Workload>(&self, task: &W, data: &W::Data, pass: &Pass<'_>, epoch: usize, epoch_s: f64, elapsed: f64) -> Result<()> {
         let sums = std::mem::replace(&mut *self.sums.lock(), [0.0; METRIC_FIELDS]);
-        let Access::Shared(arrays) = pass.access else { unreachable!("single mode has shared arrays") };
+        let arrays = pass.shared().expect("single mode has shared arrays");
         let emit_event = |e: Event| (self.emit.lock())(e);
         let measured = Measured { epoch_s, threads: pass.threads };
-        let loss = sums[field::LOSS] as f64 / (sums[field::EXAMPLES] as f64).max(1.0);
-        check_finite(epoch, loss, &Quality::new())?;
+        let loss = mean_loss(&sums);
+        check_loss(epoch, loss)?;
         let quality = task.evaluate(data, epoch, &mut ModelReader::Shared(arrays), &sums, measured, &emit_event)?;
-        check_finite(epoch, loss, &quality)?;
+        check_quality(epoch, &quality)?;
         (self.emit.lock())(Event::Epoch(Box::new(EpochReport::single(task.name(), epoch, epoch_s, elapsed, loss, quality))));
         Ok(())
     }
@@ -480,12 +493,12 @@ impl<W: Workload> EpochEnd<'_, W> {
         }
         let sums = all_reduce(worker, self.metrics, self.epoch as u64, &fields)?;
         // Every node sees the same sums: all of them stop here, saying why.
-        check_finite(self.epoch, sums[field::LOSS] as f64 / (sums[field::EXAMPLES] as f64).max(1.0), &Quality::new())?;
+        check_loss(self.epoch, mean_loss(&sums))?;
         let quality = if reporter {
             let emit_event = |e: Event| (emit.lock())(e);
             let measured = Measured { epoch_s: self.epoch_s, threads: self.threads };
             let quality = self.task.evaluate(self.data, self.epoch, &mut ModelReader::Node(worker, tables), &sums, measured, &emit_event)?;
-            check_finite(self.epoch, 0.0, &quality)?;
+            check_quality(self.epoch, &quality)?;
             quality
         } else {
             Quality::new()

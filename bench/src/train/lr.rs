@@ -579,7 +579,7 @@ impl Trainer for SingleLr<'_> {
     /// The weights into the model's table (the evaluation reads them there).
     fn measure(&mut self, _: usize, pass: &mut Pass<'_>) -> Result<Fields> {
         if pass.thread == 0 {
-            let super::epochs::Access::Shared(arrays) = pass.access else { unreachable!("single mode has shared arrays") };
+            let arrays = pass.shared().expect("single mode has shared arrays");
             for (k, w) in self.weights.iter().enumerate() {
                 arrays[0].write(k, std::slice::from_ref(w));
             }

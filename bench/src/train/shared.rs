@@ -154,6 +154,11 @@ pub fn all_reduce(worker: &mut Worker, metrics: Table, slot: u64, values: &[f32;
     Ok(out)
 }
 
+/// The epoch's mean training loss from its summed figures (loss per example).
+pub fn mean_loss(sums: &[f32; METRIC_FIELDS]) -> f64 {
+    sums[field::LOSS] as f64 / (sums[field::EXAMPLES] as f64).max(1.0)
+}
+
 /// The statistics fields of an epoch: locality, relocations, traffic.
 pub fn stats_fields(delta: &Stats, out: &mut [f32; METRIC_FIELDS]) {
     out[field::LOCAL] = delta.local_accesses as f32;
@@ -211,7 +216,7 @@ pub fn cluster_report(
         epoch,
         epoch_s,
         elapsed_s,
-        loss: sums[field::LOSS] as f64 / (sums[field::EXAMPLES] as f64).max(1.0),
+        loss: mean_loss(sums),
         quality,
         local_share: if local + remote > 0.0 { local / (local + remote) } else { 1.0 },
         relocations: sums[field::RELOCATIONS] as u64,

@@ -784,7 +784,7 @@ impl Trainer for W2vTrainer<'_> {
         let share: Vec<&[u32]> = order[part(order.len(), threads, t)].iter().map(|&i| text.corpus.sentences[i].as_slice()).collect();
         let mut last = 0u64;
         let done = if single {
-            let Access::Shared(arrays) = pass.access else { unreachable!("single mode has shared arrays") };
+            let arrays = pass.shared().expect("single mode has shared arrays");
             let total_words = text.corpus.sentences.iter().map(|s| s.len()).sum::<usize>() as f64 / threads as f64;
             let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ t as u64);
             let rng_negatives = ChaCha8Rng::seed_from_u64(seed ^ 0xAB ^ t as u64 ^ ((epoch as u64) << 8));

@@ -126,15 +126,16 @@ pub(crate) struct ServiceSchedule {
 
 impl ServiceSchedule {
     /// A schedule with rounds every `round_time` and the replicas' sync rounds every
-    /// `sync_every` (both in nanoseconds), starting at `now`.
-    pub fn new(round_time: Nanos, sync_every: Nanos, now: Nanos) -> ServiceSchedule {
+    /// `sync_every` (both in nanoseconds); its times are set when it starts
+    /// ([`ServiceSchedule::start`]).
+    pub fn new(round_time: Nanos, sync_every: Nanos) -> ServiceSchedule {
         ServiceSchedule {
             round_time,
             sync_every,
             phase: Phase::Decide,
-            next_round: now,
+            next_round: 0,
             stretch: 1,
-            last_sync: now,
+            last_sync: 0,
             clocks: BTreeMap::new(),
             news: false,
             windows: false,
@@ -363,8 +364,8 @@ impl ServiceSchedule {
         self.resting_for(Wake::News)
     }
 
-    /// The homes granted this node moves or replicas. Returns whether the resting service must
-    /// be woken.
+    /// The homes granted this node moves or replicas (or a worker leaving a barrier is about to
+    /// wait for their take-up). Returns whether the resting service must be woken.
     pub fn grants_arrived(&self) -> bool {
         self.resting_for(Wake::Grants)
     }
@@ -425,12 +426,6 @@ impl ServiceSchedule {
         self.takes_done >= target
     }
 
-    /// Whether a worker about to wait for a take-up must wake the resting service (as for the
-    /// grants themselves).
-    pub fn take_up_wanted(&self) -> bool {
-        self.resting_for(Wake::Grants)
-    }
-
     /// A worker waits for quiet replicas around a barrier: the service starts no sync round of
     /// its own until [`ServiceSchedule::release_syncs`].
     pub fn hold_off_syncs(&mut self) {
@@ -488,7 +483,7 @@ mod tests {
 
     /// A schedule of 1 ms rounds and 20 ms syncs, running, with worker 0 declared at clock 0.
     fn declared() -> ServiceSchedule {
-        let mut s = ServiceSchedule::new(MS, 20 * MS, 0);
+        let mut s = ServiceSchedule::new(MS, 20 * MS);
         assert!(s.start(0) && !s.start(0), "started once");
         s.declare(0, 0);
         s
@@ -579,7 +574,7 @@ mod tests {
 
     #[test]
     fn with_nothing_declared_granted_or_kept_the_service_waits_for_work() {
-        let mut s = ServiceSchedule::new(MS, 20 * MS, 0);
+        let mut s = ServiceSchedule::new(MS, 20 * MS);
         s.start(0);
         assert_eq!(s.next(0, false), Next::Rest { until: QUIET_REST });
         assert!(!s.note_clock(3, 1), "a worker that never declared is no news");
@@ -653,7 +648,7 @@ mod tests {
         assert!(s.taken_up(target));
         assert_eq!(s.take_up_target(false), None);
         // Without the service there is nothing to wait for.
-        let stopped = ServiceSchedule::new(MS, MS, 0);
+        let stopped = ServiceSchedule::new(MS, MS);
         assert_eq!(stopped.take_up_target(true), None);
     }
 
@@ -671,7 +666,7 @@ mod tests {
 
     #[test]
     fn busy_replicas_keep_rounds_coming_and_a_stop_ends_everything() {
-        let mut s = ServiceSchedule::new(MS, MS, 0);
+        let mut s = ServiceSchedule::new(MS, MS);
         s.start(0);
         s.set_replicas_busy(true);
         assert!(matches!(s.next(0, false), Next::Round { .. }));

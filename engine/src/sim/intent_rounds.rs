@@ -33,7 +33,7 @@ pub(super) struct SimIntentService {
 
 impl SimIntentService {
     pub(super) fn new() -> SimIntentService {
-        let mut schedule = ServiceSchedule::new(ROUND_NANOS, u64::MAX, 0);
+        let mut schedule = ServiceSchedule::new(ROUND_NANOS, u64::MAX);
         schedule.start(0);
         SimIntentService { rounds: IntentRounds::default(), schedule }
     }

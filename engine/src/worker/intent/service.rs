@@ -89,7 +89,7 @@ impl IntentService {
         let marks = Arc::new(SyncMarks::default());
         IntentService {
             rounds: Mutex::new(IntentRounds::default()),
-            schedule: Mutex::new(ServiceSchedule::new(nanos(config.intent.round), nanos(config.staleness / 2), 0)),
+            schedule: Mutex::new(ServiceSchedule::new(nanos(config.intent.round), nanos(config.staleness / 2))),
             wake: Condvar::new(),
             signalled: Condvar::new(),
             replicas: Mutex::new(ReplicaDriver::new(marks.clone())),
@@ -322,12 +322,11 @@ impl IntentService {
             let mut schedule = self.schedule.lock();
             // No worker advanced, declared or left since the last round (rounds are not in
             // progress while the turn is held): nothing to tell.
-            if !schedule.has_news() {
-                let wake = schedule.release_round();
-                self.wake_if(wake);
-                return true;
-            }
-            schedule.begin_round().0
+            schedule.has_news().then(|| schedule.begin_round().0)
+        };
+        let Some(clocks) = clocks else {
+            self.give_back_turn();
+            return true;
         };
         let changes = self.compute_round(&clocks);
         // On a shutdown the barrier that follows fails.
@@ -354,7 +353,7 @@ impl IntentService {
     pub fn take_up_grants(&self, node: &NodeInner) {
         let mut schedule = self.schedule.lock();
         let Some(target) = schedule.take_up_target(node.core.intent_go_waiting()) else { return };
-        self.wake_if(schedule.take_up_wanted());
+        self.wake_if(schedule.grants_arrived());
         let deadline = Instant::now() + node.config.intent.round * TAKE_UP_ROUNDS;
         while !schedule.taken_up(target) {
             if schedule.stopped() || node.stopping.load(std::sync::atomic::Ordering::Acquire) || Instant::now() >= deadline {
