@@ -150,3 +150,111 @@ fn a_stopped_node_is_named_by_every_survivor() {
         assert!(stdout.contains(&format!("[{rank}] stopped ok")), "rank {rank}: {stdout}");
     }
 }
+
+/// Strangers on a real node's ports, opened before the member that needs each port: more slow
+/// ones than the node runs handshakes (each trickling a byte at a time, as if to keep a
+/// per-read deadline alive) and a few that announce a 64 MiB greeting and start sending it.
+/// Returns the writers' threads; they end when the node drops their connections.
+fn flood_with_strangers(addr: std::net::SocketAddr) -> Vec<std::thread::JoinHandle<()>> {
+    use std::io::Write;
+    let connect = || loop {
+        if let Ok(s) = std::net::TcpStream::connect(addr) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // A greeting's length (a greeting and a nonce), then its bytes one by one.
+    let slow: Vec<std::net::TcpStream> = (0..ferry_tcp::MAX_HANDSHAKES + 16)
+        .map(|_| {
+            let mut s = connect();
+            let _ = s.write_all(&36u32.to_le_bytes());
+            s
+        })
+        .collect();
+    let mut writers = vec![std::thread::spawn(move || {
+        let mut slow = slow;
+        for _ in 0..40 {
+            slow.retain_mut(|s| s.write_all(&[0]).is_ok());
+            if slow.is_empty() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    })];
+    for _ in 0..16 {
+        let mut large = connect();
+        writers.push(std::thread::spawn(move || {
+            let _ = large.set_write_timeout(Some(Duration::from_secs(20)));
+            let _ = large.write_all(&(64u32 << 20).to_le_bytes());
+            let chunk = vec![0x5au8; 1 << 20];
+            for _ in 0..8 {
+                if large.write_all(&chunk).is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+    writers
+}
+
+/// The peak resident memory of a process, in bytes.
+fn peak_memory(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM in /proc/PID/status");
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// A real rank 0 (coordinator and mesh acceptor) with strangers on both its ports, and this
+/// test as its rank 1, speaking the set-up protocol through the transport library: with more
+/// slow strangers than handshake slots and strangers announcing 64 MiB greetings on the
+/// coordinator's port, then the same on rank 0's mesh port, each step completes within its
+/// normal time plus at most the handshake deadline, and rank 0's memory stays bounded.
+#[test]
+fn strangers_on_a_real_nodes_ports_neither_stall_set_up_nor_inflate_it() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let coordinator = format!("127.0.0.1:{port}");
+    let secret = "stranger-test-secret-0123456789";
+    let mut rank0 = std::process::Command::new(binary("ferry-testnode"))
+        .args(["sums", "--workers", "1", "--rounds", "5"])
+        .env("FERRY_RANK", "0")
+        .env("FERRY_NODES", "2")
+        .env("FERRY_COORDINATOR", &coordinator)
+        .env("FERRY_SECRET", secret)
+        .env("FERRY_JOB_ID", "strangers")
+        .env("FERRY_START_TIMEOUT", "60s")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let membership = ferry_tcp::Membership { secret: Some(secret.as_bytes().to_vec()), job: "strangers".into() };
+    let bound = ferry_tcp::HANDSHAKE + Duration::from_secs(3);
+    let outcome = std::panic::catch_unwind(|| {
+        let mut writers = flood_with_strangers(coordinator.parse().unwrap());
+        let started = std::time::Instant::now();
+        let mut rendezvous = ferry_tcp::Rendezvous::join(1, 2, &coordinator, Duration::from_secs(60), &membership).expect("rank 1 joins");
+        let joined = started.elapsed();
+        assert!(joined < bound, "strangers on the coordinator's port delayed the rendezvous by {joined:?}");
+        let listener = ferry_tcp::bind_listener(rendezvous.local_ip()).unwrap();
+        let mine = listener.local_addr().unwrap().to_string();
+        let addresses: Vec<std::net::SocketAddr> =
+            rendezvous.all_gather(mine.as_bytes(), Duration::from_secs(30)).unwrap().iter().map(|b| std::str::from_utf8(b).unwrap().parse().unwrap()).collect();
+        writers.extend(flood_with_strangers(addresses[0]));
+        let config = ferry_tcp::MeshConfig { membership: membership.clone(), connect_timeout: Duration::from_secs(60), ..Default::default() };
+        let started = std::time::Instant::now();
+        let mesh = ferry_tcp::connect_mesh(1, &addresses, listener, config).expect("rank 1 connects to rank 0's mesh port");
+        let connected = started.elapsed();
+        assert!(connected < bound, "strangers on rank 0's mesh port delayed its connection by {connected:?}");
+        for writer in writers {
+            writer.join().unwrap();
+        }
+        let peak = peak_memory(rank0.id());
+        eprintln!("rendezvous {joined:?}, mesh {connected:?}, rank 0 peak {} MiB", peak >> 20);
+        assert!(peak < 96 << 20, "rank 0 peaked at {} MiB with strangers on its ports", peak >> 20);
+        drop(mesh);
+    });
+    let _ = rank0.kill();
+    let _ = rank0.wait();
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}

@@ -27,4 +27,4 @@ pub use error::{AccessError, TransportError};
 pub use frame::{FrameKind, HEADER_LEN, Header, MAGIC};
 pub use mesh::{Handler, LandedWrite, Mesh, MeshConfig, MeshStats, SEND_QUEUE_HARD_FACTOR, WriteBatch, wait_for_room};
 pub use region::{RegionId, Regions};
-pub use setup::{Rendezvous, bind_listener, connect_mesh, join_cluster, mesh_handshake, monotonic_ns};
+pub use setup::{HANDSHAKE, MAX_HANDSHAKES, Rendezvous, bind_listener, connect_mesh, join_cluster, mesh_handshake, monotonic_ns};

@@ -8,11 +8,20 @@
 //!
 //! Every connection starts with the membership handshake (see [`crate::Membership`]): a
 //! connection that fails it — a stranger without the secret, another job, garbage, or one that
-//! idles past a short deadline — is dropped and logged, and set-up goes on with the others.
+//! has not finished it within a short deadline (a total, however slowly it trickles bytes) — is
+//! dropped and logged, and set-up goes on with the others. Nothing is sized by what a stranger
+//! claims: a greeting longer than a greeting is refused before its bytes are read, and even a
+//! member's all-gather blob grows only as its bytes arrive. When more strangers than
+//! [`MAX_HANDSHAKES`] hold handshakes open, the oldest is dropped for the newcomer, and a member
+//! whose handshake was cut short this way connects again until its deadline.
 
+use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::auth::{MAC, Membership, NONCE};
 use crate::error::{TransportError, io_err};
@@ -23,12 +32,19 @@ const MESH_MAGIC: &[u8; 8] = b"FERRY-MS";
 const VERSION: u32 = 2;
 /// Bytes of a greeting: magic, version, rank, node count.
 const HELLO: usize = 20;
-/// How long an accepted connection may take to complete its handshake.
-const HANDSHAKE: Duration = Duration::from_secs(5);
+/// How long an accepted connection may take to complete its handshake, in total.
+pub const HANDSHAKE: Duration = Duration::from_secs(5);
+/// Largest all-gather blob a member may send.
 const MAX_BLOB: usize = 64 << 20;
+/// Largest short answer: a refusal, an abort, an all-gather count, a clock reading.
+const MAX_NOTICE: usize = 4096;
+/// Bytes of a blob read (and allocated) at a time: a blob's memory follows what has arrived.
+const READ_CHUNK: usize = 1 << 20;
 const CLOCK_ROUNDS: usize = 8;
 /// Prefix of the coordinator's message to joined nodes when set-up fails.
 const ABORT: &str = "ABORT:";
+/// Pause between a member's attempts to connect again after its handshake was cut short.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// Nanoseconds of the system-wide monotonic clock (comparable between processes of one host).
 pub fn monotonic_ns() -> u64 {
@@ -55,20 +71,52 @@ fn setup_err(msg: impl Into<String>) -> TransportError {
     TransportError::Setup(msg.into())
 }
 
-fn write_blob(stream: &mut TcpStream, blob: &[u8]) -> io::Result<()> {
-    stream.write_all(&(blob.len() as u32).to_le_bytes())?;
-    stream.write_all(blob)
+/// The time left until `deadline`, or a timed-out error once it has passed.
+fn time_left(deadline: Instant) -> io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() { Err(io::Error::new(io::ErrorKind::TimedOut, "timed out")) } else { Ok(left) }
 }
 
-fn read_blob(stream: &mut TcpStream) -> io::Result<Vec<u8>> {
-    let mut len = [0u8; 4];
-    stream.read_exact(&mut len)?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_BLOB {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("rendezvous blob of {len} bytes")));
+/// Fills `buf` from `stream` by `deadline` in total: a peer that trickles a byte now and then
+/// gains nothing over one that sends none.
+fn read_exact_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        stream.set_read_timeout(Some(time_left(deadline)?))?;
+        match stream.read(&mut buf[filled..]) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection was closed")),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out")),
+            Err(e) => return Err(e),
+        }
     }
-    let mut blob = vec![0u8; len];
-    stream.read_exact(&mut blob)?;
+    Ok(())
+}
+
+fn write_blob(stream: &mut TcpStream, blob: &[u8], deadline: Instant) -> io::Result<()> {
+    stream.set_write_timeout(Some(time_left(deadline)?))?;
+    let mut framed = Vec::with_capacity(4 + blob.len());
+    framed.extend_from_slice(&(blob.len() as u32).to_le_bytes());
+    framed.extend_from_slice(blob);
+    stream.write_all(&framed)
+}
+
+/// Reads one length-prefixed blob of at most `max` bytes by `deadline`. A longer length is
+/// refused before any of it is read; the blob's memory grows with the bytes that arrive.
+fn read_blob(stream: &mut TcpStream, max: usize, deadline: Instant) -> io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    read_exact_by(stream, &mut len, deadline)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > max {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a message of {len} bytes where at most {max} were expected")));
+    }
+    let mut blob = Vec::with_capacity(len.min(READ_CHUNK));
+    while blob.len() < len {
+        let start = blob.len();
+        blob.resize(start + (len - start).min(READ_CHUNK), 0);
+        read_exact_by(stream, &mut blob[start..], deadline)?;
+    }
     Ok(blob)
 }
 
@@ -93,37 +141,94 @@ fn parse_hello(magic: &[u8; 8], blob: &[u8]) -> Result<(usize, usize), String> {
     Ok((rank, nodes))
 }
 
-/// The connecting side of the membership handshake: greeting and nonce out, the acceptor's
-/// greeting, nonce and MAC back (checked), this side's MAC out. Returns the acceptor's (rank,
-/// node count), or why it is not a member of this job.
-fn handshake_connect(stream: &mut TcpStream, magic: &[u8; 8], rank: usize, nodes: usize, m: &Membership) -> Result<(usize, usize), String> {
+/// Why a connecting handshake failed.
+enum ConnectFailure {
+    /// The connection broke before the acceptor answered (it may have been dropped to make room
+    /// for others): worth connecting again.
+    Cut(String),
+    /// The acceptor answered, and is not a member of this job (or not Ferry): final.
+    Refused(String),
+}
+
+impl ConnectFailure {
+    fn text(self) -> String {
+        match self {
+            ConnectFailure::Cut(e) | ConnectFailure::Refused(e) => e,
+        }
+    }
+}
+
+/// The connecting side of the membership handshake, finished by `deadline`: greeting and nonce
+/// out, the acceptor's greeting, nonce and MAC back (checked), this side's MAC out. Returns the
+/// acceptor's (rank, node count), or why it is not a member of this job.
+fn handshake_connect(
+    stream: &mut TcpStream,
+    magic: &[u8; 8],
+    (rank, nodes): (usize, usize),
+    m: &Membership,
+    deadline: Instant,
+) -> Result<(usize, usize), ConnectFailure> {
     let mut first = hello(magic, rank, nodes);
     first.extend_from_slice(&Membership::nonce());
-    write_blob(stream, &first).map_err(|e| format!("sending the greeting: {e}"))?;
-    let second = read_blob(stream).map_err(|e| format!("waiting for its greeting: {e}"))?;
+    write_blob(stream, &first, deadline).map_err(|e| ConnectFailure::Cut(format!("sending the greeting: {e}")))?;
+    let second = read_blob(stream, MAX_NOTICE, deadline).map_err(|e| match e.kind() {
+        io::ErrorKind::InvalidData => ConnectFailure::Refused(format!("it answered with {e}")),
+        // A Ferry acceptor answers at once or drops the connection: silence is somebody else.
+        io::ErrorKind::TimedOut => ConnectFailure::Refused(format!("it accepted the connection but did not answer within {HANDSHAKE:?}")),
+        _ => ConnectFailure::Cut(format!("waiting for its greeting: {e}")),
+    })?;
     if second.len() != HELLO + NONCE + MAC || &second[..8] != magic {
         // A refusal is plain text.
-        return Err(format!("it answered '{}'", String::from_utf8_lossy(&second[..second.len().min(200)])));
+        return Err(ConnectFailure::Refused(format!("it answered '{}'", String::from_utf8_lossy(&second[..second.len().min(200)]))));
     }
-    let peer = parse_hello(magic, &second[..HELLO])?;
+    let peer = parse_hello(magic, &second[..HELLO]).map_err(ConnectFailure::Refused)?;
     if !m.verify("accept", &[&first, &second[..HELLO + NONCE]], &second[HELLO + NONCE..]) {
-        return Err("it does not hold this job's cluster secret, or runs another job (FERRY_SECRET, FERRY_JOB_ID)".into());
+        return Err(ConnectFailure::Refused("it does not hold this job's cluster secret, or runs another job (FERRY_SECRET, FERRY_JOB_ID)".into()));
     }
-    write_blob(stream, &m.mac("connect", &[&first, &second])).map_err(|e| format!("sending the proof: {e}"))?;
+    write_blob(stream, &m.mac("connect", &[&first, &second]), deadline).map_err(|e| ConnectFailure::Cut(format!("sending the proof: {e}")))?;
     Ok(peer)
 }
 
-/// Runs the connecting side of the mesh's membership handshake on `stream` as node `rank` of
-/// `nodes` (for tools and tests that speak the set-up protocol by hand). Returns the acceptor's
-/// (rank, node count).
-pub fn mesh_handshake(stream: &mut TcpStream, rank: usize, nodes: usize, membership: &Membership) -> Result<(usize, usize), TransportError> {
-    handshake_connect(stream, MESH_MAGIC, rank, nodes, membership).map_err(setup_err)
+/// Connects to `addr` and runs the connecting handshake, connecting again while the
+/// acceptor is not there yet or cuts the handshake short, until `deadline`. Each attempt's
+/// handshake has the handshake deadline.
+fn connect_member(
+    addr: SocketAddr,
+    magic: &[u8; 8],
+    me: (usize, usize),
+    m: &Membership,
+    deadline: Instant,
+    what: &str,
+) -> Result<(TcpStream, (usize, usize)), TransportError> {
+    loop {
+        let mut stream = connect_with_retry(addr, deadline, what)?;
+        stream.set_nodelay(true).map_err(io_err("setting TCP_NODELAY"))?;
+        match handshake_connect(&mut stream, magic, me, m, deadline.min(Instant::now() + HANDSHAKE)) {
+            Ok(peer) => return Ok((stream, peer)),
+            Err(ConnectFailure::Cut(e)) if Instant::now() + RETRY_PAUSE < deadline => {
+                tracing::debug!(rank = me.0, "the handshake with {what} at {addr} was cut short ({e}); connecting again");
+                std::thread::sleep(RETRY_PAUSE);
+            }
+            Err(failure) => {
+                let e = failure.text();
+                let hint = if e.contains("cluster secret") { "" } else { " (is another program using its port?)" };
+                return Err(setup_err(format!("{what} at {addr} did not let this node in: {e}{hint}")));
+            }
+        }
+    }
 }
 
-/// The accepting side of the membership handshake. Returns the connecting node's (rank, node
-/// count), or why it is not a member of this job.
-fn handshake_accept(stream: &mut TcpStream, magic: &[u8; 8], rank: usize, nodes: usize, m: &Membership) -> Result<(usize, usize), String> {
-    let first = read_blob(stream).map_err(|e| format!("no greeting: {e}"))?;
+/// Runs the connecting side of the mesh's membership handshake on `stream` as node `rank` of
+/// `nodes` (for tools and tests that speak the set-up protocol by hand), within the handshake
+/// deadline. Returns the acceptor's (rank, node count).
+pub fn mesh_handshake(stream: &mut TcpStream, rank: usize, nodes: usize, membership: &Membership) -> Result<(usize, usize), TransportError> {
+    handshake_connect(stream, MESH_MAGIC, (rank, nodes), membership, Instant::now() + HANDSHAKE).map_err(|f| setup_err(f.text()))
+}
+
+/// The accepting side of the membership handshake, finished by `deadline`. Returns the
+/// connecting node's (rank, node count), or why it is not a member of this job.
+fn handshake_accept(stream: &mut TcpStream, magic: &[u8; 8], rank: usize, nodes: usize, m: &Membership, deadline: Instant) -> Result<(usize, usize), String> {
+    let first = read_blob(stream, HELLO + NONCE, deadline).map_err(|e| format!("no greeting: {e}"))?;
     if first.len() != HELLO + NONCE {
         return Err("not a Ferry node (bad greeting)".into());
     }
@@ -132,25 +237,28 @@ fn handshake_accept(stream: &mut TcpStream, magic: &[u8; 8], rank: usize, nodes:
     second.extend_from_slice(&Membership::nonce());
     let tag = m.mac("accept", &[&first, &second]);
     second.extend_from_slice(&tag);
-    write_blob(stream, &second).map_err(|e| format!("answering: {e}"))?;
-    let proof = read_blob(stream).map_err(|e| format!("no proof: {e}"))?;
+    write_blob(stream, &second, deadline).map_err(|e| format!("answering: {e}"))?;
+    let proof = read_blob(stream, MAC, deadline).map_err(|e| format!("no proof: {e}"))?;
     if !m.verify("connect", &[&first, &second], &proof) {
         return Err(format!("node {} of {} does not hold this job's cluster secret, or runs another job", peer.0, peer.1));
     }
     Ok(peer)
 }
 
-/// Gives a connection the shorter of the handshake deadline and `deadline`.
-fn set_handshake_deadline(stream: &TcpStream, deadline: Instant) -> Result<(), TransportError> {
-    set_deadline(stream, deadline.min(Instant::now() + HANDSHAKE))
-}
-
-/// Handshakes running at once at most; connections beyond are dropped at once (a flood of
-/// strangers must not exhaust threads).
-const MAX_HANDSHAKES: usize = 64;
+/// Handshakes running at once at most; beyond, the oldest is dropped for the newcomer (a
+/// flood of strangers must neither exhaust threads nor keep members out: a member's handshake
+/// takes a round trip, a stranger's as long as it is let).
+pub const MAX_HANDSHAKES: usize = 64;
 
 /// What an accepted connection's handshake thread reports.
 type Handshaken = (TcpStream, SocketAddr, Result<(usize, usize), String>);
+
+/// The handshakes running, oldest first, with a handle to cut each short.
+#[derive(Default)]
+struct Running {
+    next: u64,
+    streams: BTreeMap<u64, TcpStream>,
+}
 
 /// The accepting side of set-up: accepts connections on `listener` until `admit` has taken all
 /// it needs (it returns `Ok(true)` when done) or `deadline` passes (`Ok(false)`). Every
@@ -168,29 +276,42 @@ fn accept_members(
 ) -> Result<bool, TransportError> {
     listener.set_nonblocking(true).map_err(io_err("configuring the listener"))?;
     let (done_tx, done_rx) = std::sync::mpsc::channel::<Handshaken>();
-    let running = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let running = Arc::new(Mutex::new(Running::default()));
     loop {
         loop {
             match listener.accept() {
                 Ok((stream, from)) => {
-                    if running.load(std::sync::atomic::Ordering::Acquire) >= MAX_HANDSHAKES {
-                        tracing::warn!(rank, "dropping a connection from {from}: {MAX_HANDSHAKES} handshakes already run");
-                        continue;
-                    }
-                    let (done, count, membership) = (done_tx.clone(), running.clone(), membership.clone());
-                    running.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    let id = {
+                        let mut running = running.lock();
+                        if running.streams.len() >= MAX_HANDSHAKES
+                            && let Some((_, oldest)) = running.streams.pop_first()
+                        {
+                            let old = oldest.peer_addr().map_or("?".into(), |a| a.to_string());
+                            tracing::warn!(rank, "{MAX_HANDSHAKES} handshakes run: dropping the oldest (from {old}) for a connection from {from}");
+                            let _ = oldest.shutdown(Shutdown::Both);
+                        }
+                        let Ok(handle) = stream.try_clone() else {
+                            tracing::warn!(rank, "dropping a connection from {from}: its socket cannot be shared");
+                            continue;
+                        };
+                        running.next += 1;
+                        let id = running.next;
+                        running.streams.insert(id, handle);
+                        id
+                    };
+                    let (done, running_here, membership) = (done_tx.clone(), running.clone(), membership.clone());
+                    let handshake_deadline = deadline.min(Instant::now() + HANDSHAKE);
                     let spawned = std::thread::Builder::new().name(format!("ferry{rank}-hs")).spawn(move || {
                         let mut stream = stream;
                         let outcome = stream
                             .set_nonblocking(false)
                             .map_err(|e| e.to_string())
-                            .and_then(|()| set_handshake_deadline(&stream, deadline).map_err(|e| e.to_string()))
-                            .and_then(|()| handshake_accept(&mut stream, magic, rank, nodes, &membership));
-                        count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                            .and_then(|()| handshake_accept(&mut stream, magic, rank, nodes, &membership, handshake_deadline));
+                        running_here.lock().streams.remove(&id);
                         let _ = done.send((stream, from, outcome));
                     });
                     if spawned.is_err() {
-                        running.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        running.lock().streams.remove(&id);
                         tracing::warn!(rank, "dropping a connection from {from}: no thread for its handshake");
                     }
                 }
@@ -205,7 +326,6 @@ fn accept_members(
         }
         match done_rx.recv_timeout(left.min(Duration::from_millis(5))) {
             Ok((stream, from, Ok(peer))) => {
-                set_deadline(&stream, deadline)?;
                 if admit(stream, from, peer)? {
                     return Ok(true);
                 }
@@ -239,12 +359,6 @@ fn connect_with_retry(addr: SocketAddr, deadline: Instant, what: &str) -> Result
     Err(setup_err(format!("could not connect to {what} at {addr}: {}", last.map_or("timed out".into(), |e| e.to_string()))))
 }
 
-fn set_deadline(stream: &TcpStream, deadline: Instant) -> Result<(), TransportError> {
-    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    stream.set_read_timeout(Some(left)).map_err(io_err("setting a timeout"))?;
-    stream.set_write_timeout(Some(left)).map_err(io_err("setting a timeout"))
-}
-
 impl Rendezvous {
     /// Joins the rendezvous: rank 0 listens on `coordinator` and waits for the others; the
     /// others connect to it (retrying until `timeout`, since the coordinator may start later).
@@ -264,15 +378,8 @@ impl Rendezvous {
         if rank == 0 {
             Self::serve(nodes, addr, deadline, membership)
         } else {
-            let mut stream = connect_with_retry(addr, deadline, "the coordinator (rank 0)")?;
-            set_handshake_deadline(&stream, deadline)?;
-            stream.set_nodelay(true).map_err(io_err("setting TCP_NODELAY"))?;
-            handshake_connect(&mut stream, RENDEZVOUS_MAGIC, rank, nodes, membership).map_err(|e| {
-                let hint = if e.contains("cluster secret") { "" } else { " (is another program using the coordinator's port?)" };
-                setup_err(format!("the coordinator at {addr} did not let this node in: {e}{hint}"))
-            })?;
-            set_deadline(&stream, deadline)?;
-            let answer = read_blob(&mut stream).map_err(io_err("waiting for the coordinator to accept this node"))?;
+            let (mut stream, _) = connect_member(addr, RENDEZVOUS_MAGIC, (rank, nodes), membership, deadline, "the coordinator")?;
+            let answer = read_blob(&mut stream, MAX_NOTICE, deadline).map_err(io_err("waiting for the coordinator to accept this node"))?;
             if answer != b"OK" {
                 return Err(setup_err(format!("the coordinator refused this node: {}", String::from_utf8_lossy(&answer))));
             }
@@ -299,11 +406,11 @@ impl Rendezvous {
                 _ => None,
             };
             if let Some(reason) = reason {
-                let _ = write_blob(&mut stream, reason.as_bytes());
+                let _ = write_blob(&mut stream, reason.as_bytes(), deadline);
                 refusal = Some(reason);
                 return Ok(true);
             }
-            write_blob(&mut stream, b"OK").map_err(io_err("accepting a node"))?;
+            write_blob(&mut stream, b"OK", deadline).map_err(io_err("accepting a node"))?;
             stream.set_nodelay(true).map_err(io_err("setting TCP_NODELAY"))?;
             if local_ip.is_unspecified() {
                 local_ip = stream.local_addr().map_err(io_err("reading the local address"))?.ip();
@@ -322,7 +429,7 @@ impl Rendezvous {
         if let Some(failure) = failure {
             // The nodes that joined hear it too, instead of waiting for their own deadline.
             for stream in members.iter_mut().flatten() {
-                let _ = write_blob(stream, format!("{ABORT}{failure}").as_bytes());
+                let _ = write_blob(stream, format!("{ABORT}{failure}").as_bytes(), deadline);
             }
             return Err(setup_err(failure));
         }
@@ -351,9 +458,8 @@ impl Rendezvous {
         let deadline = Instant::now() + timeout;
         match &mut self.link {
             Link::Member(stream) => {
-                set_deadline(stream, deadline)?;
-                write_blob(stream, blob).map_err(io_err("sending to the coordinator"))?;
-                let count = read_blob(stream).map_err(io_err("waiting for the other nodes"))?;
+                write_blob(stream, blob, deadline).map_err(io_err("sending to the coordinator"))?;
+                let count = read_blob(stream, MAX_NOTICE, deadline).map_err(io_err("waiting for the other nodes"))?;
                 if let Some(reason) = count.strip_prefix(ABORT.as_bytes()) {
                     return Err(setup_err(format!("the coordinator stopped set-up: {}", String::from_utf8_lossy(reason))));
                 }
@@ -361,18 +467,17 @@ impl Rendezvous {
                 if count != self.nodes {
                     return Err(setup_err(format!("all-gather answered with {count} blobs for {} nodes", self.nodes)));
                 }
-                (0..count).map(|_| read_blob(stream).map_err(io_err("receiving from the coordinator"))).collect()
+                (0..count).map(|_| read_blob(stream, MAX_BLOB, deadline).map_err(io_err("receiving from the coordinator"))).collect()
             }
             Link::Coordinator(members) => {
                 let mut blobs = vec![blob.to_vec()];
                 for (i, stream) in members.iter_mut().enumerate() {
-                    set_deadline(stream, deadline)?;
-                    blobs.push(read_blob(stream).map_err(io_err(format!("waiting for rank {}", i + 1)))?);
+                    blobs.push(read_blob(stream, MAX_BLOB, deadline).map_err(io_err(format!("waiting for rank {}", i + 1)))?);
                 }
                 for (i, stream) in members.iter_mut().enumerate() {
                     let send = |stream: &mut TcpStream| -> io::Result<()> {
-                        write_blob(stream, &(blobs.len() as u32).to_le_bytes())?;
-                        blobs.iter().try_for_each(|b| write_blob(stream, b))
+                        write_blob(stream, &(blobs.len() as u32).to_le_bytes(), deadline)?;
+                        blobs.iter().try_for_each(|b| write_blob(stream, b, deadline))
                     };
                     send(stream).map_err(io_err(format!("answering rank {}", i + 1)))?;
                 }
@@ -387,12 +492,11 @@ impl Rendezvous {
         let deadline = Instant::now() + timeout;
         match &mut self.link {
             Link::Member(stream) => {
-                set_deadline(stream, deadline)?;
                 let mut best: Option<(u64, i64)> = None;
                 for _ in 0..CLOCK_ROUNDS {
                     let t0 = monotonic_ns();
-                    write_blob(stream, &t0.to_le_bytes()).map_err(io_err("clock round"))?;
-                    let reply = read_blob(stream).map_err(io_err("clock round"))?;
+                    write_blob(stream, &t0.to_le_bytes(), deadline).map_err(io_err("clock round"))?;
+                    let reply = read_blob(stream, MAX_NOTICE, deadline).map_err(io_err("clock round"))?;
                     let t1 = monotonic_ns();
                     let tc = u64::from_le_bytes(reply.as_slice().try_into().map_err(|_| setup_err("bad clock answer"))?);
                     let rtt = t1.saturating_sub(t0);
@@ -405,10 +509,9 @@ impl Rendezvous {
             }
             Link::Coordinator(members) => {
                 for stream in members.iter_mut() {
-                    set_deadline(stream, deadline)?;
                     for _ in 0..CLOCK_ROUNDS {
-                        read_blob(stream).map_err(io_err("clock round"))?;
-                        write_blob(stream, &monotonic_ns().to_le_bytes()).map_err(io_err("clock round"))?;
+                        read_blob(stream, MAX_NOTICE, deadline).map_err(io_err("clock round"))?;
+                        write_blob(stream, &monotonic_ns().to_le_bytes(), deadline).map_err(io_err("clock round"))?;
                     }
                 }
                 Ok(0)
@@ -438,15 +541,9 @@ pub fn connect_mesh(rank: usize, addresses: &[SocketAddr], listener: TcpListener
     let deadline = Instant::now() + config.connect_timeout;
     let mut streams: Vec<Option<TcpStream>> = (0..nodes).map(|_| None).collect();
     for (peer, addr) in addresses.iter().enumerate().take(rank) {
-        let mut stream = connect_with_retry(*addr, deadline, &format!("node {peer}"))?;
-        set_handshake_deadline(&stream, deadline)?;
-        match handshake_connect(&mut stream, MESH_MAGIC, rank, nodes, &config.membership) {
-            Ok((r, n)) if r == peer && n == nodes => {
-                set_deadline(&stream, deadline)?;
-                streams[peer] = Some(stream);
-            }
-            Ok((r, n)) => return Err(setup_err(format!("expected node {peer} of {nodes} at {addr}, found node {r} of {n}"))),
-            Err(e) => return Err(setup_err(format!("node {peer} at {addr}: {e}"))),
+        match connect_member(*addr, MESH_MAGIC, (rank, nodes), &config.membership, deadline, &format!("node {peer}"))? {
+            (stream, (r, n)) if r == peer && n == nodes => streams[peer] = Some(stream),
+            (_, (r, n)) => return Err(setup_err(format!("expected node {peer} of {nodes} at {addr}, found node {r} of {n}"))),
         }
     }
     if rank + 1 < nodes {
@@ -482,4 +579,47 @@ pub fn join_cluster(rank: usize, nodes: usize, coordinator: &str, config: MeshCo
         .collect::<Result<Vec<_>, _>>()?;
     let mesh = connect_mesh(rank, &addresses, listener, config)?;
     Ok((rendezvous, mesh))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let near = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        (near, listener.accept().unwrap().0)
+    }
+
+    #[test]
+    fn a_blob_trickled_a_byte_at_a_time_times_out_at_the_total_deadline() {
+        let (mut near, mut far) = pair();
+        let trickle = std::thread::spawn(move || {
+            let _ = far.write_all(&36u32.to_le_bytes());
+            for _ in 0..36 {
+                if far.write_all(&[1]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(40));
+            }
+        });
+        let started = Instant::now();
+        let e = read_blob(&mut near, HELLO + NONCE, started + Duration::from_millis(300)).expect_err("the blob takes 1.4 s");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() < Duration::from_millis(600), "took {:?}", started.elapsed());
+        drop(near);
+        trickle.join().unwrap();
+    }
+
+    #[test]
+    fn a_length_beyond_the_limit_is_refused_before_its_bytes_are_read() {
+        let (mut near, mut far) = pair();
+        far.write_all(&(64u32 << 20).to_le_bytes()).unwrap();
+        let e = read_blob(&mut near, HELLO + NONCE, Instant::now() + Duration::from_secs(5)).expect_err("too long");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("67108864 bytes"), "{e}");
+        // Within the limit, the bytes arrive whole.
+        write_blob(&mut far, b"a greeting", Instant::now() + Duration::from_secs(5)).unwrap();
+        assert_eq!(read_blob(&mut near, HELLO + NONCE, Instant::now() + Duration::from_secs(5)).unwrap(), b"a greeting");
+    }
 }
