@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use ferry::launch::{LaunchSpec, Stream, launch};
+use anyhow::{Context, Result, anyhow};
+use ferry::launch::{LaunchOutcome, LaunchSpec, Stream, launch};
 use parking_lot::Mutex;
 
 use crate::report::Record;
@@ -45,7 +45,12 @@ pub fn run_nodes_with(subcommand: &str, quick: bool, nodes: usize, extra: &[Stri
     spec.timeout = Some(budget(quick));
     let records: Arc<Mutex<Vec<Record>>> = Arc::default();
     let sink = records.clone();
+    let errors = RankErrors::default();
+    let held = errors.clone();
     let outcome = launch(&spec, move |rank, stream, line| {
+        if stream == Stream::Stderr && held.hold(rank, line) {
+            return;
+        }
         if rank == 0 && stream == Stream::Stdout && line.starts_with("RECORD ") {
             match serde_json::from_str::<serde_json::Value>(&line[7..]) {
                 Ok(v) => sink.lock().push(crate::report::from_json(&v)),
@@ -55,9 +60,134 @@ pub fn run_nodes_with(subcommand: &str, quick: bool, nodes: usize, extra: &[Stri
             eprintln!("[{rank}] {line}");
         }
     })?;
-    if !outcome.success() {
-        bail!("the benchmark cluster failed (ranks {:?})", outcome.failed_ranks());
+    if !outcome.success() || outcome.interrupted.is_some() {
+        return Err(errors.failure("the benchmark cluster", &outcome));
     }
     let collected = std::mem::take(&mut *records.lock());
     Ok(collected)
+}
+
+/// The last words of the ranks of a launched cluster: the one line each prints when it fails
+/// (`PROGRAM: error: …`), held back so that an error every rank hits is printed once, with how
+/// many ranks hit it, instead of once per rank.
+#[derive(Clone, Default)]
+pub struct RankErrors(Arc<Mutex<Vec<(usize, String)>>>);
+
+impl RankErrors {
+    /// Holds `line` back if it is a rank's final error line; says whether it did.
+    pub fn hold(&self, rank: usize, line: &str) -> bool {
+        match final_error(line) {
+            Some(message) => {
+                self.0.lock().push((rank, message.to_string()));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// One error for a cluster that failed: how many ranks failed, then each distinct cause
+    /// once, in the order the ranks reported them (the first is usually the cause, the rest its
+    /// consequences) with the ranks that reported it, then the ranks that failed without a word.
+    pub fn failure(&self, what: &str, outcome: &LaunchOutcome) -> anyhow::Error {
+        let errors = self.0.lock();
+        let mut causes: Vec<(&str, Vec<usize>)> = Vec::new();
+        for (rank, message) in errors.iter() {
+            match causes.iter_mut().find(|(m, _)| *m == message.as_str()) {
+                Some((_, ranks)) => ranks.push(*rank),
+                None => causes.push((message, vec![*rank])),
+            }
+        }
+        let failed = outcome.failed_ranks();
+        let mut text = match outcome.interrupted {
+            Some(signal) => format!("{what} was stopped by signal {signal}"),
+            None => format!("{what} failed on {} of {} ranks", failed.len(), outcome.statuses.len()),
+        };
+        const SHOWN: usize = 3;
+        for (i, (message, ranks)) in causes.iter().enumerate().take(SHOWN) {
+            let on = if ranks.len() == 1 { format!("rank {}", ranks[0]) } else { format!("ranks {}", rank_list(ranks)) };
+            text.push_str(&format!("{}{message} ({on})", if i == 0 { ": " } else { "; then " }));
+        }
+        if causes.len() > SHOWN {
+            text.push_str(&format!("; and {} other errors", causes.len() - SHOWN));
+        }
+        let silent: Vec<usize> = failed.into_iter().filter(|r| !errors.iter().any(|(e, _)| e == r)).collect();
+        if !silent.is_empty() {
+            text.push_str(&format!("; {}", describe_ranks(outcome, &silent)));
+        }
+        anyhow!(text)
+    }
+}
+
+/// A rank's final error line (`PROGRAM: error: MESSAGE`, as [`crate::exit_status`] prints it):
+/// its message.
+fn final_error(line: &str) -> Option<&str> {
+    let (program, message) = line.split_once(": error: ")?;
+    (!program.is_empty() && program.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))).then_some(message)
+}
+
+/// Up to four ranks by number, then how many more.
+fn rank_list(ranks: &[usize]) -> String {
+    const LISTED: usize = 4;
+    let listed: Vec<String> = ranks.iter().take(LISTED).map(usize::to_string).collect();
+    match ranks.len().saturating_sub(LISTED) {
+        0 => listed.join(", "),
+        more => format!("{} and {more} more", listed.join(", ")),
+    }
+}
+
+/// How a launch's ranks ended, in one line: how many failed of how many, and which (the first
+/// few, with their exit status or that they were killed).
+pub fn failure_summary(outcome: &LaunchOutcome) -> String {
+    let failed = outcome.failed_ranks();
+    format!("{} of {} ranks failed: {}", failed.len(), outcome.statuses.len(), describe_ranks(outcome, &failed))
+}
+
+/// The first few of `ranks` with how each ended, then how many more.
+fn describe_ranks(outcome: &LaunchOutcome, ranks: &[usize]) -> String {
+    const LISTED: usize = 4;
+    let described: Vec<String> = ranks
+        .iter()
+        .take(LISTED)
+        .map(|&r| match outcome.statuses[r] {
+            Some(status) => format!("rank {r} ({status})"),
+            None => format!("rank {r} (killed)"),
+        })
+        .collect();
+    match ranks.len().saturating_sub(LISTED) {
+        0 => described.join(", "),
+        more => format!("{} and {more} more", described.join(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::ExitStatus;
+
+    #[test]
+    fn an_error_every_rank_hits_is_told_once_with_its_count() {
+        let errors = RankErrors::default();
+        assert!(!errors.hold(0, "ferry: training epoch 1"), "not an error line");
+        assert!(!errors.hold(0, "an odd line: error: in the middle"), "not a program's name");
+        for rank in [3, 0, 1, 2, 4, 5] {
+            let message = if rank == 3 { "out of memory" } else { "node 3 is lost" };
+            assert!(errors.hold(rank, &format!("ferry-bench: error: {message}")));
+        }
+        let mut statuses = vec![Some(ExitStatus::from_raw(256)); 7];
+        statuses[5] = None;
+        let outcome = LaunchOutcome { statuses, interrupted: None };
+        let text = errors.failure("the intent cluster", &outcome).to_string();
+        assert_eq!(
+            text,
+            "the intent cluster failed on 7 of 7 ranks: out of memory (rank 3); then node 3 is lost (ranks 0, 1, 2, 4 and 1 more); \
+             rank 6 (exit status: 1)"
+        );
+        assert_eq!(
+            failure_summary(&outcome),
+            "7 of 7 ranks failed: rank 0 (exit status: 1), rank 1 (exit status: 1), rank 2 (exit status: 1), rank 3 (exit status: 1) and 3 more"
+        );
+        let stopped = LaunchOutcome { statuses: vec![None; 2], interrupted: Some(15) };
+        assert!(RankErrors::default().failure("the cluster", &stopped).to_string().starts_with("the cluster was stopped by signal 15"));
+    }
 }

@@ -1,12 +1,24 @@
 //! Starting a local cluster of processes: N copies of a command on this machine, each told its
 //! rank, the node count and the rendezvous address through `FERRY_RANK`, `FERRY_NODES` and
 //! `FERRY_COORDINATOR`.
+//!
+//! Every rank leads a process group of its own, so that whatever it starts (a shell's children,
+//! a script's background jobs) ends with it: when the launch ends — every rank exited, or the
+//! rest were killed after one failed — what is left of each group is killed, and nothing holds
+//! the launcher's pipes. An interrupt or termination of the launcher (SIGINT, SIGTERM, SIGHUP)
+//! is passed on to every rank's group (the ranks are not in the terminal's foreground group any
+//! more, so Ctrl-C reaches them only this way); the ranks get the grace period to finish, a
+//! second signal or the end of the grace period kills them.
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process_group};
 
 use parking_lot::Mutex;
 
@@ -52,6 +64,9 @@ impl LaunchSpec {
 pub struct LaunchOutcome {
     /// Exit status per rank (`None` if it had to be killed).
     pub statuses: Vec<Option<ExitStatus>>,
+    /// The signal (SIGINT, SIGTERM or SIGHUP) that stopped the launch, if one did: it was passed
+    /// on to the ranks.
+    pub interrupted: Option<i32>,
 }
 
 impl LaunchOutcome {
@@ -109,12 +124,15 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
             .envs(spec.env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stderr(Stdio::piped())
+            .process_group(0);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
+                for c in &children {
+                    signal_group(c, Signal::KILL);
+                }
                 for c in &mut children {
-                    let _ = c.kill();
                     let _ = c.wait();
                 }
                 return Err(Error::Config(format!("cannot start {}: {e}", spec.program.display())));
@@ -137,33 +155,42 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
         }
         children.push(child);
     }
-    let statuses = Arc::new(Mutex::new(vec![None; spec.nodes]));
+    let signals = Signals::register();
+    let mut statuses: Vec<Option<ExitStatus>> = vec![None; spec.nodes];
     let started = Instant::now();
     let mut failed_at: Option<Instant> = None;
+    let mut interrupted = None;
     loop {
-        let mut running = 0;
         for (rank, child) in children.iter_mut().enumerate() {
-            if statuses.lock()[rank].is_some() {
-                continue;
-            }
-            match child.try_wait() {
-                Ok(Some(status)) => {
-                    statuses.lock()[rank] = Some(status);
-                    if !status.success() && failed_at.is_none() {
-                        failed_at = Some(Instant::now());
-                    }
+            if statuses[rank].is_none()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                statuses[rank] = Some(status);
+                if !status.success() && failed_at.is_none() {
+                    failed_at = Some(Instant::now());
                 }
-                Ok(None) => running += 1,
-                Err(_) => running += 1,
             }
         }
-        if running == 0 {
+        let running = || children.iter().zip(&statuses).filter(|(_, s)| s.is_none()).map(|(c, _)| c);
+        if running().next().is_none() {
             break;
         }
+        let mut kill_now = false;
+        if let Some(signal) = signals.take() {
+            if interrupted.is_some() {
+                kill_now = true;
+            } else {
+                interrupted = Some(signal.as_raw());
+                failed_at.get_or_insert_with(Instant::now);
+                running().for_each(|c| signal_group(c, signal));
+            }
+        }
         let expired = failed_at.is_some_and(|t| t.elapsed() > spec.grace) || spec.timeout.is_some_and(|t| started.elapsed() > t);
-        if expired {
+        if expired || kill_now {
+            running().for_each(|c| signal_group(c, Signal::KILL));
             for (rank, child) in children.iter_mut().enumerate() {
-                if statuses.lock()[rank].is_none() {
+                if statuses[rank].is_none() {
+                    // The leader itself, should its group be out of reach (it left it).
                     let _ = child.kill();
                     let _ = child.wait();
                 }
@@ -172,9 +199,80 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    if interrupted.is_none() {
+        // Caught as the last rank ended: nothing left to pass it on to, but the caller hears it.
+        interrupted = signals.take().map(|s| s.as_raw());
+    }
+    drop(signals);
+    // What the ranks started and left behind goes with them, and lets go of the pipes. Every
+    // group's leader has been reaped, but its group id stays taken while a member lives.
+    children.iter().for_each(|c| signal_group(c, Signal::KILL));
     for r in readers {
         let _ = r.join();
     }
-    let statuses = statuses.lock().clone();
-    Ok(LaunchOutcome { statuses })
+    Ok(LaunchOutcome { statuses, interrupted })
+}
+
+/// Sends `signal` to every process of `child`'s group (it leads its own: `process_group(0)`).
+fn signal_group(child: &Child, signal: Signal) {
+    if let Some(group) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) {
+        // The group may be gone (everything in it exited): nothing to do then.
+        let _ = kill_process_group(group, signal);
+    }
+}
+
+/// The launcher's interrupt and termination signals, caught (instead of ending the launcher
+/// and orphaning the ranks) while a launch runs. The handlers are installed once per process;
+/// while no launch runs they do what the signals do by default.
+struct Signals(&'static Catcher);
+
+struct Catcher {
+    /// The last signal caught (0: none since it was last taken).
+    caught: Arc<AtomicUsize>,
+    /// Whether no launch runs: then a signal takes its default action.
+    idle: Arc<AtomicBool>,
+    launches: Mutex<usize>,
+}
+
+static CATCHER: OnceLock<Catcher> = OnceLock::new();
+
+impl Signals {
+    const FORWARDED: [Signal; 3] = [Signal::INT, Signal::TERM, Signal::HUP];
+
+    fn register() -> Signals {
+        let catcher = CATCHER.get_or_init(|| {
+            let catcher = Catcher { caught: Arc::new(AtomicUsize::new(0)), idle: Arc::new(AtomicBool::new(true)), launches: Mutex::new(0) };
+            for s in Self::FORWARDED {
+                let installed = signal_hook::flag::register_conditional_default(s.as_raw(), catcher.idle.clone())
+                    .and_then(|_| signal_hook::flag::register_usize(s.as_raw(), catcher.caught.clone(), s.as_raw() as usize));
+                if let Err(e) = installed {
+                    tracing::warn!("cannot catch signal {}: {e}; it would end the launcher without its ranks", s.as_raw());
+                }
+            }
+            catcher
+        });
+        let mut launches = catcher.launches.lock();
+        if *launches == 0 {
+            catcher.caught.store(0, Ordering::SeqCst);
+        }
+        *launches += 1;
+        catcher.idle.store(false, Ordering::SeqCst);
+        Signals(catcher)
+    }
+
+    /// The signal caught since the last call, if any (one launch at a time takes it).
+    fn take(&self) -> Option<Signal> {
+        let raw = self.0.caught.swap(0, Ordering::SeqCst);
+        Self::FORWARDED.into_iter().find(|s| s.as_raw() as usize == raw)
+    }
+}
+
+impl Drop for Signals {
+    fn drop(&mut self) {
+        let mut launches = self.0.launches.lock();
+        *launches -= 1;
+        if *launches == 0 {
+            self.0.idle.store(true, Ordering::SeqCst);
+        }
+    }
 }

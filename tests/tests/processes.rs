@@ -80,9 +80,116 @@ fn launch_reports_failures_and_prefixes_ranks() {
     for r in 0..3 {
         assert!(stdout.contains(&format!("[{r}] hello from {r} of 3")), "{stdout}");
     }
-    assert!(String::from_utf8_lossy(&out.stderr).contains("rank 1 failed"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ferry launch: 1 of 3 ranks failed: rank 1 (exit status: 1)"));
     let ok = std::process::Command::new(binary("ferry")).args(["launch", "-n", "2", "--", "true"]).output().unwrap();
     assert!(ok.status.success());
+}
+
+/// Whether process `pid` is gone (or a zombie nobody has reaped yet: it runs no more).
+fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|state| state == "Z" || state == "X"),
+    }
+}
+
+/// Waits until every process of `pids` is gone, for up to `within`; returns those still running.
+fn wait_gone(pids: &[u32], within: Duration) -> Vec<u32> {
+    let until = std::time::Instant::now() + within;
+    loop {
+        let left: Vec<u32> = pids.iter().copied().filter(|&p| !process_gone(p)).collect();
+        if left.is_empty() || std::time::Instant::now() > until {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kills what a failed test left running.
+fn kill_all(pids: &[u32]) {
+    for pid in pids {
+        let _ = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+    }
+}
+
+/// Runs `ferry launch ARGS` with its standard output read line by line; returns the child and
+/// a receiver of its lines.
+fn launch_reading(args: &[&str]) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(binary("ferry"))
+        .arg("launch")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
+}
+
+/// The process ids the ranks print (`[r] PID`), one per rank.
+fn printed_pids(lines: &std::sync::mpsc::Receiver<String>, ranks: usize) -> Vec<u32> {
+    (0..ranks)
+        .map(|_| {
+            let line = lines.recv_timeout(Duration::from_secs(30)).expect("a rank prints its process id");
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        })
+        .collect()
+}
+
+/// Waits for `child` for up to `within`; kills it and fails if it takes longer.
+fn wait_within(child: &mut std::process::Child, within: Duration, what: &str) -> std::process::ExitStatus {
+    let until = std::time::Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            panic!("{what}: ferry launch still runs after {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Ranks whose shell leaves a background job behind holding the launcher's pipes: the launch
+/// ends when the ranks do (the jobs are killed with their rank's process group) instead of
+/// waiting for the jobs.
+#[test]
+fn what_a_rank_leaves_behind_is_killed_with_it() {
+    let (mut launcher, lines) = launch_reading(&["-n", "2", "--grace", "2", "--", "sh", "-c", "sleep 300 & echo $!"]);
+    let jobs = printed_pids(&lines, 2);
+    let status = wait_within(&mut launcher, Duration::from_secs(20), "background jobs of the ranks");
+    let left = wait_gone(&jobs, Duration::from_secs(5));
+    kill_all(&left);
+    assert!(status.success(), "{status}");
+    assert!(left.is_empty(), "the ranks' background jobs {left:?} outlived the launch");
+}
+
+/// SIGTERM to `ferry launch` is passed on to every rank: a rank that takes it ends, one that
+/// ignores it is killed after the grace period, and the launcher exits with 128 + 15 instead of
+/// leaving its ranks behind.
+#[test]
+fn a_terminated_launcher_takes_its_ranks_with_it() {
+    let script = "if [ $FERRY_RANK = 0 ]; then trap '' TERM; fi; echo $$; exec sleep 300";
+    let (mut launcher, lines) = launch_reading(&["-n", "2", "--grace", "2", "--", "sh", "-c", script]);
+    let ranks = printed_pids(&lines, 2);
+    let status = std::process::Command::new("kill").args(["-TERM", &launcher.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let status = wait_within(&mut launcher, Duration::from_secs(20), "after SIGTERM");
+    let left = wait_gone(&ranks, Duration::from_secs(5));
+    kill_all(&left);
+    assert!(left.is_empty(), "ranks {left:?} outlived their terminated launcher");
+    assert_eq!(status.code(), Some(128 + 15), "{status}");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut launcher.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("stopped by signal 15"), "{stderr}");
 }
 
 #[test]

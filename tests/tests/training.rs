@@ -199,6 +199,54 @@ fn a_diverged_run_fails_and_options_that_cannot_train_are_refused() {
     fails_saying(&["mf", "--data", "synth-tiny", "--test-share", "1.5", "--mode", "single"], "--test-share must be between 0 and 1");
 }
 
+/// A ratings file as spreadsheets and pandas write them (a byte-order mark, CRLF line ends,
+/// quoted names holding the separator) trains in one process and on a cluster, with the header
+/// notice said once for the whole run and MF's second measure in the table; a bad line is found
+/// before any rank starts and said once; an error every rank of a cluster hits is said once
+/// with the count of ranks.
+#[test]
+fn real_csv_files_train_and_a_cluster_says_each_notice_and_error_once() {
+    let dir = std::env::temp_dir().join(format!("ferry-real-csv-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("quoted.csv");
+    let mut text = String::from("\u{feff}user,item,rating\r\n");
+    for u in 0..60 {
+        for i in 0..30 {
+            if (u * 7 + i * 3) % 4 != 0 {
+                text.push_str(&format!("\"user {u}\",\"Movie, {i}\",{}\r\n", 1 + (u + 2 * i) % 5));
+            }
+        }
+    }
+    std::fs::write(&path, &text).unwrap();
+    let run = |args: &[&str]| Command::new(binary("ferry")).arg("train").args(args).output().unwrap();
+    let out = run(&["mf", "--data", path.to_str().unwrap(), "--mode", "single,localize", "--nodes", "3", "--epochs", "2", "--rank", "4", "--json"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let reports: Vec<Value> = stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(reports.len(), 4, "{stdout}");
+    for r in &reports {
+        assert!(f(&r["quality"]["rmse"]) < 2.0 && f(&r["quality"]["mae"]) < f(&r["quality"]["rmse"]), "{r}");
+    }
+    assert_eq!(stderr.matches("taken as a header: 'user,item,rating'").count(), 1, "one notice for the run:\n{stderr}");
+    // A bad line: found by the launching process, before a rank starts.
+    let bad = dir.join("bad.csv");
+    assert!(text.contains("\"user 3\",\"Movie, 4\",2\r\n"));
+    std::fs::write(&bad, text.replace("\"user 3\",\"Movie, 4\",2", "\"user 3\",\"Movie, 4\",two")).unwrap();
+    let out = run(&["mf", "--data", bad.to_str().unwrap(), "--mode", "localize", "--nodes", "3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.matches("'two' is not a rating").count(), 1, "{stderr}");
+    assert!(!stderr.contains("[0]") && !stderr.contains("[1]"), "ranks were started for a bad file:\n{stderr}");
+    // Every rank diverges: one line says so, with how many ranks.
+    let out = run(&["mf", "--data", "synth-tiny", "--rank", "4", "--lr", "1e6", "--epochs", "2", "--mode", "localize", "--nodes", "3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("the training diverged")).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains("the localize cluster failed on 3 of 3 ranks") && lines[0].contains("(ranks "), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn fetching_reports_clearly_when_offline() {
     let cache = std::env::temp_dir().join(format!("ferry-offline-{}", std::process::id()));

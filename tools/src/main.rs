@@ -111,14 +111,12 @@ fn run() -> Result<()> {
                     let _ = writeln!(err, "[{rank}] {line}");
                 }
             })?;
+            if let Some(signal) = outcome.interrupted {
+                eprintln!("ferry launch: stopped by signal {signal}, passed on to the ranks");
+                std::process::exit(128 + signal);
+            }
             if !outcome.success() {
-                for (rank, status) in outcome.statuses.iter().enumerate() {
-                    match status {
-                        Some(s) if s.success() => {}
-                        Some(s) => eprintln!("ferry launch: rank {rank} failed ({s})"),
-                        None => eprintln!("ferry launch: rank {rank} was killed"),
-                    }
-                }
+                eprintln!("ferry launch: {}", ferry_bench::cluster::failure_summary(&outcome));
                 std::process::exit(1);
             }
             Ok(())

@@ -185,6 +185,10 @@ impl super::Task for KgeArgs {
         }
     }
 
+    fn check_data(&self) -> Result<()> {
+        Workload::load(self).map(drop)
+    }
+
     /// The task's options as command-line arguments (for the cluster's processes).
     fn task_args(&self) -> Vec<String> {
         vec![
@@ -261,7 +265,7 @@ impl KgeArgs {
         }
         match self.data.as_str() {
             "umls" | "kinships" | "nations" => KnowledgeGraph::load_split(&crate::data::cache_dir().join(&self.data), format),
-            "film" => KnowledgeGraph::load_single(&crate::data::dataset_path("film", "ml-100k.kg"), format, true, self.common.seed),
+            "film" => KnowledgeGraph::load_single(&crate::data::dataset_path("film", "ml-100k.kg"), format.with_known_header(), true, self.common.seed),
             "synth-kg" => Ok(KnowledgeGraph::synthetic(40, 30, self.common.seed)),
             path => {
                 let p = super::user_data(path, KNOWN, true)?;

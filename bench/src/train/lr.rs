@@ -133,6 +133,10 @@ impl super::Task for LrArgs {
         }
     }
 
+    fn check_data(&self) -> Result<()> {
+        Workload::load(self).map(drop)
+    }
+
     /// The task's options as command-line arguments (for the cluster's processes).
     fn task_args(&self) -> Vec<String> {
         let mut args = vec![

@@ -152,6 +152,10 @@ impl super::Task for MfArgs {
         }
     }
 
+    fn check_data(&self) -> Result<()> {
+        Workload::load(self).map(drop)
+    }
+
     /// The task's options as command-line arguments (for the cluster's processes).
     fn task_args(&self) -> Vec<String> {
         vec![
@@ -217,7 +221,9 @@ impl MfArgs {
             (Some(_), None, _) | (None, Some(_), _) => bail!("give both --train and --test"),
             (None, None, "synth-small") => Synthetic::SMALL.generate(self.common.seed),
             (None, None, "synth-tiny") => Synthetic::TINY.generate(self.common.seed),
-            (None, None, "ml-100k") => Ratings::load(&crate::data::dataset_path("ml-100k", "ml-100k.inter"), format)?.split(self.test_share, self.common.seed),
+            (None, None, "ml-100k") => {
+                Ratings::load(&crate::data::dataset_path("ml-100k", "ml-100k.inter"), format.with_known_header())?.split(self.test_share, self.common.seed)
+            }
             (None, None, path) => Ratings::load(&super::user_data(path, KNOWN, false)?, format)?.split(self.test_share, self.common.seed),
         };
         if test.is_empty() {
@@ -539,7 +545,9 @@ impl Workload for MfArgs {
             save_model(self, epoch, data.mu, users, items, &data.train)?;
         }
         let mut quality = Quality::new();
-        quality.insert("rmse".into(), ((sums[field::TEST_SSE] as f64 / (sums[field::TEST_COUNT] as f64).max(1.0)).sqrt()).into());
+        let count = (sums[field::TEST_COUNT] as f64).max(1.0);
+        quality.insert("rmse".into(), (sums[field::TEST_SSE] as f64 / count).sqrt().into());
+        quality.insert("mae".into(), (sums[field::TEST_AE] as f64 / count).into());
         Ok(quality)
     }
 }
@@ -687,7 +695,7 @@ impl Trainer for MfTrainer<'_> {
             pass.node().expect("a cluster's pass has a worker").0.advance_clock()?;
         }
         let (test, len, mu) = (&self.data.test, self.a.rank + 1, self.data.mu);
-        let mut sse = 0.0f64;
+        let (mut sse, mut ae) = (0.0f64, 0.0f64);
         for chunk in self.test.chunks(1024) {
             let us: Vec<u64> = chunk.iter().map(|&i| test.users[i as usize] as u64).collect();
             let is: Vec<u64> = chunk.iter().map(|&i| test.items[i as usize] as u64).collect();
@@ -697,10 +705,12 @@ impl Trainer for MfTrainer<'_> {
             for (j, &i) in chunk.iter().enumerate() {
                 let e = (test.values[i as usize] - predict(mu, &pu[j * len..(j + 1) * len], &qi[j * len..(j + 1) * len])) as f64;
                 sse += e * e;
+                ae += e.abs();
             }
         }
         let mut v = [0.0f32; METRIC_FIELDS];
         v[field::TEST_SSE] = sse as f32;
+        v[field::TEST_AE] = ae as f32;
         v[field::TEST_COUNT] = self.test.len() as f32;
         Ok(v)
     }

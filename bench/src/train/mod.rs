@@ -388,6 +388,9 @@ pub trait Task: Sync {
     /// Trains in `mode`: `single` in this process, a cluster mode as one node of the cluster
     /// (the shared epoch loop, [`epochs::run`]).
     fn train(&self, mode: Mode, emit: Sink) -> Result<()>;
+    /// Reads the data once and drops it, so that a bad file is found (and said once) before a
+    /// cluster's ranks start, each to find it.
+    fn check_data(&self) -> Result<()>;
     /// A command of the task that does not train (MF's `--predict`, KGE's `--rank-tails`): runs
     /// it and says so, or says there is none.
     fn run_other(&self) -> Result<bool> {
@@ -582,6 +585,8 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
         return Ok(Vec::new());
     }
     if common.role == Role::Node {
+        // The parent that started this node has read the files and said what it found.
+        crate::data::delimited::leave_notices_to_others();
         let mode = match common.mode[..] {
             [ModeChoice::One(mode)] if mode != Mode::Single => mode,
             _ => bail!("a cluster node runs in classic, localize, hybrid or intent mode"),
@@ -602,6 +607,9 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
     }
     let description = task.prepare()?;
     eprintln!("{}: {description}", task.name());
+    if common.mode.iter().flat_map(|m| m.modes()).any(|m| m != Mode::Single) {
+        task.check_data()?;
+    }
     let mut all = Vec::new();
     for mode in common.mode.iter().flat_map(|m| m.modes()) {
         let reports = run_mode(command, common, mode)?;
@@ -632,13 +640,17 @@ fn print_header(json: bool) {
     }
 }
 
-/// Quality figures beyond the headline (KGE's Hits@1/3/10; LR's log loss, non-zero weights and
+/// Quality figures beyond the headline (MF's mean absolute error; KGE's Hits@1/3/10; word2vec's
+/// analogy questions in the vocabulary and its speed; LR's log loss, non-zero weights and
 /// filtered share), for the table.
 fn more_quality(r: &EpochReport) -> String {
-    let numbers = ["hits@1", "hits@3", "hits@10", "logloss", "mean_overcount", "vs_raw"]
+    let numbers = ["mae", "hits@1", "hits@3", "hits@10", "logloss", "mean_overcount", "vs_raw"]
         .iter()
         .filter_map(|k| r.quality.get(*k).and_then(|v| v.as_f64()).map(|v| format!("{k} {v:.4}")));
     let counts = ["nonzero"].iter().filter_map(|k| r.quality.get(*k).and_then(|v| v.as_u64()).map(|v| format!("{k} {v}")));
+    let count = |k: &str| r.quality.get(k).and_then(|v| v.as_u64());
+    let questions = count("analogy_questions").zip(count("analogy_all_questions")).map(|(asked, all)| format!("questions {asked}/{all}"));
+    let speed = r.quality.get("words_per_s_per_thread").and_then(|v| v.as_f64()).map(|v| format!("words/s/thread {v:.0}"));
     let texts = ["filtered"].iter().filter_map(|k| r.quality.get(*k).and_then(|v| v.as_str()).map(|v| format!("{k} {v}")));
     let intent = (r.mode == Mode::Intent).then(|| {
         let c = &r.late_causes;
@@ -663,7 +675,7 @@ fn more_quality(r: &EpochReport) -> String {
         let put_off = if r.moves_put_off > 0 { format!(" put-off {}", r.moves_put_off) } else { String::new() };
         format!("late {:.3}%{causes} lead {:.1}{reasked}{declined}{drained}{behind}{put_off}", r.late_share * 100.0, r.intent_lead)
     });
-    numbers.chain(counts).chain(texts).chain(intent).collect::<Vec<_>>().join(" ")
+    numbers.chain(counts).chain(questions).chain(speed).chain(texts).chain(intent).collect::<Vec<_>>().join(" ")
 }
 
 fn print_report(r: &EpochReport, json: bool) {
@@ -735,6 +747,9 @@ fn run_scheduled(command: &TrainCommand, common: &Common, env: &ferry::ClusterEn
             env.nodes
         ),
     };
+    if env.rank != 0 {
+        crate::data::delimited::leave_notices_to_others();
+    }
     let description = command.task().prepare()?;
     if env.rank == 0 {
         eprintln!("{description}; {} mode on {} nodes started by {}", mode.name(), env.nodes, env.source);
@@ -764,7 +779,12 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
         let mut spec = LaunchSpec::new(common.nodes, exe, args);
         spec.timeout = Some(Duration::from_secs(6 * 3600));
         let handle = Mutex::new(handle);
+        let errors = crate::cluster::RankErrors::default();
+        let (held, above) = (errors.clone(), bar.clone());
         let outcome = launch(&spec, move |rank, stream, line| {
+            if stream == Stream::Stderr && held.hold(rank, line) {
+                return;
+            }
             if rank == 0 && stream == Stream::Stdout {
                 if let Some(rest) = line.strip_prefix("EPOCH ") {
                     match serde_json::from_str::<EpochReport>(rest) {
@@ -783,11 +803,12 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
                     }
                 }
             }
-            eprintln!("[{rank}] {line}");
+            // Above the progress bar, not into it.
+            above.suspend(|| eprintln!("[{rank}] {line}"));
         })?;
-        if !outcome.success() {
+        if !outcome.success() || outcome.interrupted.is_some() {
             bar.finish_and_clear();
-            bail!("the {} cluster failed (ranks {:?})", mode.name(), outcome.failed_ranks());
+            return Err(errors.failure(&format!("the {} cluster", mode.name()), &outcome));
         }
     }
     bar.finish_and_clear();

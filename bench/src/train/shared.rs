@@ -66,7 +66,7 @@ impl SharedArray {
 }
 
 /// Fields every node contributes to an epoch's cluster-wide sums.
-pub const METRIC_FIELDS: usize = 29;
+pub const METRIC_FIELDS: usize = 30;
 
 /// Field positions in the metrics table.
 pub mod field {
@@ -125,6 +125,8 @@ pub mod field {
     pub const FILTER_HELD: usize = 27;
     /// See [`FILTER_HELD`].
     pub const FILTER_OFFERED: usize = 28;
+    /// Sum of absolute test errors (MF).
+    pub const TEST_AE: usize = 29;
 }
 
 /// Pulls keys `0..n` of `table` (`len` values each), in chunks.

@@ -117,6 +117,10 @@ impl super::Task for W2vArgs {
         Ok(format!("corpus {corpus}, analogies {questions}"))
     }
 
+    fn check_data(&self) -> Result<()> {
+        Workload::load(self).map(drop)
+    }
+
     /// The task's options as command-line arguments (for the cluster's processes).
     fn task_args(&self) -> Vec<String> {
         let mut a = Vec::new();
