@@ -200,6 +200,36 @@ fn the_readme_example_runs_on_two_processes() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// The README's "More to run" commands run programs that `scripts/install` puts on the PATH
+/// (or scripts of this checkout, or `mpirun`), and each `ferry`/`ferry-bench` subcommand named
+/// there exists.
+#[test]
+fn the_readmes_commands_are_installed_and_their_subcommands_exist() {
+    let root = ferry_tests::bin_dir().join("../..").canonicalize().unwrap();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let block = readme.split_once("More to run").expect("the README has 'More to run'").1;
+    let block = block.split("```sh\n").nth(1).and_then(|b| b.split("```").next()).expect("a sh block");
+    let install = std::fs::read_to_string(root.join("scripts/install")).unwrap();
+    assert!(install.contains("cargo install --locked --path \"$crate\"") && install.contains("for crate in tools bench"), "scripts/install installs ferry and ferry-bench");
+    let mut checked = 0;
+    for line in block.lines().filter(|l| !l.trim().is_empty()) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let program = if words[0] == "mpirun" { words.iter().position(|w| *w == "ferry").map(|i| &words[i..]) } else { Some(&words[..]) };
+        let Some(words) = program else { panic!("mpirun runs something other than ferry: {line}") };
+        match words[0] {
+            "ferry" | "ferry-bench" => {
+                let sub: Vec<&str> = words[1..].iter().take_while(|w| !w.starts_with('-') && !w.contains('/')).take(2).copied().collect();
+                let out = std::process::Command::new(binary(words[0])).args(&sub).arg("--help").output().unwrap();
+                assert!(out.status.success(), "{line}: `{} {} --help` fails: {}", words[0], sub.join(" "), String::from_utf8_lossy(&out.stderr));
+                checked += 1;
+            }
+            script if script.starts_with("scripts/") => assert!(root.join(script).exists(), "{line}: {script} is missing"),
+            other => panic!("{line}: `{other}` is neither installed by scripts/install nor a script of this checkout"),
+        }
+    }
+    assert!(checked >= 20, "only {checked} commands checked");
+}
+
 /// Two jobs started on one coordinator port with different secrets: rank 0 of job A and rank 1
 /// of job B. They never merge: B's node is refused, naming the secret, and A's coordinator gives
 /// up naming the rank that never joined. With the same secret but another job id, the same.
