@@ -318,6 +318,10 @@ pub struct Config {
     pub membership: ferry_tcp::Membership,
     /// Refuse to start without a secret (`FERRY_REQUIRE_SECRET=1`).
     pub require_secret: bool,
+    /// Start a cluster of more than one node without a secret, knowingly (`FERRY_NO_SECRET=1`):
+    /// on loopback only, where then any local user can join it and read its parameters. Without
+    /// this, such a cluster is refused.
+    pub no_secret: bool,
     /// Fault injection for tests: sending to peer `.0` fails after `.1` more send operations
     /// (a `sendmsg` over TCP, a post over verbs), and the connection breaks as it would on a
     /// real failure. `FERRY_FAIL_SENDS=peer:count` sets it.
@@ -380,6 +384,33 @@ pub fn parse_bytes(name: &str, value: &str) -> Result<usize> {
     number.checked_mul(1 << shift).ok_or_else(bad)
 }
 
+/// The shortest cluster secret taken. The membership handshake answers a stranger with a MAC
+/// keyed by the secret, which a stranger can test guesses against offline; 32 bytes is what
+/// `ferry secret` generates, and out of reach of guessing when generated.
+pub const MIN_SECRET_BYTES: usize = 32;
+
+/// Refuses a secret file that anybody but its owner may read (or write), as ssh refuses such
+/// a key: the secret in it is no secret.
+fn refuse_shared_secret_file(file: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(file).map_err(|e| Error::Config(format!("FERRY_SECRET_FILE={file}: {e}")))?.permissions().mode();
+    if mode & 0o077 != 0 {
+        return Err(Error::Config(format!(
+            "FERRY_SECRET_FILE={file} may be read or written by others than its owner (mode {:o}): `chmod 600 {file}`",
+            mode & 0o777
+        )));
+    }
+    Ok(())
+}
+
+/// A fresh cluster secret: 32 random bytes from the operating system, as 64 hexadecimal digits.
+pub fn generate_secret() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; MIN_SECRET_BYTES];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 impl Config {
     /// A single-node configuration with default settings.
     pub fn new(tables: Vec<TableSpec>) -> Config {
@@ -407,6 +438,7 @@ impl Config {
             intent: IntentSettings::default(),
             membership: ferry_tcp::Membership::default(),
             require_secret: false,
+            no_secret: false,
             fail_sends_after: None,
             stop_reading_after: None,
         }
@@ -467,13 +499,15 @@ impl Config {
 
     /// Applies membership settings from the environment: `FERRY_SECRET` (the secret itself) or
     /// `FERRY_SECRET_FILE` (a file holding it; surrounding whitespace is ignored),
-    /// `FERRY_JOB_ID` (else `SLURM_JOB_ID`), and `FERRY_REQUIRE_SECRET=1`.
+    /// `FERRY_JOB_ID` (else `SLURM_JOB_ID`), `FERRY_REQUIRE_SECRET=1` and `FERRY_NO_SECRET=1`.
+    /// A secret file that others than its owner may read is refused, as ssh refuses such a key.
     pub fn apply_membership_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
         let set = |name: &str| set_value(&get, name);
         match (set("FERRY_SECRET"), set("FERRY_SECRET_FILE")) {
             (Some(_), Some(_)) => return Err(Error::Config("set FERRY_SECRET or FERRY_SECRET_FILE, not both".into())),
             (Some(secret), None) => self.membership.secret = Some(secret.into_bytes()),
             (None, Some(file)) => {
+                refuse_shared_secret_file(&file)?;
                 let text = std::fs::read_to_string(&file).map_err(|e| Error::Config(format!("FERRY_SECRET_FILE={file}: {e}")))?;
                 let secret = text.trim();
                 if secret.is_empty() {
@@ -490,6 +524,11 @@ impl Config {
             None | Some("0") => self.require_secret,
             Some("1") => true,
             Some(other) => return Err(Error::Config(format!("FERRY_REQUIRE_SECRET='{other}' is neither 0 nor 1"))),
+        };
+        self.no_secret = match set("FERRY_NO_SECRET").as_deref() {
+            None | Some("0") => self.no_secret,
+            Some("1") => true,
+            Some(other) => return Err(Error::Config(format!("FERRY_NO_SECRET='{other}' is neither 0 nor 1"))),
         };
         Ok(())
     }
@@ -568,12 +607,20 @@ impl Config {
         if self.tables.iter().any(|t| !t.replicated.is_empty()) && self.staleness < Duration::from_millis(1) {
             return bad(format!("the staleness bound must be at least 1 ms, not {:?}", self.staleness));
         }
-        if self.membership.secret.as_ref().is_some_and(|s| s.len() < 16) {
-            return bad("the cluster secret must have at least 16 bytes".into());
+        if self.membership.secret.as_ref().is_some_and(|s| s.len() < MIN_SECRET_BYTES) {
+            return bad(format!(
+                "the cluster secret must have at least {MIN_SECRET_BYTES} bytes (a shorter one may fall to guessing): `ferry secret --out FILE` writes one to use as FERRY_SECRET_FILE"
+            ));
         }
         if self.membership.secret.is_none() && self.nodes > 1 {
             if self.require_secret {
                 return bad("FERRY_REQUIRE_SECRET=1 but no cluster secret is set (FERRY_SECRET or FERRY_SECRET_FILE)".into());
+            }
+            if !self.no_secret {
+                return bad("no cluster secret is set, so anybody who reaches this cluster's ports could join it and read its parameters: \
+                     run `ferry secret --out FILE` and set FERRY_SECRET_FILE=FILE on every node (`ferry launch` makes one by itself), \
+                     or set FERRY_NO_SECRET=1 to run on loopback without one, open to every local user (docs/SECURITY.md)"
+                    .into());
             }
             // Without a secret anybody who reaches the coordinator could join: loopback only.
             use std::net::ToSocketAddrs;
@@ -906,32 +953,45 @@ mod tests {
 
     #[test]
     fn membership_from_the_environment_and_its_rules() {
+        let secret = "0123456789abcdef0123456789abcdef!";
         let mut c = Config::new(vec![TableSpec::new("t", 4, 1)]);
         c.nodes = 2;
         c.coordinator = "127.0.0.1:7000".into();
-        assert!(c.validate().is_ok(), "loopback without a secret is allowed");
+        assert!(matches!(c.validate(), Err(Error::Config(m)) if m.contains("FERRY_NO_SECRET=1")), "without a secret, only when asked for");
+        c.apply_membership_env(|k| (k == "FERRY_NO_SECRET").then(|| "1".to_string())).unwrap();
+        assert!(c.validate().is_ok(), "loopback without a secret, asked for");
         c.coordinator = "10.1.2.3:7000".into();
         assert!(matches!(c.validate(), Err(Error::Config(m)) if m.contains("loopback")), "elsewhere a secret is needed");
-        c.apply_membership_env(|k| (k == "FERRY_SECRET").then(|| "0123456789abcdef!".to_string())).unwrap();
+        c.apply_membership_env(|k| (k == "FERRY_SECRET").then(|| secret.to_string())).unwrap();
         assert!(c.validate().is_ok());
-        assert!(!format!("{c:?}").contains("0123456789abcdef!"), "the secret is not printed");
+        assert!(!format!("{c:?}").contains(secret), "the secret is not printed");
         c.apply_membership_env(|k| (k == "SLURM_JOB_ID").then(|| "4242".to_string())).unwrap();
         assert_eq!(c.membership.job, "4242");
         let mut short = Config::new(vec![TableSpec::new("t", 4, 1)]);
-        short.apply_membership_env(|k| (k == "FERRY_SECRET").then(|| "short".to_string())).unwrap();
-        assert!(matches!(short.validate(), Err(Error::Config(m)) if m.contains("16 bytes")));
+        short.apply_membership_env(|k| (k == "FERRY_SECRET").then(|| "a-31-byte-secret-0123456789abcd".to_string())).unwrap();
+        assert!(matches!(short.validate(), Err(Error::Config(m)) if m.contains("32 bytes") && m.contains("ferry secret")));
         let mut required = Config::new(vec![TableSpec::new("t", 4, 1)]);
         required.nodes = 2;
         required.apply_membership_env(|k| (k == "FERRY_REQUIRE_SECRET").then(|| "1".to_string())).unwrap();
         assert!(matches!(required.validate(), Err(Error::Config(m)) if m.contains("FERRY_REQUIRE_SECRET")));
         let file = std::env::temp_dir().join(format!("ferry-secret-{}", std::process::id()));
-        std::fs::write(&file, "  file-secret-0123456789\n").unwrap();
+        std::fs::write(&file, format!("  {}\n", generate_secret())).unwrap();
         let path = file.to_str().unwrap().to_string();
-        required.apply_membership_env(|k| (k == "FERRY_SECRET_FILE").then(|| path.clone())).unwrap();
-        assert_eq!(required.membership.secret.as_deref(), Some(&b"file-secret-0123456789"[..]));
+        let from_file = |c: &mut Config| c.apply_membership_env(|k| (k == "FERRY_SECRET_FILE").then(|| path.clone()));
+        use std::os::unix::fs::PermissionsExt;
+        for mode in [0o644, 0o640, 0o604, 0o620] {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = from_file(&mut required).unwrap_err().to_string();
+            assert!(e.contains(&format!("mode {mode:o}")) && e.contains("chmod 600"), "{e}");
+        }
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        from_file(&mut required).unwrap();
+        let taken = required.membership.secret.clone().unwrap();
+        assert!(taken.len() == 64 && taken.iter().all(u8::is_ascii_hexdigit), "the file's secret, trimmed");
         assert!(required.validate().is_ok());
+        assert_ne!(generate_secret(), generate_secret());
         std::fs::remove_file(&file).unwrap();
-        let both = |k: &str| matches!(k, "FERRY_SECRET" | "FERRY_SECRET_FILE").then(|| "x".repeat(20));
+        let both = |k: &str| matches!(k, "FERRY_SECRET" | "FERRY_SECRET_FILE").then(|| "x".repeat(40));
         assert!(Config::new(vec![]).apply_membership_env(both).is_err());
     }
 }

@@ -104,13 +104,10 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
         .or_else(|| spec.env.iter().find(|(k, _)| k == "FERRY_SECRET").map(|(_, v)| v.clone()))
     {
         Some(s) => s,
-        None => {
-            use rand::RngCore;
-            let mut bytes = [0u8; 24];
-            rand::rngs::OsRng.fill_bytes(&mut bytes);
-            bytes.iter().map(|b| format!("{b:02x}")).collect()
-        }
+        None => crate::config::generate_secret(),
     };
+    // A secret file the caller chose is passed on as it is (a rank takes one or the other).
+    let file_given = std::env::var_os("FERRY_SECRET_FILE").is_some_and(|f| !f.is_empty()) || spec.env.iter().any(|(k, _)| k == "FERRY_SECRET_FILE");
     let on_line = Arc::new(on_line);
     let mut children: Vec<Child> = Vec::new();
     let mut readers = Vec::new();
@@ -120,7 +117,7 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
             .env("FERRY_RANK", rank.to_string())
             .env("FERRY_NODES", spec.nodes.to_string())
             .env("FERRY_COORDINATOR", &coordinator)
-            .env("FERRY_SECRET", &secret)
+            .envs((!file_given).then_some(("FERRY_SECRET", &secret)))
             .envs(spec.env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -57,7 +57,10 @@ mod util;
 mod worker;
 
 pub use codec::ValueCodec;
-pub use config::{ClusterEnv, Config, ElementType, HugePages, IntentSettings, Partitioning, TableSpec, TransportChoice, VerbsSettings, parse_max_delay};
+pub use config::{
+    ClusterEnv, Config, ElementType, HugePages, IntentSettings, MIN_SECRET_BYTES, Partitioning, TableSpec, TransportChoice, VerbsSettings, generate_secret,
+    parse_max_delay,
+};
 pub use error::{Error, Result};
 pub use fabric::select::{LocalVerbs, local_verbs};
 pub use intent::LateCause;

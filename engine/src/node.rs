@@ -91,9 +91,12 @@ impl Node {
     }
 
     /// Starts `nodes` nodes inside this process, connected over loopback TCP, with `template`'s
-    /// tables and settings (its rank, node count and coordinator are replaced). For tests and
-    /// single-machine benchmarks.
-    pub fn start_local_cluster(nodes: usize, template: Config) -> Result<Vec<Node>> {
+    /// tables and settings (its rank, node count and coordinator are replaced; without a secret,
+    /// the nodes share a fresh one). For tests and single-machine benchmarks.
+    pub fn start_local_cluster(nodes: usize, mut template: Config) -> Result<Vec<Node>> {
+        if template.membership.secret.is_none() && !template.no_secret {
+            template.membership.secret = Some(crate::config::generate_secret().into_bytes());
+        }
         let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| Error::Transport(e.to_string()))?.port();
         let handles: Vec<_> = (0..nodes)
             .map(|rank| {

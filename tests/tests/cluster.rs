@@ -175,6 +175,7 @@ fn bad_input_returns_errors() {
             c.nodes = 2;
             c.coordinator = format!("127.0.0.1:{port}");
             c.connect_timeout = Duration::from_secs(10);
+            c.no_secret = true;
             std::thread::spawn(move || Node::start(c))
         })
         .collect();
@@ -265,6 +266,8 @@ fn a_peer_that_breaks_the_protocol_is_disconnected() {
     // TCP: with `auto` the set-up would also trade verbs status, which the impostor skips).
     let mut c = config(vec![TableSpec::new("p", 30, 1)]);
     c.transport = ferry::TransportChoice::Tcp;
+    // The impostor joins without a secret, so the real nodes run without one, knowingly.
+    c.no_secret = true;
     let port = ferry::launch::free_loopback_port().unwrap();
     let coordinator = format!("127.0.0.1:{port}");
     let mut starts = Vec::new();
@@ -452,6 +455,7 @@ fn operation_timeouts_name_the_nodes_that_did_not_answer() {
     let start = |rank: usize| {
         let mut c = config(vec![TableSpec::new("t", 20, 2)]);
         (c.rank, c.nodes, c.coordinator) = (rank, 2, format!("127.0.0.1:{port}"));
+        c.no_secret = true;
         c.transport = ferry::TransportChoice::Tcp;
         c.op_timeout = Duration::from_millis(800);
         c.peer_timeout = Duration::from_secs(30);

@@ -210,7 +210,10 @@ fn the_readmes_commands_are_installed_and_their_subcommands_exist() {
     let block = readme.split_once("More to run").expect("the README has 'More to run'").1;
     let block = block.split("```sh\n").nth(1).and_then(|b| b.split("```").next()).expect("a sh block");
     let install = std::fs::read_to_string(root.join("scripts/install")).unwrap();
-    assert!(install.contains("cargo install --locked --path \"$crate\"") && install.contains("for crate in tools bench"), "scripts/install installs ferry and ferry-bench");
+    assert!(
+        install.contains("cargo install --locked --path \"$crate\"") && install.contains("for crate in tools bench"),
+        "scripts/install installs ferry and ferry-bench"
+    );
     let mut checked = 0;
     for line in block.lines().filter(|l| !l.trim().is_empty()) {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -248,8 +251,8 @@ fn jobs_with_different_secrets_or_ids_never_merge() {
             .output()
             .unwrap()
     };
-    for (secret_b, job_b) in [("secret-of-job-b-0123", "1"), ("secret-of-job-a-0123", "2")] {
-        let a = std::thread::spawn(move || node(0, "secret-of-job-a-0123", "1"));
+    for (secret_b, job_b) in [("secret-of-job-b-0123456789abcdef-0123", "1"), ("secret-of-job-a-0123456789abcdef-0123", "2")] {
+        let a = std::thread::spawn(move || node(0, "secret-of-job-a-0123456789abcdef-0123", "1"));
         std::thread::sleep(Duration::from_millis(200));
         let b = node(1, secret_b, job_b);
         let a = a.join().unwrap();
@@ -286,6 +289,62 @@ fn a_stopped_node_is_named_by_every_survivor() {
     for rank in 0..3 {
         assert!(stdout.contains(&format!("[{rank}] stopped ok")), "rank {rank}: {stdout}");
     }
+}
+
+/// A hand-started cluster (ranks given by `FERRY_RANK`, not by `ferry launch`) without a
+/// secret does not start unless asked to, and then says what that means; a secret file that
+/// others may read is refused, as ssh refuses such a key; `ferry secret --out` writes one only
+/// its owner reads, which the nodes take.
+#[test]
+fn a_hand_started_cluster_needs_a_secret_or_an_explicit_choice_to_run_without() {
+    let dir = std::env::temp_dir().join(format!("ferry-secrets-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cluster = |env: &[(&str, &str)]| {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let node = |rank: usize| {
+            let mut c = std::process::Command::new(binary("ferry-testnode"));
+            c.args(["sums", "--workers", "1", "--rounds", "5"])
+                .env("FERRY_RANK", rank.to_string())
+                .env("FERRY_NODES", "2")
+                .env("FERRY_COORDINATOR", format!("127.0.0.1:{port}"))
+                .env("FERRY_START_TIMEOUT", "20s")
+                .env_remove("FERRY_SECRET")
+                .env_remove("FERRY_SECRET_FILE")
+                .envs(env.iter().copied());
+            c
+        };
+        let one = node(1).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+        let zero = node(0).output().unwrap();
+        (zero, one.wait_with_output().unwrap())
+    };
+    let (zero, one) = cluster(&[]);
+    for out in [&zero, &one] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("no cluster secret is set") && stderr.contains("FERRY_NO_SECRET=1"), "{stderr}");
+    }
+    let file = dir.join("secret");
+    let out = std::process::Command::new(binary("ferry")).args(["secret", "--out"]).arg(&file).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+    let again = std::process::Command::new(binary("ferry")).args(["secret", "--out"]).arg(&file).output().unwrap();
+    assert!(!again.status.success(), "an existing file is left alone");
+    let printed = std::process::Command::new(binary("ferry")).arg("secret").output().unwrap();
+    let printed = String::from_utf8_lossy(&printed.stdout);
+    assert!(printed.trim().len() == 64 && printed.trim().chars().all(|c| c.is_ascii_hexdigit()), "{printed}");
+    let path = file.to_str().unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (zero, _) = cluster(&[("FERRY_SECRET_FILE", path)]);
+    let stderr = String::from_utf8_lossy(&zero.stderr);
+    assert!(!zero.status.success() && stderr.contains("chmod 600"), "a secret file others may read: {stderr}");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (zero, one) = cluster(&[("FERRY_SECRET_FILE", path)]);
+    assert!(zero.status.success() && one.status.success(), "{}", String::from_utf8_lossy(&zero.stderr));
+    let (zero, one) = cluster(&[("FERRY_NO_SECRET", "1")]);
+    assert!(zero.status.success() && one.status.success(), "{}", String::from_utf8_lossy(&zero.stderr));
+    assert!(String::from_utf8_lossy(&zero.stderr).contains("any local user can join this cluster"), "said at the default log level");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Strangers on a real node's ports, opened before the member that needs each port: more slow
@@ -350,7 +409,7 @@ fn peak_memory(pid: u32) -> u64 {
 fn strangers_on_a_real_nodes_ports_neither_stall_set_up_nor_inflate_it() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let coordinator = format!("127.0.0.1:{port}");
-    let secret = "stranger-test-secret-0123456789";
+    let secret = "stranger-test-secret-0123456789abcdef";
     let mut rank0 = std::process::Command::new(binary("ferry-testnode"))
         .args(["sums", "--workers", "1", "--rounds", "5"])
         .env("FERRY_RANK", "0")

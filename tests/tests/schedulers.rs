@@ -28,9 +28,11 @@ fn train_runs_under_open_mpi() {
     if !available("mpirun", "FERRY_MPI") {
         return;
     }
+    let secret = secret_file("mpi");
     let run = |extra: &[&str]| {
         Command::new("mpirun")
             .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", &format!("FERRY_COORDINATOR=127.0.0.1:{}", free_port())])
+            .args(["-x", &format!("FERRY_SECRET_FILE={}", secret.display())])
             .arg(binary("ferry"))
             .args(["train", "mf", "--data", "synth-tiny", "--rank", "4", "--epochs", "3"])
             .args(extra)
@@ -123,6 +125,15 @@ impl Drop for Slurm {
     }
 }
 
+/// A fresh cluster secret in a file only its owner reads, written by `ferry secret --out`.
+fn secret_file(name: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("ferry-secret-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let out = Command::new(binary("ferry")).args(["secret", "--out"]).arg(&path).output().unwrap();
+    assert!(out.status.success(), "ferry secret: {}", String::from_utf8_lossy(&out.stderr));
+    path
+}
+
 /// `srun --ntasks 2` on a real single-host Slurm starts two `ferry train mf` processes that find
 /// their ranks in `SLURM_PROCID`/`SLURM_NTASKS` and form one cluster; rank 0 reports.
 #[test]
@@ -140,6 +151,7 @@ fn train_runs_under_slurm() {
     let mut srun = slurm
         .command("srun")
         .args(["--ntasks", "2", "env", &format!("FERRY_COORDINATOR=127.0.0.1:{}", free_port())])
+        .arg(format!("FERRY_SECRET_FILE={}", secret_file("slurm").display()))
         .arg(binary("ferry"))
         .args(["train", "mf", "--data", "synth-tiny", "--rank", "4", "--epochs", "3", "--json"])
         .stdout(std::process::Stdio::piped())

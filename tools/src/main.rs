@@ -11,7 +11,7 @@ use std::time::Duration;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use ferry::launch::{LaunchSpec, Stream, launch};
 
@@ -45,6 +45,13 @@ enum Command {
     },
     /// Show verbs devices, memory-locking and huge-page limits, and the transport `auto` picks.
     Info,
+    /// Generate a cluster secret (32 random bytes as hexadecimal digits) for FERRY_SECRET_FILE:
+    /// on standard output, or into a new file only its owner may read.
+    Secret {
+        /// Write it to this file (created with mode 600; an existing file is left alone).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// Datasets: fetch the real ones into the cache, or list them.
     #[command(subcommand)]
     Data(DataCommand),
@@ -122,6 +129,22 @@ fn run() -> Result<()> {
             Ok(())
         }
         Command::Info => info::print(),
+        Command::Secret { out: None } => {
+            println!("{}", ferry::generate_secret());
+            Ok(())
+        }
+        Command::Secret { out: Some(path) } => {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .with_context(|| format!("creating {} for the secret", path.display()))?;
+            writeln!(file, "{}", ferry::generate_secret()).with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("a cluster secret is in {}: set FERRY_SECRET_FILE={} on every node", path.display(), path.display());
+            Ok(())
+        }
         Command::Data(DataCommand::List) => {
             println!("cache: {}", ferry_bench::data::cache_dir().display());
             for d in ferry_bench::data::DATASETS {

@@ -118,7 +118,7 @@ pub fn connect(config: &Config) -> Result<(Arc<dyn Fabric>, i64)> {
         membership: config.membership.clone(),
     };
     if config.membership.secret.is_none() && config.nodes > 1 && config.rank == 0 {
-        tracing::info!("no cluster secret: the cluster runs on loopback only, and its members are not authenticated");
+        tracing::warn!("no cluster secret (FERRY_NO_SECRET=1): any local user can join this cluster and read its parameters");
     }
     let (mut rendezvous, mesh) = ferry_tcp::join_cluster(config.rank, config.nodes, &config.coordinator, mesh_config)?;
     let print = config.fingerprint_text().into_bytes();
