@@ -24,7 +24,7 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
         } else if name.ends_with(".rs")
             || name.ends_with(".py")
             || name.ends_with(".sh")
-            || path.parent().is_some_and(|p| p.ends_with("scripts") || p.ends_with(".ci") || p.ends_with("tests/rxe"))
+            || path.parent().is_some_and(|p| p.file_name().is_some_and(|d| d == "scripts" || d == ".ci") || p.ends_with("tests/rxe"))
         {
             out.push(path);
         }
