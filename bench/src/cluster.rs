@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::os::unix::process::ExitStatusExt;
+
 use anyhow::{Context, Result, anyhow};
 use ferry::launch::{LaunchOutcome, LaunchSpec, Stream, launch};
 use parking_lot::Mutex;
@@ -149,6 +151,8 @@ fn describe_ranks(outcome: &LaunchOutcome, ranks: &[usize]) -> String {
         .iter()
         .take(LISTED)
         .map(|&r| match outcome.statuses[r] {
+            // Killed from outside the launcher: most often the kernel, out of memory.
+            Some(status) if status.signal() == Some(9) => format!("rank {r} ({status}: the out-of-memory killer?)"),
             Some(status) => format!("rank {r} ({status})"),
             None => format!("rank {r} (killed)"),
         })
@@ -162,7 +166,6 @@ fn describe_ranks(outcome: &LaunchOutcome, ranks: &[usize]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::process::ExitStatusExt;
     use std::process::ExitStatus;
 
     #[test]
@@ -187,6 +190,8 @@ mod tests {
             failure_summary(&outcome),
             "7 of 7 ranks failed: rank 0 (exit status: 1), rank 1 (exit status: 1), rank 2 (exit status: 1), rank 3 (exit status: 1) and 3 more"
         );
+        let killed = LaunchOutcome { statuses: vec![Some(ExitStatus::from_raw(9)), Some(ExitStatus::from_raw(256))], interrupted: None };
+        assert!(failure_summary(&killed).contains("rank 0 (signal: 9 (SIGKILL): the out-of-memory killer?)"), "{}", failure_summary(&killed));
         let stopped = LaunchOutcome { statuses: vec![None; 2], interrupted: Some(15) };
         assert!(RankErrors::default().failure("the cluster", &stopped).to_string().starts_with("the cluster was stopped by signal 15"));
     }

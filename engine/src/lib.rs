@@ -41,6 +41,7 @@ mod fuzz;
 mod intent;
 mod keymap;
 pub mod launch;
+pub mod memory;
 mod node;
 mod partition;
 mod protocol;

@@ -48,6 +48,7 @@ impl Node {
     /// that all nodes have the same tables and settings, and allocates the home keys' values.
     pub fn start(config: Config) -> Result<Node> {
         config.validate()?;
+        crate::memory::check_tables_fit(&config)?;
         let (fabric, clock_offset) = crate::fabric::select::connect(&config)?;
         Self::assemble(config, fabric, clock_offset)
     }

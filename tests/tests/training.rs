@@ -247,6 +247,24 @@ fn real_csv_files_train_and_a_cluster_says_each_notice_and_error_once() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A model beyond the machine's memory is refused before anything is allocated, naming what it
+/// needs and what the machine has: in one process, and on a cluster once for all its ranks.
+#[test]
+fn a_model_too_large_for_the_machine_is_refused_before_it_is_allocated() {
+    let started = std::time::Instant::now();
+    fails_saying(&["mf", "--data", "synth-tiny", "--rank", "100000000", "--mode", "single"], "the model needs about");
+    let out = Command::new(binary("ferry"))
+        .args(["train", "mf", "--data", "synth-small", "--rank", "1000000", "--mode", "localize", "--nodes", "2"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("the tables need about")).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains("on the 2 nodes on this machine") && lines[0].contains("available") && lines[0].contains("failed on 2 of 2 ranks"), "{stderr}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(60), "refusing took {:?}", started.elapsed());
+}
+
 #[test]
 fn fetching_reports_clearly_when_offline() {
     let cache = std::env::temp_dir().join(format!("ferry-offline-{}", std::process::id()));

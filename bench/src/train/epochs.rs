@@ -275,9 +275,31 @@ fn add_fields(fields: &mut Fields, more: &Fields) {
     }
 }
 
+/// Refuses a `single` model whose arrays cannot fit in what the machine has, before any is
+/// allocated, naming both figures.
+fn check_arrays_fit(model: &Model) -> Result<()> {
+    let bytes = model.tables.iter().try_fold(0u64, |sum, t| t.spec.keys.checked_mul(t.spec.value_len as u64 * 4).and_then(|b| sum.checked_add(b)));
+    let Some(bytes) = bytes else { anyhow::bail!("the model's arrays would take more bytes than a 64-bit number counts") };
+    if let Some(available) = ferry::memory::available_memory()
+        && bytes > available
+    {
+        let largest = model.tables.iter().max_by_key(|t| t.spec.keys.saturating_mul(t.spec.value_len as u64)).expect("a model has tables");
+        anyhow::bail!(
+            "the model needs about {} ('{}' alone is {} rows of {} numbers), but this machine has {} available",
+            ferry::memory::human(bytes),
+            largest.spec.name,
+            largest.spec.keys,
+            largest.spec.value_len,
+            ferry::memory::human(available)
+        );
+    }
+    Ok(())
+}
+
 /// `single`: the model in shared arrays, the threads of this process.
 fn run_single<W: Workload>(task: &W, data: &W::Data, model: Model, emit: Sink) -> Result<()> {
     let threads = task.common().single_threads();
+    check_arrays_fit(&model)?;
     let arrays: Vec<SharedArray> = model
         .tables
         .iter()
