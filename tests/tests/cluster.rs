@@ -479,3 +479,52 @@ fn operation_timeouts_name_the_nodes_that_did_not_answer() {
     zero.abort();
     one.abort();
 }
+
+/// Three nodes, and node 1 stops reading while it stays connected and heartbeats. Nodes 0 and 2
+/// each ask it for one key (light traffic, which the kernels' buffers absorb): both learn within
+/// about the liveness timeout — not the operation timeout — that node 1 does not read, and their
+/// errors name node 1, not each other.
+#[test]
+fn a_member_that_stops_reading_is_named_by_every_survivor_within_the_liveness_timeout() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let start = |rank: usize| {
+        let mut c = config(vec![TableSpec::new("t", 30, 2)]);
+        (c.rank, c.nodes, c.coordinator) = (rank, 3, format!("127.0.0.1:{port}"));
+        c.no_secret = true;
+        c.transport = ferry::TransportChoice::Tcp;
+        c.op_timeout = Duration::from_secs(60);
+        c.peer_timeout = Duration::from_secs(1);
+        c.heartbeat = Duration::from_millis(100);
+        c.stop_reading_after = (rank == 1).then_some(0);
+        std::thread::spawn(move || Node::start(c).unwrap())
+    };
+    let starts: Vec<_> = (0..3).map(start).collect();
+    let nodes: Vec<Node> = starts.into_iter().map(|s| s.join().unwrap()).collect();
+    let started = Instant::now();
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let asks: Vec<_> = [0, 2]
+            .map(|survivor| {
+                let node = &nodes[survivor];
+                s.spawn(move || {
+                    let table = node.table("t").unwrap();
+                    let mut w = node.worker();
+                    let mut out = [0.0; 2];
+                    // Key 15 is node 1's.
+                    w.pull(table, &[15], &mut out).unwrap_err().to_string()
+                })
+            })
+            .into_iter()
+            .collect();
+        asks.into_iter().map(|a| a.join().unwrap()).collect()
+    });
+    let took = started.elapsed();
+    for (survivor, e) in [0, 2].iter().zip(&errors) {
+        // The lost node is node 1 (a survivor may have heard it from the other first).
+        assert!(e.contains("node 1 is lost (node 1 does not read what this node sends"), "node {survivor}: {e}");
+        assert!(!e.contains(&format!("node {} is lost", 2 - survivor)), "node {survivor} blamed the other survivor: {e}");
+    }
+    assert!(took < Duration::from_secs(10), "the survivors learned it after {took:?} (liveness timeout 1 s, operation timeout 60 s)");
+    for n in nodes {
+        n.abort();
+    }
+}

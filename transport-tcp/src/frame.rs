@@ -18,6 +18,8 @@ pub const READ_REQUEST_LEN: usize = 24;
 pub const READ_RESPONSE_HEADER: usize = 16;
 /// Payload of a write error report: wr_id u64, code u32, region u32.
 pub const WRITE_ERROR_LEN: usize = 16;
+/// Payload of a heartbeat: the bytes of the receiver's stream the sender has read, u64.
+pub const HEARTBEAT_LEN: usize = 8;
 
 /// Flag bit of a write frame: an immediate value is to be delivered at the target.
 pub const FLAG_IMM: u16 = 1;
@@ -36,7 +38,8 @@ pub enum FrameKind {
     ReadResponse = 4,
     /// The target refused a one-sided write.
     WriteError = 5,
-    /// Keeps an idle connection alive.
+    /// Keeps an idle connection alive, and says how much of the receiver's stream the sender
+    /// has read.
     Heartbeat = 6,
     /// The sender is shutting down cleanly; no more frames follow.
     Goodbye = 7,
@@ -96,7 +99,8 @@ impl Header {
             FrameKind::ReadRequest => READ_REQUEST_LEN,
             FrameKind::ReadResponse => READ_RESPONSE_HEADER,
             FrameKind::WriteError => WRITE_ERROR_LEN,
-            FrameKind::Message | FrameKind::Heartbeat | FrameKind::Goodbye => 0,
+            FrameKind::Heartbeat => HEARTBEAT_LEN,
+            FrameKind::Message | FrameKind::Goodbye => 0,
         };
         let exact = matches!(kind, FrameKind::ReadRequest | FrameKind::WriteError | FrameKind::Heartbeat | FrameKind::Goodbye);
         if (exact && len as usize != fixed) || (len as usize) < fixed {

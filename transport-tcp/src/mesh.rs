@@ -122,6 +122,18 @@ pub(crate) struct Peer {
     queued: AtomicU64,
     /// When the queue last drained some bytes, or became non-empty.
     drained_ns: AtomicU64,
+    /// Bytes of this connection's stream that the socket took (heartbeats included).
+    written: AtomicU64,
+    /// Bytes of the peer's stream that this node has read.
+    read: AtomicU64,
+    /// How many of `written` the peer says it has read (its heartbeats carry it).
+    acked: AtomicU64,
+    /// When `acked` last advanced, or when bytes came to be outstanding.
+    acked_ns: AtomicU64,
+    /// `read` as last reported to the peer.
+    reported: AtomicU64,
+    /// When this node last sent the peer a heartbeat.
+    heartbeat_ns: AtomicU64,
     pending_reads: Mutex<HashMap<u64, PendingRead>>,
     /// Why a send failed; the reader thread reports it (see [`Inner::defer_loss`]).
     failure: Mutex<Option<TransportError>>,
@@ -189,6 +201,12 @@ impl Mesh {
                 last_sent_ns: AtomicU64::new(0),
                 queued: AtomicU64::new(0),
                 drained_ns: AtomicU64::new(0),
+                written: AtomicU64::new(0),
+                read: AtomicU64::new(0),
+                acked: AtomicU64::new(0),
+                acked_ns: AtomicU64::new(0),
+                reported: AtomicU64::new(0),
+                heartbeat_ns: AtomicU64::new(0),
                 pending_reads: Mutex::new(HashMap::new()),
                 failure: Mutex::new(None),
                 sends_before_failure: config.fail_sends_after.filter(|(peer, _)| *peer == id).map(|(_, n)| AtomicU64::new(n)),
@@ -718,12 +736,63 @@ impl Inner {
     fn drained(&self, p: &Peer, bytes: usize) {
         // Never below zero, whatever a path forgot to count: the counter gates senders.
         let _ = p.queued.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| Some(q.saturating_sub(bytes as u64)));
-        p.drained_ns.store(self.now_ns(), Ordering::Relaxed);
+        let now = self.now_ns();
+        p.drained_ns.store(now, Ordering::Relaxed);
+        if p.written.fetch_add(bytes as u64, Ordering::Relaxed) <= p.acked.load(Ordering::Relaxed) {
+            // Nothing was outstanding: the peer's time to read these starts now.
+            p.acked_ns.store(now, Ordering::Relaxed);
+        }
     }
 
-    /// Sends heartbeats on idle connections, and declares lost a peer whose send queue has not
-    /// drained a byte for the liveness timeout (it is connected, maybe even heartbeating, but
-    /// does not read).
+    /// The peer says (in a heartbeat) it has read `read` bytes of what this node sent.
+    fn peer_read(&self, p: &Peer, read: u64) {
+        if p.acked.fetch_max(read, Ordering::Relaxed) < read {
+            p.acked_ns.store(self.now_ns(), Ordering::Relaxed);
+        }
+    }
+
+    /// Why `p` counts as not reading, if it does: bytes it was sent are outstanding, and its
+    /// heartbeats have not acknowledged reading any more of them for the liveness timeout,
+    /// however little traffic that is (the kernels' buffers absorb light traffic, so a send
+    /// queue that drains says nothing of whether the peer reads).
+    fn not_reading(&self, p: &Peer, now: u64) -> Option<String> {
+        let (written, acked) = (p.written.load(Ordering::Relaxed), p.acked.load(Ordering::Relaxed));
+        let waited = now.saturating_sub(p.acked_ns.load(Ordering::Relaxed));
+        (written > acked && waited > self.config.peer_timeout.as_nanos() as u64)
+            .then(|| format!("it has read {acked} of the {written} bytes sent to it and no more for {} ms, though it is connected", waited / 1_000_000))
+    }
+
+    /// Queues a heartbeat carrying how much of `p`'s stream this node has read, ahead of the
+    /// frames queued (not inside a frame half written): the peer learns it even while a long
+    /// queue drains.
+    fn send_heartbeat(&self, p: &Arc<Peer>) {
+        let read = p.read.load(Ordering::Relaxed);
+        let head = Header { kind: FrameKind::Heartbeat, flags: 0, len: frame::HEARTBEAT_LEN as u32 }.encode();
+        let frame = OutFrame::new(&head, read.to_le_bytes().to_vec());
+        let len = frame.len() as u64;
+        {
+            let mut out = p.out.lock();
+            if out.closed || !p.alive.load(Ordering::Acquire) {
+                return;
+            }
+            let at = usize::from(out.front_written > 0).min(out.frames.len());
+            out.frames.insert(at, frame);
+            if p.queued.fetch_add(len, Ordering::Relaxed) == 0 {
+                p.drained_ns.store(self.now_ns(), Ordering::Relaxed);
+            }
+        }
+        p.reported.store(read, Ordering::Relaxed);
+        p.last_sent_ns.store(self.now_ns(), Ordering::Relaxed);
+        self.bytes_sent.fetch_add(len, Ordering::Relaxed);
+        self.frames_sent.fetch_add(1, Ordering::Relaxed);
+        self.flush_peer(p);
+    }
+
+    /// Sends heartbeats on idle connections and, once per heartbeat period, wherever this node
+    /// has read more of the peer's stream than it last told it; declares lost a peer whose send
+    /// queue has not drained a byte for the liveness timeout, or that has not acknowledged
+    /// reading more of what it was sent for as long (it is connected, maybe even heartbeating,
+    /// but does not read).
     fn run_heartbeat(&self) {
         let beat = self.config.heartbeat;
         let tick = (beat / 2).max(Duration::from_millis(10));
@@ -734,17 +803,24 @@ impl Inner {
             for p in self.peers.iter().flatten() {
                 let queued = p.queued.load(Ordering::Relaxed);
                 let stuck = now.saturating_sub(p.drained_ns.load(Ordering::Relaxed));
-                if queued > 0 && stuck > timeout && p.alive.load(Ordering::Acquire) && !p.out.lock().closed {
-                    let reason = format!("{queued} bytes waited {} ms in its send queue and it took none", stuck / 1_000_000);
+                let unread = if queued > 0 && stuck > timeout {
+                    Some(format!("{queued} bytes waited {} ms in its send queue and it took none", stuck / 1_000_000))
+                } else {
+                    self.not_reading(p, now)
+                };
+                if let Some(reason) = unread
+                    && p.alive.load(Ordering::Acquire)
+                    && !p.out.lock().closed
+                {
                     tracing::warn!(node = self.rank, peer = p.id, %reason, "declaring a peer lost that does not read");
                     self.defer_loss(p, TransportError::PeerNotReading { peer: p.id, reason });
                     continue;
                 }
-                if p.alive.load(Ordering::Acquire) && now.saturating_sub(p.last_sent_ns.load(Ordering::Relaxed)) >= beat.as_nanos() as u64 {
-                    let head = Header { kind: FrameKind::Heartbeat, flags: 0, len: 0 }.encode();
-                    if self.push_frame(p.id, OutFrame::new(&head, Vec::new())).is_ok() {
-                        self.flush_peer(p);
-                    }
+                let idle = now.saturating_sub(p.last_sent_ns.load(Ordering::Relaxed)) >= beat.as_nanos() as u64;
+                let news = p.read.load(Ordering::Relaxed) != p.reported.load(Ordering::Relaxed);
+                if p.alive.load(Ordering::Acquire) && (idle || (news && now.saturating_sub(p.heartbeat_ns.load(Ordering::Relaxed)) >= beat.as_nanos() as u64)) {
+                    p.heartbeat_ns.store(now, Ordering::Relaxed);
+                    self.send_heartbeat(p);
                 }
             }
         }
@@ -795,6 +871,7 @@ impl Inner {
                     unsafe { buf.set_len(buf.len() + n) };
                     last_recv = Instant::now();
                     self.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
+                    p.read.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {
                     let silent = last_recv.elapsed();
@@ -944,7 +1021,7 @@ impl Inner {
                 let region = frame::u32_at(payload, 12);
                 handler.on_write_error(p.id, wr_id, AccessError::from_code(code, region));
             }
-            FrameKind::Heartbeat => {}
+            FrameKind::Heartbeat => self.peer_read(p, frame::u64_at(payload, 0)),
             FrameKind::Goodbye => {
                 p.goodbye_received.store(true, Ordering::Release);
             }

@@ -506,7 +506,62 @@ fn a_member_that_stops_reading_is_lost_and_its_queue_stays_bounded() {
         let bound = if wait { LIMIT + MESSAGE } else { 4 * LIMIT + MESSAGE } as u64;
         assert!(most <= bound, "the queue to node 1 held {most} bytes (bound {bound}); waited for room: {wait}");
         if wait {
-            assert!(why.contains("took none"), "declared lost for not draining: {why}");
+            // Found by time (its queue took nothing, or its acknowledgements stopped), not by
+            // the hard limit.
+            assert!(why.contains("took none") || why.contains("it has read"), "declared lost for not draining: {why}");
         }
+    }
+}
+
+/// Node 1 keeps its connection and heartbeats but stops reading, and node 0 sends it only a few
+/// small messages (the kernels' buffers take them all, so node 0's send queue drains): node 1's
+/// heartbeats stop acknowledging what it read, and node 0 declares it lost within the liveness
+/// timeout, naming it, instead of waiting on it for as long as its callers would.
+#[test]
+fn a_member_that_stops_reading_light_traffic_is_found_by_its_acknowledgements() {
+    let config = quick_config();
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let c = coordinator.clone();
+    let stuck = MeshConfig { stop_reading_after: Some(0), ..config.clone() };
+    let one = std::thread::spawn(move || join_cluster(1, 2, &c, stuck).map(|(_, m)| m));
+    let (_, zero) = join_cluster(0, 2, &coordinator, config.clone()).unwrap();
+    let one = one.join().unwrap().unwrap();
+    let (rec0, rec1) = (Arc::new(Recorder::default()), Arc::new(Recorder::default()));
+    zero.start(rec0.clone()).unwrap();
+    one.start(rec1).unwrap();
+    let started = Instant::now();
+    for i in 0..10u8 {
+        zero.send(1, vec![i; 100]).unwrap();
+    }
+    let drained = Instant::now() + Duration::from_secs(1);
+    while zero.queued_bytes(1) > 0 && Instant::now() < drained {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(zero.queued_bytes(1), 0, "the kernel took the light traffic");
+    rec0.wait_for("the loss of node 1", Duration::from_secs(5), |e| e.contains(&Event::Closed(1, false)));
+    let took = started.elapsed();
+    let why = rec0.losses.lock().join("; ");
+    assert!(why.contains("node 1 does not read") && why.contains("it has read"), "{why}");
+    assert!(took < config.peer_timeout * 3, "found after {took:?} (liveness timeout {:?})", config.peer_timeout);
+}
+
+/// Both directions busy and both reading: acknowledgements keep pace, and nobody is declared
+/// lost for not reading.
+#[test]
+fn members_that_read_are_never_taken_for_stalled() {
+    let config = quick_config();
+    let mut meshes = cluster(2, config.clone());
+    let (one, zero) = (meshes.pop().unwrap(), meshes.pop().unwrap());
+    let until = Instant::now() + config.peer_timeout * 4;
+    while Instant::now() < until {
+        for (mesh, to) in [(&zero.0, 1), (&one.0, 0)] {
+            mesh.send(to, vec![1; 32 << 10]).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(config.peer_timeout * 2);
+    for (mesh, rec) in [&zero, &one] {
+        assert!(rec.losses.lock().is_empty(), "a reading member was declared lost: {:?}", rec.losses.lock());
+        assert!(mesh.is_alive(1 - mesh.rank()), "the connection broke");
     }
 }
