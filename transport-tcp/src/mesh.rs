@@ -126,6 +126,8 @@ pub(crate) struct Peer {
     written: AtomicU64,
     /// Bytes of the peer's stream that this node has read.
     read: AtomicU64,
+    /// When this node last read bytes of the peer's stream.
+    read_ns: AtomicU64,
     /// How many of `written` the peer says it has read (its heartbeats carry it).
     acked: AtomicU64,
     /// When `acked` last advanced, or when bytes came to be outstanding.
@@ -203,6 +205,7 @@ impl Mesh {
                 drained_ns: AtomicU64::new(0),
                 written: AtomicU64::new(0),
                 read: AtomicU64::new(0),
+                read_ns: AtomicU64::new(0),
                 acked: AtomicU64::new(0),
                 acked_ns: AtomicU64::new(0),
                 reported: AtomicU64::new(0),
@@ -755,10 +758,15 @@ impl Inner {
     /// heartbeats have not acknowledged reading any more of them for the liveness timeout,
     /// however little traffic that is (the kernels' buffers absorb light traffic, so a send
     /// queue that drains says nothing of whether the peer reads).
+    ///
+    /// Only while this node hears from the peer: a node that has stopped reading itself sees no
+    /// acknowledgements either, and must not blame the peer for it (the peer finds it instead).
     fn not_reading(&self, p: &Peer, now: u64) -> Option<String> {
         let (written, acked) = (p.written.load(Ordering::Relaxed), p.acked.load(Ordering::Relaxed));
         let waited = now.saturating_sub(p.acked_ns.load(Ordering::Relaxed));
-        (written > acked && waited > self.config.peer_timeout.as_nanos() as u64)
+        let timeout = self.config.peer_timeout.as_nanos() as u64;
+        let hearing = now.saturating_sub(p.read_ns.load(Ordering::Relaxed)) < timeout / 2;
+        (written > acked && waited > timeout && hearing)
             .then(|| format!("it has read {acked} of the {written} bytes sent to it and no more for {} ms, though it is connected", waited / 1_000_000))
     }
 
@@ -872,6 +880,7 @@ impl Inner {
                     last_recv = Instant::now();
                     self.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
                     p.read.fetch_add(n as u64, Ordering::Relaxed);
+                    p.read_ns.store(self.now_ns(), Ordering::Relaxed);
                 }
                 Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {
                     let silent = last_recv.elapsed();
