@@ -561,6 +561,34 @@ fn every_relocating_workload_trains_in_intent_mode() {
     assert!(f(&w2v[2]["loss"]) < f(&w2v[0]["loss"]), "w2v: the loss did not fall");
     assert!(w2v.iter().all(|r| r["relocations"].as_u64().unwrap() > 0));
     assert!(w2v.iter().any(|r| f(&r["replica_share"]) > 0.0), "w2v: frequent words were not replicated");
+    // With a sampling scheme intent declares only the batches' words, and the scheme serves the
+    // negatives from what is here: the frequent words that both nodes drew as negatives, and so
+    // declared at once, were replicated; now far fewer accesses go to replicas.
+    let sampled = train(&[
+        "w2v",
+        "--data",
+        "synth-text",
+        "--dim",
+        "16",
+        "--epochs",
+        "3",
+        "--eval-every",
+        "3",
+        "--nodes",
+        "2",
+        "--mode",
+        "intent",
+        "--negatives",
+        "local",
+    ]);
+    assert!(f(&sampled[2]["loss"]) < f(&sampled[0]["loss"]), "w2v, local negatives: the loss did not fall");
+    let replicated = |runs: &[Value]| runs.iter().map(|r| f(&r["replica_share"])).sum::<f64>() / runs.len() as f64;
+    assert!(
+        replicated(&sampled) < 0.5 * replicated(&w2v),
+        "w2v: {:.3} of accesses went to replicas with local negatives, {:.3} with declared ones",
+        replicated(&sampled),
+        replicated(&w2v)
+    );
 
     let lr = train(&["lr", "--data", "synth-lr", "--epochs", "4", "--nodes", "2", "--mode", "intent"]);
     assert!(f(&lr[3]["loss"]) < f(&lr[0]["loss"]), "lr: the loss did not fall");

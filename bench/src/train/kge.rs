@@ -27,6 +27,7 @@ use super::epochs::{Fields, Measured, Model, ModelReader, ModelTable, Pass, Qual
 use super::mf::initial;
 use super::model::SavedTable;
 use super::shared::{METRIC_FIELDS, field, leading_columns};
+use super::simd;
 use super::{Common, Event, Mode, Sink};
 use crate::data::triples::{KnowledgeGraph, Triples};
 
@@ -125,6 +126,7 @@ pub fn rank_tails(a: &KgeArgs) -> Result<()> {
     let (entity_rows, relation_rows) = (ents.index(), rels.index());
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut query = vec![0.0f32; 2 * d];
+    let mut scores = vec![0.0f32; ents.ids.len()];
     a.files.read_name_pairs(queries, |head, relation| {
         let h = *entity_rows.get(head).with_context(|| format!("entity '{head}' is not in the model"))?;
         let r = *relation_rows.get(relation).with_context(|| format!("relation '{relation}' is not in the model"))?;
@@ -133,7 +135,8 @@ pub fn rank_tails(a: &KgeArgs) -> Result<()> {
             query[k] = hv[k] * rv[k] - hv[d + k] * rv[d + k];
             query[d + k] = hv[k] * rv[d + k] + hv[d + k] * rv[k];
         }
-        let mut scored: Vec<(f32, usize)> = (0..ents.ids.len()).map(|x| (query.iter().zip(ents.row(x)).map(|(q, e)| q * e).sum(), x)).collect();
+        simd::dot_rows(&ents.data, ents.cols, &query, &mut scores);
+        let mut scored: Vec<(f32, usize)> = scores.iter().copied().zip(0..).collect();
         let top = a.top.min(scored.len());
         if top > 0 && top < scored.len() {
             scored.select_nth_unstable_by(top - 1, |x, y| y.0.total_cmp(&x.0));
@@ -340,23 +343,26 @@ type Gradients<'a> = (f32, &'a mut [f32], &'a mut [f32], &'a mut [f32]);
 
 /// Returns `score(a, r, b)` and, given `(g, ga, gr, gb)`, adds the gradient of `g · score` to the
 /// three (embeddings are `[re(d), im(d)]`).
-#[inline]
+#[inline(always)]
 fn score_and_grad(a: &[f32], r: &[f32], b: &[f32], d: usize, g: Option<Gradients<'_>>) -> f32 {
-    let (ar, ai) = a.split_at(d);
-    let (rr, ri) = r.split_at(d);
-    let (br, bi) = b.split_at(d);
-    let mut s = 0.0;
-    for k in 0..d {
-        s += br[k] * (ar[k] * rr[k] - ai[k] * ri[k]) + bi[k] * (ai[k] * rr[k] + ar[k] * ri[k]);
-    }
+    // Every part cut to exactly `d` values, so the loops below carry no bounds checks and
+    // vectorise.
+    let (ar, ai) = (&a[..d], &a[d..2 * d]);
+    let (rr, ri) = (&r[..d], &r[d..2 * d]);
+    let (br, bi) = (&b[..d], &b[d..2 * d]);
+    // Re⟨a, r, conj(b)⟩ = Σ br·(ar·rr − ai·ri) + bi·(ai·rr + ar·ri).
+    let s = simd::dot3(br, ar, rr) - simd::dot3(br, ai, ri) + simd::dot3(bi, ai, rr) + simd::dot3(bi, ar, ri);
     if let Some((g, ga, gr, gb)) = g {
+        let (gar, gai) = ga[..2 * d].split_at_mut(d);
+        let (grr, gri) = gr[..2 * d].split_at_mut(d);
+        let (gbr, gbi) = gb[..2 * d].split_at_mut(d);
         for k in 0..d {
-            ga[k] += g * (rr[k] * br[k] + ri[k] * bi[k]);
-            ga[d + k] += g * (rr[k] * bi[k] - ri[k] * br[k]);
-            gr[k] += g * (ar[k] * br[k] + ai[k] * bi[k]);
-            gr[d + k] += g * (ar[k] * bi[k] - ai[k] * br[k]);
-            gb[k] += g * (ar[k] * rr[k] - ai[k] * ri[k]);
-            gb[d + k] += g * (ai[k] * rr[k] + ar[k] * ri[k]);
+            gar[k] += g * (rr[k] * br[k] + ri[k] * bi[k]);
+            gai[k] += g * (rr[k] * bi[k] - ri[k] * br[k]);
+            grr[k] += g * (ar[k] * br[k] + ai[k] * bi[k]);
+            gri[k] += g * (ar[k] * bi[k] - ai[k] * br[k]);
+            gbr[k] += g * (ar[k] * rr[k] - ai[k] * ri[k]);
+            gbi[k] += g * (ai[k] * rr[k] + ar[k] * ri[k]);
         }
     }
     s
@@ -383,6 +389,7 @@ impl Update {
 /// One training step. `ents` holds the pulled values of the sample's entity slots, `rel` the
 /// relation's. Writes the pushes to `ent_out` and `rel_out` (see [`Update`]); returns the loss.
 #[allow(clippy::too_many_arguments)]
+#[multiversion::multiversion(targets = "simd")]
 fn step(ents: &[f32], rel: &[f32], d: usize, neg: usize, update: Update, reg: f32, grads: &mut [f32], ent_out: &mut [f32], rel_out: &mut [f32]) -> f32 {
     let len = update.value_len(d);
     let slots = 2 + 2 * neg;
@@ -451,6 +458,7 @@ fn evaluate(
                 s.spawn(move || {
                     let (mut rr_sum, mut hits, mut queries) = (0.0f64, [0usize; 3], 0usize);
                     let mut query = vec![0.0f32; 2 * d];
+                    let mut scores = vec![0.0f32; n_entities];
                     for i in (part..n).step_by(threads) {
                         if part == 0 && (i / threads).is_multiple_of(64) {
                             progress(i as f64 / n.max(1) as f64);
@@ -471,22 +479,26 @@ fn evaluate(
                                     query[d + k] = rr * b[d + k] - ri * b[k];
                                 }
                             }
-                            let score = |x: u32| query.iter().zip(emb(x)).map(|(q, e)| q * e).sum::<f32>();
+                            simd::dot_rows(ents, len, &query, &mut scores);
                             let truth = if tail_side { t } else { h };
-                            let true_score = score(truth);
+                            let true_score = scores[truth as usize];
                             let (mut higher, mut ties) = (0usize, 0usize);
-                            for x in 0..n_entities as u32 {
-                                if x == truth {
+                            for (x, &sc) in scores.iter().enumerate() {
+                                let x = x as u32;
+                                // The score first: only the few candidates that outrank or
+                                // tie the truth are looked up among the known triples (a NaN
+                                // score outranks nothing, as before).
+                                let outranks = match sc.partial_cmp(&true_score) {
+                                    Some(std::cmp::Ordering::Greater) => true,
+                                    Some(std::cmp::Ordering::Equal) => false,
+                                    _ => continue,
+                                };
+                                if x == truth || if tail_side { known.contains(&(h, r, x)) } else { known.contains(&(x, r, t)) } {
                                     continue;
                                 }
-                                let known_triple = if tail_side { known.contains(&(h, r, x)) } else { known.contains(&(x, r, t)) };
-                                if known_triple {
-                                    continue;
-                                }
-                                let sc = score(x);
-                                if sc > true_score {
+                                if outranks {
                                     higher += 1;
-                                } else if sc == true_score {
+                                } else {
                                     ties += 1;
                                 }
                             }

@@ -18,6 +18,7 @@ use super::DataFiles;
 use super::epochs::{Fields, Measured, Model, ModelReader, ModelTable, Pass, Quality, Trainer, Workload};
 use super::model::SavedTable;
 use super::shared::{METRIC_FIELDS, field, part, part_of};
+use super::simd;
 use super::{Common, Event, Mode, Sink};
 use crate::data::ratings::{Ratings, Synthetic};
 
@@ -255,20 +256,48 @@ fn factor_init(seed: u64, table: u64, key: u64, j: usize) -> f32 {
 /// One SGD step on rating `r` for the row `p` and column `q` (`[bias, factors…]`); writes the
 /// updates to `dp` and `dq` and returns the squared error before the step.
 #[allow(clippy::too_many_arguments)]
-#[inline]
+#[inline(always)]
 pub(crate) fn sgd_step(mu: f32, r: f32, p: &[f32], q: &[f32], lr: f32, reg: f32, dp: &mut [f32], dq: &mut [f32]) -> f32 {
-    let mut pred = mu + p[0] + q[0];
-    for k in 1..p.len() {
-        pred += p[k] * q[k];
-    }
-    let err = r - pred;
+    let n = p.len();
+    // Every slice cut to `n` values: the loop carries no bounds checks and vectorises.
+    let (q, dp, dq) = (&q[..n], &mut dp[..n], &mut dq[..n]);
+    let err = r - (mu + p[0] + q[0] + simd::dot(&p[1..], &q[1..]));
     dp[0] = lr * (err - reg * p[0]);
     dq[0] = lr * (err - reg * q[0]);
-    for k in 1..p.len() {
+    for k in 1..n {
         dp[k] = lr * (err * q[k] - reg * p[k]);
         dq[k] = lr * (err * p[k] - reg * q[k]);
     }
     err * err
+}
+
+/// SGD on `ratings` in order, on the batch's local rows: rating `j` trains row
+/// `row_of[j]` of `rows` against row `col_of[j]` of `cols` (each `dp.len()` values). Returns
+/// the sum of squared errors.
+#[allow(clippy::too_many_arguments)]
+#[multiversion::multiversion(targets = "simd")]
+fn train_ratings(
+    ratings: &[Rating],
+    row_of: &[usize],
+    col_of: &[usize],
+    rows: &mut [f32],
+    cols: &mut [f32],
+    mu: f32,
+    lr: f32,
+    reg: f32,
+    dp: &mut [f32],
+    dq: &mut [f32],
+) -> f64 {
+    let len = dp.len();
+    let mut sse = 0.0f64;
+    for ((r, &pu), &pi) in ratings.iter().zip(row_of).zip(col_of) {
+        let p = &mut rows[pu * len..(pu + 1) * len];
+        let q = &mut cols[pi * len..(pi + 1) * len];
+        sse += f64::from(sgd_step(mu, r.value, p, q, lr, reg, dp, dq));
+        simd::add(p, dp);
+        simd::add(q, dq);
+    }
+    sse
 }
 
 /// Where a mini-batch's parameters come from and go to (a training thread's [`Pass`]: the
@@ -338,23 +367,12 @@ impl Batcher {
             b.pulled.clear();
             b.pulled.extend_from_slice(&b.values);
         }
-        let mut sse = 0.0f64;
-        for (j, r) in ratings.iter().enumerate() {
-            let (pu, pi) = (self.rows.position[j], self.cols.position[j]);
-            let p = &mut self.rows.values[pu * len..(pu + 1) * len];
-            let q = &mut self.cols.values[pi * len..(pi + 1) * len];
-            sse += sgd_step(mu, r.value, p, q, lr, reg, &mut self.dp, &mut self.dq) as f64;
-            for (x, d) in p.iter_mut().zip(&self.dp) {
-                *x += d;
-            }
-            for (x, d) in q.iter_mut().zip(&self.dq) {
-                *x += d;
-            }
-        }
+        self.dp.resize(len, 0.0);
+        self.dq.resize(len, 0.0);
+        let (rows, cols) = (&mut self.rows, &mut self.cols);
+        let sse = train_ratings(ratings, &rows.position, &cols.position, &mut rows.values, &mut cols.values, mu, lr, reg, &mut self.dp, &mut self.dq);
         for (b, t) in [(&mut self.rows, 0), (&mut self.cols, 1)] {
-            for (v, p) in b.values.iter_mut().zip(&b.pulled) {
-                *v -= p;
-            }
+            simd::sub(&mut b.values, &b.pulled);
             params.push(t, &b.keys, &b.values)?;
         }
         Ok(sse)

@@ -17,6 +17,7 @@ pub mod mf;
 pub mod model;
 mod plot;
 pub mod shared;
+mod simd;
 pub mod w2v;
 
 use std::path::{Path, PathBuf};

@@ -19,14 +19,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ferry::{DistributionId, KeyDistribution, Partitioning, SampleHandle, SamplingScheme, Table, TableSpec, Ticket, Worker};
-use rand::distributions::{Distribution, WeightedIndex};
+use rand::distributions::Distribution;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+// Negatives are drawn in O(1) by the alias method (a binary search over the vocabulary's
+// cumulative weights cost a cache miss per level).
+use rand_distr::WeightedAliasIndex;
 
 use super::epochs::{Access, Fields, Measured, Model, ModelReader, ModelTable, Pass, Quality, Trainer, Workload};
 use super::mf::initial;
 use super::shared::{METRIC_FIELDS, SharedArray, field, part};
+use super::simd;
 use super::{Common, Event, Mode, Sink};
 use crate::data::text::{Analogies, Corpus, synthetic_text};
 
@@ -71,7 +75,9 @@ pub struct W2vArgs {
     pub chunk: usize,
     /// Where negatives come from in cluster modes: a Ferry sampling scheme over the smoothed
     /// unigram distribution (NuPS 4.4): `independent` (L1), `reuse[:POOL:USES]` (L2),
-    /// `postpone[:POOL:USES]` (L3), `local` (L4).
+    /// `postpone[:POOL:USES]` (L3), `local` (L4). In intent mode, `independent` negatives are
+    /// drawn by the trainer and declared with the batch's words; with another scheme only the
+    /// words are declared and the scheme serves the negatives.
     #[arg(long, default_value = "independent")]
     pub negatives: String,
     /// Intent mode: how many batches (clocks) ahead a worker declares the words and the
@@ -224,8 +230,10 @@ trait Vectors {
     fn push(&mut self, which: Which, keys: &[u64], delta: &[f32]) -> Result<()>;
     /// Starts getting ready for a batch with these words and `negatives` negatives.
     fn prefetch(&mut self, input: &[u64], output: &[u64], negatives: usize) -> Result<()>;
-    /// Draws `keys.len()` negatives with their output vectors.
-    fn negatives(&mut self, keys: &mut [u64], values: &mut [f32]) -> Result<()>;
+    /// Draws `keys.len()` negatives, and with them their output vectors where that costs nothing
+    /// extra (a sampling scheme hands them out together): returns whether `values` was filled.
+    /// If not, the trainer pulls the distinct ones it needs (a draw repeats frequent words).
+    fn negatives(&mut self, keys: &mut [u64], values: &mut [f32]) -> Result<bool>;
     /// Batches to prepare ahead of the one training.
     fn ahead(&self) -> usize {
         1
@@ -242,7 +250,7 @@ trait Vectors {
 struct SharedVectors<'a> {
     input: &'a SharedArray,
     output: &'a SharedArray,
-    table: &'a WeightedIndex<f64>,
+    table: &'a WeightedAliasIndex<f64>,
     rng: ChaCha8Rng,
     dim: usize,
 }
@@ -268,11 +276,11 @@ impl Vectors for SharedVectors<'_> {
         Ok(())
     }
 
-    fn negatives(&mut self, keys: &mut [u64], values: &mut [f32]) -> Result<()> {
+    fn negatives(&mut self, keys: &mut [u64], _: &mut [f32]) -> Result<bool> {
         for k in keys.iter_mut() {
             *k = self.table.sample(&mut self.rng) as u64;
         }
-        self.pull(Which::Output, keys, values)
+        Ok(false)
     }
 }
 
@@ -290,13 +298,17 @@ struct FerryVectors<'w> {
 
 /// Intent mode's state: batch `b` of the epoch trains in clock `base + b`.
 struct IntentBatches<'a> {
-    table: &'a WeightedIndex<f64>,
+    table: &'a WeightedAliasIndex<f64>,
     rng: ChaCha8Rng,
     ahead: usize,
     base: u64,
     prepared: u64,
     /// Negatives drawn for the prepared batches, in order.
     negatives: VecDeque<Vec<u64>>,
+    /// Negatives come from Ferry's sampling scheme (not `independent`): the trainer declares
+    /// only the batches' words, and the scheme serves negatives from what is already here
+    /// (NuPS 4.4) instead of every node declaring, and so moving, the most frequent words.
+    sampled: bool,
 }
 
 impl Vectors for FerryVectors<'_> {
@@ -309,6 +321,14 @@ impl Vectors for FerryVectors<'_> {
     }
 
     fn prefetch(&mut self, input: &[u64], output: &[u64], negatives: usize) -> Result<()> {
+        if let Some(i) = self.intent.as_mut().filter(|i| i.sampled) {
+            let clock = i.base + i.prepared;
+            self.w.intent(self.input, input, clock, clock + 1)?;
+            self.w.intent(self.output, output, clock, clock + 1)?;
+            i.prepared += 1;
+            self.handles.push_back(self.w.prepare_sample(self.dist, negatives)?);
+            return Ok(());
+        }
         if let Some(i) = &mut self.intent {
             let drawn: Vec<u64> = (0..negatives).map(|_| i.table.sample(&mut i.rng) as u64).collect();
             let clock = i.base + i.prepared;
@@ -333,21 +353,21 @@ impl Vectors for FerryVectors<'_> {
         Ok(())
     }
 
-    fn negatives(&mut self, keys: &mut [u64], values: &mut [f32]) -> Result<()> {
-        if let Some(i) = &mut self.intent {
+    fn negatives(&mut self, keys: &mut [u64], values: &mut [f32]) -> Result<bool> {
+        if let Some(i) = self.intent.as_mut().filter(|i| !i.sampled) {
             let drawn = i.negatives.pop_front().filter(|d| d.len() == keys.len());
             match drawn {
                 Some(d) => keys.copy_from_slice(&d),
                 None => keys.iter_mut().for_each(|k| *k = i.table.sample(&mut i.rng) as u64),
             }
-            return Ok(self.w.pull(self.output, keys, values)?);
+            return Ok(false);
         }
         let mut handle = match self.handles.pop_front() {
             Some(h) if h.remaining() == keys.len() => h,
             _ => self.w.prepare_sample(self.dist, keys.len())?,
         };
         self.w.pull_sample(&mut handle, keys, values)?;
-        Ok(())
+        Ok(true)
     }
 
     fn ahead(&self) -> usize {
@@ -377,26 +397,53 @@ struct Batch {
     /// Distinct contexts and distinct words, each in first-seen order.
     contexts: Vec<u64>,
     words: Vec<u64>,
-    /// Each pair's context as a row of `contexts`.
+    /// Each pair's context as a row of `contexts`, and its word as a row of `words`.
     context_rows: Vec<u32>,
+    word_rows: Vec<u32>,
 }
 
 impl Batch {
-    fn new(pairs: Vec<(u32, u32)>) -> Batch {
-        let mut row_of = std::collections::HashMap::new();
+    fn new(pairs: Vec<(u32, u32)>, rows: &mut RowOf) -> Batch {
         let mut contexts = Vec::new();
-        let context_rows = pairs
-            .iter()
-            .map(|p| {
-                *row_of.entry(p.0).or_insert_with(|| {
-                    contexts.push(p.0 as u64);
-                    contexts.len() as u32 - 1
-                })
-            })
-            .collect();
-        let mut seen = std::collections::HashSet::new();
-        let words = pairs.iter().map(|p| p.1 as u64).filter(|&k| seen.insert(k)).collect();
-        Batch { pairs, contexts, words, context_rows }
+        let context_rows = pairs.iter().map(|p| rows.row(p.0 as u64, &mut contexts)).collect();
+        rows.clear(&contexts);
+        let mut words = Vec::new();
+        let word_rows = pairs.iter().map(|p| rows.row(p.1 as u64, &mut words)).collect();
+        rows.clear(&words);
+        Batch { pairs, contexts, words, context_rows, word_rows }
+    }
+}
+
+/// Rows of a batch's distinct keys, by key: a dense map over the vocabulary (the inner loops
+/// look keys up for every pair and negative; hashing them cost more than the arithmetic), left
+/// empty after each use by clearing the keys it was given.
+#[derive(Default)]
+struct RowOf {
+    rows: Vec<u32>,
+}
+
+impl RowOf {
+    const NONE: u32 = u32::MAX;
+
+    /// The row of `key` among `keys`, appending it if it is not there yet.
+    #[inline]
+    fn row(&mut self, key: u64, keys: &mut Vec<u64>) -> u32 {
+        let k = key as usize;
+        if k >= self.rows.len() {
+            self.rows.resize(k + 1, Self::NONE);
+        }
+        if self.rows[k] == Self::NONE {
+            self.rows[k] = keys.len() as u32;
+            keys.push(key);
+        }
+        self.rows[k]
+    }
+
+    /// Forgets `keys` (every key given to [`RowOf::row`] since the last clear).
+    fn clear(&mut self, keys: &[u64]) {
+        for &k in keys {
+            self.rows[k as usize] = Self::NONE;
+        }
     }
 }
 
@@ -411,6 +458,7 @@ struct Batcher<'a> {
     /// The subsampled sentence being cut, and the next centre position in it.
     current: Vec<u32>,
     position: usize,
+    rows: RowOf,
 }
 
 impl Batcher<'_> {
@@ -439,7 +487,7 @@ impl Batcher<'_> {
             self.position += 1;
             positions += 1;
         }
-        (words > 0 || !pairs.is_empty()).then(|| (Batch::new(pairs), words))
+        (words > 0 || !pairs.is_empty()).then(|| (Batch::new(pairs, &mut self.rows), words))
     }
 }
 
@@ -459,11 +507,16 @@ struct Scratch {
     output_start: Vec<f32>,
     neg_keys: Vec<u64>,
     neg: Vec<f32>,
+    /// Each negative's row of `output` ([`SKIP`] where it is the pair's own word).
+    neg_rows: Vec<u32>,
     neu: Vec<f32>,
     /// The batch's distinct output words, then negatives not among them.
     outputs: Vec<u64>,
-    row_of: std::collections::HashMap<u64, usize>,
+    rows: RowOf,
 }
+
+/// A negative that is its pair's word, left out as word2vec does.
+const SKIP: u32 = u32::MAX;
 
 /// Trains one batch with SGD on local copies of its distinct rows, then pushes each row's
 /// change once; returns the batch's loss.
@@ -473,8 +526,12 @@ fn train_batch(v: &mut impl Vectors, batch: &Batch, dim: usize, neg: usize, lr: 
         return Ok(0.0);
     }
     let contexts = &batch.contexts;
+    // One local copy per distinct output word: a negative that is also a target (or drawn
+    // twice) trains the same copy.
     s.outputs.clear();
-    s.outputs.extend_from_slice(&batch.words);
+    for &k in &batch.words {
+        s.rows.row(k, &mut s.outputs);
+    }
     s.input.resize(contexts.len() * dim, 0.0);
     s.output.resize(s.outputs.len() * dim, 0.0);
     s.neg_keys.clear();
@@ -483,57 +540,62 @@ fn train_batch(v: &mut impl Vectors, batch: &Batch, dim: usize, neg: usize, lr: 
     s.neu.resize(dim, 0.0);
     v.pull(Which::Input, contexts, &mut s.input)?;
     v.pull(Which::Output, &s.outputs, &mut s.output)?;
-    v.negatives(&mut s.neg_keys, &mut s.neg)?;
-    // One local copy per distinct output word: a negative that is also a target (or drawn
-    // twice) trains the same copy.
-    s.row_of.clear();
-    for (r, &k) in s.outputs.iter().enumerate() {
-        s.row_of.insert(k, r);
-    }
+    let filled = v.negatives(&mut s.neg_keys, &mut s.neg)?;
+    let targets = s.outputs.len();
+    s.neg_rows.clear();
     for (n, &k) in s.neg_keys.iter().enumerate() {
-        if let std::collections::hash_map::Entry::Vacant(e) = s.row_of.entry(k) {
-            e.insert(s.outputs.len());
-            s.outputs.push(k);
+        let known = s.outputs.len();
+        let row = s.rows.row(k, &mut s.outputs);
+        if filled && row as usize == known {
             s.output.extend_from_slice(&s.neg[n * dim..(n + 1) * dim]);
         }
+        let word = batch.pairs[n / neg].1 as u64;
+        s.neg_rows.push(if k == word { SKIP } else { row });
+    }
+    s.rows.clear(&s.outputs);
+    if !filled {
+        s.output.resize(s.outputs.len() * dim, 0.0);
+        v.pull(Which::Output, &s.outputs[targets..], &mut s.output[targets * dim..])?;
     }
     s.input_start.clear();
     s.input_start.extend_from_slice(&s.input);
     s.output_start.clear();
     s.output_start.extend_from_slice(&s.output);
-    let mut loss = 0.0f64;
-    for (i, (&(_, word), &c)) in batch.pairs.iter().zip(&batch.context_rows).enumerate() {
-        let c = c as usize;
-        s.neu.fill(0.0);
-        for q in 0..=neg {
-            let (key, label) = if q == 0 { (word as u64, 1.0f32) } else { (s.neg_keys[i * neg + q - 1], 0.0) };
-            if q > 0 && key == word as u64 {
-                continue;
-            }
-            let o = s.row_of[&key];
-            let (l1, row) = (&s.input[c * dim..(c + 1) * dim], &mut s.output[o * dim..(o + 1) * dim]);
-            let f: f32 = l1.iter().zip(row.iter()).map(|(a, b)| a * b).sum();
-            let sig = sigmoid(f);
-            loss -= f64::from(if label > 0.5 { sig } else { 1.0 - sig }.max(1e-7).ln());
-            let g = (label - sig) * lr;
-            for j in 0..dim {
-                s.neu[j] += g * row[j];
-                row[j] += g * l1[j];
-            }
-        }
-        for (x, n) in s.input[c * dim..(c + 1) * dim].iter_mut().zip(&s.neu) {
-            *x += n;
-        }
-    }
-    for (x, start) in s.input.iter_mut().zip(&s.input_start) {
-        *x -= start;
-    }
-    for (x, start) in s.output.iter_mut().zip(&s.output_start) {
-        *x -= start;
-    }
+    let loss = train_pairs(&mut s.input, &mut s.output, &mut s.neu, &batch.context_rows, &batch.word_rows, &s.neg_rows, lr);
+    simd::sub(&mut s.input, &s.input_start);
+    simd::sub(&mut s.output, &s.output_start);
     v.push(Which::Input, contexts, &s.input)?;
     v.push(Which::Output, &s.outputs, &s.output)?;
     Ok(loss)
+}
+
+/// Skip-gram with negative sampling on a batch's rows: pair `i` trains context row
+/// `context_rows[i]` of `input` against its word's row `word_rows[i]` of `output` (label 1) and
+/// the rows `neg_rows[i·neg..]` (label 0). Returns the loss.
+#[multiversion::multiversion(targets = "simd")]
+fn train_pairs(input: &mut [f32], output: &mut [f32], neu: &mut [f32], context_rows: &[u32], word_rows: &[u32], neg_rows: &[u32], lr: f32) -> f64 {
+    let dim = neu.len();
+    let neg = neg_rows.len() / context_rows.len().max(1);
+    let mut loss = 0.0f64;
+    for (i, (&c, &word)) in context_rows.iter().zip(word_rows).enumerate() {
+        let l1 = &mut input[c as usize * dim..(c as usize + 1) * dim];
+        neu.fill(0.0);
+        let samples = std::iter::once((word, 1.0f32)).chain(neg_rows[i * neg..(i + 1) * neg].iter().map(|&o| (o, 0.0)));
+        for (o, label) in samples {
+            if o == SKIP {
+                continue;
+            }
+            let row = &mut output[o as usize * dim..(o as usize + 1) * dim];
+            let f = simd::dot(l1, row);
+            let sig = sigmoid(f);
+            loss -= f64::from(if label > 0.5 { sig } else { 1.0 - sig }.max(1e-7).ln());
+            let g = (label - sig) * lr;
+            simd::axpy(neu, g, row);
+            simd::axpy(row, g, l1);
+        }
+        simd::add(l1, neu);
+    }
+    loss
 }
 
 /// What one trainer did in an epoch.
@@ -557,7 +619,7 @@ fn train_epoch(
     mut progress: impl FnMut(u64),
 ) -> Result<Done> {
     let total: usize = sentences.iter().map(|s| s.len()).sum::<usize>().max(1);
-    let mut batcher = Batcher { sentences, keep, window: a.window, chunk: a.chunk, next: 0, current: Vec::new(), position: 0 };
+    let mut batcher = Batcher { sentences, keep, window: a.window, chunk: a.chunk, next: 0, current: Vec::new(), position: 0, rows: RowOf::default() };
     let mut scratch = Scratch::default();
     let mut done = Done::default();
     let mut ahead: VecDeque<(Batch, usize)> = VecDeque::new();
@@ -610,6 +672,7 @@ fn evaluate(
                 s.spawn(move || {
                     let mut correct = 0;
                     let mut query = vec![0.0f32; dim];
+                    let mut scores = vec![0.0f32; unit.len() / dim.max(1)];
                     loop {
                         let q = next.fetch_add(1, Ordering::Relaxed);
                         let Some(&[a, b, c, d]) = questions.get(q) else { break };
@@ -619,13 +682,10 @@ fn evaluate(
                         for j in 0..dim {
                             query[j] = unit[b * dim + j] - unit[a * dim + j] + unit[c * dim + j];
                         }
+                        simd::dot_rows(unit, dim, &query, &mut scores);
                         let mut best = (f32::NEG_INFINITY, usize::MAX);
-                        for (w, row) in unit.chunks_exact(dim).enumerate() {
-                            if w == a || w == b || w == c {
-                                continue;
-                            }
-                            let score: f32 = row.iter().zip(&query).map(|(x, y)| x * y).sum();
-                            if score > best.0 {
+                        for (w, &score) in scores.iter().enumerate() {
+                            if score > best.0 && w != a && w != b && w != c {
                                 best = (score, w);
                             }
                         }
@@ -683,7 +743,7 @@ pub struct Text {
     keep: Vec<f32>,
     /// The negatives' weights (unigram counts to the power 0.75).
     weights: Vec<f64>,
-    unigram: WeightedIndex<f64>,
+    unigram: WeightedAliasIndex<f64>,
     analogies: std::sync::OnceLock<Analogies>,
 }
 
@@ -694,7 +754,7 @@ impl Workload for W2vArgs {
         let corpus = W2vArgs::load(self)?;
         let keep = corpus.keep_probabilities(self.sample);
         let weights = corpus.negative_weights();
-        let unigram = WeightedIndex::new(weights.clone()).context("negative distribution")?;
+        let unigram = WeightedAliasIndex::new(weights.clone()).context("negative distribution")?;
         Ok(Text { corpus, keep, weights, unigram, analogies: std::sync::OnceLock::new() })
     }
 
@@ -805,6 +865,7 @@ impl Trainer for W2vTrainer<'_> {
             let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ ((rank as u64) << 16) ^ t as u64);
             let (localize, intent) = (matches!(pass.mode, Mode::Localize | Mode::Hybrid), pass.mode == Mode::Intent);
             let dist = self.dist.expect("a cluster thread's negatives");
+            let scheme = a.negative_scheme()?;
             let reporter = pass.reporter();
             let progress_of = pass.progress_fn();
             let Access::Node { worker, tables } = &mut pass.access else { unreachable!("a cluster's pass has a worker") };
@@ -816,6 +877,7 @@ impl Trainer for W2vTrainer<'_> {
                 base,
                 prepared: 0,
                 negatives: VecDeque::new(),
+                sampled: scheme != SamplingScheme::Independent,
             });
             let mut vectors =
                 FerryVectors { w: worker, input: tables[0], output: tables[1], dist, localize, tickets: VecDeque::new(), handles: VecDeque::new(), intent };
@@ -857,7 +919,7 @@ mod tests {
         let corpus = Corpus::parse("a b\n", 1).unwrap();
         let input = SharedArray::new(2, 4, |k, j| if k == j { 0.5 } else { 0.1 });
         let output = SharedArray::new(2, 4, |_, _| 0.1);
-        let table = WeightedIndex::new([0.0, 1.0]).unwrap();
+        let table = WeightedAliasIndex::new(vec![0.0, 1.0]).unwrap();
         let mut v = SharedVectors { input: &input, output: &output, table: &table, rng: ChaCha8Rng::seed_from_u64(1), dim: 4 };
         let score = |v: &SharedVectors, a: usize, b: usize| {
             let (mut x, mut y) = ([0.0; 4], [0.0; 4]);
@@ -867,7 +929,7 @@ mod tests {
         };
         let before = (score(&v, 0, 0), score(&v, 0, 1));
         // Pair (context 0, word 0): word 0 is the positive, the only negative is word 1.
-        let batch = Batch::new(vec![(0, 0)]);
+        let batch = Batch::new(vec![(0, 0)], &mut RowOf::default());
         let mut s = Scratch::default();
         let loss = train_batch(&mut v, &batch, 4, 1, 0.5, &mut s).unwrap();
         assert!(loss > 0.0);

@@ -72,6 +72,10 @@ pub(crate) struct Sampler {
     stats: SamplingStats,
 }
 
+/// Draws per key of the range that must pass before the list of local keys is built again
+/// because draws keep missing (see [`Sampler::rebuild_affordable`]).
+const REBUILD_DRAWS: u64 = 2;
+
 /// The keys of the range held here, with draws over their (restricted) weights.
 struct LocalKeys {
     keys: Vec<u64>,
@@ -110,8 +114,17 @@ impl Sampler {
             None => true,
             // An empty list is looked at again after as many draws as a full one (fallback draws
             // count), so a node holding nothing does not rescan the range every time.
-            Some(l) => l.draws >= self.len.max(1024) || (l.draws >= 128 && l.misses * 10 > l.draws),
+            Some(l) => l.draws >= self.len.max(1024) || (self.rebuild_affordable() && l.misses * 10 > l.draws),
         }
+    }
+
+    /// Whether enough draws came since the list was built to pay for building it again: a
+    /// rebuild scans the whole range, so it may come at most once per `range / REBUILD_DRAWS`
+    /// draws (a few key lookups per draw). Without this bound a node whose keys keep moving
+    /// (intent mode relocates them all the time) rebuilt after every 128 draws, and the scans
+    /// took more CPU than the training.
+    fn rebuild_affordable(&self) -> bool {
+        self.local.as_ref().is_none_or(|l| l.draws >= (self.len / REBUILD_DRAWS).max(128))
     }
 
     fn draw_local(&mut self) -> Option<u64> {
@@ -353,7 +366,7 @@ impl Worker {
                             l.misses += 1;
                         }
                         tries += 1;
-                        if tries % LOCAL_TRIES == 0 {
+                        if tries % LOCAL_TRIES == 0 && s.rebuild_affordable() {
                             self.rebuild_local(s);
                         }
                         match s.draw_local() {
@@ -425,5 +438,32 @@ mod tests {
             p.sort_unstable();
             assert_eq!(p, first, "every traversal holds the same pool");
         }
+    }
+
+    #[test]
+    fn a_list_of_local_keys_is_rebuilt_for_misses_only_once_the_draws_pay_for_its_scan() {
+        let sampler = |len: u64, draws: u64, misses: u64| Sampler {
+            table: Table::for_tests(len, 1),
+            start: 0,
+            len,
+            weights: None,
+            alias: None,
+            scheme: SamplingScheme::Local,
+            rng: ChaCha8Rng::seed_from_u64(1),
+            stream: VecDeque::new(),
+            pending: Vec::new(),
+            local: Some(LocalKeys { keys: vec![0], alias: None, draws, misses }),
+            stats: SamplingStats::default(),
+        };
+        assert!(Sampler { local: None, ..sampler(10, 0, 0) }.local_list_stale(), "no list yet");
+        // Half the draws missed, but 200 draws do not pay for scanning 10 000 keys.
+        assert!(!sampler(10_000, 200, 100).local_list_stale());
+        assert!(!sampler(10_000, 200, 100).rebuild_affordable());
+        assert!(sampler(10_000, 10_000 / REBUILD_DRAWS, 600).local_list_stale(), "many misses, enough draws");
+        assert!(!sampler(10_000, 10_000 / REBUILD_DRAWS, 10).local_list_stale(), "enough draws, few misses");
+        assert!(sampler(10_000, 10_000, 0).local_list_stale(), "a full range's draws rebuild anyway");
+        // A small range keeps the floor of 128 draws.
+        assert!(!sampler(100, 127, 100).local_list_stale());
+        assert!(sampler(100, 128, 100).local_list_stale());
     }
 }
