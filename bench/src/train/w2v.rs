@@ -37,9 +37,11 @@ use crate::data::text::{Analogies, Corpus, synthetic_text};
 /// Options of `train w2v`.
 #[derive(Debug, Clone, Args)]
 pub struct W2vArgs {
-    /// Corpus: `sotu` (State of the Union addresses), `lee` (gensim's Lee corpus), both fetched
+    /// Corpus: `sotu` (State of the Union addresses), `lee` (gensim's Lee corpus), `gcide` (a
+    /// dictionary of English, 4.1 M words), `wordnet` (WordNet's glosses, 1.5 M), all fetched
     /// into the cache, `synth-text` (generated: 40 topics, for tests), or a raw text file (one
-    /// sentence or paragraph per line).
+    /// sentence or paragraph per line); several, comma-separated, are one corpus
+    /// (`gcide,wordnet`: 5.6 M words, a vocabulary of 45 k).
     #[arg(long, default_value = "sotu")]
     pub data: String,
     /// Analogy questions: `analogies` (questions-words.txt, fetched; with `--data synth-text`,
@@ -109,13 +111,19 @@ impl super::Task for W2vArgs {
         self.check()?;
         let (corpus, questions) = (self.corpus(), self.questions());
         let analogies = if corpus == "synth-text" { "" } else { questions.as_str() };
-        for name in [corpus.as_str(), analogies] {
-            if matches!(name, "sotu" | "lee" | "analogies") {
-                crate::data::fetch(name)?;
-            }
+        if analogies == "analogies" {
+            crate::data::fetch(analogies)?;
         }
-        if !matches!(corpus.as_str(), "sotu" | "lee" | "synth-text") {
-            super::user_data(&corpus, &["sotu", "lee", "synth-text"], false)?;
+        if corpus != "synth-text" {
+            for part in self.corpus_parts() {
+                if part == "synth-text" {
+                    bail!("--data {corpus}: synth-text is a corpus of its own and cannot be combined with others");
+                }
+                match corpus_file(&part) {
+                    Some((dataset, _)) => drop(crate::data::fetch(dataset)?),
+                    None => drop(super::user_data(&part, KNOWN_CORPORA, false)?),
+                }
+            }
         }
         if analogies != "analogies" && !analogies.is_empty() && !std::path::Path::new(analogies).is_file() {
             bail!("--analogies {analogies}: no such file, and not a known set (known: analogies)");
@@ -161,6 +169,15 @@ impl W2vArgs {
         self.train.as_ref().map_or_else(|| self.data.clone(), |p| p.display().to_string())
     }
 
+    /// The corpora that make up the corpus: `--train`'s file, or `--data`'s comma-separated
+    /// names and files.
+    fn corpus_parts(&self) -> Vec<String> {
+        match &self.train {
+            Some(p) => vec![p.display().to_string()],
+            None => self.data.split(',').map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect(),
+        }
+    }
+
     /// The analogy questions: a known name or a file (`--test` wins over `--analogies`).
     fn questions(&self) -> String {
         self.test.as_ref().map_or_else(|| self.analogies.clone(), |p| p.display().to_string())
@@ -195,12 +212,20 @@ impl W2vArgs {
         if corpus == "synth-text" {
             return Corpus::parse(&synthetic_text(self.common.seed), self.min_count);
         }
-        let file = match corpus.as_str() {
-            "sotu" => Some(("sotu", "sotu.txt")),
-            "lee" => Some(("lee", "lee_background.cor")),
-            _ => None,
-        };
-        Corpus::load(&Self::path(&corpus, file), self.min_count)
+        let paths: Vec<PathBuf> = self.corpus_parts().iter().map(|part| Self::path(part, corpus_file(part))).collect();
+        match paths.as_slice() {
+            [] => bail!("--data names no corpus"),
+            [one] => Corpus::load(one, self.min_count),
+            several => {
+                let mut text = String::new();
+                for p in several {
+                    let bytes = std::fs::read(p).with_context(|| format!("reading corpus {}", p.display()))?;
+                    text.push_str(&String::from_utf8_lossy(&bytes));
+                    text.push('\n');
+                }
+                Corpus::parse(&text, self.min_count).with_context(|| format!("corpus {corpus}"))
+            }
+        }
     }
 
     fn load_analogies(&self) -> Result<Analogies> {
@@ -218,6 +243,20 @@ impl W2vArgs {
 }
 
 /// Which of the two tables.
+/// The corpora known by name (besides files).
+const KNOWN_CORPORA: &[&str] = &["sotu", "lee", "gcide", "wordnet", "synth-text"];
+
+/// The dataset and file of a corpus known by name.
+fn corpus_file(name: &str) -> Option<(&'static str, &'static str)> {
+    match name {
+        "sotu" => Some(("sotu", "sotu.txt")),
+        "lee" => Some(("lee", "lee_background.cor")),
+        "gcide" => Some(("gcide", "gcide.txt")),
+        "wordnet" => Some(("wordnet", "glosses.txt")),
+        _ => None,
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Which {
     Input,
