@@ -129,8 +129,13 @@ fn final_error(line: &str) -> Option<&str> {
 
 /// Up to four ranks by number, then how many more.
 fn rank_list(ranks: &[usize]) -> String {
+    first_few(ranks, usize::to_string)
+}
+
+/// The first few of `ranks`, each as `describe` puts it, then how many more.
+fn first_few(ranks: &[usize], describe: impl Fn(&usize) -> String) -> String {
     const LISTED: usize = 4;
-    let listed: Vec<String> = ranks.iter().take(LISTED).map(usize::to_string).collect();
+    let listed: Vec<String> = ranks.iter().take(LISTED).map(describe).collect();
     match ranks.len().saturating_sub(LISTED) {
         0 => listed.join(", "),
         more => format!("{} and {more} more", listed.join(", ")),
@@ -146,21 +151,12 @@ pub fn failure_summary(outcome: &LaunchOutcome) -> String {
 
 /// The first few of `ranks` with how each ended, then how many more.
 fn describe_ranks(outcome: &LaunchOutcome, ranks: &[usize]) -> String {
-    const LISTED: usize = 4;
-    let described: Vec<String> = ranks
-        .iter()
-        .take(LISTED)
-        .map(|&r| match outcome.statuses[r] {
-            // Killed from outside the launcher: most often the kernel, out of memory.
-            Some(status) if status.signal() == Some(9) => format!("rank {r} ({status}: the out-of-memory killer?)"),
-            Some(status) => format!("rank {r} ({status})"),
-            None => format!("rank {r} (killed)"),
-        })
-        .collect();
-    match ranks.len().saturating_sub(LISTED) {
-        0 => described.join(", "),
-        more => format!("{} and {more} more", described.join(", ")),
-    }
+    first_few(ranks, |&r| match outcome.statuses[r] {
+        // Killed from outside the launcher: most often the kernel, out of memory.
+        Some(status) if status.signal() == Some(9) => format!("rank {r} ({status}: the out-of-memory killer?)"),
+        Some(status) => format!("rank {r} ({status})"),
+        None => format!("rank {r} (killed)"),
+    })
 }
 
 #[cfg(test)]

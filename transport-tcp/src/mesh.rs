@@ -550,12 +550,24 @@ impl Inner {
             self.defer_loss(&p, TransportError::PeerNotReading { peer, reason });
             return Err(TransportError::PeerGone(peer));
         }
+        if self.enqueue(&p, frame, false) { Ok(()) } else { Err(TransportError::PeerGone(peer)) }
+    }
+
+    /// Queues `frame` for `p` behind every queued frame, or `ahead` of them (right after the one
+    /// being written: a heartbeat), and counts it; `false` when the connection is closed.
+    fn enqueue(&self, p: &Peer, frame: OutFrame, ahead: bool) -> bool {
+        let len = frame.len() as u64;
         {
             let mut out = p.out.lock();
             if out.closed || !p.alive.load(Ordering::Acquire) {
-                return Err(TransportError::PeerGone(peer));
+                return false;
             }
-            out.frames.push_back(frame);
+            if ahead {
+                let at = usize::from(out.front_written > 0).min(out.frames.len());
+                out.frames.insert(at, frame);
+            } else {
+                out.frames.push_back(frame);
+            }
             if p.queued.fetch_add(len, Ordering::Relaxed) == 0 {
                 p.drained_ns.store(self.now_ns(), Ordering::Relaxed);
             }
@@ -563,7 +575,7 @@ impl Inner {
         p.last_sent_ns.store(self.now_ns(), Ordering::Relaxed);
         self.bytes_sent.fetch_add(len, Ordering::Relaxed);
         self.frames_sent.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        true
     }
 
     /// Sends what is queued for `p` that the socket takes without blocking, outside the queue's
@@ -777,23 +789,10 @@ impl Inner {
         let read = p.read.load(Ordering::Relaxed);
         let head = Header { kind: FrameKind::Heartbeat, flags: 0, len: frame::HEARTBEAT_LEN as u32 }.encode();
         let frame = OutFrame::new(&head, read.to_le_bytes().to_vec());
-        let len = frame.len() as u64;
-        {
-            let mut out = p.out.lock();
-            if out.closed || !p.alive.load(Ordering::Acquire) {
-                return;
-            }
-            let at = usize::from(out.front_written > 0).min(out.frames.len());
-            out.frames.insert(at, frame);
-            if p.queued.fetch_add(len, Ordering::Relaxed) == 0 {
-                p.drained_ns.store(self.now_ns(), Ordering::Relaxed);
-            }
+        if self.enqueue(p, frame, true) {
+            p.reported.store(read, Ordering::Relaxed);
+            self.flush_peer(p);
         }
-        p.reported.store(read, Ordering::Relaxed);
-        p.last_sent_ns.store(self.now_ns(), Ordering::Relaxed);
-        self.bytes_sent.fetch_add(len, Ordering::Relaxed);
-        self.frames_sent.fetch_add(1, Ordering::Relaxed);
-        self.flush_peer(p);
     }
 
     /// Sends heartbeats on idle connections and, once per heartbeat period, wherever this node
