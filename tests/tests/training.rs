@@ -157,7 +157,7 @@ fn own_train_and_test_files_and_clear_errors_for_bad_data() {
         assert!(!stderr.contains("backtrace"), "{args:?}: the error came with a backtrace:\n{stderr}");
     };
     fails(&["mf", "--data", "wn18", "--mode", "single"], "known: ml-100k, synth-small, synth-tiny");
-    fails(&["kge", "--data", "wn18", "--mode", "single"], "known: umls, kinships, nations, film, synth-kg");
+    fails(&["kge", "--data", "wn18", "--mode", "single"], "known: umls, kinships, nations, film, wordnet, synth-kg");
     let absurd = dir.join("absurd.txt");
     std::fs::write(&absurd, "a x 3\nb y 1e30\n").unwrap();
     fails(&["mf", "--train", absurd.to_str().unwrap(), "--test", test_arg, "--mode", "localize"], "absurd.txt:2: rating 1e30 is not a finite number");
