@@ -385,6 +385,12 @@ fn download_debian(d: &Dataset, into: &Path) -> Result<PathBuf> {
     bail!("could not download {spec} with apt-get ({last}). {}", offline_hint(d))
 }
 
+/// The bytes of the file at `path` in a Debian package.
+fn debian_file(archive: &Path, path: &str) -> Result<Vec<u8>> {
+    let files = debian_files(archive, |p| p == path)?;
+    files.into_iter().next().map(|(_, b)| b).ok_or_else(|| anyhow!("{path} is not in {}", archive.display()))
+}
+
 /// The files of a Debian package whose paths `wanted` accepts, with their bytes, in name order.
 fn debian_files(archive: &Path, wanted: impl Fn(&str) -> bool) -> Result<Vec<(String, Vec<u8>)>> {
     let out = Command::new("dpkg-deb").arg("--fsys-tarfile").arg(archive).output().context("running dpkg-deb")?;
@@ -489,11 +495,7 @@ fn archive_file(d: &Dataset, archive: &Path, f: &DataFile) -> Result<Vec<u8>> {
             }
             return if f.form == Form::WordNetTriples { super::wordnet::triples(&files) } else { super::wordnet::glosses(&files) };
         }
-        Form::DictdCorpus => {
-            let files = debian_files(archive, |p| p == f.archive_path)?;
-            let (_, bytes) = files.into_iter().next().ok_or_else(|| anyhow!("{} is not in {}", f.archive_path, archive.display()))?;
-            return super::gcide::corpus(&bytes);
-        }
+        Form::DictdCorpus => return super::gcide::corpus(&debian_file(archive, f.archive_path)?),
         Form::Plain => {}
     }
     match d.source {
@@ -509,10 +511,7 @@ fn archive_file(d: &Dataset, archive: &Path, f: &DataFile) -> Result<Vec<u8>> {
             entry.read_to_end(&mut bytes)?;
             Ok(bytes)
         }
-        Source::Debian => {
-            let files = debian_files(archive, |p| p == f.archive_path)?;
-            files.into_iter().next().map(|(_, b)| b).ok_or_else(|| anyhow!("{} is not in {}", f.archive_path, archive.display()))
-        }
+        Source::Debian => debian_file(archive, f.archive_path),
         Source::Npm => {
             let entries = tarball_entries(archive, f.archive_path)?;
             if entries.is_empty() {

@@ -5,7 +5,7 @@
 //! windows never cross lines.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
@@ -29,10 +29,19 @@ pub fn tokens(line: &str) -> impl Iterator<Item = String> + '_ {
 }
 
 impl Corpus {
-    /// Reads raw text from `path`.
-    pub fn load(path: &Path, min_count: u64) -> Result<Corpus> {
-        let text = std::fs::read(path).with_context(|| format!("reading corpus {}", path.display()))?;
-        Corpus::parse(&String::from_utf8_lossy(&text), min_count).with_context(|| format!("corpus {}", path.display()))
+    /// Reads raw text from `paths`, one after the other, as one corpus.
+    pub fn load(paths: &[PathBuf], min_count: u64) -> Result<Corpus> {
+        if paths.is_empty() {
+            bail!("no corpus file given");
+        }
+        let names = paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(",");
+        let mut text = String::new();
+        for path in paths {
+            let bytes = std::fs::read(path).with_context(|| format!("reading corpus {}", path.display()))?;
+            text.push_str(&String::from_utf8_lossy(&bytes));
+            text.push('\n');
+        }
+        Corpus::parse(&text, min_count).with_context(|| format!("corpus {names}"))
     }
 
     /// Tokenises `text` and keeps the words seen at least `min_count` times.

@@ -110,9 +110,9 @@ impl CountMinArgs {
         self.check()?;
         let corpus = match self.data.as_str() {
             "synth-text" => Corpus::parse(&synthetic_text(self.common.seed), 1)?,
-            "sotu" => Corpus::load(&crate::data::dataset_path("sotu", "sotu.txt"), 1)?,
-            "lee" => Corpus::load(&crate::data::dataset_path("lee", "lee_background.cor"), 1)?,
-            path => Corpus::load(&super::user_data(path, KNOWN, false)?, 1)?,
+            "sotu" => Corpus::load(&[crate::data::dataset_path("sotu", "sotu.txt")], 1)?,
+            "lee" => Corpus::load(&[crate::data::dataset_path("lee", "lee_background.cor")], 1)?,
+            path => Corpus::load(&[super::user_data(path, KNOWN, false)?], 1)?,
         };
         Ok((corpus.sentences.concat(), corpus.words.len()))
     }

@@ -213,19 +213,7 @@ impl W2vArgs {
             return Corpus::parse(&synthetic_text(self.common.seed), self.min_count);
         }
         let paths: Vec<PathBuf> = self.corpus_parts().iter().map(|part| Self::path(part, corpus_file(part))).collect();
-        match paths.as_slice() {
-            [] => bail!("--data names no corpus"),
-            [one] => Corpus::load(one, self.min_count),
-            several => {
-                let mut text = String::new();
-                for p in several {
-                    let bytes = std::fs::read(p).with_context(|| format!("reading corpus {}", p.display()))?;
-                    text.push_str(&String::from_utf8_lossy(&bytes));
-                    text.push('\n');
-                }
-                Corpus::parse(&text, self.min_count).with_context(|| format!("corpus {corpus}"))
-            }
-        }
+        Corpus::load(&paths, self.min_count)
     }
 
     fn load_analogies(&self) -> Result<Analogies> {
@@ -360,24 +348,21 @@ impl Vectors for FerryVectors<'_> {
     }
 
     fn prefetch(&mut self, input: &[u64], output: &[u64], negatives: usize) -> Result<()> {
-        if let Some(i) = self.intent.as_mut().filter(|i| i.sampled) {
-            let clock = i.base + i.prepared;
-            self.w.intent(self.input, input, clock, clock + 1)?;
-            self.w.intent(self.output, output, clock, clock + 1)?;
-            i.prepared += 1;
-            self.handles.push_back(self.w.prepare_sample(self.dist, negatives)?);
-            return Ok(());
-        }
         if let Some(i) = &mut self.intent {
-            let drawn: Vec<u64> = (0..negatives).map(|_| i.table.sample(&mut i.rng) as u64).collect();
             let clock = i.base + i.prepared;
+            i.prepared += 1;
             self.w.intent(self.input, input, clock, clock + 1)?;
+            if i.sampled {
+                self.w.intent(self.output, output, clock, clock + 1)?;
+                self.handles.push_back(self.w.prepare_sample(self.dist, negatives)?);
+                return Ok(());
+            }
+            let drawn: Vec<u64> = (0..negatives).map(|_| i.table.sample(&mut i.rng) as u64).collect();
             let mut outputs: Vec<u64> = output.iter().chain(&drawn).copied().collect();
             outputs.sort_unstable();
             outputs.dedup();
             self.w.intent(self.output, &outputs, clock, clock + 1)?;
             i.negatives.push_back(drawn);
-            i.prepared += 1;
             return Ok(());
         }
         if self.localize {
