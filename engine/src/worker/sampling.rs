@@ -366,7 +366,9 @@ impl Worker {
                             l.misses += 1;
                         }
                         tries += 1;
-                        if tries % LOCAL_TRIES == 0 && s.rebuild_affordable() {
+                        // One sample missing again and again means the list is mostly stale:
+                        // that rebuild pays (unlike rebuilding for scattered misses).
+                        if tries % LOCAL_TRIES == 0 {
                             self.rebuild_local(s);
                         }
                         match s.draw_local() {
