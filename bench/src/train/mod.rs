@@ -216,7 +216,7 @@ impl Common {
     /// Saves a model into `--save` (when given), saying so on stderr.
     pub fn save_model(&self, task: &str, epoch: usize, meta: serde_json::Value, tables: &[model::SavedTable]) -> Result<()> {
         let Some(dir) = &self.save else { return Ok(()) };
-        model::save(dir, task, meta, tables).with_context(|| format!("saving the model into {}", dir.display()))?;
+        model::save(dir, task, epoch, meta, tables).with_context(|| format!("saving the model into {}", dir.display()))?;
         eprintln!("model after epoch {epoch} saved to {}", dir.display());
         Ok(())
     }
@@ -642,13 +642,13 @@ fn print_header(json: bool) {
 }
 
 /// Quality figures beyond the headline (MF's mean absolute error; KGE's Hits@1/3/10; word2vec's
-/// analogy questions in the vocabulary and its speed; LR's log loss, non-zero weights and
+/// vocabulary, analogy questions in it and its speed; LR's log loss, non-zero weights and
 /// filtered share), for the table.
 fn more_quality(r: &EpochReport) -> String {
     let numbers = ["mae", "hits@1", "hits@3", "hits@10", "logloss", "mean_overcount", "vs_raw"]
         .iter()
         .filter_map(|k| r.quality.get(*k).and_then(|v| v.as_f64()).map(|v| format!("{k} {v:.4}")));
-    let counts = ["nonzero"].iter().filter_map(|k| r.quality.get(*k).and_then(|v| v.as_u64()).map(|v| format!("{k} {v}")));
+    let counts = ["nonzero", "vocabulary"].iter().filter_map(|k| r.quality.get(*k).and_then(|v| v.as_u64()).map(|v| format!("{k} {v}")));
     let count = |k: &str| r.quality.get(k).and_then(|v| v.as_u64());
     let questions = count("analogy_questions").zip(count("analogy_all_questions")).map(|(asked, all)| format!("questions {asked}/{all}"));
     let speed = r.quality.get("words_per_s_per_thread").and_then(|v| v.as_f64()).map(|v| format!("words/s/thread {v:.0}"));

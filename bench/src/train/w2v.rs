@@ -38,10 +38,12 @@ use crate::data::text::{Analogies, Corpus, synthetic_text};
 #[derive(Debug, Clone, Args)]
 pub struct W2vArgs {
     /// Corpus: `sotu` (State of the Union addresses), `lee` (gensim's Lee corpus), `gcide` (a
-    /// dictionary of English, 4.1 M words), `wordnet` (WordNet's glosses, 1.5 M), all fetched
-    /// into the cache, `synth-text` (generated: 40 topics, for tests), or a raw text file (one
-    /// sentence or paragraph per line); several, comma-separated, are one corpus
-    /// (`gcide,wordnet`: 5.6 M words, a vocabulary of 45 k).
+    /// dictionary of English, 4.1 M words), `wordnet` (WordNet's glosses, 1.5 M), `foldoc` (a
+    /// dictionary of computing, 0.74 M), `jargon` (the Jargon File, 0.2 M), all fetched into the
+    /// cache, `synth-text` (generated: 40 topics, for tests), or a raw text file (one sentence
+    /// or paragraph per line); several, comma-separated, are one corpus (`gcide,wordnet`: 5.6 M
+    /// words, a vocabulary of 45 k); `dictionaries` is the four dictionaries together (6.5 M
+    /// words, a vocabulary of 50 k).
     #[arg(long, default_value = "sotu")]
     pub data: String,
     /// Analogy questions: `analogies` (questions-words.txt, fetched; with `--data synth-text`,
@@ -132,7 +134,10 @@ impl super::Task for W2vArgs {
     }
 
     fn check_data(&self) -> Result<()> {
-        Workload::load(self).map(drop)
+        let text = Workload::load(self)?;
+        let corpus = &text.corpus;
+        eprintln!("w2v: {} words, a vocabulary of {} (min count {})", corpus.raw_words, corpus.words.len(), self.min_count);
+        Ok(())
     }
 
     /// The task's options as command-line arguments (for the cluster's processes).
@@ -174,7 +179,14 @@ impl W2vArgs {
     fn corpus_parts(&self) -> Vec<String> {
         match &self.train {
             Some(p) => vec![p.display().to_string()],
-            None => self.data.split(',').map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect(),
+            None => self
+                .data
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .flat_map(|p| if p == "dictionaries" { DICTIONARIES.to_vec() } else { vec![p] })
+                .map(str::to_string)
+                .collect(),
         }
     }
 
@@ -230,9 +242,12 @@ impl W2vArgs {
     }
 }
 
-/// Which of the two tables.
 /// The corpora known by name (besides files).
-const KNOWN_CORPORA: &[&str] = &["sotu", "lee", "gcide", "wordnet", "synth-text"];
+const KNOWN_CORPORA: &[&str] = &["sotu", "lee", "gcide", "wordnet", "foldoc", "jargon", "dictionaries", "synth-text"];
+
+/// What `dictionaries` stands for: every dictionary corpus, together 6.5 M words and (at the
+/// default minimum count of 5) a vocabulary of 50 079 words.
+const DICTIONARIES: &[&str] = &["gcide", "wordnet", "foldoc", "jargon"];
 
 /// The dataset and file of a corpus known by name.
 fn corpus_file(name: &str) -> Option<(&'static str, &'static str)> {
@@ -241,10 +256,13 @@ fn corpus_file(name: &str) -> Option<(&'static str, &'static str)> {
         "lee" => Some(("lee", "lee_background.cor")),
         "gcide" => Some(("gcide", "gcide.txt")),
         "wordnet" => Some(("wordnet", "glosses.txt")),
+        "foldoc" => Some(("foldoc", "foldoc.txt")),
+        "jargon" => Some(("jargon", "jargon.txt")),
         _ => None,
     }
 }
 
+/// Which of the two tables.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Which {
     Input,
@@ -838,6 +856,8 @@ impl Workload for W2vArgs {
                 save_model(self, epoch, words, model.all(1)?, &text.corpus)?;
             }
         }
+        quality.insert("corpus_words".into(), text.corpus.raw_words.into());
+        quality.insert("vocabulary".into(), text.corpus.words.len().into());
         quality.insert("words_per_s_per_thread".into(), (sums[field::TEST_COUNT] as f64 / at.epoch_s / at.threads as f64).into());
         Ok(quality)
     }
