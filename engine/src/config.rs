@@ -330,6 +330,10 @@ pub struct Config {
     /// that many frames while it goes on sending, like a member whose receiving side is stuck.
     /// `FERRY_STOP_READING_AFTER=frames` sets it.
     pub stop_reading_after: Option<u64>,
+    /// Start from the checkpoint in this directory ([`crate::Node::checkpoint`]), which may
+    /// have been written by another node count and partitioning: every node loads the keys it
+    /// is home of. `FERRY_RESTORE` sets it.
+    pub restore_from: Option<std::path::PathBuf>,
 }
 
 /// Replicated keys per table must stay below this (their ordinals are `u32` markers).
@@ -441,7 +445,14 @@ impl Config {
             no_secret: false,
             fail_sends_after: None,
             stop_reading_after: None,
+            restore_from: None,
         }
+    }
+
+    /// Starts from the checkpoint in `dir` (see [`Config::restore_from`]).
+    pub fn restoring_from(mut self, dir: impl Into<std::path::PathBuf>) -> Config {
+        self.restore_from = Some(dir.into());
+        self
     }
 
     /// A configuration whose rank, node count and coordinator come from the environment (see
@@ -457,6 +468,9 @@ impl Config {
         config.apply_transport_env(|name| std::env::var(name).ok())?;
         config.apply_timeout_env(|name| std::env::var(name).ok())?;
         config.apply_membership_env(|name| std::env::var(name).ok())?;
+        if let Some(dir) = set_value(&|name: &str| std::env::var(name).ok(), "FERRY_RESTORE") {
+            config.restore_from = Some(dir.into());
+        }
         Ok(config)
     }
 

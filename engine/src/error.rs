@@ -81,6 +81,10 @@ pub enum Error {
     /// An intent was declared with a window that ends before it starts.
     #[error("intent: {0}")]
     Intent(String),
+    /// A checkpoint could not be written, or a restore found it incomplete, damaged or not
+    /// matching the configuration (the message names the file or setting).
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
     /// `finalize` was called while worker handles were still alive.
     #[error("{0} worker handle(s) are still alive; drop them before finalize")]
     WorkersAlive(usize),

@@ -29,6 +29,7 @@
 
 #![warn(missing_docs)]
 
+mod checkpoint;
 pub mod codec;
 mod config;
 #[cfg(any(test, feature = "sim"))]
@@ -57,6 +58,7 @@ pub mod update;
 mod util;
 mod worker;
 
+pub use checkpoint::CheckpointInfo;
 pub use codec::ValueCodec;
 pub use config::{
     ClusterEnv, Config, ElementType, HugePages, IntentSettings, MIN_SECRET_BYTES, Partitioning, TableSpec, TransportChoice, VerbsSettings, generate_secret,

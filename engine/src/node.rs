@@ -5,7 +5,7 @@
 //! or the verbs poller), the timer, and the trainer's own worker threads.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 use crate::config::Config;
@@ -26,6 +26,8 @@ pub struct Node {
     timer: Option<JoinHandle<()>>,
     replication: Option<JoinHandle<()>>,
     finished: bool,
+    /// Checkpoints taken so far ([`Node::checkpoint`]).
+    checkpoints: AtomicU64,
 }
 
 /// A slot in a node's registered memory, as [`Node::slot_address`] gives it out.
@@ -55,6 +57,9 @@ impl Node {
 
     fn assemble(config: Config, fabric: Arc<dyn Fabric>, clock_offset: i64) -> Result<Node> {
         let store = Arc::new(Store::new(config.rank, config.nodes, &config.tables, config.latches, config.huge_pages, fabric.registrar())?);
+        if let Some(dir) = &config.restore_from {
+            crate::checkpoint::restore(dir, &store, &config)?;
+        }
         let settings = Settings {
             relocation: config.relocation,
             location_caches: config.location_caches,
@@ -88,7 +93,7 @@ impl Node {
         let intents = Arc::new(IntentService::new(&inner.config));
         let listener: Arc<dyn crate::runtime::GrantListener> = intents.clone();
         inner.listen_for_grants(Arc::downgrade(&listener));
-        Ok(Node { inner, intents, timer: Some(timer), replication, finished: false })
+        Ok(Node { inner, intents, timer: Some(timer), replication, finished: false, checkpoints: AtomicU64::new(0) })
     }
 
     /// Starts `nodes` nodes inside this process, connected over loopback TCP, with `template`'s
@@ -163,6 +168,25 @@ impl Node {
     /// at least every half of [`Config::staleness`], and around every worker barrier.
     pub fn sync_replicas(&self) -> Result<()> {
         self.inner.replication_sync()
+    }
+
+    /// Writes this node's part of a checkpoint into `dir` (see `docs/CHECKPOINTS.md`): the
+    /// values and optimizer state of every key it owns, with their keys, then a manifest. A
+    /// collective call: every node calls it with the same directory, which holds one
+    /// checkpoint; it is whole once every node's call returned, and
+    /// [`Config::restore_from`] starts a cluster of any node count from it.
+    ///
+    /// The cut is taken when the call runs, after a replication round folded replicated keys'
+    /// updates into their homes: call it when no worker of any node pushes and no key
+    /// relocates — after a barrier that every worker reached with its pushes acknowledged, and
+    /// with intents ended — and let workers go on after a second barrier. A key found on its
+    /// way to this node is an error rather than a key left out.
+    pub fn checkpoint(&self, dir: impl AsRef<std::path::Path>) -> Result<crate::CheckpointInfo> {
+        self.sync_replicas()?;
+        let sequence = self.checkpoints.fetch_add(1, Ordering::Relaxed) + 1;
+        let config = &self.inner.config;
+        let cuts = crate::checkpoint::cut(self.inner.core.store(), &config.tables, config.rank, config.nodes)?;
+        crate::checkpoint::write_node(dir.as_ref(), config, sequence, &cuts)
     }
 
     /// Forgets the relocation and blocking times recorded so far, so that the next

@@ -259,6 +259,22 @@ impl<'a> Slot<'a> {
         self.end_write(v);
     }
 
+    /// The value's and then the optimizer state's words (f32 bits), for a checkpoint.
+    pub fn all_words(&self) -> impl Iterator<Item = u32> + '_ {
+        self.values.iter().chain(self.state).map(|w| w.load(Ordering::Relaxed))
+    }
+
+    /// Overwrites the value and the optimizer state with `words` (value first, as
+    /// [`Slot::all_words`] gives them), for a restore.
+    pub fn write_all_words(&self, words: &[u32]) {
+        debug_assert_eq!(words.len(), self.values.len() + self.state.len());
+        let v = self.begin_write();
+        for (x, &w) in self.values.iter().chain(self.state).zip(words) {
+            x.store(w, Ordering::Relaxed);
+        }
+        self.end_write(v);
+    }
+
     /// Overwrites the value.
     #[inline(always)]
     pub fn write(&self, value: &[f32]) {

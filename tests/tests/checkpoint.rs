@@ -1,0 +1,198 @@
+//! Checkpoints of clusters inside one test process (real loopback TCP): written by every node,
+//! restored on other node counts and partitionings, refused when incomplete, damaged or written
+//! for other tables.
+
+use std::path::{Path, PathBuf};
+
+use ferry::{Config, Node, Partitioning, TableSpec, Updater};
+use ferry_tests::finalize_all;
+
+const ADDED: u64 = 101;
+const LEARNED: u64 = 57;
+
+fn tables(added: Partitioning, learned: Partitioning) -> Vec<TableSpec> {
+    vec![
+        // Plain sums, with a few replicated keys.
+        TableSpec::new("added", ADDED, 3).partitioned(added).replicating(std::iter::once(0..4)),
+        // AdaGrad: the restore must bring the optimizer state back, not only the values.
+        TableSpec::new("learned", LEARNED, 2).partitioned(learned).with_updater(Updater::adagrad(0.1)),
+    ]
+}
+
+fn config(tables: Vec<TableSpec>) -> Config {
+    let mut c = Config::new(tables);
+    c.latches = 64;
+    c
+}
+
+fn scratch(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferry-checkpoint-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Every key of both tables, pulled by node 0's worker.
+fn pull_all(cluster: &[Node]) -> (Vec<f32>, Vec<f32>) {
+    let mut worker = cluster[0].worker();
+    let (added, learned) = (cluster[0].table("added").unwrap(), cluster[0].table("learned").unwrap());
+    let mut a = vec![0.0; ADDED as usize * 3];
+    worker.pull(added, &(0..ADDED).collect::<Vec<_>>(), &mut a).unwrap();
+    let mut l = vec![0.0; LEARNED as usize * 2];
+    worker.pull(learned, &(0..LEARNED).collect::<Vec<_>>(), &mut l).unwrap();
+    (a, l)
+}
+
+/// The same gradient on every learned key, then the learned values: AdaGrad's step depends on
+/// the state accumulated so far.
+fn step_learned(cluster: &[Node]) -> Vec<f32> {
+    let mut worker = cluster[0].worker();
+    let learned = cluster[0].table("learned").unwrap();
+    let keys: Vec<u64> = (0..LEARNED).collect();
+    // A worker's pull sees its own pushes (per-key sequential consistency): no barrier, which
+    // would wait for the other nodes' workers.
+    worker.push(learned, &keys, &vec![0.5; keys.len() * 2]).unwrap();
+    let mut out = vec![0.0; keys.len() * 2];
+    worker.pull(learned, &keys, &mut out).unwrap();
+    out
+}
+
+/// Every node checkpoints into `dir` at once.
+fn checkpoint(cluster: &[Node], dir: &Path) -> Vec<ferry::Result<ferry::CheckpointInfo>> {
+    std::thread::scope(|s| {
+        cluster.iter().map(|node| s.spawn(move || node.checkpoint(dir))).collect::<Vec<_>>().into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// A 2-node cluster whose workers pushed to every key (and moved some keys away from their
+/// homes), checkpointed into `dir`; returns it with what it holds.
+fn trained_cluster(dir: &Path) -> (Vec<Node>, (Vec<f32>, Vec<f32>)) {
+    let cluster = Node::start_local_cluster(2, config(tables(Partitioning::Range, Partitioning::Hash))).unwrap();
+    std::thread::scope(|s| {
+        for (rank, node) in cluster.iter().enumerate() {
+            s.spawn(move || {
+                let mut worker = node.worker();
+                let (added, learned) = (node.table("added").unwrap(), node.table("learned").unwrap());
+                for round in 0..5u64 {
+                    let keys: Vec<u64> = (0..ADDED).filter(|k| (k + round + rank as u64).is_multiple_of(3)).collect();
+                    if round == 2 {
+                        let movable: Vec<u64> = keys.iter().copied().filter(|&k| k >= 4).collect();
+                        worker.localize(added, &movable).unwrap();
+                    }
+                    let update: Vec<f32> = keys.iter().flat_map(|&k| [k as f32, 1.0 + rank as f32, 0.25 * round as f32]).collect();
+                    worker.push(added, &keys, &update).unwrap();
+                    let keys: Vec<u64> = (0..LEARNED).filter(|k| (k + round) % 2 == rank as u64).collect();
+                    let grads: Vec<f32> = keys.iter().flat_map(|&k| [(k % 5) as f32 - 2.0, 0.1 * round as f32]).collect();
+                    worker.push(learned, &keys, &grads).unwrap();
+                }
+                worker.barrier().unwrap();
+            });
+        }
+    });
+    let held = pull_all(&cluster);
+    for written in checkpoint(&cluster, dir) {
+        written.unwrap();
+    }
+    (cluster, held)
+}
+
+#[test]
+fn a_checkpoint_restores_on_other_node_counts_and_partitionings() {
+    let dir = scratch("restore");
+    let (original, held) = trained_cluster(&dir);
+    assert!(held.0.iter().any(|&v| v != 0.0) && held.1.iter().any(|&v| v != 0.0));
+    let mut stepped = Vec::new();
+    for (nodes, added, learned) in
+        [(3, Partitioning::Hash, Partitioning::Range), (1, Partitioning::Range, Partitioning::Hash), (2, Partitioning::Hash, Partitioning::Hash)]
+    {
+        let restored = Node::start_local_cluster(nodes, config(tables(added, learned)).restoring_from(&dir)).unwrap();
+        assert_eq!(pull_all(&restored), held, "{nodes} node(s), {added:?}/{learned:?}");
+        stepped.push(step_learned(&restored));
+        finalize_all(restored);
+    }
+    // The optimizer state came back too: the same step gives the same values as on the cluster
+    // that wrote the checkpoint.
+    let reference = step_learned(&original);
+    for s in &stepped {
+        assert_eq!(s, &reference);
+    }
+    // A second checkpoint needs a directory of its own.
+    let again = checkpoint(&original, &dir);
+    assert!(again.iter().all(|r| r.as_ref().is_err_and(|e| e.to_string().contains("already holds a checkpoint"))), "{again:?}");
+    finalize_all(original);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Starting one node from `dir` with `tables`: the error's text.
+fn refusal(dir: &Path, tables: Vec<TableSpec>) -> String {
+    match Node::start(config(tables).restoring_from(dir)) {
+        Ok(node) => {
+            finalize_all(vec![node]);
+            panic!("{} was restored", dir.display())
+        }
+        Err(e) => e.to_string(),
+    }
+}
+
+fn copy_of(dir: &Path, what: &str) -> PathBuf {
+    let copy = scratch(what);
+    std::fs::create_dir_all(&copy).unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
+    }
+    copy
+}
+
+#[test]
+fn incomplete_damaged_and_mismatched_checkpoints_are_refused_by_name() {
+    let dir = scratch("refusals");
+    let (original, held) = trained_cluster(&dir);
+    finalize_all(original);
+    let fitting = || tables(Partitioning::Range, Partitioning::Range);
+    // The checkpoint as written restores.
+    let node = Node::start(config(fitting()).restoring_from(&dir)).unwrap();
+    assert_eq!(pull_all(std::slice::from_ref(&node)), held);
+    finalize_all(vec![node]);
+    // A node that did not finish: its manifest is missing.
+    let incomplete = copy_of(&dir, "incomplete");
+    std::fs::remove_file(incomplete.join("node-1.manifest")).unwrap();
+    let e = refusal(&incomplete, fitting());
+    assert!(e.contains("node-1.manifest is missing"), "{e}");
+    // A flipped byte and a cut file, named.
+    let flipped = copy_of(&dir, "flipped");
+    let mut bytes = std::fs::read(flipped.join("node-0.values")).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(flipped.join("node-0.values"), &bytes).unwrap();
+    let e = refusal(&flipped, fitting());
+    assert!(e.contains("node-0.values") && e.contains("SHA-256"), "{e}");
+    let cut = copy_of(&dir, "cut");
+    let bytes = std::fs::read(cut.join("node-1.values")).unwrap();
+    std::fs::write(cut.join("node-1.values"), &bytes[..bytes.len() / 2]).unwrap();
+    let e = refusal(&cut, fitting());
+    assert!(e.contains("node-1.values") && e.contains("bytes where its manifest says"), "{e}");
+    // A manifest of another checkpoint.
+    let mixed = copy_of(&dir, "mixed");
+    let text = std::fs::read_to_string(mixed.join("node-1.manifest")).unwrap();
+    std::fs::write(mixed.join("node-1.manifest"), text.replace("sequence\t1", "sequence\t2")).unwrap();
+    let e = refusal(&mixed, fitting());
+    assert!(e.contains("node-1.manifest is from another checkpoint"), "{e}");
+    // Tables that do not fit, each named with its setting.
+    let mut wider = fitting();
+    wider[0].value_len = 4;
+    let e = refusal(&dir, wider);
+    assert!(e.contains("table 'added'") && e.contains("value length is 3"), "{e}");
+    let mut plain = fitting();
+    plain[1].updater = Updater::Add;
+    let e = refusal(&dir, plain);
+    assert!(e.contains("table 'learned'") && e.contains("updater"), "{e}");
+    let mut renamed = fitting();
+    renamed[0].name = "other".into();
+    let e = refusal(&dir, renamed);
+    assert!(e.contains("name is 'added'"), "{e}");
+    let e = refusal(&scratch("nowhere"), fitting());
+    assert!(e.contains("node-0.manifest is missing"), "{e}");
+    for d in [dir, incomplete, flipped, cut, mixed] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
