@@ -247,9 +247,8 @@ fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
     Ok(m)
 }
 
-/// The manifests of a whole checkpoint in `dir`, checked to belong together and to fit the
-/// tables of `config`.
-fn manifests(dir: &Path, config: &Config) -> Result<Vec<Manifest>> {
+/// The manifests of a whole checkpoint in `dir`, checked to belong together.
+fn whole(dir: &Path) -> Result<Vec<Manifest>> {
     let read = |rank: usize| -> Result<Manifest> {
         let path = dir.join(manifest_name(rank));
         let text = std::fs::read_to_string(&path).map_err(|e| {
@@ -269,7 +268,7 @@ fn manifests(dir: &Path, config: &Config) -> Result<Vec<Manifest>> {
     let mut all = vec![first];
     for rank in 1..nodes {
         let m = read(rank)?;
-        if (m.cluster.as_str(), m.sequence, m.nodes) != (all[0].cluster.as_str(), all[0].sequence, nodes) || m.tables.len() != all[0].tables.len() {
+        if (m.cluster.as_str(), m.sequence, m.nodes) != (all[0].cluster.as_str(), all[0].sequence, nodes) || !same_tables(&m, &all[0]) {
             return Err(err(format!(
                 "{} is from another checkpoint than {} (cluster {} number {} of {} nodes, against cluster {} number {} of {nodes})",
                 dir.join(manifest_name(rank)).display(),
@@ -283,12 +282,29 @@ fn manifests(dir: &Path, config: &Config) -> Result<Vec<Manifest>> {
         }
         all.push(m);
     }
+    Ok(all)
+}
+
+/// Whether two nodes' manifests describe the same tables (record counts differ per node).
+fn same_tables(a: &Manifest, b: &Manifest) -> bool {
+    a.tables.len() == b.tables.len() && a.tables.iter().zip(&b.tables).all(|(x, y)| (x.0, x.2, x.3, x.4, &x.5, &x.6) == (y.0, y.2, y.3, y.4, &y.5, &y.6))
+}
+
+/// Checks that `dir` holds a whole checkpoint (every node's manifest, all of one checkpoint);
+/// returns the node count that wrote it.
+pub fn checkpoint_nodes(dir: impl AsRef<Path>) -> Result<usize> {
+    Ok(whole(dir.as_ref())?.len())
+}
+
+/// The manifests of a whole checkpoint in `dir` that fits the tables `specs`.
+fn manifests(dir: &Path, specs: &[TableSpec]) -> Result<Vec<Manifest>> {
+    let all = whole(dir)?;
     // The tables must be the configuration's, in its order; partitioning may differ.
     let saved = &all[0].tables;
-    if saved.len() != config.tables.len() {
-        return Err(err(format!("the checkpoint in {} has {} table(s), this configuration {}", dir.display(), saved.len(), config.tables.len())));
+    if saved.len() != specs.len() {
+        return Err(err(format!("the checkpoint in {} has {} table(s), this configuration {}", dir.display(), saved.len(), specs.len())));
     }
-    for (spec, (_, _, keys, value_len, state_len, updater, name)) in config.tables.iter().zip(saved) {
+    for (spec, (_, _, keys, value_len, state_len, updater, name)) in specs.iter().zip(saved) {
         let mismatch = |setting: &str, theirs: String, ours: String| {
             err(format!("table '{}': the checkpoint's {setting} is {theirs}, this configuration's {ours}", spec.name))
         };
@@ -354,15 +370,23 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Loads the checkpoint in `dir` into `store` (node `config.rank` of `config.nodes`, freshly
-/// built): the keys this node is home of, and its replicas of replicated keys. Returns the keys
-/// loaded.
-pub(crate) fn restore(dir: &Path, store: &Store, config: &Config) -> Result<u64> {
-    let manifests = manifests(dir, config)?;
-    let rank = config.rank;
-    // Per table, which of this node's home keys were found (sized by the configuration).
-    let partitioners: Vec<Partitioner> = config.tables.iter().map(|t| Partitioner::new(t.keys, config.nodes, t.partitioning)).collect();
-    let mut found: Vec<Vec<bool>> = config.tables.iter().map(|t| vec![false; t.keys as usize]).collect();
+/// Where the records of a checkpoint go as it is read: node `rank` of `nodes` takes the keys
+/// it is home of (`apply` with `home` true) and those `also` names (replicas; `home` false).
+struct Target<'a> {
+    specs: &'a [TableSpec],
+    rank: usize,
+    nodes: usize,
+    also: &'a dyn Fn(usize, u64) -> bool,
+}
+
+/// Reads the whole checkpoint in `dir` into `target`: every record it takes goes to
+/// `apply(table, key, words, home)`. Checks that each of its home keys was in exactly one file.
+fn read_into(dir: &Path, target: &Target<'_>, mut apply: impl FnMut(usize, u64, &[u32], bool) -> Result<()>) -> Result<u64> {
+    let manifests = manifests(dir, target.specs)?;
+    let (specs, rank) = (target.specs, target.rank);
+    let partitioners: Vec<Partitioner> = specs.iter().map(|t| Partitioner::new(t.keys, target.nodes, t.partitioning)).collect();
+    // Per table, which of the home keys were found (sized by the configuration, not the files).
+    let mut found: Vec<Vec<bool>> = specs.iter().map(|t| vec![false; t.keys as usize]).collect();
     let mut loaded = 0u64;
     for m in &manifests {
         let data = values_file(dir, m)?;
@@ -372,20 +396,19 @@ pub(crate) fn restore(dir: &Path, store: &Store, config: &Config) -> Result<u64>
             return Err(err(format!("{}: not a checkpoint values file", path.display())));
         }
         let tables = r.u32()? as usize;
-        if tables != config.tables.len() {
-            return Err(err(format!("{}: {tables} table(s) where the manifest lists {}", path.display(), config.tables.len())));
+        if tables != specs.len() {
+            return Err(err(format!("{}: {tables} table(s) where the manifest lists {}", path.display(), specs.len())));
         }
         for _ in 0..tables {
             let id = r.u16()? as usize;
-            let spec = config.tables.get(id).ok_or_else(|| err(format!("{}: table id {id} does not exist", path.display())))?;
-            let table = store.table(id as u16);
+            let spec = specs.get(id).ok_or_else(|| err(format!("{}: table id {id} does not exist", path.display())))?;
             let words_per_key = r.u32()? as usize;
-            if words_per_key != table.value_len() + table.state_len() {
+            if words_per_key != spec.value_len + spec.state_len() {
                 return Err(err(format!(
                     "{}: table '{}' has {words_per_key} words per key, not {}",
                     path.display(),
                     spec.name,
-                    table.value_len() + table.state_len()
+                    spec.value_len + spec.state_len()
                 )));
             }
             let count = r.u64()?;
@@ -403,8 +426,7 @@ pub(crate) fn restore(dir: &Path, store: &Store, config: &Config) -> Result<u64>
                     return Err(err(format!("{}: key {key} is outside table '{}' (keys 0..{})", path.display(), spec.name, spec.keys)));
                 }
                 let home = partitioners[id].home(key) == rank;
-                let table_store = store.table(id as u16);
-                if !home && !table_store.is_replicated(key) {
+                if !home && !(target.also)(id, key) {
                     continue;
                 }
                 if home {
@@ -417,9 +439,7 @@ pub(crate) fn restore(dir: &Path, store: &Store, config: &Config) -> Result<u64>
                 for (w, b) in row.iter_mut().zip(words[i * 4 * words_per_key..(i + 1) * 4 * words_per_key].chunks_exact(4)) {
                     *w = u32::from_le_bytes(b.try_into().expect("4 bytes"));
                 }
-                let guard = store.lock(id as u16, key);
-                let slot = guard.slot().ok_or_else(|| err(format!("key {key} of table '{}' has no slot on node {rank} to restore into", spec.name)))?;
-                slot.write_all_words(&row);
+                apply(id, key, &row, home)?;
                 loaded += u64::from(home);
             }
         }
@@ -427,12 +447,67 @@ pub(crate) fn restore(dir: &Path, store: &Store, config: &Config) -> Result<u64>
             return Err(err(format!("{}: {} bytes after the last table", path.display(), data.len() - r.at)));
         }
     }
-    for (id, spec) in config.tables.iter().enumerate() {
+    for (id, spec) in specs.iter().enumerate() {
         if let Some(key) = partitioners[id].home_keys(rank).find(|&k| !found[id][k as usize]) {
             return Err(err(format!("key {key} of table '{}' is in no node's file of {}: the checkpoint is incomplete", spec.name, dir.display())));
         }
     }
     Ok(loaded)
+}
+
+/// Loads the checkpoint in `dir` into `store` (node `config.rank` of `config.nodes`, freshly
+/// built): the keys this node is home of, and its replicas of replicated keys. Returns the keys
+/// loaded.
+pub(crate) fn restore(dir: &Path, store: &Store, config: &Config) -> Result<u64> {
+    let also = |table: usize, key: u64| store.table(table as u16).is_replicated(key);
+    let target = Target { specs: &config.tables, rank: config.rank, nodes: config.nodes, also: &also };
+    read_into(dir, &target, |table, key, words, _| {
+        let guard = store.lock(table as u16, key);
+        let slot = guard
+            .slot()
+            .ok_or_else(|| err(format!("key {key} of table '{}' has no slot on node {} to restore into", config.tables[table].name, config.rank)))?;
+        slot.write_all_words(words);
+        Ok(())
+    })
+}
+
+/// Writes dense tables held by one process (`values[t]`: every key's value of `specs[t]`, key
+/// after key) as checkpoint number `sequence` of one node, in the format of
+/// [`crate::Node::checkpoint`]: a cluster of any size restores from it, and
+/// [`read_arrays_checkpoint`] reads it back. Tables whose updater keeps state get it zeroed.
+pub fn write_arrays_checkpoint(dir: impl AsRef<Path>, specs: &[TableSpec], values: &[&[f32]], sequence: u64) -> Result<CheckpointInfo> {
+    if specs.len() != values.len() {
+        return Err(err(format!("{} tables but {} arrays of values", specs.len(), values.len())));
+    }
+    let mut cuts = Vec::with_capacity(specs.len());
+    for (id, (spec, values)) in specs.iter().zip(values).enumerate() {
+        if values.len() as u64 != spec.keys.saturating_mul(spec.value_len as u64) {
+            return Err(err(format!("table '{}': {} values for {} keys of {}", spec.name, values.len(), spec.keys, spec.value_len)));
+        }
+        let (len, state) = (spec.value_len, spec.state_len());
+        let mut words = Vec::with_capacity(spec.keys as usize * (len + state));
+        for row in values.chunks_exact(len.max(1)).take(spec.keys as usize) {
+            words.extend(row.iter().map(|v| v.to_bits()));
+            words.extend(std::iter::repeat_n(0u32, state));
+        }
+        cuts.push(TableCut { id: id as u16, words_per_key: len + state, keys: (0..spec.keys).collect(), words });
+    }
+    write_node(dir.as_ref(), &Config::new(specs.to_vec()), sequence, &cuts)
+}
+
+/// Reads the whole checkpoint in `dir`, written by any node count, as dense tables for one
+/// process: every key's value of `specs[t]`, key after key (optimizer state left out).
+pub fn read_arrays_checkpoint(dir: impl AsRef<Path>, specs: &[TableSpec]) -> Result<Vec<Vec<f32>>> {
+    let mut out: Vec<Vec<f32>> = specs.iter().map(|s| vec![0.0; (s.keys as usize).saturating_mul(s.value_len)]).collect();
+    let target = Target { specs, rank: 0, nodes: 1, also: &|_, _| false };
+    read_into(dir.as_ref(), &target, |table, key, words, _| {
+        let len = specs[table].value_len;
+        for (o, w) in out[table][key as usize * len..(key as usize + 1) * len].iter_mut().zip(words) {
+            *o = f32::from_bits(*w);
+        }
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 #[cfg(test)]

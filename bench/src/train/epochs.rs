@@ -12,7 +12,7 @@
 
 use std::sync::Barrier;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use ferry::{Node, Stats, Table, TableSpec, Worker};
 
 use super::shared::{METRIC_FIELDS, SharedArray, all_reduce, cluster_report, field, mean_loss, pull_all, run_workers, stats_fields};
@@ -300,18 +300,25 @@ fn check_arrays_fit(model: &Model) -> Result<()> {
 fn run_single<W: Workload>(task: &W, data: &W::Data, model: Model, emit: Sink) -> Result<()> {
     let threads = task.common().single_threads();
     check_arrays_fit(&model)?;
+    let specs: Vec<TableSpec> = model.tables.iter().map(|t| t.spec.clone()).collect();
+    let (first_epoch, restore) = task.common().first_epoch()?;
+    let restored = restore.map(|dir| ferry::read_arrays_checkpoint(&dir, &specs).with_context(|| format!("--resume: {}", dir.display()))).transpose()?;
     let arrays: Vec<SharedArray> = model
         .tables
         .iter()
-        .map(|t| {
+        .enumerate()
+        .map(|(i, t)| {
             let (rows, len) = (t.spec.keys as usize, t.spec.value_len);
-            match &t.init {
-                Some(init) => SharedArray::new(rows, len, |k, j| init(k as u64, j)),
-                None => SharedArray::new(rows, len, |_, _| 0.0),
+            match (&restored, &t.init) {
+                (Some(values), _) => SharedArray::new(rows, len, |k, j| values[i][k * len + j]),
+                (None, Some(init)) => SharedArray::new(rows, len, |k, j| init(k as u64, j)),
+                (None, None) => SharedArray::new(rows, len, |_, _| 0.0),
             }
         })
         .collect();
     let shared = SingleRun {
+        specs,
+        first_epoch,
         barrier: Barrier::new(threads),
         emit: parking_lot::Mutex::new(emit),
         sums: parking_lot::Mutex::new([0.0f32; METRIC_FIELDS]),
@@ -343,6 +350,10 @@ fn run_single<W: Workload>(task: &W, data: &W::Data, model: Model, emit: Sink) -
 
 /// What `single`'s threads share besides the model.
 struct SingleRun<'s> {
+    /// The model's tables (for checkpoints).
+    specs: Vec<TableSpec>,
+    /// 1, or the epoch after the checkpoint resumed from.
+    first_epoch: usize,
     barrier: Barrier,
     emit: parking_lot::Mutex<Sink<'s>>,
     /// The epoch's figures, summed as the threads finish it.
@@ -370,7 +381,7 @@ impl SingleRun<'_> {
             }
         };
         let mut elapsed = 0.0;
-        for epoch in 1..=task.common().epochs {
+        for epoch in self.first_epoch..=task.common().epochs {
             self.barrier.wait();
             // Every thread reads the same flag here: it changes only between barriers.
             if self.failed.load(std::sync::atomic::Ordering::Acquire) {
@@ -392,9 +403,23 @@ impl SingleRun<'_> {
                 // The others wait for it at the next epoch's first barrier.
                 elapsed += epoch_s;
                 attempt(self.report(task, data, pass, epoch, epoch_s, elapsed));
+                if task.common().checkpoint_now(epoch) && !self.failed.load(std::sync::atomic::Ordering::Acquire) {
+                    attempt(self.checkpoint(task.common(), pass, epoch));
+                }
             }
         }
         error.map_or(Ok(()), Err)
+    }
+
+    /// The reporter's checkpoint after `epoch` (the others wait at the next epoch's barrier).
+    fn checkpoint(&self, common: &super::Common, pass: &Pass<'_>, epoch: usize) -> Result<()> {
+        let dir = common.checkpoint_dir.as_deref().expect("checkpoints have a directory");
+        super::resume::clear(dir, epoch)?;
+        let arrays = pass.shared().expect("single mode has shared arrays");
+        let values: Vec<Vec<f32>> = arrays.iter().map(|a| a.to_vec()).collect();
+        let refs: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
+        ferry::write_arrays_checkpoint(super::resume::epoch_dir(dir, epoch), &self.specs, &refs, epoch as u64)?;
+        super::resume::prune(dir, epoch)
     }
 
     /// The reporter's end of an epoch: the quality and the report.
@@ -420,6 +445,11 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     specs.push(TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS));
     let mut config = ferry::Config::from_env(specs)?;
     task.configure(&mut config, mode)?;
+    let (first_epoch, restore) = common.first_epoch()?;
+    if restore.is_some() {
+        config.restore_from = restore;
+    }
+    let restoring = config.restore_from.is_some();
     let replicated: u64 = config.tables.iter().map(|t| t.replicated_keys()).sum();
     if replicated > 0 && config.rank == 0 {
         eprintln!("replicated keys: {replicated}, staleness bound {:?}", config.staleness);
@@ -440,7 +470,7 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     let progress = |epoch: usize, f: f64| (emit.lock())(Event::Progress(epoch, f));
     run_workers(&node, threads, |t, mut w| -> Result<()> {
         let (node, tables, model) = (&node, &tables, &model);
-        if rank == 0 && t == 0 {
+        if rank == 0 && t == 0 && !restoring {
             set_initial_values(&mut w, tables, &model.tables)?;
         }
         w.barrier()?;
@@ -449,7 +479,7 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
         let mut trainer = task.trainer(data, &mut pass)?;
         pass.barrier()?;
         let mut elapsed = 0.0;
-        for epoch in 1..=epochs {
+        for epoch in first_epoch..=epochs {
             pass.barrier()?;
             let (stats, started) = (node.stats(), std::time::Instant::now());
             let mut fields = trainer.epoch(epoch, &mut pass)?;
@@ -463,10 +493,32 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
                 report.elapsed_s = elapsed;
                 (emit.lock())(Event::Epoch(Box::new(report)));
             }
+            if let Some(dir) = common.checkpoint_dir.as_deref().filter(|_| common.checkpoint_now(epoch)) {
+                checkpoint(node, &mut pass, dir, epoch)?;
+            }
         }
         Ok(())
     })?;
     node.finalize()?;
+    Ok(())
+}
+
+/// The cluster's checkpoint after `epoch` into `dir`, at a barrier every worker reached with
+/// its pushes acknowledged: each node's thread 0 writes the node's share while the others wait;
+/// rank 0's clears the way before and removes older checkpoints after.
+fn checkpoint(node: &Node, pass: &mut Pass<'_>, dir: &std::path::Path, epoch: usize) -> Result<()> {
+    let leader = pass.rank == 0 && pass.thread == 0;
+    if leader {
+        super::resume::clear(dir, epoch)?;
+    }
+    pass.barrier()?;
+    if pass.thread == 0 {
+        node.checkpoint(super::resume::epoch_dir(dir, epoch))?;
+    }
+    pass.barrier()?;
+    if leader {
+        super::resume::prune(dir, epoch)?;
+    }
     Ok(())
 }
 

@@ -698,12 +698,15 @@ impl KgeTrainer<'_> {
     fn single_epoch(&mut self, epoch: usize, pass: &mut Pass<'_>) -> Result<(f64, usize)> {
         let (a, kg, len) = (self.a, self.kg, self.len);
         let (seed, d, t, threads, n_e) = (a.common.seed, a.dim, pass.thread, pass.threads, kg.entities.len());
-        // One order of every triple, shuffled anew each epoch (every thread the same way).
-        self.mine.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20)));
+        // One order of every triple, shuffled anew each epoch from the first order (every thread
+        // the same way): an epoch's order depends on the epoch alone, so a run resumed from a
+        // checkpoint trains as the uninterrupted one would have.
+        let mut order = self.mine.clone();
+        order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20)));
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ t as u64);
         let Buffers { keys, ev, rv, eo, ro, grads } = &mut self.buffers;
         let (mut loss, mut n) = (0.0f64, 0usize);
-        let mine: Vec<usize> = self.mine.iter().copied().skip(t).step_by(threads).collect();
+        let mine: Vec<usize> = order.iter().copied().skip(t).step_by(threads).collect();
         for (x, &i) in mine.iter().enumerate() {
             let sample = Sample::draw(&kg.train, i, n_e as u32, a.neg, &mut rng);
             keys.clear();

@@ -16,6 +16,7 @@ pub mod lr;
 pub mod mf;
 pub mod model;
 mod plot;
+pub mod resume;
 pub mod shared;
 mod simd;
 pub mod w2v;
@@ -151,6 +152,17 @@ pub struct Common {
     /// With --save: also save every this many epochs (0: only after the last).
     #[arg(long, default_value_t = 0, requires = "save")]
     pub save_every: usize,
+    /// Write a checkpoint of the model (values, optimizer state, and in a cluster every node's
+    /// share) every this many epochs into --checkpoint-dir, as `epoch-N` (0: never).
+    #[arg(long, default_value_t = 0, requires = "checkpoint_dir")]
+    pub checkpoint_every: usize,
+    /// Where --checkpoint-every writes; the two newest whole checkpoints are kept.
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Resume from the newest whole checkpoint in this directory (written by --checkpoint-dir,
+    /// by any node count) at the epoch after it, with the same --epochs and settings.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
     /// Cluster modes: how the model's values travel — f32, bf16, f16 or int8 (a scale per
     /// message part) — the parameter server's value compression.
     #[arg(long, default_value = "f32")]
@@ -178,6 +190,15 @@ impl Common {
         if !(self.hot_factor.is_finite() && self.hot_factor > 0.0) {
             bail!("--hot-factor must be a positive number, not {}", self.hot_factor);
         }
+        if self.checkpoint_dir.is_some() || self.resume.is_some() {
+            let modes: Vec<Mode> = self.mode.iter().flat_map(|m| m.modes()).collect();
+            if modes.len() != 1 {
+                bail!("--checkpoint-dir and --resume take one --mode (each mode would write over the other's checkpoints)");
+            }
+            if modes[0] == Mode::Intent {
+                bail!("--mode intent cannot checkpoint yet: its keys may be relocating when an epoch ends (use localize, hybrid, classic or single)");
+            }
+        }
         Ok(())
     }
 
@@ -199,7 +220,30 @@ impl Common {
         if let Some(dir) = &self.save {
             a.extend(["--save".into(), dir.display().to_string(), "--save-every".into(), self.save_every.to_string()]);
         }
+        if let Some(dir) = &self.checkpoint_dir {
+            a.extend(["--checkpoint-dir".into(), dir.display().to_string(), "--checkpoint-every".into(), self.checkpoint_every.to_string()]);
+        }
+        if let Some(dir) = &self.resume {
+            a.extend(["--resume".into(), dir.display().to_string()]);
+        }
         a
+    }
+
+    /// Whether a checkpoint is written after `epoch`.
+    pub fn checkpoint_now(&self, epoch: usize) -> bool {
+        self.checkpoint_dir.is_some() && self.checkpoint_every > 0 && epoch.is_multiple_of(self.checkpoint_every)
+    }
+
+    /// The first epoch to train: after the newest whole checkpoint with --resume (and where it
+    /// is), else 1.
+    pub fn first_epoch(&self) -> Result<(usize, Option<PathBuf>)> {
+        let Some(dir) = &self.resume else { return Ok((1, None)) };
+        let (epoch, path) = resume::latest(dir)?;
+        if epoch >= self.epochs {
+            bail!("--resume {}: its newest checkpoint is after epoch {epoch}, and --epochs is {}: nothing is left to train", dir.display(), self.epochs);
+        }
+        eprintln!("resuming from {} at epoch {}", path.display(), epoch + 1);
+        Ok((epoch + 1, Some(path)))
     }
 
     /// `spec` with the wire options (--codec, --key-cache): for the model's tables.

@@ -879,11 +879,14 @@ impl Trainer for W2vTrainer<'_> {
         let (a, text) = (self.a, self.text);
         let (seed, dim, rank, t, threads) = (a.common.seed, a.dim, pass.rank, pass.thread, pass.threads);
         let single = pass.mode == Mode::Single;
-        // `single` shuffles one order of every sentence anew each epoch; a cluster node shuffles
-        // its sentences from their first order, with its rank in the seed.
+        // `single` shuffles one order of every sentence anew each epoch, a cluster node its
+        // sentences with its rank in the seed, both from their first order: an epoch's order
+        // depends on the epoch alone (a run resumed from a checkpoint trains as the
+        // uninterrupted one would have).
         let order = if single {
-            self.mine.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20)));
-            self.mine.clone()
+            let mut order = self.mine.clone();
+            order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20)));
+            order
         } else {
             let mut order = self.mine.clone();
             order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20) ^ rank as u64));

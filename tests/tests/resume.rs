@@ -1,0 +1,86 @@
+//! Training runs killed with SIGKILL after a checkpoint, resumed with `--resume`: the same
+//! model bit for bit where training is deterministic (`single` with one thread: every epoch's
+//! order and draws depend on the seed and the epoch alone), the same quality on another node
+//! count.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferry_tests::binary;
+use serde_json::Value;
+
+fn scratch(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferry-resume-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `ferry train ARGS --json`: its epoch reports.
+fn train(args: &[&str]) -> Vec<Value> {
+    let out = Command::new(binary("ferry")).arg("train").args(args).arg("--json").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "ferry train {args:?}:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Starts `ferry train ARGS` in a process group of its own (a cluster's nodes with it), waits
+/// until `whole` names a file, and kills the group with SIGKILL.
+fn kill_after(args: &[&str], whole: &Path) {
+    let mut child = Command::new(binary("ferry")).arg("train").args(args).stdout(Stdio::null()).stderr(Stdio::null()).process_group(0).spawn().unwrap();
+    let started = Instant::now();
+    while !whole.exists() {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before {} was written", whole.display());
+        assert!(started.elapsed() < Duration::from_secs(300), "{} was not written", whole.display());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let status = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status().unwrap();
+    assert!(status.success());
+    let ended = child.wait().unwrap();
+    assert!(!ended.success(), "the run was killed");
+}
+
+#[test]
+fn a_run_killed_after_a_checkpoint_resumes_to_the_same_model_bit_for_bit() {
+    let dir = scratch("single");
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let run = ["mf", "--data", "synth-tiny", "--rank", "4", "--mode", "single", "--single-threads", "1", "--epochs", "12"];
+    let with = |extra: &[&str]| run.iter().copied().chain(extra.iter().copied()).map(str::to_string).collect::<Vec<String>>();
+    let uninterrupted = with(&["--save", &path("whole")]);
+    train(&uninterrupted.iter().map(String::as_str).collect::<Vec<_>>());
+    let killed = with(&["--checkpoint-every", "1", "--checkpoint-dir", &path("checkpoints")]);
+    kill_after(&killed.iter().map(String::as_str).collect::<Vec<_>>(), &dir.join("checkpoints/epoch-3/node-0.manifest"));
+    let resumed = with(&["--checkpoint-every", "1", "--checkpoint-dir", &path("checkpoints"), "--resume", &path("checkpoints"), "--save", &path("resumed")]);
+    let reports = train(&resumed.iter().map(String::as_str).collect::<Vec<_>>());
+    let first = reports[0]["epoch"].as_u64().unwrap();
+    assert!((4..=12).contains(&first), "resumed at epoch {first}");
+    for table in ["users.npy", "items.npy"] {
+        assert!(std::fs::read(dir.join("whole").join(table)).unwrap() == std::fs::read(dir.join("resumed").join(table)).unwrap(), "{table} differs");
+    }
+    // Two checkpoints are kept.
+    let mut left: Vec<String> = std::fs::read_dir(dir.join("checkpoints")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    left.sort();
+    assert_eq!(left, ["epoch-11", "epoch-12"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_cluster_killed_after_a_checkpoint_resumes_on_another_node_count() {
+    let dir = scratch("cluster");
+    let checkpoints = dir.join("checkpoints");
+    let checkpoints = checkpoints.to_str().unwrap();
+    let run = ["mf", "--data", "synth-tiny", "--rank", "4", "--mode", "localize", "--epochs", "8", "--checkpoint-every", "2", "--checkpoint-dir", checkpoints];
+    let uninterrupted = train(&run[..run.len() - 4].iter().copied().chain(["--nodes", "2"]).collect::<Vec<_>>());
+    kill_after(&run.iter().copied().chain(["--nodes", "2"]).collect::<Vec<_>>(), &dir.join("checkpoints/epoch-4/node-1.manifest"));
+    let resumed = train(&run.iter().copied().chain(["--nodes", "3", "--resume", checkpoints]).collect::<Vec<_>>());
+    let first = resumed[0]["epoch"].as_u64().unwrap();
+    assert!((3..=8).contains(&first), "resumed at epoch {first}");
+    let rmse = |reports: &[Value]| reports.last().unwrap()["quality"]["rmse"].as_f64().unwrap();
+    let (whole, again) = (rmse(&uninterrupted), rmse(&resumed));
+    assert!((again - whole).abs() < 0.03 * whole, "RMSE {again} after resuming on 3 nodes, {whole} uninterrupted");
+    // Resumed training on from its checkpoint rather than from the start: fewer epochs reported.
+    assert!(resumed.len() < uninterrupted.len());
+    let _ = std::fs::remove_dir_all(&dir);
+}
