@@ -1,6 +1,7 @@
 //! Ferry's benchmarks and ML workloads, shared by the `ferry-bench` binary and the `ferry`
 //! command (`ferry data fetch`, `ferry demo`, `ferry train`).
 
+pub mod checkpoint;
 pub mod cluster;
 pub mod data;
 pub mod micro;

@@ -1,6 +1,6 @@
 //! `ferry-bench`: Ferry's micro-benchmarks and ML workloads.
 
-use ferry_bench::{micro, relocate, replicate, train};
+use ferry_bench::{checkpoint, micro, relocate, replicate, train};
 
 // A retaining allocator: large per-operation buffers are reused instead of being mapped and
 // faulted in again on every bulk operation.
@@ -60,6 +60,10 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// A checkpoint of one node's values: the pause against a memcpy, the writing against a plain
+    /// sequential write with fsync, the restore against a sequential read, and a worker's push
+    /// throughput while the files are written in the background.
+    Checkpoint(checkpoint::CheckpointArgs),
     /// Train a model on real or synthetic data in single, classic, localize, hybrid or intent mode.
     #[command(subcommand)]
     Train(Box<train::TrainCommand>),
@@ -162,6 +166,7 @@ fn run() -> Result<()> {
         Command::Micro { quick, only, repeat, role: Role::Node, .. } => micro::run_node(quick, &micro::Only::new(only.as_deref()), repeat),
         Command::Relocate { quick, json, lens, blocking_keys, role: Role::Driver } => relocate::run_driver(quick, json, &lens, blocking_keys),
         Command::Relocate { quick, lens, blocking_keys, role: Role::Node, .. } => relocate::run_node(quick, &lens, blocking_keys),
+        Command::Checkpoint(args) => checkpoint::run(&args),
         Command::Replicate { quick, json, role: Role::Driver } => replicate::run_driver(quick, json),
         Command::Replicate { quick, role: Role::Node, .. } => replicate::run_node(quick),
         Command::Train(t) => train::run(&t).map(|_| ()),

@@ -5,7 +5,7 @@
 //! the files do not depend on how keys were partitioned — and their optimizer state into
 //! `node-R.values`, then `node-R.manifest`: a text file with the checkpoint's identity (the
 //! cluster's, the checkpoint's number, the node count), every table's settings and record count,
-//! and the values file's size and SHA-256. Both are written under temporary names, fsynced and
+//! and the values file's size and checksum (XXH3-128). Both are written under temporary names, fsynced and
 //! renamed, the manifest last; a checkpoint is whole when every node's manifest is there and
 //! they agree, and a restore refuses anything else, naming what is missing or wrong.
 //!
@@ -21,7 +21,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::config::{Config, TableSpec};
 use crate::error::{Error, Result};
@@ -44,6 +44,42 @@ pub struct CheckpointInfo {
     pub bytes: u64,
 }
 
+/// A checkpoint being written by a thread of its own ([`crate::Node::checkpoint_in_background`]).
+#[derive(Debug)]
+pub struct CheckpointWriting {
+    thread: std::thread::JoinHandle<Result<CheckpointInfo>>,
+}
+
+impl CheckpointWriting {
+    /// Waits until this node's files are written and durable.
+    pub fn wait(self) -> Result<CheckpointInfo> {
+        self.thread.join().map_err(|_| err("the thread writing the checkpoint panicked"))?
+    }
+
+    /// Whether the writing ended (then [`CheckpointWriting::wait`] returns at once).
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+}
+
+/// The buffers of a node's last cut, once written, for its next: a checkpoint every epoch then
+/// copies into memory that is already mapped, and its pause is the copy, not the page faults.
+pub(crate) type SpareCuts = std::sync::Arc<parking_lot::Mutex<Vec<TableCut>>>;
+
+/// Writes `cuts` as node `config.rank`'s part of checkpoint `sequence` in `dir`, on a thread of
+/// its own, then hands the buffers back to `spare`.
+pub(crate) fn write_in_background(dir: PathBuf, config: Config, sequence: u64, cuts: Vec<TableCut>, spare: SpareCuts) -> Result<CheckpointWriting> {
+    let thread = std::thread::Builder::new()
+        .name(format!("ferry{}-checkpoint", config.rank))
+        .spawn(move || {
+            let written = write_node(&dir, &config, sequence, &cuts);
+            *spare.lock() = cuts;
+            written
+        })
+        .map_err(|e| err(format!("cannot start the thread writing the checkpoint: {e}")))?;
+    Ok(CheckpointWriting { thread })
+}
+
 /// The values and optimizer state of the keys of one table a node owns, at the cut.
 pub(crate) struct TableCut {
     id: u16,
@@ -60,35 +96,41 @@ fn io(what: &str, path: &Path, e: std::io::Error) -> Error {
     err(format!("{what} {}: {e}", path.display()))
 }
 
-/// The keys of every table that `rank` (of `nodes`) owns, with their values and state. A
-/// replicated key is written by its home only; a key on its way here is an error, as the cut
-/// would miss it.
-pub(crate) fn cut(store: &Store, specs: &[TableSpec], rank: usize, nodes: usize) -> Result<Vec<TableCut>> {
+/// The keys of every table that `rank` (of `nodes`) owns, with their values and state, copied
+/// while every latch is held (nothing pushes, publishes or moves a key meanwhile). A replicated
+/// key is written by its home only; a key on its way here is an error, as the cut would miss it.
+pub(crate) fn cut(store: &Store, specs: &[TableSpec], rank: usize, nodes: usize, spare: &SpareCuts) -> Result<Vec<TableCut>> {
+    let mut buffers = std::mem::take(&mut *spare.lock()).into_iter();
+    let all = store.lock_all();
     let mut cuts = Vec::with_capacity(specs.len());
     for (id, spec) in specs.iter().enumerate() {
         let id = id as u16;
         let table = store.table(id);
         let words_per_key = table.value_len() + table.state_len();
         let partitioner = Partitioner::new(spec.keys, nodes, spec.partitioning);
-        let mut cut = TableCut { id, words_per_key, keys: Vec::new(), words: Vec::new() };
+        let held = table.slot_usage().0;
+        let (mut keys, mut words) = buffers.next().map_or_else(|| (Vec::new(), Vec::new()), |c| (c.keys, c.words));
+        keys.clear();
+        words.clear();
+        keys.reserve(held);
+        words.reserve(held * words_per_key);
+        let mut cut = TableCut { id, words_per_key, keys, words };
         for key in 0..spec.keys {
-            let guard = store.lock(id, key);
-            match guard.residence() {
-                Residence::Away => {}
-                Residence::Arriving => {
+            match all.slot(id, key) {
+                Some(slot) => {
+                    if table.is_replicated(key) && partitioner.home(key) != rank {
+                        continue;
+                    }
+                    cut.keys.push(key);
+                    slot.append_all_words(&mut cut.words);
+                }
+                None if matches!(table.residence(key), Residence::Arriving) => {
                     return Err(err(format!(
                         "key {key} of table '{}' is on its way to node {rank}: take a checkpoint while no key relocates (after a barrier, with intents ended)",
                         spec.name
                     )));
                 }
-                Residence::Here(_) => {
-                    if table.is_replicated(key) && partitioner.home(key) != rank {
-                        continue;
-                    }
-                    let Some(slot) = guard.slot() else { continue };
-                    cut.keys.push(key);
-                    cut.words.extend(slot.all_words());
-                }
+                None => {}
             }
         }
         cuts.push(cut);
@@ -99,7 +141,7 @@ pub(crate) fn cut(store: &Store, specs: &[TableSpec], rank: usize, nodes: usize)
 /// A writer that hashes and counts what passes through it.
 struct Hashing<W> {
     inner: W,
-    hash: Sha256,
+    hash: Xxh3,
     bytes: u64,
 }
 
@@ -116,22 +158,54 @@ impl<W: Write> Write for Hashing<W> {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// A file's checksum as the manifest names it: XXH3-128, a non-cryptographic hash that runs
+/// at memory speed (a checksum finds damage and mix-ups; it does not stand against forgery).
+fn checksum_text(hash: u128) -> String {
+    format!("xxh3-128:{hash:032x}")
+}
+
+/// Writes `words` as little-endian bytes: on a little-endian machine the slice's own bytes, in
+/// one piece.
+fn write_le<T: bytemuck::Pod + ToLe>(out: &mut dyn Write, words: &[T]) -> std::io::Result<()> {
+    if cfg!(target_endian = "little") {
+        return out.write_all(bytemuck::cast_slice(words));
+    }
+    for chunk in words.chunks(1 << 14) {
+        let bytes: Vec<u8> = chunk.iter().flat_map(|w| w.to_le_vec()).collect();
+        out.write_all(&bytes)?;
+    }
+    Ok(())
+}
+
+/// Little-endian bytes of a word (the big-endian path of [`write_le`]).
+trait ToLe {
+    fn to_le_vec(&self) -> Vec<u8>;
+}
+
+impl ToLe for u32 {
+    fn to_le_vec(&self) -> Vec<u8> {
+        self.to_le_bytes().to_vec()
+    }
+}
+
+impl ToLe for u64 {
+    fn to_le_vec(&self) -> Vec<u8> {
+        self.to_le_bytes().to_vec()
+    }
 }
 
 /// Writes `dir/name` through a temporary name, fsynced before the rename; returns the bytes
-/// written and their SHA-256.
+/// written and their checksum.
 fn write_durably(dir: &Path, name: &str, body: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<(u64, String)> {
     let (path, partial) = (dir.join(name), dir.join(format!("{name}.partial")));
     let file = std::fs::File::create(&partial).map_err(|e| io("creating", &partial, e))?;
-    let mut out = Hashing { inner: std::io::BufWriter::new(file), hash: Sha256::new(), bytes: 0 };
+    let mut out = Hashing { inner: std::io::BufWriter::with_capacity(1 << 20, file), hash: Xxh3::new(), bytes: 0 };
     body(&mut out).and_then(|()| out.flush()).map_err(|e| io("writing", &partial, e))?;
     let Hashing { inner, hash, bytes } = out;
     let file = inner.into_inner().map_err(|e| io("writing", &partial, e.into_error()))?;
     file.sync_all().map_err(|e| io("syncing", &partial, e))?;
     std::fs::rename(&partial, &path).map_err(|e| io("renaming into place", &path, e))?;
-    Ok((bytes, hex(&hash.finalize())))
+    Ok((bytes, checksum_text(hash.digest128())))
 }
 
 /// An id of the cluster that wrote a checkpoint: every node of one run has the same (its
@@ -163,24 +237,20 @@ pub(crate) fn write_node(dir: &Path, config: &Config, sequence: u64, cuts: &[Tab
             return Err(err(format!("table name {:?} holds a tab or a newline, which the manifest cannot hold", spec.name)));
         }
     }
-    let (bytes, sha256) = write_durably(dir, &values_name(rank), |out| {
+    let (bytes, checksum) = write_durably(dir, &values_name(rank), |out| {
         out.write_all(MAGIC)?;
         out.write_all(&(cuts.len() as u32).to_le_bytes())?;
         for cut in cuts {
             out.write_all(&cut.id.to_le_bytes())?;
             out.write_all(&(cut.words_per_key as u32).to_le_bytes())?;
             out.write_all(&(cut.keys.len() as u64).to_le_bytes())?;
-            for chunk in cut.keys.chunks(1 << 14) {
-                out.write_all(&chunk.iter().flat_map(|k| k.to_le_bytes()).collect::<Vec<u8>>())?;
-            }
-            for chunk in cut.words.chunks(1 << 15) {
-                out.write_all(&chunk.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>())?;
-            }
+            write_le(out, &cut.keys)?;
+            write_le(out, &cut.words)?;
         }
         Ok(())
     })?;
     let mut text = format!(
-        "{FORMAT_LINE}\ncluster\t{:016x}\nsequence\t{sequence}\nnodes\t{}\nfile\t{}\t{bytes}\t{sha256}\n",
+        "{FORMAT_LINE}\ncluster\t{:016x}\nsequence\t{sequence}\nnodes\t{}\nfile\t{}\t{bytes}\t{checksum}\n",
         cluster_id(config),
         config.nodes,
         values_name(rank)
@@ -228,7 +298,7 @@ fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
             ["cluster", id] => m.cluster = id.to_string(),
             ["sequence", n] => m.sequence = number(n, "sequence")?,
             ["nodes", n] => m.nodes = number(n, "nodes")? as usize,
-            ["file", name, bytes, sha] => m.file = (name.to_string(), number(bytes, "bytes")?, sha.to_string()),
+            ["file", name, bytes, checksum] => m.file = (name.to_string(), number(bytes, "bytes")?, checksum.to_string()),
             ["table", id, records, keys, value_len, state_len, _partitioning, updater, name] => m.tables.push((
                 u16::try_from(number(id, "table id")?).map_err(|_| bad("a table id beyond 65535"))?,
                 number(records, "records")?,
@@ -324,49 +394,79 @@ fn manifests(dir: &Path, specs: &[TableSpec]) -> Result<Vec<Manifest>> {
     Ok(all)
 }
 
-/// Reads and checks one node's values file against its manifest; returns its bytes.
-fn values_file(dir: &Path, m: &Manifest) -> Result<Vec<u8>> {
-    let (name, bytes, sha256) = &m.file;
-    if name.contains(['/', '\\']) || name.starts_with('.') {
-        return Err(err(format!("a manifest in {} names the values file {name:?}, which is not a file of the checkpoint", dir.display())));
-    }
-    let path = dir.join(name);
-    let len = std::fs::metadata(&path).map_err(|e| io("reading", &path, e))?.len();
-    if len != *bytes {
-        return Err(err(format!("{}: {len} bytes where its manifest says {bytes} (damaged, or from another checkpoint)", path.display())));
-    }
-    let data = std::fs::read(&path).map_err(|e| io("reading", &path, e))?;
-    if hex(&Sha256::digest(&data)) != *sha256 {
-        return Err(err(format!("{}: its SHA-256 differs from its manifest's (damaged, or from another checkpoint)", path.display())));
-    }
-    Ok(data)
+/// One node's values file, read in pieces and hashed as it goes; never past the length its
+/// manifest gave and the file has.
+struct ValuesReader {
+    file: std::io::BufReader<std::fs::File>,
+    hash: Xxh3,
+    read: u64,
+    len: u64,
+    path: PathBuf,
 }
 
-/// A little-endian reader over a checked buffer that never reads past its end.
-struct Reader<'a> {
-    data: &'a [u8],
-    at: usize,
-    path: &'a Path,
-}
+/// Bytes of rows read at a time.
+const PIECE: usize = 4 << 20;
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.data.len()).ok_or_else(|| err(format!("{}: cut short", self.path.display())))?;
-        let bytes = &self.data[self.at..end];
-        self.at = end;
-        Ok(bytes)
+impl ValuesReader {
+    /// Opens the values file `m` names in `dir`, checked to have the manifest's length.
+    fn open(dir: &Path, m: &Manifest) -> Result<ValuesReader> {
+        let (name, bytes, _) = &m.file;
+        if name.contains(['/', '\\']) || name.starts_with('.') {
+            return Err(err(format!("a manifest in {} names the values file {name:?}, which is not a file of the checkpoint", dir.display())));
+        }
+        let path = dir.join(name);
+        let file = std::fs::File::open(&path).map_err(|e| io("reading", &path, e))?;
+        let len = file.metadata().map_err(|e| io("reading", &path, e))?.len();
+        if len != *bytes {
+            return Err(err(format!("{}: {len} bytes where its manifest says {bytes} (damaged, or from another checkpoint)", path.display())));
+        }
+        Ok(ValuesReader { file: std::io::BufReader::with_capacity(1 << 20, file), hash: Xxh3::new(), read: 0, len, path })
+    }
+
+    /// Bytes not read yet.
+    fn left(&self) -> u64 {
+        self.len - self.read
+    }
+
+    /// Reads the next `n` bytes into `buf` (replacing what it held).
+    fn bytes(&mut self, n: usize, buf: &mut Vec<u8>) -> Result<()> {
+        if n as u64 > self.left() {
+            return Err(err(format!("{}: cut short", self.path.display())));
+        }
+        buf.resize(n, 0);
+        std::io::Read::read_exact(&mut self.file, buf).map_err(|e| io("reading", &self.path, e))?;
+        self.hash.update(buf);
+        self.read += n as u64;
+        Ok(())
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        let mut buf = Vec::with_capacity(N);
+        self.bytes(N, &mut buf)?;
+        Ok(buf.try_into().expect("N bytes"))
     }
 
     fn u16(&mut self) -> Result<u16> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_le_bytes(self.array()?))
     }
 
     fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(self.array()?))
     }
 
     fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    /// At the end: nothing left over, and the checksum the manifest gave.
+    fn finish(self, checksum: &str) -> Result<()> {
+        if self.left() > 0 {
+            return Err(err(format!("{}: {} bytes after the last table", self.path.display(), self.left())));
+        }
+        if checksum_text(self.hash.digest128()) != checksum {
+            return Err(err(format!("{}: its checksum differs from its manifest's (damaged, or from another checkpoint)", self.path.display())));
+        }
+        Ok(())
     }
 }
 
@@ -380,19 +480,20 @@ struct Target<'a> {
 }
 
 /// Reads the whole checkpoint in `dir` into `target`: every record it takes goes to
-/// `apply(table, key, words, home)`. Checks that each of its home keys was in exactly one file.
-fn read_into(dir: &Path, target: &Target<'_>, mut apply: impl FnMut(usize, u64, &[u32], bool) -> Result<()>) -> Result<u64> {
+/// `apply(table, key, bytes, home)`, `bytes` its value's and state's words, little-endian.
+/// Checks that each of its home keys was in exactly one file.
+fn read_into(dir: &Path, target: &Target<'_>, mut apply: impl FnMut(usize, u64, &[u8], bool) -> Result<()>) -> Result<u64> {
     let manifests = manifests(dir, target.specs)?;
     let (specs, rank) = (target.specs, target.rank);
     let partitioners: Vec<Partitioner> = specs.iter().map(|t| Partitioner::new(t.keys, target.nodes, t.partitioning)).collect();
     // Per table, which of the home keys were found (sized by the configuration, not the files).
     let mut found: Vec<Vec<bool>> = specs.iter().map(|t| vec![false; t.keys as usize]).collect();
     let mut loaded = 0u64;
+    let (mut keys, mut rows) = (Vec::new(), Vec::new());
     for m in &manifests {
-        let data = values_file(dir, m)?;
-        let path = dir.join(&m.file.0);
-        let mut r = Reader { data: &data, at: 0, path: &path };
-        if r.take(MAGIC.len())? != MAGIC {
+        let mut r = ValuesReader::open(dir, m)?;
+        let path = r.path.clone();
+        if r.array::<8>()? != *MAGIC {
             return Err(err(format!("{}: not a checkpoint values file", path.display())));
         }
         let tables = r.u32()? as usize;
@@ -413,39 +514,36 @@ fn read_into(dir: &Path, target: &Target<'_>, mut apply: impl FnMut(usize, u64, 
             }
             let count = r.u64()?;
             // Checked against the bytes left before anything is sized by it.
-            let need = count.checked_mul(8 + 4 * words_per_key as u64).filter(|&n| n <= (data.len() - r.at) as u64);
-            if need.is_none() {
+            let row_bytes = 4 * words_per_key;
+            if count.checked_mul(8 + row_bytes as u64).is_none_or(|n| n > r.left()) {
                 return Err(err(format!("{}: table '{}' claims {count} keys, more than the file holds", path.display(), spec.name)));
             }
-            let keys = r.take(count as usize * 8)?;
-            let words = r.take(count as usize * 4 * words_per_key)?;
-            let mut row = vec![0u32; words_per_key];
-            for (i, key) in keys.chunks_exact(8).enumerate() {
-                let key = u64::from_le_bytes(key.try_into().expect("8 bytes"));
-                if key >= spec.keys {
-                    return Err(err(format!("{}: key {key} is outside table '{}' (keys 0..{})", path.display(), spec.name, spec.keys)));
-                }
-                let home = partitioners[id].home(key) == rank;
-                if !home && !(target.also)(id, key) {
-                    continue;
-                }
-                if home {
-                    let seen = &mut found[id][key as usize];
-                    if *seen {
-                        return Err(err(format!("key {key} of table '{}' is in two nodes' files of {}", spec.name, dir.display())));
+            r.bytes(count as usize * 8, &mut keys)?;
+            let per_piece = (PIECE / row_bytes.max(1)).max(1);
+            for piece in keys.chunks(8 * per_piece) {
+                r.bytes(piece.len() / 8 * row_bytes, &mut rows)?;
+                for (key, row) in piece.chunks_exact(8).zip(rows.chunks_exact(row_bytes.max(1))) {
+                    let key = u64::from_le_bytes(key.try_into().expect("8 bytes"));
+                    if key >= spec.keys {
+                        return Err(err(format!("{}: key {key} is outside table '{}' (keys 0..{})", path.display(), spec.name, spec.keys)));
                     }
-                    *seen = true;
+                    let home = partitioners[id].home(key) == rank;
+                    if !home && !(target.also)(id, key) {
+                        continue;
+                    }
+                    if home {
+                        let seen = &mut found[id][key as usize];
+                        if *seen {
+                            return Err(err(format!("key {key} of table '{}' is in two nodes' files of {}", spec.name, dir.display())));
+                        }
+                        *seen = true;
+                    }
+                    apply(id, key, row, home)?;
+                    loaded += u64::from(home);
                 }
-                for (w, b) in row.iter_mut().zip(words[i * 4 * words_per_key..(i + 1) * 4 * words_per_key].chunks_exact(4)) {
-                    *w = u32::from_le_bytes(b.try_into().expect("4 bytes"));
-                }
-                apply(id, key, &row, home)?;
-                loaded += u64::from(home);
             }
         }
-        if r.at != data.len() {
-            return Err(err(format!("{}: {} bytes after the last table", path.display(), data.len() - r.at)));
-        }
+        r.finish(&m.file.2)?;
     }
     for (id, spec) in specs.iter().enumerate() {
         if let Some(key) = partitioners[id].home_keys(rank).find(|&k| !found[id][k as usize]) {
@@ -461,12 +559,13 @@ fn read_into(dir: &Path, target: &Target<'_>, mut apply: impl FnMut(usize, u64, 
 pub(crate) fn restore(dir: &Path, store: &Store, config: &Config) -> Result<u64> {
     let also = |table: usize, key: u64| store.table(table as u16).is_replicated(key);
     let target = Target { specs: &config.tables, rank: config.rank, nodes: config.nodes, also: &also };
-    read_into(dir, &target, |table, key, words, _| {
-        let guard = store.lock(table as u16, key);
-        let slot = guard
-            .slot()
+    // Every latch for the whole restore: one lock instead of one per key.
+    let all = store.lock_all();
+    read_into(dir, &target, |table, key, bytes, _| {
+        let slot = all
+            .slot(table as u16, key)
             .ok_or_else(|| err(format!("key {key} of table '{}' has no slot on node {} to restore into", config.tables[table].name, config.rank)))?;
-        slot.write_all_words(words);
+        slot.write_all_le_bytes(bytes);
         Ok(())
     })
 }
@@ -500,10 +599,10 @@ pub fn write_arrays_checkpoint(dir: impl AsRef<Path>, specs: &[TableSpec], value
 pub fn read_arrays_checkpoint(dir: impl AsRef<Path>, specs: &[TableSpec]) -> Result<Vec<Vec<f32>>> {
     let mut out: Vec<Vec<f32>> = specs.iter().map(|s| vec![0.0; (s.keys as usize).saturating_mul(s.value_len)]).collect();
     let target = Target { specs, rank: 0, nodes: 1, also: &|_, _| false };
-    read_into(dir.as_ref(), &target, |table, key, words, _| {
+    read_into(dir.as_ref(), &target, |table, key, bytes, _| {
         let len = specs[table].value_len;
-        for (o, w) in out[table][key as usize * len..(key as usize + 1) * len].iter_mut().zip(words) {
-            *o = f32::from_bits(*w);
+        for (o, b) in out[table][key as usize * len..(key as usize + 1) * len].iter_mut().zip(bytes.chunks_exact(4)) {
+            *o = f32::from_le_bytes(b.try_into().expect("4 bytes"));
         }
         Ok(())
     })?;

@@ -28,6 +28,8 @@ pub struct Node {
     finished: bool,
     /// Checkpoints taken so far ([`Node::checkpoint`]).
     checkpoints: AtomicU64,
+    /// The buffers of the last checkpoint's cut, for the next.
+    spare_cuts: crate::checkpoint::SpareCuts,
 }
 
 /// A slot in a node's registered memory, as [`Node::slot_address`] gives it out.
@@ -93,7 +95,7 @@ impl Node {
         let intents = Arc::new(IntentService::new(&inner.config));
         let listener: Arc<dyn crate::runtime::GrantListener> = intents.clone();
         inner.listen_for_grants(Arc::downgrade(&listener));
-        Ok(Node { inner, intents, timer: Some(timer), replication, finished: false, checkpoints: AtomicU64::new(0) })
+        Ok(Node { inner, intents, timer: Some(timer), replication, finished: false, checkpoints: AtomicU64::new(0), spare_cuts: Default::default() })
     }
 
     /// Starts `nodes` nodes inside this process, connected over loopback TCP, with `template`'s
@@ -182,11 +184,20 @@ impl Node {
     /// with intents ended — and let workers go on after a second barrier. A key found on its
     /// way to this node is an error rather than a key left out.
     pub fn checkpoint(&self, dir: impl AsRef<std::path::Path>) -> Result<crate::CheckpointInfo> {
+        self.checkpoint_in_background(dir)?.wait()
+    }
+
+    /// [`Node::checkpoint`], returning once the cut is taken (a copy of the node's keys in
+    /// memory, taken with every latch held): the files are written by a thread of their own
+    /// while training goes on, and [`crate::CheckpointWriting::wait`] says when they are
+    /// durable. The workers may push again once every node's call returned (a barrier after
+    /// it), so that no node's cut holds a push of the next phase.
+    pub fn checkpoint_in_background(&self, dir: impl AsRef<std::path::Path>) -> Result<crate::CheckpointWriting> {
         self.sync_replicas()?;
         let sequence = self.checkpoints.fetch_add(1, Ordering::Relaxed) + 1;
         let config = &self.inner.config;
-        let cuts = crate::checkpoint::cut(self.inner.core.store(), &config.tables, config.rank, config.nodes)?;
-        crate::checkpoint::write_node(dir.as_ref(), config, sequence, &cuts)
+        let cuts = crate::checkpoint::cut(self.inner.core.store(), &config.tables, config.rank, config.nodes, &self.spare_cuts)?;
+        crate::checkpoint::write_in_background(dir.as_ref().to_path_buf(), config.clone(), sequence, cuts, self.spare_cuts.clone())
     }
 
     /// Forgets the relocation and blocking times recorded so far, so that the next

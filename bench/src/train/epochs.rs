@@ -319,6 +319,7 @@ fn run_single<W: Workload>(task: &W, data: &W::Data, model: Model, emit: Sink) -
     let shared = SingleRun {
         specs,
         first_epoch,
+        writing: parking_lot::Mutex::new(None),
         barrier: Barrier::new(threads),
         emit: parking_lot::Mutex::new(emit),
         sums: parking_lot::Mutex::new([0.0f32; METRIC_FIELDS]),
@@ -345,7 +346,12 @@ fn run_single<W: Workload>(task: &W, data: &W::Data, model: Model, emit: Sink) -
             })
             .collect();
         handles.into_iter().try_for_each(|h| h.join().expect("training thread"))
-    })
+    })?;
+    shared.wait_for_checkpoint()?;
+    if let Some(dir) = &task.common().checkpoint_dir {
+        super::resume::finish(dir)?;
+    }
+    Ok(())
 }
 
 /// What `single`'s threads share besides the model.
@@ -354,6 +360,8 @@ struct SingleRun<'s> {
     specs: Vec<TableSpec>,
     /// 1, or the epoch after the checkpoint resumed from.
     first_epoch: usize,
+    /// The checkpoint being written.
+    writing: parking_lot::Mutex<Option<std::thread::JoinHandle<Result<()>>>>,
     barrier: Barrier,
     emit: parking_lot::Mutex<Sink<'s>>,
     /// The epoch's figures, summed as the threads finish it.
@@ -411,15 +419,32 @@ impl SingleRun<'_> {
         error.map_or(Ok(()), Err)
     }
 
-    /// The reporter's checkpoint after `epoch` (the others wait at the next epoch's barrier).
+    /// The reporter's checkpoint after `epoch`: a copy of the arrays (the others wait at the
+    /// next epoch's barrier), written by a thread of its own while training goes on.
     fn checkpoint(&self, common: &super::Common, pass: &Pass<'_>, epoch: usize) -> Result<()> {
-        let dir = common.checkpoint_dir.as_deref().expect("checkpoints have a directory");
-        super::resume::clear(dir, epoch)?;
+        let dir = common.checkpoint_dir.clone().expect("checkpoints have a directory");
+        let started = std::time::Instant::now();
+        self.wait_for_checkpoint()?;
+        super::resume::prepare(&dir, epoch)?;
         let arrays = pass.shared().expect("single mode has shared arrays");
         let values: Vec<Vec<f32>> = arrays.iter().map(|a| a.to_vec()).collect();
-        let refs: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
-        ferry::write_arrays_checkpoint(super::resume::epoch_dir(dir, epoch), &self.specs, &refs, epoch as u64)?;
-        super::resume::prune(dir, epoch)
+        let specs = self.specs.clone();
+        let thread = std::thread::Builder::new().name("checkpoint".into()).spawn(move || -> Result<()> {
+            let refs: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
+            ferry::write_arrays_checkpoint(super::resume::epoch_dir(&dir, epoch), &specs, &refs, epoch as u64)?;
+            Ok(())
+        })?;
+        *self.writing.lock() = Some(thread);
+        eprintln!("checkpoint after epoch {epoch}: the threads paused {:.3} s; its files are written in the background", started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Waits until the last checkpoint is written.
+    fn wait_for_checkpoint(&self) -> Result<()> {
+        match self.writing.lock().take() {
+            Some(thread) => thread.join().map_err(|_| anyhow::anyhow!("the thread writing a checkpoint panicked"))?,
+            None => Ok(()),
+        }
     }
 
     /// The reporter's end of an epoch: the quality and the report.
@@ -478,7 +503,7 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
             Pass { mode, rank, nodes, thread: t, threads, access: Access::Node { worker: &mut w, tables }, local_barrier: &local_barrier, progress: &progress };
         let mut trainer = task.trainer(data, &mut pass)?;
         pass.barrier()?;
-        let mut elapsed = 0.0;
+        let (mut elapsed, mut writing) = (0.0, None);
         for epoch in first_epoch..=epochs {
             pass.barrier()?;
             let (stats, started) = (node.stats(), std::time::Instant::now());
@@ -494,8 +519,11 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
                 (emit.lock())(Event::Epoch(Box::new(report)));
             }
             if let Some(dir) = common.checkpoint_dir.as_deref().filter(|_| common.checkpoint_now(epoch)) {
-                checkpoint(node, &mut pass, dir, epoch)?;
+                checkpoint(node, &mut pass, dir, epoch, &mut writing)?;
             }
+        }
+        if let Some(dir) = common.checkpoint_dir.as_deref() {
+            finish_checkpoints(&mut pass, dir, writing)?;
         }
         Ok(())
     })?;
@@ -503,21 +531,38 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     Ok(())
 }
 
-/// The cluster's checkpoint after `epoch` into `dir`, at a barrier every worker reached with
-/// its pushes acknowledged: each node's thread 0 writes the node's share while the others wait;
-/// rank 0's clears the way before and removes older checkpoints after.
-fn checkpoint(node: &Node, pass: &mut Pass<'_>, dir: &std::path::Path, epoch: usize) -> Result<()> {
-    let leader = pass.rank == 0 && pass.thread == 0;
-    if leader {
-        super::resume::clear(dir, epoch)?;
+/// The cluster's checkpoint after `epoch` into `dir`. Every worker meets at a barrier with its
+/// pushes acknowledged; rank 0's thread 0 makes room (each node's previous checkpoint finished
+/// writing before it came); then each node's thread 0 takes the node's cut while the others
+/// wait at a second barrier, and its files are written in the background (`writing`).
+fn checkpoint(node: &Node, pass: &mut Pass<'_>, dir: &std::path::Path, epoch: usize, writing: &mut Option<ferry::CheckpointWriting>) -> Result<()> {
+    let started = std::time::Instant::now();
+    if let Some(previous) = writing.take() {
+        previous.wait()?;
+    }
+    pass.barrier()?;
+    if pass.rank == 0 && pass.thread == 0 {
+        super::resume::prepare(dir, epoch)?;
     }
     pass.barrier()?;
     if pass.thread == 0 {
-        node.checkpoint(super::resume::epoch_dir(dir, epoch))?;
+        *writing = Some(node.checkpoint_in_background(super::resume::epoch_dir(dir, epoch))?);
     }
     pass.barrier()?;
-    if leader {
-        super::resume::prune(dir, epoch)?;
+    if pass.rank == 0 && pass.thread == 0 {
+        eprintln!("checkpoint after epoch {epoch}: the workers paused {:.3} s; its files are written in the background", started.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+/// After the last epoch: every node's checkpoint is written, and rank 0 keeps the two newest.
+fn finish_checkpoints(pass: &mut Pass<'_>, dir: &std::path::Path, writing: Option<ferry::CheckpointWriting>) -> Result<()> {
+    if let Some(last) = writing {
+        last.wait()?;
+    }
+    pass.barrier()?;
+    if pass.rank == 0 && pass.thread == 0 {
+        super::resume::finish(dir)?;
     }
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! Checkpoints of a training run (`--checkpoint-every N --checkpoint-dir D`, `--resume D`): one
 //! engine checkpoint per directory `D/epoch-E` (see the engine's `docs/CHECKPOINTS.md`), written
 //! after epoch `E` by every node of the cluster (by the process itself in `single`). A resumed
-//! run starts from the newest whole one, at the epoch after it, on any node count; the two
-//! newest whole checkpoints are kept.
+//! run starts from the newest whole one, at the epoch after it, on any node count. Files are
+//! written in the background while training goes on; the two newest whole checkpoints are kept.
 
 use std::path::{Path, PathBuf};
 
@@ -43,24 +43,27 @@ pub fn latest(dir: &Path) -> Result<(usize, PathBuf)> {
     bail!("--resume {}: no whole checkpoint in it ({})", dir.display(), why.join("; "))
 }
 
-/// Before the checkpoint after `epoch`: removes what an earlier run may have left under its name
-/// (a checkpoint of a run that went further, or one cut short), so that it can be written.
-pub fn clear(dir: &Path, epoch: usize) -> Result<()> {
-    let path = epoch_dir(dir, epoch);
-    if path.exists() {
-        std::fs::remove_dir_all(&path).with_context(|| format!("removing {}, left by an earlier run", path.display()))?;
-    }
-    std::fs::create_dir_all(dir).with_context(|| format!("creating checkpoint directory {}", dir.display()))
+/// Before the checkpoint after `epoch` (every earlier one finished writing): removes the
+/// checkpoints at or after `epoch` (an earlier run's, which went further, or one cut short) and
+/// those older than the newest whole one before it, so that with the new one two are kept.
+pub fn prepare(dir: &Path, epoch: usize) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating checkpoint directory {}", dir.display()))?;
+    let found = epochs(dir)?;
+    let keep = found.iter().rev().copied().filter(|&e| e < epoch).find(|&e| ferry::checkpoint_nodes(epoch_dir(dir, e)).is_ok());
+    remove_all_but(dir, found, keep.into_iter().collect())
 }
 
-/// After the checkpoint after `epoch` is whole: removes the checkpoints older than the newest
-/// whole one before it.
-pub fn prune(dir: &Path, epoch: usize) -> Result<()> {
-    let older: Vec<usize> = epochs(dir)?.into_iter().filter(|&e| e < epoch).collect();
-    let keep = older.iter().rev().copied().find(|&e| ferry::checkpoint_nodes(epoch_dir(dir, e)).is_ok());
-    for e in older.into_iter().filter(|&e| Some(e) != keep) {
+/// After the run's last checkpoint finished writing: keeps the two newest whole checkpoints.
+pub fn finish(dir: &Path) -> Result<()> {
+    let found = epochs(dir)?;
+    let keep: Vec<usize> = found.iter().rev().copied().filter(|&e| ferry::checkpoint_nodes(epoch_dir(dir, e)).is_ok()).take(2).collect();
+    remove_all_but(dir, found, keep)
+}
+
+fn remove_all_but(dir: &Path, found: Vec<usize>, keep: Vec<usize>) -> Result<()> {
+    for e in found.into_iter().filter(|e| !keep.contains(e)) {
         let path = epoch_dir(dir, e);
-        std::fs::remove_dir_all(&path).with_context(|| format!("removing old checkpoint {}", path.display()))?;
+        std::fs::remove_dir_all(&path).with_context(|| format!("removing checkpoint {}", path.display()))?;
     }
     Ok(())
 }

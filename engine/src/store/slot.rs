@@ -259,18 +259,29 @@ impl<'a> Slot<'a> {
         self.end_write(v);
     }
 
-    /// The value's and then the optimizer state's words (f32 bits), for a checkpoint.
-    pub fn all_words(&self) -> impl Iterator<Item = u32> + '_ {
-        self.values.iter().chain(self.state).map(|w| w.load(Ordering::Relaxed))
+    /// Appends the value's and then the optimizer state's words (f32 bits) to `out`, for a
+    /// checkpoint's cut: one copy of the slot's contiguous words.
+    #[inline]
+    pub fn append_all_words(&self, out: &mut Vec<u32>) {
+        let n = self.values.len() + self.state.len();
+        out.reserve(n);
+        // SAFETY: as in `read`, nothing writes the slot during the copy (its holder excludes
+        // writers); the state words follow the value's in the slot (`Slot::at`), so the `n`
+        // words from the value's start are the slot's; `reserve` made room for them after the
+        // vector's length, and they are initialised before `set_len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.values.as_ptr() as *const u32, out.as_mut_ptr().add(out.len()), n);
+            out.set_len(out.len() + n);
+        }
     }
 
-    /// Overwrites the value and the optimizer state with `words` (value first, as
-    /// [`Slot::all_words`] gives them), for a restore.
-    pub fn write_all_words(&self, words: &[u32]) {
-        debug_assert_eq!(words.len(), self.values.len() + self.state.len());
+    /// Overwrites the value and the optimizer state with little-endian `bytes` (value first, as
+    /// [`Slot::append_all_words`] gives them), for a restore.
+    pub fn write_all_le_bytes(&self, bytes: &[u8]) {
+        debug_assert_eq!(bytes.len(), 4 * (self.values.len() + self.state.len()));
         let v = self.begin_write();
-        for (x, &w) in self.values.iter().chain(self.state).zip(words) {
-            x.store(w, Ordering::Relaxed);
+        for (x, b) in self.values.iter().chain(self.state).zip(bytes.chunks_exact(4)) {
+            x.store(u32::from_le_bytes([b[0], b[1], b[2], b[3]]), Ordering::Relaxed);
         }
         self.end_write(v);
     }
