@@ -72,6 +72,14 @@ const char *ferry_last_error(void);
 // A new, empty configuration; free it with `ferry_config_free`.
 struct FerryConfig *ferry_config_new(void);
 
+// Starts the node from the checkpoint in directory `dir` (written by `ferry_node_checkpoint`
+// on any node count; the environment's `FERRY_RESTORE` does the same).
+//
+// # Safety
+//
+// `config` is null or a live configuration; `dir` is null or NUL-terminated.
+int32_t ferry_config_restore_from(struct FerryConfig *config, const char *dir);
+
 // Adds a table of `keys` keys holding `value_len` floats each.
 //
 // # Safety
@@ -119,6 +127,16 @@ int32_t ferry_table(struct FerryNode *node, const char *name, uint32_t *index);
 //
 // `node` is null or a live node; `stats` is null or writable.
 int32_t ferry_node_stats(struct FerryNode *node, struct FerryStats *stats);
+
+// Writes this node's part of a checkpoint into directory `dir`: a collective call (every node
+// calls it with the same directory, one directory per checkpoint), made after a barrier that
+// every worker reached, with the workers going on after a second barrier. Returns once the
+// node's files are durable. See docs/CHECKPOINTS.md.
+//
+// # Safety
+//
+// `node` is null or a live node; `dir` is null or NUL-terminated.
+int32_t ferry_node_checkpoint(struct FerryNode *node, const char *dir);
 
 // Leaves the cluster cleanly (a barrier with every other node), then frees the node. Every
 // worker must be freed first. The node is freed whatever the outcome.

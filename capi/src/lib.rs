@@ -42,6 +42,8 @@ thread_local! {
 /// Tables described before a node starts.
 pub struct FerryConfig {
     tables: Vec<ferry::TableSpec>,
+    /// The checkpoint to start from (`ferry_config_restore_from`; else `FERRY_RESTORE`).
+    restore_from: Option<std::path::PathBuf>,
 }
 
 /// A running node.
@@ -86,7 +88,7 @@ fn code_of(e: &ferry::Error) -> i32 {
         E::WrongLength { .. } | E::Intent(_) => FERRY_ERR_ARGUMENT,
         E::PeerLost { .. } => FERRY_ERR_PEER_LOST,
         E::Timeout { .. } => FERRY_ERR_TIMEOUT,
-        E::Config(_) => FERRY_ERR_CONFIG,
+        E::Config(_) | E::Checkpoint(_) => FERRY_ERR_CONFIG,
         E::ShutDown => FERRY_ERR_SHUT_DOWN,
         _ => FERRY_ERR_OTHER,
     }
@@ -192,7 +194,23 @@ pub extern "C" fn ferry_last_error() -> *const c_char {
 /// A new, empty configuration; free it with `ferry_config_free`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ferry_config_new() -> *mut FerryConfig {
-    Box::into_raw(Box::new(FerryConfig { tables: Vec::new() }))
+    Box::into_raw(Box::new(FerryConfig { tables: Vec::new(), restore_from: None }))
+}
+
+/// Starts the node from the checkpoint in directory `dir` (written by `ferry_node_checkpoint`
+/// on any node count; the environment's `FERRY_RESTORE` does the same).
+///
+/// # Safety
+///
+/// `config` is null or a live configuration; `dir` is null or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_config_restore_from(config: *mut FerryConfig, dir: *const c_char) -> i32 {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (config, dir) = unsafe { (handle(config, "config")?, text(dir, "dir")?) };
+        config.restore_from = Some(dir.into());
+        Ok(())
+    })
 }
 
 /// Adds a table of `keys` keys holding `value_len` floats each.
@@ -239,7 +257,11 @@ pub unsafe extern "C" fn ferry_node_start(config: *const FerryConfig, node: *mut
         if node.is_null() {
             return Err(argument("node is null"));
         }
-        let started = ferry::Node::start(ferry::Config::from_env(config.tables.clone()).map_err(ferry_err)?).map_err(ferry_err)?;
+        let mut settings = ferry::Config::from_env(config.tables.clone()).map_err(ferry_err)?;
+        if let Some(dir) = &config.restore_from {
+            settings.restore_from = Some(dir.clone());
+        }
+        let started = ferry::Node::start(settings).map_err(ferry_err)?;
         let tables = config.tables.iter().map(|t| started.table(&t.name)).collect::<ferry::Result<Vec<_>>>().map_err(ferry_err)?;
         let boxed = Box::into_raw(Box::new(FerryNode { node: Some(started), tables }));
         // SAFETY: checked non-null above; writable as the caller guarantees.
@@ -305,6 +327,24 @@ pub unsafe extern "C" fn ferry_node_stats(node: *mut FerryNode, stats: *mut Ferr
         };
         // SAFETY: forwarded from this function's contract.
         unsafe { put(stats, counters, "stats") }
+    })
+}
+
+/// Writes this node's part of a checkpoint into directory `dir`: a collective call (every node
+/// calls it with the same directory, one directory per checkpoint), made after a barrier that
+/// every worker reached, with the workers going on after a second barrier. Returns once the
+/// node's files are durable. See docs/CHECKPOINTS.md.
+///
+/// # Safety
+///
+/// `node` is null or a live node; `dir` is null or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_node_checkpoint(node: *mut FerryNode, dir: *const c_char) -> i32 {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (n, dir) = unsafe { (handle(node, "node")?, text(dir, "dir")?) };
+        let live = n.node.as_ref().ok_or_else(|| (FERRY_ERR_SHUT_DOWN, "the node is finalized".to_string()))?;
+        live.checkpoint(dir).map(drop).map_err(ferry_err)
     })
 }
 
@@ -694,6 +734,58 @@ mod tests {
             ferry_worker_free(worker);
             assert_eq!(ferry_node_finalize(node), FERRY_OK, "{}", last_error());
         }
+    }
+
+    #[test]
+    fn a_checkpoint_through_the_c_functions_restores_a_node() {
+        let dir = std::env::temp_dir().join(format!("ferry-capi-checkpoint-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let dir_c = CString::new(dir.to_str().unwrap()).unwrap();
+        let name = CString::new("t").unwrap();
+        let start = |restore: bool| {
+            let config = ferry_config_new();
+            let mut node = std::ptr::null_mut();
+            // SAFETY: a live configuration and NUL-terminated strings.
+            unsafe {
+                assert_eq!(ferry_config_add_table(config, name.as_ptr(), 10, 2), FERRY_OK);
+                if restore {
+                    assert_eq!(ferry_config_restore_from(config, dir_c.as_ptr()), FERRY_OK);
+                }
+                let started = ferry_node_start(config, &mut node);
+                ferry_config_free(config);
+                (started, node)
+            }
+        };
+        let keys = [2u64, 7];
+        // SAFETY: live handles and buffers of the announced lengths throughout.
+        unsafe {
+            let (started, node) = start(false);
+            assert_eq!(started, FERRY_OK, "{}", last_error());
+            let mut worker = std::ptr::null_mut();
+            assert_eq!(ferry_worker_new(node, &mut worker), FERRY_OK);
+            assert_eq!(ferry_push(worker, 0, keys.as_ptr(), 2, [1.5f32, 2.5, 3.5, 4.5].as_ptr(), 4), FERRY_OK);
+            assert_eq!(ferry_barrier(worker), FERRY_OK);
+            assert_eq!(ferry_node_checkpoint(node, dir_c.as_ptr()), FERRY_OK, "{}", last_error());
+            assert_eq!(ferry_node_checkpoint(node, dir_c.as_ptr()), FERRY_ERR_CONFIG, "one checkpoint per directory");
+            assert!(last_error().contains("already holds a checkpoint"), "{}", last_error());
+            assert_eq!(ferry_node_checkpoint(node, std::ptr::null()), FERRY_ERR_ARGUMENT);
+            ferry_worker_free(worker);
+            assert_eq!(ferry_node_finalize(node), FERRY_OK);
+            let (started, node) = start(true);
+            assert_eq!(started, FERRY_OK, "{}", last_error());
+            let mut worker = std::ptr::null_mut();
+            assert_eq!(ferry_worker_new(node, &mut worker), FERRY_OK);
+            let mut out = [0.0f32; 4];
+            assert_eq!(ferry_pull(worker, 0, keys.as_ptr(), 2, out.as_mut_ptr(), 4), FERRY_OK);
+            assert_eq!(out, [1.5, 2.5, 3.5, 4.5]);
+            ferry_worker_free(worker);
+            assert_eq!(ferry_node_finalize(node), FERRY_OK);
+            std::fs::remove_file(dir.join("node-0.manifest")).unwrap();
+            let (started, _) = start(true);
+            assert_eq!(started, FERRY_ERR_CONFIG);
+            assert!(last_error().contains("node-0.manifest is missing"), "{}", last_error());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

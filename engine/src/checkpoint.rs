@@ -164,6 +164,12 @@ fn checksum_text(hash: u128) -> String {
     format!("xxh3-128:{hash:032x}")
 }
 
+/// The checksum of `bytes` as checkpoint manifests (and saved models) write it:
+/// `xxh3-128:` and 32 hex digits.
+pub fn file_checksum(bytes: &[u8]) -> String {
+    checksum_text(xxhash_rust::xxh3::xxh3_128(bytes))
+}
+
 /// Writes `words` as little-endian bytes: on a little-endian machine the slice's own bytes, in
 /// one piece.
 fn write_le<T: bytemuck::Pod + ToLe>(out: &mut dyn Write, words: &[T]) -> std::io::Result<()> {
@@ -194,9 +200,10 @@ impl ToLe for u64 {
     }
 }
 
-/// Writes `dir/name` through a temporary name, fsynced before the rename; returns the bytes
-/// written and their checksum.
-fn write_durably(dir: &Path, name: &str, body: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<(u64, String)> {
+/// Writes `dir/name` with `body` through a temporary name (`name.partial`), fsynced before it is
+/// renamed into place; returns the bytes written and their checksum ([`file_checksum`]). The
+/// directory itself is not fsynced: the caller does that once its files are all written.
+pub fn write_file_durably(dir: &Path, name: &str, body: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<(u64, String)> {
     let (path, partial) = (dir.join(name), dir.join(format!("{name}.partial")));
     let file = std::fs::File::create(&partial).map_err(|e| io("creating", &partial, e))?;
     let mut out = Hashing { inner: std::io::BufWriter::with_capacity(1 << 20, file), hash: Xxh3::new(), bytes: 0 };
@@ -237,7 +244,7 @@ pub(crate) fn write_node(dir: &Path, config: &Config, sequence: u64, cuts: &[Tab
             return Err(err(format!("table name {:?} holds a tab or a newline, which the manifest cannot hold", spec.name)));
         }
     }
-    let (bytes, checksum) = write_durably(dir, &values_name(rank), |out| {
+    let (bytes, checksum) = write_file_durably(dir, &values_name(rank), |out| {
         out.write_all(MAGIC)?;
         out.write_all(&(cuts.len() as u32).to_le_bytes())?;
         for cut in cuts {
@@ -268,7 +275,7 @@ pub(crate) fn write_node(dir: &Path, config: &Config, sequence: u64, cuts: &[Tab
             spec.name
         ));
     }
-    write_durably(dir, &manifest_name(rank), |out| out.write_all(text.as_bytes()))?;
+    write_file_durably(dir, &manifest_name(rank), |out| out.write_all(text.as_bytes()))?;
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io("syncing", dir, e))?;
     Ok(CheckpointInfo { dir: dir.to_path_buf(), sequence, keys: cuts.iter().map(|c| c.keys.len() as u64).sum(), bytes })
 }

@@ -55,11 +55,21 @@ impl Node {
 impl Node {
     /// Starts this process's node with `tables`, a list of `(name, keys, value_len)`; the cluster
     /// (rank, node count, coordinator, secret, timeouts) comes from the environment. Blocks until
-    /// every node has joined.
+    /// every node has joined. With `restore_from`, the node starts from the checkpoint in that
+    /// directory (written by `Node.checkpoint` on any node count; `FERRY_RESTORE` does the same).
     #[staticmethod]
-    fn start(py: Python<'_>, tables: Vec<(String, u64, usize)>) -> PyResult<Node> {
+    #[pyo3(signature = (tables, restore_from = None))]
+    fn start(py: Python<'_>, tables: Vec<(String, u64, usize)>, restore_from: Option<std::path::PathBuf>) -> PyResult<Node> {
         let specs: Vec<engine::TableSpec> = tables.iter().map(|(name, keys, len)| engine::TableSpec::new(name.as_str(), *keys, *len)).collect();
-        let node = py.allow_threads(|| engine::Config::from_env(specs).and_then(engine::Node::start)).map_err(failed)?;
+        let node = py
+            .allow_threads(|| {
+                let mut config = engine::Config::from_env(specs)?;
+                if restore_from.is_some() {
+                    config.restore_from = restore_from;
+                }
+                engine::Node::start(config)
+            })
+            .map_err(failed)?;
         let tables = tables.iter().map(|(name, _, _)| node.table(name).map(|t| (name.clone(), t))).collect::<engine::Result<Vec<_>>>().map_err(failed)?;
         Ok(Node { node: Some(node), tables })
     }
@@ -97,6 +107,15 @@ impl Node {
         d.set_item("late_accesses", s.intent.late_accesses)?;
         d.set_item("intent_replicas", s.intent.replicas_made)?;
         Ok(d)
+    }
+
+    /// Writes this node's part of a checkpoint into directory `dir` (one directory per
+    /// checkpoint): a collective call every node makes with the same directory, after a barrier
+    /// every worker reached, the workers going on after a second barrier. Returns once the
+    /// node's files are durable. See docs/CHECKPOINTS.md.
+    fn checkpoint(&self, py: Python<'_>, dir: std::path::PathBuf) -> PyResult<()> {
+        let node = self.live()?;
+        py.allow_threads(|| node.checkpoint(dir)).map(drop).map_err(failed)
     }
 
     /// Leaves the cluster cleanly (a barrier with every other node); close every worker first.

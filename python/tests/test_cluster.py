@@ -124,3 +124,45 @@ def test_errors_raise_ferry_error(cluster):
     with pytest.raises(TypeError):
         w.pull("params", np.array([1.5]))
     w.barrier()
+
+
+def test_a_checkpoint_restores_on_one_node(cluster):
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    node, w = cluster
+    # The same directory on every rank: named after this cluster's coordinator.
+    tag = os.environ.get("FERRY_COORDINATOR", "local").replace(":", "-").replace(".", "-")
+    directory = os.path.join(tempfile.gettempdir(), f"ferry-python-checkpoint-{tag}")
+    keys = np.arange(20, dtype=np.uint64)
+    if node.rank == 0:
+        w.set("params", keys, np.arange(20 * LEN, dtype=np.float32).reshape(20, LEN))
+    w.barrier()
+    node.checkpoint(directory)
+    w.barrier()
+    with pytest.raises(ferry.FerryError, match="already holds a checkpoint"):
+        node.checkpoint(directory)
+    w.barrier()
+    if node.rank == 0:
+        # One process alone restores what the two wrote.
+        env = {k: v for k, v in os.environ.items() if k != "FERRY_COORDINATOR"}
+        env.update(FERRY_RANK="0", FERRY_NODES="1")
+        script = (
+            "import json, sys, numpy as np, ferry\n"
+            f"node = ferry.Node.start([('params', {KEYS}, {LEN}), ('counts', 10, 1)], restore_from=sys.argv[1])\n"
+            "w = node.worker()\n"
+            "print(json.dumps(w.pull('params', np.arange(20, dtype=np.uint64)).tolist()))\n"
+            "w.close()\n"
+            "node.finalize()\n"
+        )
+        out = subprocess.run([sys.executable, "-c", script, directory], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        restored = np.array(json.loads(out.stdout.strip().splitlines()[-1]), dtype=np.float32)
+        assert np.array_equal(restored, np.arange(20 * LEN, dtype=np.float32).reshape(20, LEN))
+        for name in os.listdir(directory):
+            os.remove(os.path.join(directory, name))
+        os.rmdir(directory)
+    w.barrier()

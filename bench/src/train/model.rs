@@ -1,6 +1,6 @@
 //! Trained models out: every table of a model saved as a NumPy `.npy` matrix (one row per key,
 //! `float32`, C order) with a TSV of ids → rows beside it, and a `model.json` that says which
-//! task made it and with which settings, the run and epoch, and every file's size and SHA-256.
+//! task made it and with which settings, the run and epoch, and every file's size and checksum (XXH3-128, as in checkpoints).
 //! [`save`] replaces the directory as a whole, so a crash leaves the old model or the new one;
 //! [`load`] reads such a directory back (for predictions) and refuses a damaged or mixed one,
 //! naming the file.
@@ -16,7 +16,6 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 /// One table of a model: `ids.len()` rows of `cols` values.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,7 +94,7 @@ pub fn run_id() -> &'static str {
 }
 
 /// Writes `tables` (the model after `epoch`) as the directory `dir`: `NAME.npy`, `NAME.tsv`
-/// (`id<TAB>row` lines) and `model.json`, which lists every file with its size and SHA-256
+/// (`id<TAB>row` lines) and `model.json`, which lists every file with its size and checksum
 /// beside the run id and epoch.
 ///
 /// A save replaces `dir` as a whole: the new model is written and fsynced in `DIR.partial`, then
@@ -164,7 +163,7 @@ impl Saving {
             listed.push(json!({ "name": t.name, "rows": t.ids.len(), "cols": t.cols }));
         }
         let description = json!({ "format": FORMAT, "task": task, "run_id": run_id(), "epoch": epoch, "meta": meta, "tables": listed, "files": files });
-        write_durably(&partial, "model.json", |out| Ok(serde_json::to_writer_pretty(out, &description)?))?;
+        write_durably(&partial, "model.json", |out| serde_json::to_writer_pretty(out, &description).map_err(std::io::Error::other))?;
         sync_dir(&partial)?;
         self.step()?;
         if dir.exists() {
@@ -202,41 +201,10 @@ fn sync_dir(dir: &Path) -> Result<()> {
     std::fs::File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing directory {}", dir.display()))
 }
 
-/// A writer that hashes and counts what passes through it.
-struct Hashing<W> {
-    inner: W,
-    hash: Sha256,
-    bytes: u64,
-}
-
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hash.update(&buf[..n]);
-        self.bytes += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-/// Writes `dir/name` and fsyncs it; returns its entry for `model.json` (name, size, SHA-256).
-fn write_durably(dir: &Path, name: &str, body: impl FnOnce(&mut Hashing<std::io::BufWriter<std::fs::File>>) -> Result<()>) -> Result<Value> {
-    let path = dir.join(name);
-    let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    let mut out = Hashing { inner: std::io::BufWriter::new(file), hash: Sha256::new(), bytes: 0 };
-    body(&mut out).with_context(|| format!("writing {}", path.display()))?;
-    out.flush().with_context(|| format!("writing {}", path.display()))?;
-    let Hashing { inner, hash, bytes } = out;
-    let file = inner.into_inner().map_err(|e| e.into_error()).with_context(|| format!("writing {}", path.display()))?;
-    file.sync_all().with_context(|| format!("syncing {}", path.display()))?;
-    Ok(json!({ "name": name, "bytes": bytes, "sha256": hex(&hash.finalize()) }))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// Writes `dir/name` and fsyncs it; returns its entry for `model.json` (name, size, checksum).
+fn write_durably(dir: &Path, name: &str, body: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<Value> {
+    let (bytes, checksum) = ferry::write_file_durably(dir, name, body)?;
+    Ok(json!({ "name": name, "bytes": bytes, "checksum": checksum }))
 }
 
 /// The directory a model in `dir` is read from: `dir`, or the previous model a save was
@@ -254,7 +222,7 @@ fn read_checked(dir: &Path, name: &str, files: Option<&Vec<Value>>) -> Result<Ve
     let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
     let Some(files) = files else { return Ok(bytes) };
     let entry = files.iter().find(|f| f["name"] == name).with_context(|| format!("{}: model.json does not list it", path.display()))?;
-    let (want_bytes, want_hash) = (entry["bytes"].as_u64(), entry["sha256"].as_str());
+    let (want_bytes, want_hash) = (entry["bytes"].as_u64(), entry["checksum"].as_str());
     ensure!(
         want_bytes == Some(bytes.len() as u64),
         "{}: {} bytes where model.json says {:?} (damaged, or from another save)",
@@ -263,8 +231,8 @@ fn read_checked(dir: &Path, name: &str, files: Option<&Vec<Value>>) -> Result<Ve
         want_bytes
     );
     ensure!(
-        want_hash == Some(hex(&Sha256::digest(&bytes)).as_str()),
-        "{}: its SHA-256 differs from model.json's (damaged, or from another save)",
+        want_hash == Some(ferry::file_checksum(&bytes).as_str()),
+        "{}: its checksum differs from model.json's (damaged, or from another save)",
         path.display()
     );
     Ok(bytes)
@@ -377,7 +345,7 @@ fn write_atomically(path: &Path, body: impl FnOnce(&mut std::io::BufWriter<std::
 const NPY_MAGIC: &[u8] = b"\x93NUMPY";
 
 /// Writes a `rows × cols` little-endian `float32` matrix in NPY format 1.0.
-fn write_npy(out: &mut impl Write, rows: usize, cols: usize, data: &[f32]) -> Result<()> {
+fn write_npy(out: &mut dyn Write, rows: usize, cols: usize, data: &[f32]) -> std::io::Result<()> {
     let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
     // Magic (6), version (2) and length (2) before it; the data starts 64-byte aligned.
     let unpadded = NPY_MAGIC.len() + 4 + header.len() + 1;
@@ -470,7 +438,7 @@ mod tests {
         *flipped.last_mut().unwrap() ^= 1;
         std::fs::write(dir.join("users.npy"), &flipped).unwrap();
         let e = error(&dir);
-        assert!(e.contains("users.npy") && e.contains("SHA-256"), "{e}");
+        assert!(e.contains("users.npy") && e.contains("checksum"), "{e}");
         std::fs::write(dir.join("users.npy"), &npy).unwrap();
         let tsv = std::fs::read(dir.join("items.tsv")).unwrap();
         std::fs::write(dir.join("items.tsv"), &tsv[..tsv.len() - 1]).unwrap();
