@@ -158,6 +158,29 @@ fn incomplete_damaged_and_mismatched_checkpoints_are_refused_by_name() {
     std::fs::remove_file(incomplete.join("node-1.manifest")).unwrap();
     let e = refusal(&incomplete, fitting());
     assert!(e.contains("node-1.manifest is missing"), "{e}");
+    // A crash at each step of a node's writing (values file partly written, written but not
+    // renamed, renamed without a manifest, manifest written but not renamed): never restored.
+    for (step, state) in ["values being written", "values not renamed", "no manifest yet", "manifest not renamed"].iter().enumerate() {
+        let crashed = copy_of(&dir, &format!("crashed-{step}"));
+        let (values, manifest) = (crashed.join("node-1.values"), crashed.join("node-1.manifest"));
+        match step {
+            0 => {
+                let bytes = std::fs::read(&values).unwrap();
+                std::fs::write(crashed.join("node-1.values.partial"), &bytes[..bytes.len() / 3]).unwrap();
+                std::fs::remove_file(&values).unwrap();
+                std::fs::remove_file(&manifest).unwrap();
+            }
+            1 => {
+                std::fs::rename(&values, crashed.join("node-1.values.partial")).unwrap();
+                std::fs::remove_file(&manifest).unwrap();
+            }
+            2 => std::fs::remove_file(&manifest).unwrap(),
+            _ => std::fs::rename(&manifest, crashed.join("node-1.manifest.partial")).unwrap(),
+        }
+        let e = refusal(&crashed, fitting());
+        assert!(e.contains("node-1.manifest is missing"), "{state}: {e}");
+        let _ = std::fs::remove_dir_all(&crashed);
+    }
     // A flipped byte and a cut file, named.
     let flipped = copy_of(&dir, "flipped");
     let mut bytes = std::fs::read(flipped.join("node-0.values")).unwrap();
