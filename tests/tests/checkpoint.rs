@@ -106,6 +106,17 @@ fn a_checkpoint_restores_on_other_node_counts_and_partitionings() {
     {
         let restored = Node::start_local_cluster(nodes, config(tables(added, learned)).restoring_from(&dir)).unwrap();
         assert_eq!(pull_all(&restored), held, "{nodes} node(s), {added:?}/{learned:?}");
+        if nodes == 3 {
+            // 3 → 2: the restored cluster's own checkpoint, restored on 2 nodes.
+            let again = scratch("restore-3");
+            for written in checkpoint(&restored, &again) {
+                written.unwrap();
+            }
+            let two = Node::start_local_cluster(2, config(tables(Partitioning::Range, Partitioning::Range)).restoring_from(&again)).unwrap();
+            assert_eq!(pull_all(&two), held, "3 -> 2 nodes");
+            finalize_all(two);
+            let _ = std::fs::remove_dir_all(&again);
+        }
         stepped.push(step_learned(&restored));
         finalize_all(restored);
     }
