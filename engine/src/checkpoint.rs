@@ -218,8 +218,7 @@ pub fn write_file_durably(dir: &Path, name: &str, body: impl FnOnce(&mut dyn Wri
 /// An id of the cluster that wrote a checkpoint: every node of one run has the same (its
 /// settings and its coordinator), so that files of two runs are not taken for one checkpoint.
 pub(crate) fn cluster_id(config: &Config) -> u64 {
-    let text = format!("{}{}", config.fingerprint_text(), config.coordinator);
-    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    crate::config::fnv1a(format!("{}{}", config.fingerprint_text(), config.coordinator).as_bytes())
 }
 
 fn values_name(rank: usize) -> String {
