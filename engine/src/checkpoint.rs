@@ -476,53 +476,70 @@ impl ValuesReader {
     }
 }
 
+/// What a reader needs of one table: its name, key count and words per key (value, then
+/// state), and how its keys are partitioned now.
+struct Shape {
+    name: String,
+    keys: u64,
+    value_len: usize,
+    words_per_key: usize,
+    partitioning: crate::config::Partitioning,
+}
+
+impl Shape {
+    fn of(spec: &TableSpec) -> Shape {
+        Shape {
+            name: spec.name.clone(),
+            keys: spec.keys,
+            value_len: spec.value_len,
+            words_per_key: spec.value_len + spec.state_len(),
+            partitioning: spec.partitioning,
+        }
+    }
+}
+
 /// Where the records of a checkpoint go as it is read: node `rank` of `nodes` takes the keys
 /// it is home of (`apply` with `home` true) and those `also` names (replicas; `home` false).
 struct Target<'a> {
-    specs: &'a [TableSpec],
+    shapes: &'a [Shape],
     rank: usize,
     nodes: usize,
     also: &'a dyn Fn(usize, u64) -> bool,
 }
 
-/// Reads the whole checkpoint in `dir` into `target`: every record it takes goes to
-/// `apply(table, key, bytes, home)`, `bytes` its value's and state's words, little-endian.
+/// Reads the whole checkpoint of `manifests` in `dir` into `target`: every record it takes goes
+/// to `apply(table, key, bytes, home)`, `bytes` its value's and state's words, little-endian.
 /// Checks that each of its home keys was in exactly one file.
-fn read_into(dir: &Path, target: &Target<'_>, mut apply: impl FnMut(usize, u64, &[u8], bool) -> Result<()>) -> Result<u64> {
-    let manifests = manifests(dir, target.specs)?;
-    let (specs, rank) = (target.specs, target.rank);
-    let partitioners: Vec<Partitioner> = specs.iter().map(|t| Partitioner::new(t.keys, target.nodes, t.partitioning)).collect();
-    // Per table, which of the home keys were found (sized by the configuration, not the files).
-    let mut found: Vec<Vec<bool>> = specs.iter().map(|t| vec![false; t.keys as usize]).collect();
+fn read_into(dir: &Path, manifests: &[Manifest], target: &Target<'_>, mut apply: impl FnMut(usize, u64, &[u8], bool) -> Result<()>) -> Result<u64> {
+    let (shapes, rank) = (target.shapes, target.rank);
+    let partitioners: Vec<Partitioner> = shapes.iter().map(|t| Partitioner::new(t.keys, target.nodes, t.partitioning)).collect();
+    // Per table, which of the home keys were found (sized by the configuration, or by a
+    // manifest checked against the files' sizes: never by a count read from a file alone).
+    let mut found: Vec<Vec<bool>> = shapes.iter().map(|t| vec![false; t.keys as usize]).collect();
     let mut loaded = 0u64;
     let (mut keys, mut rows) = (Vec::new(), Vec::new());
-    for m in &manifests {
+    for m in manifests {
         let mut r = ValuesReader::open(dir, m)?;
         let path = r.path.clone();
         if r.array::<8>()? != *MAGIC {
             return Err(err(format!("{}: not a checkpoint values file", path.display())));
         }
         let tables = r.u32()? as usize;
-        if tables != specs.len() {
-            return Err(err(format!("{}: {tables} table(s) where the manifest lists {}", path.display(), specs.len())));
+        if tables != shapes.len() {
+            return Err(err(format!("{}: {tables} table(s) where the manifest lists {}", path.display(), shapes.len())));
         }
         for _ in 0..tables {
             let id = r.u16()? as usize;
-            let spec = specs.get(id).ok_or_else(|| err(format!("{}: table id {id} does not exist", path.display())))?;
+            let shape = shapes.get(id).ok_or_else(|| err(format!("{}: table id {id} does not exist", path.display())))?;
             let words_per_key = r.u32()? as usize;
-            if words_per_key != spec.value_len + spec.state_len() {
-                return Err(err(format!(
-                    "{}: table '{}' has {words_per_key} words per key, not {}",
-                    path.display(),
-                    spec.name,
-                    spec.value_len + spec.state_len()
-                )));
+            if words_per_key != shape.words_per_key {
+                return Err(err(format!("{}: table '{}' has {words_per_key} words per key, not {}", path.display(), shape.name, shape.words_per_key)));
             }
             let count = r.u64()?;
             // Checked against the bytes left before anything is sized by it.
             let row_bytes = 4 * words_per_key;
             if count.checked_mul(8 + row_bytes as u64).is_none_or(|n| n > r.left()) {
-                return Err(err(format!("{}: table '{}' claims {count} keys, more than the file holds", path.display(), spec.name)));
+                return Err(err(format!("{}: table '{}' claims {count} keys, more than the file holds", path.display(), shape.name)));
             }
             r.bytes(count as usize * 8, &mut keys)?;
             let per_piece = (PIECE / row_bytes.max(1)).max(1);
@@ -530,8 +547,8 @@ fn read_into(dir: &Path, target: &Target<'_>, mut apply: impl FnMut(usize, u64, 
                 r.bytes(piece.len() / 8 * row_bytes, &mut rows)?;
                 for (key, row) in piece.chunks_exact(8).zip(rows.chunks_exact(row_bytes.max(1))) {
                     let key = u64::from_le_bytes(key.try_into().expect("8 bytes"));
-                    if key >= spec.keys {
-                        return Err(err(format!("{}: key {key} is outside table '{}' (keys 0..{})", path.display(), spec.name, spec.keys)));
+                    if key >= shape.keys {
+                        return Err(err(format!("{}: key {key} is outside table '{}' (keys 0..{})", path.display(), shape.name, shape.keys)));
                     }
                     let home = partitioners[id].home(key) == rank;
                     if !home && !(target.also)(id, key) {
@@ -540,7 +557,7 @@ fn read_into(dir: &Path, target: &Target<'_>, mut apply: impl FnMut(usize, u64, 
                     if home {
                         let seen = &mut found[id][key as usize];
                         if *seen {
-                            return Err(err(format!("key {key} of table '{}' is in two nodes' files of {}", spec.name, dir.display())));
+                            return Err(err(format!("key {key} of table '{}' is in two nodes' files of {}", shape.name, dir.display())));
                         }
                         *seen = true;
                     }
@@ -551,9 +568,9 @@ fn read_into(dir: &Path, target: &Target<'_>, mut apply: impl FnMut(usize, u64, 
         }
         r.finish(&m.file.2)?;
     }
-    for (id, spec) in specs.iter().enumerate() {
+    for (id, shape) in shapes.iter().enumerate() {
         if let Some(key) = partitioners[id].home_keys(rank).find(|&k| !found[id][k as usize]) {
-            return Err(err(format!("key {key} of table '{}' is in no node's file of {}: the checkpoint is incomplete", spec.name, dir.display())));
+            return Err(err(format!("key {key} of table '{}' is in no node's file of {}: the checkpoint is incomplete", shape.name, dir.display())));
         }
     }
     Ok(loaded)
@@ -563,11 +580,13 @@ fn read_into(dir: &Path, target: &Target<'_>, mut apply: impl FnMut(usize, u64, 
 /// built): the keys this node is home of, and its replicas of replicated keys. Returns the keys
 /// loaded.
 pub(crate) fn restore(dir: &Path, store: &Store, config: &Config) -> Result<u64> {
+    let manifests = manifests(dir, &config.tables)?;
     let also = |table: usize, key: u64| store.table(table as u16).is_replicated(key);
-    let target = Target { specs: &config.tables, rank: config.rank, nodes: config.nodes, also: &also };
+    let shapes: Vec<Shape> = config.tables.iter().map(Shape::of).collect();
+    let target = Target { shapes: &shapes, rank: config.rank, nodes: config.nodes, also: &also };
     // Every latch for the whole restore: one lock instead of one per key.
     let all = store.lock_all();
-    read_into(dir, &target, |table, key, bytes, _| {
+    read_into(dir, &manifests, &target, |table, key, bytes, _| {
         let slot = all
             .slot(table as u16, key)
             .ok_or_else(|| err(format!("key {key} of table '{}' has no slot on node {} to restore into", config.tables[table].name, config.rank)))?;
@@ -603,16 +622,96 @@ pub fn write_arrays_checkpoint(dir: impl AsRef<Path>, specs: &[TableSpec], value
 /// Reads the whole checkpoint in `dir`, written by any node count, as dense tables for one
 /// process: every key's value of `specs[t]`, key after key (optimizer state left out).
 pub fn read_arrays_checkpoint(dir: impl AsRef<Path>, specs: &[TableSpec]) -> Result<Vec<Vec<f32>>> {
-    let mut out: Vec<Vec<f32>> = specs.iter().map(|s| vec![0.0; (s.keys as usize).saturating_mul(s.value_len)]).collect();
-    let target = Target { specs, rank: 0, nodes: 1, also: &|_, _| false };
-    read_into(dir.as_ref(), &target, |table, key, bytes, _| {
-        let len = specs[table].value_len;
+    let dir = dir.as_ref();
+    let manifests = manifests(dir, specs)?;
+    let shapes: Vec<Shape> = specs.iter().map(Shape::of).collect();
+    read_dense(dir, &manifests, &shapes)
+}
+
+/// Every key's value (state left out) of every table in `shapes`, key after key, from the
+/// checkpoint of `manifests` in `dir`.
+fn read_dense(dir: &Path, manifests: &[Manifest], shapes: &[Shape]) -> Result<Vec<Vec<f32>>> {
+    let mut out: Vec<Vec<f32>> = shapes.iter().map(|s| vec![0.0; (s.keys as usize).saturating_mul(s.value_len)]).collect();
+    let target = Target { shapes, rank: 0, nodes: 1, also: &|_, _| false };
+    read_into(dir, manifests, &target, |table, key, bytes, _| {
+        let len = shapes[table].value_len;
         for (o, b) in out[table][key as usize * len..(key as usize + 1) * len].iter_mut().zip(bytes.chunks_exact(4)) {
             *o = f32::from_le_bytes(b.try_into().expect("4 bytes"));
         }
         Ok(())
     })?;
     Ok(out)
+}
+
+/// One table of a checkpoint, read whole by [`read_checkpoint`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointTable {
+    /// The table's name.
+    pub name: String,
+    /// Its key count: `values` holds keys `0..keys`.
+    pub keys: u64,
+    /// Values per key.
+    pub value_len: usize,
+    /// The updater it was trained with (as its manifest names it; its state is not read).
+    pub updater: String,
+    /// Every key's value, key after key (`keys × value_len`).
+    pub values: Vec<f32>,
+}
+
+/// Reads the whole checkpoint in `dir`, written by any node count, without knowing its tables
+/// beforehand: every table's values, key after key (optimizer state left out). This is how a
+/// checkpoint is read outside a cluster (a model's predictions, an export, NumPy through the
+/// Python binding); a cluster restores with [`crate::Config::restore_from`] instead.
+///
+/// The tables' sizes come from the manifests, checked against the values files' sizes before
+/// anything is allocated by them.
+pub fn read_checkpoint(dir: impl AsRef<Path>) -> Result<Vec<CheckpointTable>> {
+    let dir = dir.as_ref();
+    let manifests = whole(dir)?;
+    let first = &manifests[0];
+    // Every key is written by exactly one node, so the records over all nodes are the key
+    // count, and each file holds its records' bytes.
+    for (t, (_, _, keys, value_len, state_len, _, name)) in first.tables.iter().enumerate() {
+        let records: u64 = manifests.iter().map(|m| m.tables[t].1).fold(0u64, u64::saturating_add);
+        if records != *keys {
+            return Err(err(format!("{}: table '{name}' has {records} records over all nodes' manifests for {keys} keys", dir.display())));
+        }
+        if value_len.checked_add(*state_len).is_none_or(|w| w > u32::MAX as usize) {
+            return Err(err(format!("{}: table '{name}' has a value length beyond a u32", dir.display())));
+        }
+    }
+    for m in &manifests {
+        let bytes = m.tables.iter().try_fold(0u64, |sum, (_, records, _, value_len, state_len, _, _)| {
+            records.checked_mul(8 + 4 * (*value_len + *state_len) as u64).and_then(|b| sum.checked_add(b))
+        });
+        if bytes.is_none_or(|b| b > m.file.1) {
+            return Err(err(format!("{}: its manifest lists more records than its values file's {} bytes hold", dir.join(&m.file.0).display(), m.file.1)));
+        }
+    }
+    let shapes: Vec<Shape> = first
+        .tables
+        .iter()
+        .map(|(_, _, keys, value_len, state_len, _, name)| Shape {
+            name: name.clone(),
+            keys: *keys,
+            value_len: *value_len,
+            words_per_key: value_len + state_len,
+            partitioning: crate::config::Partitioning::Range,
+        })
+        .collect();
+    let values = read_dense(dir, &manifests, &shapes)?;
+    Ok(first
+        .tables
+        .iter()
+        .zip(values)
+        .map(|((_, _, keys, value_len, _, updater, name), values)| CheckpointTable {
+            name: name.clone(),
+            keys: *keys,
+            value_len: *value_len,
+            updater: updater.clone(),
+            values,
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -635,5 +734,27 @@ mod tests {
             let e = parse_manifest(path, broken).unwrap_err().to_string();
             assert!(e.contains(want) && e.contains("node-0.manifest"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_checkpoint_reads_back_without_its_tables_and_sizes_are_checked_before_use() {
+        let dir = std::env::temp_dir().join(format!("ferry-read-checkpoint-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let specs = [TableSpec::new("a", 3, 2), TableSpec::new("b", 2, 1).with_updater(crate::Updater::adagrad(0.1))];
+        let (a, b) = (vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], vec![-1.0, 0.5]);
+        write_arrays_checkpoint(&dir, &specs, &[&a, &b], 7).unwrap();
+        let tables = read_checkpoint(&dir).unwrap();
+        assert_eq!(tables.iter().map(|t| (t.name.as_str(), t.keys, t.value_len)).collect::<Vec<_>>(), [("a", 3, 2), ("b", 2, 1)]);
+        assert_eq!((&tables[0].values, &tables[1].values), (&a, &b));
+        // A manifest that claims more keys than its file holds is refused before anything is
+        // sized by it.
+        let manifest = dir.join("node-0.manifest");
+        let text = std::fs::read_to_string(&manifest).unwrap();
+        let inflated = text.replace("table\t0\t3\t3\t", "table\t0\t300000000000\t300000000000\t");
+        assert_ne!(inflated, text);
+        std::fs::write(&manifest, inflated).unwrap();
+        let e = read_checkpoint(&dir).unwrap_err().to_string();
+        assert!(e.contains("more records than its values file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -58,7 +58,10 @@ pub mod update;
 mod util;
 mod worker;
 
-pub use checkpoint::{CheckpointInfo, CheckpointWriting, checkpoint_nodes, file_checksum, read_arrays_checkpoint, write_arrays_checkpoint, write_file_durably};
+pub use checkpoint::{
+    CheckpointInfo, CheckpointTable, CheckpointWriting, checkpoint_nodes, file_checksum, read_arrays_checkpoint, read_checkpoint, write_arrays_checkpoint,
+    write_file_durably,
+};
 pub use codec::ValueCodec;
 pub use config::{
     ClusterEnv, Config, ElementType, HugePages, IntentSettings, MIN_SECRET_BYTES, Partitioning, TableSpec, TransportChoice, VerbsSettings, generate_secret,

@@ -283,8 +283,24 @@ impl Worker {
 }
 
 /// The `ferry` Python module.
+/// Reads a whole checkpoint (written by `Node.checkpoint` on any number of nodes, or by a
+/// training run's `--checkpoint-dir`) outside a cluster: a dict of every table's values by
+/// name, each a `float32` array of shape `(keys, value_len)` (optimizer state left out).
+/// Raises `FerryError` naming the file when the checkpoint is incomplete or damaged.
+#[pyfunction]
+fn read_checkpoint<'py>(py: Python<'py>, dir: std::path::PathBuf) -> PyResult<Bound<'py, PyDict>> {
+    let tables = py.allow_threads(|| engine::read_checkpoint(&dir)).map_err(failed)?;
+    let out = PyDict::new(py);
+    for t in tables {
+        let shape = [t.keys as usize, t.value_len];
+        out.set_item(t.name, PyArray1::from_vec(py, t.values).reshape(shape)?)?;
+    }
+    Ok(out)
+}
+
 #[pymodule]
 fn ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(read_checkpoint, m)?)?;
     m.add_class::<Node>()?;
     m.add_class::<Worker>()?;
     m.add("FerryError", m.py().get_type::<FerryError>())?;

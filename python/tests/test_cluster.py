@@ -162,6 +162,14 @@ def test_a_checkpoint_restores_on_one_node(cluster):
         assert out.returncode == 0, out.stderr
         restored = np.array(json.loads(out.stdout.strip().splitlines()[-1]), dtype=np.float32)
         assert np.array_equal(restored, np.arange(20 * LEN, dtype=np.float32).reshape(20, LEN))
+        # Read without a cluster: every table whole, as NumPy arrays.
+        tables = ferry.read_checkpoint(directory)
+        assert sorted(tables) == ["counts", "params"]
+        assert tables["params"].shape == (KEYS, LEN) and tables["params"].dtype == np.float32
+        assert np.array_equal(tables["params"][:20], np.arange(20 * LEN, dtype=np.float32).reshape(20, LEN))
+        os.remove(os.path.join(directory, "node-1.manifest"))
+        with pytest.raises(ferry.FerryError, match="node-1.manifest is missing"):
+            ferry.read_checkpoint(directory)
         for name in os.listdir(directory):
             os.remove(os.path.join(directory, name))
         os.rmdir(directory)

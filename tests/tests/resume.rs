@@ -74,7 +74,9 @@ fn a_cluster_killed_after_a_checkpoint_resumes_on_another_node_count() {
     let run = ["mf", "--data", "synth-tiny", "--rank", "4", "--mode", "localize", "--epochs", "8", "--checkpoint-every", "2", "--checkpoint-dir", checkpoints];
     let uninterrupted = train(&run[..run.len() - 4].iter().copied().chain(["--nodes", "2"]).collect::<Vec<_>>());
     kill_after(&run.iter().copied().chain(["--nodes", "2"]).collect::<Vec<_>>(), &dir.join("checkpoints/epoch-4/node-1.manifest"));
-    let resumed = train(&run.iter().copied().chain(["--nodes", "3", "--resume", checkpoints]).collect::<Vec<_>>());
+    let saved = dir.join("saved");
+    let saved = saved.to_str().unwrap();
+    let resumed = train(&run.iter().copied().chain(["--nodes", "3", "--resume", checkpoints, "--save", saved]).collect::<Vec<_>>());
     let first = resumed[0]["epoch"].as_u64().unwrap();
     assert!((3..=8).contains(&first), "resumed at epoch {first}");
     let rmse = |reports: &[Value]| reports.last().unwrap()["quality"]["rmse"].as_f64().unwrap();
@@ -82,5 +84,38 @@ fn a_cluster_killed_after_a_checkpoint_resumes_on_another_node_count() {
     assert!((again - whole).abs() < 0.03 * whole, "RMSE {again} after resuming on 3 nodes, {whole} uninterrupted");
     // Resumed training on from its checkpoint rather than from the start: fewer epochs reported.
     assert!(resumed.len() < uninterrupted.len());
+    read_as_a_model(&dir, &dir.join("checkpoints/epoch-8"), &dir.join("saved"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The checkpoint of a 3-node MF run after its last epoch (`checkpoint`) reads as the model the
+/// same run saved then (`saved`): the same predictions, the same `.npy` files once exported; a
+/// damaged file of it is refused by name.
+fn read_as_a_model(dir: &Path, checkpoint: &Path, saved: &Path) {
+    std::fs::write(dir.join("pairs.tsv"), "0 1\n5 7\n3 2\n").unwrap();
+    let predict =
+        |model: &Path| Command::new(binary("ferry")).args(["train", "mf", "--predict"]).arg(dir.join("pairs.tsv")).arg("--model").arg(model).output().unwrap();
+    let (from_checkpoint, from_save) = (predict(checkpoint), predict(saved));
+    assert!(from_checkpoint.status.success(), "{}", String::from_utf8_lossy(&from_checkpoint.stderr));
+    assert_eq!(String::from_utf8_lossy(&from_checkpoint.stdout).lines().count(), 3);
+    assert_eq!(from_checkpoint.stdout, from_save.stdout);
+    let exported = dir.join("exported");
+    let out = Command::new(binary("ferry")).arg("export").arg(checkpoint).args(["--format", "npy", "--out"]).arg(&exported).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for table in ["users.npy", "items.npy", "users.tsv"] {
+        assert!(std::fs::read(exported.join(table)).unwrap() == std::fs::read(saved.join(table)).unwrap(), "{table} differs");
+    }
+    // One flipped byte in a node's values, then in the ids: refused, naming the file.
+    for file in ["node-2.values", "items.tsv"] {
+        let path = checkpoint.join(file);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x20;
+        std::fs::write(&path, &bytes).unwrap();
+        let refused = predict(checkpoint);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && stderr.contains(file) && stderr.contains("checksum"), "{file}: {stderr}");
+        bytes[middle] ^= 0x20;
+        std::fs::write(&path, &bytes).unwrap();
+    }
 }

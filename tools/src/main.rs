@@ -58,12 +58,13 @@ enum Command {
     /// Train a model (the same as `ferry-bench train`).
     #[command(subcommand)]
     Train(Box<ferry_bench::train::TrainCommand>),
-    /// Write a model saved by `train … --save DIR` in a text format: a TSV per table
-    /// (`id<TAB>values…`), or the word2vec text format of one table (for gensim and friends).
+    /// Write a model saved by `train … --save DIR`, or held by a training checkpoint, in another
+    /// format: a TSV per table (`id<TAB>values…`), the word2vec text format of one table (for
+    /// gensim and friends), or a saved model's `.npy` files (for NumPy).
     Export {
-        /// The saved model's directory.
+        /// The saved model's directory, or a training checkpoint's (`--checkpoint-dir D`: `D/epoch-N`).
         model: std::path::PathBuf,
-        /// Where to write: a directory for `tsv`, a file for `word2vec`.
+        /// Where to write: a directory for `tsv` and `npy`, a file for `word2vec`.
         #[arg(long)]
         out: std::path::PathBuf,
         /// The format.

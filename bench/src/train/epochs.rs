@@ -72,6 +72,11 @@ pub trait Workload: Task {
     /// Whether the reporter reads the model after `epoch` (to evaluate or save it): the other
     /// nodes then wait until it has, instead of training on.
     fn reads_model(&self, epoch: usize) -> bool;
+    /// How the model reads as a saved model, written beside every checkpoint so that it is
+    /// read as one; `None`: the task saves no models.
+    fn describe<'a>(&self, _data: &'a Self::Data) -> Option<super::checkpoint_model::Description<'a>> {
+        None
+    }
     /// The quality after `epoch`, at the reporter, which may also save the model here: `model`
     /// reads the tables, `sums` are the epoch's figures summed over every thread of every node,
     /// `threads` is how many there were, `emit` reports the evaluation's progress.
@@ -412,7 +417,7 @@ impl SingleRun<'_> {
                 elapsed += epoch_s;
                 attempt(self.report(task, data, pass, epoch, epoch_s, elapsed));
                 if task.common().checkpoint_now(epoch) && !self.failed.load(std::sync::atomic::Ordering::Acquire) {
-                    attempt(self.checkpoint(task.common(), pass, epoch));
+                    attempt(self.checkpoint(task, data, pass, epoch));
                 }
             }
         }
@@ -421,11 +426,12 @@ impl SingleRun<'_> {
 
     /// The reporter's checkpoint after `epoch`: a copy of the arrays (the others wait at the
     /// next epoch's barrier), written by a thread of its own while training goes on.
-    fn checkpoint(&self, common: &super::Common, pass: &Pass<'_>, epoch: usize) -> Result<()> {
-        let dir = common.checkpoint_dir.clone().expect("checkpoints have a directory");
+    fn checkpoint<W: Workload>(&self, task: &W, data: &W::Data, pass: &Pass<'_>, epoch: usize) -> Result<()> {
+        let dir = task.common().checkpoint_dir.clone().expect("checkpoints have a directory");
         let started = std::time::Instant::now();
         self.wait_for_checkpoint()?;
         super::resume::prepare(&dir, epoch)?;
+        describe_checkpoint(task, data, &self.specs, &dir, epoch, 1)?;
         let arrays = pass.shared().expect("single mode has shared arrays");
         let values: Vec<Vec<f32>> = arrays.iter().map(|a| a.to_vec()).collect();
         let specs = self.specs.clone();
@@ -519,7 +525,7 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
                 (emit.lock())(Event::Epoch(Box::new(report)));
             }
             if let Some(dir) = common.checkpoint_dir.as_deref().filter(|_| common.checkpoint_now(epoch)) {
-                checkpoint(node, &mut pass, dir, epoch, &mut writing)?;
+                checkpoint((task, data), node, &mut pass, dir, epoch, &mut writing)?;
             }
         }
         if let Some(dir) = common.checkpoint_dir.as_deref() {
@@ -535,7 +541,14 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
 /// pushes acknowledged; rank 0's thread 0 makes room (each node's previous checkpoint finished
 /// writing before it came); then each node's thread 0 takes the node's cut while the others
 /// wait at a second barrier, and its files are written in the background (`writing`).
-fn checkpoint(node: &Node, pass: &mut Pass<'_>, dir: &std::path::Path, epoch: usize, writing: &mut Option<ferry::CheckpointWriting>) -> Result<()> {
+fn checkpoint<W: Workload>(
+    (task, data): (&W, &W::Data),
+    node: &Node,
+    pass: &mut Pass<'_>,
+    dir: &std::path::Path,
+    epoch: usize,
+    writing: &mut Option<ferry::CheckpointWriting>,
+) -> Result<()> {
     let started = std::time::Instant::now();
     if let Some(previous) = writing.take() {
         previous.wait()?;
@@ -543,6 +556,8 @@ fn checkpoint(node: &Node, pass: &mut Pass<'_>, dir: &std::path::Path, epoch: us
     pass.barrier()?;
     if pass.rank == 0 && pass.thread == 0 {
         super::resume::prepare(dir, epoch)?;
+        let specs: Vec<TableSpec> = node.config().tables.clone();
+        describe_checkpoint(task, data, &specs, dir, epoch, pass.nodes)?;
     }
     pass.barrier()?;
     if pass.thread == 0 {
@@ -553,6 +568,15 @@ fn checkpoint(node: &Node, pass: &mut Pass<'_>, dir: &std::path::Path, epoch: us
         eprintln!("checkpoint after epoch {epoch}: the workers paused {:.3} s; its files are written in the background", started.elapsed().as_secs_f64());
     }
     Ok(())
+}
+
+/// Writes the model's description (`model.json` and ids, [`super::checkpoint_model`]) into the
+/// checkpoint after `epoch` in `dir`, before any node's files: `specs` are the checkpoint's
+/// tables, `nodes` the node count writing it.
+fn describe_checkpoint<W: Workload>(task: &W, data: &W::Data, specs: &[TableSpec], dir: &std::path::Path, epoch: usize, nodes: usize) -> Result<()> {
+    let Some(description) = task.describe(data) else { return Ok(()) };
+    let sources: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    description.write_beside_checkpoint(&super::resume::epoch_dir(dir, epoch), epoch, &sources, nodes)
 }
 
 /// After the last epoch: every node's checkpoint is written, and rank 0 keeps the two newest.

@@ -23,10 +23,10 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::checkpoint_model::{Described, Description};
 use super::epochs::{Fields, Measured, Model, ModelReader, ModelTable, Pass, Quality, Trainer, Workload};
 use super::mf::initial;
-use super::model::SavedTable;
-use super::shared::{METRIC_FIELDS, field, leading_columns};
+use super::shared::{METRIC_FIELDS, field};
 use super::simd;
 use super::{Common, Event, Mode, Sink};
 use crate::data::triples::{KnowledgeGraph, Triples};
@@ -100,17 +100,16 @@ pub struct KgeArgs {
     pub common: Common,
 }
 
-/// Saves the embeddings (real parts, then imaginary parts; AdaGrad state is left out) of values
-/// of `len` floats, with the names of entities and relations.
-fn save_model(a: &KgeArgs, epoch: usize, len: usize, entities: &[f32], relations: &[f32], kg: &KnowledgeGraph) -> Result<()> {
-    let cols = 2 * a.dim;
-    let meta =
-        serde_json::json!({ "model": "ComplEx", "dim": a.dim, "layout": "dim real parts, then dim imaginary parts; score(h, r, t) = Re(<h, r, conj(t)>)" });
-    let tables = [
-        SavedTable { name: "entities".into(), cols, data: leading_columns(entities, len, cols), ids: kg.entities.clone() },
-        SavedTable { name: "relations".into(), cols, data: leading_columns(relations, len, cols), ids: kg.relations.clone() },
-    ];
-    a.common.save_model("kge", epoch, meta, &tables)
+impl KgeArgs {
+    /// The model as saved: the embeddings (real parts, then imaginary parts; AdaGrad state kept
+    /// beside them is left out) with the names of entities and relations.
+    fn description<'a>(&self, kg: &'a KnowledgeGraph) -> Description<'a> {
+        let cols = 2 * self.dim;
+        let meta = serde_json::json!({ "model": "ComplEx", "dim": self.dim, "layout": "dim real parts, then dim imaginary parts; score(h, r, t) = Re(<h, r, conj(t)>)" });
+        let tables =
+            vec![Described { name: "entities", source: 0, cols, ids: &kg.entities }, Described { name: "relations", source: 1, cols, ids: &kg.relations }];
+        Description { task: "kge", meta, tables }
+    }
 }
 
 /// `--rank-tails`: the best tails a saved ComplEx model gives each `head relation` query.
@@ -647,6 +646,10 @@ impl Workload for KgeArgs {
         self.evaluate_now(epoch) || self.common.save_now(epoch)
     }
 
+    fn describe<'a>(&self, data: &'a Graph) -> Option<Description<'a>> {
+        Some(self.description(&data.kg))
+    }
+
     fn evaluate(&self, data: &Graph, epoch: usize, model: &mut ModelReader<'_>, _: &Fields, _: Measured, emit: &(dyn Fn(Event) + Sync)) -> Result<Quality> {
         let (evaluating, saving) = (self.evaluate_now(epoch), self.common.save_now(epoch));
         if !(evaluating || saving) {
@@ -656,7 +659,8 @@ impl Workload for KgeArgs {
         let (e_all, r_all) = (model.all(0)?, model.all(1)?);
         let len = e_all.len() / kg.entities.len().max(1);
         if saving {
-            save_model(self, epoch, len, &e_all, &r_all, kg)?;
+            let d = self.description(kg);
+            self.common.save_model(&d, epoch, &[d.saved(0, &e_all, len), d.saved(1, &r_all, len)])?;
         }
         if !evaluating {
             return Ok(Quality::new());

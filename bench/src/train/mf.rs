@@ -15,8 +15,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::DataFiles;
+use super::checkpoint_model::{Described, Description};
 use super::epochs::{Fields, Measured, Model, ModelReader, ModelTable, Pass, Quality, Trainer, Workload};
-use super::model::SavedTable;
 use super::shared::{METRIC_FIELDS, field, part, part_of};
 use super::simd;
 use super::{Common, Event, Mode, Sink};
@@ -77,16 +77,16 @@ pub struct MfArgs {
     pub common: Common,
 }
 
-/// Saves the factors (`rank + 1` values per row: the bias, then the factors) with the names of
-/// users and items.
-fn save_model(a: &MfArgs, epoch: usize, mu: f32, users: Vec<f32>, items: Vec<f32>, train: &Ratings) -> Result<()> {
-    let cols = a.rank + 1;
-    let meta = serde_json::json!({ "rank": a.rank, "mu": mu, "layout": "bias, then the rank factors; rating = mu + bias_u + bias_i + factors_u · factors_i" });
-    let tables = [
-        SavedTable { name: "users".into(), cols, data: users, ids: train.user_names.clone() },
-        SavedTable { name: "items".into(), cols, data: items, ids: train.item_names.clone() },
-    ];
-    a.common.save_model("mf", epoch, meta, &tables)
+impl MfArgs {
+    /// The model as saved: the factors (`rank + 1` values per row: the bias, then the factors)
+    /// with the names of users and items.
+    fn description<'a>(&self, data: &'a RatingsData) -> Description<'a> {
+        let (cols, train) = (self.rank + 1, &data.train);
+        let meta = serde_json::json!({ "rank": self.rank, "mu": data.mu, "layout": "bias, then the rank factors; rating = mu + bias_u + bias_i + factors_u · factors_i" });
+        let tables =
+            vec![Described { name: "users", source: 0, cols, ids: &train.user_names }, Described { name: "items", source: 1, cols, ids: &train.item_names }];
+        Description { task: "mf", meta, tables }
+    }
 }
 
 /// `--predict`: the ratings a saved model predicts for the pairs of a file, on stdout. A user
@@ -549,6 +549,10 @@ impl Workload for MfArgs {
         self.common.save_now(epoch)
     }
 
+    fn describe<'a>(&self, data: &'a RatingsData) -> Option<Description<'a>> {
+        Some(self.description(data))
+    }
+
     fn evaluate(
         &self,
         data: &RatingsData,
@@ -559,8 +563,9 @@ impl Workload for MfArgs {
         _: &(dyn Fn(Event) + Sync),
     ) -> Result<Quality> {
         if self.common.save_now(epoch) {
-            let (users, items) = (model.all(0)?, model.all(1)?);
-            save_model(self, epoch, data.mu, users, items, &data.train)?;
+            let (d, len) = (self.description(data), self.rank + 1);
+            let tables = [d.saved(0, &model.all(0)?, len), d.saved(1, &model.all(1)?, len)];
+            self.common.save_model(&d, epoch, &tables)?;
         }
         let mut quality = Quality::new();
         let count = (sums[field::TEST_COUNT] as f64).max(1.0);

@@ -9,6 +9,7 @@
 //! turns into a table or JSON lines, a progress bar, and optionally an SVG plot.
 
 mod ahead;
+pub mod checkpoint_model;
 pub mod countmin;
 pub mod epochs;
 pub mod kge;
@@ -257,10 +258,11 @@ impl Common {
         self.save.is_some() && (epoch == self.epochs || (self.save_every > 0 && epoch.is_multiple_of(self.save_every)))
     }
 
-    /// Saves a model into `--save` (when given), saying so on stderr.
-    pub fn save_model(&self, task: &str, epoch: usize, meta: serde_json::Value, tables: &[model::SavedTable]) -> Result<()> {
+    /// Saves a model (`tables`, as `description` says) into `--save` (when given), saying so
+    /// on stderr.
+    pub fn save_model(&self, description: &checkpoint_model::Description<'_>, epoch: usize, tables: &[model::SavedTable]) -> Result<()> {
         let Some(dir) = &self.save else { return Ok(()) };
-        model::save(dir, task, epoch, meta, tables).with_context(|| format!("saving the model into {}", dir.display()))?;
+        model::save(dir, description.task, epoch, description.meta.clone(), tables).with_context(|| format!("saving the model into {}", dir.display()))?;
         eprintln!("model after epoch {epoch} saved to {}", dir.display());
         Ok(())
     }

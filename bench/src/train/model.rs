@@ -81,7 +81,7 @@ pub fn load_task(dir: &Path, task: &str, what: &str) -> Result<Model> {
 
 /// What `model.json` says the format is; a model without it predates checksums and is read
 /// without them.
-const FORMAT: &str = "ferry-model/2";
+pub(super) const FORMAT: &str = "ferry-model/2";
 
 /// The id of this process's training run, in every model it saves: models of the same run
 /// have the same id, so a directory of one run's model is never taken for another's.
@@ -153,12 +153,7 @@ impl Saving {
             ensure!(t.data.len() == t.ids.len() * t.cols, "table {} holds {} values for {} rows of {}", t.name, t.data.len(), t.ids.len(), t.cols);
             files.push(write_durably(&partial, &format!("{}.npy", t.name), |out| write_npy(out, t.ids.len(), t.cols, &t.data))?);
             self.step()?;
-            files.push(write_durably(&partial, &format!("{}.tsv", t.name), |out| {
-                for (row, id) in t.ids.iter().enumerate() {
-                    writeln!(out, "{id}\t{row}")?;
-                }
-                Ok(())
-            })?);
+            files.push(write_ids(&partial, &t.name, &t.ids)?);
             self.step()?;
             listed.push(json!({ "name": t.name, "rows": t.ids.len(), "cols": t.cols }));
         }
@@ -197,12 +192,12 @@ fn rename(from: &Path, to: &Path) -> Result<()> {
     std::fs::rename(from, to).with_context(|| format!("renaming {} to {}", from.display(), to.display()))
 }
 
-fn sync_dir(dir: &Path) -> Result<()> {
+pub(super) fn sync_dir(dir: &Path) -> Result<()> {
     std::fs::File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing directory {}", dir.display()))
 }
 
 /// Writes `dir/name` and fsyncs it; returns its entry for `model.json` (name, size, checksum).
-fn write_durably(dir: &Path, name: &str, body: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<Value> {
+pub(super) fn write_durably(dir: &Path, name: &str, body: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<Value> {
     let (bytes, checksum) = ferry::write_file_durably(dir, name, body)?;
     Ok(json!({ "name": name, "bytes": bytes, "checksum": checksum }))
 }
@@ -238,7 +233,9 @@ fn read_checked(dir: &Path, name: &str, files: Option<&Vec<Value>>) -> Result<Ve
     Ok(bytes)
 }
 
-/// Reads a model that [`save`] wrote, checking every file against `model.json`.
+/// Reads a model that [`save`] wrote, checking every file against `model.json`; or the model a
+/// training checkpoint holds (`--checkpoint-dir D` writes `D/epoch-E/model.json` beside the
+/// checkpoint's files, see [`super::checkpoint_model`]).
 pub fn load(dir: &Path) -> Result<Model> {
     let dir = &readable(dir);
     let path = dir.join("model.json");
@@ -250,23 +247,23 @@ pub fn load(dir: &Path) -> Result<Model> {
         Some(other) => bail!("{}: format '{other}' is not one this version reads ({FORMAT})", path.display()),
         None => None,
     };
+    let from_checkpoint = match description.get("storage").and_then(Value::as_str) {
+        None | Some("npy") => false,
+        Some(super::checkpoint_model::STORAGE) => true,
+        Some(other) => bail!("{}: storage '{other}' is not one this version reads", path.display()),
+    };
+    let checkpoint = if from_checkpoint { Some(super::checkpoint_model::values(dir, &description)?) } else { None };
     let mut tables = Vec::new();
     for entry in description["tables"].as_array().with_context(|| format!("{} lists no tables", path.display()))? {
         let name = entry["name"].as_str().with_context(|| format!("{}: a table without a name", path.display()))?.to_string();
-        let npy = dir.join(format!("{name}.npy"));
-        let (rows, cols, data) = read_npy(&read_checked(dir, &format!("{name}.npy"), files)?).with_context(|| npy.display().to_string())?;
-        let tsv = dir.join(format!("{name}.tsv"));
-        let mut ids = vec![None; rows];
-        let text = String::from_utf8(read_checked(dir, &format!("{name}.tsv"), files)?).with_context(|| format!("{} is not UTF-8", tsv.display()))?;
-        for (n, line) in text.lines().enumerate() {
-            let at = || format!("{}:{}", tsv.display(), n + 1);
-            let (id, row) = line.rsplit_once('\t').with_context(|| format!("{}: expected 'id<TAB>row'", at()))?;
-            let row: usize = row.parse().with_context(|| format!("{}: '{row}' is not a row number", at()))?;
-            let slot = ids.get_mut(row).with_context(|| format!("{}: row {row} is beyond the {rows} rows of {name}.npy", at()))?;
-            ensure!(slot.is_none(), "{}: row {row} is named twice", at());
-            *slot = Some(id.to_string());
-        }
-        let ids = ids.into_iter().enumerate().map(|(r, id)| id.with_context(|| format!("{}: row {r} has no id", tsv.display()))).collect::<Result<Vec<_>>>()?;
+        let (rows, cols, data) = match &checkpoint {
+            Some(values) => super::checkpoint_model::table(dir, entry, values)?,
+            None => {
+                let npy = dir.join(format!("{name}.npy"));
+                read_npy(&read_checked(dir, &format!("{name}.npy"), files)?).with_context(|| npy.display().to_string())?
+            }
+        };
+        let ids = read_ids(dir, &name, rows, files)?;
         tables.push(SavedTable { name, cols, data, ids });
     }
     Ok(Model {
@@ -278,11 +275,43 @@ pub fn load(dir: &Path) -> Result<Model> {
     })
 }
 
+/// The ids of the `rows` rows of table `name`, from `NAME.tsv` (`id<TAB>row` lines), each row
+/// named exactly once.
+fn read_ids(dir: &Path, name: &str, rows: usize, files: Option<&Vec<Value>>) -> Result<Vec<String>> {
+    let tsv = dir.join(format!("{name}.tsv"));
+    let mut ids = vec![None; rows];
+    let text = String::from_utf8(read_checked(dir, &format!("{name}.tsv"), files)?).with_context(|| format!("{} is not UTF-8", tsv.display()))?;
+    for (n, line) in text.lines().enumerate() {
+        let at = || format!("{}:{}", tsv.display(), n + 1);
+        let (id, row) = line.rsplit_once('\t').with_context(|| format!("{}: expected 'id<TAB>row'", at()))?;
+        let row: usize = row.parse().with_context(|| format!("{}: '{row}' is not a row number", at()))?;
+        let slot = ids.get_mut(row).with_context(|| format!("{}: row {row} is beyond the {rows} rows of table {name}", at()))?;
+        ensure!(slot.is_none(), "{}: row {row} is named twice", at());
+        *slot = Some(id.to_string());
+    }
+    ids.into_iter().enumerate().map(|(r, id)| id.with_context(|| format!("{}: row {r} has no id", tsv.display()))).collect()
+}
+
+/// Writes `NAME.tsv` of `ids` (`id<TAB>row` lines) into `dir`, durably; returns its entry for
+/// `model.json`.
+pub(super) fn write_ids(dir: &Path, name: &str, ids: &[String]) -> Result<Value> {
+    write_durably(dir, &format!("{name}.tsv"), |out| {
+        for (row, id) in ids.iter().enumerate() {
+            writeln!(out, "{id}\t{row}")?;
+        }
+        Ok(())
+    })
+}
+
 /// Text formats a saved model can be exported to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ExportFormat {
     /// One `NAME.tsv` per table: `id<TAB>value<TAB>value…` per row (spreadsheets, pandas).
     Tsv,
+    /// A saved model's directory as `--save` writes it (`NAME.npy`, which NumPy's `np.load`
+    /// reads, `NAME.tsv` ids and `model.json`), of every table or of one: how a training
+    /// checkpoint becomes a directory of `.npy` files.
+    Npy,
     /// The word2vec text format of one table (`rows dim`, then `id value value…` per row), which
     /// gensim's `KeyedVectors.load_word2vec_format` reads; ids must not contain spaces.
     Word2vec,
@@ -302,6 +331,13 @@ pub fn export(model: &Model, format: ExportFormat, out: &Path, table: Option<&st
             }
             ensure!(!written.is_empty(), "the model has no table '{}'", table.unwrap_or_default());
             Ok(written)
+        }
+        ExportFormat::Npy => {
+            let tables: Vec<SavedTable> = model.tables.iter().filter(|t| table.is_none_or(|name| name == t.name)).cloned().collect();
+            ensure!(!tables.is_empty(), "the model has no table '{}'", table.unwrap_or_default());
+            let epoch = model.epoch.unwrap_or(0) as usize;
+            save(out, &model.task, epoch, model.meta.clone(), &tables).with_context(|| format!("saving the model into {}", out.display()))?;
+            Ok(tables.iter().flat_map(|t| [out.join(format!("{}.npy", t.name)), out.join(format!("{}.tsv", t.name))]).chain([out.join("model.json")]).collect())
         }
         ExportFormat::Word2vec => {
             let t = match table {

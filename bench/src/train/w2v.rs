@@ -27,6 +27,7 @@ use rand_chacha::ChaCha8Rng;
 // cumulative weights cost a cache miss per level).
 use rand_distr::WeightedAliasIndex;
 
+use super::checkpoint_model::{Described, Description};
 use super::epochs::{Access, Fields, Measured, Model, ModelReader, ModelTable, Pass, Quality, Trainer, Workload};
 use super::mf::initial;
 use super::shared::{METRIC_FIELDS, SharedArray, field, part};
@@ -754,15 +755,14 @@ fn init_input(seed: u64, key: usize, j: usize, dim: usize) -> f32 {
     initial(seed, 7, key as u64, j) * 0.5 / dim as f32
 }
 
-/// Saves the word vectors (`words`: the input vectors, the embeddings one uses) and the context
-/// vectors (`contexts`: the output vectors), both keyed by word.
-fn save_model(a: &W2vArgs, epoch: usize, words: Vec<f32>, contexts: Vec<f32>, corpus: &Corpus) -> Result<()> {
-    let meta = serde_json::json!({ "model": "skip-gram with negative sampling", "dim": a.dim, "window": a.window });
-    let tables = [
-        super::model::SavedTable { name: "words".into(), cols: a.dim, data: words, ids: corpus.words.clone() },
-        super::model::SavedTable { name: "contexts".into(), cols: a.dim, data: contexts, ids: corpus.words.clone() },
-    ];
-    a.common.save_model("w2v", epoch, meta, &tables)
+impl W2vArgs {
+    /// The model as saved: the word vectors (`words`: the input vectors, the embeddings one
+    /// uses) and the context vectors (`contexts`: the output vectors), both keyed by word.
+    fn description<'a>(&self, corpus: &'a Corpus) -> Description<'a> {
+        let meta = serde_json::json!({ "model": "skip-gram with negative sampling", "dim": self.dim, "window": self.window });
+        let (cols, ids) = (self.dim, &corpus.words[..]);
+        Description { task: "w2v", meta, tables: vec![Described { name: "words", source: 0, cols, ids }, Described { name: "contexts", source: 1, cols, ids }] }
+    }
 }
 
 /// The sentences node `rank` of `nodes` trains, every epoch: a random share (the same on every
@@ -844,6 +844,10 @@ impl Workload for W2vArgs {
         self.evaluate_now(epoch) || self.common.save_now(epoch)
     }
 
+    fn describe<'a>(&self, data: &'a Text) -> Option<Description<'a>> {
+        Some(self.description(&data.corpus))
+    }
+
     fn evaluate(&self, text: &Text, epoch: usize, model: &mut ModelReader<'_>, sums: &Fields, at: Measured, emit: &(dyn Fn(Event) + Sync)) -> Result<Quality> {
         let (evaluating, saving) = (self.evaluate_now(epoch), self.common.save_now(epoch));
         let mut quality = Quality::new();
@@ -853,7 +857,8 @@ impl Workload for W2vArgs {
                 quality = evaluate(&words, self.dim, &text.corpus, analogies, eval_threads(), &|f| emit(Event::Evaluating(epoch, f)));
             }
             if saving {
-                save_model(self, epoch, words, model.all(1)?, &text.corpus)?;
+                let d = self.description(&text.corpus);
+                self.common.save_model(&d, epoch, &[d.saved(0, &words, self.dim), d.saved(1, &model.all(1)?, self.dim)])?;
             }
         }
         quality.insert("corpus_words".into(), text.corpus.raw_words.into());

@@ -1,0 +1,118 @@
+//! One format for models and checkpoints: a training checkpoint (`--checkpoint-dir D`, one
+//! engine checkpoint per `D/epoch-E`) also holds a `model.json` and the tables' `NAME.tsv` ids,
+//! written before the nodes' files, so that `--predict`, `--rank-tails` and `ferry export` read
+//! a checkpoint as they read a model `--save` wrote. The `model.json` is the saved model's
+//! (format, task, settings, run id, epoch, files with sizes and checksums) with `storage` set to
+//! [`STORAGE`]: each table names the checkpoint table its rows come from (keys `0..rows`, the
+//! leading `cols` values of each key) instead of a `.npy` file.
+//!
+//! A task says how its tables read as a model once ([`Description`]); `--save` and checkpoints
+//! both use that.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, ensure};
+use serde_json::{Value, json};
+
+use super::model::{self, SavedTable};
+
+/// `model.json`'s `storage` for a model whose values are the checkpoint beside it.
+pub const STORAGE: &str = "ferry-checkpoint";
+
+/// How a task's model reads as a saved model.
+pub struct Description<'a> {
+    /// `mf`, `kge` or `w2v`.
+    pub task: &'static str,
+    /// The task's settings and scalars (e.g. MF's global mean).
+    pub meta: Value,
+    /// The model's tables as saved.
+    pub tables: Vec<Described<'a>>,
+}
+
+/// One table of a [`Description`]: rows `0..ids.len()` of one of the workload's tables, the
+/// leading `cols` values of each.
+pub struct Described<'a> {
+    /// The saved table's name (`users`, `entities`, …).
+    pub name: &'static str,
+    /// The workload's table its rows come from (its position in the workload's model).
+    pub source: usize,
+    /// Values per row (a key's leading values: optimizer state kept beside them is left out).
+    pub cols: usize,
+    /// The name of each row's key in the training data.
+    pub ids: &'a [String],
+}
+
+impl Description<'_> {
+    /// Table `i` as saved, from all of its source table's values (`len` per key).
+    pub fn saved(&self, i: usize, values: &[f32], len: usize) -> SavedTable {
+        let t = &self.tables[i];
+        let rows = values.len().min(t.ids.len() * len);
+        let data = super::shared::leading_columns(&values[..rows], len, t.cols);
+        SavedTable { name: t.name.to_string(), cols: t.cols, data, ids: t.ids.to_vec() }
+    }
+
+    /// Writes `model.json` and the ids beside the checkpoint after `epoch` in `dir` (before any
+    /// node writes its files there, so that a whole checkpoint always has them): `sources` are
+    /// the names of the workload's tables in the checkpoint, `nodes` the node count writing it.
+    pub fn write_beside_checkpoint(&self, dir: &Path, epoch: usize, sources: &[&str], nodes: usize) -> Result<()> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut files = Vec::new();
+        let mut listed = Vec::new();
+        for t in &self.tables {
+            let source = sources.get(t.source).with_context(|| format!("table {} comes from table {} of {}", t.name, t.source, sources.len()))?;
+            files.push(model::write_ids(dir, t.name, t.ids)?);
+            listed.push(json!({ "name": t.name, "rows": t.ids.len(), "cols": t.cols, "source": source }));
+        }
+        let description = json!({
+            "format": model::FORMAT,
+            "storage": STORAGE,
+            "task": self.task,
+            "run_id": model::run_id(),
+            "epoch": epoch,
+            "checkpoint_nodes": nodes,
+            "meta": self.meta,
+            "tables": listed,
+            "files": files,
+        });
+        model::write_durably(dir, "model.json", |out| serde_json::to_writer_pretty(out, &description).map_err(std::io::Error::other))?;
+        model::sync_dir(dir)
+    }
+}
+
+/// The values of the checkpoint in `dir` that `description` (its `model.json`) describes,
+/// checked to be whole and written by the node count it names.
+pub(super) fn values(dir: &Path, description: &Value) -> Result<Vec<ferry::CheckpointTable>> {
+    let nodes = ferry::checkpoint_nodes(dir).with_context(|| format!("{} describes a checkpoint", dir.join("model.json").display()))?;
+    let described = description["checkpoint_nodes"].as_u64();
+    ensure!(
+        described == Some(nodes as u64),
+        "{}: written for a checkpoint of {described:?} nodes, but the checkpoint beside it is of {nodes} (files of two checkpoints mixed up)",
+        dir.join("model.json").display()
+    );
+    Ok(ferry::read_checkpoint(dir)?)
+}
+
+/// One table `entry` of a checkpoint's `model.json`: (rows, cols, values), the leading `cols`
+/// values of keys `0..rows` of the checkpoint table it names, checked to be there.
+pub(super) fn table(dir: &Path, entry: &Value, values: &[ferry::CheckpointTable]) -> Result<(usize, usize, Vec<f32>)> {
+    let path = dir.join("model.json");
+    let name = entry["name"].as_str().unwrap_or_default();
+    let number = |field: &str| entry[field].as_u64().with_context(|| format!("{}: table {name} has no number '{field}'", path.display()));
+    let (rows, cols) = (number("rows")?, number("cols")?);
+    let source = entry["source"].as_str().with_context(|| format!("{}: table {name} names no checkpoint table", path.display()))?;
+    let t = values
+        .iter()
+        .find(|t| t.name == source)
+        .with_context(|| format!("{}: table {name} comes from '{source}', which the checkpoint has not", path.display()))?;
+    // Checked against the checkpoint's table before anything is sized by them.
+    ensure!(
+        rows <= t.keys && cols >= 1 && cols <= t.value_len as u64,
+        "{}: table {name} has {rows} rows of {cols} values, but '{source}' holds {} keys of {}",
+        path.display(),
+        t.keys,
+        t.value_len
+    );
+    let (rows, cols) = (rows as usize, cols as usize);
+    let data = t.values.chunks_exact(t.value_len).take(rows).flat_map(|row| &row[..cols]).copied().collect();
+    Ok((rows, cols, data))
+}
