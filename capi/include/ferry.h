@@ -138,6 +138,23 @@ int32_t ferry_node_stats(struct FerryNode *node, struct FerryStats *stats);
 // `node` is null or a live node; `dir` is null or NUL-terminated.
 int32_t ferry_node_checkpoint(struct FerryNode *node, const char *dir);
 
+// Holds the relocations intent signalling makes on this node, for a checkpoint: returns once
+// the relocations in flight landed. Call it on every node, then a barrier, before
+// `ferry_node_checkpoint` where workers declare intents (a checkpoint is refused otherwise),
+// and `ferry_node_release_relocations` after. See docs/CHECKPOINTS.md.
+//
+// # Safety
+//
+// `node` is null or a live node.
+int32_t ferry_node_hold_relocations(struct FerryNode *node);
+
+// Ends `ferry_node_hold_relocations`: the grants that waited are taken up.
+//
+// # Safety
+//
+// `node` is null or a live node.
+int32_t ferry_node_release_relocations(struct FerryNode *node);
+
 // Leaves the cluster cleanly (a barrier with every other node), then frees the node. Every
 // worker must be freed first. The node is freed whatever the outcome.
 //

@@ -348,6 +348,40 @@ pub unsafe extern "C" fn ferry_node_checkpoint(node: *mut FerryNode, dir: *const
     })
 }
 
+/// Holds the relocations intent signalling makes on this node, for a checkpoint: returns once
+/// the relocations in flight landed. Call it on every node, then a barrier, before
+/// `ferry_node_checkpoint` where workers declare intents (a checkpoint is refused otherwise),
+/// and `ferry_node_release_relocations` after. See docs/CHECKPOINTS.md.
+///
+/// # Safety
+///
+/// `node` is null or a live node.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_node_hold_relocations(node: *mut FerryNode) -> i32 {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let n = unsafe { handle(node, "node")? };
+        let live = n.node.as_ref().ok_or_else(|| (FERRY_ERR_SHUT_DOWN, "the node is finalized".to_string()))?;
+        live.hold_relocations().map_err(ferry_err)
+    })
+}
+
+/// Ends `ferry_node_hold_relocations`: the grants that waited are taken up.
+///
+/// # Safety
+///
+/// `node` is null or a live node.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_node_release_relocations(node: *mut FerryNode) -> i32 {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let n = unsafe { handle(node, "node")? };
+        let live = n.node.as_ref().ok_or_else(|| (FERRY_ERR_SHUT_DOWN, "the node is finalized".to_string()))?;
+        live.release_relocations();
+        Ok(())
+    })
+}
+
 /// Leaves the cluster cleanly (a barrier with every other node), then frees the node. Every
 /// worker must be freed first. The node is freed whatever the outcome.
 ///

@@ -180,8 +180,10 @@ impl Node {
     ///
     /// The cut is taken when the call runs, after a replication round folded replicated keys'
     /// updates into their homes: call it when no worker of any node pushes and no key
-    /// relocates — after a barrier that every worker reached with its pushes acknowledged, and
-    /// with intents ended — and let workers go on after a second barrier. A key found on its
+    /// relocates — after a barrier that every worker reached with its pushes acknowledged, and,
+    /// where workers declare intents, with [`Node::hold_relocations`] called on every node and
+    /// another barrier passed (refused otherwise) — and let workers go on after a further
+    /// barrier. A key found on its
     /// way to this node is an error rather than a key left out.
     pub fn checkpoint(&self, dir: impl AsRef<std::path::Path>) -> Result<crate::CheckpointInfo> {
         self.checkpoint_in_background(dir)?.wait()
@@ -193,11 +195,33 @@ impl Node {
     /// durable. The workers may push again once every node's call returned (a barrier after
     /// it), so that no node's cut holds a push of the next phase.
     pub fn checkpoint_in_background(&self, dir: impl AsRef<std::path::Path>) -> Result<crate::CheckpointWriting> {
+        if !self.intents.at_rest() {
+            return Err(Error::Checkpoint(
+                "intent may be relocating keys: call Node::hold_relocations on every node, then a barrier, before a checkpoint (and Node::release_relocations after it)".into(),
+            ));
+        }
         self.sync_replicas()?;
         let sequence = self.checkpoints.fetch_add(1, Ordering::Relaxed) + 1;
         let config = &self.inner.config;
         let cuts = crate::checkpoint::cut(self.inner.core.store(), &config.tables, config.rank, config.nodes, &self.spare_cuts)?;
         crate::checkpoint::write_in_background(dir.as_ref().to_path_buf(), config.clone(), sequence, cuts, self.spare_cuts.clone())
+    }
+
+    /// Holds the relocations that intent signalling makes on this node, for a checkpoint: the
+    /// homes' grants wait until [`Node::release_relocations`], and this returns once every
+    /// relocation the node's intent service started has landed. Called on every node, then a
+    /// barrier: from there no key moves between nodes (the workers' own `localize` calls
+    /// aside), so each node's cut finds every key where the others' do. Rounds, run-time
+    /// replicas and their sync rounds go on meanwhile. Returns at once on a node whose workers
+    /// never declared an intent.
+    pub fn hold_relocations(&self) -> Result<()> {
+        self.intents.hold_moves(&self.inner)
+    }
+
+    /// Ends [`Node::hold_relocations`] (after the checkpoint's cut, on every node): the grants
+    /// that waited are taken up.
+    pub fn release_relocations(&self) {
+        self.intents.release_moves(&self.inner);
     }
 
     /// Forgets the relocation and blocking times recorded so far, so that the next

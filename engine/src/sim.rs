@@ -126,6 +126,12 @@ pub struct SimOptions {
     /// `intent::IntentRounds`), telling the homes the level changes and taking their grants
     /// (see `intent_rounds.rs`).
     pub declared_intents: bool,
+    /// With [`SimOptions::declared_intents`]: each node's service now and then holds its
+    /// relocations, as a checkpoint does (`Node::hold_relocations`, the shipped
+    /// `intent::ServiceSchedule`), acts until its schedule says they settled, and releases them
+    /// a while later; while they are settled no granted move of that node may be queued or in
+    /// flight, which the run checks.
+    pub hold_relocations: bool,
     /// One link, drawn per run, delivers its frames only when no other link has any, nine times
     /// in ten: frames sent over it are overtaken by much that follows them on other paths.
     pub slow_link: bool,
@@ -172,6 +178,7 @@ impl SimOptions {
             replica_syncs: false,
             run_time_replicas: None,
             declared_intents: false,
+            hold_relocations: false,
             slow_link: false,
             late_hand_over: true,
             trace_lines: 150,
@@ -463,6 +470,8 @@ struct InFlight {
     /// An operation of a node's simulated intent service (`replica_set.rs`), which records no
     /// events.
     service: bool,
+    /// A localize the homes granted (intent's move of keys here).
+    granted_move: bool,
 }
 
 /// An operation whose parts are still being encoded.
@@ -1496,6 +1505,7 @@ impl Sim {
                         first_event,
                         asynchronous,
                         service: false,
+                        granted_move: granted,
                     });
                 }
             }
@@ -1564,7 +1574,16 @@ impl Sim {
                             self.streamed_ops += 1;
                             self.workers[w].streaming = Some(Streaming { op, keys: keys.clone(), input });
                         }
-                        self.workers[w].in_flight.push(InFlight { op, kind: Some(kind), keys, buffer, first_event, asynchronous, service: false });
+                        self.workers[w].in_flight.push(InFlight {
+                            op,
+                            kind: Some(kind),
+                            keys,
+                            buffer,
+                            first_event,
+                            asynchronous,
+                            service: false,
+                            granted_move: false,
+                        });
                     }
                 }
             }

@@ -118,6 +118,21 @@ impl Node {
         py.allow_threads(|| node.checkpoint(dir)).map(drop).map_err(failed)
     }
 
+    /// Holds the relocations intent signalling makes on this node, for a checkpoint; returns
+    /// once those in flight landed. Where workers declare intents, call it on every node, then
+    /// a barrier, before `checkpoint` (which is refused otherwise), and `release_relocations`
+    /// after.
+    fn hold_relocations(&self, py: Python<'_>) -> PyResult<()> {
+        let node = self.live()?;
+        py.allow_threads(|| node.hold_relocations()).map_err(failed)
+    }
+
+    /// Ends `hold_relocations`: the grants that waited are taken up.
+    fn release_relocations(&self) -> PyResult<()> {
+        self.live()?.release_relocations();
+        Ok(())
+    }
+
     /// Leaves the cluster cleanly (a barrier with every other node); close every worker first.
     fn finalize(&mut self, py: Python<'_>) -> PyResult<()> {
         let mut node = self.node.take().ok_or_else(|| failed(engine::Error::ShutDown))?;

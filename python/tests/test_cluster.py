@@ -140,11 +140,18 @@ def test_a_checkpoint_restores_on_one_node(cluster):
     keys = np.arange(20, dtype=np.uint64)
     if node.rank == 0:
         w.set("params", keys, np.arange(20 * LEN, dtype=np.float32).reshape(20, LEN))
+    # Intent's relocations held on every node before the barrier: the intents declared by an
+    # earlier test keep the node's intent service running, and a checkpoint without the hold
+    # would be refused.
+    node.hold_relocations()
     w.barrier()
     node.checkpoint(directory)
     w.barrier()
     with pytest.raises(ferry.FerryError, match="already holds a checkpoint"):
         node.checkpoint(directory)
+    node.release_relocations()
+    with pytest.raises(ferry.FerryError, match="hold_relocations"):
+        node.checkpoint(directory + "-unheld")
     w.barrier()
     if node.rank == 0:
         # One process alone restores what the two wrote.

@@ -133,6 +133,52 @@ fn a_checkpoint_restores_on_other_node_counts_and_partitionings() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Intent signalling moves keys on its own: a checkpoint is refused while it may, and taken
+/// once every node held its relocations (`Node::hold_relocations`, which returns when the
+/// relocations in flight landed); it restores to what the cluster held.
+#[test]
+fn intent_relocations_are_held_for_a_checkpoint() {
+    let dir = scratch("intent");
+    let cluster = Node::start_local_cluster(2, config(tables(Partitioning::Range, Partitioning::Hash))).unwrap();
+    std::thread::scope(|s| {
+        for (rank, node) in cluster.iter().enumerate() {
+            s.spawn(move || {
+                let mut worker = node.worker();
+                let added = node.table("added").unwrap();
+                // Each node intends the other's half of the keys (the replicated ones aside) for
+                // a long window, and pushes to them clock after clock: the service moves them.
+                let wanted: Vec<u64> = (4..ADDED).filter(|&k| (k < ADDED / 2) == (rank == 1)).collect();
+                worker.intent(added, &wanted, 0, 1_000).unwrap();
+                for clock in 0..20u64 {
+                    worker.push(added, &wanted, &vec![1.0 + clock as f32; wanted.len() * 3]).unwrap();
+                    worker.advance_clock().unwrap();
+                }
+                worker.barrier().unwrap();
+            });
+        }
+    });
+    let held = pull_all(&cluster);
+    let refused = checkpoint(&cluster, &dir);
+    assert!(refused.iter().all(|r| r.as_ref().is_err_and(|e| e.to_string().contains("hold_relocations"))), "{refused:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::thread::scope(|s| {
+        for node in &cluster {
+            s.spawn(move || node.hold_relocations().unwrap());
+        }
+    });
+    for written in checkpoint(&cluster, &dir) {
+        written.unwrap();
+    }
+    for node in &cluster {
+        node.release_relocations();
+    }
+    let restored = Node::start_local_cluster(1, config(tables(Partitioning::Range, Partitioning::Range)).restoring_from(&dir)).unwrap();
+    assert_eq!(pull_all(&restored), held);
+    finalize_all(restored);
+    finalize_all(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Starting one node from `dir` with `tables`: the error's text.
 fn refusal(dir: &Path, tables: Vec<TableSpec>) -> String {
     match Node::start(config(tables).restoring_from(dir)) {

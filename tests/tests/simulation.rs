@@ -158,6 +158,12 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
             o = configuration("run-time-replicas-hash-4-nodes", seed);
             o.declared_intents = true;
         }
+        "declared-intents-held" => {
+            // Now and then a node's service holds its relocations for a while, as a checkpoint
+            // does (`SimOptions::hold_relocations`).
+            o = configuration("declared-intents", seed);
+            o.hold_relocations = true;
+        }
         "bounded-delay-2-hash-4-nodes" => {
             o = SimOptions::bounded_delay(seed, 2);
             o.nodes = 4;
@@ -169,7 +175,7 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
     o
 }
 
-const CONFIGURATIONS: [&str; 33] = [
+const CONFIGURATIONS: [&str; 34] = [
     "classic",
     "relocation",
     "hash-4-nodes",
@@ -203,6 +209,7 @@ const CONFIGURATIONS: [&str; 33] = [
     "run-time-replicas-large-ops",
     "declared-intents",
     "declared-intents-hash-4-nodes",
+    "declared-intents-held",
 ];
 
 /// The seeds a configuration runs (see the module documentation).
@@ -513,6 +520,21 @@ fn declared_intents_run_the_services_rounds() {
         assert!(rounds > 0 && acts > 0 && rests > 0, "{name}: the service's schedule was never exercised");
         assert!(declared > 0 && told > 0 && ended > 0 && moves > 0 && replicas > 0, "{name}: the intent rounds were never exercised");
     }
+}
+
+/// Declared intents with relocations held now and then, as a checkpoint holds them
+/// (`Node::hold_relocations`): the shipped schedule takes up no grant while held, acts until
+/// every granted move of its node landed and only then says they settled (the run fails if a
+/// granted move is queued or in flight on a settled node), and after a release the grants that
+/// waited are taken up; every key keeps its guarantee throughout.
+#[test]
+fn held_relocations_settle_and_resume() {
+    sweep("declared-intents-held", seeds().share(2));
+    let reports: Vec<_> = (0..40).map(|seed| run_and_check(configuration("declared-intents-held", seed)).unwrap()).collect();
+    let sum = |f: fn(&ferry::testing::sim::DeclaredIntentCounts) -> usize| -> usize { reports.iter().map(|r| f(&r.declared_intents)).sum() };
+    let (holds, settled, releases, moves) = (sum(|c| c.holds), sum(|c| c.settled_steps), sum(|c| c.releases), sum(|c| c.moves));
+    eprintln!("declared-intents-held: {holds} holds, {settled} settled steps, {releases} releases, {moves} moves");
+    assert!(holds > 0 && settled > 0 && releases > 0 && moves > 0, "holds were never exercised");
 }
 
 /// Push-pulls and server-side updaters: push-pulls read their own push and stay sequentially

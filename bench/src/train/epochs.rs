@@ -539,8 +539,9 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
 
 /// The cluster's checkpoint after `epoch` into `dir`. Every worker meets at a barrier with its
 /// pushes acknowledged; rank 0's thread 0 makes room (each node's previous checkpoint finished
-/// writing before it came); then each node's thread 0 takes the node's cut while the others
-/// wait at a second barrier, and its files are written in the background (`writing`).
+/// writing before it came) and each node's thread 0 holds intent's relocations; after a second
+/// barrier each node's thread 0 takes the node's cut while the others wait at a third, its
+/// files are written in the background (`writing`), and relocations go on.
 fn checkpoint<W: Workload>(
     (task, data): (&W, &W::Data),
     node: &Node,
@@ -559,11 +560,19 @@ fn checkpoint<W: Workload>(
         let specs: Vec<TableSpec> = node.config().tables.clone();
         describe_checkpoint(task, data, &specs, dir, epoch, pass.nodes)?;
     }
+    if pass.thread == 0 {
+        // Intent's relocations wait on every node before any node cuts (a no-op in the modes
+        // that declare no intents).
+        node.hold_relocations()?;
+    }
     pass.barrier()?;
     if pass.thread == 0 {
         *writing = Some(node.checkpoint_in_background(super::resume::epoch_dir(dir, epoch))?);
     }
     pass.barrier()?;
+    if pass.thread == 0 {
+        node.release_relocations();
+    }
     if pass.rank == 0 && pass.thread == 0 {
         eprintln!("checkpoint after epoch {epoch}: the workers paused {:.3} s; its files are written in the background", started.elapsed().as_secs_f64());
     }

@@ -196,9 +196,6 @@ impl Common {
             if modes.len() != 1 {
                 bail!("--checkpoint-dir and --resume take one --mode (each mode would write over the other's checkpoints)");
             }
-            if modes[0] == Mode::Intent {
-                bail!("--mode intent cannot checkpoint yet: its keys may be relocating when an epoch ends (use localize, hybrid, classic or single)");
-            }
         }
         Ok(())
     }

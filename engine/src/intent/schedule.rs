@@ -120,6 +120,10 @@ pub(crate) struct ServiceSchedule {
     /// Workers waiting for quiet replicas around a barrier: no sync round of the service's own
     /// starts meanwhile.
     barrier_syncs: usize,
+    /// Relocations are held (a checkpoint's cut comes): no grant is taken up.
+    held: bool,
+    /// While held: the service's relocations in flight have all landed since the hold began.
+    settled: bool,
     running: bool,
     stopped: bool,
 }
@@ -147,6 +151,8 @@ impl ServiceSchedule {
             takes_begun: 0,
             takes_done: 0,
             barrier_syncs: 0,
+            held: false,
+            settled: false,
             running: false,
             stopped: false,
         }
@@ -156,8 +162,8 @@ impl ServiceSchedule {
     /// what the service does asks this.
     fn resting_for(&self, event: Wake) -> bool {
         match self.phase {
-            Phase::Resting => matches!(event, Wake::Grants | Wake::RoundWanted),
-            Phase::Idle => matches!(event, Wake::Grants | Wake::RoundWanted | Wake::Declared),
+            Phase::Resting => matches!(event, Wake::Grants | Wake::RoundWanted | Wake::Hold),
+            Phase::Idle => matches!(event, Wake::Grants | Wake::RoundWanted | Wake::Declared | Wake::Hold),
             Phase::AwaitingNews { .. } => event != Wake::Turn,
             Phase::AwaitingTurn => event == Wake::Turn,
             _ => false,
@@ -165,10 +171,18 @@ impl ServiceSchedule {
     }
 
     /// What the service does now, at `now`, with grants waiting for it or not (see [`Next`]).
+    /// While relocations are held, grants wait without waking it.
     pub fn next(&mut self, now: Nanos, grants_waiting: bool) -> Next {
+        let grants_waiting = grants_waiting && !self.held;
         loop {
             if self.stopped {
                 return Next::Stop;
+            }
+            // A hold begun: an act at once (before a round that is due), which waits for the
+            // relocations in flight to land.
+            if self.held && !self.settled && matches!(self.phase, Phase::Decide | Phase::Resting | Phase::Idle | Phase::AwaitingNews { .. }) {
+                self.phase = Phase::ActBetween;
+                return Next::Act;
             }
             match self.phase {
                 Phase::Decide => {
@@ -242,6 +256,9 @@ impl ServiceSchedule {
     /// The service acted ([`Next::Act`]) at `now`; `idle`: no relocation it started is still in
     /// flight. After a round, sets the next round's time (see [`MAX_STRETCH`]).
     pub fn acted(&mut self, now: Nanos, idle: bool) {
+        if self.held && idle {
+            self.settled = true;
+        }
         match self.phase {
             Phase::ActAfterRound { began, news, windows_moved } => {
                 let quiet = idle && !self.replicas_busy;
@@ -367,7 +384,44 @@ impl ServiceSchedule {
     /// The homes granted this node moves or replicas (or a worker leaving a barrier is about to
     /// wait for their take-up). Returns whether the resting service must be woken.
     pub fn grants_arrived(&self) -> bool {
-        self.resting_for(Wake::Grants)
+        !self.held && self.resting_for(Wake::Grants)
+    }
+
+    /// Holds the relocations (a checkpoint's cut comes, which must find every key at rest): no
+    /// grant is taken up until [`ServiceSchedule::release_moves`], and the service acts at once
+    /// to see its relocations in flight land ([`ServiceSchedule::settling`]); then
+    /// [`ServiceSchedule::moves_settled`]. Rounds go on (a worker's barrier waits for them), and
+    /// so do the replicas' operations, which move no key. Returns whether the resting service
+    /// must be woken.
+    pub fn hold_moves(&mut self) -> bool {
+        self.held = true;
+        self.settled = false;
+        self.resting_for(Wake::Hold)
+    }
+
+    /// Ends a hold: the grants that waited are taken up. Returns whether the resting service
+    /// must be woken (`grants_waiting`: grants wait).
+    pub fn release_moves(&mut self, grants_waiting: bool) -> bool {
+        self.held = false;
+        self.settled = false;
+        grants_waiting && self.resting_for(Wake::Grants)
+    }
+
+    /// Whether relocations are held and none started by the service is in flight (none ever
+    /// was if the service does not run).
+    pub fn moves_settled(&self) -> bool {
+        self.held && (self.settled || !self.running)
+    }
+
+    /// Whether the service's act waits for all of its relocations in flight (a hold began and
+    /// they have not landed yet).
+    pub fn settling(&self) -> bool {
+        self.held && !self.settled
+    }
+
+    /// Whether the service may take up grants now (relocations are not held).
+    pub fn may_take_up(&self) -> bool {
+        !self.held
     }
 
     /// Whether replicas are kept or replica operations in flight, as the service's act left
@@ -410,7 +464,7 @@ impl ServiceSchedule {
     /// [`ServiceSchedule::taken_up`]): the next one if grants wait, else the one in progress;
     /// `None` if neither, or the service does not run.
     pub fn take_up_target(&self, grants_waiting: bool) -> Option<u64> {
-        if !self.running {
+        if !self.running || self.held {
             None
         } else if grants_waiting {
             Some(self.takes_begun + 1)
@@ -473,6 +527,8 @@ enum Wake {
     RoundWanted,
     /// The turn to tell a round was given back.
     Turn,
+    /// Relocations are to be held.
+    Hold,
 }
 
 #[cfg(test)]
@@ -662,6 +718,42 @@ mod tests {
         assert!(s.sync_due(20 * MS));
         assert!(!s.sync_due(30 * MS), "counted from the last one");
         assert!(s.sync_due(40 * MS));
+    }
+
+    #[test]
+    fn a_hold_acts_at_once_takes_up_no_grant_until_released_and_settles_when_nothing_is_in_flight() {
+        let mut s = declared();
+        s.note_clock(0, 1);
+        round(&mut s, 0, true, false);
+        assert_eq!(s.next(MS / 2, false), Next::Rest { until: MS });
+        assert!(!s.moves_settled());
+        // Held while resting with a relocation in flight: woken, and acts before the next round.
+        assert!(s.hold_moves(), "the resting service is woken");
+        assert!(s.settling() && !s.may_take_up());
+        assert_eq!(s.next(MS / 2, false), Next::Act);
+        s.acted(MS / 2, false);
+        assert!(!s.moves_settled(), "a relocation is still in flight");
+        assert_eq!(s.next(MS / 2, false), Next::Act, "it acts again until they land");
+        s.acted(MS / 2, true);
+        assert!(s.moves_settled() && !s.settling());
+        // Grants neither wake nor move it while held, and no barrier waits for their take-up.
+        assert!(!s.grants_arrived());
+        assert_eq!(s.take_up_target(true), None);
+        assert_eq!(s.next(MS / 2, true), Next::Rest { until: MS });
+        // Rounds go on while held.
+        let Next::Round { .. } = s.next(MS, true) else { panic!("no round while held") };
+        s.round_told(true, false);
+        assert_eq!(s.next(MS, true), Next::Act);
+        s.acted(MS, true);
+        // Released: the grants that waited wake it and are taken up.
+        assert!(s.release_moves(true));
+        assert!(s.may_take_up() && !s.moves_settled());
+        assert_eq!(s.next(MS + MS / 2, true), Next::Act);
+        assert_eq!(s.take_up_target(true), Some(1));
+        // A service that never ran has nothing in flight: settled at once.
+        let mut idle = ServiceSchedule::new(MS, MS);
+        idle.hold_moves();
+        assert!(idle.moves_settled());
     }
 
     #[test]

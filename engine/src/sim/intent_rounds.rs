@@ -60,6 +60,12 @@ pub struct DeclaredIntentCounts {
     pub replicas: usize,
     /// Keys granted a replica no longer intended (their marks and replicas dropped).
     pub unwanted: usize,
+    /// Holds of the relocations begun (see [`super::SimOptions::hold_relocations`]).
+    pub holds: usize,
+    /// Service steps at which a hold had settled: no granted move queued or in flight.
+    pub settled_steps: usize,
+    /// Holds released.
+    pub releases: usize,
 }
 
 impl Sim {
@@ -89,6 +95,9 @@ impl Sim {
     pub(super) fn intent_service_step(&mut self, w: usize) -> Result<(), String> {
         let node = self.workers[w].node;
         let grants_waiting = self.nodes[node].core.intent_go_waiting();
+        if self.opts.hold_relocations {
+            self.hold_or_release(node, grants_waiting)?;
+        }
         let busy = self.replica_sets.get(node).is_some_and(|s| s.busy());
         let service = &mut self.intent_services[node];
         service.schedule.set_replicas_busy(busy);
@@ -96,14 +105,16 @@ impl Sim {
             Next::Round { clocks } => self.intent_round(w, &clocks),
             Next::Act => {
                 self.declared.acts += 1;
-                if grants_waiting {
+                if grants_waiting && self.intent_services[node].schedule.may_take_up() {
                     self.intent_services[node].schedule.begin_take();
                     let granted = self.nodes[node].core.take_intent_go();
                     self.take_declared_grants(node, granted);
                     self.intent_services[node].schedule.finish_take();
                 }
-                // The service's localizes go to a trainer's script: none stays in flight here.
-                self.intent_services[node].schedule.acted(self.now, true);
+                // The service's localizes go to a trainer's script; the act is idle when none
+                // of them is queued there or in flight.
+                let idle = self.granted_moves_outstanding(node) == 0;
+                self.intent_services[node].schedule.acted(self.now, idle);
                 Ok(())
             }
             Next::Rest { .. } => {
@@ -112,6 +123,43 @@ impl Sim {
             }
             Next::Stop => Err("the simulated intent service was stopped".into()),
         }
+    }
+
+    /// The granted moves of node `node` that its workers have queued or in flight.
+    fn granted_moves_outstanding(&self, node: usize) -> usize {
+        self.workers
+            .iter()
+            .filter(|worker| worker.node == node)
+            .map(|worker| {
+                worker.script.iter().filter(|op| matches!(op, ScriptOp::Localize { granted: true, .. })).count()
+                    + worker.in_flight.iter().filter(|f| f.granted_move).count()
+            })
+            .sum()
+    }
+
+    /// Now and then node `node`'s service holds its relocations or, once they settled, releases
+    /// them (see [`super::SimOptions::hold_relocations`]); a settled hold with a granted move
+    /// outstanding is a violation.
+    fn hold_or_release(&mut self, node: usize, grants_waiting: bool) -> Result<(), String> {
+        use rand::Rng;
+        let outstanding = self.granted_moves_outstanding(node);
+        let schedule = &mut self.intent_services[node].schedule;
+        if schedule.moves_settled() {
+            if outstanding > 0 {
+                return Err(format!("node {node}'s relocations are held and settled, but {outstanding} granted move(s) are queued or in flight"));
+            }
+            self.declared.settled_steps += 1;
+            if self.rng.gen_ratio(1, 8) {
+                schedule.release_moves(grants_waiting);
+                self.declared.releases += 1;
+                self.log(format!("node {node}'s service releases its relocations"));
+            }
+        } else if schedule.may_take_up() && self.rng.gen_ratio(1, 40) {
+            schedule.hold_moves();
+            self.declared.holds += 1;
+            self.log(format!("node {node}'s service holds its relocations ({outstanding} granted move(s) outstanding)"));
+        }
+        Ok(())
     }
 
     /// Service worker `w` runs a round of its node's intents at the workers' `clocks`: the

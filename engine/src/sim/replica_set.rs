@@ -382,6 +382,7 @@ impl Sim {
             first_event,
             asynchronous: true,
             service: true,
+            granted_move: false,
         });
         self.replica_sets[node].ops.push(op);
     }

@@ -363,6 +363,38 @@ impl IntentService {
         }
     }
 
+    /// Holds the relocations intent makes on this node (for a checkpoint's cut): no grant is
+    /// taken up until [`IntentService::release_moves`], and this waits until every relocation
+    /// the service started has landed (at most `node`'s operation timeout).
+    pub fn hold_moves(&self, node: &NodeInner) -> Result<()> {
+        let mut schedule = self.schedule.lock();
+        self.wake_if(schedule.hold_moves());
+        let deadline = Instant::now() + node.config.op_timeout;
+        while !schedule.moves_settled() {
+            if schedule.stopped() || node.stopping.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(Error::ShutDown);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout { what: "holding intent's relocations", millis: node.config.op_timeout.as_millis() as u64, nodes: Vec::new() });
+            }
+            self.signalled.wait_until(&mut schedule, deadline);
+        }
+        Ok(())
+    }
+
+    /// Ends [`IntentService::hold_moves`]: the grants that waited are taken up.
+    pub fn release_moves(&self, node: &NodeInner) {
+        let mut schedule = self.schedule.lock();
+        self.wake_if(schedule.release_moves(node.core.intent_go_waiting()));
+    }
+
+    /// Whether relocations are held and settled, or the service never ran (no key of this
+    /// node's is moved by intent): a checkpoint's cut may be taken.
+    pub fn at_rest(&self) -> bool {
+        let schedule = self.schedule.lock();
+        !schedule.is_running() || schedule.moves_settled()
+    }
+
     /// Stops the service thread and waits for it (its worker is dropped with it).
     pub fn stop(&self) {
         {
@@ -416,7 +448,12 @@ impl IntentService {
                         return;
                     }
                     let now = self.now();
-                    self.schedule.lock().acted(now, in_flight.is_empty());
+                    let mut schedule = self.schedule.lock();
+                    schedule.acted(now, in_flight.is_empty());
+                    if schedule.moves_settled() {
+                        // A node holding relocations for a checkpoint waits for this.
+                        self.signalled.notify_all();
+                    }
                 }
                 Next::Rest { .. } => unreachable!("the service rests inside IntentService::next"),
             }
@@ -519,11 +556,15 @@ impl IntentService {
     /// they run while the workers go on), and moves the replicas along. Returns false when the
     /// node shuts down.
     fn act(&self, node: &Arc<NodeInner>, own: &mut Worker, in_flight: &mut Vec<InFlight>) -> bool {
+        let (settling, may_take_up) = {
+            let schedule = self.schedule.lock();
+            (schedule.settling(), schedule.may_take_up())
+        };
         let many = in_flight.len() >= MAX_IN_FLIGHT;
-        if !self.collect(node, own, in_flight, many) {
+        if !self.collect(node, own, in_flight, many || settling) {
             return false;
         }
-        if node.core.intent_go_waiting() && !self.take_up(node, own, in_flight) {
+        if may_take_up && node.core.intent_go_waiting() && !self.take_up(node, own, in_flight) {
             return false;
         }
         let mut replicas = self.replicas.lock();
