@@ -103,7 +103,7 @@ pub(crate) fn cut(store: &Store, specs: &[TableSpec], rank: usize, nodes: usize,
     let mut buffers = std::mem::take(&mut *spare.lock()).into_iter();
     let all = store.lock_all();
     let mut cuts = Vec::with_capacity(specs.len());
-    for (id, spec) in specs.iter().enumerate() {
+    for (id, spec) in specs.iter().enumerate().filter(|(_, spec)| !spec.scratch) {
         let id = id as u16;
         let table = store.table(id);
         let words_per_key = table.value_len() + table.state_len();
@@ -261,7 +261,8 @@ pub(crate) fn write_node(dir: &Path, config: &Config, sequence: u64, cuts: &[Tab
         config.nodes,
         values_name(rank)
     );
-    for (spec, cut) in config.tables.iter().zip(cuts) {
+    for cut in cuts {
+        let spec = &config.tables[cut.id as usize];
         text.push_str(&format!(
             "table\t{}\t{}\t{}\t{}\t{}\t{:?}\t{}\t{}\n",
             cut.id,
@@ -375,12 +376,14 @@ pub fn checkpoint_nodes(dir: impl AsRef<Path>) -> Result<usize> {
 /// The manifests of a whole checkpoint in `dir` that fits the tables `specs`.
 fn manifests(dir: &Path, specs: &[TableSpec]) -> Result<Vec<Manifest>> {
     let all = whole(dir)?;
-    // The tables must be the configuration's, in its order; partitioning may differ.
+    // The tables must be the configuration's but its scratch tables, in its order;
+    // partitioning may differ.
     let saved = &all[0].tables;
-    if saved.len() != specs.len() {
-        return Err(err(format!("the checkpoint in {} has {} table(s), this configuration {}", dir.display(), saved.len(), specs.len())));
+    let kept: Vec<&TableSpec> = specs.iter().filter(|s| !s.scratch).collect();
+    if saved.len() != kept.len() {
+        return Err(err(format!("the checkpoint in {} has {} table(s), this configuration {} (scratch tables aside)", dir.display(), saved.len(), kept.len())));
     }
-    for (spec, (_, _, keys, value_len, state_len, updater, name)) in specs.iter().zip(saved) {
+    for (spec, (_, _, keys, value_len, state_len, updater, name)) in kept.into_iter().zip(saved) {
         let mismatch = |setting: &str, theirs: String, ours: String| {
             err(format!("table '{}': the checkpoint's {setting} is {theirs}, this configuration's {ours}", spec.name))
         };
@@ -479,6 +482,9 @@ impl ValuesReader {
 /// What a reader needs of one table: its name, key count and words per key (value, then
 /// state), and how its keys are partitioned now.
 struct Shape {
+    /// Where its records go: the configuration's table index on a restore, the output's
+    /// position when read whole.
+    target: usize,
     name: String,
     keys: u64,
     value_len: usize,
@@ -487,8 +493,15 @@ struct Shape {
 }
 
 impl Shape {
-    fn of(spec: &TableSpec) -> Shape {
+    /// The shapes of the tables of `specs` that checkpoints hold (scratch tables aside), in
+    /// order: as a checkpoint's manifests list them.
+    fn of_kept(specs: &[TableSpec]) -> Vec<Shape> {
+        specs.iter().enumerate().filter(|(_, spec)| !spec.scratch).map(|(target, spec)| Shape::of(target, spec)).collect()
+    }
+
+    fn of(target: usize, spec: &TableSpec) -> Shape {
         Shape {
+            target,
             name: spec.name.clone(),
             keys: spec.keys,
             value_len: spec.value_len,
@@ -507,11 +520,15 @@ struct Target<'a> {
     also: &'a dyn Fn(usize, u64) -> bool,
 }
 
-/// Reads the whole checkpoint of `manifests` in `dir` into `target`: every record it takes goes
-/// to `apply(table, key, bytes, home)`, `bytes` its value's and state's words, little-endian.
-/// Checks that each of its home keys was in exactly one file.
+/// Reads the whole checkpoint of `manifests` in `dir` into `target` (`target.shapes` are the
+/// manifests' tables, in their order): every record it takes goes to `apply(shape's target,
+/// key, bytes, home)`, `bytes` its value's and state's words, little-endian. Checks that each of
+/// its home keys was in exactly one file.
 fn read_into(dir: &Path, manifests: &[Manifest], target: &Target<'_>, mut apply: impl FnMut(usize, u64, &[u8], bool) -> Result<()>) -> Result<u64> {
     let (shapes, rank) = (target.shapes, target.rank);
+    // A values file names a table by the id it had in the writer's configuration; the manifests
+    // list those ids in the order of `shapes`.
+    let position = |id: usize| manifests[0].tables.iter().position(|t| t.0 as usize == id).filter(|&p| p < shapes.len());
     let partitioners: Vec<Partitioner> = shapes.iter().map(|t| Partitioner::new(t.keys, target.nodes, t.partitioning)).collect();
     // Per table, which of the home keys were found (sized by the configuration, or by a
     // manifest checked against the files' sizes: never by a count read from a file alone).
@@ -529,8 +546,9 @@ fn read_into(dir: &Path, manifests: &[Manifest], target: &Target<'_>, mut apply:
             return Err(err(format!("{}: {tables} table(s) where the manifest lists {}", path.display(), shapes.len())));
         }
         for _ in 0..tables {
-            let id = r.u16()? as usize;
-            let shape = shapes.get(id).ok_or_else(|| err(format!("{}: table id {id} does not exist", path.display())))?;
+            let file_id = r.u16()? as usize;
+            let id = position(file_id).ok_or_else(|| err(format!("{}: table id {file_id} is not in the manifest", path.display())))?;
+            let shape = &shapes[id];
             let words_per_key = r.u32()? as usize;
             if words_per_key != shape.words_per_key {
                 return Err(err(format!("{}: table '{}' has {words_per_key} words per key, not {}", path.display(), shape.name, shape.words_per_key)));
@@ -561,7 +579,7 @@ fn read_into(dir: &Path, manifests: &[Manifest], target: &Target<'_>, mut apply:
                         }
                         *seen = true;
                     }
-                    apply(id, key, row, home)?;
+                    apply(shape.target, key, row, home)?;
                     loaded += u64::from(home);
                 }
             }
@@ -582,7 +600,7 @@ fn read_into(dir: &Path, manifests: &[Manifest], target: &Target<'_>, mut apply:
 pub(crate) fn restore(dir: &Path, store: &Store, config: &Config) -> Result<u64> {
     let manifests = manifests(dir, &config.tables)?;
     let also = |table: usize, key: u64| store.table(table as u16).is_replicated(key);
-    let shapes: Vec<Shape> = config.tables.iter().map(Shape::of).collect();
+    let shapes = Shape::of_kept(&config.tables);
     let target = Target { shapes: &shapes, rank: config.rank, nodes: config.nodes, also: &also };
     // Every latch for the whole restore: one lock instead of one per key.
     let all = store.lock_all();
@@ -598,13 +616,17 @@ pub(crate) fn restore(dir: &Path, store: &Store, config: &Config) -> Result<u64>
 /// Writes dense tables held by one process (`values[t]`: every key's value of `specs[t]`, key
 /// after key) as checkpoint number `sequence` of one node, in the format of
 /// [`crate::Node::checkpoint`]: a cluster of any size restores from it, and
-/// [`read_arrays_checkpoint`] reads it back. Tables whose updater keeps state get it zeroed.
+/// [`read_arrays_checkpoint`] reads it back. Tables whose updater keeps state get it zeroed;
+/// scratch tables are left out.
 pub fn write_arrays_checkpoint(dir: impl AsRef<Path>, specs: &[TableSpec], values: &[&[f32]], sequence: u64) -> Result<CheckpointInfo> {
     if specs.len() != values.len() {
         return Err(err(format!("{} tables but {} arrays of values", specs.len(), values.len())));
     }
     let mut cuts = Vec::with_capacity(specs.len());
     for (id, (spec, values)) in specs.iter().zip(values).enumerate() {
+        if spec.scratch {
+            continue;
+        }
         if values.len() as u64 != spec.keys.saturating_mul(spec.value_len as u64) {
             return Err(err(format!("table '{}': {} values for {} keys of {}", spec.name, values.len(), spec.keys, spec.value_len)));
         }
@@ -624,15 +646,21 @@ pub fn write_arrays_checkpoint(dir: impl AsRef<Path>, specs: &[TableSpec], value
 pub fn read_arrays_checkpoint(dir: impl AsRef<Path>, specs: &[TableSpec]) -> Result<Vec<Vec<f32>>> {
     let dir = dir.as_ref();
     let manifests = manifests(dir, specs)?;
-    let shapes: Vec<Shape> = specs.iter().map(Shape::of).collect();
-    read_dense(dir, &manifests, &shapes)
+    let shapes = Shape::of_kept(specs);
+    let mut dense = read_dense(dir, &manifests, &shapes)?.into_iter();
+    // Scratch tables are not in checkpoints: zeros.
+    Ok(specs
+        .iter()
+        .map(|s| if s.scratch { vec![0.0; (s.keys as usize).saturating_mul(s.value_len)] } else { dense.next().expect("one per kept table") })
+        .collect())
 }
 
-/// Every key's value (state left out) of every table in `shapes`, key after key, from the
-/// checkpoint of `manifests` in `dir`.
+/// Every key's value (state left out) of every table in `shapes` (the manifests' tables, their
+/// targets their positions), key after key, from the checkpoint of `manifests` in `dir`.
 fn read_dense(dir: &Path, manifests: &[Manifest], shapes: &[Shape]) -> Result<Vec<Vec<f32>>> {
     let mut out: Vec<Vec<f32>> = shapes.iter().map(|s| vec![0.0; (s.keys as usize).saturating_mul(s.value_len)]).collect();
-    let target = Target { shapes, rank: 0, nodes: 1, also: &|_, _| false };
+    let shapes: Vec<Shape> = shapes.iter().enumerate().map(|(position, s)| Shape { target: position, name: s.name.clone(), ..*s }).collect();
+    let target = Target { shapes: &shapes, rank: 0, nodes: 1, also: &|_, _| false };
     read_into(dir, manifests, &target, |table, key, bytes, _| {
         let len = shapes[table].value_len;
         for (o, b) in out[table][key as usize * len..(key as usize + 1) * len].iter_mut().zip(bytes.chunks_exact(4)) {
@@ -691,7 +719,9 @@ pub fn read_checkpoint(dir: impl AsRef<Path>) -> Result<Vec<CheckpointTable>> {
     let shapes: Vec<Shape> = first
         .tables
         .iter()
-        .map(|(_, _, keys, value_len, state_len, _, name)| Shape {
+        .enumerate()
+        .map(|(target, (_, _, keys, value_len, state_len, _, name))| Shape {
+            target,
             name: name.clone(),
             keys: *keys,
             value_len: *value_len,

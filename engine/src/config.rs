@@ -60,6 +60,10 @@ pub struct TableSpec {
     /// many keys are kept by the receiving node and sent again as their hash; 0 (the default)
     /// is off. See `protocol::keycache`.
     pub key_cache_min: usize,
+    /// A scratch table (a trainer's per-epoch figures, counters): left out of checkpoints, and
+    /// at zeros after a restore, so that its size may change between the run that wrote a
+    /// checkpoint and the one that resumes from it. See `docs/CHECKPOINTS.md`.
+    pub scratch: bool,
 }
 
 impl TableSpec {
@@ -75,6 +79,7 @@ impl TableSpec {
             updater: crate::update::Updater::Add,
             codec: crate::codec::ValueCodec::F32,
             key_cache_min: 0,
+            scratch: false,
         }
     }
 
@@ -125,6 +130,12 @@ impl TableSpec {
     /// Floats of optimizer state kept next to each value.
     pub fn state_len(&self) -> usize {
         self.updater.state_len(self.value_len)
+    }
+
+    /// The same table as a scratch table: left out of checkpoints (see [`TableSpec::scratch`]).
+    pub fn scratch(mut self) -> TableSpec {
+        self.scratch = true;
+        self
     }
 
     /// The same table with another partitioning.

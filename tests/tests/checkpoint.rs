@@ -16,7 +16,16 @@ fn tables(added: Partitioning, learned: Partitioning) -> Vec<TableSpec> {
         TableSpec::new("added", ADDED, 3).partitioned(added).replicating(std::iter::once(0..4)),
         // AdaGrad: the restore must bring the optimizer state back, not only the values.
         TableSpec::new("learned", LEARNED, 2).partitioned(learned).with_updater(Updater::adagrad(0.1)),
+        // A scratch table (a trainer's per-epoch figures): left out of checkpoints, so a
+        // restore may size it otherwise (see `resized_scratch`).
+        TableSpec::new("figures", 7, 2).scratch(),
     ]
+}
+
+/// `tables` with the scratch table sized for a run of `epochs`.
+fn resized_scratch(mut tables: Vec<TableSpec>, epochs: u64) -> Vec<TableSpec> {
+    tables[2].keys = epochs + 2;
+    tables
 }
 
 fn config(tables: Vec<TableSpec>) -> Config {
@@ -83,6 +92,7 @@ fn trained_cluster(dir: &Path) -> (Vec<Node>, (Vec<f32>, Vec<f32>)) {
                     let keys: Vec<u64> = (0..LEARNED).filter(|k| (k + round) % 2 == rank as u64).collect();
                     let grads: Vec<f32> = keys.iter().flat_map(|&k| [(k % 5) as f32 - 2.0, 0.1 * round as f32]).collect();
                     worker.push(learned, &keys, &grads).unwrap();
+                    worker.push(node.table("figures").unwrap(), &[3], &[1.0, 2.0]).unwrap();
                 }
                 worker.barrier().unwrap();
             });
@@ -104,8 +114,11 @@ fn a_checkpoint_restores_on_other_node_counts_and_partitionings() {
     for (nodes, added, learned) in
         [(3, Partitioning::Hash, Partitioning::Range), (1, Partitioning::Range, Partitioning::Hash), (2, Partitioning::Hash, Partitioning::Hash)]
     {
-        let restored = Node::start_local_cluster(nodes, config(tables(added, learned)).restoring_from(&dir)).unwrap();
+        let restored = Node::start_local_cluster(nodes, config(resized_scratch(tables(added, learned), 10 + nodes as u64)).restoring_from(&dir)).unwrap();
         assert_eq!(pull_all(&restored), held, "{nodes} node(s), {added:?}/{learned:?}");
+        let mut figures = vec![1.0; 2];
+        restored[0].worker().pull(restored[0].table("figures").unwrap(), &[3], &mut figures).unwrap();
+        assert_eq!(figures, [0.0, 0.0], "a scratch table starts at zeros");
         if nodes == 3 {
             // 3 → 2: the restored cluster's own checkpoint, restored on 2 nodes.
             let again = scratch("restore-3");

@@ -98,6 +98,12 @@ fn resume_on_another_node_count(mode: &str) {
     // Resumed training on from its checkpoint rather than from the start: fewer epochs reported.
     assert!(resumed.len() < uninterrupted.len());
     read_as_a_model(&dir, &dir.join("checkpoints/epoch-8"), &dir.join("saved"));
+    // The cluster's checkpoint resumes in `single` too, for more epochs than the run had (the
+    // per-epoch figures' table, sized by them, is a scratch table: not in checkpoints).
+    let more = train(&["mf", "--data", "synth-tiny", "--rank", "4", "--mode", "single", "--epochs", "10", "--resume", checkpoints]);
+    assert_eq!(more[0]["epoch"], 9, "{:?}", more[0]);
+    let last = rmse(&more);
+    assert!(last < 1.03 * again, "{mode}: RMSE {last} after two more epochs in single, {again} before");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -22,23 +22,25 @@ fn available(program: &str, opt_out: &str) -> bool {
 
 /// Open MPI's `mpirun` starts two `ferry train mf` processes: they form one cluster
 /// (`OMPI_COMM_WORLD_RANK`/`SIZE` and `FERRY_COORDINATOR`), rank 0 prints one JSON report per
-/// epoch and nobody else prints any; a second mode is refused with a message.
+/// epoch and nobody else prints any; a second mode is refused with a message; checkpoints
+/// written by 2 processes resume under 3.
 #[test]
 fn train_runs_under_open_mpi() {
     if !available("mpirun", "FERRY_MPI") {
         return;
     }
     let secret = secret_file("mpi");
-    let run = |extra: &[&str]| {
+    let run_on = |processes: usize, epochs: usize, extra: &[&str]| {
         Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", &format!("FERRY_COORDINATOR=127.0.0.1:{}", free_port())])
+            .args(["--allow-run-as-root", "--oversubscribe", "-np", &processes.to_string(), "-x", &format!("FERRY_COORDINATOR=127.0.0.1:{}", free_port())])
             .args(["-x", &format!("FERRY_SECRET_FILE={}", secret.display())])
             .arg(binary("ferry"))
-            .args(["train", "mf", "--data", "synth-tiny", "--rank", "4", "--epochs", "3"])
+            .args(["train", "mf", "--data", "synth-tiny", "--rank", "4", "--epochs", &epochs.to_string()])
             .args(extra)
             .output()
             .expect("running mpirun")
     };
+    let run = |extra: &[&str]| run_on(2, 3, extra);
     let out = run(&["--json"]);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "mpirun failed:\n{stdout}\n{stderr}");
@@ -51,6 +53,20 @@ fn train_runs_under_open_mpi() {
     let out = run(&["--mode", "single,localize"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("runs exactly one cluster mode"), "{}", String::from_utf8_lossy(&out.stderr));
+    // Checkpoints written by 2 processes resume under 3.
+    let checkpoints = std::env::temp_dir().join(format!("ferry-mpi-checkpoints-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&checkpoints);
+    let checkpoints_arg = checkpoints.to_str().unwrap();
+    let out = run_on(2, 2, &["--checkpoint-every", "1", "--checkpoint-dir", checkpoints_arg]);
+    assert!(out.status.success(), "mpirun with checkpoints failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let out = run_on(3, 4, &["--json", "--checkpoint-every", "1", "--checkpoint-dir", checkpoints_arg, "--resume", checkpoints_arg]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "mpirun --resume failed:\n{stdout}\n{stderr}");
+    let resumed: Vec<serde_json::Value> = stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(resumed.iter().map(|r| r["epoch"].as_u64().unwrap()).collect::<Vec<_>>(), [3, 4], "resumed after epoch 2:\n{stdout}");
+    assert!(rmse(&resumed[1]) < rmse(&reports[0]), "the resumed model goes on from the checkpoint: {stdout}");
+    assert!(stderr.contains("localize mode on 3 nodes started by open-mpi"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&checkpoints);
 }
 
 /// A single-host Slurm cluster started for the test from the distribution's packages: its own
@@ -135,7 +151,8 @@ fn secret_file(name: &str) -> std::path::PathBuf {
 }
 
 /// `srun --ntasks 2` on a real single-host Slurm starts two `ferry train mf` processes that find
-/// their ranks in `SLURM_PROCID`/`SLURM_NTASKS` and form one cluster; rank 0 reports.
+/// their ranks in `SLURM_PROCID`/`SLURM_NTASKS` and form one cluster; rank 0 reports; checkpoints
+/// written by 2 tasks resume under 3 (`--overcommit`: more tasks than the node's 2 CPUs).
 #[test]
 fn train_runs_under_slurm() {
     if !available("slurmctld", "FERRY_SLURM") || !available("slurmd", "FERRY_SLURM") {
@@ -148,29 +165,44 @@ fn train_runs_under_slurm() {
         return;
     }
     let slurm = Slurm::start();
-    let mut srun = slurm
-        .command("srun")
-        .args(["--ntasks", "2", "env", &format!("FERRY_COORDINATOR=127.0.0.1:{}", free_port())])
-        .arg(format!("FERRY_SECRET_FILE={}", secret_file("slurm").display()))
-        .arg(binary("ferry"))
-        .args(["train", "mf", "--data", "synth-tiny", "--rank", "4", "--epochs", "3", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("running srun");
-    let started = std::time::Instant::now();
-    while srun.try_wait().unwrap().is_none() {
-        if started.elapsed() > std::time::Duration::from_secs(120) {
-            let _ = srun.kill();
-            panic!("srun did not finish within 120 s");
+    let secret = secret_file("slurm");
+    let srun = |tasks: usize, args: &[&str]| {
+        let mut srun = slurm
+            .command("srun")
+            .args(["--overcommit", "--ntasks", &tasks.to_string(), "env", &format!("FERRY_COORDINATOR=127.0.0.1:{}", free_port())])
+            .arg(format!("FERRY_SECRET_FILE={}", secret.display()))
+            .arg(binary("ferry"))
+            .args(["train", "mf", "--data", "synth-tiny", "--rank", "4"])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("running srun");
+        let started = std::time::Instant::now();
+        while srun.try_wait().unwrap().is_none() {
+            if started.elapsed() > std::time::Duration::from_secs(120) {
+                let _ = srun.kill();
+                panic!("srun did not finish within 120 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let out = srun.wait_with_output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "srun failed:\n{stdout}\n{stderr}");
-    let reports: Vec<serde_json::Value> = stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+        let out = srun.wait_with_output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string());
+        assert!(out.status.success(), "srun failed:\n{stdout}\n{stderr}");
+        let reports: Vec<serde_json::Value> = stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+        (reports, stdout, stderr)
+    };
+    let (reports, stdout, stderr) = srun(2, &["--epochs", "3", "--json"]);
     assert_eq!(reports.len(), 3, "one report per epoch, from rank 0 only:\n{stdout}");
     assert!(reports.iter().all(|r| r["mode"] == "localize"), "{stdout}");
     assert!(stderr.contains("localize mode on 2 nodes started by slurm"), "{stderr}");
+    // Checkpoints written by 2 tasks resume under 3.
+    let checkpoints = std::env::temp_dir().join(format!("ferry-slurm-checkpoints-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&checkpoints);
+    let dir = checkpoints.to_str().unwrap();
+    srun(2, &["--epochs", "2", "--checkpoint-every", "1", "--checkpoint-dir", dir]);
+    let (resumed, stdout, stderr) = srun(3, &["--epochs", "4", "--json", "--checkpoint-every", "1", "--checkpoint-dir", dir, "--resume", dir]);
+    assert_eq!(resumed.iter().map(|r| r["epoch"].as_u64().unwrap()).collect::<Vec<_>>(), [3, 4], "resumed after epoch 2:\n{stdout}");
+    assert!(stderr.contains("localize mode on 3 nodes started by slurm"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&checkpoints);
 }

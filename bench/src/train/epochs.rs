@@ -473,7 +473,9 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     let common = task.common();
     let epochs = common.epochs;
     let mut specs: Vec<TableSpec> = model.tables.iter().map(|t| t.spec.clone()).collect();
-    specs.push(TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS));
+    // Per-epoch figures, sized by this run's epochs: not in checkpoints, so that a run resumes
+    // with more epochs, or in `single`, which has no such table.
+    specs.push(TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS).scratch());
     let mut config = ferry::Config::from_env(specs)?;
     task.configure(&mut config, mode)?;
     let (first_epoch, restore) = common.first_epoch()?;
