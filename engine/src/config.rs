@@ -798,13 +798,17 @@ pub struct ClusterEnv {
 }
 
 impl ClusterEnv {
-    /// Reads, in this order: `FERRY_RANK`/`FERRY_NODES`; Slurm's `SLURM_PROCID`/`SLURM_NTASKS`;
-    /// Open MPI's `OMPI_COMM_WORLD_RANK`/`OMPI_COMM_WORLD_SIZE`; PMI's `PMI_RANK`/`PMI_SIZE`. The
-    /// rendezvous address is always `FERRY_COORDINATOR` and is required for more than one node.
-    /// Without any of these the node runs alone (rank 0 of 1).
+    /// Reads, in this order: `FERRY_RANK`/`FERRY_NODES`; torchrun's `RANK`/`WORLD_SIZE` (with
+    /// `LOCAL_RANK`, which torchrun sets too, so that a stray `RANK` is not taken for it);
+    /// Slurm's `SLURM_PROCID`/`SLURM_NTASKS`; Open MPI's `OMPI_COMM_WORLD_RANK`/
+    /// `OMPI_COMM_WORLD_SIZE`; PMI's `PMI_RANK`/`PMI_SIZE`. The rendezvous address is
+    /// `FERRY_COORDINATOR`, required for more than one node; under torchrun it defaults to
+    /// `MASTER_ADDR` and the port after `MASTER_PORT` (torch.distributed's own rendezvous keeps
+    /// `MASTER_PORT`). Without any of these the node runs alone (rank 0 of 1).
     pub fn detect(get: impl Fn(&str) -> Option<String>) -> Result<ClusterEnv> {
-        const SOURCES: [(&str, &str, &str); 4] = [
+        const SOURCES: [(&str, &str, &str); 5] = [
             ("ferry", "FERRY_RANK", "FERRY_NODES"),
+            ("torchrun", "RANK", "WORLD_SIZE"),
             ("slurm", "SLURM_PROCID", "SLURM_NTASKS"),
             ("open-mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
             ("pmi", "PMI_RANK", "PMI_SIZE"),
@@ -812,6 +816,9 @@ impl ClusterEnv {
         let coordinator = get("FERRY_COORDINATOR").filter(|c| !c.trim().is_empty());
         for (source, rank_var, size_var) in SOURCES {
             let Some(rank) = get(rank_var) else { continue };
+            if source == "torchrun" && get("LOCAL_RANK").is_none() {
+                continue;
+            }
             let parse = |var: &str, value: &str| -> Result<usize> {
                 value.trim().parse::<usize>().map_err(|_| Error::Config(format!("{var}='{value}' is not a non-negative integer")))
             };
@@ -823,6 +830,10 @@ impl ClusterEnv {
             if nodes == 0 || rank >= nodes {
                 return Err(Error::Config(format!("{rank_var}={rank} is not below {size_var}={nodes}")));
             }
+            let coordinator = match coordinator {
+                None if source == "torchrun" => torchrun_coordinator(&get)?,
+                given => given,
+            };
             if nodes > 1 && coordinator.is_none() {
                 return Err(Error::Config(format!("{nodes} nodes from {source} variables, but FERRY_COORDINATOR (host:port of rank 0) is not set")));
             }
@@ -830,6 +841,18 @@ impl ClusterEnv {
         }
         Ok(ClusterEnv { rank: 0, nodes: 1, coordinator, source: "none" })
     }
+}
+
+/// Ferry's rendezvous under torchrun: `MASTER_ADDR` and the port after `MASTER_PORT` (the one
+/// torch.distributed listens on); `None` without `MASTER_ADDR`.
+fn torchrun_coordinator(get: &impl Fn(&str) -> Option<String>) -> Result<Option<String>> {
+    let Some(host) = get("MASTER_ADDR").map(|h| h.trim().to_string()).filter(|h| !h.is_empty()) else { return Ok(None) };
+    let port = get("MASTER_PORT").ok_or_else(|| Error::Config("MASTER_ADDR is set but MASTER_PORT is not".into()))?;
+    let next = port.trim().parse::<u16>().ok().and_then(|p| p.checked_add(1)).ok_or_else(|| {
+        Error::Config(format!("MASTER_PORT='{port}' is not a port below 65535 (Ferry's rendezvous takes the port after it; or set FERRY_COORDINATOR)"))
+    })?;
+    // An IPv6 address needs brackets before the port.
+    Ok(Some(if host.contains(':') && !host.starts_with('[') { format!("[{host}]:{next}") } else { format!("{host}:{next}") }))
 }
 
 #[cfg(test)]
@@ -906,6 +929,31 @@ mod tests {
         assert!(env(&[("FERRY_RANK", "x"), ("FERRY_NODES", "2")]).is_err());
         assert!(env(&[("FERRY_RANK", "2"), ("FERRY_NODES", "2"), ("FERRY_COORDINATOR", "h:1")]).is_err());
         assert!(env(&[("FERRY_RANK", "0")]).is_err());
+    }
+
+    #[test]
+    fn torchrun_variables_give_the_rank_and_the_port_after_torchs() {
+        let torchrun = [("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1"), ("MASTER_ADDR", "10.0.0.5"), ("MASTER_PORT", "29500")];
+        let e = env(&torchrun).unwrap();
+        assert_eq!(e, ClusterEnv { rank: 1, nodes: 2, coordinator: Some("10.0.0.5:29501".into()), source: "torchrun" });
+        // Ferry's own variables come first, and FERRY_COORDINATOR overrides the derived address.
+        let e = env(&[torchrun.as_slice(), &[("FERRY_COORDINATOR", "h:7")]].concat()).unwrap();
+        assert_eq!(e.coordinator.as_deref(), Some("h:7"));
+        let e = env(&[torchrun.as_slice(), &[("FERRY_RANK", "0"), ("FERRY_NODES", "3"), ("FERRY_COORDINATOR", "h:7")]].concat()).unwrap();
+        assert_eq!((e.rank, e.nodes, e.source), (0, 3, "ferry"));
+        // Before Slurm's: torchrun inside an allocation.
+        let e = env(&[torchrun.as_slice(), &[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")]].concat()).unwrap();
+        assert_eq!(e.source, "torchrun");
+        // A RANK without LOCAL_RANK is not torchrun's.
+        assert_eq!(env(&[("RANK", "1"), ("WORLD_SIZE", "2")]).unwrap().source, "none");
+        let e = env(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "::1"), ("MASTER_PORT", "29500")]).unwrap();
+        assert_eq!(e.coordinator.as_deref(), Some("[::1]:29501"));
+        for bad in ["x", "65535", "-1"] {
+            let e = env(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "h"), ("MASTER_PORT", bad)]).unwrap_err().to_string();
+            assert!(e.contains("MASTER_PORT"), "{bad}: {e}");
+        }
+        let e = env(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")]).unwrap_err().to_string();
+        assert!(e.contains("FERRY_COORDINATOR"), "{e}");
     }
 
     #[test]

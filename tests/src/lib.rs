@@ -38,3 +38,12 @@ pub fn finalize_all(nodes: Vec<ferry::Node>) {
         }
     });
 }
+
+/// A fresh, empty directory for a test, named after `what` and this process (whatever an
+/// earlier run left there is removed).
+pub fn scratch_dir(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferry-test-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    dir
+}

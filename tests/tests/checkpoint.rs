@@ -35,9 +35,7 @@ fn config(tables: Vec<TableSpec>) -> Config {
 }
 
 fn scratch(what: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferry-checkpoint-{what}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    ferry_tests::scratch_dir(&format!("checkpoint-{what}"))
 }
 
 /// Every key of both tables, pulled by node 0's worker.

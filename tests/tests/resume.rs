@@ -12,10 +12,7 @@ use ferry_tests::binary;
 use serde_json::Value;
 
 fn scratch(what: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferry-resume-{what}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    ferry_tests::scratch_dir(&format!("resume-{what}"))
 }
 
 /// `ferry train ARGS --json`: its epoch reports.

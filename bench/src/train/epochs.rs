@@ -307,6 +307,9 @@ fn run_single<W: Workload>(task: &W, data: &W::Data, model: Model, emit: Sink) -
     check_arrays_fit(&model)?;
     let specs: Vec<TableSpec> = model.tables.iter().map(|t| t.spec.clone()).collect();
     let (first_epoch, restore) = task.common().first_epoch()?;
+    if let Some(dir) = &restore {
+        eprintln!("resuming from {} at epoch {first_epoch}", dir.display());
+    }
     let restored = restore.map(|dir| ferry::read_arrays_checkpoint(&dir, &specs).with_context(|| format!("--resume: {}", dir.display()))).transpose()?;
     let arrays: Vec<SharedArray> = model
         .tables
@@ -479,8 +482,11 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     let mut config = ferry::Config::from_env(specs)?;
     task.configure(&mut config, mode)?;
     let (first_epoch, restore) = common.first_epoch()?;
-    if restore.is_some() {
-        config.restore_from = restore;
+    if let Some(dir) = restore {
+        if config.rank == 0 {
+            eprintln!("resuming from {} at epoch {first_epoch}", dir.display());
+        }
+        config.restore_from = Some(dir);
     }
     let restoring = config.restore_from.is_some();
     let replicated: u64 = config.tables.iter().map(|t| t.replicated_keys()).sum();

@@ -240,7 +240,6 @@ impl Common {
         if epoch >= self.epochs {
             bail!("--resume {}: its newest checkpoint is after epoch {epoch}, and --epochs is {}: nothing is left to train", dir.display(), self.epochs);
         }
-        eprintln!("resuming from {} at epoch {}", path.display(), epoch + 1);
         Ok((epoch + 1, Some(path)))
     }
 
