@@ -138,6 +138,40 @@ impl Node {
         let mut node = self.node.take().ok_or_else(|| failed(engine::Error::ShutDown))?;
         py.allow_threads(|| node.finalize()).map_err(failed)
     }
+
+    /// Stops the node at once, without the barrier of `finalize`: its peers see it as lost (and
+    /// fail what touches its keys, saying so). For a process that gives up on an error.
+    fn abort(&mut self, py: Python<'_>) -> PyResult<()> {
+        let node = self.node.take().ok_or_else(|| failed(engine::Error::ShutDown))?;
+        py.allow_threads(|| node.abort());
+        Ok(())
+    }
+
+    /// `with ferry.Node.start(tables) as node:` gives the node.
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// Leaving the `with` block finalizes the node (close its workers first), or aborts it when
+    /// the block raised (the exception goes on). A node already finalized or aborted is left.
+    #[pyo3(signature = (exc_type = None, _exc_value = None, _traceback = None))]
+    fn __exit__(
+        &mut self,
+        py: Python<'_>,
+        exc_type: Option<&Bound<'_, PyAny>>,
+        _exc_value: Option<&Bound<'_, PyAny>>,
+        _traceback: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        if self.node.is_none() {
+            return Ok(false);
+        }
+        if exc_type.is_some_and(|t| !t.is_none()) {
+            self.abort(py)?;
+        } else {
+            self.finalize(py)?;
+        }
+        Ok(false)
+    }
 }
 
 /// A worker: pulls, pushes, sets and localizes keys of the node's tables.

@@ -181,3 +181,43 @@ def test_a_checkpoint_restores_on_one_node(cluster):
             os.remove(os.path.join(directory, name))
         os.rmdir(directory)
     w.barrier()
+
+
+def test_a_node_in_a_with_block_finalizes_or_aborts(cluster):
+    import subprocess
+    import sys
+
+    node, w = cluster
+    if node.rank == 0:
+        # One process alone: a block that raises aborts its node (the exception goes on), one
+        # that ends finalizes it; either way the node is closed after the block.
+        env = {k: v for k, v in __import__("os").environ.items() if k != "FERRY_COORDINATOR"}
+        env.update(FERRY_RANK="0", FERRY_NODES="1")
+        script = (
+            "import numpy as np, ferry\n"
+            "try:\n"
+            "    with ferry.Node.start([('t', 10, 2)]) as node:\n"
+            "        node.worker().close()\n"
+            "        raise ValueError('boom')\n"
+            "except ValueError:\n"
+            "    pass\n"
+            "try:\n"
+            "    node.rank\n"
+            "    raise SystemExit('the aborted node still answers')\n"
+            "except ferry.FerryError:\n"
+            "    pass\n"
+            "with ferry.Node.start([('t', 10, 2)]) as node:\n"
+            "    w = node.worker()\n"
+            "    w.push('t', np.arange(3, dtype=np.uint64), np.ones((3, 2), dtype=np.float32))\n"
+            "    assert w.pull('t', np.arange(3, dtype=np.uint64)).sum() == 6.0\n"
+            "    w.close()\n"
+            "try:\n"
+            "    node.finalize()\n"
+            "    raise SystemExit('finalized twice')\n"
+            "except ferry.FerryError:\n"
+            "    pass\n"
+            "print('with-block ok')\n"
+        )
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "with-block ok" in out.stdout, out.stderr
+    w.barrier()

@@ -1,0 +1,113 @@
+"""Ferry, a parameter store for distributed training: Python bindings.
+
+`Node.start(tables)` joins the cluster the environment describes (Ferry's variables, or those of
+torchrun, Slurm, Open MPI or PMI), `node.worker()` gives a worker per thread, and pulls, pushes,
+sets and localizes take NumPy arrays of `uint64` keys and `float32` values. Every wait releases
+the GIL. Failures raise `FerryError` with Ferry's message.
+"""
+
+from os import PathLike
+from types import TracebackType
+from typing import Dict, List, Optional, Tuple, Type, Union
+
+import numpy as np
+import numpy.typing as npt
+
+Keys = npt.NDArray[np.uint64]
+Values = npt.NDArray[np.float32]
+Path = Union[str, PathLike]
+
+class FerryError(RuntimeError):
+    """A Ferry operation failed; the message says why."""
+
+def read_checkpoint(dir: Path) -> Dict[str, Values]:
+    """Reads a whole checkpoint (written by `Node.checkpoint` on any number of nodes, or by a
+    training run's `--checkpoint-dir`) outside a cluster: every table's values by name, each of
+    shape `(keys, value_len)` (optimizer state left out). Raises `FerryError` naming the file
+    when the checkpoint is incomplete or damaged."""
+
+class Node:
+    """This process's node of a Ferry cluster."""
+
+    @staticmethod
+    def start(tables: List[Tuple[str, int, int]], restore_from: Optional[Path] = None) -> "Node":
+        """Starts this process's node with `tables`, a list of `(name, keys, value_len)`; the
+        cluster (rank, node count, coordinator, secret, timeouts) comes from the environment.
+        Blocks until every node has joined. With `restore_from`, the node starts from the
+        checkpoint in that directory (`FERRY_RESTORE` does the same)."""
+    @property
+    def rank(self) -> int:
+        """This node's rank."""
+    @property
+    def nodes(self) -> int:
+        """The number of nodes."""
+    def worker(self) -> "Worker":
+        """A new worker (use one per thread)."""
+    def stats(self) -> Dict[str, int]:
+        """The node's counters: local and remote key accesses, relocations in and out, messages
+        and bytes sent, keys relocated and replicated for intent and late accesses."""
+    def checkpoint(self, dir: Path) -> None:
+        """Writes this node's part of a checkpoint into `dir` (one directory per checkpoint): a
+        collective call every node makes with the same directory, after a barrier every worker
+        reached, the workers going on after a second barrier."""
+    def hold_relocations(self) -> None:
+        """Holds the relocations intent signalling makes on this node, for a checkpoint; returns
+        once those in flight landed. Where workers declare intents, call it on every node, then
+        a barrier, before `checkpoint`, and `release_relocations` after."""
+    def release_relocations(self) -> None:
+        """Ends `hold_relocations`: the grants that waited are taken up."""
+    def finalize(self) -> None:
+        """Leaves the cluster cleanly (a barrier with every other node); close every worker
+        first."""
+    def abort(self) -> None:
+        """Stops the node at once, without the barrier of `finalize`: its peers see it as lost."""
+    def __enter__(self) -> "Node": ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc_value: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> bool:
+        """Finalizes the node, or aborts it when the block raised (the exception goes on)."""
+
+class Worker:
+    """A worker: pulls, pushes, sets and localizes keys of the node's tables (one per thread)."""
+
+    def pull(self, table: str, keys: Keys) -> Values:
+        """The values of `keys` as a new array of shape `(len(keys), value_len)`."""
+    def pull_into(self, table: str, keys: Keys, out: Values) -> None:
+        """Writes the values of `keys` into `out`, a C-contiguous array of
+        `len(keys) × value_len` elements, without an intermediate copy."""
+    def push(self, table: str, keys: Keys, values: Values) -> None:
+        """Adds `values` (`len(keys) × value_len` floats, any shape) to the keys' values."""
+    def set(self, table: str, keys: Keys, values: Values) -> None:
+        """Replaces the keys' values with `values`."""
+    def localize(self, table: str, keys: Keys) -> None:
+        """Moves the keys to this node and waits until they are here."""
+    def pull_async(self, table: str, keys: Keys) -> int:
+        """Starts a pull; returns a ticket for `wait_pull`."""
+    def push_async(self, table: str, keys: Keys, values: Values) -> int:
+        """Starts a push (the values are copied before this returns); returns a ticket for
+        `wait`."""
+    def set_async(self, table: str, keys: Keys, values: Values) -> int:
+        """Starts a set (the values are copied before this returns); returns a ticket for
+        `wait`."""
+    def localize_async(self, table: str, keys: Keys) -> int:
+        """Starts moving keys to this node; returns a ticket for `wait`."""
+    def wait(self, ticket: int) -> None:
+        """Waits for a push, set or localize ticket."""
+    def wait_pull(self, ticket: int) -> Values:
+        """Waits for a pull ticket; returns its values, of shape `(keys, value_len)`."""
+    def intent(self, table: str, keys: Keys, start: int, end: int) -> None:
+        """Declares that this worker will need the keys in its clocks `start..end`, so that the
+        node moves them here in time (intent signalling)."""
+    def advance_clock(self) -> int:
+        """Completes this worker's clock and returns the new one."""
+    def current_clock(self) -> int:
+        """The clock this worker is in (the number of clocks it completed)."""
+    def barrier(self) -> None:
+        """Waits for this worker's asynchronous operations, then for every worker of every
+        node."""
+    def close(self) -> None:
+        """Releases the worker (outstanding tickets are forgotten); needed before
+        `Node.finalize`."""
