@@ -9,7 +9,10 @@
 use std::collections::HashMap;
 
 use ferry_engine as engine;
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArrayDyn, PyReadwriteArrayDyn, PyUntypedArrayMethods};
+
+mod arrays;
+use arrays::{Keys, Out, Values};
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::create_exception;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -23,19 +26,6 @@ fn failed(e: engine::Error) -> PyErr {
 
 fn argument(message: impl Into<String>) -> PyErr {
     FerryError::new_err(message.into())
-}
-
-/// Keys of a NumPy `uint64` array (any shape, C-contiguous).
-fn keys<'a>(array: &'a PyReadonlyArrayDyn<'_, u64>) -> PyResult<&'a [u64]> {
-    let contiguous = array.is_c_contiguous();
-    array.as_slice().ok().filter(|_| contiguous).ok_or_else(|| argument("keys must be a C-contiguous uint64 array"))
-}
-
-/// Values of a NumPy `float32` array (any shape, C-contiguous: a Fortran-order array would be
-/// read in the wrong order).
-fn values<'a>(array: &'a PyReadonlyArrayDyn<'_, f32>) -> PyResult<&'a [f32]> {
-    let contiguous = array.is_c_contiguous();
-    array.as_slice().ok().filter(|_| contiguous).ok_or_else(|| argument("values must be a C-contiguous float32 array"))
 }
 
 /// This process's node of a Ferry cluster.
@@ -208,50 +198,55 @@ impl Worker {
 
 #[pymethods]
 impl Worker {
-    /// The values of `keys` as a new `float32` array of shape `(len(keys), value_len)`.
-    fn pull<'py>(&mut self, py: Python<'py>, table: &str, keys_in: PyReadonlyArrayDyn<'py, u64>) -> PyResult<Bound<'py, PyAny>> {
+    /// The values of `keys` as a new `float32` array of shape `(len(keys), value_len)`; with
+    /// `out` (a C-contiguous `float32` array or CPU tensor of `len(keys) × value_len`
+    /// elements), written into it without an intermediate copy, and `out` returned.
+    #[pyo3(signature = (table, keys, out = None))]
+    fn pull<'py>(&mut self, py: Python<'py>, table: &str, keys: Keys<'py>, out: Option<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(target) = out {
+            self.pull_into(py, table, keys, target.extract()?)?;
+            return Ok(target);
+        }
         let (w, t) = self.parts(table)?;
-        let k = keys(&keys_in)?;
-        let mut out = vec![0.0f32; k.len() * t.value_len()];
-        py.allow_threads(|| w.pull(t, k, &mut out)).map_err(failed)?;
-        Ok(PyArray1::from_vec(py, out).reshape([k.len(), t.value_len()])?.into_any())
+        let k = keys.slice()?;
+        let mut values = vec![0.0f32; k.len() * t.value_len()];
+        py.allow_threads(|| w.pull(t, k, &mut values)).map_err(failed)?;
+        Ok(PyArray1::from_vec(py, values).reshape([k.len(), t.value_len()])?.into_any())
     }
 
-    /// Writes the values of `keys` into `out`, a C-contiguous `float32` array of
-    /// `len(keys) × value_len` elements, without an intermediate copy.
-    fn pull_into(&mut self, py: Python<'_>, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>, mut out: PyReadwriteArrayDyn<'_, f32>) -> PyResult<()> {
+    /// Writes the values of `keys` into `out`, a C-contiguous `float32` array (or CPU tensor)
+    /// of `len(keys) × value_len` elements, without an intermediate copy.
+    fn pull_into(&mut self, py: Python<'_>, table: &str, keys: Keys<'_>, mut out: Out<'_>) -> PyResult<()> {
         let (w, t) = self.parts(table)?;
-        let k = keys(&keys_in)?;
-        let contiguous = out.is_c_contiguous();
-        let out = out.as_slice_mut().ok().filter(|_| contiguous).ok_or_else(|| argument("out must be a C-contiguous float32 array"))?;
+        let (k, out) = (keys.slice()?, out.slice_mut()?);
         py.allow_threads(|| w.pull(t, k, out)).map_err(failed)
     }
 
     /// Adds `values` (`len(keys) × value_len` floats, any shape) to the keys' values.
-    fn push(&mut self, py: Python<'_>, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>, values_in: PyReadonlyArrayDyn<'_, f32>) -> PyResult<()> {
+    fn push(&mut self, py: Python<'_>, table: &str, keys: Keys<'_>, values: Values<'_>) -> PyResult<()> {
         let (w, t) = self.parts(table)?;
-        let (k, v) = (keys(&keys_in)?, values(&values_in)?);
+        let (k, v) = (keys.slice()?, values.slice()?);
         py.allow_threads(|| w.push(t, k, v)).map_err(failed)
     }
 
     /// Replaces the keys' values with `values`.
-    fn set(&mut self, py: Python<'_>, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>, values_in: PyReadonlyArrayDyn<'_, f32>) -> PyResult<()> {
+    fn set(&mut self, py: Python<'_>, table: &str, keys: Keys<'_>, values: Values<'_>) -> PyResult<()> {
         let (w, t) = self.parts(table)?;
-        let (k, v) = (keys(&keys_in)?, values(&values_in)?);
+        let (k, v) = (keys.slice()?, values.slice()?);
         py.allow_threads(|| w.set(t, k, v)).map_err(failed)
     }
 
     /// Moves the keys to this node and waits until they are here.
-    fn localize(&mut self, py: Python<'_>, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>) -> PyResult<()> {
+    fn localize(&mut self, py: Python<'_>, table: &str, keys: Keys<'_>) -> PyResult<()> {
         let (w, t) = self.parts(table)?;
-        let k = keys(&keys_in)?;
+        let k = keys.slice()?;
         py.allow_threads(|| w.localize(t, k)).map_err(failed)
     }
 
     /// Starts a pull; returns a ticket for `wait_pull`.
-    fn pull_async(&mut self, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>) -> PyResult<u64> {
+    fn pull_async(&mut self, table: &str, keys: Keys<'_>) -> PyResult<u64> {
         let (w, t) = self.parts(table)?;
-        let k = keys(&keys_in)?;
+        let k = keys.slice()?;
         let pending = w.pull_async(t, k).map_err(failed)?;
         let shape = [k.len(), t.value_len()];
         let id = self.ticket();
@@ -260,23 +255,23 @@ impl Worker {
     }
 
     /// Starts a push (the values are copied before this returns); returns a ticket for `wait`.
-    fn push_async(&mut self, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>, values_in: PyReadonlyArrayDyn<'_, f32>) -> PyResult<u64> {
+    fn push_async(&mut self, table: &str, keys: Keys<'_>, values: Values<'_>) -> PyResult<u64> {
         let (w, t) = self.parts(table)?;
-        let pending = w.push_async(t, keys(&keys_in)?, values(&values_in)?).map_err(failed)?;
+        let pending = w.push_async(t, keys.slice()?, values.slice()?).map_err(failed)?;
         Ok(self.hand_out(pending))
     }
 
     /// Starts a set (the values are copied before this returns); returns a ticket for `wait`.
-    fn set_async(&mut self, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>, values_in: PyReadonlyArrayDyn<'_, f32>) -> PyResult<u64> {
+    fn set_async(&mut self, table: &str, keys: Keys<'_>, values: Values<'_>) -> PyResult<u64> {
         let (w, t) = self.parts(table)?;
-        let pending = w.set_async(t, keys(&keys_in)?, values(&values_in)?).map_err(failed)?;
+        let pending = w.set_async(t, keys.slice()?, values.slice()?).map_err(failed)?;
         Ok(self.hand_out(pending))
     }
 
     /// Starts moving keys to this node; returns a ticket for `wait`.
-    fn localize_async(&mut self, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>) -> PyResult<u64> {
+    fn localize_async(&mut self, table: &str, keys: Keys<'_>) -> PyResult<u64> {
         let (w, t) = self.parts(table)?;
-        let pending = w.localize_async(t, keys(&keys_in)?).map_err(failed)?;
+        let pending = w.localize_async(t, keys.slice()?).map_err(failed)?;
         Ok(self.hand_out(pending))
     }
 
@@ -299,9 +294,9 @@ impl Worker {
 
     /// Declares that this worker will need the keys in its clocks `start..end` (start
     /// inclusive, end exclusive), so that the node moves them here in time (intent signalling).
-    fn intent(&mut self, table: &str, keys_in: PyReadonlyArrayDyn<'_, u64>, start: u64, end: u64) -> PyResult<()> {
+    fn intent(&mut self, table: &str, keys: Keys<'_>, start: u64, end: u64) -> PyResult<()> {
         let (w, t) = self.parts(table)?;
-        let k = keys(&keys_in)?;
+        let k = keys.slice()?;
         w.intent(t, k, start, end).map_err(failed)
     }
 
@@ -347,8 +342,10 @@ fn read_checkpoint<'py>(py: Python<'py>, dir: std::path::PathBuf) -> PyResult<Bo
     Ok(out)
 }
 
+/// The native part of the `ferry` package (`ferry._native`; `python/ferry/__init__.py`
+/// re-exports it).
 #[pymodule]
-fn ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_checkpoint, m)?)?;
     m.add_class::<Node>()?;
     m.add_class::<Worker>()?;

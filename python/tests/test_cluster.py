@@ -121,7 +121,7 @@ def test_errors_raise_ferry_error(cluster):
         w.pull_into("params", np.array([1, 2], dtype=np.uint64), np.zeros((LEN, 2), dtype=np.float32).T)
     with pytest.raises(ferry.FerryError, match="C-contiguous"):
         w.push("params", np.array([1], dtype=np.uint64), np.zeros(2 * LEN, dtype=np.float32)[::2])
-    with pytest.raises(TypeError):
+    with pytest.raises(ferry.FerryError, match="uint64 or int64"):
         w.pull("params", np.array([1.5]))
     w.barrier()
 

@@ -1,26 +1,28 @@
-"""Ferry, a parameter store for distributed training: Python bindings.
+"""The native part of the `ferry` package (re-exported by `ferry`).
 
-`Node.start(tables)` joins the cluster the environment describes (Ferry's variables, or those of
-torchrun, Slurm, Open MPI or PMI), `node.worker()` gives a worker per thread, and pulls, pushes,
-sets and localizes take NumPy arrays of `uint64` keys and `float32` values. Every wait releases
-the GIL. Failures raise `FerryError` with Ferry's message.
+Keys are NumPy arrays or CPU torch tensors of `uint64`, or of `int64` without negative keys;
+values `float32`; both C-contiguous, any shape, read in place. Every wait releases the GIL.
+Failures raise `FerryError` with Ferry's message.
 """
 
 from os import PathLike
 from types import TracebackType
-from typing import Dict, List, Optional, Tuple, Type, Union
+from typing import Any, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
 
-Keys = npt.NDArray[np.uint64]
-Values = npt.NDArray[np.float32]
+# A CPU torch tensor is accepted wherever an array is (read, or written, in place).
+Tensor = Any
+Keys = Union[npt.NDArray[np.uint64], npt.NDArray[np.int64], Tensor]
+Values = Union[npt.NDArray[np.float32], Tensor]
+Out = TypeVar("Out")
 Path = Union[str, PathLike]
 
 class FerryError(RuntimeError):
     """A Ferry operation failed; the message says why."""
 
-def read_checkpoint(dir: Path) -> Dict[str, Values]:
+def read_checkpoint(dir: Path) -> Dict[str, npt.NDArray[np.float32]]:
     """Reads a whole checkpoint (written by `Node.checkpoint` on any number of nodes, or by a
     training run's `--checkpoint-dir`) outside a cluster: every table's values by name, each of
     shape `(keys, value_len)` (optimizer state left out). Raises `FerryError` naming the file
@@ -73,8 +75,10 @@ class Node:
 class Worker:
     """A worker: pulls, pushes, sets and localizes keys of the node's tables (one per thread)."""
 
-    def pull(self, table: str, keys: Keys) -> Values:
-        """The values of `keys` as a new array of shape `(len(keys), value_len)`."""
+    def pull(self, table: str, keys: Keys, out: Optional[Out] = None) -> Union[npt.NDArray[np.float32], Out]:
+        """The values of `keys` as a new array of shape `(len(keys), value_len)`; with `out` (an
+        array or CPU tensor of `len(keys) × value_len` floats), written into it and `out`
+        returned."""
     def pull_into(self, table: str, keys: Keys, out: Values) -> None:
         """Writes the values of `keys` into `out`, a C-contiguous array of
         `len(keys) × value_len` elements, without an intermediate copy."""
@@ -96,7 +100,7 @@ class Worker:
         """Starts moving keys to this node; returns a ticket for `wait`."""
     def wait(self, ticket: int) -> None:
         """Waits for a push, set or localize ticket."""
-    def wait_pull(self, ticket: int) -> Values:
+    def wait_pull(self, ticket: int) -> npt.NDArray[np.float32]:
         """Waits for a pull ticket; returns its values, of shape `(keys, value_len)`."""
     def intent(self, table: str, keys: Keys, start: int, end: int) -> None:
         """Declares that this worker will need the keys in its clocks `start..end`, so that the

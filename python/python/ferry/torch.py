@@ -1,0 +1,83 @@
+"""PyTorch on Ferry: an embedding module whose rows live in a Ferry table.
+
+`Embedding(worker, table, dim, lr)` behaves like `torch.nn.Embedding(sparse=True)` trained with
+plain SGD at rate `lr`: `forward(ids)` pulls the rows of the batch's distinct ids from Ferry
+(wherever they live in the cluster) and returns them as a tensor that autograd tracks; the
+backward pass pushes `-lr × gradient` of exactly those rows, which Ferry adds where each key
+lives — the update of every worker of every node, with no optimizer state on the trainer. Dense
+parameters of the same model stay ordinary `torch.nn.Parameter`s in an ordinary `torch.optim`
+loop (synchronise them with `torch.distributed` as usual; under `torchrun` Ferry's rendezvous
+uses the port after `MASTER_PORT`, so the two do not meet).
+
+`prefetch(ids)` starts moving the rows of a coming batch to this node (an asynchronous
+`localize`) so that its `forward` finds them local; the next `forward` waits for it first.
+
+Keys are the ids themselves (`int64`, as torch indexes; non-negative). The tensors handed to
+Ferry are read and written in place: no copy beyond the one into and out of the table.
+"""
+
+from typing import Optional
+
+import torch
+
+from ._native import Worker
+
+__all__ = ["Embedding"]
+
+
+class _Rows(torch.autograd.Function):
+    """The rows of `ids` (distinct) pulled from the module's table; their gradient goes back to
+    the table as a push. `anchor` is a parameter of no elements that requires grad, so that
+    autograd calls `backward` even when nothing else before the lookup does."""
+
+    @staticmethod
+    def forward(ctx, anchor: torch.Tensor, module: "Embedding", ids: torch.Tensor) -> torch.Tensor:
+        ctx.module, ctx.ids = module, ids
+        rows = torch.empty((ids.numel(), module.dim), dtype=torch.float32)
+        module.worker.pull(module.table, ids, out=rows)
+        return rows
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.module._apply_gradient(ctx.ids, grad)
+        return None, None, None
+
+
+class Embedding(torch.nn.Module):
+    """An embedding table of `dim` floats per id, held by Ferry's table `table` and reached
+    through `worker` (one per thread), trained by SGD at rate `lr` (see the module
+    documentation)."""
+
+    def __init__(self, worker: Worker, table: str, dim: int, lr: float):
+        super().__init__()
+        if dim <= 0:
+            raise ValueError(f"dim must be positive, not {dim}")
+        self.worker, self.table, self.dim, self.lr = worker, table, dim, float(lr)
+        # Makes autograd call the lookup's backward; it has no elements and never changes.
+        self.anchor = torch.nn.Parameter(torch.empty(0))
+        self._prefetching: Optional[int] = None
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of `ids` (any shape): a tensor of shape `ids.shape + (dim,)`."""
+        self._wait_for_prefetch()
+        distinct, where = torch.unique(ids.reshape(-1), return_inverse=True)
+        rows = _Rows.apply(self.anchor, self, distinct.contiguous())
+        return rows[where].reshape(*ids.shape, self.dim)
+
+    def prefetch(self, ids: torch.Tensor) -> None:
+        """Starts moving the rows of `ids` (a coming batch) to this node."""
+        self._wait_for_prefetch()
+        self._prefetching = self.worker.localize_async(self.table, torch.unique(ids.reshape(-1)).contiguous())
+
+    def _wait_for_prefetch(self) -> None:
+        if self._prefetching is not None:
+            ticket, self._prefetching = self._prefetching, None
+            self.worker.wait(ticket)
+
+    def _apply_gradient(self, ids: torch.Tensor, grad: torch.Tensor) -> None:
+        step = (grad.to(torch.float32) * -self.lr).contiguous()
+        self.worker.push(self.table, ids, step)
+
+    def extra_repr(self) -> str:
+        return f"table={self.table!r}, dim={self.dim}, lr={self.lr}"
+
