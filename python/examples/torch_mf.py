@@ -1,7 +1,8 @@
 """Matrix factorization in plain PyTorch on Ferry: user and item factors in `ferry.torch.Embedding`
 tables (pulled per batch, their gradients pushed by autograd), a dense global bias in an ordinary
-`torch.optim.SGD` loop, kept equal on every process by `torch.distributed` (gloo). Every process
-trains on its share of a planted low-rank matrix; rank 0 reports the test RMSE and the epoch time.
+`torch.optim.SGD` loop, averaged over the processes every few batches by `torch.distributed`
+(gloo). Every process trains on the ratings of its share of the users of a planted low-rank
+matrix (their rows moved to it once); rank 0 reports the test RMSE and the epoch time.
 
     torchrun --nproc-per-node 2 torch_mf.py            # Ferry's rendezvous at MASTER_PORT + 1
     ferry launch -n 2 -- python torch_mf.py
@@ -20,7 +21,7 @@ import time
 import numpy as np
 import torch
 
-USERS, ITEMS, RANK, EPOCHS, LR, BATCH = 2000, 1000, 8, 8, 0.05, 64
+USERS, ITEMS, RANK, EPOCHS, LR, BATCH, AVERAGE_EVERY = 2000, 1000, 8, 12, 0.05, 64, 16
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--baseline", action="store_true", help="torch.nn.Embedding(sparse=True) in one process")
@@ -41,8 +42,8 @@ def planted(count, seed):
 
 train, test = planted(100_000, 1), planted(5_000, 2)
 init = np.random.default_rng(11)
-user_init = torch.from_numpy(init.normal(0, 0.1, (USERS, RANK)).astype(np.float32))
-item_init = torch.from_numpy(init.normal(0, 0.1, (ITEMS, RANK)).astype(np.float32))
+user_init = torch.from_numpy(init.normal(0, 0.3, (USERS, RANK)).astype(np.float32))
+item_init = torch.from_numpy(init.normal(0, 0.3, (ITEMS, RANK)).astype(np.float32))
 
 
 class Model(torch.nn.Module):
@@ -62,18 +63,19 @@ def rmse(model):
         return float(torch.sqrt(torch.mean((model(test[0], test[1]) - test[2]) ** 2)))
 
 
-def train_epochs(model, optimizer, users, items, ratings, epochs, after_backward, report):
+def train_epochs(model, optimizer, users, items, ratings, epochs, after_step, report):
     order = np.random.default_rng(3)
     for epoch in range(1, epochs + 1):
         started = time.perf_counter()
         perm = torch.from_numpy(order.permutation(len(ratings)))
-        for start in range(0, len(ratings), BATCH):
+        for step, start in enumerate(range(0, len(ratings), BATCH)):
             batch = perm[start : start + BATCH]
             optimizer.zero_grad()
-            loss = torch.mean((model(users[batch], items[batch]) - ratings[batch]) ** 2)
+            # Per-example SGD steps on the factors (a sum, not a mean, over the batch).
+            loss = 0.5 * torch.sum((model(users[batch], items[batch]) - ratings[batch]) ** 2)
             loss.backward()
-            after_backward()
             optimizer.step()
+            after_step(step)
         report(epoch, time.perf_counter() - started)
 
 
@@ -82,7 +84,7 @@ if args.baseline:
     users = torch.nn.Embedding(USERS, RANK, sparse=True, _weight=user_init.clone())
     items = torch.nn.Embedding(ITEMS, RANK, sparse=True, _weight=item_init.clone())
     model = Model(users, items)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    optimizer = torch.optim.SGD([{"params": [users.weight, items.weight]}, {"params": [model.bias], "lr": LR / BATCH}], lr=LR)
     first = rmse(model)
     times = []
 
@@ -90,7 +92,7 @@ if args.baseline:
         times.append(seconds)
         print(f"torch-mf baseline epoch {epoch} rmse {rmse(model):.4f} time {seconds:.3f}", flush=True)
 
-    train_epochs(model, optimizer, *train, args.epochs, lambda: None, report)
+    train_epochs(model, optimizer, *train, args.epochs, lambda step: None, report)
     last = rmse(model)
     print(f"torch-mf baseline: rmse {first:.4f} -> {last:.4f}, {np.median(times):.3f} s per epoch (median)", flush=True)
     sys.exit(0 if last < 0.25 * first else f"RMSE did not fall: {first:.4f} -> {last:.4f}")
@@ -112,17 +114,20 @@ with ferry.Node.start([("users", USERS, RANK), ("items", ITEMS, RANK)]) as node:
         w.set("items", torch.arange(ITEMS), item_init)
     w.barrier()
     model = Model(ferry.torch.Embedding(w, "users", RANK, LR), ferry.torch.Embedding(w, "items", RANK, LR))
-    optimizer = torch.optim.SGD([model.bias], lr=LR)
-    mine = torch.arange(len(train[2])) % nodes == rank
+    optimizer = torch.optim.SGD([model.bias], lr=LR / BATCH)
+    # Each process trains the ratings of its share of the users, whose rows it moves here once.
+    mine = train[0] % nodes == rank
     first = rmse(model) if rank == 0 else None
     times = []
 
-    def average_dense_gradients():
-        # The dense bias: every process applies the mean of their gradients, so that it stays
-        # the same everywhere (without torch.distributed, under `ferry launch`, each keeps its own).
-        if distributed:
-            dist.all_reduce(model.bias.grad)
-            model.bias.grad /= nodes
+    def average_dense_parameters(step):
+        # The dense bias: each process steps its own, and every AVERAGE_EVERY batches they take
+        # the mean (local SGD: an all-reduce per batch would cost more than the batch). Without
+        # torch.distributed, under `ferry launch`, each keeps its own.
+        if distributed and step % AVERAGE_EVERY == AVERAGE_EVERY - 1:
+            with torch.no_grad():
+                dist.all_reduce(model.bias)
+                model.bias /= nodes
 
     def report(epoch, seconds):
         w.barrier()
@@ -132,9 +137,10 @@ with ferry.Node.start([("users", USERS, RANK), ("items", ITEMS, RANK)]) as node:
         w.barrier()
 
     # Equal shares (the batches must match in number for the all-reduce to pair them up).
-    share = min(int(((torch.arange(len(train[2])) % nodes) == r).sum()) for r in range(nodes))
+    share = min(int((train[0] % nodes == r).sum()) for r in range(nodes))
     users, items, ratings = (t[mine][:share] for t in train)
-    train_epochs(model, optimizer, users, items, ratings, args.epochs, average_dense_gradients, report)
+    model.users.prefetch(users)
+    train_epochs(model, optimizer, users, items, ratings, args.epochs, average_dense_parameters, report)
     last = rmse(model) if rank == 0 else None
     w.close()
 if distributed:

@@ -12,17 +12,26 @@ uses the port after `MASTER_PORT`, so the two do not meet).
 `prefetch(ids)` starts moving the rows of a coming batch to this node (an asynchronous
 `localize`) so that its `forward` finds them local; the next `forward` waits for it first.
 
+The gradient pushes are asynchronous: training goes on while they travel, and this worker's
+own later pulls see them all the same (a worker's operations on a key take effect in order).
+At most `PUSHES_IN_FLIGHT` of a module's pushes are outstanding; `flush()` waits for them all,
+as does the worker's `barrier()` (before another worker or node reads the rows, say).
+
 Keys are the ids themselves (`int64`, as torch indexes; non-negative). The tensors handed to
 Ferry are read and written in place: no copy beyond the one into and out of the table.
 """
 
-from typing import Optional
+import collections
+from typing import Deque, Optional
 
 import torch
 
 from ._native import Worker
 
-__all__ = ["Embedding"]
+__all__ = ["Embedding", "PUSHES_IN_FLIGHT"]
+
+#: A module's gradient pushes outstanding at once before the oldest is waited for.
+PUSHES_IN_FLIGHT = 4
 
 
 class _Rows(torch.autograd.Function):
@@ -56,6 +65,7 @@ class Embedding(torch.nn.Module):
         # Makes autograd call the lookup's backward; it has no elements and never changes.
         self.anchor = torch.nn.Parameter(torch.empty(0))
         self._prefetching: Optional[int] = None
+        self._pushes: Deque[int] = collections.deque()
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows of `ids` (any shape): a tensor of shape `ids.shape + (dim,)`."""
@@ -74,9 +84,16 @@ class Embedding(torch.nn.Module):
             ticket, self._prefetching = self._prefetching, None
             self.worker.wait(ticket)
 
+    def flush(self) -> None:
+        """Waits until every gradient push of this module has been applied."""
+        while self._pushes:
+            self.worker.wait(self._pushes.popleft())
+
     def _apply_gradient(self, ids: torch.Tensor, grad: torch.Tensor) -> None:
         step = (grad.to(torch.float32) * -self.lr).contiguous()
-        self.worker.push(self.table, ids, step)
+        self._pushes.append(self.worker.push_async(self.table, ids, step))
+        while len(self._pushes) > PUSHES_IN_FLIGHT:
+            self.worker.wait(self._pushes.popleft())
 
     def extra_repr(self) -> str:
         return f"table={self.table!r}, dim={self.dim}, lr={self.lr}"
