@@ -324,9 +324,25 @@ impl Worker {
         self.pulls.clear();
         self.worker = None;
     }
+
+    /// For the bindings' benchmark (`python/benchmarks/pull.py`): seconds that `repetitions`
+    /// pulls of `keys` into one buffer take from Rust, without Python in between — what the
+    /// same pulls through `pull` are measured against.
+    fn _time_pulls(&mut self, py: Python<'_>, table: &str, keys: Keys<'_>, repetitions: usize) -> PyResult<f64> {
+        let (w, t) = self.parts(table)?;
+        let k = keys.slice()?;
+        let mut out = vec![0.0f32; k.len() * t.value_len()];
+        py.allow_threads(|| {
+            let started = std::time::Instant::now();
+            for _ in 0..repetitions {
+                w.pull(t, k, &mut out)?;
+            }
+            Ok(started.elapsed().as_secs_f64())
+        })
+        .map_err(failed)
+    }
 }
 
-/// The `ferry` Python module.
 /// Reads a whole checkpoint (written by `Node.checkpoint` on any number of nodes, or by a
 /// training run's `--checkpoint-dir`) outside a cluster: a dict of every table's values by
 /// name, each a `float32` array of shape `(keys, value_len)` (optimizer state left out).

@@ -67,6 +67,9 @@ fn python_bindings_on_a_two_process_cluster() {
     }
     let example = run(&mut launch(&["examples/mf.py"]), "the Python example on 2 processes");
     assert!(example.contains("[0] python-mf ok"), "{example}");
+    // The binding's benchmark runs (its figures are PERFORMANCE.md's).
+    let bench = run(Command::new(&python).arg(source.join("benchmarks/pull.py")).arg("--quick"), "the pull benchmark");
+    assert!(bench.contains("pull of 10000 rows x 64 on 1 node(s): Rust"), "{bench}");
     with_torch(&source, &target, wheel);
 }
 
