@@ -90,6 +90,22 @@ int32_t ferry_config_add_table(struct FerryConfig *config,
                                uint64_t keys,
                                uint64_t value_len);
 
+// Sets an option of the table `name` added before: `updater` (`add`, `sgd:LR`,
+// `adagrad:LR[:EPS[:INIT]]`, `adam:LR[:BETA1:BETA2:EPS]`, `ftrl:ALPHA:BETA:L1:L2`: what a push
+// does, where the key lives), `partitioning` (`range` or `hash`), `codec` (`f32`, `bf16`,
+// `f16`, …: values on the wire), `key_cache_min` (a number; 0 is off), `replicate` (keys every
+// node keeps a replica of: `FIRST-END` ranges, end exclusive, and single keys, comma-separated,
+// e.g. `0-16,40`) or `scratch` (`true`: left out of checkpoints). Every node sets the same.
+//
+// # Safety
+//
+// `config` is null or a live configuration; `name`, `option` and `value` are null or
+// NUL-terminated.
+int32_t ferry_config_table_option(struct FerryConfig *config,
+                                  const char *name,
+                                  const char *option,
+                                  const char *value);
+
 // Frees a configuration (null is ignored).
 //
 // # Safety
@@ -209,6 +225,22 @@ int32_t ferry_push(struct FerryWorker *worker,
                    size_t n_keys,
                    const float *values,
                    size_t n_values);
+
+// Pushes `values` (`n_keys × value_len` floats) to the keys and writes their values right
+// after into `out` (room for `out_len` floats), in one round trip per node.
+//
+// # Safety
+//
+// `worker` is null or a live worker; `keys` holds `n_keys` keys, `values` `n_values` floats
+// and `out` room for `out_len` floats (each may be null when its length is 0).
+int32_t ferry_push_pull(struct FerryWorker *worker,
+                        uint32_t table,
+                        const uint64_t *keys,
+                        size_t n_keys,
+                        const float *values,
+                        size_t n_values,
+                        float *out,
+                        size_t out_len);
 
 // Replaces the keys' values with `values`.
 //

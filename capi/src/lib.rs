@@ -229,6 +229,63 @@ pub unsafe extern "C" fn ferry_config_add_table(config: *mut FerryConfig, name: 
     })
 }
 
+/// Sets an option of the table `name` added before: `updater` (`add`, `sgd:LR`,
+/// `adagrad:LR[:EPS[:INIT]]`, `adam:LR[:BETA1:BETA2:EPS]`, `ftrl:ALPHA:BETA:L1:L2`: what a push
+/// does, where the key lives), `partitioning` (`range` or `hash`), `codec` (`f32`, `bf16`,
+/// `f16`, …: values on the wire), `key_cache_min` (a number; 0 is off), `replicate` (keys every
+/// node keeps a replica of: `FIRST-END` ranges, end exclusive, and single keys, comma-separated,
+/// e.g. `0-16,40`) or `scratch` (`true`: left out of checkpoints). Every node sets the same.
+///
+/// # Safety
+///
+/// `config` is null or a live configuration; `name`, `option` and `value` are null or
+/// NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_config_table_option(config: *mut FerryConfig, name: *const c_char, option: *const c_char, value: *const c_char) -> i32 {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (config, name, option, value) = unsafe { (handle(config, "config")?, text(name, "name")?, text(option, "option")?, text(value, "value")?) };
+        let spec = config.tables.iter_mut().find(|t| t.name == name).ok_or_else(|| argument(format!("no table '{name}' was added to this configuration")))?;
+        let bad = |why: String| argument(format!("table '{name}', {option} '{value}': {why}"));
+        match option {
+            "updater" => spec.updater = value.parse().map_err(bad)?,
+            "partitioning" => {
+                spec.partitioning = match value {
+                    "range" => ferry::Partitioning::Range,
+                    "hash" => ferry::Partitioning::Hash,
+                    _ => return Err(bad("expected range or hash".into())),
+                }
+            }
+            "codec" => spec.codec = value.parse().map_err(bad)?,
+            "key_cache_min" => spec.key_cache_min = value.trim().parse().map_err(|_| bad("not a number".into()))?,
+            "scratch" => {
+                spec.scratch = match value {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    _ => return Err(bad("expected true or false".into())),
+                }
+            }
+            "replicate" => {
+                let mut ranges = Vec::new();
+                for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                    let number = |t: &str| t.trim().parse::<u64>().map_err(|_| bad(format!("'{t}' is not a key")));
+                    let range = match part.split_once('-') {
+                        Some((first, end)) => number(first)?..number(end)?,
+                        None => number(part).map(|k| k..k.saturating_add(1))?,
+                    };
+                    if range.end > spec.keys || range.start >= range.end {
+                        return Err(bad(format!("{}..{} is not a range of keys of the table (0..{})", range.start, range.end, spec.keys)));
+                    }
+                    ranges.push(range);
+                }
+                *spec = spec.clone().replicating(ranges);
+            }
+            other => return Err(argument(format!("table option '{other}': expected updater, partitioning, codec, key_cache_min, replicate or scratch"))),
+        }
+        Ok(())
+    })
+}
+
 /// Frees a configuration (null is ignored).
 ///
 /// # Safety
@@ -544,6 +601,33 @@ pub unsafe extern "C" fn ferry_push(worker: *mut FerryWorker, table: u32, keys: 
     unsafe { access(worker, table, keys, n_keys, values, n_values, Access::Push) }
 }
 
+/// Pushes `values` (`n_keys × value_len` floats) to the keys and writes their values right
+/// after into `out` (room for `out_len` floats), in one round trip per node.
+///
+/// # Safety
+///
+/// `worker` is null or a live worker; `keys` holds `n_keys` keys, `values` `n_values` floats
+/// and `out` room for `out_len` floats (each may be null when its length is 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_push_pull(
+    worker: *mut FerryWorker,
+    table: u32,
+    keys: *const u64,
+    n_keys: usize,
+    values: *const f32,
+    n_values: usize,
+    out: *mut f32,
+    out_len: usize,
+) -> i32 {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (w, keys, values, out) =
+            unsafe { (handle(worker, "worker")?, slice(keys, n_keys, "keys")?, slice(values, n_values, "values")?, slice_mut(out, out_len, "out")?) };
+        let t = w.table(table)?;
+        w.worker.push_pull(t, keys, values, out).map_err(ferry_err)
+    })
+}
+
 /// Replaces the keys' values with `values`.
 ///
 /// # Safety
@@ -765,6 +849,51 @@ mod tests {
             let (mut rank, mut nodes) = (9, 9);
             assert_eq!(ferry_node_info(node, &mut rank, &mut nodes), FERRY_OK);
             assert_eq!((rank, nodes), (0, 1));
+            ferry_worker_free(worker);
+            assert_eq!(ferry_node_finalize(node), FERRY_OK, "{}", last_error());
+        }
+    }
+
+    #[test]
+    fn table_options_and_push_pull_through_the_c_functions() {
+        let config = ferry_config_new();
+        let c = |s: &str| CString::new(s).unwrap();
+        let (name, served) = (c("plain"), c("served"));
+        let option = |table: &CString, option: &str, value: &str| {
+            let (option, value) = (c(option), c(value));
+            // SAFETY: a live configuration and NUL-terminated strings.
+            unsafe { ferry_config_table_option(config, table.as_ptr(), option.as_ptr(), value.as_ptr()) }
+        };
+        // SAFETY: live handles and buffers of the announced lengths throughout.
+        unsafe {
+            assert_eq!(ferry_config_add_table(config, name.as_ptr(), 10, 2), FERRY_OK);
+            assert_eq!(ferry_config_add_table(config, served.as_ptr(), 10, 2), FERRY_OK);
+            for (o, v) in [("updater", "sgd:0.5"), ("partitioning", "hash"), ("codec", "f32"), ("key_cache_min", "0"), ("scratch", "false")] {
+                assert_eq!(option(&served, o, v), FERRY_OK, "{o}={v}: {}", last_error());
+            }
+            assert_eq!(option(&name, "replicate", "0-2,5"), FERRY_OK, "{}", last_error());
+            for (table, o, v, why) in [
+                (&served, "updater", "adagrad:x", "not a number"),
+                (&served, "partitioning", "diagonal", "range or hash"),
+                (&served, "replicate", "4-11", "not a range of keys"),
+                (&served, "colour", "blue", "table option 'colour'"),
+                (&c("nope"), "updater", "add", "no table 'nope'"),
+            ] {
+                assert_eq!(option(table, o, v), FERRY_ERR_ARGUMENT, "{o}={v}");
+                assert!(last_error().contains(why), "{o}={v}: {}", last_error());
+            }
+            let mut node = std::ptr::null_mut();
+            assert_eq!(ferry_node_start(config, &mut node), FERRY_OK, "{}", last_error());
+            ferry_config_free(config);
+            let mut worker = std::ptr::null_mut();
+            assert_eq!(ferry_worker_new(node, &mut worker), FERRY_OK);
+            let keys = [1u64, 3];
+            assert_eq!(ferry_set(worker, 1, keys.as_ptr(), 2, [1.0f32; 4].as_ptr(), 4), FERRY_OK);
+            // The server-side SGD at 0.5 applies the pushed gradient before the answer.
+            let mut out = [9.0f32; 4];
+            assert_eq!(ferry_push_pull(worker, 1, keys.as_ptr(), 2, [2.0f32; 4].as_ptr(), 4, out.as_mut_ptr(), 4), FERRY_OK, "{}", last_error());
+            assert_eq!(out, [0.0; 4]);
+            assert_eq!(ferry_push_pull(worker, 1, keys.as_ptr(), 2, [2.0f32; 4].as_ptr(), 4, out.as_mut_ptr(), 3), FERRY_ERR_ARGUMENT);
             ferry_worker_free(worker);
             assert_eq!(ferry_node_finalize(node), FERRY_OK, "{}", last_error());
         }

@@ -28,6 +28,93 @@ fn argument(message: impl Into<String>) -> PyErr {
     FerryError::new_err(message.into())
 }
 
+/// A table's configuration beyond `(name, keys, value_len)`: what a push does (`updater`:
+/// `add`, `sgd:LR`, `adagrad:LR[:EPS[:INIT]]`, `adam:LR[:BETA1:BETA2:EPS]` or
+/// `ftrl:ALPHA:BETA:L1:L2`, applied where each key lives, with its optimizer state), how keys
+/// are spread over nodes (`partitioning`: `range` or `hash`), which keys every node keeps a
+/// replica of (`replicated`), how values travel (`codec`: `f32`, `bf16`, `f16`, …), key lists
+/// cached from this many keys on (`key_cache_min`, 0: off), and whether checkpoints leave the
+/// table out (`scratch`). Every node must describe its tables alike.
+#[pyclass(module = "ferry", frozen)]
+#[derive(Clone)]
+struct Table {
+    spec: engine::TableSpec,
+}
+
+#[pymethods]
+impl Table {
+    #[new]
+    #[pyo3(signature = (name, keys, value_len, *, updater = "add", partitioning = "range", replicated = None, codec = "f32", key_cache_min = 0, scratch = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        name: String,
+        keys: u64,
+        value_len: usize,
+        updater: &str,
+        partitioning: &str,
+        replicated: Option<Vec<u64>>,
+        codec: &str,
+        key_cache_min: usize,
+        scratch: bool,
+    ) -> PyResult<Table> {
+        let updater: engine::Updater = updater.parse().map_err(argument)?;
+        let partitioning = match partitioning {
+            "range" => engine::Partitioning::Range,
+            "hash" => engine::Partitioning::Hash,
+            other => return Err(argument(format!("partitioning '{other}': expected 'range' or 'hash'"))),
+        };
+        let codec: engine::ValueCodec = codec.parse().map_err(argument)?;
+        if let Some(bad) = replicated.iter().flatten().find(|&&k| k >= keys) {
+            return Err(argument(format!("replicated key {bad} is outside table '{name}' (keys 0..{keys})")));
+        }
+        let mut spec =
+            engine::TableSpec::new(name, keys, value_len).with_updater(updater).partitioned(partitioning).compressed(codec).cache_keys(key_cache_min);
+        if let Some(keys) = replicated {
+            spec = spec.replicating_keys(keys);
+        }
+        if scratch {
+            spec = spec.scratch();
+        }
+        Ok(Table { spec })
+    }
+
+    /// The table's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    fn __repr__(&self) -> String {
+        let s = &self.spec;
+        format!(
+            "ferry.Table({:?}, {}, {}, updater={:?}, partitioning={:?}, replicated keys: {}, scratch={})",
+            s.name,
+            s.keys,
+            s.value_len,
+            s.updater.describe(),
+            format!("{:?}", s.partitioning).to_lowercase(),
+            s.replicated_keys(),
+            if s.scratch { "True" } else { "False" }
+        )
+    }
+}
+
+/// A table as `Node.start` takes it: a `Table`, or `(name, keys, value_len)`.
+#[derive(FromPyObject)]
+enum TableArg {
+    Configured(Table),
+    Plain((String, u64, usize)),
+}
+
+impl TableArg {
+    fn spec(self) -> engine::TableSpec {
+        match self {
+            TableArg::Configured(t) => t.spec,
+            TableArg::Plain((name, keys, len)) => engine::TableSpec::new(name, keys, len),
+        }
+    }
+}
+
 /// This process's node of a Ferry cluster.
 #[pyclass(module = "ferry")]
 struct Node {
@@ -43,14 +130,16 @@ impl Node {
 
 #[pymethods]
 impl Node {
-    /// Starts this process's node with `tables`, a list of `(name, keys, value_len)`; the cluster
-    /// (rank, node count, coordinator, secret, timeouts) comes from the environment. Blocks until
-    /// every node has joined. With `restore_from`, the node starts from the checkpoint in that
-    /// directory (written by `Node.checkpoint` on any node count; `FERRY_RESTORE` does the same).
+    /// Starts this process's node with `tables`, a list of `(name, keys, value_len)` or `Table`s;
+    /// the cluster (rank, node count, coordinator, secret, timeouts) comes from the environment.
+    /// Blocks until every node has joined. With `restore_from`, the node starts from the
+    /// checkpoint in that directory (written by `Node.checkpoint` on any node count;
+    /// `FERRY_RESTORE` does the same).
     #[staticmethod]
     #[pyo3(signature = (tables, restore_from = None))]
-    fn start(py: Python<'_>, tables: Vec<(String, u64, usize)>, restore_from: Option<std::path::PathBuf>) -> PyResult<Node> {
-        let specs: Vec<engine::TableSpec> = tables.iter().map(|(name, keys, len)| engine::TableSpec::new(name.as_str(), *keys, *len)).collect();
+    fn start(py: Python<'_>, tables: Vec<TableArg>, restore_from: Option<std::path::PathBuf>) -> PyResult<Node> {
+        let specs: Vec<engine::TableSpec> = tables.into_iter().map(TableArg::spec).collect();
+        let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
         let node = py
             .allow_threads(|| {
                 let mut config = engine::Config::from_env(specs)?;
@@ -60,7 +149,7 @@ impl Node {
                 engine::Node::start(config)
             })
             .map_err(failed)?;
-        let tables = tables.iter().map(|(name, _, _)| node.table(name).map(|t| (name.clone(), t))).collect::<engine::Result<Vec<_>>>().map_err(failed)?;
+        let tables = names.into_iter().map(|name| node.table(&name).map(|t| (name, t))).collect::<engine::Result<Vec<_>>>().map_err(failed)?;
         Ok(Node { node: Some(node), tables })
     }
 
@@ -229,6 +318,16 @@ impl Worker {
         py.allow_threads(|| w.push(t, k, v)).map_err(failed)
     }
 
+    /// Pushes `values` to the keys and returns their values right after (a new `float32`
+    /// array of shape `(len(keys), value_len)`), in one round trip per node.
+    fn push_pull<'py>(&mut self, py: Python<'py>, table: &str, keys: Keys<'py>, values: Values<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (w, t) = self.parts(table)?;
+        let (k, v) = (keys.slice()?, values.slice()?);
+        let mut out = vec![0.0f32; k.len() * t.value_len()];
+        py.allow_threads(|| w.push_pull(t, k, v, &mut out)).map_err(failed)?;
+        Ok(PyArray1::from_vec(py, out).reshape([k.len(), t.value_len()])?.into_any())
+    }
+
     /// Replaces the keys' values with `values`.
     fn set(&mut self, py: Python<'_>, table: &str, keys: Keys<'_>, values: Values<'_>) -> PyResult<()> {
         let (w, t) = self.parts(table)?;
@@ -364,6 +463,7 @@ fn read_checkpoint<'py>(py: Python<'py>, dir: std::path::PathBuf) -> PyResult<Bo
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_checkpoint, m)?)?;
     m.add_class::<Node>()?;
+    m.add_class::<Table>()?;
     m.add_class::<Worker>()?;
     m.add("FerryError", m.py().get_type::<FerryError>())?;
     Ok(())

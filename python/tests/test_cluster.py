@@ -221,3 +221,37 @@ def test_a_node_in_a_with_block_finalizes_or_aborts(cluster):
         out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and "with-block ok" in out.stdout, out.stderr
     w.barrier()
+
+
+def test_table_options_and_push_pull(cluster):
+    import subprocess
+    import sys
+
+    node, w = cluster
+    with pytest.raises(ferry.FerryError, match="partitioning 'diagonal'"):
+        ferry.Table("t", 10, 2, partitioning="diagonal")
+    with pytest.raises(ferry.FerryError, match="updater 'adagrad:x'"):
+        ferry.Table("t", 10, 2, updater="adagrad:x")
+    with pytest.raises(ferry.FerryError, match="outside table"):
+        ferry.Table("t", 10, 2, replicated=[3, 10])
+    t = ferry.Table("t", 10, 2, updater="sgd:0.5", partitioning="hash", codec="bf16", key_cache_min=64)
+    assert t.name == "t" and "sgd" in repr(t)
+    assert "replicated keys: 2" in repr(ferry.Table("hot", 10, 2, replicated=[0, 1]))
+    if node.rank == 0:
+        # One process alone: a server-side SGD table, and push_pull's answer after its push.
+        env = {k: v for k, v in __import__("os").environ.items() if k != "FERRY_COORDINATOR"}
+        env.update(FERRY_RANK="0", FERRY_NODES="1")
+        script = (
+            "import numpy as np, ferry\n"
+            "with ferry.Node.start([ferry.Table('t', 10, 2, updater='sgd:0.5', partitioning='hash'), ('plain', 4, 1)]) as node:\n"
+            "    w = node.worker()\n"
+            "    keys = np.arange(3, dtype=np.uint64)\n"
+            "    w.set('t', keys, np.ones((3, 2), dtype=np.float32))\n"
+            "    after = w.push_pull('t', keys, np.full((3, 2), 2.0, dtype=np.float32))\n"
+            "    assert np.all(after == 0.0), after  # 1 - 0.5 * 2\n"
+            "    w.close()\n"
+            "print('table options ok')\n"
+        )
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "table options ok" in out.stdout, out.stderr
+    w.barrier()

@@ -16,7 +16,8 @@ KEYS, DIM = 100, 3
 
 @pytest.fixture(scope="module")
 def cluster():
-    with ferry.Node.start([("emb", KEYS, DIM)]) as node:
+    tables = [("emb", KEYS, DIM), ferry.Table("served", KEYS, DIM, updater="sgd:0.5", partitioning="hash")]
+    with ferry.Node.start(tables) as node:
         worker = node.worker()
         yield node, worker
         worker.close()
@@ -70,4 +71,19 @@ def test_the_embedding_pulls_rows_and_pushes_their_gradients(cluster):
     # A prefetched batch is local to its forward; it still reads the same values.
     emb.prefetch(torch.tensor([50 + node.rank]))
     assert torch.equal(emb(torch.tensor([50 + node.rank])), torch.from_numpy(w.pull("emb", torch.tensor([50 + node.rank]))))
+    w.barrier()
+
+
+def test_a_server_side_updater_applies_the_embeddings_gradients(cluster):
+    node, w = cluster
+    # lr=None: the gradient itself is pushed, and the table's SGD (rate 0.5) applies it where
+    # each key lives: the same rows as worker-side SGD at 0.5 above.
+    emb = ferry.torch.Embedding(w, "served", DIM, lr=None)
+    ids = torch.tensor([[20 + node.rank, 30], [30, 40]])
+    before = w.pull("served", torch.tensor([20, 21, 30, 40]))
+    w.barrier()
+    emb(ids).sum().backward()
+    w.barrier()
+    after = w.pull("served", torch.tensor([20, 21, 30, 40]))
+    assert np.allclose(after - before, np.array([-0.5, -0.5, -2.0, -1.0])[:, None])
     w.barrier()

@@ -28,13 +28,38 @@ def read_checkpoint(dir: Path) -> Dict[str, npt.NDArray[np.float32]]:
     shape `(keys, value_len)` (optimizer state left out). Raises `FerryError` naming the file
     when the checkpoint is incomplete or damaged."""
 
+class Table:
+    """A table's configuration beyond `(name, keys, value_len)`: what a push does (`updater`:
+    `add`, `sgd:LR`, `adagrad:LR[:EPS[:INIT]]`, `adam:LR[:BETA1:BETA2:EPS]` or
+    `ftrl:ALPHA:BETA:L1:L2`, applied where each key lives), how keys are spread (`partitioning`:
+    `range` or `hash`), which keys every node replicates, how values travel (`codec`), key lists
+    cached from `key_cache_min` keys on, and whether checkpoints leave it out (`scratch`)."""
+
+    def __init__(
+        self,
+        name: str,
+        keys: int,
+        value_len: int,
+        *,
+        updater: str = "add",
+        partitioning: str = "range",
+        replicated: Optional[List[int]] = None,
+        codec: str = "f32",
+        key_cache_min: int = 0,
+        scratch: bool = False,
+    ) -> None: ...
+    @property
+    def name(self) -> str:
+        """The table's name."""
+
 class Node:
     """This process's node of a Ferry cluster."""
 
     @staticmethod
-    def start(tables: List[Tuple[str, int, int]], restore_from: Optional[Path] = None) -> "Node":
-        """Starts this process's node with `tables`, a list of `(name, keys, value_len)`; the
-        cluster (rank, node count, coordinator, secret, timeouts) comes from the environment.
+    def start(tables: List[Union[Tuple[str, int, int], Table]], restore_from: Optional[Path] = None) -> "Node":
+        """Starts this process's node with `tables`, a list of `(name, keys, value_len)` or
+        `Table`s; the cluster (rank, node count, coordinator, secret, timeouts) comes from the
+        environment.
         Blocks until every node has joined. With `restore_from`, the node starts from the
         checkpoint in that directory (`FERRY_RESTORE` does the same)."""
     @property
@@ -84,6 +109,9 @@ class Worker:
         `len(keys) × value_len` elements, without an intermediate copy."""
     def push(self, table: str, keys: Keys, values: Values) -> None:
         """Adds `values` (`len(keys) × value_len` floats, any shape) to the keys' values."""
+    def push_pull(self, table: str, keys: Keys, values: Values) -> npt.NDArray[np.float32]:
+        """Pushes `values` to the keys and returns their values right after, in one round
+        trip per node."""
     def set(self, table: str, keys: Keys, values: Values) -> None:
         """Replaces the keys' values with `values`."""
     def localize(self, table: str, keys: Keys) -> None:

@@ -4,7 +4,10 @@
 plain SGD at rate `lr`: `forward(ids)` pulls the rows of the batch's distinct ids from Ferry
 (wherever they live in the cluster) and returns them as a tensor that autograd tracks; the
 backward pass pushes `-lr × gradient` of exactly those rows, which Ferry adds where each key
-lives — the update of every worker of every node, with no optimizer state on the trainer. Dense
+lives — the update of every worker of every node, with no optimizer state on the trainer.
+With `lr=None` the backward pass pushes the gradient itself, for a table whose server-side
+updater (`ferry.Table(..., updater="adagrad:0.1")`, SGD or Adam alike) applies it where the key
+lives, with the key's optimizer state kept there. Dense
 parameters of the same model stay ordinary `torch.nn.Parameter`s in an ordinary `torch.optim`
 loop (synchronise them with `torch.distributed` as usual; under `torchrun` Ferry's rendezvous
 uses the port after `MASTER_PORT`, so the two do not meet).
@@ -54,14 +57,15 @@ class _Rows(torch.autograd.Function):
 
 class Embedding(torch.nn.Module):
     """An embedding table of `dim` floats per id, held by Ferry's table `table` and reached
-    through `worker` (one per thread), trained by SGD at rate `lr` (see the module
-    documentation)."""
+    through `worker` (one per thread), trained by SGD at rate `lr`, or by the table's own
+    updater with `lr=None` (see the module documentation)."""
 
-    def __init__(self, worker: Worker, table: str, dim: int, lr: float):
+    def __init__(self, worker: Worker, table: str, dim: int, lr: Optional[float]):
         super().__init__()
         if dim <= 0:
             raise ValueError(f"dim must be positive, not {dim}")
-        self.worker, self.table, self.dim, self.lr = worker, table, dim, float(lr)
+        self.worker, self.table, self.dim = worker, table, dim
+        self.lr = None if lr is None else float(lr)
         # Makes autograd call the lookup's backward; it has no elements and never changes.
         self.anchor = torch.nn.Parameter(torch.empty(0))
         self._prefetching: Optional[int] = None
@@ -90,7 +94,8 @@ class Embedding(torch.nn.Module):
             self.worker.wait(self._pushes.popleft())
 
     def _apply_gradient(self, ids: torch.Tensor, grad: torch.Tensor) -> None:
-        step = (grad.to(torch.float32) * -self.lr).contiguous()
+        # The table's updater applies a raw gradient; plain SGD here otherwise.
+        step = grad.to(torch.float32).contiguous() if self.lr is None else (grad.to(torch.float32) * -self.lr).contiguous()
         self._pushes.append(self.worker.push_async(self.table, ids, step))
         while len(self._pushes) > PUSHES_IN_FLIGHT:
             self.worker.wait(self._pushes.popleft())
