@@ -345,6 +345,10 @@ pub struct Config {
     /// have been written by another node count and partitioning: every node loads the keys it
     /// is home of. `FERRY_RESTORE` sets it.
     pub restore_from: Option<std::path::PathBuf>,
+    /// Serve this node's statistics for Prometheus on `HOST:(PORT + rank)` for this base
+    /// `HOST:PORT` (`GET /metrics`, OpenMetrics text; see `docs/ENVIRONMENT.md`).
+    /// `FERRY_METRICS` sets it.
+    pub metrics: Option<String>,
 }
 
 /// Replicated keys per table must stay below this (their ordinals are `u32` markers).
@@ -457,6 +461,7 @@ impl Config {
             fail_sends_after: None,
             stop_reading_after: None,
             restore_from: None,
+            metrics: None,
         }
     }
 
@@ -481,6 +486,10 @@ impl Config {
         config.apply_membership_env(|name| std::env::var(name).ok())?;
         if let Some(dir) = set_value(&|name: &str| std::env::var(name).ok(), "FERRY_RESTORE") {
             config.restore_from = Some(dir.into());
+        }
+        if let Some(base) = set_value(&|name: &str| std::env::var(name).ok(), "FERRY_METRICS") {
+            crate::metrics::address(&base, config.rank)?;
+            config.metrics = Some(base);
         }
         Ok(config)
     }

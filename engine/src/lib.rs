@@ -43,6 +43,7 @@ mod intent;
 mod keymap;
 pub mod launch;
 pub mod memory;
+mod metrics;
 mod node;
 mod partition;
 mod protocol;

@@ -25,6 +25,8 @@ pub struct Node {
     intents: Arc<IntentService>,
     timer: Option<JoinHandle<()>>,
     replication: Option<JoinHandle<()>>,
+    /// The metrics endpoint ([`Config::metrics`]), if served.
+    metrics: Option<crate::metrics::MetricsServer>,
     finished: bool,
     /// Checkpoints taken so far ([`Node::checkpoint`]).
     checkpoints: AtomicU64,
@@ -75,6 +77,14 @@ impl Node {
         };
         let core = Core::new(config.rank, config.nodes, &config.tables, store, settings);
         let inner = Arc::new(NodeInner::new(config, core, fabric.clone(), clock_offset));
+        let metrics = match &inner.config.metrics {
+            Some(base) => {
+                let server = crate::metrics::MetricsServer::start(inner.clone(), &crate::metrics::address(base, inner.config.rank)?)?;
+                tracing::info!(node = inner.config.rank, address = %server.address, "serving metrics at /metrics");
+                Some(server)
+            }
+            None => None,
+        };
         fabric.start(Arc::new(Callbacks { node: Arc::downgrade(&inner) }))?;
         let timer_node = inner.clone();
         let timer = std::thread::Builder::new()
@@ -95,7 +105,7 @@ impl Node {
         let intents = Arc::new(IntentService::new(&inner.config));
         let listener: Arc<dyn crate::runtime::GrantListener> = intents.clone();
         inner.listen_for_grants(Arc::downgrade(&listener));
-        Ok(Node { inner, intents, timer: Some(timer), replication, finished: false, checkpoints: AtomicU64::new(0), spare_cuts: Default::default() })
+        Ok(Node { inner, intents, timer: Some(timer), replication, metrics, finished: false, checkpoints: AtomicU64::new(0), spare_cuts: Default::default() })
     }
 
     /// Starts `nodes` nodes inside this process, connected over loopback TCP, with `template`'s
@@ -224,6 +234,12 @@ impl Node {
         self.intents.release_moves(&self.inner);
     }
 
+    /// Where this node serves its metrics for Prometheus (`GET /metrics`), if it does
+    /// ([`Config::metrics`], `FERRY_METRICS`).
+    pub fn metrics_address(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().map(|m| m.address)
+    }
+
     /// Forgets the relocation and blocking times recorded so far, so that the next
     /// [`Node::stats`] describes only what follows.
     pub fn reset_latencies(&self) {
@@ -345,6 +361,8 @@ impl Node {
             return;
         }
         self.finished = true;
+        // The metrics thread holds the node: it stops first.
+        self.metrics = None;
         self.inner.announce_leaving();
         self.inner.stopping.store(true, Ordering::Release);
         if abort {

@@ -1,0 +1,180 @@
+//! A node's statistics for Prometheus: with [`crate::Config::metrics`] (`FERRY_METRICS=HOST:PORT`)
+//! every node serves `GET /metrics` in the OpenMetrics text format on `HOST:(PORT + rank)`, so
+//! the nodes of one host do not collide. A scrape reads the node's counters at that moment
+//! ([`crate::Node::stats`]): key accesses (local, remote, queued), relocations, messages and
+//! bytes sent by kind, relocation and blocking latencies and the replicas' staleness (median,
+//! 99th percentile and count since the last reset), the local share, intent's moves and late
+//! accesses, and the peers this node lost. The format comes from `prometheus-client`, the
+//! server from `tiny_http` (one thread, which only answers scrapes).
+
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+use crate::error::{Error, Result};
+use crate::runtime::NodeInner;
+use crate::stats::{Latency, MessageKind, Stats};
+
+/// The node's metrics, read at each scrape.
+struct NodeCollector {
+    node: Arc<NodeInner>,
+}
+
+impl std::fmt::Debug for NodeCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NodeCollector(rank {})", self.node.config.rank)
+    }
+}
+
+/// Writes one counter.
+fn counter(e: &mut DescriptorEncoder<'_>, name: &str, help: &str, value: u64) -> std::fmt::Result {
+    let c = ConstCounter::new(value);
+    c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+/// Writes a counter with one label, a value per label value.
+fn counters(e: &mut DescriptorEncoder<'_>, name: &str, help: &str, label: &str, values: &[(&str, u64)]) -> std::fmt::Result {
+    let mut metric = e.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
+    for (value_of_label, value) in values {
+        ConstCounter::new(*value).encode(metric.encode_family(&[(label, *value_of_label)])?)?;
+    }
+    Ok(())
+}
+
+/// Writes one gauge.
+fn gauge(e: &mut DescriptorEncoder<'_>, name: &str, help: &str, value: f64) -> std::fmt::Result {
+    let g = ConstGauge::new(value);
+    g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+/// Writes a gauge with one label, a value per label value.
+fn gauges(e: &mut DescriptorEncoder<'_>, name: &str, help: &str, label: &str, values: &[(&str, f64)]) -> std::fmt::Result {
+    let mut metric = e.encode_descriptor(name, help, None, ConstGauge::new(0.0f64).metric_type())?;
+    for (value_of_label, value) in values {
+        ConstGauge::new(*value).encode(metric.encode_family(&[(label, *value_of_label)])?)?;
+    }
+    Ok(())
+}
+
+/// A latency summary as gauges of seconds by quantile, and its sample count.
+fn latency(encoder: &mut DescriptorEncoder<'_>, name: &str, help: &str, l: &Latency) -> std::fmt::Result {
+    let seconds = |ns: u64| ns as f64 / 1e9;
+    gauges(encoder, &format!("{name}_seconds"), help, "quantile", &[("0.5", seconds(l.p50_ns)), ("0.99", seconds(l.p99_ns)), ("1", seconds(l.max_ns))])?;
+    counter(encoder, &format!("{name}_samples"), &format!("{help} (samples)"), l.count)
+}
+
+impl Collector for NodeCollector {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let s: Stats = self.node.core.stats();
+        let config = &self.node.config;
+        gauge(&mut e, "ferry_nodes", "nodes in the cluster", config.nodes as f64)?;
+        gauge(&mut e, "ferry_rank", "this node's rank", config.rank as f64)?;
+        counters(
+            &mut e,
+            "ferry_key_accesses",
+            "keys accessed by this node's workers, by where they were served",
+            "served",
+            &[("local", s.local_accesses), ("remote", s.remote_accesses), ("queued", s.queued_accesses)],
+        )?;
+        let accessed = (s.local_accesses + s.remote_accesses).max(1);
+        gauge(&mut e, "ferry_local_share", "share of key accesses served from local memory", s.local_accesses as f64 / accessed as f64)?;
+        counters(&mut e, "ferry_relocations", "keys relocated to and from this node", "direction", &[("in", s.relocations_in), ("out", s.relocations_out)])?;
+        let by_kind = |of: &[u64]| -> Vec<(&'static str, u64)> { MessageKind::ALL.iter().map(|k| (k.name(), of[*k as usize])).collect() };
+        counters(&mut e, "ferry_messages_sent", "messages sent to other nodes, by kind", "kind", &by_kind(&s.traffic.messages))?;
+        counters(&mut e, "ferry_bytes_sent", "bytes sent to other nodes, by kind", "kind", &by_kind(&s.traffic.bytes))?;
+        latency(&mut e, "ferry_relocation_latency", "time from a localize to the key's arrival", &s.relocation_time)?;
+        latency(&mut e, "ferry_blocking_latency", "time a worker waited for a remote operation", &s.blocking_time)?;
+        latency(&mut e, "ferry_replica_staleness", "age of replicated keys' values when read", &s.replication.staleness)?;
+        counter(&mut e, "ferry_replica_accesses", "accesses served by replicas of replicated keys", s.replication.replica_accesses)?;
+        counter(&mut e, "ferry_intent_relocations", "keys moved here for declared intents", s.intent.acted_keys)?;
+        counter(&mut e, "ferry_intent_late_accesses", "accesses to intended keys that were not here yet", s.intent.late_accesses)?;
+        gauge(&mut e, "ferry_peers_lost", "peers this node lost", self.node.core.directory().lost_nodes().len() as f64)?;
+        Ok(())
+    }
+}
+
+/// The address node `rank` serves its metrics on, for the base address `base` (`HOST:PORT`;
+/// port 0: a port of the system's choosing for every node, see [`crate::Node::metrics_address`]).
+pub(crate) fn address(base: &str, rank: usize) -> Result<String> {
+    let (host, port) = base.rsplit_once(':').ok_or_else(|| Error::Config(format!("FERRY_METRICS='{base}' is not HOST:PORT")))?;
+    let port: u16 = port.parse().map_err(|_| Error::Config(format!("FERRY_METRICS='{base}': '{port}' is not a port")))?;
+    if port == 0 {
+        return Ok(base.to_string());
+    }
+    let port = u16::try_from(rank).ok().and_then(|r| port.checked_add(r)).ok_or_else(|| {
+        Error::Config(format!("FERRY_METRICS='{base}': node {rank} would serve on a port beyond 65535 (each node takes the base port plus its rank)"))
+    })?;
+    Ok(format!("{host}:{port}"))
+}
+
+/// A node's metrics endpoint: a thread answering scrapes until dropped.
+pub(crate) struct MetricsServer {
+    server: Arc<tiny_http::Server>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Where it listens.
+    pub address: std::net::SocketAddr,
+}
+
+impl MetricsServer {
+    /// Serves `node`'s metrics on `address`.
+    pub fn start(node: Arc<NodeInner>, address: &str) -> Result<MetricsServer> {
+        let server = Arc::new(tiny_http::Server::http(address).map_err(|e| Error::Config(format!("FERRY_METRICS: cannot listen on {address}: {e}")))?);
+        let bound = server.server_addr().to_ip().ok_or_else(|| Error::Config(format!("FERRY_METRICS: {address} is not an IP address")))?;
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(NodeCollector { node }));
+        let serving = server.clone();
+        let thread = std::thread::Builder::new()
+            .name("ferry-metrics".into())
+            .spawn(move || {
+                // `incoming_requests` ends when the server is unblocked (on drop).
+                for request in serving.incoming_requests() {
+                    let response = if request.url() == "/metrics" || request.url().starts_with("/metrics?") {
+                        let mut text = String::new();
+                        match prometheus_client::encoding::text::encode(&mut text, &registry) {
+                            Ok(()) => tiny_http::Response::from_string(text).with_header(
+                                tiny_http::Header::from_bytes("Content-Type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
+                                    .expect("a valid header"),
+                            ),
+                            Err(_) => tiny_http::Response::from_string("encoding the metrics failed\n").with_status_code(500),
+                        }
+                    } else {
+                        tiny_http::Response::from_string("Ferry serves /metrics\n").with_status_code(404)
+                    };
+                    // A scraper that hung up is no concern of the node's.
+                    let _ = request.respond(response);
+                }
+            })
+            .map_err(|e| Error::Config(format!("FERRY_METRICS: cannot start the metrics thread: {e}")))?;
+        Ok(MetricsServer { server, thread: Some(thread), address: bound })
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.server.unblock();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_node_takes_the_base_port_plus_its_rank() {
+        assert_eq!(address("127.0.0.1:9400", 0).unwrap(), "127.0.0.1:9400");
+        assert_eq!(address("0.0.0.0:9400", 3).unwrap(), "0.0.0.0:9403");
+        assert_eq!(address("[::1]:9400", 1).unwrap(), "[::1]:9401");
+        assert_eq!(address("127.0.0.1:0", 5).unwrap(), "127.0.0.1:0", "the system's choice, for every node");
+        for (bad, why) in [("9400", "HOST:PORT"), ("h:x", "not a port"), ("h:65535", "beyond 65535")] {
+            let e = address(bad, 1).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+}
