@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use ferry_engine as engine;
 
 mod arrays;
+mod stats;
 use arrays::{Keys, Out, Values};
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::create_exception;
@@ -167,25 +168,21 @@ impl Node {
 
     /// A new worker (use one per thread).
     fn worker(&self) -> PyResult<Worker> {
-        Ok(Worker { worker: Some(self.live()?.worker()), tables: self.tables.clone(), pushes: HashMap::new(), pulls: HashMap::new(), next_ticket: 1 })
+        Ok(Worker {
+            worker: Some(self.live()?.worker()),
+            tables: self.tables.clone(),
+            pushes: HashMap::new(),
+            pulls: HashMap::new(),
+            distributions: Vec::new(),
+            samples: HashMap::new(),
+            next_ticket: 1,
+        })
     }
 
-    /// The node's counters: local and remote key accesses, relocations in and out, messages and
-    /// bytes sent, keys relocated and replicated for intent and late accesses (intent
-    /// signalling).
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.live()?.stats();
-        let d = PyDict::new(py);
-        d.set_item("local_accesses", s.local_accesses)?;
-        d.set_item("remote_accesses", s.remote_accesses)?;
-        d.set_item("relocations_in", s.relocations_in)?;
-        d.set_item("relocations_out", s.relocations_out)?;
-        d.set_item("messages_sent", s.traffic.messages.iter().sum::<u64>())?;
-        d.set_item("bytes_sent", s.traffic.bytes.iter().sum::<u64>())?;
-        d.set_item("intent_relocations", s.intent.acted_keys)?;
-        d.set_item("late_accesses", s.intent.late_accesses)?;
-        d.set_item("intent_replicas", s.intent.replicas_made)?;
-        Ok(d)
+    /// The node's counters (a `ferry.Stats`): key accesses by where they were served,
+    /// relocations, messages and bytes sent (by kind too), latencies, replicas, intent.
+    fn stats(&self) -> PyResult<stats::Stats> {
+        Ok(stats::Stats::of(&self.live()?.stats()))
     }
 
     /// Writes this node's part of a checkpoint into directory `dir` (one directory per
@@ -262,6 +259,10 @@ struct Worker {
     pushes: HashMap<u64, engine::Ticket>,
     /// Outstanding pulls with the shape of their answer.
     pulls: HashMap<u64, (engine::PullTicket, [usize; 2])>,
+    /// Registered distributions, by the number handed to Python, with their table's value length.
+    distributions: Vec<(engine::DistributionId, usize)>,
+    /// Prepared samples, by handle number.
+    samples: HashMap<u64, (engine::SampleHandle, usize)>,
     next_ticket: u64,
 }
 
@@ -326,6 +327,88 @@ impl Worker {
         let mut out = vec![0.0f32; k.len() * t.value_len()];
         py.allow_threads(|| w.push_pull(t, k, v, &mut out)).map_err(failed)?;
         Ok(PyArray1::from_vec(py, out).reshape([k.len(), t.value_len()])?.into_any())
+    }
+
+    /// Starts a push-pull; returns a ticket for `wait_pull` (the values after the push).
+    fn push_pull_async(&mut self, table: &str, keys: Keys<'_>, values: Values<'_>) -> PyResult<u64> {
+        let (w, t) = self.parts(table)?;
+        let k = keys.slice()?;
+        let pending = w.push_pull_async(t, k, values.slice()?).map_err(failed)?;
+        let shape = [k.len(), t.value_len()];
+        let id = self.ticket();
+        self.pulls.insert(id, (pending, shape));
+        Ok(id)
+    }
+
+    /// The values of keys `start..end` (end exclusive) as a new `float32` array of shape
+    /// `(end - start, value_len)`: one message per node holding a part of the range.
+    fn pull_range<'py>(&mut self, py: Python<'py>, table: &str, start: u64, end: u64) -> PyResult<Bound<'py, PyAny>> {
+        let (w, t) = self.parts(table)?;
+        if start > end || end > t.keys() {
+            return Err(argument(format!("range {start}..{end} is not within table '{table}' (keys 0..{})", t.keys())));
+        }
+        let rows = (end - start) as usize;
+        let mut out = vec![0.0f32; rows * t.value_len()];
+        py.allow_threads(|| w.pull_range(t, start..end, &mut out)).map_err(failed)?;
+        Ok(PyArray1::from_vec(py, out).reshape([rows, t.value_len()])?.into_any())
+    }
+
+    /// Pushes `values` (`(end - start) × value_len` floats) to keys `start..end`.
+    fn push_range(&mut self, py: Python<'_>, table: &str, start: u64, end: u64, values: Values<'_>) -> PyResult<()> {
+        let (w, t) = self.parts(table)?;
+        let v = values.slice()?;
+        py.allow_threads(|| w.push_range(t, start..end, v)).map_err(failed)
+    }
+
+    /// Registers a distribution to sample keys of `table` from (NuPS's sampling): keys
+    /// `start..end`, uniformly or with `weights` (one per key), drawn by `scheme`
+    /// (`independent`, `reuse[:POOL:USES]`, `postpone[:POOL:USES]`, `local`, or a conformity
+    /// level `L1`–`L4`). Returns its number for `prepare_sample`.
+    #[pyo3(signature = (table, start, end, scheme = "independent", weights = None))]
+    fn register_distribution(&mut self, table: &str, start: u64, end: u64, scheme: &str, weights: Option<Vec<f64>>) -> PyResult<usize> {
+        let (w, t) = self.parts(table)?;
+        let dist = match weights {
+            None => engine::KeyDistribution::uniform(start..end),
+            Some(weights) => {
+                if weights.len() as u64 != end.saturating_sub(start) {
+                    return Err(argument(format!("{} weights for the {} keys {start}..{end}", weights.len(), end.saturating_sub(start))));
+                }
+                engine::KeyDistribution::Weighted { start, weights }
+            }
+        };
+        let scheme = engine::SamplingScheme::parse(scheme).map_err(failed)?;
+        let id = w.register_distribution(t, dist, scheme).map_err(failed)?;
+        self.distributions.push((id, t.value_len()));
+        Ok(self.distributions.len() - 1)
+    }
+
+    /// Draws `n` samples from distribution `distribution` (`register_distribution`'s number);
+    /// returns a handle for `pull_sample`, which hands them out.
+    fn prepare_sample(&mut self, distribution: usize, n: usize) -> PyResult<u64> {
+        let &(id, len) =
+            self.distributions.get(distribution).ok_or_else(|| argument(format!("no distribution {distribution} was registered by this worker")))?;
+        let w = self.worker.as_mut().ok_or_else(|| argument("the worker is closed"))?;
+        let handle = w.prepare_sample(id, n).map_err(failed)?;
+        let ticket = self.ticket();
+        self.samples.insert(ticket, (handle, len));
+        Ok(ticket)
+    }
+
+    /// The next `count` samples of `handle`: `(keys, values)`, a `uint64` array and a `float32`
+    /// array of shape `(count, value_len)`. A handle whose samples are all handed out is gone.
+    fn pull_sample<'py>(&mut self, py: Python<'py>, handle: u64, count: usize) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let (sample, len) = self.samples.get_mut(&handle).ok_or_else(|| argument(format!("{handle} is not a prepared sample of this worker")))?;
+        let len = *len;
+        if count > sample.remaining() {
+            return Err(argument(format!("{count} samples asked for, {} left in the handle", sample.remaining())));
+        }
+        let w = self.worker.as_mut().ok_or_else(|| argument("the worker is closed"))?;
+        let (mut keys, mut values) = (vec![0u64; count], vec![0.0f32; count * len]);
+        py.allow_threads(|| w.pull_sample(sample, &mut keys, &mut values)).map_err(failed)?;
+        if sample.remaining() == 0 {
+            self.samples.remove(&handle);
+        }
+        Ok((PyArray1::from_vec(py, keys).into_any(), PyArray1::from_vec(py, values).reshape([count, len])?.into_any()))
     }
 
     /// Replaces the keys' values with `values`.
@@ -421,6 +504,7 @@ impl Worker {
     fn close(&mut self) {
         self.pushes.clear();
         self.pulls.clear();
+        self.samples.clear();
         self.worker = None;
     }
 
@@ -464,6 +548,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_checkpoint, m)?)?;
     m.add_class::<Node>()?;
     m.add_class::<Table>()?;
+    m.add_class::<stats::Stats>()?;
     m.add_class::<Worker>()?;
     m.add("FerryError", m.py().get_type::<FerryError>())?;
     Ok(())

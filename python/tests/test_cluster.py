@@ -255,3 +255,40 @@ def test_table_options_and_push_pull(cluster):
         out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and "table options ok" in out.stdout, out.stderr
     w.barrier()
+
+
+def test_ranges_push_pull_async_sampling_and_typed_stats(cluster):
+    node, w = cluster
+    # Ranges: every rank pushes ones to keys 100..110; a range pull reads what key pulls read.
+    w.push_range("params", 100, 110, np.ones((10, LEN), dtype=np.float32))
+    w.barrier()
+    assert np.all(w.pull_range("params", 100, 110) - w.pull("params", np.arange(100, 110, dtype=np.uint64)) == 0)
+    with pytest.raises(ferry.FerryError, match="not within table"):
+        w.pull_range("params", 10, KEYS + 1)
+    # push_pull, asynchronously: its answer holds its own push.
+    before = w.pull("params", np.array([200], dtype=np.uint64))
+    ticket = w.push_pull_async("params", np.array([200], dtype=np.uint64), np.full((1, LEN), 0.5, dtype=np.float32))
+    after = w.wait_pull(ticket)
+    assert np.all(after - before >= 0.5 - 1e-6)
+    w.barrier()
+    # Sampling (NuPS): 64 keys of 500..600, weighted to the upper half only.
+    weights = [0.0] * 50 + [1.0] * 50
+    dist = w.register_distribution("params", 500, 600, "reuse:16:2", weights=weights)
+    handle = w.prepare_sample(dist, 64)
+    keys, values = w.pull_sample(handle, 40)
+    more, _ = w.pull_sample(handle, 24)
+    assert keys.dtype == np.uint64 and values.shape == (40, LEN)
+    assert np.all((np.concatenate([keys, more]) >= 550) & (np.concatenate([keys, more]) < 600))
+    with pytest.raises(ferry.FerryError, match="not a prepared sample"):
+        w.pull_sample(handle, 1)  # handed out entirely: gone
+    with pytest.raises(ferry.FerryError, match="weights"):
+        w.register_distribution("params", 0, 10, weights=[1.0])
+    # Statistics as an object, also read by name.
+    stats = node.stats()
+    assert isinstance(stats, ferry.Stats)
+    assert stats.local_accesses > 0 and stats["local_accesses"] == stats.local_accesses
+    assert stats.messages_by_kind["access"] >= 0 and sum(stats.bytes_by_kind.values()) == stats.bytes_sent
+    assert set(stats.as_dict()) >= {"local_accesses", "remote_accesses", "relocation_p99_s"}
+    with pytest.raises(KeyError):
+        stats["nothing"]
+    w.barrier()

@@ -52,6 +52,30 @@ class Table:
     def name(self) -> str:
         """The table's name."""
 
+class Stats:
+    """A node's counters at one moment; also read by name (`stats["local_accesses"]`)."""
+
+    local_accesses: int
+    remote_accesses: int
+    queued_accesses: int
+    relocations_in: int
+    relocations_out: int
+    messages_sent: int
+    bytes_sent: int
+    messages_by_kind: Dict[str, int]
+    bytes_by_kind: Dict[str, int]
+    relocation_p50_s: float
+    relocation_p99_s: float
+    blocking_p50_s: float
+    blocking_p99_s: float
+    replica_accesses: int
+    intent_relocations: int
+    late_accesses: int
+    intent_replicas: int
+    def as_dict(self) -> Dict[str, Any]:
+        """Every counter by name."""
+    def __getitem__(self, name: str) -> Any: ...
+
 class Node:
     """This process's node of a Ferry cluster."""
 
@@ -70,9 +94,9 @@ class Node:
         """The number of nodes."""
     def worker(self) -> "Worker":
         """A new worker (use one per thread)."""
-    def stats(self) -> Dict[str, int]:
-        """The node's counters: local and remote key accesses, relocations in and out, messages
-        and bytes sent, keys relocated and replicated for intent and late accesses."""
+    def stats(self) -> "Stats":
+        """The node's counters: key accesses by where they were served, relocations, messages
+        and bytes sent (by kind too), latencies, replicas, intent."""
     def checkpoint(self, dir: Path) -> None:
         """Writes this node's part of a checkpoint into `dir` (one directory per checkpoint): a
         collective call every node makes with the same directory, after a barrier every worker
@@ -112,6 +136,20 @@ class Worker:
     def push_pull(self, table: str, keys: Keys, values: Values) -> npt.NDArray[np.float32]:
         """Pushes `values` to the keys and returns their values right after, in one round
         trip per node."""
+    def push_pull_async(self, table: str, keys: Keys, values: Values) -> int:
+        """Starts a push-pull; returns a ticket for `wait_pull`."""
+    def pull_range(self, table: str, start: int, end: int) -> npt.NDArray[np.float32]:
+        """The values of keys `start..end` (end exclusive), of shape `(end - start, value_len)`."""
+    def push_range(self, table: str, start: int, end: int, values: Values) -> None:
+        """Pushes `values` (`(end - start) × value_len` floats) to keys `start..end`."""
+    def register_distribution(self, table: str, start: int, end: int, scheme: str = "independent", weights: Optional[List[float]] = None) -> int:
+        """Registers a distribution over keys `start..end` (uniform, or by `weights`), drawn by
+        `scheme` (`independent`, `reuse[:POOL:USES]`, `postpone[:POOL:USES]`, `local`, `L1`–`L4`);
+        returns its number for `prepare_sample`."""
+    def prepare_sample(self, distribution: int, n: int) -> int:
+        """Draws `n` samples; returns a handle for `pull_sample`."""
+    def pull_sample(self, handle: int, count: int) -> Tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]:
+        """The next `count` samples of `handle`: their keys and values."""
     def set(self, table: str, keys: Keys, values: Values) -> None:
         """Replaces the keys' values with `values`."""
     def localize(self, table: str, keys: Keys) -> None:
