@@ -346,6 +346,92 @@ int32_t ferry_intent(struct FerryWorker *worker,
 // `worker` is null or a live worker; `clock` is null or writable.
 int32_t ferry_advance_clock(struct FerryWorker *worker, uint64_t *clock);
 
+// Reads the values of keys `start..end` (end exclusive) into `out` (`(end - start) ×
+// value_len` floats, `out_len` of them): one message per node holding a part of the range.
+//
+// # Safety
+//
+// `worker` is null or a live worker; `out` has room for `out_len` floats (null when 0).
+int32_t ferry_pull_range(struct FerryWorker *worker,
+                         uint32_t table,
+                         uint64_t start,
+                         uint64_t end,
+                         float *out,
+                         size_t out_len);
+
+// Pushes `values` (`(end - start) × value_len` floats, `n_values` of them) to keys
+// `start..end`.
+//
+// # Safety
+//
+// `worker` is null or a live worker; `values` holds `n_values` floats (null when 0).
+int32_t ferry_push_range(struct FerryWorker *worker,
+                         uint32_t table,
+                         uint64_t start,
+                         uint64_t end,
+                         const float *values,
+                         size_t n_values);
+
+// Starts a push-pull; `*ticket` identifies it for `ferry_wait_pull`, which gives the values
+// right after the push.
+//
+// # Safety
+//
+// `worker` is null or a live worker; `keys` holds `n_keys` keys and `values` `n_values` floats
+// (copied before this returns); `ticket` is null or writable.
+int32_t ferry_push_pull_async(struct FerryWorker *worker,
+                              uint32_t table,
+                              const uint64_t *keys,
+                              size_t n_keys,
+                              const float *values,
+                              size_t n_values,
+                              uint64_t *ticket);
+
+// Registers a distribution to sample keys `start..end` of `table` from: uniformly when
+// `weights` is null, else key `start + i` with weight `weights[i]` (`n_weights` = `end -
+// start`); drawn by `scheme` (`independent`, `reuse[:POOL:USES]`, `postpone[:POOL:USES]`,
+// `local`, or a conformity level `L1`–`L4`). `*distribution` is its number for
+// `ferry_prepare_sample`.
+//
+// # Safety
+//
+// `worker` is null or a live worker; `scheme` is null or NUL-terminated; `weights` holds
+// `n_weights` doubles or is null; `distribution` is null or writable.
+int32_t ferry_register_distribution(struct FerryWorker *worker,
+                                    uint32_t table,
+                                    uint64_t start,
+                                    uint64_t end,
+                                    const double *weights,
+                                    size_t n_weights,
+                                    const char *scheme,
+                                    uint32_t *distribution);
+
+// Draws `n` samples from `distribution`; `*sample` is the handle `ferry_pull_sample` hands
+// them out from.
+//
+// # Safety
+//
+// `worker` is null or a live worker; `sample` is null or writable.
+int32_t ferry_prepare_sample(struct FerryWorker *worker,
+                             uint32_t distribution,
+                             size_t n,
+                             uint64_t *sample);
+
+// The next `count` samples of `sample`: their keys into `keys` (`count` of them) and values
+// into `values` (`count × value_len` floats, `n_values` of them). A handle whose samples are
+// all handed out is gone.
+//
+// # Safety
+//
+// `worker` is null or a live worker; `keys` has room for `count` keys and `values` for
+// `n_values` floats (each null when its length is 0).
+int32_t ferry_pull_sample(struct FerryWorker *worker,
+                          uint64_t sample,
+                          size_t count,
+                          uint64_t *keys,
+                          float *values,
+                          size_t n_values);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

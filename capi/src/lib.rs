@@ -58,6 +58,10 @@ pub struct FerryWorker {
     tables: Vec<ferry::Table>,
     tickets: HashMap<u64, ferry::Ticket>,
     pulls: HashMap<u64, ferry::PullTicket>,
+    /// Registered distributions, by the number handed out (`ferry_register_distribution`).
+    distributions: Vec<ferry::DistributionId>,
+    /// Prepared samples, by handle number (`ferry_prepare_sample`).
+    samples: HashMap<u64, ferry::SampleHandle>,
     next_ticket: u64,
 }
 
@@ -80,6 +84,9 @@ pub struct FerryStats {
 }
 
 type Outcome = Result<(), (i32, String)>;
+
+mod ranges_and_samples;
+pub use ranges_and_samples::*;
 
 fn code_of(e: &ferry::Error) -> i32 {
     use ferry::Error as E;
@@ -490,7 +497,15 @@ pub unsafe extern "C" fn ferry_worker_new(node: *mut FerryNode, worker: *mut *mu
         if worker.is_null() {
             return Err(argument("worker is null"));
         }
-        let w = FerryWorker { worker: live.worker(), tables: n.tables.clone(), tickets: HashMap::new(), pulls: HashMap::new(), next_ticket: 1 };
+        let w = FerryWorker {
+            worker: live.worker(),
+            tables: n.tables.clone(),
+            tickets: HashMap::new(),
+            pulls: HashMap::new(),
+            distributions: Vec::new(),
+            samples: HashMap::new(),
+            next_ticket: 1,
+        };
         // SAFETY: checked non-null above; writable as the caller guarantees.
         unsafe { put(worker, Box::into_raw(Box::new(w)), "worker") }
     })
@@ -894,6 +909,49 @@ mod tests {
             assert_eq!(ferry_push_pull(worker, 1, keys.as_ptr(), 2, [2.0f32; 4].as_ptr(), 4, out.as_mut_ptr(), 4), FERRY_OK, "{}", last_error());
             assert_eq!(out, [0.0; 4]);
             assert_eq!(ferry_push_pull(worker, 1, keys.as_ptr(), 2, [2.0f32; 4].as_ptr(), 4, out.as_mut_ptr(), 3), FERRY_ERR_ARGUMENT);
+            ferry_worker_free(worker);
+            assert_eq!(ferry_node_finalize(node), FERRY_OK, "{}", last_error());
+        }
+    }
+
+    #[test]
+    fn ranges_push_pulls_and_samples_through_the_c_functions() {
+        let config = ferry_config_new();
+        let name = CString::new("t").unwrap();
+        // SAFETY: live handles and buffers of the announced lengths throughout.
+        unsafe {
+            assert_eq!(ferry_config_add_table(config, name.as_ptr(), 100, 2), FERRY_OK);
+            let mut node = std::ptr::null_mut();
+            assert_eq!(ferry_node_start(config, &mut node), FERRY_OK, "{}", last_error());
+            ferry_config_free(config);
+            let mut worker = std::ptr::null_mut();
+            assert_eq!(ferry_worker_new(node, &mut worker), FERRY_OK);
+            let ones = [1.0f32; 20];
+            assert_eq!(ferry_push_range(worker, 0, 10, 20, ones.as_ptr(), 20), FERRY_OK, "{}", last_error());
+            let mut out = [0.0f32; 20];
+            assert_eq!(ferry_pull_range(worker, 0, 10, 20, out.as_mut_ptr(), 20), FERRY_OK);
+            assert_eq!(out, [1.0; 20]);
+            assert_eq!(ferry_pull_range(worker, 0, 10, 20, out.as_mut_ptr(), 19), FERRY_ERR_ARGUMENT, "wrong length");
+            let mut ticket = 0;
+            assert_eq!(ferry_push_pull_async(worker, 0, [12u64].as_ptr(), 1, [0.5f32, 0.5].as_ptr(), 2, &mut ticket), FERRY_OK);
+            let mut after = [0.0f32; 2];
+            assert_eq!(ferry_wait_pull(worker, ticket, after.as_mut_ptr(), 2), FERRY_OK);
+            assert_eq!(after, [1.5, 1.5]);
+            // Samples of keys 50..60, weighted to 55..60 only.
+            let scheme = CString::new("reuse:8:2").unwrap();
+            let weights = [0.0f64, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+            let mut dist = u32::MAX;
+            assert_eq!(ferry_register_distribution(worker, 0, 50, 60, weights.as_ptr(), 10, scheme.as_ptr(), &mut dist), FERRY_OK, "{}", last_error());
+            assert_eq!(ferry_register_distribution(worker, 0, 50, 60, weights.as_ptr(), 3, scheme.as_ptr(), &mut dist), FERRY_ERR_ARGUMENT);
+            assert!(last_error().contains("3 weights for the 10 keys"), "{}", last_error());
+            let mut sample = 0;
+            assert_eq!(ferry_prepare_sample(worker, 0, 12, &mut sample), FERRY_OK, "{}", last_error());
+            assert_eq!(ferry_prepare_sample(worker, 9, 12, &mut sample), FERRY_ERR_ARGUMENT);
+            assert_eq!(ferry_prepare_sample(worker, 0, 12, &mut sample), FERRY_OK);
+            let (mut keys, mut values) = ([0u64; 12], [0.0f32; 24]);
+            assert_eq!(ferry_pull_sample(worker, sample, 12, keys.as_mut_ptr(), values.as_mut_ptr(), 24), FERRY_OK, "{}", last_error());
+            assert!(keys.iter().all(|k| (55..60).contains(k)), "{keys:?}");
+            assert_eq!(ferry_pull_sample(worker, sample, 1, keys.as_mut_ptr(), values.as_mut_ptr(), 2), FERRY_ERR_ARGUMENT, "handed out: gone");
             ferry_worker_free(worker);
             assert_eq!(ferry_node_finalize(node), FERRY_OK, "{}", last_error());
         }
