@@ -487,8 +487,8 @@ impl Config {
         if let Some(dir) = set_value(&|name: &str| std::env::var(name).ok(), "FERRY_RESTORE") {
             config.restore_from = Some(dir.into());
         }
+        // Checked when the node starts serving it (`metrics::address`), naming the variable.
         if let Some(base) = set_value(&|name: &str| std::env::var(name).ok(), "FERRY_METRICS") {
-            crate::metrics::address(&base, config.rank)?;
             config.metrics = Some(base);
         }
         Ok(config)

@@ -4,7 +4,7 @@
 //! ([`crate::Node::stats`]): key accesses (local, remote, queued), relocations, messages and
 //! bytes sent by kind, relocation and blocking latencies and the replicas' staleness (median,
 //! 99th percentile and count since the last reset), the local share, intent's moves and late
-//! accesses, and the peers this node lost. The format comes from `prometheus-client`, the
+//! accesses, the peers this node lost, and each peer's send-queue depth. The format comes from `prometheus-client`, the
 //! server from `tiny_http` (one thread, which only answers scrapes).
 
 use std::sync::Arc;
@@ -93,6 +93,13 @@ impl Collector for NodeCollector {
         counter(&mut e, "ferry_intent_relocations", "keys moved here for declared intents", s.intent.acted_keys)?;
         counter(&mut e, "ferry_intent_late_accesses", "accesses to intended keys that were not here yet", s.intent.late_accesses)?;
         gauge(&mut e, "ferry_peers_lost", "peers this node lost", self.node.core.directory().lost_nodes().len() as f64)?;
+        // The send queues' depths (both fabrics keep a queue per peer).
+        let peers: Vec<String> = (0..config.nodes).filter(|&p| p != config.rank).map(|p| p.to_string()).collect();
+        let depths: Vec<(&str, f64)> =
+            peers.iter().filter_map(|p| self.node.fabric.queued_bytes(p.parse().expect("a rank")).map(|bytes| (p.as_str(), bytes as f64))).collect();
+        if !depths.is_empty() {
+            gauges(&mut e, "ferry_send_queue_bytes", "bytes queued for a peer and not yet taken by its connection", "peer", &depths)?;
+        }
         Ok(())
     }
 }

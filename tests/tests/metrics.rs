@@ -51,6 +51,8 @@ fn every_node_serves_its_counters() {
     let share = value(&metrics, "ferry_local_share");
     assert!((share - local / (local + remote)).abs() < 1e-9);
     assert_eq!(value(&metrics, "ferry_peers_lost"), 0.0);
+    assert!(value(&metrics, "ferry_send_queue_bytes{peer=\"1\"}") >= 0.0);
+    assert!(!metrics.contains("ferry_send_queue_bytes{peer=\"0\"}"), "no queue to itself");
     assert!(metrics.contains("ferry_blocking_latency_seconds{quantile=\"0.99\"}"), "{metrics}");
     let other = scrape(cluster[1].metrics_address().unwrap()).unwrap();
     assert_eq!(value(&other, "ferry_rank"), 1.0);

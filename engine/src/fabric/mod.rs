@@ -80,6 +80,12 @@ pub trait Fabric: Send + Sync {
         let _ = timeout;
         Ok(())
     }
+    /// Bytes queued for `peer` and not yet taken by the connection (the send queue's depth, for
+    /// the metrics); `None` for a fabric that keeps no send queue of its own.
+    fn queued_bytes(&self, peer: usize) -> Option<u64> {
+        let _ = peer;
+        None
+    }
     /// Posts one-sided writes to `to`; the caller flushes `to` afterwards.
     ///
     /// # Safety

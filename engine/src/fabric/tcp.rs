@@ -113,6 +113,10 @@ impl Fabric for TcpFabric {
         self.mesh.wait_for_room(timeout).map_err(Error::from)
     }
 
+    fn queued_bytes(&self, peer: usize) -> Option<u64> {
+        Some(self.mesh.queued_bytes(peer))
+    }
+
     unsafe fn write(&self, to: usize, writes: &[WriteRequest]) -> Result<WriteCompletion> {
         let mut batch = self.mesh.write_batch();
         for w in writes {

@@ -404,6 +404,10 @@ impl Fabric for VerbsFabric {
         self.inner.pump(to);
     }
 
+    fn queued_bytes(&self, peer: usize) -> Option<u64> {
+        Some(self.inner.peers.get(peer).and_then(Option::as_ref).map_or(0, |p| p.queued.load(Ordering::Relaxed)))
+    }
+
     unsafe fn write(&self, to: usize, writes: &[WriteRequest]) -> Result<WriteCompletion> {
         self.inner.open_peer(to)?.enqueue_writes(writes);
         Ok(WriteCompletion::Deferred)
