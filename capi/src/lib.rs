@@ -588,6 +588,32 @@ unsafe fn start<T>(
     })
 }
 
+/// [`start`] for an operation that also takes `n_values` floats (copied before it returns).
+///
+/// # Safety
+///
+/// As for [`start`]; `values` holds `n_values` floats (null when 0).
+#[allow(clippy::too_many_arguments)]
+unsafe fn start_with_values<T>(
+    worker: *mut FerryWorker,
+    table: u32,
+    keys: *const u64,
+    n_keys: usize,
+    values: *const f32,
+    n_values: usize,
+    ticket: *mut u64,
+    begin: impl FnOnce(&mut ferry::Worker, ferry::Table, &[u64], &[f32]) -> ferry::Result<T>,
+    kept: fn(&mut FerryWorker) -> &mut HashMap<u64, T>,
+) -> i32 {
+    // SAFETY: forwarded from the calling function's contract.
+    let values = match unsafe { slice(values, n_values, "values") } {
+        Ok(values) => values,
+        Err(failure) => return guard(|| Err(failure)),
+    };
+    // SAFETY: forwarded from the calling function's contract.
+    unsafe { start(worker, table, keys, n_keys, ticket, |w, t, keys| begin(w, t, keys, values), kept) }
+}
+
 /// Reads the values of `n_keys` keys into `out` (`n_keys × value_len` floats, `out_len` of
 /// them).
 ///
@@ -697,14 +723,9 @@ pub unsafe extern "C" fn ferry_push_async(
     set: bool,
     ticket: *mut u64,
 ) -> i32 {
+    let begin = |w: &mut ferry::Worker, t, keys: &[u64], values: &[f32]| if set { w.set_async(t, keys, values) } else { w.push_async(t, keys, values) };
     // SAFETY: forwarded from this function's contract.
-    let values = match unsafe { slice(values, n_values, "values") } {
-        Ok(values) => values,
-        Err(failure) => return guard(|| Err(failure)),
-    };
-    let begin = |w: &mut ferry::Worker, t, keys: &[u64]| if set { w.set_async(t, keys, values) } else { w.push_async(t, keys, values) };
-    // SAFETY: forwarded from this function's contract.
-    unsafe { start(worker, table, keys, n_keys, ticket, begin, |w| &mut w.tickets) }
+    unsafe { start_with_values(worker, table, keys, n_keys, values, n_values, ticket, begin, |w| &mut w.tickets) }
 }
 
 /// Starts moving keys to this node; `*ticket` identifies it for `ferry_wait`.

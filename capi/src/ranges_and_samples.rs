@@ -4,7 +4,7 @@
 
 use std::ffi::c_char;
 
-use super::{FerryWorker, argument, ferry_err, guard, handle, put, slice, slice_mut, start, text};
+use super::{FerryWorker, argument, ferry_err, guard, handle, put, slice, slice_mut, start_with_values, text};
 
 /// Reads the values of keys `start..end` (end exclusive) into `out` (`(end - start) ×
 /// value_len` floats, `out_len` of them): one message per node holding a part of the range.
@@ -56,12 +56,9 @@ pub unsafe extern "C" fn ferry_push_pull_async(
     ticket: *mut u64,
 ) -> i32 {
     // SAFETY: forwarded from this function's contract.
-    let values = match unsafe { slice(values, n_values, "values") } {
-        Ok(values) => values,
-        Err(failure) => return guard(|| Err(failure)),
-    };
-    // SAFETY: forwarded from this function's contract.
-    unsafe { start(worker, table, keys, n_keys, ticket, |w, t, keys| w.push_pull_async(t, keys, values), |w| &mut w.pulls) }
+    unsafe {
+        start_with_values(worker, table, keys, n_keys, values, n_values, ticket, |w, t, keys, values| w.push_pull_async(t, keys, values), |w| &mut w.pulls)
+    }
 }
 
 /// Registers a distribution to sample keys `start..end` of `table` from: uniformly when

@@ -94,9 +94,11 @@ impl Collector for NodeCollector {
         counter(&mut e, "ferry_intent_late_accesses", "accesses to intended keys that were not here yet", s.intent.late_accesses)?;
         gauge(&mut e, "ferry_peers_lost", "peers this node lost", self.node.core.directory().lost_nodes().len() as f64)?;
         // The send queues' depths (both fabrics keep a queue per peer).
-        let peers: Vec<String> = (0..config.nodes).filter(|&p| p != config.rank).map(|p| p.to_string()).collect();
-        let depths: Vec<(&str, f64)> =
-            peers.iter().filter_map(|p| self.node.fabric.queued_bytes(p.parse().expect("a rank")).map(|bytes| (p.as_str(), bytes as f64))).collect();
+        let depths: Vec<(String, f64)> = (0..config.nodes)
+            .filter(|&peer| peer != config.rank)
+            .filter_map(|peer| self.node.fabric.queued_bytes(peer).map(|bytes| (peer.to_string(), bytes as f64)))
+            .collect();
+        let depths: Vec<(&str, f64)> = depths.iter().map(|(peer, bytes)| (peer.as_str(), *bytes)).collect();
         if !depths.is_empty() {
             gauges(&mut e, "ferry_send_queue_bytes", "bytes queued for a peer and not yet taken by its connection", "peer", &depths)?;
         }

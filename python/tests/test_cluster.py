@@ -4,6 +4,9 @@ Each test runs on every rank; they meet in barriers, so every rank runs the same
 same order.
 """
 
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -12,6 +15,16 @@ import pytest
 import ferry
 
 KEYS, LEN = 1000, 4
+
+
+def run_alone(script, *args):
+    """Runs `script` in a Python process of its own, as a cluster of one node (the 2-process
+    cluster's variables replaced); returns its standard output, failing on a non-zero exit."""
+    env = {k: v for k, v in os.environ.items() if k != "FERRY_COORDINATOR"}
+    env.update(FERRY_RANK="0", FERRY_NODES="1")
+    out = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 @pytest.fixture(scope="module")
@@ -128,9 +141,6 @@ def test_errors_raise_ferry_error(cluster):
 
 def test_a_checkpoint_restores_on_one_node(cluster):
     import json
-    import os
-    import subprocess
-    import sys
     import tempfile
 
     node, w = cluster
@@ -155,8 +165,6 @@ def test_a_checkpoint_restores_on_one_node(cluster):
     w.barrier()
     if node.rank == 0:
         # One process alone restores what the two wrote.
-        env = {k: v for k, v in os.environ.items() if k != "FERRY_COORDINATOR"}
-        env.update(FERRY_RANK="0", FERRY_NODES="1")
         script = (
             "import json, sys, numpy as np, ferry\n"
             f"node = ferry.Node.start([('params', {KEYS}, {LEN}), ('counts', 10, 1)], restore_from=sys.argv[1])\n"
@@ -165,9 +173,7 @@ def test_a_checkpoint_restores_on_one_node(cluster):
             "w.close()\n"
             "node.finalize()\n"
         )
-        out = subprocess.run([sys.executable, "-c", script, directory], env=env, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        restored = np.array(json.loads(out.stdout.strip().splitlines()[-1]), dtype=np.float32)
+        restored = np.array(json.loads(run_alone(script, directory).strip().splitlines()[-1]), dtype=np.float32)
         assert np.array_equal(restored, np.arange(20 * LEN, dtype=np.float32).reshape(20, LEN))
         # Read without a cluster: every table whole, as NumPy arrays.
         tables = ferry.read_checkpoint(directory)
@@ -184,15 +190,10 @@ def test_a_checkpoint_restores_on_one_node(cluster):
 
 
 def test_a_node_in_a_with_block_finalizes_or_aborts(cluster):
-    import subprocess
-    import sys
-
     node, w = cluster
     if node.rank == 0:
         # One process alone: a block that raises aborts its node (the exception goes on), one
         # that ends finalizes it; either way the node is closed after the block.
-        env = {k: v for k, v in __import__("os").environ.items() if k != "FERRY_COORDINATOR"}
-        env.update(FERRY_RANK="0", FERRY_NODES="1")
         script = (
             "import numpy as np, ferry\n"
             "try:\n"
@@ -218,15 +219,11 @@ def test_a_node_in_a_with_block_finalizes_or_aborts(cluster):
             "    pass\n"
             "print('with-block ok')\n"
         )
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0 and "with-block ok" in out.stdout, out.stderr
+        assert "with-block ok" in run_alone(script)
     w.barrier()
 
 
 def test_table_options_and_push_pull(cluster):
-    import subprocess
-    import sys
-
     node, w = cluster
     with pytest.raises(ferry.FerryError, match="partitioning 'diagonal'"):
         ferry.Table("t", 10, 2, partitioning="diagonal")
@@ -239,8 +236,6 @@ def test_table_options_and_push_pull(cluster):
     assert "replicated keys: 2" in repr(ferry.Table("hot", 10, 2, replicated=[0, 1]))
     if node.rank == 0:
         # One process alone: a server-side SGD table, and push_pull's answer after its push.
-        env = {k: v for k, v in __import__("os").environ.items() if k != "FERRY_COORDINATOR"}
-        env.update(FERRY_RANK="0", FERRY_NODES="1")
         script = (
             "import numpy as np, ferry\n"
             "with ferry.Node.start([ferry.Table('t', 10, 2, updater='sgd:0.5', partitioning='hash'), ('plain', 4, 1)]) as node:\n"
@@ -252,8 +247,7 @@ def test_table_options_and_push_pull(cluster):
             "    w.close()\n"
             "print('table options ok')\n"
         )
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0 and "table options ok" in out.stdout, out.stderr
+        assert "table options ok" in run_alone(script)
     w.barrier()
 
 

@@ -565,8 +565,7 @@ fn checkpoint<W: Workload>(
     pass.barrier()?;
     if pass.rank == 0 && pass.thread == 0 {
         super::resume::prepare(dir, epoch)?;
-        let specs: Vec<TableSpec> = node.config().tables.clone();
-        describe_checkpoint(task, data, &specs, dir, epoch, pass.nodes)?;
+        describe_checkpoint(task, data, &node.config().tables, dir, epoch, pass.nodes)?;
     }
     if pass.thread == 0 {
         // Intent's relocations wait on every node before any node cuts (a no-op in the modes
