@@ -325,8 +325,12 @@ fn word_vectors_learn_in_every_mode_with_every_sampling_scheme() {
         assert_eq!(reports.len(), 3, "{scheme}");
         assert!(f(&reports[2]["loss"]) < f(&reports[0]["loss"]), "{scheme}: the loss did not fall");
         if scheme == "local" {
-            let independent = f(&modes["localize"][2]["local_share"]);
-            assert!(f(&reports[2]["local_share"]) > independent, "local negatives raise the local share above {independent}");
+            // Counted in relocations, not in the local share: how much of the share localize
+            // reaches in time depends on the machine's load (0.64 here, 0.995 on a loaded CI
+            // run), while negatives drawn from the local keys are never moved at all.
+            let relocations = |r: &[Value]| r.iter().map(|e| e["relocations"].as_u64().unwrap()).sum::<u64>();
+            let (local, independent) = (relocations(&reports), relocations(&modes["localize"]));
+            assert!(2 * local < independent, "local negatives: {local} relocations, independent ones {independent}");
         }
     }
     // Any text file and any analogy file of the format; questions with unknown words are skipped.
