@@ -1,6 +1,6 @@
 //! `ferry-bench`: Ferry's micro-benchmarks and ML workloads.
 
-use ferry_bench::{checkpoint, micro, relocate, replicate, train};
+use ferry_bench::{checkpoint, micro, partition, relocate, replicate, train};
 
 // A retaining allocator: large per-operation buffers are reused instead of being mapped and
 // faulted in again on every bulk operation.
@@ -64,6 +64,10 @@ enum Command {
     /// sequential write with fsync, the restore against a sequential read, and a worker's push
     /// throughput while the files are written in the background.
     Checkpoint(checkpoint::CheckpointArgs),
+    /// What each partitioning moves when a node joins (against the ideal 1/(N+1)), how even
+    /// its homes are, its lookup cost, and local pulls through a consistently hashed table
+    /// against a hashed one.
+    Partition(partition::PartitionArgs),
     /// Train a model on real or synthetic data in single, classic, localize, hybrid or intent mode.
     #[command(subcommand)]
     Train(Box<train::TrainCommand>),
@@ -167,6 +171,7 @@ fn run() -> Result<()> {
         Command::Relocate { quick, json, lens, blocking_keys, role: Role::Driver } => relocate::run_driver(quick, json, &lens, blocking_keys),
         Command::Relocate { quick, lens, blocking_keys, role: Role::Node, .. } => relocate::run_node(quick, &lens, blocking_keys),
         Command::Checkpoint(args) => checkpoint::run(&args),
+        Command::Partition(args) => partition::run(&args),
         Command::Replicate { quick, json, role: Role::Driver } => replicate::run_driver(quick, json),
         Command::Replicate { quick, role: Role::Node, .. } => replicate::run_node(quick),
         Command::Train(t) => train::run(&t).map(|_| ()),

@@ -92,8 +92,9 @@ int32_t ferry_config_add_table(struct FerryConfig *config,
 
 // Sets an option of the table `name` added before: `updater` (`add`, `sgd:LR`,
 // `adagrad:LR[:EPS[:INIT]]`, `adam:LR[:BETA1:BETA2:EPS]`, `ftrl:ALPHA:BETA:L1:L2`: what a push
-// does, where the key lives), `partitioning` (`range` or `hash`), `codec` (`f32`, `bf16`,
-// `f16`, …: values on the wire), `key_cache_min` (a number; 0 is off), `replicate` (keys every
+// does, where the key lives), `partitioning` (`range`, `hash`, `consistent` or
+// `consistent:VIRTUAL_NODES`: consistent hashing, which moves few keys when the node count
+// changes), `codec` (`f32`, `bf16`, `f16`, …: values on the wire), `key_cache_min` (a number; 0 is off), `replicate` (keys every
 // node keeps a replica of: `FIRST-END` ranges, end exclusive, and single keys, comma-separated,
 // e.g. `0-16,40`) or `scratch` (`true`: left out of checkpoints). Every node sets the same.
 //

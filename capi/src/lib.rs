@@ -238,8 +238,9 @@ pub unsafe extern "C" fn ferry_config_add_table(config: *mut FerryConfig, name: 
 
 /// Sets an option of the table `name` added before: `updater` (`add`, `sgd:LR`,
 /// `adagrad:LR[:EPS[:INIT]]`, `adam:LR[:BETA1:BETA2:EPS]`, `ftrl:ALPHA:BETA:L1:L2`: what a push
-/// does, where the key lives), `partitioning` (`range` or `hash`), `codec` (`f32`, `bf16`,
-/// `f16`, …: values on the wire), `key_cache_min` (a number; 0 is off), `replicate` (keys every
+/// does, where the key lives), `partitioning` (`range`, `hash`, `consistent` or
+/// `consistent:VIRTUAL_NODES`: consistent hashing, which moves few keys when the node count
+/// changes), `codec` (`f32`, `bf16`, `f16`, …: values on the wire), `key_cache_min` (a number; 0 is off), `replicate` (keys every
 /// node keeps a replica of: `FIRST-END` ranges, end exclusive, and single keys, comma-separated,
 /// e.g. `0-16,40`) or `scratch` (`true`: left out of checkpoints). Every node sets the same.
 ///
@@ -256,13 +257,7 @@ pub unsafe extern "C" fn ferry_config_table_option(config: *mut FerryConfig, nam
         let bad = |why: String| argument(format!("table '{name}', {option} '{value}': {why}"));
         match option {
             "updater" => spec.updater = value.parse().map_err(bad)?,
-            "partitioning" => {
-                spec.partitioning = match value {
-                    "range" => ferry::Partitioning::Range,
-                    "hash" => ferry::Partitioning::Hash,
-                    _ => return Err(bad("expected range or hash".into())),
-                }
-            }
+            "partitioning" => spec.partitioning = value.parse().map_err(bad)?,
             "codec" => spec.codec = value.parse().map_err(bad)?,
             "key_cache_min" => spec.key_cache_min = value.trim().parse().map_err(|_| bad("not a number".into()))?,
             "scratch" => {
@@ -904,13 +899,14 @@ mod tests {
         unsafe {
             assert_eq!(ferry_config_add_table(config, name.as_ptr(), 10, 2), FERRY_OK);
             assert_eq!(ferry_config_add_table(config, served.as_ptr(), 10, 2), FERRY_OK);
-            for (o, v) in [("updater", "sgd:0.5"), ("partitioning", "hash"), ("codec", "f32"), ("key_cache_min", "0"), ("scratch", "false")] {
+            for (o, v) in [("updater", "sgd:0.5"), ("partitioning", "consistent:32"), ("codec", "f32"), ("key_cache_min", "0"), ("scratch", "false")] {
                 assert_eq!(option(&served, o, v), FERRY_OK, "{o}={v}: {}", last_error());
             }
             assert_eq!(option(&name, "replicate", "0-2,5"), FERRY_OK, "{}", last_error());
             for (table, o, v, why) in [
                 (&served, "updater", "adagrad:x", "not a number"),
-                (&served, "partitioning", "diagonal", "range or hash"),
+                (&served, "partitioning", "diagonal", "expected range, hash, consistent"),
+                (&served, "partitioning", "consistent:0", "virtual-node count"),
                 (&served, "replicate", "4-11", "not a range of keys"),
                 (&served, "colour", "blue", "table option 'colour'"),
                 (&c("nope"), "updater", "add", "no table 'nope'"),

@@ -15,6 +15,63 @@ pub enum Partitioning {
     /// Keys scattered over nodes by a multiplicative hash (a bijection of the key space), so
     /// neighbouring keys land on different nodes.
     Hash,
+    /// Consistent hashing with virtual nodes (the parameter server, OSDI 2014, Section 4.3):
+    /// every node places `virtual_nodes` points on a ring of the scattered keys and homes the
+    /// keys from each of its points to the next point, so that a change in the node count
+    /// moves about 1/N of the keys where [`Partitioning::Range`] and [`Partitioning::Hash`]
+    /// move most of them. More virtual nodes balance the homes better (±1/√virtual_nodes) at
+    /// the cost of a larger ring; see [`Partitioning::DEFAULT_VIRTUAL_NODES`].
+    Consistent {
+        /// Points per node on the ring, 1..=[`Partitioning::MAX_VIRTUAL_NODES`].
+        virtual_nodes: u32,
+    },
+}
+
+impl Partitioning {
+    /// Virtual nodes per node when `consistent` is asked for without a count: a home's key
+    /// count is then within about ±9 % of the mean (one standard deviation).
+    pub const DEFAULT_VIRTUAL_NODES: u32 = 128;
+    /// Most virtual nodes per node.
+    pub const MAX_VIRTUAL_NODES: u32 = 4096;
+    /// Most points on a ring (nodes × virtual nodes), which bounds its memory (16 bytes a
+    /// point on every node, per table).
+    pub const MAX_RING_POINTS: u64 = 1 << 22;
+
+    /// Consistent hashing with [`Partitioning::DEFAULT_VIRTUAL_NODES`].
+    pub fn consistent() -> Partitioning {
+        Partitioning::Consistent { virtual_nodes: Partitioning::DEFAULT_VIRTUAL_NODES }
+    }
+
+    /// The scheme's name as [`Partitioning::from_str`](std::str::FromStr) reads it: `range`,
+    /// `hash` or `consistent:V`.
+    pub fn name(&self) -> String {
+        match self {
+            Partitioning::Range => "range".into(),
+            Partitioning::Hash => "hash".into(),
+            Partitioning::Consistent { virtual_nodes } => format!("consistent:{virtual_nodes}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Partitioning {
+    type Err = String;
+
+    /// `range`, `hash`, `consistent` (with the default virtual-node count) or `consistent:V`.
+    fn from_str(s: &str) -> std::result::Result<Partitioning, String> {
+        let expected = "expected range, hash, consistent or consistent:VIRTUAL_NODES";
+        match s.trim() {
+            "range" => Ok(Partitioning::Range),
+            "hash" => Ok(Partitioning::Hash),
+            "consistent" => Ok(Partitioning::consistent()),
+            other => {
+                let count = other.strip_prefix("consistent:").ok_or_else(|| format!("partitioning '{other}': {expected}"))?;
+                match count.parse::<u32>() {
+                    Ok(v) if (1..=Partitioning::MAX_VIRTUAL_NODES).contains(&v) => Ok(Partitioning::Consistent { virtual_nodes: v }),
+                    _ => Err(format!("partitioning '{other}': the virtual-node count must be a number in 1..={}", Partitioning::MAX_VIRTUAL_NODES)),
+                }
+            }
+        }
+    }
 }
 
 /// Element type of a table's values. Only `f32` exists today; the enum keeps the door open.
@@ -723,6 +780,18 @@ impl Config {
             if t.state_len() > (1 << 20) {
                 return bad(format!("table '{}': its updater keeps {} floats of state per value; at most {} fit a slot", t.name, t.state_len(), 1 << 20));
             }
+            if let Partitioning::Consistent { virtual_nodes } = t.partitioning {
+                let points = virtual_nodes as u64 * self.nodes as u64;
+                if virtual_nodes == 0 || virtual_nodes > Partitioning::MAX_VIRTUAL_NODES || points > Partitioning::MAX_RING_POINTS {
+                    return bad(format!(
+                        "table '{}' hashes consistently with {virtual_nodes} virtual nodes per node; it needs 1..={} of them and at most {} points on the ring ({} nodes × {virtual_nodes} = {points})",
+                        t.name,
+                        Partitioning::MAX_VIRTUAL_NODES,
+                        Partitioning::MAX_RING_POINTS,
+                        self.nodes
+                    ));
+                }
+            }
             if t.value_len == 0 || t.value_len > (self.max_message_bytes - 64) / t.element.size() {
                 return bad(format!("table '{}' has values of {} elements; they must fit one message ({} bytes)", t.name, t.value_len, self.max_message_bytes));
             }
@@ -752,11 +821,11 @@ impl Config {
         );
         for t in &self.tables {
             text.push_str(&format!(
-                "table {}={}:{}:{:?}:{:?}:{}:{}:{}:",
+                "table {}={}:{}:{}:{:?}:{}:{}:{}:",
                 t.name,
                 t.keys,
                 t.value_len,
-                t.partitioning,
+                t.partitioning.name(),
                 t.element,
                 t.updater.describe(),
                 t.codec.name(),

@@ -95,4 +95,8 @@ pub mod testing {
     pub mod fuzz {
         pub use crate::fuzz::*;
     }
+    /// The key → home mapping of each partitioning (for benchmarks of what a join moves).
+    pub mod partition {
+        pub use crate::partition::Partitioner;
+    }
 }

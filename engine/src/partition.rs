@@ -1,9 +1,13 @@
 //! Key → home-node assignment.
 //!
-//! Both schemes map a key to a *position* in `0..keys` (range: the key itself; hash: a
-//! multiplicative bijection `key·m mod keys` with `m` coprime to `keys`) and cut the positions
-//! into `nodes` contiguous runs of nearly equal length. A home node's keys therefore have dense
-//! indices `0..home_count`, which is what keeps its location table small and array-backed.
+//! Every scheme maps a key to a *position* in `0..keys` (range: the key itself; hash and
+//! consistent: a multiplicative bijection `key·m mod keys` with `m` coprime to `keys`). Range
+//! and hash cut the positions into `nodes` contiguous runs of nearly equal length; consistent
+//! hashing cuts them into arcs between its virtual nodes ([`ring`]). Either way a home node's
+//! keys have dense indices `0..home_count`, which is what keeps its location table small and
+//! array-backed.
+
+mod ring;
 
 use crate::config::Partitioning;
 
@@ -15,6 +19,8 @@ pub struct Partitioner {
     kind: Partitioning,
     mult: u64,
     inverse: u64,
+    /// The ring, for consistent hashing.
+    ring: Option<ring::Ring>,
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {
@@ -51,7 +57,11 @@ impl Partitioner {
             mult += 1;
         }
         let inverse = mod_inverse(mult, keys);
-        Partitioner { keys, nodes: nodes as u64, kind, mult, inverse }
+        let ring = match kind {
+            Partitioning::Consistent { virtual_nodes } => Some(ring::Ring::new(keys, nodes, virtual_nodes)),
+            Partitioning::Range | Partitioning::Hash => None,
+        };
+        Partitioner { keys, nodes: nodes as u64, kind, mult, inverse, ring }
     }
 
     #[inline]
@@ -59,8 +69,8 @@ impl Partitioner {
         match self.kind {
             Partitioning::Range => key,
             // Below 2^32 keys the product fits 64 bits, and a 64-bit remainder is much cheaper.
-            Partitioning::Hash if self.keys <= 1 << 32 => (key * self.mult) % self.keys,
-            Partitioning::Hash => ((key as u128 * self.mult as u128) % self.keys as u128) as u64,
+            _ if self.keys <= 1 << 32 => (key * self.mult) % self.keys,
+            _ => ((key as u128 * self.mult as u128) % self.keys as u128) as u64,
         }
     }
 
@@ -68,7 +78,7 @@ impl Partitioner {
     fn key_at(&self, position: u64) -> u64 {
         match self.kind {
             Partitioning::Range => position,
-            Partitioning::Hash => ((position as u128 * self.inverse as u128) % self.keys as u128) as u64,
+            Partitioning::Hash | Partitioning::Consistent { .. } => ((position as u128 * self.inverse as u128) % self.keys as u128) as u64,
         }
     }
 
@@ -88,7 +98,10 @@ impl Partitioner {
     #[inline]
     pub fn home(&self, key: u64) -> usize {
         let pos = self.position(key);
-        (((pos + 1) * self.nodes - 1) / self.keys) as usize
+        match &self.ring {
+            Some(ring) => ring.node(pos),
+            None => (((pos + 1) * self.nodes - 1) / self.keys) as usize,
+        }
     }
 
     /// The home node of `key`, remembering the last range found in `hint` (start, end, node) so
@@ -111,17 +124,26 @@ impl Partitioner {
     #[inline]
     pub fn home_index(&self, key: u64) -> usize {
         let pos = self.position(key);
-        (pos - self.start(self.home(key) as u64)) as usize
+        match &self.ring {
+            Some(ring) => ring.locate(pos).1 as usize,
+            None => (pos - self.start(self.home(key) as u64)) as usize,
+        }
     }
 
     /// Number of keys homed at `node`.
     pub fn home_count(&self, node: usize) -> usize {
-        (self.start(node as u64 + 1) - self.start(node as u64)) as usize
+        match &self.ring {
+            Some(ring) => ring.count(node) as usize,
+            None => (self.start(node as u64 + 1) - self.start(node as u64)) as usize,
+        }
     }
 
     /// The keys homed at `node`, in home-index order.
-    pub fn home_keys(&self, node: usize) -> impl Iterator<Item = u64> + '_ {
-        (self.start(node as u64)..self.start(node as u64 + 1)).map(move |p| self.key_at(p))
+    pub fn home_keys(&self, node: usize) -> Box<dyn Iterator<Item = u64> + '_> {
+        match &self.ring {
+            Some(ring) => Box::new(ring.arcs_of(node).flat_map(move |arc| arc.map(move |p| self.key_at(p)))),
+            None => Box::new((self.start(node as u64)..self.start(node as u64 + 1)).map(move |p| self.key_at(p))),
+        }
     }
 }
 
@@ -137,7 +159,9 @@ mod tests {
         let mut total = 0;
         for node in 0..nodes {
             let count = p.home_count(node);
-            assert!(count as u64 <= keys / nodes as u64 + 1);
+            if !matches!(kind, Partitioning::Consistent { .. }) {
+                assert!(count as u64 <= keys / nodes as u64 + 1);
+            }
             for (i, key) in p.home_keys(node).enumerate() {
                 assert!(key < keys);
                 assert!(!seen[key as usize], "key {key} twice");
@@ -157,6 +181,7 @@ mod tests {
             for nodes in 1..6 {
                 check(keys, nodes, Partitioning::Range);
                 check(keys, nodes, Partitioning::Hash);
+                check(keys, nodes, Partitioning::Consistent { virtual_nodes: 3 });
             }
         }
     }
@@ -168,11 +193,49 @@ mod tests {
         assert!(differing > 500, "only {differing} of 1000 neighbour pairs differ");
     }
 
+    /// The share of `keys` keys whose home differs between `nodes` and `nodes + 1` nodes.
+    fn moved_share(keys: u64, nodes: usize, kind: Partitioning) -> f64 {
+        let (before, after) = (Partitioner::new(keys, nodes, kind), Partitioner::new(keys, nodes + 1, kind));
+        (0..keys).filter(|&k| before.home(k) != after.home(k)).count() as f64 / keys as f64
+    }
+
+    #[test]
+    fn only_consistent_hashing_moves_few_keys_when_a_node_joins() {
+        for nodes in [2, 3, 7] {
+            let ideal = 1.0 / (nodes + 1) as f64;
+            let consistent = moved_share(200_000, nodes, Partitioning::consistent());
+            assert!(consistent < 1.3 * ideal, "consistent, {nodes} → {}: {consistent:.3} moved", nodes + 1);
+            for kind in [Partitioning::Range, Partitioning::Hash] {
+                let share = moved_share(200_000, nodes, kind);
+                assert!(share > 0.45, "{kind:?}, {nodes} → {}: {share:.3} moved", nodes + 1);
+            }
+        }
+    }
+
+    #[test]
+    fn consistent_hashing_scatters_neighbours() {
+        let p = Partitioner::new(1_000_000, 4, Partitioning::consistent());
+        let differing = (0..1000u64).filter(|&k| p.home(k) != p.home(k + 1)).count();
+        assert!(differing > 500, "only {differing} of 1000 neighbour pairs differ");
+    }
+
+    #[test]
+    fn names_read_back() {
+        for kind in [Partitioning::Range, Partitioning::Hash, Partitioning::consistent(), Partitioning::Consistent { virtual_nodes: 7 }] {
+            assert_eq!(kind.name().parse::<Partitioning>(), Ok(kind));
+        }
+        assert_eq!("consistent".parse::<Partitioning>(), Ok(Partitioning::Consistent { virtual_nodes: Partitioning::DEFAULT_VIRTUAL_NODES }));
+        for bad in ["", "ring", "consistent:", "consistent:0", "consistent:x", "consistent:4097", "consistent:-1"] {
+            assert!(bad.parse::<Partitioning>().is_err(), "{bad:?} was read");
+        }
+    }
+
     proptest! {
         #[test]
         fn every_key_has_exactly_one_home(keys in 1u64..5000, nodes in 1usize..9) {
             check(keys, nodes, Partitioning::Hash);
             check(keys, nodes, Partitioning::Range);
+            check(keys, nodes, Partitioning::Consistent { virtual_nodes: 16 });
         }
     }
 }

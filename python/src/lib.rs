@@ -32,7 +32,7 @@ fn argument(message: impl Into<String>) -> PyErr {
 /// A table's configuration beyond `(name, keys, value_len)`: what a push does (`updater`:
 /// `add`, `sgd:LR`, `adagrad:LR[:EPS[:INIT]]`, `adam:LR[:BETA1:BETA2:EPS]` or
 /// `ftrl:ALPHA:BETA:L1:L2`, applied where each key lives, with its optimizer state), how keys
-/// are spread over nodes (`partitioning`: `range` or `hash`), which keys every node keeps a
+/// are spread over nodes (`partitioning`: `range`, `hash` or `consistent[:VIRTUAL_NODES]`), which keys every node keeps a
 /// replica of (`replicated`), how values travel (`codec`: `f32`, `bf16`, `f16`, …), key lists
 /// cached from this many keys on (`key_cache_min`, 0: off), and whether checkpoints leave the
 /// table out (`scratch`). Every node must describe its tables alike.
@@ -59,11 +59,7 @@ impl Table {
         scratch: bool,
     ) -> PyResult<Table> {
         let updater: engine::Updater = updater.parse().map_err(argument)?;
-        let partitioning = match partitioning {
-            "range" => engine::Partitioning::Range,
-            "hash" => engine::Partitioning::Hash,
-            other => return Err(argument(format!("partitioning '{other}': expected 'range' or 'hash'"))),
-        };
+        let partitioning: engine::Partitioning = partitioning.parse().map_err(argument)?;
         let codec: engine::ValueCodec = codec.parse().map_err(argument)?;
         if let Some(bad) = replicated.iter().flatten().find(|&&k| k >= keys) {
             return Err(argument(format!("replicated key {bad} is outside table '{name}' (keys 0..{keys})")));
@@ -93,7 +89,7 @@ impl Table {
             s.keys,
             s.value_len,
             s.updater.describe(),
-            format!("{:?}", s.partitioning).to_lowercase(),
+            s.partitioning.name(),
             s.replicated_keys(),
             if s.scratch { "True" } else { "False" }
         )

@@ -227,6 +227,9 @@ def test_table_options_and_push_pull(cluster):
     node, w = cluster
     with pytest.raises(ferry.FerryError, match="partitioning 'diagonal'"):
         ferry.Table("t", 10, 2, partitioning="diagonal")
+    with pytest.raises(ferry.FerryError, match="virtual-node count"):
+        ferry.Table("t", 10, 2, partitioning="consistent:0")
+    assert 'partitioning="consistent:128"' in repr(ferry.Table("t", 10, 2, partitioning="consistent"))
     with pytest.raises(ferry.FerryError, match="updater 'adagrad:x'"):
         ferry.Table("t", 10, 2, updater="adagrad:x")
     with pytest.raises(ferry.FerryError, match="outside table"):
@@ -238,7 +241,7 @@ def test_table_options_and_push_pull(cluster):
         # One process alone: a server-side SGD table, and push_pull's answer after its push.
         script = (
             "import numpy as np, ferry\n"
-            "with ferry.Node.start([ferry.Table('t', 10, 2, updater='sgd:0.5', partitioning='hash'), ('plain', 4, 1)]) as node:\n"
+            "with ferry.Node.start([ferry.Table('t', 10, 2, updater='sgd:0.5', partitioning='consistent:8'), ('plain', 4, 1)]) as node:\n"
             "    w = node.worker()\n"
             "    keys = np.arange(3, dtype=np.uint64)\n"
             "    w.set('t', keys, np.ones((3, 2), dtype=np.float32))\n"

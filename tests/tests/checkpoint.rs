@@ -109,9 +109,12 @@ fn a_checkpoint_restores_on_other_node_counts_and_partitionings() {
     let (original, held) = trained_cluster(&dir);
     assert!(held.0.iter().any(|&v| v != 0.0) && held.1.iter().any(|&v| v != 0.0));
     let mut stepped = Vec::new();
-    for (nodes, added, learned) in
-        [(3, Partitioning::Hash, Partitioning::Range), (1, Partitioning::Range, Partitioning::Hash), (2, Partitioning::Hash, Partitioning::Hash)]
-    {
+    for (nodes, added, learned) in [
+        (3, Partitioning::Hash, Partitioning::Range),
+        (1, Partitioning::Range, Partitioning::Hash),
+        (2, Partitioning::Hash, Partitioning::Hash),
+        (4, Partitioning::consistent(), Partitioning::Consistent { virtual_nodes: 3 }),
+    ] {
         let restored = Node::start_local_cluster(nodes, config(resized_scratch(tables(added, learned), 10 + nodes as u64)).restoring_from(&dir)).unwrap();
         assert_eq!(pull_all(&restored), held, "{nodes} node(s), {added:?}/{learned:?}");
         let mut figures = vec![1.0; 2];

@@ -94,6 +94,11 @@ fn three_nodes_with_relocation_hash_partitioned() {
 }
 
 #[test]
+fn three_nodes_with_relocation_consistent_hashing() {
+    concurrent_sums(3, 2, true, Partitioning::Consistent { virtual_nodes: 5 });
+}
+
+#[test]
 fn four_nodes_with_relocation() {
     concurrent_sums(4, 2, true, Partitioning::Range);
 }

@@ -22,6 +22,12 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
             o.nodes = 4;
             o.keys = 9;
         }
+        "consistent-4-nodes" => {
+            // Consistent hashing with few virtual nodes: uneven homes, one of them maybe empty.
+            o.partitioning = Partitioning::Consistent { virtual_nodes: 3 };
+            o.nodes = 4;
+            o.keys = 9;
+        }
         "8-nodes" => {
             o.nodes = 8;
             o.workers_per_node = 1;
@@ -158,6 +164,10 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
             o = configuration("run-time-replicas-hash-4-nodes", seed);
             o.declared_intents = true;
         }
+        "declared-intents-consistent-4-nodes" => {
+            o = configuration("declared-intents-hash-4-nodes", seed);
+            o.partitioning = Partitioning::Consistent { virtual_nodes: 2 };
+        }
         "declared-intents-held" => {
             // Now and then a node's service holds its relocations for a while, as a checkpoint
             // does (`SimOptions::hold_relocations`).
@@ -175,10 +185,11 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
     o
 }
 
-const CONFIGURATIONS: [&str; 34] = [
+const CONFIGURATIONS: [&str; 36] = [
     "classic",
     "relocation",
     "hash-4-nodes",
+    "consistent-4-nodes",
     "8-nodes",
     "2-nodes-many-workers",
     "sync-with-caches",
@@ -209,6 +220,7 @@ const CONFIGURATIONS: [&str; 34] = [
     "run-time-replicas-large-ops",
     "declared-intents",
     "declared-intents-hash-4-nodes",
+    "declared-intents-consistent-4-nodes",
     "declared-intents-held",
 ];
 
@@ -290,6 +302,11 @@ fn relocation() {
 #[test]
 fn hash_partitioned_four_nodes() {
     sweep("hash-4-nodes", seeds());
+}
+
+#[test]
+fn consistent_hashing_four_nodes() {
+    sweep("consistent-4-nodes", seeds());
 }
 
 #[test]
@@ -504,7 +521,8 @@ fn run_time_replicas_read_their_own_node_and_keep_every_push_once() {
 fn declared_intents_run_the_services_rounds() {
     sweep("declared-intents", seeds());
     sweep("declared-intents-hash-4-nodes", seeds().share(2));
-    for name in ["declared-intents", "declared-intents-hash-4-nodes"] {
+    sweep("declared-intents-consistent-4-nodes", seeds().share(4));
+    for name in ["declared-intents", "declared-intents-hash-4-nodes", "declared-intents-consistent-4-nodes"] {
         let reports: Vec<_> = (0..40).map(|seed| run_and_check(configuration(name, seed)).unwrap()).collect();
         let sum = |f: fn(&ferry::testing::sim::DeclaredIntentCounts) -> usize| -> usize { reports.iter().map(|r| f(&r.declared_intents)).sum() };
         let declared: u64 = reports.iter().map(|r| r.declared_intents.declared).sum();

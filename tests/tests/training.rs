@@ -96,6 +96,21 @@ fn knowledge_graph_embeddings_learn_and_modes_agree() {
 }
 
 #[test]
+fn consistent_hashing_trains_as_hashing_does() {
+    // The partitioning moves homes, not values: the same seed learns the same model.
+    let base = ["mf", "--mode", "classic", "--nodes", "3", "--epochs", "2"];
+    let hashed = train(&base);
+    let consistent = train(&[&base[..], &["--partitioning", "consistent:16"]].concat());
+    assert_eq!(consistent.len(), 2);
+    assert!(f(&consistent[1]["loss"]) < f(&consistent[0]["loss"]));
+    let rmse = |r: &[Value]| f(&r[1]["quality"]["rmse"]);
+    assert!((rmse(&consistent) - rmse(&hashed)).abs() < 0.01, "RMSE {} consistent vs {} hashed", rmse(&consistent), rmse(&hashed));
+    let out = Command::new(binary("ferry")).args(["train", "mf", "--nodes", "2", "--partitioning", "consistent:0"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--partitioning: partitioning 'consistent:0'"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
 fn any_ratings_file_of_the_right_shape_trains() {
     let dir = std::env::temp_dir().join(format!("ferry-ratings-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

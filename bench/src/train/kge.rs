@@ -18,7 +18,7 @@ use std::collections::{HashSet, VecDeque};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use ferry::{DistributionId, KeyDistribution, Partitioning, SampleHandle, SamplingScheme, TableSpec, Updater};
+use ferry::{DistributionId, KeyDistribution, SampleHandle, SamplingScheme, TableSpec, Updater};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -570,10 +570,8 @@ impl Workload for KgeArgs {
             bail!("--intent-batch and --intent-ahead must be at least 1");
         }
         let updater = if server { Updater::Adagrad { lr: self.lr, eps: ADAGRAD_EPS, init: INITIAL_ACCUMULATOR } } else { Updater::Add };
-        let (mut entity_spec, mut relation_spec) = (
-            TableSpec::new("entities", n_e as u64, len).partitioned(Partitioning::Hash).with_updater(updater.clone()),
-            TableSpec::new("relations", n_r as u64, len).partitioned(Partitioning::Hash).with_updater(updater),
-        );
+        let (mut entity_spec, mut relation_spec) =
+            (TableSpec::new("entities", n_e as u64, len).with_updater(updater.clone()), TableSpec::new("relations", n_r as u64, len).with_updater(updater));
         let mut notes = Vec::new();
         if mode != Mode::Single {
             (entity_spec, relation_spec) = (self.common.on_the_wire(entity_spec)?, self.common.on_the_wire(relation_spec)?);

@@ -17,7 +17,7 @@
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ferry::filter::{FilteredPusher, Kkt, PushFilter, Significance};
-use ferry::{Partitioning, TableSpec, Updater};
+use ferry::{TableSpec, Updater};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -203,7 +203,6 @@ impl LrArgs {
         if self.filter != "none" && self.optimizer_at == "worker" {
             bail!("--filter needs the server-side optimizer (--optimizer-at server or auto)");
         }
-        self.common.on_the_wire(TableSpec::new("check", 1, 1))?;
         self.parse_filter()?;
         Ok(())
     }
@@ -477,7 +476,7 @@ impl Workload for LrArgs {
         } else {
             // Worker-side AdaGrad: each value is `[weight, accumulator]` and pushes add.
             let (value_len, updater) = if self.server_optimizer(mode)? { (1, self.updater()?) } else { (2, Updater::Add) };
-            vec![ModelTable::zeros(self.common.on_the_wire(TableSpec::new("weights", n, value_len).partitioned(Partitioning::Hash).with_updater(updater))?)]
+            vec![ModelTable::zeros(self.common.on_the_wire(TableSpec::new("weights", n, value_len).with_updater(updater))?)]
         };
         Ok(Model { tables, notes: Vec::new() })
     }

@@ -9,7 +9,7 @@
 
 use anyhow::{Result, bail};
 use clap::Args;
-use ferry::{Partitioning, TableSpec};
+use ferry::TableSpec;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -470,7 +470,7 @@ impl Workload for MfArgs {
         }
         let max_delay = self.max_delay(mode)?;
         let mut notes = Vec::new();
-        let mut item_spec = self.common.on_the_wire(TableSpec::new("items", train.n_items as u64, len).partitioned(Partitioning::Hash))?;
+        let mut item_spec = self.common.on_the_wire(TableSpec::new("items", train.n_items as u64, len))?;
         if mode == Mode::Hybrid {
             // Column keys the frequency heuristic finds hot are replicated (with the default
             // factor of 100, none on MovieLens: its most rated film has about ten times the mean).
@@ -486,9 +486,7 @@ impl Workload for MfArgs {
             notes.push(format!("bounded delay: τ = {}, {} clocks per epoch", tau.map_or("∞".to_string(), |t| t.to_string()), self.clocks_per_epoch));
         }
         let tables = vec![
-            ModelTable::init(self.common.on_the_wire(TableSpec::new("users", train.n_users as u64, len).partitioned(Partitioning::Hash))?, move |k, j| {
-                factor_init(seed, 0, k, j)
-            }),
+            ModelTable::init(self.common.on_the_wire(TableSpec::new("users", train.n_users as u64, len))?, move |k, j| factor_init(seed, 0, k, j)),
             ModelTable::init(item_spec, move |k, j| factor_init(seed, 1, k, j)),
         ];
         Ok(Model { tables, notes })

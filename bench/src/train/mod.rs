@@ -172,15 +172,20 @@ pub struct Common {
     /// caching; 0: off).
     #[arg(long, default_value_t = 0)]
     pub key_cache: usize,
+    /// Cluster modes: how the model's keys are spread over the nodes — hash (the default),
+    /// range, consistent or consistent:VIRTUAL_NODES (consistent hashing).
+    #[arg(long, default_value = "hash")]
+    pub partitioning: String,
     /// Internal: the part this process plays.
     #[arg(long, value_enum, default_value = "driver", hide = true)]
     pub role: Role,
 }
 
 impl Common {
-    /// Refuses counts that cannot run (zero threads, nodes or epochs) and a hot factor that is
-    /// not a positive number.
+    /// Refuses counts that cannot run (zero threads, nodes or epochs), a hot factor that is
+    /// not a positive number and table options that do not parse, before any node starts.
     pub fn check(&self) -> Result<()> {
+        self.on_the_wire(ferry::TableSpec::new("check", 1, 1))?;
         for (flag, value) in
             [("--nodes", Some(self.nodes)), ("--threads", self.threads), ("--single-threads", self.single_threads), ("--epochs", Some(self.epochs))]
         {
@@ -215,6 +220,7 @@ impl Common {
         a.extend(["--epochs".into(), self.epochs.to_string(), "--seed".into(), self.seed.to_string(), "--role".into(), "node".into()]);
         a.extend(["--hot-factor".into(), self.hot_factor.to_string(), "--replicate".into(), self.replicate.to_string()]);
         a.extend(["--codec".into(), self.codec.clone(), "--key-cache".into(), self.key_cache.to_string()]);
+        a.extend(["--partitioning".into(), self.partitioning.clone()]);
         if let Some(dir) = &self.save {
             a.extend(["--save".into(), dir.display().to_string(), "--save-every".into(), self.save_every.to_string()]);
         }
@@ -243,10 +249,12 @@ impl Common {
         Ok((epoch + 1, Some(path)))
     }
 
-    /// `spec` with the wire options (--codec, --key-cache): for the model's tables.
+    /// `spec` with the cluster's table options (--codec, --key-cache, --partitioning): for the
+    /// model's tables.
     pub fn on_the_wire(&self, spec: ferry::TableSpec) -> Result<ferry::TableSpec> {
         let codec = self.codec.parse::<ferry::ValueCodec>().map_err(|e| anyhow::anyhow!("--codec: {e}"))?;
-        Ok(spec.compressed(codec).cache_keys(self.key_cache))
+        let partitioning = self.partitioning.parse::<ferry::Partitioning>().map_err(|e| anyhow::anyhow!("--partitioning: {e}"))?;
+        Ok(spec.compressed(codec).cache_keys(self.key_cache).partitioned(partitioning))
     }
 
     /// Whether the model is saved after `epoch`.

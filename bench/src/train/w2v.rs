@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use ferry::{DistributionId, KeyDistribution, Partitioning, SampleHandle, SamplingScheme, Table, TableSpec, Ticket, Worker};
+use ferry::{DistributionId, KeyDistribution, SampleHandle, SamplingScheme, Table, TableSpec, Ticket, Worker};
 use rand::distributions::Distribution;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -808,8 +808,8 @@ impl Workload for W2vArgs {
         let (mut input_spec, mut output_spec) = (TableSpec::new("input", v as u64, dim), TableSpec::new("output", v as u64, dim));
         let mut notes = Vec::new();
         if mode != Mode::Single {
-            input_spec = self.common.on_the_wire(input_spec.partitioned(Partitioning::Hash))?;
-            output_spec = self.common.on_the_wire(output_spec.partitioned(Partitioning::Hash))?;
+            input_spec = self.common.on_the_wire(input_spec)?;
+            output_spec = self.common.on_the_wire(output_spec)?;
         }
         if mode == Mode::Hybrid {
             // The frequency heuristic on word counts: a word's input vector is accessed once per

@@ -32,7 +32,7 @@ class Table:
     """A table's configuration beyond `(name, keys, value_len)`: what a push does (`updater`:
     `add`, `sgd:LR`, `adagrad:LR[:EPS[:INIT]]`, `adam:LR[:BETA1:BETA2:EPS]` or
     `ftrl:ALPHA:BETA:L1:L2`, applied where each key lives), how keys are spread (`partitioning`:
-    `range` or `hash`), which keys every node replicates, how values travel (`codec`), key lists
+    `range`, `hash`, or `consistent[:VIRTUAL_NODES]` for consistent hashing), which keys every node replicates, how values travel (`codec`), key lists
     cached from `key_cache_min` keys on, and whether checkpoints leave it out (`scratch`)."""
 
     def __init__(
