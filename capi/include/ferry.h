@@ -61,6 +61,25 @@ typedef struct FerryStats {
   uint64_t bytes_sent;
 } FerryStats;
 
+// A latency distribution (see `ferry::Latency`): sample count, median, 99th percentile,
+// largest sample and sum in nanoseconds, and samples per bucket of
+// `ferry_latency_bucket_bound_ns` (the last bucket: above every bound).
+typedef struct FerryLatency {
+  // Number of samples.
+  uint64_t count;
+  // Median.
+  uint64_t p50_ns;
+  // 99th percentile.
+  uint64_t p99_ns;
+  // Largest sample.
+  uint64_t max_ns;
+  // Sum of the samples.
+  uint64_t sum_ns;
+  // Samples per bucket: `buckets[i]` counts those above bound `i - 1` and at most bound `i`;
+  // `buckets[12]` those above every bound.
+  uint64_t buckets[13];
+} FerryLatency;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -346,6 +365,38 @@ int32_t ferry_intent(struct FerryWorker *worker,
 //
 // `worker` is null or a live worker; `clock` is null or writable.
 int32_t ferry_advance_clock(struct FerryWorker *worker, uint64_t *clock);
+
+// How many kinds of message `ferry_node_traffic` counts.
+size_t ferry_message_kinds(void);
+
+// The name of message kind `kind` (`access`, `forward`, `response`, `localize`, …; below
+// `ferry_message_kinds()`), or null beyond them. The string lives as long as the program.
+const char *ferry_message_kind_name(size_t kind);
+
+// The upper bound in nanoseconds of latency bucket `bucket` (below 12: 1 µs to about 4.2 s by
+// powers of 4), or 0 for the last bucket and beyond.
+uint64_t ferry_latency_bucket_bound_ns(size_t bucket);
+
+// Messages and bytes this node sent, by kind: `messages[k]` and `bytes[k]` for kind `k`, both
+// arrays with room for `kinds` counts, at least `ferry_message_kinds()`.
+//
+// # Safety
+//
+// `node` is null or a live node; `messages` and `bytes` are null or hold `kinds` writable
+// counts each.
+int32_t ferry_node_traffic(struct FerryNode *node,
+                           uint64_t *messages,
+                           uint64_t *bytes,
+                           size_t kinds);
+
+// One of this node's latency distributions, `which` of `relocation` (a localize to the key's
+// arrival), `blocking` (a relocating key out of reach) or `staleness` (replicated keys' age
+// when read), since the node started or its statistics were last reset.
+//
+// # Safety
+//
+// `node` is null or a live node; `which` is null or NUL-terminated; `out` is null or writable.
+int32_t ferry_node_latency(struct FerryNode *node, const char *which, struct FerryLatency *out);
 
 // Reads the values of keys `start..end` (end exclusive) into `out` (`(end - start) ×
 // value_len` floats, `out_len` of them): one message per node holding a part of the range.

@@ -85,7 +85,9 @@ pub struct FerryStats {
 
 type Outcome = Result<(), (i32, String)>;
 
+mod node_stats;
 mod ranges_and_samples;
+pub use node_stats::*;
 pub use ranges_and_samples::*;
 
 fn code_of(e: &ferry::Error) -> i32 {
@@ -103,6 +105,11 @@ fn code_of(e: &ferry::Error) -> i32 {
 
 fn ferry_err(e: ferry::Error) -> (i32, String) {
     (code_of(&e), e.to_string())
+}
+
+/// The failure of a call on a node handle after `ferry_node_finalize`.
+fn finalized() -> (i32, String) {
+    (FERRY_ERR_SHUT_DOWN, "the node is finalized".to_string())
 }
 
 fn argument(message: impl Into<String>) -> (i32, String) {
@@ -337,7 +344,7 @@ pub unsafe extern "C" fn ferry_node_start(config: *const FerryConfig, node: *mut
 pub unsafe extern "C" fn ferry_node_info(node: *mut FerryNode, rank: *mut u32, nodes: *mut u32) -> i32 {
     guard(|| {
         // SAFETY: forwarded from this function's contract.
-        let n = unsafe { handle(node, "node")? }.node.as_ref().ok_or_else(|| (FERRY_ERR_SHUT_DOWN, "the node is finalized".to_string()))?;
+        let n = unsafe { handle(node, "node")? }.node.as_ref().ok_or_else(finalized)?;
         // SAFETY: forwarded from this function's contract.
         unsafe {
             put(rank, n.rank() as u32, "rank")?;
@@ -357,7 +364,7 @@ pub unsafe extern "C" fn ferry_table(node: *mut FerryNode, name: *const c_char, 
     guard(|| {
         // SAFETY: forwarded from this function's contract.
         let (n, name) = unsafe { (handle(node, "node")?, text(name, "name")?) };
-        let live = n.node.as_ref().ok_or_else(|| (FERRY_ERR_SHUT_DOWN, "the node is finalized".to_string()))?;
+        let live = n.node.as_ref().ok_or_else(finalized)?;
         let table = live.table(name).map_err(ferry_err)?;
         let position = n.tables.iter().position(|t| *t == table).ok_or_else(|| ferry_err(ferry::Error::UnknownTable(name.into())))?;
         // SAFETY: forwarded from this function's contract.
@@ -374,7 +381,7 @@ pub unsafe extern "C" fn ferry_table(node: *mut FerryNode, name: *const c_char, 
 pub unsafe extern "C" fn ferry_node_stats(node: *mut FerryNode, stats: *mut FerryStats) -> i32 {
     guard(|| {
         // SAFETY: forwarded from this function's contract.
-        let n = unsafe { handle(node, "node")? }.node.as_ref().ok_or_else(|| (FERRY_ERR_SHUT_DOWN, "the node is finalized".to_string()))?;
+        let n = unsafe { handle(node, "node")? }.node.as_ref().ok_or_else(finalized)?;
         let s = n.stats();
         let counters = FerryStats {
             local_accesses: s.local_accesses,
@@ -402,7 +409,7 @@ pub unsafe extern "C" fn ferry_node_checkpoint(node: *mut FerryNode, dir: *const
     guard(|| {
         // SAFETY: forwarded from this function's contract.
         let (n, dir) = unsafe { (handle(node, "node")?, text(dir, "dir")?) };
-        let live = n.node.as_ref().ok_or_else(|| (FERRY_ERR_SHUT_DOWN, "the node is finalized".to_string()))?;
+        let live = n.node.as_ref().ok_or_else(finalized)?;
         live.checkpoint(dir).map(drop).map_err(ferry_err)
     })
 }
@@ -420,7 +427,7 @@ pub unsafe extern "C" fn ferry_node_hold_relocations(node: *mut FerryNode) -> i3
     guard(|| {
         // SAFETY: forwarded from this function's contract.
         let n = unsafe { handle(node, "node")? };
-        let live = n.node.as_ref().ok_or_else(|| (FERRY_ERR_SHUT_DOWN, "the node is finalized".to_string()))?;
+        let live = n.node.as_ref().ok_or_else(finalized)?;
         live.hold_relocations().map_err(ferry_err)
     })
 }
@@ -435,7 +442,7 @@ pub unsafe extern "C" fn ferry_node_release_relocations(node: *mut FerryNode) ->
     guard(|| {
         // SAFETY: forwarded from this function's contract.
         let n = unsafe { handle(node, "node")? };
-        let live = n.node.as_ref().ok_or_else(|| (FERRY_ERR_SHUT_DOWN, "the node is finalized".to_string()))?;
+        let live = n.node.as_ref().ok_or_else(finalized)?;
         live.release_relocations();
         Ok(())
     })
@@ -455,7 +462,7 @@ pub unsafe extern "C" fn ferry_node_finalize(node: *mut FerryNode) -> i32 {
         }
         // SAFETY: created by `ferry_node_start` and freed once, as the caller guarantees.
         let mut owned = unsafe { Box::from_raw(node) };
-        let mut live = owned.node.take().ok_or_else(|| (FERRY_ERR_SHUT_DOWN, "the node is finalized".to_string()))?;
+        let mut live = owned.node.take().ok_or_else(finalized)?;
         live.finalize().map_err(ferry_err)
     })
 }
@@ -488,7 +495,7 @@ pub unsafe extern "C" fn ferry_worker_new(node: *mut FerryNode, worker: *mut *mu
     guard(|| {
         // SAFETY: forwarded from this function's contract.
         let n = unsafe { handle(node, "node")? };
-        let live = n.node.as_ref().ok_or_else(|| (FERRY_ERR_SHUT_DOWN, "the node is finalized".to_string()))?;
+        let live = n.node.as_ref().ok_or_else(finalized)?;
         if worker.is_null() {
             return Err(argument("worker is null"));
         }
@@ -877,6 +884,24 @@ mod tests {
             let mut stats = FerryStats::default();
             assert_eq!(ferry_node_stats(node, &mut stats), FERRY_OK);
             assert!(stats.local_accesses >= 6, "{stats:?}");
+            // Traffic by kind and latencies: one node sends nothing and relocates nothing, so
+            // every count is written over with zero; bad arguments are refused.
+            let kinds = ferry_message_kinds();
+            assert_eq!(CStr::from_ptr(ferry_message_kind_name(0)).to_str(), Ok("access"));
+            assert!(ferry_message_kind_name(kinds).is_null());
+            let (mut messages, mut bytes) = (vec![7u64; kinds], vec![7u64; kinds]);
+            assert_eq!(ferry_node_traffic(node, messages.as_mut_ptr(), bytes.as_mut_ptr(), kinds), FERRY_OK, "{}", last_error());
+            assert!(messages.iter().chain(&bytes).all(|&c| c == 0), "{messages:?} {bytes:?}");
+            assert_eq!(ferry_node_traffic(node, messages.as_mut_ptr(), bytes.as_mut_ptr(), kinds - 1), FERRY_ERR_ARGUMENT);
+            assert!(last_error().contains("ferry_message_kinds"), "{}", last_error());
+            let mut latency = FerryLatency { count: 9, ..Default::default() };
+            let relocation = CString::new("relocation").unwrap();
+            assert_eq!(ferry_node_latency(node, relocation.as_ptr(), &mut latency), FERRY_OK);
+            assert_eq!((latency.count, latency.buckets), (0, [0; 13]));
+            let nonsense = CString::new("typing").unwrap();
+            assert_eq!(ferry_node_latency(node, nonsense.as_ptr(), &mut latency), FERRY_ERR_ARGUMENT);
+            assert!(last_error().contains("expected relocation, blocking or staleness"));
+            assert_eq!((ferry_latency_bucket_bound_ns(0), ferry_latency_bucket_bound_ns(11), ferry_latency_bucket_bound_ns(12)), (1_000, 4_194_304_000, 0));
             let (mut rank, mut nodes) = (9, 9);
             assert_eq!(ferry_node_info(node, &mut rank, &mut nodes), FERRY_OK);
             assert_eq!((rank, nodes), (0, 1));

@@ -74,7 +74,7 @@ pub use intent::LateCause;
 pub use node::{Node, SlotAddress};
 pub use replication::{AccessCounts, as_ranges, hot_keys};
 pub use sampling::{Conformity, DistributionId, KeyDistribution, SamplingScheme, SamplingStats};
-pub use stats::{IntentStats, Latency, MessageKind, ReplicationStats, Stats, Traffic};
+pub use stats::{IntentStats, LATENCY_BUCKET_BOUNDS_NS, Latency, MessageKind, ReplicationStats, Stats, Traffic};
 pub use table::Table;
 pub use update::{UpdateRule, Updater};
 pub use worker::{PullTicket, SampleHandle, Ticket, Worker};

@@ -2,22 +2,23 @@
 //! every node serves `GET /metrics` in the OpenMetrics text format on `HOST:(PORT + rank)`, so
 //! the nodes of one host do not collide. A scrape reads the node's counters at that moment
 //! ([`crate::Node::stats`]): key accesses (local, remote, queued), relocations, messages and
-//! bytes sent by kind, relocation and blocking latencies and the replicas' staleness (median,
-//! 99th percentile and count since the last reset), the local share, intent's moves and late
+//! bytes sent by kind, relocation and blocking latencies and the replicas' staleness (histograms
+//! since the last reset, and their median, 99th percentile and largest sample), the local share, intent's moves and late
 //! accesses, the peers this node lost, and each peer's send-queue depth. The format comes from `prometheus-client`, the
 //! server from `tiny_http` (one thread, which only answers scrapes).
 
 use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
 use crate::error::{Error, Result};
 use crate::runtime::NodeInner;
-use crate::stats::{Latency, MessageKind, Stats};
+use crate::stats::{LATENCY_BUCKET_BOUNDS_NS, Latency, MessageKind, Stats};
 
 /// The node's metrics, read at each scrape.
 struct NodeCollector {
@@ -60,11 +61,33 @@ fn gauges(e: &mut DescriptorEncoder<'_>, name: &str, help: &str, label: &str, va
     Ok(())
 }
 
-/// A latency summary as gauges of seconds by quantile, and its sample count.
-fn latency(encoder: &mut DescriptorEncoder<'_>, name: &str, help: &str, l: &Latency) -> std::fmt::Result {
+/// A latency distribution as a Prometheus histogram of seconds (buckets from 1 µs to 4.2 s by
+/// powers of 4, [`crate::LATENCY_BUCKET_BOUNDS_NS`]).
+struct LatencyHistogram<'a>(&'a Latency);
+
+impl EncodeMetric for LatencyHistogram<'_> {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> std::fmt::Result {
+        let l = self.0;
+        // The encoder adds the buckets up itself; the last one, bounded by f64::MAX, is `+Inf`.
+        let bounds = LATENCY_BUCKET_BOUNDS_NS.iter().map(|&ns| ns as f64 / 1e9).chain(std::iter::once(f64::MAX));
+        let buckets: Vec<(f64, u64)> = bounds.zip(l.buckets).collect();
+        encoder.encode_histogram::<NoLabelSet>(l.sum_ns as f64 / 1e9, l.count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// A latency distribution: its histogram (`NAME_seconds_bucket`, `_sum`, `_count`), and its
+/// median, 99th percentile and largest sample as gauges (`NAME_quantile_seconds`), which the
+/// buckets only bound.
+fn latency(e: &mut DescriptorEncoder<'_>, name: &str, help: &str, l: &Latency) -> std::fmt::Result {
+    let histogram = LatencyHistogram(l);
+    histogram.encode(e.encode_descriptor(&format!("{name}_seconds"), help, None, histogram.metric_type())?)?;
     let seconds = |ns: u64| ns as f64 / 1e9;
-    gauges(encoder, &format!("{name}_seconds"), help, "quantile", &[("0.5", seconds(l.p50_ns)), ("0.99", seconds(l.p99_ns)), ("1", seconds(l.max_ns))])?;
-    counter(encoder, &format!("{name}_samples"), &format!("{help} (samples)"), l.count)
+    let quantiles = [("0.5", seconds(l.p50_ns)), ("0.99", seconds(l.p99_ns)), ("1", seconds(l.max_ns))];
+    gauges(e, &format!("{name}_quantile_seconds"), &format!("{help} (quantiles)"), "quantile", &quantiles)
 }
 
 impl Collector for NodeCollector {
@@ -87,7 +110,12 @@ impl Collector for NodeCollector {
         counters(&mut e, "ferry_messages_sent", "messages sent to other nodes, by kind", "kind", &by_kind(&s.traffic.messages))?;
         counters(&mut e, "ferry_bytes_sent", "bytes sent to other nodes, by kind", "kind", &by_kind(&s.traffic.bytes))?;
         latency(&mut e, "ferry_relocation_latency", "time from a localize to the key's arrival", &s.relocation_time)?;
-        latency(&mut e, "ferry_blocking_latency", "time a worker waited for a remote operation", &s.blocking_time)?;
+        latency(
+            &mut e,
+            "ferry_blocking_latency",
+            "time a relocating key could not be accessed (its old owner stopped serving it, the new one did not yet)",
+            &s.blocking_time,
+        )?;
         latency(&mut e, "ferry_replica_staleness", "age of replicated keys' values when read", &s.replication.staleness)?;
         counter(&mut e, "ferry_replica_accesses", "accesses served by replicas of replicated keys", s.replication.replica_accesses)?;
         counter(&mut e, "ferry_intent_relocations", "keys moved here for declared intents", s.intent.acted_keys)?;

@@ -90,6 +90,18 @@ impl Traffic {
     }
 }
 
+/// Upper bounds of a [`Latency`]'s buckets, in nanoseconds: 1 µs to about 4.2 s by powers of 4
+/// (wide enough for a local wait, a remote access, a relocation and a replica's age alike).
+pub const LATENCY_BUCKET_BOUNDS_NS: [u64; 12] = {
+    let mut bounds = [0u64; 12];
+    let mut i = 0;
+    while i < 12 {
+        bounds[i] = 1000 << (2 * i);
+        i += 1;
+    }
+    bounds
+};
+
 /// Summary of a latency distribution in nanoseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Latency {
@@ -101,6 +113,12 @@ pub struct Latency {
     pub p99_ns: u64,
     /// Largest sample.
     pub max_ns: u64,
+    /// Sum of the samples (to the histogram's two significant digits).
+    pub sum_ns: u64,
+    /// Samples per bucket: `buckets[i]` counts those above the bound before
+    /// [`LATENCY_BUCKET_BOUNDS_NS`]`[i]` and at most that bound; the last one those above every
+    /// bound. What a Prometheus histogram exports (`/metrics`).
+    pub buckets: [u64; LATENCY_BUCKET_BOUNDS_NS.len() + 1],
 }
 
 impl Latency {
@@ -109,7 +127,26 @@ impl Latency {
         if h.is_empty() {
             return Latency::default();
         }
-        Latency { count: h.len(), p50_ns: h.value_at_quantile(0.5), p99_ns: h.value_at_quantile(0.99), max_ns: h.max() }
+        let (mut buckets, mut sum_ns) = ([0u64; LATENCY_BUCKET_BOUNDS_NS.len() + 1], 0u64);
+        for recorded in h.iter_recorded() {
+            let (value, count) = (h.median_equivalent(recorded.value_iterated_to()), recorded.count_at_value());
+            sum_ns = sum_ns.saturating_add(value.saturating_mul(count));
+            buckets[LATENCY_BUCKET_BOUNDS_NS.partition_point(|&bound| bound < value)] += count;
+        }
+        Latency { count: h.len(), p50_ns: h.value_at_quantile(0.5), p99_ns: h.value_at_quantile(0.99), max_ns: h.max(), sum_ns, buckets }
+    }
+
+    /// Adds `other`'s samples to this summary: counts, sums and buckets add up; the
+    /// percentiles keep the worse of the two (the exact ones would need the samples).
+    pub(crate) fn add(&mut self, other: &Latency) {
+        self.count += other.count;
+        self.p50_ns = self.p50_ns.max(other.p50_ns);
+        self.p99_ns = self.p99_ns.max(other.p99_ns);
+        self.max_ns = self.max_ns.max(other.max_ns);
+        self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
+        for (mine, theirs) in self.buckets.iter_mut().zip(&other.buckets) {
+            *mine += theirs;
+        }
     }
 }
 
@@ -377,10 +414,7 @@ impl Stats {
                 (&mut s.replication.staleness, &o.replication.staleness),
                 (&mut s.replication.round_time, &o.replication.round_time),
             ] {
-                mine.count += theirs.count;
-                mine.p50_ns = mine.p50_ns.max(theirs.p50_ns);
-                mine.p99_ns = mine.p99_ns.max(theirs.p99_ns);
-                mine.max_ns = mine.max_ns.max(theirs.max_ns);
+                mine.add(theirs);
             }
         }
         s
@@ -533,4 +567,27 @@ pub enum LateCause {
 impl LateCause {
     /// Every cause, in declaration order (`ALL[c as usize] == c`).
     pub const ALL: [LateCause; 6] = [LateCause::Unacted, LateCause::Unanswered, LateCause::Untaken, LateCause::Moving, LateCause::Replicating, LateCause::Left];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_buckets_count_each_sample_once_below_its_bound() {
+        let mut h = latency_histogram();
+        for ns in [500, 900, 3_000, 100_000, 5_000_000_000] {
+            h.record(ns).unwrap();
+        }
+        let l = Latency::of(&h);
+        let mut expected = [0u64; LATENCY_BUCKET_BOUNDS_NS.len() + 1];
+        (expected[0], expected[1], expected[4], expected[12]) = (2, 1, 1, 1);
+        assert_eq!(l.buckets, expected);
+        assert_eq!(l.count, 5);
+        let exact = 5_000_104_400f64;
+        assert!((l.sum_ns as f64 - exact).abs() < 0.01 * exact, "sum {}", l.sum_ns);
+        let mut twice = l;
+        twice.add(&l);
+        assert_eq!((twice.count, twice.buckets[0], twice.sum_ns, twice.max_ns), (10, 4, 2 * l.sum_ns, l.max_ns));
+    }
 }

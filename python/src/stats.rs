@@ -31,7 +31,8 @@ pub(crate) struct Stats {
     /// Median and 99th percentile of the time from a localize to the key's arrival (s).
     relocation_p50_s: f64,
     relocation_p99_s: f64,
-    /// Median and 99th percentile of a worker's waits for remote operations (s).
+    /// Median and 99th percentile of the time a relocating key could not be accessed (its old
+    /// owner stopped serving it, the new one did not yet) (s).
     blocking_p50_s: f64,
     blocking_p99_s: f64,
     /// Accesses served by replicas of replicated keys.

@@ -30,6 +30,11 @@ fn trains(program: &Path, library_path: Option<&Path>, how: &str) {
     assert!(out.status.success(), "the example built with {how} failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("[0] capi-mf ok"), "{how}: {stdout}");
     assert!(stdout.contains("[1] capi-mf rank 1:") && stdout.contains("remote key accesses"), "{how}: {stdout}");
+    // Per-kind traffic and a latency distribution through the C functions: rank 1's users,
+    // homed at rank 0 (range partitioning), were localized, so keys arrived and pulls went out.
+    let by_kind = stdout.lines().find(|l| l.starts_with("[1] capi-mf rank 1: messages sent by kind:")).unwrap_or_else(|| panic!("{how}: {stdout}"));
+    assert!(by_kind.contains(" access=") && by_kind.contains(" localize="), "{how}: {by_kind}");
+    assert!(!by_kind.contains("keys relocated here, median 0.0 us") && !by_kind.contains("; 0 keys"), "{how}: {by_kind}");
 }
 
 #[test]

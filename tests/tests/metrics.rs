@@ -39,6 +39,10 @@ fn every_node_serves_its_counters() {
     worker.push(table, &keys, &vec![1.0; 400]).unwrap();
     let mut out = vec![0.0; 400];
     worker.pull(table, &keys, &mut out).unwrap();
+    // Node 1's keys moved here: relocation and blocking times (a pull after the localize
+    // waits for the keys to land).
+    worker.localize(table, &keys[50..]).unwrap();
+    worker.pull(table, &keys[50..], &mut out[200..]).unwrap();
     drop(worker);
     let metrics = scrape(cluster[0].metrics_address().expect("node 0 serves metrics")).expect("node 0 answers");
     assert!(metrics.ends_with("# EOF\n"), "OpenMetrics text:\n{metrics}");
@@ -53,7 +57,19 @@ fn every_node_serves_its_counters() {
     assert_eq!(value(&metrics, "ferry_peers_lost"), 0.0);
     assert!(value(&metrics, "ferry_send_queue_bytes{peer=\"1\"}") >= 0.0);
     assert!(!metrics.contains("ferry_send_queue_bytes{peer=\"0\"}"), "no queue to itself");
-    assert!(metrics.contains("ferry_blocking_latency_seconds{quantile=\"0.99\"}"), "{metrics}");
+    // Latencies as histograms: cumulative buckets up to +Inf, which is the count (the 50 keys
+    // that moved here), and a sum that the largest sample bounds.
+    let count = value(&metrics, "ferry_relocation_latency_seconds_count");
+    assert_eq!(count, 50.0, "{metrics}");
+    let buckets: Vec<f64> =
+        metrics.lines().filter(|l| l.starts_with("ferry_relocation_latency_seconds_bucket{")).map(|l| l.rsplit(' ').next().unwrap().parse().unwrap()).collect();
+    assert_eq!(buckets.len(), ferry::LATENCY_BUCKET_BOUNDS_NS.len() + 1, "{metrics}");
+    assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "cumulative buckets: {buckets:?}");
+    assert_eq!(value(&metrics, "ferry_relocation_latency_seconds_bucket{le=\"+Inf\"}"), count);
+    let (sum, largest) =
+        (value(&metrics, "ferry_relocation_latency_seconds_sum"), value(&metrics, "ferry_relocation_latency_quantile_seconds{quantile=\"1\"}"));
+    assert!(sum > 0.0 && sum <= count * largest * 1.01, "sum {sum}, largest {largest}");
+    assert!(value(&metrics, "ferry_blocking_latency_seconds_count") > 0.0, "{metrics}");
     let other = scrape(cluster[1].metrics_address().unwrap()).unwrap();
     assert_eq!(value(&other, "ferry_rank"), 1.0);
     // Anything but /metrics is not found.

@@ -148,6 +148,19 @@ int main() {
   check(ferry_node_stats(node, &stats), "statistics");
   std::printf("capi-mf rank %u: %llu local and %llu remote key accesses\n", rank, static_cast<unsigned long long>(stats.local_accesses),
               static_cast<unsigned long long>(stats.remote_accesses));
+  // Traffic by message kind, and how long the localized users took to arrive.
+  std::vector<uint64_t> messages(ferry_message_kinds()), bytes(ferry_message_kinds());
+  check(ferry_node_traffic(node, messages.data(), bytes.data(), messages.size()), "traffic by kind");
+  std::string traffic;
+  for (size_t k = 0; k < messages.size(); k++) {
+    if (messages[k] > 0) {
+      traffic += " " + std::string(ferry_message_kind_name(k)) + "=" + std::to_string(messages[k]) + "/" + std::to_string(bytes[k]) + "B";
+    }
+  }
+  FerryLatency relocation{};
+  check(ferry_node_latency(node, "relocation", &relocation), "relocation latency");
+  std::printf("capi-mf rank %u: messages sent by kind:%s; %llu keys relocated here, median %.1f us\n", rank, traffic.c_str(),
+              static_cast<unsigned long long>(relocation.count), relocation.p50_ns / 1e3);
   ferry_worker_free(w);
   check(ferry_node_finalize(node), "finalizing");
   if (rank == 0) {
