@@ -62,6 +62,7 @@ def test_the_embedding_pulls_rows_and_pushes_their_gradients(cluster):
     rows = emb(ids)
     assert rows.shape == (2, 2, DIM)
     assert torch.equal(rows[0, 1], torch.from_numpy(before[2]))
+    w.barrier()  # every rank has read the rows before any pushes its gradient
     # d(sum)/d(row) is 1 per occurrence: SGD subtracts lr × occurrences from each row.
     rows.sum().backward()
     w.barrier()
@@ -71,6 +72,31 @@ def test_the_embedding_pulls_rows_and_pushes_their_gradients(cluster):
     # A prefetched batch is local to its forward; it still reads the same values.
     emb.prefetch(torch.tensor([50 + node.rank]))
     assert torch.equal(emb(torch.tensor([50 + node.rank])), torch.from_numpy(w.pull("emb", torch.tensor([50 + node.rank]))))
+    w.barrier()
+
+
+def test_an_intent_prefetch_brings_the_rows_by_the_intended_clock(cluster):
+    import time
+
+    node, w = cluster
+    emb = ferry.torch.Embedding(w, "emb", DIM, lr=0.5)
+    with pytest.raises(ValueError, match="clocks_ahead"):
+        emb.prefetch(torch.tensor([1]), clocks_ahead=0)
+    # Keys homed at the other rank (range partitioning: rank 0 homes 0..50).
+    theirs = torch.arange((1 - node.rank) * 50 + 10, (1 - node.rank) * 50 + 15)
+    expected = w.pull("emb", theirs)
+    w.barrier()
+    before = node.stats().intent_relocations
+    emb.prefetch(theirs, clocks_ahead=1)
+    w.advance_clock()  # the intended clock: the service moves the rows here by itself
+    deadline = time.time() + 20
+    while node.stats().intent_relocations < before + len(theirs) and time.time() < deadline:
+        time.sleep(0.01)
+    assert node.stats().intent_relocations >= before + len(theirs)
+    local = node.stats().local_accesses
+    assert torch.equal(emb(theirs), torch.from_numpy(expected))
+    assert node.stats().local_accesses >= local + len(theirs), "the rows were read here"
+    w.advance_clock()  # the intent's clock has passed
     w.barrier()
 
 

@@ -108,8 +108,8 @@ fn with_torch(source: &Path, target: &Path, wheel: &Path) {
     let tests = run(&mut launch(&["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_torch.py"]), "the torch tests on 2 processes");
     for rank in 0..2 {
         assert!(
-            tests.lines().any(|l| l.starts_with(&format!("[{rank}]")) && l.contains("4 passed")),
-            "rank {rank} did not pass the four torch tests:\n{tests}"
+            tests.lines().any(|l| l.starts_with(&format!("[{rank}]")) && l.contains("5 passed")),
+            "rank {rank} did not pass the five torch tests:\n{tests}"
         );
     }
     let baseline = run(command(&python).args(["examples/torch_mf.py", "--baseline"]), "the torch example's baseline");

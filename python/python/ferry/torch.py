@@ -14,6 +14,11 @@ uses the port after `MASTER_PORT`, so the two do not meet).
 
 `prefetch(ids)` starts moving the rows of a coming batch to this node (an asynchronous
 `localize`) so that its `forward` finds them local; the next `forward` waits for it first.
+`prefetch(ids, clocks_ahead=k)` instead declares an intent (AdaPM): the worker will use the
+rows in its clock `current_clock() + k`, and Ferry's intent service relocates or replicates
+them by itself, in time, without this worker waiting for anything. The trainer then counts
+its batches with `worker.advance_clock()` (one clock a batch, say); intents of keys several
+workers want at once make replicas rather than moving a key back and forth.
 
 The gradient pushes are asynchronous: training goes on while they travel, and this worker's
 own later pulls see them all the same (a worker's operations on a key take effect in order).
@@ -78,10 +83,19 @@ class Embedding(torch.nn.Module):
         rows = _Rows.apply(self.anchor, self, distinct.contiguous())
         return rows[where].reshape(*ids.shape, self.dim)
 
-    def prefetch(self, ids: torch.Tensor) -> None:
-        """Starts moving the rows of `ids` (a coming batch) to this node."""
-        self._wait_for_prefetch()
-        self._prefetching = self.worker.localize_async(self.table, torch.unique(ids.reshape(-1)).contiguous())
+    def prefetch(self, ids: torch.Tensor, clocks_ahead: Optional[int] = None) -> None:
+        """Starts moving the rows of `ids` (a coming batch) to this node: now, by a `localize`
+        the next `forward` waits for; or, with `clocks_ahead=k` (at least 1), as an intent for
+        the worker's clock `current_clock() + k` that the intent service acts on in time."""
+        distinct = torch.unique(ids.reshape(-1)).contiguous()
+        if clocks_ahead is None:
+            self._wait_for_prefetch()
+            self._prefetching = self.worker.localize_async(self.table, distinct)
+            return
+        if clocks_ahead < 1:
+            raise ValueError(f"clocks_ahead must be at least 1 (a clock still to come), not {clocks_ahead}")
+        clock = self.worker.current_clock() + clocks_ahead
+        self.worker.intent(self.table, distinct, clock, clock + 1)
 
     def _wait_for_prefetch(self) -> None:
         if self._prefetching is not None:
