@@ -112,6 +112,36 @@ impl TableArg {
     }
 }
 
+/// Intent's relocations held on a node for a `with` block (`Node.relocations_held()`).
+#[pyclass(module = "ferry")]
+struct RelocationHold {
+    node: Py<Node>,
+}
+
+#[pymethods]
+impl RelocationHold {
+    fn __enter__(slf: PyRef<'_, Self>, py: Python<'_>) -> PyResult<()> {
+        let node = slf.node.bind(py).borrow();
+        let live = node.live()?;
+        py.allow_threads(|| live.hold_relocations()).map_err(failed)
+    }
+
+    #[pyo3(signature = (_exc_type = None, _exc_value = None, _traceback = None))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: Option<&Bound<'_, PyAny>>,
+        _exc_value: Option<&Bound<'_, PyAny>>,
+        _traceback: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        // A node finalized or aborted inside the block has nothing left to release.
+        if let Some(live) = self.node.bind(py).borrow().node.as_ref() {
+            live.release_relocations();
+        }
+        Ok(false)
+    }
+}
+
 /// This process's node of a Ferry cluster.
 #[pyclass(module = "ferry")]
 struct Node {
@@ -203,6 +233,13 @@ impl Node {
     fn release_relocations(&self) -> PyResult<()> {
         self.live()?.release_relocations();
         Ok(())
+    }
+
+    /// `with node.relocations_held(): ...` holds intent's relocations for the block
+    /// (`hold_relocations` on entry, `release_relocations` on leaving, also on an exception):
+    /// the block makes the barrier, the checkpoint and the barrier after it.
+    fn relocations_held(slf: Py<Self>) -> RelocationHold {
+        RelocationHold { node: slf }
     }
 
     /// Leaves the cluster cleanly (a barrier with every other node); close every worker first.
@@ -543,6 +580,7 @@ fn read_checkpoint<'py>(py: Python<'py>, dir: std::path::PathBuf) -> PyResult<Bo
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_checkpoint, m)?)?;
     m.add_class::<Node>()?;
+    m.add_class::<RelocationHold>()?;
     m.add_class::<Table>()?;
     m.add_class::<stats::Stats>()?;
     m.add_class::<Worker>()?;

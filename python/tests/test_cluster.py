@@ -153,13 +153,12 @@ def test_a_checkpoint_restores_on_one_node(cluster):
     # Intent's relocations held on every node before the barrier: the intents declared by an
     # earlier test keep the node's intent service running, and a checkpoint without the hold
     # would be refused.
-    node.hold_relocations()
-    w.barrier()
-    node.checkpoint(directory)
-    w.barrier()
-    with pytest.raises(ferry.FerryError, match="already holds a checkpoint"):
+    with node.relocations_held():
+        w.barrier()
         node.checkpoint(directory)
-    node.release_relocations()
+        w.barrier()
+        with pytest.raises(ferry.FerryError, match="already holds a checkpoint"):
+            node.checkpoint(directory)
     with pytest.raises(ferry.FerryError, match="hold_relocations"):
         node.checkpoint(directory + "-unheld")
     w.barrier()

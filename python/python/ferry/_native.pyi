@@ -52,6 +52,12 @@ class Table:
     def name(self) -> str:
         """The table's name."""
 
+class RelocationHold:
+    """Intent's relocations held on a node for a `with` block (`Node.relocations_held()`)."""
+
+    def __enter__(self) -> None: ...
+    def __exit__(self, exc_type: Any = None, exc_value: Any = None, traceback: Any = None) -> bool: ...
+
 class Stats:
     """A node's counters at one moment; also read by name (`stats["local_accesses"]`)."""
 
@@ -107,6 +113,10 @@ class Node:
         a barrier, before `checkpoint`, and `release_relocations` after."""
     def release_relocations(self) -> None:
         """Ends `hold_relocations`: the grants that waited are taken up."""
+    def relocations_held(self) -> "RelocationHold":
+        """`with node.relocations_held(): ...` holds intent's relocations for the block
+        (`hold_relocations` on entry, `release_relocations` on leaving, also on an exception):
+        the block makes the barrier, the checkpoint and the barrier after it."""
     def finalize(self) -> None:
         """Leaves the cluster cleanly (a barrier with every other node); close every worker
         first."""
