@@ -38,6 +38,9 @@ pub struct CheckpointInfo {
     pub dir: PathBuf,
     /// The checkpoint's number in this cluster's run (1 for the first).
     pub sequence: u64,
+    /// The clock of this node's slowest worker at the cut ([`crate::Worker::current_clock`]):
+    /// a cluster restored from the checkpoint starts its workers at the smallest of the nodes'.
+    pub clock: u64,
     /// Keys this node wrote, over all tables.
     pub keys: u64,
     /// Bytes of this node's values file.
@@ -68,11 +71,11 @@ pub(crate) type SpareCuts = std::sync::Arc<parking_lot::Mutex<Vec<TableCut>>>;
 
 /// Writes `cuts` as node `config.rank`'s part of checkpoint `sequence` in `dir`, on a thread of
 /// its own, then hands the buffers back to `spare`.
-pub(crate) fn write_in_background(dir: PathBuf, config: Config, sequence: u64, cuts: Vec<TableCut>, spare: SpareCuts) -> Result<CheckpointWriting> {
+pub(crate) fn write_in_background(dir: PathBuf, config: Config, sequence: u64, clock: u64, cuts: Vec<TableCut>, spare: SpareCuts) -> Result<CheckpointWriting> {
     let thread = std::thread::Builder::new()
         .name(format!("ferry{}-checkpoint", config.rank))
         .spawn(move || {
-            let written = write_node(&dir, &config, sequence, &cuts);
+            let written = write_node(&dir, &config, sequence, clock, &cuts);
             *spare.lock() = cuts;
             written
         })
@@ -230,8 +233,8 @@ fn manifest_name(rank: usize) -> String {
 }
 
 /// Writes node `config.rank`'s part of checkpoint number `sequence` into `dir`: its values
-/// file, then its manifest.
-pub(crate) fn write_node(dir: &Path, config: &Config, sequence: u64, cuts: &[TableCut]) -> Result<CheckpointInfo> {
+/// file, then its manifest, which also holds `clock`, the node's slowest worker's clock.
+pub(crate) fn write_node(dir: &Path, config: &Config, sequence: u64, clock: u64, cuts: &[TableCut]) -> Result<CheckpointInfo> {
     let rank = config.rank;
     std::fs::create_dir_all(dir).map_err(|e| io("creating", dir, e))?;
     let manifest = dir.join(manifest_name(rank));
@@ -256,7 +259,7 @@ pub(crate) fn write_node(dir: &Path, config: &Config, sequence: u64, cuts: &[Tab
         Ok(())
     })?;
     let mut text = format!(
-        "{FORMAT_LINE}\ncluster\t{:016x}\nsequence\t{sequence}\nnodes\t{}\nfile\t{}\t{bytes}\t{checksum}\n",
+        "{FORMAT_LINE}\ncluster\t{:016x}\nsequence\t{sequence}\nnodes\t{}\nclock\t{clock}\nfile\t{}\t{bytes}\t{checksum}\n",
         cluster_id(config),
         config.nodes,
         values_name(rank)
@@ -264,20 +267,20 @@ pub(crate) fn write_node(dir: &Path, config: &Config, sequence: u64, cuts: &[Tab
     for cut in cuts {
         let spec = &config.tables[cut.id as usize];
         text.push_str(&format!(
-            "table\t{}\t{}\t{}\t{}\t{}\t{:?}\t{}\t{}\n",
+            "table\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
             cut.id,
             cut.keys.len(),
             spec.keys,
             spec.value_len,
             spec.state_len(),
-            spec.partitioning,
+            spec.partitioning.name(),
             spec.updater.describe(),
             spec.name
         ));
     }
     write_file_durably(dir, &manifest_name(rank), |out| out.write_all(text.as_bytes()))?;
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io("syncing", dir, e))?;
-    Ok(CheckpointInfo { dir: dir.to_path_buf(), sequence, keys: cuts.iter().map(|c| c.keys.len() as u64).sum(), bytes })
+    Ok(CheckpointInfo { dir: dir.to_path_buf(), sequence, clock, keys: cuts.iter().map(|c| c.keys.len() as u64).sum(), bytes })
 }
 
 /// One node's manifest, parsed.
@@ -286,6 +289,9 @@ struct Manifest {
     cluster: String,
     sequence: u64,
     nodes: usize,
+    /// The node's slowest worker's clock at the cut (0 in checkpoints from before clocks
+    /// were saved).
+    clock: u64,
     file: (String, u64, String),
     /// (id, records, keys, value_len, state_len, updater, name) per table.
     tables: Vec<(u16, u64, u64, usize, usize, String, String)>,
@@ -297,7 +303,7 @@ fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
     if lines.next() != Some(FORMAT_LINE) {
         return Err(bad(&format!("not a checkpoint manifest of this version (its first line is not '{FORMAT_LINE}')")));
     }
-    let mut m = Manifest { cluster: String::new(), sequence: 0, nodes: 0, file: Default::default(), tables: Vec::new() };
+    let mut m = Manifest { cluster: String::new(), sequence: 0, nodes: 0, clock: 0, file: Default::default(), tables: Vec::new() };
     let number = |field: &str, what: &str| field.parse::<u64>().map_err(|_| bad(&format!("{what} '{field}' is not a number")));
     for line in lines {
         let fields: Vec<&str> = line.split('\t').collect();
@@ -305,6 +311,7 @@ fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
             ["cluster", id] => m.cluster = id.to_string(),
             ["sequence", n] => m.sequence = number(n, "sequence")?,
             ["nodes", n] => m.nodes = number(n, "nodes")? as usize,
+            ["clock", n] => m.clock = number(n, "clock")?,
             ["file", name, bytes, checksum] => m.file = (name.to_string(), number(bytes, "bytes")?, checksum.to_string()),
             ["table", id, records, keys, value_len, state_len, _partitioning, updater, name] => m.tables.push((
                 u16::try_from(number(id, "table id")?).map_err(|_| bad("a table id beyond 65535"))?,
@@ -595,8 +602,8 @@ fn read_into(dir: &Path, manifests: &[Manifest], target: &Target<'_>, mut apply:
 }
 
 /// Loads the checkpoint in `dir` into `store` (node `config.rank` of `config.nodes`, freshly
-/// built): the keys this node is home of, and its replicas of replicated keys. Returns the keys
-/// loaded.
+/// built): the keys this node is home of, and its replicas of replicated keys. Returns the
+/// clock the cluster's workers go on from: the smallest the nodes saved.
 pub(crate) fn restore(dir: &Path, store: &Store, config: &Config) -> Result<u64> {
     let manifests = manifests(dir, &config.tables)?;
     let also = |table: usize, key: u64| store.table(table as u16).is_replicated(key);
@@ -610,7 +617,8 @@ pub(crate) fn restore(dir: &Path, store: &Store, config: &Config) -> Result<u64>
             .ok_or_else(|| err(format!("key {key} of table '{}' has no slot on node {} to restore into", config.tables[table].name, config.rank)))?;
         slot.write_all_le_bytes(bytes);
         Ok(())
-    })
+    })?;
+    Ok(manifests.iter().map(|m| m.clock).min().unwrap_or(0))
 }
 
 /// Writes dense tables held by one process (`values[t]`: every key's value of `specs[t]`, key
@@ -638,7 +646,7 @@ pub fn write_arrays_checkpoint(dir: impl AsRef<Path>, specs: &[TableSpec], value
         }
         cuts.push(TableCut { id: id as u16, words_per_key: len + state, keys: (0..spec.keys).collect(), words });
     }
-    write_node(dir.as_ref(), &Config::new(specs.to_vec()), sequence, &cuts)
+    write_node(dir.as_ref(), &Config::new(specs.to_vec()), sequence, 0, &cuts)
 }
 
 /// Reads the whole checkpoint in `dir`, written by any node count, as dense tables for one

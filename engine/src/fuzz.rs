@@ -97,6 +97,7 @@ fn target(seed: u64) -> Target {
         loss_grace_ns: 1_000,
         shards: 4,
         share_clocks: true,
+        first_clock: 0,
     };
     let core = Core::new(RANK, NODES, &specs, store, settings);
     let mut requester = core.requester(0, 1);

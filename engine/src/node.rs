@@ -61,9 +61,10 @@ impl Node {
 
     fn assemble(config: Config, fabric: Arc<dyn Fabric>, clock_offset: i64) -> Result<Node> {
         let store = Arc::new(Store::new(config.rank, config.nodes, &config.tables, config.latches, config.huge_pages, fabric.registrar())?);
-        if let Some(dir) = &config.restore_from {
-            crate::checkpoint::restore(dir, &store, &config)?;
-        }
+        let first_clock = match &config.restore_from {
+            Some(dir) => crate::checkpoint::restore(dir, &store, &config)?,
+            None => 0,
+        };
         let settings = Settings {
             relocation: config.relocation,
             location_caches: config.location_caches,
@@ -74,6 +75,7 @@ impl Node {
             loss_grace_ns: (config.peer_timeout * 2).as_nanos() as u64,
             shards: config.shards,
             share_clocks: config.max_delay.is_some(),
+            first_clock,
         };
         let core = Core::new(config.rank, config.nodes, &config.tables, store, settings);
         let inner = Arc::new(NodeInner::new(config, core, fabric.clone(), clock_offset));
@@ -214,7 +216,8 @@ impl Node {
         let sequence = self.checkpoints.fetch_add(1, Ordering::Relaxed) + 1;
         let config = &self.inner.config;
         let cuts = crate::checkpoint::cut(self.inner.core.store(), &config.tables, config.rank, config.nodes, &self.spare_cuts)?;
-        crate::checkpoint::write_in_background(dir.as_ref().to_path_buf(), config.clone(), sequence, cuts, self.spare_cuts.clone())
+        let clock = self.inner.core.clocks().lock().checkpoint_clock();
+        crate::checkpoint::write_in_background(dir.as_ref().to_path_buf(), config.clone(), sequence, clock, cuts, self.spare_cuts.clone())
     }
 
     /// Holds the relocations that intent signalling makes on this node, for a checkpoint: the

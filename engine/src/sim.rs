@@ -104,6 +104,10 @@ pub struct SimOptions {
     pub clocks: usize,
     /// The delay bound `τ` the clocks keep (`None`: no bound); checked on the recorded clocks.
     pub max_delay: Option<u64>,
+    /// The clock every node's count starts from, as in a cluster restored from a checkpoint
+    /// that saved it (0: a fresh cluster). Each clock a worker completes must return this plus
+    /// the clocks it completed.
+    pub first_clock: u64,
     /// Workers also signal intent (random levels on random keys) to the keys' homes, and the
     /// moves the homes grant (INTENT_GO) become asynchronous localizes of a worker of the node,
     /// mixed with the explicit localizes.
@@ -174,6 +178,7 @@ impl SimOptions {
             key_cache_min: 0,
             clocks: 0,
             max_delay: None,
+            first_clock: 0,
             intents: false,
             replica_syncs: false,
             run_time_replicas: None,
@@ -745,6 +750,7 @@ impl Sim {
             loss_grace_ns: 200_000,
             shards: opts.shards,
             share_clocks: opts.max_delay.is_some(),
+            first_clock: opts.first_clock,
         };
         let mut nodes = Vec::new();
         for rank in 0..opts.nodes {
@@ -1429,7 +1435,13 @@ impl Sim {
                 let now = self.now;
                 self.workers[w].clocks.finished.push(now);
                 let index = self.workers[w].index;
-                let completed = self.worker_event(w, |step, _| Ok(step.clock_advance(index)))?.unwrap_or(0);
+                let advanced = self.worker_event(w, |step, _| Ok(step.clock_advance(index)))?;
+                // Counted from the first clock: a restored cluster's workers go on from it.
+                let expected = self.opts.first_clock + self.workers[w].clocks.finished.len() as u64;
+                if advanced.is_some_and(|completed| completed != expected) {
+                    return Err(format!("worker {w}@{node} completed its clock {expected} by the count, but the clocks say {advanced:?}"));
+                }
+                let completed = advanced.unwrap_or(0);
                 self.log(format!("worker {w}@{node} completed clock {}", completed.saturating_sub(1)));
                 match self.opts.max_delay {
                     Some(tau) => self.workers[w].clock_target = Some(completed.saturating_sub(tau)),

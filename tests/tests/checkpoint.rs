@@ -91,6 +91,11 @@ fn trained_cluster(dir: &Path) -> (Vec<Node>, (Vec<f32>, Vec<f32>)) {
                     let grads: Vec<f32> = keys.iter().flat_map(|&k| [(k % 5) as f32 - 2.0, 0.1 * round as f32]).collect();
                     worker.push(learned, &keys, &grads).unwrap();
                     worker.push(node.table("figures").unwrap(), &[3], &[1.0, 2.0]).unwrap();
+                    worker.advance_clock().unwrap();
+                }
+                if rank == 1 {
+                    // Node 1's worker is a clock ahead: the checkpoint keeps the slowest's.
+                    worker.advance_clock().unwrap();
                 }
                 worker.barrier().unwrap();
             });
@@ -117,6 +122,8 @@ fn a_checkpoint_restores_on_other_node_counts_and_partitionings() {
     ] {
         let restored = Node::start_local_cluster(nodes, config(resized_scratch(tables(added, learned), 10 + nodes as u64)).restoring_from(&dir)).unwrap();
         assert_eq!(pull_all(&restored), held, "{nodes} node(s), {added:?}/{learned:?}");
+        // The workers count on from the slowest worker's clock at the checkpoint.
+        assert!(restored.iter().all(|node| node.worker().current_clock() == 5), "{nodes} node(s): the clock did not come back");
         let mut figures = vec![1.0; 2];
         restored[0].worker().pull(restored[0].table("figures").unwrap(), &[3], &mut figures).unwrap();
         assert_eq!(figures, [0.0, 0.0], "a scratch table starts at zeros");

@@ -93,6 +93,11 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
             o.push_pull = 0.3;
         }
         "bounded-delay-0" => o = SimOptions::bounded_delay(seed, 0),
+        "bounded-delay-1-restored" => {
+            // A cluster restored from a checkpoint: every count starts at the saved clock.
+            o = SimOptions::bounded_delay(seed, 1);
+            o.first_clock = 1 + seed % 40;
+        }
         "intents" => o = SimOptions::intents(seed),
         "intents-hash-4-nodes-caches" => {
             o = SimOptions::intents(seed);
@@ -185,7 +190,7 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
     o
 }
 
-const CONFIGURATIONS: [&str; 36] = [
+const CONFIGURATIONS: [&str; 37] = [
     "classic",
     "relocation",
     "hash-4-nodes",
@@ -206,6 +211,7 @@ const CONFIGURATIONS: [&str; 36] = [
     "key-cache",
     "key-cache-large-ops-hash",
     "bounded-delay-0",
+    "bounded-delay-1-restored",
     "bounded-delay-2-hash-4-nodes",
     "intents",
     "intents-hash-4-nodes-caches",
@@ -592,6 +598,7 @@ fn push_pull_and_updaters() {
 fn bounded_delay_holds() {
     sweep("bounded-delay-0", seeds());
     sweep("bounded-delay-2-hash-4-nodes", seeds().share(2));
+    sweep("bounded-delay-1-restored", seeds().share(2));
     // The check is not vacuous: without the bound, workers run ahead and the τ = 0 check
     // catches it on some seed.
     let caught = (0..50).any(|seed| {

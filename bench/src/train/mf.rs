@@ -533,10 +533,12 @@ impl Workload for MfArgs {
         }
         if intent {
             // The trainer only says what it will need: its users throughout, and the first
-            // sub-epoch's items in its first clocks.
+            // sub-epoch's items in its first clocks (counted from the clock it starts in, which
+            // a resumed run takes from its checkpoint).
             let my_users = distinct(&mut cells.iter().flatten().map(|r| r.user));
-            w.intent(tables[0], &my_users, 0, u64::MAX)?;
-            w.intent(tables[1], &my_items[rank % nodes], 0, self.intent_clocks)?;
+            let base = w.current_clock();
+            w.intent(tables[0], &my_users, base, u64::MAX)?;
+            w.intent(tables[1], &my_items[rank % nodes], base, base + self.intent_clocks)?;
         }
         let rng = ChaCha8Rng::seed_from_u64(self.common.seed ^ ((rank as u64) << 40) ^ t as u64);
         let node = NodeSchedule { localize, intent, max_delay: self.max_delay(pass.mode)?.is_some(), my_items };

@@ -13,7 +13,9 @@
 //! worker that starts later starts at its node's minimum. A node whose workers all left reports
 //! "done" (`u64::MAX`) and holds nobody back any more; a worker it starts after that begins at
 //! the smallest count it knows and is not waited for by the others. A lost node no longer holds
-//! anybody back either. The state machine has no clock and no I/O: the runtime waits on
+//! anybody back either. A cluster restored from a checkpoint counts on from the clock the
+//! checkpoint saved ([`Clocks::checkpoint_clock`]; [`Clocks::new`]'s `first`: every node starts there, and a worker's first
+//! clock is that one). The state machine has no clock and no I/O: the runtime waits on
 //! [`Clocks::cluster_min`].
 
 use super::directory::Directory;
@@ -33,32 +35,53 @@ pub struct Clocks {
     had_workers: bool,
     /// Whether the node's minimum is sent to the peers (only a delay bound needs it).
     share: bool,
+    /// The count every node starts from (0, or a restored checkpoint's clock).
+    first: u64,
+    /// The largest count all of this node's workers had completed at once: what a checkpoint
+    /// saves (a worker started late, at a smaller count, does not lower it).
+    reached: u64,
 }
 
 impl Clocks {
     /// The clocks of node `rank` of `nodes`; with `share` the node tells its peers its
     /// minimum whenever it grows (needed only for a delay bound: without one, nobody waits for
     /// [`Clocks::cluster_min`], and the peers' entries stay at what they reported, if anything).
-    pub fn new(rank: u16, nodes: usize, share: bool) -> Clocks {
-        Clocks { rank, local: Vec::new(), reported: vec![0; nodes], had_workers: false, share }
+    /// Every node starts from the count `first` (the same on all: 0, or the clock of the
+    /// checkpoint the cluster restored).
+    pub fn new(rank: u16, nodes: usize, share: bool, first: u64) -> Clocks {
+        Clocks { rank, local: Vec::new(), reported: vec![first; nodes], had_workers: false, share, first, reached: first }
     }
 
-    /// This node's workers' smallest count: 0 before any worker started, "done" once all left.
+    /// This node's workers' smallest count: `first` before any worker started, "done" once
+    /// all left.
     fn node_min(&self) -> u64 {
         match self.local.iter().flatten().copied().min() {
             Some(min) => min,
             None if self.had_workers => u64::MAX,
-            None => 0,
+            None => self.first,
         }
+    }
+
+    /// The clock a worker starting now starts in: its node's slowest worker's (with no worker
+    /// left, the smallest count the node knows of others, so as to hold nobody back).
+    fn starting_clock(&self) -> u64 {
+        match self.node_min() {
+            u64::MAX => self.reported.iter().copied().filter(|&c| c != u64::MAX).min().unwrap_or(self.first),
+            min => min,
+        }
+    }
+
+    /// What a checkpoint taken now saves for this node: the largest count all its workers had
+    /// completed at once (its slowest worker's, as long as no worker started late). A restore
+    /// starts every node at the smallest such clock of all nodes.
+    pub fn checkpoint_clock(&self) -> u64 {
+        self.reached
     }
 
     /// A worker with index `worker` starts; returns the clock it starts in: its node's minimum
     /// (the smallest finite count this node knows if none of its workers is left).
     pub fn register(&mut self, worker: u16) -> u64 {
-        let start = match self.node_min() {
-            u64::MAX => self.reported.iter().copied().filter(|&c| c != u64::MAX).min().unwrap_or(0),
-            min => min,
-        };
+        let start = self.starting_clock();
         self.had_workers = true;
         let i = worker as usize;
         if self.local.len() <= i {
@@ -95,6 +118,9 @@ impl Clocks {
     /// Sends the node's minimum to every live peer if it grew (and the clocks are shared).
     fn report(&mut self, directory: &Directory, tx: &mut Transmit) {
         let min = self.node_min();
+        if min != u64::MAX {
+            self.reached = self.reached.max(min);
+        }
         let own = &mut self.reported[self.rank as usize];
         if min <= *own {
             return;
@@ -140,5 +166,35 @@ impl Clocks {
                 count < target && !directory.is_lost(n as u16)
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TableSpec;
+
+    #[test]
+    fn a_restored_cluster_counts_on_from_its_checkpoints_clock() {
+        let directory = Directory::new(0, 2, 1, &[TableSpec::new("t", 4, 1)], false);
+        let mut tx = Transmit::new(0, 2, 1 << 16, &Default::default());
+        let mut clocks = Clocks::new(0, 2, true, 7);
+        assert_eq!(clocks.checkpoint_clock(), 7, "no worker yet: the first clock");
+        assert_eq!(clocks.cluster_min(&directory), 7);
+        assert_eq!((clocks.register(0), clocks.register(1)), (7, 7));
+        assert_eq!(clocks.advance(0, &directory, &mut tx), 8);
+        assert_eq!(clocks.advance(0, &directory, &mut tx), 9);
+        assert_eq!(clocks.advance(1, &directory, &mut tx), 8);
+        assert_eq!(clocks.checkpoint_clock(), 8, "the slowest worker's");
+        // Workers that left, and a worker started late at a smaller count (the smallest count
+        // the node knows: its peer's first), leave it where all had been.
+        clocks.retire(0, &directory, &mut tx);
+        clocks.retire(1, &directory, &mut tx);
+        assert_eq!(clocks.checkpoint_clock(), 8);
+        assert_eq!(clocks.register(2), 7, "a late worker holds nobody back: the smallest count known");
+        assert_eq!(clocks.checkpoint_clock(), 8);
+        assert_eq!(clocks.advance(2, &directory, &mut tx), 8);
+        assert_eq!(clocks.advance(2, &directory, &mut tx), 9);
+        assert_eq!(clocks.checkpoint_clock(), 9);
     }
 }

@@ -119,6 +119,9 @@ pub struct Settings {
     /// for the cluster's clocks; without one, a trainer that advances its clock every
     /// mini-batch (intent signalling) would send a message to every peer each time for nothing.
     pub share_clocks: bool,
+    /// The clock every worker count starts from: 0, or the clock of the checkpoint the
+    /// cluster restored (the same on every node).
+    pub first_clock: u64,
 }
 
 impl Settings {
@@ -184,7 +187,7 @@ impl Core {
             directory,
             shards,
             barriers: Mutex::new(Barriers::new(rank as u16, nodes)),
-            clocks: Mutex::new(Clocks::new(rank as u16, nodes, settings.share_clocks)),
+            clocks: Mutex::new(Clocks::new(rank as u16, nodes, settings.share_clocks, settings.first_clock)),
             key_caches: Mutex::new(Default::default()),
             settings,
             counters: Arc::new(CounterRegistry::default()),

@@ -20,6 +20,7 @@ pub(super) fn core_of(rank: usize, nodes: usize) -> super::Core {
         loss_grace_ns: 1_000,
         shards: 2,
         share_clocks: false,
+        first_clock: 0,
     };
     super::Core::new(rank, nodes, &specs, store, settings)
 }
