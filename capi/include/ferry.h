@@ -113,7 +113,9 @@ int32_t ferry_config_add_table(struct FerryConfig *config,
 // `adagrad:LR[:EPS[:INIT]]`, `adam:LR[:BETA1:BETA2:EPS]`, `ftrl:ALPHA:BETA:L1:L2`: what a push
 // does, where the key lives), `partitioning` (`range`, `hash`, `consistent` or
 // `consistent:VIRTUAL_NODES`: consistent hashing, which moves few keys when the node count
-// changes), `codec` (`f32`, `bf16`, `f16`, …: values on the wire), `key_cache_min` (a number; 0 is off), `replicate` (keys every
+// changes), `codec` (`f32`, `bf16`, `f16`, …: values on the wire), `feature_hashing` (`SEED` or
+// `SEED:signed`: workers address the table by raw ids, any `uint64_t` or `ferry_feature_id`'s
+// of a string, hashed into its keys), `key_cache_min` (a number; 0 is off), `replicate` (keys every
 // node keeps a replica of: `FIRST-END` ranges, end exclusive, and single keys, comma-separated,
 // e.g. `0-16,40`) or `scratch` (`true`: left out of checkpoints). Every node sets the same.
 //
@@ -125,6 +127,15 @@ int32_t ferry_config_table_option(struct FerryConfig *config,
                                   const char *name,
                                   const char *option,
                                   const char *value);
+
+// Writes the raw id of the string feature `text` (NUL-terminated UTF-8: a word, a
+// `field=value` pair) into `id`, for a table with the `feature_hashing` option: the same id in
+// every process and binding (`ferry.feature_id` in Python).
+//
+// # Safety
+//
+// `text` is null or NUL-terminated; `id` is null or writable.
+int32_t ferry_feature_id(const char *text, uint64_t *id);
 
 // Frees a configuration (null is ignored).
 //

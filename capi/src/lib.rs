@@ -247,7 +247,9 @@ pub unsafe extern "C" fn ferry_config_add_table(config: *mut FerryConfig, name: 
 /// `adagrad:LR[:EPS[:INIT]]`, `adam:LR[:BETA1:BETA2:EPS]`, `ftrl:ALPHA:BETA:L1:L2`: what a push
 /// does, where the key lives), `partitioning` (`range`, `hash`, `consistent` or
 /// `consistent:VIRTUAL_NODES`: consistent hashing, which moves few keys when the node count
-/// changes), `codec` (`f32`, `bf16`, `f16`, …: values on the wire), `key_cache_min` (a number; 0 is off), `replicate` (keys every
+/// changes), `codec` (`f32`, `bf16`, `f16`, …: values on the wire), `feature_hashing` (`SEED` or
+/// `SEED:signed`: workers address the table by raw ids, any `uint64_t` or `ferry_feature_id`'s
+/// of a string, hashed into its keys), `key_cache_min` (a number; 0 is off), `replicate` (keys every
 /// node keeps a replica of: `FIRST-END` ranges, end exclusive, and single keys, comma-separated,
 /// e.g. `0-16,40`) or `scratch` (`true`: left out of checkpoints). Every node sets the same.
 ///
@@ -266,6 +268,7 @@ pub unsafe extern "C" fn ferry_config_table_option(config: *mut FerryConfig, nam
             "updater" => spec.updater = value.parse().map_err(bad)?,
             "partitioning" => spec.partitioning = value.parse().map_err(bad)?,
             "codec" => spec.codec = value.parse().map_err(bad)?,
+            "feature_hashing" => spec.feature_hashing = Some(value.parse().map_err(bad)?),
             "key_cache_min" => spec.key_cache_min = value.trim().parse().map_err(|_| bad("not a number".into()))?,
             "scratch" => {
                 spec.scratch = match value {
@@ -289,9 +292,30 @@ pub unsafe extern "C" fn ferry_config_table_option(config: *mut FerryConfig, nam
                 }
                 *spec = spec.clone().replicating(ranges);
             }
-            other => return Err(argument(format!("table option '{other}': expected updater, partitioning, codec, key_cache_min, replicate or scratch"))),
+            other => {
+                return Err(argument(format!(
+                    "table option '{other}': expected updater, partitioning, codec, feature_hashing, key_cache_min, replicate or scratch"
+                )));
+            }
         }
         Ok(())
+    })
+}
+
+/// Writes the raw id of the string feature `text` (NUL-terminated UTF-8: a word, a
+/// `field=value` pair) into `id`, for a table with the `feature_hashing` option: the same id in
+/// every process and binding (`ferry.feature_id` in Python).
+///
+/// # Safety
+///
+/// `text` is null or NUL-terminated; `id` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_feature_id(text: *const c_char, id: *mut u64) -> i32 {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let text = unsafe { self::text(text, "text")? };
+        // SAFETY: forwarded from this function's contract.
+        unsafe { put(id, ferry::feature_id(text), "id") }
     })
 }
 
@@ -914,7 +938,7 @@ mod tests {
     fn table_options_and_push_pull_through_the_c_functions() {
         let config = ferry_config_new();
         let c = |s: &str| CString::new(s).unwrap();
-        let (name, served) = (c("plain"), c("served"));
+        let (name, served, hashed) = (c("plain"), c("served"), c("hashed"));
         let option = |table: &CString, option: &str, value: &str| {
             let (option, value) = (c(option), c(value));
             // SAFETY: a live configuration and NUL-terminated strings.
@@ -924,6 +948,8 @@ mod tests {
         unsafe {
             assert_eq!(ferry_config_add_table(config, name.as_ptr(), 10, 2), FERRY_OK);
             assert_eq!(ferry_config_add_table(config, served.as_ptr(), 10, 2), FERRY_OK);
+            assert_eq!(ferry_config_add_table(config, hashed.as_ptr(), 4, 1), FERRY_OK);
+            assert_eq!(option(&hashed, "feature_hashing", "11:signed"), FERRY_OK, "{}", last_error());
             for (o, v) in [("updater", "sgd:0.5"), ("partitioning", "consistent:32"), ("codec", "f32"), ("key_cache_min", "0"), ("scratch", "false")] {
                 assert_eq!(option(&served, o, v), FERRY_OK, "{o}={v}: {}", last_error());
             }
@@ -934,6 +960,7 @@ mod tests {
                 (&served, "partitioning", "consistent:0", "virtual-node count"),
                 (&served, "replicate", "4-11", "not a range of keys"),
                 (&served, "colour", "blue", "table option 'colour'"),
+                (&hashed, "feature_hashing", "11:sign", "expected SEED or SEED:signed"),
                 (&c("nope"), "updater", "add", "no table 'nope'"),
             ] {
                 assert_eq!(option(table, o, v), FERRY_ERR_ARGUMENT, "{o}={v}");
@@ -951,6 +978,16 @@ mod tests {
             assert_eq!(ferry_push_pull(worker, 1, keys.as_ptr(), 2, [2.0f32; 4].as_ptr(), 4, out.as_mut_ptr(), 4), FERRY_OK, "{}", last_error());
             assert_eq!(out, [0.0; 4]);
             assert_eq!(ferry_push_pull(worker, 1, keys.as_ptr(), 2, [2.0f32; 4].as_ptr(), 4, out.as_mut_ptr(), 3), FERRY_ERR_ARGUMENT);
+            // A feature-hashed table of 4 buckets takes any raw id, a string's among them; an
+            // id reads back what it set, whatever its sign.
+            let mut word = 0u64;
+            assert_eq!(ferry_feature_id(c("colour=blue").as_ptr(), &mut word), FERRY_OK);
+            assert_eq!(word, ferry::feature_id("colour=blue"));
+            assert_eq!(ferry_feature_id(std::ptr::null(), &mut word), FERRY_ERR_ARGUMENT);
+            assert_eq!(ferry_set(worker, 2, [word].as_ptr(), 1, [-3.5f32].as_ptr(), 1), FERRY_OK, "{}", last_error());
+            let mut read = [0.0f32];
+            assert_eq!(ferry_pull(worker, 2, [word].as_ptr(), 1, read.as_mut_ptr(), 1), FERRY_OK);
+            assert_eq!(read, [-3.5]);
             ferry_worker_free(worker);
             assert_eq!(ferry_node_finalize(node), FERRY_OK, "{}", last_error());
         }

@@ -121,6 +121,10 @@ pub struct TableSpec {
     /// at zeros after a restore, so that its size may change between the run that wrote a
     /// checkpoint and the one that resumes from it. See `docs/CHECKPOINTS.md`.
     pub scratch: bool,
+    /// Feature hashing: workers address the table by raw ids (any `u64`), which Ferry maps to
+    /// its `keys` buckets (and signs), or `None` (the default): keys are `0..keys`. See
+    /// [`crate::hashing`].
+    pub feature_hashing: Option<crate::hashing::FeatureHashing>,
 }
 
 impl TableSpec {
@@ -137,6 +141,7 @@ impl TableSpec {
             codec: crate::codec::ValueCodec::F32,
             key_cache_min: 0,
             scratch: false,
+            feature_hashing: None,
         }
     }
 
@@ -192,6 +197,13 @@ impl TableSpec {
     /// The same table as a scratch table: left out of checkpoints (see [`TableSpec::scratch`]).
     pub fn scratch(mut self) -> TableSpec {
         self.scratch = true;
+        self
+    }
+
+    /// The same table addressed by raw ids, hashed into its `keys` buckets by `hashing` (see
+    /// [`crate::hashing`]).
+    pub fn feature_hashed(mut self, hashing: crate::hashing::FeatureHashing) -> TableSpec {
+        self.feature_hashing = Some(hashing);
         self
     }
 
@@ -831,6 +843,9 @@ impl Config {
                 t.codec.name(),
                 t.key_cache_min
             ));
+            if let Some(h) = t.feature_hashing {
+                text.push_str(&format!("hashed {}:", h.name()));
+            }
             for r in &t.replicated {
                 text.push_str(&format!("{}-{},", r.start, r.end));
             }

@@ -39,6 +39,7 @@ mod fabric;
 pub mod filter;
 #[cfg(any(test, feature = "sim"))]
 mod fuzz;
+pub mod hashing;
 mod intent;
 mod keymap;
 pub mod launch;
@@ -70,6 +71,7 @@ pub use config::{
 };
 pub use error::{Error, Result};
 pub use fabric::select::{LocalVerbs, local_verbs};
+pub use hashing::{FeatureHashing, feature_id};
 pub use intent::LateCause;
 pub use node::{Node, SlotAddress};
 pub use replication::{AccessCounts, as_ranges, hot_keys};

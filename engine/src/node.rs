@@ -399,7 +399,7 @@ impl NodeInner {
             .position(|t| t.name == name)
             .map(|i| {
                 let t = &self.config.tables[i];
-                Table { id: i as u16, value_len: t.value_len, keys: t.keys, cluster: self.fingerprint }
+                Table { id: i as u16, value_len: t.value_len, keys: t.keys, cluster: self.fingerprint, hashing: t.feature_hashing }
             })
             .ok_or_else(|| Error::UnknownTable(name.to_string()))
     }
@@ -407,7 +407,7 @@ impl NodeInner {
     /// The handle of table number `id` (which must exist).
     pub(crate) fn table_by_id(&self, id: u16) -> Table {
         let t = &self.config.tables[id as usize];
-        Table { id, value_len: t.value_len, keys: t.keys, cluster: self.fingerprint }
+        Table { id, value_len: t.value_len, keys: t.keys, cluster: self.fingerprint, hashing: None }
     }
 
     #[inline]

@@ -9,6 +9,9 @@ pub struct Table {
     /// Fingerprint of the cluster configuration the handle belongs to: a handle is valid on
     /// every node of that cluster, and checking it costs one comparison.
     pub(crate) cluster: u64,
+    /// How raw ids map to the table's keys, for a feature-hashed table's handle (the handles
+    /// Ferry uses inside address the buckets themselves).
+    pub(crate) hashing: Option<crate::hashing::FeatureHashing>,
 }
 
 impl Table {
@@ -17,9 +20,19 @@ impl Table {
         self.value_len
     }
 
-    /// Number of keys.
+    /// Number of keys (of buckets, for a feature-hashed table).
     pub fn keys(&self) -> u64 {
         self.keys
+    }
+
+    /// How the table maps raw ids to its keys, if it is feature-hashed.
+    pub fn feature_hashing(&self) -> Option<crate::hashing::FeatureHashing> {
+        self.hashing
+    }
+
+    /// The handle that addresses the buckets themselves.
+    pub(crate) fn buckets(self) -> Table {
+        Table { hashing: None, ..self }
     }
 
     /// The table id (its position in the configuration).
@@ -29,6 +42,6 @@ impl Table {
 
     #[cfg(test)]
     pub(crate) fn for_tests(keys: u64, value_len: usize) -> Table {
-        Table { id: 0, value_len, keys, cluster: 0 }
+        Table { id: 0, value_len, keys, cluster: 0, hashing: None }
     }
 }

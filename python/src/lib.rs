@@ -45,7 +45,7 @@ struct Table {
 #[pymethods]
 impl Table {
     #[new]
-    #[pyo3(signature = (name, keys, value_len, *, updater = "add", partitioning = "range", replicated = None, codec = "f32", key_cache_min = 0, scratch = false))]
+    #[pyo3(signature = (name, keys, value_len, *, updater = "add", partitioning = "range", replicated = None, codec = "f32", key_cache_min = 0, scratch = false, feature_hashing = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
@@ -57,6 +57,7 @@ impl Table {
         codec: &str,
         key_cache_min: usize,
         scratch: bool,
+        feature_hashing: Option<&str>,
     ) -> PyResult<Table> {
         let updater: engine::Updater = updater.parse().map_err(argument)?;
         let partitioning: engine::Partitioning = partitioning.parse().map_err(argument)?;
@@ -72,6 +73,9 @@ impl Table {
         if scratch {
             spec = spec.scratch();
         }
+        if let Some(hashing) = feature_hashing {
+            spec = spec.feature_hashed(hashing.parse().map_err(argument)?);
+        }
         Ok(Table { spec })
     }
 
@@ -84,14 +88,15 @@ impl Table {
     fn __repr__(&self) -> String {
         let s = &self.spec;
         format!(
-            "ferry.Table({:?}, {}, {}, updater={:?}, partitioning={:?}, replicated keys: {}, scratch={})",
+            "ferry.Table({:?}, {}, {}, updater={:?}, partitioning={:?}, replicated keys: {}, scratch={}{})",
             s.name,
             s.keys,
             s.value_len,
             s.updater.describe(),
             s.partitioning.name(),
             s.replicated_keys(),
-            if s.scratch { "True" } else { "False" }
+            if s.scratch { "True" } else { "False" },
+            s.feature_hashing.map_or(String::new(), |h| format!(", feature_hashing={:?}", h.name()))
         )
     }
 }
@@ -559,6 +564,13 @@ impl Worker {
     }
 }
 
+/// The raw id of the string feature `text` (a word, a `field=value` pair), for a table made
+/// with `feature_hashing`: the same id in every process and binding.
+#[pyfunction]
+fn feature_id(text: &str) -> u64 {
+    engine::feature_id(text)
+}
+
 /// Reads a whole checkpoint (written by `Node.checkpoint` on any number of nodes, or by a
 /// training run's `--checkpoint-dir`) outside a cluster: a dict of every table's values by
 /// name, each a `float32` array of shape `(keys, value_len)` (optimizer state left out).
@@ -579,6 +591,7 @@ fn read_checkpoint<'py>(py: Python<'py>, dir: std::path::PathBuf) -> PyResult<Bo
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_checkpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(feature_id, m)?)?;
     m.add_class::<Node>()?;
     m.add_class::<RelocationHold>()?;
     m.add_class::<Table>()?;

@@ -233,6 +233,9 @@ def test_table_options_and_push_pull(cluster):
         ferry.Table("t", 10, 2, updater="adagrad:x")
     with pytest.raises(ferry.FerryError, match="outside table"):
         ferry.Table("t", 10, 2, replicated=[3, 10])
+    with pytest.raises(ferry.FerryError, match="SEED or SEED:signed"):
+        ferry.Table("t", 10, 2, feature_hashing="7:sign")
+    assert "feature_hashing=\"7:signed\"" in repr(ferry.Table("t", 10, 2, feature_hashing="7:signed"))
     t = ferry.Table("t", 10, 2, updater="sgd:0.5", partitioning="hash", codec="bf16", key_cache_min=64)
     assert t.name == "t" and "sgd" in repr(t)
     assert "replicated keys: 2" in repr(ferry.Table("hot", 10, 2, replicated=[0, 1]))
@@ -240,12 +243,18 @@ def test_table_options_and_push_pull(cluster):
         # One process alone: a server-side SGD table, and push_pull's answer after its push.
         script = (
             "import numpy as np, ferry\n"
-            "with ferry.Node.start([ferry.Table('t', 10, 2, updater='sgd:0.5', partitioning='consistent:8'), ('plain', 4, 1)]) as node:\n"
+            "words = ferry.Table('words', 8, 1, feature_hashing='5:signed')\n"
+            "with ferry.Node.start([ferry.Table('t', 10, 2, updater='sgd:0.5', partitioning='consistent:8'), ('plain', 4, 1), words]) as node:\n"
             "    w = node.worker()\n"
             "    keys = np.arange(3, dtype=np.uint64)\n"
             "    w.set('t', keys, np.ones((3, 2), dtype=np.float32))\n"
             "    after = w.push_pull('t', keys, np.full((3, 2), 2.0, dtype=np.float32))\n"
             "    assert np.all(after == 0.0), after  # 1 - 0.5 * 2\n"
+            "    # Raw ids of a feature-hashed table: any uint64, and strings' ids.\n"
+            "    ids = np.array([2**64 - 1, ferry.feature_id('colour=blue')], dtype=np.uint64)\n"
+            "    w.set('words', ids[:1], np.array([[-2.5]], dtype=np.float32))\n"
+            "    assert w.pull('words', ids[:1])[0, 0] == -2.5\n"
+            "    w.push('words', ids, np.ones((2, 1), dtype=np.float32))\n"
             "    w.close()\n"
             "print('table options ok')\n"
         )

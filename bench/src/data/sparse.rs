@@ -60,6 +60,33 @@ impl Examples {
         self.offsets.push(self.features.len());
     }
 
+    /// The same examples with every feature index hashed into `buckets` buckets by `hashing`
+    /// (Ferry's feature hashing, `ferry::FeatureHashing`) and its value multiplied by the
+    /// index's sign: for a linear model the same as a feature-hashed table addressed by the raw
+    /// indices. Features of one example that land in one bucket are added up.
+    pub fn hashed(&self, hashing: ferry::FeatureHashing, buckets: u64) -> Examples {
+        let mut out = Examples::default();
+        let mut row: Vec<(u64, f32)> = Vec::new();
+        for i in 0..self.len() {
+            let (f, v) = self.row(i);
+            row.clear();
+            row.extend(f.iter().zip(v).map(|(&f, &v)| (hashing.bucket(f, buckets), hashing.sign(f) * v)));
+            row.sort_unstable_by_key(|&(f, _)| f);
+            row.dedup_by(|later, kept| {
+                let same = later.0 == kept.0;
+                if same {
+                    kept.1 += later.1;
+                }
+                same
+            });
+            out.push(self.labels[i], row.iter().copied());
+        }
+        if out.offsets.is_empty() {
+            out.offsets.push(0);
+        }
+        out
+    }
+
     /// The examples at `indices`, in that order.
     pub fn select(&self, indices: &[usize]) -> Examples {
         let mut out = Examples::default();

@@ -43,8 +43,16 @@ pub struct LrArgs {
     #[arg(long, requires = "train")]
     pub test: Option<std::path::PathBuf>,
     /// Hash features into 2^bits keys (default: 18 for `spam`, none for LIBSVM files).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "hash_buckets")]
     pub hash_bits: Option<u32>,
+    /// Feature hashing into this many keys with Ferry's seeded hash (`ferry::FeatureHashing`,
+    /// the seed from --seed), any count from 1 to 2^32: the model's size.
+    #[arg(long)]
+    pub hash_buckets: Option<u64>,
+    /// With --hash-buckets: each feature also gets a sign, so that colliding features cancel
+    /// in expectation instead of adding up.
+    #[arg(long, requires = "hash_buckets")]
+    pub hash_signed: bool,
     /// Optimizer: `adagrad` or `ftrl`.
     #[arg(long, default_value = "adagrad")]
     pub optimizer: String,
@@ -117,20 +125,25 @@ impl super::Task for LrArgs {
     /// Driver side: makes named data available; returns a description.
     fn prepare(&self) -> Result<String> {
         self.validate()?;
-        if let (Some(train), Some(test)) = (&self.train, &self.test) {
-            return Ok(format!("examples from {} (train) and {} (test)", train.display(), test.display()));
-        }
-        match self.data.as_str() {
-            "agaricus" | "criteo-small" | "spam" => {
-                crate::data::fetch(&self.data)?;
-                Ok(match self.data.as_str() {
-                    "spam" => format!("spam: SpamAssassin e-mails, bag of words hashed into 2^{} features, split 80/20", self.spam_bits()),
-                    name => format!("{name} (xlearn's train/test files)"),
-                })
+        let data = if let (Some(train), Some(test)) = (&self.train, &self.test) {
+            format!("examples from {} (train) and {} (test)", train.display(), test.display())
+        } else {
+            match self.data.as_str() {
+                "agaricus" | "criteo-small" | "spam" => {
+                    crate::data::fetch(&self.data)?;
+                    match self.data.as_str() {
+                        "spam" if self.hash_buckets.is_none() => {
+                            format!("spam: SpamAssassin e-mails, bag of words hashed into 2^{} features, split 80/20", self.spam_bits())
+                        }
+                        "spam" => "spam: SpamAssassin e-mails, bag of words, split 80/20".into(),
+                        name => format!("{name} (xlearn's train/test files)"),
+                    }
+                }
+                "synth-lr" => "synth-lr: 4 000 generated sparse examples of a planted linear model".into(),
+                path => format!("examples from {}", super::user_data(path, KNOWN, true)?.display()),
             }
-            "synth-lr" => Ok("synth-lr: 4 000 generated sparse examples of a planted linear model".into()),
-            path => Ok(format!("examples from {}", super::user_data(path, KNOWN, true)?.display())),
-        }
+        };
+        Ok(data + &self.hashing_note())
     }
 
     fn check_data(&self) -> Result<()> {
@@ -162,6 +175,12 @@ impl super::Task for LrArgs {
         if let Some(b) = self.hash_bits {
             args.extend(["--hash-bits".into(), b.to_string()]);
         }
+        if let Some(m) = self.hash_buckets {
+            args.extend(["--hash-buckets".into(), m.to_string()]);
+        }
+        if self.hash_signed {
+            args.push("--hash-signed".into());
+        }
         if let (Some(train), Some(test)) = (&self.train, &self.test) {
             args.extend(["--train".into(), train.display().to_string(), "--test".into(), test.display().to_string()]);
         }
@@ -178,8 +197,23 @@ impl super::Task for LrArgs {
 }
 
 impl LrArgs {
+    /// Bits of the words' ids in `spam`: with --hash-buckets nearly raw (62 bits of each
+    /// word's hash), which the buckets then take in.
     fn spam_bits(&self) -> u32 {
-        self.hash_bits.unwrap_or(18)
+        if self.hash_buckets.is_some() { 62 } else { self.hash_bits.unwrap_or(18) }
+    }
+
+    /// The feature hashing of --hash-buckets, seeded by --seed.
+    fn feature_hashing(&self) -> Option<(ferry::FeatureHashing, u64)> {
+        self.hash_buckets.map(|m| (ferry::FeatureHashing { seed: self.common.seed, signed: self.hash_signed }, m))
+    }
+
+    /// What the data description adds for --hash-buckets.
+    fn hashing_note(&self) -> String {
+        match self.feature_hashing() {
+            Some((h, m)) => format!(", features hashed into {m} keys (seed {}{})", h.seed, if h.signed { ", signed" } else { "" }),
+            None => String::new(),
+        }
     }
 
     fn validate(&self) -> Result<()> {
@@ -188,6 +222,9 @@ impl LrArgs {
         }
         if self.hash_bits.is_some_and(|b| !(4..=30).contains(&b)) {
             bail!("--hash-bits must be in 4..=30");
+        }
+        if self.hash_buckets.is_some_and(|m| !(1..=1 << 32).contains(&m)) {
+            bail!("--hash-buckets must be in 1..=4294967296");
         }
         let valid = |x: f32, positive: bool| x.is_finite() && if positive { x > 0.0 } else { x >= 0.0 };
         if !(valid(self.lr, true) && valid(self.l2, false) && valid(self.l1, false)) {
@@ -266,6 +303,9 @@ impl LrArgs {
                 }
             }
         };
+        if let Some((hashing, buckets)) = self.feature_hashing() {
+            return Ok(Split { train: train.hashed(hashing, buckets), test: test.hashed(hashing, buckets), dims: buckets });
+        }
         let dims = train.dims().max(test.dims()).max(self.hash_bits.map_or(0, |b| 1 << b));
         Ok(Split { train, test, dims })
     }

@@ -14,6 +14,8 @@
 
 use std::ops::Range;
 
+use crate::hashing::mix;
+
 /// The ring of one table, on every node alike.
 #[derive(Debug, Clone)]
 pub(crate) struct Ring {
@@ -31,16 +33,8 @@ pub(crate) struct Ring {
     shift: u32,
 }
 
-/// The splitmix64 finaliser: a fixed bijection of `u64` whose output bits each depend on every
-/// input bit, so that points land apart even for neighbouring `(node, v)`.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-/// Where virtual node `v` of `node` sits on a ring of `positions` positions.
+/// Where virtual node `v` of `node` sits on a ring of `positions` positions (the hash's bits
+/// each depend on every input bit, so that points land apart even for neighbouring `(node, v)`).
 fn point(node: usize, v: u32, positions: u64) -> u64 {
     let h = mix(((node as u64) << 32 | v as u64) ^ 0x6665_7272_7972_696e);
     ((h as u128 * positions as u128) >> 64) as u64

@@ -1,6 +1,7 @@
 //! The handle a trainer thread holds.
 
 mod barrier_hooks;
+mod hashed;
 mod intent;
 mod sampling;
 
@@ -64,6 +65,9 @@ pub struct Worker {
     /// The keys of the last range operation (reused: a range operation allocates nothing after
     /// the first of its size).
     range_keys: Vec<u64>,
+    /// Buckets and signed values of a feature-hashed table's call, kept between calls.
+    hashed_keys: Vec<u64>,
+    hashed_values: Vec<f32>,
     /// Bounded-delay clocks (see [`Worker::advance_clock`]).
     pub(crate) clock: u64,
     /// Whether this worker is a trainer's: it takes part in clocks and barriers and keeps
@@ -89,6 +93,8 @@ pub struct PullTicket {
     op: Option<OpId>,
     values: Option<Vec<f32>>,
     _token: Arc<()>,
+    /// A signed feature-hashed table's pull: the value length and each row's sign.
+    signs: Option<(usize, Vec<f32>)>,
 }
 
 impl Worker {
@@ -123,7 +129,21 @@ impl Worker {
                 Ok(Progress::Done)
             });
         }
-        Worker { node, index, requester, inbox, tx, samplers: Vec::new(), range_keys: Vec::new(), clock, member, declared: false, intent_service }
+        Worker {
+            node,
+            index,
+            requester,
+            inbox,
+            tx,
+            samplers: Vec::new(),
+            range_keys: Vec::new(),
+            hashed_keys: Vec::new(),
+            hashed_values: Vec::new(),
+            clock,
+            member,
+            declared: false,
+            intent_service,
+        }
     }
 
     /// This worker's number on its node.
@@ -350,6 +370,11 @@ impl Worker {
     #[inline]
     pub fn pull(&mut self, table: Table, keys: &[u64], out: &mut [f32]) -> Result<()> {
         self.validate(table, keys, out.len(), "pull output")?;
+        if let Some(h) = table.hashing {
+            self.through_buckets(table, h, keys, &[], |w, t, buckets, _| w.pull(t, buckets, &mut *out))?;
+            Worker::sign_rows(h, table.value_len, keys, out);
+            return Ok(());
+        }
         if let [key] = keys
             && let Some(()) = self.single_local(AccessKind::Pull, table, *key, &[], out)
         {
@@ -365,6 +390,9 @@ impl Worker {
     #[inline]
     pub fn push(&mut self, table: Table, keys: &[u64], updates: &[f32]) -> Result<()> {
         self.validate(table, keys, updates.len(), "push updates")?;
+        if let Some(h) = table.hashing {
+            return self.through_buckets(table, h, keys, updates, |w, t, buckets, updates| w.push(t, buckets, updates));
+        }
         if let [key] = keys
             && let Some(()) = self.single_local(AccessKind::Push, table, *key, updates, &mut [])
         {
@@ -382,6 +410,11 @@ impl Worker {
     pub fn push_pull(&mut self, table: Table, keys: &[u64], updates: &[f32], out: &mut [f32]) -> Result<()> {
         self.validate(table, keys, updates.len(), "push_pull updates")?;
         self.validate(table, keys, out.len(), "push_pull output")?;
+        if let Some(h) = table.hashing {
+            self.through_buckets(table, h, keys, updates, |w, t, buckets, updates| w.push_pull(t, buckets, updates, &mut *out))?;
+            Worker::sign_rows(h, table.value_len, keys, out);
+            return Ok(());
+        }
         if let [key] = keys
             && let Some(()) = self.single_local(AccessKind::PushPull, table, *key, updates, out)
         {
@@ -396,11 +429,14 @@ impl Worker {
     /// Starts a push-pull; the updated values come from [`Worker::wait_pull`].
     pub fn push_pull_async(&mut self, table: Table, keys: &[u64], updates: &[f32]) -> Result<PullTicket> {
         self.validate(table, keys, updates.len(), "push_pull updates")?;
+        if let Some(h) = table.hashing {
+            return self.hashed_pull_async(table, h, keys, updates, |w, t, buckets, updates| w.push_pull_async(t, buckets, updates));
+        }
         let token = Arc::new(());
         let values = vec![0.0; keys.len() * table.value_len];
         Ok(match self.issue(AccessKind::PushPull, table, keys, updates, Some(values), None, Some(&token))? {
-            Issued::Done(values) => PullTicket { op: None, values, _token: token },
-            Issued::Pending { op, .. } => PullTicket { op: Some(op), values: None, _token: token },
+            Issued::Done(values) => PullTicket { op: None, values, _token: token, signs: None },
+            Issued::Pending { op, .. } => PullTicket { op: Some(op), values: None, _token: token, signs: None },
         })
     }
 
@@ -424,6 +460,12 @@ impl Worker {
     /// The keys of `range`, in the worker's reused buffer (taken; the caller puts it back).
     fn range_keys(&mut self, table: Table, range: std::ops::Range<u64>) -> Result<Vec<u64>> {
         self.node.check_table(table)?;
+        if table.hashing.is_some() {
+            return Err(Error::Config(format!(
+                "table '{}' is feature-hashed: its ids are spread over its buckets, so there are no key ranges to pull or push (pull and push the ids)",
+                self.node.config.tables[table.id as usize].name
+            )));
+        }
         if range.start > range.end || range.end > table.keys {
             return Err(Error::Config(format!(
                 "key range {}..{} is not within the {} keys of table '{}'",
@@ -438,6 +480,10 @@ impl Worker {
 
     /// Overwrites the values of `keys`.
     pub fn set(&mut self, table: Table, keys: &[u64], values: &[f32]) -> Result<()> {
+        if let Some(h) = table.hashing {
+            self.validate(table, keys, values.len(), "set values")?;
+            return self.through_buckets(table, h, keys, values, |w, t, buckets, values| w.set(t, buckets, values));
+        }
         self.validate(table, keys, values.len(), "set values")?;
         match self.issue(AccessKind::Set, table, keys, values, None, None, None)? {
             Issued::Done(_) => Ok(()),
@@ -448,6 +494,14 @@ impl Worker {
     /// Reads `keys` into `out` only if all of them are held by this node; returns whether it
     /// did. Never touches the network.
     pub fn pull_if_local(&mut self, table: Table, keys: &[u64], out: &mut [f32]) -> Result<bool> {
+        if let Some(h) = table.hashing {
+            self.validate(table, keys, out.len(), "pull output")?;
+            let local = self.through_buckets(table, h, keys, &[], |w, t, buckets, _| w.pull_if_local(t, buckets, &mut *out))?;
+            if local {
+                Worker::sign_rows(h, table.value_len, keys, out);
+            }
+            return Ok(local);
+        }
         self.validate_keys(table, keys)?;
         self.validate(table, keys, out.len(), "pull output")?;
         let store = self.node.core.store();
@@ -480,6 +534,10 @@ impl Worker {
     /// delta a sync round is carrying to the key's owner is moved once that round has ended:
     /// the call waits for it (a few milliseconds; at most the operation timeout).
     pub fn localize_async(&mut self, table: Table, keys: &[u64]) -> Result<Ticket> {
+        if let Some(h) = table.hashing {
+            self.node.check_table(table)?;
+            return self.through_buckets(table, h, keys, &[], |w, t, buckets, _| w.start_localize(t, buckets, false));
+        }
         self.start_localize(table, keys, false)
     }
 
@@ -536,11 +594,14 @@ impl Worker {
     /// Starts a pull; the values come from [`Worker::wait_pull`].
     pub fn pull_async(&mut self, table: Table, keys: &[u64]) -> Result<PullTicket> {
         self.validate(table, keys, keys.len() * table.value_len, "pull output")?;
+        if let Some(h) = table.hashing {
+            return self.hashed_pull_async(table, h, keys, &[], |w, t, buckets, _| w.pull_async(t, buckets));
+        }
         let token = Arc::new(());
         let values = vec![0.0; keys.len() * table.value_len];
         Ok(match self.issue(AccessKind::Pull, table, keys, &[], Some(values), None, Some(&token))? {
-            Issued::Done(values) => PullTicket { op: None, values, _token: token },
-            Issued::Pending { op, .. } => PullTicket { op: Some(op), values: None, _token: token },
+            Issued::Done(values) => PullTicket { op: None, values, _token: token, signs: None },
+            Issued::Pending { op, .. } => PullTicket { op: Some(op), values: None, _token: token, signs: None },
         })
     }
 
@@ -558,12 +619,18 @@ impl Worker {
     /// Starts a push.
     pub fn push_async(&mut self, table: Table, keys: &[u64], updates: &[f32]) -> Result<Ticket> {
         self.validate(table, keys, updates.len(), "push updates")?;
+        if let Some(h) = table.hashing {
+            return self.through_buckets(table, h, keys, updates, |w, t, buckets, updates| w.push_async(t, buckets, updates));
+        }
         self.start(AccessKind::Push, table, keys, updates)
     }
 
     /// Starts a set.
     pub fn set_async(&mut self, table: Table, keys: &[u64], values: &[f32]) -> Result<Ticket> {
         self.validate(table, keys, values.len(), "set values")?;
+        if let Some(h) = table.hashing {
+            return self.through_buckets(table, h, keys, values, |w, t, buckets, values| w.set_async(t, buckets, values));
+        }
         self.start(AccessKind::Set, table, keys, values)
     }
 
@@ -586,11 +653,17 @@ impl Worker {
 
     /// Waits for an asynchronous pull and returns its values.
     pub fn wait_pull(&mut self, ticket: PullTicket) -> Result<Vec<f32>> {
-        match (ticket.op, ticket.values) {
-            (_, Some(values)) => Ok(values),
-            (Some(op), None) => self.wait_op(op, None),
-            (None, None) => Ok(Vec::new()),
+        let mut values = match (ticket.op, ticket.values) {
+            (_, Some(values)) => values,
+            (Some(op), None) => self.wait_op(op, None)?,
+            (None, None) => Vec::new(),
+        };
+        if let Some((value_len, signs)) = &ticket.signs {
+            for (row, sign) in values.chunks_mut((*value_len).max(1)).zip(signs) {
+                row.iter_mut().for_each(|v| *v *= sign);
+            }
         }
+        Ok(values)
     }
 
     /// Whether the operation of `ticket` has completed (successfully or not); handles waiting
@@ -729,6 +802,10 @@ impl Worker {
     /// are checked and otherwise ignored. An empty window, or one that ended already, changes nothing; `start > end` is an
     /// error.
     pub fn intent(&mut self, table: Table, keys: &[u64], start: u64, end: u64) -> Result<()> {
+        if let Some(h) = table.hashing {
+            self.node.check_table(table)?;
+            return self.through_buckets(table, h, keys, &[], |w, t, buckets, _| w.intent(t, buckets, start, end));
+        }
         self.validate_keys(table, keys)?;
         if start > end {
             return Err(Error::Intent(format!("a window from clock {start} to clock {end} ends before it starts")));

@@ -147,6 +147,11 @@ impl Worker {
     /// (NuPS's `register_distribution`). Distributions belong to this worker.
     pub fn register_distribution(&mut self, table: Table, dist: KeyDistribution, scheme: SamplingScheme) -> Result<DistributionId> {
         let name = self.checked_table_name(table)?;
+        if table.hashing.is_some() {
+            return Err(Error::Sampling(format!(
+                "table '{name}' is feature-hashed: a distribution over its keys would draw buckets, not ids (sample ids yourself and pull them)"
+            )));
+        }
         check_distribution(table, &dist, &name)?;
         scheme.validate()?;
         let range = dist.range();

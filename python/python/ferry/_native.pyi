@@ -28,12 +28,18 @@ def read_checkpoint(dir: Path) -> Dict[str, npt.NDArray[np.float32]]:
     shape `(keys, value_len)` (optimizer state left out). Raises `FerryError` naming the file
     when the checkpoint is incomplete or damaged."""
 
+def feature_id(text: str) -> int:
+    """The raw id of the string feature `text` (a word, a `field=value` pair), for a table made
+    with `feature_hashing`: the same id in every process and binding."""
+
 class Table:
     """A table's configuration beyond `(name, keys, value_len)`: what a push does (`updater`:
     `add`, `sgd:LR`, `adagrad:LR[:EPS[:INIT]]`, `adam:LR[:BETA1:BETA2:EPS]` or
     `ftrl:ALPHA:BETA:L1:L2`, applied where each key lives), how keys are spread (`partitioning`:
     `range`, `hash`, or `consistent[:VIRTUAL_NODES]` for consistent hashing), which keys every node replicates, how values travel (`codec`), key lists
-    cached from `key_cache_min` keys on, and whether checkpoints leave it out (`scratch`)."""
+    cached from `key_cache_min` keys on, whether checkpoints leave it out (`scratch`), and
+    whether workers address it by raw ids hashed into its `keys` buckets (`feature_hashing`:
+    `"SEED"` or `"SEED:signed"`; ids are any uint64, or `feature_id` of a string)."""
 
     def __init__(
         self,
@@ -47,6 +53,7 @@ class Table:
         codec: str = "f32",
         key_cache_min: int = 0,
         scratch: bool = False,
+        feature_hashing: Optional[str] = None,
     ) -> None: ...
     @property
     def name(self) -> str:
