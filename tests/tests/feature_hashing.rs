@@ -72,6 +72,12 @@ fn raw_ids_share_buckets_and_signs_hold_on_every_path() {
                     assert_eq!(out, want, "{name}: a pull on node {rank}");
                     let ticket = w.pull_async(table, all).unwrap();
                     assert_eq!(w.wait_pull(ticket).unwrap(), want, "{name}: an asynchronous pull on node {rank}");
+                    // One id at a time (an unsigned table's single id skips the buffers).
+                    for (i, &id) in all.iter().enumerate().step_by(37) {
+                        let mut one = vec![0.0; LEN];
+                        w.pull(table, &[id], &mut one).unwrap();
+                        assert_eq!(one, want[i * LEN..(i + 1) * LEN], "{name}: id {id} alone on node {rank}");
+                    }
                 }
                 w.barrier().unwrap();
                 // Push-pull on the signed table: each answer holds the push it made.

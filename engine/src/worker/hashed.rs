@@ -19,6 +19,12 @@ impl Worker {
         input: &[f32],
         op: impl FnOnce(&mut Worker, Table, &[u64], &[f32]) -> Result<R>,
     ) -> Result<R> {
+        if let [id] = ids
+            && !hashing.signed
+        {
+            // One id: its bucket on the stack.
+            return op(self, table.buckets(), &[hashing.bucket(*id, table.keys)], input);
+        }
         let mut buckets = std::mem::take(&mut self.hashed_keys);
         buckets.clear();
         buckets.extend(ids.iter().map(|&id| hashing.bucket(id, table.keys)));
