@@ -14,9 +14,9 @@
 //! "done" (`u64::MAX`) and holds nobody back any more; a worker it starts after that begins at
 //! the smallest count it knows and is not waited for by the others. A lost node no longer holds
 //! anybody back either. A cluster restored from a checkpoint counts on from the clock the
-//! checkpoint saved ([`Clocks::checkpoint_clock`]; [`Clocks::new`]'s `first`: every node starts there, and a worker's first
-//! clock is that one). The state machine has no clock and no I/O: the runtime waits on
-//! [`Clocks::cluster_min`].
+//! checkpoint saved ([`Clocks::checkpoint_clock`]; [`Clocks::new`]'s `first`): every node
+//! starts there, and a worker's first clock is that one. The state machine has no clock and no
+//! I/O: the runtime waits on [`Clocks::cluster_min`].
 
 use super::directory::Directory;
 use super::transmit::Transmit;
