@@ -59,6 +59,8 @@ typedef struct FerryStats {
   uint64_t messages_sent;
   // Bytes sent to other nodes.
   uint64_t bytes_sent;
+  // Bytes of message frames received from other nodes.
+  uint64_t bytes_received;
 } FerryStats;
 
 // A latency distribution (see `ferry::Latency`): sample count, median, 99th percentile,
@@ -117,7 +119,9 @@ int32_t ferry_config_add_table(struct FerryConfig *config,
 // `SEED:signed`: workers address the table by raw ids, any `uint64_t` or `ferry_feature_id`'s
 // of a string, hashed into its keys), `key_cache_min` (a number; 0 is off), `replicate` (keys every
 // node keeps a replica of: `FIRST-END` ranges, end exclusive, and single keys, comma-separated,
-// e.g. `0-16,40`) or `scratch` (`true`: left out of checkpoints). Every node sets the same.
+// e.g. `0-16,40`), `scratch` (`true`: left out of checkpoints) or `plan` (the path of a plan of
+// `ferry partition`: every key homed at the node the plan names; the plan must be for the
+// cluster's node count and the table's key count). Every node sets the same.
 //
 // # Safety
 //

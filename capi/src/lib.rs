@@ -81,6 +81,8 @@ pub struct FerryStats {
     pub messages_sent: u64,
     /// Bytes sent to other nodes.
     pub bytes_sent: u64,
+    /// Bytes of message frames received from other nodes.
+    pub bytes_received: u64,
 }
 
 type Outcome = Result<(), (i32, String)>;
@@ -251,7 +253,9 @@ pub unsafe extern "C" fn ferry_config_add_table(config: *mut FerryConfig, name: 
 /// `SEED:signed`: workers address the table by raw ids, any `uint64_t` or `ferry_feature_id`'s
 /// of a string, hashed into its keys), `key_cache_min` (a number; 0 is off), `replicate` (keys every
 /// node keeps a replica of: `FIRST-END` ranges, end exclusive, and single keys, comma-separated,
-/// e.g. `0-16,40`) or `scratch` (`true`: left out of checkpoints). Every node sets the same.
+/// e.g. `0-16,40`), `scratch` (`true`: left out of checkpoints) or `plan` (the path of a plan of
+/// `ferry partition`: every key homed at the node the plan names; the plan must be for the
+/// cluster's node count and the table's key count). Every node sets the same.
 ///
 /// # Safety
 ///
@@ -269,6 +273,10 @@ pub unsafe extern "C" fn ferry_config_table_option(config: *mut FerryConfig, nam
             "partitioning" => spec.partitioning = value.parse().map_err(bad)?,
             "codec" => spec.codec = value.parse().map_err(bad)?,
             "feature_hashing" => spec.feature_hashing = Some(value.parse().map_err(bad)?),
+            "plan" => {
+                let plan = ferry::copartition::Plan::read(std::path::Path::new(value)).map_err(|e| bad(e.to_string()))?;
+                *spec = spec.clone().placed(plan.placement);
+            }
             "key_cache_min" => spec.key_cache_min = value.trim().parse().map_err(|_| bad("not a number".into()))?,
             "scratch" => {
                 spec.scratch = match value {
@@ -294,7 +302,7 @@ pub unsafe extern "C" fn ferry_config_table_option(config: *mut FerryConfig, nam
             }
             other => {
                 return Err(argument(format!(
-                    "table option '{other}': expected updater, partitioning, codec, feature_hashing, key_cache_min, replicate or scratch"
+                    "table option '{other}': expected updater, partitioning, codec, feature_hashing, key_cache_min, replicate, scratch or plan"
                 )));
             }
         }
@@ -414,6 +422,7 @@ pub unsafe extern "C" fn ferry_node_stats(node: *mut FerryNode, stats: *mut Ferr
             relocations_out: s.relocations_out,
             messages_sent: s.traffic.messages.iter().sum(),
             bytes_sent: s.traffic.bytes.iter().sum(),
+            bytes_received: s.received_bytes,
         };
         // SAFETY: forwarded from this function's contract.
         unsafe { put(stats, counters, "stats") }
@@ -961,6 +970,7 @@ mod tests {
                 (&served, "replicate", "4-11", "not a range of keys"),
                 (&served, "colour", "blue", "table option 'colour'"),
                 (&hashed, "feature_hashing", "11:sign", "expected SEED or SEED:signed"),
+                (&served, "plan", "/nonexistent/plan", "reading the plan /nonexistent/plan"),
                 (&c("nope"), "updater", "add", "no table 'nope'"),
             ] {
                 assert_eq!(option(table, o, v), FERRY_ERR_ARGUMENT, "{o}={v}");

@@ -110,7 +110,7 @@ pub(crate) fn cut(store: &Store, specs: &[TableSpec], rank: usize, nodes: usize,
         let id = id as u16;
         let table = store.table(id);
         let words_per_key = table.value_len() + table.state_len();
-        let partitioner = Partitioner::new(spec.keys, nodes, spec.partitioning);
+        let partitioner = Partitioner::of(spec, nodes);
         let held = table.slot_usage().0;
         let (mut keys, mut words) = buffers.next().map_or_else(|| (Vec::new(), Vec::new()), |c| (c.keys, c.words));
         keys.clear();
@@ -497,6 +497,7 @@ struct Shape {
     value_len: usize,
     words_per_key: usize,
     partitioning: crate::config::Partitioning,
+    placement: Option<std::sync::Arc<crate::placement::Placement>>,
 }
 
 impl Shape {
@@ -514,6 +515,7 @@ impl Shape {
             value_len: spec.value_len,
             words_per_key: spec.value_len + spec.state_len(),
             partitioning: spec.partitioning,
+            placement: spec.placement.clone(),
         }
     }
 }
@@ -536,7 +538,8 @@ fn read_into(dir: &Path, manifests: &[Manifest], target: &Target<'_>, mut apply:
     // A values file names a table by the id it had in the writer's configuration; the manifests
     // list those ids in the order of `shapes`.
     let position = |id: usize| manifests[0].tables.iter().position(|t| t.0 as usize == id).filter(|&p| p < shapes.len());
-    let partitioners: Vec<Partitioner> = shapes.iter().map(|t| Partitioner::new(t.keys, target.nodes, t.partitioning)).collect();
+    let partitioners: Vec<Partitioner> =
+        shapes.iter().map(|t| Partitioner::with_placement(t.keys, target.nodes, t.partitioning, t.placement.clone())).collect();
     // Per table, which of the home keys were found (sized by the configuration, or by a
     // manifest checked against the files' sizes: never by a count read from a file alone).
     let mut found: Vec<Vec<bool>> = shapes.iter().map(|t| vec![false; t.keys as usize]).collect();
@@ -667,7 +670,8 @@ pub fn read_arrays_checkpoint(dir: impl AsRef<Path>, specs: &[TableSpec]) -> Res
 /// targets their positions), key after key, from the checkpoint of `manifests` in `dir`.
 fn read_dense(dir: &Path, manifests: &[Manifest], shapes: &[Shape]) -> Result<Vec<Vec<f32>>> {
     let mut out: Vec<Vec<f32>> = shapes.iter().map(|s| vec![0.0; (s.keys as usize).saturating_mul(s.value_len)]).collect();
-    let shapes: Vec<Shape> = shapes.iter().enumerate().map(|(position, s)| Shape { target: position, name: s.name.clone(), ..*s }).collect();
+    let shapes: Vec<Shape> =
+        shapes.iter().enumerate().map(|(position, s)| Shape { target: position, name: s.name.clone(), placement: s.placement.clone(), ..*s }).collect();
     let target = Target { shapes: &shapes, rank: 0, nodes: 1, also: &|_, _| false };
     read_into(dir, manifests, &target, |table, key, bytes, _| {
         let len = shapes[table].value_len;
@@ -735,6 +739,7 @@ pub fn read_checkpoint(dir: impl AsRef<Path>) -> Result<Vec<CheckpointTable>> {
             value_len: *value_len,
             words_per_key: value_len + state_len,
             partitioning: crate::config::Partitioning::Range,
+            placement: None,
         })
         .collect();
     let values = read_dense(dir, &manifests, &shapes)?;

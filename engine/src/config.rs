@@ -25,6 +25,10 @@ pub enum Partitioning {
         /// Points per node on the ring, 1..=[`Partitioning::MAX_VIRTUAL_NODES`].
         virtual_nodes: u32,
     },
+    /// An explicit home per key, from a [`crate::Placement`] (for instance the co-partitioner's
+    /// plan, [`crate::copartition`]), given with [`TableSpec::placed`]: a table partitioned so
+    /// needs its placement, whose node and key counts must be the cluster's and the table's.
+    Placed,
 }
 
 impl Partitioning {
@@ -49,6 +53,7 @@ impl Partitioning {
             Partitioning::Range => "range".into(),
             Partitioning::Hash => "hash".into(),
             Partitioning::Consistent { virtual_nodes } => format!("consistent:{virtual_nodes}"),
+            Partitioning::Placed => "placed".into(),
         }
     }
 }
@@ -63,6 +68,7 @@ impl std::str::FromStr for Partitioning {
             "range" => Ok(Partitioning::Range),
             "hash" => Ok(Partitioning::Hash),
             "consistent" => Ok(Partitioning::consistent()),
+            "placed" => Err("partitioning 'placed' takes a placement: give the table one with TableSpec::placed (a plan of `ferry partition`)".into()),
             other => {
                 let count = other.strip_prefix("consistent:").ok_or_else(|| format!("partitioning '{other}': {expected}"))?;
                 match count.parse::<u32>() {
@@ -125,6 +131,9 @@ pub struct TableSpec {
     /// its `keys` buckets (and signs), or `None` (the default): keys are `0..keys`. See
     /// [`crate::hashing`].
     pub feature_hashing: Option<crate::hashing::FeatureHashing>,
+    /// The explicit home of every key, with [`Partitioning::Placed`] (see
+    /// [`TableSpec::placed`]); `None` otherwise.
+    pub placement: Option<std::sync::Arc<crate::placement::Placement>>,
 }
 
 impl TableSpec {
@@ -142,6 +151,7 @@ impl TableSpec {
             key_cache_min: 0,
             scratch: false,
             feature_hashing: None,
+            placement: None,
         }
     }
 
@@ -207,9 +217,21 @@ impl TableSpec {
         self
     }
 
-    /// The same table with another partitioning.
+    /// The same table with another partitioning (dropping a placement, unless it is
+    /// [`Partitioning::Placed`]).
     pub fn partitioned(mut self, partitioning: Partitioning) -> TableSpec {
         self.partitioning = partitioning;
+        if partitioning != Partitioning::Placed {
+            self.placement = None;
+        }
+        self
+    }
+
+    /// The same table with every key homed where `placement` says ([`Partitioning::Placed`]):
+    /// the placement must be for the cluster's node count and place exactly the table's keys.
+    pub fn placed(mut self, placement: std::sync::Arc<crate::placement::Placement>) -> TableSpec {
+        self.partitioning = Partitioning::Placed;
+        self.placement = Some(placement);
         self
     }
 }
@@ -804,6 +826,25 @@ impl Config {
                     ));
                 }
             }
+            match (&t.placement, t.partitioning) {
+                (None, Partitioning::Placed) => return bad(format!("table '{}' is placed but has no placement: give it one with TableSpec::placed", t.name)),
+                (Some(p), Partitioning::Placed) if p.nodes() != self.nodes => {
+                    return bad(format!(
+                        "table '{}' has a placement for {} nodes; this cluster has {}: make a plan for {} nodes",
+                        t.name,
+                        p.nodes(),
+                        self.nodes,
+                        self.nodes
+                    ));
+                }
+                (Some(p), Partitioning::Placed) if p.keys() != t.keys => {
+                    return bad(format!("table '{}' has {} keys but its placement places {}: the plan was made for other data", t.name, t.keys, p.keys()));
+                }
+                (Some(_), kind) if kind != Partitioning::Placed => {
+                    return bad(format!("table '{}' has a placement but is partitioned by {}: use TableSpec::placed", t.name, kind.name()));
+                }
+                _ => {}
+            }
             if t.value_len == 0 || t.value_len > (self.max_message_bytes - 64) / t.element.size() {
                 return bad(format!("table '{}' has values of {} elements; they must fit one message ({} bytes)", t.name, t.value_len, self.max_message_bytes));
             }
@@ -845,6 +886,9 @@ impl Config {
             ));
             if let Some(h) = t.feature_hashing {
                 text.push_str(&format!("hashed {}:", h.name()));
+            }
+            if let Some(p) = &t.placement {
+                text.push_str(&format!("placement {:016x}:", p.digest()));
             }
             for r in &t.replicated {
                 text.push_str(&format!("{}-{},", r.start, r.end));

@@ -109,6 +109,7 @@ impl Collector for NodeCollector {
         let by_kind = |of: &[u64]| -> Vec<(&'static str, u64)> { MessageKind::ALL.iter().map(|k| (k.name(), of[*k as usize])).collect() };
         counters(&mut e, "ferry_messages_sent", "messages sent to other nodes, by kind", "kind", &by_kind(&s.traffic.messages))?;
         counters(&mut e, "ferry_bytes_sent", "bytes sent to other nodes, by kind", "kind", &by_kind(&s.traffic.bytes))?;
+        counter(&mut e, "ferry_bytes_received", "bytes of message frames received from other nodes", s.received_bytes)?;
         latency(&mut e, "ferry_relocation_latency", "time from a localize to the key's arrival", &s.relocation_time)?;
         latency(
             &mut e,

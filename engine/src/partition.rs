@@ -5,11 +5,15 @@
 //! and hash cut the positions into `nodes` contiguous runs of nearly equal length; consistent
 //! hashing cuts them into arcs between its virtual nodes ([`ring`]). Either way a home node's
 //! keys have dense indices `0..home_count`, which is what keeps its location table small and
-//! array-backed.
+//! array-backed. An explicit [`Placement`] gives each key its home and its dense index
+//! directly.
 
 mod ring;
 
-use crate::config::Partitioning;
+use std::sync::Arc;
+
+use crate::config::{Partitioning, TableSpec};
+use crate::placement::Placement;
 
 /// The home-node mapping of one table.
 #[derive(Debug, Clone)]
@@ -21,6 +25,8 @@ pub struct Partitioner {
     inverse: u64,
     /// The ring, for consistent hashing.
     ring: Option<ring::Ring>,
+    /// The explicit homes, for [`Partitioning::Placed`].
+    placement: Option<Arc<Placement>>,
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {
@@ -46,7 +52,23 @@ fn mod_inverse(a: u64, m: u64) -> u64 {
 }
 
 impl Partitioner {
-    /// The mapping of `keys` keys onto `nodes` nodes.
+    /// The mapping of `spec`'s keys onto `nodes` nodes, by its partitioning (and placement).
+    pub fn of(spec: &TableSpec, nodes: usize) -> Partitioner {
+        Partitioner::with_placement(spec.keys, nodes, spec.partitioning, spec.placement.clone())
+    }
+
+    /// The mapping of `keys` keys onto `nodes` nodes, with `placement` for
+    /// [`Partitioning::Placed`] (whose counts the configuration has checked).
+    pub fn with_placement(keys: u64, nodes: usize, kind: Partitioning, placement: Option<Arc<Placement>>) -> Partitioner {
+        let mut p = Partitioner::new(keys, nodes, kind);
+        if kind == Partitioning::Placed {
+            p.placement = placement.filter(|pl| pl.keys() == p.keys && pl.nodes() == nodes);
+        }
+        p
+    }
+
+    /// The mapping of `keys` keys onto `nodes` nodes (a [`Partitioning::Placed`] table without
+    /// its placement, which a configuration refuses, falls back to hashing).
     pub fn new(keys: u64, nodes: usize, kind: Partitioning) -> Partitioner {
         let keys = keys.max(1);
         // A multiplier near keys/φ spreads neighbours far apart; gcd(keys-1, keys) = 1 bounds
@@ -59,9 +81,9 @@ impl Partitioner {
         let inverse = mod_inverse(mult, keys);
         let ring = match kind {
             Partitioning::Consistent { virtual_nodes } => Some(ring::Ring::new(keys, nodes, virtual_nodes)),
-            Partitioning::Range | Partitioning::Hash => None,
+            Partitioning::Range | Partitioning::Hash | Partitioning::Placed => None,
         };
-        Partitioner { keys, nodes: nodes as u64, kind, mult, inverse, ring }
+        Partitioner { keys, nodes: nodes as u64, kind, mult, inverse, ring, placement: None }
     }
 
     #[inline]
@@ -78,7 +100,9 @@ impl Partitioner {
     fn key_at(&self, position: u64) -> u64 {
         match self.kind {
             Partitioning::Range => position,
-            Partitioning::Hash | Partitioning::Consistent { .. } => ((position as u128 * self.inverse as u128) % self.keys as u128) as u64,
+            Partitioning::Hash | Partitioning::Consistent { .. } | Partitioning::Placed => {
+                ((position as u128 * self.inverse as u128) % self.keys as u128) as u64
+            }
         }
     }
 
@@ -97,6 +121,9 @@ impl Partitioner {
     /// The home node of `key` (which must be below the table's key count).
     #[inline]
     pub fn home(&self, key: u64) -> usize {
+        if let Some(placement) = &self.placement {
+            return placement.home(key);
+        }
         let pos = self.position(key);
         match &self.ring {
             Some(ring) => ring.node(pos),
@@ -123,6 +150,9 @@ impl Partitioner {
     /// The dense index of `key` among its home node's keys.
     #[inline]
     pub fn home_index(&self, key: u64) -> usize {
+        if let Some(placement) = &self.placement {
+            return placement.home_index(key);
+        }
         let pos = self.position(key);
         match &self.ring {
             Some(ring) => ring.locate(pos).1 as usize,
@@ -132,6 +162,9 @@ impl Partitioner {
 
     /// Number of keys homed at `node`.
     pub fn home_count(&self, node: usize) -> usize {
+        if let Some(placement) = &self.placement {
+            return placement.home_count(node) as usize;
+        }
         match &self.ring {
             Some(ring) => ring.count(node) as usize,
             None => (self.start(node as u64 + 1) - self.start(node as u64)) as usize,
@@ -140,6 +173,9 @@ impl Partitioner {
 
     /// The keys homed at `node`, in home-index order.
     pub fn home_keys(&self, node: usize) -> Box<dyn Iterator<Item = u64> + '_> {
+        if let Some(placement) = &self.placement {
+            return Box::new(placement.homes().iter().enumerate().filter(move |(_, h)| **h as usize == node).map(|(k, _)| k as u64));
+        }
         match &self.ring {
             Some(ring) => Box::new(ring.arcs_of(node).flat_map(move |arc| arc.map(move |p| self.key_at(p)))),
             None => Box::new((self.start(node as u64)..self.start(node as u64 + 1)).map(move |p| self.key_at(p))),

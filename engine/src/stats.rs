@@ -170,6 +170,9 @@ pub struct Stats {
     pub relocations_out: u64,
     /// Traffic sent to other nodes.
     pub traffic: Traffic,
+    /// Bytes of the message frames this node received from other nodes (what one-sided writes
+    /// put into its memory is not seen by it, and not counted).
+    pub received_bytes: u64,
     /// Relocation time (localize issued → new owner serves locally), measured at the new owner.
     pub relocation_time: Latency,
     /// Blocking time (old owner stops serving → new owner serves), measured at the new owner.
@@ -384,6 +387,7 @@ impl Stats {
             relocations_in: self.relocations_in.saturating_sub(earlier.relocations_in),
             relocations_out: self.relocations_out.saturating_sub(earlier.relocations_out),
             traffic,
+            received_bytes: self.received_bytes.saturating_sub(earlier.received_bytes),
             relocation_time: self.relocation_time,
             blocking_time: self.blocking_time,
             replication: combine(self.replication, earlier.replication, ReplicationStats::counters, u64::saturating_sub),
@@ -402,6 +406,7 @@ impl Stats {
             s.double_forwarded_keys += o.double_forwarded_keys;
             s.relocations_in += o.relocations_in;
             s.relocations_out += o.relocations_out;
+            s.received_bytes += o.received_bytes;
             for i in 0..MESSAGE_KINDS {
                 s.traffic.messages[i] += o.traffic.messages[i];
                 s.traffic.bytes[i] += o.traffic.bytes[i];
@@ -431,6 +436,7 @@ pub(crate) struct CounterCell {
     pub remote_keys: AtomicU64,
     pub messages: [AtomicU64; MESSAGE_KINDS],
     pub bytes: [AtomicU64; MESSAGE_KINDS],
+    pub received_bytes: AtomicU64,
 }
 
 impl CounterCell {
@@ -444,6 +450,7 @@ impl CounterCell {
         s.local_accesses += self.local_keys.load(Ordering::Relaxed);
         s.remote_accesses += self.remote_keys.load(Ordering::Relaxed);
         s.replication.replica_accesses += self.replica_keys.load(Ordering::Relaxed);
+        s.received_bytes += self.received_bytes.load(Ordering::Relaxed);
         for i in 0..MESSAGE_KINDS {
             s.traffic.messages[i] += self.messages[i].load(Ordering::Relaxed);
             s.traffic.bytes[i] += self.bytes[i].load(Ordering::Relaxed);

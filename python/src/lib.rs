@@ -34,8 +34,11 @@ fn argument(message: impl Into<String>) -> PyErr {
 /// `ftrl:ALPHA:BETA:L1:L2`, applied where each key lives, with its optimizer state), how keys
 /// are spread over nodes (`partitioning`: `range`, `hash` or `consistent[:VIRTUAL_NODES]`), which keys every node keeps a
 /// replica of (`replicated`), how values travel (`codec`: `f32`, `bf16`, `f16`, …), key lists
-/// cached from this many keys on (`key_cache_min`, 0: off), and whether checkpoints leave the
-/// table out (`scratch`). Every node must describe its tables alike.
+/// cached from this many keys on (`key_cache_min`, 0: off), whether checkpoints leave the
+/// table out (`scratch`), raw ids hashed into the keys (`feature_hashing`: `SEED[:signed]`),
+/// and a plan of `ferry partition` whose homes the keys take (`plan`: its path; see
+/// `ferry.plan_examples` for the examples it gives each node). Every node must describe its
+/// tables alike.
 #[pyclass(module = "ferry", frozen)]
 #[derive(Clone)]
 struct Table {
@@ -45,7 +48,7 @@ struct Table {
 #[pymethods]
 impl Table {
     #[new]
-    #[pyo3(signature = (name, keys, value_len, *, updater = "add", partitioning = "range", replicated = None, codec = "f32", key_cache_min = 0, scratch = false, feature_hashing = None))]
+    #[pyo3(signature = (name, keys, value_len, *, updater = "add", partitioning = "range", replicated = None, codec = "f32", key_cache_min = 0, scratch = false, feature_hashing = None, plan = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
@@ -58,6 +61,7 @@ impl Table {
         key_cache_min: usize,
         scratch: bool,
         feature_hashing: Option<&str>,
+        plan: Option<std::path::PathBuf>,
     ) -> PyResult<Table> {
         let updater: engine::Updater = updater.parse().map_err(argument)?;
         let partitioning: engine::Partitioning = partitioning.parse().map_err(argument)?;
@@ -75,6 +79,9 @@ impl Table {
         }
         if let Some(hashing) = feature_hashing {
             spec = spec.feature_hashed(hashing.parse().map_err(argument)?);
+        }
+        if let Some(path) = plan {
+            spec = spec.placed(engine::copartition::Plan::read(&path).map_err(|e| argument(e.to_string()))?.placement);
         }
         Ok(Table { spec })
     }
@@ -571,6 +578,18 @@ fn feature_id(text: &str) -> u64 {
     engine::feature_id(text)
 }
 
+/// The examples a plan of `ferry partition` gives node `node`: their indices, in order, for the
+/// trainer to take (the table made with `plan=` homes the keys). Raises `FerryError` on a file
+/// that is not a plan, or on a node the plan does not have.
+#[pyfunction]
+fn plan_examples(path: std::path::PathBuf, node: usize) -> PyResult<Vec<u64>> {
+    let plan = engine::copartition::Plan::read(&path).map_err(failed)?;
+    if node >= plan.nodes() {
+        return Err(argument(format!("the plan has nodes 0..{}; there is no node {node}", plan.nodes())));
+    }
+    Ok(plan.examples_of(node).map(|i| i as u64).collect())
+}
+
 /// Reads a whole checkpoint (written by `Node.checkpoint` on any number of nodes, or by a
 /// training run's `--checkpoint-dir`) outside a cluster: a dict of every table's values by
 /// name, each a `float32` array of shape `(keys, value_len)` (optimizer state left out).
@@ -592,6 +611,7 @@ fn read_checkpoint<'py>(py: Python<'py>, dir: std::path::PathBuf) -> PyResult<Bo
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(feature_id, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_examples, m)?)?;
     m.add_class::<Node>()?;
     m.add_class::<RelocationHold>()?;
     m.add_class::<Table>()?;

@@ -24,6 +24,8 @@ pub(crate) struct Stats {
     messages_sent: u64,
     /// Bytes sent to other nodes.
     bytes_sent: u64,
+    /// Bytes of message frames received from other nodes.
+    bytes_received: u64,
     /// Messages sent, by kind (access, forward, response, localize, …).
     messages_by_kind: std::collections::BTreeMap<String, u64>,
     /// Bytes sent, by kind.
@@ -57,6 +59,7 @@ impl Stats {
             relocations_out: s.relocations_out,
             messages_sent: s.traffic.messages.iter().sum(),
             bytes_sent: s.traffic.bytes.iter().sum(),
+            bytes_received: s.received_bytes,
             messages_by_kind: by_kind(&s.traffic.messages),
             bytes_by_kind: by_kind(&s.traffic.bytes),
             relocation_p50_s: seconds(s.relocation_time.p50_ns),
@@ -99,7 +102,7 @@ impl Stats {
 }
 
 /// The counters' names, as attributes and keys.
-const NAMES: [&str; 17] = [
+const NAMES: [&str; 18] = [
     "local_accesses",
     "remote_accesses",
     "queued_accesses",
@@ -107,6 +110,7 @@ const NAMES: [&str; 17] = [
     "relocations_out",
     "messages_sent",
     "bytes_sent",
+    "bytes_received",
     "messages_by_kind",
     "bytes_by_kind",
     "relocation_p50_s",

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import tempfile
 
 import numpy as np
 import pytest
@@ -239,12 +240,25 @@ def test_table_options_and_push_pull(cluster):
     t = ferry.Table("t", 10, 2, updater="sgd:0.5", partitioning="hash", codec="bf16", key_cache_min=64)
     assert t.name == "t" and "sgd" in repr(t)
     assert "replicated keys: 2" in repr(ferry.Table("hot", 10, 2, replicated=[0, 1]))
+    # A plan of `ferry partition` (written by hand here, for one node): the examples it gives a
+    # node, and a table homed by it; damaged plans and missing nodes raise.
+    plan = os.path.join(tempfile.mkdtemp(), "one-node.plan")
+    with open(plan, "w") as f:
+        f.write("ferry-plan 1\nnodes 1\nkeys 10\nexamples 3\nbatch 1\ndata 0\nhomes\n" + "0\n" * 10 + "examples\n0\n0\n0\nend\n")
+    assert ferry.plan_examples(plan, 0) == [0, 1, 2]
+    with pytest.raises(ferry.FerryError, match="no node 1"):
+        ferry.plan_examples(plan, 1)
+    with pytest.raises(ferry.FerryError, match="not a plan"):
+        ferry.plan_examples(__file__, 0)
+    with pytest.raises(ferry.FerryError, match="reading the plan"):
+        ferry.Table("t", 10, 2, plan="/nonexistent.plan")
     if node.rank == 0:
         # One process alone: a server-side SGD table, and push_pull's answer after its push.
         script = (
             "import numpy as np, ferry\n"
             "words = ferry.Table('words', 8, 1, feature_hashing='5:signed')\n"
-            "with ferry.Node.start([ferry.Table('t', 10, 2, updater='sgd:0.5', partitioning='consistent:8'), ('plain', 4, 1), words]) as node:\n"
+            f"placed = ferry.Table('placed', 10, 1, plan={plan!r})\n"
+            "with ferry.Node.start([ferry.Table('t', 10, 2, updater='sgd:0.5', partitioning='consistent:8'), ('plain', 4, 1), words, placed]) as node:\n"
             "    w = node.worker()\n"
             "    keys = np.arange(3, dtype=np.uint64)\n"
             "    w.set('t', keys, np.ones((3, 2), dtype=np.float32))\n"
@@ -255,6 +269,8 @@ def test_table_options_and_push_pull(cluster):
             "    w.set('words', ids[:1], np.array([[-2.5]], dtype=np.float32))\n"
             "    assert w.pull('words', ids[:1])[0, 0] == -2.5\n"
             "    w.push('words', ids, np.ones((2, 1), dtype=np.float32))\n"
+            "    w.push('placed', keys, np.ones((3, 1), dtype=np.float32))\n"
+            "    assert np.all(w.pull('placed', keys) == 1.0)\n"
             "    w.close()\n"
             "print('table options ok')\n"
         )
@@ -293,6 +309,8 @@ def test_ranges_push_pull_async_sampling_and_typed_stats(cluster):
     assert isinstance(stats, ferry.Stats)
     assert stats.local_accesses > 0 and stats["local_accesses"] == stats.local_accesses
     assert stats.messages_by_kind["access"] >= 0 and sum(stats.bytes_by_kind.values()) == stats.bytes_sent
+    # Two nodes have talked (barriers at least): both directions are counted.
+    assert stats.bytes_sent > 0 and stats.bytes_received > 0 and stats["bytes_received"] == stats.bytes_received
     assert set(stats.as_dict()) >= {"local_accesses", "remote_accesses", "relocation_p99_s"}
     with pytest.raises(KeyError):
         stats["nothing"]

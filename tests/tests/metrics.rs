@@ -52,6 +52,7 @@ fn every_node_serves_its_counters() {
     let (local, remote) = (value(&metrics, "ferry_key_accesses_total{served=\"local\"}"), value(&metrics, "ferry_key_accesses_total{served=\"remote\"}"));
     assert!(local >= 100.0 && remote >= 100.0, "{local} local, {remote} remote");
     assert!(value(&metrics, "ferry_messages_sent_total{kind=\"access\"}") > 0.0);
+    assert!(value(&metrics, "ferry_bytes_received_total") > 0.0, "the node received nothing?");
     let share = value(&metrics, "ferry_local_share");
     assert!((share - local / (local + remote)).abs() < 1e-9);
     assert_eq!(value(&metrics, "ferry_peers_lost"), 0.0);

@@ -74,6 +74,10 @@ enum Command {
         #[arg(long)]
         table: Option<String>,
     },
+    /// Co-partition a sparse data set for `train lr --plan` (Duan and Wu, JPDC 2023, 4.2): which
+    /// node trains each example and which homes each weight, so that the busiest node's traffic
+    /// is small. Prints that traffic against the default placements.
+    Partition(ferry_bench::train::plan::PartitionArgs),
     /// Train matrix factorization on MovieLens-100k on a 2-node local cluster, with dynamic
     /// allocation and, for contrast, on a classic parameter server.
     Demo,
@@ -188,6 +192,7 @@ fn run() -> Result<()> {
             }
             Ok(())
         }
+        Command::Partition(args) => ferry_bench::train::plan::run(&args),
         Command::Demo => demo::run(),
     }
 }

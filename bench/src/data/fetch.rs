@@ -36,6 +36,9 @@ pub enum Form {
     WordNetTriples,
     /// The same files' glosses, one per line.
     WordNetGlosses,
+    /// The same glosses labelled by part of speech, `label<TAB>gloss` (1 for a noun's, 0 for a
+    /// verb's, adjective's or adverb's): a sparse text classification set of 117 659 examples.
+    WordNetPartOfSpeech,
     /// A gzip-compressed dictd database as a corpus, one entry paragraph per line (see
     /// [`super::gcide`]).
     DictdCorpus,
@@ -212,13 +215,14 @@ pub const DATASETS: &[Dataset] = &[
     },
     Dataset {
         name: "wordnet",
-        description: "WordNet 3.0: 117 659 synsets linked by 26 relations (triples.tsv), and their glosses as a corpus (glosses.txt)",
+        description: "WordNet 3.0: 117 659 synsets linked by 26 relations (triples.tsv), their glosses as a corpus (glosses.txt), and the glosses labelled noun or not (pos.tsv, for train lr)",
         source: Source::Debian,
         package: "wordnet-base",
         version: "1:3.0-37",
         files: &[
             DataFile { archive_path: "./usr/share/wordnet", name: "triples.tsv", sha256: WORDNET_TRIPLES_SHA256, form: Form::WordNetTriples },
             DataFile { archive_path: "./usr/share/wordnet", name: "glosses.txt", sha256: WORDNET_GLOSSES_SHA256, form: Form::WordNetGlosses },
+            DataFile { archive_path: "./usr/share/wordnet", name: "pos.tsv", sha256: WORDNET_POS_SHA256, form: Form::WordNetPartOfSpeech },
         ],
     },
     Dataset {
@@ -318,6 +322,7 @@ pub const DATASETS: &[Dataset] = &[
 
 const WORDNET_TRIPLES_SHA256: &str = "2412dd3f0928eb64b5eac58f81819a3030996be2123058930219dd50d8ff83b9";
 const WORDNET_GLOSSES_SHA256: &str = "d6214f1feee212a21c064a889a314cd848fd39664985890e7966d163171b0d2c";
+const WORDNET_POS_SHA256: &str = "f24eb62f8864afa3e34f1947207de161e4a689fc54b02b72aaef5e65ca0673a6";
 const FOLDOC_SHA256: &str = "3b2958c1ed9c23efac83ced9085b2dc24ef402d9e03f4a17ee139e54e887d374";
 const JARGON_SHA256: &str = "afceef71e2de5f33684122f32a65668a7d10678e855d76fd3af7cb1fc5e5d408";
 const GCIDE_SHA256: &str = "b67474e042fb26e2bd3939f244878f1c86985def4401a6ffae248cb61c5008b8";
@@ -503,7 +508,7 @@ fn tar_files(stream: impl Read, archive: &Path, wanted: impl Fn(&str) -> bool) -
 fn archive_file(d: &Dataset, archive: &Path, f: &DataFile) -> Result<Vec<u8>> {
     match f.form {
         Form::LabelledEmails => return labelled_emails(archive, f.archive_path),
-        Form::WordNetTriples | Form::WordNetGlosses => {
+        Form::WordNetTriples | Form::WordNetGlosses | Form::WordNetPartOfSpeech => {
             let paths: Vec<String> = WORDNET_FILES.iter().map(|n| format!("{}/{n}", f.archive_path)).collect();
             let mut files = debian_files(archive, |p| paths.iter().any(|w| w == p))?;
             // In the order the synsets are numbered, not the archive's name order.
@@ -511,7 +516,11 @@ fn archive_file(d: &Dataset, archive: &Path, f: &DataFile) -> Result<Vec<u8>> {
             if files.len() != WORDNET_FILES.len() {
                 bail!("{} holds {} of WordNet's {} data files in {}", archive.display(), files.len(), WORDNET_FILES.len(), f.archive_path);
             }
-            return if f.form == Form::WordNetTriples { super::wordnet::triples(&files) } else { super::wordnet::glosses(&files) };
+            return match f.form {
+                Form::WordNetTriples => super::wordnet::triples(&files),
+                Form::WordNetGlosses => super::wordnet::glosses(&files),
+                _ => super::wordnet::labelled_glosses(&files),
+            };
         }
         Form::DictdCorpus => return super::gcide::corpus(&debian_file(archive, f.archive_path)?),
         Form::Plain => {}

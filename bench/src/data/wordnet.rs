@@ -134,13 +134,27 @@ pub fn triples(files: &[(String, Vec<u8>)]) -> Result<Vec<u8>> {
 
 /// The synsets' glosses (definitions and examples), one line each, in the files' order.
 pub fn glosses(files: &[(String, Vec<u8>)]) -> Result<Vec<u8>> {
+    gloss_lines(files, false)
+}
+
+/// The glosses as `label<TAB>gloss` lines: 1 for a noun's, 0 for any other synset's.
+pub fn labelled_glosses(files: &[(String, Vec<u8>)]) -> Result<Vec<u8>> {
+    gloss_lines(files, true)
+}
+
+fn gloss_lines(files: &[(String, Vec<u8>)], labelled: bool) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     for (file, bytes) in files {
         for (n, line) in String::from_utf8_lossy(bytes).lines().enumerate() {
             if let Some(s) = parse_line(line).with_context(|| format!("{file}, line {}", n + 1))?
                 && !s.gloss.is_empty()
             {
-                out.extend_from_slice(s.gloss.as_bytes());
+                if labelled {
+                    out.extend_from_slice(if s.id.0 == 'n' { b"1\t" } else { b"0\t" });
+                    out.extend_from_slice(s.gloss.replace('\t', " ").as_bytes());
+                } else {
+                    out.extend_from_slice(s.gloss.as_bytes());
+                }
                 out.push(b'\n');
             }
         }
@@ -185,6 +199,11 @@ mod tests {
         let text = String::from_utf8(glosses(&files()).unwrap()).unwrap();
         assert_eq!(text.lines().count(), 4);
         assert!(text.starts_with("that which is perceived or known\n"));
+        // Labelled by part of speech: three nouns, then the verb.
+        let labelled = String::from_utf8(labelled_glosses(&files()).unwrap()).unwrap();
+        let labels: Vec<&str> = labelled.lines().map(|l| l.split('\t').next().unwrap()).collect();
+        assert_eq!(labels, ["1", "1", "1", "0"]);
+        assert!(labelled.starts_with("1\tthat which is perceived or known\n"));
     }
 
     #[test]

@@ -647,7 +647,7 @@ impl<W: Workload> EpochEnd<'_, W> {
         emit: &parking_lot::Mutex<Sink>,
     ) -> Result<Option<EpochReport>> {
         if let Some(stats) = self.node_stats {
-            stats_fields(stats, &mut fields);
+            stats_fields(stats, worker.rank(), &mut fields);
             fields[field::EPOCH_S] = self.epoch_s as f32;
         }
         let sums = all_reduce(worker, self.metrics, self.epoch as u64, &fields)?;

@@ -32,7 +32,8 @@ use crate::data::sparse::{Examples, load_labelled_text, load_libsvm};
 #[derive(Debug, Clone, Args)]
 pub struct LrArgs {
     /// Data: `agaricus` (LIBSVM), `criteo-small` (libffm), `spam` (SpamAssassin e-mails, hashed
-    /// bag of words), `synth-lr` (generated, for tests), a LIBSVM/libffm file (split 80/20), or a
+    /// bag of words), `wordnet-pos` (WordNet's 117 659 glosses, hashed bag of words: is it a
+    /// noun's?), `synth-lr` (generated, for tests), a LIBSVM/libffm file (split 80/20), or a
     /// directory with `train.libsvm` and `test.libsvm`. --train and --test give files instead.
     #[arg(long, default_value = "agaricus")]
     pub data: String,
@@ -42,7 +43,8 @@ pub struct LrArgs {
     /// Held-out examples, with --train.
     #[arg(long, requires = "train")]
     pub test: Option<std::path::PathBuf>,
-    /// Hash features into 2^bits keys (default: 18 for `spam`, none for LIBSVM files).
+    /// Hash features into 2^bits keys (default: 18 for `spam` and `wordnet-pos`, none for
+    /// LIBSVM files).
     #[arg(long, conflicts_with = "hash_buckets")]
     pub hash_bits: Option<u32>,
     /// Feature hashing into this many keys with Ferry's seeded hash (`ferry::FeatureHashing`,
@@ -88,6 +90,12 @@ pub struct LrArgs {
     /// within the L1 penalty).
     #[arg(long, default_value = "none")]
     pub filter: String,
+    /// Cluster modes: train where a plan of `ferry partition` says (data–parameter
+    /// co-partitioning): each node trains the examples the plan gives it, and each weight is
+    /// homed at the node the plan names. The plan must be for --nodes and made from the same
+    /// data and loader options (--data or --train/--test, --hash-*, --seed).
+    #[arg(long)]
+    pub plan: Option<std::path::PathBuf>,
     /// After training, fit scikit-learn's LogisticRegression on the same split (in a throwaway
     /// virtual environment) and print both.
     #[arg(long)]
@@ -100,7 +108,7 @@ pub struct LrArgs {
 /// AdaGrad's ε (server- and worker-side alike).
 const ADAGRAD_EPS: f32 = 1e-8;
 
-const KNOWN: &[&str] = &["agaricus", "criteo-small", "spam", "synth-lr"];
+const KNOWN: &[&str] = &["agaricus", "criteo-small", "spam", "wordnet-pos", "synth-lr"];
 
 /// The split: training and held-out examples, and the number of feature keys (the bias is key
 /// `dims`).
@@ -111,6 +119,20 @@ pub struct Split {
     pub test: Examples,
     /// Feature keys.
     pub dims: u64,
+    /// The co-partitioning plan of --plan, checked against the training examples.
+    pub plan: Option<ferry::copartition::Plan>,
+}
+
+impl Split {
+    /// The training examples' keys (each example's features and the bias, key `dims`): the
+    /// graph `ferry partition` co-partitions.
+    pub fn incidence(&self) -> Result<ferry::copartition::Incidence> {
+        let mut graph = ferry::copartition::Incidence::new(self.dims + 1)?;
+        for i in 0..self.train.len() {
+            graph.push_example(self.train.row(i).0.iter().copied().chain([self.dims]))?;
+        }
+        Ok(graph)
+    }
 }
 
 impl super::Task for LrArgs {
@@ -129,13 +151,17 @@ impl super::Task for LrArgs {
             format!("examples from {} (train) and {} (test)", train.display(), test.display())
         } else {
             match self.data.as_str() {
-                "agaricus" | "criteo-small" | "spam" => {
-                    crate::data::fetch(&self.data)?;
+                "agaricus" | "criteo-small" | "spam" | "wordnet-pos" => {
+                    crate::data::fetch(if self.data == "wordnet-pos" { "wordnet" } else { &self.data })?;
                     match self.data.as_str() {
                         "spam" if self.hash_buckets.is_none() => {
                             format!("spam: SpamAssassin e-mails, bag of words hashed into 2^{} features, split 80/20", self.spam_bits())
                         }
                         "spam" => "spam: SpamAssassin e-mails, bag of words, split 80/20".into(),
+                        "wordnet-pos" if self.hash_buckets.is_none() => {
+                            format!("wordnet-pos: WordNet's glosses, noun or not, bag of words hashed into 2^{} features, split 80/20", self.spam_bits())
+                        }
+                        "wordnet-pos" => "wordnet-pos: WordNet's glosses, noun or not, bag of words, split 80/20".into(),
                         name => format!("{name} (xlearn's train/test files)"),
                     }
                 }
@@ -184,6 +210,9 @@ impl super::Task for LrArgs {
         if let (Some(train), Some(test)) = (&self.train, &self.test) {
             args.extend(["--train".into(), train.display().to_string(), "--test".into(), test.display().to_string()]);
         }
+        if let Some(plan) = &self.plan {
+            args.extend(["--plan".into(), plan.display().to_string()]);
+        }
         args
     }
 
@@ -197,7 +226,7 @@ impl super::Task for LrArgs {
 }
 
 impl LrArgs {
-    /// Bits of the words' ids in `spam`: with --hash-buckets nearly raw (62 bits of each
+    /// Bits of the words' ids in `spam` and `wordnet-pos`: with --hash-buckets nearly raw (62 bits of each
     /// word's hash), which the buckets then take in.
     fn spam_bits(&self) -> u32 {
         if self.hash_buckets.is_some() { 62 } else { self.hash_bits.unwrap_or(18) }
@@ -292,6 +321,7 @@ impl LrArgs {
                     (load_libsvm(&dir.join("train.libffm"), self.hash_bits)?, load_libsvm(&dir.join("test.libffm"), self.hash_bits)?)
                 }
                 "spam" => self.split(load_labelled_text(&crate::data::dataset_path("spam", "spam.tsv"), self.spam_bits())?),
+                "wordnet-pos" => self.split(load_labelled_text(&crate::data::dataset_path("wordnet", "pos.tsv"), self.spam_bits())?),
                 "synth-lr" => self.split(synthetic(4000, 500, self.common.seed)),
                 path => {
                     let p = super::user_data(path, KNOWN, true)?;
@@ -303,11 +333,19 @@ impl LrArgs {
                 }
             }
         };
-        if let Some((hashing, buckets)) = self.feature_hashing() {
-            return Ok(Split { train: train.hashed(hashing, buckets), test: test.hashed(hashing, buckets), dims: buckets });
+        let mut split = match self.feature_hashing() {
+            Some((hashing, buckets)) => Split { train: train.hashed(hashing, buckets), test: test.hashed(hashing, buckets), dims: buckets, plan: None },
+            None => {
+                let dims = train.dims().max(test.dims()).max(self.hash_bits.map_or(0, |b| 1 << b));
+                Split { train, test, dims, plan: None }
+            }
+        };
+        if let Some(path) = &self.plan {
+            let plan = ferry::copartition::Plan::read(path)?;
+            plan.check(&split.incidence()?, plan.nodes()).with_context(|| format!("--plan {}", path.display()))?;
+            split.plan = Some(plan);
         }
-        let dims = train.dims().max(test.dims()).max(self.hash_bits.map_or(0, |b| 1 << b));
-        Ok(Split { train, test, dims })
+        Ok(split)
     }
 
     /// A seeded 80/20 split.
@@ -516,7 +554,11 @@ impl Workload for LrArgs {
         } else {
             // Worker-side AdaGrad: each value is `[weight, accumulator]` and pushes add.
             let (value_len, updater) = if self.server_optimizer(mode)? { (1, self.updater()?) } else { (2, Updater::Add) };
-            vec![ModelTable::zeros(self.common.on_the_wire(TableSpec::new("weights", n, value_len).with_updater(updater))?)]
+            let mut spec = self.common.on_the_wire(TableSpec::new("weights", n, value_len).with_updater(updater))?;
+            if let Some(plan) = &split.plan {
+                spec = spec.placed(plan.placement.clone());
+            }
+            vec![ModelTable::zeros(spec)]
         };
         Ok(Model { tables, notes: Vec::new() })
     }
@@ -531,7 +573,11 @@ impl Workload for LrArgs {
         }
         let worker_index = pass.rank * pass.threads + pass.thread;
         let workers = pass.nodes * pass.threads;
-        let mine: Vec<usize> = (0..split.train.len()).filter(|i| i % workers == worker_index).collect();
+        let mine: Vec<usize> = match &split.plan {
+            // The node's examples from the plan, dealt to its threads.
+            Some(plan) => plan.examples_of(pass.rank).enumerate().filter(|(j, _)| j % pass.threads == pass.thread).map(|(_, i)| i).collect(),
+            None => (0..split.train.len()).filter(|i| i % workers == worker_index).collect(),
+        };
         let batches = fixed_batches(&mine, self.batch, self.common.seed ^ worker_index as u64);
         let mode = pass.mode;
         let (w, tables) = pass.node().expect("a cluster's pass has a worker");

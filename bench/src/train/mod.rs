@@ -16,6 +16,7 @@ pub mod kge;
 pub mod lr;
 pub mod mf;
 pub mod model;
+pub mod plan;
 mod plot;
 pub mod resume;
 pub mod shared;
@@ -478,6 +479,9 @@ pub struct EpochReport {
     pub messages: u64,
     /// Bytes sent during the epoch (all nodes).
     pub bytes: u64,
+    /// Bytes the busiest node sent and received during the epoch (0 for `single`).
+    #[serde(default)]
+    pub busiest_node_bytes: u64,
     /// Share of key accesses served by replicas (0 without replication).
     #[serde(default)]
     pub replica_share: f64,
@@ -565,6 +569,7 @@ impl EpochReport {
             relocations: 0,
             messages: 0,
             bytes: 0,
+            busiest_node_bytes: 0,
             replica_share: 0.0,
             staleness_p99_ms: 0.0,
             refresh_bytes: 0,
@@ -726,7 +731,8 @@ fn more_quality(r: &EpochReport) -> String {
         let put_off = if r.moves_put_off > 0 { format!(" put-off {}", r.moves_put_off) } else { String::new() };
         format!("late {:.3}%{causes} lead {:.1}{reasked}{declined}{drained}{behind}{put_off}", r.late_share * 100.0, r.intent_lead)
     });
-    numbers.chain(counts).chain(questions).chain(speed).chain(texts).chain(intent).collect::<Vec<_>>().join(" ")
+    let busiest = (r.busiest_node_bytes > 0).then(|| format!("busiest-node {:.2} MB", r.busiest_node_bytes as f64 / 1e6));
+    numbers.chain(counts).chain(questions).chain(speed).chain(texts).chain(intent).chain(busiest).collect::<Vec<_>>().join(" ")
 }
 
 fn print_report(r: &EpochReport, json: bool) {

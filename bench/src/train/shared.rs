@@ -66,7 +66,7 @@ impl SharedArray {
 }
 
 /// Fields every node contributes to an epoch's cluster-wide sums.
-pub const METRIC_FIELDS: usize = 30;
+pub const METRIC_FIELDS: usize = 38;
 
 /// Field positions in the metrics table.
 pub mod field {
@@ -127,6 +127,9 @@ pub mod field {
     pub const FILTER_OFFERED: usize = 28;
     /// Sum of absolute test errors (MF).
     pub const TEST_AE: usize = 29;
+    /// Megabytes node `r` sent and received, in field `NODE_MEGABYTES[r % 8]` (the busiest
+    /// node's traffic, the co-partitioning objective; beyond 8 nodes, of groups of nodes).
+    pub const NODE_MEGABYTES: [usize; 8] = [30, 31, 32, 33, 34, 35, 36, 37];
 }
 
 /// Pulls keys `0..n` of `table` (`len` values each), in chunks.
@@ -162,12 +165,13 @@ pub fn mean_loss(sums: &[f32; METRIC_FIELDS]) -> f64 {
 }
 
 /// The statistics fields of an epoch: locality, relocations, traffic.
-pub fn stats_fields(delta: &Stats, out: &mut [f32; METRIC_FIELDS]) {
+pub fn stats_fields(delta: &Stats, rank: usize, out: &mut [f32; METRIC_FIELDS]) {
     out[field::LOCAL] = delta.local_accesses as f32;
     out[field::REMOTE] = delta.remote_accesses as f32;
     out[field::RELOCATIONS] = delta.relocations_in as f32;
     out[field::KILO_MESSAGES] = delta.traffic.total_messages() as f32 / 1e3;
     out[field::MEGABYTES] = delta.traffic.total_bytes() as f32 / 1e6;
+    out[field::NODE_MEGABYTES[rank % 8]] = (delta.traffic.total_bytes() + delta.received_bytes) as f32 / 1e6;
     out[field::REPLICA] = delta.replication.replica_accesses as f32;
     out[field::STALENESS_P99_MS] = delta.replication.staleness.p99_ns as f32 / 1e6;
     // Reads of replicated keys' images (NuPS) and of run-time replicas' (intent).
@@ -224,6 +228,7 @@ pub fn cluster_report(
         relocations: sums[field::RELOCATIONS] as u64,
         messages: (sums[field::KILO_MESSAGES] as f64 * 1e3) as u64,
         bytes: (sums[field::MEGABYTES] as f64 * 1e6) as u64,
+        busiest_node_bytes: (field::NODE_MEGABYTES.iter().map(|&f| sums[f] as f64).fold(0.0, f64::max) * 1e6) as u64,
         replica_share: if local + remote > 0.0 { sums[field::REPLICA] as f64 / (local + remote) } else { 0.0 },
         staleness_p99_ms: sums[field::STALENESS_P99_MS] as f64 / (sums[field::NODES] as f64).max(1.0),
         refresh_bytes: (sums[field::REFRESH_MB] as f64 * 1e6) as u64,

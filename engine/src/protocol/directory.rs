@@ -58,7 +58,7 @@ impl Directory {
         let tables = specs
             .iter()
             .map(|s| {
-                let partitioner = Partitioner::new(s.keys, nodes, s.partitioning);
+                let partitioner = Partitioner::of(s, nodes);
                 let owners = (0..partitioner.home_count(rank)).map(|_| AtomicU16::new(rank as u16)).collect();
                 let cache = caches.then(|| (0..s.keys).map(|_| AtomicU16::new(NOT_CACHED)).collect());
                 TableMeta { name: s.name.clone(), keys: s.keys, value_len: s.value_len, partitioner, owners, cache }

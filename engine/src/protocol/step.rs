@@ -122,6 +122,9 @@ impl<'c, 't> Step<'c, 't> {
         let Some(rest) = frame.get(at..) else {
             return Err(Error::Protocol(format!("resuming beyond a frame of {} bytes", frame.len())));
         };
+        if at == 0 && item == 0 {
+            self.tx.count_received(frame.len());
+        }
         let mut messages = wire::Messages::new(rest);
         let mut run: Option<(u16, usize, usize)> = None;
         let mut first_item = item;

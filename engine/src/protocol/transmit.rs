@@ -92,6 +92,12 @@ impl Transmit {
         }
     }
 
+    /// Counts a frame of `bytes` bytes received from another node.
+    #[inline]
+    pub(crate) fn count_received(&mut self, bytes: usize) {
+        CounterCell::bump(&self.counters.received_bytes, bytes as u64);
+    }
+
     /// Counts a one-sided write's bytes (it travels outside frames).
     pub(crate) fn count_transfer(&mut self, bytes: usize) {
         CounterCell::bump(&self.counters.messages[MessageKind::Transfer as usize], 1);

@@ -208,7 +208,7 @@ impl Store {
             rank,
         };
         for (id, spec) in specs.iter().enumerate() {
-            let partitioner = Partitioner::new(spec.keys, nodes, spec.partitioning);
+            let partitioner = Partitioner::of(spec, nodes);
             let home = partitioner.home_count(rank);
             let replicas = ReplicaState::new(spec, rank, nodes);
             let dynamic = (nodes > 1 && spec.updater.is_add() && spec.replicated.is_empty()).then(|| DynamicReplicas::new(spec.keys as usize)).transpose()?;

@@ -49,7 +49,7 @@ impl ReplicaState {
         if spec.replicated.is_empty() {
             return None;
         }
-        let partitioner = Partitioner::new(spec.keys, nodes, spec.partitioning);
+        let partitioner = Partitioner::of(spec, nodes);
         let mut marks = vec![NOT_REPLICATED; spec.keys as usize].into_boxed_slice();
         let mut per_home: Vec<Vec<u64>> = vec![Vec::new(); nodes];
         for range in &spec.replicated {

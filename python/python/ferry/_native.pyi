@@ -32,6 +32,11 @@ def feature_id(text: str) -> int:
     """The raw id of the string feature `text` (a word, a `field=value` pair), for a table made
     with `feature_hashing`: the same id in every process and binding."""
 
+def plan_examples(path: Path, node: int) -> List[int]:
+    """The examples a plan of `ferry partition` gives node `node`: their indices, in order (a
+    table made with `plan=` homes the keys). Raises `FerryError` on a file that is not a plan,
+    or on a node the plan does not have."""
+
 class Table:
     """A table's configuration beyond `(name, keys, value_len)`: what a push does (`updater`:
     `add`, `sgd:LR`, `adagrad:LR[:EPS[:INIT]]`, `adam:LR[:BETA1:BETA2:EPS]` or
@@ -39,7 +44,8 @@ class Table:
     `range`, `hash`, or `consistent[:VIRTUAL_NODES]` for consistent hashing), which keys every node replicates, how values travel (`codec`), key lists
     cached from `key_cache_min` keys on, whether checkpoints leave it out (`scratch`), and
     whether workers address it by raw ids hashed into its `keys` buckets (`feature_hashing`:
-    `"SEED"` or `"SEED:signed"`; ids are any uint64, or `feature_id` of a string)."""
+    `"SEED"` or `"SEED:signed"`; ids are any uint64, or `feature_id` of a string), or whether its
+    keys are homed where a plan of `ferry partition` says (`plan`: the plan's path)."""
 
     def __init__(
         self,
@@ -54,6 +60,7 @@ class Table:
         key_cache_min: int = 0,
         scratch: bool = False,
         feature_hashing: Optional[str] = None,
+        plan: Optional[Path] = None,
     ) -> None: ...
     @property
     def name(self) -> str:
@@ -75,6 +82,7 @@ class Stats:
     relocations_out: int
     messages_sent: int
     bytes_sent: int
+    bytes_received: int
     messages_by_kind: Dict[str, int]
     bytes_by_kind: Dict[str, int]
     relocation_p50_s: float

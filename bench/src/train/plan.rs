@@ -1,0 +1,172 @@
+//! `ferry partition`: co-partitions a sparse data set's examples and weights for `train lr
+//! --plan` ([`ferry::copartition`]), and reports the busiest node's traffic against the default
+//! placements and the lower bound.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser};
+use ferry::Partitioning;
+use ferry::copartition::{self, Incidence, Options, Traffic};
+use ferry::testing::partition::Partitioner;
+
+use super::lr::LrArgs;
+
+/// Options of `ferry partition`.
+#[derive(Debug, Clone, Args)]
+pub struct PartitionArgs {
+    /// Data, as `train lr --data` takes it: `agaricus`, `criteo-small`, `spam`, `synth-lr`, a
+    /// LIBSVM/libffm file or a directory with `train.libsvm` and `test.libsvm`.
+    pub data: String,
+    /// Nodes to partition for.
+    #[arg(long, short = 'n')]
+    pub nodes: usize,
+    /// Where to write the plan.
+    #[arg(long, short = 'o')]
+    pub out: PathBuf,
+    /// Examples per mini-batch of the training (`train lr --batch`): an access is a batch's.
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// Unassigned examples a node chooses its next one from (Algorithm 1's sample).
+    #[arg(long, default_value_t = 16)]
+    pub candidates: usize,
+    /// Only the paper's Algorithms 1 and 2, without the refinement rounds that move examples to
+    /// where their keys are homed.
+    #[arg(long)]
+    pub no_refine: bool,
+    /// As `train lr --train` (with --test).
+    #[arg(long, requires = "test")]
+    pub train: Option<PathBuf>,
+    /// As `train lr --test` (with --train).
+    #[arg(long, requires = "train")]
+    pub test: Option<PathBuf>,
+    /// As `train lr --hash-bits`.
+    #[arg(long)]
+    pub hash_bits: Option<u32>,
+    /// As `train lr --hash-buckets`.
+    #[arg(long)]
+    pub hash_buckets: Option<u64>,
+    /// As `train lr --hash-signed`.
+    #[arg(long, requires = "hash_buckets")]
+    pub hash_signed: bool,
+    /// As `train lr --seed` (the split and the hashing depend on it).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Parser)]
+struct LrOnly {
+    #[command(flatten)]
+    lr: LrArgs,
+}
+
+impl PartitionArgs {
+    /// The `train lr` options that load the same examples.
+    fn lr(&self) -> Result<LrArgs> {
+        let mut args = vec!["lr".to_string(), "--data".into(), self.data.clone(), "--seed".into(), self.seed.to_string()];
+        if let (Some(train), Some(test)) = (&self.train, &self.test) {
+            args.extend(["--train".into(), train.display().to_string(), "--test".into(), test.display().to_string()]);
+        }
+        if let Some(b) = self.hash_bits {
+            args.extend(["--hash-bits".into(), b.to_string()]);
+        }
+        if let Some(m) = self.hash_buckets {
+            args.extend(["--hash-buckets".into(), m.to_string()]);
+        }
+        if self.hash_signed {
+            args.push("--hash-signed".into());
+        }
+        Ok(LrOnly::try_parse_from(args)?.lr)
+    }
+}
+
+/// Makes the plan, writes it and prints the report.
+pub fn run(args: &PartitionArgs) -> Result<()> {
+    let lr = args.lr()?;
+    super::Task::prepare(&lr)?;
+    let split = lr.load()?;
+    let graph = split.incidence()?;
+    let options = Options { nodes: args.nodes, batch: args.batch, candidates: args.candidates, seed: args.seed, refine: !args.no_refine };
+    let started = Instant::now();
+    let plan = copartition::copartition(&graph, &options)?;
+    let seconds = started.elapsed().as_secs_f64();
+    plan.write(&args.out)?;
+    let report = Report::new(&graph, &plan, args, seconds)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report.json())?);
+    } else {
+        report.print(&args.out);
+    }
+    Ok(())
+}
+
+/// What a plan achieves, against what `train lr` does without one.
+struct Report {
+    examples: usize,
+    keys: u64,
+    nonzeros: usize,
+    seconds: f64,
+    plan: Traffic,
+    hash: Traffic,
+    range: Traffic,
+}
+
+impl Report {
+    fn new(graph: &Incidence, plan: &copartition::Plan, args: &PartitionArgs, seconds: f64) -> Result<Report> {
+        let dealt = copartition::dealt_examples(graph, args.nodes);
+        let homes = |kind| {
+            let p = Partitioner::new(graph.keys(), args.nodes, kind);
+            (0..graph.keys()).map(|k| p.home(k) as u16).collect::<Vec<u16>>()
+        };
+        let traffic = |examples: &[u16], homes: &[u16]| copartition::traffic(graph, args.nodes, args.batch, examples, homes).context("measuring a placement");
+        Ok(Report {
+            examples: graph.examples(),
+            keys: graph.keys(),
+            nonzeros: graph.nonzeros(),
+            seconds,
+            plan: traffic(&plan.examples, plan.placement.homes())?,
+            hash: traffic(&dealt, &homes(Partitioning::Hash))?,
+            range: traffic(&dealt, &homes(Partitioning::Range))?,
+        })
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "examples": self.examples,
+            "keys": self.keys,
+            "nonzeros": self.nonzeros,
+            "seconds": self.seconds,
+            "bottleneck": self.plan.bottleneck,
+            "lower_bound": self.plan.lower_bound,
+            "per_node": self.plan.per_node,
+            "hash_bottleneck": self.hash.bottleneck,
+            "range_bottleneck": self.range.bottleneck,
+            "vs_hash": self.plan.bottleneck / self.hash.bottleneck.max(1e-9),
+        })
+    }
+
+    fn print(&self, out: &std::path::Path) {
+        println!("plan written to {}", out.display());
+        println!("{} examples, {} keys, {} non-zeros, partitioned in {:.3} s", self.examples, self.keys, self.nonzeros, self.seconds);
+        println!("busiest node's remote accesses per epoch (made and served, a batch's each):");
+        println!("  {:<42} {:>14.0}", "co-partitioned (this plan)", self.plan.bottleneck);
+        println!("  {:<42} {:>14.0}", "lower bound for the plan's data partition", self.plan.lower_bound);
+        println!(
+            "  {:<42} {:>14.0}  ({:.2}x the plan)",
+            "examples dealt round robin, hash homes",
+            self.hash.bottleneck,
+            self.hash.bottleneck / self.plan.bottleneck.max(1e-9)
+        );
+        println!(
+            "  {:<42} {:>14.0}  ({:.2}x the plan)",
+            "examples dealt round robin, range homes",
+            self.range.bottleneck,
+            self.range.bottleneck / self.plan.bottleneck.max(1e-9)
+        );
+        println!("  per node (plan): {:?}", self.plan.per_node.iter().map(|t| t.round() as u64).collect::<Vec<_>>());
+    }
+}
