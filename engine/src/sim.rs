@@ -69,6 +69,9 @@ pub struct SimOptions {
     pub async_share: f64,
     /// Home-node assignment.
     pub partitioning: Partitioning,
+    /// An explicit home per key (`keys` of them, each below `nodes`), which makes the table
+    /// [`Partitioning::Placed`] whatever `partitioning` says.
+    pub placement: Option<Vec<u16>>,
     /// Part size: operations are split into parts of about this many bytes (small values make
     /// many parts).
     pub part_bytes: usize,
@@ -165,6 +168,7 @@ impl SimOptions {
             location_caches: false,
             async_share: 0.4,
             partitioning: Partitioning::Range,
+            placement: None,
             part_bytes: 4096,
             small_operation_rows: crate::protocol::SMALL_OPERATION_ROWS,
             shards: 3,
@@ -734,12 +738,18 @@ impl Wires<'_> {
 
 impl Sim {
     fn new(opts: SimOptions) -> Result<Sim> {
-        let spec = TableSpec::new("sim", opts.keys, opts.lanes)
+        let mut spec = TableSpec::new("sim", opts.keys, opts.lanes)
             .partitioned(opts.partitioning)
             .replicating(opts.replicated.clone())
             .with_updater(opts.updater.updater())
             .compressed(opts.codec)
             .cache_keys(opts.key_cache_min);
+        if let Some(homes) = &opts.placement {
+            if homes.len() as u64 != opts.keys {
+                return Err(Error::Config(format!("a placement of {} keys for a table of {}", homes.len(), opts.keys)));
+            }
+            spec = spec.placed(Arc::new(crate::placement::Placement::new(opts.nodes, homes.clone())?));
+        }
         let settings = Settings {
             relocation: opts.relocation,
             location_caches: opts.location_caches,

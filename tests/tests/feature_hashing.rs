@@ -105,6 +105,8 @@ fn raw_ids_share_buckets_and_signs_hold_on_every_path() {
                     let mut pulled = vec![0.0; theirs.len() * LEN];
                     w.pull(signed, &theirs, &mut pulled).unwrap();
                     assert_eq!(local, pulled, "a local read signs as a pull does");
+                    let short = w.pull_if_local(signed, &theirs, &mut [0.0; 3]).unwrap_err().to_string();
+                    assert!(short.contains("pull output"), "{short}");
                     w.intent(signed, &theirs, w.current_clock() + 1, w.current_clock() + 2).unwrap();
                     // Ranges and sampling address keys, which a hashed table's callers never see.
                     let refused = w.pull_range(signed, 0..2, &mut [0.0; 2 * LEN]).unwrap_err().to_string();

@@ -28,6 +28,16 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
             o.nodes = 4;
             o.keys = 9;
         }
+        "placed-4-nodes-caches" => {
+            // An explicit home per key, node 3 homing none, with location caches (synchronous
+            // operations: with caches, asynchronous ones are only eventually consistent): keys
+            // are found through the placement's dense indices, and relocate as on any table.
+            o.nodes = 4;
+            o.keys = 9;
+            o.placement = Some((0..9).map(|k| ((k * 5 + 1) % 3) as u16).collect());
+            o.location_caches = true;
+            o.async_share = 0.0;
+        }
         "8-nodes" => {
             o.nodes = 8;
             o.workers_per_node = 1;
@@ -190,11 +200,12 @@ fn configuration(name: &str, seed: u64) -> SimOptions {
     o
 }
 
-const CONFIGURATIONS: [&str; 37] = [
+const CONFIGURATIONS: [&str; 38] = [
     "classic",
     "relocation",
     "hash-4-nodes",
     "consistent-4-nodes",
+    "placed-4-nodes-caches",
     "8-nodes",
     "2-nodes-many-workers",
     "sync-with-caches",
@@ -313,6 +324,11 @@ fn hash_partitioned_four_nodes() {
 #[test]
 fn consistent_hashing_four_nodes() {
     sweep("consistent-4-nodes", seeds());
+}
+
+#[test]
+fn placed_four_nodes_with_caches() {
+    sweep("placed-4-nodes-caches", seeds());
 }
 
 #[test]

@@ -57,8 +57,8 @@ impl Worker {
         }
     }
 
-    /// An asynchronous pull (or push-pull) of a feature-hashed table: its ticket remembers the
-    /// ids' signs, which [`Worker::wait_pull`] applies to the values.
+    /// An asynchronous pull (or push-pull) of a feature-hashed table: a signed table's ticket
+    /// keeps the ids, whose signs [`Worker::wait_pull`] applies to the values.
     pub(super) fn hashed_pull_async(
         &mut self,
         table: Table,
@@ -69,8 +69,16 @@ impl Worker {
     ) -> Result<PullTicket> {
         let mut ticket = self.through_buckets(table, hashing, ids, input, start)?;
         if hashing.signed {
-            ticket.signs = Some((table.value_len, ids.iter().map(|&id| hashing.sign(id)).collect()));
+            ticket.signs = Some(SignedRows { hashing, value_len: table.value_len, ids: ids.to_vec() });
         }
         Ok(ticket)
     }
+}
+
+/// What an asynchronous pull of a signed feature-hashed table needs to sign its rows once the
+/// values are in ([`Worker::sign_rows`], the same as a synchronous pull's).
+pub(super) struct SignedRows {
+    pub(super) hashing: FeatureHashing,
+    pub(super) value_len: usize,
+    pub(super) ids: Vec<u64>,
 }

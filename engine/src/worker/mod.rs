@@ -93,8 +93,8 @@ pub struct PullTicket {
     op: Option<OpId>,
     values: Option<Vec<f32>>,
     _token: Arc<()>,
-    /// A signed feature-hashed table's pull: the value length and each row's sign.
-    signs: Option<(usize, Vec<f32>)>,
+    /// A signed feature-hashed table's pull: what signs its rows when it is waited for.
+    signs: Option<hashed::SignedRows>,
 }
 
 impl Worker {
@@ -495,7 +495,7 @@ impl Worker {
     /// did. Never touches the network.
     pub fn pull_if_local(&mut self, table: Table, keys: &[u64], out: &mut [f32]) -> Result<bool> {
         if let Some(h) = table.hashing {
-            self.validate(table, keys, out.len(), "pull output")?;
+            // The pull of the buckets checks the table and the output's length.
             let local = self.through_buckets(table, h, keys, &[], |w, t, buckets, _| w.pull_if_local(t, buckets, &mut *out))?;
             if local {
                 Worker::sign_rows(h, table.value_len, keys, out);
@@ -658,10 +658,8 @@ impl Worker {
             (Some(op), None) => self.wait_op(op, None)?,
             (None, None) => Vec::new(),
         };
-        if let Some((value_len, signs)) = &ticket.signs {
-            for (row, sign) in values.chunks_mut((*value_len).max(1)).zip(signs) {
-                row.iter_mut().for_each(|v| *v *= sign);
-            }
+        if let Some(signed) = &ticket.signs {
+            Worker::sign_rows(signed.hashing, signed.value_len, &signed.ids, &mut values);
         }
         Ok(values)
     }
