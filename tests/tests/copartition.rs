@@ -126,3 +126,38 @@ fn a_plan_of_ferry_partition_cuts_the_busiest_nodes_traffic() {
     assert!(!ok && err.contains("ends after line 3") && err.contains("cut short"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn reallocation_moves_keys_by_relocation() {
+    // Every key homed at node 0; then node 1's examples turn to keys 5..10. Both nodes compute
+    // the same reallocation (Algorithm 4) and node 1 localizes what moves to it.
+    let homes = Arc::new(Placement::new(2, vec![0; 10]).unwrap());
+    let mut graph = ferry::copartition::Incidence::new(10).unwrap();
+    let mut examples = Vec::new();
+    for e in 0..200u64 {
+        let node = e % 2;
+        graph.push_example([e % 5 + 5 * node, (e / 2) % 5 + 5 * node]).unwrap();
+        examples.push(node as u16);
+    }
+    let cluster = Node::start_local_cluster(2, Config::new(vec![TableSpec::new("t", 10, 1).placed(homes.clone())])).unwrap();
+    std::thread::scope(|s| {
+        for (rank, node) in cluster.iter().enumerate() {
+            let (graph, examples, homes) = (&graph, &examples, &homes);
+            s.spawn(move || {
+                let mut w = node.worker();
+                let t = node.table("t").unwrap();
+                let r = ferry::copartition::reallocate(graph, examples, homes.homes(), 2, 1, 0.5).unwrap();
+                assert!(r.after.bottleneck < r.before.bottleneck, "{r:?}");
+                let mine = r.keys_to(rank);
+                assert_eq!(mine.is_empty(), rank == 0, "rank {rank}: {:?}", r.moves);
+                w.localize(t, &mine).unwrap();
+                let before = node.stats();
+                let mut out = vec![0.0f32; mine.len()];
+                w.pull(t, &mine, &mut out).unwrap();
+                assert_eq!(node.stats().since(&before).local_accesses, mine.len() as u64, "rank {rank}: the moved keys are here");
+                w.barrier().unwrap();
+            });
+        }
+    });
+    finalize_all(cluster);
+}

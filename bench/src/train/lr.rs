@@ -127,8 +127,13 @@ impl Split {
     /// The training examples' keys (each example's features and the bias, key `dims`): the
     /// graph `ferry partition` co-partitions.
     pub fn incidence(&self) -> Result<ferry::copartition::Incidence> {
+        self.incidence_of(0..self.train.len())
+    }
+
+    /// The same graph of the training examples `examples` only.
+    pub fn incidence_of(&self, examples: std::ops::Range<usize>) -> Result<ferry::copartition::Incidence> {
         let mut graph = ferry::copartition::Incidence::new(self.dims + 1)?;
-        for i in 0..self.train.len() {
+        for i in examples {
             graph.push_example(self.train.row(i).0.iter().copied().chain([self.dims]))?;
         }
         Ok(graph)

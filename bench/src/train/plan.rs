@@ -53,6 +53,19 @@ pub struct PartitionArgs {
     /// As `train lr --seed` (the split and the hashing depend on it).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Also simulate examples arriving in this many parts (Duan and Wu, Section 5): the plan is
+    /// made from the first part, and the busiest node's traffic after each arrival is printed
+    /// with the new examples dealt round robin and the keys kept where they were; with the new
+    /// examples placed where their keys are held; then with keys reallocated by Algorithm 4
+    /// (moves made while they gain more than --move-cost); and with a plan made from scratch.
+    /// The plan written is the full data's, as without this option.
+    #[arg(long, default_value_t = 1)]
+    pub arrivals: usize,
+    /// What a relocation costs in remote accesses per epoch of the placement it makes (a value
+    /// sent once is about two accesses' bytes; spread over the epochs trained until the next
+    /// arrival).
+    #[arg(long, default_value_t = 2.0)]
+    pub move_cost: f64,
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -96,12 +109,98 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
     let seconds = started.elapsed().as_secs_f64();
     plan.write(&args.out)?;
     let report = Report::new(&graph, &plan, args, seconds)?;
+    let arrivals = if args.arrivals > 1 { arrivals(&split, &options, args)? } else { Vec::new() };
     if args.json {
-        println!("{}", serde_json::to_string(&report.json())?);
+        let mut json = report.json();
+        json["arrivals"] = serde_json::to_value(&arrivals)?;
+        println!("{}", serde_json::to_string(&json)?);
     } else {
         report.print(&args.out);
+        print_arrivals(&arrivals);
     }
     Ok(())
+}
+
+/// The busiest node's traffic after one arrival of examples, per way of placing the keys.
+#[derive(Debug, serde::Serialize)]
+struct Arrival {
+    /// Examples so far.
+    examples: usize,
+    /// New examples dealt round robin, keys where the first part's plan put them.
+    kept: f64,
+    /// New examples placed where their keys are held (`place_examples`), keys kept.
+    placed: f64,
+    /// Then keys moved by Algorithm 4 from the previous arrival's placement.
+    reallocated: f64,
+    /// Keys Algorithm 4 moved at this arrival.
+    moves: usize,
+    /// A plan made from scratch for the examples so far (examples moved too).
+    repartitioned: f64,
+    /// Keys whose place that plan changes against the reallocated placement.
+    repartition_moves: usize,
+    /// Examples dealt round robin with hashed homes.
+    hash: f64,
+}
+
+/// Simulates `args.arrivals` arrivals of the training examples (see `--arrivals`).
+fn arrivals(split: &super::lr::Split, options: &Options, args: &PartitionArgs) -> Result<Vec<Arrival>> {
+    let (n, parts, nodes) = (split.train.len(), args.arrivals, args.nodes);
+    let end = |i: usize| n * (i + 1) / parts;
+    let first = copartition::copartition(&split.incidence_of(0..end(0))?, options)?;
+    let kept_owners: Vec<u16> = first.placement.homes().to_vec();
+    let mut owners = kept_owners.clone();
+    let mut examples = first.examples.clone();
+    // Without placing or reallocating: every later example dealt round robin.
+    let kept_examples: Vec<u16> = first.examples.iter().copied().chain((first.examples.len()..n).map(|e| (e % nodes) as u16)).collect();
+    let hash_homes: Vec<u16> = {
+        let p = Partitioner::new(split.dims + 1, nodes, Partitioning::Hash);
+        (0..split.dims + 1).map(|k| p.home(k) as u16).collect()
+    };
+    let mut out = Vec::new();
+    for i in 1..parts {
+        let graph = split.incidence_of(0..end(i))?;
+        let first_new = examples.len();
+        examples.extend((first_new..end(i)).map(|e| (e % nodes) as u16));
+        let mut dealt_kept = examples.clone();
+        dealt_kept[..first_new].copy_from_slice(&kept_examples[..first_new]);
+        let kept = copartition::traffic(&graph, nodes, args.batch, &dealt_kept, &kept_owners)?.bottleneck;
+        copartition::place_examples(&graph, &mut examples, first_new, &owners, options)?;
+        let placed = copartition::traffic(&graph, nodes, args.batch, &examples, &owners)?.bottleneck;
+        let r = copartition::reallocate(&graph, &examples, &owners, nodes, args.batch, args.move_cost)?;
+        for m in &r.moves {
+            owners[m.key as usize] = m.to;
+        }
+        let fresh = copartition::copartition(&graph, options)?;
+        let dealt = copartition::dealt_examples(&graph, nodes);
+        out.push(Arrival {
+            examples: graph.examples(),
+            kept,
+            placed,
+            reallocated: r.after.bottleneck,
+            moves: r.moves.len(),
+            repartitioned: copartition::traffic(&graph, nodes, args.batch, &fresh.examples, fresh.placement.homes())?.bottleneck,
+            repartition_moves: fresh.placement.homes().iter().zip(&owners).filter(|(a, b)| a != b).count(),
+            hash: copartition::traffic(&graph, nodes, args.batch, &dealt, &hash_homes)?.bottleneck,
+        });
+    }
+    Ok(out)
+}
+
+fn print_arrivals(arrivals: &[Arrival]) {
+    if arrivals.is_empty() {
+        return;
+    }
+    println!("examples arriving in {} parts: the busiest node's remote accesses per epoch after each", arrivals.len() + 1);
+    println!(
+        "  {:>9} {:>12} {:>12} {:>12} {:>7} {:>14} {:>8} {:>12}",
+        "examples", "dealt, kept", "placed", "reallocated", "moves", "repartitioned", "moves", "hash"
+    );
+    for a in arrivals {
+        println!(
+            "  {:>9} {:>12.0} {:>12.0} {:>12.0} {:>7} {:>14.0} {:>8} {:>12.0}",
+            a.examples, a.kept, a.placed, a.reallocated, a.moves, a.repartitioned, a.repartition_moves, a.hash
+        );
+    }
 }
 
 /// What a plan achieves, against what `train lr` does without one.

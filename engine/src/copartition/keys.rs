@@ -81,12 +81,12 @@ impl Weights {
         Weights { offsets: out_offsets, nodes: out_nodes, weights: out_weights, node_count: nodes }
     }
 
-    fn accessors(&self, key: usize) -> impl Iterator<Item = (usize, f64)> + '_ {
+    pub(super) fn accessors(&self, key: usize) -> impl Iterator<Item = (usize, f64)> + '_ {
         let r = self.offsets[key]..self.offsets[key + 1];
         self.nodes[r.clone()].iter().map(|&n| n as usize).zip(self.weights[r].iter().copied())
     }
 
-    fn keys(&self) -> usize {
+    pub(super) fn keys(&self) -> usize {
         self.offsets.len() - 1
     }
 

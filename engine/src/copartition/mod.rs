@@ -23,6 +23,10 @@
 //! to the node where their keys' accesses cost least, within a balance band, and the keys are
 //! placed again, while the busiest node's traffic falls ([`Options::refine`]).
 //!
+//! **Dynamic reallocation** (Section 5, Algorithm 4): when the examples change, [`reallocate`]
+//! moves keys from the busiest node to the least busy one while a move gains more than it costs;
+//! the moves are relocations.
+//!
 //! **Cost.** Algorithm 1 costs `candidates` bit tests per non-zero and a bitset of the keys per
 //! node; Algorithm 2 a counting sort of the non-zeros by key and a sort of each node's keys, so
 //! about `O(nnz · (candidates + log nnz))` in all (the paper's literal Algorithm 2 is
@@ -32,7 +36,10 @@
 mod data;
 mod file;
 mod keys;
+mod realloc;
 mod refine;
+
+pub use realloc::{Move, Reallocation, reallocate};
 
 use crate::error::{Error, Result};
 use crate::placement::Placement;
@@ -241,6 +248,16 @@ pub fn traffic(graph: &Incidence, nodes: usize, batch: usize, examples: &[u16], 
         return Err(Error::Config(format!("a node outside 0..{nodes}")));
     }
     Ok(keys::Weights::new(graph, examples, nodes, batch).traffic(homes))
+}
+
+/// Examples that arrived (`examples[first_new..]`, already given a node each, e.g. dealt round
+/// robin) move to the nodes where their keys are held (`owners`), within the balance band the
+/// co-partitioner keeps: one refinement pass over them alone, the keys left where they are.
+/// Returns how many moved. Pair it with [`reallocate`], which moves keys instead.
+pub fn place_examples(graph: &Incidence, examples: &mut [u16], first_new: usize, owners: &[u16], options: &Options) -> Result<usize> {
+    options.validate()?;
+    traffic(graph, options.nodes, options.batch, examples, owners)?;
+    Ok(refine::move_examples(graph, options, examples, owners, first_new))
 }
 
 /// The data partition trainers use without a plan (example `i` at node `i % nodes`).

@@ -53,69 +53,14 @@ fn batches(c: u32, n: u64, batch: usize) -> f64 {
 
 /// Refines `examples` (and returns the homes for the result).
 pub(super) fn refine(graph: &Incidence, options: &Options, examples: &mut [u16], mut homes: Vec<u16>) -> Vec<u16> {
-    let (nodes, m) = (options.nodes, graph.keys() as usize);
-    if nodes < 2 || (nodes as u64).saturating_mul(m as u64) > MAX_COUNTERS {
+    let nodes = options.nodes;
+    if nodes < 2 || (nodes as u64).saturating_mul(graph.keys()) > MAX_COUNTERS {
         return homes;
     }
     let mut best = keys::Weights::new(graph, examples, nodes, options.batch).traffic(&homes).bottleneck;
-    let mean = total_load(graph) as f64 / nodes as f64;
-    let slack = balance_slack(graph, nodes);
-    let (low, high) = (mean - slack, mean + slack);
     for _ in 0..ROUNDS.min(ROUND_NODES / nodes).max(1) {
         let before: Vec<u16> = examples.to_vec();
-        // Key-major counters: a key's counts on every node share a cache line or two.
-        let mut count = vec![0u32; nodes * m];
-        let mut size = vec![0u64; nodes];
-        let mut load = vec![0f64; nodes];
-        for (e, &u) in examples.iter().enumerate() {
-            size[u as usize] += 1;
-            load[u as usize] += graph.row(e).len().max(1) as f64;
-            for &p in graph.row(e) {
-                count[p as usize * nodes + u as usize] += 1;
-            }
-        }
-        // The marginal batches of one example more (at c) per node, tabled by c.
-        let tables: Vec<Vec<f64>> = (0..nodes)
-            .map(|u| {
-                let n = size[u].max(1);
-                (0..=n as u32 + 1).map(|c| batches(c + 1, n, options.batch) - batches(c, n, options.batch)).collect()
-            })
-            .collect();
-        let marginal = |u: usize, c: u32| tables[u].get(c as usize).copied().unwrap_or(0.0);
-        let mut moved = 0usize;
-        // Per node: what the example's keys would cost it (for its own node: what they cost now).
-        let mut cost = vec![0f64; nodes];
-        for (e, node) in examples.iter_mut().enumerate() {
-            let row = graph.row(e);
-            let u = *node as usize;
-            let len = row.len().max(1) as f64;
-            if load[u] - len < low {
-                continue;
-            }
-            cost.fill(0.0);
-            for &p in row {
-                let (home, counts) = (homes[p as usize] as usize, &count[p as usize * nodes..(p as usize + 1) * nodes]);
-                for (v, (&c, total)) in counts.iter().zip(cost.iter_mut()).enumerate() {
-                    if v != home {
-                        // Its own node's count includes the example: the step that added it.
-                        *total += marginal(v, if v == u { c - 1 } else { c });
-                    }
-                }
-            }
-            let saved = cost[u];
-            let choice = (0..nodes).filter(|&v| v != u && load[v] + len <= high && cost[v] < saved - 1e-9).min_by(|&a, &b| cost[a].total_cmp(&cost[b]));
-            if let Some(v) = choice {
-                for &p in row {
-                    count[p as usize * nodes + u] -= 1;
-                    count[p as usize * nodes + v] += 1;
-                }
-                load[u] -= len;
-                load[v] += len;
-                *node = v as u16;
-                moved += 1;
-            }
-        }
-        if moved == 0 {
+        if move_examples(graph, options, examples, &homes, 0) == 0 {
             break;
         }
         let weights = keys::Weights::new(graph, examples, nodes, options.batch);
@@ -133,4 +78,70 @@ pub(super) fn refine(graph: &Incidence, options: &Options, examples: &mut [u16],
         }
     }
     homes
+}
+
+/// One pass over the examples from `first` on: each moves to the node where its keys' accesses
+/// cost least with the keys held at `homes`, within the balance band. Returns how many moved
+/// (none when the counters would take more than [`MAX_COUNTERS`]).
+pub(super) fn move_examples(graph: &Incidence, options: &Options, examples: &mut [u16], homes: &[u16], first: usize) -> usize {
+    let (nodes, m) = (options.nodes, graph.keys() as usize);
+    if nodes < 2 || (nodes as u64).saturating_mul(m as u64) > MAX_COUNTERS {
+        return 0;
+    }
+    let mean = total_load(graph) as f64 / nodes as f64;
+    let slack = balance_slack(graph, nodes);
+    let (low, high) = (mean - slack, mean + slack);
+    // Key-major counters: a key's counts on every node share a cache line or two.
+    let mut count = vec![0u32; nodes * m];
+    let mut size = vec![0u64; nodes];
+    let mut load = vec![0f64; nodes];
+    for (e, &u) in examples.iter().enumerate() {
+        size[u as usize] += 1;
+        load[u as usize] += graph.row(e).len().max(1) as f64;
+        for &p in graph.row(e) {
+            count[p as usize * nodes + u as usize] += 1;
+        }
+    }
+    // The marginal batches of one example more (at c) per node, tabled by c.
+    let tables: Vec<Vec<f64>> = (0..nodes)
+        .map(|u| {
+            let n = size[u].max(1);
+            (0..=n as u32 + 1).map(|c| batches(c + 1, n, options.batch) - batches(c, n, options.batch)).collect()
+        })
+        .collect();
+    let marginal = |u: usize, c: u32| tables[u].get(c as usize).copied().unwrap_or(0.0);
+    let mut moved = 0usize;
+    // Per node: what the example's keys would cost it (for its own node: what they cost now).
+    let mut cost = vec![0f64; nodes];
+    for (e, node) in examples.iter_mut().enumerate().skip(first) {
+        let row = graph.row(e);
+        let u = *node as usize;
+        let len = row.len().max(1) as f64;
+        if load[u] - len < low {
+            continue;
+        }
+        cost.fill(0.0);
+        for &p in row {
+            let (home, counts) = (homes[p as usize] as usize, &count[p as usize * nodes..(p as usize + 1) * nodes]);
+            for (v, (&c, total)) in counts.iter().zip(cost.iter_mut()).enumerate() {
+                if v != home {
+                    // Its own node's count includes the example: the step that added it.
+                    *total += marginal(v, if v == u { c - 1 } else { c });
+                }
+            }
+        }
+        let saved = cost[u];
+        let choice = (0..nodes).filter(|&v| v != u && load[v] + len <= high && cost[v] < saved - 1e-9).min_by(|&a, &b| cost[a].total_cmp(&cost[b]));
+        if let Some(v) = choice {
+            for &p in row {
+                count[p as usize * nodes + u] -= 1;
+                count[p as usize * nodes + v] += 1;
+            }
+            load[u] -= len;
+            load[v] += len;
+            *node = v as u16;
+            moved += 1;
+        }
+    }
+    moved
 }

@@ -207,3 +207,73 @@ fn refinement_never_makes_a_plan_worse() {
         }
     }
 }
+
+#[test]
+fn reallocation_moves_keys_to_where_the_accesses_went() {
+    // Ten keys, all held by node 0; node 1's examples use keys 5..10 heavily, node 0's 0..5.
+    let mut g = Incidence::new(10).unwrap();
+    let mut examples = Vec::new();
+    for e in 0..200u64 {
+        let node = (e % 2) as u16;
+        g.push_example([e % 5 + 5 * node as u64, (e / 2) % 5 + 5 * node as u64]).unwrap();
+        examples.push(node);
+    }
+    let owners = vec![0u16; 10];
+    let r = reallocate(&g, &examples, &owners, 2, 1, 0.0).unwrap();
+    assert!(!r.moves.is_empty() && r.after.bottleneck < r.before.bottleneck, "{r:?}");
+    assert!(r.moves.iter().all(|m| m.key >= 5 && (m.from, m.to) == (0, 1)), "{:?}", r.moves);
+    let mut moved = owners.clone();
+    for m in &r.moves {
+        moved[m.key as usize] = m.to;
+    }
+    assert_eq!(traffic(&g, 2, 1, &examples, &moved).unwrap(), r.after);
+    // Moves that cost more than any gain are not made.
+    let r = reallocate(&g, &examples, &owners, 2, 1, 1e9).unwrap();
+    assert!(r.moves.is_empty() && r.after == r.before);
+    assert!(reallocate(&g, &examples, &owners, 2, 1, f64::NAN).is_err());
+    assert!(reallocate(&g, &examples, &owners[..9], 2, 1, 0.0).is_err());
+}
+
+#[test]
+fn every_reallocation_move_gains_more_than_it_costs() {
+    for seed in 0..20 {
+        let g = random_graph(200, 60, seed);
+        let nodes = 2 + (seed % 3) as usize;
+        let pick = |i: u64| (crate::hashing::mix(seed ^ i) % nodes as u64) as u16;
+        let examples: Vec<u16> = (0..200).map(pick).collect();
+        let owners: Vec<u16> = (0..60).map(|k| pick(1000 + k)).collect();
+        let cost = (seed % 4) as f64;
+        let r = reallocate(&g, &examples, &owners, nodes, 4, cost).unwrap();
+        let mut current = owners.clone();
+        let mut bottleneck = r.before.bottleneck;
+        for m in &r.moves {
+            assert_eq!(current[m.key as usize], m.from, "seed {seed}: {m:?} is not where it was");
+            current[m.key as usize] = m.to;
+            let now = traffic(&g, nodes, 4, &examples, &current).unwrap().bottleneck;
+            assert!(now < bottleneck - cost + 1e-6, "seed {seed}: {m:?} took the bottleneck from {bottleneck} to {now} at a cost of {cost}");
+            bottleneck = now;
+        }
+        assert!((r.after.bottleneck - bottleneck).abs() < 1e-6);
+    }
+}
+
+#[test]
+fn arriving_examples_go_where_their_keys_are_held() {
+    // 100 examples on keys 0..10 (held by node 0) and 100 on keys 10..20 (node 1), then 40 new
+    // ones of each kind dealt round robin: placing them sends each kind to its keys' node.
+    let mut g = Incidence::new(20).unwrap();
+    let mut examples = Vec::new();
+    for e in 0..280u64 {
+        let kind = if e < 200 { e / 100 } else { e % 2 };
+        g.push_example([kind * 10 + e % 10, kind * 10 + (e / 10) % 10]).unwrap();
+        examples.push(if e < 200 { kind as u16 } else { ((e / 2) % 2) as u16 });
+    }
+    let owners: Vec<u16> = (0..20).map(|k| (k / 10) as u16).collect();
+    let options = Options::new(2);
+    let before = traffic(&g, 2, 1, &examples, &owners).unwrap().bottleneck;
+    let moved = place_examples(&g, &mut examples, 200, &owners, &options).unwrap();
+    let after = traffic(&g, 2, 1, &examples, &owners).unwrap().bottleneck;
+    assert!(moved >= 30 && after < before / 2.0, "{moved} moved; {before} -> {after}");
+    assert!(examples[..200].iter().enumerate().all(|(e, &n)| n as usize == e / 100), "placed examples stay");
+    assert!(place_examples(&g, &mut examples, 200, &owners[..19], &options).is_err());
+}
