@@ -161,3 +161,32 @@ fn reallocation_moves_keys_by_relocation() {
     });
     finalize_all(cluster);
 }
+
+#[test]
+fn arriving_examples_are_placed_where_their_keys_are() {
+    // criteo-small's training examples arrive in 3 parts over the first 3 epochs: dealt round
+    // robin, or placed by a plan of the first part and, as they arrive, where their keys are
+    // held (with --reallocate also keys relocated by Algorithm 4).
+    let train = |extra: &[&str]| {
+        let base = ["train", "lr", "--data", "criteo-small", "--mode", "classic", "--nodes", "2", "--epochs", "4", "--arrivals", "3", "--json"];
+        let (ok, out, err) = run(&[&base[..], extra].concat());
+        assert!(ok, "{extra:?}: {out}\n{err}");
+        out.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str::<Value>(l).unwrap()).collect::<Vec<_>>()
+    };
+    let (dealt, placed, moved) = (train(&[]), train(&["--place-arrivals"]), train(&["--place-arrivals", "--reallocate"]));
+    let busiest = |r: &[Value]| r.last().unwrap()["busiest_node_bytes"].as_f64().unwrap();
+    // The traffic grows with the examples arrived: the first epoch trains a third of them.
+    let bytes: Vec<f64> = dealt.iter().map(|r| r["bytes"].as_f64().unwrap()).collect();
+    assert!(bytes[0] * 2.0 < bytes[2], "bytes per epoch: {bytes:?}");
+    assert!(busiest(&placed) < 0.8 * busiest(&dealt), "placed {} against dealt {}", busiest(&placed), busiest(&dealt));
+    assert!(busiest(&moved) < 0.8 * busiest(&dealt), "reallocated {} against dealt {}", busiest(&moved), busiest(&dealt));
+    for (bad, why) in [
+        (&["--arrivals", "0"][..], "at least 1"),
+        (&["--arrivals", "2", "--mode", "intent"], "classic and localize"),
+        (&["--reallocate"], "--place-arrivals"),
+        (&["--arrivals", "2", "--plan", "x.plan"], "--plan"),
+    ] {
+        let (ok, _, err) = run(&[&["train", "lr", "--data", "criteo-small", "--nodes", "2", "--epochs", "1"][..], bad].concat());
+        assert!(!ok && err.contains(why), "{bad:?}: {err}");
+    }
+}

@@ -480,6 +480,7 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     // with more epochs, or in `single`, which has no such table.
     specs.push(TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS).scratch());
     let mut config = ferry::Config::from_env(specs)?;
+    config.relocation = mode != Mode::Classic;
     task.configure(&mut config, mode)?;
     let (first_epoch, restore) = common.first_epoch()?;
     if let Some(dir) = restore {
@@ -493,7 +494,6 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     if replicated > 0 && config.rank == 0 {
         eprintln!("replicated keys: {replicated}, staleness bound {:?}", config.staleness);
     }
-    config.relocation = mode != Mode::Classic;
     let mut node = Node::start(config)?;
     let (rank, nodes, threads) = (node.rank(), node.nodes(), common.threads());
     if rank == 0 {

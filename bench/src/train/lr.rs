@@ -94,8 +94,26 @@ pub struct LrArgs {
     /// co-partitioning): each node trains the examples the plan gives it, and each weight is
     /// homed at the node the plan names. The plan must be for --nodes and made from the same
     /// data and loader options (--data or --train/--test, --hash-*, --seed).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "arrivals")]
     pub plan: Option<std::path::PathBuf>,
+    /// Cluster modes classic and localize: the training examples arrive in this many parts, one
+    /// more at the start of each epoch (epoch e trains on the first min(e, K) parts), dealt
+    /// round robin to the workers (see --place-arrivals). `single` trains on all of them.
+    #[arg(long, default_value_t = 1)]
+    pub arrivals: usize,
+    /// With --arrivals: co-partition as the examples arrive (Duan and Wu 4.2): the weights are
+    /// placed by a plan of the first part, and each arrival's examples go to the nodes that
+    /// hold their keys. Every node computes the same from the same data.
+    #[arg(long, requires = "arrivals")]
+    pub place_arrivals: bool,
+    /// With --place-arrivals: at each arrival also move keys where a move gains more than
+    /// --move-cost (Algorithm 4), by relocation, which the cluster then runs with (in classic
+    /// mode too; relocation acknowledges pushes, which costs bytes of its own).
+    #[arg(long, requires = "place_arrivals")]
+    pub reallocate: bool,
+    /// With --reallocate: what a key's relocation costs, in remote accesses per epoch.
+    #[arg(long, default_value_t = 2.0)]
+    pub move_cost: f64,
     /// After training, fit scikit-learn's LogisticRegression on the same split (in a throwaway
     /// virtual environment) and print both.
     #[arg(long)]
@@ -121,6 +139,8 @@ pub struct Split {
     pub dims: u64,
     /// The co-partitioning plan of --plan, checked against the training examples.
     pub plan: Option<ferry::copartition::Plan>,
+    /// With --place-arrivals: the plan of the first part of the examples.
+    pub arrival_plan: Option<ferry::copartition::Plan>,
 }
 
 impl Split {
@@ -218,6 +238,13 @@ impl super::Task for LrArgs {
         if let Some(plan) = &self.plan {
             args.extend(["--plan".into(), plan.display().to_string()]);
         }
+        args.extend(["--arrivals".into(), self.arrivals.to_string(), "--move-cost".into(), self.move_cost.to_string()]);
+        if self.place_arrivals {
+            args.push("--place-arrivals".into());
+        }
+        if self.reallocate {
+            args.push("--reallocate".into());
+        }
         args
     }
 
@@ -253,6 +280,18 @@ impl LrArgs {
     fn validate(&self) -> Result<()> {
         if self.batch == 0 {
             bail!("--batch must be at least 1");
+        }
+        if self.arrivals == 0 {
+            bail!("--arrivals must be at least 1");
+        }
+        if self.arrivals > 1 && self.common.mode.iter().flat_map(|m| m.modes()).any(|m| m == Mode::Intent) {
+            bail!("--arrivals takes the classic and localize modes (intent declares an epoch's batches before it starts)");
+        }
+        if self.arrivals > 1 && self.common.resume.is_some() {
+            bail!("--arrivals does not resume: the arrivals' placement is not in a checkpoint");
+        }
+        if !(self.move_cost.is_finite() && self.move_cost >= 0.0) {
+            bail!("--move-cost must be a number of at least 0");
         }
         if self.hash_bits.is_some_and(|b| !(4..=30).contains(&b)) {
             bail!("--hash-bits must be in 4..=30");
@@ -339,16 +378,22 @@ impl LrArgs {
             }
         };
         let mut split = match self.feature_hashing() {
-            Some((hashing, buckets)) => Split { train: train.hashed(hashing, buckets), test: test.hashed(hashing, buckets), dims: buckets, plan: None },
+            Some((hashing, buckets)) => {
+                Split { train: train.hashed(hashing, buckets), test: test.hashed(hashing, buckets), dims: buckets, plan: None, arrival_plan: None }
+            }
             None => {
                 let dims = train.dims().max(test.dims()).max(self.hash_bits.map_or(0, |b| 1 << b));
-                Split { train, test, dims, plan: None }
+                Split { train, test, dims, plan: None, arrival_plan: None }
             }
         };
         if let Some(path) = &self.plan {
             let plan = ferry::copartition::Plan::read(path)?;
             plan.check(&split.incidence()?, plan.nodes()).with_context(|| format!("--plan {}", path.display()))?;
             split.plan = Some(plan);
+        }
+        if self.place_arrivals && self.arrivals > 1 {
+            let first = split.incidence_of(0..super::arrivals::part_end(split.train.len(), self.arrivals, 0))?;
+            split.arrival_plan = Some(ferry::copartition::copartition(&first, &self.arrival_options())?);
         }
         Ok(split)
     }
@@ -359,6 +404,11 @@ impl LrArgs {
         order.shuffle(&mut ChaCha8Rng::seed_from_u64(self.common.seed ^ 0x5eed));
         let cut = all.len() * 4 / 5;
         (all.select(&order[..cut]), all.select(&order[cut..]))
+    }
+
+    /// How --place-arrivals co-partitions (for the cluster's --nodes).
+    fn arrival_options(&self) -> ferry::copartition::Options {
+        ferry::copartition::Options { batch: self.batch, seed: self.common.seed, ..ferry::copartition::Options::new(self.common.nodes) }
     }
 
     /// Whether the worker adds the L2 penalty's gradient (AdaGrad) or the updater applies it.
@@ -543,6 +593,17 @@ impl Workload for LrArgs {
         LrArgs::load(self)
     }
 
+    /// `--reallocate` moves keys by relocation in any cluster mode, and nodes remember where
+    /// moved keys went (location caches; the trainer's pulls and pushes are synchronous, which
+    /// keeps them sequentially consistent), or every batch that touches one goes by its home.
+    fn configure(&self, config: &mut ferry::Config, _: Mode) -> Result<()> {
+        if self.reallocate && self.arrivals > 1 {
+            config.relocation = true;
+            config.location_caches = true;
+        }
+        Ok(())
+    }
+
     /// `single`: the weights (one thread trains them in plain arrays with the updater's state
     /// beside them, and copies them here after each epoch). A cluster: the weights, with the optimizer as the table's updater, or
     /// as `[weight, accumulator]` values that the trainer's AdaGrad adds to.
@@ -560,7 +621,7 @@ impl Workload for LrArgs {
             // Worker-side AdaGrad: each value is `[weight, accumulator]` and pushes add.
             let (value_len, updater) = if self.server_optimizer(mode)? { (1, self.updater()?) } else { (2, Updater::Add) };
             let mut spec = self.common.on_the_wire(TableSpec::new("weights", n, value_len).with_updater(updater))?;
-            if let Some(plan) = &split.plan {
+            if let Some(plan) = split.plan.as_ref().or(split.arrival_plan.as_ref()) {
                 spec = spec.placed(plan.placement.clone());
             }
             vec![ModelTable::zeros(spec)]
@@ -578,10 +639,15 @@ impl Workload for LrArgs {
         }
         let worker_index = pass.rank * pass.threads + pass.thread;
         let workers = pass.nodes * pass.threads;
-        let mine: Vec<usize> = match &split.plan {
+        let arrivals = (self.arrivals > 1).then(|| {
+            let move_cost = self.reallocate.then_some(self.move_cost);
+            super::arrivals::Arrivals::new(self.arrivals, split.train.len(), split.arrival_plan.as_ref(), self.arrival_options(), move_cost)
+        });
+        let mine: Vec<usize> = match (&split.plan, &arrivals) {
             // The node's examples from the plan, dealt to its threads.
-            Some(plan) => plan.examples_of(pass.rank).enumerate().filter(|(j, _)| j % pass.threads == pass.thread).map(|(_, i)| i).collect(),
-            None => (0..split.train.len()).filter(|i| i % workers == worker_index).collect(),
+            (Some(plan), _) => plan.examples_of(pass.rank).enumerate().filter(|(j, _)| j % pass.threads == pass.thread).map(|(_, i)| i).collect(),
+            (None, Some(arrivals)) => arrivals.mine(1, pass.rank, pass.thread, pass.threads, pass.nodes),
+            (None, None) => (0..split.train.len()).filter(|i| i % workers == worker_index).collect(),
         };
         let batches = fixed_batches(&mine, self.batch, self.common.seed ^ worker_index as u64);
         let mode = pass.mode;
@@ -605,6 +671,7 @@ impl Workload for LrArgs {
             peek: Batch::default(),
             cursor,
             declaring: None,
+            arrivals,
         };
         // The first epoch's first batches, declared before the workers meet to start it: the
         // service acts on them meanwhile.
@@ -700,6 +767,8 @@ struct NodeLr<'a> {
     cursor: Option<AheadCursor>,
     /// The epoch whose order the declarations have reached, and that order.
     declaring: Option<(usize, Vec<usize>)>,
+    /// `--arrivals`: the examples so far.
+    arrivals: Option<super::arrivals::Arrivals>,
 }
 
 impl NodeLr<'_> {
@@ -728,6 +797,21 @@ impl NodeLr<'_> {
 impl Trainer for NodeLr<'_> {
     fn epoch(&mut self, epoch: usize, pass: &mut Pass<'_>) -> Result<Fields> {
         let (a, split) = (self.a, self.split);
+        if let Some(arrivals) = self.arrivals.as_mut()
+            && epoch > 1
+            && arrivals.arrived(epoch) > arrivals.arrived(epoch - 1)
+        {
+            // New examples: placed and the keys reallocated (the same on every node and thread);
+            // one thread of the node relocates the keys that move here.
+            let here = arrivals.arrive(split, epoch, pass.rank)?;
+            let mine = arrivals.mine(epoch, pass.rank, pass.thread, pass.threads, pass.nodes);
+            self.examples = mine.len();
+            self.batches = fixed_batches(&mine, a.batch, a.common.seed ^ self.worker_index as u64);
+            if pass.thread == 0 && !here.is_empty() {
+                let (w, tables) = pass.node().expect("a cluster's pass has a worker");
+                w.localize(tables[0], &here)?;
+            }
+        }
         let order = self.order(epoch);
         if let Some(cursor) = &self.cursor {
             // One clock per batch and none in between, or the declared windows are off.

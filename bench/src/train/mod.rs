@@ -9,6 +9,7 @@
 //! turns into a table or JSON lines, a progress bar, and optionally an SVG plot.
 
 mod ahead;
+pub mod arrivals;
 pub mod checkpoint_model;
 pub mod countmin;
 pub mod epochs;

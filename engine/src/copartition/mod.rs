@@ -5,9 +5,11 @@
 //! where examples are trained decides which keys each node needs, and where keys live decides
 //! which of those accesses cross the network. [`copartition`] chooses both: a data partition
 //! (Algorithm 1: each node in turn, the least loaded first, takes the example among a few sampled
-//! ones that brings it the fewest keys it does not yet touch) and then a parameter partition
-//! (Algorithm 2: the node of lowest traffic so far takes the key that raises its traffic least),
-//! minimising the traffic of the busiest node (the objective of Section 3.4). The result is a
+//! ones that makes the fewest keys shared with other nodes, see `data`) and then a parameter
+//! partition (Algorithm 2: a key goes to the node that accesses it more than all others
+//! together, and the node of lowest traffic so far takes, of the rest, the key that raises its
+//! traffic least, see `keys`), minimising the traffic of the busiest node (the objective of
+//! Section 3.4). The result is a
 //! [`Plan`]: the node of every example, which the trainer gives its workers, and a
 //! [`Placement`] of the keys, which [`crate::TableSpec::placed`] makes the table's homes.
 //!
@@ -30,8 +32,8 @@
 //! **Cost.** Algorithm 1 costs `candidates` bit tests per non-zero and a bitset of the keys per
 //! node; Algorithm 2 a counting sort of the non-zeros by key and a sort of each node's keys, so
 //! about `O(nnz · (candidates + log nnz))` in all (the paper's literal Algorithm 2 is
-//! `O(n·m²)`; its choices are the same because a key's cost to a node does not depend on the
-//! node's other keys, so each node's candidates can be sorted once).
+//! `O(n·m²)`; a key's cost to a node does not depend on the node's other keys, so each node's
+//! candidates are sorted once); refinement `O(nnz · nodes)` a round.
 
 mod data;
 mod file;
@@ -45,7 +47,7 @@ use crate::error::{Error, Result};
 use crate::placement::Placement;
 
 /// Which keys each example touches: the data–parameter bipartite graph of Section 3.3.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Incidence {
     keys: u64,
     /// Example `i` touches `features[offsets[i]..offsets[i + 1]]` (sorted, distinct).

@@ -1,0 +1,91 @@
+//! `train lr --arrivals K`: the training examples arrive in `K` parts, one more at the start of
+//! each epoch (epoch `e` trains on the first `min(e, K)` parts), as a stream of new data would.
+//!
+//! Without `--place-arrivals` the examples so far are dealt round robin to the workers and the
+//! weights stay at their hashed homes. With it (Duan and Wu, Sections 4.2 and 5), every node
+//! computes the same things from the same data, so nothing but relocations crosses the network
+//! for it: the co-partitioning plan of the first part (the weights table is placed by it), at
+//! each arrival the new examples' nodes (`ferry::copartition::place_examples`: where their keys
+//! are held), and with `--reallocate` the keys that move (`reallocate`, Algorithm 4, each move
+//! gaining more than `--move-cost`), which the nodes they move to `localize` — relocations, so
+//! the cluster then runs with relocation on although no worker localizes otherwise.
+
+use anyhow::Result;
+use ferry::copartition::{self, Options, Plan};
+
+/// Where the examples that arrived so far are trained, and where their keys are held.
+#[derive(Debug, Clone)]
+pub struct Arrivals {
+    parts: usize,
+    /// All training examples.
+    total: usize,
+    /// `--place-arrivals`: the node of every arrived example, the holder of every key, and how
+    /// the plan was made.
+    placed: Option<Placed>,
+}
+
+#[derive(Debug, Clone)]
+struct Placed {
+    examples: Vec<u16>,
+    owners: Vec<u16>,
+    options: Options,
+    /// With `--reallocate`: a move's cost; `None` keeps the keys where they are.
+    move_cost: Option<f64>,
+}
+
+impl Arrivals {
+    /// Arrivals of `total` examples in `parts` parts; with `plan` (the first part's), placed, and
+    /// with `move_cost` the keys reallocated.
+    pub fn new(parts: usize, total: usize, plan: Option<&Plan>, options: Options, move_cost: Option<f64>) -> Arrivals {
+        let placed = plan.map(|p| Placed { examples: p.examples.clone(), owners: p.placement.homes().to_vec(), options, move_cost });
+        Arrivals { parts: parts.max(1), total, placed }
+    }
+
+    /// Examples arrived by the start of `epoch` (1-based): the first `min(epoch, parts)` parts.
+    pub fn arrived(&self, epoch: usize) -> usize {
+        part_end(self.total, self.parts, epoch.clamp(1, self.parts) - 1)
+    }
+
+    /// Takes the examples that arrive at the start of `epoch` in (placing them and reallocating
+    /// the keys, with `--place-arrivals`); returns the keys node `rank` must localize.
+    pub fn arrive(&mut self, split: &super::lr::Split, epoch: usize, rank: usize) -> Result<Vec<u64>> {
+        let end = self.arrived(epoch);
+        let Some(p) = self.placed.as_mut() else { return Ok(Vec::new()) };
+        let first_new = p.examples.len();
+        if end <= first_new {
+            return Ok(Vec::new());
+        }
+        let nodes = p.options.nodes;
+        let graph = split.incidence_of(0..end)?;
+        p.examples.extend((first_new..end).map(|e| (e % nodes) as u16));
+        copartition::place_examples(&graph, &mut p.examples, first_new, &p.owners, &p.options)?;
+        let Some(move_cost) = p.move_cost else { return Ok(Vec::new()) };
+        let moves = copartition::reallocate(&graph, &p.examples, &p.owners, nodes, p.options.batch, move_cost)?;
+        for m in &moves.moves {
+            p.owners[m.key as usize] = m.to;
+        }
+        Ok(moves.keys_to(rank))
+    }
+
+    /// The examples worker `thread` of node `rank` trains in `epoch` (after [`Arrivals::arrive`]).
+    pub fn mine(&self, epoch: usize, rank: usize, thread: usize, threads: usize, nodes: usize) -> Vec<usize> {
+        let end = self.arrived(epoch);
+        match &self.placed {
+            Some(p) => p.examples[..end]
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n as usize == rank)
+                .map(|(i, _)| i)
+                .enumerate()
+                .filter(|(j, _)| j % threads == thread)
+                .map(|(_, i)| i)
+                .collect(),
+            None => (0..end).filter(|i| i % (nodes * threads) == rank * threads + thread).collect(),
+        }
+    }
+}
+
+/// End of part `i` of `total` examples cut into `parts`.
+pub fn part_end(total: usize, parts: usize, i: usize) -> usize {
+    total * (i + 1) / parts.max(1)
+}
