@@ -238,12 +238,14 @@ impl super::Task for LrArgs {
         if let Some(plan) = &self.plan {
             args.extend(["--plan".into(), plan.display().to_string()]);
         }
-        args.extend(["--arrivals".into(), self.arrivals.to_string(), "--move-cost".into(), self.move_cost.to_string()]);
+        if self.arrivals > 1 || self.place_arrivals {
+            args.extend(["--arrivals".into(), self.arrivals.to_string()]);
+        }
         if self.place_arrivals {
             args.push("--place-arrivals".into());
         }
         if self.reallocate {
-            args.push("--reallocate".into());
+            args.extend(["--reallocate".into(), "--move-cost".into(), self.move_cost.to_string()]);
         }
         args
     }
