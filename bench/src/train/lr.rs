@@ -108,7 +108,8 @@ pub struct LrArgs {
     pub place_arrivals: bool,
     /// With --place-arrivals: at each arrival also move keys where a move gains more than
     /// --move-cost (Algorithm 4), by relocation, which the cluster then runs with (in classic
-    /// mode too; relocation acknowledges pushes, which costs bytes of its own).
+    /// mode too, with location caches so that batches find moved keys without a forward by
+    /// their homes).
     #[arg(long, requires = "place_arrivals")]
     pub reallocate: bool,
     /// With --reallocate: what a key's relocation costs, in remote accesses per epoch.
@@ -595,13 +596,14 @@ impl Workload for LrArgs {
         LrArgs::load(self)
     }
 
-    /// `--reallocate` moves keys by relocation in any cluster mode, and nodes remember where
-    /// moved keys went (location caches; the trainer's pulls and pushes are synchronous, which
-    /// keeps them sequentially consistent), or every batch that touches one goes by its home.
-    fn configure(&self, config: &mut ferry::Config, _: Mode) -> Result<()> {
+    /// `--reallocate` moves keys by relocation in any cluster mode; in classic mode nodes also
+    /// remember where moved keys went (location caches: the trainer's pulls and pushes are
+    /// synchronous there, which keeps them sequentially consistent), or every batch that
+    /// touches one goes by its home.
+    fn configure(&self, config: &mut ferry::Config, mode: Mode) -> Result<()> {
         if self.reallocate && self.arrivals > 1 {
             config.relocation = true;
-            config.location_caches = true;
+            config.location_caches |= mode == Mode::Classic;
         }
         Ok(())
     }
