@@ -385,7 +385,10 @@ fn hybrid_mode_replicates_hot_keys_and_learns() {
     let (single, hybrid) = (last("single"), last("hybrid"));
     assert!(f(&hybrid["loss"]) < 0.5 * f(&modes["hybrid"][0]["loss"]), "hybrid: the loss did not fall");
     assert!(f(&hybrid["quality"]["mrr"]) > 0.35, "hybrid MRR {}", f(&hybrid["quality"]["mrr"]));
-    assert!((f(&hybrid["quality"]["mrr"]) - f(&single["quality"]["mrr"])).abs() < 0.12);
+    // Not worse than one process: hybrid's MRR was 0.05-0.12 above single's in three runs on a
+    // quiet machine (single's own varies by 0.04 between runs), so only a loss is checked.
+    let (h, s) = (f(&hybrid["quality"]["mrr"]), f(&single["quality"]["mrr"]));
+    assert!(h > s - 0.12, "hybrid MRR {h} against single's {s}");
     assert!(modes["hybrid"].iter().all(|r| f(&r["replica_share"]) > 0.05 && f(&r["local_share"]) > 0.99), "replicas serve locally");
     assert!(modes["hybrid"].iter().any(|r| f(&r["refresh_bytes"]) > 0.0), "replicas are refreshed");
     // Word vectors and matrix factorization run in hybrid mode too (MF replicates nothing with
