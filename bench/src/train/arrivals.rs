@@ -55,15 +55,11 @@ impl Arrivals {
         if end <= first_new {
             return Ok(Vec::new());
         }
-        let nodes = p.options.nodes;
         let graph = split.incidence_of(0..end)?;
-        p.examples.extend((first_new..end).map(|e| (e % nodes) as u16));
-        copartition::place_examples(&graph, &mut p.examples, first_new, &p.owners, &p.options)?;
+        place_arrived(&graph, &mut p.examples, &p.owners, &p.options)?;
         let Some(move_cost) = p.move_cost else { return Ok(Vec::new()) };
-        let moves = copartition::reallocate(&graph, &p.examples, &p.owners, nodes, p.options.batch, move_cost)?;
-        for m in &moves.moves {
-            p.owners[m.key as usize] = m.to;
-        }
+        let moves = copartition::reallocate(&graph, &p.examples, &p.owners, p.options.nodes, p.options.batch, move_cost)?;
+        moves.apply(&mut p.owners);
         Ok(moves.keys_to(rank))
     }
 
@@ -83,6 +79,15 @@ impl Arrivals {
             None => (0..end).filter(|i| i % (nodes * threads) == rank * threads + thread).collect(),
         }
     }
+}
+
+/// Gives the examples of `graph` beyond `examples` (those that arrived) a node each: dealt round
+/// robin, then moved to where their keys are held (`owners`), as `--place-arrivals` does.
+pub fn place_arrived(graph: &copartition::Incidence, examples: &mut Vec<u16>, owners: &[u16], options: &Options) -> Result<()> {
+    let first_new = examples.len();
+    examples.extend((first_new..graph.examples()).map(|e| (e % options.nodes) as u16));
+    copartition::place_examples(graph, examples, first_new, owners, options)?;
+    Ok(())
 }
 
 /// End of part `i` of `total` examples cut into `parts`.

@@ -124,6 +124,32 @@ pub struct LrArgs {
     pub common: Common,
 }
 
+/// The options besides `--data` and `--seed` that decide which examples `train lr` loads, as
+/// arguments: `--train`/`--test` and the hashing's (for the cluster's processes, and for
+/// `ferry partition`, which must load the same examples).
+pub(super) fn loader_args(
+    train: &Option<std::path::PathBuf>,
+    test: &Option<std::path::PathBuf>,
+    hash_bits: Option<u32>,
+    hash_buckets: Option<u64>,
+    hash_signed: bool,
+) -> Vec<String> {
+    let mut args = Vec::new();
+    if let Some(b) = hash_bits {
+        args.extend(["--hash-bits".into(), b.to_string()]);
+    }
+    if let Some(m) = hash_buckets {
+        args.extend(["--hash-buckets".into(), m.to_string()]);
+    }
+    if hash_signed {
+        args.push("--hash-signed".into());
+    }
+    if let (Some(train), Some(test)) = (train, test) {
+        args.extend(["--train".into(), train.display().to_string(), "--test".into(), test.display().to_string()]);
+    }
+    args
+}
+
 /// AdaGrad's ε (server- and worker-side alike).
 const ADAGRAD_EPS: f32 = 1e-8;
 
@@ -224,18 +250,7 @@ impl super::Task for LrArgs {
             "--intent-ahead".into(),
             self.intent_ahead.to_string(),
         ];
-        if let Some(b) = self.hash_bits {
-            args.extend(["--hash-bits".into(), b.to_string()]);
-        }
-        if let Some(m) = self.hash_buckets {
-            args.extend(["--hash-buckets".into(), m.to_string()]);
-        }
-        if self.hash_signed {
-            args.push("--hash-signed".into());
-        }
-        if let (Some(train), Some(test)) = (&self.train, &self.test) {
-            args.extend(["--train".into(), train.display().to_string(), "--test".into(), test.display().to_string()]);
-        }
+        args.extend(loader_args(&self.train, &self.test, self.hash_bits, self.hash_buckets, self.hash_signed));
         if let Some(plan) = &self.plan {
             args.extend(["--plan".into(), plan.display().to_string()]);
         }

@@ -11,6 +11,7 @@ use ferry::Partitioning;
 use ferry::copartition::{self, Incidence, Options, Traffic};
 use ferry::testing::partition::Partitioner;
 
+use super::arrivals::{part_end, place_arrived};
 use super::lr::LrArgs;
 
 /// Options of `ferry partition`.
@@ -81,18 +82,7 @@ impl PartitionArgs {
     /// The `train lr` options that load the same examples.
     fn lr(&self) -> Result<LrArgs> {
         let mut args = vec!["lr".to_string(), "--data".into(), self.data.clone(), "--seed".into(), self.seed.to_string()];
-        if let (Some(train), Some(test)) = (&self.train, &self.test) {
-            args.extend(["--train".into(), train.display().to_string(), "--test".into(), test.display().to_string()]);
-        }
-        if let Some(b) = self.hash_bits {
-            args.extend(["--hash-bits".into(), b.to_string()]);
-        }
-        if let Some(m) = self.hash_buckets {
-            args.extend(["--hash-buckets".into(), m.to_string()]);
-        }
-        if self.hash_signed {
-            args.push("--hash-signed".into());
-        }
+        args.extend(super::lr::loader_args(&self.train, &self.test, self.hash_bits, self.hash_buckets, self.hash_signed));
         Ok(LrOnly::try_parse_from(args)?.lr)
     }
 }
@@ -145,31 +135,22 @@ struct Arrival {
 /// Simulates `args.arrivals` arrivals of the training examples (see `--arrivals`).
 fn arrivals(split: &super::lr::Split, options: &Options, args: &PartitionArgs) -> Result<Vec<Arrival>> {
     let (n, parts, nodes) = (split.train.len(), args.arrivals, args.nodes);
-    let end = |i: usize| n * (i + 1) / parts;
+    let end = |i: usize| part_end(n, parts, i);
     let first = copartition::copartition(&split.incidence_of(0..end(0))?, options)?;
     let kept_owners: Vec<u16> = first.placement.homes().to_vec();
     let mut owners = kept_owners.clone();
     let mut examples = first.examples.clone();
     // Without placing or reallocating: every later example dealt round robin.
     let kept_examples: Vec<u16> = first.examples.iter().copied().chain((first.examples.len()..n).map(|e| (e % nodes) as u16)).collect();
-    let hash_homes: Vec<u16> = {
-        let p = Partitioner::new(split.dims + 1, nodes, Partitioning::Hash);
-        (0..split.dims + 1).map(|k| p.home(k) as u16).collect()
-    };
+    let hash_homes = homes(split.dims + 1, nodes, Partitioning::Hash);
     let mut out = Vec::new();
     for i in 1..parts {
         let graph = split.incidence_of(0..end(i))?;
-        let first_new = examples.len();
-        examples.extend((first_new..end(i)).map(|e| (e % nodes) as u16));
-        let mut dealt_kept = examples.clone();
-        dealt_kept[..first_new].copy_from_slice(&kept_examples[..first_new]);
-        let kept = copartition::traffic(&graph, nodes, args.batch, &dealt_kept, &kept_owners)?.bottleneck;
-        copartition::place_examples(&graph, &mut examples, first_new, &owners, options)?;
+        let kept = copartition::traffic(&graph, nodes, args.batch, &kept_examples[..end(i)], &kept_owners)?.bottleneck;
+        place_arrived(&graph, &mut examples, &owners, options)?;
         let placed = copartition::traffic(&graph, nodes, args.batch, &examples, &owners)?.bottleneck;
         let r = copartition::reallocate(&graph, &examples, &owners, nodes, args.batch, args.move_cost)?;
-        for m in &r.moves {
-            owners[m.key as usize] = m.to;
-        }
+        r.apply(&mut owners);
         let fresh = copartition::copartition(&graph, options)?;
         let dealt = copartition::dealt_examples(&graph, nodes);
         out.push(Arrival {
@@ -184,6 +165,12 @@ fn arrivals(split: &super::lr::Split, options: &Options, args: &PartitionArgs) -
         });
     }
     Ok(out)
+}
+
+/// Every key's home under `kind`.
+fn homes(keys: u64, nodes: usize, kind: Partitioning) -> Vec<u16> {
+    let p = Partitioner::new(keys, nodes, kind);
+    (0..keys).map(|k| p.home(k) as u16).collect()
 }
 
 fn print_arrivals(arrivals: &[Arrival]) {
@@ -217,10 +204,7 @@ struct Report {
 impl Report {
     fn new(graph: &Incidence, plan: &copartition::Plan, args: &PartitionArgs, seconds: f64) -> Result<Report> {
         let dealt = copartition::dealt_examples(graph, args.nodes);
-        let homes = |kind| {
-            let p = Partitioner::new(graph.keys(), args.nodes, kind);
-            (0..graph.keys()).map(|k| p.home(k) as u16).collect::<Vec<u16>>()
-        };
+        let homes = |kind| homes(graph.keys(), args.nodes, kind);
         let traffic = |examples: &[u16], homes: &[u16]| copartition::traffic(graph, args.nodes, args.batch, examples, homes).context("measuring a placement");
         Ok(Report {
             examples: graph.examples(),

@@ -28,7 +28,7 @@ pub(super) struct Weights {
 
 /// Expected number of a node's `b = ⌈n / batch⌉` mini-batches that hold at least one of the `c`
 /// (of its `n`) examples that touch a key.
-fn batches_touching(c: u64, n: u64, batch: usize) -> f64 {
+pub(super) fn batches_touching(c: u64, n: u64, batch: usize) -> f64 {
     if batch <= 1 || n == 0 {
         return c as f64;
     }

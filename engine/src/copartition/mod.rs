@@ -236,6 +236,13 @@ pub fn copartition(graph: &Incidence, options: &Options) -> Result<Plan> {
 /// mini-batches of `batch` examples. Fails when the lengths do not match the graph or a node is
 /// not below `nodes`.
 pub fn traffic(graph: &Incidence, nodes: usize, batch: usize, examples: &[u16], homes: &[u16]) -> Result<Traffic> {
+    check_partition(graph, nodes, batch, examples, homes)?;
+    Ok(keys::Weights::new(graph, examples, nodes, batch).traffic(homes))
+}
+
+/// Fails unless `examples` gives every example of `graph`, and `homes` every key, a node below
+/// `nodes`, and `nodes` and `batch` are valid.
+fn check_partition(graph: &Incidence, nodes: usize, batch: usize, examples: &[u16], homes: &[u16]) -> Result<()> {
     Options { nodes, batch, candidates: 1, seed: 0, refine: false }.validate()?;
     if examples.len() != graph.examples() || homes.len() as u64 != graph.keys() {
         return Err(Error::Config(format!(
@@ -249,7 +256,7 @@ pub fn traffic(graph: &Incidence, nodes: usize, batch: usize, examples: &[u16], 
     if examples.iter().chain(homes).any(|&n| n as usize >= nodes) {
         return Err(Error::Config(format!("a node outside 0..{nodes}")));
     }
-    Ok(keys::Weights::new(graph, examples, nodes, batch).traffic(homes))
+    Ok(())
 }
 
 /// Examples that arrived (`examples[first_new..]`, already given a node each, e.g. dealt round
@@ -258,7 +265,7 @@ pub fn traffic(graph: &Incidence, nodes: usize, batch: usize, examples: &[u16], 
 /// Returns how many moved. Pair it with [`reallocate`], which moves keys instead.
 pub fn place_examples(graph: &Incidence, examples: &mut [u16], first_new: usize, owners: &[u16], options: &Options) -> Result<usize> {
     options.validate()?;
-    traffic(graph, options.nodes, options.batch, examples, owners)?;
+    check_partition(graph, options.nodes, options.batch, examples, owners)?;
     Ok(refine::move_examples(graph, options, examples, owners, first_new))
 }
 

@@ -42,6 +42,13 @@ pub struct Reallocation {
 }
 
 impl Reallocation {
+    /// Applies the moves to `owners` (the holders [`reallocate`] started from).
+    pub fn apply(&self, owners: &mut [u16]) {
+        for m in &self.moves {
+            owners[m.key as usize] = m.to;
+        }
+    }
+
     /// The keys that move to `node`: what it `localize`s to apply the moves.
     pub fn keys_to(&self, node: usize) -> Vec<u64> {
         self.moves.iter().filter(|m| m.to as usize == node).map(|m| m.key).collect()
@@ -53,11 +60,12 @@ impl Reallocation {
 /// traffic falls, each move made only while it gains more than `move_cost` (in remote accesses
 /// per epoch: what a relocation costs, spread over the epochs the new placement will serve).
 pub fn reallocate(graph: &Incidence, examples: &[u16], owners: &[u16], nodes: usize, batch: usize, move_cost: f64) -> Result<Reallocation> {
-    let before = super::traffic(graph, nodes, batch, examples, owners)?;
+    super::check_partition(graph, nodes, batch, examples, owners)?;
     if !move_cost.is_finite() || move_cost < 0.0 {
         return Err(Error::Config(format!("a move's cost must be a number of at least 0, not {move_cost}")));
     }
     let weights = Weights::new(graph, examples, nodes, batch);
+    let before = weights.traffic(owners);
     let mut owners = owners.to_vec();
     let mut load = before.per_node.clone();
     // The keys each node holds that somebody accesses (the others cannot lower any traffic).

@@ -42,15 +42,6 @@ fn total_load(graph: &Incidence) -> u64 {
     (0..graph.examples()).map(|e| graph.row(e).len().max(1) as u64).sum()
 }
 
-/// Expected batches of `batch` (of `n` examples) touching a key that `c` of them touch.
-fn batches(c: u32, n: u64, batch: usize) -> f64 {
-    if batch <= 1 || n == 0 {
-        return c as f64;
-    }
-    let b = n.div_ceil(batch as u64) as f64;
-    b * (1.0 - (1.0 - c as f64 / n as f64).max(0.0).powf(batch as f64))
-}
-
 /// Refines `examples` (and returns the homes for the result).
 pub(super) fn refine(graph: &Incidence, options: &Options, examples: &mut [u16], mut homes: Vec<u16>) -> Vec<u16> {
     let nodes = options.nodes;
@@ -106,7 +97,7 @@ pub(super) fn move_examples(graph: &Incidence, options: &Options, examples: &mut
     let tables: Vec<Vec<f64>> = (0..nodes)
         .map(|u| {
             let n = size[u].max(1);
-            (0..=n as u32 + 1).map(|c| batches(c + 1, n, options.batch) - batches(c, n, options.batch)).collect()
+            (0..=n + 1).map(|c| keys::batches_touching(c + 1, n, options.batch) - keys::batches_touching(c, n, options.batch)).collect()
         })
         .collect();
     let marginal = |u: usize, c: u32| tables[u].get(c as usize).copied().unwrap_or(0.0);
