@@ -505,6 +505,7 @@ fn logistic_regression_learns_with_every_toolbox_option() {
         &["--l1", "0.1"],
         &["--optimizer-at", "gpu"],
         &["--filter", "kkt", "--optimizer-at", "worker"],
+        &["--mode", "hybrid", "--optimizer-at", "server"],
         &["--hash-buckets", "0"],
         &["--hash-signed"],
         &["--hash-buckets", "64", "--hash-bits", "10"],

@@ -5,9 +5,10 @@
 //! their share of the examples, pull the weights of the batch's features, and push the gradient
 //! of the batch's mean log loss; Ferry applies AdaGrad (with the L2 penalty added to the
 //! gradient by the worker) or FTRL-proximal (L1 and L2 in the updater) where each weight is held.
-//! With `--optimizer-at worker` (the default in `intent` mode) AdaGrad runs in the trainer
-//! instead: a key's value is `[weight, accumulator]` and the push is the step and the squared
-//! gradient, additive, so that keys several nodes need can be replicated (AdaPM 4.1).
+//! With `--optimizer-at worker` (the default in `intent` and `hybrid` modes) AdaGrad runs in the
+//! trainer instead: a key's value is `[weight, accumulator]` and the push is the step and the
+//! squared gradient, additive, so that keys several nodes need can be replicated (AdaPM 4.1;
+//! `hybrid` replicates the weights the NuPS heuristic finds hot, `--hot-factor`/`--replicate`).
 //! `--filter` holds back insignificant updates ([`ferry::filter`]), `--codec` compresses values
 //! on the wire, `--key-cache` sends repeated key lists by hash (each worker's mini-batches are
 //! drawn once and revisited every epoch in a new order, so their key lists repeat). Quality: log
@@ -61,7 +62,7 @@ pub struct LrArgs {
     /// Where AdaGrad runs in cluster modes: `server` (Ferry applies it where each weight is
     /// held; the accumulators never travel), `worker` (the trainer computes the step; each value
     /// carries its accumulator, and pushes are additive, so keys can be replicated), or `auto`:
-    /// worker in `intent` mode (without --filter), server otherwise. FTRL always runs
+    /// worker in `intent` and `hybrid` modes (without --filter), server otherwise. FTRL always runs
     /// server-side.
     #[arg(long, default_value = "auto")]
     pub optimizer_at: String,
@@ -93,7 +94,10 @@ pub struct LrArgs {
     /// Cluster modes: train where a plan of `ferry partition` says (data–parameter
     /// co-partitioning): each node trains the examples the plan gives it, and each weight is
     /// homed at the node the plan names. The plan must be for --nodes and made from the same
-    /// data and loader options (--data or --train/--test, --hash-*, --seed).
+    /// data and loader options (--data or --train/--test, --hash-*, --seed). In hybrid mode
+    /// (unless --replicate says how many) the weights that the examples of two or more nodes
+    /// touch are replicated on every node, so that every access is local and only the
+    /// replicas' syncs travel.
     #[arg(long, conflicts_with = "arrivals")]
     pub plan: Option<std::path::PathBuf>,
     /// Cluster modes classic and localize: the training examples arrive in this many parts, one
@@ -328,6 +332,11 @@ impl LrArgs {
         for mode in [Mode::Classic, Mode::Localize, Mode::Intent] {
             self.server_optimizer(mode)?;
         }
+        if self.common.mode.iter().flat_map(|m| m.modes()).any(|m| m == Mode::Hybrid) && self.server_optimizer(Mode::Hybrid)? {
+            bail!(
+                "train lr in hybrid mode runs AdaGrad in the trainer (--optimizer-at worker or auto, no --filter): server-side optimizers do not take replicated keys"
+            );
+        }
         if self.filter != "none" && self.optimizer_at == "worker" {
             bail!("--filter needs the server-side optimizer (--optimizer-at server or auto)");
         }
@@ -349,7 +358,7 @@ impl LrArgs {
         match (self.optimizer_at.as_str(), self.optimizer.as_str()) {
             ("server", _) | ("auto", "ftrl") => Ok(true),
             // A filter holds back gradients, which only a server-side optimizer takes.
-            ("auto", _) => Ok(mode != Mode::Intent || self.filter != "none"),
+            ("auto", _) => Ok(!matches!(mode, Mode::Intent | Mode::Hybrid) || self.filter != "none"),
             ("worker", "ftrl") => bail!("--optimizer-at worker: FTRL runs server-side only (use AdaGrad)"),
             ("worker", _) => Ok(false),
             (other, _) => bail!("--optimizer-at {other}: expected server, worker or auto"),
@@ -628,12 +637,15 @@ impl Workload for LrArgs {
     /// as `[weight, accumulator]` values that the trainer's AdaGrad adds to.
     fn model(&self, split: &Split, mode: Mode) -> Result<Model> {
         let n = split.dims + 1;
-        if mode == Mode::Hybrid {
-            bail!("train lr has no hybrid mode (server-side optimizers do not take replicated keys)");
+        if mode == Mode::Hybrid && self.server_optimizer(mode)? {
+            bail!(
+                "train lr in hybrid mode runs AdaGrad in the trainer (--optimizer-at worker or auto, no --filter): server-side optimizers do not take replicated keys"
+            );
         }
         if mode == Mode::Intent && self.intent_ahead == 0 {
             bail!("--intent-ahead must be at least 1");
         }
+        let mut notes = Vec::new();
         let tables = if mode == Mode::Single {
             vec![ModelTable::zeros(TableSpec::new("weights", n, 1))]
         } else {
@@ -643,9 +655,29 @@ impl Workload for LrArgs {
             if let Some(plan) = split.plan.as_ref().or(split.arrival_plan.as_ref()) {
                 spec = spec.placed(plan.placement.clone());
             }
+            if mode == Mode::Hybrid {
+                // Replicated weights (NuPS), pushed to and read from locally, synced within the
+                // staleness bound.
+                let mut counts = ferry::AccessCounts::new(n);
+                for i in 0..split.train.len() {
+                    for &key in split.train.row(i).0 {
+                        counts.add(key, 1);
+                    }
+                    counts.add(split.dims, 1);
+                }
+                // With a plan and no --replicate: the weights the plan's examples share
+                // between nodes (the rest are each used by one node, which the plan homes them
+                // at); otherwise the heuristic over all accesses.
+                let hot = match &split.plan {
+                    Some(plan) if self.common.replicate == 0 => plan.shared_keys(&split.incidence()?)?,
+                    _ => self.common.hot_keys(&counts),
+                };
+                notes.push(format!("hybrid: {} of {} weights replicated ({:.1}% of accesses)", hot.len(), n, 100.0 * counts.share(&hot)));
+                spec = spec.replicating(ferry::as_ranges(&hot));
+            }
             vec![ModelTable::zeros(spec)]
         };
-        Ok(Model { tables, notes: Vec::new() })
+        Ok(Model { tables, notes })
     }
 
     fn trainer<'a>(&'a self, split: &'a Split, pass: &mut Pass<'_>) -> Result<Box<dyn Trainer + 'a>> {

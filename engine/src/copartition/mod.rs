@@ -198,6 +198,28 @@ impl Plan {
         self.examples.iter().enumerate().filter(move |(_, n)| **n as usize == node).map(|(i, _)| i)
     }
 
+    /// The keys (in order) that the examples of at least two nodes touch: the ones no placement
+    /// keeps local to all their users, which a trainer may replicate instead (NuPS); every
+    /// other touched key is used by one node only, and the plan homes it there. Fails unless
+    /// the plan was made for `graph`.
+    pub fn shared_keys(&self, graph: &Incidence) -> Result<Vec<u64>> {
+        self.check(graph, self.nodes())?;
+        const NONE: u16 = u16::MAX;
+        let mut first = vec![NONE; graph.keys() as usize];
+        let mut shared = vec![false; graph.keys() as usize];
+        for (e, &node) in self.examples.iter().enumerate() {
+            for &key in graph.row(e) {
+                let seen = &mut first[key as usize];
+                if *seen == NONE {
+                    *seen = node;
+                } else if *seen != node {
+                    shared[key as usize] = true;
+                }
+            }
+        }
+        Ok((0..graph.keys()).filter(|&k| shared[k as usize]).collect())
+    }
+
     /// Fails unless the plan was made for `graph` on `nodes` nodes, saying what differs.
     pub fn check(&self, graph: &Incidence, nodes: usize) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));

@@ -277,3 +277,30 @@ fn arriving_examples_go_where_their_keys_are_held() {
     assert!(examples[..200].iter().enumerate().all(|(e, &n)| n as usize == e / 100), "placed examples stay");
     assert!(place_examples(&g, &mut examples, 200, &owners[..19], &options).is_err());
 }
+
+#[test]
+fn shared_keys_are_those_two_nodes_touch() {
+    // Examples 0 and 1 on node 0, 2 on node 1: key 1 is touched by both nodes, key 0 twice by
+    // node 0 only, key 3 by node 1 only, key 2 by nobody.
+    let mut g = Incidence::new(4).unwrap();
+    for row in [vec![0, 1], vec![0], vec![1, 3]] {
+        g.push_example(row).unwrap();
+    }
+    let plan =
+        Plan { examples: vec![0, 0, 1], placement: std::sync::Arc::new(Placement::new(2, vec![0, 0, 0, 1]).unwrap()), batch: 1, data_digest: g.digest() };
+    assert_eq!(plan.shared_keys(&g).unwrap(), vec![1]);
+    // Against a direct count on random graphs and plans.
+    for seed in 0..20 {
+        let g = random_graph(40, 12, seed);
+        let plan = copartition(&g, &Options::new(3)).unwrap();
+        let direct: Vec<u64> = (0..12)
+            .filter(|&k| {
+                let users: std::collections::BTreeSet<u16> = (0..g.examples()).filter(|&e| g.row(e).contains(&(k as u32))).map(|e| plan.examples[e]).collect();
+                users.len() >= 2
+            })
+            .collect();
+        assert_eq!(plan.shared_keys(&g).unwrap(), direct, "seed {seed}");
+    }
+    // A plan for other data is refused.
+    assert!(plan.shared_keys(&random_graph(5, 4, 9)).is_err());
+}
