@@ -96,6 +96,26 @@ fn knowledge_graph_embeddings_learn_and_modes_agree() {
 }
 
 #[test]
+fn co_partitioned_triples_train_with_every_access_local() {
+    // --copartition deals the triples by the entities they touch and homes each entity with
+    // its triples; hybrid mode replicates the entities both nodes' triples share, so that with
+    // local negatives nothing is fetched from the other node while training.
+    let run = |modes: &str, negatives: &str| {
+        let args = ["kge", "--data", "synth-kg", "--dim", "16", "--mode", modes, "--epochs", "20", "--eval-every", "20", "--nodes", "2", "--copartition"];
+        by_mode(&train(&[&args[..], &["--negatives", negatives]].concat()))
+    };
+    let (direct, local) = (run("single,classic", "direct"), run("hybrid", "local"));
+    let mrr = |runs: &[Value]| f(&runs.last().unwrap()["quality"]["mrr"]);
+    let single = mrr(&direct["single"]);
+    for (mode, runs) in [("classic", &direct["classic"]), ("hybrid", &local["hybrid"])] {
+        assert!(mrr(runs) > 0.35 && mrr(runs) > single - 0.12, "{mode} MRR {} vs single {single}", mrr(runs));
+    }
+    let shares = |runs: &[Value]| runs.iter().map(|r| f(&r["local_share"])).collect::<Vec<_>>();
+    assert!(shares(&local["hybrid"]).iter().all(|&s| s > 0.999), "hybrid: {:?}", shares(&local["hybrid"]));
+    assert!(shares(&direct["classic"]).iter().all(|&s| s < 0.9), "classic: {:?}", shares(&direct["classic"]));
+}
+
+#[test]
 fn consistent_hashing_trains_as_hashing_does() {
     // The partitioning moves homes, not values: the same seed learns the same model.
     let base = ["mf", "--mode", "classic", "--nodes", "3", "--epochs", "2"];

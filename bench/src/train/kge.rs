@@ -81,6 +81,14 @@ pub struct KgeArgs {
     /// `postpone[:POOL:USES]` (L3), `local` (L4).
     #[arg(long, default_value = "direct")]
     pub negatives: String,
+    /// Cluster modes: deal the training triples to the nodes by co-partitioning them with the
+    /// entities they touch (Duan and Wu, Algorithms 1–2; `ferry::copartition`, computed by
+    /// every node alike when the data is loaded) and home each entity where the plan says,
+    /// instead of dealing triples by relation over hash homes. In hybrid mode (unless
+    /// --replicate says how many) the entities that two or more nodes' triples share are the
+    /// ones replicated, so that with `--negatives local` every access is local.
+    #[arg(long)]
+    pub copartition: bool,
     /// Own data files.
     #[command(flatten)]
     pub files: super::DataFiles,
@@ -224,6 +232,7 @@ impl super::Task for KgeArgs {
             self.adagrad.clone(),
         ]
         .into_iter()
+        .chain(self.copartition.then(|| "--copartition".to_string()))
         .chain(self.files.args())
         .collect()
     }
@@ -549,13 +558,17 @@ fn eval_threads() -> usize {
 pub struct Graph {
     kg: KnowledgeGraph,
     known: std::sync::OnceLock<HashSet<(u32, u32, u32)>>,
+    /// With --copartition on more than one node: the plan, and the entities its nodes share.
+    plan: Option<(ferry::copartition::Plan, Vec<u64>)>,
 }
 
 impl Workload for KgeArgs {
     type Data = Graph;
 
     fn load(&self) -> Result<Graph> {
-        Ok(Graph { kg: KgeArgs::load(self)?, known: std::sync::OnceLock::new() })
+        let kg = KgeArgs::load(self)?;
+        let plan = if self.copartition && self.common.nodes > 1 { Some(copartition(&kg, self.common.nodes, self.common.seed)?) } else { None };
+        Ok(Graph { kg, known: std::sync::OnceLock::new(), plan })
     }
 
     fn model(&self, data: &Graph, mode: Mode) -> Result<Model> {
@@ -576,15 +589,26 @@ impl Workload for KgeArgs {
         if mode != Mode::Single {
             (entity_spec, relation_spec) = (self.common.on_the_wire(entity_spec)?, self.common.on_the_wire(relation_spec)?);
         }
+        if let Some((plan, shared)) = &data.plan
+            && mode != Mode::Single
+        {
+            let per_node: Vec<usize> = (0..plan.nodes()).map(|n| plan.examples_of(n).count()).collect();
+            notes.push(format!("co-partitioned: {:?} training triples per node, {} of {n_e} entities used by more than one node", per_node, shared.len()));
+            entity_spec = entity_spec.placed(plan.placement.clone());
+        }
         if mode == Mode::Hybrid {
             // NuPS's choice (Section 5.1): hot entities and every relation replicated, the long
-            // tail of entities relocated.
+            // tail of entities relocated; with --copartition the entities the plan's nodes
+            // share are the hot ones.
             let mut counts = ferry::AccessCounts::new(n_e as u64);
             for i in 0..kg.train.len() {
                 counts.add(kg.train.heads[i] as u64, 1);
                 counts.add(kg.train.tails[i] as u64, 1);
             }
-            let hot = self.common.hot_keys(&counts);
+            let hot = match &data.plan {
+                Some((_, shared)) if self.common.replicate == 0 => shared.clone(),
+                _ => self.common.hot_keys(&counts),
+            };
             notes.push(format!(
                 "hybrid: {} of {n_e} entities replicated ({:.1}% of positive accesses), all {n_r} relations",
                 hot.len(),
@@ -622,14 +646,17 @@ impl Workload for KgeArgs {
         let (localize, hybrid, intent) = (matches!(pass.mode, Mode::Localize | Mode::Hybrid), pass.mode == Mode::Hybrid, pass.mode == Mode::Intent);
         let n_r = kg.relations.len();
         let owners = relation_owners(&kg.train, n_r, nodes);
-        let mine: Vec<usize> = (0..kg.train.len()).filter(|&i| owners[kg.train.relations[i] as usize] == rank).skip(t).step_by(threads).collect();
+        let mine: Vec<usize> = match &data.plan {
+            Some((plan, _)) => plan.examples_of(rank).skip(t).step_by(threads).collect(),
+            None => (0..kg.train.len()).filter(|&i| owners[kg.train.relations[i] as usize] == rank).skip(t).step_by(threads).collect(),
+        };
         let my_relations: Vec<u64> = (0..n_r).filter(|&r| owners[r] == rank).map(|r| r as u64).collect();
         let (w, tables) = pass.node().expect("a cluster's pass has a worker");
-        if localize && !hybrid && t == 0 {
+        if localize && !hybrid && t == 0 && data.plan.is_none() {
             // Data clustering: this node's relations stay here.
             w.localize(tables[1], &my_relations)?;
         }
-        if intent {
+        if intent && data.plan.is_none() {
             // The same, said as intent: this node's relations, for the whole run.
             w.intent(tables[1], &my_relations, 0, u64::MAX)?;
         }
@@ -831,6 +858,18 @@ impl Trainer for KgeTrainer<'_> {
 }
 
 /// Assigns relations to nodes so that each node gets about the same number of triples.
+/// `--copartition`: the training triples and the entities they touch (head and tail; the
+/// relations are few and every node uses most of them) co-partitioned over `nodes` nodes, and
+/// the entities that two or more nodes' triples share.
+fn copartition(kg: &KnowledgeGraph, nodes: usize, seed: u64) -> Result<(ferry::copartition::Plan, Vec<u64>)> {
+    let mut graph = ferry::copartition::Incidence::new(kg.entities.len() as u64)?;
+    for i in 0..kg.train.len() {
+        graph.push_example([kg.train.heads[i] as u64, kg.train.tails[i] as u64])?;
+    }
+    // A triple is trained alone: each access is its own mini-batch.
+    super::plan::co_partitioned(&graph, nodes, 1, seed)
+}
+
 fn relation_owners(train: &Triples, relations: usize, nodes: usize) -> Vec<usize> {
     let mut counts = vec![0usize; relations];
     for &r in &train.relations {

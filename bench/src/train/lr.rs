@@ -8,7 +8,8 @@
 //! With `--optimizer-at worker` (the default in `intent` and `hybrid` modes) AdaGrad runs in the
 //! trainer instead: a key's value is `[weight, accumulator]` and the push is the step and the
 //! squared gradient, additive, so that keys several nodes need can be replicated (AdaPM 4.1;
-//! `hybrid` replicates the weights the NuPS heuristic finds hot, `--hot-factor`/`--replicate`).
+//! `hybrid` replicates, with `--plan`, the weights that two or more nodes' examples share, and
+//! otherwise those NuPS's heuristic finds hot, `--hot-factor`/`--replicate`).
 //! `--filter` holds back insignificant updates ([`ferry::filter`]), `--codec` compresses values
 //! on the wire, `--key-cache` sends repeated key lists by hash (each worker's mini-batches are
 //! drawn once and revisited every epoch in a new order, so their key lists repeat). Quality: log
