@@ -100,19 +100,23 @@ fn co_partitioned_triples_train_with_every_access_local() {
     // --copartition deals the triples by the entities they touch and homes each entity with
     // its triples; hybrid mode replicates the entities both nodes' triples share, so that with
     // local negatives nothing is fetched from the other node while training.
-    let run = |modes: &str, negatives: &str| {
+    let run = |modes: &str, negatives: &str, adagrad: &str| {
         let args = ["kge", "--data", "synth-kg", "--dim", "16", "--mode", modes, "--epochs", "20", "--eval-every", "20", "--nodes", "2", "--copartition"];
-        by_mode(&train(&[&args[..], &["--negatives", negatives]].concat()))
+        by_mode(&train(&[&args[..], &["--negatives", negatives, "--adagrad", adagrad]].concat()))
     };
-    let (direct, local) = (run("single,classic", "direct"), run("hybrid", "local"));
+    let (direct, local) = (run("single,classic", "direct", "auto"), run("hybrid", "local", "auto"));
+    // --adagrad local: each worker's own accumulators, so values are the embeddings alone.
+    let own = run("hybrid", "local", "local");
     let mrr = |runs: &[Value]| f(&runs.last().unwrap()["quality"]["mrr"]);
     let single = mrr(&direct["single"]);
-    for (mode, runs) in [("classic", &direct["classic"]), ("hybrid", &local["hybrid"])] {
+    for (mode, runs) in [("classic", &direct["classic"]), ("hybrid", &local["hybrid"]), ("hybrid, own accumulators", &own["hybrid"])] {
         assert!(mrr(runs) > 0.35 && mrr(runs) > single - 0.12, "{mode} MRR {} vs single {single}", mrr(runs));
     }
     let shares = |runs: &[Value]| runs.iter().map(|r| f(&r["local_share"])).collect::<Vec<_>>();
     assert!(shares(&local["hybrid"]).iter().all(|&s| s > 0.999), "hybrid: {:?}", shares(&local["hybrid"]));
     assert!(shares(&direct["classic"]).iter().all(|&s| s < 0.9), "classic: {:?}", shares(&direct["classic"]));
+    let bytes = |runs: &[Value]| runs.iter().map(|r| r["bytes"].as_u64().unwrap()).sum::<u64>() as f64;
+    assert!(bytes(&own["hybrid"]) < 0.7 * bytes(&local["hybrid"]), "own accumulators: {} bytes, carried: {}", bytes(&own["hybrid"]), bytes(&local["hybrid"]));
 }
 
 #[test]

@@ -71,8 +71,13 @@ pub struct KgeArgs {
     #[arg(long, default_value_t = 24)]
     pub intent_ahead: usize,
     /// Where AdaGrad runs: `server` (Ferry applies it at the key's holder; the accumulators never
-    /// travel), `worker` (the trainer computes the step; values carry the accumulators), or
-    /// `auto`: server in classic and localize, worker in single and hybrid.
+    /// travel), `worker` (the trainer computes the step; values carry the accumulators), `local`
+    /// (the trainer computes the step with accumulators of its own, one per entity and relation
+    /// in each worker thread, which see that worker's gradients only: values are the embeddings
+    /// alone, half of `worker`'s bytes, and pushes add, so keys can be replicated; the
+    /// accumulators are not in checkpoints, a resumed run starts them afresh), or `auto`: server
+    /// in classic and localize, worker in single and hybrid. `single` runs `local` as `worker`
+    /// (its threads share the arrays).
     #[arg(long, default_value = "auto")]
     pub adagrad: String,
     /// Where negatives come from in cluster modes: `direct` (the trainer draws entities
@@ -294,16 +299,24 @@ impl KgeArgs {
     pub fn server_adagrad(&self, mode: Mode) -> Result<bool> {
         match (self.adagrad.as_str(), mode) {
             ("auto" | "server", Mode::Classic | Mode::Localize) | ("server", Mode::Intent) => Ok(true),
-            ("auto" | "worker", _) => Ok(false),
+            ("auto" | "worker" | "local", _) => Ok(false),
             ("server", Mode::Single) => Ok(false),
-            ("server", _) => bail!("--adagrad server: {} replicates keys, and replicas take only additive pushes (use --adagrad worker or auto)", mode.name()),
-            (other, _) => bail!("--adagrad {other}: expected server, worker or auto"),
+            ("server", _) => {
+                bail!("--adagrad server: {} replicates keys, and replicas take only additive pushes (use --adagrad worker, local or auto)", mode.name())
+            }
+            (other, _) => bail!("--adagrad {other}: expected server, worker, local or auto"),
         }
     }
 
-    /// Floats per key: the embedding, and with worker-side AdaGrad its accumulators.
-    fn value_len(&self, server: bool) -> usize {
-        if server { 2 * self.dim } else { 4 * self.dim }
+    /// How the trainer's steps update the model in `mode`.
+    fn update(&self, mode: Mode) -> Result<Update> {
+        Ok(if self.server_adagrad(mode)? {
+            Update::Server
+        } else if self.adagrad == "local" && mode != Mode::Single {
+            Update::Local { lr: self.lr }
+        } else {
+            Update::Worker { lr: self.lr }
+        })
     }
 
     fn evaluate_now(&self, epoch: usize) -> bool {
@@ -388,22 +401,39 @@ enum Update {
     Worker { lr: f32 },
     /// Values are the embedding (`2d`); the pushes are the gradients, for Ferry's AdaGrad.
     Server,
+    /// Values are the embedding (`2d`); the pushes are `Δembedding`, from the worker's own
+    /// accumulators (`--adagrad local`).
+    Local { lr: f32 },
 }
 
 impl Update {
     fn value_len(self, d: usize) -> usize {
         match self {
             Update::Worker { .. } => 4 * d,
-            Update::Server => 2 * d,
+            Update::Server | Update::Local { .. } => 2 * d,
         }
     }
 }
 
 /// One training step. `ents` holds the pulled values of the sample's entity slots, `rel` the
 /// relation's. Writes the pushes to `ent_out` and `rel_out` (see [`Update`]); returns the loss.
+/// With [`Update::Local`], `acc` holds the slots' accumulators and then the relation's, and the
+/// step adds to them each squared gradient `scales[slot]` times.
 #[allow(clippy::too_many_arguments)]
 #[multiversion::multiversion(targets = "simd")]
-fn step(ents: &[f32], rel: &[f32], d: usize, neg: usize, update: Update, reg: f32, grads: &mut [f32], ent_out: &mut [f32], rel_out: &mut [f32]) -> f32 {
+fn step(
+    ents: &[f32],
+    rel: &[f32],
+    d: usize,
+    neg: usize,
+    update: Update,
+    reg: f32,
+    grads: &mut [f32],
+    acc: &mut [f32],
+    scales: &[f32],
+    ent_out: &mut [f32],
+    rel_out: &mut [f32],
+) -> f32 {
     let len = update.value_len(d);
     let slots = 2 + 2 * neg;
     let emb = |slot: usize| &ents[slot * len..slot * len + 2 * d];
@@ -430,7 +460,7 @@ fn step(ents: &[f32], rel: &[f32], d: usize, neg: usize, update: Update, reg: f3
         loss += apply(0, 2 + j, false, ent_g, rel_g);
         loss += apply(2 + neg + j, 1, false, ent_g, rel_g);
     }
-    let adagrad = |g: &mut [f32], value: &[f32], out: &mut [f32]| {
+    let adagrad = |g: &mut [f32], value: &[f32], own: &mut [f32], scale: f32, out: &mut [f32]| {
         for k in 0..2 * d {
             let gk = g[k] + reg * value[k];
             match update {
@@ -439,14 +469,21 @@ fn step(ents: &[f32], rel: &[f32], d: usize, neg: usize, update: Update, reg: f3
                     out[k] = -lr * gk / (acc.sqrt() + ADAGRAD_EPS);
                     out[2 * d + k] = gk * gk;
                 }
+                Update::Local { lr } => {
+                    own[k] += scale * gk * gk;
+                    out[k] = -lr * gk / (own[k].sqrt() + ADAGRAD_EPS);
+                }
                 Update::Server => out[k] = gk,
             }
         }
     };
+    let local = matches!(update, Update::Local { .. });
     for slot in 0..slots {
-        adagrad(&mut ent_g[slot * 2 * d..(slot + 1) * 2 * d], &ents[slot * len..(slot + 1) * len], &mut ent_out[slot * len..(slot + 1) * len]);
+        let (own, scale): (&mut [f32], f32) = if local { (&mut acc[slot * 2 * d..(slot + 1) * 2 * d], scales[slot]) } else { (&mut [], 1.0) };
+        adagrad(&mut ent_g[slot * 2 * d..(slot + 1) * 2 * d], &ents[slot * len..(slot + 1) * len], own, scale, &mut ent_out[slot * len..(slot + 1) * len]);
     }
-    adagrad(rel_g, rel, rel_out);
+    let (own, scale): (&mut [f32], f32) = if local { (&mut acc[slots * 2 * d..(slots + 1) * 2 * d], scales[slots]) } else { (&mut [], 1.0) };
+    adagrad(rel_g, rel, own, scale, rel_out);
     loss
 }
 
@@ -558,8 +595,8 @@ fn eval_threads() -> usize {
 pub struct Graph {
     kg: KnowledgeGraph,
     known: std::sync::OnceLock<HashSet<(u32, u32, u32)>>,
-    /// With --copartition on more than one node: the plan, and the entities its nodes share.
-    plan: Option<(ferry::copartition::Plan, Vec<u64>)>,
+    /// With --copartition on more than one node: the plan, and who uses what.
+    plan: Option<CoPartition>,
 }
 
 impl Workload for KgeArgs {
@@ -573,8 +610,8 @@ impl Workload for KgeArgs {
 
     fn model(&self, data: &Graph, mode: Mode) -> Result<Model> {
         let kg = &data.kg;
-        let server = self.server_adagrad(mode)?;
-        let (seed, d, len) = (self.common.seed, self.dim, self.value_len(server));
+        let update = self.update(mode)?;
+        let (seed, d, len) = (self.common.seed, self.dim, update.value_len(self.dim));
         let (n_e, n_r) = (kg.entities.len(), kg.relations.len());
         if mode == Mode::Intent && self.negative_scheme()?.is_some() {
             bail!("--mode intent: the trainer declares the negatives it draws, so use --negatives direct");
@@ -582,14 +619,15 @@ impl Workload for KgeArgs {
         if mode == Mode::Intent && (self.intent_batch == 0 || self.intent_ahead == 0) {
             bail!("--intent-batch and --intent-ahead must be at least 1");
         }
-        let updater = if server { Updater::Adagrad { lr: self.lr, eps: ADAGRAD_EPS, init: INITIAL_ACCUMULATOR } } else { Updater::Add };
+        let updater =
+            if matches!(update, Update::Server) { Updater::Adagrad { lr: self.lr, eps: ADAGRAD_EPS, init: INITIAL_ACCUMULATOR } } else { Updater::Add };
         let (mut entity_spec, mut relation_spec) =
             (TableSpec::new("entities", n_e as u64, len).with_updater(updater.clone()), TableSpec::new("relations", n_r as u64, len).with_updater(updater));
         let mut notes = Vec::new();
         if mode != Mode::Single {
             (entity_spec, relation_spec) = (self.common.on_the_wire(entity_spec)?, self.common.on_the_wire(relation_spec)?);
         }
-        if let Some((plan, shared)) = &data.plan
+        if let Some(CoPartition { plan, shared, .. }) = &data.plan
             && mode != Mode::Single
         {
             let per_node: Vec<usize> = (0..plan.nodes()).map(|n| plan.examples_of(n).count()).collect();
@@ -606,7 +644,7 @@ impl Workload for KgeArgs {
                 counts.add(kg.train.tails[i] as u64, 1);
             }
             let hot = match &data.plan {
-                Some((_, shared)) if self.common.replicate == 0 => shared.clone(),
+                Some(c) if self.common.replicate == 0 => c.shared.clone(),
                 _ => self.common.hot_keys(&counts),
             };
             notes.push(format!(
@@ -628,8 +666,8 @@ impl Workload for KgeArgs {
 
     fn trainer<'a>(&'a self, data: &'a Graph, pass: &mut Pass<'_>) -> Result<Box<dyn Trainer + 'a>> {
         let kg = &data.kg;
-        let server = self.server_adagrad(pass.mode)?;
-        let (len, slots) = (self.value_len(server), 2 + 2 * self.neg);
+        let update = self.update(pass.mode)?;
+        let (len, slots) = (update.value_len(self.dim), 2 + 2 * self.neg);
         let buffers = Buffers {
             keys: vec![0u64; slots],
             ev: vec![0.0; slots * len],
@@ -637,17 +675,27 @@ impl Workload for KgeArgs {
             eo: vec![0.0; slots * len],
             ro: vec![0.0; len],
             grads: vec![0.0; (slots + 1) * 2 * self.dim],
+            acc: vec![0.0; (slots + 1) * 2 * self.dim],
+            scales: vec![1.0; slots + 1],
         };
-        let update = if server { Update::Server } else { Update::Worker { lr: self.lr } };
         if pass.mode == Mode::Single {
-            return Ok(Box::new(KgeTrainer { a: self, kg, mine: (0..kg.train.len()).collect(), update, len, buffers, negatives: None }));
+            return Ok(Box::new(KgeTrainer { a: self, kg, mine: (0..kg.train.len()).collect(), update, len, buffers, negatives: None, accumulators: None }));
         }
+        let accumulators = matches!(update, Update::Local { .. }).then(|| {
+            // How many nodes train each key: from the plan, or every node for an entity and the
+            // relation's owner alone (triples are dealt by relation).
+            let (entities, relations) = match &data.plan {
+                Some(c) => (c.entity_users.iter().map(|&u| u.max(1) as f32).collect(), c.relation_users.iter().map(|&u| u.max(1) as f32).collect()),
+                None => (vec![pass.nodes as f32; kg.entities.len()], vec![1.0; kg.relations.len()]),
+            };
+            Accumulators::new(entities, relations, 2 * self.dim)
+        });
         let (rank, nodes, t, threads) = (pass.rank, pass.nodes, pass.thread, pass.threads);
         let (localize, hybrid, intent) = (matches!(pass.mode, Mode::Localize | Mode::Hybrid), pass.mode == Mode::Hybrid, pass.mode == Mode::Intent);
         let n_r = kg.relations.len();
         let owners = relation_owners(&kg.train, n_r, nodes);
         let mine: Vec<usize> = match &data.plan {
-            Some((plan, _)) => plan.examples_of(rank).skip(t).step_by(threads).collect(),
+            Some(c) => c.plan.examples_of(rank).skip(t).step_by(threads).collect(),
             None => (0..kg.train.len()).filter(|&i| owners[kg.train.relations[i] as usize] == rank).skip(t).step_by(threads).collect(),
         };
         let my_relations: Vec<u64> = (0..n_r).filter(|&r| owners[r] == rank).map(|r| r as u64).collect();
@@ -664,7 +712,7 @@ impl Workload for KgeArgs {
             Some(scheme) => Some(w.register_distribution(tables[0], KeyDistribution::uniform(0..kg.entities.len() as u64), scheme)?),
             None => None,
         };
-        Ok(Box::new(KgeTrainer { a: self, kg, mine, update, len, buffers, negatives }))
+        Ok(Box::new(KgeTrainer { a: self, kg, mine, update, len, buffers, negatives, accumulators }))
     }
 
     fn reads_model(&self, epoch: usize) -> bool {
@@ -705,6 +753,10 @@ struct Buffers {
     eo: Vec<f32>,
     ro: Vec<f32>,
     grads: Vec<f32>,
+    /// `--adagrad local`: the accumulators of the triple's entity slots and relation, and how
+    /// many times each counts a squared gradient.
+    acc: Vec<f32>,
+    scales: Vec<f32>,
 }
 
 /// One thread's share of the triples: `single`'s every `threads`-th of a shuffled order (Hogwild
@@ -720,6 +772,58 @@ struct KgeTrainer<'a> {
     buffers: Buffers,
     /// Negatives drawn by Ferry under a sampling scheme (`--negatives`).
     negatives: Option<DistributionId>,
+    /// `--adagrad local`: this thread's own AdaGrad accumulators.
+    accumulators: Option<Accumulators>,
+}
+
+/// A worker's own AdaGrad accumulators (`--adagrad local`): `width` floats per entity and per
+/// relation, from the initial accumulator on. A worker sees only its own gradients of a key that
+/// `n` nodes train, so it counts each squared gradient `n` times: an estimate of the sum over
+/// every node's, which the steps' size depends on (counted once, a key four nodes train took
+/// twice the steps it should, and WordNet's MRR fell to 0.22 from `single`'s 0.30).
+struct Accumulators {
+    entities: Vec<f32>,
+    relations: Vec<f32>,
+    /// Per entity and per relation: the nodes that train it.
+    entity_scale: Vec<f32>,
+    relation_scale: Vec<f32>,
+    width: usize,
+}
+
+impl Accumulators {
+    fn new(entity_scale: Vec<f32>, relation_scale: Vec<f32>, width: usize) -> Accumulators {
+        Accumulators {
+            entities: vec![INITIAL_ACCUMULATOR; entity_scale.len() * width],
+            relations: vec![INITIAL_ACCUMULATOR; relation_scale.len() * width],
+            entity_scale,
+            relation_scale,
+            width,
+        }
+    }
+
+    /// Copies the accumulators of a triple's entity slots (`entities`), then its relation's,
+    /// into `out`, and their scales into `scales`.
+    fn gather(&self, entities: &[u64], relation: u64, out: &mut [f32], scales: &mut [f32]) {
+        let w = self.width;
+        for (slot, &e) in entities.iter().enumerate() {
+            out[slot * w..(slot + 1) * w].copy_from_slice(&self.entities[e as usize * w..(e as usize + 1) * w]);
+            scales[slot] = self.entity_scale[e as usize];
+        }
+        let at = entities.len() * w;
+        out[at..at + w].copy_from_slice(&self.relations[relation as usize * w..(relation as usize + 1) * w]);
+        scales[entities.len()] = self.relation_scale[relation as usize];
+    }
+
+    /// Writes back what [`Accumulators::gather`] copied, as the step left it (an entity in two
+    /// slots keeps its later slot's).
+    fn scatter(&mut self, entities: &[u64], relation: u64, from: &[f32]) {
+        let w = self.width;
+        for (slot, &e) in entities.iter().enumerate() {
+            self.entities[e as usize * w..(e as usize + 1) * w].copy_from_slice(&from[slot * w..(slot + 1) * w]);
+        }
+        let at = entities.len() * w;
+        self.relations[relation as usize * w..(relation as usize + 1) * w].copy_from_slice(&from[at..at + w]);
+    }
 }
 
 impl KgeTrainer<'_> {
@@ -733,7 +837,7 @@ impl KgeTrainer<'_> {
         let mut order = self.mine.clone();
         order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 20)));
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ t as u64);
-        let Buffers { keys, ev, rv, eo, ro, grads } = &mut self.buffers;
+        let Buffers { keys, ev, rv, eo, ro, grads, acc, scales } = &mut self.buffers;
         let (mut loss, mut n) = (0.0f64, 0usize);
         let mine: Vec<usize> = order.iter().copied().skip(t).step_by(threads).collect();
         for (x, &i) in mine.iter().enumerate() {
@@ -742,7 +846,7 @@ impl KgeTrainer<'_> {
             keys.extend(sample.entity_keys());
             pass.pull(0, keys, ev)?;
             pass.pull(1, &[sample.r as u64], rv)?;
-            loss += step(ev, rv, d, a.neg, self.update, a.reg, grads, eo, ro) as f64;
+            loss += step(ev, rv, d, a.neg, self.update, a.reg, grads, acc, scales, eo, ro) as f64;
             pass.push(0, keys, &eo[..keys.len() * len])?;
             pass.push(1, &[sample.r as u64], ro)?;
             n += 1;
@@ -764,7 +868,7 @@ impl KgeTrainer<'_> {
         let mut order = self.mine.clone();
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ ((rank as u64) << 16) ^ t as u64);
         order.shuffle(&mut rng);
-        let Buffers { keys, ev, rv, eo, ro, grads } = &mut self.buffers;
+        let Buffers { keys, ev, rv, eo, ro, grads, acc, scales } = &mut self.buffers;
         let (w, tables) = pass.node().expect("a cluster's pass has a worker");
         let (entities, relations) = (tables[0], tables[1]);
         let (mut loss, mut n) = (0.0f64, 0usize);
@@ -827,7 +931,13 @@ impl KgeTrainer<'_> {
                 }
             }
             w.pull(relations, &[sample.r as u64], rv)?;
-            loss += step(ev, rv, d, a.neg, self.update, a.reg, grads, eo, ro) as f64;
+            if let Some(own) = &self.accumulators {
+                own.gather(keys, sample.r as u64, acc, scales);
+            }
+            loss += step(ev, rv, d, a.neg, self.update, a.reg, grads, acc, scales, eo, ro) as f64;
+            if let Some(own) = &mut self.accumulators {
+                own.scatter(keys, sample.r as u64, acc);
+            }
             w.push(entities, keys, eo)?;
             w.push(relations, &[sample.r as u64], ro)?;
             n += 1;
@@ -858,16 +968,36 @@ impl Trainer for KgeTrainer<'_> {
 }
 
 /// Assigns relations to nodes so that each node gets about the same number of triples.
-/// `--copartition`: the training triples and the entities they touch (head and tail; the
-/// relations are few and every node uses most of them) co-partitioned over `nodes` nodes, and
-/// the entities that two or more nodes' triples share.
-fn copartition(kg: &KnowledgeGraph, nodes: usize, seed: u64) -> Result<(ferry::copartition::Plan, Vec<u64>)> {
+/// `--copartition`: the plan, and how many nodes train each entity and each relation.
+struct CoPartition {
+    plan: ferry::copartition::Plan,
+    /// The entities two or more nodes' triples touch (hybrid mode replicates them).
+    shared: Vec<u64>,
+    /// Per entity, the nodes whose triples touch it.
+    entity_users: Vec<u16>,
+    /// Per relation, the nodes whose triples hold it.
+    relation_users: Vec<u16>,
+}
+
+/// The training triples and the entities they touch (head and tail; the relations are few and
+/// every node uses most of them) co-partitioned over `nodes` nodes. Every node computes the
+/// same plan from the same data and seed.
+fn copartition(kg: &KnowledgeGraph, nodes: usize, seed: u64) -> Result<CoPartition> {
     let mut graph = ferry::copartition::Incidence::new(kg.entities.len() as u64)?;
     for i in 0..kg.train.len() {
         graph.push_example([kg.train.heads[i] as u64, kg.train.tails[i] as u64])?;
     }
     // A triple is trained alone: each access is its own mini-batch.
-    super::plan::co_partitioned(&graph, nodes, 1, seed)
+    let options = ferry::copartition::Options { batch: 1, seed, ..ferry::copartition::Options::new(nodes) };
+    let plan = ferry::copartition::copartition(&graph, &options).context("co-partitioning the training triples")?;
+    let entity_users = plan.users(&graph)?;
+    let shared = (0..entity_users.len() as u64).filter(|&e| entity_users[e as usize] >= 2).collect();
+    let mut seen = vec![vec![false; nodes]; kg.relations.len()];
+    for i in 0..kg.train.len() {
+        seen[kg.train.relations[i] as usize][plan.examples[i] as usize] = true;
+    }
+    let relation_users = seen.iter().map(|s| s.iter().filter(|&&b| b).count() as u16).collect();
+    Ok(CoPartition { plan, shared, entity_users, relation_users })
 }
 
 fn relation_owners(train: &Triples, relations: usize, nodes: usize) -> Vec<usize> {
@@ -909,6 +1039,47 @@ mod tests {
                 let down = score_and_grad(&x[0], &x[1], &x[2], d, None);
                 let numeric = (up - down) / (2.0 * eps);
                 assert!((numeric - grad[k]).abs() < 1e-2, "operand {which} element {k}: {numeric} vs {}", grad[k]);
+            }
+        }
+    }
+
+    #[test]
+    fn local_accumulators_step_as_the_value_carried_ones() {
+        // From the same embeddings and accumulators, `--adagrad local` pushes the same change of
+        // the embeddings as `worker`, and adds to its own accumulators what `worker` pushes.
+        let (d, neg) = (3, 2);
+        let slots = 2 + 2 * neg;
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let mut draw = |n: usize| (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect::<Vec<f32>>();
+        let (emb, rel_emb) = (draw(slots * 2 * d), draw(2 * d));
+        let acc0: Vec<f32> = (0..(slots + 1) * 2 * d).map(|i| 0.1 + 0.01 * i as f32).collect();
+        // Worker values: each slot's embedding, then its accumulators.
+        let with_acc = |e: &[f32], a: &[f32]| e.chunks(2 * d).zip(a.chunks(2 * d)).flat_map(|(e, a)| e.iter().chain(a).copied()).collect::<Vec<f32>>();
+        let (ents_w, rel_w) = (with_acc(&emb, &acc0[..slots * 2 * d]), with_acc(&rel_emb, &acc0[slots * 2 * d..]));
+        let mut grads = vec![0.0; (slots + 1) * 2 * d];
+        let (mut eo_w, mut ro_w) = (vec![0.0; slots * 4 * d], vec![0.0; 4 * d]);
+        let loss_w = step(&ents_w, &rel_w, d, neg, Update::Worker { lr: 0.1 }, 0.01, &mut grads, &mut [], &[], &mut eo_w, &mut ro_w);
+        let mut acc = acc0.clone();
+        let (mut eo_l, mut ro_l) = (vec![0.0; slots * 2 * d], vec![0.0; 2 * d]);
+        let loss_l = step(&emb, &rel_emb, d, neg, Update::Local { lr: 0.1 }, 0.01, &mut grads, &mut acc, &vec![1.0; slots + 1], &mut eo_l, &mut ro_l);
+        assert!((loss_w - loss_l).abs() < 1e-6);
+        let pushed_w: Vec<f32> = eo_w.chunks(4 * d).chain([&ro_w[..]]).flat_map(|c| c.to_vec()).collect();
+        let pushed_l: Vec<f32> = eo_l.chunks(2 * d).chain([&ro_l[..]]).flat_map(|c| c.to_vec()).collect();
+        for (i, (w, l)) in pushed_w.chunks(4 * d).zip(pushed_l.chunks(2 * d)).enumerate() {
+            for k in 0..2 * d {
+                assert!((w[k] - l[k]).abs() < 1e-6, "slot {i} element {k}: change {} vs {}", w[k], l[k]);
+                let added = acc[i * 2 * d + k] - acc0[i * 2 * d + k];
+                assert!((w[2 * d + k] - added).abs() < 1e-6, "slot {i} element {k}: accumulator +{added}, worker pushed {}", w[2 * d + k]);
+            }
+        }
+        // A key `n` nodes train counts each squared gradient `n` times.
+        let mut scaled = acc0.clone();
+        let scales: Vec<f32> = (0..=slots).map(|s| 1.0 + s as f32).collect();
+        step(&emb, &rel_emb, d, neg, Update::Local { lr: 0.1 }, 0.01, &mut grads, &mut scaled, &scales, &mut eo_l, &mut ro_l);
+        for (i, w) in pushed_w.chunks(4 * d).enumerate() {
+            for k in 0..2 * d {
+                let added = scaled[i * 2 * d + k] - acc0[i * 2 * d + k];
+                assert!((scales[i] * w[2 * d + k] - added).abs() < 1e-5, "slot {i} element {k}: accumulator +{added}");
             }
         }
     }

@@ -14,17 +14,6 @@ use ferry::testing::partition::Partitioner;
 use super::arrivals::{part_end, place_arrived};
 use super::lr::LrArgs;
 
-/// A trainer's `--copartition` (word2vec, KGE): `graph`'s examples and keys co-partitioned over
-/// `nodes` nodes (accesses counted per mini-batch of `batch` examples), with the keys that two or
-/// more nodes' examples share (the ones hybrid mode replicates). Every node computes the same
-/// plan from the same data and seed.
-pub fn co_partitioned(graph: &Incidence, nodes: usize, batch: usize, seed: u64) -> Result<(copartition::Plan, Vec<u64>)> {
-    let options = Options { batch, seed, ..Options::new(nodes) };
-    let plan = copartition::copartition(graph, &options).context("co-partitioning the training data")?;
-    let shared = plan.shared_keys(graph)?;
-    Ok((plan, shared))
-}
-
 /// Options of `ferry partition`.
 #[derive(Debug, Clone, Args)]
 pub struct PartitionArgs {

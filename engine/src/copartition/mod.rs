@@ -203,21 +203,40 @@ impl Plan {
     /// other touched key is used by one node only, and the plan homes it there. Fails unless
     /// the plan was made for `graph`.
     pub fn shared_keys(&self, graph: &Incidence) -> Result<Vec<u64>> {
+        let users = self.users(graph)?;
+        Ok((0..graph.keys()).filter(|&k| users[k as usize] >= 2).collect())
+    }
+
+    /// Per key, how many nodes' examples touch it (0 for a key no example touches). Fails
+    /// unless the plan was made for `graph`.
+    pub fn users(&self, graph: &Incidence) -> Result<Vec<u16>> {
         self.check(graph, self.nodes())?;
+        // The examples in node order (a counting sort), so that each node's turn marks a key
+        // once however many of its examples touch it.
+        let mut starts = vec![0usize; self.nodes() + 1];
+        for &n in &self.examples {
+            starts[n as usize + 1] += 1;
+        }
+        for n in 0..self.nodes() {
+            starts[n + 1] += starts[n];
+        }
+        let mut order = vec![0usize; self.examples.len()];
+        for (e, &n) in self.examples.iter().enumerate() {
+            order[starts[n as usize]] = e;
+            starts[n as usize] += 1;
+        }
         const NONE: u16 = u16::MAX;
-        let mut first = vec![NONE; graph.keys() as usize];
-        let mut shared = vec![false; graph.keys() as usize];
-        for (e, &node) in self.examples.iter().enumerate() {
+        let (mut last, mut users) = (vec![NONE; graph.keys() as usize], vec![0u16; graph.keys() as usize]);
+        for e in order {
+            let node = self.examples[e];
             for &key in graph.row(e) {
-                let seen = &mut first[key as usize];
-                if *seen == NONE {
-                    *seen = node;
-                } else if *seen != node {
-                    shared[key as usize] = true;
+                if last[key as usize] != node {
+                    last[key as usize] = node;
+                    users[key as usize] += 1;
                 }
             }
         }
-        Ok((0..graph.keys()).filter(|&k| shared[k as usize]).collect())
+        Ok(users)
     }
 
     /// Fails unless the plan was made for `graph` on `nodes` nodes, saying what differs.

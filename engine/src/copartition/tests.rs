@@ -289,6 +289,7 @@ fn shared_keys_are_those_two_nodes_touch() {
     let plan =
         Plan { examples: vec![0, 0, 1], placement: std::sync::Arc::new(Placement::new(2, vec![0, 0, 0, 1]).unwrap()), batch: 1, data_digest: g.digest() };
     assert_eq!(plan.shared_keys(&g).unwrap(), vec![1]);
+    assert_eq!(plan.users(&g).unwrap(), vec![1, 2, 0, 1]);
     // Against a direct count on random graphs and plans.
     for seed in 0..20 {
         let g = random_graph(40, 12, seed);
@@ -300,6 +301,11 @@ fn shared_keys_are_those_two_nodes_touch() {
             })
             .collect();
         assert_eq!(plan.shared_keys(&g).unwrap(), direct, "seed {seed}");
+        let users = plan.users(&g).unwrap();
+        for k in 0..12u32 {
+            let direct: std::collections::BTreeSet<u16> = (0..g.examples()).filter(|&e| g.row(e).contains(&k)).map(|e| plan.examples[e]).collect();
+            assert_eq!(users[k as usize] as usize, direct.len(), "seed {seed}, key {k}");
+        }
     }
     // A plan for other data is refused.
     assert!(plan.shared_keys(&random_graph(5, 4, 9)).is_err());
