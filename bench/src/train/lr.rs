@@ -638,11 +638,6 @@ impl Workload for LrArgs {
     /// as `[weight, accumulator]` values that the trainer's AdaGrad adds to.
     fn model(&self, split: &Split, mode: Mode) -> Result<Model> {
         let n = split.dims + 1;
-        if mode == Mode::Hybrid && self.server_optimizer(mode)? {
-            bail!(
-                "train lr in hybrid mode runs AdaGrad in the trainer (--optimizer-at worker or auto, no --filter): server-side optimizers do not take replicated keys"
-            );
-        }
         if mode == Mode::Intent && self.intent_ahead == 0 {
             bail!("--intent-ahead must be at least 1");
         }
