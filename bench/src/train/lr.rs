@@ -307,7 +307,7 @@ impl LrArgs {
         if self.arrivals == 0 {
             bail!("--arrivals must be at least 1");
         }
-        if self.arrivals > 1 && self.common.mode.iter().flat_map(|m| m.modes()).any(|m| m == Mode::Intent) {
+        if self.arrivals > 1 && self.common.modes().any(|m| m == Mode::Intent) {
             bail!("--arrivals takes the classic and localize modes (intent declares an epoch's batches before it starts)");
         }
         if self.arrivals > 1 && self.common.resume.is_some() {
@@ -333,7 +333,7 @@ impl LrArgs {
         for mode in [Mode::Classic, Mode::Localize, Mode::Intent] {
             self.server_optimizer(mode)?;
         }
-        if self.common.mode.iter().flat_map(|m| m.modes()).any(|m| m == Mode::Hybrid) && self.server_optimizer(Mode::Hybrid)? {
+        if self.common.modes().any(|m| m == Mode::Hybrid) && self.server_optimizer(Mode::Hybrid)? {
             bail!(
                 "train lr in hybrid mode runs AdaGrad in the trainer (--optimizer-at worker or auto, no --filter): server-side optimizers do not take replicated keys"
             );

@@ -184,6 +184,11 @@ pub struct Common {
 }
 
 impl Common {
+    /// The modes --mode asks for, in order.
+    pub fn modes(&self) -> impl Iterator<Item = Mode> + '_ {
+        self.mode.iter().flat_map(|m| m.modes())
+    }
+
     /// Refuses counts that cannot run (zero threads, nodes or epochs), a hot factor that is
     /// not a positive number and table options that do not parse, before any node starts.
     pub fn check(&self) -> Result<()> {
@@ -199,7 +204,7 @@ impl Common {
             bail!("--hot-factor must be a positive number, not {}", self.hot_factor);
         }
         if self.checkpoint_dir.is_some() || self.resume.is_some() {
-            let modes: Vec<Mode> = self.mode.iter().flat_map(|m| m.modes()).collect();
+            let modes: Vec<Mode> = self.modes().collect();
             if modes.len() != 1 {
                 bail!("--checkpoint-dir and --resume take one --mode (each mode would write over the other's checkpoints)");
             }
@@ -664,11 +669,11 @@ pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
     }
     let description = task.prepare()?;
     eprintln!("{}: {description}", task.name());
-    if common.mode.iter().flat_map(|m| m.modes()).any(|m| m != Mode::Single) {
+    if common.modes().any(|m| m != Mode::Single) {
         task.check_data()?;
     }
     let mut all = Vec::new();
-    for mode in common.mode.iter().flat_map(|m| m.modes()) {
+    for mode in common.modes() {
         let reports = run_mode(command, common, mode)?;
         all.extend(reports);
     }
@@ -796,7 +801,7 @@ fn reporter(common: &Common, mode: Mode) -> (ProgressBar, impl FnMut(Event) + Se
 /// say this process is one node of a cluster of several, so it runs as that node — no processes
 /// of its own — and rank 0 prints the table (or JSON). One cluster mode per run.
 fn run_scheduled(command: &TrainCommand, common: &Common, env: &ferry::ClusterEnv) -> Result<Vec<EpochReport>> {
-    let mode = match common.mode.iter().flat_map(|m| m.modes()).collect::<Vec<_>>()[..] {
+    let mode = match common.modes().collect::<Vec<_>>()[..] {
         [mode] if mode != Mode::Single => mode,
         _ => bail!(
             "started by {} as rank {} of {}: this process is one node of a cluster, so it runs exactly one cluster mode (--mode classic, localize, hybrid or intent)",
