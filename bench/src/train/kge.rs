@@ -627,7 +627,9 @@ impl Workload for KgeArgs {
         if mode != Mode::Single {
             (entity_spec, relation_spec) = (self.common.on_the_wire(entity_spec)?, self.common.on_the_wire(relation_spec)?);
         }
-        if let Some(CoPartition { plan, shared, .. }) = &data.plan
+        // The entities two or more nodes' triples touch (hybrid mode replicates them).
+        let shared = data.plan.as_ref().map(|c| ferry::copartition::shared(&c.entity_users));
+        if let (Some(CoPartition { plan, .. }), Some(shared)) = (&data.plan, &shared)
             && mode != Mode::Single
         {
             let per_node: Vec<usize> = (0..plan.nodes()).map(|n| plan.examples_of(n).count()).collect();
@@ -643,8 +645,8 @@ impl Workload for KgeArgs {
                 counts.add(kg.train.heads[i] as u64, 1);
                 counts.add(kg.train.tails[i] as u64, 1);
             }
-            let hot = match &data.plan {
-                Some(c) if self.common.replicate == 0 => c.shared.clone(),
+            let hot = match shared {
+                Some(shared) if self.common.replicate == 0 => shared,
                 _ => self.common.hot_keys(&counts),
             };
             notes.push(format!(
@@ -967,12 +969,9 @@ impl Trainer for KgeTrainer<'_> {
     }
 }
 
-/// Assigns relations to nodes so that each node gets about the same number of triples.
 /// `--copartition`: the plan, and how many nodes train each entity and each relation.
 struct CoPartition {
     plan: ferry::copartition::Plan,
-    /// The entities two or more nodes' triples touch (hybrid mode replicates them).
-    shared: Vec<u64>,
     /// Per entity, the nodes whose triples touch it.
     entity_users: Vec<u16>,
     /// Per relation, the nodes whose triples hold it.
@@ -991,15 +990,15 @@ fn copartition(kg: &KnowledgeGraph, nodes: usize, seed: u64) -> Result<CoPartiti
     let options = ferry::copartition::Options { batch: 1, seed, ..ferry::copartition::Options::new(nodes) };
     let plan = ferry::copartition::copartition(&graph, &options).context("co-partitioning the training triples")?;
     let entity_users = plan.users(&graph)?;
-    let shared = (0..entity_users.len() as u64).filter(|&e| entity_users[e as usize] >= 2).collect();
     let mut seen = vec![vec![false; nodes]; kg.relations.len()];
     for i in 0..kg.train.len() {
         seen[kg.train.relations[i] as usize][plan.examples[i] as usize] = true;
     }
     let relation_users = seen.iter().map(|s| s.iter().filter(|&&b| b).count() as u16).collect();
-    Ok(CoPartition { plan, shared, entity_users, relation_users })
+    Ok(CoPartition { plan, entity_users, relation_users })
 }
 
+/// Assigns relations to nodes so that each node gets about the same number of triples.
 fn relation_owners(train: &Triples, relations: usize, nodes: usize) -> Vec<usize> {
     let mut counts = vec![0usize; relations];
     for &r in &train.relations {

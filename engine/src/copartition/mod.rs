@@ -203,8 +203,7 @@ impl Plan {
     /// other touched key is used by one node only, and the plan homes it there. Fails unless
     /// the plan was made for `graph`.
     pub fn shared_keys(&self, graph: &Incidence) -> Result<Vec<u64>> {
-        let users = self.users(graph)?;
-        Ok((0..graph.keys()).filter(|&k| users[k as usize] >= 2).collect())
+        Ok(shared(&self.users(graph)?))
     }
 
     /// Per key, how many nodes' examples touch it (0 for a key no example touches). Fails
@@ -259,6 +258,11 @@ impl Plan {
         }
         Ok(())
     }
+}
+
+/// The keys (in order) that two or more nodes use, from [`Plan::users`].
+pub fn shared(users: &[u16]) -> Vec<u64> {
+    (0..users.len() as u64).filter(|&k| users[k as usize] >= 2).collect()
 }
 
 /// Co-partitions `graph` for `options.nodes` nodes (Algorithms 1 and 2).
