@@ -24,12 +24,22 @@ fn train(args: &[&str]) -> Vec<Value> {
 }
 
 /// Starts `ferry train ARGS` in a process group of its own (a cluster's nodes with it), waits
-/// until `whole` names a file, and kills the group with SIGKILL.
-fn kill_after(args: &[&str], whole: &Path) {
+/// until node `node`'s manifest of a checkpoint of an epoch in `epochs` is in `checkpoints`, and
+/// kills the group with SIGKILL. Any epoch of the range will do: only the last two checkpoints
+/// are kept, so on a loaded machine the first one's can come and go between two looks.
+fn kill_after(args: &[&str], checkpoints: &Path, epochs: std::ops::Range<u64>, node: usize) {
     let mut child = Command::new(binary("ferry")).arg("train").args(args).stdout(Stdio::null()).stderr(Stdio::null()).process_group(0).spawn().unwrap();
     let started = Instant::now();
-    while !whole.exists() {
-        assert!(child.try_wait().unwrap().is_none(), "the run ended before {} was written", whole.display());
+    let written = || {
+        std::fs::read_dir(checkpoints).into_iter().flatten().flatten().any(|e| {
+            let name = e.file_name().into_string().unwrap_or_default();
+            name.strip_prefix("epoch-").and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| epochs.contains(&n))
+                && e.path().join(format!("node-{node}.manifest")).exists()
+        })
+    };
+    let whole = checkpoints.join(format!("epoch-{}/node-{node}.manifest", epochs.start));
+    while !written() {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before {} (or a later checkpoint) was written", whole.display());
         assert!(started.elapsed() < Duration::from_secs(300), "{} was not written", whole.display());
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -48,7 +58,7 @@ fn a_run_killed_after_a_checkpoint_resumes_to_the_same_model_bit_for_bit() {
     let uninterrupted = with(&["--save", &path("whole")]);
     train(&uninterrupted.iter().map(String::as_str).collect::<Vec<_>>());
     let killed = with(&["--checkpoint-every", "1", "--checkpoint-dir", &path("checkpoints")]);
-    kill_after(&killed.iter().map(String::as_str).collect::<Vec<_>>(), &dir.join("checkpoints/epoch-3/node-0.manifest"));
+    kill_after(&killed.iter().map(String::as_str).collect::<Vec<_>>(), &dir.join("checkpoints"), 3..12, 0);
     let resumed = with(&["--checkpoint-every", "1", "--checkpoint-dir", &path("checkpoints"), "--resume", &path("checkpoints"), "--save", &path("resumed")]);
     let reports = train(&resumed.iter().map(String::as_str).collect::<Vec<_>>());
     let first = reports[0]["epoch"].as_u64().unwrap();
@@ -83,7 +93,7 @@ fn resume_on_another_node_count(mode: &str) {
     let checkpoints = checkpoints.to_str().unwrap();
     let run = ["mf", "--data", "synth-tiny", "--rank", "4", "--mode", mode, "--epochs", "8", "--checkpoint-every", "2", "--checkpoint-dir", checkpoints];
     let uninterrupted = train(&run[..run.len() - 4].iter().copied().chain(["--nodes", "2"]).collect::<Vec<_>>());
-    kill_after(&run.iter().copied().chain(["--nodes", "2"]).collect::<Vec<_>>(), &dir.join("checkpoints/epoch-4/node-1.manifest"));
+    kill_after(&run.iter().copied().chain(["--nodes", "2"]).collect::<Vec<_>>(), &dir.join("checkpoints"), 4..8, 1);
     let saved = dir.join("saved");
     let saved = saved.to_str().unwrap();
     let resumed = train(&run.iter().copied().chain(["--nodes", "3", "--resume", checkpoints, "--save", saved]).collect::<Vec<_>>());
