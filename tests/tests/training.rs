@@ -100,23 +100,33 @@ fn co_partitioned_triples_train_with_every_access_local() {
     // --copartition deals the triples by the entities they touch and homes each entity with
     // its triples; hybrid mode replicates the entities both nodes' triples share, so that with
     // local negatives nothing is fetched from the other node while training.
-    let run = |modes: &str, negatives: &str, adagrad: &str| {
-        let args = ["kge", "--data", "synth-kg", "--dim", "16", "--mode", modes, "--epochs", "20", "--eval-every", "20", "--nodes", "2", "--copartition"];
-        by_mode(&train(&[&args[..], &["--negatives", negatives, "--adagrad", adagrad]].concat()))
-    };
-    let (direct, local) = (run("single,classic", "direct", "auto"), run("hybrid", "local", "auto"));
-    // --adagrad local: each worker's own accumulators, so values are the embeddings alone.
-    let own = run("hybrid", "local", "local");
+    let base = ["kge", "--data", "synth-kg", "--dim", "16", "--epochs", "20", "--eval-every", "20", "--nodes", "2"];
+    let run = |extra: &[&str]| by_mode(&train(&[&base[..], extra].concat()));
+    let direct = run(&["--mode", "single,classic", "--copartition", "--negatives", "direct"]);
+    let carried = run(&["--mode", "hybrid", "--copartition", "--negatives", "local", "--adagrad", "worker"]);
+    // Hybrid's defaults: co-partitioned, local negatives, and each worker's own AdaGrad
+    // accumulators, so values are the embeddings alone.
+    let defaults = run(&["--mode", "hybrid"]);
     let mrr = |runs: &[Value]| f(&runs.last().unwrap()["quality"]["mrr"]);
     let single = mrr(&direct["single"]);
-    for (mode, runs) in [("classic", &direct["classic"]), ("hybrid", &local["hybrid"]), ("hybrid, own accumulators", &own["hybrid"])] {
+    for (mode, runs) in [("classic", &direct["classic"]), ("hybrid, carried accumulators", &carried["hybrid"]), ("hybrid, defaults", &defaults["hybrid"])] {
         assert!(mrr(runs) > 0.35 && mrr(runs) > single - 0.12, "{mode} MRR {} vs single {single}", mrr(runs));
     }
     let shares = |runs: &[Value]| runs.iter().map(|r| f(&r["local_share"])).collect::<Vec<_>>();
-    assert!(shares(&local["hybrid"]).iter().all(|&s| s > 0.999), "hybrid: {:?}", shares(&local["hybrid"]));
+    for runs in [&carried["hybrid"], &defaults["hybrid"]] {
+        assert!(shares(runs).iter().all(|&s| s > 0.999), "hybrid: {:?}", shares(runs));
+    }
     assert!(shares(&direct["classic"]).iter().all(|&s| s < 0.9), "classic: {:?}", shares(&direct["classic"]));
     let bytes = |runs: &[Value]| runs.iter().map(|r| r["bytes"].as_u64().unwrap()).sum::<u64>() as f64;
-    assert!(bytes(&own["hybrid"]) < 0.7 * bytes(&local["hybrid"]), "own accumulators: {} bytes, carried: {}", bytes(&own["hybrid"]), bytes(&local["hybrid"]));
+    assert!(
+        bytes(&defaults["hybrid"]) < 0.7 * bytes(&carried["hybrid"]),
+        "own accumulators: {} bytes, carried: {}",
+        bytes(&defaults["hybrid"]),
+        bytes(&carried["hybrid"])
+    );
+    // Without the plan, hybrid replicates NuPS's hot entities and relocates the rest.
+    let hashed = run(&["--mode", "hybrid", "--no-copartition", "--negatives", "direct"]);
+    assert!(shares(&hashed["hybrid"]).iter().all(|&s| s < 0.999), "no plan: {:?}", shares(&hashed["hybrid"]));
 }
 
 #[test]
@@ -403,7 +413,7 @@ fn word_vectors_learn_in_every_mode_with_every_sampling_scheme() {
 fn hybrid_mode_replicates_hot_keys_and_learns() {
     // ComplEx: hot entities and every relation replicated, the tail relocated, local negatives.
     let kge = ["kge", "--data", "synth-kg", "--dim", "16", "--epochs", "20", "--eval-every", "20", "--nodes", "2", "--negatives", "local"];
-    let reports = train(&[&kge[..], &["--mode", "single,hybrid", "--replicate", "10"]].concat());
+    let reports = train(&[&kge[..], &["--mode", "single,hybrid", "--replicate", "10", "--no-copartition"]].concat());
     let modes = by_mode(&reports);
     let last = |mode: &str| modes[mode].last().unwrap().clone();
     let (single, hybrid) = (last("single"), last("hybrid"));
@@ -416,9 +426,17 @@ fn hybrid_mode_replicates_hot_keys_and_learns() {
     assert!(modes["hybrid"].iter().all(|r| f(&r["replica_share"]) > 0.05 && f(&r["local_share"]) > 0.99), "replicas serve locally");
     assert!(modes["hybrid"].iter().any(|r| f(&r["refresh_bytes"]) > 0.0), "replicas are refreshed");
     // Word vectors and matrix factorization run in hybrid mode too (MF replicates nothing with
-    // the default factor: no regression against localize).
-    let w2v = train(&["w2v", "--data", "synth-text", "--dim", "16", "--epochs", "2", "--nodes", "2", "--mode", "hybrid", "--hot-factor", "5"]);
-    assert!(f(&w2v[1]["loss"]) < f(&w2v[0]["loss"]) && f(&w2v[1]["replica_share"]) > 0.0);
+    // the default factor: no regression against localize). Word2vec's defaults replicate the
+    // words both nodes' sentences use and home the others with their user, and draw local
+    // negatives: every access is local and nothing moves. With the frequency rule
+    // (`--replicate`) the other words are relocated to where they are used.
+    let w2v =
+        |extra: &[&str]| train(&[&["w2v", "--data", "synth-text", "--dim", "16", "--epochs", "2", "--nodes", "2", "--mode", "hybrid"][..], extra].concat());
+    let (shared, frequent) = (w2v(&[]), w2v(&["--replicate", "5"]));
+    assert!(f(&shared[1]["loss"]) < f(&shared[0]["loss"]) && f(&shared[1]["replica_share"]) > 0.0);
+    assert!(shared.iter().all(|r| f(&r["local_share"]) > 0.999), "{:?}", shared.iter().map(|r| &r["local_share"]).collect::<Vec<_>>());
+    let relocations = |runs: &[Value]| runs.iter().map(|r| r["relocations"].as_u64().unwrap()).sum::<u64>();
+    assert!(relocations(&shared) == 0 && relocations(&frequent) > 0, "relocations: {} shared, {} frequent", relocations(&shared), relocations(&frequent));
     let mf = train(&["mf", "--data", "synth-tiny", "--rank", "5", "--lr", "0.02", "--reg", "0.02", "--mode", "hybrid", "--epochs", "3", "--nodes", "2"]);
     assert_eq!(f(&mf[2]["replica_share"]), 0.0);
     assert!(f(&mf[2]["loss"]) < f(&mf[0]["loss"]));

@@ -76,24 +76,31 @@ pub struct KgeArgs {
     /// in each worker thread, which see that worker's gradients only: values are the embeddings
     /// alone, half of `worker`'s bytes, and pushes add, so keys can be replicated; the
     /// accumulators are not in checkpoints, a resumed run starts them afresh), or `auto`: server
-    /// in classic and localize, worker in single and hybrid. `single` runs `local` as `worker`
-    /// (its threads share the arrays).
+    /// in classic and localize, worker in intent, local in hybrid. `single` runs `local` as
+    /// `worker` (its threads share the arrays).
     #[arg(long, default_value = "auto")]
     pub adagrad: String,
     /// Where negatives come from in cluster modes: `direct` (the trainer draws entities
-    /// uniformly and accesses them like positives), or a Ferry sampling scheme over a uniform
+    /// uniformly and accesses them like positives), a Ferry sampling scheme over a uniform
     /// distribution of entities (NuPS 4.4): `independent` (L1), `reuse[:POOL:USES]` (L2),
-    /// `postpone[:POOL:USES]` (L3), `local` (L4).
-    #[arg(long, default_value = "direct")]
+    /// `postpone[:POOL:USES]` (L3), `local` (L4), or `auto`: `local` in hybrid mode (every
+    /// negative a key this node holds or replicates: no negative travels), `direct` in the
+    /// others.
+    #[arg(long, default_value = "auto")]
     pub negatives: String,
-    /// Cluster modes: deal the training triples to the nodes by co-partitioning them with the
-    /// entities they touch (Duan and Wu, Algorithms 1–2; `ferry::copartition`, computed by
-    /// every node alike when the data is loaded) and home each entity where the plan says,
-    /// instead of dealing triples by relation over hash homes. In hybrid mode (unless
-    /// --replicate says how many) the entities that two or more nodes' triples share are the
-    /// ones replicated, so that with `--negatives local` every access is local.
-    #[arg(long)]
+    /// Deal the training triples to the nodes by co-partitioning them with the entities they
+    /// touch (Duan and Wu, Algorithms 1–2; `ferry::copartition`, computed by every node alike
+    /// when the data is loaded) and home each entity where the plan says, instead of dealing
+    /// triples by relation over hash homes: in every cluster mode with this flag, in hybrid
+    /// mode unless --no-copartition. In hybrid mode (unless --replicate says how many) the
+    /// entities that two or more nodes' triples share are the ones replicated, so that with
+    /// local negatives every access is local.
+    #[arg(long, conflicts_with = "no_copartition")]
     pub copartition: bool,
+    /// Hybrid mode: deal triples by relation over hash homes, and replicate the hot entities
+    /// NuPS's way (by access counts), instead of co-partitioning.
+    #[arg(long)]
+    pub no_copartition: bool,
     /// Own data files.
     #[command(flatten)]
     pub files: super::DataFiles,
@@ -238,6 +245,7 @@ impl super::Task for KgeArgs {
         ]
         .into_iter()
         .chain(self.copartition.then(|| "--copartition".to_string()))
+        .chain(self.no_copartition.then(|| "--no-copartition".to_string()))
         .chain(self.files.args())
         .collect()
     }
@@ -256,10 +264,11 @@ impl super::Task for KgeArgs {
 }
 
 impl KgeArgs {
-    /// The sampling scheme for negatives, `None` for trainer-drawn ones.
-    pub fn negative_scheme(&self) -> Result<Option<SamplingScheme>> {
+    /// The sampling scheme for negatives in `mode`, `None` for trainer-drawn ones.
+    pub fn negative_scheme(&self, mode: Mode) -> Result<Option<SamplingScheme>> {
         match self.negatives.as_str() {
-            "direct" => Ok(None),
+            "auto" if mode == Mode::Hybrid => Ok(Some(SamplingScheme::Local)),
+            "direct" | "auto" => Ok(None),
             s => Ok(Some(SamplingScheme::parse(s).with_context(|| format!("--negatives {s}: expected direct or a sampling scheme"))?)),
         }
     }
@@ -272,7 +281,7 @@ impl KgeArgs {
         if !(self.lr.is_finite() && self.lr > 0.0 && self.reg.is_finite() && self.reg >= 0.0) {
             bail!("--lr must be a positive number and --reg a number at least 0 (not {} and {})", self.lr, self.reg);
         }
-        self.negative_scheme()?;
+        self.negative_scheme(Mode::Hybrid)?;
         Ok(())
     }
 
@@ -312,11 +321,21 @@ impl KgeArgs {
     fn update(&self, mode: Mode) -> Result<Update> {
         Ok(if self.server_adagrad(mode)? {
             Update::Server
-        } else if self.adagrad == "local" && mode != Mode::Single {
+        } else if (self.adagrad == "local" || (self.adagrad == "auto" && mode == Mode::Hybrid)) && mode != Mode::Single {
             Update::Local { lr: self.lr }
         } else {
             Update::Worker { lr: self.lr }
         })
+    }
+
+    /// Whether `mode` trains on a co-partitioning plan (see `--copartition`).
+    fn copartitions(&self, mode: Mode) -> bool {
+        mode != Mode::Single && self.common.nodes > 1 && !self.no_copartition && (self.copartition || mode == Mode::Hybrid)
+    }
+
+    /// The co-partitioning plan `mode` trains on, if any.
+    fn plan<'d>(&self, data: &'d Graph, mode: Mode) -> Option<&'d CoPartition> {
+        data.plan.as_ref().filter(|_| self.copartitions(mode))
     }
 
     fn evaluate_now(&self, epoch: usize) -> bool {
@@ -604,7 +623,8 @@ impl Workload for KgeArgs {
 
     fn load(&self) -> Result<Graph> {
         let kg = KgeArgs::load(self)?;
-        let plan = if self.copartition && self.common.nodes > 1 { Some(copartition(&kg, self.common.nodes, self.common.seed)?) } else { None };
+        let wanted = self.common.modes().any(|m| self.copartitions(m));
+        let plan = if wanted { Some(copartition(&kg, self.common.nodes, self.common.seed)?) } else { None };
         Ok(Graph { kg, known: std::sync::OnceLock::new(), plan })
     }
 
@@ -613,7 +633,7 @@ impl Workload for KgeArgs {
         let update = self.update(mode)?;
         let (seed, d, len) = (self.common.seed, self.dim, update.value_len(self.dim));
         let (n_e, n_r) = (kg.entities.len(), kg.relations.len());
-        if mode == Mode::Intent && self.negative_scheme()?.is_some() {
+        if mode == Mode::Intent && self.negative_scheme(mode)?.is_some() {
             bail!("--mode intent: the trainer declares the negatives it draws, so use --negatives direct");
         }
         if mode == Mode::Intent && (self.intent_batch == 0 || self.intent_ahead == 0) {
@@ -628,8 +648,9 @@ impl Workload for KgeArgs {
             (entity_spec, relation_spec) = (self.common.on_the_wire(entity_spec)?, self.common.on_the_wire(relation_spec)?);
         }
         // The entities two or more nodes' triples touch (hybrid mode replicates them).
-        let shared = data.plan.as_ref().map(|c| ferry::copartition::shared(&c.entity_users));
-        if let (Some(CoPartition { plan, .. }), Some(shared)) = (&data.plan, &shared)
+        let copartition = self.plan(data, mode);
+        let shared = copartition.map(|c| ferry::copartition::shared(&c.entity_users));
+        if let (Some(CoPartition { plan, .. }), Some(shared)) = (copartition, &shared)
             && mode != Mode::Single
         {
             let per_node: Vec<usize> = (0..plan.nodes()).map(|n| plan.examples_of(n).count()).collect();
@@ -686,7 +707,7 @@ impl Workload for KgeArgs {
         let accumulators = matches!(update, Update::Local { .. }).then(|| {
             // How many nodes train each key: from the plan, or every node for an entity and the
             // relation's owner alone (triples are dealt by relation).
-            let (entities, relations) = match &data.plan {
+            let (entities, relations) = match self.plan(data, pass.mode) {
                 Some(c) => (c.entity_users.iter().map(|&u| u.max(1) as f32).collect(), c.relation_users.iter().map(|&u| u.max(1) as f32).collect()),
                 None => (vec![pass.nodes as f32; kg.entities.len()], vec![1.0; kg.relations.len()]),
             };
@@ -696,21 +717,23 @@ impl Workload for KgeArgs {
         let (localize, hybrid, intent) = (matches!(pass.mode, Mode::Localize | Mode::Hybrid), pass.mode == Mode::Hybrid, pass.mode == Mode::Intent);
         let n_r = kg.relations.len();
         let owners = relation_owners(&kg.train, n_r, nodes);
-        let mine: Vec<usize> = match &data.plan {
+        let copartition = self.plan(data, pass.mode);
+        let mine: Vec<usize> = match copartition {
             Some(c) => c.plan.examples_of(rank).skip(t).step_by(threads).collect(),
             None => (0..kg.train.len()).filter(|&i| owners[kg.train.relations[i] as usize] == rank).skip(t).step_by(threads).collect(),
         };
         let my_relations: Vec<u64> = (0..n_r).filter(|&r| owners[r] == rank).map(|r| r as u64).collect();
+        let scheme = self.negative_scheme(pass.mode)?;
         let (w, tables) = pass.node().expect("a cluster's pass has a worker");
-        if localize && !hybrid && t == 0 && data.plan.is_none() {
+        if localize && !hybrid && t == 0 && copartition.is_none() {
             // Data clustering: this node's relations stay here.
             w.localize(tables[1], &my_relations)?;
         }
-        if intent && data.plan.is_none() {
+        if intent && copartition.is_none() {
             // The same, said as intent: this node's relations, for the whole run.
             w.intent(tables[1], &my_relations, 0, u64::MAX)?;
         }
-        let negatives = match self.negative_scheme()? {
+        let negatives = match scheme {
             Some(scheme) => Some(w.register_distribution(tables[0], KeyDistribution::uniform(0..kg.entities.len() as u64), scheme)?),
             None => None,
         };

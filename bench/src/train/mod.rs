@@ -140,11 +140,14 @@ pub struct Common {
     /// Draw quality over time and over epochs into this SVG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// `hybrid` mode: replicate keys accessed more than this many times the mean key's
-    /// frequency in the training data (NuPS's untuned heuristic uses 100).
+    /// `hybrid` mode, where the data does not say which keys several nodes share (MF, KGE with
+    /// --no-copartition, LR without --plan): replicate keys accessed more than this many times
+    /// the mean key's frequency in the training data (NuPS's untuned heuristic uses 100).
+    /// Word2vec, co-partitioned KGE and LR with --plan replicate the keys that two or more
+    /// nodes' data use, and home every other key with its one user.
     #[arg(long, default_value_t = 100.0)]
     pub hot_factor: f64,
-    /// `hybrid` mode: replicate the N most frequently accessed keys instead (0: use
+    /// `hybrid` mode: replicate the N most frequently accessed keys instead (0: the rule of
     /// `--hot-factor`).
     #[arg(long, default_value_t = 0)]
     pub replicate: usize,

@@ -80,10 +80,12 @@ pub struct W2vArgs {
     pub chunk: usize,
     /// Where negatives come from in cluster modes: a Ferry sampling scheme over the smoothed
     /// unigram distribution (NuPS 4.4): `independent` (L1), `reuse[:POOL:USES]` (L2),
-    /// `postpone[:POOL:USES]` (L3), `local` (L4). In intent mode, `independent` negatives are
-    /// drawn by the trainer and declared with the batch's words; with another scheme only the
-    /// words are declared and the scheme serves the negatives.
-    #[arg(long, default_value = "independent")]
+    /// `postpone[:POOL:USES]` (L3), `local` (L4), or `auto`: `local` in hybrid mode (where
+    /// every word a node's sentences use is held or replicated there), `independent` in the
+    /// others. In intent mode, `independent` negatives are drawn by the trainer and declared
+    /// with the batch's words; with another scheme only the words are declared and the scheme
+    /// serves the negatives.
+    #[arg(long, default_value = "auto")]
     pub negatives: String,
     /// Intent mode: how many batches (clocks) ahead a worker declares the words and the
     /// negatives it will need (it draws the negatives itself, from the same distribution; the
@@ -203,12 +205,23 @@ impl W2vArgs {
         if !(self.lr > 0.0 && self.lr.is_finite() && self.sample >= 0.0 && self.sample.is_finite()) {
             bail!("--lr must be positive and --sample non-negative");
         }
-        self.negative_scheme()?;
+        self.negative_scheme(Mode::Hybrid)?;
         Ok(())
     }
 
-    fn negative_scheme(&self) -> Result<SamplingScheme> {
-        SamplingScheme::parse(&self.negatives).with_context(|| format!("--negatives {}", self.negatives))
+    /// The negatives' sampling scheme in `mode`.
+    fn negative_scheme(&self, mode: Mode) -> Result<SamplingScheme> {
+        match self.negatives.as_str() {
+            "auto" if mode == Mode::Hybrid => Ok(SamplingScheme::Local),
+            "auto" => Ok(SamplingScheme::Independent),
+            s => SamplingScheme::parse(s).with_context(|| format!("--negatives {s}")),
+        }
+    }
+
+    /// Whether hybrid mode replicates the words that several nodes' sentences use (and homes
+    /// every other word with its one user) rather than the most frequent ones.
+    fn replicates_shared_words(&self) -> bool {
+        self.common.replicate == 0 && self.common.nodes > 1
     }
 
     fn path(name: &str, dataset_file: Option<(&str, &str)>) -> PathBuf {
@@ -787,6 +800,40 @@ pub struct Text {
     weights: Vec<f64>,
     unigram: WeightedAliasIndex<f64>,
     analogies: std::sync::OnceLock<Analogies>,
+    /// Which nodes' sentences use each word (when hybrid mode replicates the shared words).
+    users: Option<WordUsers>,
+}
+
+/// Per word: how many nodes' sentences use it, and the node whose sentences use it most.
+struct WordUsers {
+    count: Vec<u16>,
+    most: Vec<u16>,
+}
+
+impl WordUsers {
+    /// Counts the words of each node's share of the sentences (`node_sentences`).
+    fn of(corpus: &Corpus, nodes: usize, seed: u64) -> WordUsers {
+        let v = corpus.words.len();
+        let (mut count, mut most, mut best) = (vec![0u16; v], vec![0u16; v], vec![0u64; v]);
+        let mut uses = vec![0u64; v];
+        for node in 0..nodes {
+            uses.iter_mut().for_each(|u| *u = 0);
+            for i in node_sentences(corpus.sentences.len(), seed, nodes, node) {
+                for &w in &corpus.sentences[i] {
+                    uses[w as usize] += 1;
+                }
+            }
+            for w in 0..v {
+                if uses[w] > 0 {
+                    count[w] += 1;
+                }
+                if uses[w] > best[w] {
+                    (best[w], most[w]) = (uses[w], node as u16);
+                }
+            }
+        }
+        WordUsers { count, most }
+    }
 }
 
 impl Workload for W2vArgs {
@@ -797,7 +844,9 @@ impl Workload for W2vArgs {
         let keep = corpus.keep_probabilities(self.sample);
         let weights = corpus.negative_weights();
         let unigram = WeightedAliasIndex::new(weights.clone()).context("negative distribution")?;
-        Ok(Text { corpus, keep, weights, unigram, analogies: std::sync::OnceLock::new() })
+        let users = (self.replicates_shared_words() && self.common.modes().any(|m| m == Mode::Hybrid))
+            .then(|| WordUsers::of(&corpus, self.common.nodes, self.common.seed));
+        Ok(Text { corpus, keep, weights, unigram, analogies: std::sync::OnceLock::new(), users })
     }
 
     fn model(&self, text: &Text, mode: Mode) -> Result<Model> {
@@ -811,7 +860,16 @@ impl Workload for W2vArgs {
             input_spec = self.common.on_the_wire(input_spec)?;
             output_spec = self.common.on_the_wire(output_spec)?;
         }
-        if mode == Mode::Hybrid {
+        if let (Mode::Hybrid, Some(users)) = (mode, &text.users) {
+            // Every word a node's sentences use is local there: replicated when other nodes'
+            // sentences use it too, homed at its one user otherwise.
+            let shared = ferry::as_ranges(&ferry::copartition::shared(&users.count));
+            let n: u64 = shared.iter().map(|r| r.end - r.start).sum();
+            notes.push(format!("hybrid: {n} of {v} words used by more than one node's sentences replicated, the others homed with their user"));
+            let placement = std::sync::Arc::new(ferry::Placement::new(self.common.nodes, users.most.clone())?);
+            input_spec = input_spec.placed(placement.clone()).replicating(shared.clone());
+            output_spec = output_spec.placed(placement).replicating(shared);
+        } else if mode == Mode::Hybrid {
             // The frequency heuristic on word counts: a word's input vector is accessed once per
             // occurrence, its output vector once per occurrence as a context and as a negative.
             let counts = ferry::AccessCounts::from_counts(text.corpus.counts.clone());
@@ -834,7 +892,7 @@ impl Workload for W2vArgs {
             return Ok(Box::new(W2vTrainer { a: self, text, mine: (0..text.corpus.sentences.len()).collect(), dist: None }));
         }
         let mine = node_sentences(text.corpus.sentences.len(), self.common.seed, pass.nodes, pass.rank);
-        let scheme = self.negative_scheme()?;
+        let scheme = self.negative_scheme(pass.mode)?;
         let (w, tables) = pass.node().expect("a cluster's pass has a worker");
         let dist = w.register_distribution(tables[1], KeyDistribution::Weighted { start: 0, weights: text.weights.clone() }, scheme)?;
         Ok(Box::new(W2vTrainer { a: self, text, mine, dist: Some(dist) }))
@@ -917,7 +975,7 @@ impl Trainer for W2vTrainer<'_> {
             let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((epoch as u64) << 32) ^ ((rank as u64) << 16) ^ t as u64);
             let (localize, intent) = (matches!(pass.mode, Mode::Localize | Mode::Hybrid), pass.mode == Mode::Intent);
             let dist = self.dist.expect("a cluster thread's negatives");
-            let scheme = a.negative_scheme()?;
+            let scheme = a.negative_scheme(pass.mode)?;
             let reporter = pass.reporter();
             let progress_of = pass.progress_fn();
             let Access::Node { worker, tables } = &mut pass.access else { unreachable!("a cluster's pass has a worker") };
