@@ -145,3 +145,79 @@ fn read_as_a_model(dir: &Path, checkpoint: &Path, saved: &Path) {
         std::fs::write(&path, &bytes).unwrap();
     }
 }
+
+/// The pid of rank `rank` among the processes `parent` started (each rank's environment names
+/// it), once it runs.
+fn rank_pid(parent: u32, rank: usize) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+        // The parent's pid is the second field after the parenthesised command name.
+        let ppid: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+        let environ = std::fs::read(entry.path().join("environ")).ok()?;
+        let named = environ.split(|&b| b == 0).any(|v| v == format!("FERRY_RANK={rank}").as_bytes());
+        (ppid == parent && named).then_some(pid)
+    })
+}
+
+/// `--on-loss resume`: one node of three killed with SIGKILL mid-training; the driver starts the
+/// cluster again on the two others from the newest checkpoint, says so, and the run ends with
+/// every epoch trained and the quality of an uninterrupted run. Without it the run fails, naming
+/// the lost node.
+#[test]
+fn a_lost_node_is_survived_by_resuming_on_the_others() {
+    let dir = scratch("on-loss");
+    let checkpoints = dir.join("checkpoints");
+    let ck = checkpoints.to_str().unwrap();
+    let run = ["mf", "--data", "synth-tiny", "--rank", "4", "--mode", "classic", "--nodes", "3", "--epochs", "16"];
+    let uninterrupted = train(&run);
+    let killed_run = |extra: &[&str]| {
+        let mut child = Command::new(binary("ferry"))
+            .arg("train")
+            .args(run)
+            .args(["--checkpoint-every", "1", "--checkpoint-dir", ck, "--json"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        let written = || (2..8).any(|e| checkpoints.join(format!("epoch-{e}/node-1.manifest")).exists());
+        while !written() {
+            assert!(child.try_wait().unwrap().is_none(), "the run ended before a checkpoint of epochs 2-7 was written");
+            assert!(started.elapsed() < Duration::from_secs(300), "no checkpoint was written");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let pid = rank_pid(child.id(), 1).expect("rank 1 runs");
+        assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+        child.wait_with_output().unwrap()
+    };
+    let out = killed_run(&["--on-loss", "resume"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("1 of 3 nodes lost") && stderr.contains("resuming from the checkpoint after epoch"), "{stderr}");
+    let reports: Vec<Value> = stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    let nodes = |r: &Value| r["nodes"].as_u64().unwrap();
+    let resumed_at = reports.iter().find(|r| nodes(r) == 2).expect("epochs trained on the 2 survivors")["epoch"].as_u64().unwrap();
+    assert!((3..=8).contains(&resumed_at), "resumed at epoch {resumed_at}");
+    assert!(reports.iter().take_while(|r| nodes(r) == 3).count() >= 2, "{reports:?}");
+    let last = reports.last().unwrap();
+    assert_eq!((last["epoch"].as_u64(), nodes(last)), (Some(16), 2));
+    // Every epoch after the resumed one once, in order, with training time counted on.
+    let after: Vec<&Value> = reports.iter().skip_while(|r| nodes(r) == 3).collect();
+    assert_eq!(after.iter().map(|r| r["epoch"].as_u64().unwrap()).collect::<Vec<_>>(), (resumed_at..=16).collect::<Vec<_>>());
+    assert!(after[0]["elapsed_s"].as_f64().unwrap() > after[0]["epoch_s"].as_f64().unwrap(), "{:?}", after[0]);
+    let rmse = |r: &Value| r["quality"]["rmse"].as_f64().unwrap();
+    let (whole, again) = (rmse(uninterrupted.last().unwrap()), rmse(last));
+    assert!((again - whole).abs() < 0.03 * whole, "RMSE {again} after losing a node, {whole} uninterrupted");
+    // The default fails, naming the lost node.
+    let _ = std::fs::remove_dir_all(&checkpoints);
+    let out = killed_run(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("node 1 is lost") && !stderr.contains("resuming"), "{stderr}");
+    // Resuming needs checkpoints to resume from.
+    let out = Command::new(binary("ferry")).arg("train").args(run).args(["--on-loss", "resume"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--on-loss resume resumes from the newest checkpoint"), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -104,6 +104,17 @@ impl ValueEnum for ModeChoice {
     }
 }
 
+/// What a cluster this command started does when one of its nodes is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnLoss {
+    /// Fail with an error that names the lost node and why.
+    Fail,
+    /// Start the cluster again on the surviving node count from the newest whole checkpoint
+    /// (--checkpoint-every, --checkpoint-dir): the lost node's share of the data is dealt among
+    /// the others, and the epochs after the checkpoint are trained again.
+    Resume,
+}
+
 /// The part a process plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Role {
@@ -169,6 +180,11 @@ pub struct Common {
     /// by any node count) at the epoch after it, with the same --epochs and settings.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Cluster modes: what to do when a node is lost (its process killed, its machine gone):
+    /// fail, or resume on the others from the newest checkpoint (needs --checkpoint-every and
+    /// --checkpoint-dir). Clusters started by srun or mpirun are restarted by the scheduler.
+    #[arg(long, value_enum, default_value = "fail")]
+    pub on_loss: OnLoss,
     /// Cluster modes: how the model's values travel — f32, bf16, f16 or int8 (a scale per
     /// message part) — the parameter server's value compression.
     #[arg(long, default_value = "f32")]
@@ -211,6 +227,9 @@ impl Common {
             if modes.len() != 1 {
                 bail!("--checkpoint-dir and --resume take one --mode (each mode would write over the other's checkpoints)");
             }
+        }
+        if self.on_loss == OnLoss::Resume && (self.checkpoint_dir.is_none() || self.checkpoint_every == 0) {
+            bail!("--on-loss resume resumes from the newest checkpoint: it needs --checkpoint-every N and --checkpoint-dir DIR");
         }
         Ok(())
     }
@@ -472,6 +491,10 @@ pub struct EpochReport {
     pub mode: Mode,
     /// Epoch number, from 1.
     pub epoch: usize,
+    /// Nodes that trained the epoch (1 for `single`; fewer than --nodes after a lost node with
+    /// --on-loss resume).
+    #[serde(default)]
+    pub nodes: usize,
     /// Training time of this epoch (evaluation excluded).
     pub epoch_s: f64,
     /// Training time so far.
@@ -570,6 +593,7 @@ impl EpochReport {
             task: task.into(),
             mode: Mode::Single,
             epoch,
+            nodes: 1,
             epoch_s,
             elapsed_s,
             loss,
@@ -839,47 +863,102 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
         task.train(Mode::Single, &mut handle)?;
     } else {
         let exe = std::env::current_exe().context("locating this program")?;
-        let mut args: Vec<String> = vec!["train".into(), task.name().into()];
-        args.extend(attach_dashed_values(task.task_args()));
-        args.extend(attach_dashed_values(common.node_args(mode)));
-        let mut spec = LaunchSpec::new(common.nodes, exe, args);
-        spec.timeout = Some(Duration::from_secs(6 * 3600));
-        let handle = Mutex::new(handle);
-        let errors = crate::cluster::RankErrors::default();
-        let (held, above) = (errors.clone(), bar.clone());
-        let outcome = launch(&spec, move |rank, stream, line| {
-            if stream == Stream::Stderr && held.hold(rank, line) {
-                return;
+        let handle = Arc::new(Mutex::new(handle));
+        let mut current = common.clone();
+        loop {
+            let mut args: Vec<String> = vec!["train".into(), task.name().into()];
+            args.extend(attach_dashed_values(task.task_args()));
+            args.extend(attach_dashed_values(current.node_args(mode)));
+            let elapsed_before = reports.lock().last().map_or(0.0, |r| r.elapsed_s);
+            let outcome = launch_cluster(LaunchSpec::new(current.nodes, exe.clone(), args), elapsed_before, &handle, &bar)?;
+            let (outcome, errors) = match outcome {
+                Ok(()) => break,
+                Err(failed) => failed,
+            };
+            let failure = errors.failure(&format!("the {} cluster", mode.name()), &outcome);
+            let lost = lost_ranks(&outcome);
+            if current.on_loss != OnLoss::Resume || outcome.interrupted.is_some() || lost.is_empty() || lost.len() >= current.nodes {
+                bar.finish_and_clear();
+                return Err(failure);
             }
-            if rank == 0 && stream == Stream::Stdout {
-                if let Some(rest) = line.strip_prefix("EPOCH ") {
-                    match serde_json::from_str::<EpochReport>(rest) {
-                        Ok(r) => (handle.lock())(Event::Epoch(Box::new(r))),
-                        Err(e) => eprintln!("[0] unreadable report ({e})"),
-                    }
-                    return;
+            let dir = current.checkpoint_dir.clone().expect("--on-loss resume is refused without --checkpoint-dir");
+            let (epoch, _) = match resume::latest(&dir) {
+                Ok(found) => found,
+                Err(e) => {
+                    bar.finish_and_clear();
+                    return Err(failure.context(format!("--on-loss resume found nothing to resume from: {e:#}")));
                 }
-                for (prefix, evaluating) in [("PROGRESS ", false), ("EVALUATING ", true)] {
-                    if let Some(rest) = line.strip_prefix(prefix) {
-                        let mut parts = rest.split(' ');
-                        if let (Some(Ok(epoch)), Some(Ok(f))) = (parts.next().map(str::parse), parts.next().map(str::parse)) {
-                            (handle.lock())(if evaluating { Event::Evaluating(epoch, f) } else { Event::Progress(epoch, f) });
-                        }
-                        return;
-                    }
-                }
-            }
-            // Above the progress bar, not into it.
-            above.suspend(|| eprintln!("[{rank}] {line}"));
-        })?;
-        if !outcome.success() || outcome.interrupted.is_some() {
-            bar.finish_and_clear();
-            return Err(errors.failure(&format!("the {} cluster", mode.name()), &outcome));
+            };
+            let survivors = current.nodes - lost.len();
+            bar.suspend(|| {
+                eprintln!(
+                    "{} of {} nodes lost ({failure:#}); resuming from the checkpoint after epoch {epoch} on {survivors} nodes, which deal the lost nodes' share of the data among them",
+                    lost.len(),
+                    current.nodes
+                )
+            });
+            // Epochs after the checkpoint are trained again.
+            reports.lock().retain(|r| r.epoch <= epoch);
+            (current.nodes, current.resume) = (survivors, Some(dir));
         }
     }
     bar.finish_and_clear();
     let out = std::mem::take(&mut *reports.lock());
     Ok(out)
+}
+
+/// Ranks of a failed launch that a signal ended (killed from outside, or crashed) rather than an
+/// error of their own: the lost nodes. The launch itself was not interrupted.
+fn lost_ranks(outcome: &ferry::launch::LaunchOutcome) -> Vec<usize> {
+    use std::os::unix::process::ExitStatusExt;
+    outcome.statuses.iter().enumerate().filter(|(_, s)| s.is_some_and(|s| s.signal().is_some())).map(|(r, _)| r).collect()
+}
+
+/// Launches one cluster run whose rank 0's reports go to `handle` (training time counted from
+/// `elapsed_before`, that of the epochs a resumed run kept): `Ok(())` when every rank
+/// succeeded, else how the ranks ended and their last words.
+#[allow(clippy::type_complexity)]
+fn launch_cluster(
+    mut spec: LaunchSpec,
+    elapsed_before: f64,
+    handle: &Arc<Mutex<impl FnMut(Event) + Send + 'static>>,
+    bar: &ProgressBar,
+) -> Result<std::result::Result<(), (ferry::launch::LaunchOutcome, crate::cluster::RankErrors)>> {
+    spec.timeout = Some(Duration::from_secs(6 * 3600));
+    let errors = crate::cluster::RankErrors::default();
+    let (held, above, handle) = (errors.clone(), bar.clone(), handle.clone());
+    let outcome = launch(&spec, move |rank, stream, line| {
+        if stream == Stream::Stderr && held.hold(rank, line) {
+            return;
+        }
+        if rank == 0 && stream == Stream::Stdout {
+            if let Some(rest) = line.strip_prefix("EPOCH ") {
+                match serde_json::from_str::<EpochReport>(rest) {
+                    Ok(mut r) => {
+                        r.elapsed_s += elapsed_before;
+                        (handle.lock())(Event::Epoch(Box::new(r)))
+                    }
+                    Err(e) => eprintln!("[0] unreadable report ({e})"),
+                }
+                return;
+            }
+            for (prefix, evaluating) in [("PROGRESS ", false), ("EVALUATING ", true)] {
+                if let Some(rest) = line.strip_prefix(prefix) {
+                    let mut parts = rest.split(' ');
+                    if let (Some(Ok(epoch)), Some(Ok(f))) = (parts.next().map(str::parse), parts.next().map(str::parse)) {
+                        (handle.lock())(if evaluating { Event::Evaluating(epoch, f) } else { Event::Progress(epoch, f) });
+                    }
+                    return;
+                }
+            }
+        }
+        // Above the progress bar, not into it.
+        above.suspend(|| eprintln!("[{rank}] {line}"));
+    })?;
+    if !outcome.success() || outcome.interrupted.is_some() {
+        return Ok(Err((outcome, errors)));
+    }
+    Ok(Ok(()))
 }
 
 #[cfg(test)]

@@ -220,6 +220,7 @@ pub fn cluster_report(
         task: task.into(),
         mode,
         epoch,
+        nodes: sums[field::NODES] as usize,
         epoch_s,
         elapsed_s,
         loss: mean_loss(sums),
