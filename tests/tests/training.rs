@@ -124,9 +124,16 @@ fn co_partitioned_triples_train_with_every_access_local() {
         bytes(&defaults["hybrid"]),
         bytes(&carried["hybrid"])
     );
-    // Without the plan, hybrid replicates NuPS's hot entities and relocates the rest.
+    // Without the plan, hybrid replicates NuPS's hot entities and relocates the rest; with it,
+    // nothing moves.
     let hashed = run(&["--mode", "hybrid", "--no-copartition", "--negatives", "direct"]);
-    assert!(shares(&hashed["hybrid"]).iter().all(|&s| s < 0.999), "no plan: {:?}", shares(&hashed["hybrid"]));
+    let relocations = |runs: &[Value]| runs.iter().map(|r| r["relocations"].as_u64().unwrap()).sum::<u64>();
+    assert!(
+        relocations(&defaults["hybrid"]) == 0 && relocations(&hashed["hybrid"]) > 0,
+        "relocations: {} with the plan, {} without",
+        relocations(&defaults["hybrid"]),
+        relocations(&hashed["hybrid"])
+    );
 }
 
 #[test]

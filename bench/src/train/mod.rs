@@ -914,16 +914,13 @@ fn lost_ranks(outcome: &ferry::launch::LaunchOutcome) -> Vec<usize> {
     outcome.statuses.iter().enumerate().filter(|(_, s)| s.is_some_and(|s| s.signal().is_some())).map(|(r, _)| r).collect()
 }
 
+/// How a launched cluster run ended: `Ok(())` when every rank succeeded, else how the ranks
+/// ended and their last words.
+type Launched = std::result::Result<(), (ferry::launch::LaunchOutcome, crate::cluster::RankErrors)>;
+
 /// Launches one cluster run whose rank 0's reports go to `handle` (training time counted from
-/// `elapsed_before`, that of the epochs a resumed run kept): `Ok(())` when every rank
-/// succeeded, else how the ranks ended and their last words.
-#[allow(clippy::type_complexity)]
-fn launch_cluster(
-    mut spec: LaunchSpec,
-    elapsed_before: f64,
-    handle: &Arc<Mutex<impl FnMut(Event) + Send + 'static>>,
-    bar: &ProgressBar,
-) -> Result<std::result::Result<(), (ferry::launch::LaunchOutcome, crate::cluster::RankErrors)>> {
+/// `elapsed_before`, that of the epochs a resumed run kept).
+fn launch_cluster(mut spec: LaunchSpec, elapsed_before: f64, handle: &Arc<Mutex<impl FnMut(Event) + Send + 'static>>, bar: &ProgressBar) -> Result<Launched> {
     spec.timeout = Some(Duration::from_secs(6 * 3600));
     let errors = crate::cluster::RankErrors::default();
     let (held, above, handle) = (errors.clone(), bar.clone(), handle.clone());

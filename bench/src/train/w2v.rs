@@ -547,10 +547,34 @@ impl Batcher<'_> {
     }
 }
 
-#[inline]
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+/// word2vec's sigmoid table (as word2vec.c and gensim keep it): the sigmoid and its logarithm at
+/// `SIGMOID_STEPS` points over `[-MAX_EXP, MAX_EXP]`, scores beyond taken as the ends. A lookup
+/// instead of an `exp` and a `ln` per pair and sample.
+struct SigmoidTable {
+    sigmoid: [f32; SIGMOID_STEPS],
+    log_sigmoid: [f32; SIGMOID_STEPS],
 }
+
+/// Scores beyond ±this are taken as ±this.
+const MAX_EXP: f32 = 6.0;
+/// Points of the table.
+const SIGMOID_STEPS: usize = 1024;
+
+impl SigmoidTable {
+    fn new() -> SigmoidTable {
+        let x = |i: usize| (i as f32 + 0.5) / SIGMOID_STEPS as f32 * 2.0 * MAX_EXP - MAX_EXP;
+        SigmoidTable { sigmoid: std::array::from_fn(|i| 1.0 / (1.0 + (-x(i)).exp())), log_sigmoid: std::array::from_fn(|i| -(-x(i)).exp().ln_1p()) }
+    }
+
+    /// The table's point for score `f`.
+    #[inline(always)]
+    fn index(f: f32) -> usize {
+        // `as` saturates (and maps NaN to 0), so the index is always in the table.
+        (((f + MAX_EXP) * (SIGMOID_STEPS as f32 / (2.0 * MAX_EXP))) as usize).min(SIGMOID_STEPS - 1)
+    }
+}
+
+static SIGMOIDS: std::sync::LazyLock<SigmoidTable> = std::sync::LazyLock::new(SigmoidTable::new);
 
 /// Scratch buffers of one trainer.
 #[derive(Default)]
@@ -632,6 +656,7 @@ fn train_batch(v: &mut impl Vectors, batch: &Batch, dim: usize, neg: usize, lr: 
 fn train_pairs(input: &mut [f32], output: &mut [f32], neu: &mut [f32], context_rows: &[u32], word_rows: &[u32], neg_rows: &[u32], lr: f32) -> f64 {
     let dim = neu.len();
     let neg = neg_rows.len() / context_rows.len().max(1);
+    let table: &SigmoidTable = &SIGMOIDS;
     let mut loss = 0.0f64;
     for (i, (&c, &word)) in context_rows.iter().zip(word_rows).enumerate() {
         let l1 = &mut input[c as usize * dim..(c as usize + 1) * dim];
@@ -643,8 +668,9 @@ fn train_pairs(input: &mut [f32], output: &mut [f32], neu: &mut [f32], context_r
             }
             let row = &mut output[o as usize * dim..(o as usize + 1) * dim];
             let f = simd::dot(l1, row);
-            let sig = sigmoid(f);
-            loss -= f64::from(if label > 0.5 { sig } else { 1.0 - sig }.max(1e-7).ln());
+            let sig = table.sigmoid[SigmoidTable::index(f)];
+            // −log σ(f) for the word, −log σ(−f) = −log(1 − σ(f)) for a negative.
+            loss -= f64::from(table.log_sigmoid[SigmoidTable::index(if label > 0.5 { f } else { -f })]);
             let g = (label - sig) * lr;
             simd::axpy(neu, g, row);
             simd::axpy(row, g, l1);
@@ -1010,6 +1036,22 @@ impl Trainer for W2vTrainer<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sigmoid_table_follows_the_sigmoid_and_holds_its_ends() {
+        let t = SigmoidTable::new();
+        for i in -700..=700 {
+            let f = i as f32 / 100.0;
+            let (sig, exact) = (t.sigmoid[SigmoidTable::index(f)], 1.0 / (1.0 + (-f).exp()));
+            let clamped = 1.0 / (1.0 + (-f.clamp(-MAX_EXP, MAX_EXP)).exp());
+            assert!((sig - clamped).abs() < 0.004, "σ({f}) = {exact}, table {sig}");
+            let log = t.log_sigmoid[SigmoidTable::index(f)];
+            assert!((log - clamped.ln()).abs() < 0.01, "log σ({f}) = {}, table {log}", clamped.ln());
+        }
+        for f in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30] {
+            assert!(SigmoidTable::index(f) < SIGMOID_STEPS);
+        }
+    }
 
     #[test]
     fn nodes_train_disjoint_random_shares_of_the_sentences() {
