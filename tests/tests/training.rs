@@ -26,6 +26,11 @@ fn f(v: &Value) -> f64 {
     v.as_f64().expect("a number")
 }
 
+/// Relocations over a run's epochs.
+fn relocations(runs: &[Value]) -> u64 {
+    runs.iter().map(|r| r["relocations"].as_u64().expect("a count")).sum()
+}
+
 #[test]
 fn matrix_factorization_learns_and_modes_agree() {
     let reports = train(&["mf", "--data", "synth-tiny", "--rank", "5", "--lr", "0.02", "--reg", "0.02", "--mode", "all", "--epochs", "4", "--nodes", "2"]);
@@ -89,7 +94,6 @@ fn knowledge_graph_embeddings_learn_and_modes_agree() {
         assert!(f(&last["loss"]) < 0.5 * f(&reports[0]["loss"]), "{scheme}: the loss did not fall");
         assert!(f(&last["quality"]["mrr"]) > 0.3, "{scheme}: MRR {}", f(&last["quality"]["mrr"]));
         if scheme == "local" {
-            let relocations = |r: &[Value]| r.iter().map(|e| e["relocations"].as_u64().unwrap()).sum::<u64>();
             assert!(relocations(&reports) < relocations(&modes["localize"]), "local negatives are not moved here");
         }
     }
@@ -127,7 +131,6 @@ fn co_partitioned_triples_train_with_every_access_local() {
     // Without the plan, hybrid replicates NuPS's hot entities and relocates the rest; with it,
     // nothing moves.
     let hashed = run(&["--mode", "hybrid", "--no-copartition", "--negatives", "direct"]);
-    let relocations = |runs: &[Value]| runs.iter().map(|r| r["relocations"].as_u64().unwrap()).sum::<u64>();
     assert!(
         relocations(&defaults["hybrid"]) == 0 && relocations(&hashed["hybrid"]) > 0,
         "relocations: {} with the plan, {} without",
@@ -384,7 +387,6 @@ fn word_vectors_learn_in_every_mode_with_every_sampling_scheme() {
             // Counted in relocations, not in the local share: how much of the share localize
             // reaches in time depends on the machine's load (0.64 here, 0.995 on a loaded CI
             // run), while negatives drawn from the local keys are never moved at all.
-            let relocations = |r: &[Value]| r.iter().map(|e| e["relocations"].as_u64().unwrap()).sum::<u64>();
             let (local, independent) = (relocations(&reports), relocations(&modes["localize"]));
             assert!(2 * local < independent, "local negatives: {local} relocations, independent ones {independent}");
         }
@@ -442,7 +444,6 @@ fn hybrid_mode_replicates_hot_keys_and_learns() {
     let (shared, frequent) = (w2v(&[]), w2v(&["--replicate", "5"]));
     assert!(f(&shared[1]["loss"]) < f(&shared[0]["loss"]) && f(&shared[1]["replica_share"]) > 0.0);
     assert!(shared.iter().all(|r| f(&r["local_share"]) > 0.999), "{:?}", shared.iter().map(|r| &r["local_share"]).collect::<Vec<_>>());
-    let relocations = |runs: &[Value]| runs.iter().map(|r| r["relocations"].as_u64().unwrap()).sum::<u64>();
     assert!(relocations(&shared) == 0 && relocations(&frequent) > 0, "relocations: {} shared, {} frequent", relocations(&shared), relocations(&frequent));
     let mf = train(&["mf", "--data", "synth-tiny", "--rank", "5", "--lr", "0.02", "--reg", "0.02", "--mode", "hybrid", "--epochs", "3", "--nodes", "2"]);
     assert_eq!(f(&mf[2]["replica_share"]), 0.0);

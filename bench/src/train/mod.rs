@@ -881,7 +881,11 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
                 bar.finish_and_clear();
                 return Err(failure);
             }
-            let dir = current.checkpoint_dir.clone().expect("--on-loss resume is refused without --checkpoint-dir");
+            // `Common::check` refuses --on-loss resume without a checkpoint directory.
+            let Some(dir) = current.checkpoint_dir.clone() else {
+                bar.finish_and_clear();
+                return Err(failure);
+            };
             let (epoch, _) = match resume::latest(&dir) {
                 Ok(found) => found,
                 Err(e) => {
