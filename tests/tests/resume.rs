@@ -29,6 +29,16 @@ fn train(args: &[&str]) -> Vec<Value> {
 /// are kept, so on a loaded machine the first one's can come and go between two looks.
 fn kill_after(args: &[&str], checkpoints: &Path, epochs: std::ops::Range<u64>, node: usize) {
     let mut child = Command::new(binary("ferry")).arg("train").args(args).stdout(Stdio::null()).stderr(Stdio::null()).process_group(0).spawn().unwrap();
+    wait_for_checkpoint(&mut child, checkpoints, epochs, node);
+    let status = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status().unwrap();
+    assert!(status.success());
+    let ended = child.wait().unwrap();
+    assert!(!ended.success(), "the run was killed");
+}
+
+/// Waits until node `node`'s manifest of a checkpoint of an epoch in `epochs` is in
+/// `checkpoints`, while `child` (the run writing them) goes on.
+fn wait_for_checkpoint(child: &mut std::process::Child, checkpoints: &Path, epochs: std::ops::Range<u64>, node: usize) {
     let started = Instant::now();
     let written = || {
         std::fs::read_dir(checkpoints).into_iter().flatten().flatten().any(|e| {
@@ -43,10 +53,6 @@ fn kill_after(args: &[&str], checkpoints: &Path, epochs: std::ops::Range<u64>, n
         assert!(started.elapsed() < Duration::from_secs(300), "{} was not written", whole.display());
         std::thread::sleep(Duration::from_millis(5));
     }
-    let status = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status().unwrap();
-    assert!(status.success());
-    let ended = child.wait().unwrap();
-    assert!(!ended.success(), "the run was killed");
 }
 
 #[test]
@@ -181,13 +187,7 @@ fn a_lost_node_is_survived_by_resuming_on_the_others() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let started = Instant::now();
-        let written = || (2..8).any(|e| checkpoints.join(format!("epoch-{e}/node-1.manifest")).exists());
-        while !written() {
-            assert!(child.try_wait().unwrap().is_none(), "the run ended before a checkpoint of epochs 2-7 was written");
-            assert!(started.elapsed() < Duration::from_secs(300), "no checkpoint was written");
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        wait_for_checkpoint(&mut child, &checkpoints, 2..8, 1);
         let pid = rank_pid(child.id(), 1).expect("rank 1 runs");
         assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
         child.wait_with_output().unwrap()

@@ -650,9 +650,7 @@ impl Workload for KgeArgs {
         // The entities two or more nodes' triples touch (hybrid mode replicates them).
         let copartition = self.plan(data, mode);
         let shared = copartition.map(|c| ferry::copartition::shared(&c.entity_users));
-        if let (Some(CoPartition { plan, .. }), Some(shared)) = (copartition, &shared)
-            && mode != Mode::Single
-        {
+        if let (Some(CoPartition { plan, .. }), Some(shared)) = (copartition, &shared) {
             let per_node: Vec<usize> = (0..plan.nodes()).map(|n| plan.examples_of(n).count()).collect();
             notes.push(format!("co-partitioned: {:?} training triples per node, {} of {n_e} entities used by more than one node", per_node, shared.len()));
             entity_spec = entity_spec.placed(plan.placement.clone());
@@ -704,10 +702,11 @@ impl Workload for KgeArgs {
         if pass.mode == Mode::Single {
             return Ok(Box::new(KgeTrainer { a: self, kg, mine: (0..kg.train.len()).collect(), update, len, buffers, negatives: None, accumulators: None }));
         }
+        let copartition = self.plan(data, pass.mode);
         let accumulators = matches!(update, Update::Local { .. }).then(|| {
             // How many nodes train each key: from the plan, or every node for an entity and the
             // relation's owner alone (triples are dealt by relation).
-            let (entities, relations) = match self.plan(data, pass.mode) {
+            let (entities, relations) = match copartition {
                 Some(c) => (c.entity_users.iter().map(|&u| u.max(1) as f32).collect(), c.relation_users.iter().map(|&u| u.max(1) as f32).collect()),
                 None => (vec![pass.nodes as f32; kg.entities.len()], vec![1.0; kg.relations.len()]),
             };
@@ -717,7 +716,6 @@ impl Workload for KgeArgs {
         let (localize, hybrid, intent) = (matches!(pass.mode, Mode::Localize | Mode::Hybrid), pass.mode == Mode::Hybrid, pass.mode == Mode::Intent);
         let n_r = kg.relations.len();
         let owners = relation_owners(&kg.train, n_r, nodes);
-        let copartition = self.plan(data, pass.mode);
         let mine: Vec<usize> = match copartition {
             Some(c) => c.plan.examples_of(rank).skip(t).step_by(threads).collect(),
             None => (0..kg.train.len()).filter(|&i| owners[kg.train.relations[i] as usize] == rank).skip(t).step_by(threads).collect(),
