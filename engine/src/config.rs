@@ -396,6 +396,13 @@ pub struct Config {
     /// for `peer_timeout`, is declared lost. `FERRY_SEND_QUEUE_LIMIT` sets it (e.g. `64M`).
     /// Over TCP; over verbs the peer's receive credits bound what is in flight.
     pub send_queue_limit: usize,
+    /// Over TCP, reader threads of this node that may busy-poll their connections at once, so
+    /// that a request finds its reader awake (single-key latency without a wake-up); each takes
+    /// a core while traffic comes. `None` (the default, `FERRY_POLL_CORES=auto`) chooses from
+    /// the machine: one when every node on the host has four cores or more, else none
+    /// ([`ferry_tcp::auto_poll_readers`]). A worker waiting for an answer reads its
+    /// connections itself whatever this says.
+    pub poll_cores: Option<usize>,
     /// Large operations are split into parts of about this many bytes, so that their parts
     /// stream through sender, network and receiver at the same time.
     pub part_bytes: usize,
@@ -541,6 +548,7 @@ impl Config {
             connect_timeout: Duration::from_secs(60),
             max_message_bytes: 4 << 20,
             send_queue_limit: 256 << 20,
+            poll_cores: None,
             part_bytes: 256 << 10,
             shards: 16,
             staleness: Duration::from_millis(40),
@@ -691,6 +699,9 @@ impl Config {
         }
         if let Some(b) = get("FERRY_SEND_QUEUE_LIMIT") {
             self.send_queue_limit = parse_bytes("FERRY_SEND_QUEUE_LIMIT", &b)?;
+        }
+        if let Some(p) = get("FERRY_POLL_CORES") {
+            self.poll_cores = if p == "auto" { None } else { Some(number("FERRY_POLL_CORES", &p)?) };
         }
         if let Some(n) = get("FERRY_STOP_READING_AFTER") {
             self.stop_reading_after = Some(number("FERRY_STOP_READING_AFTER", &n)?);
@@ -1049,6 +1060,25 @@ mod tests {
         c.send_queue_limit = 3 * c.max_message_bytes;
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("send queue limit"), "{e}");
+    }
+
+    #[test]
+    fn busy_polling_readers_come_from_the_environment_or_the_machine() {
+        let with = |value: &str| {
+            let mut c = Config::new(vec![TableSpec::new("t", 10, 1)]);
+            c.apply_transport_env(|k| (k == "FERRY_POLL_CORES").then(|| value.to_string())).map(|()| c.poll_cores)
+        };
+        assert_eq!(with("2").unwrap(), Some(2));
+        assert_eq!(with("0").unwrap(), Some(0));
+        assert_eq!(with("auto").unwrap(), None);
+        assert_eq!(with(" ").unwrap(), None, "empty leaves the default");
+        let e = with("many").unwrap_err().to_string();
+        assert!(e.contains("FERRY_POLL_CORES"), "{e}");
+        let mut c = Config::new(vec![TableSpec::new("t", 10, 1)]);
+        let cores = ferry_tcp::cores();
+        assert_eq!(crate::busy_polling_readers(&c, 1), (ferry_tcp::auto_poll_readers(cores, 1), cores));
+        c.poll_cores = Some(3);
+        assert_eq!(crate::busy_polling_readers(&c, 8).0, 3, "a configured budget is kept");
     }
 
     #[test]

@@ -72,7 +72,7 @@ pub use config::{
     parse_max_delay,
 };
 pub use error::{Error, Result};
-pub use fabric::select::{LocalVerbs, local_verbs};
+pub use fabric::select::{LocalVerbs, busy_polling_readers, local_verbs};
 pub use hashing::{FeatureHashing, feature_id};
 pub use intent::LateCause;
 pub use node::{Node, SlotAddress};

@@ -44,6 +44,9 @@ pub fn print() -> Result<()> {
             }
         }
     }
+    let ((alone, cores), (shared, _)) = (ferry::busy_polling_readers(&config, 1), ferry::busy_polling_readers(&config, 2));
+    let source = if config.poll_cores.is_some() { "FERRY_POLL_CORES" } else { "auto: one when every node on the host has 4 cores" };
+    println!("busy-polling readers: {alone} per node with the host to itself, {shared} with two nodes on it ({cores} cores; {source})");
     match config.transport {
         ferry::TransportChoice::Tcp => println!("transport:           tcp (FERRY_TRANSPORT=tcp)"),
         choice => match ferry::local_verbs(&config) {

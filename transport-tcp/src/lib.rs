@@ -19,12 +19,13 @@ mod error;
 mod frame;
 mod mesh;
 mod outq;
+mod receive;
 mod region;
 mod setup;
 
 pub use auth::Membership;
 pub use error::{AccessError, TransportError};
 pub use frame::{FrameKind, HEADER_LEN, Header, MAGIC};
-pub use mesh::{Handler, LandedWrite, Mesh, MeshConfig, MeshStats, SEND_QUEUE_HARD_FACTOR, WriteBatch, wait_for_room};
+pub use mesh::{Handler, LandedWrite, Mesh, MeshConfig, MeshStats, SEND_QUEUE_HARD_FACTOR, WriteBatch, auto_poll_readers, cores, wait_for_room};
 pub use region::{RegionId, Regions};
 pub use setup::{HANDSHAKE, MAX_HANDSHAKES, Rendezvous, bind_listener, connect_mesh, join_cluster, mesh_handshake, monotonic_ns};

@@ -565,3 +565,106 @@ fn members_that_read_are_never_taken_for_stalled() {
         assert!(mesh.is_alive(1 - mesh.rank()), "the connection broke");
     }
 }
+
+/// Sends `count` numbered messages of varied sizes (some larger than a socket read) from node 0
+/// to node 1, and checks that node 1's handler saw them all, once each, in order.
+fn numbered_messages_arrive_in_order(nodes: &[(Mesh, Arc<Recorder>)], count: u32, poll: impl Fn(&Mesh) + Send + Sync) {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (stop, poll) = (&stop, &poll);
+        let pollers: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        poll(&nodes[1].0);
+                    }
+                })
+            })
+            .collect();
+        // The pollers stop however the wait ends (the scope joins them, a failed wait too).
+        struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Release);
+            }
+        }
+        let stopping = StopOnDrop(stop);
+        for i in 0..count {
+            let mut payload = i.to_le_bytes().to_vec();
+            payload.resize(4 + (i as usize * 7919) % 20_000, (i % 251) as u8);
+            nodes[0].0.send(1, payload).unwrap();
+        }
+        let events = nodes[1].1.wait_for("every message", Duration::from_secs(30), |e| e.len() >= count as usize);
+        drop(stopping);
+        for p in pollers {
+            p.join().unwrap();
+        }
+        let seq: Vec<u32> = events
+            .iter()
+            .map(|e| match e {
+                Event::Message(0, p) => {
+                    let i = u32::from_le_bytes(p[..4].try_into().unwrap());
+                    assert_eq!(p.len(), 4 + (i as usize * 7919) % 20_000, "message {i} arrived whole");
+                    assert!(p[4..].iter().all(|&b| b == (i % 251) as u8), "message {i} arrived intact");
+                    i
+                }
+                other => panic!("unexpected event {other:?}"),
+            })
+            .collect();
+        assert_eq!(seq, (0..count).collect::<Vec<_>>());
+    });
+}
+
+#[test]
+fn threads_polling_beside_the_reader_keep_frames_whole_and_in_order() {
+    // Two threads take turns with the reader thread (sleeping, not busy-polling) at reading the
+    // connection and handing its frames on.
+    let nodes = cluster(2, MeshConfig { poll_readers: Some(0), ..MeshConfig::default() });
+    assert_eq!(nodes[1].0.poll_readers(), 0);
+    assert_eq!(nodes[1].0.nodes_on_host(), 2, "loopback peers run on this host");
+    numbered_messages_arrive_in_order(&nodes, 20_000, |mesh| {
+        mesh.start_polling();
+        mesh.poll_receive();
+        mesh.stop_polling();
+    });
+    for (mesh, _) in &nodes {
+        mesh.shutdown();
+    }
+}
+
+#[test]
+fn a_busy_polling_reader_delivers_everything_in_order_and_sleeps_when_idle() {
+    let nodes = cluster(2, MeshConfig { poll_readers: Some(1), poll_window: Duration::from_millis(5), ..MeshConfig::default() });
+    assert_eq!(nodes[1].0.poll_readers(), 1);
+    // Polling threads that do not count themselves leave the reader busy-polling beside them.
+    numbered_messages_arrive_in_order(&nodes, 20_000, |mesh| {
+        mesh.poll_receive();
+    });
+    // Idle, the reader sleeps: the process's CPU time stays far below the wall time.
+    let cpu = || {
+        let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+        // SAFETY: `usage` is writable and getrusage fills it on success.
+        assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) }, 0);
+        // SAFETY: initialised by the successful call above.
+        let u = unsafe { usage.assume_init() };
+        Duration::new(u.ru_utime.tv_sec as u64, u.ru_utime.tv_usec as u32 * 1000) + Duration::new(u.ru_stime.tv_sec as u64, u.ru_stime.tv_usec as u32 * 1000)
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let before = cpu();
+    std::thread::sleep(Duration::from_millis(500));
+    let used = cpu() - before;
+    assert!(used < Duration::from_millis(150), "idle readers used {used:?} of CPU in 500 ms");
+    for (mesh, _) in &nodes {
+        mesh.shutdown();
+    }
+}
+
+#[test]
+fn the_machine_chooses_busy_polling_readers_only_with_cores_to_spare() {
+    assert_eq!(ferry_tcp::auto_poll_readers(2, 1), 0);
+    assert_eq!(ferry_tcp::auto_poll_readers(2, 2), 0);
+    assert_eq!(ferry_tcp::auto_poll_readers(4, 1), 1);
+    assert_eq!(ferry_tcp::auto_poll_readers(8, 2), 1);
+    assert_eq!(ferry_tcp::auto_poll_readers(8, 3), 0);
+    assert_eq!(ferry_tcp::auto_poll_readers(64, 0), 1, "a count of 0 nodes is taken as 1");
+}

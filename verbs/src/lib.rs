@@ -27,7 +27,7 @@ use std::io::{Read, Write};
 pub use context::{Access, Context, LocalSlice, MemoryRegion, RegisteredBuffer, RemoteRegion, RemoteSlice, memlock_hint};
 pub use device::{Chosen, DeviceInfo, GidInfo, GidKind, LinkLayer, PortInfo, Selection, choose, default_gid_index, list_devices, probe};
 pub use error::{CompletionStatus, Result, VerbsError};
-pub use poller::{Backoff, CompletionHandler, Poller};
+pub use poller::{Backoff, CompletionHandler, PollHandle, Poller};
 pub use queue::{Completion, CompletionKind, CompletionQueue, Endpoint, Operation, Payload, QueuePair, QueuePairCaps, SendRequest};
 
 /// Largest blob [`exchange`] accepts.

@@ -86,6 +86,18 @@ pub trait Fabric: Send + Sync {
         let _ = peer;
         None
     }
+    /// Counts the caller as a thread polling for its answers ([`Fabric::poll_receive`]) until
+    /// its [`Fabric::stop_polling`]: the fabric's own threads do not busy-poll meanwhile, so
+    /// that the caller keeps its core.
+    fn start_polling(&self) {}
+    /// Ends a [`Fabric::start_polling`].
+    fn stop_polling(&self) {}
+    /// Takes, on the calling thread, what the connections hold without blocking and hands it
+    /// to the handler as the fabric's threads would; whether anything came. A worker waiting
+    /// for an answer calls it so that the answer needs no other thread to wake.
+    fn poll_receive(&self) -> bool {
+        false
+    }
     /// Posts one-sided writes to `to`; the caller flushes `to` afterwards.
     ///
     /// # Safety

@@ -104,6 +104,14 @@ fn decode_status(blob: &[u8]) -> std::result::Result<(), String> {
     }
 }
 
+/// Reader threads that may busy-poll per node over TCP with `config` when `nodes_on_host`
+/// nodes share this host ([`Config::poll_cores`], or the machine's choice), and the cores the
+/// choice counted.
+pub fn busy_polling_readers(config: &Config, nodes_on_host: usize) -> (usize, usize) {
+    let cores = ferry_tcp::cores();
+    (config.poll_cores.unwrap_or_else(|| ferry_tcp::auto_poll_readers(cores, nodes_on_host)), cores)
+}
+
 /// Joins the cluster and builds the fabric; returns it with this node's clock offset to the
 /// coordinator.
 pub fn connect(config: &Config) -> Result<(Arc<dyn Fabric>, i64)> {
@@ -116,11 +124,21 @@ pub fn connect(config: &Config) -> Result<(Arc<dyn Fabric>, i64)> {
         fail_sends_after: config.fail_sends_after,
         stop_reading_after: config.stop_reading_after,
         membership: config.membership.clone(),
+        poll_readers: config.poll_cores,
+        ..Default::default()
     };
     if config.membership.secret.is_none() && config.nodes > 1 && config.rank == 0 {
         tracing::warn!("no cluster secret (FERRY_NO_SECRET=1): any local user can join this cluster and read its parameters");
     }
     let (mut rendezvous, mesh) = ferry_tcp::join_cluster(config.rank, config.nodes, &config.coordinator, mesh_config)?;
+    tracing::debug!(
+        node = config.rank,
+        poll_readers = mesh.poll_readers(),
+        nodes_on_host = mesh.nodes_on_host(),
+        cores = ferry_tcp::cores(),
+        chosen = config.poll_cores.is_none(),
+        "reader threads that may busy-poll"
+    );
     let print = config.fingerprint_text().into_bytes();
     let prints = rendezvous.all_gather(&print, config.connect_timeout)?;
     if let Some(other) = prints.iter().position(|p| *p != print) {

@@ -117,6 +117,18 @@ impl Fabric for TcpFabric {
         Some(self.mesh.queued_bytes(peer))
     }
 
+    fn start_polling(&self) {
+        self.mesh.start_polling();
+    }
+
+    fn stop_polling(&self) {
+        self.mesh.stop_polling();
+    }
+
+    fn poll_receive(&self) -> bool {
+        self.mesh.poll_receive()
+    }
+
     unsafe fn write(&self, to: usize, writes: &[WriteRequest]) -> Result<WriteCompletion> {
         let mut batch = self.mesh.write_batch();
         for w in writes {

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use ferry_tcp::{AccessError, Handler, LandedWrite, Mesh, Rendezvous, TransportError};
 use ferry_verbs::{
-    Access, Backoff, CompletionQueue, Context, Endpoint, LocalSlice, MemoryRegion, Poller, QueuePair, QueuePairCaps, RegisteredBuffer, RemoteSlice,
+    Access, Backoff, CompletionQueue, Context, Endpoint, LocalSlice, MemoryRegion, PollHandle, Poller, QueuePair, QueuePairCaps, RegisteredBuffer, RemoteSlice,
 };
 use parking_lot::{Condvar, Mutex, RwLock};
 
@@ -51,6 +51,8 @@ pub(crate) struct Inner {
     control: Arc<Mesh>,
     handler: OnceLock<Arc<dyn FabricHandler>>,
     poller: Mutex<Option<Poller>>,
+    /// For workers that poll the completion queue themselves while they wait.
+    poll_handle: OnceLock<PollHandle>,
     reads: ReadWaiters,
     /// The registered buffers RDMA READs land in.
     landings: Landings<RegisteredBuffer>,
@@ -142,6 +144,7 @@ impl VerbsFabric {
                 control: Arc::new(control),
                 handler: OnceLock::new(),
                 poller: Mutex::new(None),
+                poll_handle: OnceLock::new(),
                 reads: ReadWaiters::default(),
                 landings: Landings::default(),
                 next_read: AtomicU64::new(1),
@@ -366,6 +369,7 @@ impl Fabric for VerbsFabric {
             receiver,
         )
         .map_err(verbs_err)?;
+        let _ = self.inner.poll_handle.set(poller.handle());
         *self.inner.poller.lock() = Some(poller);
         let inner = self.inner.clone();
         let reporter = std::thread::Builder::new()
@@ -374,6 +378,22 @@ impl Fabric for VerbsFabric {
             .map_err(|e| Error::Transport(format!("cannot start the verbs reporter thread: {e}")))?;
         *self.inner.reporter.lock() = Some(reporter);
         Ok(())
+    }
+
+    fn start_polling(&self) {
+        if let Some(h) = self.inner.poll_handle.get() {
+            h.start_polling();
+        }
+    }
+
+    fn stop_polling(&self) {
+        if let Some(h) = self.inner.poll_handle.get() {
+            h.stop_polling();
+        }
+    }
+
+    fn poll_receive(&self) -> bool {
+        !self.inner.closing.load(Ordering::Acquire) && self.inner.poll_handle.get().is_some_and(PollHandle::poll_now)
     }
 
     fn enqueue(&self, to: usize, frame: Vec<u8>) -> Result<()> {
