@@ -238,17 +238,9 @@ impl Inner {
                 }
                 return;
             }
-            let spun = match self.spin(&*handler, p) {
-                Ok(received) => received,
-                Err(error) => {
-                    tracing::error!(node = self.rank, peer = p.id, %error, "closing connection after a malformed frame");
-                    self.lose_peer(p, error);
-                    return;
-                }
-            };
-            let received = match spun {
-                Received::Nothing => self.wait_and_receive(&*handler, p),
-                other => Ok(other),
+            let received = match self.spin(&*handler, p) {
+                Ok(Received::Nothing) => self.wait_and_receive(&*handler, p),
+                spun => spun,
             };
             let received = match received {
                 Ok(received) => received,

@@ -3,7 +3,6 @@
 mod barrier_hooks;
 mod hashed;
 mod intent;
-mod poll_window;
 mod sampling;
 
 pub(crate) use intent::IntentService;
@@ -20,12 +19,13 @@ use crate::fabric::Fabric;
 use crate::protocol::{AccessKind, Delivery, Issued, OpId, Progress, PullTarget, Requester, Transmit};
 use crate::runtime::NodeInner;
 use crate::table::Table;
-use poll_window::PollWindow;
 
 /// How long a waiting worker polls its connections and inbox spinning, before it yields its
-/// core between polls for the rest of its [`PollWindow`] (matrix factorisation's epochs and the
-/// single-key latency were the same from 20 to 500 µs; 5 µs made the epochs 1.8× longer).
+/// core between polls (matrix factorisation's epochs and the single-key latency were the same
+/// from 20 to 500 µs; 5 µs made the epochs 1.8× longer).
 const SPINNING: Duration = Duration::from_micros(50);
+/// How long a waiting worker then polls, yielding its core between polls, before it blocks.
+const YIELDING: Duration = Duration::from_micros(50);
 
 /// Counts a waiting worker as polling its fabric while it lives (see [`Fabric::start_polling`]).
 struct PollingGuard<'f> {
@@ -99,8 +99,6 @@ pub struct Worker {
     /// The node's intent service (the worker declares to it, tells it its clocks, and its
     /// barriers run the service's hooks).
     intent_service: Arc<IntentService>,
-    /// How long this worker polls for an answer before it blocks.
-    poll_window: PollWindow,
 }
 
 /// An asynchronous push, set or localize in flight; pass it to [`Worker::wait`].
@@ -166,7 +164,6 @@ impl Worker {
             member,
             declared: false,
             intent_service,
-            poll_window: PollWindow::default(),
         }
     }
 
@@ -368,19 +365,15 @@ impl Worker {
         let fabric = self.node.fabric.clone();
         let polling = PollingGuard::start(&*fabric);
         let started = Instant::now();
-        let window = self.poll_window.window();
         loop {
             let polled = fabric.poll_receive();
             match self.inbox.try_recv() {
-                Ok(d) => {
-                    self.poll_window.record(started.elapsed());
-                    return Ok(Some(d));
-                }
+                Ok(d) => return Ok(Some(d)),
                 Err(TryRecvError::Empty) => {}
                 Err(TryRecvError::Disconnected) => return Err(Error::ShutDown),
             }
             let waited = started.elapsed();
-            if waited >= window {
+            if waited >= SPINNING + YIELDING {
                 break;
             }
             if polled {
@@ -397,10 +390,7 @@ impl Worker {
         let deadline = self.requester.poll_timeout().unwrap_or(now + 1_000_000_000);
         let wait = Instant::now() + Duration::from_nanos(deadline.saturating_sub(now));
         match self.inbox.recv_deadline(wait) {
-            Ok(d) => {
-                self.poll_window.record(started.elapsed());
-                Ok(Some(d))
-            }
+            Ok(d) => Ok(Some(d)),
             Err(RecvTimeoutError::Timeout) => Ok(None),
             Err(RecvTimeoutError::Disconnected) => Err(Error::ShutDown),
         }
