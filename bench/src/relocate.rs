@@ -109,6 +109,7 @@ pub fn run_node(quick: bool, lens: &[usize], blocking_keys: Option<u64>) -> Resu
         let (mut ferry_t, mut raw_t) = (Vec::new(), Vec::new());
         worker.barrier()?;
         node.reset_latencies();
+        let before = node.stats();
         for round in 0..=rounds {
             if let Some(client) = client.as_mut() {
                 let mut raw = Duration::ZERO;
@@ -129,6 +130,7 @@ pub fn run_node(quick: bool, lens: &[usize], blocking_keys: Option<u64>) -> Resu
         }
         if rank == 0 {
             let stats = node.stats();
+            let moved = stats.since(&before);
             let (ferry_s, raw_s) = (median(&mut ferry_t), median(&mut raw_t));
             let bytes = (n as usize * (out_bytes + back_bytes)) as f64;
             let figures = json!({
@@ -141,6 +143,8 @@ pub fn run_node(quick: bool, lens: &[usize], blocking_keys: Option<u64>) -> Resu
                 "blocking_p50_us": stats.blocking_time.p50_ns as f64 / 1e3,
                 "blocking_p99_us": stats.blocking_time.p99_ns as f64 / 1e3,
                 "keys_per_call": n,
+                // This node hands the keys back in every round: keys per one-sided write.
+                "keys_per_write": moved.relocations_out as f64 / moved.relocation_writes.max(1) as f64,
             });
             let config = json!({"value_len": len});
             let r = match len {

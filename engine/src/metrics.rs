@@ -106,6 +106,7 @@ impl Collector for NodeCollector {
         let accessed = (s.local_accesses + s.remote_accesses).max(1);
         gauge(&mut e, "ferry_local_share", "share of key accesses served from local memory", s.local_accesses as f64 / accessed as f64)?;
         counters(&mut e, "ferry_relocations", "keys relocated to and from this node", "direction", &[("in", s.relocations_in), ("out", s.relocations_out)])?;
+        counter(&mut e, "ferry_relocation_writes", "one-sided writes that carried keys away (a run of keys is one write)", s.relocation_writes)?;
         let by_kind = |of: &[u64]| -> Vec<(&'static str, u64)> { MessageKind::ALL.iter().map(|k| (k.name(), of[*k as usize])).collect() };
         counters(&mut e, "ferry_messages_sent", "messages sent to other nodes, by kind", "kind", &by_kind(&s.traffic.messages))?;
         counters(&mut e, "ferry_bytes_sent", "bytes sent to other nodes, by kind", "kind", &by_kind(&s.traffic.bytes))?;

@@ -31,6 +31,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::config::{HugePages, Partitioning, TableSpec};
 use crate::consistency::{ClockTrace, Event, History, TimedPull, TimedPush, Violation, check_bounded_delay, check_replica_rounds, push_update, set_value};
 use crate::error::{Error, Result};
+use crate::fabric::Landed;
 use crate::protocol::{ALL_WORKERS, AccessKind, Core, Delivery, Issued, OpId, Progress, PullTarget, Requester, Settings, SlotWrite, Step, Transmit};
 use crate::stats::Stats;
 use crate::store::{RegionHandle, Registrar, RemoteAddr, Store};
@@ -1234,7 +1235,7 @@ impl Sim {
         // delivered after this), the target range was bounds-checked against the registered
         // region, and the simulation is single-threaded, so no other access runs meanwhile.
         unsafe { std::ptr::copy_nonoverlapping(src, target as *mut u8, w.len) };
-        self.node_event(to, |step, at, _| Ok(step.handle_writes_landed(&[w.imm], at)))?;
+        self.node_event(to, |step, at, _| Ok(step.handle_writes_landed(&[Landed { imm: w.imm, len: w.len }], at)))?;
         self.write_dones.push((from, w.wr_id));
         Ok(())
     }

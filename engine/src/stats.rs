@@ -168,6 +168,9 @@ pub struct Stats {
     pub relocations_in: u64,
     /// Keys relocated away from this node.
     pub relocations_out: u64,
+    /// One-sided writes that carried those keys: a run of keys in consecutive slots here and at
+    /// the new owner travels as one write (`relocations_out / relocation_writes` keys a write).
+    pub relocation_writes: u64,
     /// Traffic sent to other nodes.
     pub traffic: Traffic,
     /// Bytes of the message frames this node received from other nodes (what one-sided writes
@@ -386,6 +389,7 @@ impl Stats {
             double_forwarded_keys: self.double_forwarded_keys.saturating_sub(earlier.double_forwarded_keys),
             relocations_in: self.relocations_in.saturating_sub(earlier.relocations_in),
             relocations_out: self.relocations_out.saturating_sub(earlier.relocations_out),
+            relocation_writes: self.relocation_writes.saturating_sub(earlier.relocation_writes),
             traffic,
             received_bytes: self.received_bytes.saturating_sub(earlier.received_bytes),
             relocation_time: self.relocation_time,
@@ -406,6 +410,7 @@ impl Stats {
             s.double_forwarded_keys += o.double_forwarded_keys;
             s.relocations_in += o.relocations_in;
             s.relocations_out += o.relocations_out;
+            s.relocation_writes += o.relocation_writes;
             s.received_bytes += o.received_bytes;
             for i in 0..MESSAGE_KINDS {
                 s.traffic.messages[i] += o.traffic.messages[i];
@@ -500,6 +505,7 @@ pub(crate) struct ShardCounters {
     pub double_forwarded_keys: u64,
     pub relocations_in: u64,
     pub relocations_out: u64,
+    pub relocation_writes: u64,
     pub relocation_ns: Histogram<u64>,
     pub blocking_ns: Histogram<u64>,
 }
@@ -513,6 +519,7 @@ impl Default for ShardCounters {
             double_forwarded_keys: 0,
             relocations_in: 0,
             relocations_out: 0,
+            relocation_writes: 0,
             relocation_ns: hist(),
             blocking_ns: hist(),
         }
@@ -531,6 +538,7 @@ impl ShardCounters {
         s.double_forwarded_keys += self.double_forwarded_keys;
         s.relocations_in += self.relocations_in;
         s.relocations_out += self.relocations_out;
+        s.relocation_writes += self.relocation_writes;
         let _ = relocation.add(&self.relocation_ns);
         let _ = blocking.add(&self.blocking_ns);
     }

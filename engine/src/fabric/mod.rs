@@ -36,13 +36,22 @@ pub struct WriteRequest {
     pub wr_id: u64,
 }
 
+/// A one-sided write with an immediate that landed at this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Landed {
+    /// The immediate the writer gave.
+    pub imm: u32,
+    /// Bytes the write placed (a relocation run's length tells how many slots it filled).
+    pub len: usize,
+}
+
 /// What a fabric reports back to its node. Calls for one peer come in the peer's sending order.
 pub trait FabricHandler: Send + Sync {
     /// A frame of protocol messages arrived (owned, so that parts of it can be handed to
     /// workers without copying).
     fn on_frame(&self, from: usize, frame: bytes::Bytes);
-    /// One-sided writes with these immediates landed at this node.
-    fn on_writes_landed(&self, from: usize, imms: &[u32]);
+    /// One-sided writes with immediates landed at this node (their bytes are in place).
+    fn on_writes_landed(&self, from: usize, writes: &[Landed]);
     /// A one-sided write this node posted completed (its source may be reused). Only a fabric
     /// that completes writes later ([`WriteCompletion::Deferred`], verbs) calls it.
     #[cfg(feature = "verbs")]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ferry_tcp::{AccessError, Handler, LandedWrite, Mesh, TransportError};
 
-use super::{Fabric, FabricHandler, Landing, Landings, PostedRead, ReadWaiters, WriteCompletion, WriteRequest};
+use super::{Fabric, FabricHandler, Landed, Landing, Landings, PostedRead, ReadWaiters, WriteCompletion, WriteRequest};
 use crate::error::{Error, Result};
 use crate::store::{RegionHandle, Registrar, RemoteAddr};
 
@@ -68,8 +68,8 @@ impl Handler for Adapter {
     }
 
     fn on_writes_landed(&self, from: usize, writes: &[LandedWrite]) {
-        let imms: Vec<u32> = writes.iter().map(|w| w.imm).collect();
-        self.handler.on_writes_landed(from, &imms);
+        let landed: Vec<Landed> = writes.iter().map(|w| Landed { imm: w.imm, len: w.len }).collect();
+        self.handler.on_writes_landed(from, &landed);
     }
 
     fn on_write_error(&self, peer: usize, wr_id: u64, error: AccessError) {
@@ -204,7 +204,7 @@ mod tests {
 
     impl FabricHandler for Quiet {
         fn on_frame(&self, _: usize, _: bytes::Bytes) {}
-        fn on_writes_landed(&self, _: usize, _: &[u32]) {}
+        fn on_writes_landed(&self, _: usize, _: &[Landed]) {}
         #[cfg(feature = "verbs")]
         fn on_write_done(&self, _: u64, _: Result<()>) {}
         fn on_peer_closed(&self, _: usize, _: Option<String>) {}

@@ -138,10 +138,15 @@ pub struct SlotWrite {
     pub to: u16,
     /// Source table.
     pub table: u16,
-    /// Source slot (its first `len` bytes are written).
+    /// Source slot (its first `len` bytes are written: for a run of several keys, this slot
+    /// and the ones after it).
     pub slot: u32,
-    /// Bytes to write.
+    /// Bytes to write: the transfer bytes of one slot, plus a whole slot for every further key
+    /// of a run.
     pub len: usize,
+    /// Keys the write carries (a run of consecutive source and destination slots whose
+    /// reservations are consecutive from `imm`).
+    pub keys: u32,
     /// Destination.
     pub remote: RemoteAddr,
     /// Immediate delivered with the write.

@@ -4,10 +4,11 @@
 
 use super::access::{AnswerBatch, FailureBatch, apply, failure_code};
 use super::requester::{Delivery, LocalEvent, OpId, worker_of};
-use super::shard::{DeadlineKind, Queued, Transit, Waiters, resv_shard};
+use super::shard::{DeadlineKind, Outgoing, Queued, Transit, Waiters, resv_shard, wr_shard};
 use super::wire::{self, AccessHeader, AccessKind, FLAG_INDEXED, FLAG_STALE, FailureCode, LocalizeFailed, Move, MoveItem, msg};
 use super::{LOST_OWNER, SlotWrite, Step};
 use crate::error::{Error, Result};
+use crate::fabric::Landed;
 use crate::stats::{MessageKind, ShardCounters};
 use crate::store::{Reserved, STAMP_SHIFT};
 use crate::util::f32_bytes;
@@ -16,6 +17,10 @@ use std::sync::atomic::Ordering;
 /// Bytes of hand-over writes a step prepares before it ends, so that they are sent while the
 /// rest of a large hand-over is prepared.
 const WRITE_PIECE: usize = 32 << 10;
+
+/// Most bytes one write of a run of keys carries (it is one message on the wire, and within
+/// every fabric's frame limit).
+const MAX_RUN_BYTES: usize = 64 << 10;
 
 /// Fewest and most items of one LOCALIZE or RELOCATE a step takes on (the locks of their shards
 /// are held together; the rest waits for the next step).
@@ -331,7 +336,9 @@ impl Step<'_, '_> {
     }
 
     /// Posts the one-sided write of a slot no longer served here into the new owner's
-    /// reserved slot; the slot is freed when the write completes.
+    /// reserved slot; the slot is freed when the write completes. A key whose slot here, slot
+    /// there and reservation each follow those of the last write's keys joins that write as a
+    /// run: one write and one notification for the run (see [`Step::handle_writes_landed`]).
     fn send_slot(&mut self, slot: Reserved, table: u16, key: u64, new_owner: u16, item: MoveItem) {
         let dir = self.directory();
         if dir.caches() {
@@ -341,34 +348,103 @@ impl Step<'_, '_> {
             self.core.store().free(slot);
             return;
         }
-        let shard = self.shard_of(table, key);
+        let store = self.core.store();
+        let t = store.table(table);
+        let (stride, len) = (t.slot_bytes(), t.transfer_bytes());
+        let shard_index = dir.shard_of(table, key);
+        let joins = self.tx.last_write().filter(|last| {
+            let next = last.keys as usize * stride;
+            last.to == new_owner
+                && last.table == table
+                && wr_shard(last.wr_id) == shard_index
+                && last.len + stride <= MAX_RUN_BYTES
+                && last.imm.wrapping_add(last.keys) == item.resv
+                && last.remote.region == item.to.region
+                && last.remote.addr.wrapping_add(next as u64) == item.to.addr
+                && t.slot_ptr(last.slot).wrapping_add(next) == t.slot_ptr(slot.index())
+        });
+        if let Some(wr_id) = joins.map(|last| last.wr_id)
+            && let Some(out) = self.shard(shard_index).outgoing.get_mut(&wr_id)
+        {
+            out.rest.push(slot);
+            self.tx.grow_last_write(stride);
+            self.tx.count_transfer(len);
+            return;
+        }
+        let shard = self.shard(shard_index);
+        shard.counters.relocation_writes += 1;
         let wr_id = shard.allocate_wr();
         let index = slot.index();
-        shard.outgoing.insert(wr_id, slot);
-        let len = self.core.store().table(table).transfer_bytes();
-        self.tx.push_write(SlotWrite { to: new_owner, table, slot: index, len, remote: item.to, imm: item.resv, wr_id });
+        shard.outgoing.insert(wr_id, Outgoing { first: slot, rest: Vec::new() });
+        self.tx.push_write(SlotWrite { to: new_owner, table, slot: index, len, keys: 1, remote: item.to, imm: item.resv, wr_id });
         self.tx.count_transfer(len);
     }
 
-    /// One-sided writes with immediates `imms` (reservations) landed at this node, from index
-    /// `start` on.
-    pub fn handle_writes_landed(&mut self, imms: &[u32], start: usize) -> super::Progress {
+    /// One-sided writes landed at this node, from index `start` on. A write's immediate is the
+    /// reservation of its first key; a write longer than one slot's transfer bytes is a run,
+    /// whose further keys are the reservations after it, in the slots after its first
+    /// ([`Step::send_slot`]).
+    pub fn handle_writes_landed(&mut self, writes: &[Landed], start: usize) -> super::Progress {
         let shards = self.directory().shards();
-        let mask = imms.iter().skip(start).map(|&r| resv_shard(r)).filter(|&s| s < shards).fold(0u64, |m, s| m | 1 << s);
+        let mask = writes.iter().skip(start).map(|w| resv_shard(w.imm)).filter(|&s| s < shards).fold(0u64, |m, s| m | 1 << s);
         if !self.try_acquire(mask) {
             return super::Progress::Yield { at: start, item: 0 };
         }
         let mut arrived: Vec<OpId> = Vec::new();
-        for &resv in imms.iter().skip(start) {
-            if resv_shard(resv) >= shards {
-                tracing::warn!(node = self.directory().rank(), resv, "a write landed for an unknown reservation");
+        for w in writes.iter().skip(start) {
+            if resv_shard(w.imm) >= shards {
+                tracing::warn!(node = self.directory().rank(), resv = w.imm, "a write landed for an unknown reservation");
                 continue;
             }
-            self.landed(resv, &mut arrived);
+            let keys = self.run_keys(w);
+            for i in 0..keys {
+                self.landed(w.imm.wrapping_add(i), &mut arrived);
+            }
         }
         // A `localize` hears only when its last key arrived.
         self.deliver_arrived(arrived);
         super::Progress::Done
+    }
+
+    /// How many reservations a landed write fills (its shard held): one for a write of one
+    /// slot's transfer bytes; for a run, as many as its length covers, but only as far as the
+    /// reservations after the first are this node's, of the same table, in the slots after the
+    /// first's — a write that claims more lands only its first keys, and says so.
+    fn run_keys(&self, w: &Landed) -> u32 {
+        let rank = self.directory().rank();
+        let shard = self.shard_ref(resv_shard(w.imm));
+        let Some(&(table, _)) = shard.reservations.get(&w.imm) else { return 1 };
+        let t = self.core.store().table(table);
+        let (stride, transfer) = (t.slot_bytes(), t.transfer_bytes());
+        if w.len <= transfer {
+            return 1;
+        }
+        let claimed = w.len - transfer;
+        if !claimed.is_multiple_of(stride) {
+            tracing::warn!(node = rank, resv = w.imm, len = w.len, "a write landed with a length that is no run of slots");
+            return 1;
+        }
+        let claimed = (claimed / stride + 1) as u32;
+        let slot_of = |resv: u32| {
+            let &(tab, key) = shard.reservations.get(&resv)?;
+            (tab == table).then_some(())?;
+            shard.transits.get(&(tab, key))?.slot.as_ref().map(|s| s.index())
+        };
+        let Some(first) = slot_of(w.imm) else { return 1 };
+        let first_addr = t.remote_addr(first);
+        let mut keys = 1;
+        while keys < claimed {
+            let fits = slot_of(w.imm.wrapping_add(keys)).is_some_and(|slot| {
+                let at = t.remote_addr(slot);
+                at.region == first_addr.region && at.addr == first_addr.addr + keys as u64 * stride as u64
+            });
+            if !fits {
+                tracing::warn!(node = rank, resv = w.imm, claimed, keys, "a run's write covers slots not reserved for it; only its first keys land");
+                break;
+            }
+            keys += 1;
+        }
+        keys
     }
 
     /// A relocation's write landed: serve what queued for the key, then publish it (or move it

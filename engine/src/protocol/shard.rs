@@ -94,6 +94,14 @@ impl Waiters {
     }
 }
 
+/// The slots one posted write reads from: its first key's, and those of the keys that joined
+/// it as a run (consecutive slots here and at the new owner).
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    pub first: Reserved,
+    pub rest: Vec<Reserved>,
+}
+
 /// What a deadline is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum DeadlineKind {
@@ -112,8 +120,9 @@ pub struct Shard {
     pub(crate) transits: FastMap<(u16, u64), Transit>,
     pub(crate) reservations: FastMap<u32, (u16, u64)>,
     next_resv: u32,
-    /// Slots whose value is being written to another node, by write id.
-    pub(crate) outgoing: FastMap<u64, Reserved>,
+    /// Slots whose values are being written to another node, by write id (several for a
+    /// run of keys written at once).
+    pub(crate) outgoing: FastMap<u64, Outgoing>,
     next_wr: u64,
     /// Deadlines of transits that may not land, in the order they were set. Every deadline of
     /// a kind is "when it was set + a fixed time", so each queue is ordered by deadline and a

@@ -99,6 +99,12 @@ impl<'c, 't> Step<'c, 't> {
         self.guards[s].as_deref_mut().expect("the step holds the shard it works on")
     }
 
+    /// A held shard, to read.
+    #[inline]
+    pub(crate) fn shard_ref(&self, s: usize) -> &Shard {
+        self.guards[s].as_deref().expect("the step holds the shard it works on")
+    }
+
     /// The held shard of `key`.
     #[inline]
     pub(crate) fn shard_of(&mut self, table: u16, key: u64) -> &mut Shard {
@@ -229,11 +235,21 @@ impl<'c, 't> Step<'c, 't> {
         if !self.try_acquire(1 << s) {
             return Progress::Yield { at: 0, item: 0 };
         }
-        if let Some(slot) = self.shard(s).outgoing.remove(&wr_id) {
+        if let Some(out) = self.shard(s).outgoing.remove(&wr_id) {
             if let Err(e) = result {
-                tracing::error!(node = self.directory().rank(), table = slot.table(), "a relocation's value transfer failed ({e}); the key's value is lost");
+                let keys = 1 + out.rest.len();
+                tracing::error!(
+                    node = self.directory().rank(),
+                    table = out.first.table(),
+                    keys,
+                    "a relocation's value transfer failed ({e}); the keys' values are lost"
+                );
             }
-            self.core.store().free(slot);
+            let store = self.core.store();
+            store.free(out.first);
+            for slot in out.rest {
+                store.free(slot);
+            }
         }
         Progress::Done
     }

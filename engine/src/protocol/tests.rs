@@ -147,3 +147,25 @@ fn simulations_exercise_relocation_queueing_and_forwarding() {
     assert!(total.forwarded_keys > 100, "{total:?}");
     assert!(total.remote_accesses > 100 && total.local_accesses > 100, "{total:?}");
 }
+
+#[test]
+fn relocations_move_runs_of_keys_in_one_write() {
+    // Large operations localize many keys at once: the reserved slots and the keys' slots at
+    // their owners follow each other, so runs of keys travel as one write, and the checker
+    // still sees every key land (a run must fill each of its keys' reservations).
+    let mut total = crate::stats::Stats::default();
+    for seed in 0..12 {
+        let report = run_and_check(SimOptions::large(seed)).unwrap_or_else(|f| panic!("{f}"));
+        total = crate::stats::Stats::sum([&total, &crate::stats::Stats::sum(&report.stats)]);
+    }
+    assert_eq!(total.relocations_in, total.relocations_out);
+    // Simulated operations draw their keys at random, so runs are short here: a tenth fewer
+    // writes than keys at least (a whole localized block runs to 64 keys; `ferry-bench
+    // relocate`).
+    assert!(
+        total.relocation_writes > 0 && total.relocation_writes * 10 < total.relocations_out * 9,
+        "{} keys in {} writes",
+        total.relocations_out,
+        total.relocation_writes
+    );
+}

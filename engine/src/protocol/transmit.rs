@@ -136,6 +136,21 @@ impl Transmit {
         self.writes.push_back(write);
     }
 
+    /// The last write added and not yet handed on, for a key to join as a run
+    /// ([`Transmit::grow_last_write`]).
+    pub(crate) fn last_write(&self) -> Option<&SlotWrite> {
+        self.writes.back()
+    }
+
+    /// Makes the last write carry one more key of `extra` bytes.
+    pub(crate) fn grow_last_write(&mut self, extra: usize) {
+        if let Some(w) = self.writes.back_mut() {
+            w.len += extra;
+            w.keys += 1;
+            self.write_bytes += extra;
+        }
+    }
+
     /// Bytes of one-sided writes waiting to be handed on.
     pub fn pending_write_bytes(&self) -> usize {
         self.write_bytes

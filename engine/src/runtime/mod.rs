@@ -16,7 +16,7 @@ mod replication;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::fabric::{Fabric, FabricHandler, WriteCompletion, WriteRequest};
+use crate::fabric::{Fabric, FabricHandler, Landed, WriteCompletion, WriteRequest};
 use crate::protocol::{ALL_WORKERS, BarrierKind, Core, Delivery, Progress, Step, Transmit};
 
 /// A registered worker: its inbox, and the sequence number its successor starts from.
@@ -548,9 +548,9 @@ impl FabricHandler for Callbacks {
         }
     }
 
-    fn on_writes_landed(&self, _from: usize, imms: &[u32]) {
+    fn on_writes_landed(&self, _from: usize, writes: &[Landed]) {
         if let Some(node) = self.node.upgrade() {
-            let _ = node.run_pooled(|step, at, _| Ok(step.handle_writes_landed(imms, at)));
+            let _ = node.run_pooled(|step, at, _| Ok(step.handle_writes_landed(writes, at)));
         }
     }
 

@@ -134,7 +134,11 @@ impl Registrar for LocalRegistrar {
 }
 
 struct Allocator {
-    free: Vec<u32>,
+    /// Free slots as ranges `start..end`: a slot freed next to the last range joins it, and a
+    /// slot is taken from the last range's start, so slots freed in order are handed out again
+    /// in order — the reservations of one `localize` get consecutive slots, which relocation
+    /// fills with one write per run ([`Store::reserve`]).
+    free: Vec<(u32, u32)>,
     fresh: u32,
     live: usize,
     arenas: Vec<Arena>,
@@ -268,11 +272,18 @@ impl Store {
     }
 
     /// Takes a free slot of `table` (growing the table's arenas when needed). The slot's versions
-    /// are made consistent (`head = tail`) and its values are left as they were.
+    /// are made consistent (`head = tail`) and its values are left as they were. Consecutive
+    /// calls tend to return consecutive slots (free ranges are taken from their start, fresh
+    /// slots in order).
     pub fn reserve(&self, table: u16) -> Result<Reserved> {
         let t = &self.tables[table as usize];
         let mut alloc = t.alloc.lock();
-        let slot = if let Some(slot) = alloc.free.pop() {
+        let slot = if let Some(range) = alloc.free.last_mut() {
+            let slot = range.0;
+            range.0 += 1;
+            if range.0 == range.1 {
+                alloc.free.pop();
+            }
             slot
         } else {
             let slot = alloc.fresh;
@@ -289,8 +300,8 @@ impl Store {
         alloc.live += 1;
         drop(alloc);
         // SAFETY: the slot was just handed out by the allocator.
-        unsafe { Slot::new(t, slot) }.settle_versions();
-        Ok(Reserved { table, index: slot })
+        let settled = unsafe { Slot::new(t, slot) }.settle_versions();
+        Ok(Reserved { table, index: slot, settled: Some(settled) })
     }
 
     /// Makes a run-time replica of the key `guard` latches, holding `value` with an empty delta.
@@ -368,10 +379,10 @@ impl Store {
     pub fn remove_replica(&self, guard: &KeyGuard<'_>, delta: &mut [f32]) -> bool {
         let t = guard.table;
         let Some(slots) = t.dynamic().and_then(|d| d.clear(guard.key)) else { return false };
-        let mut delta_slot = Reserved { table: t.id, index: slots.delta };
+        let mut delta_slot = Reserved { table: t.id, index: slots.delta, settled: None };
         self.reserved(&mut delta_slot).read(delta);
         self.free(delta_slot);
-        self.free(Reserved { table: t.id, index: slots.value });
+        self.free(Reserved { table: t.id, index: slots.value, settled: None });
         true
     }
 
@@ -505,7 +516,12 @@ impl Store {
         let t = &self.tables[slot.table as usize];
         let mut alloc = t.alloc.lock();
         alloc.live = alloc.live.saturating_sub(1);
-        alloc.free.push(slot.index);
+        let i = slot.index;
+        match alloc.free.last_mut() {
+            Some(range) if range.1 == i => range.1 += 1,
+            Some(range) if range.0 == i + 1 => range.0 = i,
+            _ => alloc.free.push((i, i + 1)),
+        }
     }
 
     /// Stores `stamp` (cluster nanoseconds >> [`STAMP_SHIFT`], wrapping) in the head word of a
@@ -516,12 +532,15 @@ impl Store {
     }
 
     /// Reads the stamp an incoming relocation wrote into `slot` and makes the slot's versions
-    /// consistent again (one step past where they were, so a latch-free reader that saw this
-    /// slot serve another key before cannot mistake it for unchanged).
+    /// consistent again (one step past where they were when the slot was reserved, so a
+    /// latch-free reader that saw this slot serve another key before cannot mistake it for
+    /// unchanged: a run's write also carries the sender's tail words into every slot but its
+    /// last, which is why the reserved version, not the tail found now, is the base).
     pub fn take_incoming_stamp(&self, slot: &mut Reserved) -> u32 {
+        let settled = slot.settled;
         let view = self.reserved(slot);
         let stamp = view.head().load(Ordering::Acquire);
-        let next = (view.tail().load(Ordering::Relaxed) & !1).wrapping_add(2);
+        let next = settled.unwrap_or_else(|| view.tail().load(Ordering::Relaxed) & !1).wrapping_add(2);
         view.tail().store(next, Ordering::Relaxed);
         view.head().store(next, Ordering::Release);
         stamp
@@ -978,6 +997,49 @@ mod tests {
         assert!(t.read_optimistic(3, &mut optimistic));
         assert_eq!(optimistic, [7.0; 5]);
         assert!(!t.read_optimistic(3, &mut [0.0; 4]), "wrong output length");
+    }
+
+    #[test]
+    fn slots_freed_in_order_are_reserved_again_in_order() {
+        let s = store(8, 2, 1, 0);
+        let t = s.table(0);
+        let first: Vec<Reserved> = (0..40).map(|_| s.reserve(0).unwrap()).collect();
+        let indices: Vec<u32> = first.iter().map(Reserved::index).collect();
+        assert!(indices.windows(2).all(|w| w[1] == w[0] + 1), "fresh slots come in order: {indices:?}");
+        let live = t.slot_usage().0;
+        for slot in first {
+            s.free(slot);
+        }
+        assert_eq!(t.slot_usage().0, live - 40);
+        let again: Vec<u32> = (0..40).map(|_| s.reserve(0).unwrap().index()).collect();
+        assert_eq!(again, indices, "a run freed in order is reserved again as the same run");
+        // Freed out of order, each slot is still handed out exactly once.
+        let mut scattered: Vec<Reserved> = again.iter().map(|&index| Reserved { table: 0, index, settled: None }).collect();
+        scattered.reverse();
+        let (odd, even): (Vec<Reserved>, Vec<Reserved>) = scattered.into_iter().partition(|r| r.index % 2 == 1);
+        for slot in odd.into_iter().chain(even) {
+            s.free(slot);
+        }
+        let mut back: Vec<u32> = (0..40).map(|_| s.reserve(0).unwrap().index()).collect();
+        back.sort_unstable();
+        assert_eq!(back, indices);
+        assert_eq!(t.slot_usage().0, live);
+    }
+
+    #[test]
+    fn a_landing_steps_past_the_reserved_version_whatever_the_write_carried() {
+        let s = store(8, 2, 1, 0);
+        let t = s.table(0);
+        let mut slot = s.reserve(0).unwrap();
+        let settled = slot.settled;
+        // A run's write carries the sender's tail word into the slot: here an older version.
+        // SAFETY: the slot is reserved by this test and nobody else uses it.
+        let view = unsafe { Slot::new(t, slot.index()) };
+        let settled = settled.expect("a reserved slot knows its version");
+        view.tail().store(settled.wrapping_sub(8) & !1, Ordering::Relaxed);
+        s.take_incoming_stamp(&mut slot);
+        assert_eq!(view.tail().load(Ordering::Relaxed), settled.wrapping_add(2), "the landing steps past the reserved version");
+        s.free(slot);
     }
 
     #[test]

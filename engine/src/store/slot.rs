@@ -321,11 +321,13 @@ impl<'a> Slot<'a> {
         self.tail.load(Ordering::Relaxed) == before
     }
 
-    /// Makes the versions consistent (`head = tail`, even) without touching the values.
-    pub(super) fn settle_versions(&self) {
+    /// Makes the versions consistent (`head = tail`, even) without touching the values;
+    /// returns the version.
+    pub(super) fn settle_versions(&self) -> u32 {
         let even = self.tail.load(Ordering::Relaxed) & !1;
         self.tail.store(even, Ordering::Relaxed);
         self.head.store(even, Ordering::Release);
+        even
     }
 
     /// The head word (a relocation carries its stamp there).
@@ -348,6 +350,9 @@ impl<'a> Slot<'a> {
 pub struct Reserved {
     pub(super) table: u16,
     pub(super) index: u32,
+    /// The slot's version when it was reserved (none for a slot taken out of service): an
+    /// incoming relocation's landing steps past it ([`super::Store::take_incoming_stamp`]).
+    pub(super) settled: Option<u32>,
 }
 
 impl Reserved {
@@ -408,7 +413,7 @@ impl<'s> KeyGuard<'s> {
     pub fn unpublish(&mut self) -> Option<Reserved> {
         let slot = self.table.slot_of(self.key)?;
         self.table.set_entry(self.key, NO_SLOT);
-        Some(Reserved { table: self.table.id(), index: slot })
+        Some(Reserved { table: self.table.id(), index: slot, settled: None })
     }
 
     /// Marks the key as relocating to this node (`true`) or no longer (`false`). Only for a key

@@ -12,6 +12,7 @@ use ferry_verbs::{Completion, CompletionHandler, CompletionKind, CompletionStatu
 use super::Inner;
 use super::peer::{IMM_CREDIT_ONLY, IMM_CREDITS, IMM_FRAME_END, Peer, Posted, split_wr_id};
 use crate::error::Error;
+use crate::fabric::Landed;
 
 pub(super) struct Receiver {
     inner: Weak<Inner>,
@@ -19,7 +20,7 @@ pub(super) struct Receiver {
     partial: Vec<Vec<u8>>,
     /// Landed writes not yet reported, and whose they are (reported before anything else from
     /// that peer, so the order holds).
-    landed: Vec<u32>,
+    landed: Vec<Landed>,
     landed_from: usize,
     /// Peers whose send side may have room or owe credits after this batch.
     touched: Vec<bool>,
@@ -65,7 +66,9 @@ impl Receiver {
                     self.flush_landed(inner);
                 }
                 self.landed_from = rank;
-                self.landed.push(c.imm.unwrap_or(0));
+                // A WRITE WITH IMMEDIATE's receive completion reports the bytes the write
+                // placed (a relocation run's length).
+                self.landed.push(Landed { imm: c.imm.unwrap_or(0), len: c.byte_len as usize });
                 self.repost(inner, peer, index);
             }
             CompletionKind::Recv => {
