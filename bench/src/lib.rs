@@ -10,6 +10,7 @@ pub mod rawtcp;
 pub mod relocate;
 pub mod replicate;
 pub mod report;
+mod stages;
 pub mod train;
 
 /// The `main` of Ferry's command-line programs: an error prints as one line with its causes

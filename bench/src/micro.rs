@@ -79,7 +79,7 @@ impl Only {
 fn wants_cluster(only: &Only) -> bool {
     let remote = REMOTE_LENS.iter().flat_map(|&len| ["remote_pull", "remote_push"].map(|b| (b, json!({"value_len": len, "keys": 1}))));
     let batched = BATCHES.iter().flat_map(|&(keys, len)| ["batched_push", "batched_pull"].map(|b| (b, json!({"keys": keys, "value_len": len}))));
-    remote.chain(batched).any(|(b, c)| only.wants(b, &c))
+    remote.chain(batched).any(|(b, c)| only.wants(b, &c)) || only.wants(crate::stages::BENCH, &crate::stages::config())
 }
 
 /// Runs the whole micro benchmark: local figures in this process, remote ones in a 2-process
@@ -216,8 +216,12 @@ pub fn run_node(quick: bool, only: &Only, repeat: usize) -> Result<()> {
         eprintln!("transport: {}", node.transport());
     }
     let mut worker = node.worker();
+    let stages = only.wants(crate::stages::BENCH, &crate::stages::config());
     if node.rank() == 1 {
         let server = rawtcp::serve(port)?;
+        if stages {
+            crate::stages::serve(&mut worker, port)?;
+        }
         worker.barrier()?;
         drop(worker);
         let _ = server.join();
@@ -243,6 +247,9 @@ pub fn run_node(quick: bool, only: &Only, repeat: usize) -> Result<()> {
                 }
             }
         }
+    }
+    if stages {
+        emit(crate::stages::measure(&mut worker, &mut client, node.table("remote1")?, port, quick)?);
     }
     let stats = node.stats();
     eprintln!("rank 0: {} remote key accesses, {} messages, {} bytes sent", stats.remote_accesses, stats.traffic.total_messages(), stats.traffic.total_bytes());

@@ -20,3 +20,21 @@ fn every_benchmark_is_a_subcommand_and_bad_options_are_one_line() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("invalid value 'many'") && !stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn a_single_key_pull_splits_into_stages_that_add_up() {
+    // Two real processes over loopback: every pull's points are found on both nodes, and the
+    // stages of the median pull account for it.
+    let out = bench(&["micro", "--quick", "--only", "stages", "--json"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{}", stdout, String::from_utf8_lossy(&out.stderr));
+    let line = stdout.lines().find(|l| l.contains("\"bench\":\"stages\"")).unwrap_or_else(|| panic!("no stages record in:\n{stdout}"));
+    let record: serde_json::Value = serde_json::from_str(line).expect("a JSON record");
+    let f = &record["figures"];
+    let (pulls, iterations) = (f["pulls"].as_u64().unwrap(), f["iterations"].as_u64().unwrap());
+    assert!(pulls * 10 >= iterations * 9, "only {pulls} of {iterations} pulls had all their points: {line}");
+    let stages = ["issue", "to_send", "to_remote", "remote_step", "remote_to_send", "to_local", "local_step", "wake"];
+    assert!(stages.iter().all(|s| f[format!("{s}_p50_ns")].as_u64().is_some_and(|v| v > 0)), "{line}");
+    let (sum, total) = (f["stages_p50_sum_ns"].as_f64().unwrap(), f["p50_ns"].as_f64().unwrap());
+    assert!(sum > 0.5 * total && sum < 2.0 * total, "the stages' medians add up to {sum} ns against a median pull of {total} ns");
+}

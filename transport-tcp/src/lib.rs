@@ -22,6 +22,7 @@ mod outq;
 mod receive;
 mod region;
 mod setup;
+pub mod stage_trace;
 
 pub use auth::Membership;
 pub use error::{AccessError, TransportError};

@@ -680,6 +680,7 @@ impl Inner {
             drop(out);
             let injected =
                 p.sends_before_failure.as_ref().is_some_and(|left| left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| l.checked_sub(1)).is_err());
+            crate::stage_trace::mark(crate::stage_trace::Point::Sending);
             let result = if injected {
                 Err(io::Error::other(format!("sending to node {} failed (injected fault)", p.id)))
             } else {

@@ -113,6 +113,7 @@ impl Inner {
             match read {
                 Ok(0) => return Ok(if matches!(got, Received::Bytes) { got } else { Received::End }),
                 Ok(n) => {
+                    crate::stage_trace::mark(crate::stage_trace::Point::Received);
                     // SAFETY: `recv` initialised the first `n` bytes of the spare capacity.
                     unsafe { rx.buf.set_len(rx.buf.len() + n) };
                     self.bytes_received.fetch_add(n as u64, Ordering::Relaxed);

@@ -133,7 +133,7 @@ impl Step<'_, '_> {
                     // promise the key to anyone else.
                     owner
                         if owner == rank
-                            && let Some(e) = self.shard_of(table, item.key).transits.get(&(table, item.key)).and_then(|t| t.suspect.clone()) =>
+                            && let Some(e) = self.shard_of(table, item.key).transits.get(&(table, item.key)).and_then(|t| t.suspect.as_deref().cloned()) =>
                     {
                         Err(e)
                     }
@@ -301,7 +301,7 @@ impl Step<'_, '_> {
                 self.send_slot(slot, table, item.key, new_owner, item);
             } else if let Some(transit) = self.shard_of(table, item.key).transits.get_mut(&(table, item.key)) {
                 if transit.abandoned {
-                    let e = transit.suspect.clone().unwrap_or(Error::Protocol("the key's transfer to this node was given up".into()));
+                    let e = transit.suspect.as_deref().cloned().unwrap_or(Error::Protocol("the key's transfer to this node was given up".into()));
                     self.send_localize_failed(new_owner, &e, table, &[item.resv]);
                 } else {
                     transit.queue.push(Queued::Relocate { new_owner, resv: item.resv, to: item.to });
@@ -603,7 +603,7 @@ impl Step<'_, '_> {
         if transit.abandoned {
             return;
         }
-        transit.suspect = Some(error);
+        transit.suspect = Some(Box::new(error));
         self.give_up_transit(key);
     }
 
@@ -643,7 +643,7 @@ impl Step<'_, '_> {
         if transit.suspect.is_none() {
             transit.suspect_since = now;
         }
-        transit.suspect = Some(error.clone());
+        transit.suspect = Some(Box::new(error.clone()));
         let queue = std::mem::take(&mut transit.queue);
         let waiters = std::mem::take(&mut transit.waiters);
         let deadline = (transit.suspect_since.saturating_add(grace), key.0, key.1, transit.generation, DeadlineKind::Grace);
@@ -662,7 +662,7 @@ impl Step<'_, '_> {
         let rank = self.directory().rank();
         let Some(transit) = self.shard_of(key.0, key.1).transits.get_mut(&key) else { return };
         transit.abandoned = true;
-        let error = transit.suspect.clone().unwrap_or(Error::Protocol("relocation given up".into()));
+        let error = transit.suspect.as_deref().cloned().unwrap_or(Error::Protocol("relocation given up".into()));
         let queue = std::mem::take(&mut transit.queue);
         let waiters = std::mem::take(&mut transit.waiters);
         tracing::warn!(node = rank, table = key.0, key = key.1, "giving up an incoming relocation after a lost peer");

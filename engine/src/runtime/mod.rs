@@ -288,6 +288,7 @@ impl NodeInner {
                 Err(e) => break Err(e),
             }
         };
+        ferry_tcp::stage_trace::mark(ferry_tcp::stage_trace::Point::Stepped);
         self.finish(tx);
         outcome
     }

@@ -263,6 +263,7 @@ impl Peer {
                 let n = requests.len() as u64;
                 left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| Some(l.saturating_sub(n))).is_ok_and(|l| l < n)
             });
+            ferry_tcp::stage_trace::mark(ferry_tcp::stage_trace::Point::Sending);
             let outcome = if injected {
                 Err(VerbsError::Invalid(format!("posting to node {} failed (injected fault)", self.rank)))
             } else {

@@ -59,6 +59,7 @@ impl Receiver {
     }
 
     fn received(&mut self, inner: &Inner, peer: &Peer, index: u32, c: &Completion) {
+        ferry_tcp::stage_trace::mark(ferry_tcp::stage_trace::Point::Received);
         let rank = peer.rank;
         match c.kind {
             CompletionKind::RecvWriteImm => {
