@@ -26,6 +26,12 @@ pub(super) const IMM_CREDIT_ONLY: u32 = 1 << 17;
 /// Credits only a credit-returning SEND may use.
 const RESERVED_CREDITS: u32 = 1;
 
+/// One message SEND in this many asks for a completion (and the last of every posted batch):
+/// a queue pair completes its requests in order, so a completion also covers the unsignaled
+/// SENDs before it, and the poller handles a fraction of the completions. Writes and reads are
+/// always signaled (their completions free a slot or finish a read).
+const SIGNAL_EVERY: u64 = 8;
+
 /// What a posted send-queue request was, to act on its completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Posted {
@@ -331,7 +337,8 @@ impl Peer {
                     st.free_slots.pop();
                     let imm = self.take_owed() | if end { IMM_FRAME_END } else { 0 };
                     let payload = Payload::Local(self.tx.slice(slot as usize * self.buffer_bytes, n).expect("fragment fits its slot"));
-                    requests.push(SendRequest { wr_id: wr_id(self.rank, false, seq), op: Operation::Send { imm: Some(imm) }, payload, signaled: true });
+                    let signaled = seq % SIGNAL_EVERY == SIGNAL_EVERY - 1;
+                    requests.push(SendRequest { wr_id: wr_id(self.rank, false, seq), op: Operation::Send { imm: Some(imm) }, payload, signaled });
                     posted.push((seq, Posted::Fragment(slot)));
                     st.credits -= 1;
                 }
@@ -354,7 +361,9 @@ impl Peer {
                 }
             }
         }
-        if !requests.is_empty() {
+        if let Some(last) = requests.last_mut() {
+            // Nothing posted stays without a completion that covers it.
+            last.signaled = true;
             self.progress_ns.store(ferry_tcp::monotonic_ns(), Ordering::Relaxed);
         }
         let owed = self.owed.load(Ordering::Acquire);
@@ -380,16 +389,26 @@ impl Peer {
         Ok(())
     }
 
-    /// A send-queue request completed: frees what it held and says what it was.
-    pub fn complete(&self, seq: u64) -> Option<Posted> {
+    /// A signaled send-queue request completed: it and the unsignaled requests posted before it
+    /// (a queue pair completes its requests in posting order) are done. Frees what they held
+    /// and returns them, oldest first; nothing for a request this peer does not know.
+    pub fn complete(&self, seq: u64) -> Vec<Posted> {
         let mut st = self.send.lock();
-        // Completions of one queue pair arrive in posting order, so this is normally the front.
-        let index = st.inflight.iter().position(|(s, _)| *s == seq)?;
-        let (_, posted) = st.inflight.remove(index).expect("found");
-        if let Posted::Fragment(slot) = posted {
-            st.free_slots.push(slot);
+        if !st.inflight.iter().any(|(s, _)| *s == seq) {
+            return Vec::new();
         }
-        Some(posted)
+        let mut done = Vec::new();
+        while let Some(&(s, posted)) = st.inflight.front() {
+            if s > seq {
+                break;
+            }
+            st.inflight.pop_front();
+            if let Posted::Fragment(slot) = posted {
+                st.free_slots.push(slot);
+            }
+            done.push(posted);
+        }
+        done
     }
 
     /// Whether everything queued has been posted and completed.

@@ -106,15 +106,20 @@ impl Receiver {
 
     fn sent(&mut self, inner: &Inner, peer: &Peer, seq: u64, c: &Completion) {
         let result = c.result().map_err(|e| Error::Transport(format!("to node {}: {e}", peer.rank)));
-        match peer.complete(seq) {
-            Some(Posted::Write(id)) => {
-                if let Some(h) = inner.handler() {
-                    h.on_write_done(id, result);
+        let done = peer.complete(seq);
+        if done.is_empty() {
+            tracing::warn!(peer = peer.rank, seq, "a completion for nothing this node posted");
+        }
+        for posted in done {
+            match posted {
+                Posted::Write(id) => {
+                    if let Some(h) = inner.handler() {
+                        h.on_write_done(id, result.clone());
+                    }
                 }
+                Posted::Read(id) => inner.reads.complete(id, result.clone()),
+                Posted::Fragment(_) | Posted::Credits => {}
             }
-            Some(Posted::Read(id)) => inner.reads.complete(id, result),
-            Some(Posted::Fragment(_) | Posted::Credits) => {}
-            None => tracing::warn!(peer = peer.rank, seq, "a completion for nothing this node posted"),
         }
         if let Some((status, _)) = c.error {
             // A refused write or read (bad address) fails that request only if the queue pair
