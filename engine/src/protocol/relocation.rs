@@ -361,7 +361,9 @@ impl Step<'_, '_> {
                 && last.imm.wrapping_add(last.keys) == item.resv
                 && last.remote.region == item.to.region
                 && last.remote.addr.wrapping_add(next as u64) == item.to.addr
-                && t.slot_ptr(last.slot).wrapping_add(next) == t.slot_ptr(slot.index())
+                // The source too is one region: consecutive slots of one chunk.
+                && last.slot.wrapping_add(last.keys) == slot.index()
+                && t.same_chunk(last.slot, slot.index())
         });
         if let Some(wr_id) = joins.map(|last| last.wr_id)
             && let Some(out) = self.shard(shard_index).outgoing.get_mut(&wr_id)

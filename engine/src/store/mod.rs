@@ -792,6 +792,13 @@ impl TableStore {
         view.read_validated(out) && self.slot_of(key) == Some(slot)
     }
 
+    /// Whether two slots lie in the same arena chunk (one registered region: a one-sided write
+    /// may span slots only within one).
+    #[inline]
+    pub fn same_chunk(&self, a: u32, b: u32) -> bool {
+        a >> self.chunk_shift == b >> self.chunk_shift
+    }
+
     /// Start of a slot in registered memory (for fabrics posting one-sided writes from it).
     #[inline]
     pub fn slot_ptr(&self, slot: u32) -> *mut u8 {
@@ -1024,6 +1031,9 @@ mod tests {
         back.sort_unstable();
         assert_eq!(back, indices);
         assert_eq!(t.slot_usage().0, live);
+        // A run of slots for one write stays within a chunk (one registered region).
+        let per_chunk = 1u32 << t.chunk_shift;
+        assert!(t.same_chunk(per_chunk - 2, per_chunk - 1) && !t.same_chunk(per_chunk - 1, per_chunk));
     }
 
     #[test]
