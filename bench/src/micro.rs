@@ -33,7 +33,8 @@ fn single_key_sizes(value_len: usize, push: bool) -> (usize, usize) {
     (request, response)
 }
 
-fn hist() -> Histogram<u64> {
+/// A latency histogram in ns, from 1 ns to a minute, 3 significant digits.
+pub(crate) fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
 }
 

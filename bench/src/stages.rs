@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use ferry::{Table, Worker};
 use ferry_tcp::stage_trace::{self, Point};
-use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
+use crate::micro::hist;
 use crate::rawtcp::{self, Wait};
 use crate::report::{Better, Record, record};
 
@@ -38,17 +38,10 @@ pub(crate) fn config() -> Value {
     json!({"op": "pull", "value_len": 1, "keys": 1})
 }
 
+/// Where rank 1 hands its points to rank 0: named after the run's benchmark port, which both
+/// know and no other run on the host uses at the same time.
 fn trace_path(port: u16) -> PathBuf {
-    std::env::temp_dir().join(format!("ferry-bench-stages-{}-{port}.txt", std::process::id()))
-}
-
-fn peer_trace_path(port: u16) -> Result<PathBuf> {
-    // Rank 1 names its file after its own process id, which rank 0 does not know: it writes
-    // the name into a file named after the port both know.
-    let pointer = std::env::temp_dir().join(format!("ferry-bench-stages-{port}.path"));
-    let path = std::fs::read_to_string(&pointer).with_context(|| format!("reading {}", pointer.display()))?;
-    let _ = std::fs::remove_file(&pointer);
-    Ok(PathBuf::from(path.trim()))
+    std::env::temp_dir().join(format!("ferry-bench-stages-{port}.txt"))
 }
 
 /// Rank 1: records its points while rank 0 pulls (between the first two barriers), then hands
@@ -61,8 +54,6 @@ pub(crate) fn serve(worker: &mut Worker, port: u16) -> Result<()> {
     let path = trace_path(port);
     let text: String = trace.iter().map(|&(p, t)| format!("{} {t}\n", p as u8)).collect();
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
-    let pointer = std::env::temp_dir().join(format!("ferry-bench-stages-{port}.path"));
-    std::fs::write(&pointer, path.display().to_string()).with_context(|| format!("writing {}", pointer.display()))?;
     worker.barrier()?;
     Ok(())
 }
@@ -70,11 +61,10 @@ pub(crate) fn serve(worker: &mut Worker, port: u16) -> Result<()> {
 fn read_trace(path: &PathBuf) -> Result<Vec<(Point, u64)>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let _ = std::fs::remove_file(path);
-    let points = [Point::Call, Point::Stepped, Point::Sending, Point::Received, Point::Return];
     text.lines()
         .map(|line| {
             let (p, t) = line.split_once(' ').context("a trace line without a time")?;
-            let point = *points.get(p.parse::<usize>()?).context("an unknown point")?;
+            let point = Point::from_number(p.parse()?).context("an unknown point")?;
             Ok((point, t.parse()?))
         })
         .collect()
@@ -86,7 +76,7 @@ pub(crate) fn measure(worker: &mut Worker, client: &mut rawtcp::Client, table: T
     let iterations = if quick { 3_000 } else { 20_000 };
     let key = table.keys() - 1;
     let mut out = [0.0f32];
-    let mut busy = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut busy = hist();
     client.exchange_with(Wait::BusyPoll, 48, 40, 200, |_| {})?;
     client.exchange_with(Wait::BusyPoll, 48, 40, iterations as u64 / 2, |d| {
         busy.record(d.as_nanos() as u64).ok();
@@ -104,16 +94,16 @@ pub(crate) fn measure(worker: &mut Worker, client: &mut rawtcp::Client, table: T
     let own = stage_trace::stop();
     worker.barrier()?;
     worker.barrier()?;
-    let peer = read_trace(&peer_trace_path(port)?)?;
+    let peer = read_trace(&trace_path(port))?;
     let pulls = breakdown(&own, &peer);
     if pulls.is_empty() {
         bail!("no pull's points were all found ({} points here, {} at rank 1)", own.len(), peer.len());
     }
     let mut figures = json!({"pulls": pulls.len(), "iterations": iterations});
-    let mut total = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut total = hist();
     let mut sum_p50 = 0;
     for (i, (name, _, _)) in STAGES.iter().enumerate() {
-        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+        let mut h = hist();
         for pull in &pulls {
             h.record(pull[i].max(1)).ok();
         }

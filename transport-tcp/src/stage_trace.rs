@@ -30,6 +30,12 @@ pub enum Point {
 
 impl Point {
     const ALL: [Point; 5] = [Point::Call, Point::Stepped, Point::Sending, Point::Received, Point::Return];
+
+    /// The point whose number (`point as u8`) is `n`, if any: how a trace written out as
+    /// numbers is read back.
+    pub fn from_number(n: u64) -> Option<Point> {
+        Point::ALL.get(usize::try_from(n).ok()?).copied()
+    }
 }
 
 /// Points a trace holds at most; later marks are dropped.
@@ -60,8 +66,8 @@ pub fn stop() -> Vec<(Point, u64)> {
         .iter()
         .filter_map(|e| {
             let word = e.load(Ordering::Acquire);
-            let point = Point::ALL.get((word & 7) as usize)?;
-            (word != 0).then_some((*point, word >> 3))
+            let point = Point::from_number(word & 7)?;
+            (word != 0).then_some((point, word >> 3))
         })
         .collect()
 }
