@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod cluster;
 pub mod data;
+pub mod failover;
 pub mod micro;
 pub mod partition;
 pub mod rawtcp;

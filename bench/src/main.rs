@@ -1,6 +1,6 @@
 //! `ferry-bench`: Ferry's micro-benchmarks and ML workloads.
 
-use ferry_bench::{checkpoint, micro, partition, relocate, replicate, train};
+use ferry_bench::{checkpoint, failover, micro, partition, relocate, replicate, train};
 
 // A retaining allocator: large per-operation buffers are reused instead of being mapped and
 // faulted in again on every bulk operation.
@@ -68,6 +68,9 @@ enum Command {
     /// its homes are, its lookup cost, and local pulls through a consistently hashed table
     /// against a hashed one.
     Partition(partition::PartitionArgs),
+    /// Backups: push throughput and latency with one backup per key against none, and how
+    /// soon the survivors serve a node's keys again after it is killed (`kill -9`).
+    Failover(failover::FailoverArgs),
     /// Train a model on real or synthetic data in single, classic, localize, hybrid or intent mode.
     #[command(subcommand)]
     Train(Box<train::TrainCommand>),
@@ -172,6 +175,7 @@ fn run() -> Result<()> {
         Command::Relocate { quick, lens, blocking_keys, role: Role::Node, .. } => relocate::run_node(quick, &lens, blocking_keys),
         Command::Checkpoint(args) => checkpoint::run(&args),
         Command::Partition(args) => partition::run(&args),
+        Command::Failover(args) => failover::run(&args),
         Command::Replicate { quick, json, role: Role::Driver } => replicate::run_driver(quick, json),
         Command::Replicate { quick, role: Role::Node, .. } => replicate::run_node(quick),
         Command::Train(t) => train::run(&t).map(|_| ()),

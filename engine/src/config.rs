@@ -377,6 +377,14 @@ pub struct Config {
     /// Whether `localize` moves parameters. Off gives a classic parameter server in which every
     /// key stays at its home node and `localize` completes at once without moving anything.
     pub relocation: bool,
+    /// Backups per key (the parameter server, OSDI 2014, Sections 4.3–4.4): with `1`, every
+    /// key's value and updater state are also kept on the next live node after its owner, a
+    /// push is acknowledged only once its effect is there, and when a node is lost its
+    /// successor takes its keys over (docs/ARCHITECTURE.md, "A lost node"). `0` (the default)
+    /// keeps today's behaviour and speed: a lost node's keys are lost. `FERRY_BACKUPS` sets it.
+    /// So far backups need a classic parameter server (`relocation` off) and tables without
+    /// replicated keys, and keep one backup (`1`).
+    pub backups: usize,
     /// Per-node location caches (see the consistency notes on [`crate::Worker`]).
     pub location_caches: bool,
     /// Huge-page use for parameter arenas.
@@ -540,6 +548,7 @@ impl Config {
             transport: TransportChoice::Auto,
             verbs: VerbsSettings::default(),
             relocation: true,
+            backups: 0,
             location_caches: false,
             huge_pages: HugePages::Auto,
             peer_timeout: Duration::from_secs(5),
@@ -599,8 +608,8 @@ impl Config {
     /// connections), `FERRY_STALENESS` (replicas' staleness bound), `FERRY_INTENT_ROUND` (the
     /// intent service's round time); the intent gaps `FERRY_INTENT_GAP` and
     /// `FERRY_INTENT_SHARED_GAP` (clocks), how many rounds
-    /// ahead the intent service acts `FERRY_INTENT_AHEAD`, and the delay bound `FERRY_MAX_DELAY`
-    /// (clocks, or `inf`).
+    /// ahead the intent service acts `FERRY_INTENT_AHEAD`, the delay bound `FERRY_MAX_DELAY`
+    /// (clocks, or `inf`), and the backups per key `FERRY_BACKUPS`.
     /// Unset variables leave the settings as they are.
     pub fn apply_timeout_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
         let set = |name: &str| set_value(&get, name);
@@ -626,6 +635,9 @@ impl Config {
         }
         if let Some(v) = set("FERRY_MAX_DELAY") {
             self.max_delay = parse_max_delay(&v).map_err(|e| Error::Config(format!("FERRY_MAX_DELAY: {e}")))?;
+        }
+        if let Some(v) = set("FERRY_BACKUPS") {
+            self.backups = v.parse().map_err(|_| Error::Config(format!("FERRY_BACKUPS='{v}' is not a number of backups (0 or 1)")))?;
         }
         Ok(())
     }
@@ -789,6 +801,23 @@ impl Config {
         }
         if i.round.is_zero() || i.round > Duration::from_secs(1) {
             return bad(format!("the intent round must be between 0 and 1 s, not {:?}", i.round));
+        }
+        if self.backups > 1 {
+            return bad(format!("{} backups per key asked for; one (FERRY_BACKUPS=1) is built so far", self.backups));
+        }
+        if self.backups > 0 {
+            if self.nodes < 2 {
+                return bad("a backup needs a second node: FERRY_BACKUPS=1 on a single node".into());
+            }
+            if self.relocation {
+                return bad("backups need a classic parameter server so far: turn relocation off (ferry's --no-relocation, Config::relocation = false) with FERRY_BACKUPS=1".into());
+            }
+            if let Some(t) = self.tables.iter().find(|t| !t.replicated.is_empty()) {
+                return bad(format!(
+                    "table '{}' replicates keys, which backups do not cover yet: FERRY_BACKUPS=1 needs tables without replicated keys",
+                    t.name
+                ));
+            }
         }
         if !(1..=MAX_SHARDS).contains(&self.shards) {
             return bad(format!("shards must be in 1..={}, not {}", MAX_SHARDS, self.shards));

@@ -76,6 +76,10 @@ pub struct KeyHistory {
     pub workers: Vec<Vec<Event>>,
     /// Operations that follow every other operation (e.g. reads after the run quiesced).
     pub after_all: Vec<Event>,
+    /// Writes that may or may not have taken effect (their operation failed, or their node
+    /// crashed before they were acknowledged): each in no program order, and not before the
+    /// after-all operations either — one that never happened is as one after everything.
+    pub floating: Vec<Event>,
 }
 
 /// A node of the constraint graph.
@@ -102,10 +106,13 @@ pub fn check_key(key: u64, history: &KeyHistory, lanes: usize) -> Result<(), Vio
     let mut push_node: HashMap<u32, usize> = HashMap::new();
     let mut set_node: HashMap<u32, usize> = HashMap::from([(0, 0)]);
     let mut program: Vec<(usize, usize)> = Vec::new();
-    let sequences: Vec<&Vec<Event>> = history.workers.iter().chain(std::iter::once(&history.after_all)).collect();
+    let floating: Vec<Vec<Event>> = history.floating.iter().map(|e| vec![e.clone()]).collect();
+    let sequences: Vec<&Vec<Event>> = history.workers.iter().chain(&floating).chain(std::iter::once(&history.after_all)).collect();
     let mut after_all_nodes = Vec::new();
+    let mut floating_nodes = Vec::new();
     for (w, seq) in sequences.iter().enumerate() {
         let is_after_all = w == sequences.len() - 1;
+        let is_floating = w >= history.workers.len() && !is_after_all;
         let mut prev: Option<usize> = None;
         for e in seq.iter() {
             let id = ops.len();
@@ -143,6 +150,9 @@ pub fn check_key(key: u64, history: &KeyHistory, lanes: usize) -> Result<(), Vio
                 }
             };
             ops.push(Op { kind, cluster: usize::MAX });
+            if is_floating {
+                floating_nodes.push(id);
+            }
             if is_after_all {
                 after_all_nodes.push(id);
             } else if let Some(p) = prev {
@@ -152,7 +162,7 @@ pub fn check_key(key: u64, history: &KeyHistory, lanes: usize) -> Result<(), Vio
         }
     }
     // Every operation precedes the after-all ones; the initial value precedes everything.
-    let regular: Vec<usize> = (1..ops.len()).filter(|i| !after_all_nodes.contains(i)).collect();
+    let regular: Vec<usize> = (1..ops.len()).filter(|i| !after_all_nodes.contains(i) && !floating_nodes.contains(i)).collect();
     for &a in &after_all_nodes {
         for &r in &regular {
             program.push((r, a));
@@ -329,14 +339,28 @@ impl History {
     /// Records the next operation of `worker` on `key`.
     pub fn record(&mut self, worker: usize, key: u64, event: Event) {
         let workers = self.workers;
-        let h = self.keys.entry(key).or_insert_with(|| KeyHistory { workers: vec![Vec::new(); workers], after_all: Vec::new() });
+        let h = self.keys.entry(key).or_insert_with(|| KeyHistory { workers: vec![Vec::new(); workers], after_all: Vec::new(), floating: Vec::new() });
         h.workers[worker].push(event);
+    }
+
+    /// Records a write that may or may not have taken effect (see [`KeyHistory::floating`]).
+    pub fn record_floating(&mut self, key: u64, event: Event) {
+        let workers = self.workers;
+        self.keys
+            .entry(key)
+            .or_insert_with(|| KeyHistory { workers: vec![Vec::new(); workers], after_all: Vec::new(), floating: Vec::new() })
+            .floating
+            .push(event);
     }
 
     /// Records an operation that happened after all others (a final read).
     pub fn record_after_all(&mut self, key: u64, event: Event) {
         let workers = self.workers;
-        self.keys.entry(key).or_insert_with(|| KeyHistory { workers: vec![Vec::new(); workers], after_all: Vec::new() }).after_all.push(event);
+        self.keys
+            .entry(key)
+            .or_insert_with(|| KeyHistory { workers: vec![Vec::new(); workers], after_all: Vec::new(), floating: Vec::new() })
+            .after_all
+            .push(event);
     }
 
     /// The recorded operations on `key`.
@@ -346,7 +370,7 @@ impl History {
 
     /// Number of recorded events.
     pub fn len(&self) -> usize {
-        self.keys.values().map(|h| h.workers.iter().map(Vec::len).sum::<usize>() + h.after_all.len()).sum()
+        self.keys.values().map(|h| h.workers.iter().map(Vec::len).sum::<usize>() + h.after_all.len() + h.floating.len()).sum()
     }
 
     /// Whether nothing was recorded.
@@ -388,7 +412,7 @@ mod tests {
     }
 
     fn check(workers: Vec<Vec<Event>>) -> Result<(), Violation> {
-        check_key(0, &KeyHistory { workers, after_all: Vec::new() }, L)
+        check_key(0, &KeyHistory { workers, ..Default::default() }, L)
     }
 
     #[test]
@@ -429,10 +453,23 @@ mod tests {
 
     #[test]
     fn final_reads_must_be_last() {
-        let h = KeyHistory { workers: vec![vec![push(1), push(2)]], after_all: vec![pull(0, &[1])] };
+        let h = KeyHistory { workers: vec![vec![push(1), push(2)]], after_all: vec![pull(0, &[1])], ..Default::default() };
         assert!(check_key(0, &h, L).is_err());
-        let h = KeyHistory { workers: vec![vec![push(1), push(2)]], after_all: vec![pull(0, &[1, 2])] };
+        let h = KeyHistory { workers: vec![vec![push(1), push(2)]], after_all: vec![pull(0, &[1, 2])], ..Default::default() };
         check_key(0, &h, L).unwrap();
+    }
+
+    #[test]
+    fn floating_writes_may_or_may_not_reach_the_final_read() {
+        let floating = || vec![set(1), push(3)];
+        // Neither happened, or both did (the set first), or only the push.
+        for (tag, lanes) in [(0, vec![2]), (1, vec![3]), (0, vec![2, 3])] {
+            let h = KeyHistory { workers: vec![vec![push(2)]], after_all: vec![pull(tag, &lanes)], floating: floating() };
+            check_key(0, &h, L).unwrap_or_else(|v| panic!("tag {tag} lanes {lanes:?}: {v}"));
+        }
+        // An acknowledged push must still be there.
+        let h = KeyHistory { workers: vec![vec![push(2)]], after_all: vec![pull(0, &[3])], floating: floating() };
+        assert!(check_key(0, &h, L).is_err());
     }
 }
 

@@ -18,7 +18,7 @@
 //! * [`Updater`]s apply pushes at the key's holder (add, sgd, adagrad, adam, ftrl or an
 //!   [`UpdateRule`] of your own), [`ValueCodec`] compresses values on the wire, [`filter`]
 //!   holds back insignificant pushes;
-//! * [`Stats`] (with [`IntentStats`], [`ReplicationStats`], [`Traffic`]) say what a node did;
+//! * [`Stats`] (with [`IntentStats`], [`ReplicationStats`], [`BackupStats`], [`Traffic`]) say what a node did;
 //!   every call fails with an [`Error`] value;
 //! * [`launch`] starts a local cluster of processes.
 //!
@@ -79,7 +79,7 @@ pub use node::{Node, SlotAddress};
 pub use placement::Placement;
 pub use replication::{AccessCounts, as_ranges, hot_keys};
 pub use sampling::{Conformity, DistributionId, KeyDistribution, SamplingScheme, SamplingStats};
-pub use stats::{IntentStats, LATENCY_BUCKET_BOUNDS_NS, Latency, MessageKind, ReplicationStats, Stats, Traffic};
+pub use stats::{BackupStats, IntentStats, LATENCY_BUCKET_BOUNDS_NS, Latency, MessageKind, ReplicationStats, Stats, Traffic};
 pub use table::Table;
 pub use update::{UpdateRule, Updater};
 pub use worker::{PullTicket, SampleHandle, Ticket, Worker};

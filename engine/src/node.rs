@@ -25,6 +25,8 @@ pub struct Node {
     intents: Arc<IntentService>,
     timer: Option<JoinHandle<()>>,
     replication: Option<JoinHandle<()>>,
+    /// The backup rounds' thread ([`Config::backups`]).
+    backups: Option<JoinHandle<()>>,
     /// The metrics endpoint ([`Config::metrics`]), if served.
     metrics: Option<crate::metrics::MetricsServer>,
     finished: bool,
@@ -67,6 +69,7 @@ impl Node {
         };
         let settings = Settings {
             relocation: config.relocation,
+            backups: config.backups > 0,
             location_caches: config.location_caches,
             max_message_bytes: config.max_message_bytes,
             part_bytes: config.part_bytes,
@@ -104,10 +107,31 @@ impl Node {
         } else {
             None
         };
+        let backups = if inner.config.backups > 0 {
+            let node = inner.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name(format!("ferry{}-backups", inner.config.rank))
+                    .spawn(move || node.run_backups())
+                    .map_err(|e| Error::Transport(format!("cannot start the backup thread: {e}")))?,
+            )
+        } else {
+            None
+        };
         let intents = Arc::new(IntentService::new(&inner.config));
         let listener: Arc<dyn crate::runtime::GrantListener> = intents.clone();
         inner.listen_for_grants(Arc::downgrade(&listener));
-        Ok(Node { inner, intents, timer: Some(timer), replication, metrics, finished: false, checkpoints: AtomicU64::new(0), spare_cuts: Default::default() })
+        Ok(Node {
+            inner,
+            intents,
+            timer: Some(timer),
+            replication,
+            backups,
+            metrics,
+            finished: false,
+            checkpoints: AtomicU64::new(0),
+            spare_cuts: Default::default(),
+        })
     }
 
     /// Starts `nodes` nodes inside this process, connected over loopback TCP, with `template`'s
@@ -144,6 +168,20 @@ impl Node {
     /// Number of nodes.
     pub fn nodes(&self) -> usize {
         self.inner.config.nodes
+    }
+
+    /// Cluster time in nanoseconds: this host's monotonic clock aligned to rank 0's at start-up,
+    /// so that times taken on different nodes compare (within the alignment's error, tens of
+    /// microseconds on one host).
+    pub fn cluster_time_ns(&self) -> u64 {
+        self.inner.now()
+    }
+
+    /// The nodes this one knows are lost, with why, in the order of the losses. With backups
+    /// ([`Config::backups`]) their keys are served by their successors; without, operations
+    /// on their keys fail.
+    pub fn lost_nodes(&self) -> Vec<(usize, String)> {
+        self.inner.core.directory().lost_nodes().into_iter().map(|(n, why)| (n as usize, why)).collect()
     }
 
     /// The configuration the node runs with.
@@ -378,6 +416,10 @@ impl Node {
             let _ = t.join();
         }
         self.stop_replication();
+        self.inner.wake_backups();
+        if let Some(t) = self.backups.take() {
+            let _ = t.join();
+        }
         // Fail whatever still waits, so that no worker stays blocked (the intent thread's
         // worker included, which then ends).
         self.inner.shut_down_workers();

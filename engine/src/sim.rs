@@ -37,6 +37,7 @@ use crate::stats::Stats;
 use crate::store::{RegionHandle, Registrar, RemoteAddr, Store};
 use crate::update::Updater;
 
+mod backups;
 mod intent_rounds;
 mod replica_checks;
 mod replica_set;
@@ -83,6 +84,10 @@ pub struct SimOptions {
     pub shards: usize,
     /// Lose this node at this step (fault injection); the run then checks liveness only.
     pub crash: Option<(usize, usize)>,
+    /// Keep a backup of every key on its owner's successor (see `protocol::backup`): pushes
+    /// complete once backed up, and a crashed node's keys fail over to its successor. The run
+    /// checks that every push acknowledged before a crash survives it.
+    pub backups: bool,
     /// Keys managed by replication (see [`crate::replication`]); their operations are
     /// single-key pulls and pushes, checked with the round-based staleness rule.
     pub replicated: Vec<std::ops::Range<u64>>,
@@ -174,6 +179,7 @@ impl SimOptions {
             small_operation_rows: crate::protocol::SMALL_OPERATION_ROWS,
             shards: 3,
             crash: None,
+            backups: false,
             replicated: Vec::new(),
             round_period: 40_000,
             round_give_ups: false,
@@ -482,6 +488,10 @@ struct InFlight {
     service: bool,
     /// A localize the homes granted (intent's move of keys here).
     granted_move: bool,
+    /// With backups and a crash to come: the node that will crash, if the issuing node did not
+    /// know it lost when this was issued — that node then served the reads of its keys, and
+    /// they may include writes it never got backed up (see `backups.rs`).
+    victim_reads: Option<usize>,
 }
 
 /// An operation whose parts are still being encoded.
@@ -525,6 +535,8 @@ struct SimWorker {
     localize_deferred: bool,
     /// Script steps taken: the worker's clock for declared intents.
     intent_clock: u64,
+    /// Writes waiting to be backed up before they are acknowledged (see `backups.rs`).
+    awaiting_backup: Vec<backups::AwaitingBackup>,
 }
 
 impl SimWorker {
@@ -549,11 +561,12 @@ impl SimWorker {
             localize_deferred: false,
             localize_marked: None,
             intent_clock: 0,
+            awaiting_backup: Vec::new(),
         }
     }
 
     fn blocked(&self) -> bool {
-        self.sync.is_some() || self.in_flight.iter().any(|f| !f.asynchronous)
+        self.sync.is_some() || self.in_flight.iter().any(|f| !f.asynchronous) || self.awaiting_backup.iter().any(|a| a.synchronous)
     }
 }
 
@@ -753,6 +766,7 @@ impl Sim {
         }
         let settings = Settings {
             relocation: opts.relocation,
+            backups: opts.backups,
             location_caches: opts.location_caches,
             max_message_bytes: 64 << 10,
             part_bytes: opts.part_bytes,
@@ -1024,7 +1038,7 @@ impl Sim {
             return false;
         }
         if worker.waiting_all {
-            return worker.in_flight.is_empty();
+            return worker.in_flight.is_empty() && worker.awaiting_backup.is_empty();
         }
         match worker.script.front() {
             Some(ScriptOp::StopReplicas) => self.may_stop_replicas(w),
@@ -1049,6 +1063,7 @@ impl Sim {
             }
             self.now += self.rng.gen_range(1..2000);
             self.grant_intents();
+            self.settle_backups();
             self.take_sync_acks();
             self.take_replica_set_acks()?;
             let runnable: Vec<usize> = (0..self.workers.len()).filter(|&w| self.runnable(w)).collect();
@@ -1078,6 +1093,10 @@ impl Sim {
             let rounds_ready = self.rounds_ready();
             if !rounds_ready.is_empty() {
                 choices.push(4);
+            }
+            let backups_ready = self.backups_ready();
+            if !backups_ready.is_empty() {
+                choices.push(7);
             }
             // A thread that waits for a CPU waits while much else happens.
             let late: Vec<usize> = (0..self.late.len()).filter(|&w| !self.late[w].frames.is_empty()).collect();
@@ -1130,6 +1149,10 @@ impl Sim {
                     self.round_step(node)?;
                 }
                 6 => self.tell_of_crash()?,
+                7 => {
+                    let node = backups_ready[self.rng.gen_range(0..backups_ready.len())];
+                    self.backup_round(node)?;
+                }
                 5 => {
                     let w = late[self.rng.gen_range(0..late.len())];
                     self.log(format!("worker {w}@{} hands its late frames over", self.workers[w].node));
@@ -1529,6 +1552,7 @@ impl Sim {
                         asynchronous,
                         service: false,
                         granted_move: granted,
+                        victim_reads: None,
                     });
                 }
             }
@@ -1572,6 +1596,7 @@ impl Sim {
                 self.pad_events(w, u64::MAX);
                 let pull = kind.returns_values();
                 let mut buffer = vec![0.0; if pull { keys.len() * lanes } else { 0 }];
+                let victim_reads = self.victim_reads(w);
                 let issued = self.worker_event(w, |step, req| {
                     let target = match (pull, asynchronous) {
                         (false, _) => PullTarget::None,
@@ -1586,9 +1611,12 @@ impl Sim {
                     None => self.drop_events(w, first_event, recorded),
                     Some(Issued::Done(owned)) => {
                         self.note_completed(w, first_event, recorded);
+                        if kind != AccessKind::Pull {
+                            self.await_backup(w, first_event, recorded, !asynchronous);
+                        }
                         if pull {
                             let values = owned.unwrap_or(buffer);
-                            self.record_pull(w, first_pull, &values);
+                            self.record_pull(w, first_pull, &values, victim_reads);
                         }
                     }
                     Some(Issued::Pending { op, more }) => {
@@ -1606,6 +1634,7 @@ impl Sim {
                             asynchronous,
                             service: false,
                             granted_move: false,
+                            victim_reads,
                         });
                     }
                 }
@@ -1685,13 +1714,17 @@ impl Sim {
             }
             match result {
                 Ok(values) => {
+                    if let Some(kind) = f.kind.filter(|&k| k != AccessKind::Pull) {
+                        let events = if kind == AccessKind::PushPull { 2 * f.keys.len() } else { f.keys.len() };
+                        self.await_backup(w, f.first_event, f.first_event + events, !f.asynchronous);
+                    }
                     if let Some(kind) = f.kind.filter(|k| k.returns_values()) {
                         let values = if f.asynchronous { values } else { f.buffer };
                         if values.len() != f.keys.len() * lanes {
                             return Err(format!("pull {op:#x} returned {} values for {} keys", values.len(), f.keys.len()));
                         }
                         let first_pull = if kind == AccessKind::PushPull { f.first_event + f.keys.len() } else { f.first_event };
-                        self.record_pull(w, first_pull, &values);
+                        self.record_pull(w, first_pull, &values, f.victim_reads);
                     }
                 }
                 Err(e) => {
@@ -1738,10 +1771,17 @@ impl Sim {
         }
     }
 
-    fn record_pull(&mut self, w: usize, first_event: usize, values: &[f32]) {
+    /// Records a pull's values; those of keys `victim` served (see [`InFlight::victim_reads`])
+    /// stay unrecorded.
+    fn record_pull(&mut self, w: usize, first_event: usize, values: &[f32], victim: Option<usize>) {
         let lanes = self.opts.lanes;
+        let partitioner = &self.nodes[0].core.directory().tables()[0].partitioner;
         for (i, chunk) in values.chunks(lanes).enumerate() {
-            self.workers[w].events[first_event + i].1 = Event::Pull { value: chunk.to_vec() };
+            let (key, event) = &mut self.workers[w].events[first_event + i];
+            if victim.is_some_and(|v| partitioner.home(*key) == v) {
+                continue;
+            }
+            *event = Event::Pull { value: chunk.to_vec() };
         }
     }
 
@@ -1768,10 +1808,11 @@ impl Sim {
                 self.float_sync(w);
             }
         }
-        let mut history = History::new(self.workers.len() + self.floating.len());
+        self.float_unacknowledged();
+        let mut history = History::new(self.workers.len());
         let run_time_replica = |key: &u64| self.opts.run_time_replicas.as_ref().is_some_and(|r| r.contains(key));
-        for (i, (key, e)) in self.floating.iter().enumerate().filter(|(_, (key, _))| !run_time_replica(key)) {
-            history.record(self.workers.len() + i, *key, e.clone());
+        for (key, e) in self.floating.iter().filter(|(key, _)| !run_time_replica(key)) {
+            history.record_floating(*key, e.clone());
         }
         for (i, w) in self.workers.iter().enumerate() {
             for (key, e) in &w.events {
@@ -1834,6 +1875,9 @@ impl Sim {
                     }
                 }
             }
+        }
+        if self.opts.crash.is_some() && self.opts.backups {
+            self.final_reads_after_crash(&mut history)?;
         }
         let traces: Vec<ClockTrace> = self.workers.iter().map(|w| w.clocks.clone()).collect();
         let clock_violation = if self.opts.clocks > 0 { check_bounded_delay(&traces, self.opts.max_delay).err() } else { None };
@@ -1925,6 +1969,12 @@ fn describe_frame(frame: &[u8]) -> String {
             msg::BARRIER => "barrier".into(),
             msg::BARRIER_RELEASE => "release".into(),
             msg::BARRIER_FAILED => "barrier-failed".into(),
+            msg::BACKUP => {
+                let round = b.get(4..8).map_or(0, |r| u32::from_le_bytes(r.try_into().unwrap_or([0; 4])));
+                let count = b.get(8..12).map_or(0, |r| u32::from_le_bytes(r.try_into().unwrap_or([0; 4])));
+                format!("backup[round {round} {count} images{}]", if b.get(1) == Some(&1) { " last" } else { "" })
+            }
+            msg::BACKUP_ACK => format!("backup-ack[round {}]", b.get(4..8).map_or(0, |r| u32::from_le_bytes(r.try_into().unwrap_or([0; 4])))),
             msg::PEER_LOST => match wire::decode_peer_lost(b) {
                 Ok((node, _)) => format!("peer-lost[{node}]"),
                 Err(_) => "peer-lost[bad]".into(),

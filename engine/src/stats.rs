@@ -28,10 +28,12 @@ pub enum MessageKind {
     /// Replication: replicas' deltas shipped home and their acknowledgements (the refresh
     /// reads are one-sided and counted in [`ReplicationStats`]).
     Replica,
+    /// Backups: an owner's slot images for its successor, and their acknowledgements.
+    Backup,
 }
 
 /// Number of [`MessageKind`]s.
-pub const MESSAGE_KINDS: usize = 9;
+pub const MESSAGE_KINDS: usize = 10;
 
 impl MessageKind {
     /// All kinds, in display order.
@@ -45,6 +47,7 @@ impl MessageKind {
         MessageKind::Failure,
         MessageKind::Barrier,
         MessageKind::Replica,
+        MessageKind::Backup,
     ];
 
     /// Lower-case name.
@@ -59,6 +62,7 @@ impl MessageKind {
             MessageKind::Failure => "failure",
             MessageKind::Barrier => "barrier",
             MessageKind::Replica => "replica",
+            MessageKind::Backup => "backup",
         }
     }
 }
@@ -184,6 +188,25 @@ pub struct Stats {
     pub replication: ReplicationStats,
     /// Intent signalling: rounds, keys acted on, and how timely.
     pub intent: IntentStats,
+    /// Backups and failover.
+    pub backups: BackupStats,
+}
+
+/// What backups did on a node ([`crate::Config::backups`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackupStats {
+    /// Backup rounds completed.
+    pub rounds: u64,
+    /// Slot images sent to this node's backup.
+    pub images_sent: u64,
+    /// Keys this node took over from lost nodes' backups.
+    pub keys_adopted: u64,
+}
+
+impl BackupStats {
+    fn counters(&mut self) -> [&mut u64; 3] {
+        [&mut self.rounds, &mut self.images_sent, &mut self.keys_adopted]
+    }
 }
 
 /// What intent signalling did on a node (AdaPM, Sections 4.2 and 5).
@@ -396,6 +419,7 @@ impl Stats {
             blocking_time: self.blocking_time,
             replication: combine(self.replication, earlier.replication, ReplicationStats::counters, u64::saturating_sub),
             intent: combine(self.intent, earlier.intent, IntentStats::counters, u64::saturating_sub),
+            backups: combine(self.backups, earlier.backups, BackupStats::counters, u64::saturating_sub),
         }
     }
 
@@ -418,6 +442,7 @@ impl Stats {
             }
             s.replication = combine(s.replication, o.replication, ReplicationStats::counters, |x, y| x + y);
             s.intent = combine(s.intent, o.intent, IntentStats::counters, |x, y| x + y);
+            s.backups = combine(s.backups, o.backups, BackupStats::counters, |x, y| x + y);
             for (mine, theirs) in [
                 (&mut s.relocation_time, &o.relocation_time),
                 (&mut s.blocking_time, &o.blocking_time),

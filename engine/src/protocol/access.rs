@@ -132,9 +132,20 @@ impl Step<'_, '_> {
             }
             buf.extend_from_slice(&e.values);
             wire::finish_response(buf, start, e.indices.len());
-            let bytes = buf.len() - before;
-            self.tx.sent(e.origin, MessageKind::Response, bytes);
+            self.answered(e.origin, e.kind, before);
         }
+    }
+
+    /// A RESPONSE to `origin` was encoded from byte `before` of its buffer: counts it as sent,
+    /// or, with backups, holds an answer to a write until its effect is backed up.
+    fn answered(&mut self, origin: u16, kind: AccessKind, before: usize) {
+        if self.core.settings().backups && kind != AccessKind::Pull {
+            let bytes = self.tx.buf(origin).split_off(before);
+            self.hold_answer(origin, bytes);
+            return;
+        }
+        let bytes = self.tx.buf(origin).len() - before;
+        self.tx.sent(origin, MessageKind::Response, bytes);
     }
 
     /// Sends collected failures to their origins.
@@ -295,6 +306,13 @@ impl Step<'_, '_> {
                         n
                     }
                 };
+                drop(all);
+                if a.kind != AccessKind::Pull {
+                    match a.first_key() {
+                        Some(first) => core.dirty_blocks_note_run(a.table, first + from as u64, done as u64),
+                        None => (from..from + done).for_each(|i| core.note_written(a.table, a.key(i))),
+                    }
+                }
                 served = from + done;
                 if from + done < to {
                     break;
@@ -305,6 +323,10 @@ impl Step<'_, '_> {
                 let guard = store.lock(a.table, a.key(i));
                 let Some(slot) = guard.slot() else { break };
                 serve_item(&slot, t.updater(), a, i, buf);
+                drop(guard);
+                if a.kind != AccessKind::Pull {
+                    core.note_written(a.table, a.key(i));
+                }
                 served = i + 1;
             }
         }
@@ -319,8 +341,7 @@ impl Step<'_, '_> {
             buf.drain(values_at - cut..values_at);
         }
         wire::finish_response(buf, msg_start, served - start);
-        let bytes = buf.len() - before;
-        self.tx.sent(a.origin, MessageKind::Response, bytes);
+        self.answered(a.origin, a.kind, before);
         served
     }
 
@@ -349,6 +370,10 @@ impl Step<'_, '_> {
                         out.resize(at + value_bytes, 0);
                     }
                     apply(&slot, store.table(a.table).updater(), a.kind, a.value(i), &mut out[at..]);
+                    drop(guard);
+                    if a.kind != AccessKind::Pull {
+                        core.note_written(a.table, key);
+                    }
                     continue;
                 }
             }

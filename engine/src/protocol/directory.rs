@@ -49,6 +49,9 @@ pub struct Directory {
     /// Peers lost so far: an operation records it when issued, and a loss fails only the
     /// operations issued before it (later ones already see the peer as lost).
     losses: AtomicU64,
+    /// Whether a lost node's keys fail over to its successor (backups are kept): its home keys
+    /// are then homed at its stand-in ([`Directory::stand_in`]).
+    failover: bool,
 }
 
 impl Directory {
@@ -72,7 +75,51 @@ impl Directory {
             lost: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
             reasons: Mutex::new((vec![None; nodes], Vec::new())),
             losses: AtomicU64::new(0),
+            failover: false,
         }
+    }
+
+    /// Lost nodes' keys fail over to their successors (see [`Directory::stand_in`]): set when
+    /// backups are kept, before the node serves anything.
+    pub fn with_failover(mut self) -> Directory {
+        self.failover = true;
+        self
+    }
+
+    /// Whether lost nodes' keys fail over.
+    #[inline]
+    pub fn failover(&self) -> bool {
+        self.failover
+    }
+
+    /// The node that serves what `node` was given at start-up: `node` itself while it is alive;
+    /// with failover, once it is lost, the first live node after it on the ring of ranks (the
+    /// node that kept its backups); without failover, `node` whether lost or not (its keys are
+    /// lost with it). Every node computes the same answer from the same losses.
+    #[inline]
+    pub fn stand_in(&self, node: u16) -> u16 {
+        if !self.failover || self.losses() == 0 || !self.is_lost(node) {
+            return node;
+        }
+        self.successor(node).unwrap_or(node)
+    }
+
+    /// The first live node after `node` on the ring of ranks (not `node` itself), if any.
+    pub fn successor(&self, node: u16) -> Option<u16> {
+        let n = self.nodes as u16;
+        (1..n).map(|i| (node + i) % n).find(|&m| !self.is_lost(m))
+    }
+
+    /// The node that keeps this node's backups: its successor among the live nodes (`None`
+    /// when it is the last one).
+    pub fn backup_target(&self) -> Option<u16> {
+        self.successor(self.rank).filter(|&b| b != self.rank)
+    }
+
+    /// The nodes whose start-up keys this node serves: itself and, with failover, every lost
+    /// node it stands in for.
+    pub fn served_homes(&self) -> Vec<u16> {
+        (0..self.nodes as u16).filter(|&h| self.stand_in(h) == self.rank).collect()
     }
 
     /// This node's rank.
@@ -117,17 +164,23 @@ impl Directory {
         ((mixed * self.shards as u64) >> 32) as usize
     }
 
-    /// The home node of a key (the table and key must exist).
+    /// The home node of a key (the table and key must exist): where it was homed at start-up,
+    /// or that node's stand-in once it is lost and keys fail over.
     #[inline]
     pub fn home(&self, table: u16, key: u64) -> u16 {
-        self.tables[table as usize].partitioner.home(key) as u16
+        self.stand_in(self.tables[table as usize].partitioner.home(key) as u16)
     }
 
     /// The owner this node records for `key`, of which it must be the home. Callers that act on
-    /// the answer hold the key's shard lock.
+    /// the answer hold the key's shard lock. A key this node took over from a lost node is
+    /// owned here if its backup was adopted, and otherwise lost: callers ask only about keys
+    /// not held here, so the answer for those is [`LOST_OWNER`].
     #[inline]
     pub fn owner(&self, table: u16, key: u64) -> u16 {
         let t = &self.tables[table as usize];
+        if self.failover && t.partitioner.home(key) != self.rank as usize {
+            return LOST_OWNER;
+        }
         t.owners[t.partitioner.home_index(key)].load(Ordering::Relaxed)
     }
 

@@ -217,6 +217,10 @@ impl Step<'_, '_> {
                     if let (Some(o), Some(r), AccessKind::Push | AccessKind::PushPull) = (ordinal, replicas, kind) {
                         r.add_delta(o, row_input);
                     }
+                    drop(guard);
+                    if kind != AccessKind::Pull {
+                        self.note_local_write(table, key);
+                    }
                     served += 1;
                     replica_rows += ordinal.is_some() as usize;
                     continue;
@@ -237,6 +241,16 @@ impl Step<'_, '_> {
             self.tx.count_replica(dynamic_rows);
         }
         served
+    }
+
+    /// A worker's write changed `key` of `table` here: with backups, the block is marked for
+    /// the next round and the worker's write waits for it ([`super::Transmit::take_local_write`]).
+    #[inline]
+    fn note_local_write(&mut self, table: u16, key: u64) {
+        if self.core.settings().backups {
+            self.core.note_written(table, key);
+            self.tx.note_local_write();
+        }
     }
 
     /// Plans where the remote rows go: groups by destination (the cached owner, or the home
@@ -272,7 +286,7 @@ impl Step<'_, '_> {
         let mut hint = (1u64, 0u64, 0usize);
         for row in rows.iter() {
             let key = keys[row as usize];
-            let home = meta.partitioner.home_cached(key, &mut hint) as u16;
+            let home = dir.stand_in(meta.partitioner.home_cached(key, &mut hint) as u16);
             let (dest, flags) = if home == rank || t.route_residence(key) != Residence::Away {
                 (rank, 0)
             } else {
@@ -540,6 +554,9 @@ impl Step<'_, '_> {
                     let mut value = vec![0.0; if kind.returns_values() { value_len } else { 0 }];
                     serve_held(&slot, store.table(table).updater(), kind, input.get(values).unwrap_or_default(), &mut value);
                     drop(guard);
+                    if kind != AccessKind::Pull {
+                        self.note_local_write(table, key);
+                    }
                     if kind.returns_values() {
                         req.deliver_row(op, row, &value, caller.as_deref_mut());
                     }

@@ -47,6 +47,7 @@
 //! Shard locks are for keys homed at this node, keys relocating to it, and relocation itself.
 
 mod access;
+mod backup;
 mod barrier;
 mod clock;
 mod directory;
@@ -71,6 +72,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+pub use backup::BackupCounters;
+pub(crate) use backup::{Backups, DirtyBlocks};
 pub use barrier::{BarrierEvent, BarrierKind, Barriers};
 pub use clock::Clocks;
 pub use directory::{Directory, LOST_OWNER};
@@ -97,6 +100,9 @@ use crate::store::{RemoteAddr, Store};
 pub struct Settings {
     /// Whether `localize` moves keys (off: a classic parameter server).
     pub relocation: bool,
+    /// Whether every key is backed up on its owner's successor, pushes are acknowledged once
+    /// backed up, and a lost node's keys fail over (see [`Backups`]).
+    pub backups: bool,
     /// Whether per-node location caches are used.
     pub location_caches: bool,
     /// Largest message; a single value must fit one.
@@ -180,12 +186,20 @@ pub struct Core {
     intent_go: std::sync::atomic::AtomicBool,
     /// Acknowledgements of this node's REPLICA_SYNC messages, for the intent service.
     replica_sync_acks: SyncAcks,
+    /// Backups: rounds, held answers, images kept for the predecessor.
+    backups: Mutex<Backups>,
+    backup_counters: BackupCounters,
+    /// Blocks of keys writes changed since a backup round looked (backups only).
+    dirty: DirtyBlocks,
 }
 
 impl Core {
     /// The protocol state of node `rank` of `nodes`, over `store` (which holds the home keys).
     pub fn new(rank: usize, nodes: usize, specs: &[TableSpec], store: Arc<Store>, settings: Settings) -> Core {
-        let directory = Directory::new(rank, nodes, settings.shards, specs, settings.location_caches);
+        let mut directory = Directory::new(rank, nodes, settings.shards, specs, settings.location_caches);
+        if settings.backups {
+            directory = directory.with_failover();
+        }
         let shards = (0..directory.shards()).map(|i| Mutex::new(Shard::new(i))).collect();
         Core {
             store,
@@ -202,7 +216,46 @@ impl Core {
             intent_homes: Mutex::new(IntentHomes::default()),
             intent_go: std::sync::atomic::AtomicBool::new(false),
             replica_sync_acks: Default::default(),
+            backups: Mutex::new(Backups::default()),
+            backup_counters: BackupCounters::default(),
+            dirty: if settings.backups { DirtyBlocks::new(specs.iter().map(|s| s.keys)) } else { DirtyBlocks::default() },
         }
+    }
+
+    /// Backups' state.
+    pub(crate) fn backups(&self) -> &Mutex<Backups> {
+        &self.backups
+    }
+
+    /// Blocks of keys written since a backup round looked.
+    pub(crate) fn dirty_blocks(&self) -> &DirtyBlocks {
+        &self.dirty
+    }
+
+    /// With backups, notes that a write changed `key` of `table` (after applying it).
+    #[inline]
+    pub(crate) fn note_written(&self, table: u16, key: u64) {
+        if self.settings.backups {
+            self.dirty.mark(table, key);
+        }
+    }
+
+    /// With backups, notes that writes changed keys `first..first + count` of `table`.
+    pub(crate) fn dirty_blocks_note_run(&self, table: u16, first: u64, count: u64) {
+        if self.settings.backups {
+            self.dirty.mark_run(table, first, count);
+        }
+    }
+
+    /// Backup rounds begun and completed, for workers waiting for their pushes to be backed up.
+    pub fn backup_counters(&self) -> &BackupCounters {
+        &self.backup_counters
+    }
+
+    /// Whether answers are held for a backup round, or a round is under way.
+    pub fn backup_pending(&self) -> (bool, bool) {
+        let b = self.backups.lock();
+        (b.has_held(), b.under_way().is_some())
     }
 
     /// Replication's counters and acknowledgement mailbox.
@@ -334,6 +387,8 @@ impl Core {
         }
         self.replication.add_to(&mut s);
         s.intent = self.intent.snapshot();
+        let b = &self.backup_counters;
+        s.backups = crate::stats::BackupStats { rounds: b.last_completed() as u64, images_sent: b.images_sent(), keys_adopted: b.keys_adopted() };
         s.relocation_time = crate::stats::Latency::of(&relocation);
         s.blocking_time = crate::stats::Latency::of(&blocking);
         s

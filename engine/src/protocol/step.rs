@@ -194,6 +194,14 @@ impl<'c, 't> Step<'c, 't> {
                             self.handle_replica_sync_ack(from, body)?;
                             None
                         }
+                        msg::BACKUP => {
+                            self.handle_backup(from, body)?;
+                            None
+                        }
+                        msg::BACKUP_ACK => {
+                            self.handle_backup_ack(from, body)?;
+                            None
+                        }
                         // Needs every shard: a step holding some ends here, and a fresh one
                         // starts with this message.
                         msg::PEER_LOST => match self.handle_peer_lost_notice(from, body)? {
@@ -257,7 +265,9 @@ impl<'c, 't> Step<'c, 't> {
     /// A peer is gone. Marks it lost (new operations towards it fail at once), gives up what
     /// may depend on it — relocations to this node that it might have been sending are made
     /// suspect and given up after the grace period, keys it owned are lost at their home,
-    /// barriers fail — and tells every worker, whose pending operations fail.
+    /// barriers fail — and tells every worker, whose pending operations fail. With backups its
+    /// keys fail over: its successor adopts their images and serves them from now on, and
+    /// every node routes them there.
     pub fn handle_peer_lost(&mut self, peer: u16, reason: &str) -> Progress {
         let all = self.all_shards();
         if !self.try_acquire(all) {
@@ -278,6 +288,9 @@ impl<'c, 't> Step<'c, 't> {
         }
         dir.lose_owner(peer);
         dir.uncache_node(peer);
+        if dir.failover() {
+            self.fail_over(peer);
+        }
         self.core.barriers().lock().handle_peer_lost(peer, &error, dir, self.tx);
         self.intents_of_lost_node(peer);
         self.tx.touch_barrier();

@@ -40,6 +40,9 @@ pub struct Transmit {
     earliest_deadline: Option<u64>,
     barrier_touched: bool,
     clock_touched: bool,
+    backup_touched: bool,
+    /// A worker's write was applied here since [`Transmit::take_local_write`] (backups only).
+    local_write: bool,
     /// Accesses through this buffer are housekeeping (replica sync), not the trainer's: they
     /// are left out of the local/remote counts.
     pub(crate) uncounted: bool,
@@ -64,6 +67,8 @@ impl Transmit {
             earliest_deadline: None,
             barrier_touched: false,
             clock_touched: false,
+            backup_touched: false,
+            local_write: false,
             uncounted: false,
         }
     }
@@ -248,6 +253,28 @@ impl Transmit {
     /// Notes that a step changed clock state (workers waiting for a clock may go on).
     pub(crate) fn touch_clock(&mut self) {
         self.clock_touched = true;
+    }
+
+    /// Notes that a step changed backup state: an answer is held for a round, a round
+    /// completed or was given up (workers waiting for their pushes to be backed up, and the
+    /// driver of the rounds, may go on).
+    pub(crate) fn touch_backup(&mut self) {
+        self.backup_touched = true;
+    }
+
+    /// Notes that a worker's write was applied on this node (it waits for a backup round).
+    pub(crate) fn note_local_write(&mut self) {
+        self.local_write = true;
+    }
+
+    /// Whether a worker's write was applied on this node since the last call.
+    pub fn take_local_write(&mut self) -> bool {
+        std::mem::take(&mut self.local_write)
+    }
+
+    /// Whether a step changed backup state since the last call.
+    pub fn take_backup_touched(&mut self) -> bool {
+        std::mem::take(&mut self.backup_touched)
     }
 
     /// Whether a step changed clock state since the last call.

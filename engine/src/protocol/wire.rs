@@ -69,6 +69,11 @@ pub mod msg {
     /// A node learnt that a peer is lost, and tells every other live node before anything it
     /// sends them later (so that none serves its later requests through the lost node).
     pub const PEER_LOST: u8 = 18;
+    /// Owner to its backup: images of the slots that changed since the last round (see
+    /// `protocol::backup`).
+    pub const BACKUP: u8 = 19;
+    /// Backup to owner: every image of a round is kept.
+    pub const BACKUP_ACK: u8 = 20;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).
@@ -174,17 +179,17 @@ fn bad(what: impl Into<String>) -> Error {
 }
 
 #[inline]
-fn u16_at(b: &[u8], at: usize) -> u16 {
+pub(crate) fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 
 #[inline]
-fn u32_at(b: &[u8], at: usize) -> u32 {
+pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
 #[inline]
-fn u64_at(b: &[u8], at: usize) -> u64 {
+pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
     let b = &b[at..at + 8];
     u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
 }
@@ -1245,13 +1250,13 @@ pub fn decode_peer_lost(b: &[u8]) -> Result<(u16, String)> {
     Ok((u16_at(b, 2), String::from_utf8_lossy(&b[6..]).into_owned()))
 }
 
-fn begin(out: &mut Vec<u8>, ty: u8) -> usize {
+pub(crate) fn begin(out: &mut Vec<u8>, ty: u8) -> usize {
     let start = out.len();
     out.extend_from_slice(&[0, 0, 0, 0, ty]);
     start
 }
 
-fn finish(out: &mut [u8], start: usize) {
+pub(crate) fn finish(out: &mut [u8], start: usize) {
     let len = (out.len() - start - 4) as u32;
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
 }

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex, RwLock};
 
+mod backup;
 mod replication;
 
 use crate::config::Config;
@@ -66,6 +67,10 @@ pub(crate) struct NodeInner {
     /// Told when the homes granted this node moves or replicas (the intent service, which sits
     /// above the runtime and registers itself at start-up: see [`GrantListener`]).
     grant_listener: std::sync::OnceLock<std::sync::Weak<dyn GrantListener>>,
+    /// Backups: the backup thread and workers waiting for rounds sleep here, steps that change
+    /// backup state notify (see `backup.rs`).
+    backup_lock: Mutex<()>,
+    backup_cv: Condvar,
 }
 
 /// A service above the runtime that acts on the homes' grants (INTENT_GO) posted for this
@@ -100,6 +105,8 @@ impl NodeInner {
             replication_rounds: Mutex::new(crate::replication::Rounds::default()),
             replication_stop: AtomicBool::new(false),
             grant_listener: std::sync::OnceLock::new(),
+            backup_lock: Mutex::new(()),
+            backup_cv: Condvar::new(),
         }
     }
 
@@ -241,6 +248,9 @@ impl NodeInner {
         if tx.take_clock_touched() {
             let _guard = self.clock_lock.lock();
             self.clock_cv.notify_all();
+        }
+        if tx.take_backup_touched() {
+            self.wake_backups();
         }
     }
 

@@ -383,6 +383,7 @@ impl Sim {
             asynchronous: true,
             service: true,
             granted_move: false,
+            victim_reads: None,
         });
         self.replica_sets[node].ops.push(op);
     }

@@ -408,6 +408,25 @@ impl Store {
         true
     }
 
+    /// Takes over `key` of `table` from a lost node's backup: a slot of its own holding `image`
+    /// (value and updater state as little-endian words, [`Slot::append_all_words`]),
+    /// published. Returns false, changing nothing, when the key is held or arriving here
+    /// already or the image has the wrong size.
+    pub fn adopt(&self, table: u16, key: u64, image: &[u8]) -> Result<bool> {
+        let t = self.table(table);
+        if key >= t.spec.keys || image.len() != 4 * (t.value_len + t.state_len) {
+            return Ok(false);
+        }
+        let mut guard = self.lock(table, key);
+        if guard.residence() != Residence::Away {
+            return Ok(false);
+        }
+        let mut slot = self.reserve(table)?;
+        self.reserved(&mut slot).write_all_le_bytes(image);
+        guard.publish(slot);
+        Ok(true)
+    }
+
     /// A view of a slot the caller holds, for reading or writing its value.
     pub fn reserved<'a>(&'a self, slot: &'a mut Reserved) -> Slot<'a> {
         // SAFETY: a reservation is only made by `reserve` or `unpublish`, so the allocator
@@ -761,6 +780,16 @@ impl TableStore {
     pub fn slot_of(&self, key: u64) -> Option<u32> {
         let slot = self.entry(key)?.load(Ordering::Acquire);
         (slot < ARRIVING).then_some(slot)
+    }
+
+    /// The version of `key`'s slot read without its latch (odd while a write is under way), if
+    /// the key is held here: a hint of whether it changed since a version seen before.
+    #[inline]
+    pub fn version_hint(&self, key: u64) -> Option<u32> {
+        let slot = self.slot_of(key)?;
+        // SAFETY: a published slot was handed out by the allocator and slots are never
+        // unmapped while the store lives; only the tail version word is loaded, atomically.
+        Some(unsafe { Slot::new(self, slot) }.version_acquire())
     }
 
     /// Where `key` lives, as this node's slot map says right now.

@@ -160,6 +160,24 @@ impl<'a> Slot<'a> {
         }
     }
 
+    /// Appends the value's and then the optimizer state's words as little-endian bytes to
+    /// `out` (one copy of the slot's contiguous words; [`Slot::write_all_le_bytes`] is the
+    /// reverse).
+    #[inline]
+    pub fn append_all_le_bytes(&self, out: &mut Vec<u8>) {
+        let n = (self.values.len() + self.state.len()) * 4;
+        out.reserve(n);
+        // SAFETY: as in `append_all_words`: nothing writes the slot during the copy, the state
+        // words follow the value's in the slot, so the `n` bytes from the value's start are the
+        // slot's; `reserve` made room for them after the vector's length, and they are
+        // initialised before `set_len`. The words are stored little-endian (x86 and the other
+        // targets Ferry builds for), as the wire wants them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.values.as_ptr() as *const u8, out.as_mut_ptr().add(out.len()), n);
+            out.set_len(out.len() + n);
+        }
+    }
+
     /// Copies the value's `4 × len()` bytes to `dst`.
     ///
     /// # Safety
@@ -191,6 +209,12 @@ impl<'a> Slot<'a> {
     /// The write counter (even: no write in progress, which holds under the key's latch).
     pub fn version(&self) -> u32 {
         self.tail.load(Ordering::Relaxed)
+    }
+
+    /// The write counter read with acquire ordering, for readers that hold no latch (odd while
+    /// a write is under way).
+    pub fn version_acquire(&self) -> u32 {
+        self.tail.load(Ordering::Acquire)
     }
 
     /// The value's words (f32 bits), for copying into a snapshot.

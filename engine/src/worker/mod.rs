@@ -99,6 +99,8 @@ pub struct Worker {
     /// The node's intent service (the worker declares to it, tells it its clocks, and its
     /// barriers run the service's hooks).
     intent_service: Arc<IntentService>,
+    /// With backups: the round this worker's writes so far wait for (see [`Worker::backed_up`]).
+    backup_due: Option<u32>,
 }
 
 /// An asynchronous push, set or localize in flight; pass it to [`Worker::wait`].
@@ -164,6 +166,45 @@ impl Worker {
             member,
             declared: false,
             intent_service,
+            backup_due: None,
+        }
+    }
+
+    /// With backups, notes whether a write of this worker was applied on this node (the
+    /// protocol says so in the buffer): it is acknowledged once a round that begins after now
+    /// completed ([`Worker::backed_up`]). Remote owners hold their answers until then by
+    /// themselves; this covers the rows applied here.
+    #[inline]
+    fn note_write(&mut self) {
+        if self.tx.take_local_write() {
+            self.backup_due = Some(self.node.core.backup_counters().round_after_now());
+        }
+    }
+
+    /// Waits until this worker's writes are on their backups (nothing to wait for without
+    /// backups, or when they are there already).
+    fn backed_up(&mut self) -> Result<()> {
+        match self.backup_due {
+            None => Ok(()),
+            Some(round) => {
+                self.node.await_backup(round)?;
+                self.backup_due = None;
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether this worker's writes are on their backups, without waiting.
+    fn is_backed_up(&self) -> bool {
+        match self.backup_due {
+            None => true,
+            Some(round) => {
+                let done = self.node.core.backup_counters().completed(round);
+                if !done {
+                    self.node.want_backup(round);
+                }
+                done
+            }
         }
     }
 
@@ -255,6 +296,11 @@ impl Worker {
             }
         }
         self.tx.count_local(1);
+        if kind != AccessKind::Pull && self.node.config.backups > 0 {
+            self.node.core.note_written(table.id, key);
+            self.tx.note_local_write();
+            self.note_write();
+        }
         if ordinal.is_some() && self.tx.count_replica(1) {
             self.node.core.replication().sample_staleness(table.id, self.node.now());
         }
@@ -296,6 +342,7 @@ impl Worker {
             Ok(Progress::Done)
         })?;
         let issued = issued.unwrap_or(Err(Error::ShutDown))?;
+        self.note_write();
         if count_late && let Some(away) = self.requester.remote_keys.as_mut().filter(|away| !away.is_empty()) {
             if kind == AccessKind::Set {
                 // A set goes to the key's owner even past a replica here, and a key replicated
@@ -315,6 +362,7 @@ impl Worker {
                     Ok(Progress::Done)
                 })?;
             }
+            self.note_write();
         }
         Ok(issued)
     }
@@ -426,12 +474,15 @@ impl Worker {
         if let [key] = keys
             && let Some(()) = self.single_local(AccessKind::Push, table, *key, updates, &mut [])
         {
-            return Ok(());
+            return self.backed_up();
         }
         match self.issue(AccessKind::Push, table, keys, updates, None, None, None)? {
-            Issued::Done(_) => Ok(()),
-            Issued::Pending { op, .. } => self.wait_op(op, None).map(|_| ()),
+            Issued::Done(_) => {}
+            Issued::Pending { op, .. } => {
+                self.wait_op(op, None)?;
+            }
         }
+        self.backed_up()
     }
 
     /// Applies `updates` to `keys` (with the table's updater) and reads the updated values into
@@ -448,12 +499,15 @@ impl Worker {
         if let [key] = keys
             && let Some(()) = self.single_local(AccessKind::PushPull, table, *key, updates, out)
         {
-            return Ok(());
+            return self.backed_up();
         }
         match self.issue(AccessKind::PushPull, table, keys, updates, None, Some(&mut *out), None)? {
-            Issued::Done(_) => Ok(()),
-            Issued::Pending { op, .. } => self.wait_op(op, Some(out)).map(|_| ()),
+            Issued::Done(_) => {}
+            Issued::Pending { op, .. } => {
+                self.wait_op(op, Some(out))?;
+            }
         }
+        self.backed_up()
     }
 
     /// Starts a push-pull; the updated values come from [`Worker::wait_pull`].
@@ -516,9 +570,12 @@ impl Worker {
         }
         self.validate(table, keys, values.len(), "set values")?;
         match self.issue(AccessKind::Set, table, keys, values, None, None, None)? {
-            Issued::Done(_) => Ok(()),
-            Issued::Pending { op, .. } => self.wait_op(op, None).map(|_| ()),
+            Issued::Done(_) => {}
+            Issued::Pending { op, .. } => {
+                self.wait_op(op, None)?;
+            }
         }
+        self.backed_up()
     }
 
     /// Reads `keys` into `out` only if all of them are held by this node; returns whether it
@@ -675,10 +732,10 @@ impl Worker {
 
     /// Waits for an asynchronous push, set or localize.
     pub fn wait(&mut self, ticket: Ticket) -> Result<()> {
-        match ticket.op {
-            None => Ok(()),
-            Some(op) => self.wait_op(op, None).map(|_| ()),
+        if let Some(op) = ticket.op {
+            self.wait_op(op, None)?;
         }
+        self.backed_up()
     }
 
     /// Waits for an asynchronous pull and returns its values.
@@ -688,6 +745,7 @@ impl Worker {
             (Some(op), None) => self.wait_op(op, None)?,
             (None, None) => Vec::new(),
         };
+        self.backed_up()?;
         if let Some(signed) = &ticket.signs {
             Worker::sign_rows(signed.hashing, signed.value_len, &signed.ids, &mut values);
         }
@@ -698,13 +756,13 @@ impl Worker {
     /// answers first, never blocks.
     pub fn is_done(&mut self, ticket: &Ticket) -> bool {
         self.progress();
-        ticket.op.is_none_or(|op| !self.requester.is_pending(op))
+        ticket.op.is_none_or(|op| !self.requester.is_pending(op)) && self.is_backed_up()
     }
 
     /// Whether the pull of `ticket` has completed; handles waiting answers first, never blocks.
     pub fn is_pull_done(&mut self, ticket: &PullTicket) -> bool {
         self.progress();
-        ticket.op.is_none_or(|op| !self.requester.is_pending(op))
+        ticket.op.is_none_or(|op| !self.requester.is_pending(op)) && self.is_backed_up()
     }
 
     /// Waits until this worker's asynchronous operations have completed, then until every live
@@ -753,7 +811,7 @@ impl Worker {
                 Err(RecvTimeoutError::Disconnected) => return Err(Error::ShutDown),
             }
         }
-        Ok(())
+        self.backed_up()
     }
 
     /// Completes this worker's current clock (iteration) and starts the next; returns the new

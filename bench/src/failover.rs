@@ -1,0 +1,304 @@
+//! `ferry-bench failover`: what backups cost and how fast a lost node's keys are served again.
+//!
+//! * **Push cost.** Three nodes in this process over loopback TCP, a classic parameter server
+//!   with one backup per key (`k = 1`) against the same without (`k = 0`), started one after
+//!   the other and repeated: node 0's worker pushes batches of node 1's keys as `micro`'s
+//!   batched pushes do (30 000 keys of 100 values, 300 000 of 1 value), as keys per second,
+//!   and single keys, as the push's latency.
+//! * **Failover.** Per trial, three processes of this binary with `k = 1`: every node pushes
+//!   known updates, then rank 1 kills itself with `kill -9` (after recording the cluster time)
+//!   while rank 0 pulls rank 1's keys in a loop. The time from the kill to rank 0's first pull
+//!   error is the detection, to its first pull that succeeds — served by rank 2 from the
+//!   images it adopted, and checked to hold every acknowledged push — the failover. The
+//!   liveness timeout (`FERRY_PEER_TIMEOUT`, 5 s) bounds detection when a peer goes silent
+//!   without its connection closing; a killed process's connections close at once.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use ferry::launch::{LaunchSpec, Stream, launch};
+use ferry::{Config, Node, TableSpec};
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+use std::sync::Arc;
+
+use crate::micro::median;
+use crate::report::{Better, print_records, record};
+
+/// The push-cost batches, as `micro`'s batched pushes: (keys per batch, value length). Each
+/// table has three times the batch's keys, so the batch is one node's home keys.
+const BATCHES: [(u64, usize); 2] = [(30_000, 100), (300_000, 1)];
+/// Keys and value length of the failover table; the victim's keys that rank 0 pulls.
+const FAILOVER_KEYS: u64 = 3_000;
+const FAILOVER_LEN: usize = 8;
+const PULLED: usize = 10;
+/// Pushes every node makes to every key before the kill.
+const PUSH_ROUNDS: usize = 5;
+/// Rank that is killed, and rank that pulls its keys (rank 2 takes them over).
+const VICTIM: usize = 1;
+const PULLER: usize = 0;
+
+/// Arguments of `ferry-bench failover`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct FailoverArgs {
+    /// A short run (fewer push-cost repetitions; still 20 failover trials unless --trials).
+    #[arg(long)]
+    pub quick: bool,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Failover trials (default 20).
+    #[arg(long, default_value_t = 20)]
+    pub trials: usize,
+    /// Internal: be one node of a failover trial, exchanging times through this directory.
+    #[arg(long, hide = true)]
+    pub trial_dir: Option<PathBuf>,
+}
+
+/// Runs the benchmark (or, with `--trial-dir`, one node of a trial).
+pub fn run(args: &FailoverArgs) -> Result<()> {
+    if let Some(dir) = &args.trial_dir {
+        return trial_node(dir);
+    }
+    if args.trials == 0 {
+        bail!("--trials must be at least 1");
+    }
+    let started = Instant::now();
+    let mut records = push_cost(args.quick)?;
+    records.push(failover_trials(args.trials)?);
+    print_records("failover", args.quick, started, args.json, &records);
+    Ok(())
+}
+
+/// A classic parameter server of three nodes in this process, with `backups` backups and a
+/// table per batch shape.
+fn local_cluster(backups: usize) -> Result<Vec<Node>> {
+    let tables = BATCHES.iter().map(|&(keys, len)| TableSpec::new(format!("v{len}"), 3 * keys, len)).collect();
+    let mut c = Config::new(tables);
+    c.relocation = false;
+    c.backups = backups;
+    Ok(Node::start_local_cluster(3, c)?)
+}
+
+/// What one cluster measured: per batch shape, keys pushed per second; single-key pushes per
+/// second and their p50 (µs).
+struct PushFigures {
+    batched: [f64; BATCHES.len()],
+    single: f64,
+    single_p50_us: f64,
+}
+
+/// Node 0's worker pushes to node 1's keys: whole batches of its home keys (range
+/// partitioning: the middle third), then single keys.
+fn measure_pushes(backups: usize, quick: bool, seed: u64) -> Result<PushFigures> {
+    let cluster = local_cluster(backups)?;
+    let mut w = cluster[0].worker();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut batched = [0.0; BATCHES.len()];
+    for (i, &(keys, len)) in BATCHES.iter().enumerate() {
+        let table = cluster[0].table(&format!("v{len}"))?;
+        let batch: Vec<u64> = (keys..2 * keys).collect();
+        let updates = vec![0.001f32; batch.len() * len];
+        // The first round sends every image; a push before the measured ones sends its keys'.
+        w.push(table, &batch, &updates)?;
+        let reps = if quick { 5 } else { 15 };
+        let mut times = Vec::new();
+        for _ in 0..reps {
+            let t = Instant::now();
+            w.push(table, &batch, &updates)?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        batched[i] = keys as f64 / median(&mut times);
+    }
+    let (keys, len) = BATCHES[1];
+    let table = cluster[0].table(&format!("v{len}"))?;
+    let span = Duration::from_millis(if quick { 400 } else { 1500 });
+    let mut latencies = Vec::new();
+    let began = Instant::now();
+    while began.elapsed() < span {
+        let key = rng.gen_range(keys..2 * keys);
+        let t = Instant::now();
+        w.push(table, &[key], &[0.5])?;
+        latencies.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let single = latencies.len() as f64 / began.elapsed().as_secs_f64();
+    let single_p50_us = median(&mut latencies);
+    drop(w);
+    finish(cluster);
+    Ok(PushFigures { batched, single, single_p50_us })
+}
+
+/// Finalizes a cluster in this process (every node at once: finalize is collective).
+fn finish(cluster: Vec<Node>) {
+    std::thread::scope(|s| {
+        for mut node in cluster {
+            s.spawn(move || {
+                let _ = node.finalize();
+            });
+        }
+    });
+}
+
+/// Push throughput and latency with one backup against none, alternating clusters.
+fn push_cost(quick: bool) -> Result<Vec<crate::report::Record>> {
+    let repeats = if quick { 3 } else { 5 };
+    let (mut k0, mut k1) = (Vec::new(), Vec::new());
+    for r in 0..repeats {
+        k0.push(measure_pushes(0, quick, r as u64)?);
+        k1.push(measure_pushes(1, quick, r as u64)?);
+    }
+    let med = |v: &[PushFigures], f: &dyn Fn(&PushFigures) -> f64| median(&mut v.iter().map(f).collect::<Vec<_>>());
+    let ratios = |f: &dyn Fn(&PushFigures) -> f64| median(&mut k0.iter().zip(&k1).map(|(a, b)| f(b) / f(a)).collect::<Vec<_>>());
+    let mut records = Vec::new();
+    for (i, &(keys, len)) in BATCHES.iter().enumerate() {
+        let f = |p: &PushFigures| p.batched[i];
+        records.push(record(
+            "backup_push",
+            json!({"nodes": 3, "keys": keys, "value_len": len, "remote": true, "repeats": repeats}),
+            json!({"keys_per_s_k1": med(&k1, &f), "keys_per_s_k0": med(&k0, &f), "ratio_median": ratios(&f)}),
+            "keys_per_s_k1",
+            "k0",
+            med(&k0, &f),
+            Better::Higher,
+            if len == 100 { ("ratio>=", 0.5) } else { ("", 0.0) },
+        ));
+    }
+    let config = json!({"nodes": 3, "keys": 1, "value_len": 1, "remote": true, "repeats": repeats});
+    records.push(record(
+        "backup_push_latency",
+        config,
+        json!({"p50_us_k1": med(&k1, &|f| f.single_p50_us), "p50_us_k0": med(&k0, &|f| f.single_p50_us), "ratio_median": ratios(&|f| f.single_p50_us), "pushes_per_s_k1": med(&k1, &|f| f.single), "pushes_per_s_k0": med(&k0, &|f| f.single)}),
+        "p50_us_k1",
+        "k0",
+        med(&k0, &|f| f.single_p50_us),
+        Better::Lower,
+        ("", 0.0),
+    ));
+    Ok(records)
+}
+
+/// Runs `trials` failover trials; the record's figures are the p50 and p99 in seconds.
+fn failover_trials(trials: usize) -> Result<crate::report::Record> {
+    let exe = std::env::current_exe().context("locating ferry-bench")?;
+    let (mut serve, mut detect) = (Vec::new(), Vec::new());
+    for trial in 0..trials {
+        let dir = std::env::temp_dir().join(format!("ferry-bench-failover-{}-{trial}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut spec = LaunchSpec::new(3, exe.clone(), vec!["failover".into(), "--trial-dir".into(), dir.display().to_string()]);
+        // The survivors go on after the victim dies.
+        spec.grace = Duration::from_secs(120);
+        spec.timeout = Some(Duration::from_secs(120));
+        let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = lines.clone();
+        let outcome = launch(&spec, move |rank, stream, line| {
+            if rank == PULLER && stream == Stream::Stdout && line.starts_with("FAILOVER ") {
+                sink.lock().push(line[9..].to_string());
+            } else if !line.contains("peer lost") && !line.contains("took over") && !line.contains("WARN") {
+                eprintln!("[trial {trial} rank {rank}] {line}");
+            }
+        })?;
+        let _ = std::fs::remove_dir_all(&dir);
+        let survivors_ok = outcome.statuses.iter().enumerate().filter(|&(r, _)| r != VICTIM).all(|(_, s)| s.is_some_and(|s| s.success()));
+        if !survivors_ok || outcome.interrupted.is_some() {
+            bail!("failover trial {trial}: the survivors did not finish cleanly ({:?})", outcome.statuses);
+        }
+        let line = lines.lock().pop().with_context(|| format!("failover trial {trial}: rank {PULLER} reported nothing"))?;
+        let v: serde_json::Value = serde_json::from_str(&line)?;
+        serve.push(v["serve_s"].as_f64().context("serve_s")?);
+        detect.push(v["detect_s"].as_f64().context("detect_s")?);
+    }
+    let pct = |v: &mut Vec<f64>, q: f64| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1]
+    };
+    let (p50, p99) = (pct(&mut serve, 0.5), pct(&mut serve, 0.99));
+    let (d50, d99) = (pct(&mut detect, 0.5), pct(&mut detect, 0.99));
+    Ok(record(
+        "failover",
+        json!({"nodes": 3, "backups": 1, "transport": "tcp", "killed": "kill -9", "trials": trials, "peer_timeout_s": 5}),
+        json!({"p50_s": p50, "p99_s": p99, "p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3, "detect_p50_ms": d50 * 1e3, "detect_p99_ms": d99 * 1e3}),
+        "p99_s",
+        "1 s",
+        1.0,
+        Better::Lower,
+        ("<=", 1.0),
+    ))
+}
+
+/// One node of a failover trial (see the module documentation).
+fn trial_node(dir: &Path) -> Result<()> {
+    let mut config = Config::from_env(vec![TableSpec::new("f", FAILOVER_KEYS, FAILOVER_LEN)])?;
+    config.relocation = false;
+    config.backups = 1;
+    let node = Node::start(config)?;
+    if node.nodes() != 3 {
+        bail!("a failover trial runs on exactly 3 nodes");
+    }
+    let rank = node.rank();
+    let table = node.table("f")?;
+    let mut w = node.worker();
+    let all: Vec<u64> = (0..FAILOVER_KEYS).collect();
+    let ones = vec![1.0f32; all.len() * FAILOVER_LEN];
+    for _ in 0..PUSH_ROUNDS {
+        w.push(table, &all, &ones)?;
+    }
+    w.barrier()?;
+    let victims: Vec<u64> = (0..PULLED as u64).map(|i| FAILOVER_KEYS / 3 + i).collect();
+    let done = dir.join("done");
+    match rank {
+        VICTIM => {
+            let pause = ChaCha8Rng::from_entropy().gen_range(10..60);
+            std::thread::sleep(Duration::from_millis(pause));
+            std::fs::write(dir.join("killed"), node.cluster_time_ns().to_string())?;
+            let status = std::process::Command::new("sh").arg("-c").arg(format!("kill -9 {}", std::process::id())).status()?;
+            bail!("kill -9 of this process did not kill it ({status})");
+        }
+        PULLER => {
+            let mut out = vec![0.0f32; PULLED * FAILOVER_LEN];
+            let mut lost_at = None;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                // The loss is seen through a failed pull, or (learnt between two pulls) in the
+                // node's list of lost nodes.
+                if lost_at.is_none() && !node.lost_nodes().is_empty() {
+                    lost_at = Some(node.cluster_time_ns());
+                }
+                match w.pull(table, &victims, &mut out) {
+                    Ok(()) if lost_at.is_some() => break,
+                    Ok(()) => {}
+                    Err(_) if Instant::now() < deadline => {
+                        lost_at.get_or_insert_with(|| node.cluster_time_ns());
+                    }
+                    Err(e) => return Err(e).context("the victim's keys were not served again within 60 s"),
+                }
+            }
+            let served_at = node.cluster_time_ns();
+            let expected = (3 * PUSH_ROUNDS) as f32;
+            if let Some(bad) = out.iter().find(|&&v| v != expected) {
+                bail!("after failover a key holds {bad}, not the {expected} every acknowledged push made");
+            }
+            let killed_file = dir.join("killed");
+            let killed: u64 = std::fs::read_to_string(&killed_file).with_context(|| format!("reading {}", killed_file.display()))?.trim().parse()?;
+            let lost_at = lost_at.unwrap_or(served_at);
+            let secs = |at: u64| at.saturating_sub(killed) as f64 / 1e9;
+            println!("FAILOVER {}", json!({"detect_s": secs(lost_at), "serve_s": secs(served_at)}));
+            std::fs::write(&done, "")?;
+        }
+        _ => {
+            let deadline = Instant::now() + Duration::from_secs(90);
+            while !done.exists() {
+                if Instant::now() >= deadline {
+                    bail!("rank {PULLER} did not finish its trial");
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+    drop(w);
+    node.abort();
+    Ok(())
+}

@@ -1,0 +1,91 @@
+//! The images a node keeps for its predecessor: per table and start-up home, one dense array
+//! of slot images indexed like the home's keys, so that keeping an image is a copy and failover
+//! walks the arrays.
+
+use crate::util::FastMap;
+
+/// Images of one table's keys homed at one node on start-up.
+#[derive(Debug)]
+pub(crate) struct ImageSet {
+    /// Bytes per image.
+    image_bytes: usize,
+    /// `image_bytes` per key, by the key's index among its home's keys.
+    bytes: Vec<u8>,
+    /// Which indices hold an image.
+    present: Vec<bool>,
+}
+
+impl ImageSet {
+    /// The images held: (index among the home's keys, image).
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &[u8])> {
+        self.bytes.chunks_exact(self.image_bytes.max(1)).enumerate().filter(|&(i, _)| self.present[i])
+    }
+}
+
+/// Every image kept, per (table, start-up home).
+#[derive(Debug, Default)]
+pub(crate) struct KeptImages {
+    sets: FastMap<(u16, u16), ImageSet>,
+}
+
+impl KeptImages {
+    /// Keeps the images `(home, index, image)` of `table`: each for the key at `index` among
+    /// the keys of `table` homed at `home` on start-up, whose count `keys` gives (an array is
+    /// sized from this node's own partitioning, never from what a peer says; images out of
+    /// range or of another size than the set's are dropped). Returns how many were kept.
+    pub fn keep_all<'a>(&mut self, table: u16, images: impl Iterator<Item = (u16, usize, &'a [u8])>, keys: impl Fn(u16) -> usize) -> usize {
+        let mut kept = 0;
+        // The set of the home the last image had (images come in runs of one home).
+        let mut set: Option<(u16, &mut ImageSet)> = None;
+        for (home, index, image) in images {
+            if set.as_ref().is_none_or(|(h, _)| *h != home) {
+                let n = keys(home);
+                let s = self.sets.entry((table, home)).or_insert_with(|| ImageSet {
+                    image_bytes: image.len(),
+                    bytes: vec![0; n * image.len()],
+                    present: vec![false; n],
+                });
+                set = Some((home, s));
+            }
+            let Some((_, s)) = set.as_mut() else { continue };
+            if s.image_bytes != image.len() || index >= s.present.len() {
+                continue;
+            }
+            s.bytes[index * image.len()..(index + 1) * image.len()].copy_from_slice(image);
+            s.present[index] = true;
+            kept += 1;
+        }
+        kept
+    }
+
+    /// Takes the sets of the homes `take` selects.
+    pub fn take(&mut self, take: impl Fn(u16) -> bool) -> Vec<((u16, u16), ImageSet)> {
+        let keys: Vec<(u16, u16)> = self.sets.keys().copied().filter(|&(_, home)| take(home)).collect();
+        keys.into_iter().filter_map(|k| self.sets.remove(&k).map(|set| (k, set))).collect()
+    }
+
+    /// Images held.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.sets.values().map(|s| s.present.iter().filter(|&&p| p).count()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_are_kept_by_home_and_index_and_taken_per_home() {
+        let mut k = KeptImages::default();
+        let images: [(u16, usize, &[u8]); 5] = [(2, 1, &[1, 2]), (2, 1, &[3, 4]), (2, 3, &[5, 6]), (2, 9, &[0, 0]), (2, 0, &[0, 0, 0])];
+        assert_eq!(k.keep_all(0, images.into_iter(), |_| 4), 3);
+        assert_eq!(k.keep_all(1, [(0u16, 0usize, &[7u8][..])].into_iter(), |_| 2), 1);
+        assert_eq!(k.len(), 3, "out of range and wrong sizes are not kept");
+        let taken = k.take(|home| home == 2);
+        assert_eq!(taken.len(), 1);
+        let images: Vec<(usize, Vec<u8>)> = taken[0].1.iter().map(|(i, b)| (i, b.to_vec())).collect();
+        assert_eq!(images, vec![(1, vec![3, 4]), (3, vec![5, 6])]);
+        assert_eq!(k.len(), 1);
+    }
+}

@@ -1,0 +1,380 @@
+//! Backups of every key on its owner's successor, and failover (the parameter server, OSDI
+//! 2014, Sections 4.3–4.4: replication after aggregation). The design and its argument are in
+//! docs/ARCHITECTURE.md, "A lost node"; in short:
+//!
+//! * **Who.** A node's keys — those homed at it, and those it took over from lost nodes — are
+//!   backed up on its successor: the next live node on the ring of ranks
+//!   ([`super::Directory::backup_target`]). When a node is lost, that successor is the one that
+//!   serves its keys from then on ([`super::Directory::stand_in`]), from the images it kept.
+//! * **Images, not updates.** A round sends the images (value and updater state) of the slots
+//!   whose version moved since the last round: an image is idempotent, needs no updater at the
+//!   backup, and a hot key costs one image per round however many pushes it took.
+//! * **Acknowledgement.** A push is acknowledged to its worker only once a round that began
+//!   after it was applied is acknowledged by the backup: the owner holds a remote push's
+//!   RESPONSE until then ([`Backups::hold`]), a local push's call waits for the round
+//!   ([`BackupCounters`]). Pulls are answered at once.
+//! * **Failover.** When a node is lost, its successor adopts the images it kept into slots
+//!   of its own and serves the keys; every node routes them there. A round under way to a lost
+//!   backup is given up, and the next round sends every image to the new successor.
+//!
+//! [`Backups`] is the state machine (no thread, clock, lock or I/O): rounds, the versions last
+//! sent, the answers held back, and the images kept for the predecessor. The steps that scan
+//! slots, encode and handle the messages and adopt images are in `step.rs`; the runtime's
+//! driver (`runtime::backup`) and the simulator run the same machine.
+
+mod images;
+mod step;
+pub(crate) mod wire;
+
+pub(crate) use images::KeptImages;
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// A version no slot at rest has (versions at rest are even): "never sent".
+pub(crate) const NEVER: u32 = 1;
+
+/// An answer held until a round completes.
+#[derive(Debug)]
+pub(crate) struct HeldAnswer {
+    /// The round whose completion releases it.
+    pub round: u32,
+    /// The node it goes to.
+    pub origin: u16,
+    /// The encoded RESPONSE.
+    pub bytes: Vec<u8>,
+}
+
+/// A round just begun.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundStart {
+    /// Its number.
+    pub number: u32,
+    /// The backup it goes to (`None`: no other node is alive, and the round completes at once).
+    pub target: Option<u16>,
+}
+
+/// Rounds begun, completed and wanted, for workers that wait for their pushes to be backed
+/// up: a local push waits for a round that began after it was applied.
+#[derive(Debug, Default)]
+pub struct BackupCounters {
+    begun: AtomicU32,
+    completed: AtomicU32,
+    /// The latest round a worker waits for.
+    wanted: AtomicU32,
+    images: AtomicU64,
+    adopted: AtomicU64,
+}
+
+/// Whether round `a` comes after round `b` (round numbers wrap: "after" is a difference below
+/// half the range).
+fn later(a: u32, b: u32) -> bool {
+    a != b && a.wrapping_sub(b) < u32::MAX / 2
+}
+
+impl BackupCounters {
+    /// A worker waits for round `round`: rounds go on until it completed.
+    pub fn want(&self, round: u32) {
+        let _ = self.wanted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| later(round, w).then_some(round));
+    }
+
+    /// Whether a worker waits for a round that has not completed.
+    pub fn wanted(&self) -> bool {
+        !self.completed(self.wanted.load(Ordering::SeqCst))
+    }
+
+    /// The round a write applied before this call waits for (read after the write).
+    pub fn round_after_now(&self) -> u32 {
+        self.begun.load(Ordering::SeqCst).wrapping_add(1)
+    }
+
+    /// Whether round `round` (or a later one) has completed.
+    pub fn completed(&self, round: u32) -> bool {
+        !later(round, self.completed.load(Ordering::SeqCst))
+    }
+
+    /// The last round completed.
+    pub fn last_completed(&self) -> u32 {
+        self.completed.load(Ordering::SeqCst)
+    }
+
+    /// The last round begun.
+    pub fn last_begun(&self) -> u32 {
+        self.begun.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn note_images(&self, images: usize) {
+        self.images.fetch_add(images as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn note_adopted(&self, keys: usize) {
+        self.adopted.fetch_add(keys as u64, Ordering::Relaxed);
+    }
+
+    /// Slot images sent to backups so far.
+    pub fn images_sent(&self) -> u64 {
+        self.images.load(Ordering::Relaxed)
+    }
+
+    /// Keys taken over from lost nodes' backups so far.
+    pub fn keys_adopted(&self) -> u64 {
+        self.adopted.load(Ordering::Relaxed)
+    }
+}
+
+/// Keys per dirty block (a shard block: neighbouring keys share one bit).
+const BLOCK_BITS: u32 = 6;
+
+/// Per table, one bit per block of 64 keys that a write changed since a round last looked: a
+/// round reads the versions of the marked blocks' keys only, not of every key this node serves.
+///
+/// A writer marks after applying (a load, and a locked `or` only when the bit is clear); a
+/// round clears a word and then reads its blocks' slots. Both sides are sequentially
+/// consistent, and so is the round counter a waiting worker reads after marking: a write whose
+/// worker saw round `n` begun is marked before round `n + 1` clears the bits, so round
+/// `n + 1` reads it — or the bit is set already and clears only when a round reads the block
+/// after the write.
+#[derive(Debug, Default)]
+pub(crate) struct DirtyBlocks {
+    tables: Box<[Box<[AtomicU64]>]>,
+}
+
+impl DirtyBlocks {
+    /// Bits for tables of these key counts.
+    pub fn new(keys: impl Iterator<Item = u64>) -> DirtyBlocks {
+        DirtyBlocks { tables: keys.map(|k| (0..(k >> BLOCK_BITS).div_ceil(64) + 1).map(|_| AtomicU64::new(0)).collect()).collect() }
+    }
+
+    /// `key` of `table` was written.
+    #[inline]
+    pub fn mark(&self, table: u16, key: u64) {
+        let block = key >> BLOCK_BITS;
+        let Some(word) = self.tables.get(table as usize).and_then(|t| t.get((block >> 6) as usize)) else { return };
+        let bit = 1u64 << (block & 63);
+        if word.load(Ordering::SeqCst) & bit == 0 {
+            word.fetch_or(bit, Ordering::SeqCst);
+        }
+    }
+
+    /// Keys `first..first + count` of `table` were written.
+    pub fn mark_run(&self, table: u16, first: u64, count: u64) {
+        if count == 0 {
+            return;
+        }
+        let (lo, hi) = (first >> BLOCK_BITS, (first + count - 1) >> BLOCK_BITS);
+        for block in lo..=hi {
+            self.mark(table, block << BLOCK_BITS);
+        }
+    }
+
+    /// Clears and returns the marked blocks of `table` (their first keys).
+    pub fn take(&self, table: u16) -> Vec<u64> {
+        let mut blocks = Vec::new();
+        for (w, word) in self.tables.get(table as usize).map(|t| &t[..]).unwrap_or_default().iter().enumerate() {
+            if word.load(Ordering::SeqCst) == 0 {
+                continue;
+            }
+            let mut bits = word.swap(0, Ordering::SeqCst);
+            while bits != 0 {
+                let b = bits.trailing_zeros() as u64;
+                bits &= bits - 1;
+                blocks.push(((w as u64) << 6 | b) << BLOCK_BITS);
+            }
+        }
+        blocks
+    }
+}
+
+/// Keys per dirty block.
+pub(crate) const BLOCK_KEYS: u64 = 1 << BLOCK_BITS;
+
+/// One node's backups (see the module documentation).
+#[derive(Debug)]
+pub(crate) struct Backups {
+    /// The last round begun and the last completed (rounds run one at a time).
+    begun: u32,
+    completed: u32,
+    /// The round under way and its backup.
+    under_way: Option<(u32, u16)>,
+    /// The backup the versions in `sent` were sent to.
+    target: Option<u16>,
+    /// Per table and node the keys were homed at on start-up: each key's slot version last
+    /// sent to `target`, by the key's index among that node's home keys.
+    sent: Vec<Vec<Vec<u32>>>,
+    /// Whether the next round reads every key this node serves (the first round, and every
+    /// round after the backup changed or a round was given up), not the marked blocks only.
+    full: bool,
+    /// Answers held for rounds, in the order they were held.
+    held: Vec<HeldAnswer>,
+    /// Images kept for the predecessor.
+    images: KeptImages,
+}
+
+impl Default for Backups {
+    fn default() -> Backups {
+        Backups { begun: 0, completed: 0, under_way: None, target: None, sent: Vec::new(), full: true, held: Vec::new(), images: KeptImages::default() }
+    }
+}
+
+impl Backups {
+    /// Holds `bytes`, a RESPONSE to `origin`, until a round that begins after now completes.
+    pub fn hold(&mut self, origin: u16, bytes: Vec<u8>) {
+        self.held.push(HeldAnswer { round: self.begun.wrapping_add(1), origin, bytes });
+    }
+
+    /// Whether answers are held (a round should run).
+    pub fn has_held(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// Whether a round should begin now: none is under way, and answers are held or a worker
+    /// waits for one.
+    pub fn round_due(&self, counters: &BackupCounters) -> bool {
+        self.under_way.is_none() && (self.has_held() || counters.wanted())
+    }
+
+    /// Whether a round is under way.
+    pub fn under_way(&self) -> Option<(u32, u16)> {
+        self.under_way
+    }
+
+    /// Begins the next round towards `target` (the node's current successor, if any). When the
+    /// successor changed since the last round, every version sent is forgotten: the round sends
+    /// every image. A round that has no target completes at once ([`Backups::complete`]).
+    pub fn begin(&mut self, target: Option<u16>, counters: &BackupCounters) -> RoundStart {
+        debug_assert!(self.under_way.is_none(), "one round at a time");
+        if target != self.target {
+            self.forget_sent();
+            self.target = target;
+        }
+        self.begun = self.begun.wrapping_add(1);
+        counters.begun.store(self.begun, Ordering::SeqCst);
+        if let Some(t) = target {
+            self.under_way = Some((self.begun, t));
+        }
+        RoundStart { number: self.begun, target }
+    }
+
+    /// The versions last sent of the keys homed at `home` on start-up, in `table` (`keys` of
+    /// them), all [`NEVER`] the first time.
+    pub fn sent_versions(&mut self, table: u16, home: u16, keys: usize) -> &mut Vec<u32> {
+        let (table, home) = (table as usize, home as usize);
+        if self.sent.len() <= table {
+            self.sent.resize_with(table + 1, Vec::new);
+        }
+        let homes = &mut self.sent[table];
+        if homes.len() <= home {
+            homes.resize_with(home + 1, Vec::new);
+        }
+        let v = &mut homes[home];
+        if v.len() != keys {
+            *v = vec![NEVER; keys];
+        }
+        v
+    }
+
+    /// Round `number` completed (acknowledged, or nothing to send it to): returns the answers
+    /// it releases.
+    pub fn complete(&mut self, number: u32, counters: &BackupCounters) -> Vec<HeldAnswer> {
+        if self.under_way.is_some_and(|(n, _)| n == number) {
+            self.under_way = None;
+        }
+        if number != self.begun {
+            return Vec::new();
+        }
+        self.completed = number;
+        counters.completed.store(number, Ordering::SeqCst);
+        let (released, kept) = std::mem::take(&mut self.held).into_iter().partition(|h| h.round.wrapping_sub(number).wrapping_sub(1) >= u32::MAX / 2);
+        self.held = kept;
+        released
+    }
+
+    /// A BACKUP_ACK of `round` came from `from`: the answers it releases, if it completes the
+    /// round under way (others, from a round given up or a node that is not the backup, are
+    /// dropped).
+    pub fn handle_ack(&mut self, from: u16, round: u32, counters: &BackupCounters) -> Option<Vec<HeldAnswer>> {
+        match self.under_way {
+            Some((n, t)) if n == round && t == from => Some(self.complete(round, counters)),
+            _ => None,
+        }
+    }
+
+    /// Gives the round under way up (its backup is lost, or did not answer in time): every
+    /// version sent is forgotten, so the next round sends every image. Returns whether a round
+    /// was under way.
+    pub fn give_up(&mut self) -> bool {
+        self.forget_sent();
+        self.under_way.take().is_some()
+    }
+
+    /// Forgets every version sent: the next round reads and sends every key.
+    fn forget_sent(&mut self) {
+        self.sent.clear();
+        self.full = true;
+    }
+
+    /// Whether this round reads every key this node serves (and the next need not).
+    pub fn take_full(&mut self) -> bool {
+        std::mem::take(&mut self.full)
+    }
+
+    /// `peer` is lost: the round under way to it is given up and answers held for it are
+    /// dropped. Returns whether a round was given up.
+    pub fn handle_lost(&mut self, peer: u16) -> bool {
+        let gave_up = self.under_way.is_some_and(|(_, t)| t == peer) && self.give_up();
+        self.held.retain(|h| h.origin != peer);
+        gave_up
+    }
+
+    /// The images kept.
+    pub fn images(&mut self) -> &mut KeptImages {
+        &mut self.images
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_answer_waits_for_a_round_that_began_after_it() {
+        let (mut b, c) = (Backups::default(), BackupCounters::default());
+        let first = b.begin(Some(1), &c);
+        // Held while round 1 is under way (it may have scanned the slot already): round 2.
+        b.hold(4, vec![1]);
+        assert_eq!(c.round_after_now(), 2);
+        assert!(b.handle_ack(2, first.number, &c).is_none(), "an acknowledgement from a node that is not the backup");
+        assert!(b.handle_ack(1, first.number, &c).unwrap().is_empty(), "round 1 does not release it");
+        assert!(c.completed(1) && !c.completed(2));
+        let second = b.begin(Some(1), &c);
+        b.hold(5, vec![2]);
+        let released = b.handle_ack(1, second.number, &c).unwrap();
+        assert_eq!(released.iter().map(|h| h.origin).collect::<Vec<_>>(), vec![4]);
+        assert!(b.has_held());
+        // A round with no backup completes at once and releases the rest.
+        let third = b.begin(None, &c);
+        assert!(b.under_way().is_none());
+        assert_eq!(b.complete(third.number, &c).len(), 1);
+        assert!(!b.has_held() && c.completed(3));
+    }
+
+    #[test]
+    fn a_new_backup_or_a_round_given_up_sends_every_image_again() {
+        let (mut b, c) = (Backups::default(), BackupCounters::default());
+        let _ = b.begin(Some(1), &c);
+        b.sent_versions(0, 0, 3)[1] = 8;
+        assert!(b.handle_ack(1, 1, &c).is_some());
+        let _ = b.begin(Some(1), &c);
+        assert_eq!(b.sent_versions(0, 0, 3)[1], 8, "the same backup: versions kept");
+        assert!(b.give_up());
+        assert_eq!(b.sent_versions(0, 0, 3)[1], NEVER, "a round given up: everything again");
+        b.sent_versions(0, 0, 3)[1] = 8;
+        let _ = b.begin(Some(2), &c);
+        assert_eq!(b.sent_versions(0, 0, 3)[1], NEVER, "a new backup: everything again");
+        // The backup is lost: the round is given up; its late acknowledgement is dropped.
+        b.hold(2, vec![0]);
+        b.hold(3, vec![0]);
+        assert!(b.handle_lost(2));
+        assert!(b.handle_ack(2, 3, &c).is_none());
+        assert_eq!(b.held.len(), 1, "answers for the lost node are dropped");
+    }
+}

@@ -1,0 +1,245 @@
+//! The steps of backups: a round's scan and shipment, the backup's side (keep the images,
+//! acknowledge the round), the acknowledgement's release of held answers, and failover's
+//! adoption of a lost node's images.
+
+use super::wire::{self as backup_wire, decode_ack, decode_backup};
+use super::{Backups, HeldAnswer, RoundStart};
+use crate::error::{Error, Result};
+use crate::protocol::Step;
+use crate::stats::MessageKind;
+
+impl Step<'_, '_> {
+    /// Begins a backup round: sends the images of the slots this node serves whose version
+    /// moved since the last round to its backup — of the keys in blocks writes marked, or of
+    /// every key in a full round — closing with the round's last message. A round that has no
+    /// backup to go to, or nothing to send, completes at once (what it would acknowledge is on
+    /// the backup already) and releases the answers held for it.
+    pub fn begin_backup_round(&mut self) -> RoundStart {
+        let core = self.core;
+        let dir = core.directory();
+        let mut backups = core.backups().lock();
+        let start = backups.begin(dir.backup_target(), core.backup_counters());
+        let full = backups.take_full();
+        let Some(target) = start.target else {
+            let released = backups.complete(start.number, core.backup_counters());
+            drop(backups);
+            self.release_held(released);
+            return start;
+        };
+        let mut images = 0usize;
+        let homes = dir.served_homes();
+        for table in 0..dir.tables().len() as u16 {
+            let marked = core.dirty_blocks().take(table);
+            let meta = &dir.tables()[table as usize];
+            if full {
+                for &home in &homes {
+                    images += self.ship_images(&mut backups, target, start.number, table, meta.partitioner.home_keys(home as usize));
+                }
+            } else {
+                let keys = marked.into_iter().flat_map(|first| first..(first + super::BLOCK_KEYS).min(meta.keys));
+                images += self.ship_images(&mut backups, target, start.number, table, keys);
+            }
+        }
+        if images == 0 {
+            // Every version sent went out in rounds that completed (one given up forgets them
+            // all): nothing to wait for.
+            let released = backups.complete(start.number, core.backup_counters());
+            drop(backups);
+            self.release_held(released);
+            return RoundStart { number: start.number, target: None };
+        }
+        drop(backups);
+        let buf = self.tx.buf(target);
+        let at = backup_wire::begin_backup(buf, 0, start.number);
+        let bytes = backup_wire::finish_backup(buf, at, 0, true);
+        self.tx.sent(target, MessageKind::Backup, bytes);
+        core.backup_counters().note_images(images);
+        start
+    }
+
+    /// Sends `target` the images of those of `keys` (of `table`) held here whose version moved
+    /// since they were last sent, in messages of at most the largest message; returns how many.
+    fn ship_images(&mut self, backups: &mut Backups, target: u16, round: u32, table: u16, keys: impl Iterator<Item = u64>) -> usize {
+        let core = self.core;
+        let (dir, store) = (core.directory(), core.store());
+        let meta = &dir.tables()[table as usize];
+        let t = store.table(table);
+        let item_bytes = 8 + 4 * (t.value_len() + t.state_len());
+        let max_bytes = core.settings().max_message_bytes;
+        // The message being filled: where it starts, and its items.
+        let mut open: Option<(usize, u32)> = None;
+        let mut images = 0;
+        // The versions sent of the keys of the home the last key had (keys come in runs of
+        // one home).
+        let mut sent: Option<(usize, &mut Vec<u32>)> = None;
+        for key in keys {
+            let Some(hint) = t.version_hint(key) else { continue };
+            let home = meta.partitioner.home(key);
+            if sent.as_ref().is_none_or(|(h, _)| *h != home) {
+                sent = Some((home, backups.sent_versions(table, home as u16, meta.partitioner.home_count(home))));
+            }
+            let Some((_, versions)) = sent.as_mut() else { continue };
+            let index = meta.partitioner.home_index(key);
+            if versions[index] == hint {
+                continue;
+            }
+            let buf = self.tx.buf(target);
+            if let Some((at, count)) = open
+                && buf.len() - at + item_bytes > max_bytes
+            {
+                let bytes = backup_wire::finish_backup(buf, at, count, false);
+                self.tx.sent(target, MessageKind::Backup, bytes);
+                open = None;
+            }
+            let buf = self.tx.buf(target);
+            let (_, count) = open.get_or_insert_with(|| (backup_wire::begin_backup(buf, table, round), 0));
+            let before = buf.len();
+            let guard = store.lock(table, key);
+            let Some(slot) = guard.slot() else {
+                continue;
+            };
+            versions[index] = slot.version();
+            buf.extend_from_slice(&key.to_le_bytes());
+            slot.append_all_le_bytes(buf);
+            drop(guard);
+            debug_assert_eq!(buf.len() - before, item_bytes);
+            *count += 1;
+            images += 1;
+        }
+        if let Some((at, count)) = open {
+            let bytes = backup_wire::finish_backup(self.tx.buf(target), at, count, false);
+            self.tx.sent(target, MessageKind::Backup, bytes);
+        }
+        images
+    }
+
+    /// Begins a backup round if one is due: none is under way, and answers are held or a
+    /// worker waits for a round. Steps that hold an answer or complete a round call it, so
+    /// rounds run back to back while writes wait, without a thread to wake.
+    pub fn begin_backup_round_if_due(&mut self) {
+        let core = self.core;
+        if core.settings().backups && core.backups().lock().round_due(core.backup_counters()) {
+            self.begin_backup_round();
+        }
+    }
+
+    /// Sends held answers on.
+    fn release_held(&mut self, released: Vec<HeldAnswer>) {
+        self.tx.touch_backup();
+        let dir = self.directory();
+        for held in released {
+            if dir.is_lost(held.origin) {
+                continue;
+            }
+            self.tx.buf(held.origin).extend_from_slice(&held.bytes);
+            self.tx.sent(held.origin, MessageKind::Response, held.bytes.len());
+        }
+    }
+
+    /// Holds an encoded RESPONSE to a write (push, set, push-pull) until a round that begins
+    /// after now completes: its effect is on the backup by then.
+    pub(crate) fn hold_answer(&mut self, origin: u16, bytes: Vec<u8>) {
+        self.core.backups().lock().hold(origin, bytes);
+        self.tx.touch_backup();
+        self.begin_backup_round_if_due();
+    }
+
+    /// The backup round under way is given up (its backup did not answer in time): the next
+    /// round sends every image. Returns whether one was under way.
+    pub fn give_up_backup_round(&mut self) -> bool {
+        self.tx.touch_backup();
+        self.core.backups().lock().give_up()
+    }
+
+    /// BACKUP from `from`: keeps the images of keys `from` serves (others are dropped with a
+    /// warning), and acknowledges the round with its last message.
+    pub(crate) fn handle_backup(&mut self, from: u16, body: &[u8]) -> Result<()> {
+        let core = self.core;
+        let (dir, store) = (core.directory(), core.store());
+        let backup = decode_backup(body, |t| {
+            let tables = store.tables();
+            tables.get(t as usize).map(|t| 4 * (t.value_len() + t.state_len()))
+        })?;
+        if !dir.failover() {
+            return Err(Error::Protocol("BACKUP to a node that keeps no backups".into()));
+        }
+        let mut strays = 0usize;
+        if let Some(meta) = dir.table(backup.table) {
+            let mut backups = core.backups().lock();
+            let kept = backups.images().keep_all(
+                backup.table,
+                backup.items().filter(|&(key, _)| key < meta.keys).filter_map(|(key, image)| {
+                    let home = meta.partitioner.home(key);
+                    (dir.stand_in(home as u16) == from).then(|| (home as u16, meta.partitioner.home_index(key), image))
+                }),
+                |home| meta.partitioner.home_count(home as usize),
+            );
+            strays = backup.items().count() - kept;
+        }
+        if strays > 0 {
+            tracing::warn!(node = dir.rank(), from, table = backup.table, strays, "backup images of keys the sender does not serve were dropped");
+        }
+        if backup.last {
+            let bytes = backup_wire::encode_ack(self.tx.buf(from), backup.round);
+            self.tx.sent(from, MessageKind::Backup, bytes);
+        }
+        Ok(())
+    }
+
+    /// BACKUP_ACK from `from`: completes the round under way if it is the one acknowledged,
+    /// releasing the answers held for it.
+    pub(crate) fn handle_backup_ack(&mut self, from: u16, body: &[u8]) -> Result<()> {
+        let round = decode_ack(body)?;
+        let core = self.core;
+        let released = core.backups().lock().handle_ack(from, round, core.backup_counters());
+        if let Some(released) = released {
+            self.release_held(released);
+            self.begin_backup_round_if_due();
+        }
+        Ok(())
+    }
+
+    /// `peer` is lost (the caller holds every shard, and has marked it lost): gives up a round
+    /// under way to it, drops what was held for it, and adopts the images kept of the keys
+    /// that are now this node's — those of the homes `peer` served. Keys of `peer` without an
+    /// image here were never backed up and are lost.
+    pub(crate) fn fail_over(&mut self, peer: u16) {
+        let core = self.core;
+        let (dir, store) = (core.directory(), core.store());
+        let rank = dir.rank();
+        let sets = {
+            let mut backups = core.backups().lock();
+            if backups.handle_lost(peer) {
+                self.tx.touch_backup();
+            }
+            // The homes now served here that were another node's: `peer`'s, and those it had
+            // taken over.
+            backups.images().take(|home| home != rank && dir.stand_in(home) == rank)
+        };
+        let (mut adopted, mut failed) = (0usize, 0usize);
+        for ((table, home), set) in sets {
+            let meta = &dir.tables()[table as usize];
+            let keys: Vec<u64> = meta.partitioner.home_keys(home as usize).collect();
+            for (index, image) in set.iter() {
+                let Some(&key) = keys.get(index) else { continue };
+                match store.adopt(table, key, image) {
+                    Ok(true) => {
+                        adopted += 1;
+                        core.dirty_blocks().mark(table, key);
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        failed += 1;
+                        tracing::error!(node = rank, table, key, "could not take over a key of lost node {peer}: {e}");
+                    }
+                }
+            }
+        }
+        if adopted + failed > 0 {
+            core.backup_counters().note_adopted(adopted);
+            tracing::warn!(node = rank, peer, adopted, failed, "took over the keys of a lost node from its backups");
+        }
+        // A round given up is begun again towards the new backup; the adopted keys go with it.
+        self.begin_backup_round_if_due();
+    }
+}

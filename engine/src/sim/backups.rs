@@ -1,0 +1,149 @@
+//! Backups and failover in the simulation (`protocol::backup`), driven as the runtime's backup
+//! thread and workers drive them: a node begins a round when answers are held for one or a
+//! worker waits for one (and once at the start, so that every key has an image); a write is
+//! acknowledged to its worker only once a round that began after it completed. A crash then
+//! fails the node's keys over to its successor.
+//!
+//! The check is the promise: **no acknowledged push is lost** with one backup and one
+//! crash. A crashed node's writes that were not acknowledged float (they may or may not have
+//! taken effect), those that were stay in its workers' histories; at the end every key is
+//! read where the survivors serve it, after everything, so the consistency checker holds each
+//! final value to every acknowledged write of every worker, the crashed node's included.
+
+use super::Sim;
+use crate::consistency::Event;
+use crate::protocol::Progress;
+
+/// A write of a worker whose effect waits to be backed up.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct AwaitingBackup {
+    /// The round whose completion acknowledges it.
+    pub round: u32,
+    /// Its events in the worker's history.
+    pub events: (usize, usize),
+    /// Whether the worker waits for it (a synchronous operation) before it goes on.
+    pub synchronous: bool,
+}
+
+impl Sim {
+    /// A write of worker `w` completed (its events `from..to`): with backups it is
+    /// acknowledged once a round that begins after now completed.
+    pub(super) fn await_backup(&mut self, w: usize, from: usize, to: usize, synchronous: bool) {
+        if !self.opts.backups {
+            return;
+        }
+        let counters = self.nodes[self.workers[w].node].core.backup_counters();
+        let round = counters.round_after_now();
+        counters.want(round);
+        self.log(format!("worker {w}'s write (events {from}..{to}) waits for backup round {round}"));
+        self.workers[w].awaiting_backup.push(AwaitingBackup { round, events: (from, to), synchronous });
+    }
+
+    /// With backups and a crash to come: the node that is to crash, while worker `w`'s node
+    /// does not know it lost (its reads of that node's keys go there, and may see writes that
+    /// are never backed up: the surviving history cannot hold them; see `InFlight`).
+    pub(super) fn victim_reads(&self, w: usize) -> Option<usize> {
+        let (victim, _) = self.opts.crash.filter(|_| self.opts.backups)?;
+        let node = self.workers[w].node;
+        (!self.nodes[node].core.directory().is_lost(victim as u16)).then_some(victim)
+    }
+
+    /// Writes whose round completed are acknowledged.
+    pub(super) fn settle_backups(&mut self) {
+        if !self.opts.backups {
+            return;
+        }
+        for w in 0..self.workers.len() {
+            let node = self.workers[w].node;
+            if self.nodes[node].crashed {
+                continue;
+            }
+            let counters = self.nodes[node].core.backup_counters();
+            self.workers[w].awaiting_backup.retain(|a| !counters.completed(a.round));
+        }
+    }
+
+    /// Nodes where a round would begin now (a waiting worker or the watchdog begins it): none
+    /// under way, and answers held, a worker waiting, or no round yet.
+    pub(super) fn backups_ready(&self) -> Vec<usize> {
+        if !self.opts.backups {
+            return Vec::new();
+        }
+        (0..self.nodes.len())
+            .filter(|&n| {
+                let node = &self.nodes[n];
+                if node.crashed {
+                    return false;
+                }
+                let (held, under_way) = node.core.backup_pending();
+                let counters = node.core.backup_counters();
+                !under_way && (held || counters.wanted() || counters.last_begun() == 0)
+            })
+            .collect()
+    }
+
+    /// Node `node` begins a backup round.
+    pub(super) fn backup_round(&mut self, node: usize) -> Result<(), String> {
+        let mut started = None;
+        self.node_event(node, |step, _, _| {
+            started = Some(step.begin_backup_round());
+            Ok(Progress::Done)
+        })?;
+        if let Some(s) = started {
+            self.log(format!("node {node} begins backup round {} to {:?}", s.number, s.target));
+        }
+        Ok(())
+    }
+
+    /// At the end of a run with a crash: the crashed node's writes not acknowledged float, and
+    /// so do its operations still in flight (their pushes may have reached their owners).
+    pub(super) fn float_unacknowledged(&mut self) {
+        if !self.opts.backups {
+            return;
+        }
+        for w in 0..self.workers.len() {
+            if !self.nodes[self.workers[w].node].crashed {
+                continue;
+            }
+            let mut ranges: Vec<(usize, usize)> = self.workers[w].awaiting_backup.drain(..).map(|a| a.events).collect();
+            for f in &self.workers[w].in_flight {
+                if let Some(kind) = f.kind {
+                    let events = if kind == crate::protocol::AccessKind::PushPull { 2 * f.keys.len() } else { f.keys.len() };
+                    ranges.push((f.first_event, f.first_event + events));
+                }
+            }
+            for (from, to) in ranges {
+                self.drop_events(w, from, to);
+            }
+        }
+    }
+
+    /// After a crash with backups: each key is held by exactly one survivor, or by none if no
+    /// write of it was ever acknowledged (its owner crashed before its first round), and its
+    /// value there is read after everything.
+    pub(super) fn final_reads_after_crash(&self, history: &mut crate::consistency::History) -> Result<(), String> {
+        let lanes = self.opts.lanes;
+        for key in 0..self.opts.keys {
+            let holders: Vec<usize> =
+                (0..self.nodes.len()).filter(|&n| !self.nodes[n].crashed && self.nodes[n].core.store().table(0).slot_of(key).is_some()).collect();
+            match holders[..] {
+                [owner] => {
+                    let mut value = vec![0.0; lanes];
+                    let store = self.nodes[owner].core.store();
+                    let guard = store.lock(0, key);
+                    guard.slot().expect("held").read(&mut value);
+                    drop(guard);
+                    history.record_after_all(key, Event::Pull { value });
+                }
+                [] => {
+                    let acknowledged = self.workers.iter().flat_map(|w| &w.events).any(|(k, e)| *k == key && !matches!(e, Event::Pull { .. }));
+                    if acknowledged {
+                        return Err(format!("key {key} was lost with its node although writes of it were acknowledged"));
+                    }
+                }
+                _ => return Err(format!("key {key} is held by survivors {holders:?}")),
+            }
+        }
+        Ok(())
+    }
+}

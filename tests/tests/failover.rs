@@ -1,0 +1,114 @@
+//! Backups and failover in clusters inside one test process, over real loopback TCP: a node is
+//! aborted as a crash would end it, and the survivors serve its keys from their backups with
+//! every acknowledged push.
+
+use std::time::{Duration, Instant};
+
+use ferry::{Config, Error, Node, TableSpec};
+
+fn config(keys: u64, value_len: usize) -> Config {
+    let mut c = Config::new(vec![TableSpec::new("t", keys, value_len)]);
+    c.latches = 64;
+    c.relocation = false;
+    c.backups = 1;
+    c.peer_timeout = Duration::from_millis(800);
+    c.heartbeat = Duration::from_millis(100);
+    c
+}
+
+/// Pulls `keys` until the pull succeeds (a survivor may not have learnt of the loss yet, and
+/// its first pulls then fail with it), at most `within`.
+fn pull_after_loss(w: &mut ferry::Worker, table: ferry::Table, keys: &[u64], out: &mut [f32], within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        match w.pull(table, keys, out) {
+            Ok(()) => return started.elapsed(),
+            Err(Error::PeerLost { .. } | Error::KeyLost { .. }) if started.elapsed() < within => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("pull after the loss: {e}"),
+        }
+    }
+}
+
+#[test]
+fn every_acknowledged_push_survives_a_lost_node() {
+    let keys = 90u64;
+    let mut cluster = Node::start_local_cluster(3, config(keys, 2)).unwrap();
+    let table = cluster[0].table("t").unwrap();
+    let all: Vec<u64> = (0..keys).collect();
+    // Every node pushes to every key (local and remote rows) a known number of times; each
+    // push is acknowledged only once backed up.
+    std::thread::scope(|s| {
+        for node in &cluster {
+            let mut w = node.worker();
+            let all = &all;
+            s.spawn(move || {
+                for round in 0..20 {
+                    w.push(table, all, &vec![1.0; all.len() * 2]).unwrap();
+                    if round % 5 == 0 {
+                        // Single-key pushes take the local hot path on the owner.
+                        for &k in all.iter().step_by(7) {
+                            w.push(table, &[k], &[0.5, 0.5]).unwrap();
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let victim = cluster.remove(1);
+    // The victim's own last acknowledged pushes, to its own keys (held locally), right before
+    // it goes.
+    {
+        let mut w = victim.worker();
+        w.push(table, &[30, 31], &[10.0; 4]).unwrap();
+    }
+    // And a survivor's acknowledged push to one of the victim's keys: the victim held its
+    // answer until the push was backed up.
+    cluster[0].worker().push(table, &[35, 36], &[5.0; 4]).unwrap();
+    victim.abort();
+    let mut w = cluster[0].worker();
+    let mut out = vec![0.0; keys as usize * 2];
+    let took = pull_after_loss(&mut w, table, &all, &mut out, Duration::from_secs(10));
+    for k in 0..keys {
+        let mut expected = 3.0 * 20.0;
+        if k % 7 == 0 {
+            expected += 3.0 * 4.0 * 0.5;
+        }
+        if k == 30 || k == 31 {
+            expected += 10.0;
+        }
+        if k == 35 || k == 36 {
+            expected += 5.0;
+        }
+        assert_eq!(&out[2 * k as usize..2 * k as usize + 2], &[expected, expected], "key {k} after the loss ({took:?})");
+    }
+    // The survivors keep working on the lost node's keys, and back them up anew: pushes are
+    // still acknowledged (the backup thread now ships to the new successor).
+    let mut w2 = cluster[1].worker();
+    w2.push(table, &[30, 42], &[1.0; 4]).unwrap();
+    w.pull(table, &[30, 42], &mut out[..4]).unwrap();
+    assert_eq!(&out[..4], &[71.0, 71.0, 67.0, 67.0]);
+    drop((w, w2));
+    for n in cluster {
+        n.abort();
+    }
+}
+
+#[test]
+fn backups_are_refused_where_they_are_not_built() {
+    let refused = |change: &dyn Fn(&mut Config)| {
+        let mut c = config(10, 1);
+        c.nodes = 3;
+        c.no_secret = true;
+        change(&mut c);
+        c.validate().unwrap_err().to_string()
+    };
+    assert!(refused(&|c| c.relocation = true).contains("relocation off"));
+    assert!(refused(&|c| c.nodes = 1).contains("second node"));
+    assert!(refused(&|c| c.backups = 2).contains("one (FERRY_BACKUPS=1)"));
+    let replicated = refused(&|c| c.tables = vec![TableSpec::new("r", 10, 1).replicating(std::iter::once(0..2))]);
+    assert!(replicated.contains("replicates keys"), "{replicated}");
+    let mut c = config(10, 1);
+    c.nodes = 3;
+    c.no_secret = true;
+    c.validate().unwrap();
+}
