@@ -53,6 +53,9 @@ pub struct FailoverArgs {
     /// Failover trials (default 20).
     #[arg(long, default_value_t = 20)]
     pub trials: usize,
+    /// Only the push cost (`push`) or only the failover trials (`trials`).
+    #[arg(long, value_parser = ["push", "trials"])]
+    pub only: Option<String>,
     /// Internal: be one node of a failover trial, exchanging times through this directory.
     #[arg(long, hide = true)]
     pub trial_dir: Option<PathBuf>,
@@ -67,8 +70,13 @@ pub fn run(args: &FailoverArgs) -> Result<()> {
         bail!("--trials must be at least 1");
     }
     let started = Instant::now();
-    let mut records = push_cost(args.quick)?;
-    records.push(failover_trials(args.trials)?);
+    let mut records = Vec::new();
+    if args.only.as_deref() != Some("trials") {
+        records.extend(push_cost(args.quick)?);
+    }
+    if args.only.as_deref() != Some("push") {
+        records.push(failover_trials(args.trials)?);
+    }
     print_records("failover", args.quick, started, args.json, &records);
     Ok(())
 }
@@ -184,6 +192,7 @@ fn push_cost(quick: bool) -> Result<Vec<crate::report::Record>> {
 fn failover_trials(trials: usize) -> Result<crate::report::Record> {
     let exe = std::env::current_exe().context("locating ferry-bench")?;
     let (mut serve, mut detect) = (Vec::new(), Vec::new());
+    let transport: Arc<Mutex<String>> = Arc::default();
     for trial in 0..trials {
         let dir = std::env::temp_dir().join(format!("ferry-bench-failover-{}-{trial}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -193,10 +202,16 @@ fn failover_trials(trials: usize) -> Result<crate::report::Record> {
         spec.grace = Duration::from_secs(120);
         spec.timeout = Some(Duration::from_secs(120));
         let lines: Arc<Mutex<Vec<String>>> = Arc::default();
-        let sink = lines.clone();
+        let (sink, seen) = (lines.clone(), transport.clone());
         let outcome = launch(&spec, move |rank, stream, line| {
             if rank == PULLER && stream == Stream::Stdout && line.starts_with("FAILOVER ") {
                 sink.lock().push(line[9..].to_string());
+            } else if let Some(name) = line.strip_prefix("transport: ") {
+                // Once per run is enough.
+                if trial == 0 {
+                    eprintln!("{line}");
+                }
+                *seen.lock() = name.to_string();
             } else if !line.contains("peer lost") && !line.contains("took over") && !line.contains("WARN") {
                 eprintln!("[trial {trial} rank {rank}] {line}");
             }
@@ -216,10 +231,14 @@ fn failover_trials(trials: usize) -> Result<crate::report::Record> {
         v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1]
     };
     let (p50, p99) = (pct(&mut serve, 0.5), pct(&mut serve, 0.99));
+    // The liveness timeout the nodes ran with (the environment's, else the default).
+    let mut config = Config::new(Vec::new());
+    config.apply_timeout_env(|name| std::env::var(name).ok())?;
+    let peer_timeout_s = config.peer_timeout.as_secs_f64();
     let (d50, d99) = (pct(&mut detect, 0.5), pct(&mut detect, 0.99));
     Ok(record(
         "failover",
-        json!({"nodes": 3, "backups": 1, "transport": "tcp", "killed": "kill -9", "trials": trials, "peer_timeout_s": 5}),
+        json!({"nodes": 3, "backups": 1, "transport": *transport.lock(), "killed": "kill -9", "trials": trials, "peer_timeout_s": peer_timeout_s}),
         json!({"p50_s": p50, "p99_s": p99, "p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3, "detect_p50_ms": d50 * 1e3, "detect_p99_ms": d99 * 1e3}),
         "p99_s",
         "1 s",
@@ -239,6 +258,9 @@ fn trial_node(dir: &Path) -> Result<()> {
         bail!("a failover trial runs on exactly 3 nodes");
     }
     let rank = node.rank();
+    if rank == PULLER {
+        eprintln!("transport: {}", node.transport());
+    }
     let table = node.table("f")?;
     let mut w = node.worker();
     let all: Vec<u64> = (0..FAILOVER_KEYS).collect();

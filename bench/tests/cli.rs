@@ -12,7 +12,7 @@ fn bench(args: &[&str]) -> std::process::Output {
 #[test]
 fn every_benchmark_is_a_subcommand_and_bad_options_are_one_line() {
     let help = String::from_utf8_lossy(&bench(&["--help"]).stdout).into_owned();
-    for sub in ["micro", "fuzz", "train", "replicate", "relocate"] {
+    for sub in ["micro", "fuzz", "train", "replicate", "relocate", "failover"] {
         assert!(help.lines().any(|l| l.trim_start().starts_with(sub)), "{sub} missing from:\n{help}");
         assert!(bench(&[sub, "--help"]).status.success(), "{sub} --help");
     }
@@ -37,4 +37,23 @@ fn a_single_key_pull_splits_into_stages_that_add_up() {
     assert!(stages.iter().all(|s| f[format!("{s}_p50_ns")].as_u64().is_some_and(|v| v > 0)), "{line}");
     let (sum, total) = (f["stages_p50_sum_ns"].as_f64().unwrap(), f["p50_ns"].as_f64().unwrap());
     assert!(sum > 0.5 * total && sum < 2.0 * total, "the stages' medians add up to {sum} ns against a median pull of {total} ns");
+}
+
+/// Three real processes with one backup per key; one is killed with `kill -9` after every node
+/// pushed known updates, and the survivors serve its keys again: the bench's rank 0 checks the
+/// values it pulls afterwards hold every acknowledged push (it fails otherwise), and reports
+/// when it saw the loss and when the keys were served again.
+#[test]
+fn a_killed_node_keys_are_served_again_with_every_acknowledged_push() {
+    let out = bench(&["failover", "--only", "trials", "--trials", "3", "--json"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let record: serde_json::Value = stdout.lines().find_map(|l| serde_json::from_str(l).ok()).expect("a JSON record");
+    let figures = &record["figures"];
+    let (p50, p99, detect) = (figures["p50_s"].as_f64().unwrap(), figures["p99_s"].as_f64().unwrap(), figures["detect_p50_ms"].as_f64().unwrap());
+    assert!(p50 > 0.0 && p50 <= p99, "{figures}");
+    assert!(detect / 1e3 <= p50, "the loss is seen before the keys are served again: {figures}");
+    // Loopback TCP sees a killed process's connections close at once: far below the 5 s
+    // liveness timeout.
+    assert!(p99 < 5.0, "{figures}");
 }

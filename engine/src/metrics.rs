@@ -123,6 +123,9 @@ impl Collector for NodeCollector {
         counter(&mut e, "ferry_intent_relocations", "keys moved here for declared intents", s.intent.acted_keys)?;
         counter(&mut e, "ferry_intent_late_accesses", "accesses to intended keys that were not here yet", s.intent.late_accesses)?;
         gauge(&mut e, "ferry_peers_lost", "peers this node lost", self.node.core.directory().lost_nodes().len() as f64)?;
+        counter(&mut e, "ferry_backup_rounds", "backup rounds completed (pushes are acknowledged once their round is)", s.backups.rounds)?;
+        counter(&mut e, "ferry_backup_images", "slot images sent to this node's backup", s.backups.images_sent)?;
+        counter(&mut e, "ferry_failover_keys", "keys this node took over from lost nodes' backups", s.backups.keys_adopted)?;
         // The send queues' depths (both fabrics keep a queue per peer).
         let depths: Vec<(String, f64)> = (0..config.nodes)
             .filter(|&peer| peer != config.rank)

@@ -87,10 +87,13 @@ fn every_acknowledged_push_survives_a_lost_node() {
     w2.push(table, &[30, 42], &[1.0; 4]).unwrap();
     w.pull(table, &[30, 42], &mut out[..4]).unwrap();
     assert_eq!(&out[..4], &[71.0, 71.0, 67.0, 67.0]);
-    drop((w, w2));
-    for n in cluster {
-        n.abort();
-    }
+    // Barriers go on among the survivors, and so does the shutdown.
+    std::thread::scope(|s| {
+        for mut worker in [w, w2] {
+            s.spawn(move || worker.barrier().expect("a barrier among the survivors"));
+        }
+    });
+    ferry_tests::finalize_all(cluster);
 }
 
 #[test]

@@ -7,6 +7,12 @@
 //! the generation already) or BARRIER_FAILED (sent for every generation still incomplete when
 //! rank 0 learns of the loss, and in answer to any later arrival). Only the loss of rank 0
 //! itself fails a waiting barrier locally.
+//!
+//! With failover (backups kept: [`Directory::failover`]) a lost node's keys live on and its
+//! acknowledged pushes with them, so barriers go on among the survivors: a lost node counts as
+//! arrived, rank 0 releases the generations that only waited for it when it learns of the loss,
+//! and later generations need the live nodes only. Rank 0 coordinates, so its loss still fails
+//! barriers.
 
 use std::collections::VecDeque;
 
@@ -73,7 +79,7 @@ impl Barriers {
             *g += 1;
             *g
         };
-        if let Some((peer, reason)) = directory.any_lost() {
+        if let Some((peer, reason)) = self.blocking_loss(directory) {
             self.events.push_back(BarrierEvent { kind, generation, result: Err(Error::PeerLost { node: peer as usize, reason }) });
             return generation;
         }
@@ -118,8 +124,17 @@ impl Barriers {
         }
     }
 
+    /// A loss that keeps barriers from completing: any, without failover; with it, only rank
+    /// 0's (the coordinator).
+    fn blocking_loss(&self, directory: &Directory) -> Option<(u16, String)> {
+        if directory.failover() {
+            return directory.lost_nodes().into_iter().find(|&(n, _)| n == 0);
+        }
+        directory.any_lost()
+    }
+
     fn arrive(&mut self, kind: u8, generation: u32, from: u16, directory: &Directory, tx: &mut Transmit) {
-        if let Some((lost, _)) = directory.any_lost() {
+        if let Some((lost, _)) = self.blocking_loss(directory) {
             // A node is gone: no generation can complete any more. Tell every live node that
             // waits in it (the arrival may come from a node that has not noticed the loss yet).
             self.arrivals.remove(&(kind, generation));
@@ -131,7 +146,16 @@ impl Barriers {
         if let Some(seen) = arrived.get_mut(from as usize) {
             *seen = true;
         }
-        if arrived.iter().any(|&a| !a) {
+        self.release_if_complete(kind, generation, directory, tx);
+    }
+
+    /// At rank 0: releases `generation` of `kind` if every node arrived — with failover, every
+    /// node not lost.
+    fn release_if_complete(&mut self, kind: u8, generation: u32, directory: &Directory, tx: &mut Transmit) {
+        let Some(arrived) = self.arrivals.get(&(kind, generation)) else { return };
+        let failover = directory.failover();
+        let counted = |n: usize, arrived: bool| arrived || (failover && directory.is_lost(n as u16));
+        if !arrived.iter().enumerate().all(|(n, &a)| counted(n, a)) {
             return;
         }
         self.arrivals.remove(&(kind, generation));
@@ -178,10 +202,18 @@ impl Barriers {
     }
 
     /// Peer `peer` is gone (already marked lost in `directory`). At rank 0, every generation not
-    /// completed yet fails, here and at every live node; elsewhere, barriers wait for rank 0's
-    /// verdict unless `peer` is rank 0.
+    /// completed yet fails, here and at every live node — with failover, those that waited only
+    /// for `peer` are released instead; elsewhere, barriers wait for rank 0's verdict unless
+    /// `peer` is rank 0.
     pub fn handle_peer_lost(&mut self, peer: u16, error: &Error, directory: &Directory, tx: &mut Transmit) {
-        if self.rank == 0 {
+        if self.rank == 0 && directory.failover() {
+            // The lost node counts as arrived: generations that waited only for it complete.
+            let mut open: Vec<(u8, u32)> = self.arrivals.keys().copied().collect();
+            open.sort_unstable();
+            for (kind, generation) in open {
+                self.release_if_complete(kind, generation, directory, tx);
+            }
+        } else if self.rank == 0 {
             let mut open: Vec<(u8, u32)> = self.arrivals.keys().copied().collect();
             open.extend(self.waiting.iter().map(|&(k, g)| (k as u8, g)));
             open.sort_unstable();
@@ -321,6 +353,54 @@ mod tests {
         }
         deliver(&mut nodes, 0);
         assert_eq!(nodes[1].0.poll_event().map(|e| e.result), Some(Ok(())));
+    }
+
+    #[test]
+    fn with_failover_barriers_go_on_among_the_survivors() {
+        let parts = |rank: u16| {
+            let registry = Arc::new(CounterRegistry::default());
+            let d = Directory::new(rank as usize, 3, 1, &[TableSpec::new("t", 4, 1)], false).with_failover();
+            (Barriers::new(rank, 3), d, Transmit::new(rank, 3, 4096, &registry))
+        };
+        let mut nodes: Vec<_> = (0..3).map(parts).collect();
+        // Node 1 waits in generation 1; node 2 dies before arriving; rank 0 arrives.
+        {
+            let (b, d, tx) = &mut nodes[1];
+            b.enter(BarrierKind::Workers, d, tx);
+        }
+        deliver(&mut nodes, 1);
+        {
+            let (b, d, tx) = &mut nodes[0];
+            b.enter(BarrierKind::Workers, d, tx);
+            assert_eq!(b.poll_event(), None, "node 2 has not arrived");
+            d.mark_lost(2, "gone");
+            b.handle_peer_lost(2, &Error::PeerLost { node: 2, reason: "gone".into() }, d, tx);
+            assert_eq!(b.poll_event().map(|e| e.result), Some(Ok(())), "released without the lost node");
+        }
+        deliver(&mut nodes, 0);
+        assert_eq!(nodes[1].0.poll_event().map(|e| e.result), Some(Ok(())));
+        // The next generation needs the two survivors only.
+        {
+            let (b, d, tx) = &mut nodes[1];
+            d.mark_lost(2, "gone");
+            b.handle_peer_lost(2, &Error::PeerLost { node: 2, reason: "gone".into() }, d, tx);
+            b.enter(BarrierKind::Workers, d, tx);
+            assert_eq!(b.poll_event(), None);
+        }
+        deliver(&mut nodes, 1);
+        {
+            let (b, d, tx) = &mut nodes[0];
+            b.enter(BarrierKind::Workers, d, tx);
+            assert_eq!(b.poll_event().map(|e| e.result), Some(Ok(())));
+        }
+        deliver(&mut nodes, 0);
+        assert_eq!(nodes[1].0.poll_event().map(|e| e.result), Some(Ok(())));
+        // Rank 0 coordinates: its loss still fails barriers.
+        let (b, d, tx) = &mut nodes[1];
+        d.mark_lost(0, "gone");
+        b.handle_peer_lost(0, &Error::PeerLost { node: 0, reason: "gone".into() }, d, tx);
+        b.enter(BarrierKind::Workers, d, tx);
+        assert!(matches!(b.poll_event().map(|e| e.result), Some(Err(Error::PeerLost { node: 0, .. }))));
     }
 
     #[test]
