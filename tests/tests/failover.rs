@@ -115,3 +115,41 @@ fn backups_are_refused_where_they_are_not_built() {
     c.no_secret = true;
     c.validate().unwrap();
 }
+
+/// A worker pulling a node's keys while that node dies never sees the loss: a pull the loss
+/// failed is repeated, served by the node's successor from its backups.
+#[test]
+fn pulls_in_flight_when_a_node_dies_are_repeated_at_its_successor() {
+    let keys = 90u64;
+    let mut cluster = Node::start_local_cluster(3, config(keys, 2)).unwrap();
+    let table = cluster[0].table("t").unwrap();
+    let victims: Vec<u64> = (30..60).collect();
+    cluster[1].worker().push(table, &victims, &vec![1.0; victims.len() * 2]).unwrap();
+    let victim = cluster.remove(1);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (pulls, errors) = std::thread::scope(|s| {
+        let mut w = cluster[0].worker();
+        let (victims, stop) = (&victims, &stop);
+        let puller = s.spawn(move || {
+            let (mut pulls, mut errors) = (0usize, Vec::new());
+            let mut out = vec![0.0; victims.len() * 2];
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                match w.pull(table, victims, &mut out) {
+                    Ok(()) => assert!(out.iter().all(|&v| v == 1.0), "{out:?}"),
+                    Err(e) => errors.push(e.to_string()),
+                }
+                pulls += 1;
+            }
+            (pulls, errors)
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        victim.abort();
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        puller.join().unwrap()
+    });
+    assert!(errors.is_empty(), "{} of {pulls} pulls failed: {:?}", errors.len(), &errors[..errors.len().min(3)]);
+    assert!(pulls > 10, "{pulls} pulls");
+    assert_eq!(cluster[0].lost_nodes().len(), 1);
+    ferry_tests::finalize_all(cluster);
+}

@@ -1,7 +1,7 @@
 //! Training runs killed with SIGKILL after a checkpoint, resumed with `--resume`: the same
 //! model bit for bit where training is deterministic (`single` with one thread: every epoch's
 //! order and draws depend on the seed and the epoch alone), the same quality on another node
-//! count.
+//! count; and a node killed in a run that trains on without it (`--on-loss continue`).
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -220,4 +220,59 @@ fn a_lost_node_is_survived_by_resuming_on_the_others() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--on-loss resume resumes from the newest checkpoint"), "{}", String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--on-loss continue`: one node of three killed with SIGKILL mid-training; every key is backed
+/// up on its owner's successor, so the two survivors train on without a restart — the lost
+/// node's keys served from their backups, its share of the data dealt among them from the next
+/// epoch — say so, report every epoch once, and end with the quality of an uninterrupted run.
+#[test]
+fn a_lost_node_is_survived_by_training_on() {
+    use std::io::BufRead;
+    let run = ["mf", "--data", "synth-tiny", "--rank", "4", "--mode", "classic", "--nodes", "3", "--epochs", "16"];
+    let uninterrupted = train(&run);
+    let mut child = Command::new(binary("ferry"))
+        .arg("train")
+        .args(run)
+        .args(["--json", "--on-loss", "continue"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let errors = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap());
+    let mut reports: Vec<Value> = Vec::new();
+    let mut killed = false;
+    for line in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if !line.starts_with('{') {
+            continue;
+        }
+        reports.push(serde_json::from_str(&line).unwrap());
+        // Killed once two epochs are reported: mid-run, with 14 epochs to go.
+        if !killed && reports.len() == 2 {
+            let pid = rank_pid(child.id(), 1).expect("rank 1 runs");
+            assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+            killed = true;
+        }
+    }
+    let status = child.wait().unwrap();
+    let stderr = errors.join().unwrap();
+    assert!(status.success() && killed, "{stderr}");
+    assert!(stderr.contains("1 of 3 nodes lost (rank 1); the others trained on") && stderr.contains("training goes on on 2 nodes"), "{stderr}");
+    assert_eq!(reports.iter().map(|r| r["epoch"].as_u64().unwrap()).collect::<Vec<_>>(), (1..=16).collect::<Vec<_>>(), "every epoch once");
+    let last = reports.last().unwrap();
+    assert_eq!(last["nodes"].as_u64(), Some(2), "{last}");
+    let rmse = |r: &Value| r["quality"]["rmse"].as_f64().unwrap();
+    let (whole, survived) = (rmse(uninterrupted.last().unwrap()), rmse(last));
+    assert!((survived - whole).abs() < 0.03 * whole, "RMSE {survived} after losing a node, {whole} uninterrupted");
+    // Refused where it is not built: other modes, other tasks.
+    for (args, says) in [
+        (vec!["mf", "--data", "synth-tiny", "--mode", "localize", "--on-loss", "continue"], "use --mode classic"),
+        (vec!["kge", "--data", "synth-kg", "--mode", "classic", "--on-loss", "continue"], "built for mf so far"),
+    ] {
+        let out = Command::new(binary("ferry")).arg("train").args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says), "{args:?}: {stderr}");
+    }
 }

@@ -138,6 +138,9 @@ pub struct Pass<'a> {
     pub threads: usize,
     /// The parameters.
     pub access: Access<'a>,
+    /// `--on-loss continue`: a push that a lost node failed is dropped (it may or may not have
+    /// been applied; stochastic training takes it as noise) instead of ending the run.
+    pub continue_after_loss: bool,
     local_barrier: &'a Barrier,
     progress: &'a (dyn Fn(usize, f64) + Sync),
 }
@@ -167,7 +170,10 @@ impl<'a> Pass<'a> {
                 }
                 Ok(())
             }
-            Access::Node { worker, tables } => Ok(worker.push(tables[table], keys, delta)?),
+            Access::Node { worker, tables } => match worker.push(tables[table], keys, delta) {
+                Err(ferry::Error::PeerLost { .. }) if self.continue_after_loss => Ok(()),
+                outcome => Ok(outcome?),
+            },
         }
     }
 
@@ -346,6 +352,7 @@ fn run_single<W: Workload>(task: &W, data: &W::Data, model: Model, emit: Sink) -
                         thread: t,
                         threads,
                         access: Access::Shared(arrays),
+                        continue_after_loss: false,
                         local_barrier: &shared.barrier,
                         progress,
                     };
@@ -481,6 +488,11 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     specs.push(TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS).scratch());
     let mut config = ferry::Config::from_env(specs)?;
     config.relocation = mode != Mode::Classic;
+    let continuing = common.on_loss == super::OnLoss::Continue;
+    if continuing {
+        // `Common::check` allows it in classic mode only.
+        config.backups = 1;
+    }
     task.configure(&mut config, mode)?;
     let (first_epoch, restore) = common.first_epoch()?;
     if let Some(dir) = restore {
@@ -505,6 +517,9 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     let tables: Vec<Table> = model.tables.iter().map(|t| node.table(&t.spec.name)).collect::<ferry::Result<_>>()?;
     let metrics = node.table("metrics")?;
     let local_barrier = Barrier::new(threads);
+    // --on-loss continue: the live ranks the trainers were made for, as thread 0 saw them at
+    // the start of the epoch (every thread of the node then uses the same).
+    let members = parking_lot::Mutex::new(live_ranks(&node));
     let emit = parking_lot::Mutex::new(emit);
     let progress = |epoch: usize, f: f64| (emit.lock())(Event::Progress(epoch, f));
     run_workers(&node, threads, |t, mut w| -> Result<()> {
@@ -513,20 +528,61 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
             set_initial_values(&mut w, tables, &model.tables)?;
         }
         w.barrier()?;
-        let mut pass =
-            Pass { mode, rank, nodes, thread: t, threads, access: Access::Node { worker: &mut w, tables }, local_barrier: &local_barrier, progress: &progress };
+        let mut pass = Pass {
+            mode,
+            rank,
+            nodes,
+            thread: t,
+            threads,
+            access: Access::Node { worker: &mut w, tables },
+            continue_after_loss: continuing,
+            local_barrier: &local_barrier,
+            progress: &progress,
+        };
         let mut trainer = task.trainer(data, &mut pass)?;
         pass.barrier()?;
         let (mut elapsed, mut writing) = (0.0, None);
+        let mut trained_for = members.lock().clone();
         for epoch in first_epoch..=epochs {
             pass.barrier()?;
+            if continuing {
+                // Thread 0 reads who is left; every thread deals the data among them.
+                if t == 0 {
+                    *members.lock() = live_ranks(node);
+                }
+                local_barrier.wait();
+                let live = members.lock().clone();
+                if live != trained_for {
+                    (pass.rank, pass.nodes) = (live.iter().position(|&r| r == rank).unwrap_or(0), live.len());
+                    trainer = task.trainer(data, &mut pass)?;
+                    if rank == 0 && t == 0 {
+                        let lost: Vec<String> = trained_for.iter().filter(|r| !live.contains(r)).map(|r| r.to_string()).collect();
+                        eprintln!(
+                            "node {} lost: training goes on on {} nodes, which deal its share of the data among them from epoch {epoch} (its keys are served from their backups)",
+                            lost.join(", node "),
+                            live.len()
+                        );
+                    }
+                    trained_for = live;
+                }
+            }
             let (stats, started) = (node.stats(), std::time::Instant::now());
             let mut fields = trainer.epoch(epoch, &mut pass)?;
             pass.barrier()?;
             let (epoch_s, delta) = (started.elapsed().as_secs_f64(), node.stats().since(&stats));
             add_fields(&mut fields, &trainer.measure(epoch, &mut pass)?);
             let Access::Node { worker, .. } = &mut pass.access else { unreachable!("a cluster's pass has a worker") };
-            let ended = EpochEnd { task, data, node_stats: (t == 0).then_some(&delta), metrics, mode, epoch, epoch_s, threads: nodes * threads };
+            let ended = EpochEnd {
+                task,
+                data,
+                node_stats: (t == 0).then_some(&delta),
+                metrics,
+                mode,
+                epoch,
+                epoch_s,
+                threads: pass.nodes * threads,
+                continue_after_loss: continuing,
+            };
             if let Some(mut report) = ended.end(worker, tables, fields, rank == 0 && t == 0, &local_barrier, &emit)? {
                 elapsed += epoch_s;
                 report.elapsed_s = elapsed;
@@ -543,6 +599,12 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     })?;
     node.finalize()?;
     Ok(())
+}
+
+/// The ranks of the cluster this node does not know lost, in order.
+fn live_ranks(node: &Node) -> Vec<usize> {
+    let lost: Vec<usize> = node.lost_nodes().into_iter().map(|(n, _)| n).collect();
+    (0..node.nodes()).filter(|r| !lost.contains(r)).collect()
 }
 
 /// The cluster's checkpoint after `epoch` into `dir`. Every worker meets at a barrier with its
@@ -633,6 +695,8 @@ struct EpochEnd<'a, W: Workload> {
     epoch: usize,
     epoch_s: f64,
     threads: usize,
+    /// `--on-loss continue` (see [`Pass::continue_after_loss`]).
+    continue_after_loss: bool,
 }
 
 impl<W: Workload> EpochEnd<'_, W> {
@@ -650,7 +714,7 @@ impl<W: Workload> EpochEnd<'_, W> {
             stats_fields(stats, worker.rank(), &mut fields);
             fields[field::EPOCH_S] = self.epoch_s as f32;
         }
-        let sums = all_reduce(worker, self.metrics, self.epoch as u64, &fields)?;
+        let sums = all_reduce(worker, self.metrics, self.epoch as u64, &fields, self.continue_after_loss)?;
         // Every node sees the same sums: all of them stop here, saying why.
         check_loss(self.epoch, mean_loss(&sums))?;
         let quality = if reporter {

@@ -113,6 +113,13 @@ pub enum OnLoss {
     /// (--checkpoint-every, --checkpoint-dir): the lost node's share of the data is dealt among
     /// the others, and the epochs after the checkpoint are trained again.
     Resume,
+    /// Keep training on the survivors, losing no acknowledged push: every key is backed up on
+    /// its owner's successor (`FERRY_BACKUPS=1`), which serves a lost node's keys from then on;
+    /// the lost node's share of the data is dealt among the survivors from the next epoch, and
+    /// the run says so. Classic mode (a parameter server whose keys stay at their homes), for
+    /// tasks whose trainers reach the model through the epoch loop's accesses (`mf` so far).
+    /// Losing rank 0, which coordinates barriers and reports, still ends the run.
+    Continue,
 }
 
 /// The part a process plays.
@@ -181,8 +188,9 @@ pub struct Common {
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// Cluster modes: what to do when a node is lost (its process killed, its machine gone):
-    /// fail, or resume on the others from the newest checkpoint (needs --checkpoint-every and
-    /// --checkpoint-dir). Clusters started by srun or mpirun are restarted by the scheduler.
+    /// fail, resume on the others from the newest checkpoint (needs --checkpoint-every and
+    /// --checkpoint-dir), or continue on the others with every key backed up (classic mode,
+    /// mf). Clusters started by srun or mpirun are restarted by the scheduler.
     #[arg(long, value_enum, default_value = "fail")]
     pub on_loss: OnLoss,
     /// Cluster modes: how the model's values travel — f32, bf16, f16 or int8 (a scale per
@@ -231,6 +239,11 @@ impl Common {
         if self.on_loss == OnLoss::Resume && (self.checkpoint_dir.is_none() || self.checkpoint_every == 0) {
             bail!("--on-loss resume resumes from the newest checkpoint: it needs --checkpoint-every N and --checkpoint-dir DIR");
         }
+        if self.on_loss == OnLoss::Continue && self.modes().any(|m| !matches!(m, Mode::Single | Mode::Classic)) {
+            bail!(
+                "--on-loss continue keeps training on the survivors of a classic parameter server (backups need keys that stay at their homes): use --mode classic"
+            );
+        }
         Ok(())
     }
 
@@ -258,6 +271,9 @@ impl Common {
         }
         if let Some(dir) = &self.resume {
             a.extend(["--resume".into(), dir.display().to_string()]);
+        }
+        if self.on_loss == OnLoss::Continue {
+            a.extend(["--on-loss".into(), "continue".into()]);
         }
         a
     }
@@ -480,6 +496,13 @@ pub trait Task: Sync {
     fn after_modes(&self) -> Result<()> {
         Ok(())
     }
+    /// Whether its cluster trainers survive a lost node with `--on-loss continue`: they reach
+    /// the model only through [`epochs::Pass`]'s accesses and barriers (which repeat a pull and
+    /// drop a push the loss failed), and take their share of the data from the pass's rank and
+    /// node count when they are made.
+    fn continues_after_loss(&self) -> bool {
+        false
+    }
 }
 
 /// What one epoch of one run did.
@@ -670,6 +693,12 @@ pub enum Event {
 pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
     let (task, common) = (command.task(), command.common());
     common.check()?;
+    if common.on_loss == OnLoss::Continue && !task.continues_after_loss() {
+        bail!(
+            "--on-loss continue is built for mf so far: {}'s trainers reach the model past the epoch loop, where a lost node's failed operations would end the run",
+            task.name()
+        );
+    }
     if task.run_other()? {
         return Ok(Vec::new());
     }
@@ -877,6 +906,15 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
             };
             let failure = errors.failure(&format!("the {} cluster", mode.name()), &outcome);
             let lost = lost_ranks(&outcome);
+            // --on-loss continue: the survivors trained on and finished (rank 0 with them).
+            let survivors_done = outcome.statuses.iter().enumerate().all(|(r, s)| lost.contains(&r) || s.is_some_and(|s| s.success()));
+            if current.on_loss == OnLoss::Continue && outcome.interrupted.is_none() && !lost.is_empty() && !lost.contains(&0) && survivors_done {
+                bar.suspend(|| {
+                    let ranks: Vec<String> = lost.iter().map(|r| r.to_string()).collect();
+                    eprintln!("{} of {} nodes lost (rank {}); the others trained on and finished the run", lost.len(), current.nodes, ranks.join(", "))
+                });
+                break;
+            }
             if current.on_loss != OnLoss::Resume || outcome.interrupted.is_some() || lost.is_empty() || lost.len() >= current.nodes {
                 bar.finish_and_clear();
                 return Err(failure);

@@ -150,8 +150,14 @@ pub fn leading_columns(all: &[f32], len: usize, cols: usize) -> Vec<f32> {
 
 /// Adds this node's `values` to the cluster-wide sums of `slot` (a key of the metrics table),
 /// waits for every node, and returns the sums. Every node must call it with the same slot.
-pub fn all_reduce(worker: &mut Worker, metrics: Table, slot: u64, values: &[f32; METRIC_FIELDS]) -> Result<[f32; METRIC_FIELDS]> {
-    worker.push(metrics, &[slot], values)?;
+/// `tolerate_loss`: a push that a lost node failed does not end the run (`--on-loss continue`).
+pub fn all_reduce(worker: &mut Worker, metrics: Table, slot: u64, values: &[f32; METRIC_FIELDS], tolerate_loss: bool) -> Result<[f32; METRIC_FIELDS]> {
+    match worker.push(metrics, &[slot], values) {
+        // --on-loss continue: the figures' push may or may not have been applied before a node
+        // was lost; this epoch's sums may then lack (or not) this node's figures.
+        Err(ferry::Error::PeerLost { .. }) if tolerate_loss => {}
+        outcome => outcome?,
+    }
     worker.barrier()?;
     let mut out = [0.0f32; METRIC_FIELDS];
     worker.pull(metrics, &[slot], &mut out)?;

@@ -444,7 +444,9 @@ impl Worker {
         }
     }
 
-    /// Reads the values of `keys` into `out` (`keys.len() × value_len` floats).
+    /// Reads the values of `keys` into `out` (`keys.len() × value_len` floats). With backups
+    /// ([`crate::Config::backups`]) a pull that a node's loss failed is repeated, served by the
+    /// lost node's successor: it fails only when a key was lost (`KeyLost`).
     #[inline]
     pub fn pull(&mut self, table: Table, keys: &[u64], out: &mut [f32]) -> Result<()> {
         self.validate(table, keys, out.len(), "pull output")?;
@@ -458,9 +460,20 @@ impl Worker {
         {
             return Ok(());
         }
-        match self.issue(AccessKind::Pull, table, keys, &[], None, Some(&mut *out), None)? {
-            Issued::Done(_) => Ok(()),
-            Issued::Pending { op, .. } => self.wait_op(op, Some(out)).map(|_| ()),
+        // A pull is safe to repeat: with backups, one that a node's loss failed is issued again
+        // (by then this node knows of the loss and routes the lost node's keys to its successor,
+        // which learnt of it first), once per node lost meanwhile.
+        let mut retries = if self.node.config.backups > 0 { self.node.config.nodes - 1 } else { 0 };
+        loop {
+            let outcome = match self.issue(AccessKind::Pull, table, keys, &[], None, Some(&mut *out), None) {
+                Ok(Issued::Done(_)) => Ok(()),
+                Ok(Issued::Pending { op, .. }) => self.wait_op(op, Some(&mut *out)).map(|_| ()),
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Err(Error::PeerLost { node, .. }) if retries > 0 && self.node.core.directory().is_lost(node as u16) => retries -= 1,
+                outcome => return outcome,
+            }
         }
     }
 
