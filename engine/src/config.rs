@@ -810,7 +810,7 @@ impl Config {
                 return bad("a backup needs a second node: FERRY_BACKUPS=1 on a single node".into());
             }
             if self.relocation {
-                return bad("backups need a classic parameter server so far: turn relocation off (ferry's --no-relocation, Config::relocation = false) with FERRY_BACKUPS=1".into());
+                return bad("backups need a classic parameter server so far: with FERRY_BACKUPS=1 turn relocation off (Config::relocation = false; the training commands' --mode classic)".into());
             }
             if let Some(t) = self.tables.iter().find(|t| !t.replicated.is_empty()) {
                 return bad(format!(
@@ -903,9 +903,10 @@ impl Config {
     /// named.
     pub fn fingerprint_text(&self) -> String {
         let mut text = format!(
-            "nodes={};relocation={};caches={};transport={:?};staleness={:?};max_delay={:?};tables={};",
+            "nodes={};relocation={};backups={};caches={};transport={:?};staleness={:?};max_delay={:?};tables={};",
             self.nodes,
             self.relocation,
+            self.backups,
             self.location_caches,
             self.transport,
             self.staleness,
@@ -1218,6 +1219,19 @@ mod tests {
         c.tables[0].value_len = 8;
         assert!(Config::first_difference(&a.fingerprint_text(), &c.fingerprint_text()).starts_with("table emb=10:4:"));
         assert_ne!(a.fingerprint(), c.fingerprint());
+        // Nodes that keep backups and nodes that do not would not understand each other.
+        let mut d = a.clone();
+        d.backups = 1;
+        assert_eq!(Config::first_difference(&a.fingerprint_text(), &d.fingerprint_text()), "backups=0 here vs backups=1 there");
+    }
+
+    #[test]
+    fn backups_come_from_the_environment() {
+        let mut c = Config::new(vec![TableSpec::new("t", 10, 1)]);
+        c.apply_timeout_env(|name| (name == "FERRY_BACKUPS").then(|| "1".to_string())).unwrap();
+        assert_eq!(c.backups, 1);
+        let err = c.apply_timeout_env(|name| (name == "FERRY_BACKUPS").then(|| "two".to_string())).unwrap_err();
+        assert!(err.to_string().contains("FERRY_BACKUPS='two'"), "{err}");
     }
 
     #[test]
