@@ -899,7 +899,12 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
             args.extend(attach_dashed_values(task.task_args()));
             args.extend(attach_dashed_values(current.node_args(mode)));
             let elapsed_before = reports.lock().last().map_or(0.0, |r| r.elapsed_s);
-            let outcome = launch_cluster(LaunchSpec::new(current.nodes, exe.clone(), args), elapsed_before, &handle, &bar)?;
+            let mut spec = LaunchSpec::new(current.nodes, exe.clone(), args);
+            if current.on_loss == OnLoss::Continue {
+                // The survivors of a lost node train on to the end, however long that takes.
+                spec.grace = Duration::from_secs(6 * 3600);
+            }
+            let outcome = launch_cluster(spec, elapsed_before, &handle, &bar)?;
             let (outcome, errors) = match outcome {
                 Ok(()) => break,
                 Err(failed) => failed,

@@ -86,7 +86,7 @@ impl Sim {
     pub(super) fn backup_round(&mut self, node: usize) -> Result<(), String> {
         let mut started = None;
         self.node_event(node, |step, _, _| {
-            started = Some(step.begin_backup_round());
+            started = step.begin_backup_round(false);
             Ok(Progress::Done)
         })?;
         if let Some(s) = started {

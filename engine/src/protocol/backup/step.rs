@@ -14,17 +14,24 @@ impl Step<'_, '_> {
     /// every key in a full round — closing with the round's last message. A round that has no
     /// backup to go to, or nothing to send, completes at once (what it would acknowledge is on
     /// the backup already) and releases the answers held for it.
-    pub fn begin_backup_round(&mut self) -> RoundStart {
+    ///
+    /// Returns `None` when a round is under way already (another thread began one), or, with
+    /// `only_if_due`, when no round is due (see [`Step::begin_backup_round_if_due`]): checked
+    /// under the same lock that begins the round, so two threads never begin two rounds.
+    pub fn begin_backup_round(&mut self, only_if_due: bool) -> Option<RoundStart> {
         let core = self.core;
         let dir = core.directory();
         let mut backups = core.backups().lock();
+        if backups.under_way().is_some() || (only_if_due && !backups.round_due(core.backup_counters())) {
+            return None;
+        }
         let start = backups.begin(dir.backup_target(), core.backup_counters());
         let full = backups.take_full();
         let Some(target) = start.target else {
             let released = backups.complete(start.number, core.backup_counters());
             drop(backups);
             self.release_held(released);
-            return start;
+            return Some(start);
         };
         let mut images = 0usize;
         let homes = dir.served_homes();
@@ -46,7 +53,7 @@ impl Step<'_, '_> {
             let released = backups.complete(start.number, core.backup_counters());
             drop(backups);
             self.release_held(released);
-            return RoundStart { number: start.number, target: None };
+            return Some(RoundStart { number: start.number, target: None });
         }
         drop(backups);
         let buf = self.tx.buf(target);
@@ -54,7 +61,7 @@ impl Step<'_, '_> {
         let bytes = backup_wire::finish_backup(buf, at, 0, true);
         self.tx.sent(target, MessageKind::Backup, bytes);
         core.backup_counters().note_images(images);
-        start
+        Some(start)
     }
 
     /// Sends `target` the images of those of `keys` (of `table`) held here whose version moved
@@ -117,9 +124,8 @@ impl Step<'_, '_> {
     /// worker waits for a round. Steps that hold an answer or complete a round call it, so
     /// rounds run back to back while writes wait, without a thread to wake.
     pub fn begin_backup_round_if_due(&mut self) {
-        let core = self.core;
-        if core.settings().backups && core.backups().lock().round_due(core.backup_counters()) {
-            self.begin_backup_round();
+        if self.core.settings().backups {
+            let _ = self.begin_backup_round(true);
         }
     }
 
