@@ -338,29 +338,23 @@ impl History {
 
     /// Records the next operation of `worker` on `key`.
     pub fn record(&mut self, worker: usize, key: u64, event: Event) {
-        let workers = self.workers;
-        let h = self.keys.entry(key).or_insert_with(|| KeyHistory { workers: vec![Vec::new(); workers], after_all: Vec::new(), floating: Vec::new() });
-        h.workers[worker].push(event);
+        self.key_mut(key).workers[worker].push(event);
     }
 
     /// Records a write that may or may not have taken effect (see [`KeyHistory::floating`]).
     pub fn record_floating(&mut self, key: u64, event: Event) {
-        let workers = self.workers;
-        self.keys
-            .entry(key)
-            .or_insert_with(|| KeyHistory { workers: vec![Vec::new(); workers], after_all: Vec::new(), floating: Vec::new() })
-            .floating
-            .push(event);
+        self.key_mut(key).floating.push(event);
     }
 
     /// Records an operation that happened after all others (a final read).
     pub fn record_after_all(&mut self, key: u64, event: Event) {
+        self.key_mut(key).after_all.push(event);
+    }
+
+    /// The history of `key`, empty for every worker the first time.
+    fn key_mut(&mut self, key: u64) -> &mut KeyHistory {
         let workers = self.workers;
-        self.keys
-            .entry(key)
-            .or_insert_with(|| KeyHistory { workers: vec![Vec::new(); workers], after_all: Vec::new(), floating: Vec::new() })
-            .after_all
-            .push(event);
+        self.keys.entry(key).or_insert_with(|| KeyHistory { workers: vec![Vec::new(); workers], ..KeyHistory::default() })
     }
 
     /// The recorded operations on `key`.

@@ -91,33 +91,9 @@ impl Node {
             None => None,
         };
         fabric.start(Arc::new(Callbacks { node: Arc::downgrade(&inner) }))?;
-        let timer_node = inner.clone();
-        let timer = std::thread::Builder::new()
-            .name(format!("ferry{}-timer", inner.config.rank))
-            .spawn(move || timer_node.run_timer())
-            .map_err(|e| Error::Transport(format!("cannot start the timer thread: {e}")))?;
-        let replication = if inner.replicates() {
-            let node = inner.clone();
-            Some(
-                std::thread::Builder::new()
-                    .name(format!("ferry{}-replicas", inner.config.rank))
-                    .spawn(move || node.run_replication())
-                    .map_err(|e| Error::Transport(format!("cannot start the replication thread: {e}")))?,
-            )
-        } else {
-            None
-        };
-        let backups = if inner.config.backups > 0 {
-            let node = inner.clone();
-            Some(
-                std::thread::Builder::new()
-                    .name(format!("ferry{}-backups", inner.config.rank))
-                    .spawn(move || node.run_backups())
-                    .map_err(|e| Error::Transport(format!("cannot start the backup thread: {e}")))?,
-            )
-        } else {
-            None
-        };
+        let timer = spawn_service(&inner, "timer", "timer", NodeInner::run_timer)?;
+        let replication = inner.replicates().then(|| spawn_service(&inner, "replicas", "replication", NodeInner::run_replication)).transpose()?;
+        let backups = (inner.config.backups > 0).then(|| spawn_service(&inner, "backups", "backup", NodeInner::run_backups)).transpose()?;
         let intents = Arc::new(IntentService::new(&inner.config));
         let listener: Arc<dyn crate::runtime::GrantListener> = intents.clone();
         inner.listen_for_grants(Arc::downgrade(&listener));
@@ -431,6 +407,16 @@ impl Drop for Node {
     fn drop(&mut self) {
         self.close(false);
     }
+}
+
+/// Starts a thread of the node's own, `ferryRANK-NAME`, running `run` on the node (`what`
+/// names it in the error).
+fn spawn_service(inner: &Arc<NodeInner>, name: &str, what: &str, run: fn(&NodeInner)) -> Result<JoinHandle<()>> {
+    let node = inner.clone();
+    std::thread::Builder::new()
+        .name(format!("ferry{}-{name}", inner.config.rank))
+        .spawn(move || run(&node))
+        .map_err(|e| Error::Transport(format!("cannot start the {what} thread: {e}")))
 }
 
 impl NodeInner {

@@ -494,6 +494,16 @@ struct InFlight {
     victim_reads: Option<usize>,
 }
 
+impl InFlight {
+    /// The operation's events in its worker's history (`None` for one that records none): a
+    /// push-pull's pushes, then its pulls.
+    fn events(&self) -> Option<(usize, usize)> {
+        let kind = self.kind?;
+        let n = if kind == AccessKind::PushPull { 2 * self.keys.len() } else { self.keys.len() };
+        Some((self.first_event, self.first_event + n))
+    }
+}
+
 /// An operation whose parts are still being encoded.
 struct Streaming {
     op: OpId,
@@ -1708,15 +1718,14 @@ impl Sim {
                 self.service_op_done(w, op, result)?;
                 continue;
             }
-            if let Some(kind) = f.kind {
-                let events = if kind == AccessKind::PushPull { 2 * f.keys.len() } else { f.keys.len() };
-                self.note_completed(w, f.first_event, f.first_event + events);
+            let events = f.events();
+            if let Some((from, to)) = events {
+                self.note_completed(w, from, to);
             }
             match result {
                 Ok(values) => {
-                    if let Some(kind) = f.kind.filter(|&k| k != AccessKind::Pull) {
-                        let events = if kind == AccessKind::PushPull { 2 * f.keys.len() } else { f.keys.len() };
-                        self.await_backup(w, f.first_event, f.first_event + events, !f.asynchronous);
+                    if let Some((from, to)) = events.filter(|_| f.kind != Some(AccessKind::Pull)) {
+                        self.await_backup(w, from, to, !f.asynchronous);
                     }
                     if let Some(kind) = f.kind.filter(|k| k.returns_values()) {
                         let values = if f.asynchronous { values } else { f.buffer };
@@ -1732,9 +1741,8 @@ impl Sim {
                         return Err(format!("operation {op:#x} of worker {w} failed: {e}"));
                     }
                     self.failed_ops += 1;
-                    if let Some(kind) = f.kind {
-                        let events = if kind == AccessKind::PushPull { 2 * f.keys.len() } else { f.keys.len() };
-                        self.drop_events(w, f.first_event, f.first_event + events);
+                    if let Some((from, to)) = events {
+                        self.drop_events(w, from, to);
                     }
                 }
             }

@@ -318,6 +318,12 @@ mod tests {
         assert!(b.handle_message(0, body, &d, &mut tx).is_err(), "unknown kind");
     }
 
+    /// `peer` is lost to the node of `b` (its directory marks it, then its barriers learn).
+    fn lose(b: &mut Barriers, d: &Directory, tx: &mut Transmit, peer: u16) {
+        d.mark_lost(peer, "gone");
+        b.handle_peer_lost(peer, &Error::PeerLost { node: peer as usize, reason: "gone".into() }, d, tx);
+    }
+
     /// Delivers every frame `from` has queued to the nodes' barrier state.
     fn deliver(nodes: &mut [(Barriers, Directory, Transmit)], from: usize) {
         let frames: Vec<_> = std::iter::from_fn(|| nodes[from].2.poll_transmit()).collect();
@@ -373,8 +379,7 @@ mod tests {
             let (b, d, tx) = &mut nodes[0];
             b.enter(BarrierKind::Workers, d, tx);
             assert_eq!(b.poll_event(), None, "node 2 has not arrived");
-            d.mark_lost(2, "gone");
-            b.handle_peer_lost(2, &Error::PeerLost { node: 2, reason: "gone".into() }, d, tx);
+            lose(b, d, tx, 2);
             assert_eq!(b.poll_event().map(|e| e.result), Some(Ok(())), "released without the lost node");
         }
         deliver(&mut nodes, 0);
@@ -382,8 +387,7 @@ mod tests {
         // The next generation needs the two survivors only.
         {
             let (b, d, tx) = &mut nodes[1];
-            d.mark_lost(2, "gone");
-            b.handle_peer_lost(2, &Error::PeerLost { node: 2, reason: "gone".into() }, d, tx);
+            lose(b, d, tx, 2);
             b.enter(BarrierKind::Workers, d, tx);
             assert_eq!(b.poll_event(), None);
         }
@@ -397,8 +401,7 @@ mod tests {
         assert_eq!(nodes[1].0.poll_event().map(|e| e.result), Some(Ok(())));
         // Rank 0 coordinates: its loss still fails barriers.
         let (b, d, tx) = &mut nodes[1];
-        d.mark_lost(0, "gone");
-        b.handle_peer_lost(0, &Error::PeerLost { node: 0, reason: "gone".into() }, d, tx);
+        lose(b, d, tx, 0);
         b.enter(BarrierKind::Workers, d, tx);
         assert!(matches!(b.poll_event().map(|e| e.result), Some(Err(Error::PeerLost { node: 0, .. }))));
     }
@@ -411,15 +414,13 @@ mod tests {
         {
             let (b, d, tx) = &mut nodes[1];
             b.enter(BarrierKind::Workers, d, tx);
-            d.mark_lost(2, "gone");
-            b.handle_peer_lost(2, &Error::PeerLost { node: 2, reason: "gone".into() }, d, tx);
+            lose(b, d, tx, 2);
             assert_eq!(b.poll_event(), None);
         }
         deliver(&mut nodes, 1);
         {
             let (b, d, tx) = &mut nodes[0];
-            d.mark_lost(2, "gone");
-            b.handle_peer_lost(2, &Error::PeerLost { node: 2, reason: "gone".into() }, d, tx);
+            lose(b, d, tx, 2);
             b.enter(BarrierKind::Workers, d, tx);
             assert!(matches!(b.poll_event().map(|e| e.result), Some(Err(Error::PeerLost { node: 2, .. }))));
         }

@@ -106,12 +106,7 @@ impl Sim {
                 continue;
             }
             let mut ranges: Vec<(usize, usize)> = self.workers[w].awaiting_backup.drain(..).map(|a| a.events).collect();
-            for f in &self.workers[w].in_flight {
-                if let Some(kind) = f.kind {
-                    let events = if kind == crate::protocol::AccessKind::PushPull { 2 * f.keys.len() } else { f.keys.len() };
-                    ranges.push((f.first_event, f.first_event + events));
-                }
-            }
+            ranges.extend(self.workers[w].in_flight.iter().filter_map(|f| f.events()));
             for (from, to) in ranges {
                 self.drop_events(w, from, to);
             }

@@ -298,8 +298,7 @@ impl Worker {
         self.tx.count_local(1);
         if kind != AccessKind::Pull && self.node.config.backups > 0 {
             self.node.core.note_written(table.id, key);
-            self.tx.note_local_write();
-            self.note_write();
+            self.backup_due = Some(self.node.core.backup_counters().round_after_now());
         }
         if ordinal.is_some() && self.tx.count_replica(1) {
             self.node.core.replication().sample_staleness(table.id, self.node.now());
