@@ -12,6 +12,8 @@
 //!   images it adopted, and checked to hold every acknowledged push — the failover. The
 //!   liveness timeout (`FERRY_PEER_TIMEOUT`, 5 s) bounds detection when a peer goes silent
 //!   without its connection closing; a killed process's connections close at once.
+//! * **Leave.** A node leaves gracefully while the others push: the pause their pushes see
+//!   (see `leave.rs`).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -53,8 +55,9 @@ pub struct FailoverArgs {
     /// Failover trials (default 20).
     #[arg(long, default_value_t = 20)]
     pub trials: usize,
-    /// Only the push cost (`push`) or only the failover trials (`trials`).
-    #[arg(long, value_parser = ["push", "trials"])]
+    /// Only the push cost (`push`), the failover trials (`trials`) or the graceful-leave
+    /// trials (`leave`: the pause workers see while a node leaves).
+    #[arg(long, value_parser = ["push", "trials", "leave"])]
     pub only: Option<String>,
     /// Internal: be one node of a failover trial, exchanging times through this directory.
     #[arg(long, hide = true)]
@@ -71,11 +74,15 @@ pub fn run(args: &FailoverArgs) -> Result<()> {
     }
     let started = Instant::now();
     let mut records = Vec::new();
-    if args.only.as_deref() != Some("trials") {
+    let wants = |part: &str| args.only.as_deref().is_none_or(|only| only == part);
+    if wants("push") {
         records.extend(push_cost(args.quick)?);
     }
-    if args.only.as_deref() != Some("push") {
+    if wants("trials") {
         records.push(failover_trials(args.trials)?);
+    }
+    if wants("leave") {
+        records.push(crate::leave::leave_trials(args.trials, args.quick)?);
     }
     print_records("failover", args.quick, started, args.json, &records);
     Ok(())

@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod cluster;
 pub mod data;
 pub mod failover;
+mod leave;
 pub mod micro;
 pub mod partition;
 pub mod rawtcp;

@@ -57,3 +57,19 @@ fn a_killed_node_keys_are_served_again_with_every_acknowledged_push() {
     // liveness timeout.
     assert!(p99 < 5.0, "{figures}");
 }
+
+/// Four nodes; one leaves gracefully while the others push batches of every node's keys: the
+/// bench fails unless every push made is there afterwards, and reports the pause the pushes saw
+/// against their p99 before the leave.
+#[test]
+fn a_node_that_leaves_pauses_the_others_briefly_and_loses_nothing() {
+    let out = bench(&["failover", "--only", "leave", "--trials", "3", "--quick", "--json"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let record: serde_json::Value = stdout.lines().find_map(|l| serde_json::from_str(l).ok()).expect("a JSON record");
+    let figures = &record["figures"];
+    let (pause, handover) = (figures["pause_p99_ms"].as_f64().unwrap(), figures["handover_p50_ms"].as_f64().unwrap());
+    assert!(pause > 0.0 && handover > 0.0, "{figures}");
+    assert_eq!(figures["lost_pushes"].as_f64(), Some(0.0), "{figures}");
+    assert!(figures["keys_handed_over"].as_f64().unwrap() >= 10_000.0, "the leaver's quarter of the keys: {figures}");
+}

@@ -214,6 +214,18 @@ int32_t ferry_node_release_relocations(struct FerryNode *node);
 // `node` is null or a live node, not used afterwards.
 int32_t ferry_node_finalize(struct FerryNode *node);
 
+// Leaves the cluster gracefully for good (`Node::leave`): the node's keys are handed to its
+// successor first, so nothing fails and no push is lost while the others go on; then the node
+// is freed. Needs backups (`FERRY_BACKUPS=1`) and a rank other than 0, or it fails with
+// `FERRY_ERR_CONFIG`; every worker must be freed first, or it fails with `FERRY_ERR_OTHER`.
+// After those two refusals the node is not freed and stays usable; after any other outcome
+// it is freed.
+//
+// # Safety
+//
+// `node` is null or a live node, not used afterwards unless this was refused as above.
+int32_t ferry_node_leave(struct FerryNode *node);
+
 // Stops the node at once, as a crash would (peers see it lost), and frees it.
 //
 // # Safety

@@ -500,6 +500,36 @@ pub unsafe extern "C" fn ferry_node_finalize(node: *mut FerryNode) -> i32 {
     })
 }
 
+/// Leaves the cluster gracefully for good (`Node::leave`): the node's keys are handed to its
+/// successor first, so nothing fails and no push is lost while the others go on; then the node
+/// is freed. Needs backups (`FERRY_BACKUPS=1`) and a rank other than 0, or it fails with
+/// `FERRY_ERR_CONFIG`; every worker must be freed first, or it fails with `FERRY_ERR_OTHER`.
+/// After those two refusals the node is not freed and stays usable; after any other outcome
+/// it is freed.
+///
+/// # Safety
+///
+/// `node` is null or a live node, not used afterwards unless this was refused as above.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_node_leave(node: *mut FerryNode) -> i32 {
+    guard(|| {
+        if node.is_null() {
+            return Err(argument("node is null"));
+        }
+        // SAFETY: created by `ferry_node_start`, live, as the caller guarantees.
+        let n = unsafe { &mut *node };
+        let live = n.node.as_mut().ok_or_else(finalized)?;
+        match live.leave() {
+            Err(e @ (ferry::Error::WorkersAlive(_) | ferry::Error::Config(_))) => Err(ferry_err(e)),
+            outcome => {
+                // SAFETY: as above; freed once, here.
+                drop(unsafe { Box::from_raw(node) });
+                outcome.map_err(ferry_err)
+            }
+        }
+    })
+}
+
 /// Stops the node at once, as a crash would (peers see it lost), and frees it.
 ///
 /// # Safety
@@ -999,6 +1029,9 @@ mod tests {
             assert_eq!(ferry_pull(worker, 2, [word].as_ptr(), 1, read.as_mut_ptr(), 1), FERRY_OK);
             assert_eq!(read, [-3.5]);
             ferry_worker_free(worker);
+            // A leave is refused on a node of one without backups, and the node stays usable.
+            assert_eq!(ferry_node_leave(node), FERRY_ERR_CONFIG);
+            assert!(last_error().contains("FERRY_BACKUPS=1"), "{}", last_error());
             assert_eq!(ferry_node_finalize(node), FERRY_OK, "{}", last_error());
         }
     }

@@ -71,11 +71,11 @@ pub(crate) type SpareCuts = std::sync::Arc<parking_lot::Mutex<Vec<TableCut>>>;
 
 /// Writes `cuts` as node `config.rank`'s part of checkpoint `sequence` in `dir`, on a thread of
 /// its own, then hands the buffers back to `spare`.
-pub(crate) fn write_in_background(dir: PathBuf, config: Config, sequence: u64, clock: u64, cuts: Vec<TableCut>, spare: SpareCuts) -> Result<CheckpointWriting> {
+pub(crate) fn write_in_background(dir: PathBuf, config: Config, cut: Cut, cuts: Vec<TableCut>, spare: SpareCuts) -> Result<CheckpointWriting> {
     let thread = std::thread::Builder::new()
         .name(format!("ferry{}-checkpoint", config.rank))
         .spawn(move || {
-            let written = write_node(&dir, &config, sequence, clock, &cuts);
+            let written = write_node(&dir, &config, &cut, &cuts);
             *spare.lock() = cuts;
             written
         })
@@ -232,9 +232,23 @@ fn manifest_name(rank: usize) -> String {
     format!("node-{rank}.manifest")
 }
 
-/// Writes node `config.rank`'s part of checkpoint number `sequence` into `dir`: its values
-/// file, then its manifest, which also holds `clock`, the node's slowest worker's clock.
-pub(crate) fn write_node(dir: &Path, config: &Config, sequence: u64, clock: u64, cuts: &[TableCut]) -> Result<CheckpointInfo> {
+/// What a checkpoint's manifests say of the cut besides the tables.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Cut {
+    /// The checkpoint's number in this cluster's run.
+    pub sequence: u64,
+    /// The node's slowest worker's clock.
+    pub clock: u64,
+    /// Ranks gone from the cluster at the cut (lost, their keys failed over, or left): they
+    /// write nothing, and their keys are in the files of the nodes that took them over.
+    pub absent: Vec<usize>,
+}
+
+/// Writes node `config.rank`'s part of checkpoint `cut.sequence` into `dir`: its values file,
+/// then its manifest, which also holds the node's slowest worker's clock and the ranks gone
+/// from the cluster.
+pub(crate) fn write_node(dir: &Path, config: &Config, cut: &Cut, cuts: &[TableCut]) -> Result<CheckpointInfo> {
+    let Cut { sequence, clock, .. } = *cut;
     let rank = config.rank;
     std::fs::create_dir_all(dir).map_err(|e| io("creating", dir, e))?;
     let manifest = dir.join(manifest_name(rank));
@@ -264,6 +278,10 @@ pub(crate) fn write_node(dir: &Path, config: &Config, sequence: u64, clock: u64,
         config.nodes,
         values_name(rank)
     );
+    if !cut.absent.is_empty() {
+        let ranks: Vec<String> = cut.absent.iter().map(usize::to_string).collect();
+        text.push_str(&format!("absent\t{}\n", ranks.join(",")));
+    }
     for cut in cuts {
         let spec = &config.tables[cut.id as usize];
         text.push_str(&format!(
@@ -292,6 +310,8 @@ struct Manifest {
     /// The node's slowest worker's clock at the cut (0 in checkpoints from before clocks
     /// were saved).
     clock: u64,
+    /// Ranks gone from the cluster at the cut, which wrote nothing (ascending).
+    absent: Vec<usize>,
     file: (String, u64, String),
     /// (id, records, keys, value_len, state_len, updater, name) per table.
     tables: Vec<(u16, u64, u64, usize, usize, String, String)>,
@@ -303,7 +323,7 @@ fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
     if lines.next() != Some(FORMAT_LINE) {
         return Err(bad(&format!("not a checkpoint manifest of this version (its first line is not '{FORMAT_LINE}')")));
     }
-    let mut m = Manifest { cluster: String::new(), sequence: 0, nodes: 0, clock: 0, file: Default::default(), tables: Vec::new() };
+    let mut m = Manifest { cluster: String::new(), sequence: 0, nodes: 0, clock: 0, absent: Vec::new(), file: Default::default(), tables: Vec::new() };
     let number = |field: &str, what: &str| field.parse::<u64>().map_err(|_| bad(&format!("{what} '{field}' is not a number")));
     for line in lines {
         let fields: Vec<&str> = line.split('\t').collect();
@@ -312,6 +332,11 @@ fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
             ["sequence", n] => m.sequence = number(n, "sequence")?,
             ["nodes", n] => m.nodes = number(n, "nodes")? as usize,
             ["clock", n] => m.clock = number(n, "clock")?,
+            ["absent", ranks] => {
+                for r in ranks.split(',') {
+                    m.absent.push(number(r, "absent rank")? as usize);
+                }
+            }
             ["file", name, bytes, checksum] => m.file = (name.to_string(), number(bytes, "bytes")?, checksum.to_string()),
             ["table", id, records, keys, value_len, state_len, _partitioning, updater, name] => m.tables.push((
                 u16::try_from(number(id, "table id")?).map_err(|_| bad("a table id beyond 65535"))?,
@@ -327,6 +352,9 @@ fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
     }
     if m.nodes == 0 || m.file.0.is_empty() || m.cluster.is_empty() {
         return Err(bad("it is cut short (no node count, cluster or values file)"));
+    }
+    if m.absent.windows(2).any(|w| w[0] >= w[1]) || m.absent.last().is_some_and(|&r| r >= m.nodes) || m.absent.len() >= m.nodes {
+        return Err(bad(&format!("its absent ranks {:?} are not distinct ranks of its {} nodes", m.absent, m.nodes)));
     }
     Ok(m)
 }
@@ -344,14 +372,33 @@ fn whole(dir: &Path) -> Result<Vec<Manifest>> {
         })?;
         parse_manifest(&path, &text)
     };
-    let first = read(0)?;
+    // Rank 0 coordinates and never leaves; should it be missing, the lowest rank that wrote
+    // says which ranks were gone.
+    let first_rank = if dir.join(manifest_name(0)).exists() { 0 } else { lowest_manifest(dir).unwrap_or(0) };
+    let first = read(first_rank)?;
     let nodes = first.nodes;
     if nodes > u16::MAX as usize {
-        return Err(err(format!("{}: {nodes} nodes", dir.join(manifest_name(0)).display())));
+        return Err(err(format!("{}: {nodes} nodes", dir.join(manifest_name(first_rank)).display())));
     }
+    if first.absent.contains(&first_rank) || first_rank >= nodes {
+        return Err(err(format!(
+            "{} is not a whole checkpoint: {} is missing (node 0 did not finish writing)",
+            dir.display(),
+            dir.join(manifest_name(0)).display()
+        )));
+    }
+    let absent = first.absent.clone();
     let mut all = vec![first];
-    for rank in 1..nodes {
+    for rank in (0..nodes).filter(|&r| r != first_rank && !absent.contains(&r)) {
         let m = read(rank)?;
+        if m.absent != all[0].absent {
+            return Err(err(format!(
+                "{} is not a whole checkpoint: node {rank} wrote it with nodes {:?} gone, node {first_rank} with nodes {:?} (a node was lost while it was taken)",
+                dir.display(),
+                m.absent,
+                all[0].absent
+            )));
+        }
         if (m.cluster.as_str(), m.sequence, m.nodes) != (all[0].cluster.as_str(), all[0].sequence, nodes) || !same_tables(&m, &all[0]) {
             return Err(err(format!(
                 "{} is from another checkpoint than {} (cluster {} number {} of {} nodes, against cluster {} number {} of {nodes})",
@@ -369,13 +416,18 @@ fn whole(dir: &Path) -> Result<Vec<Manifest>> {
     Ok(all)
 }
 
+/// The lowest rank with a manifest in `dir`.
+fn lowest_manifest(dir: &Path) -> Option<usize> {
+    std::fs::read_dir(dir).ok()?.filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("node-")?.strip_suffix(".manifest")?.parse::<usize>().ok()).min()
+}
+
 /// Whether two nodes' manifests describe the same tables (record counts differ per node).
 fn same_tables(a: &Manifest, b: &Manifest) -> bool {
     a.tables.len() == b.tables.len() && a.tables.iter().zip(&b.tables).all(|(x, y)| (x.0, x.2, x.3, x.4, &x.5, &x.6) == (y.0, y.2, y.3, y.4, &y.5, &y.6))
 }
 
-/// Checks that `dir` holds a whole checkpoint (every node's manifest, all of one checkpoint);
-/// returns the node count that wrote it.
+/// Checks that `dir` holds a whole checkpoint (the manifest of every node that was in the
+/// cluster at the cut, all of one checkpoint); returns how many nodes wrote it.
 pub fn checkpoint_nodes(dir: impl AsRef<Path>) -> Result<usize> {
     Ok(whole(dir.as_ref())?.len())
 }
@@ -649,7 +701,7 @@ pub fn write_arrays_checkpoint(dir: impl AsRef<Path>, specs: &[TableSpec], value
         }
         cuts.push(TableCut { id: id as u16, words_per_key: len + state, keys: (0..spec.keys).collect(), words });
     }
-    write_node(dir.as_ref(), &Config::new(specs.to_vec()), sequence, 0, &cuts)
+    write_node(dir.as_ref(), &Config::new(specs.to_vec()), &Cut { sequence, ..Cut::default() }, &cuts)
 }
 
 /// Reads the whole checkpoint in `dir`, written by any node count, as dense tables for one

@@ -77,6 +77,7 @@ pub use hashing::{FeatureHashing, feature_id};
 pub use intent::LateCause;
 pub use node::{Node, SlotAddress};
 pub use placement::Placement;
+pub use protocol::LEFT_REASON;
 pub use replication::{AccessCounts, as_ranges, hot_keys};
 pub use sampling::{Conformity, DistributionId, KeyDistribution, SamplingScheme, SamplingStats};
 pub use stats::{BackupStats, IntentStats, LATENCY_BUCKET_BOUNDS_NS, Latency, MessageKind, ReplicationStats, Stats, Traffic};

@@ -231,7 +231,14 @@ impl Node {
         let config = &self.inner.config;
         let cuts = crate::checkpoint::cut(self.inner.core.store(), &config.tables, config.rank, config.nodes, &self.spare_cuts)?;
         let clock = self.inner.core.clocks().lock().checkpoint_clock();
-        crate::checkpoint::write_in_background(dir.as_ref().to_path_buf(), config.clone(), sequence, clock, cuts, self.spare_cuts.clone())
+        // Lost nodes whose keys failed over, and nodes that left: their keys are in the files
+        // of the nodes that took them over. (Without backups a lost node's keys are gone, and
+        // the checkpoint is not whole without its files.)
+        let directory = self.inner.core.directory();
+        let mut absent: Vec<usize> = if directory.failover() { directory.lost_nodes().into_iter().map(|(n, _)| n as usize).collect() } else { Vec::new() };
+        absent.sort_unstable();
+        let cut = crate::checkpoint::Cut { sequence, clock, absent };
+        crate::checkpoint::write_in_background(dir.as_ref().to_path_buf(), config.clone(), cut, cuts, self.spare_cuts.clone())
     }
 
     /// Holds the relocations that intent signalling makes on this node, for a checkpoint: the
@@ -342,13 +349,7 @@ impl Node {
     /// must be dropped first; otherwise this returns [`Error::WorkersAlive`] and changes nothing.
     /// After it, operations fail with [`Error::ShutDown`].
     pub fn finalize(&mut self) -> Result<()> {
-        if self.finished {
-            return Err(Error::ShutDown);
-        }
-        let live = self.inner.live_workers.load(Ordering::Acquire);
-        if live > 0 {
-            return Err(Error::WorkersAlive(live));
-        }
+        self.check_stoppable()?;
         self.intents.stop();
         // The replication thread stops first (a round of its own could still be talking to a
         // peer that already left); then the replicas' last pushes go home before anyone leaves.
@@ -358,6 +359,57 @@ impl Node {
         let result = self.inner.barrier_round(BarrierKind::Finalize).and(shipped);
         self.close(false);
         result
+    }
+
+    /// Leaves the cluster gracefully, for good: this node's keys (and those it took over from
+    /// lost nodes) are handed to its successor first, so no operation fails and no push is
+    /// lost; the others go on without it, their workers pausing for a few round trips at most
+    /// while it hands over. Then every connection is closed and every thread joined, as
+    /// [`Node::finalize`] does for a node that stays to the end.
+    ///
+    /// Needs backups (`Config::backups = 1`: the keys go over as a last backup round) and a
+    /// rank other than 0 (rank 0 coordinates barriers and departures). Departures run one at a
+    /// time in the order rank 0 began them. All worker handles must be dropped first;
+    /// otherwise this returns [`Error::WorkersAlive`] and changes nothing. Fails with
+    /// [`Error::Timeout`] when the hand-over does not complete within the operation timeout
+    /// per node still in the cluster.
+    pub fn leave(&mut self) -> Result<()> {
+        self.check_stoppable()?;
+        self.inner.run_pooled(|step, _, _| step.ask_to_leave().map(|_| crate::protocol::Progress::Done))?;
+        self.intents.stop();
+        let timeout = self.inner.config.op_timeout * self.inner.config.nodes as u32;
+        let deadline = std::time::Instant::now() + timeout;
+        let dir = self.inner.core.directory();
+        while !self.inner.core.leave_state().1 {
+            if dir.is_lost(0) {
+                return Err(dir.lost_error(0));
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Timeout { what: "leaving the cluster", millis: timeout.as_millis() as u64, nodes: Vec::new() });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // Every peer closes its connection once it has handled LEFT; until then this node
+        // still answers, say, its predecessor's backup round.
+        let rank = self.inner.config.rank;
+        let deadline = std::time::Instant::now() + self.inner.config.op_timeout;
+        while (0..self.inner.config.nodes).any(|p| p != rank && self.inner.fabric.is_alive(p)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.close(false);
+        Ok(())
+    }
+
+    /// Whether the node may stop (finalize or leave): not stopped yet, and no worker handle
+    /// alive.
+    fn check_stoppable(&self) -> Result<()> {
+        if self.finished {
+            return Err(Error::ShutDown);
+        }
+        match self.inner.live_workers.load(Ordering::Acquire) {
+            0 => Ok(()),
+            live => Err(Error::WorkersAlive(live)),
+        }
     }
 
     fn stop_replication(&mut self) {

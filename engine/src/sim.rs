@@ -88,6 +88,11 @@ pub struct SimOptions {
     /// complete once backed up, and a crashed node's keys fail over to its successor. The run
     /// checks that every push acknowledged before a crash survives it.
     pub backups: bool,
+    /// With backups: this node leaves gracefully (`protocol::leave`) once its workers, whose
+    /// scripts are half as long, are done, while the others go on. Nothing may fail and no
+    /// push may be lost: the run checks the whole history, the leaver's included, against
+    /// reads after everything where the survivors serve each key.
+    pub leave: Option<usize>,
     /// Keys managed by replication (see [`crate::replication`]); their operations are
     /// single-key pulls and pushes, checked with the round-based staleness rule.
     pub replicated: Vec<std::ops::Range<u64>>,
@@ -180,6 +185,7 @@ impl SimOptions {
             shards: 3,
             crash: None,
             backups: false,
+            leave: None,
             replicated: Vec::new(),
             round_period: 40_000,
             round_give_ups: false,
@@ -389,6 +395,9 @@ struct SimNode {
     /// The output buffer of the node's own event handling (frames, landings, ticks).
     tx: Transmit,
     crashed: bool,
+    /// It left gracefully (its LEFT went out): it holds nothing the checks look at, though
+    /// what it sent is still delivered.
+    left: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -793,7 +802,7 @@ impl Sim {
             let store = Arc::new(Store::new(rank, opts.nodes, std::slice::from_ref(&spec), 7, HugePages::Off, regions.clone())?);
             let core = Core::new(rank, opts.nodes, std::slice::from_ref(&spec), store, settings);
             let tx = core.transmit();
-            nodes.push(SimNode { core, regions, tx, crashed: false });
+            nodes.push(SimNode { core, regions, tx, crashed: false, left: false });
         }
         let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
         let mut workers = Self::scripts(&opts, &mut rng, &nodes);
@@ -841,7 +850,8 @@ impl Sim {
         for (node, n) in nodes.iter().enumerate() {
             for w in 0..opts.workers_per_node {
                 let mut script = VecDeque::new();
-                for _ in 0..opts.ops_per_worker {
+                let ops = if opts.leave == Some(node) { opts.ops_per_worker / 2 } else { opts.ops_per_worker };
+                for _ in 0..ops {
                     let count = rng.gen_range(opts.keys_per_op.0.max(1)..=opts.keys_per_op.1.max(opts.keys_per_op.0.max(1)));
                     // Large operations take a block of neighbouring keys (so they form runs) or
                     // scattered ones.
@@ -1074,6 +1084,7 @@ impl Sim {
             self.now += self.rng.gen_range(1..2000);
             self.grant_intents();
             self.settle_backups();
+            self.leave_when_done()?;
             self.take_sync_acks();
             self.take_replica_set_acks()?;
             let runnable: Vec<usize> = (0..self.workers.len()).filter(|&w| self.runnable(w)).collect();
@@ -1835,7 +1846,7 @@ impl Sim {
         let mut finals = std::collections::BTreeMap::new();
         let mut slots_in_use = Vec::new();
         for (rank, node) in self.nodes.iter().enumerate() {
-            if node.crashed {
+            if node.crashed || node.left {
                 slots_in_use.push(0);
                 continue;
             }
@@ -1853,7 +1864,8 @@ impl Sim {
         }
         if self.opts.crash.is_none() {
             for key in (0..self.opts.keys).filter(|k| !self.opts.replicated.iter().any(|r| r.contains(k))) {
-                let holders: Vec<usize> = (0..self.nodes.len()).filter(|&n| self.nodes[n].core.store().table(0).slot_of(key).is_some()).collect();
+                let holders: Vec<usize> =
+                    (0..self.nodes.len()).filter(|&n| !self.nodes[n].left && self.nodes[n].core.store().table(0).slot_of(key).is_some()).collect();
                 if holders.len() != 1 {
                     return Err(format!("key {key} is held by nodes {holders:?}"));
                 }
@@ -1875,7 +1887,7 @@ impl Sim {
                 } else {
                     history.record_after_all(key, Event::Pull { value });
                 }
-                for node in &self.nodes {
+                for node in self.nodes.iter().filter(|n| !n.left) {
                     if let Some(recorded) = node.core.directory().owner_of(0, key)
                         && recorded as usize != owner
                     {
@@ -1886,6 +1898,9 @@ impl Sim {
         }
         if self.opts.crash.is_some() && self.opts.backups {
             self.final_reads_after_crash(&mut history)?;
+        }
+        if let Some(node) = self.opts.leave.filter(|&n| !self.nodes[n].left) {
+            return Err(format!("node {node} never left ({:?}: asked, left)", self.nodes[node].core.leave_state()));
         }
         let traces: Vec<ClockTrace> = self.workers.iter().map(|w| w.clocks.clone()).collect();
         let clock_violation = if self.opts.clocks > 0 { check_bounded_delay(&traces, self.opts.max_delay).err() } else { None };

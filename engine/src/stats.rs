@@ -30,10 +30,12 @@ pub enum MessageKind {
     Replica,
     /// Backups: an owner's slot images for its successor, and their acknowledgements.
     Backup,
+    /// Membership: a node's graceful departure (ask, begin, ready, left).
+    Membership,
 }
 
 /// Number of [`MessageKind`]s.
-pub const MESSAGE_KINDS: usize = 10;
+pub const MESSAGE_KINDS: usize = 11;
 
 impl MessageKind {
     /// All kinds, in display order.
@@ -48,6 +50,7 @@ impl MessageKind {
         MessageKind::Barrier,
         MessageKind::Replica,
         MessageKind::Backup,
+        MessageKind::Membership,
     ];
 
     /// Lower-case name.
@@ -63,6 +66,7 @@ impl MessageKind {
             MessageKind::Barrier => "barrier",
             MessageKind::Replica => "replica",
             MessageKind::Backup => "backup",
+            MessageKind::Membership => "membership",
         }
     }
 }

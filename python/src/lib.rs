@@ -260,6 +260,21 @@ impl Node {
         py.allow_threads(|| node.finalize()).map_err(failed)
     }
 
+    /// Leaves the cluster gracefully for good: this node's keys are handed to its successor
+    /// first, so nothing fails and no push is lost while the other nodes go on. Needs backups
+    /// (`FERRY_BACKUPS=1`) and a rank other than 0; close every worker first. A refused leave
+    /// (no backups, rank 0, workers open) leaves the node usable.
+    fn leave(&mut self, py: Python<'_>) -> PyResult<()> {
+        let node = self.node.as_mut().ok_or_else(|| failed(engine::Error::ShutDown))?;
+        match py.allow_threads(|| node.leave()) {
+            Err(e @ (engine::Error::WorkersAlive(_) | engine::Error::Config(_))) => Err(failed(e)),
+            outcome => {
+                self.node = None;
+                outcome.map_err(failed)
+            }
+        }
+    }
+
     /// Stops the node at once, without the barrier of `finalize`: its peers see it as lost (and
     /// fail what touches its keys, saying so). For a process that gives up on an error.
     fn abort(&mut self, py: Python<'_>) -> PyResult<()> {

@@ -223,6 +223,29 @@ def test_a_node_in_a_with_block_finalizes_or_aborts(cluster):
     w.barrier()
 
 
+def test_a_refused_leave_keeps_the_node(cluster):
+    node, w = cluster
+    if node.rank == 0:
+        # Alone and without backups a node cannot leave (nothing to hand its keys to): the
+        # error says why, and the node goes on.
+        script = (
+            "import numpy as np, ferry\n"
+            "node = ferry.Node.start([('t', 10, 2)])\n"
+            "try:\n"
+            "    node.leave()\n"
+            "    raise SystemExit('a node of one left')\n"
+            "except ferry.FerryError as e:\n"
+            "    assert 'FERRY_BACKUPS=1' in str(e), e\n"
+            "w = node.worker()\n"
+            "w.push('t', np.arange(3, dtype=np.uint64), np.ones((3, 2), dtype=np.float32))\n"
+            "w.close()\n"
+            "node.finalize()\n"
+            "print('refused leave ok')\n"
+        )
+        assert "refused leave ok" in run_alone(script)
+    w.barrier()
+
+
 def test_table_options_and_push_pull(cluster):
     node, w = cluster
     with pytest.raises(ferry.FerryError, match="partitioning 'diagonal'"):

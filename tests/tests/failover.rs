@@ -153,3 +153,131 @@ fn pulls_in_flight_when_a_node_dies_are_repeated_at_its_successor() {
     assert_eq!(cluster[0].lost_nodes().len(), 1);
     ferry_tests::finalize_all(cluster);
 }
+
+/// A node leaves gracefully while the others push to every key, its own included: no
+/// operation fails, no push is lost, and its keys are served by its successor afterwards.
+#[test]
+fn a_node_that_leaves_hands_its_keys_over_and_nothing_is_lost() {
+    let keys = 120u64;
+    let rounds = 60usize;
+    let mut cluster = Node::start_local_cluster(4, config(keys, 2)).unwrap();
+    let table = cluster[0].table("t").unwrap();
+    let all: Vec<u64> = (0..keys).collect();
+    // Node 2 pushes a known amount to its own and the others' keys, then leaves while nodes
+    // 0, 1 and 3 go on pushing (batches, and single keys on the local path).
+    cluster[2].worker().push(table, &all, &vec![3.0; all.len() * 2]).unwrap();
+    let mut leaver = cluster.remove(2);
+    let errors = std::thread::scope(|s| {
+        let mut pushers = Vec::new();
+        for node in &cluster {
+            let mut w = node.worker();
+            let all = &all;
+            pushers.push(s.spawn(move || {
+                let mut errors = Vec::new();
+                for round in 0..rounds {
+                    if let Err(e) = w.push(table, all, &vec![1.0; all.len() * 2]) {
+                        errors.push(e.to_string());
+                    }
+                    if round % 10 == 0 {
+                        for &k in all.iter().step_by(9) {
+                            if let Err(e) = w.push(table, &[k], &[0.5, 0.5]) {
+                                errors.push(e.to_string());
+                            }
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                errors
+            }));
+        }
+        std::thread::sleep(Duration::from_millis(15));
+        leaver.leave().unwrap();
+        pushers.into_iter().flat_map(|p| p.join().unwrap()).collect::<Vec<_>>()
+    });
+    assert!(errors.is_empty(), "{} operations failed: {:?}", errors.len(), &errors[..errors.len().min(3)]);
+    assert!(matches!(leaver.leave(), Err(Error::ShutDown)), "a node leaves once");
+    for node in &cluster {
+        assert_eq!(node.lost_nodes(), vec![(2, ferry::LEFT_REASON.to_string())], "node {}", node.rank());
+    }
+    let mut out = vec![0.0; keys as usize * 2];
+    cluster[1].worker().pull(table, &all, &mut out).unwrap();
+    for k in 0..keys {
+        let mut expected = 3.0 + 3.0 * rounds as f32;
+        if k % 9 == 0 {
+            expected += 3.0 * (rounds / 10) as f32 * 0.5;
+        }
+        assert_eq!(out[k as usize * 2], expected, "key {k}");
+    }
+    assert_eq!(cluster[2].rank(), 3);
+    assert!(cluster[2].stats().backups.keys_adopted >= keys / 4, "node 3 serves node 2's keys from its images");
+    ferry_tests::finalize_all(cluster);
+}
+
+#[test]
+fn leaving_is_refused_without_backups_and_on_rank_0() {
+    let mut c = config(10, 1);
+    c.backups = 0;
+    let mut cluster = Node::start_local_cluster(2, c).unwrap();
+    let refused = cluster[1].leave().unwrap_err().to_string();
+    assert!(refused.contains("FERRY_BACKUPS=1"), "{refused}");
+    ferry_tests::finalize_all(cluster);
+    let mut cluster = Node::start_local_cluster(2, config(10, 1)).unwrap();
+    let refused = cluster[0].leave().unwrap_err().to_string();
+    assert!(refused.contains("rank 0"), "{refused}");
+    let w = cluster[1].worker();
+    assert!(matches!(cluster[1].leave(), Err(Error::WorkersAlive(1))));
+    drop(w);
+    ferry_tests::finalize_all(cluster);
+}
+
+/// A checkpoint taken after a node was lost (its keys failed over) and another left is whole:
+/// the survivors' files hold every key, their manifests name the ranks gone, and a cluster of
+/// another size restores every value.
+#[test]
+fn a_checkpoint_after_a_loss_and_a_leave_restores_every_key() {
+    let keys = 120u64;
+    let mut cluster = Node::start_local_cluster(4, config(keys, 2)).unwrap();
+    let table = cluster[0].table("t").unwrap();
+    let all: Vec<u64> = (0..keys).collect();
+    let values: Vec<f32> = (0..keys * 2).map(|i| i as f32).collect();
+    cluster[0].worker().push(table, &all, &values).unwrap();
+    let mut leaver = cluster.remove(3);
+    leaver.leave().unwrap();
+    let victim = cluster.remove(1);
+    victim.abort();
+    let mut out = vec![0.0; values.len()];
+    pull_after_loss(&mut cluster[0].worker(), table, &all, &mut out, Duration::from_secs(10));
+    // Both survivors know of both departures before they cut.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster.iter().any(|n| n.lost_nodes().len() < 2) {
+        assert!(Instant::now() < deadline, "the survivors did not learn of the loss");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let dir = std::env::temp_dir().join(format!("ferry-failover-checkpoint-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for node in &cluster {
+        node.checkpoint(&dir).unwrap();
+    }
+    assert_eq!(ferry::checkpoint_nodes(&dir).unwrap(), 2, "ranks 0 and 2 wrote it");
+    let manifest = std::fs::read_to_string(dir.join("node-2.manifest")).unwrap();
+    assert!(manifest.contains("absent\t1,3"), "{manifest}");
+    ferry_tests::finalize_all(cluster);
+    let mut restored = config(keys, 2);
+    restored.backups = 0;
+    restored.restore_from = Some(dir.clone());
+    let cluster = Node::start_local_cluster(3, restored).unwrap();
+    let mut out = vec![0.0; values.len()];
+    cluster[1].worker().pull(table_of(&cluster[1]), &all, &mut out).unwrap();
+    assert_eq!(out, values);
+    ferry_tests::finalize_all(cluster);
+    // A checkpoint whose writers disagree on who was gone is not whole.
+    let text = std::fs::read_to_string(dir.join("node-2.manifest")).unwrap().replace("absent\t1,3", "absent\t1");
+    std::fs::write(dir.join("node-2.manifest"), text).unwrap();
+    let refused = ferry::checkpoint_nodes(&dir).unwrap_err().to_string();
+    assert!(refused.contains("a node was lost while it was taken") || refused.contains("node-3.manifest is missing"), "{refused}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn table_of(node: &Node) -> ferry::Table {
+    node.table("t").unwrap()
+}

@@ -63,7 +63,7 @@ fn python_bindings_on_a_two_process_cluster() {
     };
     let tests = run(&mut launch(&["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]), "pytest on 2 processes");
     for rank in 0..2 {
-        assert!(tests.lines().any(|l| l.starts_with(&format!("[{rank}]")) && l.contains("11 passed")), "rank {rank} did not pass all eleven tests:\n{tests}");
+        assert!(tests.lines().any(|l| l.starts_with(&format!("[{rank}]")) && l.contains("12 passed")), "rank {rank} did not pass all twelve tests:\n{tests}");
     }
     let example = run(&mut launch(&["examples/mf.py"]), "the Python example on 2 processes");
     assert!(example.contains("[0] python-mf ok"), "{example}");

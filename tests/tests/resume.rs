@@ -276,3 +276,44 @@ fn a_lost_node_is_survived_by_training_on() {
         assert!(!out.status.success() && stderr.contains(says), "{args:?}: {stderr}");
     }
 }
+
+/// `--leave 2@3`: rank 2 leaves gracefully at the start of epoch 3, handing its keys to its
+/// successor; the others train on without a failed operation, deal its data among them, keep
+/// taking checkpoints (whole without it), and end at the quality of an uninterrupted run.
+#[test]
+fn a_node_that_leaves_mid_training_is_trained_on_without() {
+    let run = ["mf", "--data", "synth-tiny", "--rank", "4", "--mode", "classic", "--nodes", "3", "--epochs", "8"];
+    let uninterrupted = train(&run);
+    let dir = scratch("leave");
+    let dir_text = dir.display().to_string();
+    let out = Command::new(binary("ferry"))
+        .arg("train")
+        .args(run)
+        .args(["--json", "--on-loss", "continue", "--leave", "2@3", "--checkpoint-every", "4", "--checkpoint-dir", &dir_text])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("node 2 leaves the cluster at the start of epoch 3") && stderr.contains("node 2 left: training goes on on 2 nodes"), "{stderr}");
+    let reports: Vec<Value> = stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(reports.iter().map(|r| r["epoch"].as_u64().unwrap()).collect::<Vec<_>>(), (1..=8).collect::<Vec<_>>(), "every epoch once");
+    assert_eq!(reports.last().unwrap()["nodes"].as_u64(), Some(2));
+    let rmse = |r: &Value| r["quality"]["rmse"].as_f64().unwrap();
+    let (whole, trained) = (rmse(uninterrupted.last().unwrap()), rmse(reports.last().unwrap()));
+    assert!((trained - whole).abs() < 0.03 * whole, "RMSE {trained} after a node left, {whole} uninterrupted");
+    // The checkpoint after epoch 8 was written by ranks 0 and 1 alone, and says so.
+    let manifest = std::fs::read_to_string(dir.join("epoch-8/node-1.manifest")).unwrap();
+    assert!(manifest.contains("absent\t2") && !dir.join("epoch-8/node-2.manifest").exists(), "{manifest}");
+    // Refused with a reason: without --on-loss continue, rank 0, beyond the epochs.
+    for (args, says) in [
+        (vec!["--leave", "2@3"], "--leave needs --on-loss continue"),
+        (vec!["--on-loss", "continue", "--leave", "0@3"], "must be one of 1..3"),
+        (vec!["--on-loss", "continue", "--leave", "2@9"], "from 2 to --epochs (8)"),
+        (vec!["--on-loss", "continue", "--leave", "two"], "is not RANK@EPOCH"),
+    ] {
+        let out = Command::new(binary("ferry")).arg("train").args(run).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says), "{args:?}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -749,7 +749,10 @@ impl Inner {
         }
         let _ = p.stream.shutdown(Shutdown::Both);
         let failed: Vec<u64> = p.pending_reads.lock().drain().map(|(id, _)| id).collect();
-        if !self.stopping.load(Ordering::Acquire) {
+        if matches!(error, TransportError::Disconnected(_)) {
+            // This node closed it on purpose (a peer that left, or that others lost).
+            tracing::info!(node = self.rank, peer = p.id, %error, "connection closed");
+        } else if !self.stopping.load(Ordering::Acquire) {
             tracing::warn!(node = self.rank, peer = p.id, %error, "connection lost");
         }
         if let Some(h) = self.handler() {

@@ -489,6 +489,7 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     let mut config = ferry::Config::from_env(specs)?;
     config.relocation = mode != Mode::Classic;
     let continuing = common.on_loss == super::OnLoss::Continue;
+    let leaving = common.leaving()?;
     if continuing {
         // `Common::check` allows it in classic mode only.
         config.backups = 1;
@@ -522,6 +523,8 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     let members = parking_lot::Mutex::new(live_ranks(&node));
     let emit = parking_lot::Mutex::new(emit);
     let progress = |epoch: usize, f: f64| (emit.lock())(Event::Progress(epoch, f));
+    // --leave: this node leaves at the start of that epoch (every thread stops there).
+    let leaves_at = leaving.filter(|&(r, _)| r == rank).map(|(_, epoch)| epoch);
     run_workers(&node, threads, |t, mut w| -> Result<()> {
         let (node, tables, model) = (&node, &tables, &model);
         if rank == 0 && t == 0 && !restoring {
@@ -541,10 +544,20 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
         };
         let mut trainer = task.trainer(data, &mut pass)?;
         pass.barrier()?;
-        let (mut elapsed, mut writing) = (0.0, None);
+        let (mut elapsed, mut writing): (f64, Option<ferry::CheckpointWriting>) = (0.0, None);
         let mut trained_for = members.lock().clone();
         for epoch in first_epoch..=epochs {
             pass.barrier()?;
+            if leaves_at == Some(epoch) {
+                if t == 0 {
+                    eprintln!("node {rank} leaves the cluster at the start of epoch {epoch}, handing its keys over");
+                }
+                // Its last checkpoint's files are complete before it goes.
+                if let Some(last) = writing.take() {
+                    last.wait()?;
+                }
+                return Ok(());
+            }
             if continuing {
                 // Thread 0 reads who is left; every thread deals the data among them.
                 if t == 0 {
@@ -556,10 +569,12 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
                     (pass.rank, pass.nodes) = (live.iter().position(|&r| r == rank).unwrap_or(0), live.len());
                     trainer = task.trainer(data, &mut pass)?;
                     if rank == 0 && t == 0 {
-                        let lost: Vec<String> = trained_for.iter().filter(|r| !live.contains(r)).map(|r| r.to_string()).collect();
+                        let gone: Vec<String> = trained_for.iter().filter(|r| !live.contains(r)).map(|r| r.to_string()).collect();
+                        let left = node.lost_nodes().iter().filter(|(_, why)| why == ferry::LEFT_REASON).count() == gone.len();
+                        let (what, whence) = if left { ("left", "handed over") } else { ("lost", "served from their backups") };
                         eprintln!(
-                            "node {} lost: training goes on on {} nodes, which deal its share of the data among them from epoch {epoch} (its keys are served from their backups)",
-                            lost.join(", node "),
+                            "node {} {what}: training goes on on {} nodes, which deal its share of the data among them from epoch {epoch} (its keys are {whence})",
+                            gone.join(", node "),
                             live.len()
                         );
                     }
@@ -597,7 +612,11 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
         }
         Ok(())
     })?;
-    node.finalize()?;
+    if leaves_at.is_some() {
+        node.leave()?;
+    } else {
+        node.finalize()?;
+    }
     Ok(())
 }
 

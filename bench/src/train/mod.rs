@@ -193,6 +193,12 @@ pub struct Common {
     /// mf). Clusters started by srun or mpirun are restarted by the scheduler.
     #[arg(long, value_enum, default_value = "fail")]
     pub on_loss: OnLoss,
+    /// Cluster modes, with --on-loss continue: node RANK leaves the cluster gracefully at the
+    /// start of epoch EPOCH (`RANK@EPOCH`, rank 0 excepted): it hands its keys to its successor
+    /// first, so no push is lost, and the others train on without it, dealing its share of the
+    /// data among them from the next epoch.
+    #[arg(long, value_name = "RANK@EPOCH")]
+    pub leave: Option<String>,
     /// Cluster modes: how the model's values travel — f32, bf16, f16 or int8 (a scale per
     /// message part) — the parameter server's value compression.
     #[arg(long, default_value = "f32")]
@@ -239,6 +245,17 @@ impl Common {
         if self.on_loss == OnLoss::Resume && (self.checkpoint_dir.is_none() || self.checkpoint_every == 0) {
             bail!("--on-loss resume resumes from the newest checkpoint: it needs --checkpoint-every N and --checkpoint-dir DIR");
         }
+        if let Some((rank, epoch)) = self.leaving()? {
+            if self.on_loss != OnLoss::Continue {
+                bail!("--leave needs --on-loss continue: the others train on without the node, its keys served from their backups");
+            }
+            if rank == 0 || rank >= self.nodes {
+                bail!("--leave {rank}@{epoch}: the leaving rank must be one of 1..{} (rank 0 coordinates the cluster)", self.nodes);
+            }
+            if epoch < 2 || epoch > self.epochs {
+                bail!("--leave {rank}@{epoch}: the node leaves at the start of an epoch from 2 to --epochs ({})", self.epochs);
+            }
+        }
         if self.on_loss == OnLoss::Continue && self.modes().any(|m| !matches!(m, Mode::Single | Mode::Classic)) {
             bail!(
                 "--on-loss continue keeps training on the survivors of a classic parameter server (backups need keys that stay at their homes): use --mode classic"
@@ -275,12 +292,22 @@ impl Common {
         if self.on_loss == OnLoss::Continue {
             a.extend(["--on-loss".into(), "continue".into()]);
         }
+        if let Some(leave) = &self.leave {
+            a.extend(["--leave".into(), leave.clone()]);
+        }
         a
     }
 
     /// Whether a checkpoint is written after `epoch`.
     pub fn checkpoint_now(&self, epoch: usize) -> bool {
         self.checkpoint_dir.is_some() && self.checkpoint_every > 0 && epoch.is_multiple_of(self.checkpoint_every)
+    }
+
+    /// --leave as (rank, epoch), if given.
+    pub fn leaving(&self) -> Result<Option<(usize, usize)>> {
+        let Some(text) = &self.leave else { return Ok(None) };
+        let parsed = text.split_once('@').and_then(|(r, e)| Some((r.trim().parse().ok()?, e.trim().parse().ok()?)));
+        parsed.map(Some).with_context(|| format!("--leave '{text}' is not RANK@EPOCH (e.g. 2@5)"))
     }
 
     /// The first epoch to train: after the newest whole checkpoint with --resume (and where it

@@ -52,7 +52,13 @@ pub struct Directory {
     /// Whether a lost node's keys fail over to its successor (backups are kept): its home keys
     /// are then homed at its stand-in ([`Directory::stand_in`]).
     failover: bool,
+    /// The node whose graceful departure is current here ([`NO_DEPARTURE`]: none): parts
+    /// routed to it wait until it has left (see `protocol::leave`).
+    departing: AtomicU16,
 }
+
+/// [`Directory::departing`]'s "none".
+const NO_DEPARTURE: u16 = u16::MAX;
 
 impl Directory {
     /// The directory of node `rank` of `nodes`, with `shards` shards (1..=64) and location
@@ -76,6 +82,7 @@ impl Directory {
             reasons: Mutex::new((vec![None; nodes], Vec::new())),
             losses: AtomicU64::new(0),
             failover: false,
+            departing: AtomicU16::new(NO_DEPARTURE),
         }
     }
 
@@ -102,6 +109,20 @@ impl Directory {
             return node;
         }
         self.successor(node).unwrap_or(node)
+    }
+
+    /// The node whose graceful departure is current here: this node sends it no requests
+    /// until it has left.
+    #[inline]
+    pub fn departing(&self) -> Option<u16> {
+        let d = self.departing.load(Ordering::Acquire);
+        (d != NO_DEPARTURE).then_some(d)
+    }
+
+    /// Sets the current departure (under every shard lock, so that a part routed under its
+    /// keys' shard locks sees it).
+    pub(crate) fn set_departing(&self, node: Option<u16>) {
+        self.departing.store(node.unwrap_or(NO_DEPARTURE), Ordering::Release);
     }
 
     /// The first live node after `node` on the ring of ranks (not `node` itself), if any.

@@ -360,6 +360,22 @@ impl Step<'_, '_> {
             }
             return true;
         }
+        // A node on its way out gets no request after this node's READY to it (sent under
+        // every shard): parts for it wait, in order, until it has left and its keys are
+        // served by its successor (see `protocol::leave`).
+        if let Some(leaving) = dir.departing()
+            && leaving != dir.rank()
+            && chunk.iter().any(|g| current_dest(dir, g.dest) == leaving)
+        {
+            for g in chunk.into_iter().rev() {
+                groups.push_front(g);
+            }
+            if let Some(o) = req.op_mut(op) {
+                o.unsent = Some(Unsent { groups });
+            }
+            req.paused = true;
+            return true;
+        }
         // Whether any key of this node's started arriving since the operation's local pass: if
         // not, rows found elsewhere then are elsewhere still, and need no second look.
         let unchanged = self.core.arrivals() == epoch;
@@ -412,6 +428,7 @@ impl Step<'_, '_> {
             Some(left) => Group::new(group.dest, group.flags, left, keys),
         };
         let Group { dest, flags, rows, keys_run } = group;
+        let dest = current_dest(self.directory(), dest);
         let (direct, own) = if dest == rank {
             (Rows::default(), rows)
         } else if unchanged || rows.iter().all(|r| t.route_residence(keys[r as usize]) == Residence::Away) {
@@ -750,6 +767,13 @@ impl Step<'_, '_> {
         req.settle(op);
         Ok(Issued::Pending { op, more: false })
     }
+}
+
+/// Where rows planned for `dest` go now: rows planned for a node that was lost or left since
+/// go where its keys are served now (none of them was sent, so none took effect).
+#[inline]
+fn current_dest(dir: &super::Directory, dest: u16) -> u16 {
+    if dir.failover() && dir.is_lost(dest) { dir.stand_in(dest) } else { dest }
 }
 
 fn add_to_group(groups: &mut Vec<(u16, u8, Rows)>, dest: u16, flags: u8, row: u32) {

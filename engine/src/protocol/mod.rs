@@ -55,6 +55,8 @@ mod intent;
 mod intent_counters;
 mod issue;
 pub mod keycache;
+mod leave;
+pub use leave::LEFT_REASON;
 mod relocation;
 mod replica;
 mod replica_sync;
@@ -191,6 +193,8 @@ pub struct Core {
     backup_counters: BackupCounters,
     /// Blocks of keys writes changed since a backup round looked (backups only).
     dirty: DirtyBlocks,
+    /// Graceful departures: this node's own, and the others' it knows of.
+    departures: Mutex<leave::Departures>,
 }
 
 impl Core {
@@ -219,7 +223,20 @@ impl Core {
             backups: Mutex::new(Backups::default()),
             backup_counters: BackupCounters::default(),
             dirty: if settings.backups { DirtyBlocks::new(specs.iter().map(|s| s.keys)) } else { DirtyBlocks::default() },
+            departures: Mutex::new(leave::Departures::default()),
         }
+    }
+
+    /// Graceful departures' state.
+    pub(crate) fn departures(&self) -> &Mutex<leave::Departures> {
+        &self.departures
+    }
+
+    /// Whether this node asked to leave, and whether it has left (its keys are handed over
+    /// and LEFT went out).
+    pub fn leave_state(&self) -> (bool, bool) {
+        let d = self.departures.lock();
+        (d.asked(), d.has_left())
     }
 
     /// Backups' state.

@@ -223,6 +223,9 @@ pub struct Requester {
     /// replicated here), filled by [`crate::protocol::Step::issue_access`] — a worker that
     /// declared intent counts its late accesses from them, at no cost to accesses served here.
     pub(crate) remote_keys: Option<Vec<u64>>,
+    /// Set when a part waits for a departure to end ([`crate::protocol::Step::continue_issue`]
+    /// routed nothing): the worker should wait a little before it tries again.
+    pub(crate) paused: bool,
 }
 
 impl Requester {
@@ -241,7 +244,14 @@ impl Requester {
             bypass_replicas: false,
             making_replicas: false,
             remote_keys: None,
+            paused: false,
         }
+    }
+
+    /// Whether the last [`crate::protocol::Step::continue_issue`] routed nothing because its
+    /// parts wait for a departure to end (cleared by the call).
+    pub fn take_paused(&mut self) -> bool {
+        std::mem::take(&mut self.paused)
     }
 
     /// The key lists node `node` keeps for this worker (key caching).

@@ -200,7 +200,24 @@ impl<'c, 't> Step<'c, 't> {
                         }
                         msg::BACKUP_ACK => {
                             self.handle_backup_ack(from, body)?;
+                            self.advance_leave();
                             None
+                        }
+                        msg::LEAVE_READY => {
+                            self.handle_leave_ready(from, body)?;
+                            None
+                        }
+                        // These need every shard, as PEER_LOST does.
+                        msg::LEAVE_ASK | msg::LEAVE_BEGIN | msg::LEFT => {
+                            let progress = match kind {
+                                msg::LEAVE_ASK => self.handle_leave_ask(from, body)?,
+                                msg::LEAVE_BEGIN => self.handle_leave_begin(from, body)?,
+                                _ => self.handle_left(from, body)?,
+                            };
+                            match progress {
+                                Progress::Done => None,
+                                Progress::Yield { .. } => return Ok(Progress::Yield { at: start, item: 0 }),
+                            }
                         }
                         // Needs every shard: a step holding some ends here, and a fresh one
                         // starts with this message.
@@ -269,6 +286,13 @@ impl<'c, 't> Step<'c, 't> {
     /// keys fail over: its successor adopts their images and serves them from now on, and
     /// every node routes them there.
     pub fn handle_peer_lost(&mut self, peer: u16, reason: &str) -> Progress {
+        self.remove_peer(peer, reason, false)
+    }
+
+    /// Removes `peer` from the cluster as [`Step::handle_peer_lost`] describes; a peer that
+    /// `left` gracefully (LEFT, see `protocol::leave`) answered everything it was sent and
+    /// handed its keys over, so nothing fails and no one else needs telling.
+    pub(crate) fn remove_peer(&mut self, peer: u16, reason: &str, left: bool) -> Progress {
         let all = self.all_shards();
         if !self.try_acquire(all) {
             return Progress::Yield { at: 0, item: 0 };
@@ -278,7 +302,9 @@ impl<'c, 't> Step<'c, 't> {
             return Progress::Done;
         }
         let error = Error::PeerLost { node: peer as usize, reason: reason.to_string() };
-        self.announce_loss(peer, reason);
+        if !left {
+            self.announce_loss(peer, reason);
+        }
         for s in 0..dir.shards() {
             let mut keys: Vec<(u16, u64)> = self.shard(s).transits.keys().copied().collect();
             keys.sort_unstable();
@@ -289,7 +315,7 @@ impl<'c, 't> Step<'c, 't> {
         dir.lose_owner(peer);
         dir.uncache_node(peer);
         if dir.failover() {
-            self.fail_over(peer);
+            self.fail_over(peer, left);
         }
         self.core.barriers().lock().handle_peer_lost(peer, &error, dir, self.tx);
         self.intents_of_lost_node(peer);
@@ -297,7 +323,10 @@ impl<'c, 't> Step<'c, 't> {
         // A lost node no longer holds back the cluster's clocks.
         self.tx.touch_clock();
         self.tx.forget(peer);
-        self.tx.deliver(ALL_WORKERS, Delivery::PeerLost { node: peer, reason: reason.to_string(), losses: dir.losses() });
+        if !left {
+            self.tx.deliver(ALL_WORKERS, Delivery::PeerLost { node: peer, reason: reason.to_string(), losses: dir.losses() });
+        }
+        self.end_departure(peer);
         Progress::Done
     }
 

@@ -41,6 +41,8 @@ pub struct Transmit {
     barrier_touched: bool,
     clock_touched: bool,
     backup_touched: bool,
+    /// Peers that left: their own LEFT was their last message, so their links can close.
+    departed: Vec<u16>,
     /// A worker's write was applied here since [`Transmit::take_local_write`] (backups only).
     local_write: bool,
     /// Accesses through this buffer are housekeeping (replica sync), not the trainer's: they
@@ -68,6 +70,7 @@ impl Transmit {
             barrier_touched: false,
             clock_touched: false,
             backup_touched: false,
+            departed: Vec::new(),
             local_write: false,
             uncounted: false,
         }
@@ -275,6 +278,16 @@ impl Transmit {
     /// Whether a step changed backup state since the last call.
     pub fn take_backup_touched(&mut self) -> bool {
         std::mem::take(&mut self.backup_touched)
+    }
+
+    /// `node` left, and its own LEFT (its last message) was handled: its link can close.
+    pub(crate) fn note_departed(&mut self, node: u16) {
+        self.departed.push(node);
+    }
+
+    /// Peers whose links can close since the last call (see [`Transmit::note_departed`]).
+    pub fn take_departed(&mut self) -> Vec<u16> {
+        std::mem::take(&mut self.departed)
     }
 
     /// Whether a step changed clock state since the last call.

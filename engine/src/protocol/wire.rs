@@ -74,6 +74,14 @@ pub mod msg {
     pub const BACKUP: u8 = 19;
     /// Backup to owner: every image of a round is kept.
     pub const BACKUP_ACK: u8 = 20;
+    /// A node asks rank 0 to let it leave (see `protocol::leave`).
+    pub const LEAVE_ASK: u8 = 21;
+    /// Rank 0 to every live node: a node's departure begins (in rank 0's order).
+    pub const LEAVE_BEGIN: u8 = 22;
+    /// Node to leaving node: it sends it no more requests, and sent this behind the last.
+    pub const LEAVE_READY: u8 = 23;
+    /// Leaving node to every live node: its keys are handed over; it is gone.
+    pub const LEFT: u8 = 24;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).

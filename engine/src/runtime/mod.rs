@@ -151,7 +151,9 @@ impl NodeInner {
     /// to all).
     pub fn disconnect_lost(&self) {
         for (peer, reason) in self.core.directory().lost_nodes() {
-            if self.fabric.is_alive(peer as usize) {
+            // A node that left closes when its own LEFT was handled (`Transmit::take_departed`):
+            // answers it sent before may still be on their way behind a relayed LEFT.
+            if reason != crate::protocol::LEFT_REASON && self.fabric.is_alive(peer as usize) {
                 tracing::warn!(node = self.config.rank, peer, %reason, "peer lost");
                 self.fabric.disconnect(peer as usize);
             }
@@ -161,7 +163,8 @@ impl NodeInner {
     /// Tells every live peer that this node leaves after losing peers, and why (LEAVING), so
     /// that their errors name the cause. Nothing is sent when no peer was lost.
     pub fn announce_leaving(&self) {
-        let lost = self.core.directory().lost_nodes();
+        // Nodes that left gracefully are no cause of anything.
+        let lost: Vec<(u16, String)> = self.core.directory().lost_nodes().into_iter().filter(|(_, why)| why != crate::protocol::LEFT_REASON).collect();
         if lost.is_empty() {
             return;
         }
@@ -251,6 +254,10 @@ impl NodeInner {
         }
         if tx.take_backup_touched() {
             self.wake_backups();
+        }
+        for peer in tx.take_departed() {
+            tracing::info!(node = self.config.rank, peer, "peer left the cluster");
+            self.fabric.disconnect(peer as usize);
         }
     }
 
@@ -575,6 +582,10 @@ impl FabricHandler for Callbacks {
     fn on_peer_closed(&self, peer: usize, error: Option<String>) {
         let Some(node) = self.node.upgrade() else { return };
         if error.is_none() && (node.stopping.load(Ordering::Acquire) || node.finalizing.load(Ordering::Acquire)) {
+            return;
+        }
+        if node.core.leave_state().1 {
+            // This node left: its peers close their connections as they learn it.
             return;
         }
         let reason = error.unwrap_or_else(|| "it left the cluster".into());

@@ -142,3 +142,29 @@ impl Sim {
         Ok(())
     }
 }
+
+impl Sim {
+    /// With [`super::SimOptions::leave`]: asks the node to leave once its workers are done
+    /// (as `Node::leave` needs), and notes when it has left.
+    pub(super) fn leave_when_done(&mut self) -> Result<(), String> {
+        let Some(node) = self.opts.leave else { return Ok(()) };
+        let (asked, left) = self.nodes[node].core.leave_state();
+        if left {
+            if !self.nodes[node].left {
+                self.log(format!("node {node} has left"));
+                self.nodes[node].left = true;
+            }
+            return Ok(());
+        }
+        let done = self
+            .workers
+            .iter()
+            .filter(|w| w.node == node)
+            .all(|w| w.script.is_empty() && w.in_flight.is_empty() && w.streaming.is_none() && w.awaiting_backup.is_empty() && w.requester.pending() == 0);
+        if asked || !done {
+            return Ok(());
+        }
+        self.log(format!("node {node} asks to leave"));
+        self.node_event(node, |step, _, _| step.ask_to_leave().map(|_| Progress::Done))
+    }
+}

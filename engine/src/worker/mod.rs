@@ -354,12 +354,26 @@ impl Worker {
         }
         if let Issued::Pending { op, more: true } = issued {
             let mut more = true;
+            let mut paused_since: Option<std::time::Instant> = None;
             while more {
                 node.fabric.wait_for_room(node.config.op_timeout)?;
                 node.run(&mut self.tx, |step, _, _| {
                     more = step.continue_issue(&mut self.requester, op, keys, input, caller.as_deref_mut());
                     Ok(Progress::Done)
                 })?;
+                if self.requester.take_paused() {
+                    // Parts wait for a node's departure (a few round trips): try again soon.
+                    let since = *paused_since.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() > node.config.op_timeout {
+                        let leaving = node.core.directory().departing().map(usize::from);
+                        return Err(Error::Timeout {
+                            what: "a node's departure",
+                            millis: node.config.op_timeout.as_millis() as u64,
+                            nodes: leaving.into_iter().collect(),
+                        });
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
             }
             self.note_write();
         }

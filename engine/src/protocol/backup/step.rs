@@ -208,8 +208,9 @@ impl Step<'_, '_> {
     /// `peer` is lost (the caller holds every shard, and has marked it lost): gives up a round
     /// under way to it, drops what was held for it, and adopts the images kept of the keys
     /// that are now this node's — those of the homes `peer` served. Keys of `peer` without an
-    /// image here were never backed up and are lost.
-    pub(crate) fn fail_over(&mut self, peer: u16) {
+    /// image here were never backed up and are lost. `left`: `peer` left gracefully, handing
+    /// every key over.
+    pub(crate) fn fail_over(&mut self, peer: u16, left: bool) {
         let core = self.core;
         let (dir, store) = (core.directory(), core.store());
         let rank = dir.rank();
@@ -243,7 +244,11 @@ impl Step<'_, '_> {
         }
         if adopted + failed > 0 {
             core.backup_counters().note_adopted(adopted);
-            tracing::warn!(node = rank, peer, adopted, failed, "took over the keys of a lost node from its backups");
+            if left {
+                tracing::info!(node = rank, peer, adopted, failed, "took over the keys of a node that left");
+            } else {
+                tracing::warn!(node = rank, peer, adopted, failed, "took over the keys of a lost node from its backups");
+            }
         }
         // A round given up is begun again towards the new backup; the adopted keys go with it.
         self.begin_backup_round_if_due();

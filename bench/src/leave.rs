@@ -1,0 +1,180 @@
+//! `ferry-bench failover --only leave`: the pause workers see while a node leaves gracefully.
+//!
+//! Per trial, four nodes in this process (over loopback TCP, or verbs with
+//! `FERRY_TRANSPORT=verbs`), a classic parameter server with one backup per key: the workers of
+//! ranks 0, 1 and 3 push batches of random keys of every node in a loop, each push's latency
+//! recorded, while rank 2 leaves (`Node::leave`) a while in. The hand-over lasts from the call
+//! until every other node has taken the leave in (the call itself returns later: it closes
+//! connections and joins threads). The pause is the longest push that overlapped the
+//! hand-over; the baseline is the p99 of the pushes that ended before it began, in the same
+//! trial. After the trial every key is pulled and must hold exactly the pushes the
+//! workers made: the leave loses nothing.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use ferry::{Config, Node, TableSpec};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+
+use crate::report::{Better, record};
+
+const NODES: usize = 4;
+const LEAVER: usize = 2;
+const KEYS: u64 = 40_000;
+const VALUE_LEN: usize = 8;
+const BATCH: usize = 64;
+
+/// What a pushing worker made: pushes per key, and each push's start and end.
+type Pushed = (Vec<u32>, Vec<(Instant, Instant)>);
+
+/// What one trial measured.
+struct Trial {
+    /// The longest push that overlapped the leave (ms).
+    pause_ms: f64,
+    /// p99 of the pushes that ended before the leave began (ms).
+    baseline_p99_ms: f64,
+    /// From the call of `Node::leave` until every other node had taken the leave in (ms).
+    handover_ms: f64,
+    /// How long `Node::leave` took, its threads joined and connections closed (ms).
+    leave_ms: f64,
+    /// Keys the successor adopted.
+    handed_over: u64,
+}
+
+/// Runs `trials` leave trials; the record's headline is the p99 over trials of the pause.
+pub fn leave_trials(trials: usize, quick: bool) -> Result<crate::report::Record> {
+    let mut runs = Vec::new();
+    let mut transport = String::new();
+    for trial in 0..trials {
+        let (t, name) = leave_trial(trial as u64, quick).with_context(|| format!("leave trial {trial}"))?;
+        if trial == 0 {
+            eprintln!("transport: {name}");
+        }
+        transport = name;
+        runs.push(t);
+    }
+    let pct = |f: &dyn Fn(&Trial) -> f64, q: f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1]
+    };
+    let baseline = pct(&|t| t.baseline_p99_ms, 0.5);
+    Ok(record(
+        "leave",
+        json!({"nodes": NODES, "backups": 1, "transport": transport, "keys": KEYS, "value_len": VALUE_LEN, "batch": BATCH, "trials": trials}),
+        json!({
+            "pause_p50_ms": pct(&|t| t.pause_ms, 0.5),
+            "pause_p99_ms": pct(&|t| t.pause_ms, 0.99),
+            "baseline_push_p99_ms": baseline,
+            "handover_p50_ms": pct(&|t| t.handover_ms, 0.5),
+            "handover_p99_ms": pct(&|t| t.handover_ms, 0.99),
+            "leave_call_p50_ms": pct(&|t| t.leave_ms, 0.5),
+            "keys_handed_over": pct(&|t| t.handed_over as f64, 0.5),
+            "lost_pushes": 0,
+        }),
+        "pause_p99_ms",
+        "push p99",
+        baseline,
+        Better::Lower,
+        ("", 0.0),
+    ))
+}
+
+/// One trial (see the module documentation); also returns the transport's name.
+fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
+    let mut config = Config::from_env(vec![TableSpec::new("l", KEYS, VALUE_LEN)])?;
+    config.relocation = false;
+    config.backups = 1;
+    let mut cluster = Node::start_local_cluster(NODES, config)?;
+    let transport = cluster[0].transport().to_string();
+    let table = cluster[0].table("l")?;
+    let mut leaver = cluster.remove(LEAVER);
+    let before = Duration::from_millis(if quick { 150 } else { 300 });
+    let after = Duration::from_millis(if quick { 150 } else { 300 });
+    // Pushes done: the leave waits for a baseline of pushes (a loaded machine is slow to
+    // start), and the pushers go on for `after` once it was handed over.
+    let pushed = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let (results, leave_span) = std::thread::scope(|s| -> Result<_> {
+        let mut pushers = Vec::new();
+        for (i, node) in cluster.iter().enumerate() {
+            let mut w = node.worker();
+            let (pushed, stop) = (&pushed, &stop);
+            pushers.push(s.spawn(move || -> Result<Pushed> {
+                let mut rng = ChaCha8Rng::seed_from_u64(seed * 16 + i as u64);
+                let mut counts = vec![0u32; KEYS as usize];
+                let mut spans = Vec::new();
+                let ones = vec![1.0f32; BATCH * VALUE_LEN];
+                while !stop.load(Ordering::Acquire) {
+                    let keys: Vec<u64> = (0..BATCH).map(|_| rng.gen_range(0..KEYS)).collect();
+                    let t = Instant::now();
+                    w.push(table, &keys, &ones)?;
+                    spans.push((t, Instant::now()));
+                    pushed.fetch_add(1, Ordering::Relaxed);
+                    for k in keys {
+                        counts[k as usize] += 1;
+                    }
+                }
+                Ok((counts, spans))
+            }));
+        }
+        let started = Instant::now();
+        while started.elapsed() < before || pushed.load(Ordering::Relaxed) < 100 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let began = Instant::now();
+        let leaving = s.spawn(|| leaver.leave().map(|()| Instant::now()));
+        // Handed over once every other node took the leave in.
+        while !cluster.iter().all(|n| n.lost_nodes().iter().any(|(r, _)| *r == LEAVER)) && !leaving.is_finished() {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let handed = Instant::now();
+        let ended = leaving.join().expect("the leaver panicked").context("leaving")?;
+        std::thread::sleep(after.saturating_sub(handed.elapsed()));
+        stop.store(true, Ordering::Release);
+        let results: Vec<_> = pushers.into_iter().map(|p| p.join().expect("a pusher panicked")).collect::<Result<_>>()?;
+        Ok((results, (began, handed, ended)))
+    })?;
+    let (began, handed, ended) = leave_span;
+    let mut expected = vec![0u32; KEYS as usize];
+    let (mut baseline, mut pause) = (Vec::new(), 0.0f64);
+    for (counts, spans) in &results {
+        for (e, c) in expected.iter_mut().zip(counts) {
+            *e += c;
+        }
+        for &(from, to) in spans {
+            let ms = (to - from).as_secs_f64() * 1e3;
+            if to < began {
+                baseline.push(ms);
+            } else if from <= handed {
+                pause = pause.max(ms);
+            }
+        }
+    }
+    if baseline.is_empty() {
+        bail!("no push ended before the leave began");
+    }
+    baseline.sort_by(|a, b| a.total_cmp(b));
+    let baseline_p99_ms = baseline[((baseline.len() as f64 * 0.99).ceil() as usize).clamp(1, baseline.len()) - 1];
+    // Every push made is there, on the three nodes left.
+    let all: Vec<u64> = (0..KEYS).collect();
+    let mut out = vec![0.0f32; all.len() * VALUE_LEN];
+    cluster[0].worker().pull(table, &all, &mut out)?;
+    let lost: u64 = expected.iter().enumerate().map(|(k, &e)| (e as f64 - out[k * VALUE_LEN] as f64).abs() as u64).sum();
+    if lost > 0 {
+        bail!("{lost} pushes are missing (or extra) after the leave");
+    }
+    let handed_over = cluster.iter().map(|n| n.stats().backups.keys_adopted).sum();
+    std::thread::scope(|s| {
+        for mut node in cluster {
+            s.spawn(move || {
+                let _ = node.finalize();
+            });
+        }
+    });
+    let ms = |to: Instant| (to - began).as_secs_f64() * 1e3;
+    Ok((Trial { pause_ms: pause, baseline_p99_ms, handover_ms: ms(handed), leave_ms: ms(ended), handed_over }, transport))
+}
