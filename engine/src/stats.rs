@@ -205,11 +205,14 @@ pub struct BackupStats {
     pub images_sent: u64,
     /// Keys this node took over from lost nodes' backups.
     pub keys_adopted: u64,
+    /// Writes of this node's workers that a node's loss failed and that they dropped
+    /// (`Worker::drop_lost_writes`).
+    pub writes_dropped: u64,
 }
 
 impl BackupStats {
-    fn counters(&mut self) -> [&mut u64; 3] {
-        [&mut self.rounds, &mut self.images_sent, &mut self.keys_adopted]
+    fn counters(&mut self) -> [&mut u64; 4] {
+        [&mut self.rounds, &mut self.images_sent, &mut self.keys_adopted, &mut self.writes_dropped]
     }
 }
 

@@ -281,3 +281,53 @@ fn a_checkpoint_after_a_loss_and_a_leave_restores_every_key() {
 fn table_of(node: &Node) -> ferry::Table {
     node.table("t").unwrap()
 }
+
+/// A worker that drops writes a loss failed (`Worker::drop_lost_writes`) pushes through a
+/// node's death without an error: its pushes in flight to the node are dropped and counted, the
+/// next ones go to the node's successor.
+#[test]
+fn pushes_in_flight_when_a_node_dies_are_dropped_on_request() {
+    let keys = 90u64;
+    let mut cluster = Node::start_local_cluster(3, config(keys, 2)).unwrap();
+    let table = cluster[0].table("t").unwrap();
+    let victims: Vec<u64> = (30..60).collect();
+    let victim = cluster.remove(1);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    // Two pushers on each survivor: some push is in flight to the victim when it dies.
+    let (pushes, errors) = std::thread::scope(|s| {
+        let (victims, stop) = (&victims, &stop);
+        let pushers: Vec<_> = [0, 0, 1, 1]
+            .into_iter()
+            .map(|n| {
+                let mut w = cluster[n].worker();
+                w.drop_lost_writes(true);
+                s.spawn(move || {
+                    let (mut pushes, mut errors) = (0usize, Vec::new());
+                    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        if let Err(e) = w.push(table, victims, &vec![1.0; victims.len() * 2]) {
+                            errors.push(e.to_string());
+                        }
+                        pushes += 1;
+                    }
+                    (pushes, errors)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(30));
+        victim.abort();
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        pushers.into_iter().map(|p| p.join().unwrap()).fold((0, Vec::new()), |(n, mut all), (p, e)| {
+            all.extend(e);
+            (n + p, all)
+        })
+    });
+    assert!(errors.is_empty(), "{} of {pushes} pushes failed: {:?}", errors.len(), &errors[..errors.len().min(3)]);
+    // Every push acknowledged is there; a dropped one may be or not.
+    let dropped = cluster.iter().map(|n| n.stats().backups.writes_dropped).sum::<u64>() as f32;
+    let mut out = vec![0.0; victims.len() * 2];
+    cluster[0].worker().pull(table, &victims, &mut out).unwrap();
+    let acknowledged = pushes as f32 - dropped;
+    assert!(out.iter().all(|&v| v >= acknowledged && v <= pushes as f32), "values {:?} for {pushes} pushes, {dropped} dropped", &out[..2]);
+    ferry_tests::finalize_all(cluster);
+}

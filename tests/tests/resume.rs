@@ -228,12 +228,35 @@ fn a_lost_node_is_survived_by_resuming_on_the_others() {
 /// epoch — say so, report every epoch once, and end with the quality of an uninterrupted run.
 #[test]
 fn a_lost_node_is_survived_by_training_on() {
-    use std::io::BufRead;
     let run = ["mf", "--data", "synth-tiny", "--rank", "4", "--mode", "classic", "--nodes", "3", "--epochs", "16"];
     let uninterrupted = train(&run);
+    let (status, reports, stderr) = train_killing_rank_1(&run);
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("1 of 3 nodes lost (rank 1); the others trained on") && stderr.contains("training goes on on 2 nodes"), "{stderr}");
+    assert_eq!(reports.iter().map(|r| r["epoch"].as_u64().unwrap()).collect::<Vec<_>>(), (1..=16).collect::<Vec<_>>(), "every epoch once");
+    let last = reports.last().unwrap();
+    assert_eq!(last["nodes"].as_u64(), Some(2), "{last}");
+    let rmse = |r: &Value| r["quality"]["rmse"].as_f64().unwrap();
+    let (whole, survived) = (rmse(uninterrupted.last().unwrap()), rmse(last));
+    assert!((survived - whole).abs() < 0.03 * whole, "RMSE {survived} after losing a node, {whole} uninterrupted");
+    // Refused where it is not built: other modes, other tasks.
+    for (args, says) in [
+        (vec!["mf", "--data", "synth-tiny", "--mode", "localize", "--on-loss", "continue"], "use --mode classic"),
+        (vec!["kge", "--data", "synth-kg", "--mode", "classic", "--on-loss", "continue"], "built for mf, lr and countmin so far"),
+    ] {
+        let out = Command::new(binary("ferry")).arg("train").args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
+/// `ferry train ARGS --json --on-loss continue`, rank 1 killed with SIGKILL once two epochs are
+/// reported: the driver's status, the epoch reports and its standard error.
+fn train_killing_rank_1(args: &[&str]) -> (std::process::ExitStatus, Vec<Value>, String) {
+    use std::io::BufRead;
     let mut child = Command::new(binary("ferry"))
         .arg("train")
-        .args(run)
+        .args(args)
         .args(["--json", "--on-loss", "continue"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -249,7 +272,6 @@ fn a_lost_node_is_survived_by_training_on() {
             continue;
         }
         reports.push(serde_json::from_str(&line).unwrap());
-        // Killed once two epochs are reported: mid-run, with 14 epochs to go.
         if !killed && reports.len() == 2 {
             let pid = rank_pid(child.id(), 1).expect("rank 1 runs");
             assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
@@ -258,22 +280,29 @@ fn a_lost_node_is_survived_by_training_on() {
     }
     let status = child.wait().unwrap();
     let stderr = errors.join().unwrap();
-    assert!(status.success() && killed, "{stderr}");
-    assert!(stderr.contains("1 of 3 nodes lost (rank 1); the others trained on") && stderr.contains("training goes on on 2 nodes"), "{stderr}");
-    assert_eq!(reports.iter().map(|r| r["epoch"].as_u64().unwrap()).collect::<Vec<_>>(), (1..=16).collect::<Vec<_>>(), "every epoch once");
-    let last = reports.last().unwrap();
-    assert_eq!(last["nodes"].as_u64(), Some(2), "{last}");
-    let rmse = |r: &Value| r["quality"]["rmse"].as_f64().unwrap();
-    let (whole, survived) = (rmse(uninterrupted.last().unwrap()), rmse(last));
-    assert!((survived - whole).abs() < 0.03 * whole, "RMSE {survived} after losing a node, {whole} uninterrupted");
-    // Refused where it is not built: other modes, other tasks.
-    for (args, says) in [
-        (vec!["mf", "--data", "synth-tiny", "--mode", "localize", "--on-loss", "continue"], "use --mode classic"),
-        (vec!["kge", "--data", "synth-kg", "--mode", "classic", "--on-loss", "continue"], "built for mf so far"),
-    ] {
-        let out = Command::new(binary("ferry")).arg("train").args(&args).output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && stderr.contains(says), "{args:?}: {stderr}");
+    assert!(killed, "rank 1 was never killed: {stderr}");
+    (status, reports, stderr)
+}
+
+/// `--on-loss continue` for the other tasks whose trainers pull, push and barrier only:
+/// logistic regression and the CountMin sketch train on after rank 1 of 3 is killed, every
+/// epoch reported once, LR's AUC near an uninterrupted run's.
+#[test]
+fn lr_and_countmin_train_on_after_a_lost_node() {
+    let lr = ["lr", "--data", "synth-lr", "--mode", "classic", "--nodes", "3", "--epochs", "6"];
+    let uninterrupted = train(&lr);
+    let countmin = ["countmin", "--data", "synth-text", "--width", "512", "--depth", "3", "--mode", "classic", "--nodes", "3", "--epochs", "30"];
+    for (run, epochs) in [(&lr[..], 6), (&countmin[..], 30)] {
+        let (status, reports, stderr) = train_killing_rank_1(run);
+        assert!(status.success() && stderr.contains("1 of 3 nodes lost (rank 1); the others trained on"), "{run:?}: {stderr}");
+        assert_eq!(reports.iter().map(|r| r["epoch"].as_u64().unwrap()).collect::<Vec<_>>(), (1..=epochs).collect::<Vec<_>>(), "{run:?}");
+        if run[0] == "lr" {
+            let auc = |r: &Value| r["quality"]["auc"].as_f64().unwrap();
+            let (whole, survived) = (auc(uninterrupted.last().unwrap()), auc(reports.last().unwrap()));
+            assert!((survived - whole).abs() < 0.02, "AUC {survived} after losing a node, {whole} uninterrupted");
+        } else {
+            assert!(reports.iter().all(|r| r["quality"]["within_bound"].as_f64() == Some(1.0)), "the sketch's error stays within its bound");
+        }
     }
 }
 

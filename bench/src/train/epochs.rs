@@ -138,9 +138,6 @@ pub struct Pass<'a> {
     pub threads: usize,
     /// The parameters.
     pub access: Access<'a>,
-    /// `--on-loss continue`: a push that a lost node failed is dropped (it may or may not have
-    /// been applied; stochastic training takes it as noise) instead of ending the run.
-    pub continue_after_loss: bool,
     local_barrier: &'a Barrier,
     progress: &'a (dyn Fn(usize, f64) + Sync),
 }
@@ -170,10 +167,8 @@ impl<'a> Pass<'a> {
                 }
                 Ok(())
             }
-            Access::Node { worker, tables } => match worker.push(tables[table], keys, delta) {
-                Err(ferry::Error::PeerLost { .. }) if self.continue_after_loss => Ok(()),
-                outcome => Ok(outcome?),
-            },
+            // With --on-loss continue the worker drops a push the loss failed.
+            Access::Node { worker, tables } => Ok(worker.push(tables[table], keys, delta)?),
         }
     }
 
@@ -352,7 +347,6 @@ fn run_single<W: Workload>(task: &W, data: &W::Data, model: Model, emit: Sink) -
                         thread: t,
                         threads,
                         access: Access::Shared(arrays),
-                        continue_after_loss: false,
                         local_barrier: &shared.barrier,
                         progress,
                     };
@@ -527,21 +521,15 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     let leaves_at = leaving.filter(|&(r, _)| r == rank).map(|(_, epoch)| epoch);
     run_workers(&node, threads, |t, mut w| -> Result<()> {
         let (node, tables, model) = (&node, &tables, &model);
+        // A push or set a lost node failed may or may not have been applied: training takes it
+        // as noise and goes on.
+        w.drop_lost_writes(continuing);
         if rank == 0 && t == 0 && !restoring {
             set_initial_values(&mut w, tables, &model.tables)?;
         }
         w.barrier()?;
-        let mut pass = Pass {
-            mode,
-            rank,
-            nodes,
-            thread: t,
-            threads,
-            access: Access::Node { worker: &mut w, tables },
-            continue_after_loss: continuing,
-            local_barrier: &local_barrier,
-            progress: &progress,
-        };
+        let mut pass =
+            Pass { mode, rank, nodes, thread: t, threads, access: Access::Node { worker: &mut w, tables }, local_barrier: &local_barrier, progress: &progress };
         let mut trainer = task.trainer(data, &mut pass)?;
         pass.barrier()?;
         let (mut elapsed, mut writing): (f64, Option<ferry::CheckpointWriting>) = (0.0, None);
@@ -714,7 +702,7 @@ struct EpochEnd<'a, W: Workload> {
     epoch: usize,
     epoch_s: f64,
     threads: usize,
-    /// `--on-loss continue` (see [`Pass::continue_after_loss`]).
+    /// `--on-loss continue`: the sums tolerate a node lost meanwhile (see `all_reduce`).
     continue_after_loss: bool,
 }
 

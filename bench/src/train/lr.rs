@@ -193,6 +193,10 @@ impl Split {
 }
 
 impl super::Task for LrArgs {
+    fn continues_after_loss(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "lr"
     }

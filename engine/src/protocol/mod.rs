@@ -405,7 +405,12 @@ impl Core {
         self.replication.add_to(&mut s);
         s.intent = self.intent.snapshot();
         let b = &self.backup_counters;
-        s.backups = crate::stats::BackupStats { rounds: b.last_completed() as u64, images_sent: b.images_sent(), keys_adopted: b.keys_adopted() };
+        s.backups = crate::stats::BackupStats {
+            rounds: b.last_completed() as u64,
+            images_sent: b.images_sent(),
+            keys_adopted: b.keys_adopted(),
+            writes_dropped: b.writes_dropped(),
+        };
         s.relocation_time = crate::stats::Latency::of(&relocation);
         s.blocking_time = crate::stats::Latency::of(&blocking);
         s

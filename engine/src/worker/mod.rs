@@ -101,6 +101,8 @@ pub struct Worker {
     intent_service: Arc<IntentService>,
     /// With backups: the round this worker's writes so far wait for (see [`Worker::backed_up`]).
     backup_due: Option<u32>,
+    /// Writes a node's loss failed count as done (see [`Worker::drop_lost_writes`]).
+    drop_lost_writes: bool,
 }
 
 /// An asynchronous push, set or localize in flight; pass it to [`Worker::wait`].
@@ -167,6 +169,7 @@ impl Worker {
             declared: false,
             intent_service,
             backup_due: None,
+            drop_lost_writes: false,
         }
     }
 
@@ -505,10 +508,34 @@ impl Worker {
         match self.issue(AccessKind::Push, table, keys, updates, None, None, None)? {
             Issued::Done(_) => {}
             Issued::Pending { op, .. } => {
-                self.wait_op(op, None)?;
+                let outcome = self.wait_op(op, None).map(|_| ());
+                self.lost_write(outcome)?;
             }
         }
         self.backed_up()
+    }
+
+    /// With backups, lets a push or set that a node's loss failed count as done (`on`), rather
+    /// than fail with [`Error::PeerLost`]: it may or may not have been applied before the node
+    /// went, which stochastic training takes as noise. Pulls need no such switch (they are
+    /// repeated at the lost node's successor). Off by default; [`crate::BackupStats`] counts the
+    /// writes dropped.
+    pub fn drop_lost_writes(&mut self, on: bool) {
+        self.drop_lost_writes = on;
+    }
+
+    /// A write's outcome, with a failure by a node that is lost (its keys failed over) dropped
+    /// when [`Worker::drop_lost_writes`] is on.
+    fn lost_write(&mut self, outcome: Result<()>) -> Result<()> {
+        match outcome {
+            Err(Error::PeerLost { node, .. })
+                if self.drop_lost_writes && self.node.core.directory().failover() && self.node.core.directory().is_lost(node as u16) =>
+            {
+                self.node.core.backup_counters().note_dropped();
+                Ok(())
+            }
+            outcome => outcome,
+        }
     }
 
     /// Applies `updates` to `keys` (with the table's updater) and reads the updated values into
@@ -759,7 +786,8 @@ impl Worker {
     /// Waits for an asynchronous push, set or localize.
     pub fn wait(&mut self, ticket: Ticket) -> Result<()> {
         if let Some(op) = ticket.op {
-            self.wait_op(op, None)?;
+            let outcome = self.wait_op(op, None).map(|_| ());
+            self.lost_write(outcome)?;
         }
         self.backed_up()
     }

@@ -63,6 +63,7 @@ pub struct BackupCounters {
     wanted: AtomicU32,
     images: AtomicU64,
     adopted: AtomicU64,
+    dropped: AtomicU64,
 }
 
 /// Whether round `a` comes after round `b` (round numbers wrap: "after" is a difference below
@@ -104,6 +105,15 @@ impl BackupCounters {
 
     pub(crate) fn note_images(&self, images: usize) {
         self.images.fetch_add(images as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn note_dropped(&self) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Writes that a node's loss failed and workers dropped (`Worker::drop_lost_writes`).
+    pub fn writes_dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 
     pub(crate) fn note_adopted(&self, keys: usize) {
