@@ -51,10 +51,6 @@ const KNOWN: &[&str] = &["sotu", "lee", "synth-text"];
 const P: u64 = (1 << 61) - 1;
 
 impl super::Task for CountMinArgs {
-    fn continues_after_loss(&self) -> bool {
-        true
-    }
-
     fn name(&self) -> &'static str {
         "countmin"
     }

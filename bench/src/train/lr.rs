@@ -193,10 +193,6 @@ impl Split {
 }
 
 impl super::Task for LrArgs {
-    fn continues_after_loss(&self) -> bool {
-        true
-    }
-
     fn name(&self) -> &'static str {
         "lr"
     }

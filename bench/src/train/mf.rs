@@ -189,10 +189,6 @@ impl super::Task for MfArgs {
         super::epochs::run(self, mode, emit)
     }
 
-    fn continues_after_loss(&self) -> bool {
-        true
-    }
-
     fn run_other(&self) -> Result<bool> {
         if self.predict.is_none() {
             return Ok(false);

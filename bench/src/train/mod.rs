@@ -116,9 +116,9 @@ pub enum OnLoss {
     /// Keep training on the survivors, losing no acknowledged push: every key is backed up on
     /// its owner's successor (`FERRY_BACKUPS=1`), which serves a lost node's keys from then on;
     /// the lost node's share of the data is dealt among the survivors from the next epoch, and
-    /// the run says so. Classic mode (a parameter server whose keys stay at their homes), for
-    /// tasks whose trainers only pull, push and barrier (`mf`, `lr`, `countmin`). Losing rank 0,
-    /// which coordinates barriers and reports, still ends the run.
+    /// the run says so. Classic mode (a parameter server whose keys stay at their homes): the
+    /// workers repeat a pull the loss failed (negative samples included) and drop a push or set
+    /// it failed. Losing rank 0, which coordinates barriers and reports, still ends the run.
     Continue,
 }
 
@@ -189,8 +189,8 @@ pub struct Common {
     pub resume: Option<PathBuf>,
     /// Cluster modes: what to do when a node is lost (its process killed, its machine gone):
     /// fail, resume on the others from the newest checkpoint (needs --checkpoint-every and
-    /// --checkpoint-dir), or continue on the others with every key backed up (classic mode,
-    /// mf, lr, countmin). Clusters started by srun or mpirun are restarted by the scheduler.
+    /// --checkpoint-dir), or continue on the others with every key backed up (classic mode).
+    /// Clusters started by srun or mpirun are restarted by the scheduler.
     #[arg(long, value_enum, default_value = "fail")]
     pub on_loss: OnLoss,
     /// Cluster modes, with --on-loss continue: node RANK leaves the cluster gracefully at the
@@ -523,13 +523,6 @@ pub trait Task: Sync {
     fn after_modes(&self) -> Result<()> {
         Ok(())
     }
-    /// Whether its cluster trainers survive a lost node with `--on-loss continue`: in classic
-    /// mode they reach the model only through pulls (the worker repeats one the loss failed),
-    /// pushes and sets (it drops one, `Worker::drop_lost_writes`) and barriers, and take their
-    /// share of the data from the pass's rank and node count when they are made.
-    fn continues_after_loss(&self) -> bool {
-        false
-    }
 }
 
 /// What one epoch of one run did.
@@ -720,12 +713,6 @@ pub enum Event {
 pub fn run(command: &TrainCommand) -> Result<Vec<EpochReport>> {
     let (task, common) = (command.task(), command.common());
     common.check()?;
-    if common.on_loss == OnLoss::Continue && !task.continues_after_loss() {
-        bail!(
-            "--on-loss continue is built for mf, lr and countmin so far: {}'s trainers sample negatives through a service whose requests a lost node fails, which would end the run",
-            task.name()
-        );
-    }
     if task.run_other()? {
         return Ok(Vec::new());
     }
