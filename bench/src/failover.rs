@@ -147,7 +147,7 @@ fn measure_pushes(backups: usize, quick: bool, seed: u64) -> Result<PushFigures>
 }
 
 /// Finalizes a cluster in this process (every node at once: finalize is collective).
-fn finish(cluster: Vec<Node>) {
+pub(crate) fn finish(cluster: Vec<Node>) {
     std::thread::scope(|s| {
         for mut node in cluster {
             s.spawn(move || {
@@ -233,10 +233,7 @@ fn failover_trials(trials: usize) -> Result<crate::report::Record> {
         serve.push(v["serve_s"].as_f64().context("serve_s")?);
         detect.push(v["detect_s"].as_f64().context("detect_s")?);
     }
-    let pct = |v: &mut Vec<f64>, q: f64| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1]
-    };
+    let pct = crate::micro::percentile;
     let (p50, p99) = (pct(&mut serve, 0.5), pct(&mut serve, 0.99));
     // The liveness timeout the nodes ran with (the environment's, else the default).
     let mut config = Config::new(Vec::new());

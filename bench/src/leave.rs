@@ -19,6 +19,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
+use crate::micro::percentile;
 use crate::report::{Better, record};
 
 const NODES: usize = 4;
@@ -56,11 +57,7 @@ pub fn leave_trials(trials: usize, quick: bool) -> Result<crate::report::Record>
         transport = name;
         runs.push(t);
     }
-    let pct = |f: &dyn Fn(&Trial) -> f64, q: f64| {
-        let mut v: Vec<f64> = runs.iter().map(f).collect();
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1]
-    };
+    let pct = |f: &dyn Fn(&Trial) -> f64, q: f64| percentile(&mut runs.iter().map(f).collect::<Vec<_>>(), q);
     let baseline = pct(&|t| t.baseline_p99_ms, 0.5);
     Ok(record(
         "leave",
@@ -157,8 +154,7 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
     if baseline.is_empty() {
         bail!("no push ended before the leave began");
     }
-    baseline.sort_by(|a, b| a.total_cmp(b));
-    let baseline_p99_ms = baseline[((baseline.len() as f64 * 0.99).ceil() as usize).clamp(1, baseline.len()) - 1];
+    let baseline_p99_ms = percentile(&mut baseline, 0.99);
     // Every push made is there, on the three nodes left.
     let all: Vec<u64> = (0..KEYS).collect();
     let mut out = vec![0.0f32; all.len() * VALUE_LEN];
@@ -168,13 +164,7 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
         bail!("{lost} pushes are missing (or extra) after the leave");
     }
     let handed_over = cluster.iter().map(|n| n.stats().backups.keys_adopted).sum();
-    std::thread::scope(|s| {
-        for mut node in cluster {
-            s.spawn(move || {
-                let _ = node.finalize();
-            });
-        }
-    });
+    crate::failover::finish(cluster);
     let ms = |to: Instant| (to - began).as_secs_f64() * 1e3;
     Ok((Trial { pause_ms: pause, baseline_p99_ms, handover_ms: ms(handed), leave_ms: ms(ended), handed_over }, transport))
 }

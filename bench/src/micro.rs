@@ -43,6 +43,13 @@ pub(crate) fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// The `q` quantile of `v` (not empty) by the nearest rank: the smallest value with at least
+/// a `q` share of the values at or below it.
+pub(crate) fn percentile(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1]
+}
+
 /// Which configurations to run: alternatives separated by commas, each selecting the
 /// configurations in whose `"<benchmark> <configuration>"` every one of its space-separated
 /// terms occurs, e.g. `batched_push value_len=1` or `remote,batched` (everything that goes over

@@ -336,11 +336,17 @@ impl<'c, 't> Step<'c, 't> {
     /// that has not learnt yet and be forwarded to the lost node, to wait out the operation
     /// timeout. Links keep their order, so the home learns first and fails the request.
     fn announce_loss(&mut self, peer: u16, reason: &str) {
+        self.send_to_live(&[peer], MessageKind::Failure, |out| wire::encode_peer_lost(out, peer, reason));
+    }
+
+    /// Sends a message to every live node but this one and those in `except`: `encode` appends
+    /// it to a node's buffer and returns its length.
+    pub(crate) fn send_to_live(&mut self, except: &[u16], kind: MessageKind, encode: impl Fn(&mut Vec<u8>) -> usize) {
         let dir = self.directory();
         let rank = dir.rank();
-        for node in (0..dir.nodes() as u16).filter(|&n| n != rank && n != peer && !dir.is_lost(n)) {
-            let bytes = wire::encode_peer_lost(self.tx.buf(node), peer, reason);
-            self.tx.sent(node, MessageKind::Failure, bytes);
+        for node in (0..dir.nodes() as u16).filter(|&n| n != rank && !except.contains(&n) && !dir.is_lost(n)) {
+            let bytes = encode(self.tx.buf(node));
+            self.tx.sent(node, kind, bytes);
         }
     }
 

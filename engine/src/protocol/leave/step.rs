@@ -46,10 +46,7 @@ impl Step<'_, '_> {
             return Ok(Progress::Done);
         }
         tracing::info!(node = dir.rank(), leaving = node, "a node's departure begins");
-        for to in (1..dir.nodes() as u16).filter(|&n| !dir.is_lost(n)) {
-            let bytes = encode(self.tx.buf(to), msg::LEAVE_BEGIN, node);
-            self.tx.sent(to, MessageKind::Membership, bytes);
-        }
+        self.send_to_live(&[], MessageKind::Membership, |out| encode(out, msg::LEAVE_BEGIN, node));
         self.begin_departure(node);
         Ok(Progress::Done)
     }
@@ -124,10 +121,7 @@ impl Step<'_, '_> {
         departures.mark_left();
         drop(departures);
         tracing::info!(node = dir.rank(), "keys handed over; this node leaves the cluster");
-        for to in (0..dir.nodes() as u16).filter(|&n| n != dir.rank() && !dir.is_lost(n)) {
-            let bytes = encode(self.tx.buf(to), msg::LEFT, dir.rank());
-            self.tx.sent(to, MessageKind::Membership, bytes);
-        }
+        self.send_to_live(&[], MessageKind::Membership, |out| encode(out, msg::LEFT, dir.rank()));
         self.tx.touch_backup();
     }
 
@@ -156,10 +150,7 @@ impl Step<'_, '_> {
         if !self.try_acquire(self.all_shards()) {
             return Ok(Progress::Yield { at: 0, item: 0 });
         }
-        for to in (0..dir.nodes() as u16).filter(|&n| n != dir.rank() && n != node && n != from && !dir.is_lost(n)) {
-            let bytes = encode(self.tx.buf(to), msg::LEFT, node);
-            self.tx.sent(to, MessageKind::Membership, bytes);
-        }
+        self.send_to_live(&[node, from], MessageKind::Membership, |out| encode(out, msg::LEFT, node));
         Ok(self.remove_peer(node, super::LEFT_REASON, true))
     }
 
