@@ -26,7 +26,7 @@ mod step;
 pub(crate) mod wire;
 
 /// Why a node that left is gone, as [`super::Directory::lost_nodes`] gives it.
-pub const LEFT_REASON: &str = "it left the cluster";
+pub const LEFT_REASON: &str = "it left the cluster gracefully, handing its keys over";
 
 use std::collections::VecDeque;
 
