@@ -502,8 +502,8 @@ pub unsafe extern "C" fn ferry_node_finalize(node: *mut FerryNode) -> i32 {
 
 /// Leaves the cluster gracefully for good (`Node::leave`): the node's keys are handed to its
 /// successor first, so nothing fails and no push is lost while the others go on; then the node
-/// is freed. Needs backups (`FERRY_BACKUPS=1`) and a rank other than 0, or it fails with
-/// `FERRY_ERR_CONFIG`; every worker must be freed first, or it fails with `FERRY_ERR_OTHER`.
+/// is freed. Needs backups (`FERRY_BACKUPS=1`) and a node other than the coordinator (rank 0
+/// while it lives), or it fails with `FERRY_ERR_CONFIG`; every worker must be freed first, or it fails with `FERRY_ERR_OTHER`.
 /// After those two refusals the node is not freed and stays usable; after any other outcome
 /// it is freed.
 ///

@@ -368,8 +368,10 @@ impl Node {
     /// [`Node::finalize`] does for a node that stays to the end.
     ///
     /// Needs backups (`Config::backups = 1`: the keys go over as a last backup round) and a
-    /// rank other than 0 (rank 0 coordinates barriers and departures). Departures run one at a
-    /// time in the order rank 0 began them. All worker handles must be dropped first;
+    /// node other than the coordinator (rank 0, or after its loss the lowest-ranked live node,
+    /// which coordinates barriers and departures). Departures run one at a time in the order
+    /// the coordinator began them; a coordinator lost meanwhile is succeeded, and the
+    /// departure goes on. All worker handles must be dropped first;
     /// otherwise this returns [`Error::WorkersAlive`] and changes nothing. Fails with
     /// [`Error::Timeout`] when the hand-over does not complete within the operation timeout
     /// per node still in the cluster.
@@ -379,11 +381,7 @@ impl Node {
         self.intents.stop();
         let timeout = self.inner.config.op_timeout * self.inner.config.nodes as u32;
         let deadline = std::time::Instant::now() + timeout;
-        let dir = self.inner.core.directory();
         while !self.inner.core.leave_state().1 {
-            if dir.is_lost(0) {
-                return Err(dir.lost_error(0));
-            }
             if std::time::Instant::now() > deadline {
                 return Err(Error::Timeout { what: "leaving the cluster", millis: timeout.as_millis() as u64, nodes: Vec::new() });
             }

@@ -262,8 +262,9 @@ impl Node {
 
     /// Leaves the cluster gracefully for good: this node's keys are handed to its successor
     /// first, so nothing fails and no push is lost while the other nodes go on. Needs backups
-    /// (`FERRY_BACKUPS=1`) and a rank other than 0; close every worker first. A refused leave
-    /// (no backups, rank 0, workers open) leaves the node usable.
+    /// (`FERRY_BACKUPS=1`) and a node other than the coordinator (rank 0 while it lives); close
+    /// every worker first. A refused leave (no backups, the coordinator, workers open) leaves
+    /// the node usable.
     fn leave(&mut self, py: Python<'_>) -> PyResult<()> {
         let node = self.node.as_mut().ok_or_else(|| failed(engine::Error::ShutDown))?;
         match py.allow_threads(|| node.leave()) {

@@ -230,6 +230,84 @@ fn leaving_is_refused_without_backups_and_on_rank_0() {
     ferry_tests::finalize_all(cluster);
 }
 
+/// Rank 0 coordinates barriers and departures; when it is lost the lowest-ranked survivor takes
+/// over: a barrier the survivors were waiting in when it died completes, later barriers and
+/// a graceful leave go on under node 1, and no acknowledged push is lost.
+#[test]
+fn losing_rank_0_hands_coordination_to_the_next_node() {
+    let keys = 80u64;
+    let mut cluster = Node::start_local_cluster(4, config(keys, 1)).unwrap();
+    let table = cluster[0].table("t").unwrap();
+    let all: Vec<u64> = (0..keys).collect();
+    push_from_every_node(&cluster, table, &all, 10, 1.0);
+    barrier_everywhere(&cluster);
+    let rank_0 = cluster.remove(0);
+    // Nodes 1..3 enter a barrier that rank 0 (the coordinator) never reaches: it dies while
+    // they wait, and node 1 completes it.
+    let waited = std::thread::scope(|s| {
+        let waiters: Vec<_> = cluster
+            .iter()
+            .map(|node| {
+                let mut w = node.worker();
+                s.spawn(move || {
+                    let started = Instant::now();
+                    w.barrier().map(|_| started.elapsed())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        rank_0.abort();
+        waiters.into_iter().map(|w| w.join().unwrap()).collect::<Vec<_>>()
+    });
+    for (i, outcome) in waited.iter().enumerate() {
+        assert!(outcome.is_ok(), "node {}: the barrier rank 0 never reached failed: {outcome:?}", i + 1);
+    }
+    let mut out = vec![0.0; keys as usize];
+    let mut w = cluster[0].worker();
+    pull_after_loss(&mut w, table, &all, &mut out, Duration::from_secs(10));
+    assert!(out.iter().all(|&v| v == 40.0), "acknowledged pushes lost with rank 0: {:?}", &out[..8]);
+    drop(w);
+    // Node 1 coordinates now: it cannot leave, node 2 can (its departure begun by node 1).
+    let refused = cluster[0].leave().unwrap_err().to_string();
+    assert!(refused.contains("rank 1") && refused.contains("coordinates"), "{refused}");
+    let mut leaver = cluster.remove(1);
+    std::thread::scope(|s| {
+        s.spawn(|| push_from_every_node(&cluster, table, &all, 20, 0.5));
+        std::thread::sleep(Duration::from_millis(2));
+        leaver.leave().expect("a leave coordinated by node 1");
+    });
+    // Barriers among the last two, then every push is there.
+    barrier_everywhere(&cluster);
+    cluster[1].worker().pull(table, &all, &mut out).unwrap();
+    assert!(out.iter().all(|&v| v == 60.0), "{:?}", &out[..8]);
+    assert_eq!(cluster[1].lost_nodes().len(), 2);
+    ferry_tests::finalize_all(cluster);
+}
+
+/// Every node of `cluster` pushes `value` to every key of `keys`, `rounds` times (in parallel).
+fn push_from_every_node(cluster: &[Node], table: ferry::Table, keys: &[u64], rounds: usize, value: f32) {
+    std::thread::scope(|s| {
+        for node in cluster {
+            let mut w = node.worker();
+            s.spawn(move || {
+                for _ in 0..rounds {
+                    w.push(table, keys, &vec![value; keys.len() * table.value_len()]).unwrap();
+                }
+            });
+        }
+    });
+}
+
+/// Every node of `cluster` passes a workers' barrier.
+fn barrier_everywhere(cluster: &[Node]) {
+    std::thread::scope(|s| {
+        for node in cluster {
+            let mut w = node.worker();
+            s.spawn(move || w.barrier().expect("a barrier among the nodes left"));
+        }
+    });
+}
+
 /// A checkpoint taken after a node was lost (its keys failed over) and another left is whole:
 /// the survivors' files hold every key, their manifests name the ranks gone, and a cluster of
 /// another size restores every value.

@@ -226,19 +226,29 @@ fn a_lost_node_is_survived_by_resuming_on_the_others() {
 /// up on its owner's successor, so the two survivors train on without a restart — the lost
 /// node's keys served from their backups, its share of the data dealt among them from the next
 /// epoch — say so, report every epoch once, and end with the quality of an uninterrupted run.
+/// Rank 0 too: it coordinates barriers and reports, and the next rank takes both over.
 #[test]
 fn a_lost_node_is_survived_by_training_on() {
     let run = ["mf", "--data", "synth-tiny", "--rank", "4", "--mode", "classic", "--nodes", "3", "--epochs", "16"];
     let uninterrupted = train(&run);
-    let (status, reports, stderr) = train_killing_rank_1(&run);
-    assert!(status.success(), "{stderr}");
-    assert!(stderr.contains("1 of 3 nodes lost (rank 1); the others trained on") && stderr.contains("training goes on on 2 nodes"), "{stderr}");
-    assert_eq!(reports.iter().map(|r| r["epoch"].as_u64().unwrap()).collect::<Vec<_>>(), (1..=16).collect::<Vec<_>>(), "every epoch once");
-    let last = reports.last().unwrap();
-    assert_eq!(last["nodes"].as_u64(), Some(2), "{last}");
-    let rmse = |r: &Value| r["quality"]["rmse"].as_f64().unwrap();
-    let (whole, survived) = (rmse(uninterrupted.last().unwrap()), rmse(last));
-    assert!((survived - whole).abs() < 0.03 * whole, "RMSE {survived} after losing a node, {whole} uninterrupted");
+    for victim in [1, 0] {
+        let (status, reports, stderr) = train_killing(&run, victim);
+        assert!(status.success(), "rank {victim} killed: {stderr}");
+        assert!(
+            stderr.contains(&format!("1 of 3 nodes lost (rank {victim}); the others trained on")) && stderr.contains("training goes on on 2 nodes"),
+            "{stderr}"
+        );
+        assert_eq!(
+            reports.iter().map(|r| r["epoch"].as_u64().unwrap()).collect::<Vec<_>>(),
+            (1..=16).collect::<Vec<_>>(),
+            "every epoch once (rank {victim} killed)"
+        );
+        let last = reports.last().unwrap();
+        assert_eq!(last["nodes"].as_u64(), Some(2), "{last}");
+        let rmse = |r: &Value| r["quality"]["rmse"].as_f64().unwrap();
+        let (whole, survived) = (rmse(uninterrupted.last().unwrap()), rmse(last));
+        assert!((survived - whole).abs() < 0.03 * whole, "RMSE {survived} after losing rank {victim}, {whole} uninterrupted");
+    }
     // Refused where it is not built: modes that move keys.
     let args = ["mf", "--data", "synth-tiny", "--mode", "localize", "--on-loss", "continue"];
     let out = Command::new(binary("ferry")).arg("train").args(args).output().unwrap();
@@ -246,9 +256,9 @@ fn a_lost_node_is_survived_by_training_on() {
     assert!(!out.status.success() && stderr.contains("use --mode classic"), "{stderr}");
 }
 
-/// `ferry train ARGS --json --on-loss continue`, rank 1 killed with SIGKILL once two epochs are
-/// reported: the driver's status, the epoch reports and its standard error.
-fn train_killing_rank_1(args: &[&str]) -> (std::process::ExitStatus, Vec<Value>, String) {
+/// `ferry train ARGS --json --on-loss continue`, rank `victim` killed with SIGKILL once two
+/// epochs are reported: the driver's status, the epoch reports and its standard error.
+fn train_killing(args: &[&str], victim: usize) -> (std::process::ExitStatus, Vec<Value>, String) {
     use std::io::BufRead;
     let mut child = Command::new(binary("ferry"))
         .arg("train")
@@ -269,14 +279,14 @@ fn train_killing_rank_1(args: &[&str]) -> (std::process::ExitStatus, Vec<Value>,
         }
         reports.push(serde_json::from_str(&line).unwrap());
         if !killed && reports.len() == 2 {
-            let pid = rank_pid(child.id(), 1).expect("rank 1 runs");
+            let pid = rank_pid(child.id(), victim).expect("the victim runs");
             assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
             killed = true;
         }
     }
     let status = child.wait().unwrap();
     let stderr = errors.join().unwrap();
-    assert!(killed, "rank 1 was never killed: {stderr}");
+    assert!(killed, "rank {victim} was never killed: {stderr}");
     (status, reports, stderr)
 }
 
@@ -291,7 +301,7 @@ fn every_task_trains_on_after_a_lost_node() {
     let kge = ["kge", "--data", "synth-kg", "--dim", "16", "--epochs", "6", "--eval-every", "3", "--mode", "classic", "--nodes", "3"];
     let w2v = ["w2v", "--data", "synth-text", "--dim", "16", "--epochs", "4", "--mode", "classic", "--nodes", "3"];
     for (run, epochs) in [(&lr[..], 6), (&countmin[..], 30), (&kge[..], 6), (&w2v[..], 4)] {
-        let (status, reports, stderr) = train_killing_rank_1(run);
+        let (status, reports, stderr) = train_killing(run, 1);
         assert!(status.success() && stderr.contains("1 of 3 nodes lost (rank 1); the others trained on"), "{run:?}: {stderr}");
         assert_eq!(reports.iter().map(|r| r["epoch"].as_u64().unwrap()).collect::<Vec<_>>(), (1..=epochs).collect::<Vec<_>>(), "{run:?}");
         match run[0] {

@@ -204,7 +204,9 @@ impl<'a> Pass<'a> {
         self.local_barrier.wait();
     }
 
-    /// Whether this thread evaluates and reports (thread 0 of rank 0).
+    /// Whether this thread evaluates and reports: thread 0 of the first live rank (rank 0, or
+    /// with `--on-loss continue` after its loss the next; `rank` is the position among the
+    /// live ranks).
     pub fn reporter(&self) -> bool {
         self.rank == 0 && self.thread == 0
     }
@@ -556,7 +558,7 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
                 if live != trained_for {
                     (pass.rank, pass.nodes) = (live.iter().position(|&r| r == rank).unwrap_or(0), live.len());
                     trainer = task.trainer(data, &mut pass)?;
-                    if rank == 0 && t == 0 {
+                    if pass.rank == 0 && t == 0 {
                         let gone: Vec<String> = trained_for.iter().filter(|r| !live.contains(r)).map(|r| r.to_string()).collect();
                         let left = node.lost_nodes().iter().filter(|(_, why)| why == ferry::LEFT_REASON).count() == gone.len();
                         let (what, whence) = if left { ("left", "handed over") } else { ("lost", "served from their backups") };
@@ -586,7 +588,9 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
                 threads: pass.nodes * threads,
                 continue_after_loss: continuing,
             };
-            if let Some(mut report) = ended.end(worker, tables, fields, rank == 0 && t == 0, &local_barrier, &emit)? {
+            // Thread 0 of the lowest live rank reports (rank 0, or after its loss the next).
+            let reporter = || t == 0 && live_ranks(node).first() == Some(&rank);
+            if let Some(mut report) = ended.end(worker, tables, fields, &reporter, &local_barrier, &emit)? {
                 elapsed += epoch_s;
                 report.elapsed_s = elapsed;
                 (emit.lock())(Event::Epoch(Box::new(report)));
@@ -707,13 +711,16 @@ struct EpochEnd<'a, W: Workload> {
 }
 
 impl<W: Workload> EpochEnd<'_, W> {
-    /// Returns the report at the reporter (its elapsed time left for the caller).
+    /// Returns the report at the reporter (its elapsed time left for the caller). Whether this
+    /// thread reports is asked once the epoch's sums are in: a node lost during the epoch is
+    /// known everywhere by then (the sums end in a barrier, which a coordinator releases only
+    /// after telling every node of the loss), so a lost rank 0's successor reports that epoch.
     fn end(
         self,
         worker: &mut Worker,
         tables: &[Table],
         mut fields: Fields,
-        reporter: bool,
+        reporter: &dyn Fn() -> bool,
         local_barrier: &Barrier,
         emit: &parking_lot::Mutex<Sink>,
     ) -> Result<Option<EpochReport>> {
@@ -724,6 +731,7 @@ impl<W: Workload> EpochEnd<'_, W> {
         let sums = all_reduce(worker, self.metrics, self.epoch as u64, &fields, self.continue_after_loss)?;
         // Every node sees the same sums: all of them stop here, saying why.
         check_loss(self.epoch, mean_loss(&sums))?;
+        let reporter = reporter();
         let quality = if reporter {
             let emit_event = |e: Event| (emit.lock())(e);
             let measured = Measured { epoch_s: self.epoch_s, threads: self.threads };

@@ -118,7 +118,8 @@ pub enum OnLoss {
     /// the lost node's share of the data is dealt among the survivors from the next epoch, and
     /// the run says so. Classic mode (a parameter server whose keys stay at their homes): the
     /// workers repeat a pull the loss failed (negative samples included) and drop a push or set
-    /// it failed. Losing rank 0, which coordinates barriers and reports, still ends the run.
+    /// it failed. A lost rank 0 is survived too: the next live rank coordinates barriers and
+    /// reports from then on.
     Continue,
 }
 
@@ -925,9 +926,10 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
             };
             let failure = errors.failure(&format!("the {} cluster", mode.name()), &outcome);
             let lost = lost_ranks(&outcome);
-            // --on-loss continue: the survivors trained on and finished (rank 0 with them).
+            // --on-loss continue: the survivors trained on and finished (after a lost rank 0,
+            // the next live rank coordinated and reported).
             let survivors_done = outcome.statuses.iter().enumerate().all(|(r, s)| lost.contains(&r) || s.is_some_and(|s| s.success()));
-            if current.on_loss == OnLoss::Continue && outcome.interrupted.is_none() && !lost.is_empty() && !lost.contains(&0) && survivors_done {
+            if current.on_loss == OnLoss::Continue && outcome.interrupted.is_none() && !lost.is_empty() && lost.len() < current.nodes && survivors_done {
                 bar.suspend(|| {
                     let ranks: Vec<String> = lost.iter().map(|r| r.to_string()).collect();
                     eprintln!("{} of {} nodes lost (rank {}); the others trained on and finished the run", lost.len(), current.nodes, ranks.join(", "))
@@ -979,24 +981,29 @@ fn lost_ranks(outcome: &ferry::launch::LaunchOutcome) -> Vec<usize> {
 /// ended and their last words.
 type Launched = std::result::Result<(), (ferry::launch::LaunchOutcome, crate::cluster::RankErrors)>;
 
-/// Launches one cluster run whose rank 0's reports go to `handle` (training time counted from
-/// `elapsed_before`, that of the epochs a resumed run kept).
+/// Launches one cluster run whose reports go to `handle` (training time counted from
+/// `elapsed_before`, that of the epochs a resumed run kept). Rank 0 reports; with
+/// `--on-loss continue`, after its loss the next live rank does: reports are taken from any
+/// rank, an epoch's once.
 fn launch_cluster(mut spec: LaunchSpec, elapsed_before: f64, handle: &Arc<Mutex<impl FnMut(Event) + Send + 'static>>, bar: &ProgressBar) -> Result<Launched> {
     spec.timeout = Some(Duration::from_secs(6 * 3600));
     let errors = crate::cluster::RankErrors::default();
     let (held, above, handle) = (errors.clone(), bar.clone(), handle.clone());
+    let last_epoch = std::sync::atomic::AtomicUsize::new(0);
     let outcome = launch(&spec, move |rank, stream, line| {
         if stream == Stream::Stderr && held.hold(rank, line) {
             return;
         }
-        if rank == 0 && stream == Stream::Stdout {
+        if stream == Stream::Stdout {
             if let Some(rest) = line.strip_prefix("EPOCH ") {
                 match serde_json::from_str::<EpochReport>(rest) {
+                    // A rank that took over reporting as its predecessor died may repeat an epoch.
+                    Ok(r) if last_epoch.fetch_max(r.epoch, std::sync::atomic::Ordering::Relaxed) >= r.epoch => {}
                     Ok(mut r) => {
                         r.elapsed_s += elapsed_before;
                         (handle.lock())(Event::Epoch(Box::new(r)))
                     }
-                    Err(e) => eprintln!("[0] unreadable report ({e})"),
+                    Err(e) => eprintln!("[{rank}] unreadable report ({e})"),
                 }
                 return;
             }

@@ -10,9 +10,19 @@
 //!
 //! With failover (backups kept: [`Directory::failover`]) a lost node's keys live on and its
 //! acknowledged pushes with them, so barriers go on among the survivors: a lost node counts as
-//! arrived, rank 0 releases the generations that only waited for it when it learns of the loss,
-//! and later generations need the live nodes only. Rank 0 coordinates, so its loss still fails
-//! barriers.
+//! arrived, the coordinator releases the generations that only waited for it when it learns of
+//! the loss, and later generations need the live nodes only.
+//!
+//! **A lost coordinator.** With failover the coordinator is rank 0 until it is lost, then the
+//! lowest-ranked live node ([`Directory::coordinator`]); every node that knows the same losses
+//! names the same one. A node that learns that the coordinator is lost sends the new one what
+//! the old one may have taken with it: BARRIER again for every generation it waits in, and
+//! BARRIER_PASSED for the last generation of each kind it was released from. The old
+//! coordinator released a generation only once every node had arrived, so a node that passed
+//! it proves that it completed: whoever learns of a passed generation releases every node
+//! still waiting in it or an earlier one (the old coordinator may have died halfway through
+//! its releases). Arrivals that reach a node before it knows it coordinates (their sender
+//! learnt of the loss first) are counted all the same and decided once it learns.
 
 use std::collections::VecDeque;
 
@@ -60,15 +70,19 @@ pub struct Barriers {
     nodes: usize,
     generation: [u32; 2],
     waiting: Vec<(BarrierKind, u32)>,
-    /// At rank 0: which nodes arrived, per open generation.
+    /// At the coordinator (or a node about to be: see the module documentation): which nodes
+    /// arrived, per open generation.
     arrivals: FastMap<(u8, u32), Vec<bool>>,
+    /// Per kind, the latest generation known to have completed cluster-wide (released here,
+    /// or passed by a node that reported it): an arrival in it or before is released at once.
+    passed: [u32; 2],
     events: VecDeque<BarrierEvent>,
 }
 
 impl Barriers {
     /// Barriers of node `rank` of `nodes`.
     pub fn new(rank: u16, nodes: usize) -> Barriers {
-        Barriers { rank, nodes, generation: [0; 2], waiting: Vec::new(), arrivals: FastMap::default(), events: VecDeque::new() }
+        Barriers { rank, nodes, generation: [0; 2], waiting: Vec::new(), arrivals: FastMap::default(), passed: [0; 2], events: VecDeque::new() }
     }
 
     /// Enters the next generation of `kind`; its release (or failure) appears through
@@ -84,13 +98,20 @@ impl Barriers {
             return generation;
         }
         self.waiting.push((kind, generation));
-        if self.rank == 0 {
-            self.arrive(kind as u8, generation, 0, directory, tx);
-        } else {
-            wire::encode_barrier(tx.buf(0), msg::BARRIER, kind as u8, generation);
-            tx.sent(0, MessageKind::Barrier, 12);
-        }
+        self.send_arrival(kind as u8, generation, directory, tx);
         generation
+    }
+
+    /// Tells the coordinator this node arrived in `generation` of `kind` (counts it, at the
+    /// coordinator itself).
+    fn send_arrival(&mut self, kind: u8, generation: u32, directory: &Directory, tx: &mut Transmit) {
+        let coordinator = directory.coordinator();
+        if coordinator == self.rank {
+            self.arrive(kind, generation, self.rank, directory, tx);
+        } else {
+            wire::encode_barrier(tx.buf(coordinator), msg::BARRIER, kind, generation);
+            tx.sent(coordinator, MessageKind::Barrier, 12);
+        }
     }
 
     /// Handles BARRIER (at rank 0) or BARRIER_RELEASE sent by node `from`.
@@ -103,7 +124,7 @@ impl Barriers {
             if self.rank == 0 {
                 return Err(Error::Protocol("BARRIER_FAILED sent to the node that coordinates barriers".into()));
             }
-            let reason = format!("it was lost before barrier generation {generation} completed (reported by node 0)");
+            let reason = format!("it was lost before barrier generation {generation} completed (reported by node {from})");
             self.fail(kind, generation, Error::PeerLost { node: lost as usize, reason });
             return Ok(());
         }
@@ -112,11 +133,18 @@ impl Barriers {
             return Err(Error::Protocol(format!("unknown barrier kind {kind}")));
         }
         match body[0] {
-            msg::BARRIER if self.rank == 0 => {
+            // With failover, a node that learnt of the coordinator's loss before this one may
+            // already count this one as the coordinator.
+            msg::BARRIER if self.rank == 0 || directory.failover() => {
                 self.arrive(kind, generation, from, directory, tx);
                 Ok(())
             }
             msg::BARRIER => Err(Error::Protocol("BARRIER sent to a node that does not coordinate barriers".into())),
+            msg::BARRIER_PASSED if directory.failover() => {
+                self.note_passed(kind, generation, directory, tx);
+                Ok(())
+            }
+            msg::BARRIER_PASSED => Err(Error::Protocol("BARRIER_PASSED without failover".into())),
             _ => {
                 self.released(kind, generation);
                 Ok(())
@@ -124,11 +152,30 @@ impl Barriers {
         }
     }
 
-    /// A loss that keeps barriers from completing: any, without failover; with it, only rank
-    /// 0's (the coordinator).
+    /// Generation `generation` of `kind` completed cluster-wide (a node passed it): every
+    /// generation up to it that is open here is released, here and at every live node (they
+    /// ignore a release of a generation they do not wait in).
+    fn note_passed(&mut self, kind: u8, generation: u32, directory: &Directory, tx: &mut Transmit) {
+        let Some(k) = BarrierKind::from_u8(kind) else { return };
+        if generation <= self.passed[k as usize] {
+            return;
+        }
+        self.passed[k as usize] = generation;
+        let mut open: Vec<u32> = self.arrivals.keys().filter(|&&(kd, g)| kd == kind && g <= generation).map(|&(_, g)| g).collect();
+        open.extend(self.waiting.iter().filter(|&&(kd, g)| kd == k && g <= generation).map(|&(_, g)| g));
+        open.sort_unstable();
+        open.dedup();
+        for g in open {
+            self.arrivals.remove(&(kind, g));
+            self.release_everywhere(kind, g, directory, tx);
+        }
+    }
+
+    /// A loss that keeps barriers from completing: any, without failover; with it, none (a
+    /// lost coordinator is succeeded).
     fn blocking_loss(&self, directory: &Directory) -> Option<(u16, String)> {
         if directory.failover() {
-            return directory.lost_nodes().into_iter().find(|&(n, _)| n == 0);
+            return None;
         }
         directory.any_lost()
     }
@@ -141,6 +188,16 @@ impl Barriers {
             self.decide_failed(kind, generation, lost, directory, tx);
             return;
         }
+        if BarrierKind::from_u8(kind).is_some_and(|k| generation <= self.passed[k as usize]) {
+            // Completed already (its sender repeats an arrival the lost coordinator counted).
+            if from == self.rank {
+                self.released(kind, generation);
+            } else {
+                wire::encode_barrier(tx.buf(from), msg::BARRIER_RELEASE, kind, generation);
+                tx.sent(from, MessageKind::Barrier, 12);
+            }
+            return;
+        }
         let nodes = self.nodes;
         let arrived = self.arrivals.entry((kind, generation)).or_insert_with(|| vec![false; nodes]);
         if let Some(seen) = arrived.get_mut(from as usize) {
@@ -149,9 +206,12 @@ impl Barriers {
         self.release_if_complete(kind, generation, directory, tx);
     }
 
-    /// At rank 0: releases `generation` of `kind` if every node arrived — with failover, every
-    /// node not lost.
+    /// At the coordinator: releases `generation` of `kind` if every node arrived — with
+    /// failover, every node not lost.
     fn release_if_complete(&mut self, kind: u8, generation: u32, directory: &Directory, tx: &mut Transmit) {
+        if directory.coordinator() != self.rank {
+            return;
+        }
         let Some(arrived) = self.arrivals.get(&(kind, generation)) else { return };
         let failover = directory.failover();
         let counted = |n: usize, arrived: bool| arrived || (failover && directory.is_lost(n as u16));
@@ -159,6 +219,14 @@ impl Barriers {
             return;
         }
         self.arrivals.remove(&(kind, generation));
+        if let Some(k) = BarrierKind::from_u8(kind) {
+            self.passed[k as usize] = self.passed[k as usize].max(generation);
+        }
+        self.release_everywhere(kind, generation, directory, tx);
+    }
+
+    /// Releases `generation` of `kind` here and at every live node.
+    fn release_everywhere(&mut self, kind: u8, generation: u32, directory: &Directory, tx: &mut Transmit) {
         for node in 0..self.nodes as u16 {
             if node == self.rank {
                 self.released(kind, generation);
@@ -204,14 +272,36 @@ impl Barriers {
     /// Peer `peer` is gone (already marked lost in `directory`). At rank 0, every generation not
     /// completed yet fails, here and at every live node — with failover, those that waited only
     /// for `peer` are released instead; elsewhere, barriers wait for rank 0's verdict unless
-    /// `peer` is rank 0.
+    /// `peer` is rank 0. With failover a lost coordinator is succeeded (see the module
+    /// documentation).
     pub fn handle_peer_lost(&mut self, peer: u16, error: &Error, directory: &Directory, tx: &mut Transmit) {
-        if self.rank == 0 && directory.failover() {
-            // The lost node counts as arrived: generations that waited only for it complete.
-            let mut open: Vec<(u8, u32)> = self.arrivals.keys().copied().collect();
-            open.sort_unstable();
-            for (kind, generation) in open {
-                self.release_if_complete(kind, generation, directory, tx);
+        if directory.failover() {
+            let coordinator = directory.coordinator();
+            if directory.coordinated(peer) {
+                if coordinator == self.rank {
+                    // This node coordinates now: what it passed completed, and its own
+                    // arrivals count here.
+                    for kind in [BarrierKind::Workers, BarrierKind::Finalize] {
+                        let passed = self.own_passed(kind);
+                        if passed > 0 {
+                            self.note_passed(kind as u8, passed, directory, tx);
+                        }
+                    }
+                    let waiting = self.waiting.clone();
+                    for (kind, generation) in waiting {
+                        self.arrive(kind as u8, generation, self.rank, directory, tx);
+                    }
+                } else {
+                    self.report_to(coordinator, tx);
+                }
+            }
+            if coordinator == self.rank {
+                // The lost node counts as arrived: generations that waited only for it complete.
+                let mut open: Vec<(u8, u32)> = self.arrivals.keys().copied().collect();
+                open.sort_unstable();
+                for (kind, generation) in open {
+                    self.release_if_complete(kind, generation, directory, tx);
+                }
             }
         } else if self.rank == 0 {
             let mut open: Vec<(u8, u32)> = self.arrivals.keys().copied().collect();
@@ -229,14 +319,41 @@ impl Barriers {
         }
     }
 
-    /// For a timeout's message: the nodes a generation waits for. Rank 0 knows which nodes have
-    /// not arrived; any other node waits for rank 0's release.
-    pub fn not_arrived(&self, kind: BarrierKind, generation: u32) -> Vec<usize> {
-        if self.rank != 0 {
-            return vec![0];
+    /// Sends a new coordinator what the lost one may have taken with it: the last generation
+    /// of each kind this node passed, and its arrival in every generation it waits in.
+    fn report_to(&mut self, coordinator: u16, tx: &mut Transmit) {
+        for kind in [BarrierKind::Workers, BarrierKind::Finalize] {
+            let passed = self.own_passed(kind);
+            if passed > 0 {
+                wire::encode_barrier(tx.buf(coordinator), msg::BARRIER_PASSED, kind as u8, passed);
+                tx.sent(coordinator, MessageKind::Barrier, 12);
+            }
+        }
+        for &(kind, generation) in &self.waiting {
+            wire::encode_barrier(tx.buf(coordinator), msg::BARRIER, kind as u8, generation);
+            tx.sent(coordinator, MessageKind::Barrier, 12);
+        }
+    }
+
+    /// The last generation of `kind` this node was released from: generations of a kind
+    /// complete in order, so every one before the first it still waits in.
+    fn own_passed(&self, kind: BarrierKind) -> u32 {
+        let first_waiting = self.waiting.iter().filter(|&&(k, _)| k == kind).map(|&(_, g)| g).min();
+        first_waiting.map_or(self.generation[kind as usize], |g| g - 1)
+    }
+
+    /// For a timeout's message: the nodes a generation waits for. The coordinator knows which
+    /// nodes have not arrived; any other node waits for its release.
+    pub fn not_arrived(&self, kind: BarrierKind, generation: u32, directory: &Directory) -> Vec<usize> {
+        let coordinator = directory.coordinator();
+        if self.rank != coordinator {
+            return vec![coordinator as usize];
         }
         match self.arrivals.get(&(kind as u8, generation)) {
-            Some(arrived) => arrived.iter().enumerate().filter(|&(_, &a)| !a).map(|(n, _)| n).collect(),
+            Some(arrived) => {
+                let failover = directory.failover();
+                arrived.iter().enumerate().filter(|&(n, &a)| !(a || (failover && directory.is_lost(n as u16)))).map(|(n, _)| n).collect()
+            }
             None => Vec::new(),
         }
     }
@@ -273,7 +390,7 @@ mod tests {
         }
         assert_eq!(to_zero.len(), 2, "rank 0 counts its own arrival without a message");
         let (b0, d0, tx0) = &mut nodes[0];
-        assert_eq!(b0.not_arrived(BarrierKind::Workers, 1), vec![1, 2], "rank 0 knows who has not arrived");
+        assert_eq!(b0.not_arrived(BarrierKind::Workers, 1, d0), vec![1, 2], "rank 0 knows who has not arrived");
         let (from, frame) = &to_zero[0];
         for body in wire::Messages::new(frame) {
             let body = body.unwrap();
@@ -281,7 +398,7 @@ mod tests {
             // A repeated arrival is not counted twice.
             b0.handle_message(*from, body, d0, tx0).unwrap();
         }
-        assert_eq!(b0.not_arrived(BarrierKind::Workers, 1), vec![2]);
+        assert_eq!(b0.not_arrived(BarrierKind::Workers, 1, d0), vec![2]);
         assert_eq!(b0.poll_event(), None);
         let (from, frame) = &to_zero[1];
         for body in wire::Messages::new(frame) {
@@ -335,16 +452,22 @@ mod tests {
         }
     }
 
+    /// Nodes `ranks` enter the next generation of `kind`, in this order, each one's messages
+    /// delivered at once.
+    fn enter_and_deliver(nodes: &mut [(Barriers, Directory, Transmit)], ranks: &[usize], kind: BarrierKind) {
+        for &r in ranks {
+            let (b, d, tx) = &mut nodes[r];
+            b.enter(kind, d, tx);
+            deliver(nodes, r);
+        }
+    }
+
     #[test]
     fn survivors_agree_on_a_barrier_released_before_a_loss() {
         // Nodes 1 and 2 arrive, rank 0 arrives and releases; node 1 notices node 2's death
         // before the release reaches it. It must still pass, as rank 0 did.
         let mut nodes: Vec<_> = (0..3).map(|r| parts(r, 3)).collect();
-        for r in [1, 2] {
-            let (b, d, tx) = &mut nodes[r];
-            b.enter(BarrierKind::Workers, d, tx);
-            deliver(&mut nodes, r);
-        }
+        enter_and_deliver(&mut nodes, &[1, 2], BarrierKind::Workers);
         {
             let (b, d, tx) = &mut nodes[0];
             b.enter(BarrierKind::Workers, d, tx);
@@ -363,12 +486,7 @@ mod tests {
 
     #[test]
     fn with_failover_barriers_go_on_among_the_survivors() {
-        let parts = |rank: u16| {
-            let registry = Arc::new(CounterRegistry::default());
-            let d = Directory::new(rank as usize, 3, 1, &[TableSpec::new("t", 4, 1)], false).with_failover();
-            (Barriers::new(rank, 3), d, Transmit::new(rank, 3, 4096, &registry))
-        };
-        let mut nodes: Vec<_> = (0..3).map(parts).collect();
+        let mut nodes = failover_nodes(3);
         // Node 1 waits in generation 1; node 2 dies before arriving; rank 0 arrives.
         {
             let (b, d, tx) = &mut nodes[1];
@@ -399,11 +517,107 @@ mod tests {
         }
         deliver(&mut nodes, 0);
         assert_eq!(nodes[1].0.poll_event().map(|e| e.result), Some(Ok(())));
-        // Rank 0 coordinates: its loss still fails barriers.
+        // Rank 0 is lost too: node 1, the last one, coordinates its own barriers.
         let (b, d, tx) = &mut nodes[1];
         lose(b, d, tx, 0);
+        assert_eq!(d.coordinator(), 1);
         b.enter(BarrierKind::Workers, d, tx);
-        assert!(matches!(b.poll_event().map(|e| e.result), Some(Err(Error::PeerLost { node: 0, .. }))));
+        assert_eq!(b.poll_event().map(|e| e.result), Some(Ok(())));
+        assert!(tx.poll_transmit().is_none(), "nobody else to tell");
+    }
+
+    fn failover_nodes(n: usize) -> Vec<(Barriers, Directory, Transmit)> {
+        (0..n as u16)
+            .map(|rank| {
+                let registry = Arc::new(CounterRegistry::default());
+                let d = Directory::new(rank as usize, n, 1, &[TableSpec::new("t", 4, 1)], false).with_failover();
+                (Barriers::new(rank, n), d, Transmit::new(rank, n, 4096, &registry))
+            })
+            .collect()
+    }
+
+    /// Delivers `from`'s queued frames to `to` only; frames to others are dropped (a node that
+    /// dies halfway through its sends).
+    fn deliver_only(nodes: &mut [(Barriers, Directory, Transmit)], from: usize, to: usize) {
+        let frames: Vec<_> = std::iter::from_fn(|| nodes[from].2.poll_transmit()).collect();
+        for (dest, frame) in frames {
+            if dest as usize != to {
+                continue;
+            }
+            let (b, d, tx) = &mut nodes[to];
+            for body in wire::Messages::new(&frame) {
+                b.handle_message(from as u16, body.unwrap(), d, tx).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn a_coordinator_lost_halfway_through_its_releases_is_succeeded() {
+        // Four nodes arrive; rank 0 releases node 1 and dies before node 2's and 3's releases
+        // go out. Node 1 passed the generation, so it completed: whoever coordinates next
+        // releases the others, in whichever order the nodes learn of the loss.
+        for node_2_learns_first in [false, true] {
+            let mut nodes = failover_nodes(4);
+            enter_and_deliver(&mut nodes, &[1, 2, 3, 0], BarrierKind::Workers);
+            assert_eq!(nodes[0].0.poll_event().map(|e| e.result), Some(Ok(())));
+            deliver_only(&mut nodes, 0, 1);
+            assert_eq!(nodes[1].0.poll_event().map(|e| e.result), Some(Ok(())));
+            let order: &[usize] = if node_2_learns_first { &[2, 3, 1] } else { &[1, 2, 3] };
+            for &r in order {
+                let (b, d, tx) = &mut nodes[r];
+                lose(b, d, tx, 0);
+                assert_eq!(d.coordinator(), 1);
+                deliver(&mut nodes, r);
+                // Whatever node 1 sends in answer reaches the others at once.
+                deliver(&mut nodes, 1);
+            }
+            for r in [2, 3] {
+                assert_eq!(nodes[r].0.poll_event().map(|e| e.result), Some(Ok(())), "node {r} (node 2 first: {node_2_learns_first})");
+            }
+            assert_eq!(nodes[1].0.poll_event(), None, "node 1 was released once");
+            // The next generation completes under node 1.
+            for r in [2, 3, 1] {
+                let (b, d, tx) = &mut nodes[r];
+                assert_eq!(b.enter(BarrierKind::Workers, d, tx), 2);
+                deliver(&mut nodes, r);
+            }
+            deliver(&mut nodes, 1);
+            for (r, (b, _, _)) in nodes.iter_mut().enumerate().skip(1) {
+                assert_eq!(b.poll_event().map(|e| e.result), Some(Ok(())), "generation 2 at node {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_coordinator_lost_before_everyone_arrived_is_succeeded() {
+        // Nodes 1 and 2 arrive (rank 0 counts them) and rank 0 dies: nobody passed, so the new
+        // coordinator counts the arrivals again, its own and node 3's later one included.
+        let mut nodes = failover_nodes(4);
+        for r in [1, 2] {
+            let (b, d, tx) = &mut nodes[r];
+            b.enter(BarrierKind::Finalize, d, tx);
+            deliver(&mut nodes, r);
+        }
+        for r in [2, 1] {
+            let (b, d, tx) = &mut nodes[r];
+            lose(b, d, tx, 0);
+            deliver(&mut nodes, r);
+        }
+        assert_eq!(nodes[1].0.not_arrived(BarrierKind::Finalize, 1, &nodes[1].1), vec![3]);
+        assert_eq!(nodes[2].0.not_arrived(BarrierKind::Finalize, 1, &nodes[2].1), vec![1]);
+        assert_eq!(nodes[1].0.poll_event(), None, "node 3 has not arrived");
+        {
+            // Node 3 arrives before it learns of the loss: its BARRIER goes to the dead node.
+            let (b, d, tx) = &mut nodes[3];
+            b.enter(BarrierKind::Finalize, d, tx);
+            assert_eq!(tx.poll_transmit().map(|(to, _)| to), Some(0));
+            lose(b, d, tx, 0);
+            deliver(&mut nodes, 3);
+        }
+        deliver(&mut nodes, 1);
+        for (r, (b, _, _)) in nodes.iter_mut().enumerate().skip(1) {
+            assert_eq!(b.poll_event().map(|e| e.result), Some(Ok(())), "node {r}");
+        }
     }
 
     #[test]

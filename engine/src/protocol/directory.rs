@@ -285,6 +285,27 @@ impl Directory {
         self.lost.get(node as usize).is_some_and(|l| l.load(Ordering::Acquire))
     }
 
+    /// The node that coordinates barriers and departures: rank 0, and with failover, once it
+    /// is lost, the lowest-ranked live node (this node, if every other is gone). Every node
+    /// that knows the same losses names the same coordinator (see `protocol::barrier`, "A lost
+    /// coordinator").
+    #[inline]
+    pub fn coordinator(&self) -> u16 {
+        if !self.failover || self.losses() == 0 {
+            return 0;
+        }
+        (0..self.nodes as u16).find(|&n| n == self.rank || !self.is_lost(n)).unwrap_or(self.rank)
+    }
+
+    /// Whether `node` coordinated until it was lost: it was the lowest-ranked node not lost
+    /// before it (with failover; without, rank 0).
+    pub fn coordinated(&self, node: u16) -> bool {
+        if !self.failover {
+            return node == 0;
+        }
+        (0..node).all(|n| n != self.rank && self.is_lost(n))
+    }
+
     /// The first peer lost, if any, and why.
     pub fn any_lost(&self) -> Option<(u16, String)> {
         self.lost_nodes().into_iter().next()

@@ -159,7 +159,7 @@ impl<'c, 't> Step<'c, 't> {
                         msg::LOCALIZE => self.handle_localize(from, body, first_item)?,
                         msg::RELOCATE => self.handle_relocate(body, first_item)?,
                         msg::LOCALIZE_FAILED => self.handle_localize_failed(from, body)?,
-                        msg::BARRIER | msg::BARRIER_RELEASE | msg::BARRIER_FAILED => {
+                        msg::BARRIER | msg::BARRIER_RELEASE | msg::BARRIER_FAILED | msg::BARRIER_PASSED => {
                             let core = self.core;
                             self.tx.touch_barrier();
                             core.barriers().lock().handle_message(from, body, dir, self.tx)?;
@@ -208,10 +208,11 @@ impl<'c, 't> Step<'c, 't> {
                             None
                         }
                         // These need every shard, as PEER_LOST does.
-                        msg::LEAVE_ASK | msg::LEAVE_BEGIN | msg::LEFT => {
+                        msg::LEAVE_ASK | msg::LEAVE_BEGIN | msg::LEAVE_KNOWN | msg::LEFT => {
                             let progress = match kind {
                                 msg::LEAVE_ASK => self.handle_leave_ask(from, body)?,
                                 msg::LEAVE_BEGIN => self.handle_leave_begin(from, body)?,
+                                msg::LEAVE_KNOWN => self.handle_leave_known(from, body)?,
                                 _ => self.handle_left(from, body)?,
                             };
                             match progress {
@@ -318,6 +319,14 @@ impl<'c, 't> Step<'c, 't> {
             self.fail_over(peer, left);
         }
         self.core.barriers().lock().handle_peer_lost(peer, &error, dir, self.tx);
+        if dir.failover() {
+            if dir.coordinated(peer) {
+                self.coordinator_lost(dir.coordinator());
+            } else {
+                // A new coordinator no longer waits for the lost node's report.
+                self.advance_takeover();
+            }
+        }
         self.intents_of_lost_node(peer);
         self.tx.touch_barrier();
         // A lost node no longer holds back the cluster's clocks.

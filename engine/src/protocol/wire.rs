@@ -43,9 +43,9 @@ pub mod msg {
     pub const FAILURE: u8 = 5;
     /// Relocations that cannot happen.
     pub const LOCALIZE_FAILED: u8 = 6;
-    /// A node enters a barrier (sent to rank 0).
+    /// A node enters a barrier (sent to the coordinator: rank 0, or its successor).
     pub const BARRIER: u8 = 7;
-    /// Rank 0 releases a barrier.
+    /// The coordinator releases a barrier.
     pub const BARRIER_RELEASE: u8 = 8;
     /// Rank 0 declares a barrier failed because a node was lost before it completed.
     pub const BARRIER_FAILED: u8 = 9;
@@ -82,6 +82,12 @@ pub mod msg {
     pub const LEAVE_READY: u8 = 23;
     /// Leaving node to every live node: its keys are handed over; it is gone.
     pub const LEFT: u8 = 24;
+    /// Node to a new coordinator (its predecessor was lost): the last barrier generation of a
+    /// kind it was released from, which therefore completed (see `protocol::barrier`).
+    pub const BARRIER_PASSED: u8 = 25;
+    /// Node to a new coordinator: the departures it knows were begun, in order, and whether it
+    /// asked to leave itself (see `protocol::leave`).
+    pub const LEAVE_KNOWN: u8 = 26;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).

@@ -412,7 +412,7 @@ impl NodeInner {
             }
             if self.barrier_cv.wait_until(&mut state, deadline).timed_out() {
                 drop(state);
-                let nodes = self.core.barriers().lock().not_arrived(kind, generation);
+                let nodes = self.core.barriers().lock().not_arrived(kind, generation, self.core.directory());
                 return Err(Error::Timeout { what: "barrier", millis: timeout.as_millis() as u64, nodes });
             }
         }

@@ -2,9 +2,9 @@
 //! leaves the cluster without failing an operation or losing a push. The design and its
 //! argument are in docs/ARCHITECTURE.md, "A node that leaves"; in short:
 //!
-//! 1. **Ordered.** The leaver asks rank 0 (LEAVE_ASK), which begins departures one after the
+//! 1. **Ordered.** The leaver asks the coordinator (LEAVE_ASK), which begins departures one after the
 //!    other: it sends LEAVE_BEGIN to every live node. Links keep their order, so every node
-//!    sees the departures in rank 0's order and works on one at a time (the *current* one).
+//!    sees the departures in its order and works on one at a time (the *current* one).
 //! 2. **The cut.** When a departure becomes current on a node, that node stops sending
 //!    requests to the leaver — parts routed to it wait, so its workers see a pause — and
 //!    answers LEAVE_READY behind every request it already sent. The departure is set under
@@ -18,6 +18,15 @@
 //!    anything: as after a loss, the leaver's successor adopts the images and serves its keys,
 //!    and every node routes them there (the parts that waited included). It then closes its
 //!    connection to the leaver, which shuts down once every peer did.
+//!
+//! 5. **A lost coordinator** (with failover the coordinator is rank 0 until it is lost, then
+//!    the lowest-ranked live node). The departures a node knows were begun are a prefix of
+//!    the old coordinator's order (links keep their order; it sent each LEAVE_BEGIN to every
+//!    node before the next). Every node sends the new coordinator LEAVE_KNOWN: its queue, and
+//!    whether it asked to leave itself. The new coordinator takes asks only once every live
+//!    node reported; it then begins the longest queue reported, in its order (the others are
+//!    prefixes of it, and a node ignores a begin it has seen), then the other asks by rank.
+//!    Begun in any other order, two nodes could wait on different departures for ever.
 //!
 //! [`Departures`] is the state machine (no thread, clock, lock or I/O); the steps that send
 //! and handle the messages are in `step.rs`.
@@ -44,12 +53,27 @@ struct OwnDeparture {
 /// The departures one node knows of (see the module documentation).
 #[derive(Debug, Default)]
 pub(crate) struct Departures {
-    /// Departures rank 0 began that have not ended here, in its order: the first is current.
+    /// Departures the coordinator began that have not ended here, in its order: the first is current.
     queue: VecDeque<u16>,
     /// This node's own departure, once asked for.
     own: Option<OwnDeparture>,
-    /// At rank 0: the nodes whose departure it began (a repeated ask begins nothing).
+    /// At the coordinator: the nodes whose departure it began (a repeated ask begins nothing).
     begun: Vec<u16>,
+    /// Asks this node holds until it coordinates and every live node has reported (an ask may
+    /// reach a node before it learns that it coordinates).
+    asks: Vec<u16>,
+    /// LEAVE_KNOWN reports by rank (the latest of each): the queue the node knows and whether
+    /// it asked.
+    reports: Vec<Option<(Vec<u16>, bool)>>,
+    /// Whether this node took over as coordinator and waits for reports.
+    taking_over: bool,
+}
+
+/// What a new coordinator begins once every live node has reported, in this order.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Takeover {
+    /// Departures to begin (again) at every live node.
+    pub begin: Vec<u16>,
 }
 
 impl Departures {
@@ -62,13 +86,88 @@ impl Departures {
         true
     }
 
-    /// At rank 0: whether `node`'s departure should begin now (not begun before).
+    /// At the coordinator: whether `node`'s departure should begin now (not begun before).
     pub fn begin_at_coordinator(&mut self, node: u16) -> bool {
         if self.begun.contains(&node) {
             return false;
         }
         self.begun.push(node);
         true
+    }
+
+    /// A new coordinator begins `node`'s departure again (its predecessor began it): not
+    /// counted as begun here before.
+    pub fn forget_begun(&mut self, node: u16) {
+        self.begun.retain(|&n| n != node);
+    }
+
+    /// An ask the coordinator cannot take yet (this node does not know it coordinates, or it
+    /// waits for reports): held.
+    pub fn hold_ask(&mut self, node: u16) {
+        if !self.asks.contains(&node) {
+            self.asks.push(node);
+        }
+    }
+
+    /// Whether asks wait for a takeover's reports.
+    pub fn taking_over(&self) -> bool {
+        self.taking_over
+    }
+
+    /// What this node reports to a new coordinator: its queue, and whether it asked to leave
+    /// and has not left.
+    pub fn report(&self) -> (Vec<u16>, bool) {
+        (self.queue.iter().copied().collect(), self.own.as_ref().is_some_and(|o| !o.left))
+    }
+
+    /// LEAVE_KNOWN from `from` (kept whether or not this node coordinates yet).
+    pub fn note_report(&mut self, nodes: usize, from: u16, queue: Vec<u16>, asks: bool) {
+        if self.reports.len() < nodes {
+            self.reports.resize(nodes, None);
+        }
+        if let Some(r) = self.reports.get_mut(from as usize) {
+            *r = Some((queue, asks));
+        }
+    }
+
+    /// This node (`rank`) coordinates now: asks wait until every live node has reported.
+    pub fn start_takeover(&mut self, nodes: usize, rank: u16) {
+        let own = self.report();
+        self.note_report(nodes, rank, own.0, own.1);
+        self.taking_over = true;
+    }
+
+    /// If every live node has reported, ends the takeover: the departures to begin, in order —
+    /// the longest queue reported (the others are prefixes of it), then the asks by rank.
+    pub fn finish_takeover(&mut self, live: impl Fn(u16) -> bool) -> Option<Takeover> {
+        if !self.taking_over {
+            return None;
+        }
+        let reported = |n: usize| self.reports.get(n).is_some_and(Option::is_some);
+        if (0..self.reports.len().max(1)).any(|n| live(n as u16) && !reported(n)) {
+            return None;
+        }
+        self.taking_over = false;
+        let reports = std::mem::take(&mut self.reports);
+        let mut begin = reports.iter().flatten().map(|(q, _)| q).max_by_key(|q| q.len()).cloned().unwrap_or_default();
+        let mut asks: Vec<u16> = std::mem::take(&mut self.asks);
+        asks.extend(reports.iter().enumerate().filter(|(_, r)| r.as_ref().is_some_and(|(_, asked)| *asked)).map(|(n, _)| n as u16));
+        asks.sort_unstable();
+        asks.dedup();
+        asks.retain(|n| !begin.contains(n));
+        begin.extend(asks);
+        begin.retain(|&n| live(n));
+        Some(Takeover { begin })
+    }
+
+    /// Asks held while this node did not coordinate, to take now (no takeover waits).
+    pub fn take_asks(&mut self) -> Vec<u16> {
+        if self.taking_over {
+            return Vec::new();
+        }
+        let mut asks = std::mem::take(&mut self.asks);
+        asks.sort_unstable();
+        asks
     }
 
     /// LEAVE_BEGIN of `node`: queued. Returns `node` when it is the current departure now.
@@ -161,6 +260,37 @@ mod tests {
         assert_eq!(d.current(), None);
         let mut c = Departures::default();
         assert!(c.begin_at_coordinator(1) && !c.begin_at_coordinator(1));
+    }
+
+    #[test]
+    fn a_new_coordinator_begins_the_longest_known_order_then_the_asks() {
+        // Rank 0 of 5 began node 3's departure, then node 4's, and died with node 4's begins
+        // half sent: node 1 (the new coordinator) and node 3 know [3], nodes 2 and 4 know
+        // [3, 4]. Node 2 asks to leave now, before node 1 has heard from everyone.
+        let live = |n: u16| n != 0;
+        let mut c = Departures::default();
+        c.handle_begin(3);
+        c.hold_ask(2);
+        c.start_takeover(5, 1);
+        assert!(c.taking_over());
+        assert_eq!(c.finish_takeover(live), None, "no report yet");
+        c.note_report(5, 3, vec![3], true);
+        c.note_report(5, 2, vec![3, 4], true);
+        assert_eq!(c.finish_takeover(live), None, "node 4 has not reported");
+        assert!(c.take_asks().is_empty(), "asks wait for the takeover");
+        c.note_report(5, 4, vec![3, 4], true);
+        assert_eq!(c.finish_takeover(live), Some(Takeover { begin: vec![3, 4, 2] }));
+        assert!(!c.taking_over() && c.finish_takeover(live).is_none());
+        // A node lost meanwhile neither reports nor is begun.
+        let mut c = Departures::default();
+        c.start_takeover(4, 1);
+        c.note_report(4, 2, vec![3], false);
+        assert_eq!(c.finish_takeover(|n| n != 0 && n != 3), Some(Takeover { begin: vec![] }));
+        // Outside a takeover, held asks are taken by rank.
+        c.hold_ask(3);
+        c.hold_ask(2);
+        c.hold_ask(3);
+        assert_eq!(c.take_asks(), vec![2, 3]);
     }
 
     #[test]

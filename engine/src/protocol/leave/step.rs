@@ -1,7 +1,7 @@
-//! The steps of a graceful leave: the ask, rank 0's begin, each node's READY behind its last
+//! The steps of a graceful leave: the ask, the coordinator's begin (and a new coordinator's takeover), each node's READY behind its last
 //! request to the leaver, the leaver's hand-over round and LEFT, and LEFT at the others.
 
-use super::wire::{decode, encode};
+use super::wire::{decode, decode_known, encode, encode_known};
 use crate::error::{Error, Result};
 use crate::protocol::Progress;
 use crate::protocol::Step;
@@ -9,53 +9,117 @@ use crate::protocol::wire::msg;
 use crate::stats::MessageKind;
 
 impl Step<'_, '_> {
-    /// This node asks to leave the cluster ([`crate::Node::leave`]): LEAVE_ASK to rank 0, which
-    /// coordinates departures and so cannot leave itself. Needs backups (the keys are handed
-    /// over as a backup round). Asking twice changes nothing.
+    /// This node asks to leave the cluster ([`crate::Node::leave`]): LEAVE_ASK to the
+    /// coordinator (rank 0, or after its loss the lowest-ranked live node), which coordinates
+    /// departures and so cannot leave itself. Needs backups (the keys are handed over as a
+    /// backup round). Asking twice changes nothing.
     pub fn ask_to_leave(&mut self) -> Result<()> {
         let core = self.core;
         let dir = core.directory();
         if !core.settings().backups {
             return Err(Error::Config("a node can leave only with backups (FERRY_BACKUPS=1): its keys are handed over as a last backup round".into()));
         }
-        if dir.rank() == 0 {
-            return Err(Error::Config("rank 0 coordinates barriers and departures and cannot leave; any other node can".into()));
-        }
-        if dir.is_lost(0) {
-            return Err(dir.lost_error(0));
+        let coordinator = dir.coordinator();
+        if dir.rank() == coordinator {
+            return Err(Error::Config(format!("this node (rank {coordinator}) coordinates barriers and departures and cannot leave; any other node can")));
         }
         if core.departures().lock().ask(dir.nodes()) {
-            let bytes = encode(self.tx.buf(0), msg::LEAVE_ASK, dir.rank());
-            self.tx.sent(0, MessageKind::Membership, bytes);
+            let bytes = encode(self.tx.buf(coordinator), msg::LEAVE_ASK, dir.rank());
+            self.tx.sent(coordinator, MessageKind::Membership, bytes);
         }
         Ok(())
     }
 
-    /// LEAVE_ASK from `from`, at rank 0: begins its departure at every live node, this one
-    /// included (once; a repeated ask begins nothing). Needs every shard.
+    /// LEAVE_ASK from `from`, at the coordinator: begins its departure at every live node, this
+    /// one included (once; a repeated ask begins nothing). A node that does not know yet that
+    /// it coordinates (the asker learnt of a loss first), or that waits for the reports of a
+    /// takeover, holds the ask until then. Needs every shard.
     pub(crate) fn handle_leave_ask(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
         let node = decode(body)?;
         let dir = self.directory();
-        if dir.rank() != 0 || node != from {
+        if node != from || (dir.rank() != 0 && !dir.failover()) {
             return Err(Error::Protocol(format!("LEAVE_ASK for node {node} from node {from} to node {}", dir.rank())));
         }
         if !self.try_acquire(self.all_shards()) {
             return Ok(Progress::Yield { at: 0, item: 0 });
         }
-        if !self.core.departures().lock().begin_at_coordinator(node) {
-            return Ok(Progress::Done);
+        {
+            let mut departures = self.core.departures().lock();
+            if dir.coordinator() != dir.rank() || departures.taking_over() {
+                departures.hold_ask(node);
+                return Ok(Progress::Done);
+            }
+        }
+        self.begin_everywhere(node);
+        Ok(Progress::Done)
+    }
+
+    /// At the coordinator (every shard held): begins `node`'s departure at every live node,
+    /// this one included, unless it was begun before.
+    fn begin_everywhere(&mut self, node: u16) {
+        let dir = self.directory();
+        if dir.is_lost(node) || !self.core.departures().lock().begin_at_coordinator(node) {
+            return;
         }
         tracing::info!(node = dir.rank(), leaving = node, "a node's departure begins");
         self.send_to_live(&[], MessageKind::Membership, |out| encode(out, msg::LEAVE_BEGIN, node));
         self.begin_departure(node);
+    }
+
+    /// The coordinator was lost (every shard held; `coordinator` is the new one): this node
+    /// reports the departures it knows to it, or, if it is the new coordinator, waits for
+    /// every live node's report before it takes asks (see the module documentation).
+    pub(crate) fn coordinator_lost(&mut self, coordinator: u16) {
+        let dir = self.directory();
+        if coordinator == dir.rank() {
+            self.core.departures().lock().start_takeover(dir.nodes(), dir.rank());
+            self.advance_takeover();
+            return;
+        }
+        let (queue, asks) = self.core.departures().lock().report();
+        let bytes = encode_known(self.tx.buf(coordinator), &queue, asks);
+        self.tx.sent(coordinator, MessageKind::Membership, bytes);
+    }
+
+    /// LEAVE_KNOWN from `from`: kept for this node's takeover as coordinator (which it may not
+    /// know of yet). Needs every shard.
+    pub(crate) fn handle_leave_known(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
+        let (queue, asks) = decode_known(body, self.directory().nodes())?;
+        if !self.directory().failover() {
+            return Err(Error::Protocol(format!("LEAVE_KNOWN from node {from} without failover")));
+        }
+        if !self.try_acquire(self.all_shards()) {
+            return Ok(Progress::Yield { at: 0, item: 0 });
+        }
+        self.core.departures().lock().note_report(self.directory().nodes(), from, queue, asks);
+        self.advance_takeover();
         Ok(Progress::Done)
     }
 
-    /// LEAVE_BEGIN from rank 0: `node`'s departure is queued here. Needs every shard.
+    /// At a new coordinator (every shard held): once every live node has reported, begins the
+    /// departures the reports name, in their order, then any asks held.
+    pub(crate) fn advance_takeover(&mut self) {
+        let dir = self.directory();
+        if dir.coordinator() != dir.rank() {
+            return;
+        }
+        let takeover = self.core.departures().lock().finish_takeover(|n| n == dir.rank() || !dir.is_lost(n));
+        let begin = match takeover {
+            Some(t) => t.begin,
+            None => self.core.departures().lock().take_asks(),
+        };
+        for node in begin {
+            // Departures the old coordinator began go out again: a node that has one ignores it.
+            self.core.departures().lock().forget_begun(node);
+            self.begin_everywhere(node);
+        }
+    }
+
+    /// LEAVE_BEGIN from the coordinator: `node`'s departure is queued here. Needs every shard.
     pub(crate) fn handle_leave_begin(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
         let node = decode(body)?;
         let dir = self.directory();
-        if from != 0 || node == 0 || node as usize >= dir.nodes() {
+        if (from != 0 && !dir.failover()) || node == from || node == 0 || node as usize >= dir.nodes() {
             return Err(Error::Protocol(format!("LEAVE_BEGIN for node {node} from node {from}")));
         }
         if !self.try_acquire(self.all_shards()) {
