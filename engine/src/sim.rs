@@ -93,6 +93,9 @@ pub struct SimOptions {
     /// push may be lost: the run checks the whole history, the leaver's included, against
     /// reads after everything where the survivors serve each key.
     pub leave: Option<usize>,
+    /// With `leave` and `crash`: the crash's step counts from the step the leaver asks to
+    /// leave, so that it falls during the departure.
+    pub crash_while_leaving: bool,
     /// Keys managed by replication (see [`crate::replication`]); their operations are
     /// single-key pulls and pushes, checked with the round-based staleness rule.
     pub replicated: Vec<std::ops::Range<u64>>,
@@ -186,6 +189,7 @@ impl SimOptions {
             crash: None,
             backups: false,
             leave: None,
+            crash_while_leaving: false,
             replicated: Vec::new(),
             round_period: 40_000,
             round_give_ups: false,
@@ -629,6 +633,8 @@ struct Sim {
     /// Survivors not yet told of the crash: each learns of it at a time of its own, as each
     /// real node detects a dead peer on its own connection.
     unaware: Vec<usize>,
+    /// The step at which the leaver asked to leave (see [`SimOptions::crash_while_leaving`]).
+    leave_asked_at: Option<usize>,
     /// The pushes and sets of operations that failed (under a crash), each with its key: each
     /// may have taken effect or not, at any time after it was issued, so the checker sees it
     /// as the only event of a worker of its own.
@@ -836,6 +842,7 @@ impl Sim {
             workers_by_node,
             late_hand_overs: 0,
             unaware: Vec::new(),
+            leave_asked_at: None,
             floating: Vec::new(),
             rng,
             nodes,
@@ -1076,7 +1083,7 @@ impl Sim {
                 return Err("simulation did not terminate".into());
             }
             if let Some((node, at)) = self.opts.crash
-                && steps == at
+                && Some(steps) == if self.opts.crash_while_leaving { self.leave_asked_at.map(|asked| asked + at) } else { Some(at) }
                 && !self.nodes[node].crashed
             {
                 self.crash(node)?;
@@ -1084,7 +1091,9 @@ impl Sim {
             self.now += self.rng.gen_range(1..2000);
             self.grant_intents();
             self.settle_backups();
-            self.leave_when_done()?;
+            if self.leave_when_done()? && self.leave_asked_at.is_none() {
+                self.leave_asked_at = Some(steps);
+            }
             self.take_sync_acks();
             self.take_replica_set_acks()?;
             let runnable: Vec<usize> = (0..self.workers.len()).filter(|&w| self.runnable(w)).collect();

@@ -77,6 +77,7 @@ pub(crate) fn take_table_deltas(
                     marked.push(key);
                     delta_slot.write(&zero);
                 }
+                tracing::trace!(target: "ferry::replica_trace",  table, key, ?delta, clean, "delta taken for a sync round");
                 keys.push(key);
                 deltas.extend_from_slice(&delta);
                 incarnations.push(dynamic.map_or(0, |d| d.incarnation(key)));
@@ -246,6 +247,7 @@ pub(crate) fn set_replica(store: &Store, table: u16, key: u64, incarnation: u32,
     }
     let Some((value_slot, delta_slot)) = guard.replica() else { return false };
     delta_slot.read(delta);
+    tracing::trace!(target: "ferry::replica_trace",  table, key, fresh = ?value, ?delta, "replica set from its owner's value");
     for (v, d) in value.iter_mut().zip(delta.iter()) {
         *v += d;
     }

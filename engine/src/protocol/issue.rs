@@ -226,6 +226,7 @@ impl Step<'_, '_> {
                     continue;
                 }
                 if replica && let Some((value, delta)) = guard.replica() {
+                    tracing::trace!(target: "ferry::replica_trace",  table, key, ?kind, "served by a replica");
                     serve_replica(&value, &delta, kind, row_input, row_output);
                     served += 1;
                     dynamic_rows += 1;
@@ -493,6 +494,7 @@ impl Step<'_, '_> {
                     let key = keys[row as usize];
                     let guard = store.lock(table, key);
                     if guard.slot().is_none() && t.route_residence(key) == Residence::Away {
+                        tracing::trace!(target: "ferry::replica_trace",  table, key, "pull making a replica routed");
                         d.begin_making(key, value_len);
                     }
                 }
@@ -517,6 +519,7 @@ impl Step<'_, '_> {
             let guard = store.lock(table, key);
             if guard.slot().is_none() {
                 if let Some((value, delta)) = guard.replica() {
+                    tracing::trace!(target: "ferry::replica_trace",  table, key, ?kind, "served by a replica made since the local pass");
                     let mut out = vec![0.0; if kind.returns_values() { value_len } else { 0 }];
                     serve_replica(&value, &delta, kind, &input[values], &mut out);
                     drop(guard);
@@ -527,7 +530,8 @@ impl Step<'_, '_> {
                     served += 1;
                     continue;
                 }
-                d.note_sent_push(key, &input[values]);
+                let noted = d.note_sent_push(key, &input[values]);
+                tracing::trace!(target: "ferry::replica_trace",  table, key, noted, "push sent to the owner");
             }
             left.push(row);
         }

@@ -102,6 +102,7 @@ impl Step<'_, '_> {
                 if let Some(delta) = delta {
                     slot.add_le_bytes(delta);
                 }
+                tracing::trace!(target: "ferry::replica_trace",  from, table = sync.table, key, id = sync.id, version = slot.version(), "replica delta applied and image cut");
                 image.put(offset + held.len(), slot_words, slot.version(), slot.words());
                 held.push(i as u32);
                 continue;

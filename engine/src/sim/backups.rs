@@ -113,14 +113,14 @@ impl Sim {
         }
     }
 
-    /// After a crash with backups: each key is held by exactly one survivor, or by none if no
-    /// write of it was ever acknowledged (its owner crashed before its first round), and its
-    /// value there is read after everything.
+    /// After a crash with backups: each key is held by exactly one survivor (a node that left
+    /// is none), or by none if no write of it was ever acknowledged (its owner crashed before
+    /// its first round), and its value there is read after everything.
     pub(super) fn final_reads_after_crash(&self, history: &mut crate::consistency::History) -> Result<(), String> {
         let lanes = self.opts.lanes;
+        let survives = |n: usize| !self.nodes[n].crashed && !self.nodes[n].left;
         for key in 0..self.opts.keys {
-            let holders: Vec<usize> =
-                (0..self.nodes.len()).filter(|&n| !self.nodes[n].crashed && self.nodes[n].core.store().table(0).slot_of(key).is_some()).collect();
+            let holders: Vec<usize> = (0..self.nodes.len()).filter(|&n| survives(n) && self.nodes[n].core.store().table(0).slot_of(key).is_some()).collect();
             match holders[..] {
                 [owner] => {
                     let mut value = vec![0.0; lanes];
@@ -145,26 +145,27 @@ impl Sim {
 
 impl Sim {
     /// With [`super::SimOptions::leave`]: asks the node to leave once its workers are done
-    /// (as `Node::leave` needs), and notes when it has left.
-    pub(super) fn leave_when_done(&mut self) -> Result<(), String> {
-        let Some(node) = self.opts.leave else { return Ok(()) };
+    /// (as `Node::leave` needs), and notes when it has left. Returns whether it asked now.
+    pub(super) fn leave_when_done(&mut self) -> Result<bool, String> {
+        let Some(node) = self.opts.leave else { return Ok(false) };
         let (asked, left) = self.nodes[node].core.leave_state();
         if left {
             if !self.nodes[node].left {
                 self.log(format!("node {node} has left"));
                 self.nodes[node].left = true;
             }
-            return Ok(());
+            return Ok(false);
         }
         let done = self
             .workers
             .iter()
             .filter(|w| w.node == node)
             .all(|w| w.script.is_empty() && w.in_flight.is_empty() && w.streaming.is_none() && w.awaiting_backup.is_empty() && w.requester.pending() == 0);
-        if asked || !done {
-            return Ok(());
+        if asked || !done || self.nodes[node].crashed {
+            return Ok(false);
         }
         self.log(format!("node {node} asks to leave"));
-        self.node_event(node, |step, _, _| step.ask_to_leave().map(|_| Progress::Done))
+        self.node_event(node, |step, _, _| step.ask_to_leave().map(|_| Progress::Done))?;
+        Ok(true)
     }
 }

@@ -348,6 +348,7 @@ impl Store {
             return Ok(if !current || t.residence(key) != Residence::Away { MadeReplica::Stale } else { MadeReplica::NotMade });
         }
         let mut with_pushes = false;
+        tracing::trace!(target: "ferry::replica_trace",  table, key, ?value, sum = ?sent_behind, "replica made");
         if let (Some(sum), Some((value_slot, _))) = (sent_behind, guard.replica())
             && sum.iter().any(|&s| s != 0.0)
         {
@@ -368,6 +369,7 @@ impl Store {
         let mut value = vec![0.0; departing.len()];
         departing.read(&mut value);
         let kept = self.install_replica(guard, &value)?;
+        tracing::trace!(target: "ferry::replica_trace",  table = t.id, key = guard.key, ?value, kept, "departing value kept as a replica");
         if kept {
             dynamic.note_kept(guard.key);
         }
@@ -381,6 +383,7 @@ impl Store {
         let Some(slots) = t.dynamic().and_then(|d| d.clear(guard.key)) else { return false };
         let mut delta_slot = Reserved { table: t.id, index: slots.delta, settled: None };
         self.reserved(&mut delta_slot).read(delta);
+        tracing::trace!(target: "ferry::replica_trace",  table = t.id, key = guard.key, ?delta, "replica removed");
         self.free(delta_slot);
         self.free(Reserved { table: t.id, index: slots.value, settled: None });
         true
@@ -404,6 +407,7 @@ impl Store {
         if !self.remove_replica(guard, &mut delta) {
             return false;
         }
+        tracing::trace!(target: "ferry::replica_trace",  table = t.id, key = guard.key, ?delta, "replica delta folded into the arriving key");
         self.reserved(slot).add(&delta);
         true
     }

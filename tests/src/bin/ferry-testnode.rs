@@ -216,10 +216,12 @@ fn intent(clocks: u64) -> Result<()> {
     w.barrier()?;
     let mut out = vec![0.0f32; KEYS as usize * 2];
     w.pull(table, &(0..KEYS).collect::<Vec<_>>(), &mut out)?;
-    if let Some(v) = out.iter().find(|&&v| v != 2.0 * clocks as f32) {
-        anyhow::bail!("a key holds {v}, expected {} (a push lost or doubled)", 2 * clocks);
-    }
     let s = node.stats().since(&before);
+    if let Some(v) = out.iter().find(|&&v| v != 2.0 * clocks as f32) {
+        let wrong: Vec<String> =
+            out.chunks_exact(2).enumerate().filter(|(_, p)| p.iter().any(|&v| v != 2.0 * clocks as f32)).map(|(k, p)| format!("{k}: {p:?}")).collect();
+        anyhow::bail!("a key holds {v}, expected {} (a push lost or doubled); keys {}; {:?}", 2 * clocks, wrong.join(", "), s.intent);
+    }
     // Accesses within declared windows: the pull and the push of the clock's keys.
     let declared = clocks * KEYS;
     // Each rank needs every key within a few clocks: keys move to the rank that needs them
@@ -233,6 +235,10 @@ fn intent(clocks: u64) -> Result<()> {
     if s.intent.late_accesses * 2 > declared {
         anyhow::bail!("{} of {declared} accesses in a declared window were late", s.intent.late_accesses);
     }
+    // Both ranks have read the sums before either pushes again: a barrier orders every push
+    // made before it ahead of the reads after it, not the other rank's later pushes (a rank
+    // whose intent service holds its barrier longer read them otherwise: "a key holds 61").
+    w.barrier()?;
     // Then both ranks need every key at once for a while: each keeps replicas of the keys the
     // other holds, and their sync rounds send the deltas to the holder and refresh from the
     // images it cuts with one-sided reads (RDMA READs over verbs).

@@ -250,6 +250,12 @@ impl Step<'_, '_> {
                 tracing::warn!(node = rank, peer, adopted, failed, "took over the keys of a lost node from its backups");
             }
         }
+        if adopted > 0 {
+            // The adopted keys are on this node alone until a round ships them: one is due now
+            // (after the one under way, if any), not when a write next asks for one.
+            let counters = core.backup_counters();
+            counters.want(counters.round_after_now());
+        }
         // A round given up is begun again towards the new backup; the adopted keys go with it.
         self.begin_backup_round_if_due();
     }
