@@ -538,6 +538,22 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
         let mut trained_for = members.lock().clone();
         for epoch in first_epoch..=epochs {
             pass.barrier()?;
+            if continuing {
+                // Thread 0 reads who is left; every thread deals the data among them.
+                if t == 0 {
+                    *members.lock() = live_ranks(node);
+                }
+                local_barrier.wait();
+                if leaving.is_some_and(|(_, at)| at == epoch) {
+                    // Every node reads who is left before the leaver begins to go (after this
+                    // barrier): otherwise its LEFT could reach one node before that node's read
+                    // and another after, and the two would deal the data (and count the
+                    // epoch's barriers) for different clusters. The next epoch's read comes
+                    // after a barrier the coordinator releases only once it has handled the
+                    // LEFT, which it relays to every node ahead of the release.
+                    pass.barrier()?;
+                }
+            }
             if leaves_at == Some(epoch) {
                 if t == 0 {
                     eprintln!("node {rank} leaves the cluster at the start of epoch {epoch}, handing its keys over");
@@ -549,11 +565,6 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
                 return Ok(());
             }
             if continuing {
-                // Thread 0 reads who is left; every thread deals the data among them.
-                if t == 0 {
-                    *members.lock() = live_ranks(node);
-                }
-                local_barrier.wait();
                 let live = members.lock().clone();
                 if live != trained_for {
                     (pass.rank, pass.nodes) = (live.iter().position(|&r| r == rank).unwrap_or(0), live.len());

@@ -121,7 +121,12 @@ impl NodeInner {
         if peer == self.config.rank || peer >= self.config.nodes || self.core.directory().is_lost(peer as u16) {
             return;
         }
-        tracing::warn!(node = self.config.rank, peer, %reason, "peer lost");
+        if self.core.leave_state().1 {
+            // This node left: its peers close their links to it, as they should.
+            tracing::info!(node = self.config.rank, peer, %reason, "a peer closed its link to this node, which left the cluster");
+        } else {
+            tracing::warn!(node = self.config.rank, peer, %reason, "peer lost");
+        }
         let _ = self.run_pooled(|step, _, _| Ok(step.handle_peer_lost(peer as u16, reason)));
     }
 

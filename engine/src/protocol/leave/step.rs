@@ -1,5 +1,6 @@
-//! The steps of a graceful leave: the ask, the coordinator's begin (and a new coordinator's takeover), each node's READY behind its last
-//! request to the leaver, the leaver's hand-over round and LEFT, and LEFT at the others.
+//! The steps of a graceful leave: the ask, the coordinator's begin (and a new coordinator's
+//! takeover), each node's READY behind its last request to the leaver, the leaver's hand-over
+//! round and LEFT, and LEFT at the others.
 
 use super::wire::{decode, decode_known, encode, encode_known};
 use crate::error::{Error, Result};
