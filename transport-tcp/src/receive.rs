@@ -231,7 +231,10 @@ impl Inner {
                 // Injected fault: read nothing more; only a failed send (the peer closed the
                 // connection) or this node's shutdown ends the connection.
                 while p.alive.load(Ordering::Acquire) && !self.stopping.load(Ordering::Acquire) {
-                    if let Some(e) = p.failure.lock().take() {
+                    // Taken out of its lock first: telling the handler may disconnect the peer
+                    // again, which records a failure under the same lock.
+                    let failure = p.failure.lock().take();
+                    if let Some(e) = failure {
                         self.lose_peer(p, e);
                         return;
                     }
@@ -261,7 +264,12 @@ impl Inner {
                     }
                 }
                 Received::End => {
-                    if let Some(e) = p.failure.lock().take() {
+                    // Taken out of its lock first: the handler that `lose_peer` tells may
+                    // disconnect the peer again (the verbs fabric does), which records a failure
+                    // under the same lock — held across the call, that deadlocked the reader and
+                    // with it the node's shutdown.
+                    let failure = p.failure.lock().take();
+                    if let Some(e) = failure {
                         self.lose_peer(p, e);
                     } else if p.goodbye_received.load(Ordering::Acquire) || self.stopping.load(Ordering::Acquire) {
                         self.close_peer_cleanly(p);
