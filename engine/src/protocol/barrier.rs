@@ -64,6 +64,13 @@ pub struct BarrierEvent {
     pub result: Result<()>,
 }
 
+/// Sends a BARRIER, BARRIER_RELEASE or BARRIER_PASSED message of generation `generation` of
+/// `kind` to `to`.
+fn send_barrier(tx: &mut Transmit, to: u16, ty: u8, kind: u8, generation: u32) {
+    wire::encode_barrier(tx.buf(to), ty, kind, generation);
+    tx.sent(to, MessageKind::Barrier, 12);
+}
+
 /// One node's barrier state: generations entered, and at rank 0 the arrivals counted.
 pub struct Barriers {
     rank: u16,
@@ -109,8 +116,7 @@ impl Barriers {
         if coordinator == self.rank {
             self.arrive(kind, generation, self.rank, directory, tx);
         } else {
-            wire::encode_barrier(tx.buf(coordinator), msg::BARRIER, kind, generation);
-            tx.sent(coordinator, MessageKind::Barrier, 12);
+            send_barrier(tx, coordinator, msg::BARRIER, kind, generation);
         }
     }
 
@@ -193,8 +199,7 @@ impl Barriers {
             if from == self.rank {
                 self.released(kind, generation);
             } else {
-                wire::encode_barrier(tx.buf(from), msg::BARRIER_RELEASE, kind, generation);
-                tx.sent(from, MessageKind::Barrier, 12);
+                send_barrier(tx, from, msg::BARRIER_RELEASE, kind, generation);
             }
             return;
         }
@@ -231,8 +236,7 @@ impl Barriers {
             if node == self.rank {
                 self.released(kind, generation);
             } else if !directory.is_lost(node) {
-                wire::encode_barrier(tx.buf(node), msg::BARRIER_RELEASE, kind, generation);
-                tx.sent(node, MessageKind::Barrier, 12);
+                send_barrier(tx, node, msg::BARRIER_RELEASE, kind, generation);
             }
         }
     }
@@ -325,13 +329,11 @@ impl Barriers {
         for kind in [BarrierKind::Workers, BarrierKind::Finalize] {
             let passed = self.own_passed(kind);
             if passed > 0 {
-                wire::encode_barrier(tx.buf(coordinator), msg::BARRIER_PASSED, kind as u8, passed);
-                tx.sent(coordinator, MessageKind::Barrier, 12);
+                send_barrier(tx, coordinator, msg::BARRIER_PASSED, kind as u8, passed);
             }
         }
         for &(kind, generation) in &self.waiting {
-            wire::encode_barrier(tx.buf(coordinator), msg::BARRIER, kind as u8, generation);
-            tx.sent(coordinator, MessageKind::Barrier, 12);
+            send_barrier(tx, coordinator, msg::BARRIER, kind as u8, generation);
         }
     }
 
