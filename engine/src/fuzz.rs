@@ -289,7 +289,7 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
                 21..=30 => peer,
                 _ => rng.gen_range(NODES as u16..u16::MAX),
             };
-            wire::encode_peer_lost(&mut out, lost, "fuzzed");
+            wire::encode_peer_lost(&mut out, lost, 0, "fuzzed");
         }
         _ => {
             // The key count the sender holds (node 0: 8 keys, node 2: 10), or not; positions of

@@ -96,6 +96,15 @@ pub struct SimOptions {
     /// With `leave` and `crash`: the crash's step counts from the step the leaver asks to
     /// leave, so that it falls during the departure.
     pub crash_while_leaving: bool,
+    /// With `leave`: once the leaver has left, its links are empty and every node's backups
+    /// are settled, a fresh node takes its rank and joins (`protocol::leave`, joins) while the
+    /// others go on; its own workers, with scripts half as long, start once it joined. The run
+    /// checks the whole history, and that the joined node serves what it stands in for again.
+    pub rejoin: bool,
+    /// With `rejoin` and `crash`: the crash's step counts from the step the fresh node asks
+    /// to join, so that it falls during the join (the crashed node may be the joining node,
+    /// which then need not end up joined).
+    pub crash_while_joining: bool,
     /// Keys managed by replication (see [`crate::replication`]); their operations are
     /// single-key pulls and pushes, checked with the round-based staleness rule.
     pub replicated: Vec<std::ops::Range<u64>>,
@@ -190,6 +199,8 @@ impl SimOptions {
             backups: false,
             leave: None,
             crash_while_leaving: false,
+            rejoin: false,
+            crash_while_joining: false,
             replicated: Vec::new(),
             round_period: 40_000,
             round_give_ups: false,
@@ -402,6 +413,9 @@ struct SimNode {
     /// It left gracefully (its LEFT went out): it holds nothing the checks look at, though
     /// what it sent is still delivered.
     left: bool,
+    /// 0 for the node started with the cluster, 1 for a fresh node that took its rank
+    /// ([`SimOptions::rejoin`]).
+    incarnation: u8,
 }
 
 #[derive(Debug, Clone)]
@@ -501,10 +515,10 @@ struct InFlight {
     service: bool,
     /// A localize the homes granted (intent's move of keys here).
     granted_move: bool,
-    /// With backups and a crash to come: the node that will crash, if the issuing node did not
-    /// know it lost when this was issued — that node then served the reads of its keys, and
-    /// they may include writes it never got backed up (see `backups.rs`).
-    victim_reads: Option<usize>,
+    /// With backups and a crash to come, per key: whether the node that will crash served it
+    /// when this was issued (the issuing node did not know it lost) — its reads may include
+    /// writes that node never got backed up (see `backups.rs`).
+    victim_reads: Vec<bool>,
 }
 
 impl InFlight {
@@ -560,6 +574,8 @@ struct SimWorker {
     intent_clock: u64,
     /// Writes waiting to be backed up before they are acknowledged (see `backups.rs`).
     awaiting_backup: Vec<backups::AwaitingBackup>,
+    /// The incarnation of its node it runs on ([`SimNode::incarnation`]).
+    incarnation: u8,
 }
 
 impl SimWorker {
@@ -585,6 +601,7 @@ impl SimWorker {
             localize_marked: None,
             intent_clock: 0,
             awaiting_backup: Vec::new(),
+            incarnation: 0,
         }
     }
 
@@ -635,6 +652,8 @@ struct Sim {
     unaware: Vec<usize>,
     /// The step at which the leaver asked to leave (see [`SimOptions::crash_while_leaving`]).
     leave_asked_at: Option<usize>,
+    /// The step at which the fresh node asked to join (see [`SimOptions::crash_while_joining`]).
+    join_asked_at: Option<usize>,
     /// The pushes and sets of operations that failed (under a crash), each with its key: each
     /// may have taken effect or not, at any time after it was issued, so the checker sees it
     /// as the only event of a worker of its own.
@@ -777,6 +796,15 @@ impl Wires<'_> {
 
 impl Sim {
     fn new(opts: SimOptions) -> Result<Sim> {
+        let mut nodes = Vec::new();
+        for rank in 0..opts.nodes {
+            nodes.push(Self::start_node(&opts, rank)?);
+        }
+        Self::around(opts, nodes)
+    }
+
+    /// Starts node `rank` afresh: a core over a new store holding its home keys.
+    fn start_node(opts: &SimOptions, rank: usize) -> Result<SimNode> {
         let mut spec = TableSpec::new("sim", opts.keys, opts.lanes)
             .partitioned(opts.partitioning)
             .replicating(opts.replicated.clone())
@@ -802,14 +830,15 @@ impl Sim {
             share_clocks: opts.max_delay.is_some(),
             first_clock: opts.first_clock,
         };
-        let mut nodes = Vec::new();
-        for rank in 0..opts.nodes {
-            let regions = Arc::new(SimRegistrar::default());
-            let store = Arc::new(Store::new(rank, opts.nodes, std::slice::from_ref(&spec), 7, HugePages::Off, regions.clone())?);
-            let core = Core::new(rank, opts.nodes, std::slice::from_ref(&spec), store, settings);
-            let tx = core.transmit();
-            nodes.push(SimNode { core, regions, tx, crashed: false, left: false });
-        }
+        let regions = Arc::new(SimRegistrar::default());
+        let store = Arc::new(Store::new(rank, opts.nodes, std::slice::from_ref(&spec), 7, HugePages::Off, regions.clone())?);
+        let core = Core::new(rank, opts.nodes, std::slice::from_ref(&spec), store, settings);
+        let tx = core.transmit();
+        Ok(SimNode { core, regions, tx, crashed: false, left: false, incarnation: 0 })
+    }
+
+    /// Builds the Sim around its started nodes.
+    fn around(opts: SimOptions, nodes: Vec<SimNode>) -> Result<Sim> {
         let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
         let mut workers = Self::scripts(&opts, &mut rng, &nodes);
         let replica_sets = Self::replica_services(&opts, &mut rng, &nodes, &mut workers);
@@ -843,6 +872,7 @@ impl Sim {
             late_hand_overs: 0,
             unaware: Vec::new(),
             leave_asked_at: None,
+            join_asked_at: None,
             floating: Vec::new(),
             rng,
             nodes,
@@ -855,7 +885,9 @@ impl Sim {
         let mut next_tag = vec![1u32; opts.keys as usize];
         let mut workers = Vec::new();
         for (node, n) in nodes.iter().enumerate() {
-            for w in 0..opts.workers_per_node {
+            // A node that rejoins gets a second set of workers for its second incarnation.
+            let incarnations = if opts.rejoin && opts.leave == Some(node) { 2 } else { 1 };
+            for (incarnation, w) in (0..incarnations).flat_map(|i| (0..opts.workers_per_node).map(move |w| (i, w))) {
                 let mut script = VecDeque::new();
                 let ops = if opts.leave == Some(node) { opts.ops_per_worker / 2 } else { opts.ops_per_worker };
                 for _ in 0..ops {
@@ -956,8 +988,13 @@ impl Sim {
                     script.insert(at, ScriptOp::WaitAll);
                 }
                 script.push_back(ScriptOp::WaitAll);
-                n.core.clocks().lock().register(w as u16);
-                workers.push(SimWorker::new(node, w as u16, n.core.requester(w as u16, 1), n.core.transmit(), script));
+                if incarnation == 0 {
+                    n.core.clocks().lock().register(w as u16);
+                }
+                // A later incarnation's requester and buffer come from its own core when it starts.
+                let mut worker = SimWorker::new(node, w as u16, n.core.requester(w as u16, 1), n.core.transmit(), script);
+                worker.incarnation = incarnation as u8;
+                workers.push(worker);
             }
         }
         workers
@@ -1045,7 +1082,8 @@ impl Sim {
 
     fn runnable(&self, w: usize) -> bool {
         let worker = &self.workers[w];
-        if self.nodes[worker.node].crashed {
+        let node = &self.nodes[worker.node];
+        if node.crashed || worker.incarnation != node.incarnation || (node.incarnation > 0 && !node.core.join_state().1) {
             return false;
         }
         if worker.streaming.is_some() || !worker.inbox.is_empty() {
@@ -1083,7 +1121,14 @@ impl Sim {
                 return Err("simulation did not terminate".into());
             }
             if let Some((node, at)) = self.opts.crash
-                && Some(steps) == if self.opts.crash_while_leaving { self.leave_asked_at.map(|asked| asked + at) } else { Some(at) }
+                && Some(steps)
+                    == if self.opts.crash_while_joining {
+                        self.join_asked_at.map(|asked| asked + at)
+                    } else if self.opts.crash_while_leaving {
+                        self.leave_asked_at.map(|asked| asked + at)
+                    } else {
+                        Some(at)
+                    }
                 && !self.nodes[node].crashed
             {
                 self.crash(node)?;
@@ -1093,6 +1138,9 @@ impl Sim {
             self.settle_backups();
             if self.leave_when_done()? && self.leave_asked_at.is_none() {
                 self.leave_asked_at = Some(steps);
+            }
+            if self.rejoin_when_gone()? {
+                self.join_asked_at = Some(steps);
             }
             self.take_sync_acks();
             self.take_replica_set_acks()?;
@@ -1242,8 +1290,9 @@ impl Sim {
                 None => self.nodes[node].tx.poll_delivery(),
             };
             let Some((target, d)) = next else { break };
+            let incarnation = self.nodes[node].incarnation;
             for w in &mut self.workers {
-                if w.node == node && (target == ALL_WORKERS || w.requester.worker() == target) {
+                if w.node == node && w.incarnation == incarnation && (target == ALL_WORKERS || w.requester.worker() == target) {
                     w.inbox.push_back(d.clone());
                 }
             }
@@ -1582,7 +1631,7 @@ impl Sim {
                         asynchronous,
                         service: false,
                         granted_move: granted,
-                        victim_reads: None,
+                        victim_reads: Vec::new(),
                     });
                 }
             }
@@ -1626,7 +1675,7 @@ impl Sim {
                 self.pad_events(w, u64::MAX);
                 let pull = kind.returns_values();
                 let mut buffer = vec![0.0; if pull { keys.len() * lanes } else { 0 }];
-                let victim_reads = self.victim_reads(w);
+                let victim_reads = self.victim_reads(w, &keys, false);
                 let issued = self.worker_event(w, |step, req| {
                     let target = match (pull, asynchronous) {
                         (false, _) => PullTarget::None,
@@ -1646,7 +1695,7 @@ impl Sim {
                         }
                         if pull {
                             let values = owned.unwrap_or(buffer);
-                            self.record_pull(w, first_pull, &values, victim_reads);
+                            self.record_pull(w, first_pull, &values, &victim_reads);
                         }
                     }
                     Some(Issued::Pending { op, more }) => {
@@ -1753,7 +1802,7 @@ impl Sim {
                             return Err(format!("pull {op:#x} returned {} values for {} keys", values.len(), f.keys.len()));
                         }
                         let first_pull = if kind == AccessKind::PushPull { f.first_event + f.keys.len() } else { f.first_event };
-                        self.record_pull(w, first_pull, &values, f.victim_reads);
+                        self.record_pull(w, first_pull, &values, &f.victim_reads);
                     }
                 }
                 Err(e) => {
@@ -1799,14 +1848,16 @@ impl Sim {
         }
     }
 
-    /// Records a pull's values; those of keys `victim` served (see [`InFlight::victim_reads`])
-    /// stay unrecorded.
-    fn record_pull(&mut self, w: usize, first_event: usize, values: &[f32], victim: Option<usize>) {
+    /// Records a pull's values; those of the keys `victim_served` marks (see
+    /// [`InFlight::victim_reads`]) stay unrecorded, and so do those the node to crash serves
+    /// now: a part that waited out a membership change went where the keys were served then.
+    fn record_pull(&mut self, w: usize, first_event: usize, values: &[f32], victim_served: &[bool]) {
         let lanes = self.opts.lanes;
-        let partitioner = &self.nodes[0].core.directory().tables()[0].partitioner;
+        let keys: Vec<u64> = self.workers[w].events[first_event..].iter().take(values.len() / lanes.max(1)).map(|(key, _)| *key).collect();
+        let served_now = if victim_served.is_empty() { Vec::new() } else { self.victim_reads(w, &keys, true) };
         for (i, chunk) in values.chunks(lanes).enumerate() {
-            let (key, event) = &mut self.workers[w].events[first_event + i];
-            if victim.is_some_and(|v| partitioner.home(*key) == v) {
+            let (_, event) = &mut self.workers[w].events[first_event + i];
+            if victim_served.get(i).copied().unwrap_or(false) || served_now.get(i).copied().unwrap_or(false) {
                 continue;
             }
             *event = Event::Pull { value: chunk.to_vec() };
@@ -1879,6 +1930,12 @@ impl Sim {
                     return Err(format!("key {key} is held by nodes {holders:?}"));
                 }
                 let owner = holders[0];
+                if let Some(rejoined) = self.opts.leave.filter(|_| self.opts.rejoin)
+                    && self.nodes[owner].core.directory().tables()[0].partitioner.home(key) == rejoined
+                    && owner != rejoined
+                {
+                    return Err(format!("key {key} of node {rejoined}, which joined again, is held by node {owner}"));
+                }
                 let mut value = vec![0.0; lanes];
                 let store = self.nodes[owner].core.store();
                 let guard = store.lock(0, key);
@@ -1908,8 +1965,15 @@ impl Sim {
         if self.opts.crash.is_some() && self.opts.backups {
             self.final_reads_after_crash(&mut history)?;
         }
-        if let Some(node) = self.opts.leave.filter(|&n| !self.nodes[n].left) {
+        if let Some(node) = self.opts.leave.filter(|&n| !self.nodes[n].left && self.nodes[n].incarnation == 0) {
             return Err(format!("node {node} never left ({:?}: asked, left)", self.nodes[node].core.leave_state()));
+        }
+        if let Some(node) = self.opts.leave.filter(|&n| self.opts.rejoin && !self.nodes[n].crashed && !self.nodes[n].core.join_state().1) {
+            return Err(format!(
+                "node {node} never joined again (incarnation {}, {:?}: asked, joined)",
+                self.nodes[node].incarnation,
+                self.nodes[node].core.join_state()
+            ));
         }
         let traces: Vec<ClockTrace> = self.workers.iter().map(|w| w.clocks.clone()).collect();
         let clock_violation = if self.opts.clocks > 0 { check_bounded_delay(&traces, self.opts.max_delay).err() } else { None };
@@ -2008,9 +2072,45 @@ fn describe_frame(frame: &[u8]) -> String {
             }
             msg::BACKUP_ACK => format!("backup-ack[round {}]", b.get(4..8).map_or(0, |r| u32::from_le_bytes(r.try_into().unwrap_or([0; 4])))),
             msg::PEER_LOST => match wire::decode_peer_lost(b) {
-                Ok((node, _)) => format!("peer-lost[{node}]"),
+                Ok((node, incarnation, _)) => format!("peer-lost[{node}/{incarnation}]"),
                 Err(_) => "peer-lost[bad]".into(),
             },
+            msg::JOIN_IMAGES => {
+                let count = b.get(8..12).map_or(0, |r| u32::from_le_bytes(r.try_into().unwrap_or([0; 4])));
+                format!("join-images[{count}{}]", if b.get(1) == Some(&1) { " last" } else { "" })
+            }
+            ty @ (msg::LEAVE_ASK
+            | msg::LEAVE_BEGIN
+            | msg::LEAVE_READY
+            | msg::LEFT
+            | msg::LEAVE_KNOWN
+            | msg::JOIN_ASK
+            | msg::JOIN_WELCOME
+            | msg::JOIN_READY
+            | msg::JOIN_HANDED
+            | msg::JOINED
+            | msg::JOIN_ACK
+            | msg::JOIN_ABANDONED) => {
+                let names = [
+                    "leave-ask",
+                    "leave-begin",
+                    "leave-ready",
+                    "left",
+                    "barrier-passed",
+                    "leave-known",
+                    "join-ask",
+                    "join-welcome",
+                    "join-ready",
+                    "join-images",
+                    "join-handed",
+                    "joined",
+                    "join-ack",
+                    "join-abandoned",
+                ];
+                let name = names.get((ty - msg::LEAVE_ASK) as usize).copied().unwrap_or("?");
+                let node = b.get(2..4).map_or(0, |r| u16::from_le_bytes(r.try_into().unwrap_or([0; 2])));
+                format!("{name}[{node:#x}]")
+            }
             _ => "?".into(),
         }
     };

@@ -208,11 +208,13 @@ pub struct BackupStats {
     /// Writes of this node's workers that a node's loss failed and that they dropped
     /// (`Worker::drop_lost_writes`).
     pub writes_dropped: u64,
+    /// Keys this node handed to nodes that joined (it served them while their rank was gone).
+    pub keys_handed: u64,
 }
 
 impl BackupStats {
-    fn counters(&mut self) -> [&mut u64; 4] {
-        [&mut self.rounds, &mut self.images_sent, &mut self.keys_adopted, &mut self.writes_dropped]
+    fn counters(&mut self) -> [&mut u64; 5] {
+        [&mut self.rounds, &mut self.images_sent, &mut self.keys_adopted, &mut self.writes_dropped, &mut self.keys_handed]
     }
 }
 

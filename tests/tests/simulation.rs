@@ -463,6 +463,9 @@ fn leave_in(o: &mut SimOptions, seed: u64) {
     // Half the runs hold one link's frames back (it may be the leaver's to its successor,
     // which a relayed LEFT then overtakes).
     o.slow_link = seed % 2 == 1;
+    if let Ok(lines) = std::env::var("FERRY_SIM_TRACE_LINES") {
+        o.trace_lines = lines.parse().unwrap_or(o.trace_lines);
+    }
 }
 
 /// A node leaves gracefully (`Node::leave`) while the others go on: its departure is begun by
@@ -484,6 +487,48 @@ fn a_node_that_leaves_loses_nothing() {
     eprintln!("leave: {adopted} keys handed over in {runs} runs");
     if runs >= 20 {
         assert!(adopted > 0, "no key was handed over in {runs} runs");
+    }
+}
+
+/// A node leaves, and a fresh node then takes its rank back (`Node::join`) while the others
+/// go on: the join is begun by the coordinator, every node stops sending requests to the node
+/// that serves the leaver's keys and says so, that node hands the keys over, and JOINED makes
+/// the fresh node a member. No operation fails, every write is in the reads after everything,
+/// and the fresh node holds every key homed at its rank.
+#[test]
+fn a_node_that_rejoins_takes_its_keys_back() {
+    let (mut handed, mut runs) = (0u64, 0);
+    for seed in seeds().share(2).range() {
+        let mut o = configuration(["classic", "classic-hash-4-nodes", "classic-large-ops"][(seed % 3) as usize], seed);
+        leave_in(&mut o, seed);
+        o.rejoin = true;
+        let report = run_and_check(o).unwrap_or_else(|f| panic!("rejoin configuration: {f}"));
+        handed += report.stats.iter().map(|s| s.backups.keys_handed).sum::<u64>();
+        runs += 1;
+    }
+    // Not vacuous: keys went back to the nodes that joined.
+    eprintln!("rejoin: {handed} keys handed back in {runs} runs");
+    if runs >= 20 {
+        assert!(handed > 0, "no key was handed back in {runs} runs");
+    }
+}
+
+/// A node leaves, and while a fresh node takes its rank back a node crashes: the node that
+/// serves the keys to be handed back (its successor then hands them over in its stead), the
+/// joining node itself (the join is abandoned where it had not completed, and the keys fail
+/// over where it had), or rank 0, the coordinator (the joining node asks its successor, which
+/// takes the join over). Every acknowledged write is there afterwards.
+#[test]
+fn a_node_rejoins_while_a_node_crashes() {
+    for seed in seeds().share(2).range() {
+        let mut o = configuration("classic-hash-4-nodes", seed);
+        leave_in(&mut o, seed);
+        // Node 2 leaves and rejoins; node 3 serves its keys meanwhile.
+        o.leave = Some(2);
+        o.rejoin = true;
+        o.crash_while_joining = true;
+        o.crash = Some(([3, 2, 0][(seed % 3) as usize], 1 + (seed as usize / 3) % 60));
+        run_crashing(o);
     }
 }
 

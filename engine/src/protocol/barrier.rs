@@ -83,13 +83,69 @@ pub struct Barriers {
     /// Per kind, the latest generation known to have completed cluster-wide (released here,
     /// or passed by a node that reported it): an arrival in it or before is released at once.
     passed: [u32; 2],
+    /// Per node and kind, the first generation it takes part in: 0, or for a node that
+    /// joined at run time the generation after those open when it joined (see
+    /// [`Barriers::next_generations`]). It counts as arrived in the generations before.
+    member_from: Vec<[u32; 2]>,
     events: VecDeque<BarrierEvent>,
 }
 
 impl Barriers {
     /// Barriers of node `rank` of `nodes`.
     pub fn new(rank: u16, nodes: usize) -> Barriers {
-        Barriers { rank, nodes, generation: [0; 2], waiting: Vec::new(), arrivals: FastMap::default(), passed: [0; 2], events: VecDeque::new() }
+        Barriers {
+            rank,
+            nodes,
+            generation: [0; 2],
+            waiting: Vec::new(),
+            arrivals: FastMap::default(),
+            passed: [0; 2],
+            member_from: vec![[0; 2]; nodes],
+            events: VecDeque::new(),
+        }
+    }
+
+    /// At the coordinator, as a node joins: per kind, the first generation the joining node
+    /// can take part in — the one after every generation this node entered, passed, or counts
+    /// arrivals in. Earlier generations complete without it; a node that arrives in this one
+    /// or a later one is waited for until the joining node arrives too.
+    pub fn next_generations(&self) -> [u32; 2] {
+        let mut next = [0; 2];
+        for kind in [BarrierKind::Workers, BarrierKind::Finalize] {
+            let k = kind as usize;
+            let open = self.arrivals.keys().filter(|&&(kd, _)| kd == kind as u8).map(|&(_, g)| g).max().unwrap_or(0);
+            next[k] = self.generation[k].max(self.passed[k]).max(open) + 1;
+        }
+        next
+    }
+
+    /// `node` joined: it takes part in barriers from generations `from` (per kind).
+    pub fn admit(&mut self, node: u16, from: [u32; 2]) {
+        if let Some(m) = self.member_from.get_mut(node as usize) {
+            *m = from;
+        }
+    }
+
+    /// The first generations `node` takes part in (see [`Barriers::admit`]).
+    pub fn first_generations(&self, node: u16) -> [u32; 2] {
+        self.member_from.get(node as usize).copied().unwrap_or_default()
+    }
+
+    /// This node joined: its first barrier of each kind is generation `from`.
+    pub fn start_at(&mut self, from: [u32; 2]) {
+        for (k, first) in from.into_iter().enumerate() {
+            let before = first.saturating_sub(1);
+            self.generation[k] = self.generation[k].max(before);
+            self.passed[k] = self.passed[k].max(before);
+        }
+        self.admit(self.rank, from);
+    }
+
+    /// Whether `node` counts as arrived in `generation` of `kind` without arriving: it is lost
+    /// (with failover), or it joined after that generation was open.
+    fn excused(&self, node: usize, kind: u8, generation: u32, directory: &Directory) -> bool {
+        (directory.failover() && directory.is_lost(node as u16))
+            || self.member_from.get(node).and_then(|m| m.get(kind as usize)).is_some_and(|&first| generation < first)
     }
 
     /// Enters the next generation of `kind`; its release (or failure) appears through
@@ -218,9 +274,7 @@ impl Barriers {
             return;
         }
         let Some(arrived) = self.arrivals.get(&(kind, generation)) else { return };
-        let failover = directory.failover();
-        let counted = |n: usize, arrived: bool| arrived || (failover && directory.is_lost(n as u16));
-        if !arrived.iter().enumerate().all(|(n, &a)| counted(n, a)) {
+        if !arrived.iter().enumerate().all(|(n, &a)| a || self.excused(n, kind, generation, directory)) {
             return;
         }
         self.arrivals.remove(&(kind, generation));
@@ -352,10 +406,7 @@ impl Barriers {
             return vec![coordinator as usize];
         }
         match self.arrivals.get(&(kind as u8, generation)) {
-            Some(arrived) => {
-                let failover = directory.failover();
-                arrived.iter().enumerate().filter(|&(n, &a)| !(a || (failover && directory.is_lost(n as u16)))).map(|(n, _)| n).collect()
-            }
+            Some(arrived) => arrived.iter().enumerate().filter(|&(n, &a)| !(a || self.excused(n, kind as u8, generation, directory))).map(|(n, _)| n).collect(),
             None => Vec::new(),
         }
     }
@@ -619,6 +670,46 @@ mod tests {
         deliver(&mut nodes, 1);
         for (r, (b, _, _)) in nodes.iter_mut().enumerate().skip(1) {
             assert_eq!(b.poll_event().map(|e| e.result), Some(Ok(())), "node {r}");
+        }
+    }
+
+    #[test]
+    fn a_node_that_joins_takes_part_from_the_next_generation_on() {
+        // Node 2 of 3 is gone; node 1 waits in generation 1, rank 0 has not arrived yet. Node
+        // 2 joins (a fresh node): generation 1 still completes without it, generation 2 waits
+        // for it.
+        let mut nodes = failover_nodes(3);
+        for r in [0, 1] {
+            let (b, d, tx) = &mut nodes[r];
+            lose(b, d, tx, 2);
+        }
+        enter_and_deliver(&mut nodes, &[1], BarrierKind::Workers);
+        let from = nodes[0].0.next_generations();
+        assert_eq!(from, [2, 1], "after the generation node 1 waits in; no finalize yet");
+        nodes[2] = {
+            let registry = Arc::new(CounterRegistry::default());
+            let d = Directory::new(2, 3, 1, &[TableSpec::new("t", 4, 1)], false).with_failover();
+            (Barriers::new(2, 3), d, Transmit::new(2, 3, 4096, &registry))
+        };
+        nodes[2].0.start_at(from);
+        for r in [0, 1] {
+            assert!(nodes[r].1.mark_joined(2));
+            nodes[r].0.admit(2, from);
+        }
+        assert_eq!(nodes[0].0.first_generations(2), from);
+        enter_and_deliver(&mut nodes, &[0], BarrierKind::Workers);
+        for r in [0, 1] {
+            assert_eq!(nodes[r].0.poll_event().map(|e| (e.generation, e.result)), Some((1, Ok(()))), "node {r}");
+        }
+        enter_and_deliver(&mut nodes, &[0, 1], BarrierKind::Workers);
+        assert_eq!(nodes[0].0.not_arrived(BarrierKind::Workers, 2, &nodes[0].1), vec![2], "the joined node is waited for");
+        assert_eq!(nodes[0].0.poll_event(), None);
+        let (b, d, tx) = &mut nodes[2];
+        assert_eq!(b.enter(BarrierKind::Workers, d, tx), 2, "its first barrier is generation 2");
+        deliver(&mut nodes, 2);
+        deliver(&mut nodes, 0);
+        for (r, (b, _, _)) in nodes.iter_mut().enumerate() {
+            assert_eq!(b.poll_event().map(|e| (e.generation, e.result)), Some((2, Ok(()))), "node {r}");
         }
     }
 

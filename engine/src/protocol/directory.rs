@@ -6,7 +6,7 @@
 //! only read — by a thread holding the key's shard lock (a [`super::Step`] that locked it).
 //! Location-cache entries are hints and are read and written without any lock.
 
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -55,6 +55,12 @@ pub struct Directory {
     /// The node whose graceful departure is current here ([`NO_DEPARTURE`]: none): parts
     /// routed to it wait until it has left (see `protocol::leave`).
     departing: AtomicU16,
+    /// Per node, how many times a node joined in its rank (wrapping): messages about a node's
+    /// membership carry it, so that one about an earlier incarnation is not applied to a
+    /// later one.
+    incarnations: Box<[AtomicU8]>,
+    /// Joins this node has seen (see [`Directory::joins`]).
+    joins: AtomicU64,
 }
 
 /// [`Directory::departing`]'s "none".
@@ -83,6 +89,8 @@ impl Directory {
             losses: AtomicU64::new(0),
             failover: false,
             departing: AtomicU16::new(NO_DEPARTURE),
+            incarnations: (0..nodes).map(|_| AtomicU8::new(0)).collect(),
+            joins: AtomicU64::new(0),
         }
     }
 
@@ -111,8 +119,19 @@ impl Directory {
         self.successor(node).unwrap_or(node)
     }
 
-    /// The node whose graceful departure is current here: this node sends it no requests
-    /// until it has left.
+    /// The node that will serve what `node` was given at start-up once lost node `joining`
+    /// is a member again (see `protocol::leave`, joins): [`Directory::stand_in`] with
+    /// `joining` counted as live.
+    pub fn stand_in_once_joined(&self, node: u16, joining: u16) -> u16 {
+        if node == joining || !self.is_lost(node) {
+            return node;
+        }
+        let n = self.nodes as u16;
+        (1..n).map(|i| (node + i) % n).find(|&m| m == joining || !self.is_lost(m)).unwrap_or(node)
+    }
+
+    /// The node whose graceful departure is current here, or that serves the keys of a node
+    /// whose join is current: this node sends it no requests until the change is over.
     #[inline]
     pub fn departing(&self) -> Option<u16> {
         let d = self.departing.load(Ordering::Acquire);
@@ -339,6 +358,51 @@ impl Directory {
         true
     }
 
+    /// Lost `node` is a member again (it joined): a new incarnation of it. False when it was
+    /// not lost. The count of losses stays: it orders operations against losses, not
+    /// membership.
+    pub fn mark_joined(&self, node: u16) -> bool {
+        if node as usize >= self.nodes {
+            return false;
+        }
+        let mut reasons = self.reasons.lock();
+        if reasons.0[node as usize].take().is_none() {
+            return false;
+        }
+        reasons.1.retain(|&n| n != node);
+        self.incarnations[node as usize].fetch_add(1, Ordering::AcqRel);
+        self.joins.fetch_add(1, Ordering::AcqRel);
+        self.lost[node as usize].store(false, Ordering::Release);
+        true
+    }
+
+    /// How many times a node joined in `node`'s rank (wrapping; 0 for a node started with the
+    /// cluster, and for no such node).
+    #[inline]
+    pub fn incarnation(&self, node: u16) -> u8 {
+        self.incarnations.get(node as usize).map_or(0, |i| i.load(Ordering::Acquire))
+    }
+
+    /// Sets `node`'s incarnation (a joining node learns them from its welcome).
+    pub(crate) fn set_incarnation(&self, node: u16, incarnation: u8) {
+        if let Some(i) = self.incarnations.get(node as usize) {
+            i.store(incarnation, Ordering::Release);
+        }
+    }
+
+    /// Joins this node has seen (a node joining counts its own): rows planned for a node
+    /// before a join may belong to the joining node now.
+    #[inline]
+    pub fn joins(&self) -> u64 {
+        self.joins.load(Ordering::Acquire)
+    }
+
+    /// This node joined (see [`Directory::joins`]): a new incarnation of its rank.
+    pub(crate) fn note_own_join(&self) {
+        self.incarnations[self.rank as usize].fetch_add(1, Ordering::AcqRel);
+        self.joins.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// Peers lost so far (see the field).
     #[inline]
     pub fn losses(&self) -> u64 {
@@ -407,5 +471,24 @@ mod tests {
         assert!(d.is_lost(2));
         assert_eq!(d.any_lost(), Some((2, "gone".to_string())));
         assert!(matches!(d.lost_error(2), Error::PeerLost { node: 2, reason } if reason == "gone"));
+        assert!(d.mark_joined(2) && !d.mark_joined(2), "joined once");
+        assert!(!d.is_lost(2) && d.any_lost().is_none());
+        assert!(!d.mark_joined(1) && !d.mark_joined(9), "this node, no such node");
+    }
+
+    #[test]
+    fn a_joining_node_takes_back_what_it_will_stand_in_for() {
+        // Node 0 of 5; nodes 1, 2 and 3 are lost: node 4 stands in for all three.
+        let d = Directory::new(0, 5, 1, &[TableSpec::new("t", 10, 1)], false).with_failover();
+        for n in [1, 2, 3] {
+            d.mark_lost(n, "gone");
+        }
+        assert_eq!((d.stand_in(1), d.stand_in(2), d.stand_in(3)), (4, 4, 4));
+        // Node 2 joins: it serves its own keys and node 1's; node 3's stay at node 4.
+        assert_eq!(d.stand_in_once_joined(1, 2), 2);
+        assert_eq!(d.stand_in_once_joined(2, 2), 2);
+        assert_eq!(d.stand_in_once_joined(3, 2), 4);
+        assert_eq!(d.stand_in_once_joined(4, 2), 4);
+        assert_eq!(d.stand_in_once_joined(0, 2), 0);
     }
 }

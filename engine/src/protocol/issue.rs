@@ -429,8 +429,12 @@ impl Step<'_, '_> {
             Some(left) => Group::new(group.dest, group.flags, left, keys),
         };
         let Group { dest, flags, rows, keys_run } = group;
-        let dest = current_dest(self.directory(), dest);
-        let (direct, own) = if dest == rank {
+        let dir = self.directory();
+        let dest = current_dest(dir, dest);
+        // After a join, rows planned for the node that served the joining node's keys may
+        // belong to the joining node now (a classic server: the planned node is the home).
+        let moved = dir.joins() > 0 && dest != rank && rows.iter().any(|r| dir.home(table, keys[r as usize]) != dest);
+        let (direct, own) = if dest == rank || moved {
             (Rows::default(), rows)
         } else if unchanged || rows.iter().all(|r| t.route_residence(keys[r as usize]) == Residence::Away) {
             (rows, Rows::default())

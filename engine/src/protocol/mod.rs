@@ -239,6 +239,15 @@ impl Core {
         (d.asked(), d.has_left())
     }
 
+    /// Whether this node asked to join, and whether it has joined: it holds its keys, takes
+    /// part in barriers, and every live node counts it as a member (its workers may start).
+    #[cfg_attr(not(any(test, feature = "sim")), allow(dead_code))]
+    pub fn join_state(&self) -> (bool, bool) {
+        let d = self.departures.lock();
+        let dir = &self.directory;
+        (d.joins.asked(), d.joins.ready(dir.rank(), dir.nodes(), |n| !dir.is_lost(n)))
+    }
+
     /// Backups' state.
     pub(crate) fn backups(&self) -> &Mutex<Backups> {
         &self.backups
@@ -410,6 +419,7 @@ impl Core {
             images_sent: b.images_sent(),
             keys_adopted: b.keys_adopted(),
             writes_dropped: b.writes_dropped(),
+            keys_handed: b.keys_handed(),
         };
         s.relocation_time = crate::stats::Latency::of(&relocation);
         s.blocking_time = crate::stats::Latency::of(&blocking);

@@ -207,12 +207,33 @@ impl<'c, 't> Step<'c, 't> {
                             self.handle_leave_ready(from, body)?;
                             None
                         }
+                        msg::JOIN_ACK => {
+                            self.handle_join_ack(from, body)?;
+                            None
+                        }
                         // These need every shard, as PEER_LOST does.
-                        msg::LEAVE_ASK | msg::LEAVE_BEGIN | msg::LEAVE_KNOWN | msg::LEFT => {
+                        msg::LEAVE_ASK
+                        | msg::LEAVE_BEGIN
+                        | msg::LEAVE_KNOWN
+                        | msg::LEFT
+                        | msg::JOIN_ASK
+                        | msg::JOIN_WELCOME
+                        | msg::JOIN_READY
+                        | msg::JOIN_IMAGES
+                        | msg::JOIN_HANDED
+                        | msg::JOINED
+                        | msg::JOIN_ABANDONED => {
                             let progress = match kind {
                                 msg::LEAVE_ASK => self.handle_leave_ask(from, body)?,
                                 msg::LEAVE_BEGIN => self.handle_leave_begin(from, body)?,
                                 msg::LEAVE_KNOWN => self.handle_leave_known(from, body)?,
+                                msg::JOIN_ASK => self.handle_join_ask(from, body)?,
+                                msg::JOIN_WELCOME => self.handle_join_welcome(from, body)?,
+                                msg::JOIN_READY => self.handle_join_ready(from, body)?,
+                                msg::JOIN_IMAGES => self.handle_join_images(from, body)?,
+                                msg::JOIN_HANDED => self.handle_join_handed(from, body)?,
+                                msg::JOINED => self.handle_joined(from, body)?,
+                                msg::JOIN_ABANDONED => self.handle_join_abandoned(from, body)?,
                                 _ => self.handle_left(from, body)?,
                             };
                             match progress {
@@ -299,6 +320,9 @@ impl<'c, 't> Step<'c, 't> {
             return Progress::Yield { at: 0, item: 0 };
         }
         let dir = self.directory();
+        // The coordinator decides whether a join whose joining node is lost ends (a node that
+        // counts the rank as gone cannot tell the joining node's loss from the old one's).
+        self.abandon_join_of(peer);
         if !dir.mark_lost(peer, reason) {
             return Progress::Done;
         }
@@ -345,7 +369,8 @@ impl<'c, 't> Step<'c, 't> {
     /// that has not learnt yet and be forwarded to the lost node, to wait out the operation
     /// timeout. Links keep their order, so the home learns first and fails the request.
     fn announce_loss(&mut self, peer: u16, reason: &str) {
-        self.send_to_live(&[peer], MessageKind::Failure, |out| wire::encode_peer_lost(out, peer, reason));
+        let incarnation = self.directory().incarnation(peer);
+        self.send_to_live(&[peer], MessageKind::Failure, |out| wire::encode_peer_lost(out, peer, incarnation, reason));
     }
 
     /// Sends a message to every live node but this one and those in `except`: `encode` appends
@@ -361,14 +386,14 @@ impl<'c, 't> Step<'c, 't> {
 
     /// PEER_LOST from `from`: its node is lost here too (see [`Step::announce_loss`]).
     fn handle_peer_lost_notice(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
-        let (peer, reason) = wire::decode_peer_lost(body)?;
+        let (peer, incarnation, reason) = wire::decode_peer_lost(body)?;
         let dir = self.directory();
         if peer as usize >= dir.nodes() {
             return Err(Error::Protocol(format!("PEER_LOST names node {peer} of {}", dir.nodes())));
         }
         // A node never names itself; one naming this node has lost it and no longer talks
-        // to it.
-        if peer == from || peer == dir.rank() || dir.is_lost(peer) {
+        // to it. A notice about an earlier incarnation of a node that joined since is stale.
+        if peer == from || peer == dir.rank() || dir.is_lost(peer) || incarnation != dir.incarnation(peer) {
             return Ok(Progress::Done);
         }
         Ok(self.handle_peer_lost(peer, &format!("{reason}; reported by node {from}")))

@@ -88,6 +88,25 @@ pub mod msg {
     /// Node to a new coordinator: the departures it knows were begun, in order, and whether it
     /// asked to leave itself (see `protocol::leave`).
     pub const LEAVE_KNOWN: u8 = 26;
+    /// Joining node to the coordinator: it asks to take its rank back (see `protocol::join`).
+    pub const JOIN_ASK: u8 = 27;
+    /// Coordinator to a joining node: the nodes gone from the cluster.
+    pub const JOIN_WELCOME: u8 = 28;
+    /// Node to the node that serves a joining node's keys: it sends that node no more
+    /// requests, and sent this behind the last.
+    pub const JOIN_READY: u8 = 29;
+    /// The node that served a joining node's keys to the joining node: their slot images.
+    pub const JOIN_IMAGES: u8 = 30;
+    /// Joining node to the coordinator: it holds every image handed to it.
+    pub const JOIN_HANDED: u8 = 31;
+    /// Coordinator to every live node (relayed by each): the joining node is a member again,
+    /// from the barrier generations given.
+    pub const JOINED: u8 = 32;
+    /// Node to a joined node: it counts it as a member (its requests will be answered).
+    pub const JOIN_ACK: u8 = 33;
+    /// Coordinator to every live node: the joining node was lost before it joined; its join
+    /// ends (where it had been handed its keys, they fail over).
+    pub const JOIN_ABANDONED: u8 = 34;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).
@@ -1239,12 +1258,13 @@ fn decode_leaving(b: &[u8]) -> Result<Vec<(u16, String)>> {
     Ok(lost)
 }
 
-/// Encodes PEER_LOST: node `lost` is gone, and why (cut to [`LEAVING_REASON_MAX`] bytes at a
+/// Encodes PEER_LOST: node `lost`, of incarnation `incarnation` (see
+/// `Directory::incarnation`), is gone, and why (cut to [`LEAVING_REASON_MAX`] bytes at a
 /// character boundary). Returns the message's length.
-pub fn encode_peer_lost(out: &mut Vec<u8>, lost: u16, reason: &str) -> usize {
+pub fn encode_peer_lost(out: &mut Vec<u8>, lost: u16, incarnation: u8, reason: &str) -> usize {
     let reason = &reason[..reason.floor_char_boundary(LEAVING_REASON_MAX)];
     let start = begin(out, msg::PEER_LOST);
-    out.push(0);
+    out.push(incarnation);
     out.extend_from_slice(&lost.to_le_bytes());
     out.extend_from_slice(&(reason.len() as u16).to_le_bytes());
     out.extend_from_slice(reason.as_bytes());
@@ -1252,8 +1272,8 @@ pub fn encode_peer_lost(out: &mut Vec<u8>, lost: u16, reason: &str) -> usize {
     out.len() - start
 }
 
-/// Decodes PEER_LOST: (lost node, reason).
-pub fn decode_peer_lost(b: &[u8]) -> Result<(u16, String)> {
+/// Decodes PEER_LOST: (lost node, its incarnation, reason).
+pub fn decode_peer_lost(b: &[u8]) -> Result<(u16, u8, String)> {
     if b.len() < 6 {
         return Err(bad("PEER_LOST too short"));
     }
@@ -1261,7 +1281,7 @@ pub fn decode_peer_lost(b: &[u8]) -> Result<(u16, String)> {
     if b.len() != 6 + len || len > LEAVING_REASON_MAX {
         return Err(bad("PEER_LOST of wrong size"));
     }
-    Ok((u16_at(b, 2), String::from_utf8_lossy(&b[6..]).into_owned()))
+    Ok((u16_at(b, 2), b[1], String::from_utf8_lossy(&b[6..]).into_owned()))
 }
 
 pub(crate) fn begin(out: &mut Vec<u8>, ty: u8) -> usize {
@@ -1282,14 +1302,14 @@ mod tests {
     #[test]
     fn peer_lost_round_trips_and_rejects_garbage() {
         let mut frame = Vec::new();
-        let len = encode_peer_lost(&mut frame, 3, "crashed");
+        let len = encode_peer_lost(&mut frame, 3, 2, "crashed");
         assert_eq!(len, frame.len());
         let body = Messages::new(&frame).next().unwrap().unwrap();
-        assert_eq!(decode_peer_lost(body).unwrap(), (3, "crashed".to_string()));
+        assert_eq!(decode_peer_lost(body).unwrap(), (3, 2, "crashed".to_string()));
         let mut long = Vec::new();
-        encode_peer_lost(&mut long, 1, &"é".repeat(400));
+        encode_peer_lost(&mut long, 1, 0, &"é".repeat(400));
         let body = Messages::new(&long).next().unwrap().unwrap();
-        let (_, reason) = decode_peer_lost(body).unwrap();
+        let (_, _, reason) = decode_peer_lost(body).unwrap();
         assert!(reason.len() <= LEAVING_REASON_MAX && reason.starts_with('é'), "cut at a character boundary");
         let body = Messages::new(&frame).next().unwrap().unwrap().to_vec();
         for cut in 0..body.len() {

@@ -39,13 +39,23 @@ impl Sim {
         self.workers[w].awaiting_backup.push(AwaitingBackup { round, events: (from, to), synchronous });
     }
 
-    /// With backups and a crash to come: the node that is to crash, while worker `w`'s node
-    /// does not know it lost (its reads of that node's keys go there, and may see writes that
-    /// are never backed up: the surviving history cannot hold them; see `InFlight`).
-    pub(super) fn victim_reads(&self, w: usize) -> Option<usize> {
-        let (victim, _) = self.opts.crash.filter(|_| self.opts.backups)?;
-        let node = self.workers[w].node;
-        (!self.nodes[node].core.directory().is_lost(victim as u16)).then_some(victim)
+    /// With backups and a crash to come: which of `keys` the node that is to crash serves in
+    /// worker `w`'s node's view (its own, and those it stands in for), counting it as live
+    /// (empty once that node knows it lost). Reads of them go there, and may see writes that are
+    /// never backed up: the surviving history cannot hold them (see `InFlight`). With
+    /// `even_if_known`, also once that node knows (for a read that completed since).
+    pub(super) fn victim_reads(&self, w: usize, keys: &[u64], even_if_known: bool) -> Vec<bool> {
+        let Some((victim, _)) = self.opts.crash.filter(|_| self.opts.backups) else { return Vec::new() };
+        let dir = self.nodes[self.workers[w].node].core.directory();
+        let incarnation = self.nodes[victim].incarnation;
+        let victim = victim as u16;
+        // Gone in an earlier incarnation (it left, and a fresh node is joining in its rank) is
+        // not known lost: reads waiting for the join go to the fresh node.
+        if dir.is_lost(victim) && dir.incarnation(victim) == incarnation && !even_if_known {
+            return Vec::new();
+        }
+        let partitioner = &dir.tables()[0].partitioner;
+        keys.iter().map(|&key| dir.stand_in_once_joined(partitioner.home(key) as u16, victim) == victim).collect()
     }
 
     /// Writes whose round completed are acknowledged.
@@ -147,7 +157,7 @@ impl Sim {
     /// With [`super::SimOptions::leave`]: asks the node to leave once its workers are done
     /// (as `Node::leave` needs), and notes when it has left. Returns whether it asked now.
     pub(super) fn leave_when_done(&mut self) -> Result<bool, String> {
-        let Some(node) = self.opts.leave else { return Ok(false) };
+        let Some(node) = self.opts.leave.filter(|&n| self.nodes[n].incarnation == 0) else { return Ok(false) };
         let (asked, left) = self.nodes[node].core.leave_state();
         if left {
             if !self.nodes[node].left {
@@ -159,13 +169,47 @@ impl Sim {
         let done = self
             .workers
             .iter()
-            .filter(|w| w.node == node)
+            .filter(|w| w.node == node && w.incarnation == 0)
             .all(|w| w.script.is_empty() && w.in_flight.is_empty() && w.streaming.is_none() && w.awaiting_backup.is_empty() && w.requester.pending() == 0);
         if asked || !done || self.nodes[node].crashed {
             return Ok(false);
         }
         self.log(format!("node {node} asks to leave"));
         self.node_event(node, |step, _, _| step.ask_to_leave().map(|_| Progress::Done))?;
+        Ok(true)
+    }
+
+    /// With [`SimOptions::rejoin`](super::SimOptions::rejoin): once the leaver has left, its
+    /// links are empty (the runtime closes them once every peer handled its LEFT) and no node
+    /// has a backup round due or under way (the keys the leaver handed over are on a second
+    /// node: a crash before that is a second change the backups do not cover), a fresh node
+    /// takes its rank and asks the lowest-ranked member to let it join. Its workers (the second
+    /// incarnation's) get requesters of the new core and start once it joined. Returns whether
+    /// it asked now.
+    pub(super) fn rejoin_when_gone(&mut self) -> Result<bool, String> {
+        let Some(node) = self.opts.leave.filter(|_| self.opts.rejoin) else { return Ok(false) };
+        if !self.nodes[node].left || self.nodes[node].incarnation > 0 {
+            return Ok(false);
+        }
+        let n = self.opts.nodes;
+        let empty = |c: usize| self.frames[c].is_empty() && self.writes[c].is_empty();
+        if !(0..n).all(|o| empty(node * n + o) && empty(o * n + node)) || self.late.iter().any(|l| !l.frames.is_empty()) {
+            return Ok(false);
+        }
+        let members = || (0..n).filter(|&m| m != node && !self.nodes[m].crashed && !self.nodes[m].left);
+        if members().any(|m| self.nodes[m].core.backup_pending() != (false, false) || self.nodes[m].core.backup_counters().wanted()) {
+            return Ok(false);
+        }
+        let Some(contact) = members().next() else { return Ok(false) };
+        let mut fresh = Self::start_node(&self.opts, node).map_err(|e| e.to_string())?;
+        fresh.incarnation = 1;
+        for w in self.workers.iter_mut().filter(|w| w.node == node && w.incarnation == 1) {
+            w.requester = fresh.core.requester(w.index, 1);
+            w.tx = fresh.core.transmit();
+        }
+        self.nodes[node] = fresh;
+        self.log(format!("a fresh node {node} asks node {contact} to join"));
+        self.node_event(node, |step, _, _| step.ask_to_join(contact as u16))?;
         Ok(true)
     }
 }

@@ -383,7 +383,7 @@ impl Sim {
             asynchronous: true,
             service: true,
             granted_move: false,
-            victim_reads: None,
+            victim_reads: Vec::new(),
         });
         self.replica_sets[node].ops.push(op);
     }

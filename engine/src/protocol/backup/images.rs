@@ -16,6 +16,15 @@ pub(crate) struct ImageSet {
 }
 
 impl ImageSet {
+    /// The image of the key at `index` among the home's keys, if held.
+    pub fn get(&self, index: usize) -> Option<&[u8]> {
+        let bytes = self.image_bytes.max(1);
+        if !self.present.get(index).copied().unwrap_or(false) {
+            return None;
+        }
+        self.bytes.get(index * bytes..(index + 1) * bytes)
+    }
+
     /// The images held: (index among the home's keys, image).
     pub fn iter(&self) -> impl Iterator<Item = (usize, &[u8])> {
         self.bytes.chunks_exact(self.image_bytes.max(1)).enumerate().filter(|&(i, _)| self.present[i])
@@ -86,6 +95,9 @@ mod tests {
         assert_eq!(taken.len(), 1);
         let images: Vec<(usize, Vec<u8>)> = taken[0].1.iter().map(|(i, b)| (i, b.to_vec())).collect();
         assert_eq!(images, vec![(1, vec![3, 4]), (3, vec![5, 6])]);
+        assert_eq!(taken[0].1.get(3), Some(&[5u8, 6][..]));
+        assert_eq!(taken[0].1.get(2), None, "never kept");
+        assert_eq!(taken[0].1.get(99), None, "beyond the home's keys");
         assert_eq!(k.len(), 1);
     }
 }

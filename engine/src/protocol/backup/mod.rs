@@ -64,6 +64,7 @@ pub struct BackupCounters {
     images: AtomicU64,
     adopted: AtomicU64,
     dropped: AtomicU64,
+    handed: AtomicU64,
 }
 
 /// Whether round `a` comes after round `b` (round numbers wrap: "after" is a difference below
@@ -118,6 +119,15 @@ impl BackupCounters {
 
     pub(crate) fn note_adopted(&self, keys: usize) {
         self.adopted.fetch_add(keys as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn note_handed(&self, keys: usize) {
+        self.handed.fetch_add(keys as u64, Ordering::Relaxed);
+    }
+
+    /// Keys handed to nodes that joined so far.
+    pub fn keys_handed(&self) -> u64 {
+        self.handed.load(Ordering::Relaxed)
     }
 
     /// Slot images sent to backups so far.
@@ -217,11 +227,28 @@ pub(crate) struct Backups {
     held: Vec<HeldAnswer>,
     /// Images kept for the predecessor.
     images: KeptImages,
+    /// A joining node this node handed keys to and whose JOIN_HANDED it awaits: until then no
+    /// round completes (a write to a key handed over is on the joining node and in the images
+    /// kept here, and its acknowledgement must wait until the joining node holds it).
+    gate: Option<u16>,
+    /// The last round that completed while the gate was closed.
+    gated_round: Option<u32>,
 }
 
 impl Default for Backups {
     fn default() -> Backups {
-        Backups { begun: 0, completed: 0, under_way: None, target: None, sent: Vec::new(), full: true, held: Vec::new(), images: KeptImages::default() }
+        Backups {
+            begun: 0,
+            completed: 0,
+            under_way: None,
+            target: None,
+            sent: Vec::new(),
+            full: true,
+            held: Vec::new(),
+            images: KeptImages::default(),
+            gate: None,
+            gated_round: None,
+        }
     }
 }
 
@@ -291,6 +318,10 @@ impl Backups {
         if number != self.begun {
             return Vec::new();
         }
+        if self.gate.is_some() {
+            self.gated_round = Some(number);
+            return Vec::new();
+        }
         self.completed = number;
         counters.completed.store(number, Ordering::SeqCst);
         let (released, kept) = std::mem::take(&mut self.held).into_iter().partition(|h| h.round.wrapping_sub(number).wrapping_sub(1) >= u32::MAX / 2);
@@ -317,7 +348,7 @@ impl Backups {
     }
 
     /// Forgets every version sent: the next round reads and sends every key.
-    fn forget_sent(&mut self) {
+    pub fn forget_sent(&mut self) {
         self.sent.clear();
         self.full = true;
     }
@@ -327,9 +358,34 @@ impl Backups {
         std::mem::take(&mut self.full)
     }
 
+    /// This node handed keys to `joining`: rounds complete only once it holds them
+    /// ([`Backups::open_gate`]).
+    pub fn close_gate(&mut self, joining: u16) {
+        self.gate = Some(joining);
+    }
+
+    /// `joining` holds the keys handed to it: the rounds that completed meanwhile complete
+    /// now; returns the answers they release.
+    pub fn open_gate(&mut self, joining: u16, counters: &BackupCounters) -> Vec<HeldAnswer> {
+        if self.gate != Some(joining) {
+            return Vec::new();
+        }
+        self.gate = None;
+        match self.gated_round.take() {
+            Some(round) => self.complete(round, counters),
+            None => Vec::new(),
+        }
+    }
+
     /// `peer` is lost: the round under way to it is given up and answers held for it are
-    /// dropped. Returns whether a round was given up.
+    /// dropped. Returns whether a round was given up. A joining node lost before it held the
+    /// keys handed to it opens the gate without completing anything: those keys are adopted
+    /// back here, and the next round, which carries them, releases what waited.
     pub fn handle_lost(&mut self, peer: u16) -> bool {
+        if self.gate == Some(peer) {
+            self.gate = None;
+            self.gated_round = None;
+        }
         let gave_up = self.under_way.is_some_and(|(_, t)| t == peer) && self.give_up();
         self.held.retain(|h| h.origin != peer);
         gave_up
@@ -365,6 +421,28 @@ mod tests {
         assert!(b.under_way().is_none());
         assert_eq!(b.complete(third.number, &c).len(), 1);
         assert!(!b.has_held() && c.completed(3));
+    }
+
+    #[test]
+    fn rounds_after_a_hand_over_complete_once_the_joining_node_holds_the_keys() {
+        let (mut b, c) = (Backups::default(), BackupCounters::default());
+        b.hold(4, vec![1]);
+        let first = b.begin(Some(1), &c);
+        b.close_gate(2);
+        assert!(b.handle_ack(1, first.number, &c).unwrap().is_empty(), "gated");
+        assert!(!c.completed(first.number));
+        assert!(b.open_gate(3, &c).is_empty(), "another node");
+        assert_eq!(b.open_gate(2, &c).len(), 1);
+        assert!(c.completed(first.number));
+        // The joining node is lost instead: nothing completes until a later round.
+        b.hold(4, vec![2]);
+        let second = b.begin(Some(1), &c);
+        b.close_gate(2);
+        assert!(b.handle_ack(1, second.number, &c).unwrap().is_empty());
+        b.handle_lost(2);
+        assert!(!c.completed(second.number) && b.has_held());
+        let third = b.begin(Some(1), &c);
+        assert_eq!(b.handle_ack(1, third.number, &c).unwrap().len(), 1);
     }
 
     #[test]

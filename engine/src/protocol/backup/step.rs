@@ -130,7 +130,7 @@ impl Step<'_, '_> {
     }
 
     /// Sends held answers on.
-    fn release_held(&mut self, released: Vec<HeldAnswer>) {
+    pub(crate) fn release_held(&mut self, released: Vec<HeldAnswer>) {
         self.tx.touch_backup();
         let dir = self.directory();
         for held in released {
@@ -220,8 +220,13 @@ impl Step<'_, '_> {
                 self.tx.touch_backup();
             }
             // The homes now served here that were another node's: `peer`'s, and those it had
-            // taken over.
-            backups.images().take(|home| home != rank && dir.stand_in(home) == rank)
+            // taken over — but not those a join current here moves to the joining node: `peer`
+            // may have handed their keys over already, and this node then hands over what it
+            // kept only if the joining node lacks them (`protocol::leave`, joins). A lost
+            // joining node's keys are adopted as any.
+            let joining = core.departures().lock().current().and_then(crate::protocol::leave::join_of).filter(|&j| j != peer);
+            let moving = |home: u16| joining.is_some_and(|j| dir.stand_in_once_joined(home, j) == j);
+            backups.images().take(|home| home != rank && dir.stand_in(home) == rank && !moving(home))
         };
         let (mut adopted, mut failed) = (0usize, 0usize);
         for ((table, home), set) in sets {

@@ -8,6 +8,9 @@
 //! order, so a backup that has handled it has handled the whole round.
 //!
 //! BACKUP_ACK: `[type][0][0 u16][round u32]`.
+//!
+//! JOIN_IMAGES, the images a joining node is handed (`protocol::join`), is laid out as BACKUP
+//! with round 0.
 
 use super::super::wire::{begin, finish, msg, u16_at, u32_at, u64_at};
 use crate::error::{Error, Result};
@@ -22,7 +25,14 @@ pub const ACK_BYTES: usize = 8;
 /// Starts a BACKUP of `table` for round `round` in `out`; returns where it starts. Items are
 /// appended (the key, then the image's bytes) and the message closed with [`finish_backup`].
 pub fn begin_backup(out: &mut Vec<u8>, table: u16, round: u32) -> usize {
-    let start = begin(out, msg::BACKUP);
+    begin_images(out, msg::BACKUP, table, round)
+}
+
+/// Starts a message of images of type `ty` (BACKUP, or JOIN_IMAGES: a hand-over to a joining
+/// node, laid out alike) in `out`; returns where it starts.
+pub fn begin_images(out: &mut Vec<u8>, ty: u8, table: u16, round: u32) -> usize {
+    debug_assert!(matches!(ty, msg::BACKUP | msg::JOIN_IMAGES));
+    let start = begin(out, ty);
     out.push(0);
     out.extend_from_slice(&table.to_le_bytes());
     out.extend_from_slice(&round.to_le_bytes());

@@ -29,12 +29,17 @@
 //!    Begun in any other order, two nodes could wait on different departures for ever.
 //!
 //! [`Departures`] is the state machine (no thread, clock, lock or I/O); the steps that send
-//! and handle the messages are in `step.rs`.
+//! and handle the messages are in `step.rs`. Joins (`join.rs`) are membership changes of the
+//! same queue.
 
+mod join;
+mod join_step;
 mod step;
 pub(crate) mod wire;
 
-/// Why a node that left is gone, as [`super::Directory::lost_nodes`] gives it.
+pub(crate) use join::{JOIN_BIT, Joins, join_of};
+
+/// Why a node that left is gone, as [`crate::Node::lost_nodes`] gives it.
 pub const LEFT_REASON: &str = "it left the cluster gracefully, handing its keys over";
 
 use std::collections::VecDeque;
@@ -67,6 +72,8 @@ pub(crate) struct Departures {
     reports: Vec<Option<(Vec<u16>, bool)>>,
     /// Whether this node took over as coordinator and waits for reports.
     taking_over: bool,
+    /// Joins: this node's own, and what it knows as a giver.
+    pub joins: Joins,
 }
 
 /// What a new coordinator begins once every live node has reported, in this order.
@@ -160,9 +167,10 @@ impl Departures {
         Some(Takeover { begin })
     }
 
-    /// Asks held while this node did not coordinate, to take now (no takeover waits).
+    /// Asks held while this node did not coordinate, or while a join was queued here, to
+    /// take now (no takeover waits and no join is queued).
     pub fn take_asks(&mut self) -> Vec<u16> {
-        if self.taking_over {
+        if self.taking_over || self.join_queued() {
             return Vec::new();
         }
         let mut asks = std::mem::take(&mut self.asks);
@@ -170,7 +178,18 @@ impl Departures {
         asks
     }
 
-    /// LEAVE_BEGIN of `node`: queued. Returns `node` when it is the current departure now.
+    /// Whether a join is queued here (a coordinator begins no other change meanwhile).
+    pub fn join_queued(&self) -> bool {
+        self.queue.iter().any(|&e| join_of(e).is_some())
+    }
+
+    /// Whether `entry` is queued here.
+    pub fn queued(&self, entry: u16) -> bool {
+        self.queue.contains(&entry)
+    }
+
+    /// LEAVE_BEGIN of `node` (a queue entry: a departure, or a join): queued. Returns `node`
+    /// when it is the current change now.
     pub fn handle_begin(&mut self, node: u16) -> Option<u16> {
         if self.queue.contains(&node) {
             return None;
@@ -179,11 +198,15 @@ impl Departures {
         (self.queue.len() == 1).then_some(node)
     }
 
-    /// `node` left or was lost: its departure, if any, ends. Returns the departure that became
-    /// current, if the current one ended and another waits.
+    /// `node` left or was lost: its departure or join, if any, ends (`node` may also be a
+    /// join's entry: it joined). Returns the change that became current, if the current one
+    /// ended and another waits.
     pub fn end(&mut self, node: u16) -> Option<u16> {
-        let was_current = self.queue.front() == Some(&node);
-        self.queue.retain(|&n| n != node);
+        let joining = node & !JOIN_BIT;
+        let ends = |e: u16| e == node || e == joining || e == JOIN_BIT | joining;
+        let was_current = self.queue.front().is_some_and(|&e| ends(e));
+        self.queue.retain(|&e| !ends(e));
+        self.joins.forget(joining);
         if was_current { self.queue.front().copied() } else { None }
     }
 

@@ -2,7 +2,8 @@
 //! takeover), each node's READY behind its last request to the leaver, the leaver's hand-over
 //! round and LEFT, and LEFT at the others.
 
-use super::wire::{decode, decode_known, encode, encode_known};
+use super::join::{JOIN_BIT, join_of};
+use super::wire::{decode, decode_known, decode_left, encode, encode_known, encode_left};
 use crate::error::{Error, Result};
 use crate::protocol::Progress;
 use crate::protocol::Step;
@@ -46,7 +47,7 @@ impl Step<'_, '_> {
         }
         {
             let mut departures = self.core.departures().lock();
-            if dir.coordinator() != dir.rank() || departures.taking_over() {
+            if dir.coordinator() != dir.rank() || departures.taking_over() || departures.join_queued() {
                 departures.hold_ask(node);
                 return Ok(Progress::Done);
             }
@@ -55,14 +56,26 @@ impl Step<'_, '_> {
         Ok(Progress::Done)
     }
 
-    /// At the coordinator (every shard held): begins `node`'s departure at every live node,
-    /// this one included, unless it was begun before.
-    fn begin_everywhere(&mut self, node: u16) {
+    /// At the coordinator (every shard held): begins the change `node` (a departure, or a
+    /// join: a queue entry) at every live node, this one included, unless it was begun before
+    /// or is moot (the leaving node is gone, the joining node a member already). A joining
+    /// node is welcomed first.
+    pub(super) fn begin_everywhere(&mut self, node: u16) {
         let dir = self.directory();
-        if dir.is_lost(node) || !self.core.departures().lock().begin_at_coordinator(node) {
+        let moot = match join_of(node) {
+            Some(joining) => !dir.is_lost(joining),
+            None => dir.is_lost(node),
+        };
+        if moot || !self.core.departures().lock().begin_at_coordinator(node) {
             return;
         }
-        tracing::info!(node = dir.rank(), leaving = node, "a node's departure begins");
+        match join_of(node) {
+            Some(joining) => {
+                tracing::info!(node = dir.rank(), joining, "a node's join begins");
+                self.welcome(joining);
+            }
+            None => tracing::info!(node = dir.rank(), leaving = node, "a node's departure begins"),
+        }
         self.send_to_live(&[], MessageKind::Membership, |out| encode(out, msg::LEAVE_BEGIN, node));
         self.begin_departure(node);
     }
@@ -72,6 +85,22 @@ impl Step<'_, '_> {
     /// every live node's report before it takes asks (see the module documentation).
     pub(crate) fn coordinator_lost(&mut self, coordinator: u16) {
         let dir = self.directory();
+        let joining = {
+            let departures = self.core.departures().lock();
+            departures.joins.asked() && departures.joins.joined().is_none()
+        };
+        if joining {
+            // Not a member yet: it asks the new coordinator (which may know its join already,
+            // and then welcomes it again once it took over), and reports no departures, in
+            // case the new coordinator counts it as a member already and waits for its report.
+            if coordinator != dir.rank() {
+                let bytes = encode(self.tx.buf(coordinator), msg::JOIN_ASK, dir.rank());
+                self.tx.sent(coordinator, MessageKind::Membership, bytes);
+                let bytes = encode_known(self.tx.buf(coordinator), &[], false);
+                self.tx.sent(coordinator, MessageKind::Membership, bytes);
+            }
+            return;
+        }
         if coordinator == dir.rank() {
             self.core.departures().lock().start_takeover(dir.nodes(), dir.rank());
             self.advance_takeover();
@@ -110,17 +139,29 @@ impl Step<'_, '_> {
             None => self.core.departures().lock().take_asks(),
         };
         for node in begin {
-            // Departures the old coordinator began go out again: a node that has one ignores it.
+            if let Some(joining) = join_of(node)
+                && !dir.is_lost(joining)
+            {
+                // The old coordinator completed this join before it was lost, but its JOINED
+                // may not have reached every node: it goes out again, with the same
+                // generations (nodes that have it ignore it).
+                let from_generations = self.core.barriers().lock().first_generations(joining);
+                self.announce_joined(joining, from_generations);
+                continue;
+            }
+            // Changes the old coordinator began go out again: a node that has one ignores it.
             self.core.departures().lock().forget_begun(node);
             self.begin_everywhere(node);
         }
     }
 
-    /// LEAVE_BEGIN from the coordinator: `node`'s departure is queued here. Needs every shard.
+    /// LEAVE_BEGIN from the coordinator: the change `node` (a departure, or a join) is queued
+    /// here. Needs every shard.
     pub(crate) fn handle_leave_begin(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
         let node = decode(body)?;
         let dir = self.directory();
-        if (from != 0 && !dir.failover()) || node == from || node == 0 || node as usize >= dir.nodes() {
+        let rank = node & !JOIN_BIT;
+        if (from != 0 && !dir.failover()) || rank == from || rank == 0 || rank as usize >= dir.nodes() || (node & JOIN_BIT != 0 && !dir.failover()) {
             return Err(Error::Protocol(format!("LEAVE_BEGIN for node {node} from node {from}")));
         }
         if !self.try_acquire(self.all_shards()) {
@@ -130,10 +171,15 @@ impl Step<'_, '_> {
         Ok(Progress::Done)
     }
 
-    /// Queues `node`'s departure (every shard held); it is worked on once it is current.
+    /// Queues the change `node` (every shard held); it is worked on once it is current.
     fn begin_departure(&mut self, node: u16) {
-        if self.directory().is_lost(node) {
+        let moot = match join_of(node) {
+            // A member already here (its JOINED came first, or it joined before).
+            Some(joining) => !self.directory().is_lost(joining),
             // Lost (or left) before its begin got here: nothing to wait for.
+            None => self.directory().is_lost(node),
+        };
+        if moot {
             return;
         }
         let current = self.core.departures().lock().handle_begin(node);
@@ -146,6 +192,10 @@ impl Step<'_, '_> {
     /// from now on, and READY goes to it behind every request sent it before — or, on the
     /// leaving node itself, its hand-over may begin.
     fn make_current(&mut self, node: u16) {
+        if let Some(joining) = join_of(node) {
+            self.make_join_current(joining);
+            return;
+        }
         let dir = self.directory();
         dir.set_departing(Some(node));
         if node == dir.rank() {
@@ -186,7 +236,8 @@ impl Step<'_, '_> {
         departures.mark_left();
         drop(departures);
         tracing::info!(node = dir.rank(), "keys handed over; this node leaves the cluster");
-        self.send_to_live(&[], MessageKind::Membership, |out| encode(out, msg::LEFT, dir.rank()));
+        let incarnation = dir.incarnation(dir.rank());
+        self.send_to_live(&[], MessageKind::Membership, |out| encode_left(out, dir.rank(), incarnation));
         self.tx.touch_backup();
     }
 
@@ -198,10 +249,15 @@ impl Step<'_, '_> {
     /// before the successor knows it serves the leaver's keys. (The successor kept their
     /// images before the leaver sent LEFT to anyone: the round it acknowledged came first.)
     pub(crate) fn handle_left(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
-        let node = decode(body)?;
+        let (node, incarnation) = decode_left(body)?;
         let dir = self.directory();
         if node == 0 || node as usize >= dir.nodes() || node == dir.rank() {
             return Err(Error::Protocol(format!("LEFT for node {node} from node {from}")));
+        }
+        if incarnation != dir.incarnation(node) {
+            // About an earlier incarnation of a node that joined since (a relay that trailed
+            // the join): stale.
+            return Ok(Progress::Done);
         }
         if from == node {
             // Its last message: everything it sent before (answers it released with the
@@ -215,26 +271,33 @@ impl Step<'_, '_> {
         if !self.try_acquire(self.all_shards()) {
             return Ok(Progress::Yield { at: 0, item: 0 });
         }
-        self.send_to_live(&[node, from], MessageKind::Membership, |out| encode(out, msg::LEFT, node));
+        self.send_to_live(&[node, from], MessageKind::Membership, |out| encode_left(out, node, incarnation));
         Ok(self.remove_peer(node, super::LEFT_REASON, true))
     }
 
-    /// `peer` left or was lost (every shard held): its departure, if any, ends; the next one
-    /// becomes current; a leaving node no longer waits for a lost peer's READY.
+    /// `peer` left or was lost, or joined (`peer` is then its join's entry), every shard
+    /// held: its change, if any, ends; the next one becomes current; a leaving node no longer
+    /// waits for a lost peer's READY; a current join goes on without it (its giver may have
+    /// changed, or waited for its READY); a coordinator takes the asks it held for the join.
     pub(crate) fn end_departure(&mut self, peer: u16) {
         let core = self.core;
         let dir = core.directory();
-        let (next, asked) = {
+        let (ended_current, next, current, asked) = {
             let mut departures = core.departures().lock();
-            (departures.end(peer), departures.asked())
+            let before = departures.current();
+            let next = departures.end(peer);
+            (departures.current() != before, next, departures.current(), departures.asked())
         };
-        if dir.departing() == Some(peer) {
+        if ended_current {
             dir.set_departing(None);
         }
         if let Some(node) = next {
             self.make_current(node);
+        } else if let Some(entry) = current.filter(|&e| join_of(e).is_some()) {
+            self.make_current(entry);
         } else if asked {
             self.advance_leave();
         }
+        self.advance_takeover();
     }
 }

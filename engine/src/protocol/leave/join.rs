@@ -1,0 +1,226 @@
+//! Joins at run time (`Node::join`, with backups): a node started afresh in the rank of a node
+//! that left or was lost becomes a member again and takes its keys back. The design and its
+//! argument are in docs/ARCHITECTURE.md, "A node that joins"; in short:
+//!
+//! 1. **Ordered with departures.** The joining node asks the coordinator (JOIN_ASK), which
+//!    begins the join as a membership change of the same queue as departures (LEAVE_BEGIN
+//!    of the entry `JOIN_BIT | rank`) at every live node, and welcomes the joining node
+//!    (JOIN_WELCOME: the nodes gone). While a join is queued at the coordinator it begins no
+//!    other change: a change begun before the join ends would not reach the joining node.
+//! 2. **The cut.** The joining node's keys are served by its stand-in, the first live node
+//!    after its rank (the giver). When the join is current at a node, that node stops sending
+//!    requests to the giver — parts routed there wait — and answers JOIN_READY behind every
+//!    request it sent before, as for a departure.
+//! 3. **The hand-over.** With a READY from every live peer, the giver has applied every write
+//!    the keys will get from others. Under every shard lock it takes the keys that move (those
+//!    of the homes that the joining node stands in for once it is a member) out of its store,
+//!    sends their images to the joining node (JOIN_IMAGES), keeps them as that node's backups
+//!    (it is the joining node's successor), and counts the joining node as a member: its own
+//!    workers' requests for the keys follow the images on the same link.
+//! 4. **The new membership.** Once it holds every image and was welcomed, the joining node
+//!    tells the coordinator (JOIN_HANDED), which counts it as a member from the next barrier
+//!    generations on and sends JOINED with them to every live node, the joining node
+//!    included. A node handling JOINED routes the keys to the joining node (the parts that
+//!    waited included), ends the change and acknowledges (JOIN_ACK): the joining node sends
+//!    requests only once every live node did, as a node drops what it would answer to a
+//!    node it counts as gone.
+//!
+//! 5. **A joining node lost.** A node that counts the rank as gone cannot tell the joining
+//!    node's loss from its predecessor's; the coordinator decides. If the join is queued
+//!    there, it sends JOIN_ABANDONED to every live node, behind the begin: the change ends
+//!    everywhere, and the giver, if it handed the keys over, takes them back from the images
+//!    it kept (a loss, as any other).
+//!
+//! [`Joins`] is the state machine (no thread, clock, lock or I/O), kept with the departures
+//! under one lock; the steps are in `join_step.rs`.
+
+/// The bit that marks an entry of the queue of membership changes (and of LEAVE_BEGIN and
+/// LEAVE_KNOWN) as a join: a rank alone is that node's departure, `JOIN_BIT | rank` its join.
+/// Ranks stay below it (a cluster has at most 32767 nodes).
+pub(crate) const JOIN_BIT: u16 = 0x8000;
+
+/// The node a queue entry is the join of, if it is a join.
+#[inline]
+pub(crate) fn join_of(entry: u16) -> Option<u16> {
+    (entry & JOIN_BIT != 0).then_some(entry & !JOIN_BIT)
+}
+
+/// Why the nodes gone before a node joined are gone, as that node records them.
+pub(crate) const GONE_BEFORE_JOIN: &str = "it was gone from the cluster when this node joined";
+
+/// This node's own join.
+#[derive(Debug, Default)]
+struct OwnJoin {
+    /// The coordinator that welcomed it (the latest, after a coordinator was lost).
+    welcomed_by: Option<u16>,
+    /// Whether the last of the images handed to it arrived.
+    images_done: bool,
+    /// The coordinator JOIN_HANDED went to.
+    handed_to: Option<u16>,
+    /// The barrier generations it takes part in from, once JOINED came.
+    joined: Option<[u32; 2]>,
+    /// The nodes whose JOIN_ACK came.
+    acks: Vec<u16>,
+}
+
+/// What one node knows of joins (see the module documentation).
+#[derive(Debug, Default)]
+pub(crate) struct Joins {
+    /// This node's own join, once asked for.
+    own: Option<OwnJoin>,
+    /// At a giver: JOIN_READY received, as (joining node, sender).
+    readies: Vec<(u16, u16)>,
+    /// At a giver: the joins whose keys it handed over.
+    given: Vec<u16>,
+}
+
+impl Joins {
+    /// This node asks to join: false when it asked already.
+    #[cfg_attr(not(any(test, feature = "sim")), allow(dead_code))]
+    pub fn ask(&mut self) -> bool {
+        if self.own.is_some() {
+            return false;
+        }
+        self.own = Some(OwnJoin::default());
+        true
+    }
+
+    /// Whether this node asked to join.
+    pub fn asked(&self) -> bool {
+        self.own.is_some()
+    }
+
+    /// The barrier generations this node takes part in from, once it is a member.
+    pub fn joined(&self) -> Option<[u32; 2]> {
+        self.own.as_ref().and_then(|o| o.joined)
+    }
+
+    /// JOIN_ACK from `from`.
+    pub fn note_ack(&mut self, from: u16) {
+        if let Some(own) = &mut self.own
+            && !own.acks.contains(&from)
+        {
+            own.acks.push(from);
+        }
+    }
+
+    /// Whether this node (`rank`) joined and every live node of `nodes` counts it as a member:
+    /// its workers may send requests.
+    #[cfg_attr(not(any(test, feature = "sim")), allow(dead_code))]
+    pub fn ready(&self, rank: u16, nodes: usize, live: impl Fn(u16) -> bool) -> bool {
+        self.own.as_ref().is_some_and(|o| o.joined.is_some() && (0..nodes as u16).all(|n| n == rank || !live(n) || o.acks.contains(&n)))
+    }
+
+    /// JOIN_WELCOME came from coordinator `from`.
+    pub fn welcome(&mut self, from: u16) {
+        if let Some(own) = &mut self.own {
+            own.welcomed_by = Some(from);
+        }
+    }
+
+    /// The last image handed over arrived.
+    pub fn images_done(&mut self) {
+        if let Some(own) = &mut self.own {
+            own.images_done = true;
+        }
+    }
+
+    /// The coordinator to send JOIN_HANDED to now, once welcomed and every image is here, and
+    /// not sent to that coordinator yet: a new coordinator that welcomes again gets it again,
+    /// with the barrier generations this node took part in from if JOINED came already (the
+    /// old coordinator completed the join, but its JOINED may not have reached every node).
+    pub fn handed_due(&mut self) -> Option<(u16, Option<[u32; 2]>)> {
+        let own = self.own.as_mut()?;
+        let to = own.welcomed_by.filter(|_| own.images_done)?;
+        if own.handed_to == Some(to) {
+            return None;
+        }
+        own.handed_to = Some(to);
+        Some((to, own.joined))
+    }
+
+    /// JOINED came: this node is a member from barrier generations `from`. True the first time.
+    pub fn note_joined(&mut self, from: [u32; 2]) -> bool {
+        match &mut self.own {
+            Some(own) if own.joined.is_none() => {
+                own.joined = Some(from);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// JOIN_READY from `from` for `joining`'s join.
+    pub fn note_ready(&mut self, joining: u16, from: u16) {
+        if !self.readies.contains(&(joining, from)) {
+            self.readies.push((joining, from));
+        }
+    }
+
+    /// Whether this node (`rank`), the giver of `joining`'s keys, should hand them over now:
+    /// every live peer but the joining node is ready, and it did not hand them over yet.
+    pub fn wants_to_give(&self, joining: u16, rank: u16, nodes: usize, live: impl Fn(u16) -> bool) -> bool {
+        !self.given.contains(&joining) && (0..nodes as u16).filter(|&n| n != rank && n != joining && live(n)).all(|n| self.readies.contains(&(joining, n)))
+    }
+
+    /// The keys of `joining` were handed over.
+    pub fn mark_given(&mut self, joining: u16) {
+        self.given.push(joining);
+    }
+
+    /// `joining`'s join ended here (it joined, or it was lost): its READYs and hand-over are
+    /// forgotten, so that a later join of the same rank starts afresh.
+    pub fn forget(&mut self, joining: u16) {
+        self.readies.retain(|&(j, _)| j != joining);
+        self.given.retain(|&j| j != joining);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_giver_waits_for_every_live_peer_and_gives_once() {
+        let mut j = Joins::default();
+        // Node 2 gives node 1's keys in a cluster of 4; node 3 is lost.
+        let live = |n: u16| n != 3;
+        assert!(!j.wants_to_give(1, 2, 4, live), "node 0 has not answered");
+        j.note_ready(1, 0);
+        j.note_ready(1, 0);
+        assert!(j.wants_to_give(1, 2, 4, live), "the joining node and a lost node need not answer");
+        assert!(!j.wants_to_give(1, 2, 4, |_| true), "a live node 3 must answer");
+        j.mark_given(1);
+        assert!(!j.wants_to_give(1, 2, 4, live), "given once");
+        j.forget(1);
+        assert!(!j.wants_to_give(1, 2, 4, live), "a later join of the same rank waits for new READYs");
+        assert_eq!(join_of(JOIN_BIT | 5), Some(5));
+        assert_eq!(join_of(5), None);
+    }
+
+    #[test]
+    fn the_joining_node_reports_once_welcomed_and_handed_everything() {
+        let mut j = Joins::default();
+        assert_eq!(j.handed_due(), None, "not joining");
+        assert!(j.ask() && !j.ask());
+        j.images_done();
+        assert_eq!(j.handed_due(), None, "not welcomed yet");
+        j.welcome(0);
+        assert_eq!(j.handed_due(), Some((0, None)));
+        assert_eq!(j.handed_due(), None, "sent once");
+        // Coordinator 0 is lost; its successor welcomes again and gets the report again.
+        j.welcome(1);
+        assert_eq!(j.handed_due(), Some((1, None)));
+        assert!(j.note_joined([4, 1]) && !j.note_joined([5, 1]));
+        assert_eq!(j.joined(), Some([4, 1]));
+        // Node 3 of 4 joined; nodes 0 and 2 acknowledge, node 1 is lost.
+        assert!(!j.ready(3, 4, |_| true));
+        j.note_ack(0);
+        j.note_ack(2);
+        assert!(!j.ready(3, 4, |_| true), "node 1 has not acknowledged");
+        assert!(j.ready(3, 4, |n| n != 1));
+        // Coordinator 1 completed the join and was lost: its successor gets the generations.
+        j.welcome(2);
+        assert_eq!(j.handed_due(), Some((2, Some([4, 1]))));
+    }
+}

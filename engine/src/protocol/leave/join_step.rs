@@ -1,0 +1,463 @@
+//! The steps of a join: the joining node's ask and its reception (welcome, images, JOINED),
+//! the coordinator's begin and completion, each node's READY to the giver, and the giver's
+//! hand-over (see `join.rs`).
+
+use super::join::{GONE_BEFORE_JOIN, JOIN_BIT};
+use super::wire::{decode, decode_handed, decode_joined, decode_welcome, encode, encode_handed, encode_joined, encode_welcome};
+use crate::error::{Error, Result};
+use crate::protocol::backup::wire::{self as image_wire, decode_backup};
+use crate::protocol::directory::LOST_OWNER;
+use crate::protocol::wire::msg;
+use crate::protocol::{Progress, Step};
+use crate::stats::MessageKind;
+
+impl Step<'_, '_> {
+    /// This node, started afresh in the rank of a node that left or was lost, asks to join
+    /// (`Node::join`): it drops its home keys (whoever serves them hands their images over)
+    /// and sends JOIN_ASK to `contact`, the lowest-ranked member it reached, which
+    /// coordinates. Needs backups and no shared clocks, and a rank above the coordinator's (a
+    /// joining node never takes coordination over). Asking twice changes nothing.
+    // Driven by the simulator only until a fabric accepts a node after start-up (the
+    // runtime's `Node::join` is not built yet).
+    #[cfg_attr(not(any(test, feature = "sim")), allow(dead_code))]
+    pub fn ask_to_join(&mut self, contact: u16) -> Result<Progress> {
+        let core = self.core;
+        let dir = core.directory();
+        let rank = dir.rank();
+        if !core.settings().backups {
+            return Err(Error::Config(
+                "a node can join only with backups (FERRY_BACKUPS=1): its keys come back from the backups of whoever serves them".into(),
+            ));
+        }
+        if core.settings().share_clocks {
+            return Err(Error::Config(
+                "a node cannot join a cluster whose workers share clocks (bounded delay): they would wait for its workers' past clocks".into(),
+            ));
+        }
+        if contact >= rank || contact as usize >= dir.nodes() {
+            return Err(Error::Config(format!(
+                "node {rank} can join only above the coordinator, the lowest-ranked member; the lowest it reached is node {contact}"
+            )));
+        }
+        if !self.try_acquire(self.all_shards()) {
+            return Ok(Progress::Yield { at: 0, item: 0 });
+        }
+        if !core.departures().lock().joins.ask() {
+            return Ok(Progress::Done);
+        }
+        let store = core.store();
+        for table in 0..dir.tables().len() as u16 {
+            let meta = &dir.tables()[table as usize];
+            for key in meta.partitioner.home_keys(rank as usize) {
+                let mut guard = store.lock(table, key);
+                let slot = guard.unpublish();
+                drop(guard);
+                if let Some(slot) = slot {
+                    store.free(slot);
+                }
+                dir.set_owner(table, key, LOST_OWNER);
+            }
+        }
+        tracing::info!(node = rank, contact, "asking to join the cluster");
+        let bytes = encode(self.tx.buf(contact), msg::JOIN_ASK, rank);
+        self.tx.sent(contact, MessageKind::Membership, bytes);
+        Ok(Progress::Done)
+    }
+
+    /// JOIN_ASK from `from`, at the coordinator: begins its join at every live node (see
+    /// [`Step::begin_everywhere`]), or holds the ask while this node does not know yet that it
+    /// coordinates, waits for a takeover's reports, or has a join queued. Needs every shard.
+    pub(crate) fn handle_join_ask(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
+        let node = decode(body)?;
+        let dir = self.directory();
+        if node != from || !dir.failover() {
+            return Err(Error::Protocol(format!("JOIN_ASK for node {node} from node {from}")));
+        }
+        if !self.try_acquire(self.all_shards()) {
+            return Ok(Progress::Yield { at: 0, item: 0 });
+        }
+        if !dir.is_lost(node) {
+            // Its join completed here under a coordinator since lost, whose JOINED did not
+            // reach it: JOINED again, with the generations it was given.
+            let from_generations = self.core.barriers().lock().first_generations(node);
+            let bytes = encode_joined(self.tx.buf(node), node, from_generations);
+            self.tx.sent(node, MessageKind::Membership, bytes);
+            return Ok(Progress::Done);
+        }
+        let entry = JOIN_BIT | node;
+        {
+            let mut departures = self.core.departures().lock();
+            if dir.coordinator() != dir.rank() || departures.taking_over() || departures.join_queued() {
+                departures.hold_ask(entry);
+                return Ok(Progress::Done);
+            }
+        }
+        self.begin_everywhere(entry);
+        Ok(Progress::Done)
+    }
+
+    /// At the coordinator, as it begins `joining`'s join: JOIN_WELCOME to the joining node,
+    /// naming every node gone from the cluster.
+    pub(super) fn welcome(&mut self, joining: u16) {
+        let dir = self.directory();
+        let gone: Vec<u16> = (0..dir.nodes() as u16).filter(|&n| n != joining && dir.is_lost(n)).collect();
+        let incarnations: Vec<u8> = (0..dir.nodes() as u16).map(|n| dir.incarnation(n)).collect();
+        let bytes = encode_welcome(self.tx.buf(joining), &gone, &incarnations);
+        self.tx.sent(joining, MessageKind::Membership, bytes);
+    }
+
+    /// `joining`'s join is the current change here (every shard held): requests to its giver
+    /// wait, and READY goes to the giver behind every request sent before — or, on the giver,
+    /// the hand-over may begin.
+    pub(super) fn make_join_current(&mut self, joining: u16) {
+        let dir = self.directory();
+        let giver = dir.stand_in(joining);
+        if giver == joining {
+            // No live node serves its keys (every node but this one is gone?): nothing to wait for.
+            return;
+        }
+        if giver == dir.rank() {
+            dir.set_departing(None);
+            self.advance_give(joining);
+        } else {
+            dir.set_departing(Some(giver));
+            let bytes = encode(self.tx.buf(giver), msg::JOIN_READY, joining);
+            self.tx.sent(giver, MessageKind::Membership, bytes);
+        }
+    }
+
+    /// JOIN_READY from `from`: it sends this node, the giver of `joining`'s keys, no more
+    /// requests. Needs every shard.
+    pub(crate) fn handle_join_ready(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
+        let joining = decode(body)?;
+        if joining as usize >= self.directory().nodes() || joining == from {
+            return Err(Error::Protocol(format!("JOIN_READY for node {joining} from node {from}")));
+        }
+        if !self.try_acquire(self.all_shards()) {
+            return Ok(Progress::Yield { at: 0, item: 0 });
+        }
+        self.core.departures().lock().joins.note_ready(joining, from);
+        self.advance_give(joining);
+        Ok(Progress::Done)
+    }
+
+    /// On the giver of `joining`'s keys (every shard held): hands them over once the join is
+    /// current here and every live peer is ready.
+    pub(crate) fn advance_give(&mut self, joining: u16) {
+        let core = self.core;
+        let dir = core.directory();
+        let rank = dir.rank();
+        if dir.stand_in(joining) != rank || !dir.is_lost(joining) {
+            return;
+        }
+        {
+            let mut departures = core.departures().lock();
+            if departures.current() != Some(JOIN_BIT | joining) || !departures.joins.wants_to_give(joining, rank, dir.nodes(), |n| !dir.is_lost(n)) {
+                return;
+            }
+            departures.joins.mark_given(joining);
+        }
+        self.hand_over_to(joining);
+    }
+
+    /// The hand-over (every shard held): the keys of the homes `joining` will stand in for
+    /// leave this node's store; their images go to `joining` and are kept here as its backups
+    /// (this node is its successor); `joining` is a member here from now on.
+    fn hand_over_to(&mut self, joining: u16) {
+        let core = self.core;
+        let (dir, store) = (core.directory(), core.store());
+        let rank = dir.rank();
+        let moving: Vec<u16> =
+            (0..dir.nodes() as u16).filter(|&h| h != rank && dir.stand_in(h) == rank && dir.stand_in_once_joined(h, joining) == joining).collect();
+        let max_bytes = core.settings().max_message_bytes;
+        let mut handed = 0usize;
+        let mut backups = core.backups().lock();
+        // Images kept of the moving homes: when the giver before this one was lost during the
+        // join, this node kept its images of them instead of adopting them (see `fail_over`).
+        let earlier = backups.images().take(|home| moving.contains(&home));
+        for table in 0..dir.tables().len() as u16 {
+            let meta = &dir.tables()[table as usize];
+            let t = store.table(table);
+            let item_bytes = 8 + 4 * (t.value_len() + t.state_len());
+            let mut open: Option<(usize, u32)> = None;
+            let mut kept: Vec<(u16, usize, Vec<u8>)> = Vec::new();
+            for &home in &moving {
+                let from_kept = earlier.iter().find(|(at, _)| *at == (table, home)).map(|(_, set)| set);
+                for (index, key) in meta.partitioner.home_keys(home as usize).enumerate() {
+                    let mut guard = store.lock(table, key);
+                    let image = match guard.unpublish() {
+                        Some(mut slot) => {
+                            let mut image = Vec::with_capacity(item_bytes - 8);
+                            store.reserved(&mut slot).append_all_le_bytes(&mut image);
+                            drop(guard);
+                            store.free(slot);
+                            image
+                        }
+                        None => match from_kept.and_then(|set| set.get(index)) {
+                            Some(image) => image.to_vec(),
+                            None => continue,
+                        },
+                    };
+                    let buf = self.tx.buf(joining);
+                    if let Some((at, count)) = open
+                        && buf.len() - at + item_bytes > max_bytes
+                    {
+                        let bytes = image_wire::finish_backup(buf, at, count, false);
+                        self.tx.sent(joining, MessageKind::Membership, bytes);
+                        open = None;
+                    }
+                    let buf = self.tx.buf(joining);
+                    let (_, count) = open.get_or_insert_with(|| (image_wire::begin_images(buf, msg::JOIN_IMAGES, table, 0), 0));
+                    buf.extend_from_slice(&key.to_le_bytes());
+                    buf.extend_from_slice(&image);
+                    *count += 1;
+                    kept.push((home, index, image));
+                }
+            }
+            if let Some((at, count)) = open {
+                let bytes = image_wire::finish_backup(self.tx.buf(joining), at, count, false);
+                self.tx.sent(joining, MessageKind::Membership, bytes);
+            }
+            handed += kept.len();
+            backups.images().keep_all(table, kept.iter().map(|(h, i, image)| (*h, *i, &image[..])), |home| meta.partitioner.home_count(home as usize));
+        }
+        // What this node's backup was sent of the keys that moved is stale from now on: the
+        // next round sends every image of what it serves. Writes to them are on the joining
+        // node and in the images kept here once it holds them: no round completes until then.
+        backups.forget_sent();
+        backups.close_gate(joining);
+        drop(backups);
+        let buf = self.tx.buf(joining);
+        let at = image_wire::begin_images(buf, msg::JOIN_IMAGES, 0, 0);
+        let bytes = image_wire::finish_backup(buf, at, 0, true);
+        self.tx.sent(joining, MessageKind::Membership, bytes);
+        dir.mark_joined(joining);
+        core.backup_counters().note_handed(handed);
+        tracing::info!(node = rank, joining, homes = ?moving, keys = handed, "handed a joining node its keys");
+    }
+
+    /// JOIN_WELCOME from the coordinator, at the joining node: the nodes gone are recorded as
+    /// lost. Needs every shard.
+    pub(crate) fn handle_join_welcome(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
+        let dir = self.directory();
+        let (gone, incarnations) = decode_welcome(body, dir.nodes())?;
+        if !self.core.departures().lock().joins.asked() {
+            return Err(Error::Protocol(format!("JOIN_WELCOME from node {from} to node {}, which did not ask to join", dir.rank())));
+        }
+        if !self.try_acquire(self.all_shards()) {
+            return Ok(Progress::Yield { at: 0, item: 0 });
+        }
+        for node in gone {
+            dir.mark_lost(node, GONE_BEFORE_JOIN);
+        }
+        if dir.joins() == 0 {
+            // Its own incarnation moves on once it joined.
+            for (node, incarnation) in incarnations.into_iter().enumerate() {
+                dir.set_incarnation(node as u16, incarnation);
+            }
+        }
+        self.core.departures().lock().joins.welcome(from);
+        self.report_handed();
+        Ok(Progress::Done)
+    }
+
+    /// JOIN_IMAGES from the giver, at the joining node: the images become slots of this node
+    /// (owned here, if homed here). Needs every shard.
+    pub(crate) fn handle_join_images(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
+        let core = self.core;
+        let (dir, store) = (core.directory(), core.store());
+        let images = decode_backup(body, |t| store.tables().get(t as usize).map(|t| 4 * (t.value_len() + t.state_len())))?;
+        {
+            let departures = core.departures().lock();
+            if !departures.joins.asked() || departures.joins.joined().is_some() {
+                return Err(Error::Protocol(format!("JOIN_IMAGES from node {from} to node {}, which is not joining", dir.rank())));
+            }
+        }
+        if !self.try_acquire(self.all_shards()) {
+            return Ok(Progress::Yield { at: 0, item: 0 });
+        }
+        if let Some(meta) = dir.table(images.table) {
+            let mut failed = 0usize;
+            for (key, image) in images.items().filter(|&(key, _)| key < meta.keys) {
+                match store.adopt(images.table, key, image) {
+                    Ok(true) => {
+                        if meta.partitioner.home(key) == dir.rank() as usize {
+                            dir.set_owner(images.table, key, dir.rank());
+                        }
+                        core.note_written(images.table, key);
+                    }
+                    Ok(false) => {}
+                    Err(_) => failed += 1,
+                }
+            }
+            if failed > 0 {
+                tracing::error!(node = dir.rank(), from, table = images.table, failed, "could not take over keys handed to this joining node");
+            }
+        }
+        if images.last {
+            core.departures().lock().joins.images_done();
+            // The giver's rounds wait for this (see `Backups::close_gate`).
+            let bytes = encode_handed(self.tx.buf(from), dir.rank(), None);
+            self.tx.sent(from, MessageKind::Membership, bytes);
+            self.report_handed();
+        }
+        Ok(Progress::Done)
+    }
+
+    /// At the joining node: JOIN_HANDED to the coordinator once welcomed and every image is here.
+    fn report_handed(&mut self) {
+        let rank = self.directory().rank();
+        let due = self.core.departures().lock().joins.handed_due();
+        if let Some((coordinator, joined)) = due {
+            let bytes = encode_handed(self.tx.buf(coordinator), rank, joined);
+            self.tx.sent(coordinator, MessageKind::Membership, bytes);
+        }
+    }
+
+    /// JOIN_HANDED from the joining node: at its giver, the rounds held back since the
+    /// hand-over complete; at the coordinator, it is a member from the next barrier
+    /// generations on and JOINED goes to every live node, the joining node included. Needs
+    /// every shard.
+    pub(crate) fn handle_join_handed(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
+        let (joining, joined) = decode_handed(body)?;
+        let dir = self.directory();
+        if joining != from || !dir.failover() {
+            return Err(Error::Protocol(format!("JOIN_HANDED for node {joining} from node {from}")));
+        }
+        if !self.try_acquire(self.all_shards()) {
+            return Ok(Progress::Yield { at: 0, item: 0 });
+        }
+        let released = self.core.backups().lock().open_gate(joining, self.core.backup_counters());
+        if !released.is_empty() {
+            self.release_held(released);
+        }
+        self.begin_backup_round_if_due();
+        if dir.coordinator() != dir.rank() {
+            return Ok(Progress::Done);
+        }
+        if !self.core.departures().lock().queued(JOIN_BIT | joining) {
+            // Joined already (its report to an earlier coordinator came through), or
+            // abandoned here after its loss.
+            return Ok(Progress::Done);
+        }
+        // A node that joined under a coordinator since lost keeps the generations it was given.
+        let from_generations = joined.unwrap_or_else(|| self.core.barriers().lock().next_generations());
+        self.announce_joined(joining, from_generations);
+        self.complete_join(joining, from_generations);
+        Ok(Progress::Done)
+    }
+
+    /// At the coordinator: JOINED of `joining` to every live node and to `joining` itself.
+    pub(super) fn announce_joined(&mut self, joining: u16, from_generations: [u32; 2]) {
+        let dir = self.directory();
+        self.send_to_live(&[joining], MessageKind::Membership, |out| encode_joined(out, joining, from_generations));
+        let bytes = encode_joined(self.tx.buf(joining), joining, from_generations);
+        self.tx.sent(joining, MessageKind::Membership, bytes);
+        tracing::info!(node = dir.rank(), joining, ?from_generations, "a node joined");
+    }
+
+    /// JOINED from the coordinator: at the joining node, it is a member; elsewhere the join
+    /// ends (see [`Step::complete_join`]). Needs every shard.
+    pub(crate) fn handle_joined(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
+        let (joining, from_generations) = decode_joined(body)?;
+        let dir = self.directory();
+        if joining as usize >= dir.nodes() || joining == from {
+            return Err(Error::Protocol(format!("JOINED of node {joining} from node {from}")));
+        }
+        if !self.try_acquire(self.all_shards()) {
+            return Ok(Progress::Yield { at: 0, item: 0 });
+        }
+        if joining == dir.rank() {
+            let core = self.core;
+            let first = core.departures().lock().joins.note_joined(from_generations);
+            if first {
+                dir.note_own_join();
+                core.barriers().lock().start_at(from_generations);
+                // Its keys are on its successor already (the giver kept them): a round now
+                // makes the successor's images this node's own.
+                let counters = core.backup_counters();
+                counters.want(counters.round_after_now());
+                self.begin_backup_round_if_due();
+                tracing::info!(node = dir.rank(), ?from_generations, "this node joined the cluster");
+            }
+            return Ok(Progress::Done);
+        }
+        self.complete_join(joining, from_generations);
+        Ok(Progress::Done)
+    }
+
+    /// JOIN_ACK from `from`, at the joining node: `from` counts it as a member.
+    pub(crate) fn handle_join_ack(&mut self, from: u16, body: &[u8]) -> Result<()> {
+        let joining = decode(body)?;
+        let mut departures = self.core.departures().lock();
+        if joining != self.directory().rank() || !departures.joins.asked() {
+            return Err(Error::Protocol(format!("JOIN_ACK for node {joining} from node {from}")));
+        }
+        departures.joins.note_ack(from);
+        Ok(())
+    }
+
+    /// `peer` is lost (every shard held): at the coordinator, a join of it that is queued
+    /// there is abandoned everywhere (JOIN_ABANDONED) and here.
+    pub(crate) fn abandon_join_of(&mut self, peer: u16) {
+        let dir = self.directory();
+        let entry = JOIN_BIT | peer;
+        if dir.coordinator() != dir.rank() || !self.core.departures().lock().queued(entry) {
+            return;
+        }
+        tracing::warn!(node = dir.rank(), joining = peer, "a joining node was lost; its join is abandoned");
+        self.send_to_live(&[peer], MessageKind::Membership, |out| encode(out, msg::JOIN_ABANDONED, peer));
+        self.end_departure(entry);
+    }
+
+    /// JOIN_ABANDONED from the coordinator, or relayed: `joining` was lost before it joined.
+    /// Where it was handed its keys, it is lost as any member is (its keys fail over to the
+    /// images kept); its join ends. The first time, this node relays it to every other live
+    /// node ahead of anything it sends them later: a request it now routes to the giver must
+    /// not get there before the giver knows the join failed and takes the keys back. Needs
+    /// every shard.
+    pub(crate) fn handle_join_abandoned(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
+        let joining = decode(body)?;
+        let dir = self.directory();
+        if joining as usize >= dir.nodes() || joining == from || joining == dir.rank() {
+            return Err(Error::Protocol(format!("JOIN_ABANDONED of node {joining} from node {from}")));
+        }
+        if !self.try_acquire(self.all_shards()) {
+            return Ok(Progress::Yield { at: 0, item: 0 });
+        }
+        if self.core.departures().lock().queued(JOIN_BIT | joining) {
+            self.send_to_live(&[joining, from], MessageKind::Membership, |out| encode(out, msg::JOIN_ABANDONED, joining));
+        }
+        self.end_departure(JOIN_BIT | joining);
+        if !dir.is_lost(joining) {
+            let _ = self.remove_peer(joining, "it was lost while it joined", false);
+        }
+        Ok(Progress::Done)
+    }
+
+    /// `joining` joined (every shard held): a member from barrier generations
+    /// `from_generations` on, if its join is queued here (a node that already abandoned it,
+    /// having learnt of the joining node's loss, keeps it lost); the change ends.
+    fn complete_join(&mut self, joining: u16, from_generations: [u32; 2]) {
+        let core = self.core;
+        let dir = core.directory();
+        let queued = core.departures().lock().queued(JOIN_BIT | joining);
+        if !queued {
+            if !dir.is_lost(joining) {
+                core.barriers().lock().admit(joining, from_generations);
+            }
+            return;
+        }
+        dir.mark_joined(joining);
+        core.barriers().lock().admit(joining, from_generations);
+        let bytes = encode(self.tx.buf(joining), msg::JOIN_ACK, joining);
+        self.tx.sent(joining, MessageKind::Membership, bytes);
+        if dir.backup_target() == Some(joining) {
+            // This node's successor changed: a full round to it now, not at the next write.
+            let counters = core.backup_counters();
+            counters.want(counters.round_after_now());
+        }
+        self.end_departure(JOIN_BIT | joining);
+        self.begin_backup_round_if_due();
+    }
+}
