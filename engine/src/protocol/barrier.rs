@@ -114,7 +114,7 @@ impl Barriers {
         for kind in [BarrierKind::Workers, BarrierKind::Finalize] {
             let k = kind as usize;
             let open = self.arrivals.keys().filter(|&&(kd, _)| kd == kind as u8).map(|&(_, g)| g).max().unwrap_or(0);
-            next[k] = self.generation[k].max(self.passed[k]).max(open) + 1;
+            next[k] = self.generation[k].max(self.passed[k]).max(open).saturating_add(1);
         }
         next
     }
