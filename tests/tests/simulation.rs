@@ -463,7 +463,7 @@ fn leave_in(o: &mut SimOptions, seed: u64) {
     // Half the runs hold one link's frames back (it may be the leaver's to its successor,
     // which a relayed LEFT then overtakes).
     o.slow_link = seed % 2 == 1;
-    if let Ok(lines) = std::env::var("FERRY_SIM_TRACE_LINES") {
+    if let Ok(lines) = std::env::var("FERRY_SIM_TRACE") {
         o.trace_lines = lines.parse().unwrap_or(o.trace_lines);
     }
 }
