@@ -6,6 +6,9 @@ use crate::error::{Error, Result};
 
 /// Most shards a node can have (shard sets are 64-bit masks).
 pub const MAX_SHARDS: usize = 64;
+/// Most nodes a cluster may have: ranks stay below the bit that marks a membership change as a
+/// join (`protocol::leave`, joins).
+pub const MAX_NODES: usize = 0x7fff;
 
 /// How keys are assigned to home nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -728,8 +731,8 @@ impl Config {
     /// Checks the configuration for values that cannot work.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
-        if self.nodes == 0 || self.nodes > u16::MAX as usize - 1 {
-            return bad(format!("node count {} is outside 1..{}", self.nodes, u16::MAX - 1));
+        if self.nodes == 0 || self.nodes > MAX_NODES {
+            return bad(format!("node count {} is outside 1..={MAX_NODES}", self.nodes));
         }
         if self.rank >= self.nodes {
             return bad(format!("rank {} is not below the node count {}", self.rank, self.nodes));
@@ -1191,6 +1194,11 @@ mod tests {
         let mut c = Config::new(vec![TableSpec::new("a", 10, 1)]);
         c.rank = 1;
         assert!(c.validate().is_err());
+        // Ranks stay below the bit that marks a join in the queue of membership changes.
+        let mut c = Config::new(vec![TableSpec::new("a", 10, 1)]);
+        c.nodes = MAX_NODES + 1;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("node count 32768 is outside 1..=32767"), "{e}");
     }
 
     #[test]

@@ -36,8 +36,9 @@
 
 /// The bit that marks an entry of the queue of membership changes (and of LEAVE_BEGIN and
 /// LEAVE_KNOWN) as a join: a rank alone is that node's departure, `JOIN_BIT | rank` its join.
-/// Ranks stay below it (a cluster has at most 32767 nodes).
+/// Ranks stay below it ([`crate::config::MAX_NODES`]).
 pub(crate) const JOIN_BIT: u16 = 0x8000;
+const _: () = assert!(crate::config::MAX_NODES < JOIN_BIT as usize);
 
 /// The node a queue entry is the join of, if it is a join.
 #[inline]
