@@ -343,13 +343,10 @@ impl<'c, 't> Step<'c, 't> {
             self.fail_over(peer, left);
         }
         self.core.barriers().lock().handle_peer_lost(peer, &error, dir, self.tx);
-        if dir.failover() {
-            if dir.coordinated(peer) {
-                self.coordinator_lost(dir.coordinator());
-            } else {
-                // A new coordinator no longer waits for the lost node's report.
-                self.advance_takeover();
-            }
+        // (Otherwise a new coordinator no longer waits for the lost node's report:
+        // `end_departure` below advances its takeover.)
+        if dir.failover() && dir.coordinated(peer) {
+            self.coordinator_lost(dir.coordinator());
         }
         self.intents_of_lost_node(peer);
         self.tx.touch_barrier();

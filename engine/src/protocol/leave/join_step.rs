@@ -84,15 +84,7 @@ impl Step<'_, '_> {
             self.tx.sent(node, MessageKind::Membership, bytes);
             return Ok(Progress::Done);
         }
-        let entry = JOIN_BIT | node;
-        {
-            let mut departures = self.core.departures().lock();
-            if dir.coordinator() != dir.rank() || departures.taking_over() || departures.join_queued() {
-                departures.hold_ask(entry);
-                return Ok(Progress::Done);
-            }
-        }
-        self.begin_everywhere(entry);
+        self.begin_or_hold(JOIN_BIT | node);
         Ok(Progress::Done)
     }
 

@@ -45,15 +45,23 @@ impl Step<'_, '_> {
         if !self.try_acquire(self.all_shards()) {
             return Ok(Progress::Yield { at: 0, item: 0 });
         }
+        self.begin_or_hold(node);
+        Ok(Progress::Done)
+    }
+
+    /// An ask for the change `entry` (a departure, or a join), every shard held: begun at every
+    /// live node, or held while this node does not know yet that it coordinates, waits for a
+    /// takeover's reports, or has a join queued.
+    pub(super) fn begin_or_hold(&mut self, entry: u16) {
+        let dir = self.directory();
         {
             let mut departures = self.core.departures().lock();
             if dir.coordinator() != dir.rank() || departures.taking_over() || departures.join_queued() {
-                departures.hold_ask(node);
-                return Ok(Progress::Done);
+                departures.hold_ask(entry);
+                return;
             }
         }
-        self.begin_everywhere(node);
-        Ok(Progress::Done)
+        self.begin_everywhere(entry);
     }
 
     /// At the coordinator (every shard held): begins the change `node` (a departure, or a
