@@ -151,7 +151,7 @@ pub fn failure_summary(outcome: &LaunchOutcome) -> String {
 
 /// The first few of `ranks` with how each ended, then how many more.
 fn describe_ranks(outcome: &LaunchOutcome, ranks: &[usize]) -> String {
-    first_few(ranks, |&r| match outcome.statuses[r] {
+    first_few(ranks, |&r| match outcome.status_of(r) {
         // Killed from outside the launcher: most often the kernel, out of memory.
         Some(status) if status.signal() == Some(9) => format!("rank {r} ({status}: the out-of-memory killer?)"),
         Some(status) => format!("rank {r} ({status})"),
@@ -175,7 +175,7 @@ mod tests {
         }
         let mut statuses = vec![Some(ExitStatus::from_raw(256)); 7];
         statuses[5] = None;
-        let outcome = LaunchOutcome { statuses, interrupted: None };
+        let outcome = LaunchOutcome { ranks: (0..7).collect(), statuses, interrupted: None };
         let text = errors.failure("the intent cluster", &outcome).to_string();
         assert_eq!(
             text,
@@ -186,9 +186,12 @@ mod tests {
             failure_summary(&outcome),
             "7 of 7 ranks failed: rank 0 (exit status: 1), rank 1 (exit status: 1), rank 2 (exit status: 1), rank 3 (exit status: 1) and 3 more"
         );
-        let killed = LaunchOutcome { statuses: vec![Some(ExitStatus::from_raw(9)), Some(ExitStatus::from_raw(256))], interrupted: None };
+        let killed = LaunchOutcome { ranks: vec![0, 1], statuses: vec![Some(ExitStatus::from_raw(9)), Some(ExitStatus::from_raw(256))], interrupted: None };
         assert!(failure_summary(&killed).contains("rank 0 (signal: 9 (SIGKILL): the out-of-memory killer?)"), "{}", failure_summary(&killed));
-        let stopped = LaunchOutcome { statuses: vec![None; 2], interrupted: Some(15) };
+        let stopped = LaunchOutcome { ranks: vec![0, 1], statuses: vec![None; 2], interrupted: Some(15) };
+        // A launch that started one rank (a node that joins) names it by its rank.
+        let joined = LaunchOutcome { ranks: vec![2], statuses: vec![Some(ExitStatus::from_raw(256))], interrupted: None };
+        assert_eq!(failure_summary(&joined), "1 of 1 ranks failed: rank 2 (exit status: 1)");
         assert!(RankErrors::default().failure("the cluster", &stopped).to_string().starts_with("the cluster was stopped by signal 15"));
     }
 }

@@ -11,7 +11,12 @@
 //!   error is the detection, to its first pull that succeeds — served by rank 2 from the
 //!   images it adopted, and checked to hold every acknowledged push — the failover. The
 //!   liveness timeout (`FERRY_PEER_TIMEOUT`, 5 s) bounds detection when a peer goes silent
-//!   without its connection closing; a killed process's connections close at once.
+//!   without its connection closing; a killed process's connections close at once. Then a
+//!   fresh process joins in the victim's rank, started as `ferry launch --join 1` starts it
+//!   (`FERRY_JOIN=1`, through rank 0's rendezvous address): it must hold the victim's share of
+//!   the keys again, read every acknowledged push, and pass a barrier with the survivors. The
+//!   time its `Node::start` took (connections and the join) is the join time. Over verbs,
+//!   which take no node after start-up yet, the join is left out (the record says so).
 //! * **Leave.** A node leaves gracefully while the others push: the pause their pushes see
 //!   (see `leave.rs`).
 
@@ -198,7 +203,7 @@ fn push_cost(quick: bool) -> Result<Vec<crate::report::Record>> {
 /// Runs `trials` failover trials; the record's figures are the p50 and p99 in seconds.
 fn failover_trials(trials: usize) -> Result<crate::report::Record> {
     let exe = std::env::current_exe().context("locating ferry-bench")?;
-    let (mut serve, mut detect) = (Vec::new(), Vec::new());
+    let (mut serve, mut detect, mut join) = (Vec::new(), Vec::new(), Vec::new());
     let transport: Arc<Mutex<String>> = Arc::default();
     for trial in 0..trials {
         let dir = std::env::temp_dir().join(format!("ferry-bench-failover-{}-{trial}", std::process::id()));
@@ -211,8 +216,8 @@ fn failover_trials(trials: usize) -> Result<crate::report::Record> {
         let lines: Arc<Mutex<Vec<String>>> = Arc::default();
         let (sink, seen) = (lines.clone(), transport.clone());
         let outcome = launch(&spec, move |rank, stream, line| {
-            if rank == PULLER && stream == Stream::Stdout && line.starts_with("FAILOVER ") {
-                sink.lock().push(line[9..].to_string());
+            if rank == PULLER && stream == Stream::Stdout && (line.starts_with("FAILOVER ") || line.starts_with("JOINED ")) {
+                sink.lock().push(line.to_string());
             } else if let Some(name) = line.strip_prefix("transport: ") {
                 // Once per run is enough.
                 if trial == 0 {
@@ -228,10 +233,17 @@ fn failover_trials(trials: usize) -> Result<crate::report::Record> {
         if !survivors_ok || outcome.interrupted.is_some() {
             bail!("failover trial {trial}: the survivors did not finish cleanly ({:?})", outcome.statuses);
         }
-        let line = lines.lock().pop().with_context(|| format!("failover trial {trial}: rank {PULLER} reported nothing"))?;
-        let v: serde_json::Value = serde_json::from_str(&line)?;
+        let reported = |tag: &str| -> Result<serde_json::Value> {
+            let line = lines.lock().iter().find_map(|l| l.strip_prefix(tag).map(str::to_string));
+            let line = line.with_context(|| format!("failover trial {trial}: rank {PULLER} reported no {tag}line"))?;
+            Ok(serde_json::from_str(&line)?)
+        };
+        let v = reported("FAILOVER ")?;
         serve.push(v["serve_s"].as_f64().context("serve_s")?);
         detect.push(v["detect_s"].as_f64().context("detect_s")?);
+        if let Some(took) = reported("JOINED ")?["join_s"].as_f64() {
+            join.push(took);
+        }
     }
     let pct = crate::micro::percentile;
     let (p50, p99) = (pct(&mut serve, 0.5), pct(&mut serve, 0.99));
@@ -240,10 +252,20 @@ fn failover_trials(trials: usize) -> Result<crate::report::Record> {
     config.apply_timeout_env(|name| std::env::var(name).ok())?;
     let peer_timeout_s = config.peer_timeout.as_secs_f64();
     let (d50, d99) = (pct(&mut detect, 0.5), pct(&mut detect, 0.99));
+    let joins = if join.is_empty() {
+        json!({"join": "left out: verbs take no node after start-up yet"})
+    } else {
+        json!({"join_p50_ms": pct(&mut join, 0.5) * 1e3, "join_p99_ms": pct(&mut join, 0.99) * 1e3})
+    };
+    let mut figures = json!({
+        "p50_s": p50, "p99_s": p99, "p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3,
+        "detect_p50_ms": d50 * 1e3, "detect_p99_ms": d99 * 1e3,
+    });
+    figures.as_object_mut().expect("an object").extend(joins.as_object().expect("an object").clone());
     Ok(record(
         "failover",
         json!({"nodes": 3, "backups": 1, "transport": *transport.lock(), "killed": "kill -9", "trials": trials, "peer_timeout_s": peer_timeout_s}),
-        json!({"p50_s": p50, "p99_s": p99, "p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3, "detect_p50_ms": d50 * 1e3, "detect_p99_ms": d99 * 1e3}),
+        figures,
         "p99_s",
         "1 s",
         1.0,
@@ -257,9 +279,14 @@ fn trial_node(dir: &Path) -> Result<()> {
     let mut config = Config::from_env(vec![TableSpec::new("f", FAILOVER_KEYS, FAILOVER_LEN)])?;
     config.relocation = false;
     config.backups = 1;
+    let joining = config.join.is_some();
+    let started = Instant::now();
     let node = Node::start(config)?;
     if node.nodes() != 3 {
         bail!("a failover trial runs on exactly 3 nodes");
+    }
+    if joining {
+        return joined_node(dir, node, started.elapsed());
     }
     let rank = node.rank();
     if rank == PULLER {
@@ -274,6 +301,8 @@ fn trial_node(dir: &Path) -> Result<()> {
     }
     w.barrier()?;
     let victims: Vec<u64> = (0..PULLED as u64).map(|i| FAILOVER_KEYS / 3 + i).collect();
+    // Verbs take no node after start-up yet: over them the trial leaves the join out.
+    let joins = node.transport() == "tcp";
     let done = dir.join("done");
     match rank {
         VICTIM => {
@@ -312,18 +341,86 @@ fn trial_node(dir: &Path) -> Result<()> {
             let lost_at = lost_at.unwrap_or(served_at);
             let secs = |at: u64| at.saturating_sub(killed) as f64 / 1e9;
             println!("FAILOVER {}", json!({"detect_s": secs(lost_at), "serve_s": secs(served_at)}));
-            std::fs::write(&done, "")?;
-        }
-        _ => {
-            let deadline = Instant::now() + Duration::from_secs(90);
-            while !done.exists() {
-                if Instant::now() >= deadline {
-                    bail!("rank {PULLER} did not finish its trial");
+            if !joins {
+                println!("JOINED {}", json!({"join_s": null}));
+                std::fs::write(&done, "")?;
+            } else {
+                let joiner = start_joiner(dir)?;
+                wait_for(&dir.join("joined"), "the node that joins")?;
+                w.barrier().context("a barrier with the node that joined")?;
+                std::fs::write(&done, "")?;
+                let outcome = joiner.join().map_err(|_| anyhow::anyhow!("the joiner's launch panicked"))??;
+                if !outcome.success() {
+                    bail!("the node that joined failed: {}", crate::cluster::failure_summary(&outcome));
                 }
-                std::thread::sleep(Duration::from_millis(5));
             }
         }
+        _ => {
+            if joins {
+                wait_for(&dir.join("joined"), "the node that joins")?;
+                w.barrier().context("a barrier with the node that joined")?;
+            }
+            wait_for(&done, &format!("rank {PULLER}"))?;
+        }
     }
+    drop(w);
+    node.abort();
+    Ok(())
+}
+
+/// Waits for `file` to exist, written by `who`, at most 90 s.
+fn wait_for(file: &Path, who: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !file.exists() {
+        if Instant::now() >= deadline {
+            bail!("{who} did not write {} in 90 s", file.display());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+/// Starts a fresh process of this trial in the victim's rank, as `ferry launch --join` does;
+/// its JOINED line is passed on to this rank's output.
+fn start_joiner(dir: &Path) -> Result<std::thread::JoinHandle<Result<ferry::launch::LaunchOutcome>>> {
+    let exe = std::env::current_exe().context("locating ferry-bench")?;
+    let mut spec = LaunchSpec::new(3, exe, vec!["failover".into(), "--trial-dir".into(), dir.display().to_string()]);
+    spec.coordinator = Some(std::env::var("FERRY_COORDINATOR").context("FERRY_COORDINATOR of the trial")?);
+    spec.join = Some(VICTIM);
+    spec.grace = Duration::from_secs(60);
+    spec.timeout = Some(Duration::from_secs(90));
+    Ok(std::thread::spawn(move || {
+        let outcome = launch(&spec, |_, stream, line| match stream {
+            Stream::Stdout => println!("{line}"),
+            Stream::Stderr => eprintln!("[joining] {line}"),
+        })?;
+        Ok(outcome)
+    }))
+}
+
+/// The node that joined in the victim's rank: it must hold the victim's share again and read
+/// every acknowledged push; then it passes a barrier with the survivors.
+fn joined_node(dir: &Path, node: Node, took: Duration) -> Result<()> {
+    let table = node.table("f")?;
+    let mut held = 0u64;
+    for key in 0..FAILOVER_KEYS {
+        held += u64::from(node.slot_address(table, key)?.is_some());
+    }
+    if held * 3 < FAILOVER_KEYS * 9 / 10 {
+        bail!("the node that joined holds {held} of {FAILOVER_KEYS} keys, not its share");
+    }
+    let mut w = node.worker();
+    let all: Vec<u64> = (0..FAILOVER_KEYS).collect();
+    let mut out = vec![0.0f32; all.len() * FAILOVER_LEN];
+    w.pull(table, &all, &mut out)?;
+    let expected = (3 * PUSH_ROUNDS) as f32;
+    if let Some(bad) = out.iter().find(|&&v| v != expected) {
+        bail!("after the join a key holds {bad}, not the {expected} every acknowledged push made");
+    }
+    println!("JOINED {}", json!({"join_s": took.as_secs_f64(), "keys_held": held}));
+    std::fs::write(dir.join("joined"), "")?;
+    w.barrier().context("a barrier with the survivors")?;
+    wait_for(&dir.join("done"), &format!("rank {PULLER}"))?;
     drop(w);
     node.abort();
     Ok(())

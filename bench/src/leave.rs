@@ -1,4 +1,5 @@
-//! `ferry-bench failover --only leave`: the pause workers see while a node leaves gracefully.
+//! `ferry-bench failover --only leave`: the pause workers see while a node leaves gracefully,
+//! and while a fresh node joins in its rank.
 //!
 //! Per trial, four nodes in this process (over loopback TCP, or verbs with
 //! `FERRY_TRANSPORT=verbs`), a classic parameter server with one backup per key: the workers of
@@ -7,8 +8,12 @@
 //! until every other node has taken the leave in (the call itself returns later: it closes
 //! connections and joins threads). The pause is the longest push that overlapped the
 //! hand-over; the baseline is the p99 of the pushes that ended before it began, in the same
-//! trial. After the trial every key is pulled and must hold exactly the pushes the
-//! workers made: the leave loses nothing.
+//! trial. A while after the leave, a fresh node joins in rank 2 (`Node::join`, through rank 0)
+//! as the workers go on: the join's pause is the longest push that overlapped the call, which
+//! returns once every member counts the node; the keys rank 3 handed back are the share that
+//! moved (over verbs, which take no node after start-up yet, the join is left out and the
+//! record says so). After the trial every key is pulled and must hold exactly the pushes the workers
+//! made: neither the leave nor the join loses anything.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -43,6 +48,9 @@ struct Trial {
     leave_ms: f64,
     /// Keys the successor adopted.
     handed_over: u64,
+    /// The join, when there was one: the longest push that overlapped it (ms), how long
+    /// `Node::join` took (ms), and the keys handed to the joined node.
+    join: Option<(f64, f64, u64)>,
 }
 
 /// Runs `trials` leave trials; the record's headline is the p99 over trials of the pause.
@@ -59,10 +67,20 @@ pub fn leave_trials(trials: usize, quick: bool) -> Result<crate::report::Record>
     }
     let pct = |f: &dyn Fn(&Trial) -> f64, q: f64| percentile(&mut runs.iter().map(f).collect::<Vec<_>>(), q);
     let baseline = pct(&|t| t.baseline_p99_ms, 0.5);
-    Ok(record(
-        "leave",
-        json!({"nodes": NODES, "backups": 1, "transport": transport, "keys": KEYS, "value_len": VALUE_LEN, "batch": BATCH, "trials": trials}),
+    let joins: Vec<(f64, f64, u64)> = runs.iter().filter_map(|t| t.join).collect();
+    let join_pct = |f: &dyn Fn(&(f64, f64, u64)) -> f64, q: f64| percentile(&mut joins.iter().map(f).collect::<Vec<_>>(), q);
+    let join_figures = if joins.is_empty() {
+        json!({"join": "left out: verbs take no node after start-up yet"})
+    } else {
         json!({
+            "join_pause_p50_ms": join_pct(&|j| j.0, 0.5),
+            "join_pause_p99_ms": join_pct(&|j| j.0, 0.99),
+            "join_call_p50_ms": join_pct(&|j| j.1, 0.5),
+            "join_call_p99_ms": join_pct(&|j| j.1, 0.99),
+            "keys_moved_by_join_vs_quarter": join_pct(&|j| j.2 as f64, 0.5) / (KEYS as f64 / NODES as f64),
+        })
+    };
+    let mut figures = json!({
             "pause_p50_ms": pct(&|t| t.pause_ms, 0.5),
             "pause_p99_ms": pct(&|t| t.pause_ms, 0.99),
             "baseline_push_p99_ms": baseline,
@@ -71,7 +89,12 @@ pub fn leave_trials(trials: usize, quick: bool) -> Result<crate::report::Record>
             "leave_call_p50_ms": pct(&|t| t.leave_ms, 0.5),
             "keys_handed_over": pct(&|t| t.handed_over as f64, 0.5),
             "lost_pushes": 0,
-        }),
+    });
+    figures.as_object_mut().expect("an object").extend(join_figures.as_object().expect("an object").clone());
+    Ok(record(
+        "leave",
+        json!({"nodes": NODES, "backups": 1, "transport": transport, "keys": KEYS, "value_len": VALUE_LEN, "batch": BATCH, "trials": trials}),
+        figures,
         "pause_p99_ms",
         "push p99",
         baseline,
@@ -85,7 +108,11 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
     let mut config = Config::from_env(vec![TableSpec::new("l", KEYS, VALUE_LEN)])?;
     config.relocation = false;
     config.backups = 1;
-    let mut cluster = Node::start_local_cluster(NODES, config)?;
+    if config.membership.secret.is_none() && !config.no_secret {
+        // The node that joins later must hold the cluster's secret.
+        config.membership.secret = Some(ferry::generate_secret().into_bytes());
+    }
+    let mut cluster = Node::start_local_cluster(NODES, config.clone())?;
     let transport = cluster[0].transport().to_string();
     let table = cluster[0].table("l")?;
     let mut leaver = cluster.remove(LEAVER);
@@ -95,7 +122,7 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
     // start), and the pushers go on for `after` once it was handed over.
     let pushed = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
-    let (results, leave_span) = std::thread::scope(|s| -> Result<_> {
+    let (results, leave_span, join_span, joined) = std::thread::scope(|s| -> Result<_> {
         let mut pushers = Vec::new();
         for (i, node) in cluster.iter().enumerate() {
             let mut w = node.worker();
@@ -131,13 +158,27 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
         let handed = Instant::now();
         let ended = leaving.join().expect("the leaver panicked").context("leaving")?;
         std::thread::sleep(after.saturating_sub(handed.elapsed()));
+        let (join_began, join_ended, joined) = if transport == "tcp" {
+            let mut joining = config.clone();
+            joining.rank = LEAVER;
+            joining.nodes = NODES;
+            let contact = cluster[0].join_addresses().first().context("rank 0 takes no joins")?.to_string();
+            let join_began = Instant::now();
+            let joined = Node::join(joining, &contact).context("joining in the leaver's rank")?;
+            let join_ended = Instant::now();
+            std::thread::sleep(after);
+            (join_began, join_ended, Some(joined))
+        } else {
+            (Instant::now(), Instant::now(), None)
+        };
         stop.store(true, Ordering::Release);
         let results: Vec<_> = pushers.into_iter().map(|p| p.join().expect("a pusher panicked")).collect::<Result<_>>()?;
-        Ok((results, (began, handed, ended)))
+        Ok((results, (began, handed, ended), (join_began, join_ended), joined))
     })?;
     let (began, handed, ended) = leave_span;
+    let (join_began, join_ended) = join_span;
     let mut expected = vec![0u32; KEYS as usize];
-    let (mut baseline, mut pause) = (Vec::new(), 0.0f64);
+    let (mut baseline, mut pause, mut join_pause) = (Vec::new(), 0.0f64, 0.0f64);
     for (counts, spans) in &results {
         for (e, c) in expected.iter_mut().zip(counts) {
             *e += c;
@@ -149,22 +190,30 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
             } else if from <= handed {
                 pause = pause.max(ms);
             }
+            if joined.is_some() && to >= join_began && from <= join_ended {
+                join_pause = join_pause.max(ms);
+            }
         }
     }
     if baseline.is_empty() {
         bail!("no push ended before the leave began");
     }
     let baseline_p99_ms = percentile(&mut baseline, 0.99);
-    // Every push made is there, on the three nodes left.
+    let handed_over = cluster.iter().map(|n| n.stats().backups.keys_adopted).sum();
+    let joined_keys = cluster.iter().map(|n| n.stats().backups.keys_handed).sum();
+    let join = joined.map(|node| {
+        cluster.insert(LEAVER, node);
+        (join_pause, (join_ended - join_began).as_secs_f64() * 1e3, joined_keys)
+    });
+    // Every push made is there, on the nodes left (the joined one included).
     let all: Vec<u64> = (0..KEYS).collect();
     let mut out = vec![0.0f32; all.len() * VALUE_LEN];
     cluster[0].worker().pull(table, &all, &mut out)?;
     let lost: u64 = expected.iter().enumerate().map(|(k, &e)| (e as f64 - out[k * VALUE_LEN] as f64).abs() as u64).sum();
     if lost > 0 {
-        bail!("{lost} pushes are missing (or extra) after the leave");
+        bail!("{lost} pushes are missing (or extra) after the leave and the join");
     }
-    let handed_over = cluster.iter().map(|n| n.stats().backups.keys_adopted).sum();
     crate::failover::finish(cluster);
     let ms = |to: Instant| (to - began).as_secs_f64() * 1e3;
-    Ok((Trial { pause_ms: pause, baseline_p99_ms, handover_ms: ms(handed), leave_ms: ms(ended), handed_over }, transport))
+    Ok((Trial { pause_ms: pause, baseline_p99_ms, handover_ms: ms(handed), leave_ms: ms(ended), handed_over, join }, transport))
 }

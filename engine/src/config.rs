@@ -454,6 +454,11 @@ pub struct Config {
     /// have been written by another node count and partitioning: every node loads the keys it
     /// is home of. `FERRY_RESTORE` sets it.
     pub restore_from: Option<std::path::PathBuf>,
+    /// Join a running cluster in this node's rank (that of a node that left or was lost)
+    /// through this contact, instead of starting with the others: [`crate::Node::start`] then
+    /// does what [`crate::Node::join`] does. `FERRY_JOIN` sets it: a member's join address, or
+    /// `1` for `FERRY_COORDINATOR` (rank 0 takes joins at its rendezvous address).
+    pub join: Option<String>,
     /// Serve this node's statistics for Prometheus on `HOST:(PORT + rank)` for this base
     /// `HOST:PORT` (`GET /metrics`, OpenMetrics text; see `docs/ENVIRONMENT.md`).
     /// `FERRY_METRICS` sets it.
@@ -572,6 +577,7 @@ impl Config {
             fail_sends_after: None,
             stop_reading_after: None,
             restore_from: None,
+            join: None,
             metrics: None,
         }
     }
@@ -597,6 +603,9 @@ impl Config {
         config.apply_membership_env(|name| std::env::var(name).ok())?;
         if let Some(dir) = set_value(&|name: &str| std::env::var(name).ok(), "FERRY_RESTORE") {
             config.restore_from = Some(dir.into());
+        }
+        if let Some(contact) = set_value(&|name: &str| std::env::var(name).ok(), "FERRY_JOIN").filter(|c| c != "0") {
+            config.join = Some(if contact == "1" { config.coordinator.clone() } else { contact });
         }
         // Checked when the node starts serving it (`metrics::address`), naming the variable.
         if let Some(base) = set_value(&|name: &str| std::env::var(name).ok(), "FERRY_METRICS") {

@@ -50,19 +50,25 @@ pub struct LaunchSpec {
     pub grace: Duration,
     /// Kill everything after this long (`None`: no limit).
     pub timeout: Option<Duration>,
+    /// Start only this rank, as a node that joins the running cluster of `nodes` at
+    /// `coordinator` in the rank of one that left or was lost (`FERRY_JOIN=1`). It needs the
+    /// cluster's secret (`FERRY_SECRET_FILE` or `FERRY_SECRET`, as the launch it joins had).
+    pub join: Option<usize>,
 }
 
 impl LaunchSpec {
     /// `nodes` copies of `program args…`.
     pub fn new(nodes: usize, program: impl Into<PathBuf>, args: Vec<String>) -> LaunchSpec {
-        LaunchSpec { nodes, program: program.into(), args, env: Vec::new(), coordinator: None, grace: Duration::from_secs(10), timeout: None }
+        LaunchSpec { nodes, program: program.into(), args, env: Vec::new(), coordinator: None, grace: Duration::from_secs(10), timeout: None, join: None }
     }
 }
 
 /// How the processes ended.
 #[derive(Debug)]
 pub struct LaunchOutcome {
-    /// Exit status per rank (`None` if it had to be killed).
+    /// The rank of each process started, in order (every rank, or the one that joins).
+    pub ranks: Vec<usize>,
+    /// Exit status per process, as `ranks` (`None` if it had to be killed).
     pub statuses: Vec<Option<ExitStatus>>,
     /// The signal (SIGINT, SIGTERM or SIGHUP) that stopped the launch, if one did: it was passed
     /// on to the ranks.
@@ -77,7 +83,12 @@ impl LaunchOutcome {
 
     /// Ranks that failed or were killed.
     pub fn failed_ranks(&self) -> Vec<usize> {
-        self.statuses.iter().enumerate().filter(|(_, s)| !s.is_some_and(|s| s.success())).map(|(r, _)| r).collect()
+        self.ranks.iter().zip(&self.statuses).filter(|(_, s)| !s.is_some_and(|s| s.success())).map(|(&r, _)| r).collect()
+    }
+
+    /// How `rank`'s process ended (`None`: killed, or not started by this launch).
+    pub fn status_of(&self, rank: usize) -> Option<ExitStatus> {
+        self.ranks.iter().position(|&r| r == rank).and_then(|i| self.statuses[i])
     }
 }
 
@@ -92,10 +103,23 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
     if spec.nodes == 0 {
         return Err(Error::Config("launch needs at least one process".into()));
     }
-    let coordinator = match &spec.coordinator {
-        Some(c) => c.clone(),
-        None => format!("127.0.0.1:{}", free_loopback_port()?),
+    let coordinator = match (&spec.coordinator, spec.join) {
+        (Some(c), _) => c.clone(),
+        (None, None) => format!("127.0.0.1:{}", free_loopback_port()?),
+        (None, Some(_)) => return Err(Error::Config("a node that joins needs the running cluster's rendezvous address (--coordinator)".into())),
     };
+    let ranks: Vec<usize> = match spec.join {
+        Some(rank) if rank >= spec.nodes => return Err(Error::Config(format!("rank {rank} does not exist in a cluster of {} nodes", spec.nodes))),
+        Some(rank) => vec![rank],
+        None => (0..spec.nodes).collect(),
+    };
+    let secret_given =
+        ["FERRY_SECRET", "FERRY_SECRET_FILE"].iter().any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()) || spec.env.iter().any(|(k, _)| k == v));
+    if spec.join.is_some() && !secret_given {
+        return Err(Error::Config(
+            "a node that joins needs the cluster's secret: give it FERRY_SECRET_FILE (or FERRY_SECRET) as the launch it joins had (`ferry secret --out FILE` writes one)".into(),
+        ));
+    }
     // The processes of this launch share a fresh secret (unless the caller gave one): nothing
     // else can join their cluster, and two launches on one port never merge.
     let secret = match std::env::var("FERRY_SECRET")
@@ -111,13 +135,14 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
     let on_line = Arc::new(on_line);
     let mut children: Vec<Child> = Vec::new();
     let mut readers = Vec::new();
-    for rank in 0..spec.nodes {
+    for &rank in &ranks {
         let mut cmd = Command::new(&spec.program);
         cmd.args(&spec.args)
             .env("FERRY_RANK", rank.to_string())
             .env("FERRY_NODES", spec.nodes.to_string())
             .env("FERRY_COORDINATOR", &coordinator)
             .envs((!file_given).then_some(("FERRY_SECRET", &secret)))
+            .envs(spec.join.map(|_| ("FERRY_JOIN", "1")))
             .envs(spec.env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -153,16 +178,16 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
         children.push(child);
     }
     let signals = Signals::register();
-    let mut statuses: Vec<Option<ExitStatus>> = vec![None; spec.nodes];
+    let mut statuses: Vec<Option<ExitStatus>> = vec![None; children.len()];
     let started = Instant::now();
     let mut failed_at: Option<Instant> = None;
     let mut interrupted = None;
     loop {
-        for (rank, child) in children.iter_mut().enumerate() {
-            if statuses[rank].is_none()
+        for (i, child) in children.iter_mut().enumerate() {
+            if statuses[i].is_none()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                statuses[rank] = Some(status);
+                statuses[i] = Some(status);
                 if !status.success() && failed_at.is_none() {
                     failed_at = Some(Instant::now());
                 }
@@ -185,8 +210,8 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
         let expired = failed_at.is_some_and(|t| t.elapsed() > spec.grace) || spec.timeout.is_some_and(|t| started.elapsed() > t);
         if expired || kill_now {
             running().for_each(|c| signal_group(c, Signal::KILL));
-            for (rank, child) in children.iter_mut().enumerate() {
-                if statuses[rank].is_none() {
+            for (i, child) in children.iter_mut().enumerate() {
+                if statuses[i].is_none() {
                     // The leader itself, should its group be out of reach (it left it).
                     let _ = child.kill();
                     let _ = child.wait();
@@ -207,7 +232,7 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
     for r in readers {
         let _ = r.join();
     }
-    Ok(LaunchOutcome { statuses, interrupted })
+    Ok(LaunchOutcome { ranks, statuses, interrupted })
 }
 
 /// Sends `signal` to every process of `child`'s group (it leads its own: `process_group(0)`).

@@ -54,11 +54,74 @@ pub struct SlotAddress {
 impl Node {
     /// Starts this node: joins the cluster at the coordinator, connects to every peer, checks
     /// that all nodes have the same tables and settings, and allocates the home keys' values.
+    /// With [`Config::join`] set (`FERRY_JOIN`), joins a running cluster instead ([`Node::join`]).
     pub fn start(config: Config) -> Result<Node> {
+        if let Some(contact) = config.join.clone() {
+            return Node::join(config, &contact);
+        }
         config.validate()?;
         crate::memory::check_tables_fit(&config)?;
         let (fabric, clock_offset) = crate::fabric::select::connect(&config)?;
-        Self::assemble(config, fabric, clock_offset)
+        let node = Self::assemble(config, fabric, clock_offset)?;
+        node.admit_joins();
+        Ok(node)
+    }
+
+    /// Starts this node in the rank of a node that left or was lost, and joins the running
+    /// cluster through `contact`: a member's join address ([`Node::join_addresses`]; rank 0
+    /// takes joins at its rendezvous address, `FERRY_COORDINATOR`, too). `config` has the
+    /// cluster's tables and settings, and this node's rank and the node count. Over TCP only,
+    /// with backups and without bounded delay.
+    ///
+    /// Returns once the node has joined: it holds the keys it stands in for (its own share,
+    /// handed back from the backups of the node that served them), takes part in barriers from
+    /// the next ones, and every member counts it, so that its workers may start. Workers
+    /// elsewhere see a short pause while the keys move.
+    pub fn join(config: Config, contact: &str) -> Result<Node> {
+        config.validate()?;
+        crate::memory::check_tables_fit(&config)?;
+        if config.restore_from.is_some() {
+            return Err(Error::Config("a joining node takes its keys from the running cluster, not from a checkpoint (FERRY_RESTORE)".into()));
+        }
+        if config.backups == 0 {
+            return Err(Error::Config(
+                "a node can join only with backups (FERRY_BACKUPS=1): its keys come back from the backups of whoever serves them".into(),
+            ));
+        }
+        if config.max_delay.is_some() {
+            return Err(Error::Config("a node cannot join a cluster whose workers share clocks (bounded delay)".into()));
+        }
+        let (fabric, coordinator) = crate::fabric::select::join(&config, contact)?;
+        // Cluster time is the coordinator's clock, which only bounded delay compares across
+        // nodes: a joining node takes its own.
+        let node = Self::assemble(config, fabric, 0)?;
+        node.inner.run_pooled(|step, _, _| step.ask_to_join(coordinator))?;
+        let timeout = node.inner.config.op_timeout * node.inner.config.nodes as u32;
+        let deadline = std::time::Instant::now() + timeout;
+        while !node.inner.core.join_state().1 {
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Timeout { what: "joining the cluster", millis: timeout.as_millis() as u64, nodes: vec![coordinator as usize] });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let from = node.inner.core.barriers().lock().first_generations(node.inner.config.rank as u16);
+        node.inner.start_barriers_at(from);
+        tracing::info!(node = node.inner.config.rank, barriers_from = ?from, "joined the cluster");
+        node.admit_joins();
+        Ok(node)
+    }
+
+    /// From now on, nodes may join through this one in the rank of a lost or departed peer.
+    fn admit_joins(&self) {
+        if self.inner.config.backups > 0 && self.inner.config.max_delay.is_none() {
+            self.inner.fabric.admit_joins(self.inner.config.fingerprint_text().into_bytes());
+        }
+    }
+
+    /// The addresses at which a node may join the cluster through this one (see
+    /// [`Node::join`]); empty when this node takes no joins (a single node, or verbs).
+    pub fn join_addresses(&self) -> Vec<std::net::SocketAddr> {
+        self.inner.fabric.join_addresses()
     }
 
     fn assemble(config: Config, fabric: Arc<dyn Fabric>, clock_offset: i64) -> Result<Node> {

@@ -409,3 +409,188 @@ fn pushes_in_flight_when_a_node_dies_are_dropped_on_request() {
     assert!(out.iter().all(|&v| v >= acknowledged && v <= pushes as f32), "values {:?} for {pushes} pushes, {dropped} dropped", &out[..2]);
     ferry_tests::finalize_all(cluster);
 }
+
+/// `config` with a fixed secret, so that a node started later (one that joins) is a member.
+fn joinable(keys: u64, value_len: usize) -> Config {
+    let mut c = config(keys, value_len);
+    c.membership.secret = Some(b"a secret the nodes of this test share, 32 bytes or more".to_vec());
+    c
+}
+
+/// `template` as node `rank` of `nodes`, for a node that joins.
+fn as_rank(template: &Config, rank: usize, nodes: usize) -> Config {
+    let mut c = template.clone();
+    c.rank = rank;
+    c.nodes = nodes;
+    c
+}
+
+/// Every key is held by exactly one of `cluster`'s nodes; returns how many each holds.
+fn holders(cluster: &[Node], table: ferry::Table, keys: u64) -> Vec<usize> {
+    let mut held = vec![0; cluster.len()];
+    for k in 0..keys {
+        let at: Vec<usize> = (0..cluster.len()).filter(|&i| cluster[i].slot_address(table, k).unwrap().is_some()).collect();
+        assert_eq!(at.len(), 1, "key {k} is held by the nodes at {at:?}");
+        held[at[0]] += 1;
+    }
+    held
+}
+
+/// Workers on `cluster` push 1.0 to every key `rounds` times, while `during` runs; returns the
+/// operations' errors.
+fn push_while(cluster: &[Node], table: ferry::Table, keys: u64, rounds: usize, during: impl FnOnce()) -> Vec<String> {
+    let all: Vec<u64> = (0..keys).collect();
+    std::thread::scope(|s| {
+        let pushers: Vec<_> = cluster
+            .iter()
+            .map(|node| {
+                let mut w = node.worker();
+                let all = &all;
+                s.spawn(move || {
+                    let mut errors = Vec::new();
+                    for _ in 0..rounds {
+                        if let Err(e) = w.push(table, all, &vec![1.0; all.len() * 2]) {
+                            errors.push(e.to_string());
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    errors
+                })
+            })
+            .collect();
+        during();
+        pushers.into_iter().flat_map(|p| p.join().unwrap()).collect()
+    })
+}
+
+/// A node leaves, and a fresh node joins in its rank through rank 0's rendezvous address while
+/// the others push to every key: nothing fails, nothing is lost, the new node holds its share
+/// again (handed over by the node that served it), takes part in barriers, and can let a later
+/// node in itself.
+#[test]
+fn a_node_joins_in_the_rank_of_one_that_left_and_takes_its_keys_back() {
+    let keys = 120u64;
+    let rounds = 40;
+    let template = joinable(keys, 2);
+    let mut cluster = Node::start_local_cluster(4, template.clone()).unwrap();
+    let table = cluster[0].table("t").unwrap();
+    let all: Vec<u64> = (0..keys).collect();
+    cluster[2].worker().push(table, &all, &vec![3.0; all.len() * 2]).unwrap();
+    let contact = cluster[0].join_addresses();
+    assert_eq!(contact.len(), 2, "rank 0 takes joins at its mesh and its rendezvous address: {contact:?}");
+    let mut leaver = cluster.remove(2);
+    leaver.leave().unwrap();
+    let mut joined = None;
+    let errors = push_while(&cluster, table, keys, rounds, || {
+        std::thread::sleep(Duration::from_millis(10));
+        joined = Some(Node::join(as_rank(&template, 2, 4), &template_coordinator(&cluster[0])).expect("joining in rank 2"));
+    });
+    assert!(errors.is_empty(), "{} operations failed: {:?}", errors.len(), &errors[..errors.len().min(3)]);
+    let joined = joined.unwrap();
+    assert_eq!(joined.rank(), 2);
+    cluster.insert(2, joined);
+    for node in &cluster {
+        assert!(node.lost_nodes().is_empty(), "node {} still counts {:?} as gone", node.rank(), node.lost_nodes());
+    }
+    let held = holders(&cluster, table, keys);
+    assert!(held[2] >= keys as usize / 8, "the joined node holds {held:?}");
+    assert_eq!(cluster[3].stats().backups.keys_handed, held[2] as u64, "node 3 served node 2's keys and handed them back");
+    let mut out = vec![0.0; keys as usize * 2];
+    cluster[2].worker().pull(table, &all, &mut out).unwrap();
+    assert!(out.iter().all(|&v| v == 3.0 + 3.0 * rounds as f32), "{:?}", &out[..4]);
+    // The joined node's workers push and pull like anyone's, and barriers wait for it.
+    cluster[2].worker().push(table, &all, &vec![1.0; all.len() * 2]).unwrap();
+    barrier_everywhere(&cluster);
+    cluster[0].worker().pull(table, &all, &mut out).unwrap();
+    assert!(out.iter().all(|&v| v == 4.0 + 3.0 * rounds as f32), "{:?}", &out[..4]);
+    assert_eq!(cluster[2].join_addresses().len(), 1, "the joined node takes joins at its mesh address");
+    ferry_tests::finalize_all(cluster);
+}
+
+/// Rank 0's rendezvous address (where every launcher points its nodes).
+fn template_coordinator(rank0: &Node) -> String {
+    rank0.join_addresses().last().expect("rank 0 takes joins").to_string()
+}
+
+/// A node is lost (a crash: its keys fail over to its successor's backups), and a fresh node
+/// joins in its rank through a member's mesh address: every acknowledged push is there, and
+/// the new node holds its share again.
+#[test]
+fn a_node_joins_in_the_rank_of_one_that_was_lost() {
+    let keys = 90u64;
+    let template = joinable(keys, 2);
+    let mut cluster = Node::start_local_cluster(3, template.clone()).unwrap();
+    let table = cluster[0].table("t").unwrap();
+    let all: Vec<u64> = (0..keys).collect();
+    for node in &cluster {
+        node.worker().push(table, &all, &vec![2.0; all.len() * 2]).unwrap();
+    }
+    // Barriers passed before the join: the joined node's first is a later generation.
+    barrier_everywhere(&cluster);
+    barrier_everywhere(&cluster);
+    let victim = cluster.remove(1);
+    victim.abort();
+    let mut out = vec![0.0; keys as usize * 2];
+    pull_after_loss(&mut cluster[0].worker(), table, &all, &mut out, Duration::from_secs(10));
+    let contact = cluster[1].join_addresses()[0].to_string();
+    let mut joined = None;
+    let errors = push_while(&cluster, table, keys, 20, || {
+        joined = Some(Node::join(as_rank(&template, 1, 3), &contact).expect("joining in rank 1"));
+    });
+    assert!(errors.is_empty(), "{} operations failed: {:?}", errors.len(), &errors[..errors.len().min(3)]);
+    cluster.insert(1, joined.unwrap());
+    let held = holders(&cluster, table, keys);
+    assert!(held[1] >= keys as usize / 6, "the joined node holds {held:?}");
+    cluster[1].worker().pull(table, &all, &mut out).unwrap();
+    assert!(out.iter().all(|&v| v == 6.0 + 2.0 * 20.0), "{:?}", &out[..4]);
+    // Two barriers: the joined node waits in the second for a push the others make before it.
+    barrier_everywhere(&cluster);
+    std::thread::scope(|s| {
+        for (i, node) in cluster.iter().enumerate() {
+            let mut w = node.worker();
+            s.spawn(move || {
+                if i != 1 {
+                    std::thread::sleep(Duration::from_millis(100));
+                    w.push(table, &[7], &[1.0, 1.0]).unwrap();
+                }
+                w.barrier().unwrap();
+                let mut seen = [0.0; 2];
+                w.pull(table, &[7], &mut seen).unwrap();
+                assert_eq!(seen[0], 6.0 + 2.0 * 20.0 + 2.0, "node {i} after the barrier");
+            });
+        }
+    });
+    ferry_tests::finalize_all(cluster);
+}
+
+/// A node cannot join in the rank of a live member, with other tables, or without the secret;
+/// each is refused at once with a reason, and the cluster goes on.
+#[test]
+fn joining_is_refused_with_a_reason() {
+    let template = joinable(30, 1);
+    let mut cluster = Node::start_local_cluster(3, template.clone()).unwrap();
+    cluster.pop().unwrap().leave().unwrap();
+    let contact = cluster[0].join_addresses()[0].to_string();
+    let refused = |c: Config| Node::join(c, &contact).err().expect("refused").to_string();
+    let live = refused(as_rank(&template, 1, 3));
+    assert!(live.contains("still connected to node 1"), "{live}");
+    let mut other = joinable(31, 1);
+    other.membership.secret = template.membership.secret.clone();
+    let tables = refused(as_rank(&other, 2, 3));
+    assert!(tables.contains("different tables or settings"), "{tables}");
+    let mut stranger = as_rank(&template, 2, 3);
+    stranger.membership.secret = Some(b"another secret, also of 32 bytes or more".to_vec());
+    let secret = refused(stranger);
+    assert!(secret.contains("cluster secret"), "{secret}");
+    let mut no_backups = as_rank(&template, 2, 3);
+    no_backups.backups = 0;
+    assert!(refused(no_backups).contains("FERRY_BACKUPS=1"));
+    let rank0 = refused(as_rank(&template, 0, 3));
+    assert!(rank0.contains("join as node 0"), "{rank0}");
+    let mut out = [0.0; 30];
+    cluster[1].worker().pull(cluster[1].table("t").unwrap(), &(0..30).collect::<Vec<_>>(), &mut out).unwrap();
+    // After all that, the rank is still free to join in.
+    cluster.push(Node::join(as_rank(&template, 2, 3), &contact).unwrap());
+    barrier_everywhere(&cluster);
+    ferry_tests::finalize_all(cluster);
+}

@@ -85,6 +85,56 @@ fn launch_reports_failures_and_prefixes_ranks() {
     assert!(ok.status.success());
 }
 
+/// `ferry launch --join RANK` starts that rank alone, told to join (`FERRY_JOIN=1`) the cluster
+/// at `--coordinator`, and only with the cluster's secret.
+#[test]
+fn launch_join_starts_one_rank_that_joins() {
+    let launch = |extra_env: &[(&str, &str)]| {
+        std::process::Command::new(binary("ferry"))
+            .args([
+                "launch",
+                "-n",
+                "3",
+                "--join",
+                "1",
+                "--coordinator",
+                "127.0.0.1:9",
+                "--",
+                "sh",
+                "-c",
+                "echo rank $FERRY_RANK of $FERRY_NODES joins=$FERRY_JOIN",
+            ])
+            .env_remove("FERRY_SECRET")
+            .env_remove("FERRY_SECRET_FILE")
+            .envs(extra_env.iter().copied())
+            .output()
+            .unwrap()
+    };
+    let refused = launch(&[]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("needs the cluster's secret"), "{stderr}");
+    let started = launch(&[("FERRY_SECRET", "0123456789abcdef0123456789abcdef0123456789abcdef")]);
+    let stdout = String::from_utf8_lossy(&started.stdout);
+    assert!(started.status.success(), "{stdout}");
+    assert_eq!(stdout.trim(), "[1] rank 1 of 3 joins=1");
+    let no_coordinator = std::process::Command::new(binary("ferry")).args(["launch", "-n", "3", "--join", "1", "--", "true"]).output().unwrap();
+    assert!(!no_coordinator.status.success());
+}
+
+/// Real processes: rank 1 of 3 is killed with `kill -9` while the others work, its keys are
+/// served again from backups, and a fresh process joins in its rank through rank 0's rendezvous
+/// address (started as `ferry launch --join` starts it). `ferry-bench failover` fails unless the
+/// joined process holds rank 1's share again, reads every acknowledged push and passes a
+/// barrier with the survivors.
+#[test]
+fn a_process_joins_in_the_rank_of_one_killed() {
+    let out = std::process::Command::new(binary("ferry-bench")).args(["failover", "--only", "trials", "--trials", "2", "--json"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("\"join_p50_ms\""), "{stdout}");
+}
+
 /// Whether process `pid` is gone (or a zombie nobody has reaped yet: it runs no more).
 fn process_gone(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

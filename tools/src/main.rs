@@ -39,6 +39,11 @@ enum Command {
         /// Kill everything after this many seconds.
         #[arg(long)]
         timeout: Option<u64>,
+        /// Start only this rank, as a node that joins the running cluster at --coordinator in
+        /// the rank of a node that left or was lost (FERRY_JOIN=1; backups on, the cluster's
+        /// secret in FERRY_SECRET_FILE).
+        #[arg(long, value_name = "RANK", requires = "coordinator")]
+        join: Option<usize>,
         /// The command and its arguments.
         #[arg(trailing_var_arg = true, required = true, num_args = 1..)]
         command: Vec<String>,
@@ -105,7 +110,7 @@ fn run() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        Command::Launch { nodes, coordinator, grace, timeout, command } => {
+        Command::Launch { nodes, coordinator, grace, timeout, join, command } => {
             if nodes == 0 {
                 bail!("--nodes must be at least 1");
             }
@@ -113,6 +118,7 @@ fn run() -> Result<()> {
             spec.coordinator = coordinator;
             spec.grace = Duration::from_secs(grace);
             spec.timeout = timeout.map(Duration::from_secs);
+            spec.join = join;
             let outcome = launch(&spec, |rank, stream, line| match stream {
                 Stream::Stdout => {
                     let mut out = std::io::stdout().lock();

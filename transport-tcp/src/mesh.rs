@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{AccessError, TransportError};
 use crate::frame::{self, FLAG_IMM, FrameKind, HEADER_LEN, Header};
@@ -103,6 +103,11 @@ pub trait Handler: Send + Sync + 'static {
     fn on_read_complete(&self, peer: usize, wr_id: u64, result: Result<(), AccessError>);
     /// The connection to `peer` closed: cleanly after a goodbye (`None`) or through a failure.
     fn on_peer_closed(&self, peer: usize, error: Option<&TransportError>);
+    /// A node joining in `peer`'s rank connected, after the old connection's end was reported
+    /// (see [`crate::join_running`]). Called before anything it sends is delivered.
+    fn on_peer_connected(&self, peer: usize) {
+        let _ = peer;
+    }
 }
 
 /// Traffic counters of a mesh.
@@ -155,13 +160,58 @@ pub(crate) struct Peer {
     pub(crate) failure: Mutex<Option<TransportError>>,
     /// Fault injection: sends left before sending fails.
     sends_before_failure: Option<AtomicU64>,
+    /// Whether the handler was told that this connection closed: only then may a node that
+    /// joins in the peer's rank take the slot (see [`crate::joining`]).
+    pub(crate) closure_reported: AtomicBool,
+}
+
+impl Peer {
+    /// A connection to node `id` over `stream`, configured for the mesh: no delay, the reader's
+    /// and writer's tick as timeouts, large buffers.
+    pub(crate) fn new(id: usize, stream: TcpStream, config: &MeshConfig) -> Result<Peer, TransportError> {
+        let tick = POLL_TICK.min(config.heartbeat);
+        stream.set_nodelay(true).map_err(crate::error::io_err("setting TCP_NODELAY"))?;
+        stream.set_read_timeout(Some(tick)).map_err(crate::error::io_err("setting a read timeout"))?;
+        stream.set_write_timeout(Some(tick)).map_err(crate::error::io_err("setting a write timeout"))?;
+        let sock = socket2::SockRef::from(&stream);
+        // Larger buffers keep bulk transfers streaming; failure only costs throughput.
+        let _ = sock.set_send_buffer_size(4 << 20);
+        let _ = sock.set_recv_buffer_size(4 << 20);
+        Ok(Peer {
+            id,
+            stream,
+            receiving: Mutex::default(),
+            out: Mutex::new(OutQueue::default()),
+            writer_wake: Condvar::new(),
+            alive: AtomicBool::new(true),
+            goodbye_received: AtomicBool::new(false),
+            last_sent_ns: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            drained_ns: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            read: AtomicU64::new(0),
+            read_ns: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
+            acked_ns: AtomicU64::new(0),
+            reported: AtomicU64::new(0),
+            heartbeat_ns: AtomicU64::new(0),
+            pending_reads: Mutex::new(HashMap::new()),
+            failure: Mutex::new(None),
+            sends_before_failure: config.fail_sends_after.filter(|(peer, _)| *peer == id).map(|(_, n)| AtomicU64::new(n)),
+            closure_reported: AtomicBool::new(false),
+        })
+    }
 }
 
 pub(crate) struct Inner {
     pub(crate) rank: usize,
-    nodes: usize,
+    pub(crate) nodes: usize,
     pub(crate) config: MeshConfig,
-    peers: Vec<Option<Arc<Peer>>>,
+    /// The connection to every peer (`None` at this node's rank, and for a node that was gone
+    /// when this one joined). A slot changes only when a node joins in a lost peer's rank.
+    peers: Vec<RwLock<Option<Arc<Peer>>>>,
+    /// Where nodes that join after set-up knock (see [`crate::joining`]).
+    pub(crate) door: crate::joining::Door,
     regions: Regions,
     handler: Mutex<Option<Arc<dyn Handler>>>,
     started: AtomicBool,
@@ -207,7 +257,7 @@ fn on_this_host(stream: &TcpStream) -> bool {
 
 /// A mesh of connections; dropping it shuts it down (see [`Mesh::shutdown`]).
 pub struct Mesh {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 /// A peer's send queue may grow to this many times [`MeshConfig::send_queue_limit`] (frames
@@ -222,44 +272,15 @@ impl Mesh {
     /// Wraps connected streams (`streams[p]` for every peer `p`, `None` at this node's rank).
     pub(crate) fn from_streams(rank: usize, nodes: usize, streams: Vec<Option<TcpStream>>, config: MeshConfig) -> Result<Mesh, TransportError> {
         let epoch = Instant::now();
-        let tick = POLL_TICK.min(config.heartbeat);
         let mut peers = Vec::with_capacity(nodes);
         for (id, stream) in streams.into_iter().enumerate() {
-            let Some(stream) = stream else {
-                peers.push(None);
-                continue;
-            };
-            stream.set_nodelay(true).map_err(crate::error::io_err("setting TCP_NODELAY"))?;
-            stream.set_read_timeout(Some(tick)).map_err(crate::error::io_err("setting a read timeout"))?;
-            stream.set_write_timeout(Some(tick)).map_err(crate::error::io_err("setting a write timeout"))?;
-            let sock = socket2::SockRef::from(&stream);
-            // Larger buffers keep bulk transfers streaming; failure only costs throughput.
-            let _ = sock.set_send_buffer_size(4 << 20);
-            let _ = sock.set_recv_buffer_size(4 << 20);
-            peers.push(Some(Arc::new(Peer {
-                id,
-                stream,
-                receiving: Mutex::default(),
-                out: Mutex::new(OutQueue::default()),
-                writer_wake: Condvar::new(),
-                alive: AtomicBool::new(true),
-                goodbye_received: AtomicBool::new(false),
-                last_sent_ns: AtomicU64::new(0),
-                queued: AtomicU64::new(0),
-                drained_ns: AtomicU64::new(0),
-                written: AtomicU64::new(0),
-                read: AtomicU64::new(0),
-                read_ns: AtomicU64::new(0),
-                acked: AtomicU64::new(0),
-                acked_ns: AtomicU64::new(0),
-                reported: AtomicU64::new(0),
-                heartbeat_ns: AtomicU64::new(0),
-                pending_reads: Mutex::new(HashMap::new()),
-                failure: Mutex::new(None),
-                sends_before_failure: config.fail_sends_after.filter(|(peer, _)| *peer == id).map(|(_, n)| AtomicU64::new(n)),
-            })));
+            peers.push(match stream {
+                Some(stream) => Some(Arc::new(Peer::new(id, stream, &config)?)),
+                None => None,
+            });
         }
         let on_host = 1 + peers.iter().flatten().filter(|p| on_this_host(&p.stream)).count();
+        let peers = peers.into_iter().map(RwLock::new).collect();
         let poll_readers = config.poll_readers.unwrap_or_else(|| auto_poll_readers(cores(), on_host));
         Ok(Mesh {
             inner: Arc::new(Inner {
@@ -269,6 +290,7 @@ impl Mesh {
                 nodes,
                 config,
                 peers,
+                door: Default::default(),
                 regions: Regions::default(),
                 handler: Mutex::new(None),
                 started: AtomicBool::new(false),
@@ -308,14 +330,15 @@ impl Mesh {
         }
         *self.inner.handler.lock() = Some(handler);
         let mut threads = self.inner.threads.lock();
-        for peer in self.inner.peers.iter().flatten() {
-            let (inner, p) = (self.inner.clone(), peer.clone());
-            threads.push(spawn(format!("ferry{}-rd{}", self.inner.rank, peer.id), move || inner.run_reader(&p))?);
-            let (inner, p) = (self.inner.clone(), peer.clone());
-            threads.push(spawn(format!("ferry{}-wr{}", self.inner.rank, peer.id), move || inner.run_writer(&p))?);
+        for peer in self.inner.peers_now() {
+            threads.extend(self.inner.spawn_connection_threads(&peer)?);
         }
         let inner = self.inner.clone();
         threads.push(spawn(format!("ferry{}-hb", self.inner.rank), move || inner.run_heartbeat())?);
+        if self.inner.door.is_open() {
+            let inner = self.inner.clone();
+            threads.push(spawn(format!("ferry{}-door", self.inner.rank), move || crate::joining::run_door(&inner))?);
+        }
         Ok(())
     }
 
@@ -340,8 +363,8 @@ impl Mesh {
     /// Sends whatever is queued for `peer` that the socket takes without blocking and leaves
     /// the rest to the connection's writer thread.
     pub fn flush(&self, peer: usize) {
-        if let Some(Some(p)) = self.inner.peers.get(peer) {
-            self.inner.flush_peer(p);
+        if let Some(p) = self.inner.slot(peer) {
+            self.inner.flush_peer(&p);
         }
     }
 
@@ -375,18 +398,13 @@ impl Mesh {
     /// take the answer itself instead of waiting for a reader thread to wake.
     pub fn poll_receive(&self) -> bool {
         let mut any = false;
-        for p in self.inner.peers.iter().flatten() {
-            any |= self.inner.poll_peer(p);
-        }
+        self.inner.each_peer(|p| any |= self.inner.poll_peer(p));
         any
     }
 
     /// Bytes queued for `peer` and not yet taken by its socket.
     pub fn queued_bytes(&self, peer: usize) -> u64 {
-        match self.inner.peers.get(peer) {
-            Some(Some(p)) => p.queued.load(Ordering::Relaxed),
-            _ => 0,
-        }
+        self.inner.slot(peer).map_or(0, |p| p.queued.load(Ordering::Relaxed))
     }
 
     /// Waits until the send queue of every live peer is below
@@ -396,8 +414,14 @@ impl Mesh {
     pub fn wait_for_room(&self, timeout: Duration) -> Result<(), TransportError> {
         let limit = self.inner.config.send_queue_limit as u64;
         wait_for_room(limit, timeout, || {
-            let queued = |p: &Arc<Peer>| p.queued.load(Ordering::Relaxed);
-            self.inner.peers.iter().flatten().find(|p| p.alive.load(Ordering::Acquire) && queued(p) >= limit).map(|p| (p.id, queued(p)))
+            let mut full = None;
+            self.inner.each_peer(|p| {
+                let queued = p.queued.load(Ordering::Relaxed);
+                if full.is_none() && p.alive.load(Ordering::Acquire) && queued >= limit {
+                    full = Some((p.id, queued));
+                }
+            });
+            full
         })
     }
 
@@ -483,14 +507,14 @@ impl Mesh {
     /// another node reported it lost); the handler is told, from the connection's reader
     /// thread, as for any lost peer ([`TransportError::Disconnected`]).
     pub fn disconnect(&self, peer: usize) {
-        if let Some(Some(p)) = self.inner.peers.get(peer) {
-            self.inner.defer_loss(p, TransportError::Disconnected(peer));
+        if let Some(p) = self.inner.slot(peer) {
+            self.inner.defer_loss(&p, TransportError::Disconnected(peer));
         }
     }
 
     /// Whether the connection to `peer` is open.
     pub fn is_alive(&self, peer: usize) -> bool {
-        matches!(self.inner.peers.get(peer), Some(Some(p)) if p.alive.load(Ordering::Acquire))
+        self.inner.slot(peer).is_some_and(|p| p.alive.load(Ordering::Acquire))
     }
 
     /// Traffic counters.
@@ -525,7 +549,7 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // Threads hold their own references to `Inner`, so this runs only after they have
         // finished; closing sockets here releases them for a mesh that never started.
-        for peer in self.peers.iter().flatten() {
+        for peer in self.peers_now() {
             let _ = peer.stream.shutdown(Shutdown::Both);
         }
     }
@@ -616,10 +640,60 @@ impl Inner {
     }
 
     fn peer(&self, peer: usize) -> Result<Arc<Peer>, TransportError> {
-        match self.peers.get(peer) {
-            Some(Some(p)) => Ok(p.clone()),
-            _ => Err(TransportError::NoSuchPeer(peer)),
+        self.slot(peer).ok_or(TransportError::NoSuchPeer(peer))
+    }
+
+    /// The connection to `peer`, if there is one.
+    pub(crate) fn slot(&self, peer: usize) -> Option<Arc<Peer>> {
+        self.peers.get(peer).and_then(|slot| slot.read().clone())
+    }
+
+    /// Every connection now.
+    pub(crate) fn peers_now(&self) -> Vec<Arc<Peer>> {
+        self.peers.iter().filter_map(|slot| slot.read().clone()).collect()
+    }
+
+    /// Calls `f` with every connection, each outside its slot's lock.
+    pub(crate) fn each_peer(&self, mut f: impl FnMut(&Arc<Peer>)) {
+        for slot in &self.peers {
+            let peer = slot.read().clone();
+            if let Some(p) = peer {
+                f(&p);
+            }
         }
+    }
+
+    /// Starts `peer`'s reader and writer threads.
+    pub(crate) fn spawn_connection_threads(self: &Arc<Self>, peer: &Arc<Peer>) -> Result<[JoinHandle<()>; 2], TransportError> {
+        let (inner, p) = (self.clone(), peer.clone());
+        let reader = spawn(format!("ferry{}-rd{}", self.rank, peer.id), move || inner.run_reader(&p))?;
+        let (inner, p) = (self.clone(), peer.clone());
+        let writer = spawn(format!("ferry{}-wr{}", self.rank, peer.id), move || inner.run_writer(&p))?;
+        Ok([reader, writer])
+    }
+
+    /// Puts `peer`, the connection of a node that joins in its rank, in the slot of a
+    /// connection whose closure the handler was told of (or that never existed), and starts its
+    /// threads. Refused (`false`) while the old connection's end is not reported, or after the
+    /// mesh began to stop.
+    pub(crate) fn install_peer(self: &Arc<Self>, peer: Arc<Peer>) -> Result<bool, TransportError> {
+        let Some(slot) = self.peers.get(peer.id).filter(|_| peer.id != self.rank) else { return Ok(false) };
+        let mut threads = self.threads.lock();
+        if self.stopping.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        {
+            let mut slot = slot.write();
+            if slot.as_ref().is_some_and(|old| !old.closure_reported.load(Ordering::Acquire)) {
+                return Ok(false);
+            }
+            *slot = Some(peer.clone());
+        }
+        if let Some(h) = self.handler() {
+            h.on_peer_connected(peer.id);
+        }
+        threads.extend(self.spawn_connection_threads(&peer)?);
+        Ok(true)
     }
 
     pub(crate) fn handler(&self) -> Option<Arc<dyn Handler>> {
@@ -761,6 +835,7 @@ impl Inner {
             }
             h.on_peer_closed(p.id, Some(&error));
         }
+        p.closure_reported.store(true, Ordering::Release);
     }
 
     /// The peer said goodbye and closed its side: answer with our goodbye (if the socket takes
@@ -794,6 +869,7 @@ impl Inner {
             }
             h.on_peer_closed(p.id, None);
         }
+        p.closure_reported.store(true, Ordering::Release);
     }
 
     fn run_writer(&self, p: &Arc<Peer>) {
@@ -897,7 +973,7 @@ impl Inner {
         while !self.stopping.load(Ordering::Acquire) {
             std::thread::sleep(tick);
             let now = self.now_ns();
-            for p in self.peers.iter().flatten() {
+            for p in &self.peers_now() {
                 let queued = p.queued.load(Ordering::Relaxed);
                 let stuck = now.saturating_sub(p.drained_ns.load(Ordering::Relaxed));
                 let unread = if queued > 0 && stuck > timeout {
@@ -1048,7 +1124,7 @@ impl Inner {
             return;
         }
         self.writers_exit.store(true, Ordering::Release);
-        for p in self.peers.iter().flatten() {
+        for p in &self.peers_now() {
             p.alive.store(false, Ordering::Release);
             p.out.lock().closed = true;
             p.writer_wake.notify_all();
@@ -1066,7 +1142,7 @@ impl Inner {
             return;
         }
         let started = self.started.load(Ordering::Acquire);
-        for p in self.peers.iter().flatten() {
+        for p in &self.peers_now() {
             if !p.alive.load(Ordering::Acquire) {
                 continue;
             }
@@ -1086,7 +1162,7 @@ impl Inner {
         }
         // Let the writers drain what is queued, then close our sending side.
         let deadline = Instant::now() + self.config.peer_timeout;
-        for p in self.peers.iter().flatten() {
+        for p in &self.peers_now() {
             let mut out = p.out.lock();
             while (out.flushing || !out.frames.is_empty()) && !out.closed && Instant::now() < deadline {
                 if !out.flushing {
@@ -1104,13 +1180,13 @@ impl Inner {
         // timeout; then every thread is joined.
         self.writers_exit.store(true, Ordering::Release);
         let threads = std::mem::take(&mut *self.threads.lock());
-        for p in self.peers.iter().flatten() {
+        for p in &self.peers_now() {
             p.writer_wake.notify_all();
         }
         for t in threads {
             let _ = t.join();
         }
-        for p in self.peers.iter().flatten() {
+        for p in &self.peers_now() {
             p.alive.store(false, Ordering::Release);
             let _ = p.stream.shutdown(Shutdown::Both);
         }

@@ -37,14 +37,14 @@ pub const HANDSHAKE: Duration = Duration::from_secs(5);
 /// Largest all-gather blob a member may send.
 const MAX_BLOB: usize = 64 << 20;
 /// Largest short answer: a refusal, an abort, an all-gather count, a clock reading.
-const MAX_NOTICE: usize = 4096;
+pub(crate) const MAX_NOTICE: usize = 4096;
 /// Bytes of a blob read (and allocated) at a time: a blob's memory follows what has arrived.
 const READ_CHUNK: usize = 1 << 20;
 const CLOCK_ROUNDS: usize = 8;
 /// Prefix of the coordinator's message to joined nodes when set-up fails.
 const ABORT: &str = "ABORT:";
 /// Pause between a member's attempts to connect again after its handshake was cut short.
-const RETRY_PAUSE: Duration = Duration::from_millis(50);
+pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// Nanoseconds of the system-wide monotonic clock (comparable between processes of one host).
 pub fn monotonic_ns() -> u64 {
@@ -65,14 +65,16 @@ pub struct Rendezvous {
     nodes: usize,
     link: Link,
     local_ip: IpAddr,
+    /// Rank 0's rendezvous listener, kept as a door for nodes that join later.
+    listener: Option<TcpListener>,
 }
 
-fn setup_err(msg: impl Into<String>) -> TransportError {
+pub(crate) fn setup_err(msg: impl Into<String>) -> TransportError {
     TransportError::Setup(msg.into())
 }
 
 /// The time left until `deadline`, or a timed-out error once it has passed.
-fn time_left(deadline: Instant) -> io::Result<Duration> {
+pub(crate) fn time_left(deadline: Instant) -> io::Result<Duration> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() { Err(io::Error::new(io::ErrorKind::TimedOut, "timed out")) } else { Ok(left) }
 }
@@ -94,7 +96,7 @@ fn read_exact_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> i
     Ok(())
 }
 
-fn write_blob(stream: &mut TcpStream, blob: &[u8], deadline: Instant) -> io::Result<()> {
+pub(crate) fn write_blob(stream: &mut TcpStream, blob: &[u8], deadline: Instant) -> io::Result<()> {
     stream.set_write_timeout(Some(time_left(deadline)?))?;
     let mut framed = Vec::with_capacity(4 + blob.len());
     framed.extend_from_slice(&(blob.len() as u32).to_le_bytes());
@@ -104,7 +106,7 @@ fn write_blob(stream: &mut TcpStream, blob: &[u8], deadline: Instant) -> io::Res
 
 /// Reads one length-prefixed blob of at most `max` bytes by `deadline`. A longer length is
 /// refused before any of it is read; the blob's memory grows with the bytes that arrive.
-fn read_blob(stream: &mut TcpStream, max: usize, deadline: Instant) -> io::Result<Vec<u8>> {
+pub(crate) fn read_blob(stream: &mut TcpStream, max: usize, deadline: Instant) -> io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     read_exact_by(stream, &mut len, deadline)?;
     let len = u32::from_le_bytes(len) as usize;
@@ -192,7 +194,7 @@ fn handshake_connect(
 /// Connects to `addr` and runs the connecting handshake, connecting again while the
 /// acceptor is not there yet or cuts the handshake short, until `deadline`. Each attempt's
 /// handshake has the handshake deadline.
-fn connect_member(
+pub(crate) fn connect_member(
     addr: SocketAddr,
     magic: &[u8; 8],
     me: (usize, usize),
@@ -225,13 +227,22 @@ pub fn mesh_handshake(stream: &mut TcpStream, rank: usize, nodes: usize, members
     handshake_connect(stream, MESH_MAGIC, (rank, nodes), membership, Instant::now() + HANDSHAKE).map_err(|f| setup_err(f.text()))
 }
 
-/// The accepting side of the membership handshake, finished by `deadline`. Returns the
-/// connecting node's (rank, node count), or why it is not a member of this job.
-fn handshake_accept(stream: &mut TcpStream, magic: &[u8; 8], rank: usize, nodes: usize, m: &Membership, deadline: Instant) -> Result<(usize, usize), String> {
+/// The accepting side of the membership handshake, finished by `deadline`, for a greeting with
+/// any of `magics`. Returns the magic the connecting node greeted with and its (rank, node
+/// count), or why it is not a member of this job.
+pub(crate) fn handshake_accept(
+    stream: &mut TcpStream,
+    magics: &[&'static [u8; 8]],
+    rank: usize,
+    nodes: usize,
+    m: &Membership,
+    deadline: Instant,
+) -> Result<(&'static [u8; 8], (usize, usize)), String> {
     let first = read_blob(stream, HELLO + NONCE, deadline).map_err(|e| format!("no greeting: {e}"))?;
     if first.len() != HELLO + NONCE {
         return Err("not a Ferry node (bad greeting)".into());
     }
+    let magic = *magics.iter().find(|m| first[..8] == m[..]).ok_or("not a Ferry node, or not one this listener serves (bad greeting)")?;
     let peer = parse_hello(magic, &first[..HELLO])?;
     let mut second = hello(magic, rank, nodes);
     second.extend_from_slice(&Membership::nonce());
@@ -242,7 +253,7 @@ fn handshake_accept(stream: &mut TcpStream, magic: &[u8; 8], rank: usize, nodes:
     if !m.verify("connect", &[&first, &second], &proof) {
         return Err(format!("node {} of {} does not hold this job's cluster secret, or runs another job", peer.0, peer.1));
     }
-    Ok(peer)
+    Ok((magic, peer))
 }
 
 /// Handshakes running at once at most; beyond, the oldest is dropped for the newcomer (a
@@ -306,7 +317,8 @@ fn accept_members(
                         let outcome = stream
                             .set_nonblocking(false)
                             .map_err(|e| e.to_string())
-                            .and_then(|()| handshake_accept(&mut stream, magic, rank, nodes, &membership, handshake_deadline));
+                            .and_then(|()| handshake_accept(&mut stream, &[magic], rank, nodes, &membership, handshake_deadline))
+                            .map(|(_, peer)| peer);
                         running_here.lock().streams.remove(&id);
                         let _ = done.send((stream, from, outcome));
                     });
@@ -336,7 +348,7 @@ fn accept_members(
     }
 }
 
-fn resolve(address: &str) -> Result<SocketAddr, TransportError> {
+pub(crate) fn resolve(address: &str) -> Result<SocketAddr, TransportError> {
     address
         .to_socket_addrs()
         .map_err(|e| setup_err(format!("cannot resolve coordinator address '{address}': {e}")))?
@@ -372,7 +384,7 @@ impl Rendezvous {
         }
         let deadline = Instant::now() + timeout;
         if nodes == 1 {
-            return Ok(Rendezvous { rank, nodes, link: Link::Coordinator(Vec::new()), local_ip: IpAddr::from([127, 0, 0, 1]) });
+            return Ok(Rendezvous { rank, nodes, link: Link::Coordinator(Vec::new()), local_ip: IpAddr::from([127, 0, 0, 1]), listener: None });
         }
         let addr = resolve(coordinator)?;
         if rank == 0 {
@@ -384,7 +396,7 @@ impl Rendezvous {
                 return Err(setup_err(format!("the coordinator refused this node: {}", String::from_utf8_lossy(&answer))));
             }
             let local_ip = stream.local_addr().map_err(io_err("reading the local address"))?.ip();
-            Ok(Rendezvous { rank, nodes, link: Link::Member(stream), local_ip })
+            Ok(Rendezvous { rank, nodes, link: Link::Member(stream), local_ip, listener: None })
         }
     }
 
@@ -434,7 +446,7 @@ impl Rendezvous {
             return Err(setup_err(failure));
         }
         let streams = members.into_iter().skip(1).map(|s| s.expect("all joined")).collect();
-        Ok(Rendezvous { rank: 0, nodes, link: Link::Coordinator(streams), local_ip })
+        Ok(Rendezvous { rank: 0, nodes, link: Link::Coordinator(streams), local_ip, listener: Some(listener) })
     }
 
     /// This node's rank.
@@ -535,7 +547,8 @@ pub fn bind_listener(ip: IpAddr) -> Result<TcpListener, TransportError> {
 }
 
 /// Connects this node to every other: to each lower rank at `addresses[r]`, and accepts the
-/// higher ranks on `listener`. Returns the mesh, not yet started.
+/// higher ranks on `listener`, which stays open for nodes that join later (see
+/// [`crate::join_running`]). Returns the mesh, not yet started.
 pub fn connect_mesh(rank: usize, addresses: &[SocketAddr], listener: TcpListener, config: MeshConfig) -> Result<Mesh, TransportError> {
     let nodes = addresses.len();
     let deadline = Instant::now() + config.connect_timeout;
@@ -560,7 +573,11 @@ pub fn connect_mesh(rank: usize, addresses: &[SocketAddr], listener: TcpListener
             return Err(setup_err(format!("nodes {missing:?} never connected")));
         }
     }
-    Mesh::from_streams(rank, nodes, streams, config)
+    let mesh = Mesh::from_streams(rank, nodes, streams, config)?;
+    if nodes > 1 {
+        mesh.inner.door.open(listener, addresses.to_vec());
+    }
+    Ok(mesh)
 }
 
 /// Runs the whole set-up for a node: rendezvous, address exchange and mesh connection.
@@ -578,6 +595,10 @@ pub fn join_cluster(rank: usize, nodes: usize, coordinator: &str, config: MeshCo
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mesh = connect_mesh(rank, &addresses, listener, config)?;
+    if let Some(listener) = rendezvous.listener.take() {
+        // Nodes that join later may knock at the address every launcher knows.
+        mesh.inner.door.add_listener(listener);
+    }
     Ok((rendezvous, mesh))
 }
 

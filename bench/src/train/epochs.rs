@@ -483,6 +483,11 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     // with more epochs, or in `single`, which has no such table.
     specs.push(TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS).scratch());
     let mut config = ferry::Config::from_env(specs)?;
+    if config.join.is_some() {
+        anyhow::bail!(
+            "the training commands take no node that joins mid-run yet (FERRY_JOIN): their epochs and data shares are fixed when they start; a program of your own joins with Node::join or FERRY_JOIN"
+        );
+    }
     config.relocation = mode != Mode::Classic;
     let continuing = common.on_loss == super::OnLoss::Continue;
     let leaving = common.leaving()?;

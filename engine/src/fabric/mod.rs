@@ -58,6 +58,11 @@ pub trait FabricHandler: Send + Sync {
     fn on_write_done(&self, wr_id: u64, result: Result<()>);
     /// The connection to `peer` closed: cleanly (`None`) or through a failure.
     fn on_peer_closed(&self, peer: usize, error: Option<String>);
+    /// A node joining in `peer`'s rank connected (after the old connection's end was
+    /// reported), before anything it sends is delivered.
+    fn on_peer_connected(&self, peer: usize) {
+        let _ = peer;
+    }
 }
 
 /// How a posted write is completed.
@@ -135,6 +140,17 @@ pub trait Fabric: Send + Sync {
     fn disconnect(&self, peer: usize);
     /// Whether `peer` is reachable.
     fn is_alive(&self, peer: usize) -> bool;
+    /// Lets nodes join in the rank of a lost or departed peer from now on, handing each `info`
+    /// (the configuration fingerprint). A fabric that cannot take a node after start-up
+    /// (verbs, so far) refuses them with a reason.
+    fn admit_joins(&self, info: Vec<u8>) {
+        let _ = info;
+    }
+    /// The addresses a joining node may use as its contact on this node (none when the fabric
+    /// takes no joins).
+    fn join_addresses(&self) -> Vec<std::net::SocketAddr> {
+        Vec::new()
+    }
     /// Closes all connections cleanly and joins the fabric's threads.
     fn shutdown(&self);
     /// Closes all connections at once, as a crash would.

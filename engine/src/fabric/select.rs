@@ -115,18 +115,7 @@ pub fn busy_polling_readers(config: &Config, nodes_on_host: usize) -> (usize, us
 /// Joins the cluster and builds the fabric; returns it with this node's clock offset to the
 /// coordinator.
 pub fn connect(config: &Config) -> Result<(Arc<dyn Fabric>, i64)> {
-    let mesh_config = ferry_tcp::MeshConfig {
-        max_frame: max_frame(config),
-        heartbeat: config.heartbeat,
-        peer_timeout: config.peer_timeout,
-        connect_timeout: config.connect_timeout,
-        send_queue_limit: config.send_queue_limit,
-        fail_sends_after: config.fail_sends_after,
-        stop_reading_after: config.stop_reading_after,
-        membership: config.membership.clone(),
-        poll_readers: config.poll_cores,
-        ..Default::default()
-    };
+    let mesh_config = mesh_config(config);
     if config.membership.secret.is_none() && config.nodes > 1 && config.rank == 0 {
         tracing::warn!("no cluster secret (FERRY_NO_SECRET=1): any local user can join this cluster and read its parameters");
     }
@@ -142,13 +131,54 @@ pub fn connect(config: &Config) -> Result<(Arc<dyn Fabric>, i64)> {
     let print = config.fingerprint_text().into_bytes();
     let prints = rendezvous.all_gather(&print, config.connect_timeout)?;
     if let Some(other) = prints.iter().position(|p| *p != print) {
-        let theirs = String::from_utf8_lossy(&prints[other]);
-        return Err(Error::Config(format!(
-            "node {other} was started with different tables or settings than node {}: {}",
-            config.rank,
-            Config::first_difference(&String::from_utf8_lossy(&print), &theirs)
-        )));
+        return Err(different_settings(config, other, &print, &prints[other]));
     }
+    connect_rest(config, rendezvous, mesh)
+}
+
+/// The error for node `other`, whose fingerprint `theirs` differs from this node's `ours`.
+fn different_settings(config: &Config, other: usize, ours: &[u8], theirs: &[u8]) -> Error {
+    Error::Config(format!(
+        "node {other} was started with different tables or settings than node {}: {}",
+        config.rank,
+        Config::first_difference(&String::from_utf8_lossy(ours), &String::from_utf8_lossy(theirs))
+    ))
+}
+
+/// Joins a running cluster through `contact` (a member's join address) in the rank of a node
+/// that left or was lost, over TCP; returns the fabric (not started) and the rank to ask to
+/// join, the lowest-ranked member reached (it coordinates).
+pub fn join(config: &Config, contact: &str) -> Result<(Arc<dyn Fabric>, u16)> {
+    if config.transport == TransportChoice::Verbs {
+        return Err(Error::Config("a node joins a running cluster over TCP only (FERRY_TRANSPORT=tcp or auto): verbs take no node after start-up yet".into()));
+    }
+    let joined = ferry_tcp::join_running(config.rank, config.nodes, contact, mesh_config(config))?;
+    let print = config.fingerprint_text().into_bytes();
+    if joined.info != print {
+        return Err(different_settings(config, joined.contact, &print, &joined.info));
+    }
+    let coordinator = joined.members.iter().copied().min().unwrap_or(joined.contact);
+    tracing::info!(node = config.rank, contact = joined.contact, members = ?joined.members, "connected to the running cluster: transport tcp");
+    Ok((Arc::new(TcpFabric::new(joined.mesh)), coordinator as u16))
+}
+
+fn mesh_config(config: &Config) -> ferry_tcp::MeshConfig {
+    ferry_tcp::MeshConfig {
+        max_frame: max_frame(config),
+        heartbeat: config.heartbeat,
+        peer_timeout: config.peer_timeout,
+        connect_timeout: config.connect_timeout,
+        send_queue_limit: config.send_queue_limit,
+        fail_sends_after: config.fail_sends_after,
+        stop_reading_after: config.stop_reading_after,
+        membership: config.membership.clone(),
+        poll_readers: config.poll_cores,
+        ..Default::default()
+    }
+}
+
+/// Set-up after the fingerprints matched: the clock offset, and the transport every node can use.
+fn connect_rest(config: &Config, mut rendezvous: ferry_tcp::Rendezvous, mesh: ferry_tcp::Mesh) -> Result<(Arc<dyn Fabric>, i64)> {
     let clock_offset = rendezvous.clock_offset_ns(config.connect_timeout)?;
     // Every node reaches the same branch: the transport choice is part of the fingerprint.
     let wants_verbs = config.transport != TransportChoice::Tcp && config.nodes > 1;

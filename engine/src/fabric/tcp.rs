@@ -85,6 +85,10 @@ impl Handler for Adapter {
     fn on_peer_closed(&self, peer: usize, error: Option<&TransportError>) {
         self.handler.on_peer_closed(peer, error.map(|e| e.to_string()));
     }
+
+    fn on_peer_connected(&self, peer: usize) {
+        self.handler.on_peer_connected(peer);
+    }
 }
 
 impl Fabric for TcpFabric {
@@ -183,6 +187,14 @@ impl Fabric for TcpFabric {
 
     fn is_alive(&self, peer: usize) -> bool {
         self.mesh.is_alive(peer)
+    }
+
+    fn admit_joins(&self, info: Vec<u8>) {
+        self.mesh.admit_joins(info);
+    }
+
+    fn join_addresses(&self) -> Vec<std::net::SocketAddr> {
+        self.mesh.join_addresses()
     }
 
     fn shutdown(&self) {

@@ -241,7 +241,6 @@ impl Core {
 
     /// Whether this node asked to join, and whether it has joined: it holds its keys, takes
     /// part in barriers, and every live node counts it as a member (its workers may start).
-    #[cfg_attr(not(any(test, feature = "sim")), allow(dead_code))]
     pub fn join_state(&self) -> (bool, bool) {
         let d = self.departures.lock();
         let dir = &self.directory;

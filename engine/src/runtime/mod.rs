@@ -5,7 +5,7 @@
 //! workers' inboxes. Nothing here does I/O while holding a lock: queueing into the fabric is not
 //! I/O; its flush, done after the step, is.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -71,6 +71,9 @@ pub(crate) struct NodeInner {
     /// backup state notify (see `backup.rs`).
     backup_lock: Mutex<()>,
     backup_cv: Condvar,
+    /// Per rank, 1 + the incarnation lost in it when a node joining in the rank connected (0:
+    /// none did): that connection is the new node's, which the rank's loss must not close.
+    rejoining: Vec<AtomicU16>,
 }
 
 /// A service above the runtime that acts on the homes' grants (INTENT_GO) posted for this
@@ -85,6 +88,7 @@ pub(crate) trait GrantListener: Send + Sync {
 
 impl NodeInner {
     pub fn new(config: Config, core: Core, fabric: std::sync::Arc<dyn Fabric>, clock_offset: i64) -> NodeInner {
+        let config_nodes = config.nodes;
         NodeInner {
             fingerprint: config.fingerprint(),
             config,
@@ -107,6 +111,7 @@ impl NodeInner {
             grant_listener: std::sync::OnceLock::new(),
             backup_lock: Mutex::new(()),
             backup_cv: Condvar::new(),
+            rejoining: (0..config_nodes).map(|_| AtomicU16::new(0)).collect(),
         }
     }
 
@@ -118,7 +123,9 @@ impl NodeInner {
 
     /// Marks `peer` lost (once; later calls change nothing) and fails what depended on it.
     pub fn lose_peer(&self, peer: usize, reason: &str) {
-        if peer == self.config.rank || peer >= self.config.nodes || self.core.directory().is_lost(peer as u16) {
+        // A node joining in a lost rank is lost in its own right (the coordinator abandons its
+        // join), though the rank counts as lost already.
+        if peer == self.config.rank || peer >= self.config.nodes || (self.core.directory().is_lost(peer as u16) && !self.connection_is_a_joiners(peer as u16)) {
             return;
         }
         if self.core.leave_state().1 {
@@ -158,10 +165,27 @@ impl NodeInner {
         for (peer, reason) in self.core.directory().lost_nodes() {
             // A node that left closes when its own LEFT was handled (`Transmit::take_departed`):
             // answers it sent before may still be on their way behind a relayed LEFT.
-            if reason != crate::protocol::LEFT_REASON && self.fabric.is_alive(peer as usize) {
+            if reason != crate::protocol::LEFT_REASON && self.fabric.is_alive(peer as usize) && !self.connection_is_a_joiners(peer) {
                 tracing::warn!(node = self.config.rank, peer, %reason, "peer lost");
                 self.fabric.disconnect(peer as usize);
             }
+        }
+    }
+
+    /// Whether the connection to `peer` belongs to a node joining in its rank, whose join has
+    /// not completed: its rank still counts as lost (the old node's), which is no reason to
+    /// close it.
+    fn connection_is_a_joiners(&self, peer: u16) -> bool {
+        let lost = self.core.directory().incarnation(peer);
+        self.rejoining.get(peer as usize).is_some_and(|r| r.load(Ordering::Acquire) == u16::from(lost) + 1)
+    }
+
+    /// Notes that a node joining in `peer`'s rank connected (see [`NodeInner::disconnect_lost`]).
+    pub fn peer_connected(&self, peer: usize) {
+        if let Some(r) = self.rejoining.get(peer) {
+            let lost = self.core.directory().incarnation(peer as u16);
+            r.store(u16::from(lost) + 1, Ordering::Release);
+            tracing::info!(node = self.config.rank, peer, "a node joining in a lost peer's rank connected");
         }
     }
 
@@ -423,6 +447,18 @@ impl NodeInner {
         }
     }
 
+    /// This node joined a running cluster and takes part in barriers from generations `from`
+    /// (per kind): its workers' first barrier waits for generation `from`, not 1.
+    pub fn start_barriers_at(&self, from: [u32; 2]) {
+        let mut state = self.barrier.lock();
+        let before = from[BarrierKind::Workers as usize].saturating_sub(1);
+        state.rounds = state.rounds.max(before);
+        for kind in [BarrierKind::Workers, BarrierKind::Finalize] {
+            let slot = &mut state.finished[kind as usize];
+            *slot = (*slot).max(from[kind as usize].saturating_sub(1));
+        }
+    }
+
     /// A worker arrives at the workers' barrier; the node enters the cluster-wide generation
     /// when all its live workers have arrived. Waits at most `timeout`.
     pub fn worker_barrier(&self, timeout: Duration) -> Result<()> {
@@ -584,6 +620,12 @@ impl FabricHandler for Callbacks {
         }
     }
 
+    fn on_peer_connected(&self, peer: usize) {
+        if let Some(node) = self.node.upgrade() {
+            node.peer_connected(peer);
+        }
+    }
+
     fn on_peer_closed(&self, peer: usize, error: Option<String>) {
         let Some(node) = self.node.upgrade() else { return };
         if error.is_none() && (node.stopping.load(Ordering::Acquire) || node.finalizing.load(Ordering::Acquire)) {
@@ -595,5 +637,8 @@ impl FabricHandler for Callbacks {
         }
         let reason = error.unwrap_or_else(|| "it left the cluster".into());
         node.lose_peer(peer, &reason);
+        if let Some(r) = node.rejoining.get(peer) {
+            r.store(0, Ordering::Release);
+        }
     }
 }

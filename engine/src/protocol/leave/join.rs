@@ -77,7 +77,6 @@ pub(crate) struct Joins {
 
 impl Joins {
     /// This node asks to join: false when it asked already.
-    #[cfg_attr(not(any(test, feature = "sim")), allow(dead_code))]
     pub fn ask(&mut self) -> bool {
         if self.own.is_some() {
             return false;
@@ -107,7 +106,6 @@ impl Joins {
 
     /// Whether this node (`rank`) joined and every live node of `nodes` counts it as a member:
     /// its workers may send requests.
-    #[cfg_attr(not(any(test, feature = "sim")), allow(dead_code))]
     pub fn ready(&self, rank: u16, nodes: usize, live: impl Fn(u16) -> bool) -> bool {
         self.own.as_ref().is_some_and(|o| o.joined.is_some() && (0..nodes as u16).all(|n| n == rank || !live(n) || o.acks.contains(&n)))
     }

@@ -17,9 +17,6 @@ impl Step<'_, '_> {
     /// and sends JOIN_ASK to `contact`, the lowest-ranked member it reached, which
     /// coordinates. Needs backups and no shared clocks, and a rank above the coordinator's (a
     /// joining node never takes coordination over). Asking twice changes nothing.
-    // Driven by the simulator only until a fabric accepts a node after start-up (the
-    // runtime's `Node::join` is not built yet).
-    #[cfg_attr(not(any(test, feature = "sim")), allow(dead_code))]
     pub fn ask_to_join(&mut self, contact: u16) -> Result<Progress> {
         let core = self.core;
         let dir = core.directory();
