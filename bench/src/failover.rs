@@ -15,8 +15,7 @@
 //!   fresh process joins in the victim's rank, started as `ferry launch --join 1` starts it
 //!   (`FERRY_JOIN=1`, through rank 0's rendezvous address): it must hold the victim's share of
 //!   the keys again, read every acknowledged push, and pass a barrier with the survivors. The
-//!   time its `Node::start` took (connections and the join) is the join time. Over verbs,
-//!   which take no node after start-up yet, the join is left out (the record says so).
+//!   time its `Node::start` took (connections and the join) is the join time.
 //! * **Leave.** A node leaves gracefully while the others push: the pause their pushes see
 //!   (see `leave.rs`).
 
@@ -241,9 +240,7 @@ fn failover_trials(trials: usize) -> Result<crate::report::Record> {
         let v = reported("FAILOVER ")?;
         serve.push(v["serve_s"].as_f64().context("serve_s")?);
         detect.push(v["detect_s"].as_f64().context("detect_s")?);
-        if let Some(took) = reported("JOINED ")?["join_s"].as_f64() {
-            join.push(took);
-        }
+        join.push(reported("JOINED ")?["join_s"].as_f64().context("join_s")?);
     }
     let pct = crate::micro::percentile;
     let (p50, p99) = (pct(&mut serve, 0.5), pct(&mut serve, 0.99));
@@ -252,16 +249,12 @@ fn failover_trials(trials: usize) -> Result<crate::report::Record> {
     config.apply_timeout_env(|name| std::env::var(name).ok())?;
     let peer_timeout_s = config.peer_timeout.as_secs_f64();
     let (d50, d99) = (pct(&mut detect, 0.5), pct(&mut detect, 0.99));
-    let joins = if join.is_empty() {
-        json!({"join": "left out: verbs take no node after start-up yet"})
-    } else {
-        json!({"join_p50_ms": pct(&mut join, 0.5) * 1e3, "join_p99_ms": pct(&mut join, 0.99) * 1e3})
-    };
-    let mut figures = json!({
+
+    let figures = json!({
         "p50_s": p50, "p99_s": p99, "p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3,
         "detect_p50_ms": d50 * 1e3, "detect_p99_ms": d99 * 1e3,
+        "join_p50_ms": pct(&mut join, 0.5) * 1e3, "join_p99_ms": pct(&mut join, 0.99) * 1e3,
     });
-    figures.as_object_mut().expect("an object").extend(joins.as_object().expect("an object").clone());
     Ok(record(
         "failover",
         json!({"nodes": 3, "backups": 1, "transport": *transport.lock(), "killed": "kill -9", "trials": trials, "peer_timeout_s": peer_timeout_s}),
@@ -301,8 +294,6 @@ fn trial_node(dir: &Path) -> Result<()> {
     }
     w.barrier()?;
     let victims: Vec<u64> = (0..PULLED as u64).map(|i| FAILOVER_KEYS / 3 + i).collect();
-    // Verbs take no node after start-up yet: over them the trial leaves the join out.
-    let joins = node.transport() == "tcp";
     let done = dir.join("done");
     match rank {
         VICTIM => {
@@ -341,25 +332,18 @@ fn trial_node(dir: &Path) -> Result<()> {
             let lost_at = lost_at.unwrap_or(served_at);
             let secs = |at: u64| at.saturating_sub(killed) as f64 / 1e9;
             println!("FAILOVER {}", json!({"detect_s": secs(lost_at), "serve_s": secs(served_at)}));
-            if !joins {
-                println!("JOINED {}", json!({"join_s": null}));
-                std::fs::write(&done, "")?;
-            } else {
-                let joiner = start_joiner(dir)?;
-                wait_for(&dir.join("joined"), "the node that joins")?;
-                w.barrier().context("a barrier with the node that joined")?;
-                std::fs::write(&done, "")?;
-                let outcome = joiner.join().map_err(|_| anyhow::anyhow!("the joiner's launch panicked"))??;
-                if !outcome.success() {
-                    bail!("the node that joined failed: {}", crate::cluster::failure_summary(&outcome));
-                }
+            let joiner = start_joiner(dir)?;
+            wait_for(&dir.join("joined"), "the node that joins")?;
+            w.barrier().context("a barrier with the node that joined")?;
+            std::fs::write(&done, "")?;
+            let outcome = joiner.join().map_err(|_| anyhow::anyhow!("the joiner's launch panicked"))??;
+            if !outcome.success() {
+                bail!("the node that joined failed: {}", crate::cluster::failure_summary(&outcome));
             }
         }
         _ => {
-            if joins {
-                wait_for(&dir.join("joined"), "the node that joins")?;
-                w.barrier().context("a barrier with the node that joined")?;
-            }
+            wait_for(&dir.join("joined"), "the node that joins")?;
+            w.barrier().context("a barrier with the node that joined")?;
             wait_for(&done, &format!("rank {PULLER}"))?;
         }
     }

@@ -11,8 +11,7 @@
 //! trial. A while after the leave, a fresh node joins in rank 2 (`Node::join`, through rank 0)
 //! as the workers go on: the join's pause is the longest push that overlapped the call, which
 //! returns once every member counts the node; the keys rank 3 handed back are the share that
-//! moved (over verbs, which take no node after start-up yet, the join is left out and the
-//! record says so). After the trial every key is pulled and must hold exactly the pushes the workers
+//! moved. After the trial every key is pulled and must hold exactly the pushes the workers
 //! made: neither the leave nor the join loses anything.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -48,9 +47,12 @@ struct Trial {
     leave_ms: f64,
     /// Keys the successor adopted.
     handed_over: u64,
-    /// The join, when there was one: the longest push that overlapped it (ms), how long
-    /// `Node::join` took (ms), and the keys handed to the joined node.
-    join: Option<(f64, f64, u64)>,
+    /// The longest push that overlapped the join (ms).
+    join_pause_ms: f64,
+    /// How long `Node::join` took (ms).
+    join_ms: f64,
+    /// Keys handed to the joined node.
+    joined_keys: u64,
 }
 
 /// Runs `trials` leave trials; the record's headline is the p99 over trials of the pause.
@@ -67,20 +69,7 @@ pub fn leave_trials(trials: usize, quick: bool) -> Result<crate::report::Record>
     }
     let pct = |f: &dyn Fn(&Trial) -> f64, q: f64| percentile(&mut runs.iter().map(f).collect::<Vec<_>>(), q);
     let baseline = pct(&|t| t.baseline_p99_ms, 0.5);
-    let joins: Vec<(f64, f64, u64)> = runs.iter().filter_map(|t| t.join).collect();
-    let join_pct = |f: &dyn Fn(&(f64, f64, u64)) -> f64, q: f64| percentile(&mut joins.iter().map(f).collect::<Vec<_>>(), q);
-    let join_figures = if joins.is_empty() {
-        json!({"join": "left out: verbs take no node after start-up yet"})
-    } else {
-        json!({
-            "join_pause_p50_ms": join_pct(&|j| j.0, 0.5),
-            "join_pause_p99_ms": join_pct(&|j| j.0, 0.99),
-            "join_call_p50_ms": join_pct(&|j| j.1, 0.5),
-            "join_call_p99_ms": join_pct(&|j| j.1, 0.99),
-            "keys_moved_by_join_vs_quarter": join_pct(&|j| j.2 as f64, 0.5) / (KEYS as f64 / NODES as f64),
-        })
-    };
-    let mut figures = json!({
+    let figures = json!({
             "pause_p50_ms": pct(&|t| t.pause_ms, 0.5),
             "pause_p99_ms": pct(&|t| t.pause_ms, 0.99),
             "baseline_push_p99_ms": baseline,
@@ -88,9 +77,13 @@ pub fn leave_trials(trials: usize, quick: bool) -> Result<crate::report::Record>
             "handover_p99_ms": pct(&|t| t.handover_ms, 0.99),
             "leave_call_p50_ms": pct(&|t| t.leave_ms, 0.5),
             "keys_handed_over": pct(&|t| t.handed_over as f64, 0.5),
+            "join_pause_p50_ms": pct(&|t| t.join_pause_ms, 0.5),
+            "join_pause_p99_ms": pct(&|t| t.join_pause_ms, 0.99),
+            "join_call_p50_ms": pct(&|t| t.join_ms, 0.5),
+            "join_call_p99_ms": pct(&|t| t.join_ms, 0.99),
+            "keys_moved_by_join_vs_quarter": pct(&|t| t.joined_keys as f64, 0.5) / (KEYS as f64 / NODES as f64),
             "lost_pushes": 0,
     });
-    figures.as_object_mut().expect("an object").extend(join_figures.as_object().expect("an object").clone());
     Ok(record(
         "leave",
         json!({"nodes": NODES, "backups": 1, "transport": transport, "keys": KEYS, "value_len": VALUE_LEN, "batch": BATCH, "trials": trials}),
@@ -158,19 +151,14 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
         let handed = Instant::now();
         let ended = leaving.join().expect("the leaver panicked").context("leaving")?;
         std::thread::sleep(after.saturating_sub(handed.elapsed()));
-        let (join_began, join_ended, joined) = if transport == "tcp" {
-            let mut joining = config.clone();
-            joining.rank = LEAVER;
-            joining.nodes = NODES;
-            let contact = cluster[0].join_addresses().first().context("rank 0 takes no joins")?.to_string();
-            let join_began = Instant::now();
-            let joined = Node::join(joining, &contact).context("joining in the leaver's rank")?;
-            let join_ended = Instant::now();
-            std::thread::sleep(after);
-            (join_began, join_ended, Some(joined))
-        } else {
-            (Instant::now(), Instant::now(), None)
-        };
+        let mut joining = config.clone();
+        joining.rank = LEAVER;
+        joining.nodes = NODES;
+        let contact = cluster[0].join_addresses().first().context("rank 0 takes no joins")?.to_string();
+        let join_began = Instant::now();
+        let joined = Node::join(joining, &contact).context("joining in the leaver's rank")?;
+        let join_ended = Instant::now();
+        std::thread::sleep(after);
         stop.store(true, Ordering::Release);
         let results: Vec<_> = pushers.into_iter().map(|p| p.join().expect("a pusher panicked")).collect::<Result<_>>()?;
         Ok((results, (began, handed, ended), (join_began, join_ended), joined))
@@ -190,7 +178,7 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
             } else if from <= handed {
                 pause = pause.max(ms);
             }
-            if joined.is_some() && to >= join_began && from <= join_ended {
+            if to >= join_began && from <= join_ended {
                 join_pause = join_pause.max(ms);
             }
         }
@@ -201,11 +189,8 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
     let baseline_p99_ms = percentile(&mut baseline, 0.99);
     let handed_over = cluster.iter().map(|n| n.stats().backups.keys_adopted).sum();
     let joined_keys = cluster.iter().map(|n| n.stats().backups.keys_handed).sum();
-    let join = joined.map(|node| {
-        cluster.insert(LEAVER, node);
-        (join_pause, (join_ended - join_began).as_secs_f64() * 1e3, joined_keys)
-    });
-    // Every push made is there, on the nodes left (the joined one included).
+    cluster.insert(LEAVER, joined);
+    // Every push made is there, on the four nodes (the joined one included).
     let all: Vec<u64> = (0..KEYS).collect();
     let mut out = vec![0.0f32; all.len() * VALUE_LEN];
     cluster[0].worker().pull(table, &all, &mut out)?;
@@ -215,5 +200,9 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
     }
     crate::failover::finish(cluster);
     let ms = |to: Instant| (to - began).as_secs_f64() * 1e3;
-    Ok((Trial { pause_ms: pause, baseline_p99_ms, handover_ms: ms(handed), leave_ms: ms(ended), handed_over, join }, transport))
+    let join_ms = (join_ended - join_began).as_secs_f64() * 1e3;
+    Ok((
+        Trial { pause_ms: pause, baseline_p99_ms, handover_ms: ms(handed), leave_ms: ms(ended), handed_over, join_pause_ms: join_pause, join_ms, joined_keys },
+        transport,
+    ))
 }

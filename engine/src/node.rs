@@ -114,7 +114,7 @@ impl Node {
     /// From now on, nodes may join through this one in the rank of a lost or departed peer.
     fn admit_joins(&self) {
         if self.inner.config.backups > 0 && self.inner.config.max_delay.is_none() {
-            self.inner.fabric.admit_joins(self.inner.config.fingerprint_text().into_bytes());
+            self.inner.fabric.admit_joins(crate::fabric::select::join_info(self.inner.fabric.name(), &self.inner.config));
         }
     }
 

@@ -6,7 +6,9 @@
 //! the membership handshake under the contact magic, and learns every rank's mesh address,
 //! which ranks the contact is connected to, and the contact's join information (the engine's
 //! configuration fingerprint). It then connects to each of those members under the rejoin magic,
-//! says where it listens itself, and each member puts the connection in the rank's slot of its
+//! says where it listens itself and hands over an *offer* for the fabric above (a verbs queue
+//! pair's endpoint; empty over TCP), which the member's [`RejoinHook`] answers (with its own
+//! endpoint, its queue pair connected), and each member puts the connection in the rank's slot of its
 //! mesh — only once the old connection's end was reported to its handler, so that the node's
 //! protocol counts the rank as gone before it hears from the new node. A member that has not
 //! noticed the old node's end yet answers "retry", and the joining node knocks again until its
@@ -36,10 +38,20 @@ const RETRY: &str = "RETRY:";
 /// Largest join information a contact may send (the engine's fingerprint is a few KiB).
 const MAX_INFO: usize = 1 << 20;
 /// What a member answers before the node said whether it takes joins.
-const NOT_YET: &str = "this node takes no joins: it runs over verbs (joins run over TCP only) or is still starting";
+const NOT_YET: &str = "this node takes no joins: they need backups (FERRY_BACKUPS=1) and no bounded delay, or it is still starting";
+
+/// What a member's fabric does with a joining node's offer (see [`Mesh::on_rejoin`]): sets up
+/// its side of the connection to node `rank` and answers, or refuses with a reason.
+pub type RejoinHook = Arc<dyn Fn(usize, &[u8]) -> Result<Vec<u8>, String> + Send + Sync>;
+
+/// What a joining node's fabric hands `member` (see [`join_running`]), made from the contact's
+/// join information once it is known; or why it cannot.
+pub type MakeOffer<'a> = dyn FnMut(&[u8], usize) -> Result<Vec<u8>, String> + 'a;
 
 /// A member's door for nodes that join after set-up.
 pub(crate) struct Door {
+    /// The fabric's answer to a joining node's offer (none: only an empty offer is taken).
+    hook: Mutex<Option<RejoinHook>>,
     listeners: Mutex<Vec<TcpListener>>,
     /// Every rank's mesh address, as the node last learnt it.
     addresses: Mutex<Vec<SocketAddr>>,
@@ -53,6 +65,7 @@ pub(crate) struct Door {
 impl Default for Door {
     fn default() -> Self {
         Door {
+            hook: Mutex::default(),
             listeners: Mutex::default(),
             addresses: Mutex::default(),
             info: Mutex::new(Err(NOT_YET.into())),
@@ -89,6 +102,12 @@ impl Mesh {
     /// `info` to each (the engine's configuration fingerprint, which the joining node checks).
     pub fn admit_joins(&self, info: Vec<u8>) {
         *self.inner.door.info.lock() = Ok(info);
+    }
+
+    /// Answers joining nodes' offers with `hook` (a fabric above the mesh that sets up more per
+    /// connection, verbs queue pairs, trades them here).
+    pub fn on_rejoin(&self, hook: RejoinHook) {
+        *self.inner.door.hook.lock() = Some(hook);
     }
 
     /// The addresses a joining node may knock at on this node (its mesh address, and on rank 0
@@ -190,7 +209,22 @@ fn let_in(inner: &Arc<Inner>, mut stream: TcpStream, rank: usize, deadline: Inst
         let _ = write_blob(&mut stream, b"a bad listening address", deadline);
         return Err("it announced a bad listening address".into());
     };
+    let offer = read_blob(&mut stream, MAX_NOTICE, deadline).map_err(|e| format!("no offer: {e}"))?;
+    let hook = inner.door.hook.lock().clone();
+    let answer = match (hook, offer.is_empty()) {
+        (Some(hook), _) => hook(rank, &offer),
+        (None, true) => Ok(Vec::new()),
+        (None, false) => Err("this node's fabric trades nothing beyond the TCP connection".to_string()),
+    };
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(why) => {
+            let _ = write_blob(&mut stream, why.as_bytes(), deadline);
+            return Err(format!("refused its offer: {why}"));
+        }
+    };
     write_blob(&mut stream, b"OK", deadline).map_err(|e| format!("answering: {e}"))?;
+    write_blob(&mut stream, &answer, deadline).map_err(|e| format!("answering: {e}"))?;
     let handle = stream.try_clone().map_err(|e| e.to_string())?;
     let peer = Arc::new(Peer::new(rank, stream, &inner.config).map_err(|e| e.to_string())?);
     if !inner.install_peer(peer).map_err(|e| e.to_string())? {
@@ -214,12 +248,16 @@ pub struct Joined {
     pub contact: usize,
     /// The members this node connected to (the contact included), in rank order.
     pub members: Vec<usize>,
+    /// Each member's answer to this node's offer, by rank (empty for the others).
+    pub answers: Vec<Vec<u8>>,
 }
 
 /// Joins a running cluster of `nodes` as node `rank` (the rank of a node that left or was lost)
 /// through `contact`: learns the members from it, connects to each, and listens for nodes that
-/// join later. Gives up at the connect timeout of `config`.
-pub fn join_running(rank: usize, nodes: usize, contact: &str, config: MeshConfig) -> Result<Joined, TransportError> {
+/// join later. `offer(info, member)` makes what this node hands each member for the fabric
+/// above, once the contact's join information is known (empty over TCP); the members' answers
+/// come back in [`Joined::answers`]. Gives up at the connect timeout of `config`.
+pub fn join_running(rank: usize, nodes: usize, contact: &str, config: MeshConfig, offer: &mut MakeOffer<'_>) -> Result<Joined, TransportError> {
     if nodes < 2 || rank >= nodes {
         return Err(setup_err(format!("node {rank} of {nodes} cannot join a cluster")));
     }
@@ -253,14 +291,18 @@ pub fn join_running(rank: usize, nodes: usize, contact: &str, config: MeshConfig
     let local = listener.local_addr().map_err(io_err("reading the listener address"))?;
     let members: Vec<usize> = (0..nodes).filter(|&r| r != rank && connected[r] == 1).collect();
     let mut streams: Vec<Option<TcpStream>> = (0..nodes).map(|_| None).collect();
+    let mut answers = vec![Vec::new(); nodes];
     for &member in &members {
-        streams[member] = Some(connect_as_rejoin(addresses[member], member, me, local, &config, deadline)?);
+        let offered = offer(&info, member).map_err(|e| setup_err(format!("preparing the connection to node {member}: {e}")))?;
+        let (stream, answer) = connect_as_rejoin(addresses[member], member, me, (local, &offered), &config, deadline)?;
+        streams[member] = Some(stream);
+        answers[member] = answer;
     }
     let mut addresses = addresses;
     addresses[rank] = local;
     let mesh = Mesh::from_streams(rank, nodes, streams, config)?;
     mesh.inner.door.open(listener, addresses);
-    Ok(Joined { mesh, info, contact: contact_rank, members })
+    Ok(Joined { mesh, info, contact: contact_rank, members, answers })
 }
 
 fn resolve_contact(contact: &str) -> Result<SocketAddr, TransportError> {
@@ -272,16 +314,17 @@ fn resolve_contact(contact: &str) -> Result<SocketAddr, TransportError> {
         .ok_or_else(|| setup_err(format!("the contact address '{contact}' resolves to nothing")))
 }
 
-/// Connects to `member` at `addr` under the rejoin magic and says where this node listens,
-/// knocking again while the member has not noticed the rank's old node end, until `deadline`.
+/// Connects to `member` at `addr` under the rejoin magic, says where this node listens and hands
+/// over its offer, knocking again while the member has not noticed the rank's old node end,
+/// until `deadline`. Returns the connection and the member's answer.
 fn connect_as_rejoin(
     addr: SocketAddr,
     member: usize,
     me: (usize, usize),
-    local: SocketAddr,
+    (local, offer): (SocketAddr, &[u8]),
     config: &MeshConfig,
     deadline: Instant,
-) -> Result<TcpStream, TransportError> {
+) -> Result<(TcpStream, Vec<u8>), TransportError> {
     let what = format!("node {member}");
     loop {
         let (mut stream, (r, n)) = connect_member(addr, REJOIN_MAGIC, me, &config.membership, deadline, &what)?;
@@ -290,9 +333,11 @@ fn connect_as_rejoin(
         }
         let short = deadline.min(Instant::now() + HANDSHAKE);
         write_blob(&mut stream, local.to_string().as_bytes(), short).map_err(io_err(format!("telling {what} this node's address")))?;
+        write_blob(&mut stream, offer, short).map_err(io_err(format!("handing {what} this node's offer")))?;
         let answer = read_blob(&mut stream, MAX_NOTICE, short).map_err(io_err(format!("waiting for {what} to let this node in")))?;
         if answer == b"OK" {
-            return Ok(stream);
+            let theirs = read_blob(&mut stream, MAX_NOTICE, short).map_err(io_err(format!("reading {what}'s answer")))?;
+            return Ok((stream, theirs));
         }
         let why = String::from_utf8_lossy(&answer).into_owned();
         match why.strip_prefix(RETRY) {

@@ -28,7 +28,7 @@ pub mod stage_trace;
 pub use auth::Membership;
 pub use error::{AccessError, TransportError};
 pub use frame::{FrameKind, HEADER_LEN, Header, MAGIC};
-pub use joining::{Joined, join_running};
+pub use joining::{Joined, MakeOffer, RejoinHook, join_running};
 pub use mesh::{Handler, LandedWrite, Mesh, MeshConfig, MeshStats, SEND_QUEUE_HARD_FACTOR, WriteBatch, auto_poll_readers, cores, wait_for_room};
 pub use region::{RegionId, Regions};
 pub use setup::{HANDSHAKE, MAX_HANDSHAKES, Rendezvous, bind_listener, connect_mesh, join_cluster, mesh_handshake, monotonic_ns};

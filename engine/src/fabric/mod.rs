@@ -141,8 +141,7 @@ pub trait Fabric: Send + Sync {
     /// Whether `peer` is reachable.
     fn is_alive(&self, peer: usize) -> bool;
     /// Lets nodes join in the rank of a lost or departed peer from now on, handing each `info`
-    /// (the configuration fingerprint). A fabric that cannot take a node after start-up
-    /// (verbs, so far) refuses them with a reason.
+    /// (the fabric's name and the configuration fingerprint: `select::join_info`).
     fn admit_joins(&self, info: Vec<u8>) {
         let _ = info;
     }

@@ -145,21 +145,100 @@ fn different_settings(config: &Config, other: usize, ours: &[u8], theirs: &[u8])
     ))
 }
 
+/// What a member hands a joining node (see [`join`]): the fabric the cluster runs, and its
+/// configuration fingerprint.
+pub fn join_info(fabric: &str, config: &Config) -> Vec<u8> {
+    format!("{fabric}\n{}", config.fingerprint_text()).into_bytes()
+}
+
+/// The fabric and fingerprint of a member's join information.
+fn split_join_info(info: &[u8]) -> Result<(&str, &[u8])> {
+    let at = info.iter().position(|&b| b == b'\n').ok_or_else(|| Error::Transport("the contact sent malformed join information".into()))?;
+    let fabric = std::str::from_utf8(&info[..at]).map_err(|_| Error::Transport("the contact sent malformed join information".into()))?;
+    Ok((fabric, &info[at + 1..]))
+}
+
 /// Joins a running cluster through `contact` (a member's join address) in the rank of a node
-/// that left or was lost, over TCP; returns the fabric (not started) and the rank to ask to
+/// that left or was lost, over the fabric the cluster runs (TCP, or verbs with a queue pair per
+/// member traded through the door); returns the fabric (not started) and the rank to ask to
 /// join, the lowest-ranked member reached (it coordinates).
 pub fn join(config: &Config, contact: &str) -> Result<(Arc<dyn Fabric>, u16)> {
-    if config.transport == TransportChoice::Verbs {
-        return Err(Error::Config("a node joins a running cluster over TCP only (FERRY_TRANSPORT=tcp or auto): verbs take no node after start-up yet".into()));
-    }
-    let joined = ferry_tcp::join_running(config.rank, config.nodes, contact, mesh_config(config))?;
     let print = config.fingerprint_text().into_bytes();
-    if joined.info != print {
-        return Err(different_settings(config, joined.contact, &print, &joined.info));
+    // Set up once the contact said which fabric the cluster runs.
+    let mut verbs: Option<VerbsJoin> = None;
+    let mut offer = |info: &[u8], member: usize| -> std::result::Result<Vec<u8>, String> {
+        let (fabric, theirs) = split_join_info(info).map_err(|e| e.to_string())?;
+        if theirs != print {
+            return Err(different_settings(config, member, &print, theirs).to_string());
+        }
+        match fabric {
+            "tcp" => Ok(Vec::new()),
+            "verbs" => {
+                if verbs.is_none() {
+                    verbs = Some(VerbsJoin::open(config)?);
+                }
+                verbs.as_mut().expect("opened").offer(member)
+            }
+            other => Err(format!("the cluster runs a fabric this node does not know: {other}")),
+        }
+    };
+    let joined = ferry_tcp::join_running(config.rank, config.nodes, contact, mesh_config(config), &mut offer)?;
+    let (fabric, theirs) = split_join_info(&joined.info)?;
+    if theirs != print {
+        return Err(different_settings(config, joined.contact, &print, theirs));
     }
     let coordinator = joined.members.iter().copied().min().unwrap_or(joined.contact);
-    tracing::info!(node = config.rank, contact = joined.contact, members = ?joined.members, "connected to the running cluster: transport tcp");
-    Ok((Arc::new(TcpFabric::new(joined.mesh)), coordinator as u16))
+    tracing::info!(node = config.rank, contact = joined.contact, members = ?joined.members, "connected to the running cluster: transport {fabric}");
+    let fabric: Arc<dyn Fabric> = match verbs {
+        Some(verbs) => verbs.finish(config, joined.mesh, &joined.answers)?,
+        None => Arc::new(TcpFabric::new(joined.mesh)),
+    };
+    Ok((fabric, coordinator as u16))
+}
+
+/// A joining node's verbs connections (see `verbs::JoiningVerbs`).
+#[cfg(feature = "verbs")]
+struct VerbsJoin(super::verbs::JoiningVerbs);
+#[cfg(not(feature = "verbs"))]
+struct VerbsJoin(std::convert::Infallible);
+
+impl VerbsJoin {
+    fn open(config: &Config) -> std::result::Result<VerbsJoin, String> {
+        if config.transport == TransportChoice::Tcp {
+            return Err("the cluster runs over verbs and this node was started for TCP (FERRY_TRANSPORT=tcp)".into());
+        }
+        let context = open_local(config).map_err(|e| format!("the cluster runs over verbs and this node cannot use them: {e}"))?;
+        #[cfg(feature = "verbs")]
+        {
+            super::verbs::JoiningVerbs::open(context, &config.verbs, config.rank, config.nodes).map(VerbsJoin).map_err(|e| e.to_string())
+        }
+        #[cfg(not(feature = "verbs"))]
+        match context {}
+    }
+
+    fn offer(&mut self, member: usize) -> std::result::Result<Vec<u8>, String> {
+        #[cfg(feature = "verbs")]
+        {
+            self.0.offer(member).map_err(|e| e.to_string())
+        }
+        #[cfg(not(feature = "verbs"))]
+        {
+            let _ = member;
+            match self.0 {}
+        }
+    }
+
+    fn finish(self, config: &Config, control: ferry_tcp::Mesh, answers: &[Vec<u8>]) -> Result<Arc<dyn Fabric>> {
+        #[cfg(feature = "verbs")]
+        {
+            Ok(Arc::new(self.0.finish(control, answers, max_frame(config), config.verbs.poll_spin)?))
+        }
+        #[cfg(not(feature = "verbs"))]
+        {
+            let _ = (config, control, answers);
+            match self.0 {}
+        }
+    }
 }
 
 fn mesh_config(config: &Config) -> ferry_tcp::MeshConfig {
@@ -242,6 +321,15 @@ mod tests {
         let e = decide(TransportChoice::Verbs, &[no("no device"), ok()]).unwrap_err();
         assert!(e.to_string().contains("node 0 cannot use verbs: no device"), "{e}");
         assert!(matches!(decide(TransportChoice::Tcp, &[ok(), ok()]).unwrap(), Decision::Tcp(_)));
+    }
+
+    #[test]
+    fn join_information_names_the_fabric_and_the_fingerprint() {
+        let config = Config::new(vec![crate::TableSpec::new("t", 10, 2)]);
+        let info = join_info("verbs", &config);
+        let (fabric, print) = split_join_info(&info).unwrap();
+        assert_eq!((fabric, print), ("verbs", config.fingerprint_text().as_bytes()));
+        assert!(split_join_info(b"no line").is_err());
     }
 
     #[test]

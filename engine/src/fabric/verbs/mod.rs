@@ -30,7 +30,7 @@ use ferry_verbs::{
 };
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use self::peer::{CLOSED, FAILED, Peer};
+use self::peer::{CLOSED, FAILED, Peer, next_tag};
 use super::{Fabric, FabricHandler, Landing, Landings, PostedRead, ReadWaiters, WriteCompletion, WriteRequest};
 use crate::config::VerbsSettings;
 use crate::error::{Error, Result};
@@ -45,7 +45,11 @@ pub(crate) struct Inner {
     rank: usize,
     context: Context,
     cq: Arc<CompletionQueue>,
-    peers: Vec<Option<Peer>>,
+    /// The connection to every peer (`None` at this node's rank, and for a node that was gone
+    /// when this one joined); a node that joins in a rank gets a new one.
+    peers: Vec<RwLock<Option<Arc<Peer>>>>,
+    /// How connections are made (for those made after set-up).
+    shape: PeerShape,
     /// Registered parameter memory, for the lkeys of write sources.
     regions: RwLock<Vec<MemoryRegion>>,
     control: Arc<Mesh>,
@@ -79,7 +83,126 @@ fn verbs_err(e: ferry_verbs::VerbsError) -> Error {
     Error::Transport(e.to_string())
 }
 
+/// How this node's connections are made: queue pair capacities and message buffers.
+#[derive(Clone, Copy)]
+struct PeerShape {
+    caps: QueuePairCaps,
+    buffers: u32,
+    buffer_bytes: usize,
+    max_send: usize,
+}
+
+impl PeerShape {
+    fn new(settings: &VerbsSettings) -> PeerShape {
+        let max_send = settings.buffers + 16;
+        let buffers = settings.buffers as u32;
+        PeerShape {
+            caps: QueuePairCaps { max_send: max_send as u32, max_recv: buffers, max_inline: 0 },
+            buffers,
+            buffer_bytes: settings.buffer_bytes,
+            max_send,
+        }
+    }
+
+    /// Completion queue entries for `nodes` nodes' connections.
+    fn cq_entries(&self, nodes: usize) -> u32 {
+        ((nodes - 1) * (self.max_send + self.buffers as usize) + 16) as u32
+    }
+
+    /// A connection with tag `tag` (see `peer::next_tag`): its queue pair (not connected yet),
+    /// buffers, and receives posted.
+    fn make(&self, context: &Context, cq: &Arc<CompletionQueue>, tag: usize) -> Result<Peer> {
+        let r = tag & (peer::GENERATION_BIT - 1);
+        let qp = QueuePair::new(context, cq, self.caps).map_err(verbs_err)?;
+        let bytes = self.buffers as usize * self.buffer_bytes;
+        let memory = |what: &str, e: ferry_verbs::VerbsError| Error::Memory(format!("{what} for node {r}: {e}"));
+        let tx = context.alloc(bytes, Access::LOCAL).map_err(|e| memory("send buffers", e))?;
+        let rx = context.alloc(bytes, Access::LOCAL).map_err(|e| memory("receive buffers", e))?;
+        let peer = Peer::new(tag, qp, tx, rx, self.buffers, self.buffer_bytes, self.max_send);
+        peer.post_receives(0..self.buffers).map_err(verbs_err)?;
+        Ok(peer)
+    }
+}
+
+/// A node joining a running cluster over verbs: its connections, made as the members are
+/// reached (see `ferry_tcp::join_running`), each connected once the member answered.
+pub struct JoiningVerbs {
+    rank: usize,
+    context: Context,
+    cq: Arc<CompletionQueue>,
+    shape: PeerShape,
+    peers: Vec<Option<Peer>>,
+}
+
+impl JoiningVerbs {
+    /// Opens the device for node `rank` of `nodes`.
+    pub fn open(context: Context, settings: &VerbsSettings, rank: usize, nodes: usize) -> Result<JoiningVerbs> {
+        let shape = PeerShape::new(settings);
+        let cq = CompletionQueue::new(&context, shape.cq_entries(nodes)).map_err(verbs_err)?;
+        Ok(JoiningVerbs { rank, context, cq, shape, peers: (0..nodes).map(|_| None).collect() })
+    }
+
+    /// A connection to `member`, not yet connected; returns its endpoint for the member.
+    pub fn offer(&mut self, member: usize) -> Result<Vec<u8>> {
+        if member == self.rank || member >= self.peers.len() {
+            return Err(Error::Transport(format!("node {member} is no member to connect to")));
+        }
+        let peer = self.shape.make(&self.context, &self.cq, member)?;
+        let endpoint = peer.qp.lock().endpoint().encode().to_vec();
+        self.peers[member] = Some(peer);
+        Ok(endpoint)
+    }
+
+    /// Connects every offered connection to its member's answer (`answers` by rank) and builds
+    /// the fabric over `control`.
+    pub fn finish(self, control: Mesh, answers: &[Vec<u8>], max_frame: usize, poll_spin: Duration) -> Result<VerbsFabric> {
+        for (r, peer) in self.peers.iter().enumerate() {
+            let Some(peer) = peer else { continue };
+            let theirs = answers.get(r).ok_or_else(|| Error::Transport(format!("node {r} did not answer")))?;
+            let endpoint = Endpoint::decode(theirs).map_err(verbs_err)?;
+            peer.qp.lock().connect(&endpoint).map_err(|e| Error::Transport(format!("connecting to node {r}: {e}")))?;
+        }
+        Ok(VerbsFabric::build(self.rank, self.context, self.cq, self.peers, self.shape, control, max_frame, poll_spin))
+    }
+}
+
 impl VerbsFabric {
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        rank: usize,
+        context: Context,
+        cq: Arc<CompletionQueue>,
+        peers: Vec<Option<Peer>>,
+        shape: PeerShape,
+        control: Mesh,
+        max_frame: usize,
+        poll_spin: Duration,
+    ) -> VerbsFabric {
+        VerbsFabric {
+            inner: Arc::new(Inner {
+                rank,
+                context,
+                cq,
+                peers: peers.into_iter().map(|p| RwLock::new(p.map(Arc::new))).collect(),
+                shape,
+                regions: RwLock::new(Vec::new()),
+                control: Arc::new(control),
+                handler: OnceLock::new(),
+                poller: Mutex::new(None),
+                poll_handle: OnceLock::new(),
+                reads: ReadWaiters::default(),
+                landings: Landings::default(),
+                next_read: AtomicU64::new(1),
+                max_frame,
+                poll_spin,
+                closing: AtomicBool::new(false),
+                reports: Mutex::new(VecDeque::new()),
+                reports_cv: Condvar::new(),
+                reporter: Mutex::new(None),
+            }),
+        }
+    }
+
     /// Connects a queue pair to every peer: creates them and their buffers, trades endpoints
     /// through the rendezvous (TCP), connects, and waits until every node has. `control` is
     /// the already connected TCP mesh kept for liveness; `fail_sends_after` injects a post
@@ -95,10 +218,8 @@ impl VerbsFabric {
     ) -> Result<VerbsFabric> {
         let rank = rendezvous.rank();
         let nodes = rendezvous.nodes();
-        let buffers = settings.buffers as u32;
-        let max_send = settings.buffers + 16;
-        let cq = CompletionQueue::new(&context, ((nodes - 1) * (max_send + settings.buffers) + 16) as u32).map_err(verbs_err)?;
-        let caps = QueuePairCaps { max_send: max_send as u32, max_recv: buffers, max_inline: 0 };
+        let shape = PeerShape::new(settings);
+        let cq = CompletionQueue::new(&context, shape.cq_entries(nodes)).map_err(verbs_err)?;
         let mut peers = Vec::with_capacity(nodes);
         let mut blob = Vec::with_capacity(nodes * Endpoint::BYTES);
         for r in 0..nodes {
@@ -107,20 +228,14 @@ impl VerbsFabric {
                 blob.extend_from_slice(&[0u8; Endpoint::BYTES]);
                 continue;
             }
-            let qp = QueuePair::new(&context, &cq, caps).map_err(verbs_err)?;
-            blob.extend_from_slice(&qp.endpoint().encode());
-            let bytes = settings.buffers * settings.buffer_bytes;
-            let memory = |what: &str, e: ferry_verbs::VerbsError| Error::Memory(format!("{what} for node {r}: {e}"));
-            let tx = context.alloc(bytes, Access::LOCAL).map_err(|e| memory("send buffers", e))?;
-            let rx = context.alloc(bytes, Access::LOCAL).map_err(|e| memory("receive buffers", e))?;
-            let mut peer = Peer::new(r, qp, tx, rx, buffers, settings.buffer_bytes, max_send);
+            let mut peer = shape.make(&context, &cq, next_tag(r, None))?;
+            blob.extend_from_slice(&peer.qp.lock().endpoint().encode());
             if let Some((to, after)) = fail_sends_after
                 && to == r
             {
                 tracing::warn!(node = rank, peer = r, after, "fault injection: posting to this peer will fail");
                 peer.fail_posts_after(after);
             }
-            peer.post_receives(0..buffers).map_err(verbs_err)?;
             peers.push(Some(peer));
         }
         let all = rendezvous.all_gather(&blob, timeout)?;
@@ -134,37 +249,39 @@ impl VerbsFabric {
         }
         // Nobody sends before every queue pair is ready to receive.
         rendezvous.all_gather(b"ready", timeout)?;
-        Ok(VerbsFabric {
-            inner: Arc::new(Inner {
-                rank,
-                context,
-                cq,
-                peers,
-                regions: RwLock::new(Vec::new()),
-                control: Arc::new(control),
-                handler: OnceLock::new(),
-                poller: Mutex::new(None),
-                poll_handle: OnceLock::new(),
-                reads: ReadWaiters::default(),
-                landings: Landings::default(),
-                next_read: AtomicU64::new(1),
-                max_frame,
-                poll_spin: settings.poll_spin,
-                closing: AtomicBool::new(false),
-                reports: Mutex::new(VecDeque::new()),
-                reports_cv: Condvar::new(),
-                reporter: Mutex::new(None),
-            }),
-        })
+        Ok(VerbsFabric::build(rank, context, cq, peers, shape, control, max_frame, settings.poll_spin))
     }
 }
 
 impl Inner {
-    fn peer(&self, rank: usize) -> Option<&Peer> {
-        self.peers.get(rank).and_then(|p| p.as_ref())
+    fn peer(&self, rank: usize) -> Option<Arc<Peer>> {
+        self.peers.get(rank).and_then(|p| p.read().clone())
     }
 
-    fn open_peer(&self, rank: usize) -> Result<&Peer> {
+    /// Every connection now.
+    fn peers_now(&self) -> Vec<Arc<Peer>> {
+        self.peers.iter().filter_map(|p| p.read().clone()).collect()
+    }
+
+    /// A node joins in `rank`'s place and offers the endpoint of its queue pair to this node:
+    /// once the old connection is closed, a new one takes the rank's slot, connected to the
+    /// offer, and its endpoint is the answer (see `ferry_tcp::RejoinHook`).
+    fn accept_rejoin(&self, rank: usize, offer: &[u8]) -> std::result::Result<Vec<u8>, String> {
+        let slot = self.peers.get(rank).filter(|_| rank != self.rank).ok_or_else(|| format!("node {rank} is no peer of node {}", self.rank))?;
+        let endpoint = Endpoint::decode(offer).map_err(|e| format!("a bad queue pair endpoint: {e}"))?;
+        let previous = slot.read().as_ref().map(|p| (p.is_open(), p.tag));
+        if previous.is_some_and(|(open, _)| open) {
+            return Err(format!("node {} still has an open verbs connection to node {rank}", self.rank));
+        }
+        let peer = self.shape.make(&self.context, &self.cq, next_tag(rank, previous.map(|(_, tag)| tag))).map_err(|e| e.to_string())?;
+        peer.qp.lock().connect(&endpoint).map_err(|e| format!("connecting to node {rank}: {e}"))?;
+        let mine = peer.qp.lock().endpoint().encode().to_vec();
+        *slot.write() = Some(Arc::new(peer));
+        tracing::info!(node = self.rank, joining = rank, "a node joins: verbs queue pair connected");
+        Ok(mine)
+    }
+
+    fn open_peer(&self, rank: usize) -> Result<Arc<Peer>> {
         match self.peer(rank) {
             Some(p) if p.is_open() => Ok(p),
             Some(_) => Err(Error::PeerLost { node: rank, reason: "its connection is closed".into() }),
@@ -231,7 +348,7 @@ impl Inner {
     fn check_stalls(&self) {
         let timeout = self.control.config().peer_timeout.as_nanos() as u64;
         let now = ferry_tcp::monotonic_ns();
-        for peer in self.peers.iter().flatten().filter(|p| p.is_open()) {
+        for peer in self.peers_now().iter().filter(|p| p.is_open()) {
             if let Some((queued, waited)) = peer.stalled(now)
                 && waited > timeout
             {
@@ -289,7 +406,7 @@ impl Inner {
         if let Some(reporter) = self.reporter.lock().take() {
             let _ = reporter.join();
         }
-        for peer in self.peers.iter().flatten() {
+        for peer in self.peers_now() {
             peer.shut(CLOSED, "this node shut down");
             let _ = peer.qp.lock().fail();
         }
@@ -415,7 +532,7 @@ impl Fabric for VerbsFabric {
         let limit = self.inner.control.config().send_queue_limit as u64;
         ferry_tcp::wait_for_room(limit, timeout, || {
             let queued = |p: &Peer| p.queued.load(Ordering::Relaxed);
-            self.inner.peers.iter().flatten().find(|p| p.is_open() && queued(p) >= limit).map(|p| (p.rank, queued(p)))
+            self.inner.peers_now().iter().find(|p| p.is_open() && queued(p) >= limit).map(|p| (p.rank, queued(p)))
         })
         .map_err(Error::from)
     }
@@ -425,7 +542,7 @@ impl Fabric for VerbsFabric {
     }
 
     fn queued_bytes(&self, peer: usize) -> Option<u64> {
-        Some(self.inner.peers.get(peer).and_then(Option::as_ref).map_or(0, |p| p.queued.load(Ordering::Relaxed)))
+        Some(self.inner.peer(peer).map_or(0, |p| p.queued.load(Ordering::Relaxed)))
     }
 
     unsafe fn write(&self, to: usize, writes: &[WriteRequest]) -> Result<WriteCompletion> {
@@ -473,11 +590,24 @@ impl Fabric for VerbsFabric {
         // Let what was posted reach the peers (their acknowledgements complete it) before the
         // goodbye: a peer may still be waiting for this node's last messages.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline && inner.peers.iter().flatten().any(|p| p.is_open() && !p.is_drained()) {
+        while Instant::now() < deadline && inner.peers_now().iter().any(|p| p.is_open() && !p.is_drained()) {
             std::thread::sleep(Duration::from_millis(1));
         }
         inner.control.shutdown();
         inner.stop();
+    }
+
+    fn admit_joins(&self, info: Vec<u8>) {
+        let inner = Arc::downgrade(&self.inner);
+        self.inner.control.on_rejoin(Arc::new(move |rank, offer| match inner.upgrade() {
+            Some(inner) => inner.accept_rejoin(rank, offer),
+            None => Err("this node stops".into()),
+        }));
+        self.inner.control.admit_joins(info);
+    }
+
+    fn join_addresses(&self) -> Vec<std::net::SocketAddr> {
+        self.inner.control.join_addresses()
     }
 
     fn abort(&self) {

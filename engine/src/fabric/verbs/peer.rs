@@ -103,6 +103,10 @@ pub(super) struct Fallout {
 /// One peer.
 pub(super) struct Peer {
     pub rank: usize,
+    /// What this connection's work requests carry in their top bits: the rank, and above it
+    /// which of the rank's connections this is (a node that joins in the rank gets a new one),
+    /// so that a late completion of the old queue pair is told apart.
+    pub tag: usize,
     pub qp: Mutex<QueuePair>,
     pub send: Mutex<SendState>,
     pub tx: RegisteredBuffer,
@@ -121,9 +125,21 @@ pub(super) struct Peer {
     posts_before_failure: Option<AtomicU64>,
 }
 
-/// Work-request ids: the peer in the top 16 bits, bit 47 set for receives, a sequence number
-/// or buffer index below.
+/// Work-request ids: the peer's tag in the top 16 bits (its rank, below [`GENERATION_BIT`]),
+/// bit 47 set for receives, a sequence number or buffer index below.
 pub(super) const RECV_BIT: u64 = 1 << 47;
+
+/// The bit of a tag that tells a rank's connections apart (ranks stay below it:
+/// `Config::MAX_NODES`).
+pub(super) const GENERATION_BIT: usize = 1 << 15;
+
+/// The tag of the connection to `rank` that follows `previous` (the first: generation 0).
+pub(super) fn next_tag(rank: usize, previous: Option<usize>) -> usize {
+    match previous {
+        Some(tag) => tag ^ GENERATION_BIT,
+        None => rank,
+    }
+}
 
 pub(super) fn wr_id(peer: usize, recv: bool, index: u64) -> u64 {
     ((peer as u64) << 48) | if recv { RECV_BIT } else { 0 } | (index & (RECV_BIT - 1))
@@ -134,9 +150,10 @@ pub(super) fn split_wr_id(id: u64) -> (usize, bool, u64) {
 }
 
 impl Peer {
-    pub fn new(rank: usize, qp: QueuePair, tx: RegisteredBuffer, rx: RegisteredBuffer, buffers: u32, buffer_bytes: usize, max_send: usize) -> Peer {
+    pub fn new(tag: usize, qp: QueuePair, tx: RegisteredBuffer, rx: RegisteredBuffer, buffers: u32, buffer_bytes: usize, max_send: usize) -> Peer {
         Peer {
-            rank,
+            rank: tag & (GENERATION_BIT - 1),
+            tag,
             qp: Mutex::new(qp),
             send: Mutex::new(SendState {
                 credits: buffers,
@@ -175,7 +192,7 @@ impl Peer {
 
     /// Posts receive buffers `indices` (initially, and again after each is handled).
     pub fn post_receives(&self, indices: impl Iterator<Item = u32>) -> Result<(), VerbsError> {
-        let receives: Vec<(u64, LocalSlice)> = indices.map(|i| (wr_id(self.rank, true, i as u64), self.rx_slice(i))).collect();
+        let receives: Vec<(u64, LocalSlice)> = indices.map(|i| (wr_id(self.tag, true, i as u64), self.rx_slice(i))).collect();
         // SAFETY: the receive buffers belong to this peer and live as long as its queue pair;
         // a buffer is reposted only after its previous receive completed and was handled.
         unsafe { self.qp.lock().post_recvs(&receives) }
@@ -316,7 +333,7 @@ impl Peer {
                     let (id, remote, local) = (*id, *remote, *local);
                     st.pending.pop_front();
                     requests.push(SendRequest {
-                        wr_id: wr_id(self.rank, false, seq),
+                        wr_id: wr_id(self.tag, false, seq),
                         op: Operation::Read { remote },
                         payload: Payload::Local(local),
                         signaled: true,
@@ -338,7 +355,7 @@ impl Peer {
                     let imm = self.take_owed() | if end { IMM_FRAME_END } else { 0 };
                     let payload = Payload::Local(self.tx.slice(slot as usize * self.buffer_bytes, n).expect("fragment fits its slot"));
                     let signaled = seq % SIGNAL_EVERY == SIGNAL_EVERY - 1;
-                    requests.push(SendRequest { wr_id: wr_id(self.rank, false, seq), op: Operation::Send { imm: Some(imm) }, payload, signaled });
+                    requests.push(SendRequest { wr_id: wr_id(self.tag, false, seq), op: Operation::Send { imm: Some(imm) }, payload, signaled });
                     posted.push((seq, Posted::Fragment(slot)));
                     st.credits -= 1;
                 }
@@ -351,7 +368,7 @@ impl Peer {
                     };
                     let remote = RemoteSlice { addr: w.remote.addr, rkey: w.remote.region };
                     requests.push(SendRequest {
-                        wr_id: wr_id(self.rank, false, seq),
+                        wr_id: wr_id(self.tag, false, seq),
                         op: Operation::Write { remote, imm: Some(w.imm) },
                         payload: Payload::Local(local),
                         signaled: true,
@@ -370,7 +387,7 @@ impl Peer {
         if requests.is_empty() && owed >= (self.buffers / 4).max(1) && st.credits >= 1 && st.inflight.len() < self.max_send {
             let seq = st.next_seq;
             let imm = self.take_owed() | IMM_CREDIT_ONLY;
-            requests.push(SendRequest { wr_id: wr_id(self.rank, false, seq), op: Operation::Send { imm: Some(imm) }, payload: Payload::Empty, signaled: true });
+            requests.push(SendRequest { wr_id: wr_id(self.tag, false, seq), op: Operation::Send { imm: Some(imm) }, payload: Payload::Empty, signaled: true });
             posted.push((seq, Posted::Credits));
             st.credits -= 1;
         }
@@ -449,5 +466,18 @@ mod tests {
         for (peer, recv, index) in [(0, false, 0), (65_535, true, (1 << 47) - 1), (3, true, 12), (7, false, 99)] {
             assert_eq!(split_wr_id(wr_id(peer, recv, index)), (peer, recv, index));
         }
+    }
+
+    #[test]
+    fn a_ranks_successive_connections_differ_in_their_tag_only() {
+        let rank = 0x7ffe;
+        let first = next_tag(rank, None);
+        let second = next_tag(rank, Some(first));
+        assert_eq!((first, first & (GENERATION_BIT - 1)), (rank, rank));
+        assert_ne!(second, first);
+        assert_eq!(second & (GENERATION_BIT - 1), rank);
+        assert_eq!(next_tag(rank, Some(second)), first);
+        let (tag, recv, index) = split_wr_id(wr_id(second, true, 5));
+        assert_eq!((tag, recv, index), (second, true, 5));
     }
 }

@@ -16,8 +16,9 @@ use crate::fabric::Landed;
 
 pub(super) struct Receiver {
     inner: Weak<Inner>,
-    /// Fragments of a frame still arriving, per peer.
-    partial: Vec<Vec<u8>>,
+    /// Fragments of a frame still arriving, per peer, and the tag of the connection they came
+    /// over (a new connection in the rank starts afresh).
+    partial: Vec<(usize, Vec<u8>)>,
     /// Landed writes not yet reported, and whose they are (reported before anything else from
     /// that peer, so the order holds).
     landed: Vec<Landed>,
@@ -28,7 +29,7 @@ pub(super) struct Receiver {
 
 impl Receiver {
     pub fn new(inner: Weak<Inner>, nodes: usize) -> Receiver {
-        Receiver { inner, partial: vec![Vec::new(); nodes], landed: Vec::new(), landed_from: 0, touched: vec![false; nodes] }
+        Receiver { inner, partial: (0..nodes).map(|r| (r, Vec::new())).collect(), landed: Vec::new(), landed_from: 0, touched: vec![false; nodes] }
     }
 
     fn flush_landed(&mut self, inner: &Inner) {
@@ -81,7 +82,11 @@ impl Receiver {
                     // SAFETY: the receive completed, so the device is done with this buffer, and
                     // it is reposted only after the frame has been handled below.
                     let bytes = unsafe { std::slice::from_raw_parts(peer.rx.as_ptr().add(offset), len.min(peer.buffer_bytes)) };
-                    let partial = &mut self.partial[rank];
+                    let (tag, partial) = &mut self.partial[rank];
+                    if *tag != peer.tag {
+                        *tag = peer.tag;
+                        partial.clear();
+                    }
                     if imm & IMM_FRAME_END != 0 && partial.is_empty() {
                         deliver(inner, rank, bytes::Bytes::copy_from_slice(bytes));
                     } else if partial.len() + len > inner.max_frame {
@@ -141,11 +146,18 @@ impl CompletionHandler for Receiver {
     fn on_completions(&mut self, batch: &[Completion]) {
         let Some(inner) = self.inner.upgrade() else { return };
         for c in batch {
-            let (rank, recv, index) = split_wr_id(c.wr_id);
+            let (tag, recv, index) = split_wr_id(c.wr_id);
+            let rank = tag & (super::peer::GENERATION_BIT - 1);
             let Some(peer) = inner.peer(rank) else {
                 tracing::warn!(wr_id = c.wr_id, "a completion for an unknown peer");
                 continue;
             };
+            if peer.tag != tag {
+                // The rank's old connection, which a node that joined in its place replaced:
+                // what it still completes (flushed requests) is moot.
+                continue;
+            }
+            let peer = &*peer;
             if recv {
                 match c.error {
                     Some((status, _)) => {
