@@ -115,6 +115,7 @@ impl Node {
     fn admit_joins(&self) {
         if self.inner.config.backups > 0 && self.inner.config.max_delay.is_none() {
             self.inner.fabric.admit_joins(crate::fabric::select::join_info(self.inner.fabric.name(), &self.inner.config));
+            tracing::info!(node = self.inner.config.rank, addresses = ?self.join_addresses(), "nodes may join the cluster through this one (FERRY_JOIN)");
         }
     }
 

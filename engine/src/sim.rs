@@ -100,6 +100,8 @@ pub struct SimOptions {
     /// are settled, a fresh node takes its rank and joins (`protocol::leave`, joins) while the
     /// others go on; its own workers, with scripts half as long, start once it joined. The run
     /// checks the whole history, and that the joined node serves what it stands in for again.
+    /// Without `leave`, with `crash` (and backups): the same for the crashed node's rank, once
+    /// every survivor learnt of the crash.
     pub rejoin: bool,
     /// With `rejoin` and `crash`: the crash's step counts from the step the fresh node asks
     /// to join, so that it falls during the join (the crashed node may be the joining node,
@@ -886,10 +888,10 @@ impl Sim {
         let mut workers = Vec::new();
         for (node, n) in nodes.iter().enumerate() {
             // A node that rejoins gets a second set of workers for its second incarnation.
-            let incarnations = if opts.rejoin && opts.leave == Some(node) { 2 } else { 1 };
+            let incarnations = if opts.rejoin && Self::rejoiner_of(opts) == Some(node) { 2 } else { 1 };
             for (incarnation, w) in (0..incarnations).flat_map(|i| (0..opts.workers_per_node).map(move |w| (i, w))) {
                 let mut script = VecDeque::new();
-                let ops = if opts.leave == Some(node) { opts.ops_per_worker / 2 } else { opts.ops_per_worker };
+                let ops = if opts.leave == Some(node) || incarnation > 0 { opts.ops_per_worker / 2 } else { opts.ops_per_worker };
                 for _ in 0..ops {
                     let count = rng.gen_range(opts.keys_per_op.0.max(1)..=opts.keys_per_op.1.max(opts.keys_per_op.0.max(1)));
                     // Large operations take a block of neighbouring keys (so they form runs) or
@@ -1187,7 +1189,7 @@ impl Sim {
             }
             if choices.is_empty() {
                 // Only timers can make progress now (a crash left relocations to give up).
-                let waiting = self.workers.iter().any(|w| !self.nodes[w.node].crashed && !w.in_flight.is_empty());
+                let waiting = (0..self.workers.len()).any(|w| !self.worker_crashed(w) && !self.workers[w].in_flight.is_empty());
                 if waiting && self.opts.crash.is_some() && !timers_fired {
                     timers_fired = true;
                     self.now += 1_000_000;
@@ -1297,6 +1299,15 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// Whether worker `w` ended with a crash of its node: its node is crashed now, or (in a run
+    /// without a leave, where an incarnation ends only by crashing) a fresh node took the rank
+    /// since.
+    fn worker_crashed(&self, w: usize) -> bool {
+        let worker = &self.workers[w];
+        let node = &self.nodes[worker.node];
+        node.crashed || (self.opts.leave.is_none() && worker.incarnation < node.incarnation)
     }
 
     fn crash(&mut self, node: usize) -> Result<(), String> {
@@ -1875,7 +1886,7 @@ impl Sim {
         let replica_events = self.replica_history.iter().map(|(_, p, q)| p.len() + q.len()).sum();
         self.converge_replicas()?;
         for (i, w) in self.workers.iter().enumerate() {
-            if !self.nodes[w.node].crashed
+            if !self.worker_crashed(i)
                 && (!w.in_flight.is_empty() || !w.script.is_empty() || w.streaming.is_some() || w.clock_target.is_some() || w.sync.is_some())
             {
                 return Err(format!("worker {i} is stuck: {} operations in flight, {} left in its script", w.in_flight.len(), w.script.len()));
@@ -1883,7 +1894,7 @@ impl Sim {
         }
         // A crashed node's worker may have been waiting for a replica sync.
         for w in 0..self.workers.len() {
-            if self.nodes[self.workers[w].node].crashed {
+            if self.worker_crashed(w) {
                 self.float_sync(w);
             }
         }
@@ -1930,7 +1941,7 @@ impl Sim {
                     return Err(format!("key {key} is held by nodes {holders:?}"));
                 }
                 let owner = holders[0];
-                if let Some(rejoined) = self.opts.leave.filter(|_| self.opts.rejoin)
+                if let Some(rejoined) = Self::rejoiner_of(&self.opts)
                     && self.nodes[owner].core.directory().tables()[0].partitioner.home(key) == rejoined
                     && owner != rejoined
                 {
@@ -1968,7 +1979,10 @@ impl Sim {
         if let Some(node) = self.opts.leave.filter(|&n| !self.nodes[n].left && self.nodes[n].incarnation == 0) {
             return Err(format!("node {node} never left ({:?}: asked, left)", self.nodes[node].core.leave_state()));
         }
-        if let Some(node) = self.opts.leave.filter(|&n| self.opts.rejoin && !self.nodes[n].crashed && !self.nodes[n].core.join_state().1) {
+        if let Some(node) = Self::rejoiner_of(&self.opts).filter(|&n| self.opts.leave.is_none() && self.nodes[n].incarnation == 0) {
+            return Err(format!("node {node} crashed and no fresh node took its rank"));
+        }
+        if let Some(node) = Self::rejoiner_of(&self.opts).filter(|&n| !self.nodes[n].crashed && !self.nodes[n].core.join_state().1) {
             return Err(format!(
                 "node {node} never joined again (incarnation {}, {:?}: asked, joined)",
                 self.nodes[node].incarnation,

@@ -65,7 +65,7 @@ impl Sim {
         }
         for w in 0..self.workers.len() {
             let node = self.workers[w].node;
-            if self.nodes[node].crashed {
+            if self.worker_crashed(w) {
                 continue;
             }
             let counters = self.nodes[node].core.backup_counters();
@@ -112,7 +112,7 @@ impl Sim {
             return;
         }
         for w in 0..self.workers.len() {
-            if !self.nodes[self.workers[w].node].crashed {
+            if !self.worker_crashed(w) {
                 continue;
             }
             let mut ranges: Vec<(usize, usize)> = self.workers[w].awaiting_backup.drain(..).map(|a| a.events).collect();
@@ -129,10 +129,22 @@ impl Sim {
     pub(super) fn final_reads_after_crash(&self, history: &mut crate::consistency::History) -> Result<(), String> {
         let lanes = self.opts.lanes;
         let survives = |n: usize| !self.nodes[n].crashed && !self.nodes[n].left;
+        // A fresh node that joined in the crashed node's rank serves its share again.
+        let rejoined = Self::rejoiner_of(&self.opts).filter(|&n| self.opts.leave.is_none() && survives(n) && self.nodes[n].core.join_state().1);
         for key in 0..self.opts.keys {
             let holders: Vec<usize> = (0..self.nodes.len()).filter(|&n| survives(n) && self.nodes[n].core.store().table(0).slot_of(key).is_some()).collect();
             match holders[..] {
                 [owner] => {
+                    if let Some(rejoined) = rejoined
+                        && self.nodes[owner]
+                            .core
+                            .directory()
+                            .stand_in_once_joined(self.nodes[owner].core.directory().tables()[0].partitioner.home(key) as u16, rejoined as u16)
+                            == rejoined as u16
+                        && owner != rejoined
+                    {
+                        return Err(format!("key {key} of node {rejoined}, which joined in the crashed node's rank, is held by node {owner}"));
+                    }
                     let mut value = vec![0.0; lanes];
                     let store = self.nodes[owner].core.store();
                     let guard = store.lock(0, key);
@@ -154,6 +166,15 @@ impl Sim {
 }
 
 impl Sim {
+    /// The rank a fresh node takes with [`SimOptions::rejoin`](super::SimOptions::rejoin): the
+    /// leaver's, or without a leave the crashed node's.
+    pub(super) fn rejoiner_of(opts: &super::SimOptions) -> Option<usize> {
+        if !opts.rejoin {
+            return None;
+        }
+        opts.leave.or(opts.crash.map(|(node, _)| node))
+    }
+
     /// With [`super::SimOptions::leave`]: asks the node to leave once its workers are done
     /// (as `Node::leave` needs), and notes when it has left. Returns whether it asked now.
     pub(super) fn leave_when_done(&mut self) -> Result<bool, String> {
@@ -187,8 +208,9 @@ impl Sim {
     /// incarnation's) get requesters of the new core and start once it joined. Returns whether
     /// it asked now.
     pub(super) fn rejoin_when_gone(&mut self) -> Result<bool, String> {
-        let Some(node) = self.opts.leave.filter(|_| self.opts.rejoin) else { return Ok(false) };
-        if !self.nodes[node].left || self.nodes[node].incarnation > 0 {
+        let Some(node) = Self::rejoiner_of(&self.opts) else { return Ok(false) };
+        let gone = if self.opts.leave.is_some() { self.nodes[node].left } else { self.nodes[node].crashed && self.unaware.is_empty() };
+        if !gone || self.nodes[node].incarnation > 0 {
             return Ok(false);
         }
         let n = self.opts.nodes;
