@@ -42,7 +42,9 @@ fn a_single_key_pull_splits_into_stages_that_add_up() {
 /// Three real processes with one backup per key; one is killed with `kill -9` after every node
 /// pushed known updates, and the survivors serve its keys again: the bench's rank 0 checks the
 /// values it pulls afterwards hold every acknowledged push (it fails otherwise), and reports
-/// when it saw the loss and when the keys were served again.
+/// when it saw the loss and when the keys were served again. Then a fresh process joins in the
+/// killed one's rank, as `ferry launch --join` starts it: the bench fails unless it holds that
+/// rank's share again, reads every acknowledged push and passes a barrier with the survivors.
 #[test]
 fn a_killed_node_keys_are_served_again_with_every_acknowledged_push() {
     let out = bench(&["failover", "--only", "trials", "--trials", "3", "--json"]);
@@ -56,6 +58,8 @@ fn a_killed_node_keys_are_served_again_with_every_acknowledged_push() {
     // Loopback TCP sees a killed process's connections close at once: far below the 5 s
     // liveness timeout.
     assert!(p99 < 5.0, "{figures}");
+    let join = figures["join_p50_ms"].as_f64().unwrap();
+    assert!(join > 0.0 && join <= figures["join_p99_ms"].as_f64().unwrap(), "{figures}");
 }
 
 /// Four nodes; one leaves gracefully while the others push batches of every node's keys: the

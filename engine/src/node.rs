@@ -62,7 +62,7 @@ impl Node {
         config.validate()?;
         crate::memory::check_tables_fit(&config)?;
         let (fabric, clock_offset) = crate::fabric::select::connect(&config)?;
-        let node = Self::assemble(config, fabric, clock_offset)?;
+        let node = Self::assemble(config, fabric, clock_offset, None)?;
         node.admit_joins();
         Ok(node)
     }
@@ -94,8 +94,7 @@ impl Node {
         let (fabric, coordinator) = crate::fabric::select::join(&config, contact)?;
         // Cluster time is the coordinator's clock, which only bounded delay compares across
         // nodes: a joining node takes its own.
-        let node = Self::assemble(config, fabric, 0)?;
-        node.inner.run_pooled(|step, _, _| step.ask_to_join(coordinator))?;
+        let node = Self::assemble(config, fabric, 0, Some(coordinator))?;
         let timeout = node.inner.config.op_timeout * node.inner.config.nodes as u32;
         let deadline = std::time::Instant::now() + timeout;
         while !node.inner.core.join_state().1 {
@@ -125,7 +124,9 @@ impl Node {
         self.inner.fabric.join_addresses()
     }
 
-    fn assemble(config: Config, fabric: Arc<dyn Fabric>, clock_offset: i64) -> Result<Node> {
+    /// Builds the node over a connected fabric and starts it; a node that joins (`joining`: the
+    /// member to ask) asks before any of its services runs.
+    fn assemble(config: Config, fabric: Arc<dyn Fabric>, clock_offset: i64, joining: Option<u16>) -> Result<Node> {
         let store = Arc::new(Store::new(config.rank, config.nodes, &config.tables, config.latches, config.huge_pages, fabric.registrar())?);
         let first_clock = match &config.restore_from {
             Some(dir) => crate::checkpoint::restore(dir, &store, &config)?,
@@ -155,6 +156,11 @@ impl Node {
             None => None,
         };
         fabric.start(Arc::new(Callbacks { node: Arc::downgrade(&inner) }))?;
+        if let Some(coordinator) = joining {
+            // Before the backup thread starts: a round now would ship the fresh home keys' zeros
+            // as this rank's images, which the ask drops.
+            inner.run_pooled(|step, _, _| step.ask_to_join(coordinator))?;
+        }
         let timer = spawn_service(&inner, "timer", "timer", NodeInner::run_timer)?;
         let replication = inner.replicates().then(|| spawn_service(&inner, "replicas", "replication", NodeInner::run_replication)).transpose()?;
         let backups = (inner.config.backups > 0).then(|| spawn_service(&inner, "backups", "backup", NodeInner::run_backups)).transpose()?;

@@ -122,19 +122,6 @@ fn launch_join_starts_one_rank_that_joins() {
     assert!(!no_coordinator.status.success());
 }
 
-/// Real processes: rank 1 of 3 is killed with `kill -9` while the others work, its keys are
-/// served again from backups, and a fresh process joins in its rank through rank 0's rendezvous
-/// address (started as `ferry launch --join` starts it). `ferry-bench failover` fails unless the
-/// joined process holds rank 1's share again, reads every acknowledged push and passes a
-/// barrier with the survivors.
-#[test]
-fn a_process_joins_in_the_rank_of_one_killed() {
-    let out = std::process::Command::new(binary("ferry-bench")).args(["failover", "--only", "trials", "--trials", "2", "--json"]).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("\"join_p50_ms\""), "{stdout}");
-}
-
 /// Whether process `pid` is gone (or a zombie nobody has reaped yet: it runs no more).
 fn process_gone(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -18,7 +18,7 @@
 //! deadline, and at most [`MAX_HANDSHAKES`] run at once (later ones are dropped): a stranger
 //! costs a member a short-lived thread, never a slot.
 
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -223,12 +223,19 @@ fn let_in(inner: &Arc<Inner>, mut stream: TcpStream, rank: usize, deadline: Inst
             return Err(format!("refused its offer: {why}"));
         }
     };
-    write_blob(&mut stream, b"OK", deadline).map_err(|e| format!("answering: {e}"))?;
-    write_blob(&mut stream, &answer, deadline).map_err(|e| format!("answering: {e}"))?;
-    let handle = stream.try_clone().map_err(|e| e.to_string())?;
+    let mut handle = stream.try_clone().map_err(|e| e.to_string())?;
     let peer = Arc::new(Peer::new(rank, stream, &inner.config).map_err(|e| e.to_string())?);
-    if !inner.install_peer(peer).map_err(|e| e.to_string())? {
-        let _ = handle.shutdown(Shutdown::Both);
+    // Greeted only once the connection holds the rank's slot: the joining node asks to join as
+    // soon as every member greeted it, and what a member then sends it (its keys, for one) must
+    // not go to the old connection.
+    let tick = POLL_TICK.min(inner.config.heartbeat);
+    let greet = || -> std::io::Result<()> {
+        write_blob(&mut handle, b"OK", deadline)?;
+        write_blob(&mut handle, &answer, deadline)?;
+        // The connection's writer counts on its tick as the socket's timeout.
+        handle.set_write_timeout(Some(tick))
+    };
+    if !inner.install_peer(peer, greet).map_err(|e| e.to_string())? {
         return Err("the rank's old connection came back in the meantime, or this node stops".into());
     }
     if let Some(slot) = inner.door.addresses.lock().get_mut(rank) {
@@ -290,11 +297,24 @@ pub fn join_running(rank: usize, nodes: usize, contact: &str, config: MeshConfig
     let listener = bind_listener(local_ip)?;
     let local = listener.local_addr().map_err(io_err("reading the listener address"))?;
     let members: Vec<usize> = (0..nodes).filter(|&r| r != rank && connected[r] == 1).collect();
+    let offers = members
+        .iter()
+        .map(|&member| offer(&info, member).map_err(|e| setup_err(format!("preparing the connection to node {member}: {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Every member at once: each connection is a handshake's round trips and a knock's thread.
+    let reached: Vec<Result<(TcpStream, Vec<u8>), TransportError>> = std::thread::scope(|s| {
+        let (config, addresses) = (&config, &addresses);
+        let connecting: Vec<_> = members
+            .iter()
+            .zip(&offers)
+            .map(|(&member, offered)| s.spawn(move || connect_as_rejoin(addresses[member], member, me, (local, offered), config, deadline)))
+            .collect();
+        connecting.into_iter().map(|c| c.join().unwrap_or_else(|_| Err(setup_err("connecting to a member panicked")))).collect()
+    });
     let mut streams: Vec<Option<TcpStream>> = (0..nodes).map(|_| None).collect();
     let mut answers = vec![Vec::new(); nodes];
-    for &member in &members {
-        let offered = offer(&info, member).map_err(|e| setup_err(format!("preparing the connection to node {member}: {e}")))?;
-        let (stream, answer) = connect_as_rejoin(addresses[member], member, me, (local, &offered), &config, deadline)?;
+    for (&member, result) in members.iter().zip(reached) {
+        let (stream, answer) = result?;
         streams[member] = Some(stream);
         answers[member] = answer;
     }

@@ -673,26 +673,39 @@ impl Inner {
     }
 
     /// Puts `peer`, the connection of a node that joins in its rank, in the slot of a
-    /// connection whose closure the handler was told of (or that never existed), and starts its
-    /// threads. Refused (`false`) while the old connection's end is not reported, or after the
-    /// mesh began to stop.
-    pub(crate) fn install_peer(self: &Arc<Self>, peer: Arc<Peer>) -> Result<bool, TransportError> {
+    /// connection whose closure the handler was told of (or that never existed), then lets
+    /// `greet` finish the set-up exchange on the raw stream and starts the connection's threads.
+    /// The slot is taken before the greeting — the joining node acts once greeted, and what this
+    /// node sends it from then on must go over the new connection — but frames queued meanwhile
+    /// wait (the queue counts as being flushed) until the greeting is out. Refused (`false`)
+    /// while the old connection's end is not reported, or after the mesh began to stop.
+    pub(crate) fn install_peer(self: &Arc<Self>, peer: Arc<Peer>, greet: impl FnOnce() -> io::Result<()>) -> Result<bool, TransportError> {
         let Some(slot) = self.peers.get(peer.id).filter(|_| peer.id != self.rank) else { return Ok(false) };
-        let mut threads = self.threads.lock();
-        if self.stopping.load(Ordering::Acquire) {
-            return Ok(false);
-        }
         {
+            let _threads = self.threads.lock();
+            if self.stopping.load(Ordering::Acquire) {
+                return Ok(false);
+            }
             let mut slot = slot.write();
             if slot.as_ref().is_some_and(|old| !old.closure_reported.load(Ordering::Acquire)) {
                 return Ok(false);
             }
+            peer.out.lock().flushing = true;
             *slot = Some(peer.clone());
         }
         if let Some(h) = self.handler() {
             h.on_peer_connected(peer.id);
         }
+        let greeted = greet();
+        let mut threads = self.threads.lock();
+        peer.out.lock().flushing = false;
+        if let Err(e) = greeted {
+            // The reader thread sees the connection end and reports the loss.
+            self.defer_loss(&peer, TransportError::Io { context: format!("greeting node {} as it joins", peer.id), source: e });
+        }
         threads.extend(self.spawn_connection_threads(&peer)?);
+        drop(threads);
+        self.flush_peer(&peer);
         Ok(true)
     }
 
