@@ -9,6 +9,15 @@ fn bench(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_ferry-bench")).args(args).output().expect("running ferry-bench")
 }
 
+/// Held by the tests that run clusters of processes, one at a time: the stages test times
+/// single pulls, and on two cores a failover run beside it (four processes joining, killing,
+/// pushing) made a sixth of its pulls lose points.
+static CLUSTERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_cluster_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    CLUSTERS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[test]
 fn every_benchmark_is_a_subcommand_and_bad_options_are_one_line() {
     let help = String::from_utf8_lossy(&bench(&["--help"]).stdout).into_owned();
@@ -25,6 +34,7 @@ fn every_benchmark_is_a_subcommand_and_bad_options_are_one_line() {
 fn a_single_key_pull_splits_into_stages_that_add_up() {
     // Two real processes over loopback: every pull's points are found on both nodes, and the
     // stages of the median pull account for it.
+    let _alone = one_cluster_at_a_time();
     let out = bench(&["micro", "--quick", "--only", "stages", "--json"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}\n{}", stdout, String::from_utf8_lossy(&out.stderr));
@@ -47,6 +57,7 @@ fn a_single_key_pull_splits_into_stages_that_add_up() {
 /// rank's share again, reads every acknowledged push and passes a barrier with the survivors.
 #[test]
 fn a_killed_node_keys_are_served_again_with_every_acknowledged_push() {
+    let _alone = one_cluster_at_a_time();
     let out = bench(&["failover", "--only", "trials", "--trials", "3", "--json"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
@@ -67,6 +78,7 @@ fn a_killed_node_keys_are_served_again_with_every_acknowledged_push() {
 /// against their p99 before the leave.
 #[test]
 fn a_node_that_leaves_pauses_the_others_briefly_and_loses_nothing() {
+    let _alone = one_cluster_at_a_time();
     let out = bench(&["failover", "--only", "leave", "--trials", "3", "--quick", "--json"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
