@@ -88,6 +88,13 @@ impl Door {
         self.listeners.lock().push(listener);
     }
 
+    /// Closes the door: its listeners let go of their ports (a later cluster of this process
+    /// may rendezvous at the same address). Called once the door's thread is joined.
+    pub(crate) fn close(&self) {
+        self.open.store(false, Ordering::Release);
+        self.listeners.lock().clear();
+    }
+
     pub(crate) fn is_open(&self) -> bool {
         self.open.load(Ordering::Acquire)
     }

@@ -1147,6 +1147,7 @@ impl Inner {
         for t in threads {
             let _ = t.join();
         }
+        self.door.close();
         *self.handler.lock() = None;
     }
 
@@ -1203,6 +1204,7 @@ impl Inner {
             p.alive.store(false, Ordering::Release);
             let _ = p.stream.shutdown(Shutdown::Both);
         }
+        self.door.close();
         *self.handler.lock() = None;
     }
 }
