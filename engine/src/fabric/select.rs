@@ -133,7 +133,49 @@ pub fn connect(config: &Config) -> Result<(Arc<dyn Fabric>, i64)> {
     if let Some(other) = prints.iter().position(|p| *p != print) {
         return Err(different_settings(config, other, &print, &prints[other]));
     }
-    connect_rest(config, rendezvous, mesh)
+    let clock_offset = rendezvous.clock_offset_ns(config.connect_timeout)?;
+    // Every node reaches the same branch: the transport choice is part of the fingerprint.
+    let wants_verbs = config.transport != TransportChoice::Tcp && config.nodes > 1;
+    let local = if wants_verbs { open_local(config) } else { Err("not probed".into()) };
+    let statuses: Vec<std::result::Result<(), String>> = if wants_verbs {
+        rendezvous.all_gather(&encode_status(&local), config.connect_timeout)?.iter().map(|b| decode_status(b)).collect()
+    } else {
+        (0..config.nodes).map(|_| Err("not probed".into())).collect()
+    };
+    let decision = decide(config.transport, &statuses)?;
+    let fabric: Arc<dyn Fabric> = match (decision, local) {
+        #[cfg(feature = "verbs")]
+        (Decision::Verbs, Ok(context)) => {
+            let chosen = context.chosen().clone();
+            let verbs = super::verbs::VerbsFabric::connect(
+                &mut rendezvous,
+                mesh,
+                context,
+                &config.verbs,
+                max_frame(config),
+                config.connect_timeout,
+                config.fail_sends_after,
+            )?;
+            tracing::info!(
+                node = config.rank,
+                nodes = config.nodes,
+                device = %chosen.device,
+                port = chosen.port,
+                gid_index = chosen.gid_index,
+                link_layer = %chosen.link_layer,
+                "transport selected: verbs (every node has an active verbs port)"
+            );
+            Arc::new(verbs)
+        }
+        #[cfg(not(feature = "verbs"))]
+        (Decision::Verbs, Ok(never)) => match never {},
+        (Decision::Verbs, Err(reason)) => return Err(Error::Transport(format!("verbs were chosen but this node cannot use them: {reason}"))),
+        (Decision::Tcp(why), _) => {
+            tracing::info!(node = config.rank, nodes = config.nodes, "transport selected: tcp ({why})");
+            Arc::new(TcpFabric::new(mesh))
+        }
+    };
+    Ok((fabric, clock_offset))
 }
 
 /// The error for node `other`, whose fingerprint `theirs` differs from this node's `ours`.
@@ -254,53 +296,6 @@ fn mesh_config(config: &Config) -> ferry_tcp::MeshConfig {
         poll_readers: config.poll_cores,
         ..Default::default()
     }
-}
-
-/// Set-up after the fingerprints matched: the clock offset, and the transport every node can use.
-fn connect_rest(config: &Config, mut rendezvous: ferry_tcp::Rendezvous, mesh: ferry_tcp::Mesh) -> Result<(Arc<dyn Fabric>, i64)> {
-    let clock_offset = rendezvous.clock_offset_ns(config.connect_timeout)?;
-    // Every node reaches the same branch: the transport choice is part of the fingerprint.
-    let wants_verbs = config.transport != TransportChoice::Tcp && config.nodes > 1;
-    let local = if wants_verbs { open_local(config) } else { Err("not probed".into()) };
-    let statuses: Vec<std::result::Result<(), String>> = if wants_verbs {
-        rendezvous.all_gather(&encode_status(&local), config.connect_timeout)?.iter().map(|b| decode_status(b)).collect()
-    } else {
-        (0..config.nodes).map(|_| Err("not probed".into())).collect()
-    };
-    let decision = decide(config.transport, &statuses)?;
-    let fabric: Arc<dyn Fabric> = match (decision, local) {
-        #[cfg(feature = "verbs")]
-        (Decision::Verbs, Ok(context)) => {
-            let chosen = context.chosen().clone();
-            let verbs = super::verbs::VerbsFabric::connect(
-                &mut rendezvous,
-                mesh,
-                context,
-                &config.verbs,
-                max_frame(config),
-                config.connect_timeout,
-                config.fail_sends_after,
-            )?;
-            tracing::info!(
-                node = config.rank,
-                nodes = config.nodes,
-                device = %chosen.device,
-                port = chosen.port,
-                gid_index = chosen.gid_index,
-                link_layer = %chosen.link_layer,
-                "transport selected: verbs (every node has an active verbs port)"
-            );
-            Arc::new(verbs)
-        }
-        #[cfg(not(feature = "verbs"))]
-        (Decision::Verbs, Ok(never)) => match never {},
-        (Decision::Verbs, Err(reason)) => return Err(Error::Transport(format!("verbs were chosen but this node cannot use them: {reason}"))),
-        (Decision::Tcp(why), _) => {
-            tracing::info!(node = config.rank, nodes = config.nodes, "transport selected: tcp ({why})");
-            Arc::new(TcpFabric::new(mesh))
-        }
-    };
-    Ok((fabric, clock_offset))
 }
 
 fn max_frame(config: &Config) -> usize {
