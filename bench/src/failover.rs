@@ -102,12 +102,26 @@ fn local_cluster(backups: usize) -> Result<Vec<Node>> {
     Ok(Node::start_local_cluster(3, c)?)
 }
 
-/// What one cluster measured: per batch shape, keys pushed per second; single-key pushes per
-/// second and their p50 (µs).
+/// What one cluster measured: per batch shape, keys pushed per second and the CPU time the
+/// process (all three nodes) spent per batch, in seconds (0 where the platform does not say);
+/// single-key pushes per second and their p50 (µs).
 struct PushFigures {
     batched: [f64; BATCHES.len()],
+    batched_cpu_s: [f64; BATCHES.len()],
     single: f64,
     single_p50_us: f64,
+}
+
+/// CPU time this process's threads have run so far, in seconds, from Linux's per-thread
+/// scheduler statistics (nanoseconds, unlike `/proc/self/stat`'s 10 ms ticks); `None`
+/// elsewhere. Threads that ended are not counted: call it around work whose threads live.
+fn process_cpu_s() -> Option<f64> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(text) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else { continue };
+        ns += text.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(ns as f64 / 1e9)
 }
 
 /// Node 0's worker pushes to node 1's keys: whole batches of its home keys (range
@@ -116,7 +130,7 @@ fn measure_pushes(backups: usize, quick: bool, seed: u64) -> Result<PushFigures>
     let cluster = local_cluster(backups)?;
     let mut w = cluster[0].worker();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut batched = [0.0; BATCHES.len()];
+    let (mut batched, mut batched_cpu_s) = ([0.0; BATCHES.len()], [0.0; BATCHES.len()]);
     for (i, &(keys, len)) in BATCHES.iter().enumerate() {
         let table = cluster[0].table(&format!("v{len}"))?;
         let batch: Vec<u64> = (keys..2 * keys).collect();
@@ -125,12 +139,16 @@ fn measure_pushes(backups: usize, quick: bool, seed: u64) -> Result<PushFigures>
         w.push(table, &batch, &updates)?;
         let reps = if quick { 5 } else { 15 };
         let mut times = Vec::new();
+        let cpu_before = process_cpu_s();
         for _ in 0..reps {
             let t = Instant::now();
             w.push(table, &batch, &updates)?;
             times.push(t.elapsed().as_secs_f64());
         }
         batched[i] = keys as f64 / median(&mut times);
+        if let (Some(before), Some(after)) = (cpu_before, process_cpu_s()) {
+            batched_cpu_s[i] = (after - before) / reps as f64;
+        }
     }
     let (keys, len) = BATCHES[1];
     let table = cluster[0].table(&format!("v{len}"))?;
@@ -147,7 +165,7 @@ fn measure_pushes(backups: usize, quick: bool, seed: u64) -> Result<PushFigures>
     let single_p50_us = median(&mut latencies);
     drop(w);
     finish(cluster);
-    Ok(PushFigures { batched, single, single_p50_us })
+    Ok(PushFigures { batched, batched_cpu_s, single, single_p50_us })
 }
 
 /// Finalizes a cluster in this process (every node at once: finalize is collective).
@@ -161,23 +179,34 @@ pub(crate) fn finish(cluster: Vec<Node>) {
     });
 }
 
-/// Push throughput and latency with one backup against none, alternating clusters.
+/// Push throughput and latency with one backup, and with two, against none, alternating
+/// clusters.
 fn push_cost(quick: bool) -> Result<Vec<crate::report::Record>> {
     let repeats = if quick { 3 } else { 5 };
-    let (mut k0, mut k1) = (Vec::new(), Vec::new());
+    let (mut k0, mut k1, mut k2) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..repeats {
         k0.push(measure_pushes(0, quick, r as u64)?);
         k1.push(measure_pushes(1, quick, r as u64)?);
+        k2.push(measure_pushes(2, quick, r as u64)?);
     }
     let med = |v: &[PushFigures], f: &dyn Fn(&PushFigures) -> f64| median(&mut v.iter().map(f).collect::<Vec<_>>());
-    let ratios = |f: &dyn Fn(&PushFigures) -> f64| median(&mut k0.iter().zip(&k1).map(|(a, b)| f(b) / f(a)).collect::<Vec<_>>());
+    let ratios_of = |k: &[PushFigures], f: &dyn Fn(&PushFigures) -> f64| median(&mut k0.iter().zip(k).map(|(a, b)| f(b) / f(a)).collect::<Vec<_>>());
+    let ratios = |f: &dyn Fn(&PushFigures) -> f64| ratios_of(&k1, f);
     let mut records = Vec::new();
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
     for (i, &(keys, len)) in BATCHES.iter().enumerate() {
         let f = |p: &PushFigures| p.batched[i];
+        // The work a backup adds, as CPU time per batch against none; and the best ratio this
+        // host's cores allow for that work: k = 0's time per batch against k = 1's CPU time
+        // spread over every core (the three nodes share them).
+        let cpu = |p: &PushFigures| p.batched_cpu_s[i];
+        let (cpu_k0, cpu_k1) = (med(&k0, &cpu), med(&k1, &cpu));
+        let cpu_ratio = if cpu_k0 > 0.0 { cpu_k1 / cpu_k0 } else { 0.0 };
+        let bound = if cpu_k1 > 0.0 { (cores * keys as f64 / med(&k0, &f) / cpu_k1).min(1.0) } else { 0.0 };
         records.push(record(
             "backup_push",
             json!({"nodes": 3, "keys": keys, "value_len": len, "remote": true, "repeats": repeats}),
-            json!({"keys_per_s_k1": med(&k1, &f), "keys_per_s_k0": med(&k0, &f), "ratio_median": ratios(&f)}),
+            json!({"keys_per_s_k1": med(&k1, &f), "keys_per_s_k0": med(&k0, &f), "ratio_median": ratios(&f), "keys_per_s_k2": med(&k2, &f), "ratio_k2_median": ratios_of(&k2, &f), "cpu_ms_per_batch_k0": cpu_k0 * 1e3, "cpu_ms_per_batch_k1": cpu_k1 * 1e3, "cpu_ratio": cpu_ratio, "cores": cores, "ratio_bound_here": bound}),
             "keys_per_s_k1",
             "k0",
             med(&k0, &f),
@@ -189,7 +218,7 @@ fn push_cost(quick: bool) -> Result<Vec<crate::report::Record>> {
     records.push(record(
         "backup_push_latency",
         config,
-        json!({"p50_us_k1": med(&k1, &|f| f.single_p50_us), "p50_us_k0": med(&k0, &|f| f.single_p50_us), "ratio_median": ratios(&|f| f.single_p50_us), "pushes_per_s_k1": med(&k1, &|f| f.single), "pushes_per_s_k0": med(&k0, &|f| f.single)}),
+        json!({"p50_us_k1": med(&k1, &|f| f.single_p50_us), "p50_us_k0": med(&k0, &|f| f.single_p50_us), "ratio_median": ratios(&|f| f.single_p50_us), "pushes_per_s_k1": med(&k1, &|f| f.single), "pushes_per_s_k0": med(&k0, &|f| f.single), "p50_us_k2": med(&k2, &|f| f.single_p50_us), "ratio_k2_median": ratios_of(&k2, &|f| f.single_p50_us)}),
         "p50_us_k1",
         "k0",
         med(&k0, &|f| f.single_p50_us),

@@ -59,6 +59,7 @@ struct Trial {
 pub fn leave_trials(trials: usize, quick: bool) -> Result<crate::report::Record> {
     let mut runs = Vec::new();
     let mut transport = String::new();
+    let backups = Config::from_env(vec![TableSpec::new("l", KEYS, VALUE_LEN)])?.backups.max(1);
     for trial in 0..trials {
         let (t, name) = leave_trial(trial as u64, quick).with_context(|| format!("leave trial {trial}"))?;
         if trial == 0 {
@@ -86,7 +87,7 @@ pub fn leave_trials(trials: usize, quick: bool) -> Result<crate::report::Record>
     });
     Ok(record(
         "leave",
-        json!({"nodes": NODES, "backups": 1, "transport": transport, "keys": KEYS, "value_len": VALUE_LEN, "batch": BATCH, "trials": trials}),
+        json!({"nodes": NODES, "backups": backups, "transport": transport, "keys": KEYS, "value_len": VALUE_LEN, "batch": BATCH, "trials": trials}),
         figures,
         "pause_p99_ms",
         "push p99",
@@ -100,7 +101,8 @@ pub fn leave_trials(trials: usize, quick: bool) -> Result<crate::report::Record>
 fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
     let mut config = Config::from_env(vec![TableSpec::new("l", KEYS, VALUE_LEN)])?;
     config.relocation = false;
-    config.backups = 1;
+    // One backup per key unless FERRY_BACKUPS asks for more.
+    config.backups = config.backups.max(1);
     if config.membership.secret.is_none() && !config.no_secret {
         // The node that joins later must hold the cluster's secret.
         config.membership.secret = Some(ferry::generate_secret().into_bytes());

@@ -380,13 +380,14 @@ pub struct Config {
     /// Whether `localize` moves parameters. Off gives a classic parameter server in which every
     /// key stays at its home node and `localize` completes at once without moving anything.
     pub relocation: bool,
-    /// Backups per key (the parameter server, OSDI 2014, Sections 4.3–4.4): with `1`, every
-    /// key's value and updater state are also kept on the next live node after its owner, a
-    /// push is acknowledged only once its effect is there, and when a node is lost its
-    /// successor takes its keys over (docs/ARCHITECTURE.md, "A lost node"). `0` (the default)
-    /// keeps today's behaviour and speed: a lost node's keys are lost. `FERRY_BACKUPS` sets it.
-    /// So far backups need a classic parameter server (`relocation` off) and tables without
-    /// replicated keys, and keep one backup (`1`).
+    /// Backups per key (the parameter server, OSDI 2014, Sections 4.3–4.4): with `k ≥ 1`,
+    /// every key's value and updater state are also kept on the next `k` live nodes after its
+    /// owner, a push is acknowledged only once its effect is on all of them, and when a node is
+    /// lost its first live successor takes its keys over (docs/ARCHITECTURE.md, "A lost node"):
+    /// up to `k` nodes may be lost at once without losing an acknowledged push. `k` is at most
+    /// the node count less one. `0` (the default) keeps today's behaviour and speed: a lost
+    /// node's keys are lost. `FERRY_BACKUPS` sets it. So far backups need a classic parameter
+    /// server (`relocation` off) and tables without replicated keys.
     pub backups: usize,
     /// Per-node location caches (see the consistency notes on [`crate::Worker`]).
     pub location_caches: bool,
@@ -649,7 +650,7 @@ impl Config {
             self.max_delay = parse_max_delay(&v).map_err(|e| Error::Config(format!("FERRY_MAX_DELAY: {e}")))?;
         }
         if let Some(v) = set("FERRY_BACKUPS") {
-            self.backups = v.parse().map_err(|_| Error::Config(format!("FERRY_BACKUPS='{v}' is not a number of backups (0 or 1)")))?;
+            self.backups = v.parse().map_err(|_| Error::Config(format!("FERRY_BACKUPS='{v}' is not a number of backups per key (0 for none, 1 or more)")))?;
         }
         Ok(())
     }
@@ -814,12 +815,14 @@ impl Config {
         if i.round.is_zero() || i.round > Duration::from_secs(1) {
             return bad(format!("the intent round must be between 0 and 1 s, not {:?}", i.round));
         }
-        if self.backups > 1 {
-            return bad(format!("{} backups per key asked for; one (FERRY_BACKUPS=1) is built so far", self.backups));
-        }
         if self.backups > 0 {
-            if self.nodes < 2 {
-                return bad("a backup needs a second node: FERRY_BACKUPS=1 on a single node".into());
+            if self.backups >= self.nodes {
+                return bad(format!(
+                    "{} backups per key asked for on {} nodes: a key's backups are on other nodes, so at most {} (FERRY_BACKUPS)",
+                    self.backups,
+                    self.nodes,
+                    self.nodes.saturating_sub(1)
+                ));
             }
             if self.relocation {
                 return bad("backups need a classic parameter server so far: with FERRY_BACKUPS=1 turn relocation off (Config::relocation = false; the training commands' --mode classic)".into());

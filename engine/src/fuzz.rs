@@ -89,7 +89,7 @@ fn target(seed: u64) -> Target {
     let store = Arc::new(Store::new(RANK, NODES, &specs, 16, HugePages::Off, Arc::new(LocalRegistrar::default())).expect("a small store"));
     let settings = Settings {
         relocation: true,
-        backups: false,
+        backups: 0,
         location_caches: seed.is_multiple_of(2),
         max_message_bytes: 64 << 10,
         part_bytes: 256,

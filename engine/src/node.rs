@@ -134,7 +134,7 @@ impl Node {
         };
         let settings = Settings {
             relocation: config.relocation,
-            backups: config.backups > 0,
+            backups: config.backups,
             location_caches: config.location_caches,
             max_message_bytes: config.max_message_bytes,
             part_bytes: config.part_bytes,

@@ -88,6 +88,12 @@ pub struct SimOptions {
     /// complete once backed up, and a crashed node's keys fail over to its successor. The run
     /// checks that every push acknowledged before a crash survives it.
     pub backups: bool,
+    /// With backups: on how many successors every key is backed up (at least 1).
+    pub backup_copies: usize,
+    /// With `crash` (and neither `leave` nor `rejoin`): this node crashes at the same step
+    /// too, and the survivors learn of the two losses one by one, in any order. With
+    /// `backup_copies` ≥ 2 no acknowledged push may be lost.
+    pub crash_also: Option<usize>,
     /// With backups: this node leaves gracefully (`protocol::leave`) once its workers, whose
     /// scripts are half as long, are done, while the others go on. Nothing may fail and no
     /// push may be lost: the run checks the whole history, the leaver's included, against
@@ -199,6 +205,8 @@ impl SimOptions {
             shards: 3,
             crash: None,
             backups: false,
+            backup_copies: 1,
+            crash_also: None,
             leave: None,
             crash_while_leaving: false,
             rejoin: false,
@@ -649,9 +657,9 @@ struct Sim {
     workers_by_node: Vec<Vec<usize>>,
     /// Worker steps whose frames were handed over late.
     late_hand_overs: usize,
-    /// Survivors not yet told of the crash: each learns of it at a time of its own, as each
-    /// real node detects a dead peer on its own connection.
-    unaware: Vec<usize>,
+    /// Survivors not yet told of a crash, with the node that crashed: each learns of each
+    /// crash at a time of its own, as each real node detects a dead peer on its own connection.
+    unaware: Vec<(usize, usize)>,
     /// The step at which the leaver asked to leave (see [`SimOptions::crash_while_leaving`]).
     leave_asked_at: Option<usize>,
     /// The step at which the fresh node asked to join (see [`SimOptions::crash_while_joining`]).
@@ -821,7 +829,7 @@ impl Sim {
         }
         let settings = Settings {
             relocation: opts.relocation,
-            backups: opts.backups,
+            backups: if opts.backups { opts.backup_copies.max(1) } else { 0 },
             location_caches: opts.location_caches,
             max_message_bytes: 64 << 10,
             part_bytes: opts.part_bytes,
@@ -1134,6 +1142,9 @@ impl Sim {
                 && !self.nodes[node].crashed
             {
                 self.crash(node)?;
+                if let Some(also) = self.opts.crash_also.filter(|&also| !self.nodes[also].crashed) {
+                    self.crash(also)?;
+                }
             }
             self.now += self.rng.gen_range(1..2000);
             self.grant_intents();
@@ -1328,14 +1339,18 @@ impl Sim {
         }
         self.write_dones.retain(|(m, _)| *m != node);
         // The survivors learn of the crash one by one, later (`tell_of_crash`).
-        self.unaware = (0..n).filter(|&other| other != node && !self.nodes[other].crashed).collect();
+        self.unaware.retain(|&(survivor, _)| survivor != node);
+        let survivors: Vec<usize> = (0..n).filter(|&other| other != node && !self.nodes[other].crashed).collect();
+        self.unaware.extend(survivors.into_iter().map(|survivor| (survivor, node)));
         Ok(())
     }
 
-    /// Tells a survivor not yet told of the crash (picked at random) that the node is lost.
+    /// Tells a survivor not yet told of a crash (a pair picked at random) that the node is lost.
     fn tell_of_crash(&mut self) -> Result<(), String> {
-        let Some((crashed, _)) = self.opts.crash else { return Ok(()) };
-        let node = self.unaware.swap_remove(self.rng.gen_range(0..self.unaware.len()));
+        if self.unaware.is_empty() {
+            return Ok(());
+        }
+        let (node, crashed) = self.unaware.swap_remove(self.rng.gen_range(0..self.unaware.len()));
         self.log(format!("node {node} learns that node {crashed} crashed"));
         self.node_event(node, |step, _, _| Ok(step.handle_peer_lost(crashed as u16, "crashed in the simulation")))
     }

@@ -106,14 +106,59 @@ fn backups_are_refused_where_they_are_not_built() {
         c.validate().unwrap_err().to_string()
     };
     assert!(refused(&|c| c.relocation = true).contains("relocation off"));
-    assert!(refused(&|c| c.nodes = 1).contains("second node"));
-    assert!(refused(&|c| c.backups = 2).contains("one (FERRY_BACKUPS=1)"));
+    assert!(refused(&|c| c.nodes = 1).contains("at most 0"));
+    assert!(refused(&|c| c.backups = 3).contains("at most 2"));
     let replicated = refused(&|c| c.tables = vec![TableSpec::new("r", 10, 1).replicating(std::iter::once(0..2))]);
     assert!(replicated.contains("replicates keys"), "{replicated}");
     let mut c = config(10, 1);
     c.nodes = 3;
     c.no_secret = true;
     c.validate().unwrap();
+    c.backups = 2;
+    c.validate().unwrap();
+}
+
+/// Two backups per key survive two nodes lost at once: nodes 1 and 2 of 4 (a node and its
+/// first backup) are aborted together, and node 3, their first live successor, serves both
+/// nodes' keys with every acknowledged push; pushes go on being backed up among the two left.
+#[test]
+fn two_backups_survive_two_nodes_lost_at_once() {
+    let keys = 120u64;
+    let mut c = config(keys, 2);
+    c.backups = 2;
+    let mut cluster = Node::start_local_cluster(4, c).unwrap();
+    let table = cluster[0].table("t").unwrap();
+    let all: Vec<u64> = (0..keys).collect();
+    push_from_every_node(&cluster, table, &all, 10, 1.0);
+    // The victims' own last pushes to their own keys (range partitioning: node 1 holds 30..60,
+    // node 2 60..90), acknowledged right before they go.
+    cluster[1].worker().push(table, &[30, 31], &[10.0; 4]).unwrap();
+    cluster[2].worker().push(table, &[60, 61], &[10.0; 4]).unwrap();
+    let second = cluster.remove(2);
+    let first = cluster.remove(1);
+    std::thread::scope(|s| {
+        s.spawn(|| first.abort());
+        s.spawn(|| second.abort());
+    });
+    let mut w = cluster[0].worker();
+    let mut out = vec![0.0; keys as usize * 2];
+    let took = pull_after_loss(&mut w, table, &all, &mut out, Duration::from_secs(10));
+    for k in 0..keys {
+        let expected = 4.0 * 10.0 + if [30, 31, 60, 61].contains(&k) { 10.0 } else { 0.0 };
+        assert_eq!(&out[2 * k as usize..2 * k as usize + 2], &[expected, expected], "key {k} after the loss ({took:?})");
+    }
+    assert!(cluster[1].stats().backups.keys_adopted >= 60, "node 3 took over both lost nodes' keys");
+    // The two survivors go on: pushes are acknowledged (each is now the other's one backup).
+    let mut w3 = cluster[1].worker();
+    w3.push(table, &[30, 70, 100], &[1.0; 6]).unwrap();
+    w.pull(table, &[30, 70, 100], &mut out[..6]).unwrap();
+    assert_eq!(&out[..6], &[51.0, 51.0, 41.0, 41.0, 41.0, 41.0]);
+    std::thread::scope(|s| {
+        for mut worker in [w, w3] {
+            s.spawn(move || worker.barrier().expect("a barrier among the survivors"));
+        }
+    });
+    ferry_tests::finalize_all(cluster);
 }
 
 /// A worker pulling a node's keys while that node dies never sees the loss: a pull the loss

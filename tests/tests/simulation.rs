@@ -456,6 +456,36 @@ fn crashes_with_backups_lose_no_acknowledged_push() {
     }
 }
 
+/// Two backups per key, and two nodes of 4 crash at once — a node and its first backup, or two
+/// nodes apart — the survivors learning of each loss at a time of their own: the first live
+/// successor of each lost node serves its keys from the images it kept, and no acknowledged
+/// push is lost (the checker holds every final read to every acknowledged write, the crashed
+/// nodes' included). One run in four crashes a single node, with two backups.
+#[test]
+fn two_backups_lose_no_acknowledged_push_when_two_nodes_crash_at_once() {
+    let (mut checked, mut adopted, mut runs) = (0, 0u64, 0);
+    for seed in seeds().share(2).range() {
+        let mut o = configuration(["classic-hash-4-nodes", "classic-large-ops"][(seed % 2) as usize], seed);
+        o.nodes = 4;
+        o.backups = true;
+        o.backup_copies = 2;
+        crash_in(&mut o, seed);
+        let (first, _) = o.crash.expect("a crash");
+        o.crash_also = match seed % 4 {
+            0 => None,
+            1 => Some((first + 2) % o.nodes),
+            _ => Some((first + 1) % o.nodes),
+        };
+        let report = run_crashing(o);
+        checked += report.history.len();
+        adopted += report.stats.iter().map(|s| s.backups.keys_adopted).sum::<u64>();
+        runs += 1;
+    }
+    if runs >= 20 {
+        assert!(adopted > 0 && checked > 0, "{adopted} keys adopted, {checked} key histories");
+    }
+}
+
 /// A node crashes (not rank 0: a joining node ranks above the coordinator) and, once every
 /// survivor learnt of it and their backups settled, a fresh node takes its rank back, as
 /// `Node::join` does after a `kill -9`: the node serving the crashed node's keys (from the images
@@ -469,6 +499,7 @@ fn a_node_joins_in_the_rank_of_a_crashed_node() {
         o.backups = true;
         o.crash = Some((1 + seed as usize % (o.nodes - 1), 20 + (seed as usize * 7) % 300));
         o.rejoin = true;
+        o.backup_copies = if seed % 4 == 3 { 2 } else { 1 };
         if let Ok(lines) = std::env::var("FERRY_SIM_TRACE") {
             o.trace_lines = lines.parse().unwrap_or(o.trace_lines);
         }
@@ -486,6 +517,8 @@ fn a_node_joins_in_the_rank_of_a_crashed_node() {
 /// The node that leaves in a leave run of `seed` (never rank 0, which coordinates).
 fn leave_in(o: &mut SimOptions, seed: u64) {
     o.backups = true;
+    // One run in four keeps two backups per key.
+    o.backup_copies = if seed % 4 == 3 { 2 } else { 1 };
     o.leave = Some(1 + (seed % (o.nodes as u64 - 1)) as usize);
     // Half the runs hold one link's frames back (it may be the leaver's to its successor,
     // which a relayed LEFT then overtakes).
@@ -555,6 +588,24 @@ fn a_node_rejoins_while_a_node_crashes() {
         o.rejoin = true;
         o.crash_while_joining = true;
         o.crash = Some(([3, 2, 0][(seed % 3) as usize], 1 + (seed as usize / 3) % 60));
+        run_crashing(o);
+    }
+}
+
+/// With two backups per key, node 2 rejoins while node 0 crashes: node 0 coordinates the join
+/// and is one of the joining node's two backups, so the joining node's rounds may wait for it
+/// when it learns of the loss from a new coordinator's welcome. Every acknowledged write is
+/// there afterwards, and every worker finishes.
+#[test]
+fn a_node_rejoins_with_two_backups_while_one_of_them_crashes() {
+    for seed in seeds().share(2).range() {
+        let mut o = configuration("classic-hash-4-nodes", seed);
+        leave_in(&mut o, seed);
+        o.backup_copies = 2;
+        o.leave = Some(2);
+        o.rejoin = true;
+        o.crash_while_joining = true;
+        o.crash = Some((0, 1 + (seed as usize) % 60));
         run_crashing(o);
     }
 }

@@ -492,8 +492,9 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     let continuing = common.on_loss == super::OnLoss::Continue;
     let leaving = common.leaving()?;
     if continuing {
-        // `Common::check` allows it in classic mode only.
-        config.backups = 1;
+        // `Common::check` allows it in classic mode only. One backup per key unless
+        // FERRY_BACKUPS asks for more (to survive that many nodes lost at once).
+        config.backups = config.backups.max(1);
     }
     task.configure(&mut config, mode)?;
     let (first_epoch, restore) = common.first_epoch()?;

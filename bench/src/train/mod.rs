@@ -114,7 +114,8 @@ pub enum OnLoss {
     /// the others, and the epochs after the checkpoint are trained again.
     Resume,
     /// Keep training on the survivors, losing no acknowledged push: every key is backed up on
-    /// its owner's successor (`FERRY_BACKUPS=1`), which serves a lost node's keys from then on;
+    /// its owner's successor (one backup, or `FERRY_BACKUPS=k` on the next `k` nodes, to survive
+    /// `k` nodes lost at once), which serves a lost node's keys from then on;
     /// the lost node's share of the data is dealt among the survivors from the next epoch, and
     /// the run says so. Classic mode (a parameter server whose keys stay at their homes): the
     /// workers repeat a pull the loss failed (negative samples included) and drop a push or set

@@ -139,7 +139,7 @@ impl Step<'_, '_> {
     /// A RESPONSE to `origin` was encoded from byte `before` of its buffer: counts it as sent,
     /// or, with backups, holds an answer to a write until its effect is backed up.
     fn answered(&mut self, origin: u16, kind: AccessKind, before: usize) {
-        if self.core.settings().backups && kind != AccessKind::Pull {
+        if self.core.settings().backups > 0 && kind != AccessKind::Pull {
             let bytes = self.tx.buf(origin).split_off(before);
             self.hold_answer(origin, bytes);
             return;

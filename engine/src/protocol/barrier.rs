@@ -583,7 +583,7 @@ mod tests {
         (0..n as u16)
             .map(|rank| {
                 let registry = Arc::new(CounterRegistry::default());
-                let d = Directory::new(rank as usize, n, 1, &[TableSpec::new("t", 4, 1)], false).with_failover();
+                let d = Directory::new(rank as usize, n, 1, &[TableSpec::new("t", 4, 1)], false).with_failover(1);
                 (Barriers::new(rank, n), d, Transmit::new(rank, n, 4096, &registry))
             })
             .collect()
@@ -688,7 +688,7 @@ mod tests {
         assert_eq!(from, [2, 1], "after the generation node 1 waits in; no finalize yet");
         nodes[2] = {
             let registry = Arc::new(CounterRegistry::default());
-            let d = Directory::new(2, 3, 1, &[TableSpec::new("t", 4, 1)], false).with_failover();
+            let d = Directory::new(2, 3, 1, &[TableSpec::new("t", 4, 1)], false).with_failover(1);
             (Barriers::new(2, 3), d, Transmit::new(2, 3, 4096, &registry))
         };
         nodes[2].0.start_at(from);

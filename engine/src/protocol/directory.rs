@@ -52,6 +52,8 @@ pub struct Directory {
     /// Whether a lost node's keys fail over to its successor (backups are kept): its home keys
     /// are then homed at its stand-in ([`Directory::stand_in`]).
     failover: bool,
+    /// On how many nodes a node's keys are backed up: its first live successors.
+    backup_copies: usize,
     /// The node whose graceful departure is current here ([`NO_DEPARTURE`]: none): parts
     /// routed to it wait until it has left (see `protocol::leave`).
     departing: AtomicU16,
@@ -88,6 +90,7 @@ impl Directory {
             reasons: Mutex::new((vec![None; nodes], Vec::new())),
             losses: AtomicU64::new(0),
             failover: false,
+            backup_copies: 0,
             departing: AtomicU16::new(NO_DEPARTURE),
             incarnations: (0..nodes).map(|_| AtomicU8::new(0)).collect(),
             joins: AtomicU64::new(0),
@@ -95,9 +98,10 @@ impl Directory {
     }
 
     /// Lost nodes' keys fail over to their successors (see [`Directory::stand_in`]): set when
-    /// backups are kept, before the node serves anything.
-    pub fn with_failover(mut self) -> Directory {
+    /// backups are kept, `copies` per key (at least one), before the node serves anything.
+    pub fn with_failover(mut self, copies: usize) -> Directory {
         self.failover = true;
+        self.backup_copies = copies.max(1);
         self
     }
 
@@ -150,10 +154,13 @@ impl Directory {
         (1..n).map(|i| (node + i) % n).find(|&m| !self.is_lost(m))
     }
 
-    /// The node that keeps this node's backups: its successor among the live nodes (`None`
-    /// when it is the last one).
-    pub fn backup_target(&self) -> Option<u16> {
-        self.successor(self.rank).filter(|&b| b != self.rank)
+    /// The nodes that keep this node's backups, nearest first: its first live successors on the
+    /// ring of ranks, as many as there are copies (fewer when fewer nodes are left; none when
+    /// it is the last one). The first is the one that takes over its keys should it be lost
+    /// ([`Directory::stand_in`]); with `k` copies, any `k` of them may be lost at once.
+    pub fn backup_targets(&self) -> Vec<u16> {
+        let n = self.nodes as u16;
+        (1..n).map(|i| (self.rank + i) % n).filter(|&m| !self.is_lost(m)).take(self.backup_copies).collect()
     }
 
     /// The nodes whose start-up keys this node serves: itself and, with failover, every lost
@@ -479,7 +486,7 @@ mod tests {
     #[test]
     fn a_joining_node_takes_back_what_it_will_stand_in_for() {
         // Node 0 of 5; nodes 1, 2 and 3 are lost: node 4 stands in for all three.
-        let d = Directory::new(0, 5, 1, &[TableSpec::new("t", 10, 1)], false).with_failover();
+        let d = Directory::new(0, 5, 1, &[TableSpec::new("t", 10, 1)], false).with_failover(1);
         for n in [1, 2, 3] {
             d.mark_lost(n, "gone");
         }
@@ -490,5 +497,21 @@ mod tests {
         assert_eq!(d.stand_in_once_joined(3, 2), 4);
         assert_eq!(d.stand_in_once_joined(4, 2), 4);
         assert_eq!(d.stand_in_once_joined(0, 2), 0);
+    }
+
+    #[test]
+    fn a_node_is_backed_up_on_its_first_live_successors() {
+        let d = Directory::new(3, 5, 1, &[TableSpec::new("t", 10, 1)], false).with_failover(2);
+        assert_eq!(d.backup_targets(), vec![4, 0], "around the ring");
+        d.mark_lost(4, "gone");
+        assert_eq!(d.backup_targets(), vec![0, 1], "past a lost node");
+        for n in [0, 1] {
+            d.mark_lost(n, "gone");
+        }
+        assert_eq!(d.backup_targets(), vec![2], "fewer nodes left than copies");
+        d.mark_lost(2, "gone");
+        assert!(d.backup_targets().is_empty(), "the last node");
+        let one = Directory::new(1, 3, 1, &[TableSpec::new("t", 10, 1)], false).with_failover(1);
+        assert_eq!(one.backup_targets(), vec![2]);
     }
 }

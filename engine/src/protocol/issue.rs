@@ -248,7 +248,7 @@ impl Step<'_, '_> {
     /// the next round and the worker's write waits for it ([`super::Transmit::take_local_write`]).
     #[inline]
     fn note_local_write(&mut self, table: u16, key: u64) {
-        if self.core.settings().backups {
+        if self.core.settings().backups > 0 {
             self.core.note_written(table, key);
             self.tx.note_local_write();
         }

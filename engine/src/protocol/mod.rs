@@ -102,9 +102,10 @@ use crate::store::{RemoteAddr, Store};
 pub struct Settings {
     /// Whether `localize` moves keys (off: a classic parameter server).
     pub relocation: bool,
-    /// Whether every key is backed up on its owner's successor, pushes are acknowledged once
-    /// backed up, and a lost node's keys fail over (see [`Backups`]).
-    pub backups: bool,
+    /// On how many other nodes every key is backed up (0: none): its owner's successors.
+    /// With backups, pushes are acknowledged once backed up, and a lost node's keys fail over
+    /// (see [`Backups`]).
+    pub backups: usize,
     /// Whether per-node location caches are used.
     pub location_caches: bool,
     /// Largest message; a single value must fit one.
@@ -201,8 +202,8 @@ impl Core {
     /// The protocol state of node `rank` of `nodes`, over `store` (which holds the home keys).
     pub fn new(rank: usize, nodes: usize, specs: &[TableSpec], store: Arc<Store>, settings: Settings) -> Core {
         let mut directory = Directory::new(rank, nodes, settings.shards, specs, settings.location_caches);
-        if settings.backups {
-            directory = directory.with_failover();
+        if settings.backups > 0 {
+            directory = directory.with_failover(settings.backups);
         }
         let shards = (0..directory.shards()).map(|i| Mutex::new(Shard::new(i))).collect();
         Core {
@@ -222,7 +223,7 @@ impl Core {
             replica_sync_acks: Default::default(),
             backups: Mutex::new(Backups::default()),
             backup_counters: BackupCounters::default(),
-            dirty: if settings.backups { DirtyBlocks::new(specs.iter().map(|s| s.keys)) } else { DirtyBlocks::default() },
+            dirty: if settings.backups > 0 { DirtyBlocks::new(specs.iter().map(|s| s.keys)) } else { DirtyBlocks::default() },
             departures: Mutex::new(leave::Departures::default()),
         }
     }
@@ -260,14 +261,14 @@ impl Core {
     /// With backups, notes that a write changed `key` of `table` (after applying it).
     #[inline]
     pub(crate) fn note_written(&self, table: u16, key: u64) {
-        if self.settings.backups {
+        if self.settings.backups > 0 {
             self.dirty.mark(table, key);
         }
     }
 
     /// With backups, notes that writes changed keys `first..first + count` of `table`.
     pub(crate) fn dirty_blocks_note_run(&self, table: u16, first: u64, count: u64) {
-        if self.settings.backups {
+        if self.settings.backups > 0 {
             self.dirty.mark_run(table, first, count);
         }
     }

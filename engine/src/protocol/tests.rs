@@ -12,7 +12,7 @@ pub(super) fn core_of(rank: usize, nodes: usize) -> super::Core {
     let store = std::sync::Arc::new(Store::new(rank, nodes, &specs, 4, HugePages::Off, std::sync::Arc::new(LocalRegistrar::default())).unwrap());
     let settings = super::Settings {
         relocation: true,
-        backups: false,
+        backups: 0,
         location_caches: false,
         max_message_bytes: 64 << 10,
         part_bytes: 4096,

@@ -81,7 +81,7 @@ impl NodeInner {
             }
             let now = Instant::now();
             if now >= deadline {
-                let nodes = self.core.directory().backup_target().map(usize::from).into_iter().collect();
+                let nodes = self.core.directory().backup_targets().into_iter().map(usize::from).collect();
                 return Err(Error::Timeout { what: "pushes to be backed up", millis: self.config.op_timeout.as_millis() as u64, nodes });
             }
             self.backup_cv.wait_until(&mut guard, deadline.min(now + WATCH));

@@ -45,17 +45,29 @@ impl Sim {
     /// never backed up: the surviving history cannot hold them (see `InFlight`). With
     /// `even_if_known`, also once that node knows (for a read that completed since).
     pub(super) fn victim_reads(&self, w: usize, keys: &[u64], even_if_known: bool) -> Vec<bool> {
-        let Some((victim, _)) = self.opts.crash.filter(|_| self.opts.backups) else { return Vec::new() };
-        let dir = self.nodes[self.workers[w].node].core.directory();
-        let incarnation = self.nodes[victim].incarnation;
-        let victim = victim as u16;
-        // Gone in an earlier incarnation (it left, and a fresh node is joining in its rank) is
-        // not known lost: reads waiting for the join go to the fresh node.
-        if dir.is_lost(victim) && dir.incarnation(victim) == incarnation && !even_if_known {
+        if !self.opts.backups {
             return Vec::new();
         }
+        let Some((first, _)) = self.opts.crash else { return Vec::new() };
+        let dir = self.nodes[self.workers[w].node].core.directory();
         let partitioner = &dir.tables()[0].partitioner;
-        keys.iter().map(|&key| dir.stand_in_once_joined(partitioner.home(key) as u16, victim) == victim).collect()
+        let mut reads: Vec<bool> = Vec::new();
+        for victim in std::iter::once(first).chain(self.opts.crash_also) {
+            let incarnation = self.nodes[victim].incarnation;
+            let victim = victim as u16;
+            // Gone in an earlier incarnation (it left, and a fresh node is joining in its rank)
+            // is not known lost: reads waiting for the join go to the fresh node.
+            if dir.is_lost(victim) && dir.incarnation(victim) == incarnation && !even_if_known {
+                continue;
+            }
+            let served = keys.iter().map(|&key| dir.stand_in_once_joined(partitioner.home(key) as u16, victim) == victim);
+            if reads.is_empty() {
+                reads = served.collect();
+            } else {
+                reads.iter_mut().zip(served).for_each(|(read, served)| *read |= served);
+            }
+        }
+        reads
     }
 
     /// Writes whose round completed are acknowledged.
@@ -100,7 +112,7 @@ impl Sim {
             Ok(Progress::Done)
         })?;
         if let Some(s) = started {
-            self.log(format!("node {node} begins backup round {} to {:?}", s.number, s.target));
+            self.log(format!("node {node} begins backup round {} to {:?}", s.number, s.targets));
         }
         Ok(())
     }

@@ -3,14 +3,16 @@
 //! docs/ARCHITECTURE.md, "A lost node"; in short:
 //!
 //! * **Who.** A node's keys — those homed at it, and those it took over from lost nodes — are
-//!   backed up on its successor: the next live node on the ring of ranks
-//!   ([`super::Directory::backup_target`]). When a node is lost, that successor is the one that
-//!   serves its keys from then on ([`super::Directory::stand_in`]), from the images it kept.
+//!   backed up on its `k` first successors: the next live nodes on the ring of ranks
+//!   ([`super::Directory::backup_targets`]). When a node is lost, its first live successor is
+//!   the one that serves its keys from then on ([`super::Directory::stand_in`]), from the
+//!   images it kept; with `k` copies that successor is among the backups however many of up to
+//!   `k` nodes are lost at once.
 //! * **Images, not updates.** A round sends the images (value and updater state) of the slots
 //!   whose version moved since the last round: an image is idempotent, needs no updater at the
 //!   backup, and a hot key costs one image per round however many pushes it took.
 //! * **Acknowledgement.** A push is acknowledged to its worker only once a round that began
-//!   after it was applied is acknowledged by the backup: the owner holds a remote push's
+//!   after it was applied is acknowledged by every backup: the owner holds a remote push's
 //!   RESPONSE until then ([`Backups::hold`]), a local push's call waits for the round
 //!   ([`BackupCounters`]). Pulls are answered at once.
 //! * **Failover.** When a node is lost, its successor adopts the images it kept into slots
@@ -45,12 +47,13 @@ pub(crate) struct HeldAnswer {
 }
 
 /// A round just begun.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoundStart {
     /// Its number.
     pub number: u32,
-    /// The backup it goes to (`None`: no other node is alive, and the round completes at once).
-    pub target: Option<u16>,
+    /// The backups it goes to (none: no other node is alive, or nothing was to be sent, and
+    /// the round completed at once).
+    pub targets: Vec<u16>,
 }
 
 /// Rounds begun, completed and wanted, for workers that wait for their pushes to be backed
@@ -213,10 +216,10 @@ pub(crate) struct Backups {
     /// The last round begun and the last completed (rounds run one at a time).
     begun: u32,
     completed: u32,
-    /// The round under way and its backup.
-    under_way: Option<(u32, u16)>,
-    /// The backup the versions in `sent` were sent to.
-    target: Option<u16>,
+    /// The round under way and the backups whose acknowledgement it still awaits.
+    under_way: Option<(u32, Vec<u16>)>,
+    /// The backups the versions in `sent` were sent to.
+    targets: Vec<u16>,
     /// Per table and node the keys were homed at on start-up: each key's slot version last
     /// sent to `target`, by the key's index among that node's home keys.
     sent: Vec<Vec<Vec<u32>>>,
@@ -241,7 +244,7 @@ impl Default for Backups {
             begun: 0,
             completed: 0,
             under_way: None,
-            target: None,
+            targets: Vec::new(),
             sent: Vec::new(),
             full: true,
             held: Vec::new(),
@@ -269,26 +272,26 @@ impl Backups {
         self.under_way.is_none() && (self.has_held() || counters.wanted())
     }
 
-    /// Whether a round is under way.
-    pub fn under_way(&self) -> Option<(u32, u16)> {
-        self.under_way
+    /// The round under way, if any.
+    pub fn under_way(&self) -> Option<u32> {
+        self.under_way.as_ref().map(|(n, _)| *n)
     }
 
-    /// Begins the next round towards `target` (the node's current successor, if any). When the
-    /// successor changed since the last round, every version sent is forgotten: the round sends
+    /// Begins the next round towards `targets` (the node's current first successors). When
+    /// they changed since the last round, every version sent is forgotten: the round sends
     /// every image. A round that has no target completes at once ([`Backups::complete`]).
-    pub fn begin(&mut self, target: Option<u16>, counters: &BackupCounters) -> RoundStart {
+    pub fn begin(&mut self, targets: Vec<u16>, counters: &BackupCounters) -> RoundStart {
         debug_assert!(self.under_way.is_none(), "one round at a time");
-        if target != self.target {
+        if targets != self.targets {
             self.forget_sent();
-            self.target = target;
+            self.targets = targets.clone();
         }
         self.begun = self.begun.wrapping_add(1);
         counters.begun.store(self.begun, Ordering::SeqCst);
-        if let Some(t) = target {
-            self.under_way = Some((self.begun, t));
+        if !targets.is_empty() {
+            self.under_way = Some((self.begun, targets.clone()));
         }
-        RoundStart { number: self.begun, target }
+        RoundStart { number: self.begun, targets }
     }
 
     /// The versions last sent of the keys homed at `home` on start-up, in `table` (`keys` of
@@ -312,7 +315,7 @@ impl Backups {
     /// Round `number` completed (acknowledged, or nothing to send it to): returns the answers
     /// it releases.
     pub fn complete(&mut self, number: u32, counters: &BackupCounters) -> Vec<HeldAnswer> {
-        if self.under_way.is_some_and(|(n, _)| n == number) {
+        if self.under_way.as_ref().is_some_and(|(n, _)| *n == number) {
             self.under_way = None;
         }
         if number != self.begun {
@@ -329,14 +332,16 @@ impl Backups {
         released
     }
 
-    /// A BACKUP_ACK of `round` came from `from`: the answers it releases, if it completes the
-    /// round under way (others, from a round given up or a node that is not the backup, are
-    /// dropped).
+    /// A BACKUP_ACK of `round` came from `from`: the answers it releases, if it was the last
+    /// acknowledgement the round under way awaited (others, from a round given up or a node
+    /// that is not one of its backups, are dropped).
     pub fn handle_ack(&mut self, from: u16, round: u32, counters: &BackupCounters) -> Option<Vec<HeldAnswer>> {
-        match self.under_way {
-            Some((n, t)) if n == round && t == from => Some(self.complete(round, counters)),
-            _ => None,
+        let (n, awaiting) = self.under_way.as_mut()?;
+        if *n != round || !awaiting.contains(&from) {
+            return None;
         }
+        awaiting.retain(|&t| t != from);
+        awaiting.is_empty().then(|| self.complete(round, counters))
     }
 
     /// Gives the round under way up (its backup is lost, or did not answer in time): every
@@ -377,7 +382,8 @@ impl Backups {
         }
     }
 
-    /// `peer` is lost: the round under way to it is given up and answers held for it are
+    /// `peer` is lost: a round under way that still awaits its acknowledgement is given up (one
+    /// it acknowledged already completes with the others'), and answers held for it are
     /// dropped. Returns whether a round was given up. A joining node lost before it held the
     /// keys handed to it opens the gate without completing anything: those keys are adopted
     /// back here, and the next round, which carries them, releases what waited.
@@ -386,7 +392,7 @@ impl Backups {
             self.gate = None;
             self.gated_round = None;
         }
-        let gave_up = self.under_way.is_some_and(|(_, t)| t == peer) && self.give_up();
+        let gave_up = self.under_way.as_ref().is_some_and(|(_, awaiting)| awaiting.contains(&peer)) && self.give_up();
         self.held.retain(|h| h.origin != peer);
         gave_up
     }
@@ -404,20 +410,20 @@ mod tests {
     #[test]
     fn a_held_answer_waits_for_a_round_that_began_after_it() {
         let (mut b, c) = (Backups::default(), BackupCounters::default());
-        let first = b.begin(Some(1), &c);
+        let first = b.begin(vec![1], &c);
         // Held while round 1 is under way (it may have scanned the slot already): round 2.
         b.hold(4, vec![1]);
         assert_eq!(c.round_after_now(), 2);
         assert!(b.handle_ack(2, first.number, &c).is_none(), "an acknowledgement from a node that is not the backup");
         assert!(b.handle_ack(1, first.number, &c).unwrap().is_empty(), "round 1 does not release it");
         assert!(c.completed(1) && !c.completed(2));
-        let second = b.begin(Some(1), &c);
+        let second = b.begin(vec![1], &c);
         b.hold(5, vec![2]);
         let released = b.handle_ack(1, second.number, &c).unwrap();
         assert_eq!(released.iter().map(|h| h.origin).collect::<Vec<_>>(), vec![4]);
         assert!(b.has_held());
         // A round with no backup completes at once and releases the rest.
-        let third = b.begin(None, &c);
+        let third = b.begin(vec![], &c);
         assert!(b.under_way().is_none());
         assert_eq!(b.complete(third.number, &c).len(), 1);
         assert!(!b.has_held() && c.completed(3));
@@ -427,7 +433,7 @@ mod tests {
     fn rounds_after_a_hand_over_complete_once_the_joining_node_holds_the_keys() {
         let (mut b, c) = (Backups::default(), BackupCounters::default());
         b.hold(4, vec![1]);
-        let first = b.begin(Some(1), &c);
+        let first = b.begin(vec![1], &c);
         b.close_gate(2);
         assert!(b.handle_ack(1, first.number, &c).unwrap().is_empty(), "gated");
         assert!(!c.completed(first.number));
@@ -436,27 +442,27 @@ mod tests {
         assert!(c.completed(first.number));
         // The joining node is lost instead: nothing completes until a later round.
         b.hold(4, vec![2]);
-        let second = b.begin(Some(1), &c);
+        let second = b.begin(vec![1], &c);
         b.close_gate(2);
         assert!(b.handle_ack(1, second.number, &c).unwrap().is_empty());
         b.handle_lost(2);
         assert!(!c.completed(second.number) && b.has_held());
-        let third = b.begin(Some(1), &c);
+        let third = b.begin(vec![1], &c);
         assert_eq!(b.handle_ack(1, third.number, &c).unwrap().len(), 1);
     }
 
     #[test]
     fn a_new_backup_or_a_round_given_up_sends_every_image_again() {
         let (mut b, c) = (Backups::default(), BackupCounters::default());
-        let _ = b.begin(Some(1), &c);
+        let _ = b.begin(vec![1], &c);
         b.sent_versions(0, 0, 3)[1] = 8;
         assert!(b.handle_ack(1, 1, &c).is_some());
-        let _ = b.begin(Some(1), &c);
+        let _ = b.begin(vec![1], &c);
         assert_eq!(b.sent_versions(0, 0, 3)[1], 8, "the same backup: versions kept");
         assert!(b.give_up());
         assert_eq!(b.sent_versions(0, 0, 3)[1], NEVER, "a round given up: everything again");
         b.sent_versions(0, 0, 3)[1] = 8;
-        let _ = b.begin(Some(2), &c);
+        let _ = b.begin(vec![2], &c);
         assert_eq!(b.sent_versions(0, 0, 3)[1], NEVER, "a new backup: everything again");
         // The backup is lost: the round is given up; its late acknowledgement is dropped.
         b.hold(2, vec![0]);
@@ -464,5 +470,37 @@ mod tests {
         assert!(b.handle_lost(2));
         assert!(b.handle_ack(2, 3, &c).is_none());
         assert_eq!(b.held.len(), 1, "answers for the lost node are dropped");
+    }
+
+    #[test]
+    fn a_round_to_several_backups_completes_once_every_one_acknowledged_it() {
+        let (mut b, c) = (Backups::default(), BackupCounters::default());
+        b.hold(4, vec![1]);
+        let first = b.begin(vec![1, 2], &c);
+        assert_eq!(first.targets, vec![1, 2]);
+        assert!(b.handle_ack(1, first.number, &c).is_none(), "node 2 has not acknowledged");
+        assert!(b.handle_ack(1, first.number, &c).is_none(), "node 1 again");
+        assert!(b.handle_ack(3, first.number, &c).is_none(), "not a backup");
+        assert!(!c.completed(first.number));
+        assert_eq!(b.handle_ack(2, first.number, &c).unwrap().len(), 1);
+        assert!(c.completed(first.number));
+        // A backup that acknowledged and is then lost does not give the round up: the others'
+        // acknowledgements complete it.
+        b.hold(4, vec![2]);
+        let second = b.begin(vec![1, 2], &c);
+        assert!(b.handle_ack(2, second.number, &c).is_none());
+        assert!(!b.handle_lost(2), "node 2 acknowledged already");
+        assert_eq!(b.handle_ack(1, second.number, &c).unwrap().len(), 1);
+        // One still awaited is lost: the round is given up, and the next, to the new backups,
+        // sends every image.
+        b.hold(4, vec![3]);
+        let third = b.begin(vec![1, 3], &c);
+        b.sent_versions(0, 0, 2)[0] = 6;
+        assert!(b.handle_lost(3));
+        assert!(b.handle_ack(1, third.number, &c).is_none(), "given up");
+        assert_eq!(b.sent_versions(0, 0, 2)[0], NEVER);
+        let fourth = b.begin(vec![1, 0], &c);
+        assert!(b.handle_ack(1, fourth.number, &c).is_none());
+        assert_eq!(b.handle_ack(0, fourth.number, &c).unwrap().len(), 1);
     }
 }

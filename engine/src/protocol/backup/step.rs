@@ -9,9 +9,9 @@ use crate::protocol::Step;
 use crate::stats::MessageKind;
 
 impl Step<'_, '_> {
-    /// Begins a backup round: sends the images of the slots this node serves whose version
-    /// moved since the last round to its backup — of the keys in blocks writes marked, or of
-    /// every key in a full round — closing with the round's last message. A round that has no
+    /// Begins a backup round: sends each of its backups the images of the slots this node
+    /// serves whose version moved since the last round — of the keys in blocks writes marked,
+    /// or of every key in a full round — closing with the round's last message. A round that has no
     /// backup to go to, or nothing to send, completes at once (what it would acknowledge is on
     /// the backup already) and releases the answers held for it.
     ///
@@ -25,14 +25,15 @@ impl Step<'_, '_> {
         if backups.under_way().is_some() || (only_if_due && !backups.round_due(core.backup_counters())) {
             return None;
         }
-        let start = backups.begin(dir.backup_target(), core.backup_counters());
+        let start = backups.begin(dir.backup_targets(), core.backup_counters());
         let full = backups.take_full();
-        let Some(target) = start.target else {
+        if start.targets.is_empty() {
             let released = backups.complete(start.number, core.backup_counters());
             drop(backups);
             self.release_held(released);
             return Some(start);
-        };
+        }
+        let targets = &start.targets;
         let mut images = 0usize;
         let homes = dir.served_homes();
         for table in 0..dir.tables().len() as u16 {
@@ -40,11 +41,11 @@ impl Step<'_, '_> {
             let meta = &dir.tables()[table as usize];
             if full {
                 for &home in &homes {
-                    images += self.ship_images(&mut backups, target, start.number, table, meta.partitioner.home_keys(home as usize));
+                    images += self.ship_images(&mut backups, targets, start.number, table, meta.partitioner.home_keys(home as usize));
                 }
             } else {
                 let keys = marked.into_iter().flat_map(|first| first..(first + super::BLOCK_KEYS).min(meta.keys));
-                images += self.ship_images(&mut backups, target, start.number, table, keys);
+                images += self.ship_images(&mut backups, targets, start.number, table, keys);
             }
         }
         if images == 0 {
@@ -53,29 +54,32 @@ impl Step<'_, '_> {
             let released = backups.complete(start.number, core.backup_counters());
             drop(backups);
             self.release_held(released);
-            return Some(RoundStart { number: start.number, target: None });
+            return Some(RoundStart { number: start.number, targets: Vec::new() });
         }
         drop(backups);
-        let buf = self.tx.buf(target);
-        let at = backup_wire::begin_backup(buf, 0, start.number);
-        let bytes = backup_wire::finish_backup(buf, at, 0, true);
-        self.tx.sent(target, MessageKind::Backup, bytes);
+        let at: Vec<usize> = targets.iter().map(|&to| backup_wire::begin_backup(self.tx.buf(to), 0, start.number)).collect();
+        self.finish_images(targets, &at, 0, true);
         core.backup_counters().note_images(images);
         Some(start)
     }
 
-    /// Sends `target` the images of those of `keys` (of `table`) held here whose version moved
-    /// since they were last sent, in messages of at most the largest message; returns how many.
-    fn ship_images(&mut self, backups: &mut Backups, target: u16, round: u32, table: u16, keys: impl Iterator<Item = u64>) -> usize {
+    /// Sends each of `targets` the images of those of `keys` (of `table`) held here whose
+    /// version moved since they were last sent, in messages of at most the largest message;
+    /// returns how many. Each slot is copied once, under its latch, into the first target's
+    /// message; the others get a copy of those bytes.
+    fn ship_images(&mut self, backups: &mut Backups, targets: &[u16], round: u32, table: u16, keys: impl Iterator<Item = u64>) -> usize {
         let core = self.core;
         let (dir, store) = (core.directory(), core.store());
         let meta = &dir.tables()[table as usize];
         let t = store.table(table);
         let item_bytes = 8 + 4 * (t.value_len() + t.state_len());
         let max_bytes = core.settings().max_message_bytes;
-        // The message being filled: where it starts, and its items.
-        let mut open: Option<(usize, u32)> = None;
+        let Some(&first) = targets.first() else { return 0 };
+        // The message being filled: where it starts in each target's buffer, and its items.
+        let mut open: Option<(Vec<usize>, u32)> = None;
         let mut images = 0;
+        // An image on its way to the targets after the first.
+        let mut item = Vec::new();
         // The versions sent of the keys of the home the last key had (keys come in runs of
         // one home).
         let mut sent: Option<(usize, &mut Vec<u32>)> = None;
@@ -90,41 +94,51 @@ impl Step<'_, '_> {
             if versions[index] == hint {
                 continue;
             }
-            let buf = self.tx.buf(target);
-            if let Some((at, count)) = open
-                && buf.len() - at + item_bytes > max_bytes
-            {
-                let bytes = backup_wire::finish_backup(buf, at, count, false);
-                self.tx.sent(target, MessageKind::Backup, bytes);
-                open = None;
+            if let Some((at, count)) = open.take_if(|(at, _)| self.tx.buf(first).len() - at[0] + item_bytes > max_bytes) {
+                self.finish_images(targets, &at, count, false);
             }
-            let buf = self.tx.buf(target);
-            let (_, count) = open.get_or_insert_with(|| (backup_wire::begin_backup(buf, table, round), 0));
-            let before = buf.len();
+            let (_, count) = open.get_or_insert_with(|| (targets.iter().map(|&to| backup_wire::begin_backup(self.tx.buf(to), table, round)).collect(), 0));
             let guard = store.lock(table, key);
             let Some(slot) = guard.slot() else {
                 continue;
             };
             versions[index] = slot.version();
+            let buf = self.tx.buf(first);
+            let before = buf.len();
             buf.extend_from_slice(&key.to_le_bytes());
             slot.append_all_le_bytes(buf);
             drop(guard);
             debug_assert_eq!(buf.len() - before, item_bytes);
+            if targets.len() > 1 {
+                item.clear();
+                item.extend_from_slice(&self.tx.buf(first)[before..]);
+                for &to in &targets[1..] {
+                    self.tx.buf(to).extend_from_slice(&item);
+                }
+            }
             *count += 1;
             images += 1;
         }
         if let Some((at, count)) = open {
-            let bytes = backup_wire::finish_backup(self.tx.buf(target), at, count, false);
-            self.tx.sent(target, MessageKind::Backup, bytes);
+            self.finish_images(targets, &at, count, false);
         }
         images
+    }
+
+    /// Closes the BACKUP message begun at `at[i]` in the buffer of `targets[i]`, of `count`
+    /// images, and sends it.
+    fn finish_images(&mut self, targets: &[u16], at: &[usize], count: u32, last: bool) {
+        for (&to, &at) in targets.iter().zip(at) {
+            let bytes = backup_wire::finish_backup(self.tx.buf(to), at, count, last);
+            self.tx.sent(to, MessageKind::Backup, bytes);
+        }
     }
 
     /// Begins a backup round if one is due: none is under way, and answers are held or a
     /// worker waits for a round. Steps that hold an answer or complete a round call it, so
     /// rounds run back to back while writes wait, without a thread to wake.
     pub fn begin_backup_round_if_due(&mut self) {
-        if self.core.settings().backups {
+        if self.core.settings().backups > 0 {
             let _ = self.begin_backup_round(true);
         }
     }

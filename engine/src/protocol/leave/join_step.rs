@@ -21,7 +21,7 @@ impl Step<'_, '_> {
         let core = self.core;
         let dir = core.directory();
         let rank = dir.rank();
-        if !core.settings().backups {
+        if core.settings().backups == 0 {
             return Err(Error::Config(
                 "a node can join only with backups (FERRY_BACKUPS=1): its keys come back from the backups of whoever serves them".into(),
             ));
@@ -236,8 +236,18 @@ impl Step<'_, '_> {
         if !self.try_acquire(self.all_shards()) {
             return Ok(Progress::Yield { at: 0, item: 0 });
         }
+        let mut gave_up = false;
         for node in gone {
-            dir.mark_lost(node, GONE_BEFORE_JOIN);
+            // A second welcome (a new coordinator's, after a loss during the join) may name a
+            // node this one counted as a member: a backup round under way to it (rounds begin
+            // as soon as keys came here) is given up, as a loss gives it up.
+            if dir.mark_lost(node, GONE_BEFORE_JOIN) {
+                gave_up |= self.core.backups().lock().handle_lost(node);
+            }
+        }
+        if gave_up {
+            self.tx.touch_backup();
+            self.begin_backup_round_if_due();
         }
         if dir.joins() == 0 {
             // Its own incarnation moves on once it joined.
@@ -441,8 +451,8 @@ impl Step<'_, '_> {
         core.barriers().lock().admit(joining, from_generations);
         let bytes = encode(self.tx.buf(joining), msg::JOIN_ACK, joining);
         self.tx.sent(joining, MessageKind::Membership, bytes);
-        if dir.backup_target() == Some(joining) {
-            // This node's successor changed: a full round to it now, not at the next write.
+        if dir.backup_targets().contains(&joining) {
+            // This node's backups changed: a full round to them now, not at the next write.
             let counters = core.backup_counters();
             counters.want(counters.round_after_now());
         }

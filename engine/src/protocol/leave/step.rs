@@ -18,7 +18,7 @@ impl Step<'_, '_> {
     pub fn ask_to_leave(&mut self) -> Result<()> {
         let core = self.core;
         let dir = core.directory();
-        if !core.settings().backups {
+        if core.settings().backups == 0 {
             return Err(Error::Config("a node can leave only with backups (FERRY_BACKUPS=1): its keys are handed over as a last backup round".into()));
         }
         let coordinator = dir.coordinator();
