@@ -500,7 +500,10 @@ impl Node {
         self.finished = true;
         // The metrics thread holds the node: it stops first.
         self.metrics = None;
-        self.inner.announce_leaving();
+        if !abort {
+            // (A crash, which `abort` stands for, says nothing.)
+            self.inner.announce_leaving();
+        }
         self.inner.stopping.store(true, Ordering::Release);
         if abort {
             self.inner.fabric.abort();

@@ -151,6 +151,10 @@ fn two_backups_survive_two_nodes_lost_at_once() {
     // The two survivors go on: pushes are acknowledged (each is now the other's one backup).
     let mut w3 = cluster[1].worker();
     w3.push(table, &[30, 70, 100], &[1.0; 6]).unwrap();
+    // Neither survivor took the other for lost: an aborted node, like a crashed one, tells no
+    // one anything on its way out.
+    assert_eq!(cluster[0].lost_nodes().len(), 2, "{:?}", cluster[0].lost_nodes());
+    assert_eq!(cluster[1].lost_nodes().len(), 2, "{:?}", cluster[1].lost_nodes());
     w.pull(table, &[30, 70, 100], &mut out[..6]).unwrap();
     assert_eq!(&out[..6], &[51.0, 51.0, 41.0, 41.0, 41.0, 41.0]);
     std::thread::scope(|s| {

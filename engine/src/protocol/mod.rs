@@ -284,6 +284,11 @@ impl Core {
         (b.has_held(), b.under_way().is_some())
     }
 
+    /// Whether a backup round is due now (see `Backups::round_due`).
+    pub fn backup_round_due(&self) -> bool {
+        self.backups.lock().round_due(&self.directory.backup_targets(), &self.backup_counters)
+    }
+
     /// Replication's counters and acknowledgement mailbox.
     #[inline]
     pub fn replication(&self) -> &Replication {

@@ -3,10 +3,10 @@
 //!
 //! Rounds need no thread of their own: the step that holds an answer for a round, completes a
 //! round with answers or workers still waiting, or takes over a lost node's keys begins the
-//! next round itself, and a worker that waits for a round begins it when none is under way.
-//! The watchdog gives a round up whose backup did not acknowledge it within the operation
-//! timeout (the next round then sends every image), and begins a round that is due should
-//! none of the above have.
+//! next round itself, and a worker that waits for a round begins it when none under way began
+//! after its write. The watchdog gives the rounds under way up when one was not acknowledged
+//! within the operation timeout (the next round then sends every image), and begins a round
+//! that is due should none of the above have.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -30,13 +30,15 @@ impl NodeInner {
                     self.backup_cv.wait_for(&mut guard, WATCH);
                 }
             }
-            let (_, under_way) = self.core.backup_pending();
-            if !under_way {
-                round_began = None;
+            if self.core.backup_round_due() {
                 let _ = self.run_pooled(|step, _, _| {
                     step.begin_backup_round_if_due();
                     Ok(Progress::Done)
                 });
+            }
+            let (_, under_way) = self.core.backup_pending();
+            if !under_way {
+                round_began = None;
                 continue;
             }
             let number = counters.last_begun();

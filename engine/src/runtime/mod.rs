@@ -628,7 +628,11 @@ impl FabricHandler for Callbacks {
 
     fn on_peer_closed(&self, peer: usize, error: Option<String>) {
         let Some(node) = self.node.upgrade() else { return };
-        if error.is_none() && (node.stopping.load(Ordering::Acquire) || node.finalizing.load(Ordering::Acquire)) {
+        // A node that stops closes its connections itself: what its readers see then is no
+        // news of the peers (an aborted node that took its own closing for their loss would
+        // tell the others so before its last links closed). A closed connection while
+        // finalizing is the peer finishing too, unless it failed.
+        if node.stopping.load(Ordering::Acquire) || (error.is_none() && node.finalizing.load(Ordering::Acquire)) {
             return;
         }
         if node.core.leave_state().1 {

@@ -85,8 +85,9 @@ impl Sim {
         }
     }
 
-    /// Nodes where a round would begin now (a waiting worker or the watchdog begins it): none
-    /// under way, and answers held, a worker waiting, or no round yet.
+    /// Nodes where a round would begin now (a waiting worker or the watchdog begins it): one
+    /// is due (answers held or a worker waiting for a round none under way covers, and room
+    /// for one more), or none was ever begun.
     pub(super) fn backups_ready(&self) -> Vec<usize> {
         if !self.opts.backups {
             return Vec::new();
@@ -97,9 +98,8 @@ impl Sim {
                 if node.crashed {
                     return false;
                 }
-                let (held, under_way) = node.core.backup_pending();
-                let counters = node.core.backup_counters();
-                !under_way && (held || counters.wanted() || counters.last_begun() == 0)
+                let (_, under_way) = node.core.backup_pending();
+                node.core.backup_round_due() || (!under_way && node.core.backup_counters().last_begun() == 0)
             })
             .collect()
     }
@@ -231,7 +231,7 @@ impl Sim {
             return Ok(false);
         }
         let members = || (0..n).filter(|&m| m != node && !self.nodes[m].crashed && !self.nodes[m].left);
-        if members().any(|m| self.nodes[m].core.backup_pending() != (false, false) || self.nodes[m].core.backup_counters().wanted()) {
+        if members().any(|m| self.nodes[m].core.backup_pending() != (false, false) || self.nodes[m].core.backup_counters().wanted_round().is_some()) {
             return Ok(false);
         }
         let Some(contact) = members().next() else { return Ok(false) };

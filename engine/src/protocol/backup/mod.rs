@@ -12,7 +12,8 @@
 //!   whose version moved since the last round: an image is idempotent, needs no updater at the
 //!   backup, and a hot key costs one image per round however many pushes it took.
 //! * **Acknowledgement.** A push is acknowledged to its worker only once a round that began
-//!   after it was applied is acknowledged by every backup: the owner holds a remote push's
+//!   after it was applied is acknowledged by every backup (up to [`ROUNDS_IN_FLIGHT`] rounds
+//!   are under way at once, and they complete in order): the owner holds a remote push's
 //!   RESPONSE until then ([`Backups::hold`]), a local push's call waits for the round
 //!   ([`BackupCounters`]). Pulls are answered at once.
 //! * **Failover.** When a node is lost, its successor adopts the images it kept into slots
@@ -30,10 +31,16 @@ pub(crate) mod wire;
 
 pub(crate) use images::KeptImages;
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// A version no slot at rest has (versions at rest are even): "never sent".
 pub(crate) const NEVER: u32 = 1;
+
+/// Rounds under way at once, at most: the next begins while the last is on its way, so that
+/// the parts of a large push applied meanwhile are shipped without waiting for its
+/// acknowledgement, and the round a write waits for covers only what came after the last.
+pub(crate) const ROUNDS_IN_FLIGHT: usize = 4;
 
 /// An answer held until a round completes.
 #[derive(Debug)]
@@ -82,9 +89,10 @@ impl BackupCounters {
         let _ = self.wanted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| later(round, w).then_some(round));
     }
 
-    /// Whether a worker waits for a round that has not completed.
-    pub fn wanted(&self) -> bool {
-        !self.completed(self.wanted.load(Ordering::SeqCst))
+    /// The latest round a worker waits for, if it has not completed.
+    pub fn wanted_round(&self) -> Option<u32> {
+        let wanted = self.wanted.load(Ordering::SeqCst);
+        (!self.completed(wanted)).then_some(wanted)
     }
 
     /// The round a write applied before this call waits for (read after the write).
@@ -213,11 +221,13 @@ pub(crate) const BLOCK_KEYS: u64 = 1 << BLOCK_BITS;
 /// One node's backups (see the module documentation).
 #[derive(Debug)]
 pub(crate) struct Backups {
-    /// The last round begun and the last completed (rounds run one at a time).
+    /// The last round begun and the last completed (rounds complete in order).
     begun: u32,
     completed: u32,
-    /// The round under way and the backups whose acknowledgement it still awaits.
-    under_way: Option<(u32, Vec<u16>)>,
+    /// The rounds under way, oldest first, each with the backups whose acknowledgement it
+    /// still awaits (at most [`ROUNDS_IN_FLIGHT`]; acknowledgements come in order on each
+    /// link, so they complete in order).
+    under_way: VecDeque<(u32, Vec<u16>)>,
     /// The backups the versions in `sent` were sent to.
     targets: Vec<u16>,
     /// Per table and node the keys were homed at on start-up: each key's slot version last
@@ -243,7 +253,7 @@ impl Default for Backups {
         Backups {
             begun: 0,
             completed: 0,
-            under_way: None,
+            under_way: VecDeque::new(),
             targets: Vec::new(),
             sent: Vec::new(),
             full: true,
@@ -266,22 +276,37 @@ impl Backups {
         !self.held.is_empty()
     }
 
-    /// Whether a round should begin now: none is under way, and answers are held or a worker
-    /// waits for one.
-    pub fn round_due(&self, counters: &BackupCounters) -> bool {
-        self.under_way.is_none() && (self.has_held() || counters.wanted())
+    /// Whether a round should begin now towards `targets`: answers are held or a worker waits
+    /// for a round that none under way covers (one that began after them), and one may begin
+    /// ([`Backups::can_begin`]).
+    pub fn round_due(&self, targets: &[u16], counters: &BackupCounters) -> bool {
+        let uncovered = |round: u32| self.under_way.back().is_none_or(|&(last, _)| later(round, last));
+        self.can_begin(targets) && (self.held.last().is_some_and(|h| uncovered(h.round)) || counters.wanted_round().is_some_and(uncovered))
     }
 
-    /// The round under way, if any.
+    /// Whether a round towards `targets` may begin: fewer than [`ROUNDS_IN_FLIGHT`] are under
+    /// way, and none if the backups changed (a round to new backups sends every image, and
+    /// must not complete before rounds to the old ones that carried what it releases).
+    pub fn can_begin(&self, targets: &[u16]) -> bool {
+        self.under_way.is_empty() || (self.under_way.len() < ROUNDS_IN_FLIGHT && targets == self.targets)
+    }
+
+    /// The latest round under way, if any.
     pub fn under_way(&self) -> Option<u32> {
-        self.under_way.as_ref().map(|(n, _)| *n)
+        self.under_way.back().map(|(n, _)| *n)
     }
 
-    /// Begins the next round towards `targets` (the node's current first successors). When
-    /// they changed since the last round, every version sent is forgotten: the round sends
-    /// every image. A round that has no target completes at once ([`Backups::complete`]).
+    /// Whether round `number` is the only one under way.
+    pub fn alone(&self, number: u32) -> bool {
+        self.under_way.len() == 1 && self.under_way.front().is_some_and(|(n, _)| *n == number)
+    }
+
+    /// Begins the next round towards `targets` (the node's current first successors; see
+    /// [`Backups::can_begin`]). When they changed since the last round, every version sent is
+    /// forgotten: the round sends every image. A round that has no target completes at once
+    /// ([`Backups::complete`]).
     pub fn begin(&mut self, targets: Vec<u16>, counters: &BackupCounters) -> RoundStart {
-        debug_assert!(self.under_way.is_none(), "one round at a time");
+        debug_assert!(self.can_begin(&targets), "{} rounds under way", self.under_way.len());
         if targets != self.targets {
             self.forget_sent();
             self.targets = targets.clone();
@@ -289,7 +314,7 @@ impl Backups {
         self.begun = self.begun.wrapping_add(1);
         counters.begun.store(self.begun, Ordering::SeqCst);
         if !targets.is_empty() {
-            self.under_way = Some((self.begun, targets.clone()));
+            self.under_way.push_back((self.begun, targets.clone()));
         }
         RoundStart { number: self.begun, targets }
     }
@@ -312,13 +337,14 @@ impl Backups {
         v
     }
 
-    /// Round `number` completed (acknowledged, or nothing to send it to): returns the answers
-    /// it releases.
+    /// Round `number` completed (acknowledged, or nothing to send it to), and every round
+    /// before it: returns the answers they release.
     pub fn complete(&mut self, number: u32, counters: &BackupCounters) -> Vec<HeldAnswer> {
-        if self.under_way.as_ref().is_some_and(|(n, _)| *n == number) {
-            self.under_way = None;
+        while self.under_way.front().is_some_and(|&(n, _)| !later(n, number)) {
+            self.under_way.pop_front();
         }
-        if number != self.begun {
+        // A round not begun, or one completed already (an empty round completes at once).
+        if later(number, self.begun) || !later(number, self.completed) {
             return Vec::new();
         }
         if self.gate.is_some() {
@@ -333,23 +359,30 @@ impl Backups {
     }
 
     /// A BACKUP_ACK of `round` came from `from`: the answers it releases, if it was the last
-    /// acknowledgement the round under way awaited (others, from a round given up or a node
-    /// that is not one of its backups, are dropped).
+    /// acknowledgement the oldest round under way awaited (others, from a round given up or a
+    /// node that is not one of its backups, are dropped; a later round's is counted, and it
+    /// completes after the rounds before it).
     pub fn handle_ack(&mut self, from: u16, round: u32, counters: &BackupCounters) -> Option<Vec<HeldAnswer>> {
-        let (n, awaiting) = self.under_way.as_mut()?;
-        if *n != round || !awaiting.contains(&from) {
-            return None;
-        }
+        let (_, awaiting) = self.under_way.iter_mut().find(|(n, awaiting)| *n == round && awaiting.contains(&from))?;
         awaiting.retain(|&t| t != from);
-        awaiting.is_empty().then(|| self.complete(round, counters))
+        let mut done = None;
+        while let Some(&(n, ref awaiting)) = self.under_way.front()
+            && awaiting.is_empty()
+        {
+            self.under_way.pop_front();
+            done = Some(n);
+        }
+        done.map(|n| self.complete(n, counters))
     }
 
-    /// Gives the round under way up (its backup is lost, or did not answer in time): every
+    /// Gives the rounds under way up (a backup is lost, or did not answer in time): every
     /// version sent is forgotten, so the next round sends every image. Returns whether a round
     /// was under way.
     pub fn give_up(&mut self) -> bool {
         self.forget_sent();
-        self.under_way.take().is_some()
+        let any = !self.under_way.is_empty();
+        self.under_way.clear();
+        any
     }
 
     /// Forgets every version sent: the next round reads and sends every key.
@@ -392,7 +425,7 @@ impl Backups {
             self.gate = None;
             self.gated_round = None;
         }
-        let gave_up = self.under_way.as_ref().is_some_and(|(_, awaiting)| awaiting.contains(&peer)) && self.give_up();
+        let gave_up = self.under_way.iter().any(|(_, awaiting)| awaiting.contains(&peer)) && self.give_up();
         self.held.retain(|h| h.origin != peer);
         gave_up
     }
@@ -502,5 +535,49 @@ mod tests {
         let fourth = b.begin(vec![1, 0], &c);
         assert!(b.handle_ack(1, fourth.number, &c).is_none());
         assert_eq!(b.handle_ack(0, fourth.number, &c).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn two_rounds_may_be_under_way_and_complete_in_order() {
+        let (mut b, c) = (Backups::default(), BackupCounters::default());
+        let targets = [1u16];
+        b.hold(4, vec![1]);
+        assert!(b.round_due(&targets, &c));
+        let first = b.begin(vec![1], &c);
+        assert!(!b.round_due(&targets, &c), "the held answer is covered by the round under way");
+        b.hold(5, vec![2]);
+        assert!(b.round_due(&targets, &c), "this one needs a round that begins after it");
+        assert!(!b.can_begin(&[2]), "new backups wait until the rounds to the old ones are done");
+        let second = b.begin(vec![1], &c);
+        // As many as may be under way: the next waits.
+        let mut more = Vec::new();
+        while b.can_begin(&targets) {
+            b.hold(9, vec![0]);
+            more.push(b.begin(vec![1], &c));
+        }
+        assert_eq!(b.under_way.len(), ROUNDS_IN_FLIGHT);
+        b.hold(6, vec![3]);
+        assert!(!b.round_due(&targets, &c), "{ROUNDS_IN_FLIGHT} under way");
+        // The second's acknowledgement cannot overtake the first's on one link; were it
+        // counted first, it would wait for the first.
+        assert!(b.handle_ack(1, second.number, &c).is_none());
+        assert!(!c.completed(first.number));
+        let released = b.handle_ack(1, first.number, &c).unwrap();
+        assert_eq!(released.iter().map(|h| h.origin).collect::<Vec<_>>(), vec![4, 5], "both rounds completed");
+        assert!(c.completed(second.number));
+        for round in &more {
+            assert_eq!(b.handle_ack(1, round.number, &c).unwrap().len(), 1);
+        }
+        assert!(b.under_way().is_none());
+        // A worker's wanted round is due like a held answer, and a round given up covers
+        // nothing.
+        let third = b.begin(vec![1], &c);
+        c.want(third.number.wrapping_add(1));
+        assert!(b.round_due(&targets, &c));
+        assert!(b.give_up());
+        assert!(b.round_due(&targets, &c) && b.handle_ack(1, third.number, &c).is_none());
+        let fourth = b.begin(vec![1], &c);
+        assert_eq!(b.handle_ack(1, fourth.number, &c).unwrap().len(), 1, "the answer held for the third round");
+        assert!(!b.round_due(&targets, &c) && c.wanted_round().is_none());
     }
 }

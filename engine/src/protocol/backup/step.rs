@@ -15,17 +15,19 @@ impl Step<'_, '_> {
     /// backup to go to, or nothing to send, completes at once (what it would acknowledge is on
     /// the backup already) and releases the answers held for it.
     ///
-    /// Returns `None` when a round is under way already (another thread began one), or, with
-    /// `only_if_due`, when no round is due (see [`Step::begin_backup_round_if_due`]): checked
-    /// under the same lock that begins the round, so two threads never begin two rounds.
+    /// Returns `None` when no round may begin now (as many as may be are under way: another
+    /// thread began them; see `Backups::can_begin`), or, with `only_if_due`, when no round is
+    /// due (see [`Step::begin_backup_round_if_due`]): checked under the same lock that begins
+    /// the round, so two threads never begin the same round.
     pub fn begin_backup_round(&mut self, only_if_due: bool) -> Option<RoundStart> {
         let core = self.core;
         let dir = core.directory();
         let mut backups = core.backups().lock();
-        if backups.under_way().is_some() || (only_if_due && !backups.round_due(core.backup_counters())) {
+        let targets = dir.backup_targets();
+        if !backups.can_begin(&targets) || (only_if_due && !backups.round_due(&targets, core.backup_counters())) {
             return None;
         }
-        let start = backups.begin(dir.backup_targets(), core.backup_counters());
+        let start = backups.begin(targets, core.backup_counters());
         let full = backups.take_full();
         if start.targets.is_empty() {
             let released = backups.complete(start.number, core.backup_counters());
@@ -41,16 +43,19 @@ impl Step<'_, '_> {
             let meta = &dir.tables()[table as usize];
             if full {
                 for &home in &homes {
-                    images += self.ship_images(&mut backups, targets, start.number, table, meta.partitioner.home_keys(home as usize));
+                    let keys = meta.partitioner.home_keys(home as usize);
+                    images += self.ship_images(&mut backups, targets, start.number, table, keys, meta.partitioner.home_count(home as usize));
                 }
             } else {
+                let most = marked.len() * super::BLOCK_KEYS as usize;
                 let keys = marked.into_iter().flat_map(|first| first..(first + super::BLOCK_KEYS).min(meta.keys));
-                images += self.ship_images(&mut backups, targets, start.number, table, keys);
+                images += self.ship_images(&mut backups, targets, start.number, table, keys, most);
             }
         }
-        if images == 0 {
+        if images == 0 && backups.alone(start.number) {
             // Every version sent went out in rounds that completed (one given up forgets them
-            // all): nothing to wait for.
+            // all): nothing to wait for. (With rounds before it under way, it goes out empty,
+            // and completes after them.)
             let released = backups.complete(start.number, core.backup_counters());
             drop(backups);
             self.release_held(released);
@@ -66,8 +71,9 @@ impl Step<'_, '_> {
     /// Sends each of `targets` the images of those of `keys` (of `table`) held here whose
     /// version moved since they were last sent, in messages of at most the largest message;
     /// returns how many. Each slot is copied once, under its latch, into the first target's
-    /// message; the others get a copy of those bytes.
-    fn ship_images(&mut self, backups: &mut Backups, targets: &[u16], round: u32, table: u16, keys: impl Iterator<Item = u64>) -> usize {
+    /// message; the others get a copy of those bytes. `most`, how many keys `keys` yields at
+    /// most, sizes each message's buffer once instead of growing it image by image.
+    fn ship_images(&mut self, backups: &mut Backups, targets: &[u16], round: u32, table: u16, keys: impl Iterator<Item = u64>, most: usize) -> usize {
         let core = self.core;
         let (dir, store) = (core.directory(), core.store());
         let meta = &dir.tables()[table as usize];
@@ -81,23 +87,30 @@ impl Step<'_, '_> {
         // An image on its way to the targets after the first.
         let mut item = Vec::new();
         // The versions sent of the keys of the home the last key had (keys come in runs of
-        // one home).
+        // one home), and the last run of keys of one home found.
         let mut sent: Option<(usize, &mut Vec<u32>)> = None;
+        let mut run = (0, 0, 0);
         for key in keys {
-            let Some(hint) = t.version_hint(key) else { continue };
-            let home = meta.partitioner.home(key);
+            let Some(version) = t.version_hint(key) else { continue };
+            let (home, index) = meta.partitioner.locate_cached(key, &mut run);
             if sent.as_ref().is_none_or(|(h, _)| *h != home) {
                 sent = Some((home, backups.sent_versions(table, home as u16, meta.partitioner.home_count(home))));
             }
             let Some((_, versions)) = sent.as_mut() else { continue };
-            let index = meta.partitioner.home_index(key);
-            if versions[index] == hint {
+            if versions[index] == version {
                 continue;
             }
             if let Some((at, count)) = open.take_if(|(at, _)| self.tx.buf(first).len() - at[0] + item_bytes > max_bytes) {
                 self.finish_images(targets, &at, count, false);
             }
-            let (_, count) = open.get_or_insert_with(|| (targets.iter().map(|&to| backup_wire::begin_backup(self.tx.buf(to), table, round)).collect(), 0));
+            let (_, count) = open.get_or_insert_with(|| {
+                let room = (most.saturating_sub(images) * item_bytes).min(max_bytes) + 64;
+                let begin = |buf: &mut Vec<u8>| {
+                    buf.reserve(room);
+                    backup_wire::begin_backup(buf, table, round)
+                };
+                (targets.iter().map(|&to| begin(self.tx.buf(to))).collect(), 0)
+            });
             let guard = store.lock(table, key);
             let Some(slot) = guard.slot() else {
                 continue;
@@ -134,9 +147,10 @@ impl Step<'_, '_> {
         }
     }
 
-    /// Begins a backup round if one is due: none is under way, and answers are held or a
-    /// worker waits for a round. Steps that hold an answer or complete a round call it, so
-    /// rounds run back to back while writes wait, without a thread to wake.
+    /// Begins a backup round if one is due: answers are held or a worker waits for a round
+    /// that none under way covers, and another may begin. Steps that hold an answer or
+    /// complete a round call it, so rounds follow one another while writes wait, without a
+    /// thread to wake.
     pub fn begin_backup_round_if_due(&mut self) {
         if self.core.settings().backups > 0 {
             let _ = self.begin_backup_round(true);
@@ -186,11 +200,17 @@ impl Step<'_, '_> {
         let mut strays = 0usize;
         if let Some(meta) = dir.table(backup.table) {
             let mut backups = core.backups().lock();
+            // The last run of keys of one home found, and whether `from` serves that home.
+            let (mut run, mut served) = ((0, 0, 0), None);
             let kept = backups.images().keep_all(
                 backup.table,
                 backup.items().filter(|&(key, _)| key < meta.keys).filter_map(|(key, image)| {
-                    let home = meta.partitioner.home(key);
-                    (dir.stand_in(home as u16) == from).then(|| (home as u16, meta.partitioner.home_index(key), image))
+                    let (home, index) = meta.partitioner.locate_cached(key, &mut run);
+                    let serves = match served {
+                        Some((h, serves)) if h == home => serves,
+                        _ => served.insert((home, dir.stand_in(home as u16) == from)).1,
+                    };
+                    serves.then_some((home as u16, index, image))
                 }),
                 |home| meta.partitioner.home_count(home as usize),
             );
