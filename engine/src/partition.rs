@@ -127,24 +127,36 @@ impl Partitioner {
         let pos = self.position(key);
         match &self.ring {
             Some(ring) => ring.node(pos),
-            None => (((pos + 1) * self.nodes - 1) / self.keys) as usize,
+            None => self.node_at(pos),
         }
     }
 
-    /// The home node of `key`, remembering the last range found in `hint` (start, end, node) so
-    /// that runs of nearby keys under range partitioning cost a comparison, not a division.
+    /// The node whose run of positions holds `pos` (range and hash partitioning).
+    #[inline]
+    fn node_at(&self, pos: u64) -> usize {
+        (((pos + 1) * self.nodes - 1) / self.keys) as usize
+    }
+
+    /// The node whose run holds `pos`, from `hint` (the last run found: start, end, node) when
+    /// it lies there, else found and remembered (range and hash partitioning).
+    #[inline]
+    fn node_at_cached(&self, pos: u64, hint: &mut (u64, u64, usize)) -> usize {
+        if pos < hint.0 || pos >= hint.1 {
+            let node = self.node_at(pos);
+            *hint = (self.start(node as u64), self.start(node as u64 + 1), node);
+        }
+        hint.2
+    }
+
+    /// The home node of `key`, remembering the last run of positions found in `hint` (start,
+    /// end, node) so that runs of keys homed together — range partitioning's neighbours —
+    /// cost a comparison, not a division. A fresh hint is `(0, 0, 0)`.
     #[inline]
     pub fn home_cached(&self, key: u64, hint: &mut (u64, u64, usize)) -> usize {
-        if self.kind == Partitioning::Range {
-            if key >= hint.0 && key < hint.1 {
-                return hint.2;
-            }
-            let home = self.home(key);
-            *hint = (self.start(home as u64), self.start(home as u64 + 1), home);
-            home
-        } else {
-            self.home(key)
+        if self.placement.is_some() || self.ring.is_some() {
+            return self.home(key);
         }
+        self.node_at_cached(self.position(key), hint)
     }
 
     /// The dense index of `key` among its home node's keys.
@@ -156,26 +168,22 @@ impl Partitioner {
         let pos = self.position(key);
         match &self.ring {
             Some(ring) => ring.locate(pos).1 as usize,
-            None => (pos - self.start(self.home(key) as u64)) as usize,
+            None => (pos - self.start(self.node_at(pos) as u64)) as usize,
         }
     }
 
     /// The home node of `key` and its index among that node's keys ([`Partitioner::home`] and
-    /// [`Partitioner::home_index`] at once), remembering the last run of positions found in
-    /// `hint` (start, end, node) so that keys homed together — range partitioning's
-    /// neighbours, a hash partitioning home's keys in home-index order — cost a comparison and
-    /// a subtraction, not divisions. A fresh hint is `(0, 0, 0)`.
+    /// [`Partitioner::home_index`] at once), with a hint as [`Partitioner::home_cached`] keeps
+    /// it: keys homed together — range partitioning's neighbours, a hash partitioning home's
+    /// keys in home-index order — cost a comparison and a subtraction, not divisions.
     #[inline]
     pub fn locate_cached(&self, key: u64, hint: &mut (u64, u64, usize)) -> (usize, usize) {
         if self.placement.is_some() || self.ring.is_some() {
             return (self.home(key), self.home_index(key));
         }
         let pos = self.position(key);
-        if pos < hint.0 || pos >= hint.1 {
-            let home = (((pos + 1) * self.nodes - 1) / self.keys) as usize;
-            *hint = (self.start(home as u64), self.start(home as u64 + 1), home);
-        }
-        (hint.2, (pos - hint.0) as usize)
+        let home = self.node_at_cached(pos, hint);
+        (home, (pos - hint.0) as usize)
     }
 
     /// Number of keys homed at `node`.
@@ -231,6 +239,7 @@ mod tests {
         let mut hint = (0, 0, 0);
         for key in (0..keys).chain((0..keys).rev()).chain((0..keys).step_by(3)) {
             assert_eq!(p.locate_cached(key, &mut hint), (p.home(key), p.home_index(key)), "key {key}");
+            assert_eq!(p.home_cached(key, &mut hint), p.home(key), "key {key}");
         }
     }
 

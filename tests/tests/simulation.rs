@@ -440,17 +440,25 @@ fn crashes_never_hang_operations() {
 /// own included, and the surviving histories stay sequentially consistent.
 #[test]
 fn crashes_with_backups_lose_no_acknowledged_push() {
-    let (mut checked, mut adopted, mut runs) = (0, 0u64, 0);
-    for seed in seeds().share(2).range() {
+    sweep_crashes_with_backups(|seed| {
         let mut o = configuration(["classic", "classic-hash-4-nodes", "classic-large-ops"][(seed % 3) as usize], seed);
         o.backups = true;
         crash_in(&mut o, seed);
-        let report = run_crashing(o);
+        o
+    });
+}
+
+/// Runs the crash configurations `configure` makes of this test's seeds, checking what survives
+/// each crash, and that the sweep is not vacuous: survivors took keys over, and the final reads
+/// had histories to check.
+fn sweep_crashes_with_backups(configure: impl Fn(u64) -> SimOptions) {
+    let (mut checked, mut adopted, mut runs) = (0, 0u64, 0);
+    for seed in seeds().share(2).range() {
+        let report = run_crashing(configure(seed));
         checked += report.history.len();
         adopted += report.stats.iter().map(|s| s.backups.keys_adopted).sum::<u64>();
         runs += 1;
     }
-    // Not vacuous: survivors took keys over, and the final reads had histories to check.
     if runs >= 20 {
         assert!(adopted > 0 && checked > 0, "{adopted} keys adopted, {checked} key histories");
     }
@@ -463,8 +471,7 @@ fn crashes_with_backups_lose_no_acknowledged_push() {
 /// nodes' included). One run in four crashes a single node, with two backups.
 #[test]
 fn two_backups_lose_no_acknowledged_push_when_two_nodes_crash_at_once() {
-    let (mut checked, mut adopted, mut runs) = (0, 0u64, 0);
-    for seed in seeds().share(2).range() {
+    sweep_crashes_with_backups(|seed| {
         let mut o = configuration(["classic-hash-4-nodes", "classic-large-ops"][(seed % 2) as usize], seed);
         o.nodes = 4;
         o.backups = true;
@@ -476,14 +483,8 @@ fn two_backups_lose_no_acknowledged_push_when_two_nodes_crash_at_once() {
             1 => Some((first + 2) % o.nodes),
             _ => Some((first + 1) % o.nodes),
         };
-        let report = run_crashing(o);
-        checked += report.history.len();
-        adopted += report.stats.iter().map(|s| s.backups.keys_adopted).sum::<u64>();
-        runs += 1;
-    }
-    if runs >= 20 {
-        assert!(adopted > 0 && checked > 0, "{adopted} keys adopted, {checked} key histories");
-    }
+        o
+    });
 }
 
 /// A node crashes (not rank 0: a joining node ranks above the coordinator) and, once every
