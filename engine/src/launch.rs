@@ -11,7 +11,7 @@
 //! second signal or the end of the grace period kills them.
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -54,19 +54,43 @@ pub struct LaunchSpec {
     /// `coordinator` in the rank of one that left or was lost (`FERRY_JOIN=1`). It needs the
     /// cluster's secret (`FERRY_SECRET_FILE` or `FERRY_SECRET`, as the launch it joins had).
     pub join: Option<usize>,
+    /// Start a fresh process in the rank of one that a signal ended (a lost node: killed, or
+    /// crashed) while rank 0 runs, as a node that joins the running cluster (`FERRY_JOIN=1`,
+    /// the same rendezvous address and secret; rank 0 takes joins there) — for programs that
+    /// train on without a lost node and take a fresh one back. Rank 0 itself is not replaced
+    /// (a joining node never takes coordination over), nor a process that failed with an
+    /// error of its own; a replacement lost in turn is replaced again, up to
+    /// [`MAX_REPLACEMENTS`] in one launch. A replaced process's end does not start the grace
+    /// period.
+    pub replace_lost: bool,
 }
+
+/// Most processes [`LaunchSpec::replace_lost`] starts in one launch: a node that is lost again
+/// and again (one that runs out of memory on start, say) does not make the launch fork for ever.
+pub const MAX_REPLACEMENTS: usize = 16;
 
 impl LaunchSpec {
     /// `nodes` copies of `program args…`.
     pub fn new(nodes: usize, program: impl Into<PathBuf>, args: Vec<String>) -> LaunchSpec {
-        LaunchSpec { nodes, program: program.into(), args, env: Vec::new(), coordinator: None, grace: Duration::from_secs(10), timeout: None, join: None }
+        LaunchSpec {
+            nodes,
+            program: program.into(),
+            args,
+            env: Vec::new(),
+            coordinator: None,
+            grace: Duration::from_secs(10),
+            timeout: None,
+            join: None,
+            replace_lost: false,
+        }
     }
 }
 
 /// How the processes ended.
 #[derive(Debug)]
 pub struct LaunchOutcome {
-    /// The rank of each process started, in order (every rank, or the one that joins).
+    /// The rank of each process started, in order (every rank, or the one that joins; then
+    /// any replacement [`LaunchSpec::replace_lost`] started, in the rank it replaced).
     pub ranks: Vec<usize>,
     /// Exit status per process, as `ranks` (`None` if it had to be killed).
     pub statuses: Vec<Option<ExitStatus>>,
@@ -86,9 +110,17 @@ impl LaunchOutcome {
         self.ranks.iter().zip(&self.statuses).filter(|(_, s)| !s.is_some_and(|s| s.success())).map(|(&r, _)| r).collect()
     }
 
-    /// How `rank`'s process ended (`None`: killed, or not started by this launch).
+    /// How `rank`'s process ended (`None`: killed, or not started by this launch); of a rank
+    /// that was replaced, how its last process ended.
     pub fn status_of(&self, rank: usize) -> Option<ExitStatus> {
-        self.ranks.iter().position(|&r| r == rank).and_then(|i| self.statuses[i])
+        self.ranks.iter().rposition(|&r| r == rank).and_then(|i| self.statuses[i])
+    }
+
+    /// The ranks in which [`LaunchSpec::replace_lost`] started a fresh process, once per
+    /// replacement.
+    pub fn replaced_ranks(&self) -> Vec<usize> {
+        let mut seen = std::collections::HashSet::new();
+        self.ranks.iter().filter(|&&r| !seen.insert(r)).copied().collect()
     }
 }
 
@@ -132,24 +164,16 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
     };
     // A secret file the caller chose is passed on as it is (a rank takes one or the other).
     let file_given = std::env::var_os("FERRY_SECRET_FILE").is_some_and(|f| !f.is_empty()) || spec.env.iter().any(|(k, _)| k == "FERRY_SECRET_FILE");
-    let on_line = Arc::new(on_line);
+    let on_line: LineSink = Arc::new(on_line);
+    let env = RankEnv { spec, coordinator: &coordinator, secret: (!file_given).then_some(secret.as_str()) };
     let mut children: Vec<Child> = Vec::new();
     let mut readers = Vec::new();
     for &rank in &ranks {
-        let mut cmd = Command::new(&spec.program);
-        cmd.args(&spec.args)
-            .env("FERRY_RANK", rank.to_string())
-            .env("FERRY_NODES", spec.nodes.to_string())
-            .env("FERRY_COORDINATOR", &coordinator)
-            .envs((!file_given).then_some(("FERRY_SECRET", &secret)))
-            .envs(spec.join.map(|_| ("FERRY_JOIN", "1")))
-            .envs(spec.env.iter().cloned())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
+        match env.spawn(rank, spec.join.is_some(), &on_line) {
+            Ok((child, pipes)) => {
+                children.push(child);
+                readers.extend(pipes);
+            }
             Err(e) => {
                 for c in &children {
                     signal_group(c, Signal::KILL);
@@ -157,39 +181,49 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
                 for c in &mut children {
                     let _ = c.wait();
                 }
-                return Err(Error::Config(format!("cannot start {}: {e}", spec.program.display())));
+                return Err(e);
             }
-        };
-        for (stream, pipe) in [
-            (Stream::Stdout, child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>)),
-            (Stream::Stderr, child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>)),
-        ] {
-            let Some(pipe) = pipe else { continue };
-            let on_line = on_line.clone();
-            readers.push(std::thread::spawn(move || {
-                for line in BufReader::new(pipe).lines() {
-                    match line {
-                        Ok(l) => on_line(rank, stream, &l),
-                        Err(_) => break,
-                    }
-                }
-            }));
         }
-        children.push(child);
     }
+    let mut ranks = ranks;
     let signals = Signals::register();
     let mut statuses: Vec<Option<ExitStatus>> = vec![None; children.len()];
     let started = Instant::now();
     let mut failed_at: Option<Instant> = None;
     let mut interrupted = None;
+    let mut replaced = 0;
     loop {
+        let mut lost = Vec::new();
         for (i, child) in children.iter_mut().enumerate() {
             if statuses[i].is_none()
                 && let Ok(Some(status)) = child.try_wait()
             {
                 statuses[i] = Some(status);
-                if !status.success() && failed_at.is_none() {
+                if status.signal().is_some() && interrupted.is_none() && spec.replace_lost && ranks[i] != 0 {
+                    lost.push(ranks[i]);
+                } else if !status.success() && failed_at.is_none() {
                     failed_at = Some(Instant::now());
+                }
+            }
+        }
+        // Lost ranks, replaced while rank 0 (the contact) runs.
+        let contact_runs = ranks.iter().zip(&statuses).any(|(&r, s)| r == 0 && s.is_none());
+        for rank in lost {
+            let spawned = if contact_runs && replaced < MAX_REPLACEMENTS { Some(env.spawn(rank, true, &on_line)) } else { None };
+            match spawned {
+                Some(Ok((child, pipes))) => {
+                    replaced += 1;
+                    children.push(child);
+                    readers.extend(pipes);
+                    ranks.push(rank);
+                    statuses.push(None);
+                }
+                Some(Err(e)) => {
+                    on_line(rank, Stream::Stderr, &format!("could not start a node in lost rank {rank}: {e}"));
+                    failed_at.get_or_insert_with(Instant::now);
+                }
+                None => {
+                    failed_at.get_or_insert_with(Instant::now);
                 }
             }
         }
@@ -233,6 +267,55 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
         let _ = r.join();
     }
     Ok(LaunchOutcome { ranks, statuses, interrupted })
+}
+
+/// Where every process's output lines go: `(rank, stream, line)`.
+type LineSink = Arc<dyn Fn(usize, Stream, &str) + Send + Sync>;
+
+/// What every rank's process is started with.
+struct RankEnv<'a> {
+    spec: &'a LaunchSpec,
+    coordinator: &'a str,
+    /// The launch's secret, unless the caller gave a secret file (passed on as it is).
+    secret: Option<&'a str>,
+}
+
+impl RankEnv<'_> {
+    /// Starts the process of `rank` (`joining`: as a node that joins the running cluster), in a
+    /// process group of its own, with a thread per output stream passing lines to `on_line`.
+    fn spawn(&self, rank: usize, joining: bool, on_line: &LineSink) -> Result<(Child, Vec<std::thread::JoinHandle<()>>)> {
+        let spec = self.spec;
+        let mut cmd = Command::new(&spec.program);
+        cmd.args(&spec.args)
+            .env("FERRY_RANK", rank.to_string())
+            .env("FERRY_NODES", spec.nodes.to_string())
+            .env("FERRY_COORDINATOR", self.coordinator)
+            .envs(self.secret.map(|s| ("FERRY_SECRET", s)))
+            .envs(joining.then_some(("FERRY_JOIN", "1")))
+            .envs(spec.env.iter().cloned())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let mut child = cmd.spawn().map_err(|e| Error::Config(format!("cannot start {}: {e}", spec.program.display())))?;
+        let mut readers = Vec::new();
+        for (stream, pipe) in [
+            (Stream::Stdout, child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>)),
+            (Stream::Stderr, child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>)),
+        ] {
+            let Some(pipe) = pipe else { continue };
+            let on_line = on_line.clone();
+            readers.push(std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines() {
+                    match line {
+                        Ok(l) => on_line(rank, stream, &l),
+                        Err(_) => break,
+                    }
+                }
+            }));
+        }
+        Ok((child, readers))
+    }
 }
 
 /// Sends `signal` to every process of `child`'s group (it leads its own: `process_group(0)`).
@@ -295,6 +378,54 @@ impl Drop for Signals {
         *launches -= 1;
         if *launches == 0 {
             self.0.idle.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `nodes` copies of a shell script in which rank `victim` kills itself with SIGKILL unless it
+    /// was started as a joining node, which leaves a mark; the others wait for the mark (4 s
+    /// at most) and succeed. Returns the outcome and the lines the fresh nodes printed.
+    fn run(nodes: usize, victim: usize, replace_lost: bool) -> (LaunchOutcome, Vec<usize>) {
+        let mark = std::env::temp_dir().join(format!("ferry-launch-replace-{}-{victim}-{replace_lost}", std::process::id()));
+        let _ = std::fs::remove_file(&mark);
+        let script = format!(
+            r#"if [ -n "$FERRY_JOIN" ]; then echo fresh; touch '{m}'; exit 0; fi
+               if [ "$FERRY_RANK" = {victim} ]; then kill -9 $$; fi
+               i=0; while [ ! -e '{m}' ] && [ $i -lt 80 ]; do sleep 0.05; i=$((i+1)); done"#,
+            m = mark.display()
+        );
+        let mut spec = LaunchSpec::new(nodes, "sh", vec!["-c".into(), script]);
+        spec.replace_lost = replace_lost;
+        spec.grace = Duration::from_secs(30);
+        let fresh = Arc::new(Mutex::new(Vec::new()));
+        let seen = fresh.clone();
+        let outcome = launch(&spec, move |rank, stream, line| {
+            if stream == Stream::Stdout && line == "fresh" {
+                seen.lock().push(rank);
+            }
+        })
+        .unwrap();
+        let _ = std::fs::remove_file(&mark);
+        let fresh = fresh.lock().clone();
+        (outcome, fresh)
+    }
+
+    #[test]
+    fn a_lost_rank_is_started_again_as_a_joining_node_but_never_rank_0() {
+        let (outcome, fresh) = run(3, 1, true);
+        assert_eq!(outcome.ranks, vec![0, 1, 2, 1], "{outcome:?}");
+        assert_eq!(outcome.statuses[1].and_then(|s| s.signal()), Some(9));
+        assert!([0, 2, 3].iter().all(|&i| outcome.statuses[i].is_some_and(|s| s.success())), "{outcome:?}");
+        assert_eq!((outcome.replaced_ranks(), fresh), (vec![1], vec![1]));
+        assert!(outcome.status_of(1).is_some_and(|s| s.success()), "a replaced rank's last process");
+        // Rank 0 takes the joins: it is not replaced; nor is anything without the option.
+        for (victim, replace) in [(0, true), (1, false)] {
+            let (outcome, fresh) = run(2, victim, replace);
+            assert_eq!((outcome.ranks.clone(), fresh), (vec![0, 1], vec![]), "victim {victim}: {outcome:?}");
         }
     }
 }

@@ -230,6 +230,14 @@ impl Node {
         self.inner.core.directory().lost_nodes().into_iter().map(|(n, why)| (n as usize, why)).collect()
     }
 
+    /// How many times a fresh node joined in `rank` since the cluster started (wrapping at 256;
+    /// 0 for the node the cluster started with, and for a rank beyond the cluster): a rank lost
+    /// and taken back by a fresh node ([`Node::join`]) is a new member, with none of the old
+    /// one's local state.
+    pub fn incarnation(&self, rank: usize) -> u8 {
+        u16::try_from(rank).map_or(0, |r| self.inner.core.directory().incarnation(r))
+    }
+
     /// The configuration the node runs with.
     pub fn config(&self) -> &Config {
         &self.inner.config

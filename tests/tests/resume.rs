@@ -259,15 +259,35 @@ fn a_lost_node_is_survived_by_training_on() {
 /// `ferry train ARGS --json --on-loss continue`, rank `victim` killed with SIGKILL once two
 /// epochs are reported: the driver's status, the epoch reports and its standard error.
 fn train_killing(args: &[&str], victim: usize) -> (std::process::ExitStatus, Vec<Value>, String) {
+    train_killing_with(args, victim, "continue")
+}
+
+/// [`train_killing`] with `--on-loss ON_LOSS`.
+fn train_killing_with(args: &[&str], victim: usize, on_loss: &str) -> (std::process::ExitStatus, Vec<Value>, String) {
     use std::io::BufRead;
     let mut child = Command::new(binary("ferry"))
         .arg("train")
         .args(args)
-        .args(["--json", "--on-loss", "continue"])
+        .args(["--json", "--on-loss", on_loss])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()
         .unwrap();
+    // A run that hangs (nodes waiting in barriers that never complete) fails the test in
+    // minutes, not after the hours a barrier may wait for an evaluation.
+    let (group, done) = (child.id(), std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let watch = done.clone();
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        while !watch.load(std::sync::atomic::Ordering::SeqCst) {
+            if started.elapsed() > Duration::from_secs(600) {
+                let _ = Command::new("kill").args(["-KILL", "--", &format!("-{group}")]).status();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
     let stderr = child.stderr.take().unwrap();
     let errors = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap());
     let mut reports: Vec<Value> = Vec::new();
@@ -285,9 +305,41 @@ fn train_killing(args: &[&str], victim: usize) -> (std::process::ExitStatus, Vec
         }
     }
     let status = child.wait().unwrap();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
     let stderr = errors.join().unwrap();
     assert!(killed, "rank {victim} was never killed: {stderr}");
     (status, reports, stderr)
+}
+
+/// `--on-loss replace`: rank 1 of 3 killed with SIGKILL mid-training; the survivors train on,
+/// and the driver starts a fresh process in rank 1, which joins the running cluster, gets its
+/// keys back from the node that served them and trains from the start of an epoch the others
+/// begin (it passes their barriers until the schedule names one). Every epoch is reported once,
+/// the last ones on 3 nodes again, and the model ends at the quality of an uninterrupted run.
+/// A lost rank 0 is not replaced (it takes the joins); the others train on without it.
+#[test]
+fn a_lost_node_is_replaced_by_a_fresh_one_that_joins_the_run() {
+    let run = ["mf", "--data", "synth-tiny", "--rank", "4", "--mode", "classic", "--nodes", "3", "--epochs", "16"];
+    let uninterrupted = train(&run);
+    let (status, reports, stderr) = train_killing_with(&run, 1, "replace");
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains("1 of 3 nodes lost (rank 1); the others trained on, a fresh node joined in rank 1")
+            && stderr.contains("node 1 joined: training goes on on 3 nodes"),
+        "{stderr}"
+    );
+    let epochs: Vec<u64> = reports.iter().map(|r| r["epoch"].as_u64().unwrap()).collect();
+    assert_eq!(epochs, (1..=16).collect::<Vec<_>>(), "every epoch once");
+    // (Whether an epoch ran on the survivors alone depends on how soon the fresh node joins.)
+    let nodes: Vec<u64> = reports.iter().map(|r| r["nodes"].as_u64().unwrap()).collect();
+    assert_eq!(nodes.last(), Some(&3), "the last epochs on 3 nodes again: {nodes:?}");
+    let rmse = |r: &Value| r["quality"]["rmse"].as_f64().unwrap();
+    let (whole, replaced) = (rmse(uninterrupted.last().unwrap()), rmse(reports.last().unwrap()));
+    assert!((replaced - whole).abs() < 0.03 * whole, "RMSE {replaced} after rank 1 was replaced, {whole} uninterrupted");
+    let (status, reports, stderr) = train_killing_with(&run, 0, "replace");
+    assert!(status.success() && stderr.contains("1 of 3 nodes lost (rank 0); the others trained on and finished the run"), "{stderr}");
+    assert_eq!(reports.iter().map(|r| r["epoch"].as_u64().unwrap()).collect::<Vec<_>>(), (1..=16).collect::<Vec<_>>(), "every epoch once");
+    assert_eq!(reports.last().unwrap()["nodes"].as_u64(), Some(2), "rank 0 is not replaced");
 }
 
 /// `--on-loss continue` for the other tasks: logistic regression, the CountMin sketch, ComplEx

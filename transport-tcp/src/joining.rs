@@ -88,6 +88,15 @@ impl Door {
         self.listeners.lock().push(listener);
     }
 
+    /// Wakes the door's thread, which waits in `poll` on the listeners, so that it sees the mesh
+    /// stopping at once: shutting a listening socket down ends the wait on Linux (and refuses
+    /// later knocks), and the listeners close with the door.
+    pub(crate) fn wake(&self) {
+        for l in self.listeners.lock().iter() {
+            let _ = socket2::SockRef::from(l).shutdown(std::net::Shutdown::Read);
+        }
+    }
+
     /// Closes the door: its listeners let go of their ports (a later cluster of this process
     /// may rendezvous at the same address). Called once the door's thread is joined.
     pub(crate) fn close(&self) {
@@ -125,16 +134,23 @@ impl Mesh {
 }
 
 /// The door's thread: accepts knocks until the mesh stops, each answered on a thread of its own.
+/// It sleeps in `poll` on the listeners until a knock comes or the mesh wakes it to stop
+/// ([`Door::wake`]); the wait's timeout only bounds how long a missed wake-up could keep it.
 pub(crate) fn run_door(inner: &Arc<Inner>) {
     let mine: Vec<TcpListener> = inner.door.listeners.lock().iter().filter_map(|l| l.try_clone().ok()).collect();
     for l in &mine {
         let _ = l.set_nonblocking(true);
     }
     while !inner.stopping.load(Ordering::Acquire) {
-        let mut any = false;
+        if let Err(e) = wait_for_knocks(&mine, DOOR_WAIT) {
+            tracing::warn!(node = inner.rank, "the door cannot wait for knocks: {e}");
+            std::thread::sleep(POLL_TICK);
+        }
+        if inner.stopping.load(Ordering::Acquire) {
+            break;
+        }
         for listener in &mine {
             while let Ok((stream, from)) = listener.accept() {
-                any = true;
                 if inner.door.knocking.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
                     inner.door.knocking.fetch_sub(1, Ordering::AcqRel);
                     tracing::warn!(node = inner.rank, "{MAX_HANDSHAKES} knocks are being answered: dropping one from {from}");
@@ -151,9 +167,20 @@ pub(crate) fn run_door(inner: &Arc<Inner>) {
                 }
             }
         }
-        if !any {
-            std::thread::sleep(POLL_TICK.min(Duration::from_millis(20)));
-        }
+    }
+}
+
+/// Longest the door's thread waits in `poll` without a knock or a wake-up.
+const DOOR_WAIT: Duration = Duration::from_secs(1);
+
+/// Waits until one of `listeners` has a knock to accept, one was shut down ([`Door::wake`]), a
+/// signal interrupted the wait, or `wait` passed.
+fn wait_for_knocks(listeners: &[TcpListener], wait: Duration) -> std::io::Result<()> {
+    let timeout = rustix::event::Timespec { tv_sec: wait.as_secs() as i64, tv_nsec: wait.subsec_nanos() as i64 };
+    let mut fds: Vec<rustix::event::PollFd<'_>> = listeners.iter().map(|l| rustix::event::PollFd::new(l, rustix::event::PollFlags::IN)).collect();
+    match rustix::event::poll(&mut fds, Some(&timeout)) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -374,5 +401,40 @@ fn connect_as_rejoin(
             }
             _ => return Err(setup_err(format!("{what} did not let node {} in: {}", me.0, why.trim_start_matches(RETRY)))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The door's thread sleeps in `poll` until a knock comes, and a stopping mesh wakes it by
+    /// shutting its listeners down: neither waits for the timeout.
+    #[test]
+    fn the_door_wakes_for_a_knock_and_for_its_mesh_stopping() {
+        let door = Door::default();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        door.add_listener(listener);
+        let mine: Vec<TcpListener> = door.listeners.lock().iter().map(|l| l.try_clone().unwrap()).collect();
+        let waits = |mine: Vec<TcpListener>| {
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                wait_for_knocks(&mine, Duration::from_secs(30)).unwrap();
+                (started.elapsed(), mine)
+            })
+        };
+        let waiting = waits(mine);
+        std::thread::sleep(Duration::from_millis(50));
+        let _knock = TcpStream::connect(addr).unwrap();
+        let (waited, mine) = waiting.join().unwrap();
+        assert!(waited < Duration::from_secs(10), "a knock wakes the door ({waited:?})");
+        mine[0].set_nonblocking(true).unwrap();
+        assert!(mine[0].accept().is_ok(), "and is there to accept");
+        let waiting = waits(mine);
+        std::thread::sleep(Duration::from_millis(50));
+        door.wake();
+        let (waited, _) = waiting.join().unwrap();
+        assert!(waited < Duration::from_secs(10), "a stopping mesh wakes the door ({waited:?})");
     }
 }

@@ -1136,6 +1136,7 @@ impl Inner {
         if self.stopping.swap(true, Ordering::AcqRel) {
             return;
         }
+        self.door.wake();
         self.writers_exit.store(true, Ordering::Release);
         for p in &self.peers_now() {
             p.alive.store(false, Ordering::Release);
@@ -1155,6 +1156,7 @@ impl Inner {
         if self.stopping.swap(true, Ordering::AcqRel) {
             return;
         }
+        self.door.wake();
         let started = self.started.load(Ordering::Acquire);
         for p in &self.peers_now() {
             if !p.alive.load(Ordering::Acquire) {

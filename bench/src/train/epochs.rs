@@ -482,14 +482,17 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     // Per-epoch figures, sized by this run's epochs: not in checkpoints, so that a run resumes
     // with more epochs, or in `single`, which has no such table.
     specs.push(TableSpec::new("metrics", epochs as u64 + 2, METRIC_FIELDS).scratch());
+    // Where the epochs begin, for a node that joins mid-run (`schedule`).
+    specs.push(TableSpec::new(super::schedule::TABLE, 1, super::schedule::FIELDS).scratch());
     let mut config = ferry::Config::from_env(specs)?;
-    if config.join.is_some() {
+    config.relocation = mode != Mode::Classic;
+    let continuing = common.on_loss.trains_on();
+    let joining = config.join.is_some();
+    if joining && !continuing {
         anyhow::bail!(
-            "the training commands take no node that joins mid-run yet (FERRY_JOIN): their epochs and data shares are fixed when they start; a program of your own joins with Node::join or FERRY_JOIN"
+            "a node joins a training run (FERRY_JOIN) only with --on-loss continue or replace: the others must train on without a lost node to take a fresh one in"
         );
     }
-    config.relocation = mode != Mode::Classic;
-    let continuing = common.on_loss == super::OnLoss::Continue;
     let leaving = common.leaving()?;
     if continuing {
         // `Common::check` allows it in classic mode only. One backup per key unless
@@ -498,7 +501,9 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     }
     task.configure(&mut config, mode)?;
     let (first_epoch, restore) = common.first_epoch()?;
-    if let Some(dir) = restore {
+    // A joining node takes its keys from the running cluster, not from the checkpoint the run
+    // resumed from.
+    if let Some(dir) = restore.filter(|_| !joining) {
         if config.rank == 0 {
             eprintln!("resuming from {} at epoch {first_epoch}", dir.display());
         }
@@ -519,10 +524,11 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
     }
     let tables: Vec<Table> = model.tables.iter().map(|t| node.table(&t.spec.name)).collect::<ferry::Result<_>>()?;
     let metrics = node.table("metrics")?;
+    let schedule = node.table(super::schedule::TABLE)?;
     let local_barrier = Barrier::new(threads);
     // --on-loss continue: the live ranks the trainers were made for, as thread 0 saw them at
     // the start of the epoch (every thread of the node then uses the same).
-    let members = parking_lot::Mutex::new(live_ranks(&node));
+    let members = parking_lot::Mutex::new(membership(&node));
     let emit = parking_lot::Mutex::new(emit);
     let progress = |epoch: usize, f: f64| (emit.lock())(Event::Progress(epoch, f));
     // --leave: this node leaves at the start of that epoch (every thread stops there).
@@ -532,22 +538,55 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
         // A push or set a lost node failed may or may not have been applied: training takes it
         // as noise and goes on.
         w.drop_lost_writes(continuing);
-        if rank == 0 && t == 0 && !restoring {
-            set_initial_values(&mut w, tables, &model.tables)?;
-        }
-        w.barrier()?;
-        let mut pass =
-            Pass { mode, rank, nodes, thread: t, threads, access: Access::Node { worker: &mut w, tables }, local_barrier: &local_barrier, progress: &progress };
+        // A node that joined mid-run passes the others' barriers until it is where an epoch
+        // begins (or the run ends), and trains with them from there.
+        let (first_epoch, (pass_rank, pass_nodes)) = if joining {
+            let epoch = super::schedule::join_at_an_epoch(&mut w, schedule)?;
+            if t == 0 {
+                *members.lock() = membership(node);
+                if epoch <= epochs {
+                    eprintln!("node {rank} joined the run: it trains from epoch {epoch}");
+                }
+            }
+            local_barrier.wait();
+            let live = members.lock().clone();
+            (epoch, (live.iter().position(|&(r, _)| r == rank).unwrap_or(0), live.len()))
+        } else {
+            if rank == 0 && t == 0 && !restoring {
+                set_initial_values(&mut w, tables, &model.tables)?;
+            }
+            w.barrier()?;
+            (first_epoch, (rank, nodes))
+        };
+        let mut pass = Pass {
+            mode,
+            rank: pass_rank,
+            nodes: pass_nodes,
+            thread: t,
+            threads,
+            access: Access::Node { worker: &mut w, tables },
+            local_barrier: &local_barrier,
+            progress: &progress,
+        };
         let mut trainer = task.trainer(data, &mut pass)?;
-        pass.barrier()?;
+        if !joining {
+            pass.barrier()?;
+        }
         let (mut elapsed, mut writing): (f64, Option<ferry::CheckpointWriting>) = (0.0, None);
         let mut trained_for = members.lock().clone();
+        // A joining node is past the barrier that begins its first epoch (or ends the run).
+        let mut opening_passed = joining;
         for epoch in first_epoch..=epochs {
-            pass.barrier()?;
+            if !std::mem::take(&mut opening_passed) {
+                if continuing && t == 0 {
+                    super::schedule::note_epoch_start(&mut pass, schedule, epoch)?;
+                }
+                pass.barrier()?;
+            }
             if continuing {
                 // Thread 0 reads who is left; every thread deals the data among them.
                 if t == 0 {
-                    *members.lock() = live_ranks(node);
+                    *members.lock() = membership(node);
                 }
                 local_barrier.wait();
                 if leaving.is_some_and(|(_, at)| at == epoch) {
@@ -573,17 +612,29 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
             if continuing {
                 let live = members.lock().clone();
                 if live != trained_for {
-                    (pass.rank, pass.nodes) = (live.iter().position(|&r| r == rank).unwrap_or(0), live.len());
+                    (pass.rank, pass.nodes) = (live.iter().position(|&(r, _)| r == rank).unwrap_or(0), live.len());
                     trainer = task.trainer(data, &mut pass)?;
                     if pass.rank == 0 && t == 0 {
-                        let gone: Vec<String> = trained_for.iter().filter(|r| !live.contains(r)).map(|r| r.to_string()).collect();
-                        let left = node.lost_nodes().iter().filter(|(_, why)| why == ferry::LEFT_REASON).count() == gone.len();
-                        let (what, whence) = if left { ("left", "handed over") } else { ("lost", "served from their backups") };
-                        eprintln!(
-                            "node {} {what}: training goes on on {} nodes, which deal its share of the data among them from epoch {epoch} (its keys are {whence})",
-                            gone.join(", node "),
-                            live.len()
-                        );
+                        // Ranks no longer live, and fresh nodes (a rank lost and taken back
+                        // within one epoch is among these only).
+                        let gone: Vec<String> = trained_for.iter().filter(|&&(r, _)| !live.iter().any(|&(l, _)| l == r)).map(|(r, _)| r.to_string()).collect();
+                        let joined: Vec<String> = live.iter().filter(|m| !trained_for.contains(m)).map(|(r, _)| r.to_string()).collect();
+                        if !gone.is_empty() {
+                            let left = node.lost_nodes().iter().filter(|(_, why)| why == ferry::LEFT_REASON).count() == gone.len();
+                            let (what, whence) = if left { ("left", "handed over") } else { ("lost", "served from their backups") };
+                            eprintln!(
+                                "node {} {what}: training goes on on {} nodes, which deal its share of the data among them from epoch {epoch} (its keys are {whence})",
+                                gone.join(", node "),
+                                live.len()
+                            );
+                        }
+                        if !joined.is_empty() {
+                            eprintln!(
+                                "node {} joined: training goes on on {} nodes, which deal the data among them from epoch {epoch} (its keys came back from the node that served them since its rank was lost)",
+                                joined.join(", node "),
+                                live.len()
+                            );
+                        }
                     }
                     trained_for = live;
                 }
@@ -616,6 +667,13 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
                 checkpoint((task, data), node, &mut pass, dir, epoch, &mut writing)?;
             }
         }
+        // The end of the run, for a node that joins during the last epoch.
+        if continuing && !opening_passed {
+            if t == 0 {
+                super::schedule::note_epoch_start(&mut pass, schedule, epochs + 1)?;
+            }
+            pass.barrier()?;
+        }
         if let Some(dir) = common.checkpoint_dir.as_deref() {
             finish_checkpoints(&mut pass, dir, writing)?;
         }
@@ -627,6 +685,12 @@ fn run_node<W: Workload>(task: &W, data: &W::Data, model: Model, mode: Mode, emi
         node.finalize()?;
     }
     Ok(())
+}
+
+/// The members of the cluster as this node knows them, in rank order: each live rank and how
+/// many times a fresh node joined in it (a rank lost and taken back is a new member).
+fn membership(node: &Node) -> Vec<(usize, u8)> {
+    live_ranks(node).into_iter().map(|r| (r, node.incarnation(r))).collect()
 }
 
 /// The ranks of the cluster this node does not know lost, in order.

@@ -20,10 +20,12 @@ pub mod model;
 pub mod plan;
 mod plot;
 pub mod resume;
+mod schedule;
 pub mod shared;
 mod simd;
 pub mod w2v;
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -122,6 +124,18 @@ pub enum OnLoss {
     /// it failed. A lost rank 0 is survived too: the next live rank coordinates barriers and
     /// reports from then on.
     Continue,
+    /// As `continue`, and the driver starts a fresh process in the lost rank (any but rank 0,
+    /// while rank 0 runs), which joins the running cluster, gets back the keys of its rank from
+    /// the node that served them, and trains from the start of the next epoch the others
+    /// begin: they deal the data among all of them again from then on.
+    Replace,
+}
+
+impl OnLoss {
+    /// Whether the survivors of a lost node train on (`continue`, `replace`).
+    pub fn trains_on(self) -> bool {
+        matches!(self, OnLoss::Continue | OnLoss::Replace)
+    }
 }
 
 /// The part a process plays.
@@ -191,8 +205,9 @@ pub struct Common {
     pub resume: Option<PathBuf>,
     /// Cluster modes: what to do when a node is lost (its process killed, its machine gone):
     /// fail, resume on the others from the newest checkpoint (needs --checkpoint-every and
-    /// --checkpoint-dir), or continue on the others with every key backed up (classic mode).
-    /// Clusters started by srun or mpirun are restarted by the scheduler.
+    /// --checkpoint-dir), continue on the others with every key backed up (classic mode), or
+    /// replace: continue, and start a fresh node in the lost rank, which joins the run at the
+    /// next epoch. Clusters started by srun or mpirun are restarted by the scheduler.
     #[arg(long, value_enum, default_value = "fail")]
     pub on_loss: OnLoss,
     /// Cluster modes, with --on-loss continue: node RANK leaves the cluster gracefully at the
@@ -248,7 +263,7 @@ impl Common {
             bail!("--on-loss resume resumes from the newest checkpoint: it needs --checkpoint-every N and --checkpoint-dir DIR");
         }
         if let Some((rank, epoch)) = self.leaving()? {
-            if self.on_loss != OnLoss::Continue {
+            if !self.on_loss.trains_on() {
                 bail!("--leave needs --on-loss continue: the others train on without the node, its keys served from their backups");
             }
             if rank == 0 || rank >= self.nodes {
@@ -258,9 +273,9 @@ impl Common {
                 bail!("--leave {rank}@{epoch}: the node leaves at the start of an epoch from 2 to --epochs ({})", self.epochs);
             }
         }
-        if self.on_loss == OnLoss::Continue && self.modes().any(|m| !matches!(m, Mode::Single | Mode::Classic)) {
+        if self.on_loss.trains_on() && self.modes().any(|m| !matches!(m, Mode::Single | Mode::Classic)) {
             bail!(
-                "--on-loss continue keeps training on the survivors of a classic parameter server (backups need keys that stay at their homes): use --mode classic"
+                "--on-loss continue (or replace) keeps training on the survivors of a classic parameter server (backups need keys that stay at their homes): use --mode classic"
             );
         }
         Ok(())
@@ -291,8 +306,8 @@ impl Common {
         if let Some(dir) = &self.resume {
             a.extend(["--resume".into(), dir.display().to_string()]);
         }
-        if self.on_loss == OnLoss::Continue {
-            a.extend(["--on-loss".into(), "continue".into()]);
+        if let Some(value) = self.on_loss.trains_on().then(|| self.on_loss.to_possible_value()).flatten() {
+            a.extend(["--on-loss".into(), value.get_name().into()]);
         }
         if let Some(leave) = &self.leave {
             a.extend(["--leave".into(), leave.clone()]);
@@ -916,10 +931,11 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
             args.extend(attach_dashed_values(current.node_args(mode)));
             let elapsed_before = reports.lock().last().map_or(0.0, |r| r.elapsed_s);
             let mut spec = LaunchSpec::new(current.nodes, exe.clone(), args);
-            if current.on_loss == OnLoss::Continue {
+            if current.on_loss.trains_on() {
                 // The survivors of a lost node train on to the end, however long that takes.
                 spec.grace = Duration::from_secs(6 * 3600);
             }
+            spec.replace_lost = current.on_loss == OnLoss::Replace;
             let outcome = launch_cluster(spec, elapsed_before, &handle, &bar)?;
             let (outcome, errors) = match outcome {
                 Ok(()) => break,
@@ -929,11 +945,33 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
             let lost = lost_ranks(&outcome);
             // --on-loss continue: the survivors trained on and finished (after a lost rank 0,
             // the next live rank coordinated and reported).
-            let survivors_done = outcome.statuses.iter().enumerate().all(|(r, s)| lost.contains(&r) || s.is_some_and(|s| s.success()));
-            if current.on_loss == OnLoss::Continue && outcome.interrupted.is_none() && !lost.is_empty() && lost.len() < current.nodes && survivors_done {
+            // Every process the run started with succeeded or was lost. A fresh node that could
+            // not take part (one started as the run ended cannot join it) does not fail the run
+            // the others finished.
+            let started_with = |i: usize| !outcome.ranks[..i].contains(&outcome.ranks[i]);
+            let survivors_done =
+                outcome.statuses.iter().enumerate().filter(|&(i, _)| started_with(i)).all(|(_, s)| s.is_some_and(|s| s.success() || s.signal().is_some()));
+            if current.on_loss.trains_on() && outcome.interrupted.is_none() && !lost.is_empty() && lost.len() < current.nodes && survivors_done {
+                let failed_fresh: Vec<usize> = (0..outcome.ranks.len())
+                    .filter(|&i| !started_with(i) && outcome.statuses[i].is_none_or(|s| !s.success() && s.signal().is_none()))
+                    .map(|i| outcome.ranks[i])
+                    .collect();
+                if !failed_fresh.is_empty() {
+                    bar.suspend(|| eprintln!("warning: {:#}", errors.failure("the fresh node started in a lost rank", &outcome)));
+                }
+                let replaced: Vec<usize> = outcome.replaced_ranks().into_iter().filter(|r| !failed_fresh.contains(r)).collect();
                 bar.suspend(|| {
                     let ranks: Vec<String> = lost.iter().map(|r| r.to_string()).collect();
-                    eprintln!("{} of {} nodes lost (rank {}); the others trained on and finished the run", lost.len(), current.nodes, ranks.join(", "))
+                    let (count, nodes, ranks) = (lost.len(), current.nodes, ranks.join(", "));
+                    if replaced.is_empty() {
+                        eprintln!("{count} of {nodes} nodes lost (rank {ranks}); the others trained on and finished the run");
+                    } else {
+                        let fresh: Vec<String> = replaced.iter().map(|r| r.to_string()).collect();
+                        eprintln!(
+                            "{count} of {nodes} nodes lost (rank {ranks}); the others trained on, a fresh node joined in rank {} and they finished the run",
+                            fresh.join(", ")
+                        );
+                    }
                 });
                 break;
             }
@@ -974,8 +1012,10 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
 /// Ranks of a failed launch that a signal ended (killed from outside, or crashed) rather than an
 /// error of their own: the lost nodes. The launch itself was not interrupted.
 fn lost_ranks(outcome: &ferry::launch::LaunchOutcome) -> Vec<usize> {
-    use std::os::unix::process::ExitStatusExt;
-    outcome.statuses.iter().enumerate().filter(|(_, s)| s.is_some_and(|s| s.signal().is_some())).map(|(r, _)| r).collect()
+    let mut lost: Vec<usize> = outcome.ranks.iter().zip(&outcome.statuses).filter(|(_, s)| s.is_some_and(|s| s.signal().is_some())).map(|(&r, _)| r).collect();
+    lost.sort_unstable();
+    lost.dedup();
+    lost
 }
 
 /// How a launched cluster run ended: `Ok(())` when every rank succeeded, else how the ranks

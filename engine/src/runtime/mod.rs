@@ -459,6 +459,12 @@ impl NodeInner {
         }
     }
 
+    /// The generation of the last workers' barrier this node entered (0 before the first): while
+    /// a worker of the node is between two barriers, the one it last passed.
+    pub fn barriers_entered(&self) -> u32 {
+        self.barrier.lock().rounds
+    }
+
     /// A worker arrives at the workers' barrier; the node enters the cluster-wide generation
     /// when all its live workers have arrived. Waits at most `timeout`.
     pub fn worker_barrier(&self, timeout: Duration) -> Result<()> {

@@ -831,6 +831,15 @@ impl Worker {
         self.barrier_within(self.node.config.op_timeout)
     }
 
+    /// The cluster-wide generation of the last barrier this worker passed (0 before its
+    /// first). Every node numbers generations alike, and a node that joined a running cluster
+    /// ([`crate::Node::join`]) goes on from the generation it joined in: so a trainer can tell
+    /// a node that joins where the others are — say, by writing into a table the generation
+    /// at which an epoch begins — and the joining node passes barriers until it reaches it.
+    pub fn barriers_passed(&self) -> u32 {
+        self.node.barriers_entered()
+    }
+
     /// [`Worker::barrier`] with its own timeout instead of the operation timeout, for a phase in
     /// which one node computes for long while the others wait (rank 0 evaluating a model, for
     /// one). A lost node still fails it within the liveness timeout.
