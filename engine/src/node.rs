@@ -98,6 +98,10 @@ impl Node {
         let timeout = node.inner.config.op_timeout * node.inner.config.nodes as u32;
         let deadline = std::time::Instant::now() + timeout;
         while !node.inner.core.join_state().1 {
+            if let Some(why) = node.inner.core.join_given_up() {
+                // A refusal, as the ask's (the node stops; the members take it for lost).
+                return Err(Error::Config(format!("node {} could not join the cluster: {why}", node.inner.config.rank)));
+            }
             if std::time::Instant::now() > deadline {
                 return Err(Error::Timeout { what: "joining the cluster", millis: timeout.as_millis() as u64, nodes: vec![coordinator as usize] });
             }

@@ -90,8 +90,8 @@ pub struct SimOptions {
     pub backups: bool,
     /// With backups: on how many successors every key is backed up (at least 1).
     pub backup_copies: usize,
-    /// With `crash` (and neither `leave` nor `rejoin`): this node crashes at the same step
-    /// too, and the survivors learn of the two losses one by one, in any order. With
+    /// With `crash`: this node crashes at the same step too, and the survivors learn of the
+    /// two losses one by one, in any order (with `rejoin`, it may be the joining node). With
     /// `backup_copies` ≥ 2 no acknowledged push may be lost.
     pub crash_also: Option<usize>,
     /// With backups: this node leaves gracefully (`protocol::leave`) once its workers, whose
@@ -1154,6 +1154,16 @@ impl Sim {
             }
             if self.rejoin_when_gone()? {
                 self.join_asked_at = Some(steps);
+            }
+            // A joining node that gave its join up stops, as `Node::join` returns its error:
+            // the members take it for lost.
+            for node in 0..self.nodes.len() {
+                if !self.nodes[node].crashed
+                    && let Some(why) = self.nodes[node].core.join_given_up()
+                {
+                    self.log(format!("node {node} gives its join up and stops: {why}"));
+                    self.crash(node)?;
+                }
             }
             self.take_sync_acks();
             self.take_replica_set_acks()?;

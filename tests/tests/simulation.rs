@@ -600,14 +600,35 @@ fn a_node_rejoins_while_a_node_crashes() {
 #[test]
 fn a_node_rejoins_with_two_backups_while_one_of_them_crashes() {
     for seed in seeds().share(2).range() {
-        let mut o = configuration("classic-hash-4-nodes", seed);
-        leave_in(&mut o, seed);
-        o.backup_copies = 2;
-        o.leave = Some(2);
-        o.rejoin = true;
-        o.crash_while_joining = true;
-        o.crash = Some((0, 1 + (seed as usize) % 60));
-        run_crashing(o);
+        run_crashing(rejoining_with_two_backups(seed, (0, 1 + (seed as usize) % 60), None));
+    }
+}
+
+/// Node 2 of 4 leaves and rejoins with two backups per key, while `crash` (node, steps after
+/// the ask to join) crashes, and `also` with it.
+fn rejoining_with_two_backups(seed: u64, crash: (usize, usize), also: Option<usize>) -> SimOptions {
+    let mut o = configuration("classic-hash-4-nodes", seed);
+    leave_in(&mut o, seed);
+    o.backup_copies = 2;
+    o.leave = Some(2);
+    o.rejoin = true;
+    o.crash_while_joining = true;
+    o.crash = Some(crash);
+    o.crash_also = also;
+    o
+}
+
+/// With two backups per key, node 2 rejoins while two nodes crash at once — any two of the
+/// coordinator (node 0), node 1 (the joining node's predecessor), the giver (node 3) and the
+/// joining node itself: the join completes, is abandoned, or is refused (the joining node would
+/// rank below the coordinator) and the joining node stops; every worker of a survivor
+/// finishes, and every acknowledged write is there afterwards.
+#[test]
+fn a_node_rejoins_with_two_backups_while_two_nodes_crash() {
+    const PAIRS: [(usize, usize); 6] = [(0, 2), (3, 2), (0, 3), (1, 3), (0, 1), (1, 2)];
+    for seed in seeds().share(2).range() {
+        let (first, second) = PAIRS[(seed % 6) as usize];
+        run_crashing(rejoining_with_two_backups(seed, (first, 1 + (seed as usize / 6) % 60), Some(second)));
     }
 }
 

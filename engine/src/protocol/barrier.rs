@@ -377,6 +377,16 @@ impl Barriers {
         }
     }
 
+    /// The coordinator moved without a loss (a node that joined below it was announced by a
+    /// coordinator since lost, and coordinates now): it hears from this node what the old one
+    /// would have, as after a loss.
+    pub fn coordinator_moved(&mut self, directory: &Directory, tx: &mut Transmit) {
+        let coordinator = directory.coordinator();
+        if coordinator != self.rank {
+            self.report_to(coordinator, tx);
+        }
+    }
+
     /// Sends a new coordinator what the lost one may have taken with it: the last generation
     /// of each kind this node passed, and its arrival in every generation it waits in.
     fn report_to(&mut self, coordinator: u16, tx: &mut Transmit) {

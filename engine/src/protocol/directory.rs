@@ -43,6 +43,10 @@ pub struct Directory {
     shards: usize,
     tables: Vec<TableMeta>,
     lost: Box<[AtomicBool]>,
+    /// Per node, whether it is joining and counts here as a member already (this node handed
+    /// it its keys, or it is this node, asking): it coordinates nothing until its join
+    /// completes (see [`Directory::coordinator`]).
+    joining: Box<[AtomicBool]>,
     /// Why each lost node was lost, and the order of the losses (the first is the cause that
     /// errors name when several nodes are gone).
     reasons: Mutex<(Vec<Option<String>>, Vec<u16>)>,
@@ -57,6 +61,10 @@ pub struct Directory {
     /// The node whose graceful departure is current here ([`NO_DEPARTURE`]: none): parts
     /// routed to it wait until it has left (see `protocol::leave`).
     departing: AtomicU16,
+    /// A node whose join is current here and that is among this node's backups once it is a
+    /// member ([`NO_DEPARTURE`]: none): backed up to already (see
+    /// [`Directory::backup_targets`]).
+    join_target: AtomicU16,
     /// Per node, how many times a node joined in its rank (wrapping): messages about a node's
     /// membership carry it, so that one about an earlier incarnation is not applied to a
     /// later one.
@@ -87,11 +95,13 @@ impl Directory {
             shards: shards.clamp(1, MAX_SHARDS),
             tables,
             lost: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
+            joining: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
             reasons: Mutex::new((vec![None; nodes], Vec::new())),
             losses: AtomicU64::new(0),
             failover: false,
             backup_copies: 0,
             departing: AtomicU16::new(NO_DEPARTURE),
+            join_target: AtomicU16::new(NO_DEPARTURE),
             incarnations: (0..nodes).map(|_| AtomicU8::new(0)).collect(),
             joins: AtomicU64::new(0),
         }
@@ -160,7 +170,29 @@ impl Directory {
     /// ([`Directory::stand_in`]); with `k` copies, any `k` of them may be lost at once.
     pub fn backup_targets(&self) -> Vec<u16> {
         let n = self.nodes as u16;
-        (1..n).map(|i| (self.rank + i) % n).filter(|&m| !self.is_lost(m)).take(self.backup_copies).collect()
+        let successors =
+            |counts: &dyn Fn(u16) -> bool| (1..n).map(|i| (self.rank + i) % n).filter(|&m| counts(m)).take(self.backup_copies).collect::<Vec<u16>>();
+        let mut targets = successors(&|m| !self.is_lost(m));
+        // A node joining (its join current here) that will be one of this node's backups is
+        // one already: when its join completes it holds every image (see `protocol::leave`).
+        let joining = self.join_target.load(Ordering::Acquire);
+        if joining != NO_DEPARTURE && !targets.contains(&joining) && successors(&|m| m == joining || !self.is_lost(m)).contains(&joining) {
+            targets.push(joining);
+        }
+        targets
+    }
+
+    /// `node`'s join is current here (or no join is, `None`): while it is, the node is backed
+    /// up to if it will be one of this node's backups ([`Directory::backup_targets`]).
+    pub(crate) fn set_join_target(&self, node: Option<u16>) {
+        self.join_target.store(node.unwrap_or(NO_DEPARTURE), Ordering::Release);
+    }
+
+    /// The node whose join is current here, backed up to if it will be a backup (see
+    /// [`Directory::set_join_target`]).
+    pub(crate) fn join_target(&self) -> Option<u16> {
+        let j = self.join_target.load(Ordering::Acquire);
+        (j != NO_DEPARTURE).then_some(j)
     }
 
     /// The nodes whose start-up keys this node serves: itself and, with failover, every lost
@@ -320,16 +352,32 @@ impl Directory {
         if !self.failover || self.losses() == 0 {
             return 0;
         }
-        (0..self.nodes as u16).find(|&n| n == self.rank || !self.is_lost(n)).unwrap_or(self.rank)
+        (0..self.nodes as u16).find(|&n| !self.is_joining(n) && (n == self.rank || !self.is_lost(n))).unwrap_or(self.rank)
     }
 
     /// Whether `node` coordinated until it was lost: it was the lowest-ranked node not lost
-    /// before it (with failover; without, rank 0).
+    /// before it (with failover; without, rank 0). A node still joining never coordinates.
     pub fn coordinated(&self, node: u16) -> bool {
         if !self.failover {
             return node == 0;
         }
-        (0..node).all(|n| n != self.rank && self.is_lost(n))
+        (0..node).all(|n| n != self.rank && (self.is_lost(n) || self.is_joining(n)))
+    }
+
+    /// Whether `node` is joining and counts here as a member already (see
+    /// [`Directory::set_joining`]).
+    #[inline]
+    pub fn is_joining(&self, node: u16) -> bool {
+        self.joining.get(node as usize).is_some_and(|j| j.load(Ordering::Acquire))
+    }
+
+    /// `node` is joining and counts here as a member already (this node handed it its keys, or
+    /// it is this node, asking to join), or no longer (its join completed or ended): while it
+    /// does, it is passed over as coordinator — a joining node never coordinates.
+    pub(crate) fn set_joining(&self, node: u16, joining: bool) {
+        if let Some(j) = self.joining.get(node as usize) {
+            j.store(joining, Ordering::Release);
+        }
     }
 
     /// The first peer lost, if any, and why.
@@ -497,6 +545,35 @@ mod tests {
         assert_eq!(d.stand_in_once_joined(3, 2), 4);
         assert_eq!(d.stand_in_once_joined(4, 2), 4);
         assert_eq!(d.stand_in_once_joined(0, 2), 0);
+    }
+
+    #[test]
+    fn a_joining_node_is_backed_up_to_before_it_counts_and_never_coordinates() {
+        // Node 1 of 4 with two backups; node 2 left and joins again.
+        let d = Directory::new(1, 4, 1, &[TableSpec::new("t", 10, 1)], false).with_failover(2);
+        d.mark_lost(2, "left");
+        assert_eq!(d.backup_targets(), vec![3, 0]);
+        d.set_join_target(Some(2));
+        assert_eq!(d.backup_targets(), vec![3, 0, 2], "one of its backups once it joins: backed up to already");
+        d.set_join_target(Some(0));
+        assert_eq!(d.backup_targets(), vec![3, 0], "a node that will not be a backup changes nothing");
+        d.set_join_target(None);
+        // The giver (this node, say) counts node 2 once it handed it its keys; node 0 is lost.
+        d.mark_lost(0, "crashed");
+        assert!(d.mark_joined(2));
+        d.set_joining(2, true);
+        assert_eq!(d.coordinator(), 1, "a joining node is passed over");
+        assert!(d.coordinated(0));
+        d.set_joining(2, false);
+        assert_eq!(d.coordinator(), 1, "node 1 ranks below node 2");
+        let at_joining = Directory::new(2, 4, 1, &[TableSpec::new("t", 10, 1)], false).with_failover(2);
+        for n in [0, 1] {
+            at_joining.mark_lost(n, "crashed");
+        }
+        at_joining.set_joining(2, true);
+        assert_eq!(at_joining.coordinator(), 3, "not itself while it joins");
+        at_joining.set_joining(2, false);
+        assert_eq!(at_joining.coordinator(), 2, "a member ranked lowest coordinates");
     }
 
     #[test]

@@ -248,6 +248,12 @@ impl Core {
         (d.joins.asked(), d.joins.ready(dir.rank(), dir.nodes(), |n| !dir.is_lost(n)))
     }
 
+    /// Why this node, joining, gave its join up (see `protocol::leave`, a lost coordinator), if
+    /// it did: the node then stops, and the members take it for lost.
+    pub fn join_given_up(&self) -> Option<String> {
+        self.departures.lock().joins.given_up().map(str::to_string)
+    }
+
     /// Backups' state.
     pub(crate) fn backups(&self) -> &Mutex<Backups> {
         &self.backups

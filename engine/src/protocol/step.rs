@@ -201,6 +201,7 @@ impl<'c, 't> Step<'c, 't> {
                         msg::BACKUP_ACK => {
                             self.handle_backup_ack(from, body)?;
                             self.advance_leave();
+                            self.advance_join_ready();
                             None
                         }
                         msg::LEAVE_READY => {
@@ -324,8 +325,12 @@ impl<'c, 't> Step<'c, 't> {
         // counts the rank as gone cannot tell the joining node's loss from the old one's).
         self.abandon_join_of(peer);
         if !dir.mark_lost(peer, reason) {
+            // (A joining node's loss: rounds that awaited it were given up.)
+            self.advance_join_ready();
+            self.begin_backup_round_if_due();
             return Progress::Done;
         }
+        dir.set_joining(peer, false);
         let error = Error::PeerLost { node: peer as usize, reason: reason.to_string() };
         if !left {
             self.announce_loss(peer, reason);
@@ -357,6 +362,8 @@ impl<'c, 't> Step<'c, 't> {
             self.tx.deliver(ALL_WORKERS, Delivery::PeerLost { node: peer, reason: reason.to_string(), losses: dir.losses() });
         }
         self.end_departure(peer);
+        // A loss may leave no backup to wait for, or end the round a READY waited for.
+        self.advance_join_ready();
         Progress::Done
     }
 

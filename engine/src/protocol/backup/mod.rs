@@ -291,6 +291,12 @@ impl Backups {
         self.under_way.is_empty() || (self.under_way.len() < ROUNDS_IN_FLIGHT && targets == self.targets)
     }
 
+    /// Whether the last round went to other backups than `targets` (the next one sends every
+    /// image).
+    pub fn targets_differ(&self, targets: &[u16]) -> bool {
+        self.targets != targets
+    }
+
     /// The latest round under way, if any.
     pub fn under_way(&self) -> Option<u32> {
         self.under_way.back().map(|(n, _)| *n)

@@ -198,6 +198,12 @@ impl Step<'_, '_> {
             return Err(Error::Protocol("BACKUP to a node that keeps no backups".into()));
         }
         let mut strays = 0usize;
+        // A joining node keeps every image: its members' view of who serves what is the one
+        // it learns when it is welcomed, which may come after (see `protocol::leave`, joins).
+        let joining = {
+            let departures = core.departures().lock();
+            departures.joins.asked() && departures.joins.joined().is_none()
+        };
         if let Some(meta) = dir.table(backup.table) {
             let mut backups = core.backups().lock();
             // The last run of keys of one home found, and whether `from` serves that home.
@@ -208,7 +214,7 @@ impl Step<'_, '_> {
                     let (home, index) = meta.partitioner.locate_cached(key, &mut run);
                     let serves = match served {
                         Some((h, serves)) if h == home => serves,
-                        _ => served.insert((home, dir.stand_in(home as u16) == from)).1,
+                        _ => served.insert((home, joining || dir.stand_in(home as u16) == from)).1,
                     };
                     serves.then_some((home as u16, index, image))
                 }),
@@ -248,11 +254,12 @@ impl Step<'_, '_> {
         let core = self.core;
         let (dir, store) = (core.directory(), core.store());
         let rank = dir.rank();
-        let sets = {
+        let (sets, backups_changed) = {
             let mut backups = core.backups().lock();
             if backups.handle_lost(peer) {
                 self.tx.touch_backup();
             }
+            let backups_changed = backups.targets_differ(&dir.backup_targets());
             // The homes now served here that were another node's: `peer`'s, and those it had
             // taken over — but not those a join current here moves to the joining node: `peer`
             // may have handed their keys over already, and this node then hands over what it
@@ -260,7 +267,7 @@ impl Step<'_, '_> {
             // joining node's keys are adopted as any.
             let joining = core.departures().lock().current().and_then(crate::protocol::leave::join_of).filter(|&j| j != peer);
             let moving = |home: u16| joining.is_some_and(|j| dir.stand_in_once_joined(home, j) == j);
-            backups.images().take(|home| home != rank && dir.stand_in(home) == rank && !moving(home))
+            (backups.images().take(|home| home != rank && dir.stand_in(home) == rank && !moving(home)), backups_changed)
         };
         let (mut adopted, mut failed) = (0usize, 0usize);
         for ((table, home), set) in sets {
@@ -289,9 +296,11 @@ impl Step<'_, '_> {
                 tracing::warn!(node = rank, peer, adopted, failed, "took over the keys of a lost node from its backups");
             }
         }
-        if adopted > 0 {
-            // The adopted keys are on this node alone until a round ships them: one is due now
-            // (after the one under way, if any), not when a write next asks for one.
+        if adopted > 0 || backups_changed {
+            // The adopted keys are on this node alone until a round ships them, and a new
+            // backup has none of this node's images (the one it replaced left or was lost
+            // with them): a round is due now (after the one under way, if any), not when a
+            // write next asks for one.
             let counters = core.backup_counters();
             counters.want(counters.round_after_now());
         }

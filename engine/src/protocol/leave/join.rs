@@ -62,6 +62,8 @@ struct OwnJoin {
     joined: Option<[u32; 2]>,
     /// The nodes whose JOIN_ACK came.
     acks: Vec<u16>,
+    /// Why this node gave its join up, if it did.
+    given_up: Option<String>,
 }
 
 /// What one node knows of joins (see the module documentation).
@@ -73,6 +75,15 @@ pub(crate) struct Joins {
     readies: Vec<(u16, u16)>,
     /// At a giver: the joins whose keys it handed over.
     given: Vec<u16>,
+    /// Nodes this node learnt were lost — joining, or members that joined or started with
+    /// the cluster — since a fresh node in their rank last asked to join: a coordinator that
+    /// takes over later abandons a reported join of theirs instead of beginning it again for
+    /// a node that will never answer.
+    lost: Vec<u16>,
+    /// A join current here whose JOIN_READY waits for a backup round that includes the joining
+    /// node (it will be one of this node's backups): the joining node and that round, once
+    /// begun.
+    ready_after: Option<(u16, Option<u32>)>,
 }
 
 impl Joins {
@@ -93,6 +104,19 @@ impl Joins {
     /// The barrier generations this node takes part in from, once it is a member.
     pub fn joined(&self) -> Option<[u32; 2]> {
         self.own.as_ref().and_then(|o| o.joined)
+    }
+
+    /// This node gives its join up, for `why` (after JOINED too: the coordinator that refused
+    /// it counts it as gone, and so do the members it tells).
+    pub fn give_up(&mut self, why: String) {
+        if let Some(own) = self.own.as_mut() {
+            own.given_up.get_or_insert(why);
+        }
+    }
+
+    /// Why this node gave its join up, if it did.
+    pub fn given_up(&self) -> Option<&str> {
+        self.own.as_ref().and_then(|o| o.given_up.as_deref())
     }
 
     /// JOIN_ACK from `from`.
@@ -167,9 +191,54 @@ impl Joins {
         self.given.push(joining);
     }
 
+    /// Joining node `joining` was lost before its join ended here.
+    pub fn note_lost(&mut self, joining: u16) {
+        if !self.lost.contains(&joining) {
+            self.lost.push(joining);
+        }
+    }
+
+    /// Whether joining node `joining` was lost before its join ended here.
+    pub fn was_lost(&self, joining: u16) -> bool {
+        self.lost.contains(&joining)
+    }
+
+    /// `joining` asks afresh (a new process in the rank): its earlier loss is past.
+    pub fn asks_afresh(&mut self, joining: u16) {
+        self.lost.retain(|&j| j != joining);
+    }
+
+    /// `joining`'s join is current here and will make it one of this node's backups: its
+    /// READY waits for a round to it ([`Joins::ready_after`]).
+    pub fn await_round_before_ready(&mut self, joining: u16) {
+        if self.ready_after.is_none_or(|(j, _)| j != joining) {
+            self.ready_after = Some((joining, None));
+        }
+    }
+
+    /// The joining node whose READY waits, and the round it waits for once begun.
+    pub fn ready_after(&self) -> Option<(u16, Option<u32>)> {
+        self.ready_after
+    }
+
+    /// The round the READY waits for began.
+    pub fn set_ready_round(&mut self, round: u32) {
+        if let Some((_, r)) = self.ready_after.as_mut() {
+            *r = Some(round);
+        }
+    }
+
+    /// The READY went (or is not needed any more).
+    pub fn ready_sent(&mut self) {
+        self.ready_after = None;
+    }
+
     /// `joining`'s join ended here (it joined, or it was lost): its READYs and hand-over are
     /// forgotten, so that a later join of the same rank starts afresh.
     pub fn forget(&mut self, joining: u16) {
+        if self.ready_after.is_some_and(|(j, _)| j == joining) {
+            self.ready_after = None;
+        }
         self.readies.retain(|&(j, _)| j != joining);
         self.given.retain(|&j| j != joining);
     }

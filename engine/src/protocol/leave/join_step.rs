@@ -55,6 +55,7 @@ impl Step<'_, '_> {
                 dir.set_owner(table, key, LOST_OWNER);
             }
         }
+        dir.set_joining(rank, true);
         tracing::info!(node = rank, contact, "asking to join the cluster");
         let bytes = encode(self.tx.buf(contact), msg::JOIN_ASK, rank);
         self.tx.sent(contact, MessageKind::Membership, bytes);
@@ -73,6 +74,7 @@ impl Step<'_, '_> {
         if !self.try_acquire(self.all_shards()) {
             return Ok(Progress::Yield { at: 0, item: 0 });
         }
+        self.core.departures().lock().joins.asks_afresh(node);
         if !dir.is_lost(node) {
             // Its join completed here under a coordinator since lost, whose JOINED did not
             // reach it: JOINED again, with the generations it was given.
@@ -105,11 +107,48 @@ impl Step<'_, '_> {
             // No live node serves its keys (every node but this one is gone?): nothing to wait for.
             return;
         }
+        // From now on the joining node is backed up to if it will be one of this node's
+        // backups, and it is one before its join completes: this node's READY (without which
+        // the giver hands nothing over) waits for a round to it. Otherwise a write acknowledged
+        // before the join would be on backups that are not this node's once it completes, and
+        // lost with this node and its other backups.
+        dir.set_join_target(Some(joining));
         if giver == dir.rank() {
             dir.set_departing(None);
             self.advance_give(joining);
         } else {
             dir.set_departing(Some(giver));
+            self.core.departures().lock().joins.await_round_before_ready(joining);
+            self.advance_join_ready();
+        }
+    }
+
+    /// Sends JOIN_READY to the giver of the join current here once the backup round it waits
+    /// for completed (see [`Step::make_join_current`]): at once when the joining node will not
+    /// be one of this node's backups, else after a round begun since the join became current
+    /// (every round to new backups sends every image). Called again as rounds complete.
+    pub(crate) fn advance_join_ready(&mut self) {
+        let core = self.core;
+        let dir = core.directory();
+        let Some((joining, round)) = core.departures().lock().joins.ready_after() else { return };
+        if dir.backup_targets().contains(&joining) {
+            let round = match round {
+                Some(round) => round,
+                None => {
+                    // (No round may begin while rounds to the backups before are under way:
+                    // this is called again as they complete.)
+                    let Some(start) = self.begin_backup_round(false) else { return };
+                    core.departures().lock().joins.set_ready_round(start.number);
+                    start.number
+                }
+            };
+            if !core.backup_counters().completed(round) {
+                return;
+            }
+        }
+        core.departures().lock().joins.ready_sent();
+        let giver = dir.stand_in(joining);
+        if giver != joining && giver != dir.rank() {
             let bytes = encode(self.tx.buf(giver), msg::JOIN_READY, joining);
             self.tx.sent(giver, MessageKind::Membership, bytes);
         }
@@ -156,6 +195,16 @@ impl Step<'_, '_> {
         let core = self.core;
         let (dir, store) = (core.directory(), core.store());
         let rank = dir.rank();
+        // The joining node hears first of every loss this node knows of: it may have learnt
+        // of none since its welcome (a loss here before the hand-over was not announced to
+        // it), and from now on this node routes requests to it as the others' stand-in —
+        // keys it can serve only once it counts the same nodes lost (PEER_LOST precedes the
+        // requests on the link, as for any member; a loss it knows already is ignored).
+        for (lost, reason) in dir.lost_nodes().into_iter().filter(|&(n, _)| n != joining) {
+            let incarnation = dir.incarnation(lost);
+            let bytes = crate::protocol::wire::encode_peer_lost(self.tx.buf(joining), lost, incarnation, &reason);
+            self.tx.sent(joining, MessageKind::Failure, bytes);
+        }
         let moving: Vec<u16> =
             (0..dir.nodes() as u16).filter(|&h| h != rank && dir.stand_in(h) == rank && dir.stand_in_once_joined(h, joining) == joining).collect();
         let max_bytes = core.settings().max_message_bytes;
@@ -221,6 +270,7 @@ impl Step<'_, '_> {
         let bytes = image_wire::finish_backup(buf, at, 0, true);
         self.tx.sent(joining, MessageKind::Membership, bytes);
         dir.mark_joined(joining);
+        dir.set_joining(joining, true);
         core.backup_counters().note_handed(handed);
         tracing::info!(node = rank, joining, homes = ?moving, keys = handed, "handed a joining node its keys");
     }
@@ -268,8 +318,19 @@ impl Step<'_, '_> {
         let images = decode_backup(body, |t| store.tables().get(t as usize).map(|t| 4 * (t.value_len() + t.state_len())))?;
         {
             let departures = core.departures().lock();
-            if !departures.joins.asked() || departures.joins.joined().is_some() {
+            if !departures.joins.asked() {
                 return Err(Error::Protocol(format!("JOIN_IMAGES from node {from} to node {}, which is not joining", dir.rank())));
+            }
+            if let Some(joined) = departures.joins.joined() {
+                // From a giver that took over from one lost during the join, after this node
+                // joined with the first giver's images (which it has written to since): nothing
+                // to take, but the new giver's rounds wait for the confirmation.
+                drop(departures);
+                if images.last {
+                    let bytes = encode_handed(self.tx.buf(from), dir.rank(), Some(joined));
+                    self.tx.sent(from, MessageKind::Membership, bytes);
+                }
+                return Ok(Progress::Done);
             }
         }
         if !self.try_acquire(self.all_shards()) {
@@ -350,8 +411,10 @@ impl Step<'_, '_> {
     pub(super) fn announce_joined(&mut self, joining: u16, from_generations: [u32; 2]) {
         let dir = self.directory();
         self.send_to_live(&[joining], MessageKind::Membership, |out| encode_joined(out, joining, from_generations));
-        let bytes = encode_joined(self.tx.buf(joining), joining, from_generations);
-        self.tx.sent(joining, MessageKind::Membership, bytes);
+        if joining != dir.rank() {
+            let bytes = encode_joined(self.tx.buf(joining), joining, from_generations);
+            self.tx.sent(joining, MessageKind::Membership, bytes);
+        }
         tracing::info!(node = dir.rank(), joining, ?from_generations, "a node joined");
     }
 
@@ -360,7 +423,9 @@ impl Step<'_, '_> {
     pub(crate) fn handle_joined(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
         let (joining, from_generations) = decode_joined(body)?;
         let dir = self.directory();
-        if joining as usize >= dir.nodes() || joining == from {
+        // (From the joined node itself when it coordinates now: the members below it were lost
+        // after it joined, and it announces its own join again to those that missed it.)
+        if joining as usize >= dir.nodes() || joining == dir.rank() && from == joining {
             return Err(Error::Protocol(format!("JOINED of node {joining} from node {from}")));
         }
         if !self.try_acquire(self.all_shards()) {
@@ -371,6 +436,7 @@ impl Step<'_, '_> {
             let first = core.departures().lock().joins.note_joined(from_generations);
             if first {
                 dir.note_own_join();
+                dir.set_joining(joining, false);
                 core.barriers().lock().start_at(from_generations);
                 // Its keys are on its successor already (the giver kept them): a round now
                 // makes the successor's images this node's own.
@@ -401,12 +467,56 @@ impl Step<'_, '_> {
     pub(crate) fn abandon_join_of(&mut self, peer: u16) {
         let dir = self.directory();
         let entry = JOIN_BIT | peer;
+        // Remembered, should this node coordinate later and hear of a join of it from the
+        // others' reports (one that its loss ended here, or that completed here before it):
+        // that join is over until a fresh node in the rank asks again.
+        if dir.is_lost(peer) || dir.is_joining(peer) || dir.incarnation(peer) > 0 {
+            self.core.departures().lock().joins.note_lost(peer);
+        }
+        if dir.is_lost(peer) || dir.is_joining(peer) {
+            // A rank counted gone whose connection ends: a joining node, no longer backed up
+            // to; rounds that await it are given up.
+            if dir.join_target() == Some(peer) {
+                dir.set_join_target(None);
+            }
+            if self.core.backups().lock().handle_lost(peer) {
+                self.tx.touch_backup();
+            }
+        }
         if dir.coordinator() != dir.rank() || !self.core.departures().lock().queued(entry) {
             return;
         }
         tracing::warn!(node = dir.rank(), joining = peer, "a joining node was lost; its join is abandoned");
         self.send_to_live(&[peer], MessageKind::Membership, |out| encode(out, msg::JOIN_ABANDONED, peer));
-        self.end_departure(entry);
+        self.join_ended_unjoined(peer);
+    }
+
+    /// `joining`'s join ended here without it joining (it was lost, or refused; every shard
+    /// held): the change ends, and the images kept of the homes that were to move to it —
+    /// which a loss during the join left unadopted (see `fail_over`) — are adopted now where
+    /// this node stands in for them.
+    pub(super) fn join_ended_unjoined(&mut self, joining: u16) {
+        self.end_departure(JOIN_BIT | joining);
+        if self.directory().failover() && self.directory().is_lost(joining) {
+            self.fail_over(joining, false);
+        }
+    }
+
+    /// At the coordinator (every shard held): refuses the join of `joining`, which ranks below
+    /// it — the members below it were lost during the join, and a joining node never takes
+    /// coordination over. The join is abandoned everywhere as after the joining node's loss
+    /// (JOIN_ABANDONED, relayed once), the joining node is told too and stops, and where it
+    /// was handed its keys (here, if this node gave them) they are taken back.
+    pub(super) fn refuse_join(&mut self, joining: u16) {
+        let dir = self.directory();
+        tracing::warn!(node = dir.rank(), joining, "refuses a join below the coordinator: its join is abandoned");
+        self.send_to_live(&[joining], MessageKind::Membership, |out| encode(out, msg::JOIN_ABANDONED, joining));
+        let bytes = encode(self.tx.buf(joining), msg::JOIN_ABANDONED, joining);
+        self.tx.sent(joining, MessageKind::Membership, bytes);
+        if !dir.is_lost(joining) {
+            let _ = self.remove_peer(joining, "its join was refused: it ranks below the coordinator", false);
+        }
+        self.join_ended_unjoined(joining);
     }
 
     /// JOIN_ABANDONED from the coordinator, or relayed: `joining` was lost before it joined.
@@ -418,8 +528,20 @@ impl Step<'_, '_> {
     pub(crate) fn handle_join_abandoned(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
         let joining = decode(body)?;
         let dir = self.directory();
-        if joining as usize >= dir.nodes() || joining == from || joining == dir.rank() {
+        if joining as usize >= dir.nodes() || joining == from {
             return Err(Error::Protocol(format!("JOIN_ABANDONED of node {joining} from node {from}")));
+        }
+        if joining == dir.rank() {
+            // The coordinator refused this node's join (it ranks below the coordinator, whose
+            // lower members were lost): it stops.
+            let mut departures = self.core.departures().lock();
+            if !departures.joins.asked() {
+                return Err(Error::Protocol(format!("JOIN_ABANDONED of this node from node {from}, which never asked to join")));
+            }
+            departures.joins.give_up(format!(
+                "node {from}, which coordinates now, ranks above it (the members ranked below it were lost during its join), and a joining node never coordinates"
+            ));
+            return Ok(Progress::Done);
         }
         if !self.try_acquire(self.all_shards()) {
             return Ok(Progress::Yield { at: 0, item: 0 });
@@ -427,10 +549,10 @@ impl Step<'_, '_> {
         if self.core.departures().lock().queued(JOIN_BIT | joining) {
             self.send_to_live(&[joining, from], MessageKind::Membership, |out| encode(out, msg::JOIN_ABANDONED, joining));
         }
-        self.end_departure(JOIN_BIT | joining);
         if !dir.is_lost(joining) {
             let _ = self.remove_peer(joining, "it was lost while it joined", false);
         }
+        self.join_ended_unjoined(joining);
         Ok(Progress::Done)
     }
 
@@ -441,6 +563,9 @@ impl Step<'_, '_> {
         let core = self.core;
         let dir = core.directory();
         let queued = core.departures().lock().queued(JOIN_BIT | joining);
+        let coordinator_before = dir.coordinator();
+        dir.set_joining(joining, false);
+        dir.set_join_target(None);
         if !queued {
             if !dir.is_lost(joining) {
                 core.barriers().lock().admit(joining, from_generations);
@@ -458,5 +583,13 @@ impl Step<'_, '_> {
         }
         self.end_departure(JOIN_BIT | joining);
         self.begin_backup_round_if_due();
+        let coordinator = dir.coordinator();
+        if coordinator != coordinator_before && coordinator != dir.rank() {
+            // The joined node ranks below every other live member (those below it were lost
+            // after its join was announced) and coordinates now: it hears from this node what
+            // a lost coordinator's successor would.
+            self.coordinator_lost(coordinator);
+            self.core.barriers().lock().coordinator_moved(dir, self.tx);
+        }
     }
 }

@@ -71,10 +71,27 @@ impl Step<'_, '_> {
     pub(super) fn begin_everywhere(&mut self, node: u16) {
         let dir = self.directory();
         let moot = match join_of(node) {
-            Some(joining) => !dir.is_lost(joining),
+            Some(joining) => !dir.is_lost(joining) && !dir.is_joining(joining),
             None => dir.is_lost(node),
         };
-        if moot || !self.core.departures().lock().begin_at_coordinator(node) {
+        if moot {
+            return;
+        }
+        if let Some(joining) = join_of(node) {
+            if self.core.departures().lock().joins.was_lost(joining) {
+                // Lost before this node coordinated (its loss was not a coordinator's to act
+                // on then): abandoned now, as the coordinator would have.
+                tracing::warn!(node = dir.rank(), joining, "a joining node was lost; its join is abandoned");
+                self.send_to_live(&[joining], MessageKind::Membership, |out| encode(out, msg::JOIN_ABANDONED, joining));
+                self.join_ended_unjoined(joining);
+                return;
+            }
+            if joining < dir.rank() {
+                self.refuse_join(joining);
+                return;
+            }
+        }
+        if !self.core.departures().lock().begin_at_coordinator(node) {
             return;
         }
         match join_of(node) {
@@ -98,18 +115,44 @@ impl Step<'_, '_> {
             departures.joins.asked() && departures.joins.joined().is_none()
         };
         if joining {
-            // Not a member yet: it asks the new coordinator (which may know its join already,
-            // and then welcomes it again once it took over), and reports no departures, in
-            // case the new coordinator counts it as a member already and waits for its report.
-            if coordinator != dir.rank() {
-                let bytes = encode(self.tx.buf(coordinator), msg::JOIN_ASK, dir.rank());
-                self.tx.sent(coordinator, MessageKind::Membership, bytes);
-                let bytes = encode_known(self.tx.buf(coordinator), &[], false);
-                self.tx.sent(coordinator, MessageKind::Membership, bytes);
+            // Not a member yet: it asks the new coordinator — the lowest-ranked live member;
+            // never itself — (which may know its join already, and then welcomes it again once
+            // it took over), and reports no departures, in case the new coordinator counts it
+            // as a member already and waits for its report. A joining node never coordinates:
+            // with every member ranked below it lost, it gives its join up (the members take
+            // it for lost when it goes, and abandon the join).
+            let rank = dir.rank();
+            match (0..dir.nodes() as u16).find(|&n| n != rank && !dir.is_lost(n)) {
+                Some(next) if next < rank => {
+                    let bytes = encode(self.tx.buf(next), msg::JOIN_ASK, rank);
+                    self.tx.sent(next, MessageKind::Membership, bytes);
+                    let bytes = encode_known(self.tx.buf(next), &[], false);
+                    self.tx.sent(next, MessageKind::Membership, bytes);
+                }
+                next => {
+                    let why = match next {
+                        Some(next) => format!(
+                            "every member ranked below node {rank} was lost while it joined, and a joining node never coordinates: node {next} does now; this rank cannot join until a member below it is back"
+                        ),
+                        None => format!("every member was lost while node {rank} joined"),
+                    };
+                    tracing::warn!(node = rank, "gives its join up: {why}");
+                    self.core.departures().lock().joins.give_up(why);
+                }
             }
             return;
         }
         if coordinator == dir.rank() {
+            // A node that joined but that not every member counts yet (the JOINED of the
+            // coordinator just lost did not reach them all) announces its own join again:
+            // until they count it, they take it for a joining node and coordinate themselves.
+            let own = {
+                let departures = self.core.departures().lock();
+                departures.joins.joined().filter(|_| !departures.joins.ready(dir.rank(), dir.nodes(), |n| !dir.is_lost(n)))
+            };
+            if let Some(from_generations) = own {
+                self.announce_joined(dir.rank(), from_generations);
+            }
             self.core.departures().lock().start_takeover(dir.nodes(), dir.rank());
             self.advance_takeover();
             return;
@@ -147,8 +190,11 @@ impl Step<'_, '_> {
             None => self.core.departures().lock().take_asks(),
         };
         for node in begin {
+            // (A joining node this node handed its keys to counts as a member here, but its
+            // join has not completed.)
             if let Some(joining) = join_of(node)
                 && !dir.is_lost(joining)
+                && !dir.is_joining(joining)
             {
                 // The old coordinator completed this join before it was lost, but its JOINED
                 // may not have reached every node: it goes out again, with the same
@@ -298,6 +344,7 @@ impl Step<'_, '_> {
         };
         if ended_current {
             dir.set_departing(None);
+            dir.set_join_target(None);
         }
         if let Some(node) = next {
             self.make_current(node);
