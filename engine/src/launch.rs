@@ -119,8 +119,13 @@ impl LaunchOutcome {
     /// The ranks in which [`LaunchSpec::replace_lost`] started a fresh process, once per
     /// replacement.
     pub fn replaced_ranks(&self) -> Vec<usize> {
-        let mut seen = std::collections::HashSet::new();
-        self.ranks.iter().filter(|&&r| !seen.insert(r)).copied().collect()
+        (0..self.ranks.len()).filter(|&i| self.is_replacement(i)).map(|i| self.ranks[i]).collect()
+    }
+
+    /// Whether process `i` (of `ranks` and `statuses`) is a replacement
+    /// [`LaunchSpec::replace_lost`] started, not one the launch started with.
+    pub fn is_replacement(&self, i: usize) -> bool {
+        self.ranks.get(i).is_some_and(|r| self.ranks[..i].contains(r))
     }
 }
 
@@ -185,13 +190,13 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
             }
         }
     }
+    let started_with = ranks.len();
     let mut ranks = ranks;
     let signals = Signals::register();
     let mut statuses: Vec<Option<ExitStatus>> = vec![None; children.len()];
     let started = Instant::now();
     let mut failed_at: Option<Instant> = None;
     let mut interrupted = None;
-    let mut replaced = 0;
     loop {
         let mut lost = Vec::new();
         for (i, child) in children.iter_mut().enumerate() {
@@ -209,10 +214,9 @@ pub fn launch(spec: &LaunchSpec, on_line: impl Fn(usize, Stream, &str) + Send + 
         // Lost ranks, replaced while rank 0 (the contact) runs.
         let contact_runs = ranks.iter().zip(&statuses).any(|(&r, s)| r == 0 && s.is_none());
         for rank in lost {
-            let spawned = if contact_runs && replaced < MAX_REPLACEMENTS { Some(env.spawn(rank, true, &on_line)) } else { None };
+            let spawned = if contact_runs && ranks.len() - started_with < MAX_REPLACEMENTS { Some(env.spawn(rank, true, &on_line)) } else { None };
             match spawned {
                 Some(Ok((child, pipes))) => {
-                    replaced += 1;
                     children.push(child);
                     readers.extend(pipes);
                     ranks.push(rank);

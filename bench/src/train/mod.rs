@@ -948,12 +948,15 @@ pub fn run_mode(command: &TrainCommand, common: &Common, mode: Mode) -> Result<V
             // Every process the run started with succeeded or was lost. A fresh node that could
             // not take part (one started as the run ended cannot join it) does not fail the run
             // the others finished.
-            let started_with = |i: usize| !outcome.ranks[..i].contains(&outcome.ranks[i]);
-            let survivors_done =
-                outcome.statuses.iter().enumerate().filter(|&(i, _)| started_with(i)).all(|(_, s)| s.is_some_and(|s| s.success() || s.signal().is_some()));
+            let survivors_done = outcome
+                .statuses
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| !outcome.is_replacement(i))
+                .all(|(_, s)| s.is_some_and(|s| s.success() || s.signal().is_some()));
             if current.on_loss.trains_on() && outcome.interrupted.is_none() && !lost.is_empty() && lost.len() < current.nodes && survivors_done {
                 let failed_fresh: Vec<usize> = (0..outcome.ranks.len())
-                    .filter(|&i| !started_with(i) && outcome.statuses[i].is_none_or(|s| !s.success() && s.signal().is_none()))
+                    .filter(|&i| outcome.is_replacement(i) && outcome.statuses[i].is_none_or(|s| !s.success() && s.signal().is_none()))
                     .map(|i| outcome.ranks[i])
                     .collect();
                 if !failed_fresh.is_empty() {

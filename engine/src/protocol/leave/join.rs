@@ -191,16 +191,17 @@ impl Joins {
         self.given.push(joining);
     }
 
-    /// Joining node `joining` was lost before its join ended here.
-    pub fn note_lost(&mut self, joining: u16) {
-        if !self.lost.contains(&joining) {
-            self.lost.push(joining);
+    /// Node `node` was lost (joining, or a member that joined once; see [`Joins::was_lost`]).
+    pub fn note_lost(&mut self, node: u16) {
+        if !self.lost.contains(&node) {
+            self.lost.push(node);
         }
     }
 
-    /// Whether joining node `joining` was lost before its join ended here.
-    pub fn was_lost(&self, joining: u16) -> bool {
-        self.lost.contains(&joining)
+    /// Whether node `node` was lost since a fresh node in its rank last asked to join here: a
+    /// reported join of it is over.
+    pub fn was_lost(&self, node: u16) -> bool {
+        self.lost.contains(&node)
     }
 
     /// `joining` asks afresh (a new process in the rank): its earlier loss is past.

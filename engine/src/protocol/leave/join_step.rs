@@ -486,9 +486,15 @@ impl Step<'_, '_> {
         if dir.coordinator() != dir.rank() || !self.core.departures().lock().queued(entry) {
             return;
         }
-        tracing::warn!(node = dir.rank(), joining = peer, "a joining node was lost; its join is abandoned");
-        self.send_to_live(&[peer], MessageKind::Membership, |out| encode(out, msg::JOIN_ABANDONED, peer));
-        self.join_ended_unjoined(peer);
+        self.abandon_join(peer);
+    }
+
+    /// At the coordinator (every shard held): the join of `joining`, which was lost, is
+    /// abandoned everywhere (JOIN_ABANDONED) and here.
+    pub(super) fn abandon_join(&mut self, joining: u16) {
+        tracing::warn!(node = self.directory().rank(), joining, "a joining node was lost; its join is abandoned");
+        self.send_to_live(&[joining], MessageKind::Membership, |out| encode(out, msg::JOIN_ABANDONED, joining));
+        self.join_ended_unjoined(joining);
     }
 
     /// `joining`'s join ended here without it joining (it was lost, or refused; every shard

@@ -81,9 +81,7 @@ impl Step<'_, '_> {
             if self.core.departures().lock().joins.was_lost(joining) {
                 // Lost before this node coordinated (its loss was not a coordinator's to act
                 // on then): abandoned now, as the coordinator would have.
-                tracing::warn!(node = dir.rank(), joining, "a joining node was lost; its join is abandoned");
-                self.send_to_live(&[joining], MessageKind::Membership, |out| encode(out, msg::JOIN_ABANDONED, joining));
-                self.join_ended_unjoined(joining);
+                self.abandon_join(joining);
                 return;
             }
             if joining < dir.rank() {
@@ -121,24 +119,24 @@ impl Step<'_, '_> {
             // as a member already and waits for its report. A joining node never coordinates:
             // with every member ranked below it lost, it gives its join up (the members take
             // it for lost when it goes, and abandon the join).
+            // (`Directory::coordinator` passes over a joining node: it names this one only
+            // when no other is left.)
             let rank = dir.rank();
-            match (0..dir.nodes() as u16).find(|&n| n != rank && !dir.is_lost(n)) {
-                Some(next) if next < rank => {
-                    let bytes = encode(self.tx.buf(next), msg::JOIN_ASK, rank);
-                    self.tx.sent(next, MessageKind::Membership, bytes);
-                    let bytes = encode_known(self.tx.buf(next), &[], false);
-                    self.tx.sent(next, MessageKind::Membership, bytes);
-                }
-                next => {
-                    let why = match next {
-                        Some(next) => format!(
-                            "every member ranked below node {rank} was lost while it joined, and a joining node never coordinates: node {next} does now; this rank cannot join until a member below it is back"
-                        ),
-                        None => format!("every member was lost while node {rank} joined"),
-                    };
-                    tracing::warn!(node = rank, "gives its join up: {why}");
-                    self.core.departures().lock().joins.give_up(why);
-                }
+            if coordinator < rank {
+                let bytes = encode(self.tx.buf(coordinator), msg::JOIN_ASK, rank);
+                self.tx.sent(coordinator, MessageKind::Membership, bytes);
+                let bytes = encode_known(self.tx.buf(coordinator), &[], false);
+                self.tx.sent(coordinator, MessageKind::Membership, bytes);
+            } else {
+                let why = if coordinator == rank {
+                    format!("every member was lost while node {rank} joined")
+                } else {
+                    format!(
+                        "every member ranked below node {rank} was lost while it joined, and a joining node never coordinates: node {coordinator} does now; this rank cannot join until a member below it is back"
+                    )
+                };
+                tracing::warn!(node = rank, "gives its join up: {why}");
+                self.core.departures().lock().joins.give_up(why);
             }
             return;
         }
