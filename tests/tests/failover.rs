@@ -409,30 +409,38 @@ fn table_of(node: &Node) -> ferry::Table {
     node.table("t").unwrap()
 }
 
-/// A worker that drops writes a loss failed (`Worker::drop_lost_writes`) pushes through a
-/// node's death without an error: its pushes in flight to the node are dropped and counted, the
-/// next ones go to the node's successor.
+/// A worker that drops writes a loss failed (`Worker::drop_lost_writes`) pushes and sets
+/// through a node's death without an error: its writes in flight to the node are dropped and
+/// counted, the next ones go to the node's successor.
 #[test]
-fn pushes_in_flight_when_a_node_dies_are_dropped_on_request() {
+fn writes_in_flight_when_a_node_dies_are_dropped_on_request() {
     let keys = 90u64;
     let mut cluster = Node::start_local_cluster(3, config(keys, 2)).unwrap();
     let table = cluster[0].table("t").unwrap();
-    let victims: Vec<u64> = (30..60).collect();
+    // The victim holds keys 30..60: pushes go to the first half, sets (of 7.0) to the second.
+    let (victims, set_keys): (Vec<u64>, Vec<u64>) = ((30..45).collect(), (45..60).collect());
     let victim = cluster.remove(1);
     let stop = std::sync::atomic::AtomicBool::new(false);
-    // Two pushers on each survivor: some push is in flight to the victim when it dies.
+    // Two pushers and a setter on each survivor: some write is in flight to the victim when
+    // it dies.
     let (pushes, errors) = std::thread::scope(|s| {
-        let (victims, stop) = (&victims, &stop);
-        let pushers: Vec<_> = [0, 0, 1, 1]
+        let (victims, set_keys, stop) = (&victims, &set_keys, &stop);
+        let pushers: Vec<_> = [(0, false), (0, false), (1, false), (1, false), (0, true), (1, true)]
             .into_iter()
-            .map(|n| {
+            .map(|(n, setter)| {
                 let mut w = cluster[n].worker();
                 w.drop_lost_writes(true);
                 s.spawn(move || {
                     let (mut pushes, mut errors) = (0usize, Vec::new());
                     while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        if setter {
+                            if let Err(e) = w.set(table, set_keys, &vec![7.0; set_keys.len() * 2]) {
+                                errors.push(format!("set: {e}"));
+                            }
+                            continue;
+                        }
                         if let Err(e) = w.push(table, victims, &vec![1.0; victims.len() * 2]) {
-                            errors.push(e.to_string());
+                            errors.push(format!("push: {e}"));
                         }
                         pushes += 1;
                     }
@@ -449,13 +457,16 @@ fn pushes_in_flight_when_a_node_dies_are_dropped_on_request() {
             (n + p, all)
         })
     });
-    assert!(errors.is_empty(), "{} of {pushes} pushes failed: {:?}", errors.len(), &errors[..errors.len().min(3)]);
+    assert!(errors.is_empty(), "{} writes failed ({pushes} pushes): {:?}", errors.len(), &errors[..errors.len().min(3)]);
     // Every push acknowledged is there; a dropped one may be or not.
     let dropped = cluster.iter().map(|n| n.stats().backups.writes_dropped).sum::<u64>() as f32;
     let mut out = vec![0.0; victims.len() * 2];
     cluster[0].worker().pull(table, &victims, &mut out).unwrap();
     let acknowledged = pushes as f32 - dropped;
     assert!(out.iter().all(|&v| v >= acknowledged && v <= pushes as f32), "values {:?} for {pushes} pushes, {dropped} dropped", &out[..2]);
+    // The sets after the death reached the successor (a dropped one set the same values).
+    cluster[1].worker().pull(table, &set_keys, &mut out).unwrap();
+    assert!(out.iter().all(|&v| v == 7.0), "{:?}", &out[..2]);
     ferry_tests::finalize_all(cluster);
 }
 

@@ -625,7 +625,8 @@ impl Worker {
         match self.issue(AccessKind::Set, table, keys, values, None, None, None)? {
             Issued::Done(_) => {}
             Issued::Pending { op, .. } => {
-                self.wait_op(op, None)?;
+                let outcome = self.wait_op(op, None).map(|_| ());
+                self.lost_write(outcome)?;
             }
         }
         self.backed_up()
