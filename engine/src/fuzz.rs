@@ -4,12 +4,13 @@
 //! message decoders. This fuzzer builds *valid* frames of every message type — ACCESS (runs and
 //! lists, indexed or not, every kind), RESPONSE and FAILURE for operations that exist, LOCALIZE,
 //! RELOCATE, LOCALIZE_FAILED, BARRIER, BARRIER_RELEASE, the replication and intent messages,
-//! PEER_LOST —
-//! and then mutates most of them: a
+//! PEER_LOST, and failover's: BACKUP, BACKUP_ACK, BARRIER_PASSED and the membership changes
+//! (leaves and joins) — and then mutates most of them: a
 //! header field (count, table, kind or code, flags, operation, part, origin, node), a length
 //! prefix, the body's length, an index or key, the type byte, or random bits. Each frame is fed
 //! to a live node (a [`Core`] of a three-node cluster with keys at home, keys elsewhere, keys
-//! arriving) exactly as the runtime feeds peers' frames, and whatever it delivers to workers
+//! arriving; every third node a classic one with a backup per key, which takes failover's
+//! messages) exactly as the runtime feeds peers' frames, and whatever it delivers to workers
 //! goes through a [`Requester`] with pending operations. A case passes when nothing panics; a
 //! rejection must be an error value.
 
@@ -23,6 +24,8 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::codec::ValueCodec;
 use crate::config::{HugePages, TableSpec};
+use crate::protocol::backup::wire as backup_wire;
+use crate::protocol::leave::wire as leave_wire;
 use crate::protocol::wire::{self, AccessHeader, AccessKind, BlockKeys, FailureCode, MoveItem, msg};
 use crate::protocol::{Core, Delivery, Issued, OpId, Progress, PullTarget, Requester, Settings};
 use crate::store::{LocalRegistrar, RemoteAddr, Store};
@@ -50,7 +53,7 @@ pub struct FuzzReport {
     pub first_panic: Option<String>,
 }
 
-const TYPES: [&str; 16] = [
+const TYPES: [&str; 24] = [
     "access",
     "response",
     "failure",
@@ -67,7 +70,20 @@ const TYPES: [&str; 16] = [
     "replica-sync",
     "replica-sync-ack",
     "peer-lost",
+    "backup",
+    "backup-ack",
+    "barrier-passed",
+    "membership",
+    "leave-known",
+    "join-welcome",
+    "join-handed",
+    "joined",
 ];
+/// The first of [`TYPES`] that only a node with backups takes.
+const FAILOVER_TYPES: usize = 16;
+/// Membership changes laid out as one node each (`leave_wire::encode`).
+const MEMBERSHIP: [u8; 9] =
+    [msg::LEAVE_ASK, msg::LEAVE_BEGIN, msg::LEAVE_READY, msg::LEFT, msg::JOIN_ASK, msg::JOIN_READY, msg::JOIN_ACK, msg::JOIN_ABANDONED, msg::JOIN_SETTLED];
 /// Replicated keys of table 0: 40..48 are homed at the node under test (rank 1 of 3, range
 /// partitioning), 0..8 at node 0 and 70..80 at node 2.
 const REPLICATED: [std::ops::Range<u64>; 3] = [0..8, 40..48, 70..80];
@@ -78,18 +94,26 @@ const VALUE_LEN: [usize; 2] = [3, 1];
 
 /// The node under test, its requester, and operations of the requester still pending.
 struct Target {
+    /// Whether it keeps backups (and takes failover's messages).
+    backups: bool,
     core: Core,
     requester: Requester,
     ops: Vec<(OpId, u16, AccessKind, usize)>,
     tx: crate::protocol::Transmit,
 }
 
+/// The node under test for `seed`: every third one is a classic parameter server with one
+/// backup per key (backups need relocation off and no replicated keys), which takes failover's
+/// messages — half of them a fresh node that asked to join; the others move keys and
+/// replicate some.
 fn target(seed: u64) -> Target {
-    let specs = vec![TableSpec::new("a", KEYS[0], VALUE_LEN[0]).replicating(REPLICATED), TableSpec::new("b", KEYS[1], VALUE_LEN[1])];
+    let backups = seed % 3 == 2;
+    let a = TableSpec::new("a", KEYS[0], VALUE_LEN[0]);
+    let specs = vec![if backups { a } else { a.replicating(REPLICATED) }, TableSpec::new("b", KEYS[1], VALUE_LEN[1])];
     let store = Arc::new(Store::new(RANK, NODES, &specs, 16, HugePages::Off, Arc::new(LocalRegistrar::default())).expect("a small store"));
     let settings = Settings {
-        relocation: true,
-        backups: 0,
+        relocation: !backups,
+        backups: backups as usize,
         location_caches: seed.is_multiple_of(2),
         max_message_bytes: 64 << 10,
         part_bytes: 256,
@@ -97,7 +121,8 @@ fn target(seed: u64) -> Target {
         op_timeout_ns: u64::MAX / 4,
         loss_grace_ns: 1_000,
         shards: 4,
-        share_clocks: true,
+        // (A node sharing clocks cannot join.)
+        share_clocks: !backups,
         first_clock: 0,
     };
     let core = Core::new(RANK, NODES, &specs, store, settings);
@@ -120,6 +145,9 @@ fn target(seed: u64) -> Target {
         drain(&mut step);
     }
     let mut step = core.step(&mut tx, 1);
+    if backups && seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 63 == 0 {
+        let _ = step.ask_to_join(0);
+    }
     let arriving: Vec<u64> = (0..10).map(|k| k * 9 % KEYS[0]).collect();
     if let Ok(Issued::Pending { op, .. }) = step.issue_localize(&mut requester, 0, &arriving, true, None) {
         ops.push((op, 0, AccessKind::Pull, 0));
@@ -127,7 +155,7 @@ fn target(seed: u64) -> Target {
     drain(&mut step);
     drop(step);
     while tx.poll_delivery().is_some() {}
-    Target { core, requester, ops, tx }
+    Target { backups, core, requester, ops, tx }
 }
 
 /// Discards a step's frames and completes its writes at once.
@@ -291,6 +319,64 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
             };
             wire::encode_peer_lost(&mut out, lost, 0, "fuzzed");
         }
+        16 => {
+            // Images of keys the sender serves (node 0's or node 2's home keys) or any, the
+            // round's last message or not; BACKUP and JOIN_IMAGES are laid out alike.
+            let ty = if rng.gen_bool(0.8) { msg::BACKUP } else { msg::JOIN_IMAGES };
+            let start = backup_wire::begin_images(&mut out, ty, table, rng.gen_range(0..5));
+            let count = rng.gen_range(0..6u32);
+            let dir = t.core.directory();
+            for _ in 0..count {
+                let mut key = rng.gen_range(0..keys);
+                for _ in 0..20 {
+                    if rng.gen_bool(0.2) || dir.home(table, key) == peer {
+                        break;
+                    }
+                    key = rng.gen_range(0..keys);
+                }
+                out.extend_from_slice(&key.to_le_bytes());
+                // Value and updater state (none: the tables add).
+                out.extend(value_bytes(rng, vl));
+            }
+            backup_wire::finish_backup(&mut out, start, count, rng.gen_bool(0.7));
+        }
+        17 => {
+            backup_wire::encode_ack(&mut out, rng.gen_range(0..5));
+        }
+        18 => wire::encode_barrier(&mut out, msg::BARRIER_PASSED, rng.gen_range(0..2), rng.gen_range(0..4)),
+        19 => {
+            // A departure or join of a node of the cluster (mostly the sender or node 2), or of
+            // one beyond it; LEAVE_BEGIN's entry is a join now and then.
+            let ty = MEMBERSHIP[rng.gen_range(0..MEMBERSHIP.len())];
+            let node = match rng.gen_range(0..10) {
+                0 => rng.gen_range(NODES as u16..u16::MAX),
+                1 => RANK as u16,
+                2..=5 => peer,
+                _ => 2,
+            };
+            let node = if ty == msg::LEAVE_BEGIN && rng.gen_bool(0.3) { node | 0x8000 } else { node };
+            if ty == msg::LEFT {
+                leave_wire::encode_left(&mut out, node, rng.gen_range(0..2));
+            } else {
+                leave_wire::encode(&mut out, ty, node);
+            }
+        }
+        20 => {
+            let queue: Vec<u16> = (0..rng.gen_range(0..4)).map(|_| if rng.gen_bool(0.3) { 0x8000 | 2 } else { rng.gen_range(0..NODES as u16 + 1) }).collect();
+            leave_wire::encode_known(&mut out, &queue, rng.gen_bool(0.3));
+        }
+        21 => {
+            let gone: Vec<u16> = (0..rng.gen_range(0..3)).map(|_| rng.gen_range(0..NODES as u16 + 1)).collect();
+            let incarnations: Vec<u8> = (0..NODES).map(|_| rng.gen_range(0..3)).collect();
+            leave_wire::encode_welcome(&mut out, &gone, &incarnations);
+        }
+        22 => {
+            let joined = rng.gen_bool(0.3).then(|| [rng.gen_range(0..4), rng.gen_range(0..4)]);
+            leave_wire::encode_handed(&mut out, [peer, 2][rng.gen_range(0..2)], joined);
+        }
+        23 => {
+            leave_wire::encode_joined(&mut out, [peer, 2, RANK as u16][rng.gen_range(0..3)], [rng.gen_range(0..4), rng.gen_range(0..4)]);
+        }
         _ => {
             // The key count the sender holds (node 0: 8 keys, node 2: 10), or not; positions of
             // changed slots among them.
@@ -358,7 +444,7 @@ fn mutate(rng: &mut ChaCha8Rng, m: &mut Vec<u8>) -> bool {
         }
         5 => {
             // The type byte.
-            m[body] = rng.gen_range(0..20);
+            m[body] = rng.gen_range(0..40);
         }
         6 => {
             // A key, an index or a value: a random 8-byte word somewhere after the header.
@@ -393,7 +479,11 @@ pub fn run(cases: u64, seed: u64) -> FuzzReport {
         if case % 500 == 499 {
             t = target(seed.wrapping_add(case));
         }
-        let ty = rng.gen_range(0..TYPES.len());
+        // Failover's messages go mostly to a node with backups (the others refuse them all).
+        let ty = match (t.backups, rng.gen_range(0..10)) {
+            (true, 0..5) | (false, 0) => rng.gen_range(FAILOVER_TYPES..TYPES.len()),
+            _ => rng.gen_range(0..FAILOVER_TYPES),
+        };
         let mut frame = Vec::new();
         let mut mutated = false;
         let messages = if rng.gen_bool(0.7) { 1 } else { rng.gen_range(2..=3) };

@@ -2129,7 +2129,8 @@ fn describe_frame(frame: &[u8]) -> String {
             | msg::JOIN_HANDED
             | msg::JOINED
             | msg::JOIN_ACK
-            | msg::JOIN_ABANDONED) => {
+            | msg::JOIN_ABANDONED
+            | msg::JOIN_SETTLED) => {
                 let names = [
                     "leave-ask",
                     "leave-begin",
@@ -2145,6 +2146,7 @@ fn describe_frame(frame: &[u8]) -> String {
                     "joined",
                     "join-ack",
                     "join-abandoned",
+                    "join-settled",
                 ];
                 let name = names.get((ty - msg::LEAVE_ASK) as usize).copied().unwrap_or("?");
                 let node = b.get(2..4).map_or(0, |r| u16::from_le_bytes(r.try_into().unwrap_or([0; 2])));

@@ -47,7 +47,7 @@
 //! Shard locks are for keys homed at this node, keys relocating to it, and relocation itself.
 
 mod access;
-mod backup;
+pub(crate) mod backup;
 mod barrier;
 mod clock;
 mod directory;
@@ -55,7 +55,7 @@ mod intent;
 mod intent_counters;
 mod issue;
 pub mod keycache;
-mod leave;
+pub(crate) mod leave;
 pub use leave::LEFT_REASON;
 mod relocation;
 mod replica;

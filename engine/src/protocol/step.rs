@@ -202,6 +202,7 @@ impl<'c, 't> Step<'c, 't> {
                             self.handle_backup_ack(from, body)?;
                             self.advance_leave();
                             self.advance_join_ready();
+                            self.advance_join_settled();
                             None
                         }
                         msg::LEAVE_READY => {
@@ -210,6 +211,7 @@ impl<'c, 't> Step<'c, 't> {
                         }
                         msg::JOIN_ACK => {
                             self.handle_join_ack(from, body)?;
+                            self.advance_join_settled();
                             None
                         }
                         // These need every shard, as PEER_LOST does.
@@ -223,7 +225,8 @@ impl<'c, 't> Step<'c, 't> {
                         | msg::JOIN_IMAGES
                         | msg::JOIN_HANDED
                         | msg::JOINED
-                        | msg::JOIN_ABANDONED => {
+                        | msg::JOIN_ABANDONED
+                        | msg::JOIN_SETTLED => {
                             let progress = match kind {
                                 msg::LEAVE_ASK => self.handle_leave_ask(from, body)?,
                                 msg::LEAVE_BEGIN => self.handle_leave_begin(from, body)?,
@@ -235,6 +238,7 @@ impl<'c, 't> Step<'c, 't> {
                                 msg::JOIN_HANDED => self.handle_join_handed(from, body)?,
                                 msg::JOINED => self.handle_joined(from, body)?,
                                 msg::JOIN_ABANDONED => self.handle_join_abandoned(from, body)?,
+                                msg::JOIN_SETTLED => self.handle_join_settled(from, body)?,
                                 _ => self.handle_left(from, body)?,
                             };
                             match progress {
@@ -327,6 +331,7 @@ impl<'c, 't> Step<'c, 't> {
         if !dir.mark_lost(peer, reason) {
             // (A joining node's loss: rounds that awaited it were given up.)
             self.advance_join_ready();
+            self.advance_join_settled();
             self.begin_backup_round_if_due();
             return Progress::Done;
         }
@@ -362,8 +367,10 @@ impl<'c, 't> Step<'c, 't> {
             self.tx.deliver(ALL_WORKERS, Delivery::PeerLost { node: peer, reason: reason.to_string(), losses: dir.losses() });
         }
         self.end_departure(peer);
-        // A loss may leave no backup to wait for, or end the round a READY waited for.
+        // A loss may leave no backup to wait for, or end the round a READY waited for (or
+        // make this joined node ready: the loss stands for the lost node's JOIN_ACK).
         self.advance_join_ready();
+        self.advance_join_settled();
         Progress::Done
     }
 

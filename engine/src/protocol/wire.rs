@@ -107,6 +107,9 @@ pub mod msg {
     /// Coordinator to every live node: the joining node was lost before it joined; its join
     /// ends (where it had been handed its keys, they fail over).
     pub const JOIN_ABANDONED: u8 = 34;
+    /// Joined node to a node that handed it keys: they are on its own backups now, so the
+    /// giver's rounds held back since the hand-over may complete.
+    pub const JOIN_SETTLED: u8 = 35;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).

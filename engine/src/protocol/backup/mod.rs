@@ -240,9 +240,10 @@ pub(crate) struct Backups {
     held: Vec<HeldAnswer>,
     /// Images kept for the predecessor.
     images: KeptImages,
-    /// A joining node this node handed keys to and whose JOIN_HANDED it awaits: until then no
+    /// A joining node this node handed keys to and whose JOIN_SETTLED it awaits: until then no
     /// round completes (a write to a key handed over is on the joining node and in the images
-    /// kept here, and its acknowledgement must wait until the joining node holds it).
+    /// kept here — rounds after the hand-over no longer carry the key — and its acknowledgement
+    /// must wait until the joined node's own backups hold it).
     gate: Option<u16>,
     /// The last round that completed while the gate was closed.
     gated_round: Option<u32>,
@@ -402,14 +403,14 @@ impl Backups {
         std::mem::take(&mut self.full)
     }
 
-    /// This node handed keys to `joining`: rounds complete only once it holds them
+    /// This node handed keys to `joining`: rounds complete only once its backups hold them
     /// ([`Backups::open_gate`]).
     pub fn close_gate(&mut self, joining: u16) {
         self.gate = Some(joining);
     }
 
-    /// `joining` holds the keys handed to it: the rounds that completed meanwhile complete
-    /// now; returns the answers they release.
+    /// `joining`'s backups hold the keys handed to it (JOIN_SETTLED): the rounds that
+    /// completed meanwhile complete now; returns the answers they release.
     pub fn open_gate(&mut self, joining: u16, counters: &BackupCounters) -> Vec<HeldAnswer> {
         if self.gate != Some(joining) {
             return Vec::new();
@@ -423,8 +424,8 @@ impl Backups {
 
     /// `peer` is lost: a round under way that still awaits its acknowledgement is given up (one
     /// it acknowledged already completes with the others'), and answers held for it are
-    /// dropped. Returns whether a round was given up. A joining node lost before it held the
-    /// keys handed to it opens the gate without completing anything: those keys are adopted
+    /// dropped. Returns whether a round was given up. A joining node lost before its backups held
+    /// the keys handed to it opens the gate without completing anything: those keys are adopted
     /// back here, and the next round, which carries them, releases what waited.
     pub fn handle_lost(&mut self, peer: u16) -> bool {
         if self.gate == Some(peer) {

@@ -16,14 +16,18 @@
 //!    of the homes that the joining node stands in for once it is a member) out of its store,
 //!    sends their images to the joining node (JOIN_IMAGES), keeps them as that node's backups
 //!    (it is the joining node's successor), and counts the joining node as a member: its own
-//!    workers' requests for the keys follow the images on the same link.
+//!    workers' requests for the keys follow the images on the same link. No round of the
+//!    giver completes from then until the joined node's own backups hold the keys (JOIN_SETTLED,
+//!    step 4): a write the giver applied just before the hand-over is, until then, on the
+//!    joining node and in the giver's kept images only.
 //! 4. **The new membership.** Once it holds every image and was welcomed, the joining node
 //!    tells the coordinator (JOIN_HANDED), which counts it as a member from the next barrier
 //!    generations on and sends JOINED with them to every live node, the joining node
 //!    included. A node handling JOINED routes the keys to the joining node (the parts that
 //!    waited included), ends the change and acknowledges (JOIN_ACK): the joining node sends
 //!    requests only once every live node did, as a node drops what it would answer to a
-//!    node it counts as gone.
+//!    node it counts as gone. It then begins a backup round, and once that round completed
+//!    tells the giver (JOIN_SETTLED), whose held-back rounds complete.
 //!
 //! 5. **A joining node lost.** A node that counts the rank as gone cannot tell the joining
 //!    node's loss from its predecessor's; the coordinator decides. If the join is queued
@@ -64,6 +68,13 @@ struct OwnJoin {
     acks: Vec<u16>,
     /// Why this node gave its join up, if it did.
     given_up: Option<String>,
+    /// The nodes that handed it keys and wait for JOIN_SETTLED (their rounds are held back).
+    givers: Vec<u16>,
+    /// The backup round that settles the join once it completes (begun after every live node
+    /// counted this node as a member).
+    settle_round: Option<u32>,
+    /// Whether that round completed: the keys handed here are on this node's own backups.
+    settled: bool,
 }
 
 /// What one node knows of joins (see the module documentation).
@@ -160,6 +171,42 @@ impl Joins {
         }
         own.handed_to = Some(to);
         Some((to, own.joined))
+    }
+
+    /// `giver` handed this node keys (the last of its JOIN_IMAGES came) and waits for
+    /// JOIN_SETTLED. True when the join is settled already: it is due at once.
+    pub fn note_giver(&mut self, giver: u16) -> bool {
+        let Some(own) = self.own.as_mut() else { return false };
+        if !own.givers.contains(&giver) {
+            own.givers.push(giver);
+        }
+        own.settled
+    }
+
+    /// Where the settling round stands: `Some(None)` when it is to begin now (this node is
+    /// ready, and none began), `Some(Some(round))` once begun and not known complete, `None`
+    /// when there is nothing to do (not ready, or settled already).
+    pub fn settle_round(&self, ready: bool) -> Option<Option<u32>> {
+        let own = self.own.as_ref().filter(|o| ready && !o.settled)?;
+        Some(own.settle_round)
+    }
+
+    /// The settling round began.
+    pub fn set_settle_round(&mut self, round: u32) {
+        if let Some(own) = self.own.as_mut() {
+            own.settle_round = Some(round);
+        }
+    }
+
+    /// The settling round completed: returns the givers to tell (JOIN_SETTLED), once.
+    pub fn settle(&mut self) -> Vec<u16> {
+        match self.own.as_mut() {
+            Some(own) if !own.settled => {
+                own.settled = true;
+                own.givers.clone()
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// JOINED came: this node is a member from barrier generations `from`. True the first time.

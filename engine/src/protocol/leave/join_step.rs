@@ -321,14 +321,14 @@ impl Step<'_, '_> {
             if !departures.joins.asked() {
                 return Err(Error::Protocol(format!("JOIN_IMAGES from node {from} to node {}, which is not joining", dir.rank())));
             }
-            if let Some(joined) = departures.joins.joined() {
+            if departures.joins.joined().is_some() {
                 // From a giver that took over from one lost during the join, after this node
                 // joined with the first giver's images (which it has written to since): nothing
-                // to take, but the new giver's rounds wait for the confirmation.
+                // to take, but the new giver's rounds wait for JOIN_SETTLED (at once if the
+                // join is settled already).
                 drop(departures);
-                if images.last {
-                    let bytes = encode_handed(self.tx.buf(from), dir.rank(), Some(joined));
-                    self.tx.sent(from, MessageKind::Membership, bytes);
+                if images.last && core.departures().lock().joins.note_giver(from) {
+                    self.send_settled(from);
                 }
                 return Ok(Progress::Done);
             }
@@ -355,10 +355,11 @@ impl Step<'_, '_> {
             }
         }
         if images.last {
-            core.departures().lock().joins.images_done();
-            // The giver's rounds wait for this (see `Backups::close_gate`).
-            let bytes = encode_handed(self.tx.buf(from), dir.rank(), None);
-            self.tx.sent(from, MessageKind::Membership, bytes);
+            let mut departures = core.departures().lock();
+            departures.joins.images_done();
+            // The giver's rounds wait for JOIN_SETTLED (see `Backups::close_gate`).
+            departures.joins.note_giver(from);
+            drop(departures);
             self.report_handed();
         }
         Ok(Progress::Done)
@@ -374,10 +375,82 @@ impl Step<'_, '_> {
         }
     }
 
-    /// JOIN_HANDED from the joining node: at its giver, the rounds held back since the
-    /// hand-over complete; at the coordinator, it is a member from the next barrier
-    /// generations on and JOINED goes to every live node, the joining node included. Needs
-    /// every shard.
+    /// At the joined node: once every live node counts it as a member, begins a backup round,
+    /// and once that round completed — every key handed to it is on its own backups then —
+    /// tells each node that handed it keys (JOIN_SETTLED), whose rounds were held back since.
+    /// Called again as JOIN_ACKs come, rounds complete and nodes are lost.
+    ///
+    /// A giver's round after the hand-over no longer carries the keys it handed over, and the
+    /// joined node's other backups may hold their images from before the last writes to them
+    /// (with two backups: the giver's second backup is not the joined node's first). Until the
+    /// joined node's own round completes, a write the giver applied just before the hand-over
+    /// is on the joined node and in the giver's kept images only, so the giver acknowledges
+    /// nothing before. The round begins once every live node counts the joined node: a backup
+    /// that does not yet drops its images as those of a node that serves none of the keys.
+    pub(crate) fn advance_join_settled(&mut self) {
+        let core = self.core;
+        let dir = core.directory();
+        let counters = core.backup_counters();
+        loop {
+            let state = {
+                let departures = core.departures().lock();
+                let ready = departures.joins.ready(dir.rank(), dir.nodes(), |n| !dir.is_lost(n));
+                departures.joins.settle_round(ready)
+            };
+            match state {
+                None => return,
+                Some(None) => {
+                    let round = counters.round_after_now();
+                    counters.want(round);
+                    core.departures().lock().joins.set_settle_round(round);
+                    // (It may complete at once: no live backup, or nothing to send.)
+                    self.begin_backup_round_if_due();
+                }
+                Some(Some(round)) => {
+                    if !counters.completed(round) {
+                        return;
+                    }
+                    let givers = core.departures().lock().joins.settle();
+                    for giver in givers {
+                        if !dir.is_lost(giver) {
+                            self.send_settled(giver);
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// JOIN_SETTLED to `giver`.
+    fn send_settled(&mut self, giver: u16) {
+        let rank = self.directory().rank();
+        let bytes = encode(self.tx.buf(giver), msg::JOIN_SETTLED, rank);
+        self.tx.sent(giver, MessageKind::Membership, bytes);
+    }
+
+    /// JOIN_SETTLED from a joined node, at a node that handed it keys: they are on the joined
+    /// node's backups, and the rounds held back since the hand-over complete. Needs every
+    /// shard.
+    pub(crate) fn handle_join_settled(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
+        let joined = decode(body)?;
+        if joined != from || !self.directory().failover() {
+            return Err(Error::Protocol(format!("JOIN_SETTLED for node {joined} from node {from}")));
+        }
+        if !self.try_acquire(self.all_shards()) {
+            return Ok(Progress::Yield { at: 0, item: 0 });
+        }
+        let released = self.core.backups().lock().open_gate(joined, self.core.backup_counters());
+        if !released.is_empty() {
+            self.release_held(released);
+        }
+        self.begin_backup_round_if_due();
+        Ok(Progress::Done)
+    }
+
+    /// JOIN_HANDED from the joining node, at the coordinator: it is a member from the next
+    /// barrier generations on and JOINED goes to every live node, the joining node included.
+    /// Needs every shard.
     pub(crate) fn handle_join_handed(&mut self, from: u16, body: &[u8]) -> Result<Progress> {
         let (joining, joined) = decode_handed(body)?;
         let dir = self.directory();
@@ -387,11 +460,6 @@ impl Step<'_, '_> {
         if !self.try_acquire(self.all_shards()) {
             return Ok(Progress::Yield { at: 0, item: 0 });
         }
-        let released = self.core.backups().lock().open_gate(joining, self.core.backup_counters());
-        if !released.is_empty() {
-            self.release_held(released);
-        }
-        self.begin_backup_round_if_due();
         if dir.coordinator() != dir.rank() {
             return Ok(Progress::Done);
         }
@@ -444,6 +512,8 @@ impl Step<'_, '_> {
                 counters.want(counters.round_after_now());
                 self.begin_backup_round_if_due();
                 tracing::info!(node = dir.rank(), ?from_generations, "this node joined the cluster");
+                // (The members' JOIN_ACKs may have come first.)
+                self.advance_join_settled();
             }
             return Ok(Progress::Done);
         }

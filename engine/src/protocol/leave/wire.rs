@@ -1,6 +1,6 @@
 //! LEAVE_ASK, LEAVE_BEGIN, LEAVE_READY and LEFT: the messages of a graceful leave, each
 //! `[type][0][node u16]`, `node` being the leaving node (LEAVE_BEGIN's is a queue entry: with
-//! [`super::JOIN_BIT`] it begins a join); JOIN_ASK, JOIN_READY, JOIN_ACK and JOIN_ABANDONED, laid out alike
+//! [`super::JOIN_BIT`] it begins a join); JOIN_ASK, JOIN_READY, JOIN_ACK, JOIN_ABANDONED and JOIN_SETTLED, laid out alike
 //! about the joining node; LEAVE_KNOWN, a node's report to a new coordinator,
 //! `[type][asks u8][count u16][entry u16 × count]`; JOIN_WELCOME, the nodes gone from the
 //! cluster and every node's incarnation, `[type][0][count u16][node u16 × count][u8 × nodes]`;
@@ -19,7 +19,15 @@ pub const BYTES: usize = 4;
 pub fn encode(out: &mut Vec<u8>, ty: u8, node: u16) -> usize {
     debug_assert!(matches!(
         ty,
-        msg::LEAVE_ASK | msg::LEAVE_BEGIN | msg::LEAVE_READY | msg::LEFT | msg::JOIN_ASK | msg::JOIN_READY | msg::JOIN_ACK | msg::JOIN_ABANDONED
+        msg::LEAVE_ASK
+            | msg::LEAVE_BEGIN
+            | msg::LEAVE_READY
+            | msg::LEFT
+            | msg::JOIN_ASK
+            | msg::JOIN_READY
+            | msg::JOIN_ACK
+            | msg::JOIN_ABANDONED
+            | msg::JOIN_SETTLED
     ));
     let start = begin(out, ty);
     out.push(0);
