@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use ferry::launch::{LaunchSpec, Stream, launch};
-use ferry::{Config, Node, TableSpec};
+use ferry::{Config, MessageKind, Node, TableSpec};
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -108,6 +108,9 @@ fn local_cluster(backups: usize) -> Result<Vec<Node>> {
 struct PushFigures {
     batched: [f64; BATCHES.len()],
     batched_cpu_s: [f64; BATCHES.len()],
+    /// Bytes the nodes sent per key pushed, as pushes (ACCESS) and as backup images (BACKUP).
+    push_bytes_per_key: [f64; BATCHES.len()],
+    backup_bytes_per_key: [f64; BATCHES.len()],
     single: f64,
     single_p50_us: f64,
 }
@@ -131,6 +134,11 @@ fn measure_pushes(backups: usize, quick: bool, seed: u64) -> Result<PushFigures>
     let mut w = cluster[0].worker();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let (mut batched, mut batched_cpu_s) = ([0.0; BATCHES.len()], [0.0; BATCHES.len()]);
+    let (mut push_bytes_per_key, mut backup_bytes_per_key) = ([0.0; BATCHES.len()], [0.0; BATCHES.len()]);
+    let sent = |kind: MessageKind| -> u64 {
+        let at = MessageKind::ALL.iter().position(|&k| k == kind).unwrap_or(0);
+        cluster.iter().map(|n| n.stats().traffic.bytes[at]).sum()
+    };
     for (i, &(keys, len)) in BATCHES.iter().enumerate() {
         let table = cluster[0].table(&format!("v{len}"))?;
         let batch: Vec<u64> = (keys..2 * keys).collect();
@@ -140,11 +148,15 @@ fn measure_pushes(backups: usize, quick: bool, seed: u64) -> Result<PushFigures>
         let reps = if quick { 5 } else { 15 };
         let mut times = Vec::new();
         let cpu_before = process_cpu_s();
+        let (pushed_before, backed_up_before) = (sent(MessageKind::Access), sent(MessageKind::Backup));
         for _ in 0..reps {
             let t = Instant::now();
             w.push(table, &batch, &updates)?;
             times.push(t.elapsed().as_secs_f64());
         }
+        let per_key = |bytes: u64| bytes as f64 / (reps * keys) as f64;
+        push_bytes_per_key[i] = per_key(sent(MessageKind::Access) - pushed_before);
+        backup_bytes_per_key[i] = per_key(sent(MessageKind::Backup) - backed_up_before);
         batched[i] = keys as f64 / median(&mut times);
         if let (Some(before), Some(after)) = (cpu_before, process_cpu_s()) {
             batched_cpu_s[i] = (after - before) / reps as f64;
@@ -165,7 +177,7 @@ fn measure_pushes(backups: usize, quick: bool, seed: u64) -> Result<PushFigures>
     let single_p50_us = median(&mut latencies);
     drop(w);
     finish(cluster);
-    Ok(PushFigures { batched, batched_cpu_s, single, single_p50_us })
+    Ok(PushFigures { batched, batched_cpu_s, push_bytes_per_key, backup_bytes_per_key, single, single_p50_us })
 }
 
 /// Finalizes a cluster in this process (every node at once: finalize is collective).
@@ -206,7 +218,7 @@ fn push_cost(quick: bool) -> Result<Vec<crate::report::Record>> {
         records.push(record(
             "backup_push",
             json!({"nodes": 3, "keys": keys, "value_len": len, "remote": true, "repeats": repeats}),
-            json!({"keys_per_s_k1": med(&k1, &f), "keys_per_s_k0": med(&k0, &f), "ratio_median": ratios(&f), "keys_per_s_k2": med(&k2, &f), "ratio_k2_median": ratios_of(&k2, &f), "cpu_ms_per_batch_k0": cpu_k0 * 1e3, "cpu_ms_per_batch_k1": cpu_k1 * 1e3, "cpu_ratio": cpu_ratio, "cores": cores, "ratio_bound_here": bound}),
+            json!({"keys_per_s_k1": med(&k1, &f), "keys_per_s_k0": med(&k0, &f), "ratio_median": ratios(&f), "keys_per_s_k2": med(&k2, &f), "ratio_k2_median": ratios_of(&k2, &f), "cpu_ms_per_batch_k0": cpu_k0 * 1e3, "cpu_ms_per_batch_k1": cpu_k1 * 1e3, "cpu_ratio": cpu_ratio, "cores": cores, "ratio_bound_here": bound, "push_bytes_per_key": med(&k1, &|p| p.push_bytes_per_key[i]), "backup_bytes_per_key": med(&k1, &|p| p.backup_bytes_per_key[i])}),
             "keys_per_s_k1",
             "k0",
             med(&k0, &f),

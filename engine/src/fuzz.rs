@@ -323,9 +323,11 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
             // Images of keys the sender serves (node 0's or node 2's home keys) or any, the
             // round's last message or not; BACKUP and JOIN_IMAGES are laid out alike.
             let ty = if rng.gen_bool(0.8) { msg::BACKUP } else { msg::JOIN_IMAGES };
-            let start = backup_wire::begin_images(&mut out, ty, table, rng.gen_range(0..5));
+            let mut writer = backup_wire::ImageWriter::begin(&mut out, ty, table, rng.gen_range(0..5));
             let count = rng.gen_range(0..6u32);
             let dir = t.core.directory();
+            // Now and then consecutive keys, which go as one run.
+            let mut last: Option<u64> = None;
             for _ in 0..count {
                 let mut key = rng.gen_range(0..keys);
                 for _ in 0..20 {
@@ -334,11 +336,16 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
                     }
                     key = rng.gen_range(0..keys);
                 }
-                out.extend_from_slice(&key.to_le_bytes());
+                let key = match last {
+                    Some(k) if k + 1 < keys && rng.gen_bool(0.5) => k + 1,
+                    _ => key,
+                };
+                last = Some(key);
+                writer.key(&mut out, key);
                 // Value and updater state (none: the tables add).
                 out.extend(value_bytes(rng, vl));
             }
-            backup_wire::finish_backup(&mut out, start, count, rng.gen_bool(0.7));
+            writer.finish(&mut out, rng.gen_bool(0.7));
         }
         17 => {
             backup_wire::encode_ack(&mut out, rng.gen_range(0..5));

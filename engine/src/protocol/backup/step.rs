@@ -2,7 +2,7 @@
 //! acknowledge the round), the acknowledgement's release of held answers, and failover's
 //! adoption of a lost node's images.
 
-use super::wire::{self as backup_wire, decode_ack, decode_backup};
+use super::wire::{self as backup_wire, ImageWriter, decode_ack, decode_backup};
 use super::{Backups, HeldAnswer, RoundStart};
 use crate::error::{Error, Result};
 use crate::protocol::Step;
@@ -62,8 +62,8 @@ impl Step<'_, '_> {
             return Some(RoundStart { number: start.number, targets: Vec::new() });
         }
         drop(backups);
-        let at: Vec<usize> = targets.iter().map(|&to| backup_wire::begin_backup(self.tx.buf(to), 0, start.number)).collect();
-        self.finish_images(targets, &at, 0, true);
+        let last = ImageWriter::backup(self.tx.buf(targets[0]), 0, start.number);
+        self.finish_images(targets, last, true);
         core.backup_counters().note_images(images);
         Some(start)
     }
@@ -71,21 +71,19 @@ impl Step<'_, '_> {
     /// Sends each of `targets` the images of those of `keys` (of `table`) held here whose
     /// version moved since they were last sent, in messages of at most the largest message;
     /// returns how many. Each slot is copied once, under its latch, into the first target's
-    /// message; the others get a copy of those bytes. `most`, how many keys `keys` yields at
+    /// message; the others get a copy of each message. `most`, how many keys `keys` yields at
     /// most, sizes each message's buffer once instead of growing it image by image.
     fn ship_images(&mut self, backups: &mut Backups, targets: &[u16], round: u32, table: u16, keys: impl Iterator<Item = u64>, most: usize) -> usize {
         let core = self.core;
         let (dir, store) = (core.directory(), core.store());
         let meta = &dir.tables()[table as usize];
         let t = store.table(table);
-        let item_bytes = 8 + 4 * (t.value_len() + t.state_len());
+        let image_bytes = 4 * (t.value_len() + t.state_len());
         let max_bytes = core.settings().max_message_bytes;
         let Some(&first) = targets.first() else { return 0 };
-        // The message being filled: where it starts in each target's buffer, and its items.
-        let mut open: Option<(Vec<usize>, u32)> = None;
+        // The message being filled (in the first target's buffer).
+        let mut open: Option<ImageWriter> = None;
         let mut images = 0;
-        // An image on its way to the targets after the first.
-        let mut item = Vec::new();
         // The versions sent of the keys of the home the last key had (keys come in runs of
         // one home), and the last run of keys of one home found.
         let mut sent: Option<(usize, &mut Vec<u32>)> = None;
@@ -100,16 +98,13 @@ impl Step<'_, '_> {
             if versions[index] == version {
                 continue;
             }
-            if let Some((at, count)) = open.take_if(|(at, _)| self.tx.buf(first).len() - at[0] + item_bytes > max_bytes) {
-                self.finish_images(targets, &at, count, false);
+            if let Some(full) = open.take_if(|w| w.len(self.tx.buf(first)) + backup_wire::RUN_HEADER + image_bytes > max_bytes) {
+                self.finish_images(targets, full, false);
             }
-            let (_, count) = open.get_or_insert_with(|| {
-                let room = (most.saturating_sub(images) * item_bytes).min(max_bytes) + 64;
-                let begin = |buf: &mut Vec<u8>| {
-                    buf.reserve(room);
-                    backup_wire::begin_backup(buf, table, round)
-                };
-                (targets.iter().map(|&to| begin(self.tx.buf(to))).collect(), 0)
+            let writer = open.get_or_insert_with(|| {
+                let buf = self.tx.buf(first);
+                buf.reserve((most.saturating_sub(images) * image_bytes).min(max_bytes) + 64);
+                ImageWriter::backup(buf, table, round)
             });
             let guard = store.lock(table, key);
             let Some(slot) = guard.slot() else {
@@ -117,33 +112,33 @@ impl Step<'_, '_> {
             };
             versions[index] = slot.version();
             let buf = self.tx.buf(first);
+            writer.key(buf, key);
             let before = buf.len();
-            buf.extend_from_slice(&key.to_le_bytes());
             slot.append_all_le_bytes(buf);
             drop(guard);
-            debug_assert_eq!(buf.len() - before, item_bytes);
-            if targets.len() > 1 {
-                item.clear();
-                item.extend_from_slice(&self.tx.buf(first)[before..]);
-                for &to in &targets[1..] {
-                    self.tx.buf(to).extend_from_slice(&item);
-                }
-            }
-            *count += 1;
+            debug_assert_eq!(buf.len() - before, image_bytes);
             images += 1;
         }
-        if let Some((at, count)) = open {
-            self.finish_images(targets, &at, count, false);
+        if let Some(writer) = open {
+            self.finish_images(targets, writer, false);
         }
         images
     }
 
-    /// Closes the BACKUP message begun at `at[i]` in the buffer of `targets[i]`, of `count`
-    /// images, and sends it.
-    fn finish_images(&mut self, targets: &[u16], at: &[usize], count: u32, last: bool) {
-        for (&to, &at) in targets.iter().zip(at) {
-            let bytes = backup_wire::finish_backup(self.tx.buf(to), at, count, last);
-            self.tx.sent(to, MessageKind::Backup, bytes);
+    /// Closes the message `writer` wrote into the first of `targets`' buffers and sends it,
+    /// and a copy of it to each other target.
+    fn finish_images(&mut self, targets: &[u16], writer: ImageWriter, last: bool) {
+        let Some((&first, others)) = targets.split_first() else { return };
+        let start = writer.start();
+        let bytes = writer.finish(self.tx.buf(first), last);
+        // (Copied before it is handed over: `sent` may pass the buffer on.)
+        let message = (!others.is_empty()).then(|| self.tx.buf(first)[start..].to_vec());
+        self.tx.sent(first, MessageKind::Backup, bytes);
+        if let Some(message) = message {
+            for &to in others {
+                self.tx.buf(to).extend_from_slice(&message);
+                self.tx.sent(to, MessageKind::Backup, bytes);
+            }
         }
     }
 

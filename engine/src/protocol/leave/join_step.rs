@@ -216,8 +216,8 @@ impl Step<'_, '_> {
         for table in 0..dir.tables().len() as u16 {
             let meta = &dir.tables()[table as usize];
             let t = store.table(table);
-            let item_bytes = 8 + 4 * (t.value_len() + t.state_len());
-            let mut open: Option<(usize, u32)> = None;
+            let item_bytes = image_wire::RUN_HEADER + 4 * (t.value_len() + t.state_len());
+            let mut open: Option<image_wire::ImageWriter> = None;
             let mut kept: Vec<(u16, usize, Vec<u8>)> = Vec::new();
             for &home in &moving {
                 let from_kept = earlier.iter().find(|(at, _)| *at == (table, home)).map(|(_, set)| set);
@@ -237,23 +237,19 @@ impl Step<'_, '_> {
                         },
                     };
                     let buf = self.tx.buf(joining);
-                    if let Some((at, count)) = open
-                        && buf.len() - at + item_bytes > max_bytes
-                    {
-                        let bytes = image_wire::finish_backup(buf, at, count, false);
+                    if let Some(full) = open.take_if(|w| w.len(buf) + item_bytes > max_bytes) {
+                        let bytes = full.finish(buf, false);
                         self.tx.sent(joining, MessageKind::Membership, bytes);
-                        open = None;
                     }
                     let buf = self.tx.buf(joining);
-                    let (_, count) = open.get_or_insert_with(|| (image_wire::begin_images(buf, msg::JOIN_IMAGES, table, 0), 0));
-                    buf.extend_from_slice(&key.to_le_bytes());
+                    let writer = open.get_or_insert_with(|| image_wire::ImageWriter::begin(buf, msg::JOIN_IMAGES, table, 0));
+                    writer.key(buf, key);
                     buf.extend_from_slice(&image);
-                    *count += 1;
                     kept.push((home, index, image));
                 }
             }
-            if let Some((at, count)) = open {
-                let bytes = image_wire::finish_backup(self.tx.buf(joining), at, count, false);
+            if let Some(writer) = open {
+                let bytes = writer.finish(self.tx.buf(joining), false);
                 self.tx.sent(joining, MessageKind::Membership, bytes);
             }
             handed += kept.len();
@@ -266,8 +262,7 @@ impl Step<'_, '_> {
         backups.close_gate(joining);
         drop(backups);
         let buf = self.tx.buf(joining);
-        let at = image_wire::begin_images(buf, msg::JOIN_IMAGES, 0, 0);
-        let bytes = image_wire::finish_backup(buf, at, 0, true);
+        let bytes = image_wire::ImageWriter::begin(buf, msg::JOIN_IMAGES, 0, 0).finish(buf, true);
         self.tx.sent(joining, MessageKind::Membership, bytes);
         dir.mark_joined(joining);
         dir.set_joining(joining, true);
