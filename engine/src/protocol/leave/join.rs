@@ -339,4 +339,21 @@ mod tests {
         j.welcome(2);
         assert_eq!(j.handed_due(), Some((2, Some([4, 1]))));
     }
+
+    #[test]
+    fn the_joined_node_settles_once_ready_and_its_round_began() {
+        let mut j = Joins::default();
+        assert!(!j.note_giver(2), "not joining");
+        assert!(j.ask());
+        assert!(!j.note_giver(2) && !j.note_giver(2));
+        assert_eq!(j.settle_round(false), None, "not ready: every member must count it first");
+        assert_eq!(j.settle_round(true), Some(None), "ready: the round is to begin");
+        j.set_settle_round(9);
+        assert_eq!(j.settle_round(true), Some(Some(9)));
+        assert_eq!(j.settle(), vec![2], "the giver is told once");
+        assert_eq!(j.settle(), Vec::<u16>::new());
+        assert_eq!(j.settle_round(true), None, "settled");
+        // A later giver (one that took over from a lost one) is told at once.
+        assert!(j.note_giver(3));
+    }
 }
