@@ -174,6 +174,19 @@ fn value_bytes(rng: &mut ChaCha8Rng, n: usize) -> Vec<u8> {
     values(rng, n).iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
+/// A key below `keys` that `accept` takes, drawn up to 20 times (the last one drawn if none
+/// was taken).
+fn key_where(rng: &mut ChaCha8Rng, keys: u64, mut accept: impl FnMut(&mut ChaCha8Rng, u64) -> bool) -> u64 {
+    let mut key = rng.gen_range(0..keys);
+    for _ in 0..20 {
+        if accept(rng, key) {
+            break;
+        }
+        key = rng.gen_range(0..keys);
+    }
+    key
+}
+
 /// A valid message of type `ty` (an index into [`TYPES`]).
 fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
     let mut out = Vec::new();
@@ -265,18 +278,7 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
             // INTENT_GO: any key of the table.
             let dir = t.core.directory();
             let here = ty == 11 && rng.gen_bool(0.8);
-            let ks: Vec<u64> = (0..rng.gen_range(0..6))
-                .map(|_| {
-                    let mut k = rng.gen_range(0..keys);
-                    for _ in 0..20 {
-                        if !here || dir.home(table, k) == RANK as u16 {
-                            break;
-                        }
-                        k = rng.gen_range(0..keys);
-                    }
-                    k
-                })
-                .collect();
+            let ks: Vec<u64> = (0..rng.gen_range(0..6)).map(|_| key_where(rng, keys, |_, k| !here || dir.home(table, k) == RANK as u16)).collect();
             let ty_byte = if ty == 11 { msg::INTENT } else { msg::INTENT_GO };
             wire::encode_intent(&mut out, ty_byte, rng.gen_range(0..3), table, &ks);
         }
@@ -329,13 +331,7 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
             // Now and then consecutive keys, which go as one run.
             let mut last: Option<u64> = None;
             for _ in 0..count {
-                let mut key = rng.gen_range(0..keys);
-                for _ in 0..20 {
-                    if rng.gen_bool(0.2) || dir.home(table, key) == peer {
-                        break;
-                    }
-                    key = rng.gen_range(0..keys);
-                }
+                let key = key_where(rng, keys, |rng, k| rng.gen_bool(0.2) || dir.home(table, k) == peer);
                 let key = match last {
                     Some(k) if k + 1 < keys && rng.gen_bool(0.5) => k + 1,
                     _ => key,

@@ -245,7 +245,7 @@ impl Core {
     pub fn join_state(&self) -> (bool, bool) {
         let d = self.departures.lock();
         let dir = &self.directory;
-        (d.joins.asked(), d.joins.ready(dir.rank(), dir.nodes(), |n| !dir.is_lost(n)))
+        (d.joins.asked(), d.joins.ready_in(dir))
     }
 
     /// Why this node, joining, gave its join up (see `protocol::leave`, a lost coordinator), if

@@ -38,6 +38,8 @@
 //! [`Joins`] is the state machine (no thread, clock, lock or I/O), kept with the departures
 //! under one lock; the steps are in `join_step.rs`.
 
+use crate::protocol::Directory;
+
 /// The bit that marks an entry of the queue of membership changes (and of LEAVE_BEGIN and
 /// LEAVE_KNOWN) as a join: a rank alone is that node's departure, `JOIN_BIT | rank` its join.
 /// Ranks stay below it ([`crate::config::MAX_NODES`]).
@@ -143,6 +145,12 @@ impl Joins {
     /// its workers may send requests.
     pub fn ready(&self, rank: u16, nodes: usize, live: impl Fn(u16) -> bool) -> bool {
         self.own.as_ref().is_some_and(|o| o.joined.is_some() && (0..nodes as u16).all(|n| n == rank || !live(n) || o.acks.contains(&n)))
+    }
+
+    /// [`Joins::ready`] as `dir` sees the cluster: this node joined and every node it does not
+    /// count lost counts it as a member.
+    pub fn ready_in(&self, dir: &Directory) -> bool {
+        self.ready(dir.rank(), dir.nodes(), |n| !dir.is_lost(n))
     }
 
     /// JOIN_WELCOME came from coordinator `from`.

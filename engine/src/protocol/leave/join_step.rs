@@ -312,7 +312,7 @@ impl Step<'_, '_> {
         let (dir, store) = (core.directory(), core.store());
         let images = decode_backup(body, |t| store.tables().get(t as usize).map(|t| 4 * (t.value_len() + t.state_len())))?;
         {
-            let departures = core.departures().lock();
+            let mut departures = core.departures().lock();
             if !departures.joins.asked() {
                 return Err(Error::Protocol(format!("JOIN_IMAGES from node {from} to node {}, which is not joining", dir.rank())));
             }
@@ -321,8 +321,9 @@ impl Step<'_, '_> {
                 // joined with the first giver's images (which it has written to since): nothing
                 // to take, but the new giver's rounds wait for JOIN_SETTLED (at once if the
                 // join is settled already).
+                let settled = images.last && departures.joins.note_giver(from);
                 drop(departures);
-                if images.last && core.departures().lock().joins.note_giver(from) {
+                if settled {
                     self.send_settled(from);
                 }
                 return Ok(Progress::Done);
@@ -389,8 +390,7 @@ impl Step<'_, '_> {
         loop {
             let state = {
                 let departures = core.departures().lock();
-                let ready = departures.joins.ready(dir.rank(), dir.nodes(), |n| !dir.is_lost(n));
-                departures.joins.settle_round(ready)
+                departures.joins.settle_round(departures.joins.ready_in(dir))
             };
             match state {
                 None => return,

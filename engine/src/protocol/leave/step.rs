@@ -146,7 +146,7 @@ impl Step<'_, '_> {
             // until they count it, they take it for a joining node and coordinate themselves.
             let own = {
                 let departures = self.core.departures().lock();
-                departures.joins.joined().filter(|_| !departures.joins.ready(dir.rank(), dir.nodes(), |n| !dir.is_lost(n)))
+                departures.joins.joined().filter(|_| !departures.joins.ready_in(dir))
             };
             if let Some(from_generations) = own {
                 self.announce_joined(dir.rank(), from_generations);
