@@ -2001,6 +2001,9 @@ impl Sim {
         if self.opts.crash.is_some() && self.opts.backups {
             self.final_reads_after_crash(&mut history)?;
         }
+        if self.opts.crash.is_none() && self.opts.leave.is_none() && self.opts.backups && self.opts.relocation {
+            self.check_images_follow_keys()?;
+        }
         if let Some(node) = self.opts.leave.filter(|&n| !self.nodes[n].left && self.nodes[n].incarnation == 0) {
             return Err(format!("node {node} never left ({:?}: asked, left)", self.nodes[node].core.leave_state()));
         }

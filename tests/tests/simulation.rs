@@ -448,6 +448,24 @@ fn crashes_with_backups_lose_no_acknowledged_push() {
     });
 }
 
+/// Backups (one or two per key) in a cluster that relocates keys, no node lost: a key away
+/// from its home is backed up at the home; a key handed over goes only once a round put its
+/// last image where its new owner's backups are. At the end every backup's image of every key
+/// is the key's value, and the histories stay sequentially consistent.
+#[test]
+fn relocation_moves_the_backups_with_the_key() {
+    let names = ["relocation", "hash-4-nodes", "2-nodes-many-workers", "large-ops-small-parts", "sync-with-caches"];
+    let mut handed = 0u64;
+    for seed in seeds().share(2).range() {
+        let mut o = configuration(names[(seed % names.len() as u64) as usize], seed);
+        o.backups = true;
+        o.backup_copies = if seed % 3 == 2 && o.nodes > 2 { 2 } else { 1 };
+        let report = run_and_check(o).unwrap_or_else(|f| panic!("relocation with backups, seed {seed}: {f}"));
+        handed += report.stats.iter().map(|s| s.relocations_in).sum::<u64>();
+    }
+    assert!(handed > 0, "no key moved");
+}
+
 /// Runs the crash configurations `configure` makes of this test's seeds, checking what survives
 /// each crash, and that the sweep is not vacuous: survivors took keys over, and the final reads
 /// had histories to check.

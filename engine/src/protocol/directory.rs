@@ -182,6 +182,22 @@ impl Directory {
         targets
     }
 
+    /// With relocation, the nodes that back up a key homed at `home` (its current home: a
+    /// stand-in once the start-up home is lost) while `owner` holds it: the home's first live
+    /// successors while the home owns it (as [`Directory::backup_targets`] on the home),
+    /// otherwise the home itself and then its first live successors other than `owner`, as
+    /// many as there are copies. The home is the authority on where its keys are, so a key
+    /// that moves keeps its images where its home can adopt them.
+    pub fn backup_targets_of(&self, owner: u16, home: u16) -> Vec<u16> {
+        let n = self.nodes as u16;
+        let mut targets = Vec::with_capacity(self.backup_copies);
+        if owner != home {
+            targets.push(home);
+        }
+        targets.extend((1..n).map(|i| (home + i) % n).filter(|&m| m != owner && !self.is_lost(m)).take(self.backup_copies - targets.len()));
+        targets
+    }
+
     /// `node`'s join is current here (or no join is, `None`): while it is, the node is backed
     /// up to if it will be one of this node's backups ([`Directory::backup_targets`]).
     pub(crate) fn set_join_target(&self, node: Option<u16>) {
@@ -574,6 +590,19 @@ mod tests {
         assert_eq!(at_joining.coordinator(), 3, "not itself while it joins");
         at_joining.set_joining(2, false);
         assert_eq!(at_joining.coordinator(), 2, "a member ranked lowest coordinates");
+    }
+
+    #[test]
+    fn a_key_away_from_its_home_is_backed_up_at_the_home() {
+        let d = directory(false).with_failover(1);
+        assert_eq!(d.backup_targets_of(1, 1), vec![2], "at its home: the home's successor");
+        assert_eq!(d.backup_targets_of(0, 1), vec![1], "away: the home");
+        let d = directory(false).with_failover(2);
+        assert_eq!(d.backup_targets_of(1, 1), vec![2, 0]);
+        assert_eq!(d.backup_targets_of(2, 1), vec![1, 0], "the home, then its successors but the owner");
+        d.mark_lost(0, "test");
+        assert_eq!(d.backup_targets_of(2, 1), vec![1], "fewer nodes left than copies");
+        assert_eq!(d.backup_targets_of(1, 1), vec![2]);
     }
 
     #[test]

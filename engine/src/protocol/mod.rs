@@ -290,9 +290,11 @@ impl Core {
         (b.has_held(), b.under_way().is_some())
     }
 
-    /// Whether a backup round is due now (see `Backups::round_due`).
+    /// Whether a backup round is due now (see `Backups::round_due`), or a relocation's write
+    /// waits for a step to send it after its round completed.
     pub fn backup_round_due(&self) -> bool {
-        self.backups.lock().round_due(&self.directory.backup_targets(), &self.backup_counters)
+        let b = self.backups.lock();
+        b.has_ready() || b.round_due(&self.directory.backup_targets(), &self.backup_counters)
     }
 
     /// Replication's counters and acknowledgement mailbox.

@@ -298,7 +298,7 @@ impl Step<'_, '_> {
             if let Some(mut slot) = self.unpublish_departing(table, item.key) {
                 self.stamp(&mut slot);
                 self.shard_of(table, item.key).counters.relocations_out += 1;
-                self.send_slot(slot, table, item.key, new_owner, item);
+                self.hand_over_slot(slot, table, item.key, new_owner, item);
             } else if let Some(transit) = self.shard_of(table, item.key).transits.get_mut(&(table, item.key)) {
                 if transit.abandoned {
                     let e = transit.suspect.as_deref().cloned().unwrap_or(Error::Protocol("the key's transfer to this node was given up".into()));
@@ -339,7 +339,7 @@ impl Step<'_, '_> {
     /// reserved slot; the slot is freed when the write completes. A key whose slot here, slot
     /// there and reservation each follow those of the last write's keys joins that write as a
     /// run: one write and one notification for the run (see [`Step::handle_writes_landed`]).
-    fn send_slot(&mut self, slot: Reserved, table: u16, key: u64, new_owner: u16, item: MoveItem) {
+    pub(crate) fn send_slot(&mut self, slot: Reserved, table: u16, key: u64, new_owner: u16, item: MoveItem) {
         let dir = self.directory();
         if dir.caches() {
             dir.cache(table, key, new_owner);
@@ -514,7 +514,7 @@ impl Step<'_, '_> {
                     let mut held = slot.take().expect("here");
                     self.stamp(&mut held);
                     self.shard_of(table, key).counters.relocations_out += 1;
-                    self.send_slot(held, table, key, new_owner, MoveItem { key, resv, to });
+                    self.hand_over_slot(held, table, key, new_owner, MoveItem { key, resv, to });
                 }
                 (Queued::Relocate { new_owner, resv, .. }, false) => {
                     tracing::error!(node = rank, key, "two hand-overs queued for one key");
@@ -525,6 +525,9 @@ impl Step<'_, '_> {
         if let Some(held) = slot {
             store.lock(table, key).publish(held);
             dir.uncache(table, key);
+            // The writes queued for the key were applied to it above (and a replica's pushes
+            // folded in): with backups, the rounds that release their answers carry it.
+            self.core.note_written(table, key);
         }
         self.flush_answers(answers);
         self.flush_failures(failures);

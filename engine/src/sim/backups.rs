@@ -178,6 +178,38 @@ impl Sim {
 }
 
 impl Sim {
+    /// With relocation and backups, at the end of a run without a loss (every round done):
+    /// the image of every key on each node that backs it up while its owner holds it — the
+    /// owner's successors at its home, the home otherwise (see `Directory::backup_targets_of`)
+    /// — is its value. A key handed over is backed up there before it lands, and what its new
+    /// owner writes to it after.
+    pub(super) fn check_images_follow_keys(&self) -> Result<(), String> {
+        for owner in 0..self.nodes.len() {
+            let core = &self.nodes[owner].core;
+            let (dir, store) = (core.directory(), core.store());
+            let partitioner = &dir.tables()[0].partitioner;
+            for key in 0..self.opts.keys {
+                let guard = store.lock(0, key);
+                let Some(slot) = guard.slot() else { continue };
+                let mut value = Vec::new();
+                slot.append_all_le_bytes(&mut value);
+                drop(guard);
+                let home = dir.home(0, key);
+                let targets = if home as usize == owner { dir.backup_targets() } else { dir.backup_targets_of(owner as u16, home) };
+                let (start_home, index) = (partitioner.home(key) as u16, partitioner.home_index(key));
+                for t in targets {
+                    let image = self.nodes[t as usize].core.backups().lock().images().get(0, start_home, index).map(<[u8]>::to_vec);
+                    if image.as_deref() != Some(&value[..]) {
+                        return Err(format!(
+                            "key {key}, held by node {owner} (homed at {home}): node {t} keeps {image:?} as its image, not its value {value:?}"
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The rank a fresh node takes with [`SimOptions::rejoin`](super::SimOptions::rejoin): the
     /// leaver's, or without a leave the crashed node's.
     pub(super) fn rejoiner_of(opts: &super::SimOptions) -> Option<usize> {

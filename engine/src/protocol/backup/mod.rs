@@ -25,11 +25,12 @@
 //! slots, encode and handle the messages and adopt images are in `step.rs`; the runtime's
 //! driver (`runtime::backup`) and the simulator run the same machine.
 
+mod handover;
 mod images;
 mod step;
 pub(crate) mod wire;
 
-pub(crate) use images::KeptImages;
+pub(crate) use images::{KeptImages, Origin};
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -247,6 +248,11 @@ pub(crate) struct Backups {
     gate: Option<u16>,
     /// The last round that completed while the gate was closed.
     gated_round: Option<u32>,
+    /// Keys out of service for relocations, their writes waiting for a round to carry their
+    /// last images (see `handover.rs`).
+    hand_overs: Vec<handover::HandOver>,
+    /// Hand-overs whose rounds completed, their writes not yet sent.
+    ready: Vec<handover::HandOver>,
 }
 
 impl Default for Backups {
@@ -262,6 +268,8 @@ impl Default for Backups {
             images: KeptImages::default(),
             gate: None,
             gated_round: None,
+            hand_overs: Vec::new(),
+            ready: Vec::new(),
         }
     }
 }
@@ -326,6 +334,18 @@ impl Backups {
         RoundStart { number: self.begun, targets }
     }
 
+    /// Round `number` (under way) awaits the acknowledgements of `nodes` too: with relocation
+    /// a round also goes to the homes of keys held here and to the backups of keys handed over.
+    pub fn await_also(&mut self, number: u32, nodes: &[u16]) {
+        if let Some((_, awaiting)) = self.under_way.iter_mut().find(|(n, _)| *n == number) {
+            for &node in nodes {
+                if !awaiting.contains(&node) {
+                    awaiting.push(node);
+                }
+            }
+        }
+    }
+
     /// The versions last sent of the keys homed at `home` on start-up, in `table` (`keys` of
     /// them), all [`NEVER`] the first time.
     pub fn sent_versions(&mut self, table: u16, home: u16, keys: usize) -> &mut Vec<u32> {
@@ -360,6 +380,7 @@ impl Backups {
         }
         self.completed = number;
         counters.completed.store(number, Ordering::SeqCst);
+        self.hand_overs_completed(number);
         let (released, kept) = std::mem::take(&mut self.held).into_iter().partition(|h| h.round.wrapping_sub(number).wrapping_sub(1) >= u32::MAX / 2);
         self.held = kept;
         released
@@ -387,6 +408,7 @@ impl Backups {
     /// was under way.
     pub fn give_up(&mut self) -> bool {
         self.forget_sent();
+        self.hand_overs_given_up();
         let any = !self.under_way.is_empty();
         self.under_way.clear();
         any
@@ -434,6 +456,7 @@ impl Backups {
         }
         let gave_up = self.under_way.iter().any(|(_, awaiting)| awaiting.contains(&peer)) && self.give_up();
         self.held.retain(|h| h.origin != peer);
+        self.images.forget_origin(peer);
         gave_up
     }
 

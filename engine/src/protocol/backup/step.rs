@@ -3,7 +3,7 @@
 //! adoption of a lost node's images.
 
 use super::wire::{self as backup_wire, ImageWriter, decode_ack, decode_backup};
-use super::{Backups, HeldAnswer, RoundStart};
+use super::{Backups, HeldAnswer, Origin, RoundStart};
 use crate::error::{Error, Result};
 use crate::protocol::Step;
 use crate::stats::MessageKind;
@@ -20,6 +20,7 @@ impl Step<'_, '_> {
     /// due (see [`Step::begin_backup_round_if_due`]): checked under the same lock that begins
     /// the round, so two threads never begin the same round.
     pub fn begin_backup_round(&mut self, only_if_due: bool) -> Option<RoundStart> {
+        self.post_hand_overs();
         let core = self.core;
         let dir = core.directory();
         let mut backups = core.backups().lock();
@@ -38,10 +39,19 @@ impl Step<'_, '_> {
         let targets = &start.targets;
         let mut images = 0usize;
         let homes = dir.served_homes();
+        let relocation = core.settings().relocation;
+        // Every node the round sends images to (with relocation, more than this node's own
+        // backups): each gets the round's last message and acknowledges it.
+        let mut awaiting = targets.clone();
         for table in 0..dir.tables().len() as u16 {
             let marked = core.dirty_blocks().take(table);
             let meta = &dir.tables()[table as usize];
-            if full {
+            if relocation {
+                let keys = meta.keys;
+                let scan: Box<dyn Iterator<Item = u64>> =
+                    if full { Box::new(0..keys) } else { Box::new(marked.into_iter().flat_map(move |first| first..(first + super::BLOCK_KEYS).min(keys))) };
+                images += self.ship_images_by_home(&mut backups, targets, start.number, table, scan, &mut awaiting);
+            } else if full {
                 for &home in &homes {
                     let keys = meta.partitioner.home_keys(home as usize);
                     images += self.ship_images(&mut backups, targets, start.number, table, keys, meta.partitioner.home_count(home as usize));
@@ -52,6 +62,9 @@ impl Step<'_, '_> {
                 images += self.ship_images(&mut backups, targets, start.number, table, keys, most);
             }
         }
+        let (handed, reached) = self.ship_hand_over_images(&mut backups, start.number);
+        images += handed;
+        add_all(&mut awaiting, &reached);
         if images == 0 && backups.alone(start.number) {
             // Every version sent went out in rounds that completed (one given up forgets them
             // all): nothing to wait for. (With rounds before it under way, it goes out empty,
@@ -61,11 +74,63 @@ impl Step<'_, '_> {
             self.release_held(released);
             return Some(RoundStart { number: start.number, targets: Vec::new() });
         }
+        backups.await_also(start.number, &awaiting);
         drop(backups);
-        let last = ImageWriter::backup(self.tx.buf(targets[0]), 0, start.number);
-        self.finish_images(targets, last, true);
+        let last = ImageWriter::backup(self.tx.buf(awaiting[0]), 0, start.number);
+        self.finish_images(&awaiting, last, true);
         core.backup_counters().note_images(images);
         Some(start)
+    }
+
+    /// With relocation: sends the images of those of `keys` (of `table`) held here whose
+    /// version moved, each to the nodes that back it up while this node holds it — this
+    /// node's own backups (`own`) for keys homed here, the key's home (and its successors) for
+    /// keys away from home ([`crate::protocol::Directory::backup_targets_of`]). Adds the nodes
+    /// it sent images to to `awaiting`; returns how many images went.
+    fn ship_images_by_home(
+        &mut self,
+        backups: &mut Backups,
+        own: &[u16],
+        round: u32,
+        table: u16,
+        keys: impl Iterator<Item = u64>,
+        awaiting: &mut Vec<u16>,
+    ) -> usize {
+        let core = self.core;
+        let (dir, store) = (core.directory(), core.store());
+        let rank = dir.rank();
+        let t = store.table(table);
+        // Per group of keys with the same backups: the backups and the keys; the group of
+        // each home, once it has one (keys homed here are group 0).
+        let mut groups: Vec<(Vec<u16>, Vec<u64>)> = vec![(own.to_vec(), Vec::new())];
+        let mut group_of: Vec<Option<usize>> = vec![None; dir.nodes()];
+        for key in keys {
+            if t.version_hint(key).is_none() {
+                continue;
+            }
+            let home = dir.home(table, key);
+            let group = if home == rank {
+                0
+            } else {
+                *group_of[home as usize].get_or_insert_with(|| {
+                    groups.push((dir.backup_targets_of(rank, home), Vec::new()));
+                    groups.len() - 1
+                })
+            };
+            groups[group].1.push(key);
+        }
+        let mut images = 0;
+        for (targets, keys) in groups {
+            if keys.is_empty() || targets.is_empty() {
+                continue;
+            }
+            let shipped = self.ship_images(backups, &targets, round, table, keys.iter().copied(), keys.len());
+            if shipped > 0 {
+                add_all(awaiting, &targets);
+            }
+            images += shipped;
+        }
+        images
     }
 
     /// Sends each of `targets` the images of those of `keys` (of `table`) held here whose
@@ -127,7 +192,7 @@ impl Step<'_, '_> {
 
     /// Closes the message `writer` wrote into the first of `targets`' buffers and sends it,
     /// and a copy of it to each other target.
-    fn finish_images(&mut self, targets: &[u16], writer: ImageWriter, last: bool) {
+    pub(super) fn finish_images(&mut self, targets: &[u16], writer: ImageWriter, last: bool) {
         let Some((&first, others)) = targets.split_first() else { return };
         let start = writer.start();
         let bytes = writer.finish(self.tx.buf(first), last);
@@ -148,6 +213,7 @@ impl Step<'_, '_> {
     /// thread to wake.
     pub fn begin_backup_round_if_due(&mut self) {
         if self.core.settings().backups > 0 {
+            self.post_hand_overs();
             let _ = self.begin_backup_round(true);
         }
     }
@@ -163,6 +229,8 @@ impl Step<'_, '_> {
             self.tx.buf(held.origin).extend_from_slice(&held.bytes);
             self.tx.sent(held.origin, MessageKind::Response, held.bytes.len());
         }
+        // The round may also have carried the last images of keys handed over.
+        self.post_hand_overs();
     }
 
     /// Holds an encoded RESPONSE to a write (push, set, push-pull) until a round that begins
@@ -193,6 +261,8 @@ impl Step<'_, '_> {
             return Err(Error::Protocol("BACKUP to a node that keeps no backups".into()));
         }
         let mut strays = 0usize;
+        let origin = Origin { from, round: backup.round };
+        let relocation = core.settings().relocation;
         // A joining node keeps every image: its members' view of who serves what is the one
         // it learns when it is welcomed, which may come after (see `protocol::leave`, joins).
         let joining = {
@@ -203,19 +273,25 @@ impl Step<'_, '_> {
             let mut backups = core.backups().lock();
             // The last run of keys of one home found, and whether `from` serves that home.
             let (mut run, mut served) = ((0, 0, 0), None);
-            let kept = backups.images().keep_all(
+            backups.images().keep_all(
                 backup.table,
+                origin,
                 backup.items().filter(|&(key, _)| key < meta.keys).filter_map(|(key, image)| {
                     let (home, index) = meta.partitioner.locate_cached(key, &mut run);
+                    // With relocation, keys move: a backup keeps whatever a live node sends
+                    // (the images of one key come in the order they were taken, see
+                    // `handover.rs`).
                     let serves = match served {
                         Some((h, serves)) if h == home => serves,
-                        _ => served.insert((home, joining || dir.stand_in(home as u16) == from)).1,
+                        _ => served.insert((home, joining || relocation || dir.stand_in(home as u16) == from)).1,
                     };
+                    if !serves {
+                        strays += 1;
+                    }
                     serves.then_some((home as u16, index, image))
                 }),
                 |home| meta.partitioner.home_count(home as usize),
             );
-            strays = backup.items().count() - kept;
         }
         if strays > 0 {
             tracing::warn!(node = dir.rank(), from, table = backup.table, strays, "backup images of keys the sender does not serve were dropped");
@@ -301,5 +377,14 @@ impl Step<'_, '_> {
         }
         // A round given up is begun again towards the new backup; the adopted keys go with it.
         self.begin_backup_round_if_due();
+    }
+}
+
+/// Adds the nodes of `more` not in `set` to it.
+fn add_all(set: &mut Vec<u16>, more: &[u16]) {
+    for &node in more {
+        if !set.contains(&node) {
+            set.push(node);
+        }
     }
 }

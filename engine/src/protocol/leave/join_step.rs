@@ -253,7 +253,9 @@ impl Step<'_, '_> {
                 self.tx.sent(joining, MessageKind::Membership, bytes);
             }
             handed += kept.len();
-            backups.images().keep_all(table, kept.iter().map(|(h, i, image)| (*h, *i, &image[..])), |home| meta.partitioner.home_count(home as usize));
+            // Kept as the joining node's backup: as though they came in before its first round.
+            let origin = crate::protocol::backup::Origin { from: joining, round: 0 };
+            backups.images().keep_all(table, origin, kept.iter().map(|(h, i, image)| (*h, *i, &image[..])), |home| meta.partitioner.home_count(home as usize));
         }
         // What this node's backup was sent of the keys that moved is stale from now on: the
         // next round sends every image of what it serves. Writes to them are on the joining
