@@ -386,8 +386,11 @@ pub struct Config {
     /// lost its first live successor takes its keys over (docs/ARCHITECTURE.md, "A lost node"):
     /// up to `k` nodes may be lost at once without losing an acknowledged push. `k` is at most
     /// the node count less one. `0` (the default) keeps today's behaviour and speed: a lost
-    /// node's keys are lost. `FERRY_BACKUPS` sets it. So far backups need a classic parameter
-    /// server (`relocation` off) and tables without replicated keys.
+    /// node's keys are lost. `FERRY_BACKUPS` sets it. With `relocation`, a key away from its
+    /// home is backed up at the home, a relocation waits for one backup round, a loss is
+    /// followed by a census of where every key is (docs/ARCHITECTURE.md, "Backups with
+    /// relocation"), intent moves keys but replicates none, and nodes cannot leave or join
+    /// yet. Tables with replicated keys are refused.
     pub backups: usize,
     /// Per-node location caches (see the consistency notes on [`crate::Worker`]).
     pub location_caches: bool,
@@ -823,9 +826,6 @@ impl Config {
                     self.nodes,
                     self.nodes.saturating_sub(1)
                 ));
-            }
-            if self.relocation {
-                return bad("backups need a classic parameter server so far: with FERRY_BACKUPS=1 turn relocation off (Config::relocation = false; the training commands' --mode classic)".into());
             }
             if let Some(t) = self.tables.iter().find(|t| !t.replicated.is_empty()) {
                 return bad(format!(

@@ -25,6 +25,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::codec::ValueCodec;
 use crate::config::{HugePages, TableSpec};
 use crate::protocol::backup::wire as backup_wire;
+use crate::protocol::census::{self, wire as census_wire};
 use crate::protocol::leave::wire as leave_wire;
 use crate::protocol::wire::{self, AccessHeader, AccessKind, BlockKeys, FailureCode, MoveItem, msg};
 use crate::protocol::{Core, Delivery, Issued, OpId, Progress, PullTarget, Requester, Settings};
@@ -53,7 +54,7 @@ pub struct FuzzReport {
     pub first_panic: Option<String>,
 }
 
-const TYPES: [&str; 24] = [
+const TYPES: [&str; 27] = [
     "access",
     "response",
     "failure",
@@ -78,6 +79,9 @@ const TYPES: [&str; 24] = [
     "join-welcome",
     "join-handed",
     "joined",
+    "census-flush",
+    "census",
+    "census-done",
 ];
 /// The first of [`TYPES`] that only a node with backups takes.
 const FAILOVER_TYPES: usize = 16;
@@ -102,17 +106,20 @@ struct Target {
     tx: crate::protocol::Transmit,
 }
 
-/// The node under test for `seed`: every third one is a classic parameter server with one
-/// backup per key (backups need relocation off and no replicated keys), which takes failover's
-/// messages — half of them a fresh node that asked to join; the others move keys and
-/// replicate some.
+/// The node under test for `seed`: every third one keeps one backup per key (backups need
+/// tables without replicated keys) and takes failover's messages — half of those a fresh node
+/// of a classic parameter server that asked to join, a quarter a member of one, a quarter a
+/// member of a cluster that relocates keys (and takes the census's messages); the others move
+/// keys and replicate some.
 fn target(seed: u64) -> Target {
     let backups = seed % 3 == 2;
+    let joining = backups && seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 63 == 0;
+    let relocation = !backups || (!joining && seed % 2 == 1);
     let a = TableSpec::new("a", KEYS[0], VALUE_LEN[0]);
     let specs = vec![if backups { a } else { a.replicating(REPLICATED) }, TableSpec::new("b", KEYS[1], VALUE_LEN[1])];
     let store = Arc::new(Store::new(RANK, NODES, &specs, 16, HugePages::Off, Arc::new(LocalRegistrar::default())).expect("a small store"));
     let settings = Settings {
-        relocation: !backups,
+        relocation,
         backups: backups as usize,
         location_caches: seed.is_multiple_of(2),
         max_message_bytes: 64 << 10,
@@ -145,7 +152,7 @@ fn target(seed: u64) -> Target {
         drain(&mut step);
     }
     let mut step = core.step(&mut tx, 1);
-    if backups && seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 63 == 0 {
+    if joining {
         let _ = step.ask_to_join(0);
     }
     let arriving: Vec<u64> = (0..10).map(|k| k * 9 % KEYS[0]).collect();
@@ -379,6 +386,27 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
         }
         23 => {
             leave_wire::encode_joined(&mut out, [peer, 2, RANK as u16][rng.gen_range(0..3)], [rng.gen_range(0..4), rng.gen_range(0..4)]);
+        }
+        24 | 26 => {
+            // Mostly of the census under way (one loss known, once a PEER_LOST came).
+            let ty = if ty == 24 { msg::CENSUS_FLUSH } else { msg::CENSUS_DONE };
+            census_wire::encode_short(&mut out, ty, [1, 1, 1, 0, 2][rng.gen_range(0..5)]);
+        }
+        25 => {
+            let dir = t.core.directory();
+            let claims: Vec<(u64, census::Claim)> = (0..rng.gen_range(0..12))
+                .map(|_| {
+                    let key = key_where(rng, keys, |rng, k| rng.gen_bool(0.2) || dir.home(table, k) == RANK as u16);
+                    let claim = match rng.gen_range(0..4) {
+                        0 => census::Claim::Held,
+                        1 => census::Claim::Arriving(rng.gen_range(0..64), RemoteAddr { region: rng.gen_range(0..3), addr: rng.gen_range(0..4096) }),
+                        2 => census::Claim::Handing(rng.gen_range(0..NODES as u16 + 1)),
+                        _ => census::Claim::Then(rng.gen_range(0..NODES as u16 + 1)),
+                    };
+                    (key, claim)
+                })
+                .collect();
+            census_wire::encode_census(&mut out, table, [1, 1, 1, 0, 2][rng.gen_range(0..5)], rng.gen_bool(0.5), &claims);
         }
         _ => {
             // The key count the sender holds (node 0: 8 keys, node 2: 10), or not; positions of

@@ -91,6 +91,11 @@ impl Node {
         if config.max_delay.is_some() {
             return Err(Error::Config("a node cannot join a cluster whose workers share clocks (bounded delay)".into()));
         }
+        if config.relocation {
+            return Err(Error::Config(
+                "a node can join only a cluster that does not relocate keys, so far (Config::relocation = false; the training commands' --mode classic)".into(),
+            ));
+        }
         let (fabric, coordinator) = crate::fabric::select::join(&config, contact)?;
         // Cluster time is the coordinator's clock, which only bounded delay compares across
         // nodes: a joining node takes its own.

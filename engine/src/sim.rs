@@ -660,6 +660,9 @@ struct Sim {
     /// Survivors not yet told of a crash, with the node that crashed: each learns of each
     /// crash at a time of its own, as each real node detects a dead peer on its own connection.
     unaware: Vec<(usize, usize)>,
+    /// With relocation, backups and a crash: the operations (node, op) a node that crashes
+    /// answered any part of — their reads may include writes it never backed up.
+    victim_answers: std::collections::HashSet<(usize, u64)>,
     /// The step at which the leaver asked to leave (see [`SimOptions::crash_while_leaving`]).
     leave_asked_at: Option<usize>,
     /// The step at which the fresh node asked to join (see [`SimOptions::crash_while_joining`]).
@@ -881,6 +884,7 @@ impl Sim {
             workers_by_node,
             late_hand_overs: 0,
             unaware: Vec::new(),
+            victim_answers: Default::default(),
             leave_asked_at: None,
             join_asked_at: None,
             floating: Vec::new(),
@@ -1235,6 +1239,7 @@ impl Sim {
                     let frame = Bytes::from(self.frames[c].pop_front().expect("non-empty"));
                     let (from, to) = (c / self.opts.nodes, c % self.opts.nodes);
                     self.log(format!("deliver {from}->{to}: {}", describe_frame(&frame)));
+                    self.note_victim_answers(from, to, &frame);
                     if let Err(e) = self.node_event(to, |step, at, item| step.handle_frame(from as u16, &frame, at, item)) {
                         return Err(format!("node {to} rejected a frame from {from}: {e}"));
                     }
@@ -1818,7 +1823,13 @@ impl Sim {
                 continue;
             };
             let f = self.workers[w].in_flight.swap_remove(i);
-            self.log(format!("op {op:#x} of worker {w} completes: {}", if result.is_ok() { "ok" } else { "error" }));
+            self.log(format!(
+                "op {op:#x} of worker {w} completes: {}",
+                match &result {
+                    Ok(_) => "ok".to_string(),
+                    Err(e) => format!("error: {e}"),
+                }
+            ));
             if f.service {
                 self.service_op_done(w, op, result)?;
                 continue;
@@ -1838,7 +1849,9 @@ impl Sim {
                             return Err(format!("pull {op:#x} returned {} values for {} keys", values.len(), f.keys.len()));
                         }
                         let first_pull = if kind == AccessKind::PushPull { f.first_event + f.keys.len() } else { f.first_event };
-                        self.record_pull(w, first_pull, &values, &f.victim_reads);
+                        let victim_reads =
+                            if self.victim_answers.contains(&(self.workers[w].node, op)) { vec![true; f.keys.len()] } else { f.victim_reads.clone() };
+                        self.record_pull(w, first_pull, &values, &victim_reads);
                     }
                 }
                 Err(e) => {
@@ -1914,7 +1927,13 @@ impl Sim {
             if !self.worker_crashed(i)
                 && (!w.in_flight.is_empty() || !w.script.is_empty() || w.streaming.is_some() || w.clock_target.is_some() || w.sync.is_some())
             {
-                return Err(format!("worker {i} is stuck: {} operations in flight, {} left in its script", w.in_flight.len(), w.script.len()));
+                let ops: Vec<String> = w.in_flight.iter().map(|f| format!("{:#x} {:?} of keys {:?}", f.op, f.kind, f.keys)).collect();
+                return Err(format!(
+                    "worker {i} is stuck: {} operations in flight ({}), {} left in its script",
+                    w.in_flight.len(),
+                    ops.join(", "),
+                    w.script.len()
+                ));
             }
         }
         // A crashed node's worker may have been waiting for a replica sync.
@@ -2154,6 +2173,14 @@ fn describe_frame(frame: &[u8]) -> String {
                 let name = names.get((ty - msg::LEAVE_ASK) as usize).copied().unwrap_or("?");
                 let node = b.get(2..4).map_or(0, |r| u16::from_le_bytes(r.try_into().unwrap_or([0; 2])));
                 format!("{name}[{node:#x}]")
+            }
+            ty @ (msg::CENSUS_FLUSH | msg::CENSUS_DONE) => {
+                let epoch = b.get(4..8).map_or(0, |r| u32::from_le_bytes(r.try_into().unwrap_or([0; 4])));
+                format!("{}[{epoch}]", if ty == msg::CENSUS_FLUSH { "census-flush" } else { "census-done" })
+            }
+            msg::CENSUS => {
+                let count = b.get(8..12).map_or(0, |r| u32::from_le_bytes(r.try_into().unwrap_or([0; 4])));
+                format!("census[{count}{}]", if b.get(1) == Some(&1) { " last" } else { "" })
             }
             _ => "?".into(),
         }

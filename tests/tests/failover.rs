@@ -29,23 +29,38 @@ fn pull_after_loss(w: &mut ferry::Worker, table: ferry::Table, keys: &[u64], out
     }
 }
 
-#[test]
-fn every_acknowledged_push_survives_a_lost_node() {
-    let keys = 90u64;
-    let mut cluster = Node::start_local_cluster(3, config(keys, 2)).unwrap();
-    let table = cluster[0].table("t").unwrap();
+/// After [`push_everything`] from three nodes, the victim's push of 10 to `victims` and a
+/// survivor's of 5 to `survivors`, and the loss: pulls every key once the survivors serve them
+/// again (into `out`), and checks each holds every acknowledged push.
+fn check_after_loss(w: &mut ferry::Worker, table: ferry::Table, keys: u64, out: &mut [f32], victims: [u64; 2], survivors: [u64; 2]) {
     let all: Vec<u64> = (0..keys).collect();
-    // Every node pushes to every key (local and remote rows) a known number of times; each
-    // push is acknowledged only once backed up.
+    let took = pull_after_loss(w, table, &all, out, Duration::from_secs(10));
+    for k in 0..keys {
+        let mut expected = 3.0 * 20.0;
+        if k % 7 == 0 {
+            expected += 3.0 * 4.0 * 0.5;
+        }
+        if victims.contains(&k) {
+            expected += 10.0;
+        }
+        if survivors.contains(&k) {
+            expected += 5.0;
+        }
+        assert_eq!(&out[2 * k as usize..2 * k as usize + 2], &[expected, expected], "key {k} after the loss ({took:?})");
+    }
+}
+
+/// Every node pushes 1 to every key of `all` 20 times, and 0.5 to every seventh key 4 times
+/// (single-key pushes, which take the local hot path on the owner); each push is acknowledged
+/// only once backed up.
+fn push_everything(cluster: &[Node], table: ferry::Table, all: &[u64]) {
     std::thread::scope(|s| {
-        for node in &cluster {
+        for node in cluster {
             let mut w = node.worker();
-            let all = &all;
             s.spawn(move || {
                 for round in 0..20 {
                     w.push(table, all, &vec![1.0; all.len() * 2]).unwrap();
                     if round % 5 == 0 {
-                        // Single-key pushes take the local hot path on the owner.
                         for &k in all.iter().step_by(7) {
                             w.push(table, &[k], &[0.5, 0.5]).unwrap();
                         }
@@ -54,6 +69,16 @@ fn every_acknowledged_push_survives_a_lost_node() {
             });
         }
     });
+}
+
+#[test]
+fn every_acknowledged_push_survives_a_lost_node() {
+    let keys = 90u64;
+    let mut cluster = Node::start_local_cluster(3, config(keys, 2)).unwrap();
+    let table = cluster[0].table("t").unwrap();
+    let all: Vec<u64> = (0..keys).collect();
+    // Every node pushes to every key (local and remote rows) a known number of times.
+    push_everything(&cluster, table, &all);
     let victim = cluster.remove(1);
     // The victim's own last acknowledged pushes, to its own keys (held locally), right before
     // it goes.
@@ -67,20 +92,7 @@ fn every_acknowledged_push_survives_a_lost_node() {
     victim.abort();
     let mut w = cluster[0].worker();
     let mut out = vec![0.0; keys as usize * 2];
-    let took = pull_after_loss(&mut w, table, &all, &mut out, Duration::from_secs(10));
-    for k in 0..keys {
-        let mut expected = 3.0 * 20.0;
-        if k % 7 == 0 {
-            expected += 3.0 * 4.0 * 0.5;
-        }
-        if k == 30 || k == 31 {
-            expected += 10.0;
-        }
-        if k == 35 || k == 36 {
-            expected += 5.0;
-        }
-        assert_eq!(&out[2 * k as usize..2 * k as usize + 2], &[expected, expected], "key {k} after the loss ({took:?})");
-    }
+    check_after_loss(&mut w, table, keys, &mut out, [30, 31], [35, 36]);
     // The survivors keep working on the lost node's keys, and back them up anew: pushes are
     // still acknowledged (the backup thread now ships to the new successor).
     let mut w2 = cluster[1].worker();
@@ -105,7 +117,6 @@ fn backups_are_refused_where_they_are_not_built() {
         change(&mut c);
         c.validate().unwrap_err().to_string()
     };
-    assert!(refused(&|c| c.relocation = true).contains("relocation off"));
     assert!(refused(&|c| c.nodes = 1).contains("at most 0"));
     assert!(refused(&|c| c.backups = 3).contains("at most 2"));
     let replicated = refused(&|c| c.tables = vec![TableSpec::new("r", 10, 1).replicating(std::iter::once(0..2))]);
@@ -116,6 +127,45 @@ fn backups_are_refused_where_they_are_not_built() {
     c.validate().unwrap();
     c.backups = 2;
     c.validate().unwrap();
+    c.relocation = true;
+    c.validate().unwrap();
+}
+
+/// With relocation: keys moved away from their homes (each node localizes a share of every
+/// other node's keys, the lost node's among them), every node pushes to every key, and a node
+/// is aborted. Its keys, wherever they were homed, and the keys homed at it that other nodes
+/// hold, are served again by the survivors after the census, with every acknowledged push;
+/// keys go on moving afterwards.
+#[test]
+fn every_acknowledged_push_survives_a_lost_node_that_moved_keys() {
+    let keys = 90u64;
+    let mut c = config(keys, 2);
+    c.relocation = true;
+    let mut cluster = Node::start_local_cluster(3, c).unwrap();
+    let table = cluster[0].table("t").unwrap();
+    let all: Vec<u64> = (0..keys).collect();
+    for (rank, node) in cluster.iter().enumerate() {
+        let mine: Vec<u64> = all.iter().copied().filter(|k| k % 3 == rank as u64 && (k / 30) as usize != rank).collect();
+        node.worker().localize(table, &mine).unwrap();
+    }
+    push_everything(&cluster, table, &all);
+    let victim = cluster.remove(1);
+    // The victim's last acknowledged pushes, to keys it moved here (held locally), and a
+    // survivor's to a key the victim holds away from its home.
+    victim.worker().push(table, &[4, 7], &[10.0; 4]).unwrap();
+    cluster[0].worker().push(table, &[13, 16], &[5.0; 4]).unwrap();
+    victim.abort();
+    let mut w = cluster[0].worker();
+    let mut out = vec![0.0; keys as usize * 2];
+    check_after_loss(&mut w, table, keys, &mut out, [4, 7], [13, 16]);
+    // Keys move again among the survivors, and their pushes are still backed up.
+    let mut w2 = cluster[1].worker();
+    w2.localize(table, &[4, 13, 40]).unwrap();
+    w2.push(table, &[4, 13, 40], &[1.0; 6]).unwrap();
+    w.pull(table, &[4, 13, 40], &mut out[..6]).unwrap();
+    assert_eq!(&out[..6], &[71.0, 71.0, 66.0, 66.0, 61.0, 61.0]);
+    drop((w, w2));
+    ferry_tests::finalize_all(cluster);
 }
 
 /// Two backups per key survive two nodes lost at once: nodes 1 and 2 of 4 (a node and its

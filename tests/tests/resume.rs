@@ -227,11 +227,31 @@ fn a_lost_node_is_survived_by_resuming_on_the_others() {
 /// node's keys served from their backups, its share of the data dealt among them from the next
 /// epoch — say so, report every epoch once, and end with the quality of an uninterrupted run.
 /// Rank 0 too: it coordinates barriers and reports, and the next rank takes both over.
+///
+/// The same with `--mode localize`, whose trainer moves keys to the node about to use them:
+/// the survivors' census after the loss finds every key (rank 1 killed).
 #[test]
 fn a_lost_node_is_survived_by_training_on() {
-    let run = ["mf", "--data", "synth-tiny", "--rank", "4", "--mode", "classic", "--nodes", "3", "--epochs", "16"];
+    for (mode, victims) in [("classic", &[1, 0][..]), ("localize", &[1][..])] {
+        survived_by_training_on(mode, victims);
+    }
+    // Refused where it is not built: modes that replicate keys, and joins into a cluster that
+    // moves keys.
+    for (args, says) in [
+        (&["mf", "--data", "synth-tiny", "--mode", "hybrid", "--on-loss", "continue"][..], "use --mode classic or localize"),
+        (&["mf", "--data", "synth-tiny", "--mode", "localize", "--on-loss", "replace"][..], "cannot do yet"),
+    ] {
+        let out = Command::new(binary("ferry")).arg("train").args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says), "{stderr}");
+    }
+}
+
+/// [`a_lost_node_is_survived_by_training_on`] in `mode`, killing each of `victims` in a run.
+fn survived_by_training_on(mode: &str, victims: &[usize]) {
+    let run = ["mf", "--data", "synth-tiny", "--rank", "4", "--mode", mode, "--nodes", "3", "--epochs", "16"];
     let uninterrupted = train(&run);
-    for victim in [1, 0] {
+    for &victim in victims {
         let (status, reports, stderr) = train_killing(&run, victim);
         assert!(status.success(), "rank {victim} killed: {stderr}");
         assert!(
@@ -247,13 +267,8 @@ fn a_lost_node_is_survived_by_training_on() {
         assert_eq!(last["nodes"].as_u64(), Some(2), "{last}");
         let rmse = |r: &Value| r["quality"]["rmse"].as_f64().unwrap();
         let (whole, survived) = (rmse(uninterrupted.last().unwrap()), rmse(last));
-        assert!((survived - whole).abs() < 0.03 * whole, "RMSE {survived} after losing rank {victim}, {whole} uninterrupted");
+        assert!((survived - whole).abs() < 0.03 * whole, "RMSE {survived} after losing rank {victim} ({mode}), {whole} uninterrupted");
     }
-    // Refused where it is not built: modes that move keys.
-    let args = ["mf", "--data", "synth-tiny", "--mode", "localize", "--on-loss", "continue"];
-    let out = Command::new(binary("ferry")).arg("train").args(args).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("use --mode classic"), "{stderr}");
 }
 
 /// `ferry train ARGS --json --on-loss continue`, rank `victim` killed with SIGKILL once two

@@ -273,10 +273,13 @@ impl Common {
                 bail!("--leave {rank}@{epoch}: the node leaves at the start of an epoch from 2 to --epochs ({})", self.epochs);
             }
         }
-        if self.on_loss.trains_on() && self.modes().any(|m| !matches!(m, Mode::Single | Mode::Classic)) {
+        if self.on_loss.trains_on() && self.modes().any(|m| !matches!(m, Mode::Single | Mode::Classic | Mode::Localize)) {
             bail!(
-                "--on-loss continue (or replace) keeps training on the survivors of a classic parameter server (backups need keys that stay at their homes): use --mode classic"
+                "--on-loss continue (or replace) keeps training on the survivors of a cluster whose keys are backed up, which replicates none: use --mode classic or localize"
             );
+        }
+        if (self.on_loss == OnLoss::Replace || self.leaving()?.is_some()) && self.modes().any(|m| m == Mode::Localize) {
+            bail!("--on-loss replace and --leave need nodes to join or leave, which a cluster that relocates keys cannot do yet: use --mode classic");
         }
         Ok(())
     }

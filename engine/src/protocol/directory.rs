@@ -71,6 +71,13 @@ pub struct Directory {
     incarnations: Box<[AtomicU8]>,
     /// Joins this node has seen (see [`Directory::joins`]).
     joins: AtomicU64,
+    /// Whether owner entries cover every key (by key), not only this node's home keys (by
+    /// their index among them): with relocation and backups, where a node that stands in for
+    /// a lost home records where that home's keys are (see `protocol::census`).
+    owners_by_key: bool,
+    /// Whether a census after a loss is under way here (see `protocol::census`): workers'
+    /// requests to other nodes wait until it is over.
+    recovering: AtomicBool,
 }
 
 /// [`Directory::departing`]'s "none".
@@ -104,7 +111,37 @@ impl Directory {
             join_target: AtomicU16::new(NO_DEPARTURE),
             incarnations: (0..nodes).map(|_| AtomicU8::new(0)).collect(),
             joins: AtomicU64::new(0),
+            owners_by_key: false,
+            recovering: AtomicBool::new(false),
         }
+    }
+
+    /// With relocation and backups: owner entries for every key, each starting at the key's
+    /// start-up home (its owner at start-up), so that a node standing in for a lost home can
+    /// record where that home's keys are. Set before the node serves anything.
+    pub fn with_owners_of_every_key(mut self) -> Directory {
+        for t in &mut self.tables {
+            t.owners = (0..t.keys).map(|k| AtomicU16::new(t.partitioner.home(k) as u16)).collect();
+        }
+        self.owners_by_key = true;
+        self
+    }
+
+    /// Whether a census after a loss is under way here (see `protocol::census`).
+    #[inline]
+    pub fn recovering(&self) -> bool {
+        self.recovering.load(Ordering::Acquire)
+    }
+
+    /// Sets whether a census is under way (under every shard lock).
+    pub(crate) fn set_recovering(&self, recovering: bool) {
+        self.recovering.store(recovering, Ordering::Release);
+    }
+
+    /// The index of `key`'s owner entry.
+    #[inline]
+    fn owner_index(&self, t: &TableMeta, key: u64) -> usize {
+        if self.owners_by_key { key as usize } else { t.partitioner.home_index(key) }
     }
 
     /// Lost nodes' keys fail over to their successors (see [`Directory::stand_in`]): set when
@@ -273,17 +310,17 @@ impl Directory {
     #[inline]
     pub fn owner(&self, table: u16, key: u64) -> u16 {
         let t = &self.tables[table as usize];
-        if self.failover && t.partitioner.home(key) != self.rank as usize {
+        if self.failover && !self.owners_by_key && t.partitioner.home(key) != self.rank as usize {
             return LOST_OWNER;
         }
-        t.owners[t.partitioner.home_index(key)].load(Ordering::Relaxed)
+        t.owners[self.owner_index(t, key)].load(Ordering::Relaxed)
     }
 
     /// Records a new owner for `key` (this node is its home; the caller holds its shard lock).
     #[inline]
     pub fn set_owner(&self, table: u16, key: u64, owner: u16) {
         let t = &self.tables[table as usize];
-        t.owners[t.partitioner.home_index(key)].store(owner, Ordering::Relaxed);
+        t.owners[self.owner_index(t, key)].store(owner, Ordering::Relaxed);
     }
 
     /// Whether this node is `key`'s home and knows its value was lost with its owner.

@@ -178,9 +178,17 @@ pub struct IntentHomes {
     contention: FastMap<u16, Contention>,
     /// Keys this node was told to take or replicate, per table, for the intent service.
     go: Vec<(u16, Grant, Vec<u64>)>,
+    /// Whether keys are only ever moved, never replicated (with backups, which do not cover
+    /// run-time replicas: their pushes not yet sent would be lost with their node).
+    moves_only: bool,
 }
 
 impl IntentHomes {
+    /// Keys are only moved from now on, never replicated (see the field).
+    pub fn set_moves_only(&mut self) {
+        self.moves_only = true;
+    }
+
     /// Node `from` needs `keys` of `table` at `level` now. Returns, per node and grant, the
     /// keys it was not yet told about and now should be.
     pub fn update(&mut self, from: u16, level: IntentLevel, table: u16, keys: impl IntoIterator<Item = u64>) -> Grants {
@@ -229,7 +237,7 @@ impl IntentHomes {
                 self.shared.insert(table, key);
                 shared = true;
             }
-            if nodes.len() >= 2 {
+            if nodes.len() >= 2 && !self.moves_only {
                 // A table with no outcomes yet says nothing either way; a key several nodes will
                 // need while none needs it yet would otherwise wait until one of their windows
                 // starts, late for every other node (a training's first clocks, when every key
@@ -258,7 +266,7 @@ impl IntentHomes {
                 }
             }
         }
-        if first_outcome_contended {
+        if first_outcome_contended && !self.moves_only {
             self.replicate_undecided(table, &mut go);
         }
         go

@@ -275,7 +275,9 @@ impl Step<'_, '_> {
             if hi >= lo
                 && hi - lo == ks.len() as u64 - 1
                 && home != rank
-                && home == dir.home(table, hi)
+                // (The start-up homes: once a node is lost its stand-in also serves keys of
+                // its own between the two ends.)
+                && meta.partitioner.home(lo) == meta.partitioner.home(hi)
                 && ((whole && keys_run) || is_run(ks))
                 && self.core.store().table(table).run_is_away(lo, ks.len())
             {
@@ -364,10 +366,14 @@ impl Step<'_, '_> {
         // A node on its way out gets no request after this node's READY to it (sent under
         // every shard): parts for it wait, in order, until it has left and its keys are
         // served by its successor (see `protocol::leave`).
-        if let Some(leaving) = dir.departing()
-            && leaving != dir.rank()
-            && chunk.iter().any(|g| current_dest(dir, g.dest) == leaving)
-        {
+        // During a census after a loss (relocation with backups), no part is routed until
+        // every home knows where its keys are again (see `protocol::census`); keys held here
+        // were served by the operation's local pass.
+        let paused = match dir.departing() {
+            Some(leaving) => leaving != dir.rank() && chunk.iter().any(|g| current_dest(dir, g.dest) == leaving),
+            None => false,
+        } || (dir.recovering() && !chunk.is_empty());
+        if paused {
             for g in chunk.into_iter().rev() {
                 groups.push_front(g);
             }

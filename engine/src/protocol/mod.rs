@@ -49,6 +49,7 @@
 mod access;
 pub(crate) mod backup;
 mod barrier;
+pub(crate) mod census;
 mod clock;
 mod directory;
 mod intent;
@@ -196,6 +197,10 @@ pub struct Core {
     dirty: DirtyBlocks,
     /// Graceful departures: this node's own, and the others' it knows of.
     departures: Mutex<leave::Departures>,
+    /// The census after a loss (relocation with backups).
+    census: Mutex<census::Census>,
+    /// One-sided writes posted and not completed (the census flushes once there are none).
+    writes_out: AtomicU64,
 }
 
 impl Core {
@@ -204,6 +209,9 @@ impl Core {
         let mut directory = Directory::new(rank, nodes, settings.shards, specs, settings.location_caches);
         if settings.backups > 0 {
             directory = directory.with_failover(settings.backups);
+            if settings.relocation {
+                directory = directory.with_owners_of_every_key();
+            }
         }
         let shards = (0..directory.shards()).map(|i| Mutex::new(Shard::new(i))).collect();
         Core {
@@ -218,14 +226,37 @@ impl Core {
             arrivals: AtomicU64::new(0),
             replication: Replication::new(specs.len()),
             intent: Default::default(),
-            intent_homes: Mutex::new(IntentHomes::default()),
+            intent_homes: Mutex::new({
+                let mut homes = IntentHomes::default();
+                if settings.backups > 0 {
+                    homes.set_moves_only();
+                }
+                homes
+            }),
             intent_go: std::sync::atomic::AtomicBool::new(false),
             replica_sync_acks: Default::default(),
             backups: Mutex::new(Backups::default()),
             backup_counters: BackupCounters::default(),
             dirty: if settings.backups > 0 { DirtyBlocks::new(specs.iter().map(|s| s.keys)) } else { DirtyBlocks::default() },
             departures: Mutex::new(leave::Departures::default()),
+            census: Mutex::new(census::Census::default()),
+            writes_out: AtomicU64::new(0),
         }
+    }
+
+    /// The census after a loss.
+    pub(crate) fn census(&self) -> &Mutex<census::Census> {
+        &self.census
+    }
+
+    /// Whether a census after a loss is under way here.
+    pub fn census_active(&self) -> bool {
+        self.directory.recovering()
+    }
+
+    /// One-sided writes posted and not completed.
+    pub(crate) fn writes_out(&self) -> &AtomicU64 {
+        &self.writes_out
     }
 
     /// Graceful departures' state.

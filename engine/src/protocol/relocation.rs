@@ -41,7 +41,7 @@ impl Step<'_, '_> {
     }
 
     /// Tells `to` that its reservations `resvs` will not be filled.
-    fn send_localize_failed(&mut self, to: u16, error: &Error, table: u16, resvs: &[u32]) {
+    pub(crate) fn send_localize_failed(&mut self, to: u16, error: &Error, table: u16, resvs: &[u32]) {
         if resvs.is_empty() || self.directory().is_lost(to) {
             return;
         }
@@ -86,6 +86,9 @@ impl Step<'_, '_> {
         }
         if !self.try_acquire(mask) {
             return Ok(Some(start));
+        }
+        if start == 0 && self.hold_move_during_census(requester, body) {
+            return Ok(None);
         }
         let items: Vec<MoveItem> = (start..end).map(|i| m.item(i)).collect();
         let done = self.localize_at_home(requester, m.table, &items, true, m.flags);
@@ -190,7 +193,7 @@ impl Step<'_, '_> {
     }
 
     /// Tells each `localize` in `arrived` that its last key is here (or was declined).
-    fn deliver_arrived(&mut self, arrived: Vec<OpId>) {
+    pub(crate) fn deliver_arrived(&mut self, arrived: Vec<OpId>) {
         for op in arrived {
             self.tx.deliver(worker_of(op), Delivery::Local(LocalEvent::Arrived { op }));
         }
@@ -235,6 +238,27 @@ impl Step<'_, '_> {
         self.core.intent_counters().note_declined(1);
     }
 
+    /// The key's home says, after a census, that no live node will hand the key over for
+    /// reservation `resv` (its shard held): the transit ends, `localize` calls waiting for it
+    /// are done (the key stays where the home has it), queued accesses go through the home,
+    /// and queued hand-overs are dropped (their requesters were told the same by the home).
+    pub(crate) fn supersede_reservation(&mut self, resv: u32, arrived: &mut Vec<OpId>) {
+        let Some(((table, key), transit)) = self.end_transit(resv) else { return };
+        self.directory().uncache(table, key);
+        for (op, left) in transit.waiters.iter() {
+            if left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                arrived.push(*op);
+            }
+        }
+        let mut failures = FailureBatch::default();
+        for queued in transit.queue {
+            if let Queued::Access { origin, op, part, index, kind, values } = queued {
+                self.forward_to_home(table, key, origin, op, part, index, kind, &values, &mut failures);
+            }
+        }
+        self.flush_failures(failures);
+    }
+
     /// Passes an access item that queued for a key which did not (or no longer does) stay
     /// here to the key's home, which routes it to the owner.
     #[allow(clippy::too_many_arguments)]
@@ -257,6 +281,18 @@ impl Step<'_, '_> {
             return;
         }
         let h = AccessHeader { kind, flags: FLAG_INDEXED | FLAG_STALE, table, origin, op, part, codec: self.core.store().table(table).spec().codec };
+        if home == dir.rank() {
+            // This node is the key's home (a census made it give up an arrival): it routes the
+            // item as a home does, under the key's shard, which the caller holds.
+            let mut message = Vec::new();
+            wire::encode_access(&mut message, h, 1, |_| index, |_| key, |_, o| o.extend_from_slice(f32_bytes(values)));
+            match self.handle_access(home, &message[4..], 0) {
+                Ok(None) => {}
+                Ok(Some(_)) => tracing::error!(node = home, key, "an item for a key homed here could not be routed without other shards"),
+                Err(e) => tracing::error!(node = home, key, "an item for a key homed here could not be routed: {e}"),
+            }
+            return;
+        }
         let buf = self.tx.buf(home);
         let before = buf.len();
         wire::encode_access(buf, h, 1, |_| index, |_| key, |_, o| o.extend_from_slice(f32_bytes(values)));
@@ -279,6 +315,9 @@ impl Step<'_, '_> {
         if !self.try_acquire(mask) {
             return Ok(Some(start));
         }
+        if start == 0 && self.hold_move_during_census(self.directory().home(m.table, m.item(0).key), body) {
+            return Ok(None);
+        }
         let items: Vec<MoveItem> = (start..end).map(|i| m.item(i)).collect();
         let done = self.relocate_items(m.new_owner, m.table, &items, true);
         Ok((start + done < m.count).then_some(start + done))
@@ -295,6 +334,11 @@ impl Step<'_, '_> {
                 break;
             }
             done += 1;
+            if self.core.settings().backups > 0 && self.directory().is_lost(new_owner) {
+                // A RELOCATE sent before its home learnt of the loss: the key stays here, where
+                // the census after the loss records it.
+                continue;
+            }
             if let Some(mut slot) = self.unpublish_departing(table, item.key) {
                 self.stamp(&mut slot);
                 self.shard_of(table, item.key).counters.relocations_out += 1;
@@ -330,7 +374,7 @@ impl Step<'_, '_> {
     }
 
     /// Stamps a slot leaving this node with the time it stopped being served.
-    fn stamp(&mut self, slot: &mut Reserved) {
+    pub(crate) fn stamp(&mut self, slot: &mut Reserved) {
         let stamp = ((self.now >> STAMP_SHIFT) as u32).max(1);
         self.core.store().stamp_outgoing(slot, stamp);
     }
@@ -378,6 +422,7 @@ impl Step<'_, '_> {
         let wr_id = shard.allocate_wr();
         let index = slot.index();
         shard.outgoing.insert(wr_id, Outgoing { first: slot, rest: Vec::new() });
+        self.core.writes_out().fetch_add(1, Ordering::AcqRel);
         self.tx.push_write(SlotWrite { to: new_owner, table, slot: index, len, keys: 1, remote: item.to, imm: item.resv, wr_id });
         self.tx.count_transfer(len);
     }
@@ -452,7 +497,7 @@ impl Step<'_, '_> {
     /// A relocation's write landed: serve what queued for the key, then publish it (or move it
     /// on to a node the home already gave it to).
     /// `localize` operations whose last key this was go to `arrived`.
-    fn landed(&mut self, resv: u32, arrived: &mut Vec<OpId>) {
+    pub(crate) fn landed(&mut self, resv: u32, arrived: &mut Vec<OpId>) {
         let dir = self.directory();
         let rank = dir.rank();
         let store = self.core.store();
@@ -522,12 +567,17 @@ impl Step<'_, '_> {
                 }
             }
         }
-        if let Some(held) = slot {
-            store.lock(table, key).publish(held);
-            dir.uncache(table, key);
-            // The writes queued for the key were applied to it above (and a replica's pushes
-            // folded in): with backups, the rounds that release their answers carry it.
-            self.core.note_written(table, key);
+        match slot {
+            Some(held) => {
+                store.lock(table, key).publish(held);
+                dir.uncache(table, key);
+                // The writes queued for the key were applied to it above (and a replica's pushes
+                // folded in): with backups, the rounds that release their answers carry it.
+                self.core.note_written(table, key);
+            }
+            // It moved on at once: no longer arriving here (a census after a loss would
+            // otherwise find it neither here nor away).
+            None => store.lock(table, key).set_arriving(false),
         }
         self.flush_answers(answers);
         self.flush_failures(failures);
@@ -568,6 +618,10 @@ impl Step<'_, '_> {
             }
             if f.code == FailureCode::Declined {
                 self.decline_reservation(resv, &mut arrived);
+                continue;
+            }
+            if f.code == FailureCode::Superseded {
+                self.supersede_reservation(resv, &mut arrived);
                 continue;
             }
             let Some(&(table, key)) = self.shard(resv_shard(resv)).reservations.get(&resv) else { continue };
@@ -631,6 +685,13 @@ impl Step<'_, '_> {
     pub(super) fn request_move(&mut self, home: u16, table: u16, items: &[MoveItem], flags: u8) {
         let rank = self.directory().rank();
         if home == rank {
+            if self.core.census_active() {
+                // Held with the others until the census is over.
+                let mut message = Vec::new();
+                wire::encode_move(&mut message, msg::LOCALIZE, flags, table, 0, items);
+                self.hold_move_during_census(rank, &message[4..]);
+                return;
+            }
             self.localize_at_home(rank, table, items, false, flags);
         } else {
             self.send_move(home, msg::LOCALIZE, flags, table, 0, items);

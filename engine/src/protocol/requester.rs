@@ -563,7 +563,7 @@ impl Requester {
             FailureCode::Unavailable => Error::Timeout { what: "relocation of the key", millis: self.op_timeout_ns / 1_000_000, nodes: vec![f.node as usize] },
             FailureCode::Protocol => Error::Protocol(format!("node {} could not serve key {}", f.node, f.key)),
             // Only LOCALIZE_FAILED declines; in an access's FAILURE it is a misbehaving peer.
-            FailureCode::Declined => Error::Protocol(format!("node {} declined an access to key {}", f.node, f.key)),
+            FailureCode::Declined | FailureCode::Superseded => Error::Protocol(format!("node {} declined an access to key {}", f.node, f.key)),
         };
         for i in 0..f.count {
             let Some(row) = part.get(f.index(i) as usize) else {

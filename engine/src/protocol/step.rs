@@ -226,8 +226,13 @@ impl<'c, 't> Step<'c, 't> {
                         | msg::JOIN_HANDED
                         | msg::JOINED
                         | msg::JOIN_ABANDONED
-                        | msg::JOIN_SETTLED => {
+                        | msg::JOIN_SETTLED
+                        | msg::CENSUS_FLUSH
+                        | msg::CENSUS
+                        | msg::CENSUS_DONE => {
                             let progress = match kind {
+                                msg::CENSUS_FLUSH | msg::CENSUS_DONE => self.handle_census_mark(kind, from, body)?,
+                                msg::CENSUS => self.handle_census(from, body)?,
                                 msg::LEAVE_ASK => self.handle_leave_ask(from, body)?,
                                 msg::LEAVE_BEGIN => self.handle_leave_begin(from, body)?,
                                 msg::LEAVE_KNOWN => self.handle_leave_known(from, body)?,
@@ -284,10 +289,14 @@ impl<'c, 't> Step<'c, 't> {
             tracing::warn!(node = self.directory().rank(), wr_id, "completion of an unknown write");
             return Progress::Done;
         }
-        if !self.try_acquire(1 << s) {
+        // During a census, a completed write may let this node flush: that step needs every
+        // shard.
+        let census = self.core.census_active();
+        if !self.try_acquire(if census { self.all_shards() } else { 1 << s }) {
             return Progress::Yield { at: 0, item: 0 };
         }
         if let Some(out) = self.shard(s).outgoing.remove(&wr_id) {
+            self.core.writes_out().fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
             if let Err(e) = result {
                 let keys = 1 + out.rest.len();
                 tracing::error!(
@@ -302,6 +311,9 @@ impl<'c, 't> Step<'c, 't> {
             for slot in out.rest {
                 store.free(slot);
             }
+        }
+        if census {
+            self.advance_census();
         }
         Progress::Done
     }
@@ -340,17 +352,25 @@ impl<'c, 't> Step<'c, 't> {
         if !left {
             self.announce_loss(peer, reason);
         }
-        for s in 0..dir.shards() {
-            let mut keys: Vec<(u16, u64)> = self.shard(s).transits.keys().copied().collect();
-            keys.sort_unstable();
-            for key in keys {
-                self.abandon_transit_queue(key, error.clone());
+        // With relocation and backups, a census finds where the lost node's keys are and what
+        // was on its way from it (`protocol::census`); nothing is given up meanwhile.
+        let census = dir.failover() && self.core.settings().relocation;
+        if !census {
+            for s in 0..dir.shards() {
+                let mut keys: Vec<(u16, u64)> = self.shard(s).transits.keys().copied().collect();
+                keys.sort_unstable();
+                for key in keys {
+                    self.abandon_transit_queue(key, error.clone());
+                }
             }
+            dir.lose_owner(peer);
         }
-        dir.lose_owner(peer);
         dir.uncache_node(peer);
         if dir.failover() {
             self.fail_over(peer, left);
+        }
+        if census {
+            self.begin_census(peer);
         }
         self.core.barriers().lock().handle_peer_lost(peer, &error, dir, self.tx);
         // (Otherwise a new coordinator no longer waits for the lost node's report:

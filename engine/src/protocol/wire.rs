@@ -110,6 +110,13 @@ pub mod msg {
     /// Joined node to a node that handed it keys: they are on its own backups now, so the
     /// giver's rounds held back since the hand-over may complete.
     pub const JOIN_SETTLED: u8 = 35;
+    /// Survivor to survivor, after a loss with relocation and backups: every one-sided write
+    /// the sender posted is ahead of this on the link (see `protocol::census`).
+    pub const CENSUS_FLUSH: u8 = 36;
+    /// Survivor to a home: what it holds, awaits and hands over of the home's keys.
+    pub const CENSUS: u8 = 37;
+    /// Home to every survivor: it settled its keys after the loss.
+    pub const CENSUS_DONE: u8 = 38;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).
@@ -189,6 +196,10 @@ pub enum FailureCode {
     /// LOCALIZE_FAILED: the home declined a granted relocation (`MOVE_GRANTED`): it has since
     /// granted the key to another node.
     Declined = 5,
+    /// LOCALIZE_FAILED, from a key's home after a census (`protocol::census`): no live node
+    /// will hand the key over for this reservation (its request was lost with a node); the
+    /// requester stops waiting, and what queued for the key goes through the home.
+    Superseded = 6,
 }
 
 impl FailureCode {
@@ -198,6 +209,7 @@ impl FailureCode {
             2 => FailureCode::KeyLost,
             4 => FailureCode::Unavailable,
             5 => FailureCode::Declined,
+            6 => FailureCode::Superseded,
             _ => FailureCode::Protocol,
         }
     }

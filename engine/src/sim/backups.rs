@@ -60,7 +60,19 @@ impl Sim {
             if dir.is_lost(victim) && dir.incarnation(victim) == incarnation && !even_if_known {
                 continue;
             }
-            let served = keys.iter().map(|&key| dir.stand_in_once_joined(partitioner.home(key) as u16, victim) == victim);
+            // With relocation a key is wherever it moved: the victim serves its own workers,
+            // and the keys it holds or awaits (as the simulation sees it; it may hold a key
+            // for a while in between, and the operations it answered are noted as they are,
+            // `victim_answers`).
+            let victim_table = self.nodes[victim as usize].core.store().table(0);
+            let own = self.workers[w].node == victim as usize;
+            let served = keys.iter().map(|&key| {
+                if self.opts.relocation {
+                    own || !matches!(victim_table.residence(key), crate::store::Residence::Away)
+                } else {
+                    dir.stand_in_once_joined(partitioner.home(key) as u16, victim) == victim
+                }
+            });
             if reads.is_empty() {
                 reads = served.collect();
             } else {
@@ -68,6 +80,21 @@ impl Sim {
             }
         }
         reads
+    }
+
+    /// With relocation: notes the operations whose answers `frame` (from `from` to `to`)
+    /// carries when `from` is a node that crashes in this run (see `victim_answers`).
+    pub(super) fn note_victim_answers(&mut self, from: usize, to: usize, frame: &[u8]) {
+        if !(self.opts.relocation && self.opts.backups) || !(self.opts.crash.map(|(n, _)| n) == Some(from) || self.opts.crash_also == Some(from)) {
+            return;
+        }
+        for message in crate::protocol::wire::Messages::new(frame).flatten() {
+            if message.first() == Some(&crate::protocol::wire::msg::RESPONSE)
+                && let Some(op) = crate::protocol::wire::op_of(message)
+            {
+                self.victim_answers.insert((to, op));
+            }
+        }
     }
 
     /// Writes whose round completed are acknowledged.

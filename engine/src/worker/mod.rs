@@ -365,12 +365,13 @@ impl Worker {
                     Ok(Progress::Done)
                 })?;
                 if self.requester.take_paused() {
-                    // Parts wait for a node's departure (a few round trips): try again soon.
+                    // Parts wait for a node's departure, or for the census after a loss (a
+                    // few round trips): try again soon.
                     let since = *paused_since.get_or_insert_with(std::time::Instant::now);
                     if since.elapsed() > node.config.op_timeout {
                         let leaving = node.core.directory().departing().map(usize::from);
                         return Err(Error::Timeout {
-                            what: "a node's departure",
+                            what: if leaving.is_some() { "a node's departure" } else { "the census after a loss" },
                             millis: node.config.op_timeout.as_millis() as u64,
                             nodes: leaving.into_iter().collect(),
                         });

@@ -71,6 +71,23 @@ impl Backups {
         self.ready.extend(done);
     }
 
+    /// The keys handed over and not yet written to their new owners: (table, key, new owner).
+    pub fn leaving(&self) -> impl Iterator<Item = (u16, u64, u16)> + '_ {
+        self.hand_overs.iter().chain(&self.ready).map(|h| (h.table, h.key, h.new_owner))
+    }
+
+    /// Takes back the hand-overs to nodes `lost` names, not yet written: their slots, tables
+    /// and keys (the keys stay here).
+    pub fn take_back(&mut self, lost: impl Fn(u16) -> bool) -> Vec<(Reserved, u16, u64)> {
+        let mut back = Vec::new();
+        for list in [&mut self.hand_overs, &mut self.ready] {
+            let (gone, kept): (Vec<HandOver>, Vec<HandOver>) = std::mem::take(list).into_iter().partition(|h| lost(h.new_owner));
+            *list = kept;
+            back.extend(gone.into_iter().map(|h| (h.slot, h.table, h.key)));
+        }
+        back
+    }
+
     /// The rounds under way were given up: their hand-overs' images go again with the next.
     pub(super) fn hand_overs_given_up(&mut self) {
         for h in &mut self.hand_overs {
@@ -94,9 +111,10 @@ impl Step<'_, '_> {
         let home = dir.home(table, key);
         let mut targets = dir.backup_targets_of(new_owner, home);
         // Should this node be lost before the key lands, the key's home sorts it out — or,
-        // if this node is the home, the node that then stands in for it.
+        // if this node is the home, the node that then stands in for it — from the image it
+        // keeps (even when it is the new owner: the key may never land there).
         let settles = if home != rank { Some(home) } else { dir.successor(rank) };
-        if let Some(node) = settles.filter(|n| *n != new_owner && !targets.contains(n)) {
+        if let Some(node) = settles.filter(|n| !targets.contains(n)) {
             targets.push(node);
         }
         let mut image = Vec::new();
@@ -116,6 +134,9 @@ impl Step<'_, '_> {
         drop(backups);
         core.backup_counters().want(round);
         self.tx.touch_backup();
+        // The new owner waits for this round: begin it now (after the one under way, if any,
+        // when that completes), not when the watchdog next looks.
+        self.begin_backup_round_if_due();
     }
 
     /// Sends the writes of the hand-overs whose rounds completed, if this step can take their
@@ -123,6 +144,10 @@ impl Step<'_, '_> {
     /// when nothing else does).
     pub(crate) fn post_hand_overs(&mut self) {
         let core = self.core;
+        // A census after a loss sees every relocation where it is: none starts meanwhile.
+        if core.census_active() {
+            return;
+        }
         let ready = {
             let mut backups = core.backups().lock();
             if !backups.has_ready() {

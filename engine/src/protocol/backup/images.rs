@@ -106,8 +106,7 @@ impl KeptImages {
     }
 
     /// The image kept of the key at `index` among those of `table` homed at `home` on
-    /// start-up, if any (for the simulation's checks).
-    #[cfg(any(test, feature = "sim"))]
+    /// start-up, if any.
     pub fn get(&self, table: u16, home: u16, index: usize) -> Option<&[u8]> {
         self.sets.get(&(table, home))?.get(index)
     }

@@ -330,7 +330,13 @@ impl Step<'_, '_> {
             if backups.handle_lost(peer) {
                 self.tx.touch_backup();
             }
-            let backups_changed = backups.targets_differ(&dir.backup_targets());
+            // With relocation the backups of keys away from home change with their homes'
+            // (and the census, not this step, takes keys over).
+            let relocation = core.settings().relocation;
+            let backups_changed = relocation || backups.targets_differ(&dir.backup_targets());
+            if relocation {
+                backups.forget_sent();
+            }
             // The homes now served here that were another node's: `peer`'s, and those it had
             // taken over — but not those a join current here moves to the joining node: `peer`
             // may have handed their keys over already, and this node then hands over what it
@@ -338,7 +344,8 @@ impl Step<'_, '_> {
             // joining node's keys are adopted as any.
             let joining = core.departures().lock().current().and_then(crate::protocol::leave::join_of).filter(|&j| j != peer);
             let moving = |home: u16| joining.is_some_and(|j| dir.stand_in_once_joined(home, j) == j);
-            (backups.images().take(|home| home != rank && dir.stand_in(home) == rank && !moving(home)), backups_changed)
+            let sets = if relocation { Vec::new() } else { backups.images().take(|home| home != rank && dir.stand_in(home) == rank && !moving(home)) };
+            (sets, backups_changed)
         };
         let (mut adopted, mut failed) = (0usize, 0usize);
         for ((table, home), set) in sets {

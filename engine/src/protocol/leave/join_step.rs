@@ -31,6 +31,11 @@ impl Step<'_, '_> {
                 "a node cannot join a cluster whose workers share clocks (bounded delay): they would wait for its workers' past clocks".into(),
             ));
         }
+        if core.settings().relocation {
+            return Err(Error::Config(
+                "a node can join only a cluster that does not relocate keys, so far (Config::relocation = false; the training commands' --mode classic)".into(),
+            ));
+        }
         if contact >= rank || contact as usize >= dir.nodes() {
             return Err(Error::Config(format!(
                 "node {rank} can join only above the coordinator, the lowest-ranked member; the lowest it reached is node {contact}"

@@ -21,6 +21,12 @@ impl Step<'_, '_> {
         if core.settings().backups == 0 {
             return Err(Error::Config("a node can leave only with backups (FERRY_BACKUPS=1): its keys are handed over as a last backup round".into()));
         }
+        if core.settings().relocation {
+            return Err(Error::Config(
+                "a node can leave only a cluster that does not relocate keys, so far (Config::relocation = false; the training commands' --mode classic)"
+                    .into(),
+            ));
+        }
         let coordinator = dir.coordinator();
         if dir.rank() == coordinator {
             return Err(Error::Config(format!("this node (rank {coordinator}) coordinates barriers and departures and cannot leave; any other node can")));
