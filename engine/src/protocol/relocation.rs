@@ -174,20 +174,31 @@ impl Step<'_, '_> {
 
     /// Tells `to` that the home declined its granted relocations `resvs`.
     fn send_declined(&mut self, to: u16, table: u16, resvs: &[u32]) {
+        self.send_refusal(to, FailureCode::Declined, table, resvs);
+    }
+
+    /// Tells `to` that its reservations `resvs` will not be filled by a move from here,
+    /// `code` saying how (`Declined`, or after a census `Superseded`); this node itself is told
+    /// at once.
+    pub(crate) fn send_refusal(&mut self, to: u16, code: FailureCode, table: u16, resvs: &[u32]) {
         if resvs.is_empty() || self.directory().is_lost(to) {
             return;
         }
         if to == self.directory().rank() {
             let mut arrived = Vec::new();
             for &resv in resvs {
-                self.decline_reservation(resv, &mut arrived);
+                if code == FailureCode::Superseded {
+                    self.supersede_reservation(resv, &mut arrived);
+                } else {
+                    self.decline_reservation(resv, &mut arrived);
+                }
             }
             self.deliver_arrived(arrived);
             return;
         }
         let buf = self.tx.buf(to);
         let before = buf.len();
-        wire::encode_localize_failed(buf, FailureCode::Declined, table, 0, resvs);
+        wire::encode_localize_failed(buf, code, table, 0, resvs);
         let bytes = buf.len() - before;
         self.tx.sent(to, MessageKind::Failure, bytes);
     }

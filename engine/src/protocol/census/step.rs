@@ -8,7 +8,7 @@ use super::wire::{self as census_wire, CensusMessage};
 use super::{Claim, chain, root};
 use crate::error::{Error, Result};
 use crate::protocol::shard::Queued;
-use crate::protocol::wire::{Move, MoveItem, msg};
+use crate::protocol::wire::{FailureCode, Move, MoveItem, msg};
 use crate::protocol::{LOST_OWNER, Progress, Step};
 use crate::stats::MessageKind;
 use crate::store::RemoteAddr;
@@ -40,14 +40,12 @@ impl Step<'_, '_> {
             // request to the lost node): the key lands in the slot reserved for it.
             let shard = self.shard_of(table, key);
             let resv = shard.reservations.iter().find(|&(_, &k)| k == (table, key)).map(|(&resv, _)| resv);
-            match resv.and_then(|resv| shard.transits.get_mut(&(table, key)).and_then(|t| t.slot.as_mut()).map(|at| (resv, at))) {
-                Some((resv, at)) => {
+            match resv.filter(|_| shard.transits.get(&(table, key)).is_some_and(|t| t.slot.is_some())) {
+                Some(resv) => {
                     let mut image = Vec::new();
                     store.reserved(&mut slot).append_all_le_bytes(&mut image);
-                    store.reserved(at).write_all_le_bytes(&image);
-                    store.stamp_outgoing(at, 0);
                     store.free(slot);
-                    self.landed(resv, &mut arrived);
+                    self.land_image_here(table, key, resv, &image, &mut arrived);
                 }
                 None => store.lock(table, key).publish(slot),
             }
@@ -220,6 +218,7 @@ impl Step<'_, '_> {
                     // (This node's own request held here cannot go to itself: the key lands
                     // here from the image.)
                     let head = first_arrival(&claimed, |node| expected.contains(&(node, table, key))).or_else(|| first_arrival(&claimed, |node| node != rank));
+                    let rooted = settled.as_ref().is_ok_and(|s| s.is_some());
                     let chained: Vec<u16> = match &settled {
                         Ok(Some(nodes)) => nodes.clone(),
                         _ => head.and_then(|(n, _, _)| chain(&claimed, n).ok()).unwrap_or_default(),
@@ -227,16 +226,16 @@ impl Step<'_, '_> {
                     for &(node, claim) in &claimed {
                         // (The root's own new arrival, if it asked for the key back, is the
                         // chain's end, not its start.)
-                        let on_chain = chained.iter().skip(usize::from(settled.as_ref().is_ok_and(|s| s.is_some()))).any(|&n| n == node);
+                        let on_chain = chained.iter().skip(usize::from(rooted)).any(|&n| n == node);
                         if let Claim::Arriving(resv, _) = claim
                             && !on_chain
                             && !expected.contains(&(node, table, key))
                         {
-                            self.send_superseded(node, table, resv, &mut arrived);
+                            self.send_refusal(node, FailureCode::Superseded, table, &[resv]);
                         }
                     }
                     let root_holds = claimed.iter().any(|&(n, c)| c == Claim::Held && chained.first() == Some(&n));
-                    let skip = usize::from(settled.as_ref().is_ok_and(|s| s.is_some()) && !root_holds);
+                    let skip = usize::from(rooted && !root_holds);
                     for &node in chained.iter().skip(skip) {
                         if expected.contains(&(node, table, key)) {
                             met.push((node, table, key));
@@ -326,11 +325,7 @@ impl Step<'_, '_> {
             return;
         }
         if node == self.directory().rank() {
-            if let Some(slot) = self.shard_of(table, key).transits.get_mut(&(table, key)).and_then(|t| t.slot.as_mut()) {
-                store.reserved(slot).write_all_le_bytes(image);
-                store.stamp_outgoing(slot, 0);
-            }
-            self.landed(resv, arrived);
+            self.land_image_here(table, key, resv, image, arrived);
             return;
         }
         let mut slot = match store.reserve(table) {
@@ -345,6 +340,18 @@ impl Step<'_, '_> {
         self.send_slot(slot, table, key, node, MoveItem { key, resv, to: at });
     }
 
+    /// Lands `image` of `key` in the slot this node reserved for it (`resv`, its shard held),
+    /// as a relocation's write would: the key is published here and what queued for it goes on.
+    fn land_image_here(&mut self, table: u16, key: u64, resv: u32, image: &[u8], arrived: &mut Vec<crate::protocol::OpId>) {
+        let store = self.core.store();
+        if let Some(slot) = self.shard_of(table, key).transits.get_mut(&(table, key)).and_then(|t| t.slot.as_mut()) {
+            store.reserved(slot).write_all_le_bytes(image);
+            // (No stamp: no hand-over's blocking time to measure.)
+            store.stamp_outgoing(slot, 0);
+        }
+        self.landed(resv, arrived);
+    }
+
     /// The items of the held moves of type `ty` (LOCALIZE or RELOCATE): (sender, table, key,
     /// new owner — the sender, for a LOCALIZE).
     fn held_moves_of(&self, ty: u8) -> Vec<(u16, u16, u64, u16)> {
@@ -357,20 +364,6 @@ impl Step<'_, '_> {
             items.extend((0..m.count).map(|i| (*from, m.table, m.item(i).key, to)));
         }
         items
-    }
-
-    /// Tells `node` that no live node will hand `key` over for its reservation `resv` (see
-    /// `FailureCode::Superseded`).
-    fn send_superseded(&mut self, node: u16, table: u16, resv: u32, arrived: &mut Vec<crate::protocol::OpId>) {
-        if node == self.directory().rank() {
-            self.supersede_reservation(resv, arrived);
-            return;
-        }
-        let buf = self.tx.buf(node);
-        let before = buf.len();
-        crate::protocol::wire::encode_localize_failed(buf, crate::protocol::wire::FailureCode::Superseded, table, 0, &[resv]);
-        let bytes = buf.len() - before;
-        self.tx.sent(node, MessageKind::Failure, bytes);
     }
 
     /// The census ended here: requests and moves go again, the moves held meanwhile first.
