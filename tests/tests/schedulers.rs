@@ -5,8 +5,20 @@ use std::process::Command;
 
 use ferry_tests::binary;
 
+/// A port for a coordinator that binds it later: taken below the kernel's ephemeral range
+/// (32768–60999 on Linux), so that no outgoing connection made meanwhile (srun's, mpirun's, a
+/// parallel test's) can be given it; free when asked.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::hash::{BuildHasher, RandomState};
+    let mut seed = RandomState::new().hash_one(std::process::id());
+    for _ in 0..1000 {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let port = 20_000 + (seed >> 33) as u16 % 12_000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 20000–31999 on 127.0.0.1")
 }
 
 /// Whether `program` can be run. A missing scheduler fails the test unless `opt_out` is set to 0
