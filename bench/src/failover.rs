@@ -59,9 +59,12 @@ pub struct FailoverArgs {
     /// Failover trials (default 20).
     #[arg(long, default_value_t = 20)]
     pub trials: usize,
-    /// Only the push cost (`push`), the failover trials (`trials`) or the graceful-leave
-    /// trials (`leave`: the pause workers see while a node leaves).
-    #[arg(long, value_parser = ["push", "trials", "leave"])]
+    /// Only the push cost (`push`), the failover trials (`trials`), the graceful-leave trials
+    /// (`leave`: the pause workers see while a node leaves, then while one joins), or the same
+    /// leave in a cluster that relocates keys (`leave-localize`: workers move keys as they
+    /// push, the leaver gives back the keys of other homes it holds; no join, which such a
+    /// cluster does not take yet).
+    #[arg(long, value_parser = ["push", "trials", "leave", "leave-localize"])]
     pub only: Option<String>,
     /// Internal: be one node of a failover trial, exchanging times through this directory.
     #[arg(long, hide = true)]
@@ -86,7 +89,10 @@ pub fn run(args: &FailoverArgs) -> Result<()> {
         records.push(failover_trials(args.trials)?);
     }
     if wants("leave") {
-        records.push(crate::leave::leave_trials(args.trials, args.quick)?);
+        records.push(crate::leave::leave_trials(args.trials, args.quick, false)?);
+    }
+    if wants("leave-localize") {
+        records.push(crate::leave::leave_trials(args.trials, args.quick, true)?);
     }
     print_records("failover", args.quick, started, args.json, &records);
     Ok(())

@@ -13,6 +13,11 @@
 //! returns once every member counts the node; the keys rank 3 handed back are the share that
 //! moved. After the trial every key is pulled and must hold exactly the pushes the workers
 //! made: neither the leave nor the join loses anything.
+//!
+//! With relocation (`--only leave-localize`) the workers localize one batch in eight before
+//! pushing it, and the leaver took a share of the other homes' keys before the trial, so it
+//! gives them back as it leaves (`protocol::leave`); no node joins (a cluster that relocates
+//! keys takes no joins yet), and every push must be on the three nodes left.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -47,21 +52,30 @@ struct Trial {
     leave_ms: f64,
     /// Keys the successor adopted.
     handed_over: u64,
-    /// The longest push that overlapped the join (ms).
-    join_pause_ms: f64,
-    /// How long `Node::join` took (ms).
-    join_ms: f64,
-    /// Keys handed to the joined node.
-    joined_keys: u64,
+    /// Keys the leaver gave back to their homes (with relocation).
+    given_back: u64,
+    /// The join after the leave, without relocation.
+    join: Option<JoinFigures>,
 }
 
-/// Runs `trials` leave trials; the record's headline is the p99 over trials of the pause.
-pub fn leave_trials(trials: usize, quick: bool) -> Result<crate::report::Record> {
+/// What the join after a leave measured.
+struct JoinFigures {
+    /// The longest push that overlapped the join (ms).
+    pause_ms: f64,
+    /// How long `Node::join` took (ms).
+    call_ms: f64,
+    /// Keys handed to the joined node.
+    keys: u64,
+}
+
+/// Runs `trials` leave trials (in a cluster that relocates keys with `relocation`); the
+/// record's headline is the p99 over trials of the pause.
+pub fn leave_trials(trials: usize, quick: bool, relocation: bool) -> Result<crate::report::Record> {
     let mut runs = Vec::new();
     let mut transport = String::new();
     let backups = Config::from_env(vec![TableSpec::new("l", KEYS, VALUE_LEN)])?.backups.max(1);
     for trial in 0..trials {
-        let (t, name) = leave_trial(trial as u64, quick).with_context(|| format!("leave trial {trial}"))?;
+        let (t, name) = leave_trial(trial as u64, quick, relocation).with_context(|| format!("leave trial {trial}"))?;
         if trial == 0 {
             eprintln!("transport: {name}");
         }
@@ -70,7 +84,7 @@ pub fn leave_trials(trials: usize, quick: bool) -> Result<crate::report::Record>
     }
     let pct = |f: &dyn Fn(&Trial) -> f64, q: f64| percentile(&mut runs.iter().map(f).collect::<Vec<_>>(), q);
     let baseline = pct(&|t| t.baseline_p99_ms, 0.5);
-    let figures = json!({
+    let mut figures = json!({
             "pause_p50_ms": pct(&|t| t.pause_ms, 0.5),
             "pause_p99_ms": pct(&|t| t.pause_ms, 0.99),
             "baseline_push_p99_ms": baseline,
@@ -78,16 +92,21 @@ pub fn leave_trials(trials: usize, quick: bool) -> Result<crate::report::Record>
             "handover_p99_ms": pct(&|t| t.handover_ms, 0.99),
             "leave_call_p50_ms": pct(&|t| t.leave_ms, 0.5),
             "keys_handed_over": pct(&|t| t.handed_over as f64, 0.5),
-            "join_pause_p50_ms": pct(&|t| t.join_pause_ms, 0.5),
-            "join_pause_p99_ms": pct(&|t| t.join_pause_ms, 0.99),
-            "join_call_p50_ms": pct(&|t| t.join_ms, 0.5),
-            "join_call_p99_ms": pct(&|t| t.join_ms, 0.99),
-            "keys_moved_by_join_vs_quarter": pct(&|t| t.joined_keys as f64, 0.5) / (KEYS as f64 / NODES as f64),
             "lost_pushes": 0,
     });
+    if relocation {
+        figures["keys_given_back"] = json!(pct(&|t| t.given_back as f64, 0.5));
+    } else {
+        let join = |f: &dyn Fn(&JoinFigures) -> f64, q: f64| pct(&|t| t.join.as_ref().map_or(0.0, f), q);
+        figures["join_pause_p50_ms"] = json!(join(&|j| j.pause_ms, 0.5));
+        figures["join_pause_p99_ms"] = json!(join(&|j| j.pause_ms, 0.99));
+        figures["join_call_p50_ms"] = json!(join(&|j| j.call_ms, 0.5));
+        figures["join_call_p99_ms"] = json!(join(&|j| j.call_ms, 0.99));
+        figures["keys_moved_by_join_vs_quarter"] = json!(join(&|j| j.keys as f64, 0.5) / (KEYS as f64 / NODES as f64));
+    }
     Ok(record(
-        "leave",
-        json!({"nodes": NODES, "backups": backups, "transport": transport, "keys": KEYS, "value_len": VALUE_LEN, "batch": BATCH, "trials": trials}),
+        if relocation { "leave-localize" } else { "leave" },
+        json!({"nodes": NODES, "backups": backups, "transport": transport, "keys": KEYS, "value_len": VALUE_LEN, "batch": BATCH, "trials": trials, "relocation": relocation}),
         figures,
         "pause_p99_ms",
         "push p99",
@@ -98,9 +117,9 @@ pub fn leave_trials(trials: usize, quick: bool) -> Result<crate::report::Record>
 }
 
 /// One trial (see the module documentation); also returns the transport's name.
-fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
+fn leave_trial(seed: u64, quick: bool, relocation: bool) -> Result<(Trial, String)> {
     let mut config = Config::from_env(vec![TableSpec::new("l", KEYS, VALUE_LEN)])?;
-    config.relocation = false;
+    config.relocation = relocation;
     // One backup per key unless FERRY_BACKUPS asks for more.
     config.backups = config.backups.max(1);
     if config.membership.secret.is_none() && !config.no_secret {
@@ -110,6 +129,14 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
     let mut cluster = Node::start_local_cluster(NODES, config.clone())?;
     let transport = cluster[0].transport().to_string();
     let table = cluster[0].table("l")?;
+    if relocation {
+        // The leaver holds keys of every home when it goes.
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x1eae);
+        let mut taken: Vec<u64> = (0..KEYS / 8).map(|_| rng.gen_range(0..KEYS)).collect();
+        taken.sort_unstable();
+        taken.dedup();
+        cluster[LEAVER].worker().localize(table, &taken)?;
+    }
     let mut leaver = cluster.remove(LEAVER);
     let before = Duration::from_millis(if quick { 150 } else { 300 });
     let after = Duration::from_millis(if quick { 150 } else { 300 });
@@ -117,7 +144,7 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
     // start), and the pushers go on for `after` once it was handed over.
     let pushed = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
-    let (results, leave_span, join_span, joined) = std::thread::scope(|s| -> Result<_> {
+    let (results, leave_span, join) = std::thread::scope(|s| -> Result<_> {
         let mut pushers = Vec::new();
         for (i, node) in cluster.iter().enumerate() {
             let mut w = node.worker();
@@ -127,9 +154,17 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
                 let mut counts = vec![0u32; KEYS as usize];
                 let mut spans = Vec::new();
                 let ones = vec![1.0f32; BATCH * VALUE_LEN];
+                let mut batches = 0usize;
                 while !stop.load(Ordering::Acquire) {
                     let keys: Vec<u64> = (0..BATCH).map(|_| rng.gen_range(0..KEYS)).collect();
                     let t = Instant::now();
+                    batches += 1;
+                    if relocation && batches.is_multiple_of(8) {
+                        let mut distinct = keys.clone();
+                        distinct.sort_unstable();
+                        distinct.dedup();
+                        w.localize(table, &distinct)?;
+                    }
                     w.push(table, &keys, &ones)?;
                     spans.push((t, Instant::now()));
                     pushed.fetch_add(1, Ordering::Relaxed);
@@ -153,6 +188,11 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
         let handed = Instant::now();
         let ended = leaving.join().expect("the leaver panicked").context("leaving")?;
         std::thread::sleep(after.saturating_sub(handed.elapsed()));
+        if relocation {
+            stop.store(true, Ordering::Release);
+            let results: Vec<_> = pushers.into_iter().map(|p| p.join().expect("a pusher panicked")).collect::<Result<_>>()?;
+            return Ok((results, (began, handed, ended), None));
+        }
         let mut joining = config.clone();
         joining.rank = LEAVER;
         joining.nodes = NODES;
@@ -163,10 +203,10 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
         std::thread::sleep(after);
         stop.store(true, Ordering::Release);
         let results: Vec<_> = pushers.into_iter().map(|p| p.join().expect("a pusher panicked")).collect::<Result<_>>()?;
-        Ok((results, (began, handed, ended), (join_began, join_ended), joined))
+        Ok((results, (began, handed, ended), Some((join_began, join_ended, joined))))
     })?;
     let (began, handed, ended) = leave_span;
-    let (join_began, join_ended) = join_span;
+    let join_span = join.as_ref().map(|&(b, e, _)| (b, e));
     let mut expected = vec![0u32; KEYS as usize];
     let (mut baseline, mut pause, mut join_pause) = (Vec::new(), 0.0f64, 0.0f64);
     for (counts, spans) in &results {
@@ -180,7 +220,10 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
             } else if from <= handed {
                 pause = pause.max(ms);
             }
-            if to >= join_began && from <= join_ended {
+            if let Some((join_began, join_ended)) = join_span
+                && to >= join_began
+                && from <= join_ended
+            {
                 join_pause = join_pause.max(ms);
             }
         }
@@ -190,21 +233,25 @@ fn leave_trial(seed: u64, quick: bool) -> Result<(Trial, String)> {
     }
     let baseline_p99_ms = percentile(&mut baseline, 0.99);
     let handed_over = cluster.iter().map(|n| n.stats().backups.keys_adopted).sum();
+    let given_back = leaver.stats().backups.keys_given_back;
     let joined_keys = cluster.iter().map(|n| n.stats().backups.keys_handed).sum();
-    cluster.insert(LEAVER, joined);
-    // Every push made is there, on the four nodes (the joined one included).
+    let join = join.map(|(join_began, join_ended, joined)| {
+        cluster.insert(LEAVER, joined);
+        JoinFigures { pause_ms: join_pause, call_ms: (join_ended - join_began).as_secs_f64() * 1e3, keys: joined_keys }
+    });
+    // Every push made is there, on the four nodes (the joined one included), or on the
+    // three left.
     let all: Vec<u64> = (0..KEYS).collect();
     let mut out = vec![0.0f32; all.len() * VALUE_LEN];
     cluster[0].worker().pull(table, &all, &mut out)?;
     let lost: u64 = expected.iter().enumerate().map(|(k, &e)| (e as f64 - out[k * VALUE_LEN] as f64).abs() as u64).sum();
     if lost > 0 {
-        bail!("{lost} pushes are missing (or extra) after the leave and the join");
+        bail!("{lost} pushes are missing (or extra) after the leave{}", if join.is_some() { " and the join" } else { "" });
+    }
+    if relocation && given_back == 0 {
+        bail!("the leaver gave no key back (it took keys of every home before it left)");
     }
     crate::failover::finish(cluster);
     let ms = |to: Instant| (to - began).as_secs_f64() * 1e3;
-    let join_ms = (join_ended - join_began).as_secs_f64() * 1e3;
-    Ok((
-        Trial { pause_ms: pause, baseline_p99_ms, handover_ms: ms(handed), leave_ms: ms(ended), handed_over, join_pause_ms: join_pause, join_ms, joined_keys },
-        transport,
-    ))
+    Ok((Trial { pause_ms: pause, baseline_p99_ms, handover_ms: ms(handed), leave_ms: ms(ended), handed_over, given_back, join }, transport))
 }

@@ -389,8 +389,9 @@ pub struct Config {
     /// node's keys are lost. `FERRY_BACKUPS` sets it. With `relocation`, a key away from its
     /// home is backed up at the home, a relocation waits for one backup round, a loss is
     /// followed by a census of where every key is (docs/ARCHITECTURE.md, "Backups with
-    /// relocation"), intent moves keys but replicates none, and nodes cannot leave or join
-    /// yet. Tables with replicated keys are refused.
+    /// relocation"), intent moves keys but replicates none, a node that leaves gives the keys
+    /// of other homes back first, and nodes cannot join yet. Tables with replicated keys are
+    /// refused.
     pub backups: usize,
     /// Per-node location caches (see the consistency notes on [`crate::Worker`]).
     pub location_caches: bool,

@@ -54,7 +54,7 @@ pub struct FuzzReport {
     pub first_panic: Option<String>,
 }
 
-const TYPES: [&str; 27] = [
+const TYPES: [&str; 28] = [
     "access",
     "response",
     "failure",
@@ -82,6 +82,7 @@ const TYPES: [&str; 27] = [
     "census-flush",
     "census",
     "census-done",
+    "give-back",
 ];
 /// The first of [`TYPES`] that only a node with backups takes.
 const FAILOVER_TYPES: usize = 16;
@@ -407,6 +408,21 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
                 })
                 .collect();
             census_wire::encode_census(&mut out, table, [1, 1, 1, 0, 2][rng.gen_range(0..5)], rng.gen_bool(0.5), &claims);
+        }
+        27 => {
+            // Keys mostly homed here (a leaving peer gives them back), some beyond the table.
+            let dir = t.core.directory();
+            let items: Vec<MoveItem> = (0..rng.gen_range(0..8))
+                .map(|_| {
+                    let key = if rng.gen_bool(0.05) {
+                        keys + rng.gen_range(0..4)
+                    } else {
+                        key_where(rng, keys, |rng, k| rng.gen_bool(0.2) || dir.home(table, k) == RANK as u16)
+                    };
+                    MoveItem { key, resv: rng.gen_range(0..4), to: RemoteAddr { region: rng.gen_range(0..3), addr: rng.gen_range(0..4096) } }
+                })
+                .collect();
+            wire::encode_move(&mut out, msg::GIVE_BACK, 0, table, peer, &items);
         }
         _ => {
             // The key count the sender holds (node 0: 8 keys, node 2: 10), or not; positions of

@@ -127,6 +127,12 @@ impl Collector for NodeCollector {
         counter(&mut e, "ferry_backup_images", "slot images sent to this node's backup", s.backups.images_sent)?;
         counter(&mut e, "ferry_failover_keys", "keys this node took over from lost nodes' backups", s.backups.keys_adopted)?;
         counter(&mut e, "ferry_join_keys_handed", "keys this node handed to nodes that joined", s.backups.keys_handed)?;
+        counter(
+            &mut e,
+            "ferry_leave_keys_given_back",
+            "keys of other homes this node gave back as it left a cluster that relocates keys",
+            s.backups.keys_given_back,
+        )?;
         counter(&mut e, "ferry_writes_dropped", "writes of this node's workers that a node's loss failed and that they dropped", s.backups.writes_dropped)?;
         // The send queues' depths (both fabrics keep a queue per peer).
         let depths: Vec<(String, f64)> = (0..config.nodes)

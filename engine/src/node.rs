@@ -454,6 +454,10 @@ impl Node {
     /// while it hands over. Then every connection is closed and every thread joined, as
     /// [`Node::finalize`] does for a node that stays to the end.
     ///
+    /// In a cluster that relocates keys, it first gives the keys of other homes it holds back
+    /// to their homes, and the others take a census of where its own keys are once it left
+    /// (docs/ARCHITECTURE.md, "A node that leaves").
+    ///
     /// Needs backups (`Config::backups = 1`: the keys go over as a last backup round) and a
     /// node other than the coordinator (rank 0, or after its loss the lowest-ranked live node,
     /// which coordinates barriers and departures). Departures run one at a time in the order

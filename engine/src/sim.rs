@@ -2113,10 +2113,14 @@ fn describe_frame(frame: &[u8]) -> String {
                 let part = b.get(16..20).map_or(0, |p| u32::from_le_bytes(p.try_into().unwrap_or([0; 4])));
                 format!("response[op {op:#x}/{part}]")
             }
-            msg::LOCALIZE | msg::RELOCATE => match wire::Move::decode(b, usize::MAX) {
+            msg::LOCALIZE | msg::RELOCATE | msg::GIVE_BACK => match wire::Move::decode(b, usize::MAX) {
                 Ok(m) => {
                     let items: Vec<String> = (0..m.count.min(6)).map(|i| format!("{}(r{:#x})", m.item(i).key, m.item(i).resv)).collect();
-                    let name = if b[0] == msg::LOCALIZE { "localize" } else { "relocate" };
+                    let name = match b[0] {
+                        msg::LOCALIZE => "localize",
+                        msg::RELOCATE => "relocate",
+                        _ => "give-back",
+                    };
                     format!("{name}[to {} {} items {}]", m.new_owner, m.count, items.join(","))
                 }
                 Err(_) => "move?".into(),

@@ -210,11 +210,14 @@ pub struct BackupStats {
     pub writes_dropped: u64,
     /// Keys this node handed to nodes that joined (it served them while their rank was gone).
     pub keys_handed: u64,
+    /// Keys of other homes this node gave back to them before it left a cluster that
+    /// relocates keys ([`crate::Node::leave`]).
+    pub keys_given_back: u64,
 }
 
 impl BackupStats {
-    fn counters(&mut self) -> [&mut u64; 5] {
-        [&mut self.rounds, &mut self.images_sent, &mut self.keys_adopted, &mut self.writes_dropped, &mut self.keys_handed]
+    fn counters(&mut self) -> [&mut u64; 6] {
+        [&mut self.rounds, &mut self.images_sent, &mut self.keys_adopted, &mut self.writes_dropped, &mut self.keys_handed, &mut self.keys_given_back]
     }
 }
 

@@ -266,33 +266,7 @@ fn a_node_that_leaves_hands_its_keys_over_and_nothing_is_lost() {
     // 0, 1 and 3 go on pushing (batches, and single keys on the local path).
     cluster[2].worker().push(table, &all, &vec![3.0; all.len() * 2]).unwrap();
     let mut leaver = cluster.remove(2);
-    let errors = std::thread::scope(|s| {
-        let mut pushers = Vec::new();
-        for node in &cluster {
-            let mut w = node.worker();
-            let all = &all;
-            pushers.push(s.spawn(move || {
-                let mut errors = Vec::new();
-                for round in 0..rounds {
-                    if let Err(e) = w.push(table, all, &vec![1.0; all.len() * 2]) {
-                        errors.push(e.to_string());
-                    }
-                    if round % 10 == 0 {
-                        for &k in all.iter().step_by(9) {
-                            if let Err(e) = w.push(table, &[k], &[0.5, 0.5]) {
-                                errors.push(e.to_string());
-                            }
-                        }
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                errors
-            }));
-        }
-        std::thread::sleep(Duration::from_millis(15));
-        leaver.leave().unwrap();
-        pushers.into_iter().flat_map(|p| p.join().unwrap()).collect::<Vec<_>>()
-    });
+    let errors = leave_while_pushing(&cluster, &mut leaver, table, &all, rounds, false);
     assert!(errors.is_empty(), "{} operations failed: {:?}", errors.len(), &errors[..errors.len().min(3)]);
     assert!(matches!(leaver.leave(), Err(Error::ShutDown)), "a node leaves once");
     for node in &cluster {
@@ -310,6 +284,86 @@ fn a_node_that_leaves_hands_its_keys_over_and_nothing_is_lost() {
     assert_eq!(cluster[2].rank(), 3);
     assert!(cluster[2].stats().backups.keys_adopted >= keys / 4, "node 3 serves node 2's keys from its images");
     ferry_tests::finalize_all(cluster);
+}
+
+/// A node leaves gracefully a cluster that relocates keys, while the others push to every key
+/// and move keys about: it gives the keys of other homes it holds back first, hands its own
+/// over in its last round, and no operation fails and no push is lost.
+#[test]
+fn a_node_that_leaves_a_relocating_cluster_gives_keys_back_and_nothing_is_lost() {
+    let keys = 120u64;
+    let rounds = 60usize;
+    let mut c = config(keys, 2);
+    c.relocation = true;
+    let mut cluster = Node::start_local_cluster(4, c).unwrap();
+    let table = cluster[0].table("t").unwrap();
+    let all: Vec<u64> = (0..keys).collect();
+    // Every node takes a share of the others' keys (node 2, the leaver, among them), then
+    // node 2 pushes a known amount to every key.
+    for (rank, node) in cluster.iter().enumerate() {
+        let mine: Vec<u64> = all.iter().copied().filter(|k| k % 4 == rank as u64 && (k / 30) as usize != rank).collect();
+        node.worker().localize(table, &mine).unwrap();
+    }
+    cluster[2].worker().push(table, &all, &vec![3.0; all.len() * 2]).unwrap();
+    let mut leaver = cluster.remove(2);
+    let errors = leave_while_pushing(&cluster, &mut leaver, table, &all, rounds, true);
+    assert!(errors.is_empty(), "{} operations failed: {:?}", errors.len(), &errors[..errors.len().min(3)]);
+    for node in &cluster {
+        assert_eq!(node.lost_nodes(), vec![(2, ferry::LEFT_REASON.to_string())], "node {}", node.rank());
+    }
+    let mut out = vec![0.0; keys as usize * 2];
+    cluster[1].worker().pull(table, &all, &mut out).unwrap();
+    let singles = (0..rounds).filter(|r| r % 10 < 3).count() as f32;
+    for k in 0..keys {
+        let mut expected = 3.0 + 3.0 * rounds as f32;
+        if k % 9 == 0 {
+            expected += singles * 0.5;
+        }
+        assert_eq!(out[k as usize * 2], expected, "key {k}");
+    }
+    // Not vacuous: the leaver held keys of other homes, and gave them back.
+    assert!(leaver.stats().backups.keys_given_back > 0, "{:?}", leaver.stats().backups);
+    ferry_tests::finalize_all(cluster);
+}
+
+/// `leaver` leaves while every node of `cluster` pushes 1 to each of `all` in `rounds` rounds,
+/// and 0.5 to every ninth key alone one round in ten — in round 0, 10, …, or, with `moving`, in
+/// rounds ≡ its index (mod 10), where it also localizes a seventh of the keys first. Returns
+/// the errors the operations met.
+fn leave_while_pushing(cluster: &[Node], leaver: &mut Node, table: ferry::Table, all: &[u64], rounds: usize, moving: bool) -> Vec<String> {
+    std::thread::scope(|s| {
+        let mut pushers = Vec::new();
+        for (i, node) in cluster.iter().enumerate() {
+            let mut w = node.worker();
+            pushers.push(s.spawn(move || {
+                let mut errors = Vec::new();
+                for round in 0..rounds {
+                    if let Err(e) = w.push(table, all, &vec![1.0; all.len() * 2]) {
+                        errors.push(e.to_string());
+                    }
+                    if round % 10 == if moving { i } else { 0 } {
+                        if moving {
+                            // Keys keep moving during the leave, the leaver's own among them.
+                            let some: Vec<u64> = all.iter().copied().filter(|k| k % 7 == (round % 7) as u64).collect();
+                            if let Err(e) = w.localize(table, &some) {
+                                errors.push(e.to_string());
+                            }
+                        }
+                        for &k in all.iter().step_by(9) {
+                            if let Err(e) = w.push(table, &[k], &[0.5, 0.5]) {
+                                errors.push(e.to_string());
+                            }
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                errors
+            }));
+        }
+        std::thread::sleep(Duration::from_millis(15));
+        leaver.leave().unwrap();
+        pushers.into_iter().flat_map(|p| p.join().unwrap()).collect::<Vec<_>>()
+    })
 }
 
 #[test]

@@ -385,13 +385,21 @@ fn every_task_trains_on_after_a_lost_node() {
 }
 
 /// `--leave 2@3`: rank 2 leaves gracefully at the start of epoch 3, handing its keys to its
-/// successor; the others train on without a failed operation, deal its data among them, keep
-/// taking checkpoints (whole without it), and end at the quality of an uninterrupted run.
+/// successor (in a cluster that relocates keys, giving those of other homes back first); the
+/// others train on without a failed operation, deal its data among them, keep taking
+/// checkpoints (whole without it), and end at the quality of an uninterrupted run.
 #[test]
 fn a_node_that_leaves_mid_training_is_trained_on_without() {
-    let run = ["mf", "--data", "synth-tiny", "--rank", "4", "--mode", "classic", "--nodes", "3", "--epochs", "8"];
+    for mode in ["classic", "localize"] {
+        trained_on_without_a_leaver(mode);
+    }
+}
+
+/// [`a_node_that_leaves_mid_training_is_trained_on_without`] in `mode`.
+fn trained_on_without_a_leaver(mode: &str) {
+    let run = ["mf", "--data", "synth-tiny", "--rank", "4", "--mode", mode, "--nodes", "3", "--epochs", "8"];
     let uninterrupted = train(&run);
-    let dir = scratch("leave");
+    let dir = scratch(&format!("leave-{mode}"));
     let dir_text = dir.display().to_string();
     let out = Command::new(binary("ferry"))
         .arg("train")
@@ -407,7 +415,7 @@ fn a_node_that_leaves_mid_training_is_trained_on_without() {
     assert_eq!(reports.last().unwrap()["nodes"].as_u64(), Some(2));
     let rmse = |r: &Value| r["quality"]["rmse"].as_f64().unwrap();
     let (whole, trained) = (rmse(uninterrupted.last().unwrap()), rmse(reports.last().unwrap()));
-    assert!((trained - whole).abs() < 0.03 * whole, "RMSE {trained} after a node left, {whole} uninterrupted");
+    assert!((trained - whole).abs() < 0.03 * whole, "RMSE {trained} after a node left ({mode}), {whole} uninterrupted");
     // The checkpoint after epoch 8 was written by ranks 0 and 1 alone, and says so.
     let manifest = std::fs::read_to_string(dir.join("epoch-8/node-1.manifest")).unwrap();
     assert!(manifest.contains("absent\t2") && !dir.join("epoch-8/node-2.manifest").exists(), "{manifest}");

@@ -278,8 +278,8 @@ impl Common {
                 "--on-loss continue (or replace) keeps training on the survivors of a cluster whose keys are backed up, which replicates none: use --mode classic or localize"
             );
         }
-        if (self.on_loss == OnLoss::Replace || self.leaving()?.is_some()) && self.modes().any(|m| m == Mode::Localize) {
-            bail!("--on-loss replace and --leave need nodes to join or leave, which a cluster that relocates keys cannot do yet: use --mode classic");
+        if self.on_loss == OnLoss::Replace && self.modes().any(|m| m == Mode::Localize) {
+            bail!("--on-loss replace needs a node to join, which a cluster that relocates keys cannot do yet: use --mode classic");
         }
         Ok(())
     }

@@ -356,6 +356,10 @@ impl Step<'_, '_> {
         let mut answers = AnswerBatch::default();
         let mut failures = FailureBatch::default();
         let mut forwards: Vec<(u16, u8, Vec<usize>)> = Vec::new();
+        // Items for keys of a lost home this node stands in for, while a census has not
+        // settled them yet: where they are is what the census finds out.
+        let mut held: Vec<usize> = Vec::new();
+        let census_holds = core.census_active() && core.census().lock().holds_accesses();
         for i in start..a.count {
             let (key, index) = (a.key(i), a.index(i));
             let mut fail = |code: FailureCode, node: u16| failures.add(a.origin, a.op, a.part, a.table, code, node, key, index);
@@ -377,7 +381,11 @@ impl Step<'_, '_> {
                     continue;
                 }
             }
-            if self.owns_in_transit(a.table, key)
+            // (A key of a lost home this node stands in for, on its way here, while the census
+            // has not settled it: its items queue here, as the owner's would — the key lands
+            // here, or what queued goes through its home once the census placed it.)
+            let stood_in = census_holds && dir.tables()[a.table as usize].partitioner.home(key) != rank as usize && dir.home(a.table, key) == rank;
+            if (stood_in || self.owns_in_transit(a.table, key))
                 && let Some(transit) = self.shard_of(a.table, key).transits.get_mut(&(a.table, key))
             {
                 match &transit.suspect {
@@ -395,6 +403,10 @@ impl Step<'_, '_> {
                 continue;
             }
             let home = dir.home(a.table, key);
+            if stood_in {
+                held.push(i);
+                continue;
+            }
             let route = if home == rank {
                 match dir.owner(a.table, key) {
                     LOST_OWNER => Err((FailureCode::KeyLost, 0)),
@@ -429,9 +441,24 @@ impl Step<'_, '_> {
             }
         }
         self.flush_answers(answers);
+        if !held.is_empty() {
+            let codec = self.core.store().table(a.table).spec().codec;
+            let h = AccessHeader { kind: a.kind, flags: FLAG_INDEXED | FLAG_STALE, table: a.table, origin: a.origin, op: a.op, part: a.part, codec };
+            let mut message = Vec::new();
+            wire::encode_access(&mut message, h, held.len(), |j| a.index(held[j]), |j| a.key(held[j]), |j, o| o.extend_from_slice(a.value(held[j])));
+            core.census().lock().hold_access(message);
+        }
         for (dest, flag, items) in forwards {
             let codec = self.core.store().table(a.table).spec().codec;
             let h = AccessHeader { kind: a.kind, flags: FLAG_INDEXED | flag, table: a.table, origin: a.origin, op: a.op, part: a.part, codec };
+            if flag == FLAG_STALE && self.forwards_held_for(dest) {
+                // Passed back to a home on its way out: held until it is gone (see
+                // `protocol::leave`, evacuate.rs).
+                let mut message = Vec::new();
+                wire::encode_access(&mut message, h, items.len(), |j| a.index(items[j]), |j| a.key(items[j]), |j, o| o.extend_from_slice(a.value(items[j])));
+                self.hold_forward(message);
+                continue;
+            }
             let buf = self.tx.buf(dest);
             let before = buf.len();
             wire::encode_access(buf, h, items.len(), |j| a.index(items[j]), |j| a.key(items[j]), |j, o| o.extend_from_slice(a.value(items[j])));

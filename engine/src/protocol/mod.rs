@@ -321,6 +321,13 @@ impl Core {
         (b.has_held(), b.under_way().is_some())
     }
 
+    /// Whether this node, leaving a cluster that relocates keys, waits to have given back the
+    /// keys of other homes (`protocol::leave`): the backup watchdog then checks how far it got
+    /// (`Step::advance_leave`), now and then.
+    pub fn leave_check_due(&self) -> bool {
+        self.settings.relocation && self.departures.lock().evacuating()
+    }
+
     /// Whether a backup round is due now (see `Backups::round_due`), or a relocation's write
     /// waits for a step to send it after its round completed.
     pub fn backup_round_due(&self) -> bool {
@@ -464,6 +471,7 @@ impl Core {
             keys_adopted: b.keys_adopted(),
             writes_dropped: b.writes_dropped(),
             keys_handed: b.keys_handed(),
+            keys_given_back: b.keys_given_back(),
         };
         s.relocation_time = crate::stats::Latency::of(&relocation);
         s.blocking_time = crate::stats::Latency::of(&blocking);

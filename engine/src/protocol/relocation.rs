@@ -77,8 +77,9 @@ impl Step<'_, '_> {
     }
 
     /// LOCALIZE at the home node, from item `start` on. Returns the item to resume at when the
-    /// step must end first (other shards needed, or a piece of writes ready to be sent).
-    pub(super) fn handle_localize(&mut self, requester: u16, body: &[u8], start: usize) -> Result<Option<usize>> {
+    /// step must end first (other shards needed, or — with `pieces` — a piece of writes ready
+    /// to be sent).
+    pub(super) fn handle_localize(&mut self, requester: u16, body: &[u8], start: usize, pieces: bool) -> Result<Option<usize>> {
         let m = Move::decode(body, self.directory().tables().len())?;
         let (end, mask) = self.move_chunk(&m, start)?;
         if self.directory().is_lost(requester) || start >= m.count {
@@ -90,8 +91,14 @@ impl Step<'_, '_> {
         if start == 0 && self.hold_move_during_census(requester, body) {
             return Ok(None);
         }
+        if self.core.settings().relocation && self.core.departures().lock().handing_over() {
+            // This node is leaving and its last round began: it moves no key any more. The
+            // requester awaits the key until the census after the leave settles it (see
+            // `protocol::leave`, evacuate.rs).
+            return Ok(None);
+        }
         let items: Vec<MoveItem> = (start..end).map(|i| m.item(i)).collect();
-        let done = self.localize_at_home(requester, m.table, &items, true, m.flags);
+        let done = self.localize_at_home(requester, m.table, &items, pieces, m.flags);
         Ok((start + done < m.count).then_some(start + done))
     }
 
@@ -304,6 +311,13 @@ impl Step<'_, '_> {
             }
             return;
         }
+        if self.forwards_held_for(home) {
+            // The home is on its way out: held until it is gone (see `protocol::leave`).
+            let mut message = Vec::new();
+            wire::encode_access(&mut message, h, 1, |_| index, |_| key, |_, o| o.extend_from_slice(f32_bytes(values)));
+            self.hold_forward(message);
+            return;
+        }
         let buf = self.tx.buf(home);
         let before = buf.len();
         wire::encode_access(buf, h, 1, |_| index, |_| key, |_, o| o.extend_from_slice(f32_bytes(values)));
@@ -313,8 +327,9 @@ impl Step<'_, '_> {
     }
 
     /// RELOCATE at the old owner, from item `start` on. Returns the item to resume at when the
-    /// step must end first.
-    pub(super) fn handle_relocate(&mut self, body: &[u8], start: usize) -> Result<Option<usize>> {
+    /// step must end first (other shards needed, or — with `pieces` — a piece of writes ready
+    /// to be sent).
+    pub(super) fn handle_relocate(&mut self, body: &[u8], start: usize, pieces: bool) -> Result<Option<usize>> {
         let m = Move::decode(body, self.directory().tables().len())?;
         if m.new_owner as usize >= self.directory().nodes() || m.new_owner == self.directory().rank() {
             return Err(Error::Protocol(format!("RELOCATE to invalid node {}", m.new_owner)));
@@ -330,7 +345,7 @@ impl Step<'_, '_> {
             return Ok(None);
         }
         let items: Vec<MoveItem> = (start..end).map(|i| m.item(i)).collect();
-        let done = self.relocate_items(m.new_owner, m.table, &items, true);
+        let done = self.relocate_items(m.new_owner, m.table, &items, pieces);
         Ok((start + done < m.count).then_some(start + done))
     }
 
@@ -550,6 +565,8 @@ impl Step<'_, '_> {
         let mut slot = Some(slot);
         let mut answers = AnswerBatch::default();
         let mut failures = FailureBatch::default();
+        // The node the key was handed to from here, if it moved on at once.
+        let mut moved_to: Option<u16> = None;
         for queued in transit.queue {
             let here = slot.is_some();
             match (queued, here) {
@@ -562,11 +579,25 @@ impl Step<'_, '_> {
                     let held = slot.as_mut().expect("here");
                     apply(&store.reserved(held), store.table(table).updater(), kind, f32_bytes(&values), &mut out[at..]);
                 }
-                (Queued::Access { origin, op, part, index, kind, values }, false) => {
+                (Queued::Access { origin, op, part, index, kind, values }, false) => match moved_to {
+                    // The key moved on before this item was served, and its home is on its way
+                    // out (it would hold the item, and a later request of its worker could
+                    // bring the key back here first): straight to the new owner, where it
+                    // queues until the key lands, ahead of anything the home sends there.
+                    Some(to) if self.forwards_held_for(dir.home(table, key)) => {
+                        let codec = store.table(table).spec().codec;
+                        let h = AccessHeader { kind, flags: FLAG_INDEXED | wire::FLAG_FORWARDED, table, origin, op, part, codec };
+                        let buf = self.tx.buf(to);
+                        let before = buf.len();
+                        wire::encode_access(buf, h, 1, |_| index, |_| key, |_, o| o.extend_from_slice(f32_bytes(&values)));
+                        let bytes = buf.len() - before;
+                        self.tx.sent(to, MessageKind::Forward, bytes);
+                    }
                     // The key moved on before this item was served: via the home node.
-                    self.forward_to_home(table, key, origin, op, part, index, kind, &values, &mut failures);
-                }
+                    _ => self.forward_to_home(table, key, origin, op, part, index, kind, &values, &mut failures),
+                },
                 (Queued::Relocate { new_owner, resv, to }, true) => {
+                    moved_to = Some(new_owner);
                     let mut held = slot.take().expect("here");
                     self.stamp(&mut held);
                     self.shard_of(table, key).counters.relocations_out += 1;

@@ -156,8 +156,8 @@ impl<'c, 't> Step<'c, 't> {
                     self.flush_run(from, frame, run.take());
                     let resume = match kind {
                         msg::ACCESS => self.handle_access(from, body, first_item)?,
-                        msg::LOCALIZE => self.handle_localize(from, body, first_item)?,
-                        msg::RELOCATE => self.handle_relocate(body, first_item)?,
+                        msg::LOCALIZE => self.handle_localize(from, body, first_item, true)?,
+                        msg::RELOCATE => self.handle_relocate(body, first_item, true)?,
                         msg::LOCALIZE_FAILED => self.handle_localize_failed(from, body)?,
                         msg::BARRIER | msg::BARRIER_RELEASE | msg::BARRIER_FAILED | msg::BARRIER_PASSED => {
                             let core = self.core;
@@ -229,8 +229,10 @@ impl<'c, 't> Step<'c, 't> {
                         | msg::JOIN_SETTLED
                         | msg::CENSUS_FLUSH
                         | msg::CENSUS
-                        | msg::CENSUS_DONE => {
+                        | msg::CENSUS_DONE
+                        | msg::GIVE_BACK => {
                             let progress = match kind {
+                                msg::GIVE_BACK => self.handle_give_back(from, body)?,
                                 msg::CENSUS_FLUSH | msg::CENSUS_DONE => self.handle_census_mark(kind, from, body)?,
                                 msg::CENSUS => self.handle_census(from, body)?,
                                 msg::LEAVE_ASK => self.handle_leave_ask(from, body)?,
@@ -315,6 +317,11 @@ impl<'c, 't> Step<'c, 't> {
         if census {
             self.advance_census();
         }
+        if self.core.leave_check_due() {
+            // On a node leaving a cluster that relocates keys, the last round may begin now
+            // (if this step can take every shard; the backup watchdog's otherwise).
+            self.advance_leave();
+        }
         Progress::Done
     }
 
@@ -337,6 +344,14 @@ impl<'c, 't> Step<'c, 't> {
             return Progress::Yield { at: 0, item: 0 };
         }
         let dir = self.directory();
+        if self.core.settings().relocation && self.core.departures().lock().has_left() {
+            // This node left a cluster that relocates keys: its peers close their links to it,
+            // as they should, and it serves nothing any more — it takes no census, which could
+            // write images into its former peers' slots.
+            dir.mark_lost(peer, reason);
+            self.tx.forget(peer);
+            return Progress::Done;
+        }
         // The coordinator decides whether a join whose joining node is lost ends (a node that
         // counts the rank as gone cannot tell the joining node's loss from the old one's).
         self.abandon_join_of(peer);

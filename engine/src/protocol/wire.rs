@@ -117,6 +117,9 @@ pub mod msg {
     pub const CENSUS: u8 = 37;
     /// Home to every survivor: it settled its keys after the loss.
     pub const CENSUS_DONE: u8 = 38;
+    /// A leaving node, in a cluster that relocates keys, to the home of keys it holds: take
+    /// them back (items as in LOCALIZE, reservations unused; see `protocol::leave`).
+    pub const GIVE_BACK: u8 = 39;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).

@@ -30,8 +30,10 @@ impl NodeInner {
                     self.backup_cv.wait_for(&mut guard, WATCH);
                 }
             }
-            if self.core.backup_round_due() {
+            if self.core.backup_round_due() || self.core.leave_check_due() {
                 let _ = self.run_pooled(|step, _, _| {
+                    // (A node leaving a cluster that relocates keys checks how far it got.)
+                    step.advance_leave();
                     step.begin_backup_round_if_due();
                     Ok(Progress::Done)
                 });

@@ -125,7 +125,12 @@ impl NodeInner {
     pub fn lose_peer(&self, peer: usize, reason: &str) {
         // A node joining in a lost rank is lost in its own right (the coordinator abandons its
         // join), though the rank counts as lost already.
-        if peer == self.config.rank || peer >= self.config.nodes || (self.core.directory().is_lost(peer as u16) && !self.connection_is_a_joiners(peer as u16)) {
+        if peer == self.config.rank || peer >= self.config.nodes {
+            return;
+        }
+        if self.core.directory().is_lost(peer as u16) && !self.connection_is_a_joiners(peer as u16) {
+            // (A node that left and whose own LEFT never came: a census may wait for it.)
+            let _ = self.run_pooled(|step, _, _| Ok(step.left_link_closed(peer as u16)));
             return;
         }
         if self.core.leave_state().1 {

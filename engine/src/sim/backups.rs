@@ -126,16 +126,23 @@ impl Sim {
                     return false;
                 }
                 let (_, under_way) = node.core.backup_pending();
-                node.core.backup_round_due() || (!under_way && node.core.backup_counters().last_begun() == 0)
+                node.core.backup_round_due() || (!under_way && node.core.backup_counters().last_begun() == 0) || node.core.leave_check_due()
             })
             .collect()
     }
 
-    /// Node `node` begins a backup round.
+    /// Node `node`'s backup watchdog: it takes a leave that gives keys back a step further
+    /// (see `protocol::leave`), and begins a backup round if one is due.
     pub(super) fn backup_round(&mut self, node: usize) -> Result<(), String> {
+        let core = &self.nodes[node].core;
+        let (_, under_way) = core.backup_pending();
+        let due = core.backup_round_due() || (!under_way && core.backup_counters().last_begun() == 0);
         let mut started = None;
         self.node_event(node, |step, _, _| {
-            started = step.begin_backup_round(false);
+            step.advance_leave();
+            if due {
+                started = step.begin_backup_round(false);
+            }
             Ok(Progress::Done)
         })?;
         if let Some(s) = started {

@@ -76,6 +76,7 @@ pub struct BackupCounters {
     adopted: AtomicU64,
     dropped: AtomicU64,
     handed: AtomicU64,
+    given_back: AtomicU64,
 }
 
 /// Whether round `a` comes after round `b` (round numbers wrap: "after" is a difference below
@@ -135,6 +136,15 @@ impl BackupCounters {
 
     pub(crate) fn note_handed(&self, keys: usize) {
         self.handed.fetch_add(keys as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn note_given_back(&self, keys: usize) {
+        self.given_back.fetch_add(keys as u64, Ordering::Relaxed);
+    }
+
+    /// Keys of other homes given back on the way out of a cluster that relocates keys.
+    pub fn keys_given_back(&self) -> u64 {
+        self.given_back.load(Ordering::Relaxed)
     }
 
     /// Keys handed to nodes that joined so far.

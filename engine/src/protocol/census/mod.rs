@@ -74,14 +74,62 @@ pub(crate) struct Census {
     done: Vec<bool>,
     /// LOCALIZE and RELOCATE messages held until the census is over: (sender, message).
     held_moves: Vec<(u16, Vec<u8>)>,
+    /// Items for keys of a lost home this node stands in for, held until it settled them:
+    /// ACCESS messages, length-prefixed.
+    held_accesses: Vec<Vec<u8>>,
+    /// Nodes that left whose own LEFT has not arrived (a relayed one came first): what they
+    /// sent before it may still be on its way, so this node's claims wait.
+    awaiting_left: Vec<u16>,
 }
 
 impl Census {
     /// A loss: a census begins (again) for `epoch` losses among `nodes` nodes.
     pub fn begin(&mut self, epoch: u32, nodes: usize) {
         let held_moves = std::mem::take(&mut self.held_moves);
-        *self =
-            Census { epoch, active: true, flushes: vec![false; nodes], reports: vec![false; nodes], done: vec![false; nodes], held_moves, ..Census::default() };
+        let held_accesses = std::mem::take(&mut self.held_accesses);
+        let awaiting_left = std::mem::take(&mut self.awaiting_left);
+        *self = Census {
+            epoch,
+            active: true,
+            flushes: vec![false; nodes],
+            reports: vec![false; nodes],
+            done: vec![false; nodes],
+            held_moves,
+            held_accesses,
+            awaiting_left,
+            ..Census::default()
+        };
+    }
+
+    /// `node` left, and its own LEFT is still on its way (a relayed one came first): this
+    /// node's claims wait for it.
+    pub fn await_left(&mut self, node: u16) {
+        if !self.awaiting_left.contains(&node) {
+            self.awaiting_left.push(node);
+        }
+    }
+
+    /// `node`'s own LEFT arrived, or its link closed: returns whether the census waited for it.
+    pub fn note_left(&mut self, node: u16) -> bool {
+        let before = self.awaiting_left.len();
+        self.awaiting_left.retain(|&n| n != node);
+        self.awaiting_left.len() < before
+    }
+
+    /// Whether items for keys of lost homes this node stands in for wait: a census is under
+    /// way and this node has not settled its keys.
+    pub fn holds_accesses(&self) -> bool {
+        self.active && !self.resolved
+    }
+
+    /// Holds an ACCESS (length-prefixed) until this node settled its keys.
+    pub fn hold_access(&mut self, message: Vec<u8>) {
+        self.held_accesses.push(message);
+    }
+
+    /// The items held until this node settled its keys, which it just did.
+    pub fn take_held_accesses(&mut self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut self.held_accesses)
     }
 
     /// Whether a census is under way.
@@ -121,7 +169,7 @@ impl Census {
     /// Whether this node should send its census now: it flushed, and every node `live` counts
     /// (but this one, `rank`) did.
     pub fn census_due(&self, rank: u16, live: impl Fn(u16) -> bool) -> bool {
-        self.active && self.flushed && !self.reported && all_in(&self.flushes, rank, live)
+        self.active && self.flushed && !self.reported && self.awaiting_left.is_empty() && all_in(&self.flushes, rank, live)
     }
 
     /// This node sent its census.

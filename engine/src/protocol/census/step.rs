@@ -88,6 +88,15 @@ impl Step<'_, '_> {
             drop(census);
             self.settle_keys(claims);
             self.send_to_live(&[], MessageKind::Membership, |out| census_wire::encode_short(out, msg::CENSUS_DONE, epoch));
+            // Items for the keys just settled go where the census put them.
+            let held = core.census().lock().take_held_accesses();
+            for message in held {
+                match self.handle_access(rank, &message[4..], 0) {
+                    Ok(None) => {}
+                    Ok(Some(_)) => tracing::error!(node = rank, "an item held during the census could not be routed without other shards"),
+                    Err(e) => tracing::error!(node = rank, "an item held during the census could not be routed: {e}"),
+                }
+            }
             census = core.census().lock();
             census.note_done(rank);
         }
@@ -193,6 +202,9 @@ impl Step<'_, '_> {
         // Held requests met otherwise: their nodes hold the key, or will once the hand-overs
         // under way end (node, table, key).
         let mut met: Vec<(u16, u16, u64)> = Vec::new();
+        // This node's own arrivals off their chains: what queued for them goes through the
+        // home — often this node — so only once every owner is recorded.
+        let mut own_superseded: Vec<(u16, u32)> = Vec::new();
         // This node's own claims, as they are now (its own requests made since it reported
         // are held here, and nothing else moved meanwhile).
         for (table, key, claim) in self.claims_but_held() {
@@ -231,7 +243,11 @@ impl Step<'_, '_> {
                             && !on_chain
                             && !expected.contains(&(node, table, key))
                         {
-                            self.send_refusal(node, FailureCode::Superseded, table, &[resv]);
+                            if node == rank {
+                                own_superseded.push((table, resv));
+                            } else {
+                                self.send_refusal(node, FailureCode::Superseded, table, &[resv]);
+                            }
                         }
                     }
                     let root_holds = claimed.iter().any(|&(n, c)| c == Claim::Held && chained.first() == Some(&n));
@@ -288,6 +304,9 @@ impl Step<'_, '_> {
         }
         for ((table, key), _) in claims {
             tracing::warn!(node = rank, table, key, "a census claim for a key this node does not serve");
+        }
+        for (table, resv) in own_superseded {
+            self.send_refusal(rank, FailureCode::Superseded, table, &[resv]);
         }
         if !met.is_empty() {
             let tables = dir.tables().len();
@@ -370,10 +389,13 @@ impl Step<'_, '_> {
     fn end_census(&mut self, held: Vec<(u16, Vec<u8>)>) {
         let dir = self.directory();
         dir.set_recovering(false);
+        // (Without pieces: this step cannot end to send a piece of writes and come back, and
+        // a move that stopped at one would be dropped.)
         for (from, message) in held {
             let mut start = 0;
             loop {
-                let handled = if message[0] == msg::LOCALIZE { self.handle_localize(from, &message, start) } else { self.handle_relocate(&message, start) };
+                let handled =
+                    if message[0] == msg::LOCALIZE { self.handle_localize(from, &message, start, false) } else { self.handle_relocate(&message, start, false) };
                 match handled {
                     Ok(Some(next)) if next > start => start = next,
                     Ok(_) => break,
@@ -385,8 +407,21 @@ impl Step<'_, '_> {
             }
         }
         tracing::info!(node = dir.rank(), "the census is over");
+        self.release_held_forwards();
         self.post_hand_overs();
         self.begin_backup_round_if_due();
+    }
+
+    /// The link to `node`, which left, closed before its own LEFT arrived (it was lost on its
+    /// way out): the census waits for it no more.
+    pub fn left_link_closed(&mut self, node: u16) -> Progress {
+        if !self.try_acquire(self.all_shards()) {
+            return Progress::Yield { at: 0, item: 0 };
+        }
+        if self.core.census().lock().note_left(node) {
+            self.advance_census();
+        }
+        Progress::Done
     }
 
     /// Holds a LOCALIZE or RELOCATE from `from` (`message` from its type byte on) if a census

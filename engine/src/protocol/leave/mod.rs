@@ -32,6 +32,7 @@
 //! and handle the messages are in `step.rs`. Joins (`join.rs`) are membership changes of the
 //! same queue.
 
+mod evacuate;
 mod join;
 mod join_step;
 mod step;
@@ -44,6 +45,8 @@ pub const LEFT_REASON: &str = "it left the cluster gracefully, handing its keys 
 
 use std::collections::VecDeque;
 
+use crate::util::FastSet;
+
 /// This node's own departure.
 #[derive(Debug)]
 struct OwnDeparture {
@@ -53,6 +56,13 @@ struct OwnDeparture {
     final_round: Option<u32>,
     /// Whether LEFT went out: the node serves nothing more.
     left: bool,
+    /// With relocation: the keys of other homes this node gave back (GIVE_BACK sent) and
+    /// still holds.
+    given_back: FastSet<(u16, u64)>,
+    /// With relocation: whether every key held here was looked at while none was on its way
+    /// here (none can come after that: a leaving node asks for none), so that only
+    /// `given_back` needs looking at again.
+    scanned_quiet: bool,
 }
 
 /// The departures one node knows of (see the module documentation).
@@ -74,6 +84,10 @@ pub(crate) struct Departures {
     taking_over: bool,
     /// Joins: this node's own, and what it knows as a giver.
     pub joins: Joins,
+    /// With relocation: items this node would have passed to the home of their keys, a node
+    /// whose departure is current here, and those after them (ACCESS messages,
+    /// length-prefixed), sent on once the census after the departure is over (`evacuate.rs`).
+    held_forwards: Vec<Vec<u8>>,
 }
 
 /// What a new coordinator begins once every live node has reported, in this order.
@@ -89,7 +103,7 @@ impl Departures {
         if self.own.is_some() {
             return false;
         }
-        self.own = Some(OwnDeparture { ready: vec![false; nodes], final_round: None, left: false });
+        self.own = Some(OwnDeparture { ready: vec![false; nodes], final_round: None, left: false, given_back: FastSet::default(), scanned_quiet: false });
         true
     }
 
@@ -233,6 +247,64 @@ impl Departures {
         self.current() == Some(rank)
             && own.final_round.is_none()
             && own.ready.iter().enumerate().all(|(n, &ready)| ready || n as u16 == rank || !live(n as u16))
+    }
+
+    /// Whether this node asked to leave and has not begun the round that hands its keys over:
+    /// with relocation it gives the keys of other homes back meanwhile — from the ask on, so
+    /// that little is left to do once its departure is current and the others pause for it.
+    pub fn evacuating(&self) -> bool {
+        self.own.as_ref().is_some_and(|o| o.final_round.is_none() && !o.left)
+    }
+
+    /// Whether this node began the round that hands its keys over (or left): as a home it
+    /// moves none of its keys any more.
+    pub fn handing_over(&self) -> bool {
+        self.own.as_ref().is_some_and(|o| o.final_round.is_some() || o.left)
+    }
+
+    /// Whether the keys held here must all be looked at (see `OwnDeparture::scanned_quiet`).
+    pub fn needs_scan(&self) -> bool {
+        self.own.as_ref().is_some_and(|o| !o.scanned_quiet)
+    }
+
+    /// A look at every key held here found `held`, the keys of other homes (`quiet`: none was
+    /// on its way here): returns those not given back before, which are given back now.
+    pub fn scanned(&mut self, held: FastSet<(u16, u64)>, quiet: bool) -> Vec<(u16, u64)> {
+        let Some(own) = self.own.as_mut() else { return Vec::new() };
+        let mut new: Vec<(u16, u64)> = held.iter().filter(|k| !own.given_back.contains(k)).copied().collect();
+        new.sort_unstable();
+        own.given_back = held;
+        own.scanned_quiet = quiet;
+        new
+    }
+
+    /// Forgets the keys given back that `held` says are gone; returns whether any is left.
+    pub fn still_given_back(&mut self, held: impl Fn(u16, u64) -> bool) -> bool {
+        let Some(own) = self.own.as_mut() else { return false };
+        own.given_back.retain(|&(table, key)| held(table, key));
+        !own.given_back.is_empty()
+    }
+
+    /// A key is on its way here: the next look takes in every key again.
+    pub fn arriving(&mut self) {
+        if let Some(own) = self.own.as_mut() {
+            own.scanned_quiet = false;
+        }
+    }
+
+    /// Holds a forwarded ACCESS (`message`, length-prefixed) for the departing home of its keys.
+    pub fn hold_forward(&mut self, message: Vec<u8>) {
+        self.held_forwards.push(message);
+    }
+
+    /// Whether forwards are held (later ones queue behind them).
+    pub fn holds_forwards(&self) -> bool {
+        !self.held_forwards.is_empty()
+    }
+
+    /// The forwards held for a departure that is over.
+    pub fn take_held_forwards(&mut self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut self.held_forwards)
     }
 
     /// The round that hands the keys over was begun.

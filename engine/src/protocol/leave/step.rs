@@ -21,12 +21,6 @@ impl Step<'_, '_> {
         if core.settings().backups == 0 {
             return Err(Error::Config("a node can leave only with backups (FERRY_BACKUPS=1): its keys are handed over as a last backup round".into()));
         }
-        if core.settings().relocation {
-            return Err(Error::Config(
-                "a node can leave only a cluster that does not relocate keys, so far (Config::relocation = false; the training commands' --mode classic)"
-                    .into(),
-            ));
-        }
         let coordinator = dir.coordinator();
         if dir.rank() == coordinator {
             return Err(Error::Config(format!("this node (rank {coordinator}) coordinates barriers and departures and cannot leave; any other node can")));
@@ -34,6 +28,8 @@ impl Step<'_, '_> {
         if core.departures().lock().ask(dir.nodes()) {
             let bytes = encode(self.tx.buf(coordinator), msg::LEAVE_ASK, dir.rank());
             self.tx.sent(coordinator, MessageKind::Membership, bytes);
+            // With relocation: the keys of other homes start going back now.
+            self.advance_leave();
         }
         Ok(())
     }
@@ -278,9 +274,16 @@ impl Step<'_, '_> {
     /// On a leaving node: begins the round that hands the keys over once every live peer is
     /// ready (or after the round under way, which may have read keys before the last writes),
     /// and sends LEFT once that round is acknowledged — behind the answers it released.
+    ///
+    /// With relocation, the round waits until this node gave back every key of another home
+    /// and nothing is on its way here or from here (`evacuate.rs`); that takes every shard, so
+    /// a step holding some leaves it to a later one (the backup watchdog's, if no other).
     pub(crate) fn advance_leave(&mut self) {
         let core = self.core;
         let dir = core.directory();
+        if core.settings().relocation && core.departures().lock().evacuating() && !(self.try_acquire(self.all_shards()) && self.evacuate()) {
+            return;
+        }
         let mut departures = core.departures().lock();
         if departures.wants_final_round(dir.rank(), |n| !dir.is_lost(n))
             && let Some(start) = self.begin_backup_round(false)
@@ -317,6 +320,11 @@ impl Step<'_, '_> {
             // the join): stale.
             return Ok(Progress::Done);
         }
+        // With relocation a census follows, as after a loss (see `evacuate.rs`).
+        let census = dir.failover() && self.core.settings().relocation;
+        if !self.try_acquire(self.all_shards()) {
+            return Ok(Progress::Yield { at: 0, item: 0 });
+        }
         if from == node {
             // Its last message: everything it sent before (answers it released with the
             // hand-over among them) is handled, so its link can close — not sooner, even if
@@ -324,10 +332,16 @@ impl Step<'_, '_> {
             self.tx.note_departed(node);
         }
         if dir.is_lost(node) {
+            if from == node && census && self.core.census().lock().note_left(node) {
+                // The census waited for it: the writes it sent before are in.
+                self.advance_census();
+            }
             return Ok(Progress::Done);
         }
-        if !self.try_acquire(self.all_shards()) {
-            return Ok(Progress::Yield { at: 0, item: 0 });
+        if census && from != node {
+            // Its own LEFT is still on its way, behind what it sent before — last writes
+            // among them, which the census must see.
+            self.core.census().lock().await_left(node);
         }
         self.send_to_live(&[node, from], MessageKind::Membership, |out| encode_left(out, node, incarnation));
         Ok(self.remove_peer(node, super::LEFT_REASON, true))
@@ -357,6 +371,7 @@ impl Step<'_, '_> {
         } else if asked {
             self.advance_leave();
         }
+
         self.advance_takeover();
     }
 }
