@@ -2079,6 +2079,9 @@ fn drive(
         let mut step = core.step(tx, now);
         let progress = event(&mut step, at, item);
         wires.hand_over(&mut step);
+        if step.handed_over() {
+            wires.hand_over(&mut step);
+        }
         drop(step);
         match progress? {
             Progress::Done => return Ok(()),

@@ -197,6 +197,12 @@ pub struct Core {
     dirty: DirtyBlocks,
     /// Graceful departures: this node's own, and the others' it knows of.
     departures: Mutex<leave::Departures>,
+    /// Whether this node asked to leave (never cleared: it then leaves): paths that run often
+    /// look at it before they lock `departures`.
+    asked_to_leave: std::sync::atomic::AtomicBool,
+    /// Whether forwards are held for a departing home (`Departures::hold_forward`), kept beside
+    /// them for the same reason.
+    forwards_held: std::sync::atomic::AtomicBool,
     /// The census after a loss (relocation with backups).
     census: Mutex<census::Census>,
     /// One-sided writes posted and not completed (the census flushes once there are none).
@@ -239,6 +245,8 @@ impl Core {
             backup_counters: BackupCounters::default(),
             dirty: if settings.backups > 0 { DirtyBlocks::new(specs.iter().map(|s| s.keys)) } else { DirtyBlocks::default() },
             departures: Mutex::new(leave::Departures::default()),
+            asked_to_leave: std::sync::atomic::AtomicBool::new(false),
+            forwards_held: std::sync::atomic::AtomicBool::new(false),
             census: Mutex::new(census::Census::default()),
             writes_out: AtomicU64::new(0),
         }
@@ -262,6 +270,17 @@ impl Core {
     /// Graceful departures' state.
     pub(crate) fn departures(&self) -> &Mutex<leave::Departures> {
         &self.departures
+    }
+
+    /// Whether this node asked to leave (without a lock).
+    pub(crate) fn asked_to_leave(&self) -> &std::sync::atomic::AtomicBool {
+        &self.asked_to_leave
+    }
+
+    /// Whether forwards are held for a departing home (without a lock; see
+    /// `Departures::hold_forward`).
+    pub(crate) fn forwards_held(&self) -> &std::sync::atomic::AtomicBool {
+        &self.forwards_held
     }
 
     /// Whether this node asked to leave, and whether it has left (its keys are handed over
@@ -325,7 +344,7 @@ impl Core {
     /// keys of other homes (`protocol::leave`): the backup watchdog then checks how far it got
     /// (`Step::advance_leave`), now and then.
     pub fn leave_check_due(&self) -> bool {
-        self.settings.relocation && self.departures.lock().evacuating()
+        self.settings.relocation && self.asked_to_leave.load(Ordering::Acquire) && self.departures.lock().evacuating()
     }
 
     /// Whether a backup round is due now (see `Backups::round_due`), or a relocation's write

@@ -91,7 +91,7 @@ impl Step<'_, '_> {
         if start == 0 && self.hold_move_during_census(requester, body) {
             return Ok(None);
         }
-        if self.core.settings().relocation && self.core.departures().lock().handing_over() {
+        if self.core.settings().relocation && self.core.asked_to_leave().load(Ordering::Acquire) && self.core.departures().lock().handing_over() {
             // This node is leaving and its last round began: it moves no key any more. The
             // requester awaits the key until the census after the leave settles it (see
             // `protocol::leave`, evacuate.rs).
@@ -299,28 +299,25 @@ impl Step<'_, '_> {
             return;
         }
         let h = AccessHeader { kind, flags: FLAG_INDEXED | FLAG_STALE, table, origin, op, part, codec: self.core.store().table(table).spec().codec };
+        let encode = |out: &mut Vec<u8>| wire::encode_access(out, h, 1, |_| index, |_| key, |_, o| o.extend_from_slice(f32_bytes(values)));
         if home == dir.rank() {
             // This node is the key's home (a census made it give up an arrival): it routes the
             // item as a home does, under the key's shard, which the caller holds.
             let mut message = Vec::new();
-            wire::encode_access(&mut message, h, 1, |_| index, |_| key, |_, o| o.extend_from_slice(f32_bytes(values)));
-            match self.handle_access(home, &message[4..], 0) {
-                Ok(None) => {}
-                Ok(Some(_)) => tracing::error!(node = home, key, "an item for a key homed here could not be routed without other shards"),
-                Err(e) => tracing::error!(node = home, key, "an item for a key homed here could not be routed: {e}"),
-            }
+            encode(&mut message);
+            self.route_access_here(&message[4..], "an item for a key homed here");
             return;
         }
         if self.forwards_held_for(home) {
             // The home is on its way out: held until it is gone (see `protocol::leave`).
             let mut message = Vec::new();
-            wire::encode_access(&mut message, h, 1, |_| index, |_| key, |_, o| o.extend_from_slice(f32_bytes(values)));
+            encode(&mut message);
             self.hold_forward(message);
             return;
         }
         let buf = self.tx.buf(home);
         let before = buf.len();
-        wire::encode_access(buf, h, 1, |_| index, |_| key, |_, o| o.extend_from_slice(f32_bytes(values)));
+        encode(buf);
         let bytes = buf.len() - before;
         self.tx.sent(home, MessageKind::Forward, bytes);
         self.shard_of(table, key).counters.double_forwarded_keys += 1;

@@ -42,11 +42,15 @@ pub struct Step<'c, 't> {
     guards: Vec<Option<MutexGuard<'c, Shard>>>,
     held: u64,
     pub(crate) now: u64,
+    /// Sets of answers a backup round released into this step's output (see
+    /// `backup::Released`), and whether it completed the round this node leaves with.
+    released: usize,
+    completed_last_round: bool,
 }
 
 impl<'c, 't> Step<'c, 't> {
     pub(crate) fn new(core: &'c Core, tx: &'t mut Transmit, now: u64) -> Step<'c, 't> {
-        Step { core, tx, guards: (0..core.directory().shards()).map(|_| None).collect(), held: 0, now }
+        Step { core, tx, guards: (0..core.directory().shards()).map(|_| None).collect(), held: 0, now, released: 0, completed_last_round: false }
     }
 
     /// The output buffer (to drain before the step is dropped).
@@ -54,8 +58,32 @@ impl<'c, 't> Step<'c, 't> {
         self.tx
     }
 
+    /// A backup round's completion released answers into this step's output (`answers`), or
+    /// completed the round this node leaves with (`last_round`).
+    pub(crate) fn note_released(&mut self, answers: bool, last_round: bool) {
+        self.released += usize::from(answers);
+        self.completed_last_round |= last_round;
+    }
+
+    /// The driver handed this step's output to the fabric. Returns whether the step has more
+    /// to hand over: LEFT, when the round this node leaves with completed and no step holds
+    /// answers it released any more (see `backup::Released`). Costs nothing in a step that
+    /// released none.
+    pub fn handed_over(&mut self) -> bool {
+        if self.released == 0 && !self.completed_last_round {
+            return false;
+        }
+        let released = std::mem::take(&mut self.released);
+        self.completed_last_round = false;
+        let send = self.core.backups().lock().handed_over(released);
+        if send {
+            self.send_left();
+            return true;
+        }
+        false
+    }
+
     /// The shards the step holds, one bit each.
-    #[cfg(any(test, feature = "sim"))]
     pub fn held_shards(&self) -> u64 {
         self.held
     }

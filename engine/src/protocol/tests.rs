@@ -6,13 +6,18 @@ use crate::sim::{SimOptions, run_and_check};
 /// The protocol core of node `rank` of `nodes`, with one table "t" of 30 keys of 2 values
 /// (range partitioning) and no peers, for tests that hand it frames and look at what it sends.
 pub(super) fn core_of(rank: usize, nodes: usize) -> super::Core {
+    core_with_backups(rank, nodes, 0)
+}
+
+/// [`core_of`] with `backups` backups per key.
+pub(super) fn core_with_backups(rank: usize, nodes: usize, backups: usize) -> super::Core {
     use crate::config::{HugePages, TableSpec};
     use crate::store::{LocalRegistrar, Store};
     let specs = [TableSpec::new("t", 30, 2)];
     let store = std::sync::Arc::new(Store::new(rank, nodes, &specs, 4, HugePages::Off, std::sync::Arc::new(LocalRegistrar::default())).unwrap());
     let settings = super::Settings {
         relocation: true,
-        backups: 0,
+        backups,
         location_caches: false,
         max_message_bytes: 64 << 10,
         part_bytes: 4096,

@@ -328,6 +328,9 @@ impl NodeInner {
             let mut step = self.core.step(tx, self.now());
             let progress = event(&mut step, at, item);
             self.hand_over(&mut step);
+            if step.handed_over() {
+                self.hand_over(&mut step);
+            }
             drop(step);
             match progress {
                 Ok(Progress::Done) => break Ok(()),

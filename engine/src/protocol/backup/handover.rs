@@ -47,15 +47,18 @@ impl Backups {
         self.hand_overs.push(hand_over);
     }
 
-    /// The hand-overs whose rounds completed: their writes may go.
-    pub fn take_ready(&mut self) -> Vec<HandOver> {
-        std::mem::take(&mut self.ready)
+    /// The keys of the hand-overs whose rounds completed (their writes may go).
+    pub fn ready_keys(&self) -> impl Iterator<Item = (u16, u64)> + '_ {
+        self.ready.iter().map(|h| (h.table, h.key))
     }
 
-    /// Hand-overs ready but not sent (the step could not take their shards): kept for the next
-    /// step that can.
-    pub fn put_back_ready(&mut self, ready: Vec<HandOver>) {
-        self.ready.extend(ready);
+    /// Takes the hand-overs whose rounds completed and whose keys `held` says the caller's
+    /// step holds the shards of: their writes go now. The others stay for a step that holds
+    /// theirs.
+    pub fn take_ready(&mut self, held: impl Fn(u16, u64) -> bool) -> Vec<HandOver> {
+        let (taken, kept) = std::mem::take(&mut self.ready).into_iter().partition(|h| held(h.table, h.key));
+        self.ready = kept;
+        taken
     }
 
     /// Whether hand-overs wait for a step to send their writes.
@@ -142,24 +145,35 @@ impl Step<'_, '_> {
     /// Sends the writes of the hand-overs whose rounds completed, if this step can take their
     /// shards (a step that holds others leaves them to the next; the backup watchdog takes one
     /// when nothing else does).
+    ///
+    /// The shards come first, the hand-overs second: a hand-over is out of [`Backups`] only
+    /// while this step holds its key's shard, until its write is counted out
+    /// (`Core::writes_out`). So a step that holds every
+    /// shard sees each relocation in one of those two places — a census taking its claims, a
+    /// leaving node deciding it hands nothing over any more. (Taking them before waiting for
+    /// the shards let a leaver begin its last round while 600 of its writes were in a blocked
+    /// step's hands, to go out after it left.)
     pub(crate) fn post_hand_overs(&mut self) {
         let core = self.core;
         // A census after a loss sees every relocation where it is: none starts meanwhile.
         if core.census_active() {
             return;
         }
-        let ready = {
-            let mut backups = core.backups().lock();
-            if !backups.has_ready() {
-                return;
-            }
-            backups.take_ready()
-        };
-        if !self.try_acquire_keys(ready.iter().map(|h| (h.table, h.key))) {
-            core.backups().lock().put_back_ready(ready);
+        let dir = core.directory();
+        let mask = core.backups().lock().ready_keys().fold(0u64, |mask, (table, key)| mask | 1 << dir.shard_of(table, key));
+        if mask == 0 {
+            return;
+        }
+        if !self.try_acquire(mask) {
             self.tx.touch_backup();
             return;
         }
+        // (A census may have begun while this step waited for the shards.)
+        if core.census_active() {
+            return;
+        }
+        let held = self.held_shards();
+        let ready = core.backups().lock().take_ready(|table, key| held & 1 << dir.shard_of(table, key) != 0);
         for h in ready {
             self.send_slot(h.slot, h.table, h.key, h.new_owner, h.item);
         }
@@ -204,5 +218,52 @@ impl Step<'_, '_> {
         }
         backups.hand_overs = hand_overs;
         (images, reached)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HandOver;
+    use crate::protocol::tests::core_with_backups;
+    use crate::protocol::wire::MoveItem;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    /// A hand-over whose round completed stays visible in `Backups` to a step that holds every
+    /// shard until the step that sends its write holds the key's shard and has counted the
+    /// write out: a leaver deciding that it hands nothing over any more, or a census taking
+    /// its claims, cannot miss it while that step waits for the shard. (Taking the hand-overs
+    /// out before waiting let a leaver begin its last round with 600 writes still to go.)
+    #[test]
+    fn a_ready_hand_over_is_never_out_of_sight_of_a_step_holding_every_shard() {
+        let core = core_with_backups(0, 2, 1);
+        let slot = core.store().reserve(0).unwrap();
+        {
+            let mut backups = core.backups().lock();
+            let item = MoveItem { key: 3, resv: 7, to: Default::default() };
+            backups.defer(HandOver { slot, table: 0, key: 3, new_owner: 1, item, image: Vec::new(), targets: Vec::new(), shipped: Some(1) });
+            backups.hand_overs_completed(1);
+            assert!(backups.has_ready());
+        }
+        let mut tx_all = core.transmit();
+        let mut holder = core.step(&mut tx_all, 1);
+        assert!(holder.try_acquire(holder.all_shards()));
+        std::thread::scope(|s| {
+            let poster = s.spawn(|| {
+                let mut tx = core.transmit();
+                let mut step = core.step(&mut tx, 2);
+                step.post_hand_overs();
+                drop(step);
+                tx.poll_write().is_some()
+            });
+            // The poster now waits for the key's shard (given the time to get there).
+            std::thread::sleep(Duration::from_millis(100));
+            assert_eq!(core.backups().lock().leaving().count(), 1, "a hand-over went out of sight while its write waited for a shard");
+            assert_eq!(core.writes_out().load(Ordering::Acquire), 0);
+            drop(holder);
+            assert!(poster.join().unwrap(), "the write went out once the shard was free");
+        });
+        assert_eq!(core.backups().lock().leaving().count(), 0);
+        assert_eq!(core.writes_out().load(Ordering::Acquire), 1);
     }
 }

@@ -263,6 +263,30 @@ pub(crate) struct Backups {
     hand_overs: Vec<handover::HandOver>,
     /// Hand-overs whose rounds completed, their writes not yet sent.
     ready: Vec<handover::HandOver>,
+    /// The round that hands this node's keys over as it leaves, begun and not completed.
+    last_round: Option<u32>,
+    /// Steps that took released answers and have not handed them to the fabric yet.
+    answers_in_hand: usize,
+    /// The round this node leaves with completed, and LEFT is not out yet: it goes out once no
+    /// step holds released answers ([`Backups::handed_over`]).
+    left_due: bool,
+}
+
+/// What a round's completion released: the answers held for it (and the rounds before it),
+/// and whether it completed the round this node leaves with.
+///
+/// LEFT must follow every released answer on every link, and steps that hold no shard in
+/// common hand their frames to the fabric in no particular order. So a step that takes
+/// answers counts as holding them until its driver has handed its output over
+/// (`Step::handed_over`), and LEFT goes out from the step that, afterwards, finds the last
+/// round completed and no answers in any step's hands. (A step that only saw the round
+/// completed and sent LEFT could overtake answers still in another step's hands — one
+/// completing the round before; the peers then closed the link first, and those pushes waited
+/// out their timeout.)
+#[derive(Debug, Default)]
+pub(crate) struct Released {
+    pub answers: Vec<HeldAnswer>,
+    pub last_round: bool,
 }
 
 impl Default for Backups {
@@ -280,6 +304,9 @@ impl Default for Backups {
             gated_round: None,
             hand_overs: Vec::new(),
             ready: Vec::new(),
+            last_round: None,
+            answers_in_hand: 0,
+            left_due: false,
         }
     }
 }
@@ -376,31 +403,53 @@ impl Backups {
 
     /// Round `number` completed (acknowledged, or nothing to send it to), and every round
     /// before it: returns the answers they release.
-    pub fn complete(&mut self, number: u32, counters: &BackupCounters) -> Vec<HeldAnswer> {
+    pub fn complete(&mut self, number: u32, counters: &BackupCounters) -> Released {
         while self.under_way.front().is_some_and(|&(n, _)| !later(n, number)) {
             self.under_way.pop_front();
         }
         // A round not begun, or one completed already (an empty round completes at once).
         if later(number, self.begun) || !later(number, self.completed) {
-            return Vec::new();
+            return Released::default();
         }
         if self.gate.is_some() {
             self.gated_round = Some(number);
-            return Vec::new();
+            return Released::default();
         }
         self.completed = number;
         counters.completed.store(number, Ordering::SeqCst);
         self.hand_overs_completed(number);
-        let (released, kept) = std::mem::take(&mut self.held).into_iter().partition(|h| h.round.wrapping_sub(number).wrapping_sub(1) >= u32::MAX / 2);
+        let (answers, kept) = std::mem::take(&mut self.held).into_iter().partition(|h| h.round.wrapping_sub(number).wrapping_sub(1) >= u32::MAX / 2);
         self.held = kept;
-        released
+        let last_round = self.last_round.take_if(|&mut last| !later(last, number)).is_some();
+        if !answers.is_empty() {
+            self.answers_in_hand += 1;
+        }
+        self.left_due |= last_round;
+        Released { answers, last_round }
+    }
+
+    /// A step handed its output to the fabric, `released` sets of released answers among it:
+    /// returns whether LEFT should go out now, from that step (once).
+    pub fn handed_over(&mut self, released: usize) -> bool {
+        self.answers_in_hand = self.answers_in_hand.saturating_sub(released);
+        let send = self.left_due && self.answers_in_hand == 0;
+        if send {
+            self.left_due = false;
+        }
+        send
+    }
+
+    /// Round `number`, just begun, is the one this node leaves with: once it completed, LEFT
+    /// goes out behind every answer released ([`Released`]).
+    pub fn set_last_round(&mut self, number: u32) {
+        self.last_round = Some(number);
     }
 
     /// A BACKUP_ACK of `round` came from `from`: the answers it releases, if it was the last
     /// acknowledgement the oldest round under way awaited (others, from a round given up or a
     /// node that is not one of its backups, are dropped; a later round's is counted, and it
     /// completes after the rounds before it).
-    pub fn handle_ack(&mut self, from: u16, round: u32, counters: &BackupCounters) -> Option<Vec<HeldAnswer>> {
+    pub fn handle_ack(&mut self, from: u16, round: u32, counters: &BackupCounters) -> Option<Released> {
         let (_, awaiting) = self.under_way.iter_mut().find(|(n, awaiting)| *n == round && awaiting.contains(&from))?;
         awaiting.retain(|&t| t != from);
         let mut done = None;
@@ -443,14 +492,14 @@ impl Backups {
 
     /// `joining`'s backups hold the keys handed to it (JOIN_SETTLED): the rounds that
     /// completed meanwhile complete now; returns the answers they release.
-    pub fn open_gate(&mut self, joining: u16, counters: &BackupCounters) -> Vec<HeldAnswer> {
+    pub fn open_gate(&mut self, joining: u16, counters: &BackupCounters) -> Released {
         if self.gate != Some(joining) {
-            return Vec::new();
+            return Released::default();
         }
         self.gate = None;
         match self.gated_round.take() {
             Some(round) => self.complete(round, counters),
-            None => Vec::new(),
+            None => Released::default(),
         }
     }
 
@@ -488,18 +537,67 @@ mod tests {
         b.hold(4, vec![1]);
         assert_eq!(c.round_after_now(), 2);
         assert!(b.handle_ack(2, first.number, &c).is_none(), "an acknowledgement from a node that is not the backup");
-        assert!(b.handle_ack(1, first.number, &c).unwrap().is_empty(), "round 1 does not release it");
+        assert!(b.handle_ack(1, first.number, &c).unwrap().answers.is_empty(), "round 1 does not release it");
         assert!(c.completed(1) && !c.completed(2));
         let second = b.begin(vec![1], &c);
         b.hold(5, vec![2]);
         let released = b.handle_ack(1, second.number, &c).unwrap();
-        assert_eq!(released.iter().map(|h| h.origin).collect::<Vec<_>>(), vec![4]);
+        assert_eq!(released.answers.iter().map(|h| h.origin).collect::<Vec<_>>(), vec![4]);
         assert!(b.has_held());
         // A round with no backup completes at once and releases the rest.
         let third = b.begin(vec![], &c);
         assert!(b.under_way().is_none());
-        assert_eq!(b.complete(third.number, &c).len(), 1);
+        assert_eq!(b.complete(third.number, &c).answers.len(), 1);
         assert!(!b.has_held() && c.completed(3));
+    }
+
+    /// Only the completion that covers the round a node leaves with says so, once: its step
+    /// sends LEFT behind the answers it released.
+    #[test]
+    fn the_completion_of_the_last_round_is_told_once_to_the_step_that_completes_it() {
+        let (mut b, c) = (Backups::default(), BackupCounters::default());
+        let first = b.begin(vec![1], &c);
+        b.hold(4, vec![1]);
+        let last = b.begin(vec![1], &c);
+        b.set_last_round(last.number);
+        let released = b.handle_ack(1, first.number, &c).unwrap();
+        assert!(!released.last_round, "an earlier round");
+        let released = b.handle_ack(1, last.number, &c).unwrap();
+        assert!(released.last_round && released.answers.len() == 1);
+        let after = b.begin(vec![], &c);
+        assert!(!b.complete(after.number, &c).last_round, "told once");
+        assert!(b.handed_over(1), "the step that took the last answers sends LEFT");
+        assert!(!b.handed_over(0), "once");
+        // A later round's completion covers it too (one given up is never acknowledged).
+        let given_up = b.begin(vec![1], &c);
+        b.set_last_round(given_up.number);
+        assert!(b.give_up());
+        let next = b.begin(vec![1], &c);
+        assert!(b.handle_ack(1, next.number, &c).unwrap().last_round);
+        assert!(b.handed_over(0), "no answers: the completing step sends it");
+    }
+
+    /// LEFT waits for every step that took released answers to hand them over, including one
+    /// that completed an earlier round and is still on its way to the fabric.
+    #[test]
+    fn left_waits_for_answers_still_in_another_steps_hands() {
+        let (mut b, c) = (Backups::default(), BackupCounters::default());
+        let first = b.begin(vec![1], &c);
+        b.hold(4, vec![1]);
+        let last = b.begin(vec![1], &c);
+        b.set_last_round(last.number);
+        b.hold(5, vec![2]);
+        let earlier = b.handle_ack(1, first.number, &c).unwrap();
+        assert!(earlier.answers.is_empty() && !earlier.last_round);
+        let third = b.begin(vec![1], &c);
+        // One step completes the last round and takes its answer, another the round after
+        // it; the first to hand its output over does not send LEFT.
+        let at_last = b.handle_ack(1, last.number, &c).unwrap();
+        assert!(at_last.last_round && at_last.answers.len() == 1);
+        let after = b.handle_ack(1, third.number, &c).unwrap();
+        assert!(!after.last_round && after.answers.len() == 1);
+        assert!(!b.handed_over(1), "another step still holds answers");
+        assert!(b.handed_over(1), "the last one to hand them over sends LEFT");
     }
 
     #[test]
@@ -508,20 +606,20 @@ mod tests {
         b.hold(4, vec![1]);
         let first = b.begin(vec![1], &c);
         b.close_gate(2);
-        assert!(b.handle_ack(1, first.number, &c).unwrap().is_empty(), "gated");
+        assert!(b.handle_ack(1, first.number, &c).unwrap().answers.is_empty(), "gated");
         assert!(!c.completed(first.number));
-        assert!(b.open_gate(3, &c).is_empty(), "another node");
-        assert_eq!(b.open_gate(2, &c).len(), 1);
+        assert!(b.open_gate(3, &c).answers.is_empty(), "another node");
+        assert_eq!(b.open_gate(2, &c).answers.len(), 1);
         assert!(c.completed(first.number));
         // The joining node is lost instead: nothing completes until a later round.
         b.hold(4, vec![2]);
         let second = b.begin(vec![1], &c);
         b.close_gate(2);
-        assert!(b.handle_ack(1, second.number, &c).unwrap().is_empty());
+        assert!(b.handle_ack(1, second.number, &c).unwrap().answers.is_empty());
         b.handle_lost(2);
         assert!(!c.completed(second.number) && b.has_held());
         let third = b.begin(vec![1], &c);
-        assert_eq!(b.handle_ack(1, third.number, &c).unwrap().len(), 1);
+        assert_eq!(b.handle_ack(1, third.number, &c).unwrap().answers.len(), 1);
     }
 
     #[test]
@@ -555,7 +653,7 @@ mod tests {
         assert!(b.handle_ack(1, first.number, &c).is_none(), "node 1 again");
         assert!(b.handle_ack(3, first.number, &c).is_none(), "not a backup");
         assert!(!c.completed(first.number));
-        assert_eq!(b.handle_ack(2, first.number, &c).unwrap().len(), 1);
+        assert_eq!(b.handle_ack(2, first.number, &c).unwrap().answers.len(), 1);
         assert!(c.completed(first.number));
         // A backup that acknowledged and is then lost does not give the round up: the others'
         // acknowledgements complete it.
@@ -563,7 +661,7 @@ mod tests {
         let second = b.begin(vec![1, 2], &c);
         assert!(b.handle_ack(2, second.number, &c).is_none());
         assert!(!b.handle_lost(2), "node 2 acknowledged already");
-        assert_eq!(b.handle_ack(1, second.number, &c).unwrap().len(), 1);
+        assert_eq!(b.handle_ack(1, second.number, &c).unwrap().answers.len(), 1);
         // One still awaited is lost: the round is given up, and the next, to the new backups,
         // sends every image.
         b.hold(4, vec![3]);
@@ -574,7 +672,7 @@ mod tests {
         assert_eq!(b.sent_versions(0, 0, 2)[0], NEVER);
         let fourth = b.begin(vec![1, 0], &c);
         assert!(b.handle_ack(1, fourth.number, &c).is_none());
-        assert_eq!(b.handle_ack(0, fourth.number, &c).unwrap().len(), 1);
+        assert_eq!(b.handle_ack(0, fourth.number, &c).unwrap().answers.len(), 1);
     }
 
     #[test]
@@ -603,10 +701,10 @@ mod tests {
         assert!(b.handle_ack(1, second.number, &c).is_none());
         assert!(!c.completed(first.number));
         let released = b.handle_ack(1, first.number, &c).unwrap();
-        assert_eq!(released.iter().map(|h| h.origin).collect::<Vec<_>>(), vec![4, 5], "both rounds completed");
+        assert_eq!(released.answers.iter().map(|h| h.origin).collect::<Vec<_>>(), vec![4, 5], "both rounds completed");
         assert!(c.completed(second.number));
         for round in &more {
-            assert_eq!(b.handle_ack(1, round.number, &c).unwrap().len(), 1);
+            assert_eq!(b.handle_ack(1, round.number, &c).unwrap().answers.len(), 1);
         }
         assert!(b.under_way().is_none());
         // A worker's wanted round is due like a held answer, and a round given up covers
@@ -617,7 +715,7 @@ mod tests {
         assert!(b.give_up());
         assert!(b.round_due(&targets, &c) && b.handle_ack(1, third.number, &c).is_none());
         let fourth = b.begin(vec![1], &c);
-        assert_eq!(b.handle_ack(1, fourth.number, &c).unwrap().len(), 1, "the answer held for the third round");
+        assert_eq!(b.handle_ack(1, fourth.number, &c).unwrap().answers.len(), 1, "the answer held for the third round");
         assert!(!b.round_due(&targets, &c) && c.wanted_round().is_none());
     }
 }

@@ -3,7 +3,7 @@
 //! adoption of a lost node's images.
 
 use super::wire::{self as backup_wire, ImageWriter, decode_ack, decode_backup};
-use super::{Backups, HeldAnswer, Origin, RoundStart};
+use super::{Backups, Origin, Released, RoundStart};
 use crate::error::{Error, Result};
 use crate::protocol::Step;
 use crate::stats::MessageKind;
@@ -20,6 +20,12 @@ impl Step<'_, '_> {
     /// due (see [`Step::begin_backup_round_if_due`]): checked under the same lock that begins
     /// the round, so two threads never begin the same round.
     pub fn begin_backup_round(&mut self, only_if_due: bool) -> Option<RoundStart> {
+        self.begin_round(only_if_due, false)
+    }
+
+    /// [`Step::begin_backup_round`]; `last`: the round this node leaves with (the step that
+    /// completes it sends LEFT, see [`Released`]).
+    pub(crate) fn begin_round(&mut self, only_if_due: bool, last: bool) -> Option<RoundStart> {
         self.post_hand_overs();
         let core = self.core;
         let dir = core.directory();
@@ -29,6 +35,9 @@ impl Step<'_, '_> {
             return None;
         }
         let start = backups.begin(targets, core.backup_counters());
+        if last {
+            backups.set_last_round(start.number);
+        }
         let full = backups.take_full();
         if start.targets.is_empty() {
             let released = backups.complete(start.number, core.backup_counters());
@@ -218,11 +227,13 @@ impl Step<'_, '_> {
         }
     }
 
-    /// Sends held answers on.
-    pub(crate) fn release_held(&mut self, released: Vec<HeldAnswer>) {
+    /// Sends held answers on (LEFT, when the round this node leaves with completed, waits for
+    /// the driver to hand them over: [`Step::handed_over`]).
+    pub(crate) fn release_held(&mut self, released: Released) {
         self.tx.touch_backup();
+        self.note_released(!released.answers.is_empty(), released.last_round);
         let dir = self.directory();
-        for held in released {
+        for held in released.answers {
             if dir.is_lost(held.origin) {
                 continue;
             }
@@ -231,6 +242,9 @@ impl Step<'_, '_> {
         }
         // The round may also have carried the last images of keys handed over.
         self.post_hand_overs();
+        if released.last_round {
+            self.send_left();
+        }
     }
 
     /// Holds an encoded RESPONSE to a write (push, set, push-pull) until a round that begins

@@ -91,11 +91,7 @@ impl Step<'_, '_> {
             // Items for the keys just settled go where the census put them.
             let held = core.census().lock().take_held_accesses();
             for message in held {
-                match self.handle_access(rank, &message[4..], 0) {
-                    Ok(None) => {}
-                    Ok(Some(_)) => tracing::error!(node = rank, "an item held during the census could not be routed without other shards"),
-                    Err(e) => tracing::error!(node = rank, "an item held during the census could not be routed: {e}"),
-                }
+                self.route_access_here(&message[4..], "an item held during the census");
             }
             census = core.census().lock();
             census.note_done(rank);

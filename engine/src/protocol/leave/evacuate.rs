@@ -34,6 +34,7 @@ use crate::protocol::wire::{self, Move, MoveItem, msg};
 use crate::protocol::{Progress, Step};
 use crate::stats::MessageKind;
 use crate::util::FastSet;
+use std::sync::atomic::Ordering;
 
 impl Step<'_, '_> {
     /// On a node leaving a cluster that relocates keys (every shard held): gives
@@ -79,7 +80,7 @@ impl Step<'_, '_> {
             core.departures().lock().still_given_back(|table, key| store.table(table).slot_of(key).is_some())
         };
         let handing = core.backups().lock().leaving().next().is_some();
-        let writing = core.writes_out().load(std::sync::atomic::Ordering::Acquire) > 0;
+        let writing = core.writes_out().load(Ordering::Acquire) > 0;
         !(held_elsewhere || arriving || handing || writing)
     }
 
@@ -160,13 +161,15 @@ impl Step<'_, '_> {
     /// departure's held forwards ([`Step::hold_forward`]).
     pub(crate) fn forwards_held_for(&self, home: u16) -> bool {
         let dir = self.directory();
-        self.core.settings().relocation && home != dir.rank() && (dir.departing() == Some(home) || self.core.departures().lock().holds_forwards())
+        self.core.settings().relocation && home != dir.rank() && (dir.departing() == Some(home) || self.core.forwards_held().load(Ordering::Acquire))
     }
 
     /// Holds a forwarded ACCESS (`message`, length-prefixed) until the census after the
     /// departure current here is over.
     pub(crate) fn hold_forward(&mut self, message: Vec<u8>) {
-        self.core.departures().lock().hold_forward(message);
+        let mut departures = self.core.departures().lock();
+        departures.hold_forward(message);
+        self.core.forwards_held().store(true, Ordering::Release);
     }
 
     /// The census after a departure (or a loss) ended here (every shard held): the forwards
@@ -175,7 +178,11 @@ impl Step<'_, '_> {
     /// departed node passed on before it left must reach the stand-in first, and the census
     /// ends only once every survivor had everything the departed node sent it.
     pub(crate) fn release_held_forwards(&mut self) {
-        let held = self.core.departures().lock().take_held_forwards();
+        let held = {
+            let mut departures = self.core.departures().lock();
+            self.core.forwards_held().store(false, Ordering::Release);
+            departures.take_held_forwards()
+        };
         let dir = self.directory();
         let rank = dir.rank();
         for message in held {
@@ -193,11 +200,7 @@ impl Step<'_, '_> {
                 continue;
             }
             if home == rank {
-                match self.handle_access(rank, body, 0) {
-                    Ok(None) => {}
-                    Ok(Some(_)) => tracing::error!(node = rank, key, "a held item for a key homed here could not be routed without other shards"),
-                    Err(e) => tracing::error!(node = rank, key, "a held item for a key homed here could not be routed: {e}"),
-                }
+                self.route_access_here(body, "a held item for a key homed here");
                 continue;
             }
             self.tx.buf(home).extend_from_slice(&message);

@@ -443,7 +443,7 @@ impl Step<'_, '_> {
             return Ok(Progress::Yield { at: 0, item: 0 });
         }
         let released = self.core.backups().lock().open_gate(joined, self.core.backup_counters());
-        if !released.is_empty() {
+        if !released.answers.is_empty() || released.last_round {
             self.release_held(released);
         }
         self.begin_backup_round_if_due();

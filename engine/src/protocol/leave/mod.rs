@@ -297,11 +297,6 @@ impl Departures {
         self.held_forwards.push(message);
     }
 
-    /// Whether forwards are held (later ones queue behind them).
-    pub fn holds_forwards(&self) -> bool {
-        !self.held_forwards.is_empty()
-    }
-
     /// The forwards held for a departure that is over.
     pub fn take_held_forwards(&mut self) -> Vec<Vec<u8>> {
         std::mem::take(&mut self.held_forwards)
@@ -312,11 +307,6 @@ impl Departures {
         if let Some(own) = &mut self.own {
             own.final_round = Some(round);
         }
-    }
-
-    /// The round that hands the keys over, if begun and LEFT is not out yet.
-    pub fn final_round_pending(&self) -> Option<u32> {
-        self.own.as_ref().filter(|o| !o.left).and_then(|o| o.final_round)
     }
 
     /// LEFT went out.
@@ -402,9 +392,9 @@ mod tests {
         assert!(!d.wants_final_round(1, |_| true), "a live node 3 must answer");
         d.set_final_round(7);
         assert!(!d.wants_final_round(1, |n| n != 3), "begun once");
-        assert_eq!(d.final_round_pending(), Some(7));
+        assert!(d.handing_over() && !d.evacuating() && !d.has_left());
         d.mark_left();
-        assert!(d.has_left() && d.final_round_pending().is_none());
+        assert!(d.has_left() && d.handing_over());
         assert!(!Departures::default().note_ready(0), "READY to a node that did not ask");
     }
 }

@@ -26,6 +26,7 @@ impl Step<'_, '_> {
             return Err(Error::Config(format!("this node (rank {coordinator}) coordinates barriers and departures and cannot leave; any other node can")));
         }
         if core.departures().lock().ask(dir.nodes()) {
+            core.asked_to_leave().store(true, std::sync::atomic::Ordering::Release);
             let bytes = encode(self.tx.buf(coordinator), msg::LEAVE_ASK, dir.rank());
             self.tx.sent(coordinator, MessageKind::Membership, bytes);
             // With relocation: the keys of other homes start going back now.
@@ -272,8 +273,9 @@ impl Step<'_, '_> {
     }
 
     /// On a leaving node: begins the round that hands the keys over once every live peer is
-    /// ready (or after the round under way, which may have read keys before the last writes),
-    /// and sends LEFT once that round is acknowledged — behind the answers it released.
+    /// ready (or after the round under way, which may have read keys before the last writes);
+    /// the step that completes that round sends LEFT behind the answers it released
+    /// ([`Step::send_left`]).
     ///
     /// With relocation, the round waits until this node gave back every key of another home
     /// and nothing is on its way here or from here (`evacuate.rs`); that takes every shard, so
@@ -281,21 +283,34 @@ impl Step<'_, '_> {
     pub(crate) fn advance_leave(&mut self) {
         let core = self.core;
         let dir = core.directory();
-        if core.settings().relocation && core.departures().lock().evacuating() && !(self.try_acquire(self.all_shards()) && self.evacuate()) {
+        if core.settings().relocation && core.departures().lock().evacuating() {
+            if !self.try_acquire(self.all_shards()) {
+                return;
+            }
+            // Again under every shard: another step may have begun the last round meanwhile.
+            if core.departures().lock().evacuating() && !self.evacuate() {
+                return;
+            }
+        }
+        let live = |n| !dir.is_lost(n);
+        if !core.departures().lock().wants_final_round(dir.rank(), live) {
             return;
         }
-        let mut departures = core.departures().lock();
-        if departures.wants_final_round(dir.rank(), |n| !dir.is_lost(n))
-            && let Some(start) = self.begin_backup_round(false)
-        {
-            departures.set_final_round(start.number);
-        }
-        let Some(round) = departures.final_round_pending() else { return };
-        if !core.backup_counters().completed(round) {
+        // Under every shard, so that one step begins it: the round may complete (and send
+        // LEFT, which takes the departures lock) before `begin_round` returns.
+        if !self.try_acquire(self.all_shards()) || !core.departures().lock().wants_final_round(dir.rank(), live) {
             return;
         }
-        departures.mark_left();
-        drop(departures);
+        if let Some(start) = self.begin_round(false, true) {
+            core.departures().lock().set_final_round(start.number);
+        }
+    }
+
+    /// The round this node leaves with completed, and this step sent the answers it released
+    /// (see `protocol::backup::Released`): LEFT goes out behind them.
+    pub(crate) fn send_left(&mut self) {
+        let dir = self.directory();
+        self.core.departures().lock().mark_left();
         tracing::info!(node = dir.rank(), "keys handed over; this node leaves the cluster");
         let incarnation = dir.incarnation(dir.rank());
         self.send_to_live(&[], MessageKind::Membership, |out| encode_left(out, dir.rank(), incarnation));
