@@ -144,7 +144,7 @@ fn leave_trial(seed: u64, quick: bool, relocation: bool) -> Result<(Trial, Strin
     // start), and the pushers go on for `after` once it was handed over.
     let pushed = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
-    let (results, leave_span, join) = std::thread::scope(|s| -> Result<_> {
+    let outcome = std::thread::scope(|s| -> Result<_> {
         let mut pushers = Vec::new();
         for (i, node) in cluster.iter().enumerate() {
             let mut w = node.worker();
@@ -204,7 +204,14 @@ fn leave_trial(seed: u64, quick: bool, relocation: bool) -> Result<(Trial, Strin
         stop.store(true, Ordering::Release);
         let results: Vec<_> = pushers.into_iter().map(|p| p.join().expect("a pusher panicked")).collect::<Result<_>>()?;
         Ok((results, (began, handed, ended), Some((join_began, join_ended, joined))))
-    })?;
+    });
+    // A request that reached the leaver after a peer's READY breaks the cut (see
+    // `protocol::leave`): said with whatever else went wrong, and a failure by itself.
+    let late = leaver.stats().backups.requests_after_ready;
+    let (results, leave_span, join) = outcome.with_context(|| format!("the leaver got {late} requests after a peer's READY"))?;
+    if late > 0 {
+        bail!("the leaver got {late} requests after a peer's READY");
+    }
     let (began, handed, ended) = leave_span;
     let join_span = join.as_ref().map(|&(b, e, _)| (b, e));
     let mut expected = vec![0u32; KEYS as usize];

@@ -133,6 +133,12 @@ impl Collector for NodeCollector {
             "keys of other homes this node gave back as it left a cluster that relocates keys",
             s.backups.keys_given_back,
         )?;
+        counter(
+            &mut e,
+            "ferry_leave_requests_after_ready",
+            "requests this node got as it left from a peer after that peer's READY (a fault if not 0)",
+            s.backups.requests_after_ready,
+        )?;
         counter(&mut e, "ferry_writes_dropped", "writes of this node's workers that a node's loss failed and that they dropped", s.backups.writes_dropped)?;
         // The send queues' depths (both fabrics keep a queue per peer).
         let depths: Vec<(String, f64)> = (0..config.nodes)

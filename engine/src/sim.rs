@@ -2026,6 +2026,12 @@ impl Sim {
         if let Some(node) = self.opts.leave.filter(|&n| !self.nodes[n].left && self.nodes[n].incarnation == 0) {
             return Err(format!("node {node} never left ({:?}: asked, left)", self.nodes[node].core.leave_state()));
         }
+        if let Some(node) = self.opts.leave.filter(|&n| self.nodes[n].core.backup_counters().requests_after_ready() > 0) {
+            return Err(format!(
+                "node {node} got {} requests as it left from peers after their READY",
+                self.nodes[node].core.backup_counters().requests_after_ready()
+            ));
+        }
         if let Some(node) = Self::rejoiner_of(&self.opts).filter(|&n| self.opts.leave.is_none() && self.nodes[n].incarnation == 0) {
             return Err(format!("node {node} crashed and no fresh node took its rank"));
         }

@@ -213,11 +213,23 @@ pub struct BackupStats {
     /// Keys of other homes this node gave back to them before it left a cluster that
     /// relocates keys ([`crate::Node::leave`]).
     pub keys_given_back: u64,
+    /// Requests this node got, as it left, from a peer after that peer's READY, other than
+    /// those a home passed on for a key this node still held: none should come (the cut, see
+    /// `Node::leave`), so anything but 0 is a fault worth reporting.
+    pub requests_after_ready: u64,
 }
 
 impl BackupStats {
-    fn counters(&mut self) -> [&mut u64; 6] {
-        [&mut self.rounds, &mut self.images_sent, &mut self.keys_adopted, &mut self.writes_dropped, &mut self.keys_handed, &mut self.keys_given_back]
+    fn counters(&mut self) -> [&mut u64; 7] {
+        [
+            &mut self.rounds,
+            &mut self.images_sent,
+            &mut self.keys_adopted,
+            &mut self.writes_dropped,
+            &mut self.keys_handed,
+            &mut self.keys_given_back,
+            &mut self.requests_after_ready,
+        ]
     }
 }
 

@@ -209,6 +209,19 @@ impl Step<'_, '_> {
             // Its operation failed there already; whether it took effect is unknown either way.
             return Ok(None);
         }
+        if start == 0
+            && a.flags & FLAG_FORWARDED == 0
+            && from != dir.rank()
+            && self.core.asked_to_leave().load(std::sync::atomic::Ordering::Acquire)
+            && self.core.departures().lock().ready_from(from)
+        {
+            // The cut says no request follows a peer's READY to a leaving node: counted, so
+            // that tests and the metrics see it (it is served as any). A home passing on a
+            // request for a key this node still holds is not one: the key's hand-over, which it
+            // would wait for, comes behind it on the same link.
+            self.core.backup_counters().note_request_after_ready();
+            tracing::warn!(node = dir.rank(), peer = from, "a request came from a peer after its READY to this leaving node");
+        }
         let stop = self.serve_local(&a, start);
         if stop == a.count {
             return Ok(None);

@@ -386,8 +386,17 @@ impl Step<'_, '_> {
         // Whether any key of this node's started arriving since the operation's local pass: if
         // not, rows found elsewhere then are elsewhere still, and need no second look.
         let unchanged = self.core.arrivals() == epoch;
+        let mut deferred = Rows::default();
         for group in chunk {
-            self.route_rows(req, op, kind, table, group, unchanged, keys, input, caller.as_deref_mut());
+            let held = self.route_rows(req, op, kind, table, group, unchanged, keys, input, caller.as_deref_mut());
+            held.iter().for_each(|row| deferred.push(row));
+        }
+        if !deferred.is_empty() {
+            // Rows whose route, looked at again here, led to a node on its way out: they wait
+            // as the paused ones do, planned for this node so that their route is looked at
+            // again when they go.
+            groups.push_front(Group::new(dir.rank(), 0, deferred, keys));
+            req.paused = true;
         }
         let more = !groups.is_empty();
         if more {
@@ -426,12 +435,12 @@ impl Step<'_, '_> {
         keys: &[u64],
         input: &[f32],
         mut caller: Option<&mut [f32]>,
-    ) {
+    ) -> Rows {
         let rank = self.directory().rank();
         let t = self.core.store().table(table);
         let group = match self.look_at_replicas(req, op, kind, table, &group.rows, keys, input, caller.as_deref_mut()) {
             None => group,
-            Some(left) if left.is_empty() => return,
+            Some(left) if left.is_empty() => return Rows::default(),
             Some(left) => Group::new(group.dest, group.flags, left, keys),
         };
         let Group { dest, flags, rows, keys_run } = group;
@@ -466,9 +475,7 @@ impl Step<'_, '_> {
                 }
             }
         }
-        if !own.is_empty() {
-            self.route_each(req, op, kind, table, own, keys, input, caller);
-        }
+        if own.is_empty() { Rows::default() } else { self.route_each(req, op, kind, table, own, keys, input, caller) }
     }
 
     /// Looks at rows about to be sent for this node's run-time replicas (intent), under their
@@ -555,6 +562,9 @@ impl Step<'_, '_> {
 
     /// Routes rows one by one (their shards held): serves those that became local, queues those
     /// arriving here, forwards those homed here to their owner, sends the rest to their home.
+    /// Returns the rows whose route leads to a node on its way out: the cut behind this node's
+    /// READY (see `protocol::leave`) holds for them as for rows planned for that node, so they
+    /// wait, unsent.
     #[allow(clippy::too_many_arguments)]
     fn route_each(
         &mut self,
@@ -566,9 +576,11 @@ impl Step<'_, '_> {
         keys: &[u64],
         input: &[f32],
         mut caller: Option<&mut [f32]>,
-    ) {
+    ) -> Rows {
         let dir = self.directory();
         let rank = dir.rank();
+        let leaving = dir.departing().filter(|&node| node != rank);
+        let mut deferred = Rows::default();
         let store = self.core.store();
         let value_len = store.table(table).value_len();
         let mut groups: Vec<(u16, u8, Rows)> = Vec::new();
@@ -623,6 +635,7 @@ impl Step<'_, '_> {
                 Ok((home, 0))
             };
             match route.and_then(|(dest, flags)| if dir.is_lost(dest) { Err(dir.lost_error(dest)) } else { Ok((dest, flags)) }) {
+                Ok((dest, _)) if Some(dest) == leaving => deferred.push(row),
                 Ok((dest, flags)) => add_to_group(&mut groups, dest, flags, row),
                 Err(e) => req.fail_rows(op, std::iter::once(row), &e),
             }
@@ -644,6 +657,7 @@ impl Step<'_, '_> {
                 rest = after;
             }
         }
+        deferred
     }
 
     /// Encodes one part of `op` for `dest` as one ACCESS (`keys_run`: its keys are known to be

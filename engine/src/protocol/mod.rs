@@ -491,6 +491,7 @@ impl Core {
             writes_dropped: b.writes_dropped(),
             keys_handed: b.keys_handed(),
             keys_given_back: b.keys_given_back(),
+            requests_after_ready: b.requests_after_ready(),
         };
         s.relocation_time = crate::stats::Latency::of(&relocation);
         s.blocking_time = crate::stats::Latency::of(&blocking);

@@ -77,6 +77,7 @@ pub struct BackupCounters {
     dropped: AtomicU64,
     handed: AtomicU64,
     given_back: AtomicU64,
+    after_ready: AtomicU64,
 }
 
 /// Whether round `a` comes after round `b` (round numbers wrap: "after" is a difference below
@@ -140,6 +141,15 @@ impl BackupCounters {
 
     pub(crate) fn note_given_back(&self, keys: usize) {
         self.given_back.fetch_add(keys as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn note_request_after_ready(&self) {
+        self.after_ready.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests a leaving node got from a peer after that peer's READY (none should come).
+    pub fn requests_after_ready(&self) -> u64 {
+        self.after_ready.load(Ordering::Relaxed)
     }
 
     /// Keys of other homes given back on the way out of a cluster that relocates keys.

@@ -229,6 +229,11 @@ impl Departures {
         self.queue.front().copied()
     }
 
+    /// Whether `from`'s LEAVE_READY came (this node asked to leave).
+    pub fn ready_from(&self, from: u16) -> bool {
+        self.own.as_ref().and_then(|o| o.ready.get(from as usize)).copied().unwrap_or(false)
+    }
+
     /// LEAVE_READY from `from`; false when this node did not ask to leave.
     pub fn note_ready(&mut self, from: u16) -> bool {
         match self.own.as_mut().and_then(|o| o.ready.get_mut(from as usize)) {
