@@ -23,8 +23,8 @@ impl Step<'_, '_> {
         self.begin_round(only_if_due, false)
     }
 
-    /// [`Step::begin_backup_round`]; `last`: the round this node leaves with (the step that
-    /// completes it sends LEFT, see [`Released`]).
+    /// [`Step::begin_backup_round`]; `last`: the round this node leaves with (LEFT follows its
+    /// completion, see [`Released`]).
     pub(crate) fn begin_round(&mut self, only_if_due: bool, last: bool) -> Option<RoundStart> {
         self.post_hand_overs();
         let core = self.core;
@@ -242,9 +242,6 @@ impl Step<'_, '_> {
         }
         // The round may also have carried the last images of keys handed over.
         self.post_hand_overs();
-        if released.last_round {
-            self.send_left();
-        }
     }
 
     /// Holds an encoded RESPONSE to a write (push, set, push-pull) until a round that begins

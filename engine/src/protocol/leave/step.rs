@@ -274,8 +274,8 @@ impl Step<'_, '_> {
 
     /// On a leaving node: begins the round that hands the keys over once every live peer is
     /// ready (or after the round under way, which may have read keys before the last writes);
-    /// the step that completes that round sends LEFT behind the answers it released
-    /// ([`Step::send_left`]).
+    /// LEFT goes out once that round completed and every answer released is handed to the
+    /// fabric ([`Step::send_left`], from [`Step::handed_over`]).
     ///
     /// With relocation, the round waits until this node gave back every key of another home
     /// and nothing is on its way here or from here (`evacuate.rs`); that takes every shard, so
@@ -306,11 +306,17 @@ impl Step<'_, '_> {
         }
     }
 
-    /// The round this node leaves with completed, and this step sent the answers it released
-    /// (see `protocol::backup::Released`): LEFT goes out behind them.
+    /// The round this node leaves with completed, and no step holds answers released for it
+    /// any more (see `protocol::backup::Released`): LEFT goes out, once.
     pub(crate) fn send_left(&mut self) {
         let dir = self.directory();
-        self.core.departures().lock().mark_left();
+        {
+            let mut departures = self.core.departures().lock();
+            if departures.has_left() {
+                return;
+            }
+            departures.mark_left();
+        }
         tracing::info!(node = dir.rank(), "keys handed over; this node leaves the cluster");
         let incarnation = dir.incarnation(dir.rank());
         self.send_to_live(&[], MessageKind::Membership, |out| encode_left(out, dir.rank(), incarnation));
