@@ -168,9 +168,15 @@ fn target(seed: u64) -> Target {
 
 /// Discards a step's frames and completes its writes at once.
 fn drain(step: &mut crate::protocol::Step<'_, '_>) {
-    while step.transmit().poll_transmit().is_some() {}
-    while let Some(w) = step.transmit().poll_write() {
-        let _ = step.handle_write_done(w.wr_id, Ok(()));
+    loop {
+        while step.transmit().poll_transmit().is_some() {}
+        while let Some(w) = step.transmit().poll_write() {
+            let _ = step.handle_write_done(w.wr_id, Ok(()));
+        }
+        // As a driver does: what LEFT adds is handed over too.
+        if !step.handed_over() {
+            break;
+        }
     }
 }
 

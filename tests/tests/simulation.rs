@@ -594,8 +594,6 @@ fn a_node_that_leaves_loses_nothing() {
         leave_in(&mut o, seed);
         let report = run_and_check(o).unwrap_or_else(|f| panic!("leave configuration: {f}"));
         adopted += report.stats.iter().map(|s| s.backups.keys_adopted).sum::<u64>();
-        let late: u64 = report.stats.iter().map(|s| s.backups.requests_after_ready).sum();
-        assert_eq!(late, 0, "seed {seed}: the leaver got {late} requests after a peer's READY");
         runs += 1;
     }
     // Not vacuous: successors took keys over.
@@ -620,8 +618,6 @@ fn a_node_that_leaves_a_relocating_cluster_loses_nothing() {
         let report = run_and_check(o).unwrap_or_else(|f| panic!("leave configuration: {f}"));
         adopted += report.stats.iter().map(|s| s.backups.keys_adopted).sum::<u64>();
         given_back += report.stats.iter().map(|s| s.backups.keys_given_back).sum::<u64>();
-        let late: u64 = report.stats.iter().map(|s| s.backups.requests_after_ready).sum();
-        assert_eq!(late, 0, "seed {seed}: the leaver got {late} requests after a peer's READY");
         runs += 1;
     }
     // Not vacuous: leavers gave keys back, and the census placed keys from the images the

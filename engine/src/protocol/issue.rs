@@ -12,7 +12,7 @@ use super::Step;
 use super::directory::SHARD_BLOCK_BITS;
 use super::requester::{OpId, OpKind, Output, Requester, Unsent};
 use super::rows::Rows;
-use super::shard::{Countdown, DeadlineKind, Queued, Transit, Waiters};
+use super::shard::{Countdown, Queued, Waiters};
 use super::wire::{self, AccessHeader, AccessKind, BlockKeys, FLAG_DIRECT, FLAG_FORWARDED, FLAG_RUN, MoveItem};
 use crate::config::Partitioning;
 use crate::error::{Error, Result};
@@ -710,7 +710,6 @@ impl Step<'_, '_> {
             return Err(Error::Protocol("an operation was issued on a step that already holds shard locks".into()));
         }
         let (rank, now) = (dir.rank(), self.now);
-        let deadline_after = self.core.settings().op_timeout_ns;
         let op = req.begin(OpKind::Localize, table, meta.value_len, 0, 0, Output::None, None, ticket, now, dir.losses());
         // Set to the number of keys waited for before the locks go: no key can land earlier.
         let left: Countdown = Arc::new(AtomicUsize::new(0));
@@ -749,30 +748,8 @@ impl Step<'_, '_> {
                     continue;
                 }
             };
-            let to = t.remote_addr(slot.index());
-            let shard = self.shard_of(table, key);
-            let resv = shard.allocate_resv();
-            let generation = shard.next_generation();
-            shard.reservations.insert(resv, (table, key));
-            shard.transits.insert(
-                (table, key),
-                Transit {
-                    slot: Some(slot),
-                    queue: Vec::new(),
-                    waiters: Waiters::one((op, left.clone())),
-                    started: now,
-                    suspect: None,
-                    suspect_since: 0,
-                    abandoned: false,
-                    generation,
-                    granted,
-                },
-            );
-            let deadline = now.saturating_add(deadline_after);
-            shard.push_deadline((deadline, table, key, generation, DeadlineKind::Stuck));
-            self.tx.note_deadline(deadline);
-            store.lock(table, key).set_arriving(true);
-            groups[home as usize].push(MoveItem { key, resv, to });
+            let item = self.open_transit(table, key, slot, Waiters::one((op, left.clone())), granted);
+            groups[home as usize].push(item);
             waiting += 1;
         }
         // Keys marked arriving are those a move was requested for.

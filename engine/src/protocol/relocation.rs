@@ -720,6 +720,26 @@ impl Step<'_, '_> {
         Some((key, transit))
     }
 
+    /// Opens the transit of `key` of `table` into `slot` (the key's shard held, no transit of
+    /// it open): records the reservation, arms the deadline after which the move counts as
+    /// stuck and marks the key arriving. Returns the item a LOCALIZE asks its home for.
+    pub(super) fn open_transit(&mut self, table: u16, key: u64, slot: Reserved, waiters: Waiters, granted: bool) -> MoveItem {
+        let core = self.core;
+        let to = core.store().table(table).remote_addr(slot.index());
+        let (now, deadline) = (self.now, self.now.saturating_add(core.settings().op_timeout_ns));
+        let shard = self.shard_of(table, key);
+        let resv = shard.allocate_resv();
+        let generation = shard.next_generation();
+        shard.reservations.insert(resv, (table, key));
+        let transit =
+            Transit { slot: Some(slot), queue: Vec::new(), waiters, started: now, suspect: None, suspect_since: 0, abandoned: false, generation, granted };
+        shard.transits.insert((table, key), transit);
+        shard.push_deadline((deadline, table, key, generation, DeadlineKind::Stuck));
+        self.tx.note_deadline(deadline);
+        core.store().lock(table, key).set_arriving(true);
+        MoveItem { key, resv, to }
+    }
+
     /// Asks `home` (possibly this node) to move `items` of `table` here.
     pub(super) fn request_move(&mut self, home: u16, table: u16, items: &[MoveItem], flags: u8) {
         let rank = self.directory().rank();

@@ -48,6 +48,18 @@ pub struct Step<'c, 't> {
     completed_last_round: bool,
 }
 
+/// A step that took released answers and was dropped without [`Step::handed_over`] would count
+/// as holding them for ever, and a node leaving would never send LEFT: a driver's mistake,
+/// caught here in debug builds.
+impl Drop for Step<'_, '_> {
+    fn drop(&mut self) {
+        debug_assert!(
+            std::thread::panicking() || (self.released == 0 && !self.completed_last_round),
+            "a step that released backed-up answers was dropped before its driver called handed_over"
+        );
+    }
+}
+
 impl<'c, 't> Step<'c, 't> {
     pub(crate) fn new(core: &'c Core, tx: &'t mut Transmit, now: u64) -> Step<'c, 't> {
         Step { core, tx, guards: (0..core.directory().shards()).map(|_| None).collect(), held: 0, now, released: 0, completed_last_round: false }

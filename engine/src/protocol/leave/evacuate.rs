@@ -29,7 +29,7 @@
 //!    for the leaver's own LEFT: a relayed one may overtake the last writes the leaver sent.
 
 use crate::error::{Error, Result};
-use crate::protocol::shard::{DeadlineKind, Transit, Waiters};
+use crate::protocol::shard::Waiters;
 use crate::protocol::wire::{self, Move, MoveItem, msg};
 use crate::protocol::{Progress, Step};
 use crate::stats::MessageKind;
@@ -103,7 +103,6 @@ impl Step<'_, '_> {
         let core = self.core;
         let store = core.store();
         let rank = dir.rank();
-        let (now, deadline_after) = (self.now, core.settings().op_timeout_ns);
         let t = store.table(m.table);
         let mut items = Vec::new();
         for i in 0..m.count {
@@ -124,29 +123,7 @@ impl Step<'_, '_> {
                     continue;
                 }
             };
-            let to = t.remote_addr(slot.index());
-            let resv = shard.allocate_resv();
-            let generation = shard.next_generation();
-            shard.reservations.insert(resv, (m.table, key));
-            shard.transits.insert(
-                (m.table, key),
-                Transit {
-                    slot: Some(slot),
-                    queue: Vec::new(),
-                    waiters: Waiters::default(),
-                    started: now,
-                    suspect: None,
-                    suspect_since: 0,
-                    abandoned: false,
-                    generation,
-                    granted: false,
-                },
-            );
-            let deadline = now.saturating_add(deadline_after);
-            shard.push_deadline((deadline, m.table, key, generation, DeadlineKind::Stuck));
-            self.tx.note_deadline(deadline);
-            store.lock(m.table, key).set_arriving(true);
-            items.push(MoveItem { key, resv, to });
+            items.push(self.open_transit(m.table, key, slot, Waiters::default(), false));
         }
         if !items.is_empty() {
             core.note_arrival();
