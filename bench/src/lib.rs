@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod cluster;
 pub mod data;
+mod dynamic;
 pub mod failover;
 mod leave;
 pub mod micro;

@@ -87,7 +87,7 @@ impl Only {
 fn wants_cluster(only: &Only) -> bool {
     let remote = REMOTE_LENS.iter().flat_map(|&len| ["remote_pull", "remote_push"].map(|b| (b, json!({"value_len": len, "keys": 1}))));
     let batched = BATCHES.iter().flat_map(|&(keys, len)| ["batched_push", "batched_pull"].map(|b| (b, json!({"keys": keys, "value_len": len}))));
-    remote.chain(batched).any(|(b, c)| only.wants(b, &c)) || only.wants(crate::stages::BENCH, &crate::stages::config())
+    remote.chain(batched).any(|(b, c)| only.wants(b, &c)) || only.wants(crate::stages::BENCH, &crate::stages::config()) || crate::dynamic::wants_cluster(only)
 }
 
 /// Runs the whole micro benchmark: local figures in this process, remote ones in a 2-process
@@ -98,6 +98,7 @@ pub fn run_driver(quick: bool, json: bool, only: &Only, repeat: usize) -> Result
     let mut records = Vec::new();
     for _ in 0..repeat {
         records.extend(local_benchmarks(quick, only)?);
+        records.extend(crate::dynamic::local(quick, only)?);
     }
     if wants_cluster(only) {
         let mut extra = vec!["--repeat".to_string(), repeat.to_string()];
@@ -212,6 +213,7 @@ pub fn run_node(quick: bool, only: &Only, repeat: usize) -> Result<()> {
     let mut tables: Vec<TableSpec> = REMOTE_LENS.iter().map(|&l| TableSpec::new(format!("remote{l}"), 1024, l)).collect();
     tables.push(TableSpec::new("bulk1", 2_000_000, 1));
     tables.push(TableSpec::new("bulk100", 600_000, 100));
+    tables.extend(crate::dynamic::cluster_tables());
     let mut config = Config::from_env(tables)?;
     config.max_message_bytes = 4 << 20;
     // Rank 1 waits in one barrier while rank 0 measures everything.
@@ -254,6 +256,11 @@ pub fn run_node(quick: bool, only: &Only, repeat: usize) -> Result<()> {
                     emit(batched(&mut worker, &mut client, table, keys, len, push, quick)?);
                 }
             }
+        }
+    }
+    if crate::dynamic::wants_cluster(only) {
+        for r in crate::dynamic::remote(&mut worker, &node, node.table("bulk1")?, quick, only)? {
+            emit(r);
         }
     }
     if stages {

@@ -251,7 +251,10 @@ pub unsafe extern "C" fn ferry_config_add_table(config: *mut FerryConfig, name: 
 /// `consistent:VIRTUAL_NODES`: consistent hashing, which moves few keys when the node count
 /// changes), `codec` (`f32`, `bf16`, `f16`, …: values on the wire), `feature_hashing` (`SEED` or
 /// `SEED:signed`: workers address the table by raw ids, any `uint64_t` or `ferry_feature_id`'s
-/// of a string, hashed into its keys), `key_cache_min` (a number; 0 is off), `replicate` (keys every
+/// of a string, hashed into its keys), `dynamic` (`CAPACITY`: workers address the table by raw
+/// ids, any `uint64_t`, each created when first touched; every node holds up to `CAPACITY` ids
+/// as their home, and the keys given to `ferry_config_add_table` are ignored), `init` (a dynamic
+/// table's initial values: `zeros`, `uniform:SCALE[:SEED]` or `normal:STD[:SEED]`), `key_cache_min` (a number; 0 is off), `replicate` (keys every
 /// node keeps a replica of: `FIRST-END` ranges, end exclusive, and single keys, comma-separated,
 /// e.g. `0-16,40`), `scratch` (`true`: left out of checkpoints) or `plan` (the path of a plan of
 /// `ferry partition`: every key homed at the node the plan names; the plan must be for the
@@ -276,6 +279,18 @@ pub unsafe extern "C" fn ferry_config_table_option(config: *mut FerryConfig, nam
             "plan" => {
                 let plan = ferry::copartition::Plan::read(std::path::Path::new(value)).map_err(|e| bad(e.to_string()))?;
                 *spec = spec.clone().placed(plan.placement);
+            }
+            "dynamic" => {
+                let capacity: u64 = value.trim().parse().map_err(|_| bad("not a number of keys per node".into()))?;
+                let init = spec.dynamic.map_or(ferry::dynamic::Init::Zeros, |d| d.init);
+                spec.dynamic = Some(ferry::dynamic::DynamicSpec { capacity, init, seed: 0 });
+                spec.keys = 0;
+            }
+            "init" => {
+                let Some(dynamic) = spec.dynamic.as_mut() else {
+                    return Err(bad("only a dynamic table has an initial value rule: set its dynamic option first".into()));
+                };
+                dynamic.init = value.parse().map_err(bad)?;
             }
             "key_cache_min" => spec.key_cache_min = value.trim().parse().map_err(|_| bad("not a number".into()))?,
             "scratch" => {
@@ -302,7 +317,7 @@ pub unsafe extern "C" fn ferry_config_table_option(config: *mut FerryConfig, nam
             }
             other => {
                 return Err(argument(format!(
-                    "table option '{other}': expected updater, partitioning, codec, feature_hashing, key_cache_min, replicate, scratch or plan"
+                    "table option '{other}': expected updater, partitioning, codec, feature_hashing, dynamic, init, key_cache_min, replicate, scratch or plan"
                 )));
             }
         }
@@ -977,7 +992,7 @@ mod tests {
     fn table_options_and_push_pull_through_the_c_functions() {
         let config = ferry_config_new();
         let c = |s: &str| CString::new(s).unwrap();
-        let (name, served, hashed) = (c("plain"), c("served"), c("hashed"));
+        let (name, served, hashed, ids) = (c("plain"), c("served"), c("hashed"), c("ids"));
         let option = |table: &CString, option: &str, value: &str| {
             let (option, value) = (c(option), c(value));
             // SAFETY: a live configuration and NUL-terminated strings.
@@ -989,6 +1004,13 @@ mod tests {
             assert_eq!(ferry_config_add_table(config, served.as_ptr(), 10, 2), FERRY_OK);
             assert_eq!(ferry_config_add_table(config, hashed.as_ptr(), 4, 1), FERRY_OK);
             assert_eq!(option(&hashed, "feature_hashing", "11:signed"), FERRY_OK, "{}", last_error());
+            assert_eq!(ferry_config_add_table(config, ids.as_ptr(), 0, 2), FERRY_OK);
+            assert_eq!(option(&ids, "init", "zeros"), FERRY_ERR_ARGUMENT, "an init rule before the table is dynamic");
+            assert!(last_error().contains("dynamic option first"), "{}", last_error());
+            assert_eq!(option(&ids, "dynamic", "eight"), FERRY_ERR_ARGUMENT);
+            assert_eq!(option(&ids, "dynamic", "8"), FERRY_OK, "{}", last_error());
+            assert_eq!(option(&ids, "init", "uniform:0.25:3"), FERRY_OK, "{}", last_error());
+            assert_eq!(option(&ids, "init", "gauss"), FERRY_ERR_ARGUMENT);
             for (o, v) in [("updater", "sgd:0.5"), ("partitioning", "consistent:32"), ("codec", "f32"), ("key_cache_min", "0"), ("scratch", "false")] {
                 assert_eq!(option(&served, o, v), FERRY_OK, "{o}={v}: {}", last_error());
             }
@@ -1028,6 +1050,14 @@ mod tests {
             let mut read = [0.0f32];
             assert_eq!(ferry_pull(worker, 2, [word].as_ptr(), 1, read.as_mut_ptr(), 1), FERRY_OK);
             assert_eq!(read, [-3.5]);
+            // A dynamic table takes any raw id: created when first touched, at its initial value.
+            let id = u64::MAX - 3;
+            assert_eq!(ferry_push(worker, 3, [id].as_ptr(), 1, [1.0f32, 2.0].as_ptr(), 2), FERRY_OK, "{}", last_error());
+            let mut two = [0.0f32; 2];
+            assert_eq!(ferry_pull(worker, 3, [id].as_ptr(), 1, two.as_mut_ptr(), 2), FERRY_OK, "{}", last_error());
+            let mut start = [0.0f32; 2];
+            ferry::dynamic::Init::Uniform { scale: 0.25, seed: 3 }.fill(id, &mut start);
+            assert_eq!(two, [start[0] + 1.0, start[1] + 2.0]);
             ferry_worker_free(worker);
             // A leave is refused on a node of one without backups, and the node stays usable.
             assert_eq!(ferry_node_leave(node), FERRY_ERR_CONFIG);

@@ -104,7 +104,8 @@ impl ElementType {
 pub struct TableSpec {
     /// Name used to look the table up.
     pub name: String,
-    /// Number of keys; keys are `0..keys`.
+    /// Number of keys; keys are `0..keys` (for a dynamic table, its slot keys: set when a node
+    /// starts, `capacity × nodes`).
     pub keys: u64,
     /// Elements per value.
     pub value_len: usize,
@@ -137,6 +138,10 @@ pub struct TableSpec {
     /// The explicit home of every key, with [`Partitioning::Placed`] (see
     /// [`TableSpec::placed`]); `None` otherwise.
     pub placement: Option<std::sync::Arc<crate::placement::Placement>>,
+    /// A dynamic table ([`TableSpec::dynamic`]): workers address it by raw ids, each mapped to
+    /// one of `keys` slot keys when first touched; `None` (the default) otherwise. See
+    /// [`crate::dynamic`].
+    pub dynamic: Option<crate::dynamic::DynamicSpec>,
 }
 
 impl TableSpec {
@@ -155,7 +160,27 @@ impl TableSpec {
             scratch: false,
             feature_hashing: None,
             placement: None,
+            dynamic: None,
         }
+    }
+
+    /// A dynamic table of `value_len` floats per value, addressed by raw ids (any `u64`) that
+    /// are created when first touched (see [`crate::dynamic`]): each node holds up to
+    /// `capacity` ids as their home, so the table has `capacity × nodes` slot keys (its `keys`
+    /// once the cluster starts). Values start at zeros ([`TableSpec::initialised`] changes it).
+    pub fn dynamic(name: impl Into<String>, value_len: usize, capacity: u64) -> TableSpec {
+        let mut spec = TableSpec::new(name, 0, value_len);
+        spec.dynamic = Some(crate::dynamic::DynamicSpec { capacity, init: crate::dynamic::Init::Zeros, seed: 0 });
+        spec
+    }
+
+    /// The same dynamic table with new ids' values starting as `init` says (no effect on a
+    /// table that is not dynamic).
+    pub fn initialised(mut self, init: crate::dynamic::Init) -> TableSpec {
+        if let Some(d) = &mut self.dynamic {
+            d.init = init;
+        }
+        self
     }
 
     /// The same table with `ranges` of keys replicated on every node (overlapping or unsorted
@@ -845,7 +870,35 @@ impl Config {
             if self.tables[..i].iter().any(|o| o.name == t.name) {
                 return bad(format!("table name '{}' is used twice", t.name));
             }
-            if t.keys == 0 || t.keys >= u32::MAX as u64 * 1024 {
+            if let Some(d) = &t.dynamic {
+                if d.capacity == 0 {
+                    return bad(format!("dynamic table '{}' has a capacity of 0 keys per node; it needs at least 1", t.name));
+                }
+                let keys = d.capacity.checked_mul(self.nodes as u64).filter(|&k| k < u32::MAX as u64 * 1024);
+                if keys.is_none() || (t.keys != 0 && Some(t.keys) != keys) {
+                    return bad(format!(
+                        "dynamic table '{}' holds {} keys per node on {} nodes; it needs fewer than {} in all",
+                        t.name,
+                        d.capacity,
+                        self.nodes,
+                        u32::MAX as u64 * 1024
+                    ));
+                }
+                let refused = if t.partitioning != Partitioning::Range {
+                    Some("a partitioning (its ids' homes are a hash of the id)")
+                } else if !t.replicated.is_empty() {
+                    Some("replicated ranges")
+                } else if t.feature_hashing.is_some() {
+                    Some("feature hashing (a dynamic table maps every id to a key of its own)")
+                } else if self.backups > 0 {
+                    Some("backups, so far (FERRY_BACKUPS=0: its index of ids would be lost with its node)")
+                } else {
+                    None
+                };
+                if let Some(what) = refused {
+                    return bad(format!("dynamic table '{}' cannot have {what}", t.name));
+                }
+            } else if t.keys == 0 || t.keys >= u32::MAX as u64 * 1024 {
                 return bad(format!("table '{}' has {} keys; it needs 1..{}", t.name, t.keys, u32::MAX as u64 * 1024));
             }
             if let Some(r) = t.replicated.iter().find(|r| r.start >= r.end || r.end > t.keys) {
@@ -908,6 +961,17 @@ impl Config {
         Ok(())
     }
 
+    /// Gives every dynamic table its `capacity × nodes` slot keys (done when a node starts, once
+    /// the node count is known).
+    pub(crate) fn resolve_dynamic_tables(&mut self) {
+        let nodes = self.nodes as u64;
+        for t in &mut self.tables {
+            if let Some(d) = &t.dynamic {
+                t.keys = d.capacity.saturating_mul(nodes);
+            }
+        }
+    }
+
     /// A fingerprint of everything that must be identical on all nodes (tables and protocol
     /// switches); nodes compare it at start-up.
     pub fn fingerprint(&self) -> u64 {
@@ -943,6 +1007,9 @@ impl Config {
             ));
             if let Some(h) = t.feature_hashing {
                 text.push_str(&format!("hashed {}:", h.name()));
+            }
+            if let Some(d) = &t.dynamic {
+                text.push_str(&format!("dynamic {}:{}:{}:", d.capacity, d.init.name(), d.seed));
             }
             if let Some(p) = &t.placement {
                 text.push_str(&format!("placement {:016x}:", p.digest()));

@@ -85,6 +85,17 @@ pub enum Error {
     /// matching the configuration (the message names the file or setting).
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// A dynamic table's home node has handed out every slot key of its share: the ids it is
+    /// the home of and does not know yet cannot be created.
+    #[error("table '{table}' is full at node {node}: its {capacity} keys are taken (a larger TableSpec::dynamic capacity holds more ids)")]
+    TableFull {
+        /// Table name.
+        table: String,
+        /// The home node whose share is used up.
+        node: usize,
+        /// Keys per node.
+        capacity: u64,
+    },
     /// `finalize` was called while worker handles were still alive.
     #[error("{0} worker handle(s) are still alive; drop them before finalize")]
     WorkersAlive(usize),

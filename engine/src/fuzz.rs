@@ -4,8 +4,8 @@
 //! message decoders. This fuzzer builds *valid* frames of every message type — ACCESS (runs and
 //! lists, indexed or not, every kind), RESPONSE and FAILURE for operations that exist, LOCALIZE,
 //! RELOCATE, LOCALIZE_FAILED, BARRIER, BARRIER_RELEASE, the replication and intent messages,
-//! PEER_LOST, and failover's: BACKUP, BACKUP_ACK, BARRIER_PASSED and the membership changes
-//! (leaves and joins) — and then mutates most of them: a
+//! PEER_LOST, failover's: BACKUP, BACKUP_ACK, BARRIER_PASSED and the membership changes
+//! (leaves and joins), and a dynamic table's ASSIGN and ASSIGNED — and then mutates most of them: a
 //! header field (count, table, kind or code, flags, operation, part, origin, node), a length
 //! prefix, the body's length, an index or key, the type byte, or random bits. Each frame is fed
 //! to a live node (a [`Core`] of a three-node cluster with keys at home, keys elsewhere, keys
@@ -54,7 +54,7 @@ pub struct FuzzReport {
     pub first_panic: Option<String>,
 }
 
-const TYPES: [&str; 28] = [
+const TYPES: [&str; 30] = [
     "access",
     "response",
     "failure",
@@ -83,7 +83,11 @@ const TYPES: [&str; 28] = [
     "census",
     "census-done",
     "give-back",
+    "assign",
+    "assigned",
 ];
+/// The first of [`TYPES`] that only a node with a dynamic table takes (every target has one).
+const DYNAMIC_TYPES: usize = 28;
 /// The first of [`TYPES`] that only a node with backups takes.
 const FAILOVER_TYPES: usize = 16;
 /// Membership changes laid out as one node each (`leave_wire::encode`).
@@ -96,6 +100,8 @@ const NODES: usize = 3;
 const RANK: usize = 1;
 const KEYS: [u64; 2] = [96, 40];
 const VALUE_LEN: [usize; 2] = [3, 1];
+/// Slot keys per node of table 2, a dynamic table.
+const DYNAMIC_CAPACITY: u64 = 16;
 
 /// The node under test, its requester, and operations of the requester still pending.
 struct Target {
@@ -117,7 +123,9 @@ fn target(seed: u64) -> Target {
     let joining = backups && seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 63 == 0;
     let relocation = !backups || (!joining && seed % 2 == 1);
     let a = TableSpec::new("a", KEYS[0], VALUE_LEN[0]);
-    let specs = vec![if backups { a } else { a.replicating(REPLICATED) }, TableSpec::new("b", KEYS[1], VALUE_LEN[1])];
+    let mut c = TableSpec::dynamic("c", 2, DYNAMIC_CAPACITY);
+    c.keys = DYNAMIC_CAPACITY * NODES as u64;
+    let specs = vec![if backups { a } else { a.replicating(REPLICATED) }, TableSpec::new("b", KEYS[1], VALUE_LEN[1]), c];
     let store = Arc::new(Store::new(RANK, NODES, &specs, 16, HugePages::Off, Arc::new(LocalRegistrar::default())).expect("a small store"));
     let settings = Settings {
         relocation,
@@ -430,6 +438,27 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
                 .collect();
             wire::encode_move(&mut out, msg::GIVE_BACK, 0, table, peer, &items);
         }
+        28 | 29 => {
+            // Mostly table 2 (dynamic); ids of every home, a few whose home is not this node;
+            // in answers, slot keys of the table, refusals, and a few beyond it.
+            let table = if rng.gen_bool(0.9) { 2 } else { rng.gen_range(0..3u16) };
+            let count = rng.gen_range(0..12);
+            let values: Vec<u64> = if ty == 28 {
+                (0..count).map(|_| if rng.gen_bool(0.3) { rng.gen_range(0..64) } else { rng.r#gen() }).collect()
+            } else {
+                let slot_keys = DYNAMIC_CAPACITY * NODES as u64;
+                (0..count)
+                    .map(|_| match rng.gen_range(0..10) {
+                        0 => crate::protocol::assign::FULL,
+                        1 => crate::protocol::assign::NOT_HOME,
+                        2 => slot_keys + rng.gen_range(0..4),
+                        _ => rng.gen_range(0..slot_keys),
+                    })
+                    .collect()
+            };
+            let ty = if ty == 28 { msg::ASSIGN } else { msg::ASSIGNED };
+            crate::protocol::assign::encode(&mut out, ty, table, rng.gen_range(0..4), values.into_iter());
+        }
         _ => {
             // The key count the sender holds (node 0: 8 keys, node 2: 10), or not; positions of
             // changed slots among them.
@@ -534,7 +563,8 @@ pub fn run(cases: u64, seed: u64) -> FuzzReport {
         }
         // Failover's messages go mostly to a node with backups (the others refuse them all).
         let ty = match (t.backups, rng.gen_range(0..10)) {
-            (true, 0..5) | (false, 0) => rng.gen_range(FAILOVER_TYPES..TYPES.len()),
+            (true, 0..5) | (false, 0) => rng.gen_range(FAILOVER_TYPES..DYNAMIC_TYPES),
+            (_, 9) => rng.gen_range(DYNAMIC_TYPES..TYPES.len()),
             _ => rng.gen_range(0..FAILOVER_TYPES),
         };
         let mut frame = Vec::new();

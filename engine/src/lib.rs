@@ -35,6 +35,7 @@ mod config;
 #[cfg(any(test, feature = "sim"))]
 mod consistency;
 pub mod copartition;
+pub mod dynamic;
 mod error;
 mod fabric;
 pub mod filter;
@@ -80,7 +81,7 @@ pub use placement::Placement;
 pub use protocol::LEFT_REASON;
 pub use replication::{AccessCounts, as_ranges, hot_keys};
 pub use sampling::{Conformity, DistributionId, KeyDistribution, SamplingScheme, SamplingStats};
-pub use stats::{BackupStats, IntentStats, LATENCY_BUCKET_BOUNDS_NS, Latency, MessageKind, ReplicationStats, Stats, Traffic};
+pub use stats::{BackupStats, DynamicStats, IntentStats, LATENCY_BUCKET_BOUNDS_NS, Latency, MessageKind, ReplicationStats, Stats, Traffic};
 pub use table::Table;
 pub use update::{UpdateRule, Updater};
 pub use worker::{PullTicket, SampleHandle, Ticket, Worker};

@@ -139,6 +139,9 @@ impl Collector for NodeCollector {
             "requests this node got as it left from a peer after that peer's READY (a fault if not 0)",
             s.backups.requests_after_ready,
         )?;
+        gauge(&mut e, "ferry_dynamic_ids_created", "ids of dynamic tables this node created as their home", s.dynamic.ids_created as f64)?;
+        gauge(&mut e, "ferry_dynamic_ids_known", "ids of dynamic tables whose slot keys this node knows", s.dynamic.ids_known as f64)?;
+        gauge(&mut e, "ferry_dynamic_keys_free", "slot keys of dynamic tables this node can still hand out", s.dynamic.keys_free as f64)?;
         counter(&mut e, "ferry_writes_dropped", "writes of this node's workers that a node's loss failed and that they dropped", s.backups.writes_dropped)?;
         // The send queues' depths (both fabrics keep a queue per peer).
         let depths: Vec<(String, f64)> = (0..config.nodes)

@@ -55,10 +55,11 @@ impl Node {
     /// Starts this node: joins the cluster at the coordinator, connects to every peer, checks
     /// that all nodes have the same tables and settings, and allocates the home keys' values.
     /// With [`Config::join`] set (`FERRY_JOIN`), joins a running cluster instead ([`Node::join`]).
-    pub fn start(config: Config) -> Result<Node> {
+    pub fn start(mut config: Config) -> Result<Node> {
         if let Some(contact) = config.join.clone() {
             return Node::join(config, &contact);
         }
+        config.resolve_dynamic_tables();
         config.validate()?;
         crate::memory::check_tables_fit(&config)?;
         let (fabric, clock_offset) = crate::fabric::select::connect(&config)?;
@@ -77,7 +78,8 @@ impl Node {
     /// handed back from the backups of the node that served them), takes part in barriers from
     /// the next ones, and every member counts it, so that its workers may start. Workers
     /// elsewhere see a short pause while the keys move.
-    pub fn join(config: Config, contact: &str) -> Result<Node> {
+    pub fn join(mut config: Config, contact: &str) -> Result<Node> {
+        config.resolve_dynamic_tables();
         config.validate()?;
         crate::memory::check_tables_fit(&config)?;
         if config.restore_from.is_some() {
@@ -308,6 +310,12 @@ impl Node {
     /// durable. The workers may push again once every node's call returned (a barrier after
     /// it), so that no node's cut holds a push of the next phase.
     pub fn checkpoint_in_background(&self, dir: impl AsRef<std::path::Path>) -> Result<crate::CheckpointWriting> {
+        if let Some(t) = self.inner.config.tables.iter().find(|t| t.dynamic.is_some() && !t.scratch) {
+            return Err(Error::Checkpoint(format!(
+                "table '{}' is dynamic, and checkpoints do not hold its index of ids yet: its values could not be restored (make it a scratch table to leave it out)",
+                t.name
+            )));
+        }
         if !self.intents.at_rest() {
             return Err(Error::Checkpoint(
                 "intent may be relocating keys: call Node::hold_relocations on every node, then a barrier, before a checkpoint (and Node::release_relocations after it)".into(),
@@ -571,7 +579,14 @@ impl NodeInner {
             .position(|t| t.name == name)
             .map(|i| {
                 let t = &self.config.tables[i];
-                Table { id: i as u16, value_len: t.value_len, keys: t.keys, cluster: self.fingerprint, hashing: t.feature_hashing }
+                Table {
+                    id: i as u16,
+                    value_len: t.value_len,
+                    keys: t.keys,
+                    cluster: self.fingerprint,
+                    hashing: t.feature_hashing,
+                    dynamic: t.dynamic.is_some(),
+                }
             })
             .ok_or_else(|| Error::UnknownTable(name.to_string()))
     }
@@ -579,7 +594,7 @@ impl NodeInner {
     /// The handle of table number `id` (which must exist).
     pub(crate) fn table_by_id(&self, id: u16) -> Table {
         let t = &self.config.tables[id as usize];
-        Table { id, value_len: t.value_len, keys: t.keys, cluster: self.fingerprint, hashing: None }
+        Table { id, value_len: t.value_len, keys: t.keys, cluster: self.fingerprint, hashing: None, dynamic: false }
     }
 
     #[inline]

@@ -194,6 +194,26 @@ pub struct Stats {
     pub intent: IntentStats,
     /// Backups and failover.
     pub backups: BackupStats,
+    /// Dynamic tables: ids created and known.
+    pub dynamic: DynamicStats,
+}
+
+/// What a node's dynamic tables hold ([`crate::TableSpec::dynamic`]), summed over them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DynamicStats {
+    /// Ids this node created as their home (each holds one of its slot keys).
+    pub ids_created: u64,
+    /// Ids whose slot keys this node knows: those it created and those it learnt from their
+    /// homes.
+    pub ids_known: u64,
+    /// Slot keys this node can still hand out as a home.
+    pub keys_free: u64,
+}
+
+impl DynamicStats {
+    fn counters(&mut self) -> [&mut u64; 3] {
+        [&mut self.ids_created, &mut self.ids_known, &mut self.keys_free]
+    }
 }
 
 /// What backups did on a node ([`crate::Config::backups`]).
@@ -444,6 +464,8 @@ impl Stats {
             replication: combine(self.replication, earlier.replication, ReplicationStats::counters, u64::saturating_sub),
             intent: combine(self.intent, earlier.intent, IntentStats::counters, u64::saturating_sub),
             backups: combine(self.backups, earlier.backups, BackupStats::counters, u64::saturating_sub),
+            // Levels, not counts: the later ones.
+            dynamic: self.dynamic,
         }
     }
 
@@ -467,6 +489,7 @@ impl Stats {
             s.replication = combine(s.replication, o.replication, ReplicationStats::counters, |x, y| x + y);
             s.intent = combine(s.intent, o.intent, IntentStats::counters, |x, y| x + y);
             s.backups = combine(s.backups, o.backups, BackupStats::counters, |x, y| x + y);
+            s.dynamic = combine(s.dynamic, o.dynamic, DynamicStats::counters, |x, y| x + y);
             for (mine, theirs) in [
                 (&mut s.relocation_time, &o.relocation_time),
                 (&mut s.blocking_time, &o.blocking_time),

@@ -12,6 +12,9 @@ pub struct Table {
     /// How raw ids map to the table's keys, for a feature-hashed table's handle (the handles
     /// Ferry uses inside address the buckets themselves).
     pub(crate) hashing: Option<crate::hashing::FeatureHashing>,
+    /// Whether workers address the table by raw ids mapped to its keys when first touched
+    /// ([`crate::TableSpec::dynamic`]; the handles Ferry uses inside address the slot keys).
+    pub(crate) dynamic: bool,
 }
 
 impl Table {
@@ -20,7 +23,8 @@ impl Table {
         self.value_len
     }
 
-    /// Number of keys (of buckets, for a feature-hashed table).
+    /// Number of keys (of buckets, for a feature-hashed table; of slot keys, for a dynamic
+    /// table, whose ids are any `u64`).
     pub fn keys(&self) -> u64 {
         self.keys
     }
@@ -30,9 +34,19 @@ impl Table {
         self.hashing
     }
 
+    /// Whether the table is dynamic: addressed by raw ids, created when first touched.
+    pub fn is_dynamic(&self) -> bool {
+        self.dynamic
+    }
+
     /// The handle that addresses the buckets themselves.
     pub(crate) fn buckets(self) -> Table {
         Table { hashing: None, ..self }
+    }
+
+    /// The handle that addresses a dynamic table's slot keys themselves.
+    pub(crate) fn slot_keys(self) -> Table {
+        Table { dynamic: false, ..self }
     }
 
     /// The table id (its position in the configuration).
@@ -42,6 +56,6 @@ impl Table {
 
     #[cfg(test)]
     pub(crate) fn for_tests(keys: u64, value_len: usize) -> Table {
-        Table { id: 0, value_len, keys, cluster: 0, hashing: None }
+        Table { id: 0, value_len, keys, cluster: 0, hashing: None, dynamic: false }
     }
 }

@@ -260,6 +260,13 @@ def test_table_options_and_push_pull(cluster):
     with pytest.raises(ferry.FerryError, match="SEED or SEED:signed"):
         ferry.Table("t", 10, 2, feature_hashing="7:sign")
     assert "feature_hashing=\"7:signed\"" in repr(ferry.Table("t", 10, 2, feature_hashing="7:signed"))
+    assert "dynamic=100" in repr(ferry.Table("ids", 0, 2, dynamic=100, init="normal:0.1"))
+    with pytest.raises(ferry.FerryError, match="pass keys=0"):
+        ferry.Table("ids", 10, 2, dynamic=100)
+    with pytest.raises(ferry.FerryError, match="only a dynamic table"):
+        ferry.Table("ids", 10, 2, init="zeros")
+    with pytest.raises(ferry.FerryError, match="expected zeros"):
+        ferry.Table("ids", 0, 2, dynamic=100, init="gauss")
     t = ferry.Table("t", 10, 2, updater="sgd:0.5", partitioning="hash", codec="bf16", key_cache_min=64)
     assert t.name == "t" and "sgd" in repr(t)
     assert "replicated keys: 2" in repr(ferry.Table("hot", 10, 2, replicated=[0, 1]))
@@ -281,7 +288,8 @@ def test_table_options_and_push_pull(cluster):
             "import numpy as np, ferry\n"
             "words = ferry.Table('words', 8, 1, feature_hashing='5:signed')\n"
             f"placed = ferry.Table('placed', 10, 1, plan={plan!r})\n"
-            "with ferry.Node.start([ferry.Table('t', 10, 2, updater='sgd:0.5', partitioning='consistent:8'), ('plain', 4, 1), words, placed]) as node:\n"
+            "ids = ferry.Table('ids', 0, 2, dynamic=16)\n"
+            "with ferry.Node.start([ferry.Table('t', 10, 2, updater='sgd:0.5', partitioning='consistent:8'), ('plain', 4, 1), words, placed, ids]) as node:\n"
             "    w = node.worker()\n"
             "    keys = np.arange(3, dtype=np.uint64)\n"
             "    w.set('t', keys, np.ones((3, 2), dtype=np.float32))\n"
@@ -294,6 +302,10 @@ def test_table_options_and_push_pull(cluster):
             "    w.push('words', ids, np.ones((2, 1), dtype=np.float32))\n"
             "    w.push('placed', keys, np.ones((3, 1), dtype=np.float32))\n"
             "    assert np.all(w.pull('placed', keys) == 1.0)\n"
+            "    # A dynamic table: raw ids created when first touched, at zeros here.\n"
+            "    raw = np.array([2**64 - 1, 7, 2**40], dtype=np.uint64)\n"
+            "    w.push('ids', raw, np.full((3, 2), 1.5, dtype=np.float32))\n"
+            "    assert np.all(w.pull('ids', raw) == 1.5)\n"
             "    w.close()\n"
             "print('table options ok')\n"
         )

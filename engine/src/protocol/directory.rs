@@ -296,6 +296,13 @@ impl Directory {
         ((mixed * self.shards as u64) >> 32) as usize
     }
 
+    /// The home of `id` of a dynamic table with `spec`: the node that creates it and knows
+    /// its slot key (through the stand-in of a lost home).
+    #[inline]
+    pub fn id_home(&self, spec: &crate::dynamic::DynamicSpec, id: u64) -> u16 {
+        self.stand_in(spec.home_of(id, self.nodes()) as u16)
+    }
+
     /// The home node of a key (the table and key must exist): where it was homed at start-up,
     /// or that node's stand-in once it is lost and keys fail over.
     #[inline]

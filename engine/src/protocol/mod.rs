@@ -47,6 +47,7 @@
 //! Shard locks are for keys homed at this node, keys relocating to it, and relocation itself.
 
 mod access;
+pub(crate) mod assign;
 pub(crate) mod backup;
 mod barrier;
 pub(crate) mod census;
@@ -95,6 +96,7 @@ pub use transmit::{ALL_WORKERS, Transmit};
 pub use wire::AccessKind;
 
 use crate::config::TableSpec;
+use crate::error::Result;
 use crate::stats::{CounterRegistry, Stats, latency_histogram};
 use crate::store::{RemoteAddr, Store};
 
@@ -207,6 +209,11 @@ pub struct Core {
     census: Mutex<census::Census>,
     /// One-sided writes posted and not completed (the census flushes once there are none).
     writes_out: AtomicU64,
+    /// Per table: the index of a dynamic table's ids (`None` for other tables).
+    id_indexes: Vec<Option<crate::dynamic::IdIndex>>,
+    /// Answers to this node's ASSIGN messages, and the number of the next one.
+    assignments: assign::Assignments,
+    assign_requests: std::sync::atomic::AtomicU32,
 }
 
 impl Core {
@@ -249,7 +256,47 @@ impl Core {
             forwards_held: std::sync::atomic::AtomicBool::new(false),
             census: Mutex::new(census::Census::default()),
             writes_out: AtomicU64::new(0),
+            id_indexes: specs.iter().map(|s| s.dynamic.map(|d| crate::dynamic::IdIndex::new(d, rank))).collect(),
+            assignments: Default::default(),
+            assign_requests: std::sync::atomic::AtomicU32::new(0),
         }
+    }
+
+    /// The index of dynamic table `table`'s ids, if it is dynamic.
+    #[inline]
+    pub(crate) fn id_index(&self, table: u16) -> Option<&crate::dynamic::IdIndex> {
+        self.id_indexes.get(table as usize)?.as_ref()
+    }
+
+    /// Answers to this node's ASSIGN messages.
+    pub(crate) fn assignments(&self) -> &assign::Assignments {
+        &self.assignments
+    }
+
+    /// The number of this node's next ASSIGN.
+    pub(crate) fn next_assign_request(&self) -> u32 {
+        self.assign_requests.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// As the home of `ids` of dynamic table `table`: their slot keys into `keys` (`None` for
+    /// an id that cannot be created: this node's share is used up), creating the ids not known
+    /// yet with their initial values in this node's slots.
+    pub(crate) fn assign_ids(&self, table: u16, ids: &[u64], keys: &mut Vec<Option<u64>>) -> Result<usize> {
+        let Some(index) = self.id_index(table) else {
+            return Err(crate::error::Error::Protocol(format!("ids for table {table}, which is not dynamic")));
+        };
+        let store = &self.store;
+        let mut value = vec![0.0f32; store.table(table).value_len()];
+        index.assign(ids, keys, |id, key| {
+            index.spec().init.fill(id, &mut value);
+            let guard = store.lock(table, key);
+            let Some(slot) = guard.slot() else {
+                // A slot key of this node's range is here until an id has it.
+                return Err(crate::error::Error::Protocol(format!("slot key {key} of table {table} is not held by its home when its id is created")));
+            };
+            slot.write(&value);
+            Ok(())
+        })
     }
 
     /// The census after a loss.
@@ -493,6 +540,12 @@ impl Core {
             keys_given_back: b.keys_given_back(),
             requests_after_ready: b.requests_after_ready(),
         };
+        for index in self.id_indexes.iter().flatten() {
+            let created = index.created();
+            s.dynamic.ids_created += created;
+            s.dynamic.ids_known += index.known();
+            s.dynamic.keys_free += index.spec().capacity - created;
+        }
         s.relocation_time = crate::stats::Latency::of(&relocation);
         s.blocking_time = crate::stats::Latency::of(&blocking);
         s

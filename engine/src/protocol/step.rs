@@ -230,6 +230,14 @@ impl<'c, 't> Step<'c, 't> {
                             self.handle_replica_sync(from, body)?;
                             None
                         }
+                        msg::ASSIGN => {
+                            self.handle_assign(from, body)?;
+                            None
+                        }
+                        msg::ASSIGNED => {
+                            self.handle_assigned(from, body)?;
+                            None
+                        }
                         msg::REPLICA_SYNC_ACK => {
                             self.handle_replica_sync_ack(from, body)?;
                             None

@@ -120,6 +120,11 @@ pub mod msg {
     /// A leaving node, in a cluster that relocates keys, to the home of keys it holds: take
     /// them back (items as in LOCALIZE, reservations unused; see `protocol::leave`).
     pub const GIVE_BACK: u8 = 39;
+    /// A node to the home of ids of a dynamic table: their slot keys, please (see
+    /// `protocol::assign`).
+    pub const ASSIGN: u8 = 40;
+    /// Home to asker: the slot keys of the ids it asked for.
+    pub const ASSIGNED: u8 = 41;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).

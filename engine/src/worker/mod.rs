@@ -1,6 +1,7 @@
 //! The handle a trainer thread holds.
 
 mod barrier_hooks;
+mod dynamic;
 mod hashed;
 mod intent;
 mod sampling;
@@ -472,6 +473,9 @@ impl Worker {
             Worker::sign_rows(h, table.value_len, keys, out);
             return Ok(());
         }
+        if table.dynamic {
+            return self.through_index(table, keys, |w, t, slot_keys| w.pull(t, slot_keys, out));
+        }
         if let [key] = keys
             && let Some(()) = self.single_local(AccessKind::Pull, table, *key, &[], out)
         {
@@ -500,6 +504,9 @@ impl Worker {
         self.validate(table, keys, updates.len(), "push updates")?;
         if let Some(h) = table.hashing {
             return self.through_buckets(table, h, keys, updates, |w, t, buckets, updates| w.push(t, buckets, updates));
+        }
+        if table.dynamic {
+            return self.through_index(table, keys, |w, t, slot_keys| w.push(t, slot_keys, updates));
         }
         if let [key] = keys
             && let Some(()) = self.single_local(AccessKind::Push, table, *key, updates, &mut [])
@@ -550,6 +557,9 @@ impl Worker {
             Worker::sign_rows(h, table.value_len, keys, out);
             return Ok(());
         }
+        if table.dynamic {
+            return self.through_index(table, keys, |w, t, slot_keys| w.push_pull(t, slot_keys, updates, out));
+        }
         if let [key] = keys
             && let Some(()) = self.single_local(AccessKind::PushPull, table, *key, updates, out)
         {
@@ -569,6 +579,9 @@ impl Worker {
         self.validate(table, keys, updates.len(), "push_pull updates")?;
         if let Some(h) = table.hashing {
             return self.hashed_pull_async(table, h, keys, updates, |w, t, buckets, updates| w.push_pull_async(t, buckets, updates));
+        }
+        if table.dynamic {
+            return self.through_index(table, keys, |w, t, slot_keys| w.push_pull_async(t, slot_keys, updates));
         }
         let token = Arc::new(());
         let values = vec![0.0; keys.len() * table.value_len];
@@ -604,6 +617,12 @@ impl Worker {
                 self.node.config.tables[table.id as usize].name
             )));
         }
+        if table.dynamic {
+            return Err(Error::Config(format!(
+                "table '{}' is dynamic: its ids are mapped to slot keys as they come, so there are no key ranges to pull or push (pull and push the ids)",
+                self.node.config.tables[table.id as usize].name
+            )));
+        }
         if range.start > range.end || range.end > table.keys {
             return Err(Error::Config(format!(
                 "key range {}..{} is not within the {} keys of table '{}'",
@@ -621,6 +640,10 @@ impl Worker {
         if let Some(h) = table.hashing {
             self.validate(table, keys, values.len(), "set values")?;
             return self.through_buckets(table, h, keys, values, |w, t, buckets, values| w.set(t, buckets, values));
+        }
+        if table.dynamic {
+            self.validate(table, keys, values.len(), "set values")?;
+            return self.through_index(table, keys, |w, t, slot_keys| w.set(t, slot_keys, values));
         }
         self.validate(table, keys, values.len(), "set values")?;
         match self.issue(AccessKind::Set, table, keys, values, None, None, None)? {
@@ -643,6 +666,16 @@ impl Worker {
                 Worker::sign_rows(h, table.value_len, keys, out);
             }
             return Ok(local);
+        }
+        if table.dynamic {
+            // Never touches the network: an id this node does not know is not here.
+            let node = self.node.clone();
+            let index = node.core.id_index(table.id);
+            if !keys.iter().all(|&id| index.is_some_and(|i| i.lookup(id).is_some())) {
+                self.validate(table, keys, out.len(), "pull output")?;
+                return Ok(false);
+            }
+            return self.through_index(table, keys, |w, t, slot_keys| w.pull_if_local(t, slot_keys, out));
         }
         self.validate_keys(table, keys)?;
         self.validate(table, keys, out.len(), "pull output")?;
@@ -679,6 +712,10 @@ impl Worker {
         if let Some(h) = table.hashing {
             self.node.check_table(table)?;
             return self.through_buckets(table, h, keys, &[], |w, t, buckets, _| w.start_localize(t, buckets, false));
+        }
+        if table.dynamic {
+            self.node.check_table(table)?;
+            return self.through_index(table, keys, |w, t, slot_keys| w.start_localize(t, slot_keys, false));
         }
         self.start_localize(table, keys, false)
     }
@@ -739,6 +776,9 @@ impl Worker {
         if let Some(h) = table.hashing {
             return self.hashed_pull_async(table, h, keys, &[], |w, t, buckets, _| w.pull_async(t, buckets));
         }
+        if table.dynamic {
+            return self.through_index(table, keys, |w, t, slot_keys| w.pull_async(t, slot_keys));
+        }
         let token = Arc::new(());
         let values = vec![0.0; keys.len() * table.value_len];
         Ok(match self.issue(AccessKind::Pull, table, keys, &[], Some(values), None, Some(&token))? {
@@ -764,6 +804,9 @@ impl Worker {
         if let Some(h) = table.hashing {
             return self.through_buckets(table, h, keys, updates, |w, t, buckets, updates| w.push_async(t, buckets, updates));
         }
+        if table.dynamic {
+            return self.through_index(table, keys, |w, t, slot_keys| w.push_async(t, slot_keys, updates));
+        }
         self.start(AccessKind::Push, table, keys, updates)
     }
 
@@ -772,6 +815,9 @@ impl Worker {
         self.validate(table, keys, values.len(), "set values")?;
         if let Some(h) = table.hashing {
             return self.through_buckets(table, h, keys, values, |w, t, buckets, values| w.set_async(t, buckets, values));
+        }
+        if table.dynamic {
+            return self.through_index(table, keys, |w, t, slot_keys| w.set_async(t, slot_keys, values));
         }
         self.start(AccessKind::Set, table, keys, values)
     }
@@ -956,6 +1002,10 @@ impl Worker {
         if let Some(h) = table.hashing {
             self.node.check_table(table)?;
             return self.through_buckets(table, h, keys, &[], |w, t, buckets, _| w.intent(t, buckets, start, end));
+        }
+        if table.dynamic {
+            self.node.check_table(table)?;
+            return self.through_index(table, keys, |w, t, slot_keys| w.intent(t, slot_keys, start, end));
         }
         self.validate_keys(table, keys)?;
         if start > end {

@@ -1,0 +1,442 @@
+//! Dynamic tables: tables whose keys are not known in advance. Workers address a dynamic table
+//! by raw ids — any `u64`: user and item ids, hashed feature strings — and a key exists once it
+//! was first touched, anywhere in the cluster.
+//!
+//! The design is the *managed-collision* remapping that TorchRec's `ManagedCollisionCollection`
+//! and Monolith's collisionless tables use, fitted to Ferry's dense store: each node keeps a
+//! fixed number of dense *slots keys* for the table ([`DynamicSpec::capacity`] per node, in
+//! its registered arenas as any table's keys), and every raw id is mapped, once and for the
+//! cluster, to one of them. So relocation, one-sided reads, updaters, codecs, intent and the
+//! protocol's consistency work on the slot keys unchanged; only the mapping is new.
+//!
+//! - **The id's home decides.** Each id has a home node, a seeded hash of the id over the
+//!   ranks (through the stand-in of a lost rank, as every home). The home holds the
+//!   authoritative id → slot-key index of its ids and hands out slot keys from its own range
+//!   (`rank × capacity ..`, whose keys it is the home of too). A key first touched on two
+//!   nodes at once is created once: both ask its home (ASSIGN), which creates it under its
+//!   index's lock and answers both with the same slot key.
+//! - **Initialised on creation**, at the home, deterministically from the id: zeros, or a
+//!   uniform or normal draw from a seeded hash of the id and the element's index
+//!   ([`Init`]), whichever node touched it first. An updater's state starts as in any slot.
+//! - **Known ids are looked up locally.** Every node keeps the ids it learnt (its own home's
+//!   and the answers of other homes) in a sharded index; a known id costs one hash lookup
+//!   under a read latch before the dense path, an unknown one a round trip to its home.
+//!
+//! What is not built yet (refused with a reason where it would be wrong): eviction and
+//! admission filters, backups and checkpoints of dynamic tables (the index would be lost with
+//! its node), replicated ranges and feature hashing on a dynamic table.
+
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+
+use parking_lot::RwLock;
+
+use crate::error::{Error, Result};
+use crate::hashing::mix;
+
+/// How a dynamic table's values start when their id is first touched.
+#[derive(Debug, Clone, Copy)]
+pub enum Init {
+    /// Every element 0.
+    Zeros,
+    /// Each element uniform in `[-scale, scale)`, from a seeded hash of the id and its index.
+    Uniform {
+        /// Half the width of the interval.
+        scale: f32,
+        /// Seed of the hash.
+        seed: u64,
+    },
+    /// Each element normal with mean 0 and deviation `std`, from a seeded hash of the id and
+    /// its index.
+    Normal {
+        /// Standard deviation.
+        std: f32,
+        /// Seed of the hash.
+        seed: u64,
+    },
+}
+
+impl Init {
+    /// The rule's parts as bits, for equality and hashing (floats compared bit for bit).
+    fn bits(&self) -> (u8, u32, u64) {
+        match *self {
+            Init::Zeros => (0, 0, 0),
+            Init::Uniform { scale, seed } => (1, scale.to_bits(), seed),
+            Init::Normal { std, seed } => (2, std.to_bits(), seed),
+        }
+    }
+
+    /// Fills `out` with the initial value of `id`: the same on every node and in every run.
+    pub fn fill(&self, id: u64, out: &mut [f32]) {
+        match *self {
+            Init::Zeros => out.fill(0.0),
+            Init::Uniform { scale, seed } => {
+                for (i, v) in out.iter_mut().enumerate() {
+                    *v = (unit(id, seed, i as u64) * 2.0 - 1.0) as f32 * scale;
+                }
+            }
+            Init::Normal { std, seed } => {
+                for (i, v) in out.iter_mut().enumerate() {
+                    // Box–Muller from two independent uniforms in (0, 1].
+                    let u1 = 1.0 - unit(id, seed, 2 * i as u64);
+                    let u2 = unit(id, seed, 2 * i as u64 + 1);
+                    *v = ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32 * std;
+                }
+            }
+        }
+    }
+
+    /// The rule as [`Init::from_str`](std::str::FromStr) reads it.
+    pub fn name(&self) -> String {
+        match self {
+            Init::Zeros => "zeros".into(),
+            Init::Uniform { scale, seed } => format!("uniform:{scale}:{seed}"),
+            Init::Normal { std, seed } => format!("normal:{std}:{seed}"),
+        }
+    }
+}
+
+impl PartialEq for Init {
+    fn eq(&self, other: &Init) -> bool {
+        self.bits() == other.bits()
+    }
+}
+
+impl Eq for Init {}
+
+impl std::hash::Hash for Init {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.bits().hash(state);
+    }
+}
+
+/// A uniform draw in `[0, 1)` from `id`, `seed` and `index`.
+fn unit(id: u64, seed: u64, index: u64) -> f64 {
+    let bits = mix(mix(id ^ seed).wrapping_add(index.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+impl std::str::FromStr for Init {
+    type Err = String;
+
+    /// `zeros`, `uniform:SCALE[:SEED]` or `normal:STD[:SEED]` (seed 0 when left out).
+    fn from_str(s: &str) -> std::result::Result<Init, String> {
+        let mut parts = s.trim().split(':');
+        let kind = parts.next().unwrap_or_default();
+        let number = |p: Option<&str>, what: &str| -> std::result::Result<f32, String> {
+            let text = p.ok_or_else(|| format!("'{s}': {kind} needs a {what}"))?;
+            let v: f32 = text.parse().map_err(|_| format!("'{s}': the {what} '{text}' is not a number"))?;
+            if v.is_finite() && v >= 0.0 { Ok(v) } else { Err(format!("'{s}': the {what} must be finite and at least 0")) }
+        };
+        let seed = |p: Option<&str>| -> std::result::Result<u64, String> {
+            p.map_or(Ok(0), |t| t.parse().map_err(|_| format!("'{s}': the seed '{t}' is not a number")))
+        };
+        let init = match kind {
+            "zeros" => Init::Zeros,
+            "uniform" => Init::Uniform { scale: number(parts.next(), "scale")?, seed: seed(parts.next())? },
+            "normal" => Init::Normal { std: number(parts.next(), "standard deviation")?, seed: seed(parts.next())? },
+            _ => return Err(format!("'{s}': expected zeros, uniform:SCALE[:SEED] or normal:STD[:SEED]")),
+        };
+        match parts.next() {
+            Some(extra) => Err(format!("'{s}': unexpected '{extra}'")),
+            None => Ok(init),
+        }
+    }
+}
+
+/// What makes a table dynamic ([`crate::TableSpec::dynamic`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DynamicSpec {
+    /// Ids each node can hold as a home: its share of slot keys. The table has
+    /// `capacity × nodes` slot keys in all.
+    pub capacity: u64,
+    /// How a new id's value starts.
+    pub init: Init,
+    /// Seed of the hash that gives each id its home.
+    pub seed: u64,
+}
+
+impl DynamicSpec {
+    /// The home rank of `id` among `nodes` (before a lost rank's stand-in takes its place):
+    /// the node that creates it, and whose share of slot keys it takes.
+    #[inline]
+    pub fn home_of(&self, id: u64, nodes: usize) -> usize {
+        ((mix(id ^ self.seed ^ 0x6479_6e61_6d69_6373) as u128 * nodes as u128) >> 64) as usize
+    }
+}
+
+/// Per shard of the index: the ids known here and their slot keys.
+type IdMap = std::collections::HashMap<u64, u64, BuildHasherDefault<IdMixer>>;
+
+/// The hasher of a node's index of ids (for `std` hash maps: `BuildHasherDefault<IdMixer>`):
+/// the splitmix64 finaliser, since raw ids come in any pattern (multiples of a large power of
+/// two included), which an identity or multiplicative hash would crowd into a few buckets.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdMixer(u64);
+
+impl Hasher for IdMixer {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = mix(self.0 ^ *b as u64);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = mix(self.0 ^ n);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Shards of a node's index: workers reading known ids on several threads rarely meet on one
+/// latch.
+const INDEX_SHARDS: usize = 64;
+
+/// A node's index of one dynamic table: the ids it knows (its own home's, and the answers of
+/// other homes) and, as a home, the slot keys it handed out. Lookups take a read latch on one
+/// shard; creating takes the home's lock, so that an id is created once.
+pub(crate) struct IdIndex {
+    spec: DynamicSpec,
+    shards: Vec<RwLock<IdMap>>,
+    /// The next unused slot key of this node's range, counted from its start; held while a
+    /// home creates ids.
+    created: parking_lot::Mutex<u64>,
+    /// The first slot key of this node's range.
+    first: u64,
+}
+
+impl IdIndex {
+    /// The index of a table with `spec` on node `rank`.
+    pub fn new(spec: DynamicSpec, rank: usize) -> IdIndex {
+        IdIndex {
+            spec,
+            shards: (0..INDEX_SHARDS).map(|_| RwLock::new(IdMap::default())).collect(),
+            created: parking_lot::Mutex::new(0),
+            first: rank as u64 * spec.capacity,
+        }
+    }
+
+    /// The table's spec.
+    pub fn spec(&self) -> &DynamicSpec {
+        &self.spec
+    }
+
+    #[inline]
+    fn shard_index(id: u64) -> usize {
+        (mix(id) >> 58) as usize % INDEX_SHARDS
+    }
+
+    #[inline]
+    fn shard(&self, id: u64) -> &RwLock<IdMap> {
+        &self.shards[Self::shard_index(id)]
+    }
+
+    /// The slot key of `id`, if this node knows it.
+    #[inline]
+    pub fn lookup(&self, id: u64) -> Option<u64> {
+        self.shard(id).read().get(&id).copied()
+    }
+
+    /// The slot keys of `ids` into `keys` (one each; 0 for an id not known here, whose
+    /// position goes into `missing`). A large batch takes every shard's read latch once rather
+    /// than one per id.
+    pub fn lookup_many(&self, ids: &[u64], keys: &mut Vec<u64>, missing: &mut Vec<usize>) {
+        let mut note = |i: usize, found: Option<u64>| match found {
+            Some(key) => keys.push(key),
+            None => {
+                keys.push(0);
+                missing.push(i);
+            }
+        };
+        if ids.len() < 2 * INDEX_SHARDS {
+            for (i, &id) in ids.iter().enumerate() {
+                note(i, self.lookup(id));
+            }
+            return;
+        }
+        let shards: [_; INDEX_SHARDS] = std::array::from_fn(|s| self.shards[s].read());
+        for (i, &id) in ids.iter().enumerate() {
+            note(i, shards[Self::shard_index(id)].get(&id).copied());
+        }
+    }
+
+    /// Remembers the slot keys of ids (`(id, key)`: answers of their home). A large batch takes
+    /// every shard's write latch once rather than one per id.
+    pub fn learn_many(&self, pairs: &[(u64, u64)]) {
+        if pairs.len() < 2 * INDEX_SHARDS {
+            for &(id, key) in pairs {
+                self.shard(id).write().insert(id, key);
+            }
+            return;
+        }
+        let mut shards: [_; INDEX_SHARDS] = std::array::from_fn(|s| self.shards[s].write());
+        for &(id, key) in pairs {
+            shards[Self::shard_index(id)].insert(id, key);
+        }
+    }
+
+    /// As the home of `ids`: the slot key of each, creating those it does not know with
+    /// `create` (given the id and the new slot key; it writes the initial value) while slot
+    /// keys of its range are left; `None` for an id it cannot create (the range is used up).
+    /// Returns how many ids were created.
+    pub fn assign(&self, ids: &[u64], keys: &mut Vec<Option<u64>>, mut create: impl FnMut(u64, u64) -> Result<()>) -> Result<usize> {
+        keys.clear();
+        let mut created = self.created.lock();
+        let before = *created;
+        let (capacity, first) = (self.spec.capacity, self.first);
+        let mut one = |map: &mut IdMap, id: u64, created: &mut u64| -> Result<Option<u64>> {
+            if let Some(&key) = map.get(&id) {
+                return Ok(Some(key));
+            }
+            if *created >= capacity {
+                return Ok(None);
+            }
+            let key = first + *created;
+            create(id, key)?;
+            *created += 1;
+            map.insert(id, key);
+            Ok(Some(key))
+        };
+        if ids.len() < 2 * INDEX_SHARDS {
+            for &id in ids {
+                keys.push(one(&mut self.shard(id).write(), id, &mut created)?);
+            }
+        } else {
+            // A large batch takes every shard's write latch once rather than one per id.
+            let mut shards: [_; INDEX_SHARDS] = std::array::from_fn(|s| self.shards[s].write());
+            for &id in ids {
+                keys.push(one(&mut shards[Self::shard_index(id)], id, &mut created)?);
+            }
+        }
+        Ok((*created - before) as usize)
+    }
+
+    /// Ids this node created as their home.
+    pub fn created(&self) -> u64 {
+        *self.created.lock()
+    }
+
+    /// Ids this node knows the slot keys of (its own and those it learnt).
+    pub fn known(&self) -> u64 {
+        self.shards.iter().map(|s| s.read().len() as u64).sum()
+    }
+}
+
+/// The error for ids that their home could not create: its share of the table is used up.
+pub(crate) fn table_full(table: &str, node: usize, capacity: u64) -> Error {
+    Error::TableFull { table: table.to_string(), node, capacity }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(capacity: u64) -> DynamicSpec {
+        DynamicSpec { capacity, init: Init::Zeros, seed: 7 }
+    }
+
+    /// A home creates an id once, from its own range, and refuses ids beyond its capacity
+    /// while still answering those it knows.
+    #[test]
+    fn a_home_creates_each_id_once_from_its_range_until_it_is_full() {
+        let index = IdIndex::new(spec(3), 2);
+        let mut made = Vec::new();
+        let mut keys = Vec::new();
+        let n = index
+            .assign(&[u64::MAX, 5, u64::MAX], &mut keys, |id, key| {
+                made.push((id, key));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!((n, keys.clone()), (2, vec![Some(6), Some(7), Some(6)]));
+        let n = index
+            .assign(&[9, 10, 5], &mut keys, |id, key| {
+                made.push((id, key));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!((n, keys.clone()), (1, vec![Some(8), None, Some(7)]), "full after three ids");
+        assert_eq!(made, vec![(u64::MAX, 6), (5, 7), (9, 8)], "each id initialised once");
+        assert_eq!((index.created(), index.known()), (3, 3));
+        assert_eq!(index.lookup(9), Some(8));
+        assert_eq!(index.lookup(10), None);
+    }
+
+    /// Ids created on two threads at once get one slot key each, never two.
+    #[test]
+    fn ids_created_on_two_threads_at_once_are_created_once() {
+        let index = IdIndex::new(spec(10_000), 0);
+        let counts: Vec<usize> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut keys = Vec::new();
+                        let ids: Vec<u64> = (0..5_000u64).map(|i| i.wrapping_mul(0x1000_0000_0000)).collect();
+                        index.assign(&ids, &mut keys, |_, _| Ok(())).unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(counts.iter().sum::<usize>(), 5_000);
+        assert_eq!(index.created(), 5_000);
+        let mut keys: Vec<u64> = (0..5_000u64).map(|i| index.lookup(i.wrapping_mul(0x1000_0000_0000)).unwrap()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(keys.len(), 5_000, "two ids share a slot key");
+    }
+
+    /// Initial values depend on the id and the rule alone, and have the asked-for spread.
+    #[test]
+    fn initial_values_are_the_same_everywhere_and_have_their_spread() {
+        let mut a = vec![0.0f32; 8];
+        let mut b = vec![0.0f32; 8];
+        let rule: Init = "normal:0.5:3".parse().unwrap();
+        rule.fill(42, &mut a);
+        rule.fill(42, &mut b);
+        assert_eq!(a, b);
+        rule.fill(43, &mut b);
+        assert_ne!(a, b);
+        let mut all = vec![0.0f32; 100_000];
+        rule.fill(1, &mut all);
+        let mean = all.iter().map(|&v| v as f64).sum::<f64>() / all.len() as f64;
+        let std = (all.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / all.len() as f64).sqrt();
+        assert!(mean.abs() < 0.01 && (std - 0.5).abs() < 0.01, "mean {mean}, std {std}");
+        let uniform: Init = "uniform:0.1".parse().unwrap();
+        uniform.fill(1, &mut all);
+        assert!(all.iter().all(|v| (-0.1..0.1).contains(v)));
+        assert!(all.iter().any(|&v| v > 0.09) && all.iter().any(|&v| v < -0.09));
+        Init::Zeros.fill(5, &mut a);
+        assert!(a.iter().all(|&v| v == 0.0));
+    }
+
+    /// Bad rules are refused with what is wrong.
+    #[test]
+    fn bad_rules_are_refused() {
+        for (text, says) in [
+            ("gauss", "expected zeros"),
+            ("normal", "needs a standard deviation"),
+            ("uniform:-1", "at least 0"),
+            ("normal:1:x", "seed 'x'"),
+            ("zeros:1", "unexpected"),
+        ] {
+            let e = text.parse::<Init>().unwrap_err();
+            assert!(e.contains(says), "{text}: {e}");
+        }
+        for init in [Init::Zeros, Init::Uniform { scale: 0.25, seed: 9 }, Init::Normal { std: 1.5, seed: 0 }] {
+            assert_eq!(init.name().parse::<Init>().unwrap(), init);
+        }
+    }
+
+    /// Ids spread over the homes about evenly, whatever their pattern.
+    #[test]
+    fn ids_spread_over_the_homes() {
+        let s = spec(1);
+        for stride in [1u64, 1 << 32, 1000] {
+            let mut per = [0usize; 4];
+            for i in 0..40_000u64 {
+                per[s.home_of(i.wrapping_mul(stride), 4)] += 1;
+            }
+            assert!(per.iter().all(|&n| (9_000..11_000).contains(&n)), "stride {stride}: {per:?}");
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! Dynamic tables (`TableSpec::dynamic`) on in-process clusters over TCP: raw ids of the whole
+//! `u64` range are created when first touched, once in the cluster however many nodes touch
+//! them at once, start at their initial value, and work on every path (sync, async,
+//! push-pull, set, localize, pull_if_local); a home whose share is used up refuses new ids
+//! with a clear error while known ids go on; bad configurations are refused.
+
+use ferry::{Config, Error, Node, TableSpec, dynamic::Init};
+use ferry_tests::finalize_all;
+
+const LEN: usize = 3;
+const INIT: Init = Init::Uniform { scale: 0.5, seed: 11 };
+
+/// Ids in awkward patterns: the ends of the range, multiples of large powers of two, a
+/// multiplicative scramble.
+fn ids() -> Vec<u64> {
+    let mut ids: Vec<u64> = (0..300u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
+    ids.extend((0..100u64).map(|i| i << 40));
+    ids.extend([0, 1, u64::MAX, u64::MAX - 1]);
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+fn initial(id: u64) -> Vec<f32> {
+    let mut v = vec![0.0; LEN];
+    INIT.fill(id, &mut v);
+    v
+}
+
+/// Every worker of three nodes pushes every id at once, in batches of its own order: each id
+/// is created once (its home alone creates it; the sum of the nodes' created ids is the
+/// number of ids), and every node reads its initial value plus every push.
+#[test]
+fn ids_first_touched_on_several_nodes_at_once_are_created_once() {
+    let config = Config::new(vec![TableSpec::dynamic("emb", LEN, 1_000).initialised(INIT)]);
+    let cluster = Node::start_local_cluster(3, config).unwrap();
+    let ids = ids();
+    const WORKERS: usize = 2;
+    std::thread::scope(|s| {
+        for node in &cluster {
+            for w in 0..WORKERS {
+                let ids = &ids;
+                s.spawn(move || {
+                    let mut worker = node.worker();
+                    let table = node.table("emb").unwrap();
+                    assert!(table.is_dynamic());
+                    // Each worker its own order and batch size, so that first touches race.
+                    let mut mine = ids.clone();
+                    mine.rotate_left((node.rank() * WORKERS + w) * 37 % ids.len());
+                    let batch = 7 + 13 * (node.rank() * WORKERS + w);
+                    for chunk in mine.chunks(batch) {
+                        let ones = vec![1.0; chunk.len() * LEN];
+                        worker.push(table, chunk, &ones).unwrap();
+                    }
+                    worker.barrier().unwrap();
+                    let total = (cluster_size() * WORKERS) as f32;
+                    let mut out = vec![0.0; ids.len() * LEN];
+                    worker.pull(table, ids, &mut out).unwrap();
+                    for (i, &id) in ids.iter().enumerate() {
+                        // (The sum's rounding depends on the order of the pushes; a key created
+                        // twice would be off by whole pushes.)
+                        let want: Vec<f32> = initial(id).iter().map(|v| v + total).collect();
+                        let got = &out[i * LEN..(i + 1) * LEN];
+                        assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-4), "id {id} on node {}: {got:?}, not {want:?}", node.rank());
+                    }
+                    worker.barrier().unwrap();
+                });
+            }
+        }
+    });
+    let stats: Vec<_> = cluster.iter().map(|n| n.stats()).collect();
+    let created: u64 = stats.iter().map(|s| s.dynamic.ids_created).sum();
+    assert_eq!(created, ids.len() as u64, "an id was created twice or never");
+    for (rank, s) in stats.iter().enumerate() {
+        assert_eq!(s.dynamic.ids_known, ids.len() as u64, "node {rank} read every id, so it knows every one");
+        assert_eq!(s.dynamic.keys_free, 1_000 - s.dynamic.ids_created);
+        assert!(s.dynamic.ids_created > 0, "node {rank} is the home of no id: {:?}", s.dynamic);
+    }
+    finalize_all(cluster);
+}
+
+fn cluster_size() -> usize {
+    3
+}
+
+/// The other paths: an asynchronous pull and push, a push-pull, a set, a localize in a
+/// cluster that relocates keys (the id's slot key then reads here without the network), and
+/// a pull of ids nobody touched yet (their initial values).
+#[test]
+fn every_path_takes_ids_and_keys_relocate() {
+    let mut config = Config::new(vec![TableSpec::dynamic("emb", LEN, 500).initialised(INIT)]);
+    config.relocation = true;
+    let cluster = Node::start_local_cluster(2, config).unwrap();
+    let ids = ids();
+    let node = &cluster[0];
+    let table = node.table("emb").unwrap();
+    let mut w = node.worker();
+    let fresh = &ids[..50];
+    let mut out = vec![0.0; fresh.len() * LEN];
+    w.pull(table, fresh, &mut out).unwrap();
+    assert_eq!(out, fresh.iter().flat_map(|&id| initial(id)).collect::<Vec<_>>(), "untouched ids read their initial values");
+    let twos = vec![2.0; ids.len() * LEN];
+    let ticket = w.push_async(table, &ids, &twos).unwrap();
+    w.wait(ticket).unwrap();
+    let ticket = w.pull_async(table, &ids).unwrap();
+    let pulled = w.wait_pull(ticket).unwrap();
+    assert_eq!(pulled, ids.iter().flat_map(|&id| initial(id).into_iter().map(|v| v + 2.0)).collect::<Vec<_>>());
+    let mut after = vec![0.0; ids.len() * LEN];
+    w.push_pull(table, &ids, &twos, &mut after).unwrap();
+    assert_eq!(after, pulled.iter().map(|v| v + 2.0).collect::<Vec<_>>(), "a push-pull reads its own push");
+    let set: Vec<f32> = (0..ids.len() * LEN).map(|i| i as f32).collect();
+    w.set(table, &ids, &set).unwrap();
+    // Localize every id here: afterwards each reads here, without the network.
+    w.localize(table, &ids).unwrap();
+    let mut local = vec![0.0; ids.len() * LEN];
+    assert!(w.pull_if_local(table, &ids, &mut local).unwrap(), "a localized id is not here");
+    assert_eq!(local, set);
+    // An id nobody has touched is not here (and pull_if_local does not create it).
+    let mut one = vec![0.0; LEN];
+    assert!(!w.pull_if_local(table, &[0xdead_beef_0000_0001], &mut one).unwrap());
+    // Node 1 reads the values node 0 set, through the new owner.
+    let mut w1 = cluster[1].worker();
+    let mut there = vec![0.0; ids.len() * LEN];
+    w1.pull(cluster[1].table("emb").unwrap(), &ids, &mut there).unwrap();
+    assert_eq!(there, set);
+    assert!(cluster[0].stats().relocations_in > 0, "nothing relocated");
+    // Ranges of ids are refused with the reason.
+    let e = w.pull_range(table, 0..4, &mut [0.0; 4 * LEN]).unwrap_err().to_string();
+    assert!(e.contains("is dynamic"), "{e}");
+    drop((w, w1));
+    finalize_all(cluster);
+}
+
+/// A home whose share is used up refuses the ids it would have to create, naming the table
+/// and itself; ids already created go on being read and pushed.
+#[test]
+fn a_full_home_refuses_new_ids_and_keeps_the_known_ones() {
+    let config = Config::new(vec![TableSpec::dynamic("small", 1, 4)]);
+    let cluster = Node::start_local_cluster(2, config).unwrap();
+    let node = &cluster[0];
+    let table = node.table("small").unwrap();
+    let mut w = node.worker();
+    let mut created = Vec::new();
+    let mut full = None;
+    for id in 0..100u64 {
+        match w.push(table, &[id], &[1.0]) {
+            Ok(()) => created.push(id),
+            Err(e) => full = Some(e),
+        }
+    }
+    assert_eq!(created.len(), 8, "two nodes of four keys each");
+    match full {
+        Some(Error::TableFull { table, capacity, .. }) => assert_eq!((table.as_str(), capacity), ("small", 4)),
+        other => panic!("expected TableFull, got {other:?}"),
+    }
+    let mut out = vec![0.0; created.len()];
+    w.pull(table, &created, &mut out).unwrap();
+    assert_eq!(out, vec![1.0; created.len()]);
+    // Checkpoints do not hold dynamic tables yet: refused, not silently partial.
+    let e = node.checkpoint(std::env::temp_dir().join("ferry-dynamic-checkpoint")).unwrap_err().to_string();
+    assert!(e.contains("dynamic"), "{e}");
+    drop(w);
+    finalize_all(cluster);
+}
+
+/// Configurations that cannot work are refused with what is wrong.
+#[test]
+fn bad_dynamic_configurations_are_refused() {
+    let mut with_backups = Config::new(vec![TableSpec::dynamic("t", 2, 10)]);
+    with_backups.backups = 1;
+    let cases = [
+        (Config::new(vec![TableSpec::dynamic("t", 2, 0)]), "capacity of 0"),
+        (Config::new(vec![TableSpec::dynamic("t", 2, u64::MAX / 2)]), "fewer than"),
+        (Config::new(vec![TableSpec::dynamic("t", 2, 10).partitioned(ferry::Partitioning::Hash)]), "cannot have a partitioning"),
+        (Config::new(vec![TableSpec::dynamic("t", 2, 10).replicating_keys([0u64, 1])]), "replicated ranges"),
+        (Config::new(vec![TableSpec::dynamic("t", 2, 10).feature_hashed(ferry::FeatureHashing { seed: 1, signed: false })]), "feature hashing"),
+        (with_backups, "backups"),
+    ];
+    for (config, says) in cases {
+        let e = Node::start_local_cluster(2, config).err().expect("a bad configuration started").to_string();
+        assert!(e.contains(says), "expected '{says}' in: {e}");
+    }
+}
