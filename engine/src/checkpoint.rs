@@ -24,9 +24,11 @@ use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::config::{Config, TableSpec};
+use crate::dynamic::IdIndex;
 use crate::error::{Error, Result};
 use crate::partition::Partitioner;
 use crate::store::{Residence, Store};
+use crate::util::FastMap;
 
 const MAGIC: &[u8; 8] = b"FERRYCK1";
 const FORMAT_LINE: &str = "ferry-checkpoint 1";
@@ -102,7 +104,11 @@ fn io(what: &str, path: &Path, e: std::io::Error) -> Error {
 /// The keys of every table that `rank` (of `nodes`) owns, with their values and state, copied
 /// while every latch is held (nothing pushes, publishes or moves a key meanwhile). A replicated
 /// key is written by its home only; a key on its way here is an error, as the cut would miss it.
-pub(crate) fn cut(store: &Store, specs: &[TableSpec], rank: usize, nodes: usize, spare: &SpareCuts) -> Result<Vec<TableCut>> {
+///
+/// A dynamic table's records are named by their ids (`indexes[table]`, the node's index of it):
+/// the node knows the id of every slot key it holds that was handed out (it took the key by
+/// its id), and the slot keys of its own range not handed out yet are left out.
+pub(crate) fn cut(store: &Store, specs: &[TableSpec], indexes: &[Option<&IdIndex>], rank: usize, nodes: usize, spare: &SpareCuts) -> Result<Vec<TableCut>> {
     let mut buffers = std::mem::take(&mut *spare.lock()).into_iter();
     let all = store.lock_all();
     let mut cuts = Vec::with_capacity(specs.len());
@@ -118,13 +124,24 @@ pub(crate) fn cut(store: &Store, specs: &[TableSpec], rank: usize, nodes: usize,
         keys.reserve(held);
         words.reserve(held * words_per_key);
         let mut cut = TableCut { id, words_per_key, keys, words };
+        let index = indexes.get(id as usize).copied().flatten();
+        let ids: Option<FastMap<u64, u64>> = index.map(|i| i.pairs().into_iter().map(|(id, key)| (key, id)).collect());
         for key in 0..spec.keys {
             match all.slot(id, key) {
                 Some(slot) => {
                     if table.is_replicated(key) && partitioner.home(key) != rank {
                         continue;
                     }
-                    cut.keys.push(key);
+                    match (&ids, index) {
+                        (Some(ids), Some(index)) => match ids.get(&key) {
+                            Some(&raw) => cut.keys.push(raw),
+                            None if index.is_own(key) => continue,
+                            None => {
+                                return Err(err(format!("slot key {key} of dynamic table '{}' is held by node {rank}, which does not know its id", spec.name)));
+                            }
+                        },
+                        _ => cut.keys.push(key),
+                    }
                     slot.append_all_words(&mut cut.words);
                 }
                 None if matches!(table.residence(key), Residence::Arriving) => {
@@ -282,6 +299,9 @@ pub(crate) fn write_node(dir: &Path, config: &Config, cut: &Cut, cuts: &[TableCu
         let ranks: Vec<String> = cut.absent.iter().map(usize::to_string).collect();
         text.push_str(&format!("absent\t{}\n", ranks.join(",")));
     }
+    for cut in cuts.iter().filter(|c| config.tables[c.id as usize].dynamic.is_some()) {
+        text.push_str(&format!("dynamic\t{}\n", cut.id));
+    }
     for cut in cuts {
         let spec = &config.tables[cut.id as usize];
         text.push_str(&format!(
@@ -315,6 +335,9 @@ struct Manifest {
     file: (String, u64, String),
     /// (id, records, keys, value_len, state_len, updater, name) per table.
     tables: Vec<(u16, u64, u64, usize, usize, String, String)>,
+    /// The ids of the dynamic tables, whose records are named by raw ids (any `u64`) rather
+    /// than keys.
+    dynamic: Vec<u16>,
 }
 
 fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
@@ -323,7 +346,16 @@ fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
     if lines.next() != Some(FORMAT_LINE) {
         return Err(bad(&format!("not a checkpoint manifest of this version (its first line is not '{FORMAT_LINE}')")));
     }
-    let mut m = Manifest { cluster: String::new(), sequence: 0, nodes: 0, clock: 0, absent: Vec::new(), file: Default::default(), tables: Vec::new() };
+    let mut m = Manifest {
+        cluster: String::new(),
+        sequence: 0,
+        nodes: 0,
+        clock: 0,
+        absent: Vec::new(),
+        file: Default::default(),
+        tables: Vec::new(),
+        dynamic: Vec::new(),
+    };
     let number = |field: &str, what: &str| field.parse::<u64>().map_err(|_| bad(&format!("{what} '{field}' is not a number")));
     for line in lines {
         let fields: Vec<&str> = line.split('\t').collect();
@@ -337,6 +369,7 @@ fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
                     m.absent.push(number(r, "absent rank")? as usize);
                 }
             }
+            ["dynamic", id] => m.dynamic.push(u16::try_from(number(id, "table id")?).map_err(|_| bad("a table id beyond 65535"))?),
             ["file", name, bytes, checksum] => m.file = (name.to_string(), number(bytes, "bytes")?, checksum.to_string()),
             ["table", id, records, keys, value_len, state_len, _partitioning, updater, name] => m.tables.push((
                 u16::try_from(number(id, "table id")?).map_err(|_| bad("a table id beyond 65535"))?,
@@ -423,7 +456,9 @@ fn lowest_manifest(dir: &Path) -> Option<usize> {
 
 /// Whether two nodes' manifests describe the same tables (record counts differ per node).
 fn same_tables(a: &Manifest, b: &Manifest) -> bool {
-    a.tables.len() == b.tables.len() && a.tables.iter().zip(&b.tables).all(|(x, y)| (x.0, x.2, x.3, x.4, &x.5, &x.6) == (y.0, y.2, y.3, y.4, &y.5, &y.6))
+    a.dynamic == b.dynamic
+        && a.tables.len() == b.tables.len()
+        && a.tables.iter().zip(&b.tables).all(|(x, y)| (x.0, x.2, x.3, x.4, &x.5, &x.6) == (y.0, y.2, y.3, y.4, &y.5, &y.6))
 }
 
 /// Checks that `dir` holds a whole checkpoint (the manifest of every node that was in the
@@ -442,14 +477,20 @@ fn manifests(dir: &Path, specs: &[TableSpec]) -> Result<Vec<Manifest>> {
     if saved.len() != kept.len() {
         return Err(err(format!("the checkpoint in {} has {} table(s), this configuration {} (scratch tables aside)", dir.display(), saved.len(), kept.len())));
     }
-    for (spec, (_, _, keys, value_len, state_len, updater, name)) in kept.into_iter().zip(saved) {
+    for (spec, (id, _, keys, value_len, state_len, updater, name)) in kept.into_iter().zip(saved) {
         let mismatch = |setting: &str, theirs: String, ours: String| {
             err(format!("table '{}': the checkpoint's {setting} is {theirs}, this configuration's {ours}", spec.name))
         };
         if *name != spec.name {
             return Err(mismatch("name", format!("'{name}'"), format!("'{}'", spec.name)));
         }
-        if *keys != spec.keys {
+        let dynamic = all[0].dynamic.contains(id);
+        if dynamic != spec.dynamic.is_some() {
+            let kind = |d: bool| if d { "dynamic" } else { "not dynamic" }.to_string();
+            return Err(mismatch("table", kind(dynamic), kind(spec.dynamic.is_some())));
+        }
+        // (A dynamic table's slot keys depend on the node count; its records are ids.)
+        if !dynamic && *keys != spec.keys {
             return Err(mismatch("key count", keys.to_string(), spec.keys.to_string()));
         }
         if *value_len != spec.value_len {
@@ -550,6 +591,8 @@ struct Shape {
     words_per_key: usize,
     partitioning: crate::config::Partitioning,
     placement: Option<std::sync::Arc<crate::placement::Placement>>,
+    /// A dynamic table's spec: its records are ids, each taken by its home.
+    dynamic: Option<crate::dynamic::DynamicSpec>,
 }
 
 impl Shape {
@@ -568,6 +611,7 @@ impl Shape {
             words_per_key: spec.value_len + spec.state_len(),
             partitioning: spec.partitioning,
             placement: spec.placement.clone(),
+            dynamic: spec.dynamic,
         }
     }
 }
@@ -594,7 +638,7 @@ fn read_into(dir: &Path, manifests: &[Manifest], target: &Target<'_>, mut apply:
         shapes.iter().map(|t| Partitioner::with_placement(t.keys, target.nodes, t.partitioning, t.placement.clone())).collect();
     // Per table, which of the home keys were found (sized by the configuration, or by a
     // manifest checked against the files' sizes: never by a count read from a file alone).
-    let mut found: Vec<Vec<bool>> = shapes.iter().map(|t| vec![false; t.keys as usize]).collect();
+    let mut found: Vec<Vec<bool>> = shapes.iter().map(|t| if t.dynamic.is_some() { Vec::new() } else { vec![false; t.keys as usize] }).collect();
     let mut loaded = 0u64;
     let (mut keys, mut rows) = (Vec::new(), Vec::new());
     for m in manifests {
@@ -627,6 +671,14 @@ fn read_into(dir: &Path, manifests: &[Manifest], target: &Target<'_>, mut apply:
                 r.bytes(piece.len() / 8 * row_bytes, &mut rows)?;
                 for (key, row) in piece.chunks_exact(8).zip(rows.chunks_exact(row_bytes.max(1))) {
                     let key = u64::from_le_bytes(key.try_into().expect("8 bytes"));
+                    if let Some(d) = &shape.dynamic {
+                        // An id, taken by its home (which refuses one it took already).
+                        if d.home_of(key, target.nodes) == rank {
+                            apply(shape.target, key, row, true)?;
+                            loaded += 1;
+                        }
+                        continue;
+                    }
                     if key >= shape.keys {
                         return Err(err(format!("{}: key {key} is outside table '{}' (keys 0..{})", path.display(), shape.name, shape.keys)));
                     }
@@ -648,7 +700,7 @@ fn read_into(dir: &Path, manifests: &[Manifest], target: &Target<'_>, mut apply:
         }
         r.finish(&m.file.2)?;
     }
-    for (id, shape) in shapes.iter().enumerate() {
+    for (id, shape) in shapes.iter().enumerate().filter(|(_, shape)| shape.dynamic.is_none()) {
         if let Some(key) = partitioners[id].home_keys(rank).find(|&k| !found[id][k as usize]) {
             return Err(err(format!("key {key} of table '{}' is in no node's file of {}: the checkpoint is incomplete", shape.name, dir.display())));
         }
@@ -659,7 +711,10 @@ fn read_into(dir: &Path, manifests: &[Manifest], target: &Target<'_>, mut apply:
 /// Loads the checkpoint in `dir` into `store` (node `config.rank` of `config.nodes`, freshly
 /// built): the keys this node is home of, and its replicas of replicated keys. Returns the
 /// clock the cluster's workers go on from: the smallest the nodes saved.
-pub(crate) fn restore(dir: &Path, store: &Store, config: &Config) -> Result<u64> {
+///
+/// A dynamic table's ids homed here (now) go into `indexes[table]`, each in a slot key of this
+/// node's range, with its saved value and state.
+pub(crate) fn restore(dir: &Path, store: &Store, config: &Config, indexes: &[Option<IdIndex>]) -> Result<u64> {
     let manifests = manifests(dir, &config.tables)?;
     let also = |table: usize, key: u64| store.table(table as u16).is_replicated(key);
     let shapes = Shape::of_kept(&config.tables);
@@ -667,6 +722,15 @@ pub(crate) fn restore(dir: &Path, store: &Store, config: &Config) -> Result<u64>
     // Every latch for the whole restore: one lock instead of one per key.
     let all = store.lock_all();
     read_into(dir, &manifests, &target, |table, key, bytes, _| {
+        if let Some(index) = indexes.get(table).and_then(Option::as_ref) {
+            return index.restore(key, |slot_key| {
+                let slot = all
+                    .slot(table as u16, slot_key)
+                    .ok_or_else(|| err(format!("slot key {slot_key} of table '{}' is not on its home", config.tables[table].name)))?;
+                slot.write_all_le_bytes(bytes);
+                Ok(())
+            });
+        }
         let slot = all
             .slot(table as u16, key)
             .ok_or_else(|| err(format!("key {key} of table '{}' has no slot on node {} to restore into", config.tables[table].name, config.rank)))?;
@@ -689,6 +753,9 @@ pub fn write_arrays_checkpoint(dir: impl AsRef<Path>, specs: &[TableSpec], value
     for (id, (spec, values)) in specs.iter().zip(values).enumerate() {
         if spec.scratch {
             continue;
+        }
+        if spec.dynamic.is_some() {
+            return Err(err(format!("table '{}' is dynamic: dense arrays cannot name its ids (a cluster's Node::checkpoint writes it)", spec.name)));
         }
         if values.len() as u64 != spec.keys.saturating_mul(spec.value_len as u64) {
             return Err(err(format!("table '{}': {} values for {} keys of {}", spec.name, values.len(), spec.keys, spec.value_len)));
@@ -718,9 +785,23 @@ pub fn read_arrays_checkpoint(dir: impl AsRef<Path>, specs: &[TableSpec]) -> Res
         .collect())
 }
 
+/// A checkpoint read whole outside a cluster cannot hold a dynamic table yet: refused, naming
+/// the table.
+fn refuse_dynamic(dir: &Path, manifests: &[Manifest]) -> Result<()> {
+    if let Some(id) = manifests.first().and_then(|m| m.dynamic.first()) {
+        let name = manifests[0].tables.iter().find(|t| t.0 == *id).map_or(String::new(), |t| t.6.clone());
+        return Err(err(format!(
+            "{}: table '{name}' is dynamic (its records are ids): restore it into a cluster (Config::restore_from); reading it whole is not built yet",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Every key's value (state left out) of every table in `shapes` (the manifests' tables, their
 /// targets their positions), key after key, from the checkpoint of `manifests` in `dir`.
 fn read_dense(dir: &Path, manifests: &[Manifest], shapes: &[Shape]) -> Result<Vec<Vec<f32>>> {
+    refuse_dynamic(dir, manifests)?;
     let mut out: Vec<Vec<f32>> = shapes.iter().map(|s| vec![0.0; (s.keys as usize).saturating_mul(s.value_len)]).collect();
     let shapes: Vec<Shape> =
         shapes.iter().enumerate().map(|(position, s)| Shape { target: position, name: s.name.clone(), placement: s.placement.clone(), ..*s }).collect();
@@ -760,6 +841,7 @@ pub struct CheckpointTable {
 pub fn read_checkpoint(dir: impl AsRef<Path>) -> Result<Vec<CheckpointTable>> {
     let dir = dir.as_ref();
     let manifests = whole(dir)?;
+    refuse_dynamic(dir, &manifests)?;
     let first = &manifests[0];
     // Every key is written by exactly one node, so the records over all nodes are the key
     // count, and each file holds its records' bytes.
@@ -792,6 +874,7 @@ pub fn read_checkpoint(dir: impl AsRef<Path>) -> Result<Vec<CheckpointTable>> {
             words_per_key: value_len + state_len,
             partitioning: crate::config::Partitioning::Range,
             placement: None,
+            dynamic: None,
         })
         .collect();
     let values = read_dense(dir, &manifests, &shapes)?;

@@ -310,6 +310,38 @@ impl IdIndex {
         Ok((*created - before) as usize)
     }
 
+    /// Every id this node knows, with its slot key (for a checkpoint, which names the slots it
+    /// writes by their ids).
+    pub fn pairs(&self) -> Vec<(u64, u64)> {
+        let mut all = Vec::new();
+        for shard in &self.shards {
+            all.extend(shard.read().iter().map(|(&id, &key)| (id, key)));
+        }
+        all
+    }
+
+    /// Whether `key` is one of this node's own slot keys (it hands them out as a home).
+    pub fn is_own(&self, key: u64) -> bool {
+        key >= self.first && key - self.first < self.spec.capacity
+    }
+
+    /// As the home of `id`, restored from a checkpoint: creates it with `write` (given its new
+    /// slot key) instead of its initial value. Refuses an id restored twice (a damaged or
+    /// mixed-up checkpoint) and one beyond this node's share.
+    pub fn restore(&self, id: u64, write: impl FnOnce(u64) -> Result<()>) -> Result<()> {
+        let mut keys = Vec::with_capacity(1);
+        let mut write = Some(write);
+        let created = self.assign(&[id], &mut keys, |_, key| write.take().map_or(Ok(()), |w| w(key)))?;
+        match (created, keys.first()) {
+            (1, _) => Ok(()),
+            (_, Some(None)) => Err(Error::Checkpoint(format!(
+                "the checkpoint holds more ids homed at this node than its {} keys of the table (a larger capacity holds them)",
+                self.spec.capacity
+            ))),
+            _ => Err(Error::Checkpoint(format!("id {id} is in the checkpoint twice"))),
+        }
+    }
+
     /// Ids this node created as their home.
     pub fn created(&self) -> u64 {
         *self.created.lock()

@@ -139,8 +139,10 @@ impl Node {
     /// member to ask) asks before any of its services runs.
     fn assemble(config: Config, fabric: Arc<dyn Fabric>, clock_offset: i64, joining: Option<u16>) -> Result<Node> {
         let store = Arc::new(Store::new(config.rank, config.nodes, &config.tables, config.latches, config.huge_pages, fabric.registrar())?);
+        // Dynamic tables' indexes, made before a restore fills them.
+        let id_indexes: Vec<_> = config.tables.iter().map(|t| t.dynamic.map(|d| crate::dynamic::IdIndex::new(d, config.rank))).collect();
         let first_clock = match &config.restore_from {
-            Some(dir) => crate::checkpoint::restore(dir, &store, &config)?,
+            Some(dir) => crate::checkpoint::restore(dir, &store, &config, &id_indexes)?,
             None => 0,
         };
         let settings = Settings {
@@ -156,7 +158,8 @@ impl Node {
             share_clocks: config.max_delay.is_some(),
             first_clock,
         };
-        let core = Core::new(config.rank, config.nodes, &config.tables, store, settings);
+        let mut core = Core::new(config.rank, config.nodes, &config.tables, store, settings);
+        core.set_id_indexes(id_indexes);
         let inner = Arc::new(NodeInner::new(config, core, fabric.clone(), clock_offset));
         let metrics = match &inner.config.metrics {
             Some(base) => {
@@ -310,12 +313,6 @@ impl Node {
     /// durable. The workers may push again once every node's call returned (a barrier after
     /// it), so that no node's cut holds a push of the next phase.
     pub fn checkpoint_in_background(&self, dir: impl AsRef<std::path::Path>) -> Result<crate::CheckpointWriting> {
-        if let Some(t) = self.inner.config.tables.iter().find(|t| t.dynamic.is_some() && !t.scratch) {
-            return Err(Error::Checkpoint(format!(
-                "table '{}' is dynamic, and checkpoints do not hold its index of ids yet: its values could not be restored (make it a scratch table to leave it out)",
-                t.name
-            )));
-        }
         if !self.intents.at_rest() {
             return Err(Error::Checkpoint(
                 "intent may be relocating keys: call Node::hold_relocations on every node, then a barrier, before a checkpoint (and Node::release_relocations after it)".into(),
@@ -324,7 +321,8 @@ impl Node {
         self.sync_replicas()?;
         let sequence = self.checkpoints.fetch_add(1, Ordering::Relaxed) + 1;
         let config = &self.inner.config;
-        let cuts = crate::checkpoint::cut(self.inner.core.store(), &config.tables, config.rank, config.nodes, &self.spare_cuts)?;
+        let indexes: Vec<_> = (0..config.tables.len()).map(|t| self.inner.core.id_index(t as u16)).collect();
+        let cuts = crate::checkpoint::cut(self.inner.core.store(), &config.tables, &indexes, config.rank, config.nodes, &self.spare_cuts)?;
         let clock = self.inner.core.clocks().lock().checkpoint_clock();
         // Lost nodes whose keys failed over, and nodes that left: their keys are in the files
         // of the nodes that took them over. (Without backups a lost node's keys are gone, and

@@ -117,7 +117,8 @@ impl Table {
             s.partitioning.name(),
             s.replicated_keys(),
             if s.scratch { "True" } else { "False" },
-            s.feature_hashing.map_or(String::new(), |h| format!(", feature_hashing={:?}", h.name())) + &s.dynamic.map_or(String::new(), |d| format!(", dynamic={}, init={:?}", d.capacity, d.init.name()))
+            s.feature_hashing.map_or(String::new(), |h| format!(", feature_hashing={:?}", h.name()))
+                + &s.dynamic.map_or(String::new(), |d| format!(", dynamic={}, init={:?}", d.capacity, d.init.name()))
         )
     }
 }

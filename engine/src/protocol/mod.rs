@@ -262,6 +262,12 @@ impl Core {
         }
     }
 
+    /// Puts in the dynamic tables' indexes a restore filled (one per table, `None` for tables
+    /// that are not dynamic), before the node runs.
+    pub(crate) fn set_id_indexes(&mut self, indexes: Vec<Option<crate::dynamic::IdIndex>>) {
+        self.id_indexes = indexes;
+    }
+
     /// The index of dynamic table `table`'s ids, if it is dynamic.
     #[inline]
     pub(crate) fn id_index(&self, table: u16) -> Option<&crate::dynamic::IdIndex> {
