@@ -38,6 +38,7 @@ use crate::store::{RegionHandle, Registrar, RemoteAddr, Store};
 use crate::update::Updater;
 
 mod backups;
+mod dynamic_ids;
 mod intent_rounds;
 mod replica_checks;
 mod replica_set;
@@ -116,6 +117,9 @@ pub struct SimOptions {
     /// Keys managed by replication (see [`crate::replication`]); their operations are
     /// single-key pulls and pushes, checked with the round-based staleness rule.
     pub replicated: Vec<std::ops::Range<u64>>,
+    /// Raw ids of a dynamic table (a second table) that workers ask the slot keys of, now and
+    /// then, from a pool of this many (0: no dynamic table); see `sim::dynamic_ids`.
+    pub dynamic_ids: u64,
     /// Simulated nanoseconds between a node's replication rounds.
     pub round_period: u64,
     /// A round that has waited more than a round period for its acknowledgements is given up
@@ -212,6 +216,7 @@ impl SimOptions {
             rejoin: false,
             crash_while_joining: false,
             replicated: Vec::new(),
+            dynamic_ids: 0,
             round_period: 40_000,
             round_give_ups: false,
             push_pull: 0.0,
@@ -430,6 +435,10 @@ struct SimNode {
 
 #[derive(Debug, Clone)]
 enum ScriptOp {
+    /// Ids of the dynamic table whose slot keys the worker asks for (`sim::dynamic_ids`).
+    Assign {
+        ids: Vec<u64>,
+    },
     Access {
         kind: AccessKind,
         keys: Vec<u64>,
@@ -586,6 +595,8 @@ struct SimWorker {
     awaiting_backup: Vec<backups::AwaitingBackup>,
     /// The incarnation of its node it runs on ([`SimNode::incarnation`]).
     incarnation: u8,
+    /// Ids of the dynamic table waiting for their homes' answers.
+    assigning: Option<dynamic_ids::AssignWait>,
 }
 
 impl SimWorker {
@@ -601,6 +612,7 @@ impl SimWorker {
             script,
             in_flight: Vec::new(),
             sync: None,
+            assigning: None,
             streaming: None,
             waiting_all: false,
             events: Vec::new(),
@@ -642,6 +654,8 @@ struct Sim {
     intent_grants: usize,
     /// Replica syncs sent and their items' outcomes.
     syncs: SyncCounts,
+    /// The slot key every id of the dynamic table got (see `sim::dynamic_ids`).
+    dynamic_slots: std::collections::BTreeMap<u64, u64>,
     /// Per node, its simulated replica set (empty without run-time replicas).
     replica_sets: Vec<SimReplicaSet>,
     /// What the replica sets did.
@@ -844,8 +858,12 @@ impl Sim {
             first_clock: opts.first_clock,
         };
         let regions = Arc::new(SimRegistrar::default());
-        let store = Arc::new(Store::new(rank, opts.nodes, std::slice::from_ref(&spec), 7, HugePages::Off, regions.clone())?);
-        let core = Core::new(rank, opts.nodes, std::slice::from_ref(&spec), store, settings);
+        let mut specs = vec![spec];
+        if opts.dynamic_ids > 0 {
+            specs.push(dynamic_ids::spec(opts));
+        }
+        let store = Arc::new(Store::new(rank, opts.nodes, &specs, 7, HugePages::Off, regions.clone())?);
+        let core = Core::new(rank, opts.nodes, &specs, store, settings);
         let tx = core.transmit();
         Ok(SimNode { core, regions, tx, crashed: false, left: false, incarnation: 0 })
     }
@@ -872,6 +890,7 @@ impl Sim {
             replica_history: opts.replicated.iter().flat_map(|r| r.clone()).map(|k| (k, Vec::new(), Vec::new())).collect(),
             intent_grants: 0,
             syncs: SyncCounts::default(),
+            dynamic_slots: Default::default(),
             replica_sets,
             replica_counts: ReplicaSetCounts::default(),
             intent_services: (0..if opts.declared_intents { opts.nodes } else { 0 }).map(|_| intent_rounds::SimIntentService::new()).collect(),
@@ -914,6 +933,13 @@ impl Sim {
                     } else {
                         (0..count).map(|_| rng.gen_range(0..opts.keys)).collect()
                     };
+                    if opts.dynamic_ids > 0 && rng.gen_bool(0.3) {
+                        // Ids of the dynamic table, from a pool small enough that nodes race to
+                        // create them.
+                        let ids = (0..rng.gen_range(1..=5)).map(|_| dynamic_ids::id(rng.gen_range(0..opts.dynamic_ids))).collect();
+                        script.push_back(ScriptOp::Assign { ids });
+                        continue;
+                    }
                     let replicated = |k: &u64| opts.replicated.iter().any(|r| r.contains(k));
                     if !opts.replicated.is_empty() && rng.gen_bool(0.4) {
                         // A replicated key: one-key pulls and pushes, each push a lane of its own.
@@ -1106,6 +1132,9 @@ impl Sim {
         if let Some(sync) = &worker.sync {
             return sync.acknowledged();
         }
+        if let Some(wait) = &worker.assigning {
+            return wait.answered();
+        }
         if let Some(keys) = &worker.localize_waits_for {
             return self.replica_sets.get(worker.node).is_none_or(|s| s.marks.carried(0, keys).is_empty());
         }
@@ -1170,6 +1199,7 @@ impl Sim {
                 }
             }
             self.take_sync_acks();
+            self.take_assignments();
             self.take_replica_set_acks()?;
             let runnable: Vec<usize> = (0..self.workers.len()).filter(|&w| self.runnable(w)).collect();
             // A slow link's frames wait while others can go, nine times in ten.
@@ -1564,6 +1594,9 @@ impl Sim {
         if self.workers[w].sync.as_ref().is_some_and(SyncWait::acknowledged) {
             return self.finish_replica_sync(w);
         }
+        if self.workers[w].assigning.as_ref().is_some_and(dynamic_ids::AssignWait::answered) {
+            return self.finish_assign(w);
+        }
         if self.workers[w].clock_target.take().is_some() {
             let now = self.now;
             self.log(format!("worker {w}@{node} starts clock {}", self.workers[w].clocks.started.len()));
@@ -1634,6 +1667,10 @@ impl Sim {
                 self.service_step(w, op)?;
             }
             ScriptOp::PushDrain { token, keys, deltas } => self.issue_drain_push(w, token, keys, deltas)?,
+            ScriptOp::Assign { ids } => {
+                self.ops += 1;
+                self.assign_ids(w, ids)?;
+            }
             ScriptOp::ReplicaSync { keys, lanes } => {
                 self.ops += 1;
                 self.send_replica_sync(w, keys, lanes)?;
@@ -2022,6 +2059,9 @@ impl Sim {
         }
         if self.opts.crash.is_none() && self.opts.leave.is_none() && self.opts.backups && self.opts.relocation {
             self.check_images_follow_keys()?;
+        }
+        if self.opts.dynamic_ids > 0 {
+            self.check_dynamic_ids()?;
         }
         if let Some(node) = self.opts.leave.filter(|&n| !self.nodes[n].left && self.nodes[n].incarnation == 0) {
             return Err(format!("node {node} never left ({:?}: asked, left)", self.nodes[node].core.leave_state()));

@@ -99,6 +99,12 @@ impl Assignments {
         self.arrived.notify_all();
     }
 
+    /// Takes the answer of `from` to `request`, if it came (the simulator's workers poll).
+    #[cfg(any(test, feature = "sim"))]
+    pub fn take(&self, from: u16, request: u32) -> Option<Vec<u64>> {
+        self.answers.lock().remove(&(from, request))
+    }
+
     /// Waits for the answer of `from` to `request` until `deadline`, or until `alive` says
     /// that `from` is gone.
     pub fn wait(&self, from: u16, request: u32, deadline: Instant, alive: impl Fn() -> bool) -> Option<Vec<u64>> {
