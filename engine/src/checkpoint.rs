@@ -821,7 +821,7 @@ fn read_dense(dir: &Path, manifests: &[Manifest], shapes: &[Shape]) -> Result<Ve
 pub struct CheckpointTable {
     /// The table's name.
     pub name: String,
-    /// Its key count: `values` holds keys `0..keys`.
+    /// Its key count: `values` holds keys `0..keys` (a dynamic table's: the rows of `ids`).
     pub keys: u64,
     /// Values per key.
     pub value_len: usize,
@@ -829,6 +829,12 @@ pub struct CheckpointTable {
     pub updater: String,
     /// Every key's value, key after key (`keys × value_len`).
     pub values: Vec<f32>,
+    /// Whether the table is dynamic ([`crate::TableSpec::dynamic`]): its rows are the ids of
+    /// `ids`.
+    pub dynamic: bool,
+    /// A dynamic table's ids, ascending: `values` holds their rows in this order, and `keys`
+    /// is their number. Empty for a table that is not dynamic.
+    pub ids: Vec<u64>,
 }
 
 /// Reads the whole checkpoint in `dir`, written by any node count, without knowing its tables
@@ -841,13 +847,13 @@ pub struct CheckpointTable {
 pub fn read_checkpoint(dir: impl AsRef<Path>) -> Result<Vec<CheckpointTable>> {
     let dir = dir.as_ref();
     let manifests = whole(dir)?;
-    refuse_dynamic(dir, &manifests)?;
     let first = &manifests[0];
+    let dynamic = |id: u16| first.dynamic.contains(&id);
     // Every key is written by exactly one node, so the records over all nodes are the key
-    // count, and each file holds its records' bytes.
-    for (t, (_, _, keys, value_len, state_len, _, name)) in first.tables.iter().enumerate() {
+    // count (a dynamic table's, its ids), and each file holds its records' bytes.
+    for (t, (id, _, keys, value_len, state_len, _, name)) in first.tables.iter().enumerate() {
         let records: u64 = manifests.iter().map(|m| m.tables[t].1).fold(0u64, u64::saturating_add);
-        if records != *keys {
+        if records != *keys && !dynamic(*id) {
             return Err(err(format!("{}: table '{name}' has {records} records over all nodes' manifests for {keys} keys", dir.display())));
         }
         if value_len.checked_add(*state_len).is_none_or(|w| w > u32::MAX as usize) {
@@ -866,30 +872,50 @@ pub fn read_checkpoint(dir: impl AsRef<Path>) -> Result<Vec<CheckpointTable>> {
         .tables
         .iter()
         .enumerate()
-        .map(|(target, (_, _, keys, value_len, state_len, _, name))| Shape {
+        .map(|(target, (id, _, keys, value_len, state_len, _, name))| Shape {
             target,
             name: name.clone(),
-            keys: *keys,
+            // A dynamic table's rows are its ids (read whole, every id is "homed" here).
+            keys: if dynamic(*id) { 0 } else { *keys },
             value_len: *value_len,
             words_per_key: value_len + state_len,
             partitioning: crate::config::Partitioning::Range,
             placement: None,
-            dynamic: None,
+            dynamic: dynamic(*id).then_some(crate::dynamic::DynamicSpec { capacity: 1, init: crate::dynamic::Init::Zeros, seed: 0 }),
         })
         .collect();
-    let values = read_dense(dir, &manifests, &shapes)?;
-    Ok(first
-        .tables
-        .iter()
-        .zip(values)
-        .map(|((_, _, keys, value_len, _, updater, name), values)| CheckpointTable {
-            name: name.clone(),
-            keys: *keys,
-            value_len: *value_len,
-            updater: updater.clone(),
-            values,
-        })
-        .collect())
+    let mut dense: Vec<Vec<f32>> = shapes.iter().map(|s| vec![0.0; (s.keys as usize).saturating_mul(s.value_len)]).collect();
+    let mut rows: Vec<Vec<(u64, Vec<f32>)>> = shapes.iter().map(|_| Vec::new()).collect();
+    let target = Target { shapes: &shapes, rank: 0, nodes: 1, also: &|_, _| false };
+    read_into(dir, &manifests, &target, |table, key, bytes, _| {
+        let len = shapes[table].value_len;
+        let values = bytes.chunks_exact(4).take(len).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")));
+        if shapes[table].dynamic.is_some() {
+            rows[table].push((key, values.collect()));
+        } else {
+            for (o, v) in dense[table][key as usize * len..(key as usize + 1) * len].iter_mut().zip(values) {
+                *o = v;
+            }
+        }
+        Ok(())
+    })?;
+    let mut tables = Vec::with_capacity(shapes.len());
+    for (((_, _, keys, value_len, _, updater, name), values), mut rows) in first.tables.iter().zip(dense).zip(rows) {
+        let (keys, ids, values) = if shapes[tables.len()].dynamic.is_some() {
+            // Ids in ascending order; an id written twice is a damaged or mixed-up checkpoint.
+            rows.sort_unstable_by_key(|r| r.0);
+            if let Some(w) = rows.windows(2).find(|w| w[0].0 == w[1].0) {
+                return Err(err(format!("{}: id {} of dynamic table '{name}' is in two nodes' files", dir.display(), w[0].0)));
+            }
+            let ids: Vec<u64> = rows.iter().map(|r| r.0).collect();
+            (ids.len() as u64, ids, rows.into_iter().flat_map(|r| r.1).collect())
+        } else {
+            (*keys, Vec::new(), values)
+        };
+        let dynamic = shapes[tables.len()].dynamic.is_some();
+        tables.push(CheckpointTable { name: name.clone(), keys, value_len: *value_len, updater: updater.clone(), values, dynamic, ids });
+    }
+    Ok(tables)
 }
 
 #[cfg(test)]

@@ -623,7 +623,8 @@ fn plan_examples(path: std::path::PathBuf, node: usize) -> PyResult<Vec<u64>> {
 
 /// Reads a whole checkpoint (written by `Node.checkpoint` on any number of nodes, or by a
 /// training run's `--checkpoint-dir`) outside a cluster: a dict of every table's values by
-/// name, each a `float32` array of shape `(keys, value_len)` (optimizer state left out).
+/// name, each a `float32` array of shape `(keys, value_len)` (optimizer state left out); for a
+/// dynamic table a pair `(ids, values)`: its ids ascending (`uint64`) and their rows.
 /// Raises `FerryError` naming the file when the checkpoint is incomplete or damaged.
 #[pyfunction]
 fn read_checkpoint<'py>(py: Python<'py>, dir: std::path::PathBuf) -> PyResult<Bound<'py, PyDict>> {
@@ -631,7 +632,12 @@ fn read_checkpoint<'py>(py: Python<'py>, dir: std::path::PathBuf) -> PyResult<Bo
     let out = PyDict::new(py);
     for t in tables {
         let shape = [t.keys as usize, t.value_len];
-        out.set_item(t.name, PyArray1::from_vec(py, t.values).reshape(shape)?)?;
+        let values = PyArray1::from_vec(py, t.values).reshape(shape)?;
+        if t.dynamic {
+            out.set_item(t.name, (PyArray1::from_vec(py, t.ids), values))?;
+        } else {
+            out.set_item(t.name, values)?;
+        }
     }
     Ok(out)
 }
