@@ -80,21 +80,26 @@ impl Worker {
             })?;
             asked.push((home as u16, request));
         }
-        // Those homed here meanwhile: no message.
+        // Those homed here meanwhile: no message. (A failure here still takes the other homes'
+        // answers: their ids are learnt, and the mailbox keeps nothing nobody waits for.)
+        let mut outcome = Ok(());
         let own = &per_home[rank as usize];
         if !own.is_empty() {
             let mut keys = Vec::with_capacity(own.len());
-            node.core.assign_ids(table.id, own, &mut keys)?;
-            for (&id, key) in own.iter().zip(&keys) {
-                let Some(key) = *key else {
-                    return Err(table_full(&name(), rank as usize, capacity));
-                };
-                learnt.insert(id, key);
+            match node.core.assign_ids(table.id, own, &mut keys) {
+                Ok(_) => {
+                    for (&id, key) in own.iter().zip(&keys) {
+                        match *key {
+                            Some(key) => _ = learnt.insert(id, key),
+                            None => outcome = outcome.and(Err(table_full(&name(), rank as usize, capacity))),
+                        }
+                    }
+                }
+                Err(e) => outcome = Err(e),
             }
         }
         let timeout = node.config.op_timeout;
         let deadline = Instant::now() + timeout;
-        let mut outcome = Ok(());
         for (home, request) in asked {
             let alive = || node.fabric.is_alive(home as usize) && !dir.is_lost(home);
             let Some(keys) = node.core.assignments().wait(home, request, deadline, alive) else {
