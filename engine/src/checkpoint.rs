@@ -881,7 +881,12 @@ pub fn read_checkpoint(dir: impl AsRef<Path>) -> Result<Vec<CheckpointTable>> {
             words_per_key: value_len + state_len,
             partitioning: crate::config::Partitioning::Range,
             placement: None,
-            dynamic: dynamic(*id).then_some(crate::dynamic::DynamicSpec { capacity: 1, init: crate::dynamic::Init::Zeros, seed: 0 }),
+            dynamic: dynamic(*id).then_some(crate::dynamic::DynamicSpec {
+                capacity: 1,
+                init: crate::dynamic::Init::Zeros,
+                seed: 0,
+                admission: crate::dynamic::Admission::All,
+            }),
         })
         .collect();
     let mut dense: Vec<Vec<f32>> = shapes.iter().map(|s| vec![0.0; (s.keys as usize).saturating_mul(s.value_len)]).collect();

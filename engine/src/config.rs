@@ -170,8 +170,17 @@ impl TableSpec {
     /// once the cluster starts). Values start at zeros ([`TableSpec::initialised`] changes it).
     pub fn dynamic(name: impl Into<String>, value_len: usize, capacity: u64) -> TableSpec {
         let mut spec = TableSpec::new(name, 0, value_len);
-        spec.dynamic = Some(crate::dynamic::DynamicSpec { capacity, init: crate::dynamic::Init::Zeros, seed: 0 });
+        spec.dynamic = Some(crate::dynamic::DynamicSpec { capacity, init: crate::dynamic::Init::Zeros, seed: 0, admission: crate::dynamic::Admission::All });
         spec
+    }
+
+    /// The same dynamic table with new ids created only as `admission` says (no effect on a
+    /// table that is not dynamic; see [`crate::dynamic::Admission`]).
+    pub fn admitting(mut self, admission: crate::dynamic::Admission) -> TableSpec {
+        if let Some(d) = &mut self.dynamic {
+            d.admission = admission;
+        }
+        self
     }
 
     /// The same dynamic table with new ids' values starting as `init` says (no effect on a
@@ -1009,7 +1018,7 @@ impl Config {
                 text.push_str(&format!("hashed {}:", h.name()));
             }
             if let Some(d) = &t.dynamic {
-                text.push_str(&format!("dynamic {}:{}:{}:", d.capacity, d.init.name(), d.seed));
+                text.push_str(&format!("dynamic {}:{}:{}:{}:", d.capacity, d.init.name(), d.seed, d.admission.name()));
             }
             if let Some(p) = &t.placement {
                 text.push_str(&format!("placement {:016x}:", p.digest()));

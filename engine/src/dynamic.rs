@@ -143,6 +143,162 @@ impl std::str::FromStr for Init {
     }
 }
 
+/// Which new ids a home creates ([`crate::TableSpec::admitting`]). An id not admitted yet has
+/// no slot key: pulls read its initial value, and its pushes are counted at its home, not
+/// stored (Paddle's count and probability filters; Monolith's frequency filtering).
+#[derive(Debug, Clone, Copy)]
+pub enum Admission {
+    /// Every id, when first touched (the default).
+    All,
+    /// An id once it was pushed `pushes` times. The counts are kept in a count-min sketch at
+    /// the home (4 rows of `2 × capacity` counters, at least 1 024), so an id may be admitted
+    /// early when it shares counters with busy ids, never late.
+    Count {
+        /// Pushes that admit an id.
+        pushes: u32,
+    },
+    /// Each push of an id not admitted yet admits it with probability `p` (drawn from a
+    /// seeded sequence at its home).
+    Probability {
+        /// The chance of a push to admit its id.
+        p: f32,
+        /// Seed of the draws.
+        seed: u64,
+    },
+}
+
+impl Admission {
+    fn bits(&self) -> (u8, u32, u64) {
+        match *self {
+            Admission::All => (0, 0, 0),
+            Admission::Count { pushes } => (1, pushes, 0),
+            Admission::Probability { p, seed } => (2, p.to_bits(), seed),
+        }
+    }
+
+    /// The rule as [`Admission::from_str`](std::str::FromStr) reads it.
+    pub fn name(&self) -> String {
+        match self {
+            Admission::All => "all".into(),
+            Admission::Count { pushes } => format!("count:{pushes}"),
+            Admission::Probability { p, seed } => format!("probability:{p}:{seed}"),
+        }
+    }
+}
+
+impl PartialEq for Admission {
+    fn eq(&self, other: &Admission) -> bool {
+        self.bits() == other.bits()
+    }
+}
+
+impl Eq for Admission {}
+
+impl Hash for Admission {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.bits().hash(state);
+    }
+}
+
+impl std::str::FromStr for Admission {
+    type Err = String;
+
+    /// `all`, `count:N` (N ≥ 1) or `probability:P[:SEED]` (0 < P ≤ 1).
+    fn from_str(s: &str) -> std::result::Result<Admission, String> {
+        let mut parts = s.trim().split(':');
+        let admission = match (parts.next().unwrap_or_default(), parts.next(), parts.next()) {
+            ("all", None, None) => Admission::All,
+            ("count", Some(n), None) => match n.parse::<u32>() {
+                Ok(pushes) if pushes >= 1 => Admission::Count { pushes },
+                _ => return Err(format!("'{s}': count:N needs a number of pushes of at least 1")),
+            },
+            ("probability", Some(p), seed) => {
+                let p: f32 = p.parse().map_err(|_| format!("'{s}': the probability '{p}' is not a number"))?;
+                if !(p > 0.0 && p <= 1.0) {
+                    return Err(format!("'{s}': the probability must be above 0 and at most 1"));
+                }
+                let seed = seed.map_or(Ok(0), |t| t.parse().map_err(|_| format!("'{s}': the seed '{t}' is not a number")))?;
+                Admission::Probability { p, seed }
+            }
+            _ => return Err(format!("'{s}': expected all, count:N or probability:P[:SEED]")),
+        };
+        match parts.next() {
+            Some(extra) => Err(format!("'{s}': unexpected '{extra}'")),
+            None => Ok(admission),
+        }
+    }
+}
+
+/// What an asker means to do with ids it asks the home of (the ASSIGN's flags): an id not
+/// admitted yet is created only for a write that admits it, or for a set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Intent {
+    /// A pull, localize or intent: creates nothing under an admission filter.
+    Read = 0,
+    /// A push or push-pull: counts toward admission.
+    Write = 1,
+    /// A set: creates the id whatever the filter says (its value is given).
+    Force = 2,
+}
+
+impl Intent {
+    /// The intent of an ASSIGN's flags byte.
+    pub fn of(flags: u8) -> Option<Intent> {
+        match flags {
+            0 => Some(Intent::Read),
+            1 => Some(Intent::Write),
+            2 => Some(Intent::Force),
+            _ => None,
+        }
+    }
+}
+
+/// What a home answers for one id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Assigned {
+    /// Its slot key.
+    Key(u64),
+    /// It is new and the home's share of slot keys is used up.
+    Full,
+    /// It is new and the admission filter did not admit it (yet).
+    NotAdmitted,
+}
+
+/// Counters of pushes to ids not admitted yet (a count-min sketch with conservative update).
+struct Sketch {
+    counters: Vec<u32>,
+    mask: usize,
+}
+
+/// Rows of a [`Sketch`].
+const SKETCH_ROWS: usize = 4;
+
+impl Sketch {
+    fn new(capacity: u64) -> Sketch {
+        let width = (capacity.saturating_mul(2) as usize).clamp(1024, 1 << 24).next_power_of_two();
+        Sketch { counters: vec![0; SKETCH_ROWS * width], mask: width - 1 }
+    }
+
+    /// Counts one push of `id`; returns its count (at least the true count).
+    fn add(&mut self, id: u64) -> u32 {
+        let at: [usize; SKETCH_ROWS] =
+            std::array::from_fn(|r| r * (self.mask + 1) + (mix(id ^ (r as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) as usize & self.mask));
+        let least = at.iter().map(|&i| self.counters[i]).min().unwrap_or(0).saturating_add(1);
+        for i in at {
+            self.counters[i] = self.counters[i].max(least);
+        }
+        least
+    }
+}
+
+/// A home's state for creating ids: the next unused slot key of its range (counted from its
+/// start), and what its admission filter keeps.
+struct HomeState {
+    next: u64,
+    sketch: Option<Sketch>,
+    draws: u64,
+}
+
 /// What makes a table dynamic ([`crate::TableSpec::dynamic`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DynamicSpec {
@@ -153,6 +309,8 @@ pub struct DynamicSpec {
     pub init: Init,
     /// Seed of the hash that gives each id its home.
     pub seed: u64,
+    /// Which new ids a home creates.
+    pub admission: Admission,
 }
 
 impl DynamicSpec {
@@ -197,9 +355,8 @@ const INDEX_SHARDS: usize = 64;
 pub(crate) struct IdIndex {
     spec: DynamicSpec,
     shards: Vec<RwLock<IdMap>>,
-    /// The next unused slot key of this node's range, counted from its start; held while a
-    /// home creates ids.
-    created: parking_lot::Mutex<u64>,
+    /// What the home needs to create ids; held while it creates them.
+    home: parking_lot::Mutex<HomeState>,
     /// The first slot key of this node's range.
     first: u64,
 }
@@ -210,7 +367,11 @@ impl IdIndex {
         IdIndex {
             spec,
             shards: (0..INDEX_SHARDS).map(|_| RwLock::new(IdMap::default())).collect(),
-            created: parking_lot::Mutex::new(0),
+            home: parking_lot::Mutex::new(HomeState {
+                next: 0,
+                sketch: matches!(spec.admission, Admission::Count { .. }).then(|| Sketch::new(spec.capacity)),
+                draws: 0,
+            }),
             first: rank as u64 * spec.capacity,
         }
     }
@@ -274,40 +435,53 @@ impl IdIndex {
         }
     }
 
-    /// As the home of `ids`: the slot key of each, creating those it does not know with
-    /// `create` (given the id and the new slot key; it writes the initial value) while slot
-    /// keys of its range are left; `None` for an id it cannot create (the range is used up).
-    /// Returns how many ids were created.
-    pub fn assign(&self, ids: &[u64], keys: &mut Vec<Option<u64>>, mut create: impl FnMut(u64, u64) -> Result<()>) -> Result<usize> {
+    /// As the home of `ids`, asked with `intent`: the slot key of each, creating those it does
+    /// not know and its admission filter admits with `create` (given the id and the new slot
+    /// key; it writes the initial value) while slot keys of its range are left. Returns how
+    /// many ids were created.
+    pub fn assign(&self, ids: &[u64], intent: Intent, keys: &mut Vec<Assigned>, mut create: impl FnMut(u64, u64) -> Result<()>) -> Result<usize> {
         keys.clear();
-        let mut created = self.created.lock();
-        let before = *created;
-        let (capacity, first) = (self.spec.capacity, self.first);
-        let mut one = |map: &mut IdMap, id: u64, created: &mut u64| -> Result<Option<u64>> {
+        let mut home = self.home.lock();
+        let home = &mut *home;
+        let before = home.next;
+        let (capacity, first, admission) = (self.spec.capacity, self.first, self.spec.admission);
+        let mut one = |map: &mut IdMap, id: u64, home: &mut HomeState| -> Result<Assigned> {
             if let Some(&key) = map.get(&id) {
-                return Ok(Some(key));
+                return Ok(Assigned::Key(key));
             }
-            if *created >= capacity {
-                return Ok(None);
+            let admitted = match (intent, admission) {
+                (Intent::Force, _) | (_, Admission::All) => true,
+                (Intent::Read, _) => false,
+                (Intent::Write, Admission::Count { pushes }) => home.sketch.as_mut().is_none_or(|s| s.add(id) >= pushes),
+                (Intent::Write, Admission::Probability { p, seed }) => {
+                    home.draws += 1;
+                    unit(id, seed, home.draws) < p as f64
+                }
+            };
+            if !admitted {
+                return Ok(Assigned::NotAdmitted);
             }
-            let key = first + *created;
+            if home.next >= capacity {
+                return Ok(Assigned::Full);
+            }
+            let key = first + home.next;
             create(id, key)?;
-            *created += 1;
+            home.next += 1;
             map.insert(id, key);
-            Ok(Some(key))
+            Ok(Assigned::Key(key))
         };
         if ids.len() < 2 * INDEX_SHARDS {
             for &id in ids {
-                keys.push(one(&mut self.shard(id).write(), id, &mut created)?);
+                keys.push(one(&mut self.shard(id).write(), id, home)?);
             }
         } else {
             // A large batch takes every shard's write latch once rather than one per id.
             let mut shards: [_; INDEX_SHARDS] = std::array::from_fn(|s| self.shards[s].write());
             for &id in ids {
-                keys.push(one(&mut shards[Self::shard_index(id)], id, &mut created)?);
+                keys.push(one(&mut shards[Self::shard_index(id)], id, home)?);
             }
         }
-        Ok((*created - before) as usize)
+        Ok((home.next - before) as usize)
     }
 
     /// Every id this node knows, with its slot key (for a checkpoint, which names the slots it
@@ -331,10 +505,10 @@ impl IdIndex {
     pub fn restore(&self, id: u64, write: impl FnOnce(u64) -> Result<()>) -> Result<()> {
         let mut keys = Vec::with_capacity(1);
         let mut write = Some(write);
-        let created = self.assign(&[id], &mut keys, |_, key| write.take().map_or(Ok(()), |w| w(key)))?;
+        let created = self.assign(&[id], Intent::Force, &mut keys, |_, key| write.take().map_or(Ok(()), |w| w(key)))?;
         match (created, keys.first()) {
             (1, _) => Ok(()),
-            (_, Some(None)) => Err(Error::Checkpoint(format!(
+            (_, Some(Assigned::Full)) => Err(Error::Checkpoint(format!(
                 "the checkpoint holds more ids homed at this node than its {} keys of the table (a larger capacity holds them)",
                 self.spec.capacity
             ))),
@@ -344,7 +518,7 @@ impl IdIndex {
 
     /// Ids this node created as their home.
     pub fn created(&self) -> u64 {
-        *self.created.lock()
+        self.home.lock().next
     }
 
     /// Ids this node knows the slot keys of (its own and those it learnt).
@@ -363,7 +537,7 @@ mod tests {
     use super::*;
 
     fn spec(capacity: u64) -> DynamicSpec {
-        DynamicSpec { capacity, init: Init::Zeros, seed: 7 }
+        DynamicSpec { capacity, init: Init::Zeros, seed: 7, admission: Admission::All }
     }
 
     /// A home creates an id once, from its own range, and refuses ids beyond its capacity
@@ -374,19 +548,19 @@ mod tests {
         let mut made = Vec::new();
         let mut keys = Vec::new();
         let n = index
-            .assign(&[u64::MAX, 5, u64::MAX], &mut keys, |id, key| {
+            .assign(&[u64::MAX, 5, u64::MAX], Intent::Read, &mut keys, |id, key| {
                 made.push((id, key));
                 Ok(())
             })
             .unwrap();
-        assert_eq!((n, keys.clone()), (2, vec![Some(6), Some(7), Some(6)]));
+        assert_eq!((n, keys.clone()), (2, vec![Assigned::Key(6), Assigned::Key(7), Assigned::Key(6)]));
         let n = index
-            .assign(&[9, 10, 5], &mut keys, |id, key| {
+            .assign(&[9, 10, 5], Intent::Write, &mut keys, |id, key| {
                 made.push((id, key));
                 Ok(())
             })
             .unwrap();
-        assert_eq!((n, keys.clone()), (1, vec![Some(8), None, Some(7)]), "full after three ids");
+        assert_eq!((n, keys.clone()), (1, vec![Assigned::Key(8), Assigned::Full, Assigned::Key(7)]), "full after three ids");
         assert_eq!(made, vec![(u64::MAX, 6), (5, 7), (9, 8)], "each id initialised once");
         assert_eq!((index.created(), index.known()), (3, 3));
         assert_eq!(index.lookup(9), Some(8));
@@ -403,7 +577,7 @@ mod tests {
                     s.spawn(|| {
                         let mut keys = Vec::new();
                         let ids: Vec<u64> = (0..5_000u64).map(|i| i.wrapping_mul(0x1000_0000_0000)).collect();
-                        index.assign(&ids, &mut keys, |_, _| Ok(())).unwrap()
+                        index.assign(&ids, Intent::Write, &mut keys, |_, _| Ok(())).unwrap()
                     })
                 })
                 .collect();
@@ -439,6 +613,52 @@ mod tests {
         assert!(all.iter().any(|&v| v > 0.09) && all.iter().any(|&v| v < -0.09));
         Init::Zeros.fill(5, &mut a);
         assert!(a.iter().all(|&v| v == 0.0));
+    }
+
+    /// A count filter creates an id at its N-th push, never on a read, at once on a set; the
+    /// probability filter admits about the share of pushes it says.
+    #[test]
+    fn admission_filters_create_ids_as_they_say() {
+        let counting = IdIndex::new(DynamicSpec { admission: Admission::Count { pushes: 3 }, ..spec(100) }, 0);
+        let mut keys = Vec::new();
+        let mut answer = |index: &IdIndex, id: u64, intent: Intent| {
+            index.assign(&[id], intent, &mut keys, |_, _| Ok(())).unwrap();
+            keys[0]
+        };
+        assert_eq!(answer(&counting, 1, Intent::Read), Assigned::NotAdmitted);
+        assert_eq!(answer(&counting, 1, Intent::Write), Assigned::NotAdmitted);
+        assert_eq!(answer(&counting, 1, Intent::Read), Assigned::NotAdmitted, "a read does not count");
+        assert_eq!(answer(&counting, 1, Intent::Write), Assigned::NotAdmitted);
+        assert_eq!(answer(&counting, 1, Intent::Write), Assigned::Key(0), "the third push admits it");
+        assert_eq!(answer(&counting, 1, Intent::Read), Assigned::Key(0));
+        assert_eq!(answer(&counting, 2, Intent::Force), Assigned::Key(1), "a set creates it");
+        assert_eq!(counting.created(), 2);
+        // Never late, whatever shares its counters: 5 000 ids pushed twice each, then once more.
+        let many = IdIndex::new(DynamicSpec { admission: Admission::Count { pushes: 3 }, ..spec(20_000) }, 0);
+        for _ in 0..2 {
+            for id in 0..5_000u64 {
+                answer(&many, id, Intent::Write);
+            }
+        }
+        assert!(many.created() < 500, "{} ids admitted after two pushes", many.created());
+        for id in 0..5_000u64 {
+            assert!(matches!(answer(&many, id, Intent::Write), Assigned::Key(_)), "id {id} not admitted at its third push");
+        }
+        let sampled = IdIndex::new(DynamicSpec { admission: Admission::Probability { p: 0.1, seed: 4 }, ..spec(20_000) }, 0);
+        for id in 0..10_000u64 {
+            answer(&sampled, id, Intent::Write);
+            assert_eq!(answer(&sampled, id + 1_000_000, Intent::Read), Assigned::NotAdmitted);
+        }
+        assert!((800..1_200).contains(&sampled.created()), "{} of 10 000 admitted at p = 0.1", sampled.created());
+        for text in ["all", "count:3", "probability:0.25:9"] {
+            assert_eq!(text.parse::<Admission>().unwrap().name(), text);
+        }
+        for (text, says) in
+            [("count:0", "at least 1"), ("probability:0", "above 0"), ("probability:2", "above 0"), ("sometimes", "expected all"), ("all:1", "expected all")]
+        {
+            let e = text.parse::<Admission>().unwrap_err();
+            assert!(e.contains(says), "{text}: {e}");
+        }
     }
 
     /// Bad rules are refused with what is wrong.

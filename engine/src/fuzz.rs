@@ -448,7 +448,8 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
             } else {
                 let slot_keys = DYNAMIC_CAPACITY * NODES as u64;
                 (0..count)
-                    .map(|_| match rng.gen_range(0..10) {
+                    .map(|_| match rng.gen_range(0..11) {
+                        10 => crate::protocol::assign::NOT_ADMITTED,
                         0 => crate::protocol::assign::FULL,
                         1 => crate::protocol::assign::NOT_HOME,
                         2 => slot_keys + rng.gen_range(0..4),
@@ -457,7 +458,9 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
                     .collect()
             };
             let ty = if ty == 28 { msg::ASSIGN } else { msg::ASSIGNED };
-            crate::protocol::assign::encode(&mut out, ty, table, rng.gen_range(0..4), values.into_iter());
+            // Flags: an intent (read, write, set), or one that is none.
+            let flags = if ty == msg::ASSIGN { [0u8, 1, 2, 7][rng.gen_range(0..4)] } else { 0 };
+            crate::protocol::assign::encode(&mut out, ty, flags, table, rng.gen_range(0..4), values.into_iter());
         }
         _ => {
             // The key count the sender holds (node 0: 8 keys, node 2: 10), or not; positions of

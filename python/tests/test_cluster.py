@@ -267,6 +267,9 @@ def test_table_options_and_push_pull(cluster):
         ferry.Table("ids", 10, 2, init="zeros")
     with pytest.raises(ferry.FerryError, match="expected zeros"):
         ferry.Table("ids", 0, 2, dynamic=100, init="gauss")
+    assert 'admission="count:2"' in repr(ferry.Table("ids", 0, 2, dynamic=100, admission="count:2"))
+    with pytest.raises(ferry.FerryError, match="at least 1"):
+        ferry.Table("ids", 0, 2, dynamic=100, admission="count:0")
     t = ferry.Table("t", 10, 2, updater="sgd:0.5", partitioning="hash", codec="bf16", key_cache_min=64)
     assert t.name == "t" and "sgd" in repr(t)
     assert "replicated keys: 2" in repr(ferry.Table("hot", 10, 2, replicated=[0, 1]))

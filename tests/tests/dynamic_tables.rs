@@ -253,3 +253,51 @@ fn a_dynamic_table_restores_on_other_node_counts() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A count filter on two nodes: an id's first pushes are counted at its home and dropped, its
+/// pulls read its initial value meanwhile, the third push creates it (holding that push only),
+/// a set creates an id at once, and a batch mixing admitted and waiting ids works on every
+/// path, asynchronous ones included.
+#[test]
+fn a_count_filter_admits_an_id_at_its_third_push() {
+    let spec = TableSpec::dynamic("emb", LEN, 1_000).initialised(INIT).admitting("count:3".parse().unwrap());
+    let cluster = Node::start_local_cluster(2, Config::new(vec![spec])).unwrap();
+    let node = &cluster[0];
+    let table = node.table("emb").unwrap();
+    let mut w = node.worker();
+    let ids = ids();
+    let ones = vec![1.0; ids.len() * LEN];
+    let created = || cluster.iter().map(|n| n.stats().dynamic.ids_created).sum::<u64>();
+    let init: Vec<f32> = ids.iter().flat_map(|&id| initial(id)).collect();
+    let mut out = vec![0.0; ids.len() * LEN];
+    w.pull(table, &ids, &mut out).unwrap();
+    assert_eq!((out.clone(), created()), (init.clone(), 0), "a pull creates nothing under a filter");
+    w.push(table, &ids, &ones).unwrap();
+    w.push(table, &ids, &ones).unwrap();
+    w.pull(table, &ids, &mut out).unwrap();
+    assert_eq!((out.clone(), created()), (init.clone(), 0), "two pushes are counted, not stored");
+    // The third push: half of the ids through node 1, asynchronously.
+    let half = ids.len() / 2;
+    let mut w1 = cluster[1].worker();
+    let ticket = w1.push_async(cluster[1].table("emb").unwrap(), &ids[..half], &ones[..half * LEN]).unwrap();
+    w1.wait(ticket).unwrap();
+    assert_eq!(created(), half as u64);
+    // A batch of admitted and waiting ids: asynchronous pull, push-pull.
+    let ticket = w.pull_async(table, &ids).unwrap();
+    let mixed = w.wait_pull(ticket).unwrap();
+    let want: Vec<f32> = init.iter().enumerate().map(|(i, v)| if i < half * LEN { v + 1.0 } else { *v }).collect();
+    assert!(mixed.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-6), "admitted ids hold their third push only");
+    let ticket = w.push_pull_async(table, &ids, &ones).unwrap();
+    let after = w.wait_pull(ticket).unwrap();
+    // The first half took the push; the second half's third push admitted them with it.
+    let want: Vec<f32> = init.iter().enumerate().map(|(i, v)| if i < half * LEN { v + 2.0 } else { v + 1.0 }).collect();
+    assert!(after.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5), "{:?} vs {:?}", &after[..6], &want[..6]);
+    assert_eq!(created(), ids.len() as u64);
+    // A set creates an id at once.
+    w.set(table, &[77, 78], &[5.0; 2 * LEN]).unwrap();
+    let mut two = vec![0.0; 2 * LEN];
+    w.pull(table, &[77, 78], &mut two).unwrap();
+    assert_eq!(two, vec![5.0; 2 * LEN]);
+    drop((w, w1));
+    finalize_all(cluster);
+}

@@ -3,9 +3,11 @@
 //! (initialising their values in its own slots) and answers with the slot key of each
 //! (ASSIGNED). The asking worker waits for the answer in [`Assignments`].
 //!
-//! ASSIGN and ASSIGNED: `[type][0][table u16][request u32][count u32]`, then `count` values of
-//! eight bytes: ids in ASSIGN, in the same order their slot keys in ASSIGNED — or [`FULL`] (the
-//! home's share of the table is used up) or [`NOT_HOME`] (the node is not the id's home).
+//! ASSIGN and ASSIGNED: `[type][flags][table u16][request u32][count u32]`, then `count` values
+//! of eight bytes: ids in ASSIGN, in the same order their slot keys in ASSIGNED — or [`FULL`]
+//! (the home's share of the table is used up), [`NOT_ADMITTED`] (the admission filter did not
+//! admit the new id) or [`NOT_HOME`] (the node is not the id's home). ASSIGN's flags say what
+//! the asker will do (`dynamic::Intent`: 0 read, 1 write, 2 set); ASSIGNED's are 0.
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +15,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::Step;
 use super::wire::{begin, finish, msg, u16_at, u32_at, u64_at};
+use crate::dynamic::{Assigned, Intent};
 use crate::error::{Error, Result};
 use crate::stats::MessageKind;
 use crate::util::FastMap;
@@ -23,12 +26,14 @@ pub const HEADER: usize = 12;
 pub const FULL: u64 = u64::MAX;
 /// In ASSIGNED: the node is not the id's home.
 pub const NOT_HOME: u64 = u64::MAX - 1;
+/// In ASSIGNED: the id is new and its table's admission filter did not admit it.
+pub const NOT_ADMITTED: u64 = u64::MAX - 2;
 
 /// Appends an ASSIGN or ASSIGNED (`ty`) of `table` for request `request` with `values`.
-pub fn encode(out: &mut Vec<u8>, ty: u8, table: u16, request: u32, values: impl ExactSizeIterator<Item = u64>) -> usize {
+pub fn encode(out: &mut Vec<u8>, ty: u8, flags: u8, table: u16, request: u32, values: impl ExactSizeIterator<Item = u64>) -> usize {
     debug_assert!(matches!(ty, msg::ASSIGN | msg::ASSIGNED));
     let start = begin(out, ty);
-    out.push(0);
+    out.push(flags);
     out.extend_from_slice(&table.to_le_bytes());
     out.extend_from_slice(&request.to_le_bytes());
     out.extend_from_slice(&(values.len() as u32).to_le_bytes());
@@ -42,6 +47,8 @@ pub fn encode(out: &mut Vec<u8>, ty: u8, table: u16, request: u32, values: impl 
 /// A decoded ASSIGN or ASSIGNED.
 #[derive(Debug)]
 pub struct Assign<'a> {
+    /// Its flags (an ASSIGN's intent).
+    pub flags: u8,
     /// Its table.
     pub table: u16,
     /// The asker's number for it, repeated in the answer.
@@ -59,7 +66,7 @@ impl Assign<'_> {
         if (body.len() - HEADER) / 8 != count || !(body.len() - HEADER).is_multiple_of(8) {
             return Err(Error::Protocol(format!("ASSIGN message of {} bytes says it carries {count} values", body.len())));
         }
-        Ok(Assign { table: u16_at(body, 2), request: u32_at(body, 4), values: &body[HEADER..] })
+        Ok(Assign { flags: body[1], table: u16_at(body, 2), request: u32_at(body, 4), values: &body[HEADER..] })
     }
 
     /// Number of values.
@@ -70,6 +77,25 @@ impl Assign<'_> {
     /// The values: ids, or slot keys.
     pub fn values(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
         (0..self.len()).map(|i| u64_at(self.values, i * 8))
+    }
+}
+
+/// How ASSIGNED carries a home's answer for one id.
+pub(crate) fn wire_value(assigned: Assigned) -> u64 {
+    match assigned {
+        Assigned::Key(key) => key,
+        Assigned::Full => FULL,
+        Assigned::NotAdmitted => NOT_ADMITTED,
+    }
+}
+
+/// A home's answer for one id, from ASSIGNED (the value checked against the table before).
+pub(crate) fn from_wire(value: u64) -> Option<Assigned> {
+    match value {
+        FULL => Some(Assigned::Full),
+        NOT_ADMITTED => Some(Assigned::NotAdmitted),
+        NOT_HOME => None,
+        key => Some(Assigned::Key(key)),
     }
 }
 
@@ -122,9 +148,10 @@ impl Assignments {
 }
 
 impl Step<'_, '_> {
-    /// Queues an ASSIGN of `ids` of dynamic table `table` to their home `home`.
-    pub(crate) fn send_assign(&mut self, home: u16, table: u16, request: u32, ids: &[u64]) {
-        let bytes = encode(self.tx.buf(home), msg::ASSIGN, table, request, ids.iter().copied());
+    /// Queues an ASSIGN of `ids` of dynamic table `table`, asked with `intent`, to their home
+    /// `home`.
+    pub(crate) fn send_assign(&mut self, home: u16, table: u16, request: u32, intent: Intent, ids: &[u64]) {
+        let bytes = encode(self.tx.buf(home), msg::ASSIGN, intent as u8, table, request, ids.iter().copied());
         self.tx.sent(home, MessageKind::Access, bytes);
     }
 
@@ -137,19 +164,22 @@ impl Step<'_, '_> {
         let Some(index) = core.id_index(m.table) else {
             return Err(Error::Protocol(format!("ASSIGN for table {}, which is not dynamic", m.table)));
         };
+        let Some(intent) = Intent::of(m.flags) else {
+            return Err(Error::Protocol(format!("ASSIGN with flags {:#x}", m.flags)));
+        };
         let ids: Vec<u64> = m.values().collect();
         let (mut keys, mut answer) = (Vec::with_capacity(ids.len()), Vec::with_capacity(ids.len()));
         let (here, elsewhere): (Vec<usize>, Vec<usize>) = (0..ids.len()).partition(|&i| dir.id_home(index.spec(), ids[i]) == dir.rank());
         let mine: Vec<u64> = here.iter().map(|&i| ids[i]).collect();
-        core.assign_ids(m.table, &mine, &mut keys)?;
+        core.assign_ids(m.table, &mine, intent, &mut keys)?;
         answer.resize(ids.len(), NOT_HOME);
         for (&i, key) in here.iter().zip(&keys) {
-            answer[i] = key.unwrap_or(FULL);
+            answer[i] = wire_value(*key);
         }
         if !elsewhere.is_empty() {
             tracing::warn!(node = dir.rank(), from, table = m.table, ids = elsewhere.len(), "ASSIGN of ids homed elsewhere");
         }
-        let bytes = encode(self.tx.buf(from), msg::ASSIGNED, m.table, m.request, answer.into_iter());
+        let bytes = encode(self.tx.buf(from), msg::ASSIGNED, 0, m.table, m.request, answer.into_iter());
         self.tx.sent(from, MessageKind::Response, bytes);
         Ok(())
     }
@@ -161,7 +191,7 @@ impl Step<'_, '_> {
         let Some(meta) = core.directory().table(m.table).filter(|_| core.id_index(m.table).is_some()) else {
             return Err(Error::Protocol(format!("ASSIGNED for table {}, which is not dynamic", m.table)));
         };
-        if let Some(key) = m.values().find(|&k| k >= meta.keys && k != FULL && k != NOT_HOME) {
+        if let Some(key) = m.values().find(|&k| k >= meta.keys && k != FULL && k != NOT_HOME && k != NOT_ADMITTED) {
             return Err(Error::Protocol(format!("ASSIGNED from node {from} names slot key {key} beyond table {}", m.table)));
         }
         core.assignments().post(from, m.request, m.values().collect());
@@ -178,10 +208,10 @@ mod tests {
     #[test]
     fn messages_round_trip_and_bad_lengths_are_refused() {
         let mut out = Vec::new();
-        encode(&mut out, msg::ASSIGN, 3, 77, [5u64, u64::MAX, 0].into_iter());
+        encode(&mut out, msg::ASSIGN, 1, 3, 77, [5u64, u64::MAX, 0].into_iter());
         let body = &out[4..];
         let m = Assign::decode(body).unwrap();
-        assert_eq!((m.table, m.request, m.values().collect::<Vec<_>>()), (3, 77, vec![5, u64::MAX, 0]));
+        assert_eq!((m.flags, m.table, m.request, m.values().collect::<Vec<_>>()), (1, 3, 77, vec![5, u64::MAX, 0]));
         assert!(Assign::decode(&body[..body.len() - 1]).is_err());
         assert!(Assign::decode(&body[..HEADER - 1]).is_err());
         let mut lying = body.to_vec();

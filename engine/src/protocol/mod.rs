@@ -284,16 +284,16 @@ impl Core {
         self.assign_requests.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// As the home of `ids` of dynamic table `table`: their slot keys into `keys` (`None` for
-    /// an id that cannot be created: this node's share is used up), creating the ids not known
-    /// yet with their initial values in this node's slots.
-    pub(crate) fn assign_ids(&self, table: u16, ids: &[u64], keys: &mut Vec<Option<u64>>) -> Result<usize> {
+    /// As the home of `ids` of dynamic table `table`, asked with `intent`: what each is (its
+    /// slot key, or why it has none), creating the ids not known yet that the table's admission
+    /// filter admits, with their initial values in this node's slots.
+    pub(crate) fn assign_ids(&self, table: u16, ids: &[u64], intent: crate::dynamic::Intent, keys: &mut Vec<crate::dynamic::Assigned>) -> Result<usize> {
         let Some(index) = self.id_index(table) else {
             return Err(crate::error::Error::Protocol(format!("ids for table {table}, which is not dynamic")));
         };
         let store = &self.store;
         let mut value = vec![0.0f32; store.table(table).value_len()];
-        index.assign(ids, keys, |id, key| {
+        index.assign(ids, intent, keys, |id, key| {
             index.spec().init.fill(id, &mut value);
             let guard = store.lock(table, key);
             let Some(slot) = guard.slot() else {

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use super::{Sim, SimOptions};
+use crate::dynamic::Intent;
 use crate::protocol::assign;
 
 /// The dynamic table's index in the simulated configuration.
@@ -60,8 +61,8 @@ impl Sim {
             // Those homed here: from the node's own index, as the worker's thread does.
             if let Some(group) = per_home.remove(&(node as u16)) {
                 let mut keys = Vec::new();
-                core.assign_ids(TABLE, &group, &mut keys).map_err(|e| format!("node {node} creating {group:?}: {e}"))?;
-                answered.extend(group.into_iter().zip(keys.into_iter().map(|k| k.unwrap_or(assign::FULL))));
+                core.assign_ids(TABLE, &group, Intent::Write, &mut keys).map_err(|e| format!("node {node} creating {group:?}: {e}"))?;
+                answered.extend(group.into_iter().zip(keys.into_iter().map(assign::wire_value)));
             }
         }
         let mut asked = Vec::new();
@@ -69,7 +70,7 @@ impl Sim {
             let request = self.nodes[node].core.next_assign_request();
             self.log(format!("worker {w}@{node} asks node {home} for ids {group:?} (request {request})"));
             self.worker_event(w, |step, _| {
-                step.send_assign(home, TABLE, request, &group);
+                step.send_assign(home, TABLE, request, Intent::Write, &group);
                 Ok(())
             })?;
             asked.push((home, request, group, None));
@@ -113,8 +114,8 @@ impl Sim {
     fn record_slot_keys(&mut self, node: usize, pairs: &[(u64, u64)]) -> Result<(), String> {
         let capacity = self.opts.dynamic_ids.max(1);
         for &(id, key) in pairs {
-            if key == assign::FULL || key == assign::NOT_HOME {
-                return Err(format!("node {node} was refused id {id} ({})", if key == assign::FULL { "full" } else { "not its home" }));
+            if matches!(key, assign::FULL | assign::NOT_HOME | assign::NOT_ADMITTED) {
+                return Err(format!("node {node} was refused id {id} (answer {key:#x})"));
             }
             let home = self.nodes[node].core.id_index(TABLE).map_or(0, |i| i.spec().home_of(id, self.opts.nodes)) as u64;
             if key / capacity != home {

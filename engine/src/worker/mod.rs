@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 
+use crate::dynamic::Intent;
 use crate::error::{Error, Result};
 use crate::fabric::Fabric;
 use crate::protocol::{AccessKind, Delivery, Issued, OpId, Progress, PullTarget, Requester, Transmit};
@@ -474,7 +475,7 @@ impl Worker {
             return Ok(());
         }
         if table.dynamic {
-            return self.through_index(table, keys, |w, t, slot_keys| w.pull(t, slot_keys, out));
+            return self.through_index(table, keys, Intent::Read, &[], Some(out), Box::new(|w, t, k, _, out| w.pull(t, k, out.unwrap_or_default())));
         }
         if let [key] = keys
             && let Some(()) = self.single_local(AccessKind::Pull, table, *key, &[], out)
@@ -506,7 +507,7 @@ impl Worker {
             return self.through_buckets(table, h, keys, updates, |w, t, buckets, updates| w.push(t, buckets, updates));
         }
         if table.dynamic {
-            return self.through_index(table, keys, |w, t, slot_keys| w.push(t, slot_keys, updates));
+            return self.through_index(table, keys, Intent::Write, updates, None, Box::new(|w, t, k, u, _| w.push(t, k, u)));
         }
         if let [key] = keys
             && let Some(()) = self.single_local(AccessKind::Push, table, *key, updates, &mut [])
@@ -558,7 +559,14 @@ impl Worker {
             return Ok(());
         }
         if table.dynamic {
-            return self.through_index(table, keys, |w, t, slot_keys| w.push_pull(t, slot_keys, updates, out));
+            return self.through_index(
+                table,
+                keys,
+                Intent::Write,
+                updates,
+                Some(out),
+                Box::new(|w, t, k, u, out| w.push_pull(t, k, u, out.unwrap_or_default())),
+            );
         }
         if let [key] = keys
             && let Some(()) = self.single_local(AccessKind::PushPull, table, *key, updates, out)
@@ -581,7 +589,7 @@ impl Worker {
             return self.hashed_pull_async(table, h, keys, updates, |w, t, buckets, updates| w.push_pull_async(t, buckets, updates));
         }
         if table.dynamic {
-            return self.through_index(table, keys, |w, t, slot_keys| w.push_pull_async(t, slot_keys, updates));
+            return self.dynamic_pull_async(table, keys, updates, true);
         }
         let token = Arc::new(());
         let values = vec![0.0; keys.len() * table.value_len];
@@ -643,7 +651,7 @@ impl Worker {
         }
         if table.dynamic {
             self.validate(table, keys, values.len(), "set values")?;
-            return self.through_index(table, keys, |w, t, slot_keys| w.set(t, slot_keys, values));
+            return self.through_index(table, keys, Intent::Force, values, None, Box::new(|w, t, k, v, _| w.set(t, k, v)));
         }
         self.validate(table, keys, values.len(), "set values")?;
         match self.issue(AccessKind::Set, table, keys, values, None, None, None)? {
@@ -675,7 +683,7 @@ impl Worker {
                 self.validate(table, keys, out.len(), "pull output")?;
                 return Ok(false);
             }
-            return self.through_index(table, keys, |w, t, slot_keys| w.pull_if_local(t, slot_keys, out));
+            return self.through_index(table, keys, Intent::Read, &[], Some(out), Box::new(|w, t, k, _, out| w.pull_if_local(t, k, out.unwrap_or_default())));
         }
         self.validate_keys(table, keys)?;
         self.validate(table, keys, out.len(), "pull output")?;
@@ -715,7 +723,7 @@ impl Worker {
         }
         if table.dynamic {
             self.node.check_table(table)?;
-            return self.through_index(table, keys, |w, t, slot_keys| w.start_localize(t, slot_keys, false));
+            return self.through_index(table, keys, Intent::Read, &[], None, Box::new(|w, t, k, _, _| w.start_localize(t, k, false)));
         }
         self.start_localize(table, keys, false)
     }
@@ -777,7 +785,7 @@ impl Worker {
             return self.hashed_pull_async(table, h, keys, &[], |w, t, buckets, _| w.pull_async(t, buckets));
         }
         if table.dynamic {
-            return self.through_index(table, keys, |w, t, slot_keys| w.pull_async(t, slot_keys));
+            return self.dynamic_pull_async(table, keys, &[], false);
         }
         let token = Arc::new(());
         let values = vec![0.0; keys.len() * table.value_len];
@@ -805,7 +813,7 @@ impl Worker {
             return self.through_buckets(table, h, keys, updates, |w, t, buckets, updates| w.push_async(t, buckets, updates));
         }
         if table.dynamic {
-            return self.through_index(table, keys, |w, t, slot_keys| w.push_async(t, slot_keys, updates));
+            return self.through_index(table, keys, Intent::Write, updates, None, Box::new(|w, t, k, u, _| w.push_async(t, k, u)));
         }
         self.start(AccessKind::Push, table, keys, updates)
     }
@@ -817,7 +825,7 @@ impl Worker {
             return self.through_buckets(table, h, keys, values, |w, t, buckets, values| w.set_async(t, buckets, values));
         }
         if table.dynamic {
-            return self.through_index(table, keys, |w, t, slot_keys| w.set_async(t, slot_keys, values));
+            return self.through_index(table, keys, Intent::Force, values, None, Box::new(|w, t, k, v, _| w.set_async(t, k, v)));
         }
         self.start(AccessKind::Set, table, keys, values)
     }
@@ -1005,7 +1013,7 @@ impl Worker {
         }
         if table.dynamic {
             self.node.check_table(table)?;
-            return self.through_index(table, keys, |w, t, slot_keys| w.intent(t, slot_keys, start, end));
+            return self.through_index(table, keys, Intent::Read, &[], None, Box::new(move |w, t, k, _, _| w.intent(t, k, start, end)));
         }
         self.validate_keys(table, keys)?;
         if start > end {
