@@ -9,6 +9,12 @@
 //! - `dynamic_batched_pull` / `dynamic_batched_push`: 10 000 one-value ids homed at the other
 //!   process of the 2-process cluster, known already, against as many dense keys there in the
 //!   same order (keys per second; target ≥ 0.8).
+//! - `evicting_local_pull` / `evicting_local_push`: as `dynamic_local_*`, on a table that evicts
+//!   (`lru`, with room to spare: no round runs), against the same dynamic table that does not
+//!   (`vs_dynamic`: what the marks and the workers' pins cost; target ≤ 1.1).
+//! - `evicting_churn`: new ids streamed by pushes of 1 000 into a table that evicts with room
+//!   for an eighth of them (rounds run all along), against the same stream into a table with
+//!   room for all (`vs_roomy`: ids per second; target ≥ 0.5).
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -16,7 +22,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use ferry::dynamic::{DynamicSpec, IdMixer};
+use ferry::dynamic::{DynamicSpec, Eviction, IdMixer};
 use ferry::{Config, Node, Table, TableSpec, Worker};
 use serde_json::{Value, json};
 
@@ -73,6 +79,10 @@ pub fn local(quick: bool, only: &Only) -> Result<Vec<Record>> {
     if only.wants("dynamic_insert", &insert_config) {
         records.push(insert(quick, insert_config)?);
     }
+    let churn_config = json!({"batch": 1_000, "value_len": 1, "table": "dynamic", "eviction": "lru", "room": 0.125});
+    if only.wants("evicting_churn", &churn_config) {
+        records.push(churn(quick, churn_config)?);
+    }
     Ok(records)
 }
 
@@ -82,33 +92,37 @@ fn local_access(quick: bool, only: &Only, lens: &[usize]) -> Result<Vec<Record>>
     for &len in lens {
         tables.push(TableSpec::new(format!("dense{len}"), LOCAL_KEYS, len));
         tables.push(TableSpec::dynamic(format!("dynamic{len}"), len, LOCAL_KEYS));
+        // Room to spare: no round runs, only the marks and pins are paid.
+        tables.push(TableSpec::dynamic(format!("evicting{len}"), len, 2 * LOCAL_KEYS).evicting(Eviction::Lru));
     }
     let mut node = Node::start(Config::new(tables))?;
     let mut worker = node.worker();
     let iterations: usize = if quick { 200_000 } else { 2_000_000 };
     let mut records = Vec::new();
     for &len in lens {
-        let (dense, dynamic) = (node.table(&format!("dense{len}"))?, node.table(&format!("dynamic{len}"))?);
+        let (dense, dynamic, evicting) = (node.table(&format!("dense{len}"))?, node.table(&format!("dynamic{len}"))?, node.table(&format!("evicting{len}"))?);
         // Every id created first: the figures are of known ids.
         let ids: Vec<u64> = (0..LOCAL_KEYS).map(scramble).collect();
         for chunk in ids.chunks(10_000) {
             worker.push(dynamic, chunk, &vec![0.0; chunk.len() * len])?;
+            worker.push(evicting, chunk, &vec![0.0; chunk.len() * len])?;
         }
         let order: Vec<usize> = (0..65_536u64).map(|i| (scramble(i ^ 0x5eed) % LOCAL_KEYS) as usize).collect();
         let config = json!({"keys": LOCAL_KEYS, "value_len": len, "table": "dynamic"});
         for push in [false, true] {
             let name = if push { "dynamic_local_push" } else { "dynamic_local_pull" };
-            if !only.wants(name, &config) {
+            let evicting_name = if push { "evicting_local_push" } else { "evicting_local_pull" };
+            if !only.wants(name, &config) && !only.wants(evicting_name, &config) {
                 continue;
             }
-            let (mut dense_h, mut dynamic_h) = (hist(), hist());
+            let (mut dense_h, mut dynamic_h, mut evicting_h) = (hist(), hist(), hist());
             let update = vec![0.5f32; len];
             let mut out = vec![0.0f32; len];
             let block = 10_000;
             let mut done = 0;
             // Alternating blocks, so that both see the same machine.
             while done < iterations {
-                for (table, h, dynamic_ids) in [(dense, &mut dense_h, false), (dynamic, &mut dynamic_h, true)] {
+                for (table, h, dynamic_ids) in [(dense, &mut dense_h, false), (dynamic, &mut dynamic_h, true), (evicting, &mut evicting_h, true)] {
                     for i in done..done + block {
                         let k = order[i % order.len()];
                         let key = if dynamic_ids { ids[k] } else { k as u64 };
@@ -125,9 +139,18 @@ fn local_access(quick: bool, only: &Only, lens: &[usize]) -> Result<Vec<Record>>
                 done += block;
             }
             let dense_p50 = dense_h.value_at_quantile(0.5) as f64;
-            let mut figures = latency_figures(&dynamic_h);
-            figures["dense_p50_ns"] = json!(dense_p50);
-            records.push(against_dense(name, config.clone(), figures, "p50_ns", dense_p50, Better::Lower, ("ratio<=1.5", 1.5)));
+            let dynamic_p50 = dynamic_h.value_at_quantile(0.5) as f64;
+            if only.wants(name, &config) {
+                let mut figures = latency_figures(&dynamic_h);
+                figures["dense_p50_ns"] = json!(dense_p50);
+                records.push(against_dense(name, config.clone(), figures, "p50_ns", dense_p50, Better::Lower, ("ratio<=1.5", 1.5)));
+            }
+            if only.wants(evicting_name, &config) {
+                let mut figures = latency_figures(&evicting_h);
+                figures["dynamic_p50_ns"] = json!(dynamic_p50);
+                figures["vs_dynamic"] = json!(figures["p50_ns"].as_f64().unwrap_or(f64::NAN) / dynamic_p50);
+                records.push(record(evicting_name, config.clone(), figures, "p50_ns", "dynamic", dynamic_p50, Better::Lower, ("ratio<=1.1", 1.1)));
+            }
         }
     }
     drop(worker);
@@ -166,6 +189,46 @@ fn insert(quick: bool, config: Value) -> Result<Record> {
     drop(worker);
     node.finalize()?;
     Ok(record("dynamic_insert", config, figures, "ids_per_s", "hash_map_insert", map, Better::Higher, ("ratio>=0.5", 0.5)))
+}
+
+/// New ids streamed into a table that evicts with room for an eighth of them, against the
+/// same stream into a table with room for all, in alternating runs.
+fn churn(quick: bool, config: Value) -> Result<Record> {
+    let ids_per_run: u64 = if quick { 100_000 } else { 400_000 };
+    let runs = if quick { 3 } else { 5 };
+    let total = ids_per_run * runs as u64;
+    let mut node = Node::start(Config::new(vec![
+        TableSpec::dynamic("roomy", 1, total),
+        TableSpec::dynamic("evicting", 1, (ids_per_run / 8).max(1)).evicting(Eviction::Lru),
+    ]))?;
+    let mut worker = node.worker();
+    let (roomy, evicting) = (node.table("roomy")?, node.table("evicting")?);
+    let (mut roomy_rates, mut evicting_rates) = (Vec::new(), Vec::new());
+    let ones = vec![1.0f32; 1_000];
+    for run in 0..runs as u64 {
+        let ids: Vec<u64> = (run * ids_per_run..(run + 1) * ids_per_run).map(scramble).collect();
+        for (table, rates) in [(roomy, &mut roomy_rates), (evicting, &mut evicting_rates)] {
+            let t = Instant::now();
+            for chunk in ids.chunks(1_000) {
+                worker.push(table, chunk, &ones[..chunk.len()])?;
+            }
+            rates.push(ids.len() as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    let (evicting_rate, roomy_rate) = (median(&mut evicting_rates), median(&mut roomy_rates));
+    let d = node.stats().dynamic;
+    let figures = json!({
+        "ids_per_s": evicting_rate,
+        "roomy_ids_per_s": roomy_rate,
+        "vs_roomy": evicting_rate / roomy_rate,
+        "ids_evicted": d.ids_evicted,
+        "ids_deferred": d.ids_deferred,
+        "deferred_share": d.ids_deferred as f64 / total as f64,
+        "ids_streamed": total,
+    });
+    drop(worker);
+    node.finalize()?;
+    Ok(record("evicting_churn", config, figures, "ids_per_s", "roomy", roomy_rate, Better::Higher, ("ratio>=0.5", 0.5)))
 }
 
 /// The dynamic table of the 2-process cluster.

@@ -255,7 +255,8 @@ pub unsafe extern "C" fn ferry_config_add_table(config: *mut FerryConfig, name: 
 /// ids, any `uint64_t`, each created when first touched; every node holds up to `CAPACITY` ids
 /// as their home, and the keys given to `ferry_config_add_table` are ignored), `init` (a dynamic
 /// table's initial values: `zeros`, `uniform:SCALE[:SEED]` or `normal:STD[:SEED]`), `admission`
-/// (a dynamic table's new ids: `all`, `count:N` pushes or `probability:P[:SEED]`), `key_cache_min` (a number; 0 is off), `replicate` (keys every
+/// (a dynamic table's new ids: `all`, `count:N` pushes or `probability:P[:SEED]`), `eviction`
+/// (a dynamic table's: `never`, `lru`, or `ttl:SECONDS`), `key_cache_min` (a number; 0 is off), `replicate` (keys every
 /// node keeps a replica of: `FIRST-END` ranges, end exclusive, and single keys, comma-separated,
 /// e.g. `0-16,40`), `scratch` (`true`: left out of checkpoints) or `plan` (the path of a plan of
 /// `ferry partition`: every key homed at the node the plan names; the plan must be for the
@@ -285,7 +286,8 @@ pub unsafe extern "C" fn ferry_config_table_option(config: *mut FerryConfig, nam
                 let capacity: u64 = value.trim().parse().map_err(|_| bad("not a number of keys per node".into()))?;
                 let init = spec.dynamic.map_or(ferry::dynamic::Init::Zeros, |d| d.init);
                 let admission = spec.dynamic.map_or(ferry::dynamic::Admission::All, |d| d.admission);
-                spec.dynamic = Some(ferry::dynamic::DynamicSpec { capacity, init, seed: 0, admission });
+                let eviction = spec.dynamic.map_or(ferry::dynamic::Eviction::Never, |d| d.eviction);
+                spec.dynamic = Some(ferry::dynamic::DynamicSpec { capacity, init, seed: 0, admission, eviction });
                 spec.keys = 0;
             }
             "init" => {
@@ -299,6 +301,12 @@ pub unsafe extern "C" fn ferry_config_table_option(config: *mut FerryConfig, nam
                     return Err(bad("only a dynamic table has an admission rule: set its dynamic option first".into()));
                 };
                 dynamic.admission = value.parse().map_err(bad)?;
+            }
+            "eviction" => {
+                let Some(dynamic) = spec.dynamic.as_mut() else {
+                    return Err(bad("only a dynamic table has an eviction rule: set its dynamic option first".into()));
+                };
+                dynamic.eviction = value.parse().map_err(bad)?;
             }
             "key_cache_min" => spec.key_cache_min = value.trim().parse().map_err(|_| bad("not a number".into()))?,
             "scratch" => {
@@ -325,7 +333,7 @@ pub unsafe extern "C" fn ferry_config_table_option(config: *mut FerryConfig, nam
             }
             other => {
                 return Err(argument(format!(
-                    "table option '{other}': expected updater, partitioning, codec, feature_hashing, dynamic, init, admission, key_cache_min, replicate, scratch or plan"
+                    "table option '{other}': expected updater, partitioning, codec, feature_hashing, dynamic, init, admission, eviction, key_cache_min, replicate, scratch or plan"
                 )));
             }
         }
@@ -1021,6 +1029,8 @@ mod tests {
             assert_eq!(option(&ids, "init", "gauss"), FERRY_ERR_ARGUMENT);
             assert_eq!(option(&ids, "admission", "count:0"), FERRY_ERR_ARGUMENT);
             assert_eq!(option(&ids, "admission", "all"), FERRY_OK, "{}", last_error());
+            assert_eq!(option(&ids, "eviction", "ttl:0"), FERRY_ERR_ARGUMENT);
+            assert_eq!(option(&ids, "eviction", "lru"), FERRY_OK, "{}", last_error());
             for (o, v) in [("updater", "sgd:0.5"), ("partitioning", "consistent:32"), ("codec", "f32"), ("key_cache_min", "0"), ("scratch", "false")] {
                 assert_eq!(option(&served, o, v), FERRY_OK, "{o}={v}: {}", last_error());
             }

@@ -110,6 +110,13 @@ fn io(what: &str, path: &Path, e: std::io::Error) -> Error {
 /// its id), and the slot keys of its own range not handed out yet are left out.
 pub(crate) fn cut(store: &Store, specs: &[TableSpec], indexes: &[Option<&IdIndex>], rank: usize, nodes: usize, spare: &SpareCuts) -> Result<Vec<TableCut>> {
     let mut buffers = std::mem::take(&mut *spare.lock()).into_iter();
+    // The ids of dynamic tables' slots, before the latches: creating an id takes its index's
+    // locks, then a latch.
+    let id_maps: Vec<Option<FastMap<u64, u64>>> = specs
+        .iter()
+        .enumerate()
+        .map(|(id, _)| indexes.get(id).copied().flatten().map(|i| i.pairs().into_iter().map(|(id, key)| (key, id)).collect()))
+        .collect();
     let all = store.lock_all();
     let mut cuts = Vec::with_capacity(specs.len());
     for (id, spec) in specs.iter().enumerate().filter(|(_, spec)| !spec.scratch) {
@@ -125,14 +132,14 @@ pub(crate) fn cut(store: &Store, specs: &[TableSpec], indexes: &[Option<&IdIndex
         words.reserve(held * words_per_key);
         let mut cut = TableCut { id, words_per_key, keys, words };
         let index = indexes.get(id as usize).copied().flatten();
-        let ids: Option<FastMap<u64, u64>> = index.map(|i| i.pairs().into_iter().map(|(id, key)| (key, id)).collect());
+        let ids = &id_maps[id as usize];
         for key in 0..spec.keys {
             match all.slot(id, key) {
                 Some(slot) => {
                     if table.is_replicated(key) && partitioner.home(key) != rank {
                         continue;
                     }
-                    match (&ids, index) {
+                    match (ids, index) {
                         (Some(ids), Some(index)) => match ids.get(&key) {
                             Some(&raw) => cut.keys.push(raw),
                             None if index.is_own(key) => continue,
@@ -886,6 +893,7 @@ pub fn read_checkpoint(dir: impl AsRef<Path>) -> Result<Vec<CheckpointTable>> {
                 init: crate::dynamic::Init::Zeros,
                 seed: 0,
                 admission: crate::dynamic::Admission::All,
+                eviction: crate::dynamic::Eviction::Never,
             }),
         })
         .collect();

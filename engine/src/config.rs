@@ -170,7 +170,13 @@ impl TableSpec {
     /// once the cluster starts). Values start at zeros ([`TableSpec::initialised`] changes it).
     pub fn dynamic(name: impl Into<String>, value_len: usize, capacity: u64) -> TableSpec {
         let mut spec = TableSpec::new(name, 0, value_len);
-        spec.dynamic = Some(crate::dynamic::DynamicSpec { capacity, init: crate::dynamic::Init::Zeros, seed: 0, admission: crate::dynamic::Admission::All });
+        spec.dynamic = Some(crate::dynamic::DynamicSpec {
+            capacity,
+            init: crate::dynamic::Init::Zeros,
+            seed: 0,
+            admission: crate::dynamic::Admission::All,
+            eviction: crate::dynamic::Eviction::Never,
+        });
         spec
     }
 
@@ -179,6 +185,15 @@ impl TableSpec {
     pub fn admitting(mut self, admission: crate::dynamic::Admission) -> TableSpec {
         if let Some(d) = &mut self.dynamic {
             d.admission = admission;
+        }
+        self
+    }
+
+    /// The same dynamic table with ids evicted as `eviction` says (no effect on a table that is
+    /// not dynamic; see [`crate::dynamic::Eviction`]).
+    pub fn evicting(mut self, eviction: crate::dynamic::Eviction) -> TableSpec {
+        if let Some(d) = &mut self.dynamic {
+            d.eviction = eviction;
         }
         self
     }
@@ -1018,7 +1033,7 @@ impl Config {
                 text.push_str(&format!("hashed {}:", h.name()));
             }
             if let Some(d) = &t.dynamic {
-                text.push_str(&format!("dynamic {}:{}:{}:{}:", d.capacity, d.init.name(), d.seed, d.admission.name()));
+                text.push_str(&format!("dynamic {}:{}:{}:{}:{}:", d.capacity, d.init.name(), d.seed, d.admission.name(), d.eviction.name()));
             }
             if let Some(p) = &t.placement {
                 text.push_str(&format!("placement {:016x}:", p.digest()));

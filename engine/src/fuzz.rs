@@ -5,7 +5,7 @@
 //! lists, indexed or not, every kind), RESPONSE and FAILURE for operations that exist, LOCALIZE,
 //! RELOCATE, LOCALIZE_FAILED, BARRIER, BARRIER_RELEASE, the replication and intent messages,
 //! PEER_LOST, failover's: BACKUP, BACKUP_ACK, BARRIER_PASSED and the membership changes
-//! (leaves and joins), and a dynamic table's ASSIGN and ASSIGNED — and then mutates most of them: a
+//! (leaves and joins), and a dynamic table's ASSIGN, ASSIGNED, EVICT and EVICTED — and then mutates most of them: a
 //! header field (count, table, kind or code, flags, operation, part, origin, node), a length
 //! prefix, the body's length, an index or key, the type byte, or random bits. Each frame is fed
 //! to a live node (a [`Core`] of a three-node cluster with keys at home, keys elsewhere, keys
@@ -54,7 +54,7 @@ pub struct FuzzReport {
     pub first_panic: Option<String>,
 }
 
-const TYPES: [&str; 30] = [
+const TYPES: [&str; 32] = [
     "access",
     "response",
     "failure",
@@ -85,6 +85,8 @@ const TYPES: [&str; 30] = [
     "give-back",
     "assign",
     "assigned",
+    "evict",
+    "evicted",
 ];
 /// The first of [`TYPES`] that only a node with a dynamic table takes (every target has one).
 const DYNAMIC_TYPES: usize = 28;
@@ -123,7 +125,10 @@ fn target(seed: u64) -> Target {
     let joining = backups && seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 63 == 0;
     let relocation = !backups || (!joining && seed % 2 == 1);
     let a = TableSpec::new("a", KEYS[0], VALUE_LEN[0]);
-    let mut c = TableSpec::dynamic("c", 2, DYNAMIC_CAPACITY);
+    // The dynamic table evicts on every other target (EVICT and EVICTED are refused on the
+    // others).
+    let mut c =
+        TableSpec::dynamic("c", 2, DYNAMIC_CAPACITY).evicting(if seed % 4 < 2 { crate::dynamic::Eviction::Lru } else { crate::dynamic::Eviction::Never });
     c.keys = DYNAMIC_CAPACITY * NODES as u64;
     let specs = vec![if backups { a } else { a.replicating(REPLICATED) }, TableSpec::new("b", KEYS[1], VALUE_LEN[1]), c];
     let store = Arc::new(Store::new(RANK, NODES, &specs, 16, HugePages::Off, Arc::new(LocalRegistrar::default())).expect("a small store"));
@@ -461,6 +466,26 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
             // Flags: an intent (read, write, set), or one that is none.
             let flags = if ty == msg::ASSIGN { [0u8, 1, 2, 7][rng.gen_range(0..4)] } else { 0 };
             crate::protocol::assign::encode(&mut out, ty, flags, table, rng.gen_range(0..4), values.into_iter());
+        }
+        30 | 31 => {
+            // EVICT: ids with slot keys of the sender's range, or of another's; EVICTED: ids
+            // kept, for a round that may be open.
+            let table = if rng.gen_bool(0.9) { 2 } else { rng.gen_range(0..3u16) };
+            let count = rng.gen_range(0..8);
+            let values: Vec<u64> = if ty == 30 {
+                let odd = rng.gen_bool(0.1).then_some(7);
+                (0..count)
+                    .flat_map(|_| {
+                        let owner = if rng.gen_bool(0.8) { peer as u64 } else { rng.gen_range(0..NODES as u64 + 1) };
+                        [rng.gen_range(0..64), owner * DYNAMIC_CAPACITY + rng.gen_range(0..DYNAMIC_CAPACITY)]
+                    })
+                    .chain(odd)
+                    .collect()
+            } else {
+                (0..count).map(|_| rng.gen_range(0..64)).collect()
+            };
+            let ty = if ty == 30 { msg::EVICT } else { msg::EVICTED };
+            crate::protocol::assign::encode(&mut out, ty, 0, table, rng.gen_range(0..4), values.into_iter());
         }
         _ => {
             // The key count the sender holds (node 0: 8 keys, node 2: 10), or not; positions of

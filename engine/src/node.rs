@@ -27,6 +27,8 @@ pub struct Node {
     replication: Option<JoinHandle<()>>,
     /// The backup rounds' thread ([`Config::backups`]).
     backups: Option<JoinHandle<()>>,
+    /// The eviction thread (a dynamic table that evicts ids).
+    eviction: Option<JoinHandle<()>>,
     /// The metrics endpoint ([`Config::metrics`]), if served.
     metrics: Option<crate::metrics::MetricsServer>,
     finished: bool,
@@ -178,6 +180,7 @@ impl Node {
         let timer = spawn_service(&inner, "timer", "timer", NodeInner::run_timer)?;
         let replication = inner.replicates().then(|| spawn_service(&inner, "replicas", "replication", NodeInner::run_replication)).transpose()?;
         let backups = (inner.config.backups > 0).then(|| spawn_service(&inner, "backups", "backup", NodeInner::run_backups)).transpose()?;
+        let eviction = inner.evicts().then(|| spawn_service(&inner, "eviction", "eviction", NodeInner::run_eviction)).transpose()?;
         let intents = Arc::new(IntentService::new(&inner.config));
         let listener: Arc<dyn crate::runtime::GrantListener> = intents.clone();
         inner.listen_for_grants(Arc::downgrade(&listener));
@@ -187,6 +190,7 @@ impl Node {
             timer: Some(timer),
             replication,
             backups,
+            eviction,
             metrics,
             finished: false,
             checkpoints: AtomicU64::new(0),
@@ -544,6 +548,9 @@ impl Node {
         self.stop_replication();
         self.inner.wake_backups();
         if let Some(t) = self.backups.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.eviction.take() {
             let _ = t.join();
         }
         // Fail whatever still waits, so that no worker stays blocked (the intent thread's

@@ -120,6 +120,9 @@ pub struct SimOptions {
     /// Raw ids of a dynamic table (a second table) that workers ask the slot keys of, now and
     /// then, from a pool of this many (0: no dynamic table); see `sim::dynamic_ids`.
     pub dynamic_ids: u64,
+    /// With `dynamic_ids`: the dynamic table evicts ids, and nodes begin eviction rounds now
+    /// and then (see `sim::dynamic_ids`).
+    pub evict_ids: bool,
     /// Simulated nanoseconds between a node's replication rounds.
     pub round_period: u64,
     /// A round that has waited more than a round period for its acknowledgements is given up
@@ -217,6 +220,7 @@ impl SimOptions {
             crash_while_joining: false,
             replicated: Vec::new(),
             dynamic_ids: 0,
+            evict_ids: false,
             round_period: 40_000,
             round_give_ups: false,
             push_pull: 0.0,
@@ -597,6 +601,10 @@ struct SimWorker {
     incarnation: u8,
     /// Ids of the dynamic table waiting for their homes' answers.
     assigning: Option<dynamic_ids::AssignWait>,
+    /// Where the dynamic table evicts: the worker's pin for grace periods, and the ids with
+    /// their slot keys it got and will use at its next step.
+    pin: Option<crate::dynamic::Pin>,
+    holding: Option<Vec<(u64, u64)>>,
 }
 
 impl SimWorker {
@@ -624,6 +632,8 @@ impl SimWorker {
             intent_clock: 0,
             awaiting_backup: Vec::new(),
             incarnation: 0,
+            pin: None,
+            holding: None,
         }
     }
 
@@ -1034,6 +1044,9 @@ impl Sim {
                 // A later incarnation's requester and buffer come from its own core when it starts.
                 let mut worker = SimWorker::new(node, w as u16, n.core.requester(w as u16, 1), n.core.transmit(), script);
                 worker.incarnation = incarnation as u8;
+                if opts.evict_ids {
+                    worker.pin = Some(n.core.pins().register());
+                }
                 workers.push(worker);
             }
         }
@@ -1135,6 +1148,9 @@ impl Sim {
         if let Some(wait) = &worker.assigning {
             return wait.answered();
         }
+        if worker.holding.is_some() {
+            return true;
+        }
         if let Some(keys) = &worker.localize_waits_for {
             return self.replica_sets.get(worker.node).is_none_or(|s| s.marks.carried(0, keys).is_empty());
         }
@@ -1233,6 +1249,10 @@ impl Sim {
             if !backups_ready.is_empty() {
                 choices.push(7);
             }
+            let graces_ended = self.graces_ended();
+            if !graces_ended.is_empty() {
+                choices.push(8);
+            }
             // A thread that waits for a CPU waits while much else happens.
             let late: Vec<usize> = (0..self.late.len()).filter(|&w| !self.late[w].frames.is_empty()).collect();
             if !late.is_empty() && (choices.is_empty() || self.rng.gen_range(0..4) == 0) {
@@ -1289,6 +1309,14 @@ impl Sim {
                     let node = backups_ready[self.rng.gen_range(0..backups_ready.len())];
                     self.backup_round(node)?;
                 }
+                8 => {
+                    let node = graces_ended[self.rng.gen_range(0..graces_ended.len())];
+                    self.log(format!("node {node} answers the eviction rounds whose grace ended"));
+                    self.node_event(node, |step, _, _| {
+                        step.answer_evictions();
+                        Ok(Progress::Done)
+                    })?;
+                }
                 5 => {
                     let w = late[self.rng.gen_range(0..late.len())];
                     self.log(format!("worker {w}@{} hands its late frames over", self.workers[w].node));
@@ -1306,6 +1334,12 @@ impl Sim {
                 if !self.nodes[node].crashed {
                     self.node_event(node, |step, _, _| Ok(step.handle_timeout()))?;
                 }
+            }
+            if self.opts.evict_ids && !runnable.is_empty() && self.rng.gen_range(0..20) == 0 {
+                self.begin_eviction_round()?;
+            }
+            if self.opts.evict_ids {
+                self.check_id_mappings()?;
             }
         }
     }
@@ -1596,6 +1630,9 @@ impl Sim {
         }
         if self.workers[w].assigning.as_ref().is_some_and(dynamic_ids::AssignWait::answered) {
             return self.finish_assign(w);
+        }
+        if self.workers[w].holding.is_some() {
+            return self.use_slot_keys(w);
         }
         if self.workers[w].clock_target.take().is_some() {
             let now = self.now;

@@ -32,10 +32,12 @@ pub enum MessageKind {
     Backup,
     /// Membership: a node's graceful departure (ask, begin, ready, left).
     Membership,
+    /// Eviction rounds of dynamic tables: ids offered and ids kept.
+    Eviction,
 }
 
 /// Number of [`MessageKind`]s.
-pub const MESSAGE_KINDS: usize = 11;
+pub const MESSAGE_KINDS: usize = 12;
 
 impl MessageKind {
     /// All kinds, in display order.
@@ -51,6 +53,7 @@ impl MessageKind {
         MessageKind::Replica,
         MessageKind::Backup,
         MessageKind::Membership,
+        MessageKind::Eviction,
     ];
 
     /// Lower-case name.
@@ -67,6 +70,7 @@ impl MessageKind {
             MessageKind::Replica => "replica",
             MessageKind::Backup => "backup",
             MessageKind::Membership => "membership",
+            MessageKind::Eviction => "eviction",
         }
     }
 }
@@ -208,11 +212,16 @@ pub struct DynamicStats {
     pub ids_known: u64,
     /// Slot keys this node can still hand out as a home.
     pub keys_free: u64,
+    /// Ids this node evicted as their home ([`crate::dynamic::Eviction`]).
+    pub ids_evicted: u64,
+    /// New ids this home did not create because it was full while it evicts (they were read
+    /// as initial values, their pushes dropped).
+    pub ids_deferred: u64,
 }
 
 impl DynamicStats {
-    fn counters(&mut self) -> [&mut u64; 3] {
-        [&mut self.ids_created, &mut self.ids_known, &mut self.keys_free]
+    fn counters(&mut self) -> [&mut u64; 5] {
+        [&mut self.ids_created, &mut self.ids_known, &mut self.keys_free, &mut self.ids_evicted, &mut self.ids_deferred]
     }
 }
 

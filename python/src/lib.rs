@@ -38,7 +38,7 @@ fn argument(message: impl Into<String>) -> PyErr {
 /// table out (`scratch`), raw ids hashed into the keys (`feature_hashing`: `SEED[:signed]`),
 /// raw ids created when first touched (`dynamic`: the ids each node holds as their home, with
 /// `keys=0`; `init`: `zeros`, `uniform:SCALE[:SEED]` or `normal:STD[:SEED]`; `admission`: `all`,
-/// `count:N` pushes or `probability:P[:SEED]`), and a plan of `ferry partition` whose homes the keys take (`plan`: its path; see
+/// `count:N` pushes or `probability:P[:SEED]`; `eviction`: `never`, `lru` or `ttl:SECONDS`), and a plan of `ferry partition` whose homes the keys take (`plan`: its path; see
 /// `ferry.plan_examples` for the examples it gives each node). Every node must describe its
 /// tables alike.
 #[pyclass(module = "ferry", frozen)]
@@ -50,7 +50,7 @@ struct Table {
 #[pymethods]
 impl Table {
     #[new]
-    #[pyo3(signature = (name, keys, value_len, *, updater = "add", partitioning = "range", replicated = None, codec = "f32", key_cache_min = 0, scratch = false, feature_hashing = None, plan = None, dynamic = None, init = None, admission = None))]
+    #[pyo3(signature = (name, keys, value_len, *, updater = "add", partitioning = "range", replicated = None, codec = "f32", key_cache_min = 0, scratch = false, feature_hashing = None, plan = None, dynamic = None, init = None, admission = None, eviction = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
@@ -67,6 +67,7 @@ impl Table {
         dynamic: Option<u64>,
         init: Option<&str>,
         admission: Option<&str>,
+        eviction: Option<&str>,
     ) -> PyResult<Table> {
         let updater: engine::Updater = updater.parse().map_err(argument)?;
         let partitioning: engine::Partitioning = partitioning.parse().map_err(argument)?;
@@ -91,6 +92,9 @@ impl Table {
         if dynamic.is_none() && admission.is_some() {
             return Err(argument(format!("table '{}': only a dynamic table (dynamic=CAPACITY) has an admission rule", spec.name)));
         }
+        if dynamic.is_none() && eviction.is_some() {
+            return Err(argument(format!("table '{}': only a dynamic table (dynamic=CAPACITY) has an eviction rule", spec.name)));
+        }
         match (dynamic, init) {
             (Some(_), _) if keys != 0 => {
                 return Err(argument(format!("table '{}' is dynamic: its keys come from its capacity per node; pass keys=0", spec.name)));
@@ -98,7 +102,8 @@ impl Table {
             (Some(capacity), init) => {
                 let init: engine::dynamic::Init = init.unwrap_or("zeros").parse().map_err(argument)?;
                 let admission: engine::dynamic::Admission = admission.unwrap_or("all").parse().map_err(argument)?;
-                spec.dynamic = Some(engine::dynamic::DynamicSpec { capacity, init, seed: 0, admission });
+                let eviction: engine::dynamic::Eviction = eviction.unwrap_or("never").parse().map_err(argument)?;
+                spec.dynamic = Some(engine::dynamic::DynamicSpec { capacity, init, seed: 0, admission, eviction });
             }
             (None, Some(_)) => return Err(argument(format!("table '{}': only a dynamic table (dynamic=CAPACITY) has an init rule", spec.name))),
             (None, None) => {}
@@ -124,7 +129,13 @@ impl Table {
             s.replicated_keys(),
             if s.scratch { "True" } else { "False" },
             s.feature_hashing.map_or(String::new(), |h| format!(", feature_hashing={:?}", h.name()))
-                + &s.dynamic.map_or(String::new(), |d| format!(", dynamic={}, init={:?}, admission={:?}", d.capacity, d.init.name(), d.admission.name()))
+                + &s.dynamic.map_or(String::new(), |d| format!(
+                    ", dynamic={}, init={:?}, admission={:?}, eviction={:?}",
+                    d.capacity,
+                    d.init.name(),
+                    d.admission.name(),
+                    d.eviction.name()
+                ))
         )
     }
 }

@@ -45,6 +45,14 @@ pub(crate) struct Stats {
     late_accesses: u64,
     /// Run-time replicas made for intents.
     intent_replicas: u64,
+    /// Dynamic tables: ids this node created as their home (evicted ones included), ids it
+    /// knows the slot keys of, slot keys it can still hand out, ids it evicted, and new ids it
+    /// deferred while full.
+    ids_created: u64,
+    ids_known: u64,
+    keys_free: u64,
+    ids_evicted: u64,
+    ids_deferred: u64,
 }
 
 impl Stats {
@@ -70,6 +78,11 @@ impl Stats {
             intent_relocations: s.intent.acted_keys,
             late_accesses: s.intent.late_accesses,
             intent_replicas: s.intent.replicas_made,
+            ids_created: s.dynamic.ids_created,
+            ids_known: s.dynamic.ids_known,
+            keys_free: s.dynamic.keys_free,
+            ids_evicted: s.dynamic.ids_evicted,
+            ids_deferred: s.dynamic.ids_deferred,
         }
     }
 }
@@ -102,7 +115,7 @@ impl Stats {
 }
 
 /// The counters' names, as attributes and keys.
-const NAMES: [&str; 18] = [
+const NAMES: [&str; 23] = [
     "local_accesses",
     "remote_accesses",
     "queued_accesses",
@@ -121,4 +134,9 @@ const NAMES: [&str; 18] = [
     "intent_relocations",
     "late_accesses",
     "intent_replicas",
+    "ids_created",
+    "ids_known",
+    "keys_free",
+    "ids_evicted",
+    "ids_deferred",
 ];

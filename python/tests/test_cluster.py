@@ -270,6 +270,11 @@ def test_table_options_and_push_pull(cluster):
     assert 'admission="count:2"' in repr(ferry.Table("ids", 0, 2, dynamic=100, admission="count:2"))
     with pytest.raises(ferry.FerryError, match="at least 1"):
         ferry.Table("ids", 0, 2, dynamic=100, admission="count:0")
+    assert 'eviction="ttl:0.5"' in repr(ferry.Table("ids", 0, 2, dynamic=100, eviction="ttl:0.5"))
+    with pytest.raises(ferry.FerryError, match="expected never, lru or ttl"):
+        ferry.Table("ids", 0, 2, dynamic=100, eviction="fifo")
+    with pytest.raises(ferry.FerryError, match="only a dynamic table"):
+        ferry.Table("ids", 10, 2, eviction="lru")
     t = ferry.Table("t", 10, 2, updater="sgd:0.5", partitioning="hash", codec="bf16", key_cache_min=64)
     assert t.name == "t" and "sgd" in repr(t)
     assert "replicated keys: 2" in repr(ferry.Table("hot", 10, 2, replicated=[0, 1]))
@@ -292,7 +297,8 @@ def test_table_options_and_push_pull(cluster):
             "words = ferry.Table('words', 8, 1, feature_hashing='5:signed')\n"
             f"placed = ferry.Table('placed', 10, 1, plan={plan!r})\n"
             "ids = ferry.Table('ids', 0, 2, dynamic=16)\n"
-            "with ferry.Node.start([ferry.Table('t', 10, 2, updater='sgd:0.5', partitioning='consistent:8'), ('plain', 4, 1), words, placed, ids]) as node:\n"
+            "recent = ferry.Table('recent', 0, 1, dynamic=16, eviction='ttl:0.1')\n"
+            "with ferry.Node.start([ferry.Table('t', 10, 2, updater='sgd:0.5', partitioning='consistent:8'), ('plain', 4, 1), words, placed, ids, recent]) as node:\n"
             "    w = node.worker()\n"
             "    keys = np.arange(3, dtype=np.uint64)\n"
             "    w.set('t', keys, np.ones((3, 2), dtype=np.float32))\n"
@@ -309,6 +315,14 @@ def test_table_options_and_push_pull(cluster):
             "    raw = np.array([2**64 - 1, 7, 2**40], dtype=np.uint64)\n"
             "    w.push('ids', raw, np.full((3, 2), 1.5, dtype=np.float32))\n"
             "    assert np.all(w.pull('ids', raw) == 1.5)\n"
+            "    # Ids of a table that evicts: unused for its time to live, they read as new.\n"
+            "    import time\n"
+            "    w.push('recent', raw, np.ones((3, 1), dtype=np.float32))\n"
+            "    deadline = time.time() + 20\n"
+            "    while node.stats().ids_evicted < 3 and time.time() < deadline:\n"
+            "        time.sleep(0.05)\n"
+            "    assert node.stats()['ids_evicted'] == 3, node.stats().as_dict()\n"
+            "    assert np.all(w.pull('recent', raw) == 0.0)\n"
             "    # Its checkpoint names rows by id; read whole: (ids ascending, their rows).\n"
             "    import tempfile, os\n"
             "    d = os.path.join(tempfile.mkdtemp(), 'ck')\n"

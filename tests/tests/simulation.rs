@@ -986,3 +986,24 @@ fn dynamic_ids_are_created_once_however_nodes_race() {
     // Not vacuous: workers learnt ids (the check above holds each against every other asker).
     assert!(learnt > 0, "no worker learnt an id");
 }
+
+/// The dynamic table evicts: nodes begin eviction rounds at random while workers ask for ids
+/// of a pool of 10, look known ones up in their node's index, and use the slot keys a step
+/// later, with EVICT and EVICTED delivered in any order among everything else. Whenever a
+/// worker uses a slot key, and after every step for every id any node maps, the id's home
+/// still gives that slot key to that id: no slot is freed while a worker or node still uses it.
+#[test]
+fn evicted_slots_are_never_used_by_their_old_ids() {
+    let (mut learnt, mut evicted) = (0u64, 0u64);
+    for seed in seeds().share(4).range() {
+        let names = ["relocation", "hash-4-nodes", "2-nodes-many-workers", "classic"];
+        let mut o = configuration(names[(seed % names.len() as u64) as usize], seed);
+        o.dynamic_ids = 10;
+        o.evict_ids = true;
+        let report = run_and_check(o).unwrap_or_else(|f| panic!("eviction: {f}"));
+        learnt += report.stats.iter().map(|s| s.dynamic.ids_known).sum::<u64>();
+        evicted += report.stats.iter().map(|s| s.dynamic.ids_evicted).sum::<u64>();
+    }
+    // Not vacuous: ids were learnt and evicted.
+    assert!(learnt > 0 && evicted > 0, "{learnt} ids learnt, {evicted} evicted");
+}

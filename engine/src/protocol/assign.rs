@@ -29,9 +29,10 @@ pub const NOT_HOME: u64 = u64::MAX - 1;
 /// In ASSIGNED: the id is new and its table's admission filter did not admit it.
 pub const NOT_ADMITTED: u64 = u64::MAX - 2;
 
-/// Appends an ASSIGN or ASSIGNED (`ty`) of `table` for request `request` with `values`.
+/// Appends an ASSIGN or ASSIGNED (`ty`) of `table` for request `request` with `values` (or an
+/// EVICT or EVICTED, which share the layout: see `protocol::evict`).
 pub fn encode(out: &mut Vec<u8>, ty: u8, flags: u8, table: u16, request: u32, values: impl ExactSizeIterator<Item = u64>) -> usize {
-    debug_assert!(matches!(ty, msg::ASSIGN | msg::ASSIGNED));
+    debug_assert!(matches!(ty, msg::ASSIGN | msg::ASSIGNED | msg::EVICT | msg::EVICTED));
     let start = begin(out, ty);
     out.push(flags);
     out.extend_from_slice(&table.to_le_bytes());

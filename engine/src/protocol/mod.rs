@@ -53,6 +53,7 @@ mod barrier;
 pub(crate) mod census;
 mod clock;
 mod directory;
+pub(crate) mod evict;
 mod intent;
 mod intent_counters;
 mod issue;
@@ -214,6 +215,11 @@ pub struct Core {
     /// Answers to this node's ASSIGN messages, and the number of the next one.
     assignments: assign::Assignments,
     assign_requests: std::sync::atomic::AtomicU32,
+    /// Eviction: the rounds of the tables this node is a home of, and its answers waiting for
+    /// their grace periods.
+    evictions: Mutex<evict::Evictions>,
+    /// The workers' pins for eviction's grace periods.
+    pins: crate::dynamic::Pins,
 }
 
 impl Core {
@@ -259,6 +265,8 @@ impl Core {
             id_indexes: specs.iter().map(|s| s.dynamic.map(|d| crate::dynamic::IdIndex::new(d, rank))).collect(),
             assignments: Default::default(),
             assign_requests: std::sync::atomic::AtomicU32::new(0),
+            evictions: Default::default(),
+            pins: Default::default(),
         }
     }
 
@@ -547,10 +555,12 @@ impl Core {
             requests_after_ready: b.requests_after_ready(),
         };
         for index in self.id_indexes.iter().flatten() {
-            let created = index.created();
-            s.dynamic.ids_created += created;
+            let (live, evicted, deferred) = index.home_counts();
+            s.dynamic.ids_created += index.created();
             s.dynamic.ids_known += index.known();
-            s.dynamic.keys_free += index.spec().capacity - created;
+            s.dynamic.keys_free += index.spec().capacity - live;
+            s.dynamic.ids_evicted += evicted;
+            s.dynamic.ids_deferred += deferred;
         }
         s.relocation_time = crate::stats::Latency::of(&relocation);
         s.blocking_time = crate::stats::Latency::of(&blocking);

@@ -238,6 +238,14 @@ impl<'c, 't> Step<'c, 't> {
                             self.handle_assigned(from, body)?;
                             None
                         }
+                        msg::EVICT => {
+                            self.handle_evict(from, body)?;
+                            None
+                        }
+                        msg::EVICTED => {
+                            self.handle_evicted(from, body)?;
+                            None
+                        }
                         msg::REPLICA_SYNC_ACK => {
                             self.handle_replica_sync_ack(from, body)?;
                             None

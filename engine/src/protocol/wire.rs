@@ -125,6 +125,11 @@ pub mod msg {
     pub const ASSIGN: u8 = 40;
     /// Home to asker: the slot keys of the ids it asked for.
     pub const ASSIGNED: u8 = 41;
+    /// Home of ids of a dynamic table to every node: these ids may be evicted (see
+    /// `protocol::evict`).
+    pub const EVICT: u8 = 42;
+    /// Node to home: of the ids offered, these are kept.
+    pub const EVICTED: u8 = 43;
 }
 
 /// Flag: the message lists item indices (a subset of a part, or items of several parts).

@@ -13,6 +13,7 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 mod backup;
+mod eviction;
 mod replication;
 
 use crate::config::Config;

@@ -4,8 +4,19 @@
 //! answers taken from the node's mailbox. Ids come from a small pool, so that several nodes
 //! first touch one id at once in most runs. Checked: every asker of an id got the same slot
 //! key, of its home's range, and each id was created once in the cluster.
+//!
+//! With [`SimOptions::evict_ids`] the table evicts, and nodes begin eviction rounds now and
+//! then through the shipped steps (`protocol::evict`), their EVICT and EVICTED delivered in any
+//! order like every frame, each node answering once its workers' pins let it. A worker then
+//! looks ids up in its node's index first (marking them used), pins itself before, learns its
+//! homes' answers, and uses the slot keys at a later step of its own before it unpins. Checked
+//! instead of "created once" (an evicted id is created again): whenever a worker uses a slot
+//! key, and after every step for every id any node's index maps, the id's home still gives
+//! that slot key to that id.
 
 use std::collections::BTreeMap;
+
+use rand::Rng;
 
 use super::{Sim, SimOptions};
 use crate::dynamic::Intent;
@@ -17,6 +28,9 @@ pub(super) const TABLE: u16 = 1;
 /// The spec of the simulated dynamic table: room for every id of the pool at any one home.
 pub(super) fn spec(opts: &SimOptions) -> crate::config::TableSpec {
     let mut spec = crate::config::TableSpec::dynamic("sim-ids", 2, opts.dynamic_ids.max(1));
+    if opts.evict_ids {
+        spec = spec.evicting(crate::dynamic::Eviction::Lru);
+    }
     spec.keys = opts.dynamic_ids.max(1) * opts.nodes as u64;
     spec
 }
@@ -48,10 +62,23 @@ impl Sim {
         let node = self.workers[w].node;
         let mut per_home: BTreeMap<u16, Vec<u64>> = BTreeMap::new();
         let mut answered = Vec::new();
+        let mut known = Vec::new();
         {
             let core = &self.nodes[node].core;
             let dir = core.directory();
             let index = core.id_index(TABLE).ok_or("the simulated dynamic table has no index")?;
+            let mut ids = ids;
+            if let Some(pin) = &self.workers[w].pin {
+                // As the runtime's worker: pinned, then the ids this node knows from its index.
+                core.pins().pin(pin);
+                ids.retain(|&id| match index.lookup(id) {
+                    Some(key) => {
+                        known.push((id, key));
+                        false
+                    }
+                    None => true,
+                });
+            }
             for &id in &ids {
                 let group = per_home.entry(dir.id_home(index.spec(), id)).or_default();
                 if !group.contains(&id) {
@@ -76,6 +103,10 @@ impl Sim {
             asked.push((home, request, group, None));
         }
         self.record_slot_keys(node, &answered)?;
+        if self.opts.evict_ids {
+            known.extend(answered.iter().filter(|&&(_, key)| key != assign::NOT_ADMITTED));
+            self.workers[w].holding = Some(known);
+        }
         if !asked.is_empty() {
             self.workers[w].assigning = Some(AssignWait { asked });
         }
@@ -105,6 +136,91 @@ impl Sim {
             self.log(format!("worker {w}@{node} learns {ids:?} -> {keys:?} from node {home}"));
             let pairs: Vec<(u64, u64)> = ids.into_iter().zip(keys).collect();
             self.record_slot_keys(node, &pairs)?;
+            if self.opts.evict_ids {
+                // As the runtime's worker: what the homes said goes into the node's index.
+                let learnt: Vec<(u64, u64)> = pairs.into_iter().filter(|&(_, key)| key != assign::NOT_ADMITTED).collect();
+                if let Some(index) = self.nodes[node].core.id_index(TABLE) {
+                    index.learn_many(&learnt);
+                }
+                self.workers[w].holding.get_or_insert_with(Vec::new).extend(learnt);
+            }
+        }
+        Ok(())
+    }
+
+    /// Worker `w` uses the slot keys it got: each must still be its id's at the id's home (no
+    /// round freed it meanwhile); then the worker unpins.
+    pub(super) fn use_slot_keys(&mut self, w: usize) -> Result<(), String> {
+        let holding = self.workers[w].holding.take().unwrap_or_default();
+        let node = self.workers[w].node;
+        self.log(format!("worker {w}@{node} uses slot keys {holding:?}"));
+        for &(id, key) in &holding {
+            self.check_slot_is_ids(id, key).map_err(|e| format!("worker {w}@{node} used slot key {key} for id {id}: {e}"))?;
+        }
+        if let Some(pin) = &self.workers[w].pin {
+            crate::dynamic::Pins::unpin(pin);
+        }
+        Ok(())
+    }
+
+    /// Whether the home of slot key `key` still gives it to `id`.
+    fn check_slot_is_ids(&self, id: u64, key: u64) -> Result<(), String> {
+        let home = (key / self.opts.dynamic_ids.max(1)) as usize;
+        let core = &self.nodes[home].core;
+        if self.nodes[home].crashed {
+            return Ok(());
+        }
+        match core.id_index(TABLE).and_then(|i| i.id_of_slot(key)) {
+            Some(holder) if holder == id => Ok(()),
+            Some(holder) => Err(format!("its home {home} gave it to id {holder}")),
+            None => Err(format!("its home {home} freed it")),
+        }
+    }
+
+    /// After every step: each id any live node's index maps is still its slot key's at home,
+    /// and no two nodes map an id to different slot keys (it was not created twice).
+    pub(super) fn check_id_mappings(&self) -> Result<(), String> {
+        let mut mapped: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
+        for (n, node) in self.nodes.iter().enumerate().filter(|(_, n)| !n.crashed) {
+            let Some(index) = node.core.id_index(TABLE) else { continue };
+            for (id, key) in index.pairs() {
+                self.check_slot_is_ids(id, key).map_err(|e| format!("node {n} maps id {id} to slot key {key}, but {e}"))?;
+                if let Some((other, m)) = mapped.insert(id, (key, n))
+                    && other != key
+                {
+                    return Err(format!("node {n} maps id {id} to slot key {key}, node {m} to {other}: created twice"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The live nodes with an eviction answer whose grace period ended.
+    pub(super) fn graces_ended(&self) -> Vec<usize> {
+        (0..self.opts.nodes)
+            .filter(|&n| !self.nodes[n].crashed && self.opts.evict_ids)
+            .filter(|&n| {
+                let core = &self.nodes[n].core;
+                core.evictions().lock().grace_ended(core.pins())
+            })
+            .collect()
+    }
+
+    /// A node at random begins an eviction round of the dynamic table, as its eviction thread
+    /// does when it runs short or a time to live passed.
+    pub(super) fn begin_eviction_round(&mut self) -> Result<(), String> {
+        let node = self.rng.gen_range(0..self.opts.nodes);
+        if self.nodes[node].crashed {
+            return Ok(());
+        }
+        let short = self.rng.gen_bool(0.5);
+        let mut began = false;
+        self.node_event(node, |step, _, _| {
+            began = step.begin_eviction_round(TABLE, short);
+            Ok(crate::protocol::Progress::Done)
+        })?;
+        if began {
+            self.log(format!("node {node} begins an eviction round"));
         }
         Ok(())
     }
@@ -122,7 +238,10 @@ impl Sim {
                 return Err(format!("id {id} got slot key {key}, outside its home {home}'s range"));
             }
             match self.dynamic_slots.insert(id, key) {
-                Some(earlier) if earlier != key => return Err(format!("id {id} got slot key {key} at node {node} and {earlier} before: created twice")),
+                // (An evicted id is created again, in whichever slot: `check_id_mappings`.)
+                Some(earlier) if earlier != key && !self.opts.evict_ids => {
+                    return Err(format!("id {id} got slot key {key} at node {node} and {earlier} before: created twice"));
+                }
                 _ => {}
             }
         }
@@ -132,6 +251,9 @@ impl Sim {
     /// At the end: each id any worker learnt was created once in the cluster.
     pub(super) fn check_dynamic_ids(&self) -> Result<(), String> {
         let created: u64 = self.nodes.iter().filter_map(|n| n.core.id_index(TABLE)).map(|i| i.created()).sum();
+        if self.opts.evict_ids {
+            return self.check_id_mappings();
+        }
         if created != self.dynamic_slots.len() as u64 {
             return Err(format!("{created} ids were created for {} distinct ids the workers learnt", self.dynamic_slots.len()));
         }

@@ -33,6 +33,21 @@ impl Worker {
         out: Option<&mut [f32]>,
         op: Box<OnSlotKeys<'_, R>>,
     ) -> Result<R> {
+        self.pin_for_ids();
+        let outcome = self.through_index_pinned(table, ids, intent, input, out, op);
+        self.unpin_if_idle();
+        outcome
+    }
+
+    fn through_index_pinned<R>(
+        &mut self,
+        table: Table,
+        ids: &[u64],
+        intent: Intent,
+        input: &[f32],
+        out: Option<&mut [f32]>,
+        op: Box<OnSlotKeys<'_, R>>,
+    ) -> Result<R> {
         // One known id: its slot key on the stack, with no reference counted.
         if let [id] = ids
             && let Some(key) = self.node.core.id_index(table.id).and_then(|index| index.lookup(*id))
@@ -48,6 +63,27 @@ impl Worker {
         let outcome = self.on_admitted(table, ids, &keys, &not_admitted, input, out, op);
         self.hashed_keys = keys;
         outcome
+    }
+
+    /// Pins this worker for eviction's grace periods (where a table evicts) before it looks
+    /// ids up: a node that evicts ids waits until no operation that could have looked them up
+    /// is left.
+    #[inline]
+    fn pin_for_ids(&self) {
+        if let Some(pin) = &self.pin {
+            self.node.core.pins().pin(pin);
+        }
+    }
+
+    /// Unpins this worker once it has no operation in flight (an asynchronous operation on a
+    /// dynamic table keeps it pinned until it is waited for or seen done).
+    #[inline]
+    pub(super) fn unpin_if_idle(&self) {
+        if let Some(pin) = &self.pin
+            && self.requester.pending() == 0
+        {
+            crate::dynamic::Pins::unpin(pin);
+        }
     }
 
     /// `op` on the ids that have slot keys (`keys`, one per id) only: compacted rows of `input`
@@ -93,6 +129,13 @@ impl Worker {
     /// when every id has a slot key; with ids not admitted yet it runs at once, and the ticket
     /// holds its values.
     pub(super) fn dynamic_pull_async(&mut self, table: Table, ids: &[u64], updates: &[f32], write: bool) -> Result<PullTicket> {
+        self.pin_for_ids();
+        let ticket = self.dynamic_pull_async_pinned(table, ids, updates, write);
+        self.unpin_if_idle();
+        ticket
+    }
+
+    fn dynamic_pull_async_pinned(&mut self, table: Table, ids: &[u64], updates: &[f32], write: bool) -> Result<PullTicket> {
         let intent = if write { Intent::Write } else { Intent::Read };
         let (keys, not_admitted) = self.translate(table, ids, intent)?;
         let outcome = if not_admitted.is_empty() {

@@ -22,10 +22,11 @@ Path = Union[str, PathLike]
 class FerryError(RuntimeError):
     """A Ferry operation failed; the message says why."""
 
-def read_checkpoint(dir: Path) -> Dict[str, npt.NDArray[np.float32]]:
+def read_checkpoint(dir: Path) -> Dict[str, Union[npt.NDArray[np.float32], Tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]]]:
     """Reads a whole checkpoint (written by `Node.checkpoint` on any number of nodes, or by a
     training run's `--checkpoint-dir`) outside a cluster: every table's values by name, each of
-    shape `(keys, value_len)` (optimizer state left out). Raises `FerryError` naming the file
+    shape `(keys, value_len)` (optimizer state left out); a dynamic table's as a pair `(ids, rows)`,
+    ids ascending. Raises `FerryError` naming the file
     when the checkpoint is incomplete or damaged."""
 
 def feature_id(text: str) -> int:
@@ -44,8 +45,13 @@ class Table:
     `range`, `hash`, or `consistent[:VIRTUAL_NODES]` for consistent hashing), which keys every node replicates, how values travel (`codec`), key lists
     cached from `key_cache_min` keys on, whether checkpoints leave it out (`scratch`), and
     whether workers address it by raw ids hashed into its `keys` buckets (`feature_hashing`:
-    `"SEED"` or `"SEED:signed"`; ids are any uint64, or `feature_id` of a string), or whether its
-    keys are homed where a plan of `ferry partition` says (`plan`: the plan's path)."""
+    `"SEED"` or `"SEED:signed"`; ids are any uint64, or `feature_id` of a string), whether its
+    keys are homed where a plan of `ferry partition` says (`plan`: the plan's path), or whether
+    it is dynamic (`dynamic`: the ids each node holds as their home, with `keys=0`; workers
+    address it by raw uint64 ids, each created when first touched): its new ids' values
+    (`init`: `zeros`, `uniform:SCALE[:SEED]` or `normal:STD[:SEED]`), which new ids it creates
+    (`admission`: `all`, `count:N` pushes or `probability:P[:SEED]`) and when it evicts ids
+    (`eviction`: `never`, `lru`, or `ttl:SECONDS`; see docs/DYNAMIC.md)."""
 
     def __init__(
         self,
@@ -61,6 +67,10 @@ class Table:
         scratch: bool = False,
         feature_hashing: Optional[str] = None,
         plan: Optional[Path] = None,
+        dynamic: Optional[int] = None,
+        init: Optional[str] = None,
+        admission: Optional[str] = None,
+        eviction: Optional[str] = None,
     ) -> None: ...
     @property
     def name(self) -> str:
@@ -93,6 +103,11 @@ class Stats:
     intent_relocations: int
     late_accesses: int
     intent_replicas: int
+    ids_created: int
+    ids_known: int
+    keys_free: int
+    ids_evicted: int
+    ids_deferred: int
     def as_dict(self) -> Dict[str, Any]:
         """Every counter by name."""
     def __getitem__(self, name: str) -> Any: ...

@@ -22,11 +22,20 @@
 //!   and the answers of other homes) in a sharded index; a known id costs one hash lookup
 //!   under a read latch before the dense path, an unknown one a round trip to its home.
 //!
-//! What is not built yet (refused with a reason where it would be wrong): eviction and
-//! admission filters, backups and checkpoints of dynamic tables (the index would be lost with
-//! its node), replicated ranges and feature hashing on a dynamic table.
+//! - **Evicted in rounds** when a home runs short of slot keys or an id outlives its time to
+//!   live ([`Eviction`], [`evict`]).
+//!
+//! What is not built yet (refused with a reason where it would be wrong): backups of dynamic
+//! tables (the index would be lost with its node), replicated ranges and feature hashing on a
+//! dynamic table, intent on a table that evicts.
+
+mod evict;
 
 use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use evict::Eviction;
+pub(crate) use evict::{Evictor, Grace, Pin, Pins, ROUND_IDS};
 
 use parking_lot::RwLock;
 
@@ -291,12 +300,30 @@ impl Sketch {
     }
 }
 
-/// A home's state for creating ids: the next unused slot key of its range (counted from its
-/// start), and what its admission filter keeps.
+/// A home's state for creating ids: the next slot key of its range never used (counted from
+/// its start), what its admission filter keeps, and its eviction's: the id of each slot handed
+/// out, the slots freed, the ids offered in the open round, the clock hand.
 struct HomeState {
     next: u64,
     sketch: Option<Sketch>,
     draws: u64,
+    /// Per slot handed out (by offset in the range): its id, `None` once freed.
+    slot_ids: Vec<Option<u64>>,
+    /// Offsets of freed slots, taken before `next`.
+    free: Vec<u64>,
+    /// Ids offered in the open round, with their slot keys and whether an ASSIGN rescued them.
+    offered: crate::util::FastMap<u64, (u64, bool)>,
+    /// Where the clock hand stands (an offset).
+    hand: u64,
+    /// Ids created and evicted so far.
+    created: u64,
+    evicted: u64,
+    /// New ids not created because the home was full while it evicts.
+    deferred: u64,
+    /// Slot keys of evicted ids not written back yet (not held here when their round closed).
+    stranded: Vec<u64>,
+    /// `deferred` when the last round began.
+    deferred_before: u64,
 }
 
 /// What makes a table dynamic ([`crate::TableSpec::dynamic`]).
@@ -311,6 +338,8 @@ pub struct DynamicSpec {
     pub seed: u64,
     /// Which new ids a home creates.
     pub admission: Admission,
+    /// When homes evict ids.
+    pub eviction: Eviction,
 }
 
 impl DynamicSpec {
@@ -322,8 +351,24 @@ impl DynamicSpec {
     }
 }
 
-/// Per shard of the index: the ids known here and their slot keys.
-type IdMap = std::collections::HashMap<u64, u64, BuildHasherDefault<IdMixer>>;
+/// Per shard of the index: the ids known here and their slot keys, each with [`USED`] set
+/// once a worker looked it up since eviction last looked.
+type IdMap = std::collections::HashMap<u64, AtomicU64, BuildHasherDefault<IdMixer>>;
+
+/// In an index entry: the id was used since eviction last looked (slot keys stay below it:
+/// a table has fewer than 2^42 keys).
+const USED: u64 = 1 << 63;
+
+/// An entry's slot key, marking it used where ids are evicted. The mark is stored only when
+/// missing, so that a busy id's line is not written on every lookup.
+#[inline]
+fn touch(entry: &AtomicU64, mark: bool) -> u64 {
+    let word = entry.load(Ordering::Relaxed);
+    if mark && word & USED == 0 {
+        entry.fetch_or(USED, Ordering::Relaxed);
+    }
+    word & !USED
+}
 
 /// The hasher of a node's index of ids (for `std` hash maps: `BuildHasherDefault<IdMixer>`):
 /// the splitmix64 finaliser, since raw ids come in any pattern (multiples of a large power of
@@ -359,6 +404,8 @@ pub(crate) struct IdIndex {
     home: parking_lot::Mutex<HomeState>,
     /// The first slot key of this node's range.
     first: u64,
+    /// Whether lookups mark ids used (the table evicts).
+    marks: bool,
 }
 
 impl IdIndex {
@@ -371,8 +418,18 @@ impl IdIndex {
                 next: 0,
                 sketch: matches!(spec.admission, Admission::Count { .. }).then(|| Sketch::new(spec.capacity)),
                 draws: 0,
+                slot_ids: Vec::new(),
+                free: Vec::new(),
+                offered: Default::default(),
+                hand: 0,
+                created: 0,
+                evicted: 0,
+                deferred: 0,
+                stranded: Vec::new(),
+                deferred_before: 0,
             }),
             first: rank as u64 * spec.capacity,
+            marks: spec.eviction.evicts(),
         }
     }
 
@@ -391,10 +448,10 @@ impl IdIndex {
         &self.shards[Self::shard_index(id)]
     }
 
-    /// The slot key of `id`, if this node knows it.
+    /// The slot key of `id`, if this node knows it (marked used where ids are evicted).
     #[inline]
     pub fn lookup(&self, id: u64) -> Option<u64> {
-        self.shard(id).read().get(&id).copied()
+        self.shard(id).read().get(&id).map(|e| touch(e, self.marks))
     }
 
     /// The slot keys of `ids` into `keys` (one each; 0 for an id not known here, whose
@@ -416,7 +473,7 @@ impl IdIndex {
         }
         let shards: [_; INDEX_SHARDS] = std::array::from_fn(|s| self.shards[s].read());
         for (i, &id) in ids.iter().enumerate() {
-            note(i, shards[Self::shard_index(id)].get(&id).copied());
+            note(i, shards[Self::shard_index(id)].get(&id).map(|e| touch(e, self.marks)));
         }
     }
 
@@ -425,29 +482,35 @@ impl IdIndex {
     pub fn learn_many(&self, pairs: &[(u64, u64)]) {
         if pairs.len() < 2 * INDEX_SHARDS {
             for &(id, key) in pairs {
-                self.shard(id).write().insert(id, key);
+                self.shard(id).write().insert(id, AtomicU64::new(key));
             }
             return;
         }
         let mut shards: [_; INDEX_SHARDS] = std::array::from_fn(|s| self.shards[s].write());
         for &(id, key) in pairs {
-            shards[Self::shard_index(id)].insert(id, key);
+            shards[Self::shard_index(id)].insert(id, AtomicU64::new(key));
         }
     }
 
     /// As the home of `ids`, asked with `intent`: the slot key of each, creating those it does
     /// not know and its admission filter admits with `create` (given the id and the new slot
-    /// key; it writes the initial value) while slot keys of its range are left. Returns how
-    /// many ids were created.
+    /// key; it writes the initial value) while slot keys of its range are free. An id offered
+    /// in an open eviction round is rescued: it keeps its slot key. Returns how many ids were
+    /// created.
     pub fn assign(&self, ids: &[u64], intent: Intent, keys: &mut Vec<Assigned>, mut create: impl FnMut(u64, u64) -> Result<()>) -> Result<usize> {
         keys.clear();
         let mut home = self.home.lock();
         let home = &mut *home;
-        let before = home.next;
-        let (capacity, first, admission) = (self.spec.capacity, self.first, self.spec.admission);
+        let before = home.created;
+        let (capacity, first, admission, evicts) = (self.spec.capacity, self.first, self.spec.admission, self.marks);
         let mut one = |map: &mut IdMap, id: u64, home: &mut HomeState| -> Result<Assigned> {
-            if let Some(&key) = map.get(&id) {
-                return Ok(Assigned::Key(key));
+            if let Some(entry) = map.get(&id) {
+                return Ok(Assigned::Key(touch(entry, evicts)));
+            }
+            if let Some((key, rescued)) = home.offered.get_mut(&id) {
+                *rescued = true;
+                map.insert(id, AtomicU64::new(*key | USED));
+                return Ok(Assigned::Key(*key));
             }
             let admitted = match (intent, admission) {
                 (Intent::Force, _) | (_, Admission::All) => true,
@@ -461,13 +524,28 @@ impl IdIndex {
             if !admitted {
                 return Ok(Assigned::NotAdmitted);
             }
-            if home.next >= capacity {
-                return Ok(Assigned::Full);
+            let offset = match home.free.pop() {
+                Some(offset) => offset,
+                None if home.next < capacity => {
+                    home.next += 1;
+                    home.slot_ids.push(None);
+                    home.next - 1
+                }
+                // A home that evicts defers the id until a round frees room.
+                None if evicts && intent != Intent::Force => {
+                    home.deferred += 1;
+                    return Ok(Assigned::NotAdmitted);
+                }
+                None => return Ok(Assigned::Full),
+            };
+            let key = first + offset;
+            if let Err(e) = create(id, key) {
+                home.free.push(offset);
+                return Err(e);
             }
-            let key = first + home.next;
-            create(id, key)?;
-            home.next += 1;
-            map.insert(id, key);
+            home.slot_ids[offset as usize] = Some(id);
+            home.created += 1;
+            map.insert(id, AtomicU64::new(key | if evicts { USED } else { 0 }));
             Ok(Assigned::Key(key))
         };
         if ids.len() < 2 * INDEX_SHARDS {
@@ -481,16 +559,18 @@ impl IdIndex {
                 keys.push(one(&mut shards[Self::shard_index(id)], id, home)?);
             }
         }
-        Ok((home.next - before) as usize)
+        Ok((home.created - before) as usize)
     }
 
     /// Every id this node knows, with its slot key (for a checkpoint, which names the slots it
-    /// writes by their ids).
+    /// writes by their ids): those offered in an open eviction round too.
     pub fn pairs(&self) -> Vec<(u64, u64)> {
-        let mut all = Vec::new();
+        let mut all: Vec<(u64, u64)> = self.home.lock().offered.iter().map(|(&id, &(key, _))| (id, key)).collect();
         for shard in &self.shards {
-            all.extend(shard.read().iter().map(|(&id, &key)| (id, key)));
+            all.extend(shard.read().iter().map(|(&id, key)| (id, key.load(Ordering::Relaxed) & !USED)));
         }
+        all.sort_unstable();
+        all.dedup();
         all
     }
 
@@ -516,14 +596,150 @@ impl IdIndex {
         }
     }
 
-    /// Ids this node created as their home.
+    /// Ids this node created as their home (evicted ones included).
     pub fn created(&self) -> u64 {
-        self.home.lock().next
+        self.home.lock().created
+    }
+
+    /// As a home: ids created and not evicted, ids evicted, and new ids deferred while full.
+    pub fn home_counts(&self) -> (u64, u64, u64) {
+        let home = self.home.lock();
+        (home.slot_ids.iter().filter(|s| s.is_some()).count() as u64, home.evicted, home.deferred)
     }
 
     /// Ids this node knows the slot keys of (its own and those it learnt).
     pub fn known(&self) -> u64 {
         self.shards.iter().map(|s| s.read().len() as u64).sum()
+    }
+
+    /// Whether this home should begin an eviction round: it evicts, none is open, and its free
+    /// slot keys are down to an eighth of its capacity. (A round then offers up to a quarter.)
+    pub fn runs_short(&self) -> bool {
+        let home = self.home.lock();
+        self.marks && home.offered.is_empty() && (self.spec.capacity - home.next) + (home.free.len() as u64) <= (self.spec.capacity / 4).max(1)
+    }
+
+    /// New ids deferred since the last round began (what the last round fell short by).
+    pub fn deferred_since_last_round(&self) -> u64 {
+        let home = self.home.lock();
+        home.deferred - home.deferred_before
+    }
+
+    /// As a home, opens an eviction round: moves its clock hand over its slots until it found
+    /// `most` ids to offer or went `turns` times round, giving ids marked used a second chance
+    /// (the mark is cleared: they are offered when the hand comes round again unless used
+    /// meanwhile) and offering the others: they leave the index and wait in the round. Returns
+    /// the ids offered with their slot keys (none while a round is open).
+    pub fn offer_round(&self, most: usize, turns: u64) -> Vec<(u64, u64)> {
+        let mut home = self.home.lock();
+        let home = &mut *home;
+        let mut offered = Vec::new();
+        if !home.offered.is_empty() || home.next == 0 {
+            return offered;
+        }
+        home.deferred_before = home.deferred;
+        let mut left = home.next.saturating_mul(turns);
+        while left > 0 && offered.len() < most {
+            // Every shard's latch for a stretch of slots, then let workers' lookups through.
+            let mut shards: [_; INDEX_SHARDS] = std::array::from_fn(|s| self.shards[s].write());
+            for _ in 0..left.min(4096) {
+                left -= 1;
+                let offset = home.hand % home.next;
+                home.hand = (offset + 1) % home.next;
+                let Some(id) = home.slot_ids[offset as usize] else { continue };
+                let shard = &mut shards[Self::shard_index(id)];
+                let Some(entry) = shard.get(&id) else { continue };
+                let word = entry.load(Ordering::Relaxed);
+                if word & USED != 0 {
+                    entry.store(word & !USED, Ordering::Relaxed);
+                    continue;
+                }
+                shard.remove(&id);
+                home.offered.insert(id, (word, false));
+                offered.push((id, word));
+                if offered.len() >= most {
+                    break;
+                }
+            }
+        }
+        offered
+    }
+
+    /// Offered ids of another home's round: those marked used stay (their mark cleared), and
+    /// so do those whose slot `holds` says this node has; the others leave this node's index.
+    /// After the grace period, [`IdIndex::keeps`] says which this node keeps.
+    pub fn offer(&self, offered: &[(u64, u64)], holds: impl Fn(u64) -> bool) {
+        for &(id, key) in offered {
+            let mut shard = self.shard(id).write();
+            let Some(entry) = shard.get(&id) else { continue };
+            let word = entry.load(Ordering::Relaxed);
+            if word & !USED != key {
+                continue;
+            }
+            if word & USED != 0 {
+                entry.store(key, Ordering::Relaxed);
+            } else if !holds(key) {
+                shard.remove(&id);
+            }
+        }
+    }
+
+    /// After the grace period of a round of another home: the offered ids this node keeps,
+    /// those still in its index (used, or learnt again) and those whose slot `holds` says it
+    /// has (which it then knows again, should the slot have come meanwhile).
+    pub fn keeps(&self, offered: &[(u64, u64)], holds: impl Fn(u64) -> bool) -> Vec<u64> {
+        let mut kept = Vec::new();
+        for &(id, key) in offered {
+            let known = self.shard(id).read().contains_key(&id);
+            if known {
+                kept.push(id);
+            } else if holds(key) {
+                self.shard(id).write().entry(id).or_insert_with(|| AtomicU64::new(key));
+                kept.push(id);
+            }
+        }
+        kept
+    }
+
+    /// As a home, closes the open round: the ids offered that no node kept nor an ASSIGN
+    /// rescued are evicted (they leave the round; asked for again, they are new ids), the
+    /// others return to the index. Returns the slot keys of the evicted ids, with those of
+    /// earlier rounds that could not be freed yet: the caller writes back each it holds and
+    /// hands them to [`IdIndex::free_slots`]. No slot is touched under the home's lock, which
+    /// creating ids holds while it writes slots.
+    pub fn finish_round(&self, kept: &crate::util::FastSet<u64>) -> Vec<u64> {
+        let mut home = self.home.lock();
+        let home = &mut *home;
+        let mut evicted = std::mem::take(&mut home.stranded);
+        for (id, (key, rescued)) in std::mem::take(&mut home.offered) {
+            if rescued {
+                continue;
+            }
+            if kept.contains(&id) {
+                self.shard(id).write().entry(id).or_insert_with(|| AtomicU64::new(key));
+                continue;
+            }
+            home.slot_ids[(key - self.first) as usize] = None;
+            home.evicted += 1;
+            evicted.push(key);
+        }
+        evicted
+    }
+
+    /// Slots of evicted ids written back (`freed`) are free for new ids; the others
+    /// (`stranded`: not here yet, e.g. on their way back from a node that left) are tried again
+    /// when the next round closes.
+    pub fn free_slots(&self, freed: &[u64], stranded: Vec<u64>) {
+        let mut home = self.home.lock();
+        home.free.extend(freed.iter().map(|key| key - self.first));
+        home.stranded.extend(stranded);
+    }
+
+    /// As the home of slot key `key`: the id that has it (offered in a round included).
+    #[cfg(any(test, feature = "sim"))]
+    pub fn id_of_slot(&self, key: u64) -> Option<u64> {
+        let home = self.home.lock();
+        home.slot_ids.get(key.checked_sub(self.first)? as usize).copied().flatten()
     }
 }
 
@@ -537,7 +753,7 @@ mod tests {
     use super::*;
 
     fn spec(capacity: u64) -> DynamicSpec {
-        DynamicSpec { capacity, init: Init::Zeros, seed: 7, admission: Admission::All }
+        DynamicSpec { capacity, init: Init::Zeros, seed: 7, admission: Admission::All, eviction: Eviction::Never }
     }
 
     /// A home creates an id once, from its own range, and refuses ids beyond its capacity

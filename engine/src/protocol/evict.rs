@@ -1,0 +1,237 @@
+//! Eviction rounds of dynamic tables ([`crate::dynamic::Eviction`]; the argument is in
+//! `dynamic::evict`): the home offers ids (EVICT), every node answers after its grace period
+//! with those it keeps (EVICTED), and the home frees the slots of the others.
+//!
+//! EVICT and EVICTED share ASSIGN's layout (`protocol::assign`): `[type][flags 0][table u16]
+//! [round u32][count u32]`, then `count` values of eight bytes: in EVICT, each id offered
+//! followed by its slot key; in EVICTED, the ids kept.
+//!
+//! The steps here are driven by the runtime's eviction thread (`runtime::eviction`) and by the
+//! simulator alike: [`Step::begin_eviction_round`] when a home runs short or a time to live
+//! passed, [`Step::answer_evictions`] when grace periods may have ended, and
+//! [`Step::evictions_after_loss`] when nodes were lost.
+
+use std::collections::VecDeque;
+
+use super::Step;
+use super::assign::{Assign, encode};
+use super::wire::msg;
+use crate::dynamic::{Evictor, Grace, ROUND_IDS};
+use crate::error::{Error, Result};
+use crate::stats::MessageKind;
+use crate::util::{FastMap, FastSet};
+
+/// A node's eviction state: per table it is a home of, its rounds; and its answers waiting for
+/// their grace periods, oldest first.
+#[derive(Default)]
+pub(crate) struct Evictions {
+    evictors: FastMap<u16, Evictor>,
+    graces: VecDeque<Grace>,
+}
+
+impl Evictions {
+    /// Whether a round of `table` is open here.
+    pub fn round_open(&self, table: u16) -> bool {
+        self.evictors.get(&table).is_some_and(Evictor::is_open)
+    }
+
+    /// Whether the oldest answer's grace period ended under `pins`.
+    #[cfg(any(test, feature = "sim"))]
+    pub fn grace_ended(&self, pins: &crate::dynamic::Pins) -> bool {
+        self.graces.front().is_some_and(|g| pins.passed(g.epoch))
+    }
+}
+
+impl Step<'_, '_> {
+    /// As a home of dynamic table `table`, begins an eviction round unless one is open: offers
+    /// the ids its clock hand finds unused to every live node (itself too). A home that runs
+    /// short (`short`) looks for a quarter of its capacity and as many as it deferred since the
+    /// last round began (up to half its capacity: new ids arriving faster than rounds free
+    /// room make rounds larger), going round twice at most, so that a round frees room even
+    /// when every id was used since the hand last passed; a round for the time to live goes
+    /// round once and offers what was not used since. Returns whether a
+    /// round began (there were ids to offer).
+    pub(crate) fn begin_eviction_round(&mut self, table: u16, short: bool) -> bool {
+        let core = self.core;
+        let Some(index) = core.id_index(table).filter(|i| i.spec().eviction.evicts()) else { return false };
+        let mut evictions = core.evictions.lock();
+        let evictor = evictions.evictors.entry(table).or_default();
+        if evictor.is_open() {
+            return false;
+        }
+        let capacity = index.spec().capacity;
+        let offered = if short {
+            let most = (capacity / 4 + index.deferred_since_last_round()).min(capacity / 2).max(1);
+            index.offer_round(ROUND_IDS.min(most as usize), 2)
+        } else {
+            index.offer_round(ROUND_IDS, 1)
+        };
+        if offered.is_empty() {
+            return false;
+        }
+        let dir = core.directory();
+        let members: Vec<u16> = (0..dir.nodes() as u16).filter(|&n| !dir.is_lost(n)).collect();
+        let round = evictor.begin(members.iter().copied());
+        for &node in members.iter().filter(|&&n| n != dir.rank()) {
+            let values = offered.iter().flat_map(|&(id, key)| [id, key]);
+            let bytes = encode(self.tx.buf(node), msg::EVICT, 0, table, round, values.collect::<Vec<_>>().into_iter());
+            self.tx.sent(node, MessageKind::Eviction, bytes);
+        }
+        // This node's own answer waits for its grace period like the others'; the ids left its
+        // index when they were offered.
+        let epoch = core.pins.advance();
+        evictions.graces.push_back(Grace { home: dir.rank(), table, round, offered, epoch });
+        true
+    }
+
+    /// An EVICT from `from`: the offered ids this node's workers did not use since the last
+    /// round leave its index; its answer waits for the grace period.
+    pub(crate) fn handle_evict(&mut self, from: u16, body: &[u8]) -> Result<()> {
+        let m = Assign::decode(body)?;
+        let core = self.core;
+        let Some(index) = core.id_index(m.table).filter(|i| i.spec().eviction.evicts()) else {
+            return Err(Error::Protocol(format!("EVICT for table {}, which does not evict", m.table)));
+        };
+        if !m.len().is_multiple_of(2) || m.len() / 2 > ROUND_IDS {
+            return Err(Error::Protocol(format!("EVICT from node {from} with {} values", m.len())));
+        }
+        let capacity = index.spec().capacity;
+        let values: Vec<u64> = m.values().collect();
+        let offered: Vec<(u64, u64)> = values.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+        if let Some(&(id, key)) = offered.iter().find(|&&(_, key)| key / capacity != from as u64) {
+            return Err(Error::Protocol(format!("EVICT from node {from} offers id {id} with slot key {key}, outside its range")));
+        }
+        let store = &core.store;
+        index.offer(&offered, |key| store.lock(m.table, key).slot().is_some());
+        let epoch = core.pins.advance();
+        core.evictions.lock().graces.push_back(Grace { home: from, table: m.table, round: m.request, offered, epoch });
+        Ok(())
+    }
+
+    /// Answers the rounds whose grace periods ended (every worker of this node is idle or began
+    /// after the ids left its index): with the ids still in its index or whose slots it holds.
+    /// A home's answer to its own round may complete it.
+    pub(crate) fn answer_evictions(&mut self) {
+        let core = self.core;
+        let rank = core.directory().rank();
+        loop {
+            let grace = {
+                let mut evictions = core.evictions.lock();
+                match evictions.graces.front() {
+                    Some(g) if core.pins.passed(g.epoch) => evictions.graces.pop_front(),
+                    _ => None,
+                }
+            };
+            let Some(grace) = grace else { return };
+            let Some(index) = core.id_index(grace.table) else { continue };
+            if grace.home == rank {
+                // The home holds its slots itself: whether it still does is looked at when it
+                // frees them.
+                self.evicted_answer(rank, grace.table, grace.round, Vec::new());
+                continue;
+            }
+            if core.directory().is_lost(grace.home) {
+                continue;
+            }
+            let store = &core.store;
+            let kept = index.keeps(&grace.offered, |key| store.lock(grace.table, key).slot().is_some());
+            let bytes = encode(self.tx.buf(grace.home), msg::EVICTED, 0, grace.table, grace.round, kept.into_iter());
+            self.tx.sent(grace.home, MessageKind::Eviction, bytes);
+        }
+    }
+
+    /// An EVICTED from `from`: its answer to one of this home's rounds.
+    pub(crate) fn handle_evicted(&mut self, from: u16, body: &[u8]) -> Result<()> {
+        let m = Assign::decode(body)?;
+        if self.core.id_index(m.table).is_none_or(|i| !i.spec().eviction.evicts()) {
+            return Err(Error::Protocol(format!("EVICTED for table {}, which does not evict", m.table)));
+        }
+        if m.len() > ROUND_IDS {
+            return Err(Error::Protocol(format!("EVICTED from node {from} keeps {} ids, more than a round offers", m.len())));
+        }
+        self.evicted_answer(from, m.table, m.request, m.values().collect());
+        Ok(())
+    }
+
+    /// Node `from` answered round `round` of `table`, keeping `kept`: closes the round if it
+    /// was the last answer.
+    fn evicted_answer(&mut self, from: u16, table: u16, round: u32, kept: Vec<u64>) {
+        let closed = self.core.evictions.lock().evictors.get_mut(&table).and_then(|e| e.answer(from, round, kept));
+        if let Some(kept) = closed {
+            self.core.finish_eviction(table, &kept);
+        }
+    }
+
+    /// Rounds no longer wait for lost nodes' answers (what those nodes mapped went with them).
+    pub(crate) fn evictions_after_loss(&mut self) {
+        let core = self.core;
+        let lost: Vec<u16> = core.directory().lost_nodes().into_iter().map(|(n, _)| n).collect();
+        if lost.is_empty() {
+            return;
+        }
+        let closed: Vec<(u16, FastSet<u64>)> = {
+            let mut evictions = core.evictions.lock();
+            evictions.graces.retain(|g| !lost.contains(&g.home));
+            let mut closed = Vec::new();
+            for (&table, evictor) in evictions.evictors.iter_mut() {
+                for &node in &lost {
+                    if let Some(kept) = evictor.lost(node) {
+                        closed.push((table, kept));
+                    }
+                }
+            }
+            closed
+        };
+        for (table, kept) in closed {
+            core.finish_eviction(table, &kept);
+        }
+    }
+}
+
+impl super::Core {
+    /// Closes the round of `table` that every node answered: frees the slots of the ids nobody
+    /// kept that this home still holds, writing them back to zeros with a fresh optimizer
+    /// state.
+    pub(crate) fn finish_eviction(&self, table: u16, kept: &FastSet<u64>) {
+        let Some(index) = self.id_index(table) else { return };
+        let store = &self.store;
+        let t = store.table(table);
+        let zeros = vec![0u8; 4 * (t.value_len() + t.state_len())];
+        let (freed, stranded): (Vec<u64>, Vec<u64>) = index.finish_round(kept).into_iter().partition(|&key| {
+            let guard = store.lock(table, key);
+            let Some(slot) = guard.slot() else { return false };
+            slot.write_all_le_bytes(&zeros);
+            true
+        });
+        tracing::debug!(node = self.directory.rank(), table, freed = freed.len(), stranded = stranded.len(), kept = kept.len(), "an eviction round closed");
+        index.free_slots(&freed, stranded);
+    }
+
+    /// Eviction's state.
+    pub(crate) fn evictions(&self) -> &parking_lot::Mutex<Evictions> {
+        &self.evictions
+    }
+
+    /// The workers' pins for eviction's grace periods.
+    pub(crate) fn pins(&self) -> &crate::dynamic::Pins {
+        &self.pins
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// EVICT carries pairs and EVICTED ids in ASSIGN's layout, checked the same way.
+    #[test]
+    fn messages_share_assigns_layout() {
+        let mut out = Vec::new();
+        encode(&mut out, msg::EVICT, 0, 2, 9, [7u64, 3, u64::MAX, 4].into_iter());
+        let m = Assign::decode(&out[4..]).unwrap();
+        assert_eq!((m.table, m.request, m.values().collect::<Vec<_>>()), (2, 9, vec![7, 3, u64::MAX, 4]));
+        assert!(Assign::decode(&out[4..out.len() - 8]).is_err(), "a body shorter than its count says");
+        let mut odd = Vec::new();
+        encode(&mut odd, msg::EVICT, 0, 2, 9, [7u64, 3, 5].into_iter());
+        assert!(Assign::decode(&odd[4..]).is_ok_and(|m| m.len() == 3), "an odd count decodes; handle_evict refuses it");
+    }
+}

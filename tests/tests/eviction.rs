@@ -1,0 +1,146 @@
+//! Eviction of dynamic tables' ids (`TableSpec::evicting`) on in-process clusters over TCP:
+//! ids nobody uses for a time to live are evicted and read as new afterwards while ids in use
+//! keep every push; a home that runs short of slot keys evicts rather than refuses, under
+//! workers of every node streaming new ids, relocating some, with every value read back
+//! checked; intent on a table that evicts is refused.
+
+use std::time::{Duration, Instant};
+
+use ferry::dynamic::{Eviction, Init};
+use ferry::{Config, Error, Node, TableSpec};
+use ferry_tests::finalize_all;
+
+const LEN: usize = 2;
+
+/// Ids spread over the whole range, distinct per `(stream, i)`.
+fn id(stream: u64, i: u64) -> u64 {
+    (stream << 56) ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17)
+}
+
+/// Ids touched once are evicted within about twice the time to live, and read as new
+/// afterwards; ids both nodes push every few milliseconds keep every push.
+#[test]
+fn unused_ids_outlive_their_time_to_live_and_read_as_new() {
+    let init = Init::Uniform { scale: 0.5, seed: 3 };
+    let spec = TableSpec::dynamic("emb", LEN, 10_000).initialised(init).evicting(Eviction::Ttl { millis: 500 });
+    let cluster = Node::start_local_cluster(2, Config::new(vec![spec])).unwrap();
+    let cold: Vec<u64> = (0..200).map(|i| id(1, i)).collect();
+    let hot: Vec<u64> = (0..100).map(|i| id(2, i)).collect();
+    let initial = |id: u64| {
+        let mut v = vec![0.0f32; LEN];
+        init.fill(id, &mut v);
+        v
+    };
+    let pushes: Vec<u64> = std::thread::scope(|s| {
+        let handles: Vec<_> = cluster
+            .iter()
+            .map(|node| {
+                let (cold, hot) = (&cold, &hot);
+                s.spawn(move || {
+                    let mut w = node.worker();
+                    let t = node.table("emb").unwrap();
+                    // Both nodes know the cold ids; then nobody touches them.
+                    let mut out = vec![0.0; cold.len() * LEN];
+                    w.push_pull(t, cold, &vec![1.0; cold.len() * LEN], &mut out).unwrap();
+                    w.barrier().unwrap();
+                    let began = Instant::now();
+                    let mut pushes = 0u64;
+                    while began.elapsed() < Duration::from_millis(2_500) {
+                        w.push(t, hot, &vec![1.0; hot.len() * LEN]).unwrap();
+                        pushes += 1;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    w.barrier().unwrap();
+                    pushes
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let evicted: u64 = cluster.iter().map(|n| n.stats().dynamic.ids_evicted).sum();
+    assert!(evicted >= cold.len() as u64, "{evicted} ids evicted; the {} cold ones should be", cold.len());
+    let node = &cluster[1];
+    let mut w = node.worker();
+    let t = node.table("emb").unwrap();
+    let mut out = vec![0.0; hot.len() * LEN];
+    w.pull(t, &hot, &mut out).unwrap();
+    let total = pushes.iter().sum::<u64>() as f32;
+    for (i, &h) in hot.iter().enumerate() {
+        // (Sums of f32 pushes round: a lost push would be 1 off.)
+        let want: Vec<f32> = initial(h).iter().map(|v| v + total).collect();
+        let got = &out[i * LEN..(i + 1) * LEN];
+        assert!(got.iter().zip(&want).all(|(g, w)| (g - w).abs() < 0.05), "hot id {h} lost pushes: {got:?}, not {want:?}");
+    }
+    let mut out = vec![0.0; cold.len() * LEN];
+    w.pull(t, &cold, &mut out).unwrap();
+    for (i, &c) in cold.iter().enumerate() {
+        assert_eq!(&out[i * LEN..(i + 1) * LEN], &initial(c)[..], "cold id {c} was not evicted, or came back with its old value");
+    }
+    drop(w);
+    finalize_all(cluster);
+}
+
+/// Homes with room for 96 ids each, under 4 workers streaming 4 000 new ids each in batches
+/// of 16: they evict rather than refuse, and every value read back is the id's own (its
+/// initial zero plus its own pushes, or zero when its home deferred it), never another id's,
+/// also for ids relocated to their worker's node.
+#[test]
+fn a_home_that_runs_short_evicts_and_no_id_sees_another_ids_value() {
+    let spec = TableSpec::dynamic("emb", LEN, 96).evicting(Eviction::Lru);
+    let cluster = Node::start_local_cluster(2, Config::new(vec![spec])).unwrap();
+    std::thread::scope(|s| {
+        for node in &cluster {
+            for worker in 0..2u64 {
+                s.spawn(move || {
+                    let mut w = node.worker();
+                    let t = node.table("emb").unwrap();
+                    let stream = 10 + node.rank() as u64 * 2 + worker;
+                    let mut out = vec![0.0; 16 * LEN];
+                    for batch in 0..250u64 {
+                        let ids: Vec<u64> = (0..16).map(|i| id(stream, batch * 16 + i)).collect();
+                        w.push_pull(t, &ids, &[1.0; 16 * LEN], &mut out).unwrap();
+                        for (i, row) in out.chunks_exact(LEN).enumerate() {
+                            assert!(row.iter().all(|&v| v == row[0]) && (row[0] == 0.0 || row[0] == 1.0), "id {} read {row:?} after its first push", ids[i]);
+                        }
+                        if batch % 4 == 0 {
+                            w.localize(t, &ids).unwrap();
+                            w.push_pull(t, &ids, &[1.0; 16 * LEN], &mut out).unwrap();
+                            for (i, row) in out.chunks_exact(LEN).enumerate() {
+                                assert!(
+                                    row.iter().all(|&v| v == row[0]) && [0.0, 1.0, 2.0].contains(&row[0]),
+                                    "id {} read {row:?} after its second push",
+                                    ids[i]
+                                );
+                            }
+                        }
+                    }
+                    w.barrier().unwrap();
+                });
+            }
+        }
+    });
+    for node in &cluster {
+        let d = node.stats().dynamic;
+        assert!(d.ids_evicted > 0, "node {} evicted nothing: {d:?}", node.rank());
+        assert!(d.keys_free <= 96, "{d:?}");
+        assert!(d.ids_created >= d.ids_evicted, "{d:?}");
+    }
+    let created: u64 = cluster.iter().map(|n| n.stats().dynamic.ids_created).sum();
+    assert!(created > 2 * 96, "only {created} ids were created in homes of 96 slots each");
+    finalize_all(cluster);
+}
+
+/// Intent on a table that evicts is refused with what to do instead; a bad rule is refused.
+#[test]
+fn intent_on_a_table_that_evicts_is_refused() {
+    let spec = TableSpec::dynamic("emb", LEN, 100).evicting(Eviction::Lru);
+    let cluster = Node::start_local_cluster(2, Config::new(vec![spec])).unwrap();
+    let mut w = cluster[0].worker();
+    let t = cluster[0].table("emb").unwrap();
+    let e = w.intent(t, &[1, 2], 0, 5).unwrap_err();
+    assert!(matches!(&e, Error::Intent(m) if m.contains("evicts")), "{e}");
+    w.localize(t, &[1, 2]).unwrap();
+    drop(w);
+    finalize_all(cluster);
+    assert!("ttl:-1".parse::<Eviction>().is_err());
+}
