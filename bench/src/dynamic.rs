@@ -10,7 +10,7 @@
 //!   process of the 2-process cluster, known already, against as many dense keys there in the
 //!   same order (keys per second; target ≥ 0.8).
 //! - `evicting_local_pull` / `evicting_local_push`: as `dynamic_local_*`, on a table that evicts
-//!   (`lru`, with room to spare: no round runs), against the same dynamic table that does not
+//!   (`lfu`, with room to spare: no round runs), against the same dynamic table that does not
 //!   (`vs_dynamic`: what the marks and the workers' pins cost; target ≤ 1.1).
 //! - `evicting_churn`: new ids streamed by pushes of 1 000 into a table that evicts with room
 //!   for an eighth of them (rounds run all along), against the same stream into a table with
@@ -79,7 +79,7 @@ pub fn local(quick: bool, only: &Only) -> Result<Vec<Record>> {
     if only.wants("dynamic_insert", &insert_config) {
         records.push(insert(quick, insert_config)?);
     }
-    let churn_config = json!({"batch": 1_000, "value_len": 1, "table": "dynamic", "eviction": "lru", "room": 0.125});
+    let churn_config = json!({"batch": 1_000, "value_len": 1, "table": "dynamic", "eviction": "lfu", "room": 0.125});
     if only.wants("evicting_churn", &churn_config) {
         records.push(churn(quick, churn_config)?);
     }
@@ -93,7 +93,7 @@ fn local_access(quick: bool, only: &Only, lens: &[usize]) -> Result<Vec<Record>>
         tables.push(TableSpec::new(format!("dense{len}"), LOCAL_KEYS, len));
         tables.push(TableSpec::dynamic(format!("dynamic{len}"), len, LOCAL_KEYS));
         // Room to spare: no round runs, only the marks and pins are paid.
-        tables.push(TableSpec::dynamic(format!("evicting{len}"), len, 2 * LOCAL_KEYS).evicting(Eviction::Lru));
+        tables.push(TableSpec::dynamic(format!("evicting{len}"), len, 2 * LOCAL_KEYS).evicting(Eviction::Lfu));
     }
     let mut node = Node::start(Config::new(tables))?;
     let mut worker = node.worker();
@@ -199,7 +199,7 @@ fn churn(quick: bool, config: Value) -> Result<Record> {
     let total = ids_per_run * runs as u64;
     let mut node = Node::start(Config::new(vec![
         TableSpec::dynamic("roomy", 1, total),
-        TableSpec::dynamic("evicting", 1, (ids_per_run / 8).max(1)).evicting(Eviction::Lru),
+        TableSpec::dynamic("evicting", 1, (ids_per_run / 8).max(1)).evicting(Eviction::Lfu),
     ]))?;
     let mut worker = node.worker();
     let (roomy, evicting) = (node.table("roomy")?, node.table("evicting")?);

@@ -256,7 +256,7 @@ pub unsafe extern "C" fn ferry_config_add_table(config: *mut FerryConfig, name: 
 /// as their home, and the keys given to `ferry_config_add_table` are ignored), `init` (a dynamic
 /// table's initial values: `zeros`, `uniform:SCALE[:SEED]` or `normal:STD[:SEED]`), `admission`
 /// (a dynamic table's new ids: `all`, `count:N` pushes or `probability:P[:SEED]`), `eviction`
-/// (a dynamic table's: `never`, `lru`, or `ttl:SECONDS`), `key_cache_min` (a number; 0 is off), `replicate` (keys every
+/// (a dynamic table's: `never`, `lfu`, or `ttl:SECONDS`), `key_cache_min` (a number; 0 is off), `replicate` (keys every
 /// node keeps a replica of: `FIRST-END` ranges, end exclusive, and single keys, comma-separated,
 /// e.g. `0-16,40`), `scratch` (`true`: left out of checkpoints) or `plan` (the path of a plan of
 /// `ferry partition`: every key homed at the node the plan names; the plan must be for the
@@ -1030,7 +1030,7 @@ mod tests {
             assert_eq!(option(&ids, "admission", "count:0"), FERRY_ERR_ARGUMENT);
             assert_eq!(option(&ids, "admission", "all"), FERRY_OK, "{}", last_error());
             assert_eq!(option(&ids, "eviction", "ttl:0"), FERRY_ERR_ARGUMENT);
-            assert_eq!(option(&ids, "eviction", "lru"), FERRY_OK, "{}", last_error());
+            assert_eq!(option(&ids, "eviction", "lfu"), FERRY_OK, "{}", last_error());
             for (o, v) in [("updater", "sgd:0.5"), ("partitioning", "consistent:32"), ("codec", "f32"), ("key_cache_min", "0"), ("scratch", "false")] {
                 assert_eq!(option(&served, o, v), FERRY_OK, "{o}={v}: {}", last_error());
             }

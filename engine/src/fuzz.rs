@@ -128,7 +128,7 @@ fn target(seed: u64) -> Target {
     // The dynamic table evicts on every other target (EVICT and EVICTED are refused on the
     // others).
     let mut c =
-        TableSpec::dynamic("c", 2, DYNAMIC_CAPACITY).evicting(if seed % 4 < 2 { crate::dynamic::Eviction::Lru } else { crate::dynamic::Eviction::Never });
+        TableSpec::dynamic("c", 2, DYNAMIC_CAPACITY).evicting(if seed % 4 < 2 { crate::dynamic::Eviction::Lfu } else { crate::dynamic::Eviction::Never });
     c.keys = DYNAMIC_CAPACITY * NODES as u64;
     let specs = vec![if backups { a } else { a.replicating(REPLICATED) }, TableSpec::new("b", KEYS[1], VALUE_LEN[1]), c];
     let store = Arc::new(Store::new(RANK, NODES, &specs, 16, HugePages::Off, Arc::new(LocalRegistrar::default())).expect("a small store"));
@@ -469,7 +469,7 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
         }
         30 | 31 => {
             // EVICT: ids with slot keys of the sender's range, or of another's; EVICTED: ids
-            // kept, for a round that may be open.
+            // kept with their uses, for a round that may be open.
             let table = if rng.gen_bool(0.9) { 2 } else { rng.gen_range(0..3u16) };
             let count = rng.gen_range(0..8);
             let values: Vec<u64> = if ty == 30 {
@@ -482,7 +482,7 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
                     .chain(odd)
                     .collect()
             } else {
-                (0..count).map(|_| rng.gen_range(0..64)).collect()
+                (0..count).flat_map(|_| [rng.gen_range(0..64), rng.gen_range(0..20)]).collect()
             };
             let ty = if ty == 30 { msg::EVICT } else { msg::EVICTED };
             crate::protocol::assign::encode(&mut out, ty, 0, table, rng.gen_range(0..4), values.into_iter());

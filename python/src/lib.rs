@@ -38,7 +38,7 @@ fn argument(message: impl Into<String>) -> PyErr {
 /// table out (`scratch`), raw ids hashed into the keys (`feature_hashing`: `SEED[:signed]`),
 /// raw ids created when first touched (`dynamic`: the ids each node holds as their home, with
 /// `keys=0`; `init`: `zeros`, `uniform:SCALE[:SEED]` or `normal:STD[:SEED]`; `admission`: `all`,
-/// `count:N` pushes or `probability:P[:SEED]`; `eviction`: `never`, `lru` or `ttl:SECONDS`), and a plan of `ferry partition` whose homes the keys take (`plan`: its path; see
+/// `count:N` pushes or `probability:P[:SEED]`; `eviction`: `never`, `lfu` or `ttl:SECONDS`), and a plan of `ferry partition` whose homes the keys take (`plan`: its path; see
 /// `ferry.plan_examples` for the examples it gives each node). Every node must describe its
 /// tables alike.
 #[pyclass(module = "ferry", frozen)]

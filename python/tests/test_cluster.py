@@ -271,10 +271,10 @@ def test_table_options_and_push_pull(cluster):
     with pytest.raises(ferry.FerryError, match="at least 1"):
         ferry.Table("ids", 0, 2, dynamic=100, admission="count:0")
     assert 'eviction="ttl:0.5"' in repr(ferry.Table("ids", 0, 2, dynamic=100, eviction="ttl:0.5"))
-    with pytest.raises(ferry.FerryError, match="expected never, lru or ttl"):
+    with pytest.raises(ferry.FerryError, match="expected never, lfu or ttl"):
         ferry.Table("ids", 0, 2, dynamic=100, eviction="fifo")
     with pytest.raises(ferry.FerryError, match="only a dynamic table"):
-        ferry.Table("ids", 10, 2, eviction="lru")
+        ferry.Table("ids", 10, 2, eviction="lfu")
     t = ferry.Table("t", 10, 2, updater="sgd:0.5", partitioning="hash", codec="bf16", key_cache_min=64)
     assert t.name == "t" and "sgd" in repr(t)
     assert "replicated keys: 2" in repr(ferry.Table("hot", 10, 2, replicated=[0, 1]))

@@ -569,9 +569,25 @@ fn logistic_regression_learns_with_every_toolbox_option() {
     let hashed = by_mode(&train(&[&base[..], &["--mode", "single,classic", "--hash-buckets", "1024", "--hash-signed"]].concat()));
     assert!(auc(&hashed["classic"][3]) > 0.68, "1024 hashed keys: AUC {}", auc(&hashed["classic"][3]));
     assert!((auc(&hashed["classic"][3]) - auc(&hashed["single"][3])).abs() < 0.01);
+    // Raw ids in a dynamic table (each feature's id created at its first push): the same model
+    // as `single` with room for all; with room for a quarter of the ids, evicting, it still
+    // learns and holds at most that many (2 nodes × 63 of the 500 features and the bias).
+    let raw = by_mode(&train(&[&base[..], &["--mode", "single,classic,localize", "--ids", "raw"]].concat()));
+    assert!((auc(&raw["classic"][3]) - auc(&raw["single"][3])).abs() < 0.01, "raw ids: AUC {} vs {}", auc(&raw["classic"][3]), auc(&raw["single"][3]));
+    assert!((auc(&raw["localize"][3]) - auc(&raw["single"][3])).abs() < 0.01);
+    assert!((auc(&raw["single"][3]) - auc(&modes["single"][3])).abs() < 0.01, "renumbered raw ids are the dense model");
+    let quarter = train(&[&base[..], &["--mode", "classic", "--ids", "raw", "--capacity-share", "0.25"]].concat());
+    assert!(auc(&quarter[3]) > 0.6, "a quarter of the ids: AUC {}", auc(&quarter[3]));
+    let held = quarter[3]["quality"]["nonzero"].as_u64().unwrap();
+    assert!((20..=126).contains(&held), "{held} weights held in room for a quarter of 501 ids");
     // Bad options are refused before anything starts.
     for bad in [
-        &["--optimizer", "sgd"][..],
+        &["--ids", "raw", "--hash-buckets", "64"][..],
+        &["--ids", "raw", "--mode", "intent"],
+        &["--ids", "raw", "--admission", "all"],
+        &["--ids", "raw", "--capacity-share", "0"],
+        &["--ids", "cooked"],
+        &["--optimizer", "sgd"],
         &["--codec", "fp8"],
         &["--filter", "significance:-1"],
         &["--l1", "0.1"],

@@ -87,6 +87,23 @@ impl Examples {
         out
     }
 
+    /// Renumbers the features of `train` and `test` densely (0.. in order of first appearance,
+    /// the training examples first), returning the raw index of each new one: the same model
+    /// as keys of the raw indices, stored densely (`train lr --ids raw`'s `single`).
+    pub fn renumber(train: &mut Examples, test: &mut Examples) -> Vec<u64> {
+        let mut dense: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+        let mut raw = Vec::new();
+        for examples in [train, test] {
+            for f in &mut examples.features {
+                *f = *dense.entry(*f).or_insert_with(|| {
+                    raw.push(*f);
+                    raw.len() as u64 - 1
+                });
+            }
+        }
+        raw
+    }
+
     /// The examples at `indices`, in that order.
     pub fn select(&self, indices: &[usize]) -> Examples {
         let mut out = Examples::default();

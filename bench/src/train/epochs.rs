@@ -234,6 +234,23 @@ pub enum ModelReader<'a> {
 }
 
 impl ModelReader<'_> {
+    /// In a cluster: the rows of table `table`'s keys `keys` (a dynamic table's ids, read
+    /// without creating them where the table admits ids by pushes), one after the other.
+    /// `None` in `single`, whose arrays are dense.
+    pub fn rows(&mut self, table: usize, keys: &[u64]) -> Result<Option<Vec<f32>>> {
+        match self {
+            ModelReader::Shared(_) => Ok(None),
+            ModelReader::Node(worker, tables) => {
+                let t = tables[table];
+                let mut out = vec![0.0f32; keys.len() * t.value_len()];
+                for (chunk, rows) in keys.chunks(65_536).zip(out.chunks_mut(65_536 * t.value_len().max(1))) {
+                    worker.pull(t, chunk, rows)?;
+                }
+                Ok(Some(out))
+            }
+        }
+    }
+
     /// Every row of table `table`, one after the other.
     pub fn all(&mut self, table: usize) -> Result<Vec<f32>> {
         match self {

@@ -57,6 +57,23 @@ pub struct LrArgs {
     /// in expectation instead of adding up.
     #[arg(long, requires = "hash_buckets")]
     pub hash_signed: bool,
+    /// How features key the weights in cluster modes: `dense` (feature indices, or the buckets
+    /// of --hash-bits/--hash-buckets, as keys of a table of that many) or `raw` (each feature's
+    /// raw id — a LIBSVM index, a word's 62-bit hash — keys a dynamic table, created at its
+    /// first push: docs/DYNAMIC.md). `single` stores the same model densely.
+    #[arg(long, default_value = "dense")]
+    pub ids: String,
+    /// With --ids raw: the ids each node holds as their home, as a share of the training data's
+    /// distinct ids over the nodes (0.25: room for a quarter of them in the cluster).
+    #[arg(long, default_value_t = 2.0)]
+    pub capacity_share: f64,
+    /// With --ids raw: when the dynamic table evicts ids (`never`, `lfu`, `ttl:SECONDS`).
+    #[arg(long, default_value = "lfu")]
+    pub eviction: String,
+    /// With --ids raw: which new ids the dynamic table creates, by pushes (`count:N`: at an
+    /// id's N-th push; `probability:P[:SEED]`). Pulls never create an id.
+    #[arg(long, default_value = "count:1")]
+    pub admission: String,
     /// Optimizer: `adagrad` or `ftrl`.
     #[arg(long, default_value = "adagrad")]
     pub optimizer: String,
@@ -173,7 +190,13 @@ pub struct Split {
     pub plan: Option<ferry::copartition::Plan>,
     /// With --place-arrivals: the plan of the first part of the examples.
     pub arrival_plan: Option<ferry::copartition::Plan>,
+    /// With --ids raw: the raw id of each feature key (the examples' features are renumbered
+    /// densely, so that `single` and the evaluation index arrays).
+    pub raw: Option<Vec<u64>>,
 }
+
+/// With --ids raw: the bias's id (no feature's: raw ids are LIBSVM indices or 62-bit hashes).
+const BIAS_ID: u64 = u64::MAX;
 
 impl Split {
     /// The training examples' keys (each example's features and the bias, key `dims`): the
@@ -254,6 +277,14 @@ impl super::Task for LrArgs {
             self.filter.clone(),
             "--intent-ahead".into(),
             self.intent_ahead.to_string(),
+            "--ids".into(),
+            self.ids.clone(),
+            "--capacity-share".into(),
+            self.capacity_share.to_string(),
+            "--eviction".into(),
+            self.eviction.clone(),
+            "--admission".into(),
+            self.admission.clone(),
         ];
         args.extend(loader_args(&self.train, &self.test, self.hash_bits, self.hash_buckets, self.hash_signed));
         if let Some(plan) = &self.plan {
@@ -284,7 +315,12 @@ impl LrArgs {
     /// Bits of the words' ids in `spam` and `wordnet-pos`: with --hash-buckets nearly raw (62 bits of each
     /// word's hash), which the buckets then take in.
     fn spam_bits(&self) -> u32 {
-        if self.hash_buckets.is_some() { 62 } else { self.hash_bits.unwrap_or(18) }
+        if self.hash_buckets.is_some() || self.raw_ids() { 62 } else { self.hash_bits.unwrap_or(18) }
+    }
+
+    /// Whether --ids raw.
+    fn raw_ids(&self) -> bool {
+        self.ids == "raw"
     }
 
     /// The feature hashing of --hash-buckets, seeded by --seed.
@@ -303,6 +339,33 @@ impl LrArgs {
     fn validate(&self) -> Result<()> {
         if self.batch == 0 {
             bail!("--batch must be at least 1");
+        }
+        match self.ids.as_str() {
+            "dense" => {}
+            "raw" => {
+                if self.hash_bits.is_some() || self.hash_buckets.is_some() {
+                    bail!("--ids raw keys the weights by the features' raw ids: it takes no --hash-bits or --hash-buckets");
+                }
+                if self.plan.is_some() || self.arrivals > 1 {
+                    bail!("--ids raw takes no --plan or --arrivals (a plan homes dense keys)");
+                }
+                if self.common.modes().any(|m| matches!(m, Mode::Hybrid | Mode::Intent)) {
+                    bail!(
+                        "--ids raw runs the single, classic and localize modes (a dynamic table is not replicated, and intent on a table that evicts is not supported yet)"
+                    );
+                }
+                if !(self.capacity_share.is_finite() && self.capacity_share > 0.0) {
+                    bail!("--capacity-share must be a positive number");
+                }
+                self.eviction.parse::<ferry::dynamic::Eviction>().map_err(|e| anyhow::anyhow!("--eviction: {e}"))?;
+                if matches!(self.admission.parse::<ferry::dynamic::Admission>(), Ok(ferry::dynamic::Admission::All) | Err(_)) {
+                    bail!(
+                        "--admission {}: expected count:N or probability:P[:SEED] (pulls must not create ids: the evaluation reads ids it never trained)",
+                        self.admission
+                    );
+                }
+            }
+            other => bail!("--ids {other}: expected dense or raw"),
         }
         if self.arrivals == 0 {
             bail!("--arrivals must be at least 1");
@@ -407,11 +470,16 @@ impl LrArgs {
         };
         let mut split = match self.feature_hashing() {
             Some((hashing, buckets)) => {
-                Split { train: train.hashed(hashing, buckets), test: test.hashed(hashing, buckets), dims: buckets, plan: None, arrival_plan: None }
+                Split { train: train.hashed(hashing, buckets), test: test.hashed(hashing, buckets), dims: buckets, plan: None, arrival_plan: None, raw: None }
+            }
+            None if self.raw_ids() => {
+                let (mut train, mut test) = (train, test);
+                let raw = Examples::renumber(&mut train, &mut test);
+                Split { train, test, dims: raw.len() as u64, plan: None, arrival_plan: None, raw: Some(raw) }
             }
             None => {
                 let dims = train.dims().max(test.dims()).max(self.hash_bits.map_or(0, |b| 1 << b));
-                Split { train, test, dims, plan: None, arrival_plan: None }
+                Split { train, test, dims, plan: None, arrival_plan: None, raw: None }
             }
         };
         if let Some(path) = &self.plan {
@@ -647,7 +715,34 @@ impl Workload for LrArgs {
         } else {
             // Worker-side AdaGrad: each value is `[weight, accumulator]` and pushes add.
             let (value_len, updater) = if self.server_optimizer(mode)? { (1, self.updater()?) } else { (2, Updater::Add) };
-            let mut spec = self.common.on_the_wire(TableSpec::new("weights", n, value_len).with_updater(updater))?;
+            let table = match &split.raw {
+                // Raw ids: a dynamic table, each id created at its first push (evaluating
+                // reads the test's ids without creating them).
+                Some(raw) => {
+                    let train_ids = {
+                        let mut seen = vec![false; raw.len()];
+                        split.train.features.iter().for_each(|&f| seen[f as usize] = true);
+                        seen.iter().filter(|&&s| s).count() as u64 + 1
+                    };
+                    let capacity = ((train_ids as f64 * self.capacity_share / self.common.nodes as f64).ceil() as u64).max(1);
+                    notes.push(format!(
+                        "raw ids: a dynamic table of {capacity} ids per node ({:.0}% of the {train_ids} distinct training ids over {} nodes), eviction {}, admission {}",
+                        100.0 * self.capacity_share,
+                        self.common.nodes,
+                        self.eviction,
+                        self.admission
+                    ));
+                    TableSpec::dynamic("weights", value_len, capacity)
+                        .admitting(self.admission.parse().map_err(|e| anyhow::anyhow!("--admission: {e}"))?)
+                        .evicting(self.eviction.parse().map_err(|e| anyhow::anyhow!("--eviction: {e}"))?)
+                }
+                None => TableSpec::new("weights", n, value_len),
+            };
+            let mut spec = self.common.on_the_wire(table.with_updater(updater))?;
+            if split.raw.is_some() {
+                // A dynamic table's ids are homed by a hash of the id: --partitioning is moot.
+                spec = spec.partitioned(ferry::Partitioning::Range);
+            }
             if let Some(plan) = split.plan.as_ref().or(split.arrival_plan.as_ref()) {
                 spec = spec.placed(plan.placement.clone());
             }
@@ -731,7 +826,15 @@ impl Workload for LrArgs {
     }
 
     fn evaluate(&self, split: &Split, _: usize, model: &mut ModelReader<'_>, sums: &Fields, _: Measured, _: &(dyn Fn(Event) + Sync)) -> Result<Quality> {
-        let weights = model.all(0)?;
+        let weights = match &split.raw {
+            // In a cluster, every feature's weight by its raw id, then the bias's: read without
+            // creating them. (`single` stores them densely.)
+            Some(raw) => match model.rows(0, &raw.iter().copied().chain([BIAS_ID]).collect::<Vec<_>>())? {
+                Some(rows) => rows,
+                None => model.all(0)?,
+            },
+            None => model.all(0)?,
+        };
         let value_len = weights.len() / (split.dims as usize + 1);
         let mut quality = evaluate(&leading_columns(&weights, value_len, 1), &split.test);
         if sums[field::FILTER_OFFERED] > 0.0 {
@@ -818,6 +921,19 @@ struct NodeLr<'a> {
     arrivals: Option<super::arrivals::Arrivals>,
 }
 
+/// With --ids raw (`raw`): a gathered batch's dense feature keys replaced by their raw ids, the
+/// bias's by [`BIAS_ID`] (the positions are into the key list, which keeps its order).
+fn raw_keys(batch: &mut Batch, raw: Option<&[u64]>) {
+    if let Some(raw) = raw
+        && let Some((bias, features)) = batch.keys.split_last_mut()
+    {
+        for k in features {
+            *k = raw[*k as usize];
+        }
+        *bias = BIAS_ID;
+    }
+}
+
 impl NodeLr<'_> {
     fn order(&self, epoch: usize) -> Vec<usize> {
         epoch_order(self.batches.len(), self.a.common.seed, epoch, self.worker_index)
@@ -878,6 +994,7 @@ impl Trainer for NodeLr<'_> {
                 std::mem::swap(&mut self.batch, &mut self.next);
             } else {
                 self.batch.gather(&split.train, chunk, split.dims);
+                raw_keys(&mut self.batch, split.raw.as_deref());
             }
             let (w, tables) = pass.node().expect("a cluster's pass has a worker");
             let weights = tables[0];
@@ -891,6 +1008,7 @@ impl Trainer for NodeLr<'_> {
                 }
                 if let Some(&following) = order.get(x + 1) {
                     self.next.gather(&split.train, &self.batches[following], split.dims);
+                    raw_keys(&mut self.next, split.raw.as_deref());
                     ticket = Some(w.localize_async(weights, &self.next.keys)?);
                 }
             }

@@ -24,7 +24,7 @@
 //! EVICT and one EVICTED per node, eight bytes per id offered and per id kept; the mark costs a
 //! worker one store to a line its lookup already read, once per round per id.
 
-use crate::util::FastSet;
+use crate::util::{FastMap, FastSet};
 
 /// When a dynamic table's homes evict ids ([`crate::TableSpec::evicting`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -32,13 +32,16 @@ pub enum Eviction {
     /// Never: a full home refuses new ids ([`crate::Error::TableFull`]).
     #[default]
     Never,
-    /// When a home's free slot keys fall to an eighth of its capacity, it evicts the ids no node
-    /// used since its clock hand last passed them (an approximate least-recently-used). A new
-    /// id that finds its home full meanwhile is not admitted yet (pulls read its initial value,
-    /// pushes are dropped) rather than failing.
-    Lru,
-    /// As [`Eviction::Lru`], and besides every `millis` milliseconds: ids no node used for that
-    /// long are evicted within about twice that.
+    /// When a home's free slot keys fall to a sixteenth of its capacity, it evicts the ids used
+    /// least often lately (an approximate least-frequently-used with aging: each node counts an
+    /// id's uses up to 15, and each pass of the home's clock hand takes one off). A new id that
+    /// finds its home full meanwhile is not admitted yet (pulls read its initial value, pushes
+    /// are dropped) rather than failing.
+    Lfu,
+    /// As [`Eviction::Lfu`], and besides a round every `millis` milliseconds that evicts the
+    /// ids no node used since the last such round: an id unused for the time to live is
+    /// evicted within two to four times it (a node's uses count until the home's round after
+    /// next asks for them).
     Ttl {
         /// The time to live of an unused id, in milliseconds.
         millis: u64,
@@ -50,7 +53,7 @@ impl Eviction {
     pub fn name(&self) -> String {
         match self {
             Eviction::Never => "never".into(),
-            Eviction::Lru => "lru".into(),
+            Eviction::Lfu => "lfu".into(),
             Eviction::Ttl { millis } => format!("ttl:{}", *millis as f64 / 1000.0),
         }
     }
@@ -72,11 +75,11 @@ impl Eviction {
 impl std::str::FromStr for Eviction {
     type Err = String;
 
-    /// `never`, `lru` or `ttl:SECONDS` (more than 0, a millisecond at least).
+    /// `never`, `lfu` or `ttl:SECONDS` (a millisecond at least).
     fn from_str(s: &str) -> Result<Eviction, String> {
         match s.trim().split_once(':') {
             None if s.trim() == "never" => Ok(Eviction::Never),
-            None if s.trim() == "lru" => Ok(Eviction::Lru),
+            None if s.trim() == "lfu" => Ok(Eviction::Lfu),
             Some(("ttl", secs)) => {
                 let secs: f64 = secs.parse().map_err(|_| format!("'{s}': the time to live '{secs}' is not a number of seconds"))?;
                 if !(0.001..=1e9).contains(&secs) {
@@ -84,7 +87,7 @@ impl std::str::FromStr for Eviction {
                 }
                 Ok(Eviction::Ttl { millis: (secs * 1000.0).round() as u64 })
             }
-            _ => Err(format!("'{s}': expected never, lru or ttl:SECONDS")),
+            _ => Err(format!("'{s}': expected never, lfu or ttl:SECONDS")),
         }
     }
 }
@@ -106,8 +109,8 @@ struct OpenRound {
     number: u32,
     /// Ranks whose answer the round waits for.
     waiting: FastSet<u16>,
-    /// Ids some node kept.
-    kept: FastSet<u64>,
+    /// Ids some node kept, with the uses the nodes that kept them counted.
+    kept: FastMap<u64, u64>,
 }
 
 impl Evictor {
@@ -121,25 +124,29 @@ impl Evictor {
     pub fn begin(&mut self, members: impl IntoIterator<Item = u16>) -> u32 {
         debug_assert!(self.open.is_none(), "an eviction round begun while one is open");
         self.rounds = self.rounds.wrapping_add(1);
-        self.open = Some(OpenRound { number: self.rounds, waiting: members.into_iter().collect(), kept: FastSet::default() });
+        self.open = Some(OpenRound { number: self.rounds, waiting: members.into_iter().collect(), kept: FastMap::default() });
         self.rounds
     }
 
-    /// Node `from` answered round `round`, keeping `kept`. Returns the ids kept by any node
-    /// once every node answered (the round is then closed). An answer to a round that is not
-    /// open, or a second answer, is ignored.
-    pub fn answer(&mut self, from: u16, round: u32, kept: impl IntoIterator<Item = u64>) -> Option<FastSet<u64>> {
+    /// Node `from` answered round `round`, keeping `kept` (ids with the uses it counted).
+    /// Returns the ids kept by any node, with their uses summed, once every node answered (the
+    /// round is then closed). An answer to a round that is not open, or a second answer, is
+    /// ignored.
+    pub fn answer(&mut self, from: u16, round: u32, kept: impl IntoIterator<Item = (u64, u64)>) -> Option<FastMap<u64, u64>> {
         let open = self.open.as_mut().filter(|o| o.number == round)?;
         if !open.waiting.remove(&from) {
             return None;
         }
-        open.kept.extend(kept);
+        for (id, uses) in kept {
+            let sum = open.kept.entry(id).or_default();
+            *sum = sum.saturating_add(uses);
+        }
         self.close_if_answered()
     }
 
     /// Node `node` is lost (or left): the open round no longer waits for it (what it mapped
     /// went with it). Returns the ids kept if that completes the round.
-    pub fn lost(&mut self, node: u16) -> Option<FastSet<u64>> {
+    pub fn lost(&mut self, node: u16) -> Option<FastMap<u64, u64>> {
         let open = self.open.as_mut()?;
         if !open.waiting.remove(&node) {
             return None;
@@ -147,7 +154,7 @@ impl Evictor {
         self.close_if_answered()
     }
 
-    fn close_if_answered(&mut self) -> Option<FastSet<u64>> {
+    fn close_if_answered(&mut self) -> Option<FastMap<u64, u64>> {
         if self.open.as_ref().is_some_and(|o| o.waiting.is_empty()) {
             return self.open.take().map(|o| o.kept);
         }
@@ -236,16 +243,16 @@ mod tests {
         let mut e = Evictor::default();
         let round = e.begin([0, 1, 2]);
         assert!(e.is_open());
-        assert_eq!(e.answer(1, round + 1, [9]), None, "another round's answer");
-        assert_eq!(e.answer(1, round, [5]), None);
-        assert_eq!(e.answer(1, round, [6]), None, "a second answer");
-        assert_eq!(e.answer(0, round, []), None);
+        assert_eq!(e.answer(1, round + 1, [(9, 1)]), None, "another round's answer");
+        assert_eq!(e.answer(1, round, [(5, 2)]), None);
+        assert_eq!(e.answer(1, round, [(6, 1)]), None, "a second answer");
+        assert_eq!(e.answer(0, round, [(5, 3)]), None);
         let kept = e.lost(2).expect("the loss completes the round");
-        assert_eq!(kept, [5].into_iter().collect());
+        assert_eq!(kept, [(5, 5)].into_iter().collect(), "uses summed over the nodes that kept it");
         assert!(!e.is_open());
         let next = e.begin([0]);
         assert_ne!(next, round);
-        assert_eq!(e.answer(0, next, [7]), Some([7].into_iter().collect()));
+        assert_eq!(e.answer(0, next, [(7, 0)]), Some([(7, 0)].into_iter().collect()));
     }
 
     /// A grace period ends once every worker pinned before the epoch advanced is idle again.
@@ -268,11 +275,11 @@ mod tests {
     /// Rules read back as written; bad ones are refused with what is wrong.
     #[test]
     fn rules_parse() {
-        for text in ["never", "lru", "ttl:2.5"] {
+        for text in ["never", "lfu", "ttl:2.5"] {
             assert_eq!(text.parse::<Eviction>().unwrap().name(), text);
         }
         assert_eq!("ttl:60".parse::<Eviction>().unwrap(), Eviction::Ttl { millis: 60_000 });
-        for (text, says) in [("ttl:0", "from 0.001"), ("ttl:x", "not a number"), ("sometimes", "expected never"), ("lru:1", "expected never")] {
+        for (text, says) in [("ttl:0", "from 0.001"), ("ttl:x", "not a number"), ("sometimes", "expected never"), ("lfu:1", "expected never")] {
             let e = text.parse::<Eviction>().unwrap_err();
             assert!(e.contains(says), "{text}: {e}");
         }

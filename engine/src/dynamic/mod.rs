@@ -307,12 +307,15 @@ struct HomeState {
     next: u64,
     sketch: Option<Sketch>,
     draws: u64,
-    /// Per slot handed out (by offset in the range): its id, `None` once freed.
+    /// Where the table evicts, per slot handed out (by offset in the range): its id, `None`
+    /// once freed.
     slot_ids: Vec<Option<u64>>,
     /// Offsets of freed slots, taken before `next`.
     free: Vec<u64>,
-    /// Ids offered in the open round, with their slot keys and whether an ASSIGN rescued them.
-    offered: crate::util::FastMap<u64, (u64, bool)>,
+    /// Ids offered in the open round.
+    offered: crate::util::FastMap<u64, Offered>,
+    /// Turns the clock hand went round.
+    turns: u64,
     /// Where the clock hand stands (an offset).
     hand: u64,
     /// Ids created and evicted so far.
@@ -351,23 +354,53 @@ impl DynamicSpec {
     }
 }
 
-/// Per shard of the index: the ids known here and their slot keys, each with [`USED`] set
-/// once a worker looked it up since eviction last looked.
+/// Per shard of the index: the ids known here and their slot keys, each with a use count in
+/// its top bits where the table evicts ([`COUNT_ONE`]).
 type IdMap = std::collections::HashMap<u64, AtomicU64, BuildHasherDefault<IdMixer>>;
 
-/// In an index entry: the id was used since eviction last looked (slot keys stay below it:
-/// a table has fewer than 2^42 keys).
-const USED: u64 = 1 << 63;
+/// In an index entry, where the table evicts: one use, counted in the top six bits above the
+/// slot key (a table has fewer than 2^42 keys). Lookups add one up to [`COUNT_MAX`] (a few
+/// racing lookups may add one more each: six bits hold them), eviction's clock hand takes one
+/// off per pass: an approximate least-frequently-used with aging (GCLOCK).
+const COUNT_ONE: u64 = 1 << 58;
+/// The slot key's bits of an entry.
+const KEY_BITS: u64 = COUNT_ONE - 1;
+/// Uses an entry counts at most: an id used that often survives as many passes unused.
+const COUNT_MAX: u64 = 15;
 
-/// An entry's slot key, marking it used where ids are evicted. The mark is stored only when
-/// missing, so that a busy id's line is not written on every lookup.
+/// An id offered in an eviction round: its slot key, the uses its home counted, and whether an
+/// ASSIGN rescued it meanwhile.
+#[derive(Debug, Clone, Copy)]
+struct Offered {
+    key: u64,
+    uses: u64,
+    rescued: bool,
+}
+
+/// How a home's eviction round picks ids ([`IdIndex::offer_round`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// The home runs short: the ids used least.
+    Short,
+    /// The time to live passed: the ids not used since the last such round.
+    Ttl,
+}
+
+/// An entry's use count.
 #[inline]
-fn touch(entry: &AtomicU64, mark: bool) -> u64 {
+fn uses(word: u64) -> u64 {
+    word >> 58
+}
+
+/// An entry's slot key, counting a use where ids are evicted. Nothing is stored once the count
+/// is at its most, so that a busy id's line is not written on every lookup.
+#[inline]
+fn touch(entry: &AtomicU64, count: bool) -> u64 {
     let word = entry.load(Ordering::Relaxed);
-    if mark && word & USED == 0 {
-        entry.fetch_or(USED, Ordering::Relaxed);
+    if count && uses(word) < COUNT_MAX {
+        entry.fetch_add(COUNT_ONE, Ordering::Relaxed);
     }
-    word & !USED
+    word & KEY_BITS
 }
 
 /// The hasher of a node's index of ids (for `std` hash maps: `BuildHasherDefault<IdMixer>`):
@@ -421,6 +454,7 @@ impl IdIndex {
                 slot_ids: Vec::new(),
                 free: Vec::new(),
                 offered: Default::default(),
+                turns: 0,
                 hand: 0,
                 created: 0,
                 evicted: 0,
@@ -480,15 +514,17 @@ impl IdIndex {
     /// Remembers the slot keys of ids (`(id, key)`: answers of their home). A large batch takes
     /// every shard's write latch once rather than one per id.
     pub fn learn_many(&self, pairs: &[(u64, u64)]) {
+        // Learnt for a call that uses it: one use.
+        let used = if self.marks { COUNT_ONE } else { 0 };
         if pairs.len() < 2 * INDEX_SHARDS {
             for &(id, key) in pairs {
-                self.shard(id).write().insert(id, AtomicU64::new(key));
+                self.shard(id).write().insert(id, AtomicU64::new(key | used));
             }
             return;
         }
         let mut shards: [_; INDEX_SHARDS] = std::array::from_fn(|s| self.shards[s].write());
         for &(id, key) in pairs {
-            shards[Self::shard_index(id)].insert(id, AtomicU64::new(key));
+            shards[Self::shard_index(id)].insert(id, AtomicU64::new(key | used));
         }
     }
 
@@ -507,10 +543,10 @@ impl IdIndex {
             if let Some(entry) = map.get(&id) {
                 return Ok(Assigned::Key(touch(entry, evicts)));
             }
-            if let Some((key, rescued)) = home.offered.get_mut(&id) {
-                *rescued = true;
-                map.insert(id, AtomicU64::new(*key | USED));
-                return Ok(Assigned::Key(*key));
+            if let Some(offered) = home.offered.get_mut(&id) {
+                offered.rescued = true;
+                map.insert(id, AtomicU64::new(offered.key | ((offered.uses + 1).min(COUNT_MAX) * COUNT_ONE)));
+                return Ok(Assigned::Key(offered.key));
             }
             let admitted = match (intent, admission) {
                 (Intent::Force, _) | (_, Admission::All) => true,
@@ -528,7 +564,9 @@ impl IdIndex {
                 Some(offset) => offset,
                 None if home.next < capacity => {
                     home.next += 1;
-                    home.slot_ids.push(None);
+                    if evicts {
+                        home.slot_ids.push(None);
+                    }
                     home.next - 1
                 }
                 // A home that evicts defers the id until a round frees room.
@@ -543,9 +581,11 @@ impl IdIndex {
                 home.free.push(offset);
                 return Err(e);
             }
-            home.slot_ids[offset as usize] = Some(id);
+            if evicts {
+                home.slot_ids[offset as usize] = Some(id);
+            }
             home.created += 1;
-            map.insert(id, AtomicU64::new(key | if evicts { USED } else { 0 }));
+            map.insert(id, AtomicU64::new(key | if evicts { COUNT_ONE } else { 0 }));
             Ok(Assigned::Key(key))
         };
         if ids.len() < 2 * INDEX_SHARDS {
@@ -565,9 +605,9 @@ impl IdIndex {
     /// Every id this node knows, with its slot key (for a checkpoint, which names the slots it
     /// writes by their ids): those offered in an open eviction round too.
     pub fn pairs(&self) -> Vec<(u64, u64)> {
-        let mut all: Vec<(u64, u64)> = self.home.lock().offered.iter().map(|(&id, &(key, _))| (id, key)).collect();
+        let mut all: Vec<(u64, u64)> = self.home.lock().offered.iter().map(|(&id, offered)| (id, offered.key)).collect();
         for shard in &self.shards {
-            all.extend(shard.read().iter().map(|(&id, key)| (id, key.load(Ordering::Relaxed) & !USED)));
+            all.extend(shard.read().iter().map(|(&id, key)| (id, key.load(Ordering::Relaxed) & KEY_BITS)));
         }
         all.sort_unstable();
         all.dedup();
@@ -604,7 +644,7 @@ impl IdIndex {
     /// As a home: ids created and not evicted, ids evicted, and new ids deferred while full.
     pub fn home_counts(&self) -> (u64, u64, u64) {
         let home = self.home.lock();
-        (home.slot_ids.iter().filter(|s| s.is_some()).count() as u64, home.evicted, home.deferred)
+        (home.next - home.free.len() as u64 - home.stranded.len() as u64, home.evicted, home.deferred)
     }
 
     /// Ids this node knows the slot keys of (its own and those it learnt).
@@ -613,10 +653,14 @@ impl IdIndex {
     }
 
     /// Whether this home should begin an eviction round: it evicts, none is open, and its free
-    /// slot keys are down to an eighth of its capacity. (A round then offers up to a quarter.)
+    /// slot keys are down to a sixteenth of its capacity, or to as many as the new ids it
+    /// deferred since its last round began.
     pub fn runs_short(&self) -> bool {
         let home = self.home.lock();
-        self.marks && home.offered.is_empty() && (self.spec.capacity - home.next) + (home.free.len() as u64) <= (self.spec.capacity / 4).max(1)
+        // New ids deferred since the last round began: they keep arriving faster than rounds
+        // free room, so the next round begins with that much room left.
+        let headroom = (self.spec.capacity / 16).max(home.deferred - home.deferred_before).max(1);
+        self.marks && home.offered.is_empty() && (self.spec.capacity - home.next) + (home.free.len() as u64) <= headroom
     }
 
     /// New ids deferred since the last round began (what the last round fell short by).
@@ -625,20 +669,28 @@ impl IdIndex {
         home.deferred - home.deferred_before
     }
 
-    /// As a home, opens an eviction round: moves its clock hand over its slots until it found
-    /// `most` ids to offer or went `turns` times round, giving ids marked used a second chance
-    /// (the mark is cleared: they are offered when the hand comes round again unless used
-    /// meanwhile) and offering the others: they leave the index and wait in the round. Returns
-    /// the ids offered with their slot keys (none while a round is open).
-    pub fn offer_round(&self, most: usize, turns: u64) -> Vec<(u64, u64)> {
+    /// As a home, opens an eviction round and returns the ids it offers with their slot keys
+    /// (none while a round is open); they leave the index and wait in the round.
+    ///
+    /// - A home that runs short ([`Pass::Short`]) offers up to `most` of the ids used least:
+    ///   from a sample of its slots it finds the use count below which about `most` ids are,
+    ///   then its clock hand offers ids at or under it, going round twice at most. The hand
+    ///   halves the counts of the ids it passes every fourth turn, so that uses long past fade.
+    /// - A round for the time to live ([`Pass::Ttl`]) goes round once, offering the ids with no
+    ///   uses counted since the last such round and clearing the others' counts.
+    pub fn offer_round(&self, most: usize, pass: Pass) -> Vec<(u64, u64)> {
         let mut home = self.home.lock();
         let home = &mut *home;
         let mut offered = Vec::new();
-        if !home.offered.is_empty() || home.next == 0 {
+        if !home.offered.is_empty() || home.next == 0 || most == 0 {
             return offered;
         }
         home.deferred_before = home.deferred;
-        let mut left = home.next.saturating_mul(turns);
+        let threshold = match pass {
+            Pass::Ttl => 0,
+            Pass::Short => self.threshold(home, most),
+        };
+        let mut left = home.next.saturating_mul(if pass == Pass::Ttl { 1 } else { 2 });
         while left > 0 && offered.len() < most {
             // Every shard's latch for a stretch of slots, then let workers' lookups through.
             let mut shards: [_; INDEX_SHARDS] = std::array::from_fn(|s| self.shards[s].write());
@@ -646,17 +698,27 @@ impl IdIndex {
                 left -= 1;
                 let offset = home.hand % home.next;
                 home.hand = (offset + 1) % home.next;
+                if home.hand == 0 {
+                    home.turns += 1;
+                }
                 let Some(id) = home.slot_ids[offset as usize] else { continue };
                 let shard = &mut shards[Self::shard_index(id)];
                 let Some(entry) = shard.get(&id) else { continue };
                 let word = entry.load(Ordering::Relaxed);
-                if word & USED != 0 {
-                    entry.store(word & !USED, Ordering::Relaxed);
+                let count = uses(word);
+                if count > threshold {
+                    let aged = match pass {
+                        Pass::Ttl => 0,
+                        Pass::Short if home.turns % 4 == 3 => count / 2,
+                        Pass::Short => count,
+                    };
+                    entry.store((word & KEY_BITS) | (aged * COUNT_ONE), Ordering::Relaxed);
                     continue;
                 }
+                let key = word & KEY_BITS;
                 shard.remove(&id);
-                home.offered.insert(id, (word, false));
-                offered.push((id, word));
+                home.offered.insert(id, Offered { key, uses: count, rescued: false });
+                offered.push((id, key));
                 if offered.len() >= most {
                     break;
                 }
@@ -665,37 +727,61 @@ impl IdIndex {
         offered
     }
 
-    /// Offered ids of another home's round: those marked used stay (their mark cleared), and
-    /// so do those whose slot `holds` says this node has; the others leave this node's index.
-    /// After the grace period, [`IdIndex::keeps`] says which this node keeps.
+    /// The use count at or under which about `most` of this home's ids are, from a sample of
+    /// up to 4 096 of its slots spread over its range.
+    fn threshold(&self, home: &HomeState, most: usize) -> u64 {
+        let stride = (home.next / 4096).max(1);
+        let mut histogram = [0u64; 64];
+        let mut sampled = 0u64;
+        for offset in (0..home.next).step_by(stride as usize) {
+            let Some(id) = home.slot_ids[offset as usize] else { continue };
+            if let Some(entry) = self.shard(id).read().get(&id) {
+                histogram[uses(entry.load(Ordering::Relaxed)) as usize] += 1;
+                sampled += 1;
+            }
+        }
+        let live = home.next - home.free.len() as u64 - home.stranded.len() as u64;
+        let wanted = (most as u64).saturating_mul(sampled) / live.max(1);
+        let mut below = 0;
+        for (count, n) in histogram.iter().enumerate() {
+            below += n;
+            if below >= wanted {
+                return count as u64;
+            }
+        }
+        COUNT_MAX
+    }
+
+    /// Offered ids of another home's round: those with no uses counted here leave this node's
+    /// index unless `holds` says it has their slot; the others stay. After the grace period,
+    /// [`IdIndex::keeps`] says which this node keeps.
     pub fn offer(&self, offered: &[(u64, u64)], holds: impl Fn(u64) -> bool) {
         for &(id, key) in offered {
             let mut shard = self.shard(id).write();
             let Some(entry) = shard.get(&id) else { continue };
             let word = entry.load(Ordering::Relaxed);
-            if word & !USED != key {
-                continue;
-            }
-            if word & USED != 0 {
-                entry.store(key, Ordering::Relaxed);
-            } else if !holds(key) {
+            if word & KEY_BITS == key && uses(word) == 0 && !holds(key) {
                 shard.remove(&id);
             }
         }
     }
 
     /// After the grace period of a round of another home: the offered ids this node keeps,
-    /// those still in its index (used, or learnt again) and those whose slot `holds` says it
-    /// has (which it then knows again, should the slot have come meanwhile).
-    pub fn keeps(&self, offered: &[(u64, u64)], holds: impl Fn(u64) -> bool) -> Vec<u64> {
+    /// with the uses it counted of each (handed to the home, which adds them to its own: the
+    /// count here starts again), those still in its index (used, or learnt again) and those
+    /// whose slot `holds` says it has (which it then knows again, should the slot have come
+    /// meanwhile).
+    pub fn keeps(&self, offered: &[(u64, u64)], holds: impl Fn(u64) -> bool) -> Vec<(u64, u64)> {
         let mut kept = Vec::new();
         for &(id, key) in offered {
-            let known = self.shard(id).read().contains_key(&id);
-            if known {
-                kept.push(id);
-            } else if holds(key) {
-                self.shard(id).write().entry(id).or_insert_with(|| AtomicU64::new(key));
-                kept.push(id);
+            let counted = self.shard(id).read().get(&id).map(|entry| uses(entry.fetch_and(KEY_BITS, Ordering::Relaxed)));
+            match counted {
+                Some(count) => kept.push((id, count)),
+                None if holds(key) => {
+                    self.shard(id).write().entry(id).or_insert_with(|| AtomicU64::new(key));
+                    kept.push((id, 0));
+                }
+                None => {}
             }
         }
         kept
@@ -703,25 +789,27 @@ impl IdIndex {
 
     /// As a home, closes the open round: the ids offered that no node kept nor an ASSIGN
     /// rescued are evicted (they leave the round; asked for again, they are new ids), the
-    /// others return to the index. Returns the slot keys of the evicted ids, with those of
-    /// earlier rounds that could not be freed yet: the caller writes back each it holds and
-    /// hands them to [`IdIndex::free_slots`]. No slot is touched under the home's lock, which
-    /// creating ids holds while it writes slots.
-    pub fn finish_round(&self, kept: &crate::util::FastSet<u64>) -> Vec<u64> {
+    /// others return to the index with the uses the nodes that kept them counted added to the
+    /// home's. Returns the slot keys of the evicted ids, with those of earlier rounds that
+    /// could not be freed yet: the caller writes back each it holds and hands them to
+    /// [`IdIndex::free_slots`]. No slot is touched under the home's lock, which creating ids
+    /// holds while it writes slots.
+    pub fn finish_round(&self, kept: &crate::util::FastMap<u64, u64>) -> Vec<u64> {
         let mut home = self.home.lock();
         let home = &mut *home;
         let mut evicted = std::mem::take(&mut home.stranded);
-        for (id, (key, rescued)) in std::mem::take(&mut home.offered) {
-            if rescued {
+        for (id, offered) in std::mem::take(&mut home.offered) {
+            if offered.rescued {
                 continue;
             }
-            if kept.contains(&id) {
-                self.shard(id).write().entry(id).or_insert_with(|| AtomicU64::new(key));
+            if let Some(&counted) = kept.get(&id) {
+                let count = (offered.uses + counted).min(COUNT_MAX);
+                self.shard(id).write().entry(id).or_insert_with(|| AtomicU64::new(offered.key | (count * COUNT_ONE)));
                 continue;
             }
-            home.slot_ids[(key - self.first) as usize] = None;
+            home.slot_ids[(offered.key - self.first) as usize] = None;
             home.evicted += 1;
-            evicted.push(key);
+            evicted.push(offered.key);
         }
         evicted
     }

@@ -4,7 +4,7 @@
 //!
 //! EVICT and EVICTED share ASSIGN's layout (`protocol::assign`): `[type][flags 0][table u16]
 //! [round u32][count u32]`, then `count` values of eight bytes: in EVICT, each id offered
-//! followed by its slot key; in EVICTED, the ids kept.
+//! followed by its slot key; in EVICTED, each id kept followed by the uses the node counted.
 //!
 //! The steps here are driven by the runtime's eviction thread (`runtime::eviction`) and by the
 //! simulator alike: [`Step::begin_eviction_round`] when a home runs short or a time to live
@@ -16,10 +16,10 @@ use std::collections::VecDeque;
 use super::Step;
 use super::assign::{Assign, encode};
 use super::wire::msg;
-use crate::dynamic::{Evictor, Grace, ROUND_IDS};
+use crate::dynamic::{Evictor, Grace, Pass, ROUND_IDS};
 use crate::error::{Error, Result};
 use crate::stats::MessageKind;
-use crate::util::{FastMap, FastSet};
+use crate::util::FastMap;
 
 /// A node's eviction state: per table it is a home of, its rounds; and its answers waiting for
 /// their grace periods, oldest first.
@@ -45,12 +45,12 @@ impl Evictions {
 impl Step<'_, '_> {
     /// As a home of dynamic table `table`, begins an eviction round unless one is open: offers
     /// the ids its clock hand finds unused to every live node (itself too). A home that runs
-    /// short (`short`) looks for a quarter of its capacity and as many as it deferred since the
+    /// short (`short`) looks for a sixteenth of its capacity and as many as it deferred since the
     /// last round began (up to half its capacity: new ids arriving faster than rounds free
-    /// room make rounds larger), going round twice at most, so that a round frees room even
-    /// when every id was used since the hand last passed; a round for the time to live goes
-    /// round once and offers what was not used since. Returns whether a
-    /// round began (there were ids to offer).
+    /// room make rounds larger), going round as often as an id can count uses at most, so that
+    /// a round frees room even when every id was used lately; a round for the time to live goes
+    /// round once (offering the ids not used since the last one, clearing the others' counts).
+    /// Returns whether a round began (there were ids to offer).
     pub(crate) fn begin_eviction_round(&mut self, table: u16, short: bool) -> bool {
         let core = self.core;
         let Some(index) = core.id_index(table).filter(|i| i.spec().eviction.evicts()) else { return false };
@@ -61,10 +61,10 @@ impl Step<'_, '_> {
         }
         let capacity = index.spec().capacity;
         let offered = if short {
-            let most = (capacity / 4 + index.deferred_since_last_round()).min(capacity / 2).max(1);
-            index.offer_round(ROUND_IDS.min(most as usize), 2)
+            let most = (capacity / 16 + index.deferred_since_last_round()).min(capacity / 2).max(1);
+            index.offer_round(ROUND_IDS.min(most as usize), Pass::Short)
         } else {
-            index.offer_round(ROUND_IDS, 1)
+            index.offer_round(ROUND_IDS, Pass::Ttl)
         };
         if offered.is_empty() {
             return false;
@@ -135,7 +135,8 @@ impl Step<'_, '_> {
             }
             let store = &core.store;
             let kept = index.keeps(&grace.offered, |key| store.lock(grace.table, key).slot().is_some());
-            let bytes = encode(self.tx.buf(grace.home), msg::EVICTED, 0, grace.table, grace.round, kept.into_iter());
+            let values: Vec<u64> = kept.into_iter().flat_map(|(id, uses)| [id, uses]).collect();
+            let bytes = encode(self.tx.buf(grace.home), msg::EVICTED, 0, grace.table, grace.round, values.into_iter());
             self.tx.sent(grace.home, MessageKind::Eviction, bytes);
         }
     }
@@ -146,16 +147,17 @@ impl Step<'_, '_> {
         if self.core.id_index(m.table).is_none_or(|i| !i.spec().eviction.evicts()) {
             return Err(Error::Protocol(format!("EVICTED for table {}, which does not evict", m.table)));
         }
-        if m.len() > ROUND_IDS {
-            return Err(Error::Protocol(format!("EVICTED from node {from} keeps {} ids, more than a round offers", m.len())));
+        if !m.len().is_multiple_of(2) || m.len() / 2 > ROUND_IDS {
+            return Err(Error::Protocol(format!("EVICTED from node {from} with {} values", m.len())));
         }
-        self.evicted_answer(from, m.table, m.request, m.values().collect());
+        let values: Vec<u64> = m.values().collect();
+        self.evicted_answer(from, m.table, m.request, values.chunks_exact(2).map(|p| (p[0], p[1])).collect());
         Ok(())
     }
 
     /// Node `from` answered round `round` of `table`, keeping `kept`: closes the round if it
     /// was the last answer.
-    fn evicted_answer(&mut self, from: u16, table: u16, round: u32, kept: Vec<u64>) {
+    fn evicted_answer(&mut self, from: u16, table: u16, round: u32, kept: Vec<(u64, u64)>) {
         let closed = self.core.evictions.lock().evictors.get_mut(&table).and_then(|e| e.answer(from, round, kept));
         if let Some(kept) = closed {
             self.core.finish_eviction(table, &kept);
@@ -169,7 +171,7 @@ impl Step<'_, '_> {
         if lost.is_empty() {
             return;
         }
-        let closed: Vec<(u16, FastSet<u64>)> = {
+        let closed: Vec<(u16, FastMap<u64, u64>)> = {
             let mut evictions = core.evictions.lock();
             evictions.graces.retain(|g| !lost.contains(&g.home));
             let mut closed = Vec::new();
@@ -192,7 +194,7 @@ impl super::Core {
     /// Closes the round of `table` that every node answered: frees the slots of the ids nobody
     /// kept that this home still holds, writing them back to zeros with a fresh optimizer
     /// state.
-    pub(crate) fn finish_eviction(&self, table: u16, kept: &FastSet<u64>) {
+    pub(crate) fn finish_eviction(&self, table: u16, kept: &FastMap<u64, u64>) {
         let Some(index) = self.id_index(table) else { return };
         let store = &self.store;
         let t = store.table(table);

@@ -29,7 +29,7 @@ pub(super) const TABLE: u16 = 1;
 pub(super) fn spec(opts: &SimOptions) -> crate::config::TableSpec {
     let mut spec = crate::config::TableSpec::dynamic("sim-ids", 2, opts.dynamic_ids.max(1));
     if opts.evict_ids {
-        spec = spec.evicting(crate::dynamic::Eviction::Lru);
+        spec = spec.evicting(crate::dynamic::Eviction::Lfu);
     }
     spec.keys = opts.dynamic_ids.max(1) * opts.nodes as u64;
     spec

@@ -941,6 +941,8 @@ impl Worker {
                 Err(RecvTimeoutError::Disconnected) => return Err(Error::ShutDown),
             }
         }
+        // Nothing in flight: no longer holding eviction's grace periods back.
+        self.unpin_if_idle();
         self.backed_up()
     }
 

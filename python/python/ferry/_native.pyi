@@ -51,7 +51,7 @@ class Table:
     address it by raw uint64 ids, each created when first touched): its new ids' values
     (`init`: `zeros`, `uniform:SCALE[:SEED]` or `normal:STD[:SEED]`), which new ids it creates
     (`admission`: `all`, `count:N` pushes or `probability:P[:SEED]`) and when it evicts ids
-    (`eviction`: `never`, `lru`, or `ttl:SECONDS`; see docs/DYNAMIC.md)."""
+    (`eviction`: `never`, `lfu`, or `ttl:SECONDS`; see docs/DYNAMIC.md)."""
 
     def __init__(
         self,
