@@ -143,7 +143,12 @@ impl Collector for NodeCollector {
         gauge(&mut e, "ferry_dynamic_ids_known", "ids of dynamic tables whose slot keys this node knows", s.dynamic.ids_known as f64)?;
         gauge(&mut e, "ferry_dynamic_keys_free", "slot keys of dynamic tables this node can still hand out", s.dynamic.keys_free as f64)?;
         gauge(&mut e, "ferry_dynamic_ids_evicted", "ids of dynamic tables this node evicted as their home", s.dynamic.ids_evicted as f64)?;
-        gauge(&mut e, "ferry_dynamic_ids_deferred", "new ids of dynamic tables this full home deferred while it evicts", s.dynamic.ids_deferred as f64)?;
+        gauge(
+            &mut e,
+            "ferry_dynamic_ids_deferred",
+            "new ids of dynamic tables this home deferred while full or short of room (it evicts)",
+            s.dynamic.ids_deferred as f64,
+        )?;
         counter(&mut e, "ferry_writes_dropped", "writes of this node's workers that a node's loss failed and that they dropped", s.backups.writes_dropped)?;
         // The send queues' depths (both fabrics keep a queue per peer).
         let depths: Vec<(String, f64)> = (0..config.nodes)

@@ -214,8 +214,9 @@ pub struct DynamicStats {
     pub keys_free: u64,
     /// Ids this node evicted as their home ([`crate::dynamic::Eviction`]).
     pub ids_evicted: u64,
-    /// New ids this home did not create because it was full while it evicts (they were read
-    /// as initial values, their pushes dropped).
+    /// New ids this home did not create yet because it was full, or short of room and they
+    /// were used less than what it evicts (they were read as initial values, their pushes
+    /// dropped).
     pub ids_deferred: u64,
 }
 

@@ -47,7 +47,7 @@ pub(crate) struct Stats {
     intent_replicas: u64,
     /// Dynamic tables: ids this node created as their home (evicted ones included), ids it
     /// knows the slot keys of, slot keys it can still hand out, ids it evicted, and new ids it
-    /// deferred while full.
+    /// deferred (full, or short of room and not used enough).
     ids_created: u64,
     ids_known: u64,
     keys_free: u64,

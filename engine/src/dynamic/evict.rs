@@ -34,9 +34,11 @@ pub enum Eviction {
     Never,
     /// When a home's free slot keys fall to a sixteenth of its capacity, it evicts the ids used
     /// least often lately (an approximate least-frequently-used with aging: each node counts an
-    /// id's uses up to 15, and each pass of the home's clock hand takes one off). A new id that
-    /// finds its home full meanwhile is not admitted yet (pulls read its initial value, pushes
-    /// are dropped) rather than failing.
+    /// id's uses up to 15, summed at the home as rounds close). While a home is short of room
+    /// it admits a new id only if a sketch of past uses says it was used more than the ids it
+    /// evicted last (TinyLFU's admission). A new id that finds its home full, or is not used
+    /// enough, is not admitted yet (pulls read its initial value, pushes are dropped) rather
+    /// than failing.
     Lfu,
     /// As [`Eviction::Lfu`], and besides a round every `millis` milliseconds that evicts the
     /// ids no node used since the last such round: an id unused for the time to live is

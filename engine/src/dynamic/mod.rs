@@ -288,15 +288,70 @@ impl Sketch {
         Sketch { counters: vec![0; SKETCH_ROWS * width], mask: width - 1 }
     }
 
+    /// The counters of `id`, one a row.
+    fn cells(&self, id: u64) -> [usize; SKETCH_ROWS] {
+        std::array::from_fn(|r| r * (self.mask + 1) + (mix(id ^ (r as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) as usize & self.mask))
+    }
+
     /// Counts one push of `id`; returns its count (at least the true count).
     fn add(&mut self, id: u64) -> u32 {
-        let at: [usize; SKETCH_ROWS] =
-            std::array::from_fn(|r| r * (self.mask + 1) + (mix(id ^ (r as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) as usize & self.mask));
-        let least = at.iter().map(|&i| self.counters[i]).min().unwrap_or(0).saturating_add(1);
+        self.add_n(id, 1)
+    }
+
+    /// Counts `n` of `id`; returns its count (at least the true count).
+    fn add_n(&mut self, id: u64, n: u32) -> u32 {
+        let at = self.cells(id);
+        let least = at.iter().map(|&i| self.counters[i]).min().unwrap_or(0).saturating_add(n);
         for i in at {
             self.counters[i] = self.counters[i].max(least);
         }
         least
+    }
+
+    /// The count of `id` (at least its true count).
+    fn estimate(&self, id: u64) -> u32 {
+        self.cells(id).iter().map(|&i| self.counters[i]).min().unwrap_or(0)
+    }
+
+    /// Halves every count, so that uses long past fade.
+    fn halve(&mut self) {
+        for c in &mut self.counters {
+            *c /= 2;
+        }
+    }
+}
+
+/// Where a table evicts: the uses of its home's ids, counted as eviction rounds close, in a
+/// count-min sketch that outlives the ids (TinyLFU's idea): an evicted id that comes back
+/// starts with the uses it had, so that an id of middling frequency is not taken for a new,
+/// rare one. Halved each time `10 × capacity` uses were added.
+struct History {
+    sketch: Sketch,
+    added: u64,
+    period: u64,
+}
+
+impl History {
+    fn new(capacity: u64) -> History {
+        History { sketch: Sketch::new(capacity), added: 0, period: capacity.saturating_mul(10).max(1024) }
+    }
+
+    /// `n` more uses of `id`.
+    fn add(&mut self, id: u64, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.sketch.add_n(id, n.min(u32::MAX as u64) as u32);
+        self.added += n;
+        if self.added >= self.period {
+            self.sketch.halve();
+            self.added /= 2;
+        }
+    }
+
+    /// The use count a (re)created `id` starts with: one, and the uses it had.
+    fn starting_uses(&self, id: u64) -> u64 {
+        (1 + self.sketch.estimate(id) as u64).min(COUNT_MAX)
     }
 }
 
@@ -327,6 +382,13 @@ struct HomeState {
     stranded: Vec<u64>,
     /// `deferred` when the last round began.
     deferred_before: u64,
+    /// Where the table evicts: its ids' uses, beyond their lifetimes.
+    history: Option<History>,
+    /// The use count at or under which the last round offered ids: new ids used no more are
+    /// not admitted while the home is short of room.
+    admit_above: u64,
+    /// New ids not admitted for that.
+    filtered: u64,
 }
 
 /// What makes a table dynamic ([`crate::TableSpec::dynamic`]).
@@ -360,12 +422,14 @@ type IdMap = std::collections::HashMap<u64, AtomicU64, BuildHasherDefault<IdMixe
 
 /// In an index entry, where the table evicts: one use, counted in the top six bits above the
 /// slot key (a table has fewer than 2^42 keys). Lookups add one up to [`COUNT_MAX`] (a few
-/// racing lookups may add one more each: six bits hold them), eviction's clock hand takes one
-/// off per pass: an approximate least-frequently-used with aging (GCLOCK).
+/// racing lookups may add one more each: six bits hold them, and a carry out of them is lost,
+/// never into the key); eviction offers the ids with the lowest counts and halves the counts
+/// its clock hand passes every fourth turn: an approximate least-frequently-used with aging.
 const COUNT_ONE: u64 = 1 << 58;
 /// The slot key's bits of an entry.
 const KEY_BITS: u64 = COUNT_ONE - 1;
-/// Uses an entry counts at most: an id used that often survives as many passes unused.
+/// Uses an entry counts at most: enough to tell rare ids from busy ones, few enough that four
+/// halvings take a busy id that went quiet back to the rare ones.
 const COUNT_MAX: u64 = 15;
 
 /// An id offered in an eviction round: its slot key, the uses its home counted, and whether an
@@ -461,6 +525,9 @@ impl IdIndex {
                 deferred: 0,
                 stranded: Vec::new(),
                 deferred_before: 0,
+                history: spec.eviction.evicts().then(|| History::new(spec.capacity)),
+                admit_above: 0,
+                filtered: 0,
             }),
             first: rank as u64 * spec.capacity,
             marks: spec.eviction.evicts(),
@@ -560,6 +627,18 @@ impl IdIndex {
             if !admitted {
                 return Ok(Assigned::NotAdmitted);
             }
+            // A home short of room admits a new id only if it was used more than the ids its
+            // last round evicted (TinyLFU's admission): a rare id does not push out a busier one.
+            let free = capacity - home.next + home.free.len() as u64;
+            if intent == Intent::Write
+                && free <= capacity / 8
+                && let Some(history) = home.history.as_mut()
+                && history.starting_uses(id) <= home.admit_above
+            {
+                history.add(id, 1);
+                home.filtered += 1;
+                return Ok(Assigned::NotAdmitted);
+            }
             let offset = match home.free.pop() {
                 Some(offset) => offset,
                 None if home.next < capacity => {
@@ -585,7 +664,8 @@ impl IdIndex {
                 home.slot_ids[offset as usize] = Some(id);
             }
             home.created += 1;
-            map.insert(id, AtomicU64::new(key | if evicts { COUNT_ONE } else { 0 }));
+            let uses = home.history.as_ref().map_or(0, |h| h.starting_uses(id));
+            map.insert(id, AtomicU64::new(key | (uses * COUNT_ONE)));
             Ok(Assigned::Key(key))
         };
         if ids.len() < 2 * INDEX_SHARDS {
@@ -641,10 +721,11 @@ impl IdIndex {
         self.home.lock().created
     }
 
-    /// As a home: ids created and not evicted, ids evicted, and new ids deferred while full.
+    /// As a home: ids created and not evicted, ids evicted, and new ids deferred (full, or short
+    /// of room and not used enough).
     pub fn home_counts(&self) -> (u64, u64, u64) {
         let home = self.home.lock();
-        (home.next - home.free.len() as u64 - home.stranded.len() as u64, home.evicted, home.deferred)
+        (home.next - home.free.len() as u64 - home.stranded.len() as u64, home.evicted, home.deferred + home.filtered)
     }
 
     /// Ids this node knows the slot keys of (its own and those it learnt).
@@ -690,6 +771,9 @@ impl IdIndex {
             Pass::Ttl => 0,
             Pass::Short => self.threshold(home, most),
         };
+        if pass == Pass::Short {
+            home.admit_above = threshold;
+        }
         let mut left = home.next.saturating_mul(if pass == Pass::Ttl { 1 } else { 2 });
         while left > 0 && offered.len() < most {
             // Every shard's latch for a stretch of slots, then let workers' lookups through.
@@ -799,6 +883,9 @@ impl IdIndex {
         let home = &mut *home;
         let mut evicted = std::mem::take(&mut home.stranded);
         for (id, offered) in std::mem::take(&mut home.offered) {
+            if let Some(history) = home.history.as_mut() {
+                history.add(id, offered.uses + kept.get(&id).copied().unwrap_or(0));
+            }
             if offered.rescued {
                 continue;
             }
@@ -963,6 +1050,40 @@ mod tests {
             let e = text.parse::<Admission>().unwrap_err();
             assert!(e.contains(says), "{text}: {e}");
         }
+    }
+
+    /// A home that runs short offers the ids used least; then, short of room, it admits a new
+    /// id only if it was used more than those: an evicted id that had uses comes back, an id
+    /// never seen waits.
+    #[test]
+    fn a_home_short_of_room_evicts_the_least_used_and_admits_only_busier_ids() {
+        let index = IdIndex::new(DynamicSpec { eviction: Eviction::Lfu, ..spec(16) }, 0);
+        let mut keys = Vec::new();
+        let mut ask = |index: &IdIndex, id: u64| {
+            index.assign(&[id], Intent::Write, &mut keys, |_, _| Ok(())).unwrap();
+            keys[0]
+        };
+        for id in 0..16 {
+            assert!(matches!(ask(&index, id), Assigned::Key(_)));
+        }
+        for _ in 0..5 {
+            for id in 0..8 {
+                index.lookup(id);
+            }
+        }
+        let mut offered: Vec<u64> = index.offer_round(8, Pass::Short).into_iter().map(|(id, _)| id).collect();
+        offered.sort_unstable();
+        assert_eq!(offered, (8..16).collect::<Vec<_>>(), "the least used are offered");
+        let freed = index.finish_round(&crate::util::FastMap::default());
+        assert_eq!(freed.len(), 8);
+        index.free_slots(&freed, Vec::new());
+        for id in 100..106 {
+            assert!(matches!(ask(&index, id), Assigned::Key(_)), "room enough: id {id} admitted");
+        }
+        assert_eq!(ask(&index, 200), Assigned::NotAdmitted, "short of room, an id never seen waits");
+        assert!(matches!(ask(&index, 8), Assigned::Key(_)), "an evicted id that had uses comes back");
+        let (live, evicted, deferred) = index.home_counts();
+        assert_eq!((live, evicted, deferred), (15, 8, 1));
     }
 
     /// Bad rules are refused with what is wrong.

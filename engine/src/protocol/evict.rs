@@ -44,13 +44,12 @@ impl Evictions {
 
 impl Step<'_, '_> {
     /// As a home of dynamic table `table`, begins an eviction round unless one is open: offers
-    /// the ids its clock hand finds unused to every live node (itself too). A home that runs
-    /// short (`short`) looks for a sixteenth of its capacity and as many as it deferred since the
-    /// last round began (up to half its capacity: new ids arriving faster than rounds free
-    /// room make rounds larger), going round as often as an id can count uses at most, so that
-    /// a round frees room even when every id was used lately; a round for the time to live goes
-    /// round once (offering the ids not used since the last one, clearing the others' counts).
-    /// Returns whether a round began (there were ids to offer).
+    /// the ids its clock hand picks to every live node (itself too). A home that runs short
+    /// (`short`) looks for the ids used least, a sixteenth of its capacity and as many as it
+    /// deferred since the last round began (up to half its capacity: new ids arriving faster
+    /// than rounds free room make rounds larger); a round for the time to live goes round once
+    /// (offering the ids not used since the last one, clearing the others' counts). See
+    /// `IdIndex::offer_round`. Returns whether a round began (there were ids to offer).
     pub(crate) fn begin_eviction_round(&mut self, table: u16, short: bool) -> bool {
         let core = self.core;
         let Some(index) = core.id_index(table).filter(|i| i.spec().eviction.evicts()) else { return false };
@@ -84,8 +83,8 @@ impl Step<'_, '_> {
         true
     }
 
-    /// An EVICT from `from`: the offered ids this node's workers did not use since the last
-    /// round leave its index; its answer waits for the grace period.
+    /// An EVICT from `from`: the offered ids with no uses counted here leave this node's index
+    /// (unless it holds their slots); its answer waits for the grace period.
     pub(crate) fn handle_evict(&mut self, from: u16, body: &[u8]) -> Result<()> {
         let m = Assign::decode(body)?;
         let core = self.core;
@@ -109,8 +108,8 @@ impl Step<'_, '_> {
     }
 
     /// Answers the rounds whose grace periods ended (every worker of this node is idle or began
-    /// after the ids left its index): with the ids still in its index or whose slots it holds.
-    /// A home's answer to its own round may complete it.
+    /// after the ids left its index): with the ids still in its index or whose slots it holds,
+    /// and the uses it counted of each. A home's answer to its own round may complete it.
     pub(crate) fn answer_evictions(&mut self) {
         let core = self.core;
         let rank = core.directory().rank();
