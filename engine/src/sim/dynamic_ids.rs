@@ -8,7 +8,7 @@
 //! With [`SimOptions::evict_ids`] the table evicts, and nodes begin eviction rounds now and
 //! then through the shipped steps (`protocol::evict`), their EVICT and EVICTED delivered in any
 //! order like every frame, each node answering once its workers' pins let it. A worker then
-//! looks ids up in its node's index first (marking them used), pins itself before, learns its
+//! looks ids up in its node's index first (counting their uses), pins itself before, learns its
 //! homes' answers, and uses the slot keys at a later step of its own before it unpins. Checked
 //! instead of "created once" (an evicted id is created again): whenever a worker uses a slot
 //! key, and after every step for every id any node's index maps, the id's home still gives
