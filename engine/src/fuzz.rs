@@ -482,7 +482,7 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
                     .chain(odd)
                     .collect()
             } else {
-                (0..count).flat_map(|_| [rng.gen_range(0..64), rng.gen_range(0..20)]).collect()
+                (0..count).flat_map(|_| [rng.gen_range(0..64), if rng.gen_bool(0.1) { u64::MAX } else { rng.gen_range(0..20) }]).collect()
             };
             let ty = if ty == 30 { msg::EVICT } else { msg::EVICTED };
             crate::protocol::assign::encode(&mut out, ty, 0, table, rng.gen_range(0..4), values.into_iter());

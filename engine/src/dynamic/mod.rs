@@ -342,7 +342,7 @@ impl History {
             return;
         }
         self.sketch.add_n(id, n.min(u32::MAX as u64) as u32);
-        self.added += n;
+        self.added = self.added.saturating_add(n);
         if self.added >= self.period {
             self.sketch.halve();
             self.added /= 2;
@@ -884,13 +884,13 @@ impl IdIndex {
         let mut evicted = std::mem::take(&mut home.stranded);
         for (id, offered) in std::mem::take(&mut home.offered) {
             if let Some(history) = home.history.as_mut() {
-                history.add(id, offered.uses + kept.get(&id).copied().unwrap_or(0));
+                history.add(id, offered.uses.saturating_add(kept.get(&id).copied().unwrap_or(0)));
             }
             if offered.rescued {
                 continue;
             }
             if let Some(&counted) = kept.get(&id) {
-                let count = (offered.uses + counted).min(COUNT_MAX);
+                let count = offered.uses.saturating_add(counted).min(COUNT_MAX);
                 self.shard(id).write().entry(id).or_insert_with(|| AtomicU64::new(offered.key | (count * COUNT_ONE)));
                 continue;
             }
