@@ -33,46 +33,36 @@ impl Worker {
         out: Option<&mut [f32]>,
         op: Box<OnSlotKeys<'_, R>>,
     ) -> Result<R> {
-        self.pin_for_ids();
-        let outcome = self.through_index_pinned(table, ids, intent, input, out, op);
-        self.unpin_if_idle();
-        outcome
+        self.pinned(move |w| {
+            // One known id: its slot key on the stack, with no reference counted.
+            if let [id] = ids
+                && let Some(key) = w.node.core.id_index(table.id).and_then(|index| index.lookup(*id))
+            {
+                return op(w, table.slot_keys(), &[key], input, out);
+            }
+            let (keys, not_admitted) = w.translate(table, ids, intent)?;
+            if not_admitted.is_empty() {
+                let outcome = op(w, table.slot_keys(), &keys, input, out);
+                w.hashed_keys = keys;
+                return outcome;
+            }
+            let outcome = w.on_admitted(table, ids, &keys, &not_admitted, input, out, op);
+            w.hashed_keys = keys;
+            outcome
+        })
     }
 
-    fn through_index_pinned<R>(
-        &mut self,
-        table: Table,
-        ids: &[u64],
-        intent: Intent,
-        input: &[f32],
-        out: Option<&mut [f32]>,
-        op: Box<OnSlotKeys<'_, R>>,
-    ) -> Result<R> {
-        // One known id: its slot key on the stack, with no reference counted.
-        if let [id] = ids
-            && let Some(key) = self.node.core.id_index(table.id).and_then(|index| index.lookup(*id))
-        {
-            return op(self, table.slot_keys(), &[key], input, out);
-        }
-        let (keys, not_admitted) = self.translate(table, ids, intent)?;
-        if not_admitted.is_empty() {
-            let outcome = op(self, table.slot_keys(), &keys, input, out);
-            self.hashed_keys = keys;
-            return outcome;
-        }
-        let outcome = self.on_admitted(table, ids, &keys, &not_admitted, input, out, op);
-        self.hashed_keys = keys;
-        outcome
-    }
-
-    /// Pins this worker for eviction's grace periods (where a table evicts) before it looks
-    /// ids up: a node that evicts ids waits until no operation that could have looked them up
-    /// is left.
+    /// Runs `f` pinned for eviction's grace periods (where a table evicts): a node that evicts
+    /// ids waits until no operation that could have looked them up is left; unpinned after
+    /// unless an asynchronous operation is still in flight.
     #[inline]
-    fn pin_for_ids(&self) {
+    fn pinned<R>(&mut self, f: impl FnOnce(&mut Worker) -> R) -> R {
         if let Some(pin) = &self.pin {
             self.node.core.pins().pin(pin);
         }
+        let outcome = f(self);
+        self.unpin_if_idle();
+        outcome
     }
 
     /// Unpins this worker once it has no operation in flight (an asynchronous operation on a
@@ -129,10 +119,7 @@ impl Worker {
     /// when every id has a slot key; with ids not admitted yet it runs at once, and the ticket
     /// holds its values.
     pub(super) fn dynamic_pull_async(&mut self, table: Table, ids: &[u64], updates: &[f32], write: bool) -> Result<PullTicket> {
-        self.pin_for_ids();
-        let ticket = self.dynamic_pull_async_pinned(table, ids, updates, write);
-        self.unpin_if_idle();
-        ticket
+        self.pinned(|w| w.dynamic_pull_async_pinned(table, ids, updates, write))
     }
 
     fn dynamic_pull_async_pinned(&mut self, table: Table, ids: &[u64], updates: &[f32], write: bool) -> Result<PullTicket> {
