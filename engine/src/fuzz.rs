@@ -464,7 +464,7 @@ fn message(rng: &mut ChaCha8Rng, ty: usize, t: &Target) -> Vec<u8> {
             };
             let ty = if ty == 28 { msg::ASSIGN } else { msg::ASSIGNED };
             // Flags: an intent (read, write, set), or one that is none.
-            let flags = if ty == msg::ASSIGN { [0u8, 1, 2, 7][rng.gen_range(0..4)] } else { 0 };
+            let flags = if ty == msg::ASSIGN { [0u8, 1, 2, 3, 7][rng.gen_range(0..5)] } else { 0 };
             crate::protocol::assign::encode(&mut out, ty, flags, table, rng.gen_range(0..4), values.into_iter());
         }
         30 | 31 => {

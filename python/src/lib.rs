@@ -397,6 +397,18 @@ impl Worker {
         Ok(PyArray1::from_vec(py, values).reshape([k.len(), t.value_len()])?.into_any())
     }
 
+    /// The values of those of `keys` the table holds and which it holds: `(values, held)`, a
+    /// `float32` array of shape `(len(keys), value_len)` (the others' rows at their initial
+    /// values) and a `bool` array. Creates no key of a dynamic table, whatever its admission:
+    /// how its contents are read.
+    fn pull_held<'py>(&mut self, py: Python<'py>, table: &str, keys: Keys<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let (w, t) = self.parts(table)?;
+        let k = keys.slice()?;
+        let mut values = vec![0.0f32; k.len() * t.value_len()];
+        let held = py.allow_threads(|| w.pull_held(t, k, &mut values)).map_err(failed)?;
+        Ok((PyArray1::from_vec(py, values).reshape([k.len(), t.value_len()])?.into_any(), PyArray1::from_vec(py, held).into_any()))
+    }
+
     /// Writes the values of `keys` into `out`, a C-contiguous `float32` array (or CPU tensor)
     /// of `len(keys) × value_len` elements, without an intermediate copy.
     fn pull_into(&mut self, py: Python<'_>, table: &str, keys: Keys<'_>, mut out: Out<'_>) -> PyResult<()> {

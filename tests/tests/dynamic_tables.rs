@@ -161,6 +161,48 @@ fn a_full_home_refuses_new_ids_and_keeps_the_known_ones() {
     finalize_all(cluster);
 }
 
+/// `pull_held` reads what a table holds and creates nothing, even where a pull creates every
+/// id it reads (admission of all): ids never touched read as absent with their initial
+/// values, on the node that is their home and on the other; pushed ids read as held with
+/// their values, known locally or not.
+#[test]
+fn pull_held_reads_what_a_table_holds_and_creates_nothing() {
+    let config = Config::new(vec![TableSpec::dynamic("emb", LEN, 1_000).initialised(INIT)]);
+    let cluster = Node::start_local_cluster(2, config).unwrap();
+    let table = cluster[0].table("emb").unwrap();
+    let (mut w0, mut w1) = (cluster[0].worker(), cluster[1].worker());
+    let ids = ids();
+    let created = |cluster: &[Node]| cluster.iter().map(|n| n.stats().dynamic.ids_created).sum::<u64>();
+    let mut out = vec![0.0; ids.len() * LEN];
+    for w in [&mut w0, &mut w1] {
+        let held = w.pull_held(table, &ids, &mut out).unwrap();
+        assert!(held.iter().all(|h| !h), "nothing was pushed yet");
+        for (i, &id) in ids.iter().enumerate() {
+            assert_eq!(&out[i * LEN..(i + 1) * LEN], &initial(id)[..], "id {id} reads its initial value");
+        }
+    }
+    assert_eq!(created(&cluster), 0, "pull_held created ids");
+    // Every other id pushed once, by node 0: node 1 knows none of them yet.
+    let pushed: Vec<u64> = ids.iter().copied().step_by(2).collect();
+    w0.push(table, &pushed, &vec![1.0; pushed.len() * LEN]).unwrap();
+    for w in [&mut w0, &mut w1] {
+        let held = w.pull_held(table, &ids, &mut out).unwrap();
+        for (i, &id) in ids.iter().enumerate() {
+            assert_eq!(held[i], i % 2 == 0, "id {id}");
+            let expected: Vec<f32> = initial(id).iter().map(|v| v + if i % 2 == 0 { 1.0 } else { 0.0 }).collect();
+            assert_eq!(&out[i * LEN..(i + 1) * LEN], &expected[..], "id {id}");
+        }
+    }
+    assert_eq!(created(&cluster), pushed.len() as u64, "pull_held created ids");
+    // A pull creates what it reads under this admission: pull_held sees them afterwards.
+    w1.pull(table, &ids, &mut out).unwrap();
+    assert!(w0.pull_held(table, &ids, &mut out).unwrap().iter().all(|&h| h));
+    // Bad output lengths are refused as by a pull.
+    assert!(w0.pull_held(table, &ids, &mut out[1..]).is_err());
+    drop((w0, w1));
+    finalize_all(cluster);
+}
+
 /// Configurations that cannot work are refused with what is wrong.
 #[test]
 fn bad_dynamic_configurations_are_refused() {

@@ -536,6 +536,49 @@ fn models_are_saved_and_used_for_predictions() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `train lr --save` and its checkpoints: dense keys save a row per feature key and the
+/// bias's; raw ids save, by id, the ids the dynamic table holds — every trained one with room
+/// for all, the same rows as the checkpoint written after the same epoch, which `ferry export`
+/// reads by the checkpoint's own ids — and at most its capacity with room for a quarter.
+#[test]
+fn logistic_regression_models_are_saved_by_raw_id() {
+    let dir = std::env::temp_dir().join(format!("ferry-lr-models-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let base = ["lr", "--data", "synth-lr", "--epochs", "2", "--nodes", "2", "--mode", "classic"];
+    let export = |model: &str, out: &str| -> BTreeMap<String, f32> {
+        let run = Command::new(binary("ferry")).args(["export", &path(model), "--out", &path(out)]).output().unwrap();
+        assert!(run.status.success(), "ferry export {model}: {}", String::from_utf8_lossy(&run.stderr));
+        let text = std::fs::read_to_string(dir.join(out).join("weights.tsv")).unwrap();
+        text.lines()
+            .map(|l| {
+                let (id, value) = l.split_once('\t').unwrap();
+                (id.to_string(), value.parse().unwrap())
+            })
+            .collect()
+    };
+    train(&[&base[..], &["--save", &path("dense")]].concat());
+    let dense = export("dense", "dense-tsv");
+    assert_eq!(dense.len(), 501, "500 feature keys and the bias");
+    assert!(dense.contains_key("bias") && dense.contains_key("499"));
+    train(&[&base[..], &["--ids", "raw", "--save", &path("raw"), "--checkpoint-every", "2", "--checkpoint-dir", &path("checkpoints")]].concat());
+    let raw = export("raw", "raw-tsv");
+    let bias = u64::MAX.to_string();
+    assert_eq!(raw.len(), 501, "every trained id and the bias");
+    assert!(raw.keys().all(|id| *id == bias || id.parse::<u64>().is_ok_and(|f| f < 500)), "ids are the data's feature ids");
+    let description: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("checkpoints/epoch-2/model.json")).unwrap()).unwrap();
+    assert_eq!(description["tables"][0]["ids"], "checkpoint", "{description}");
+    assert!(!dir.join("checkpoints/epoch-2/weights.tsv").exists(), "a dynamic table's ids are the checkpoint's");
+    let checkpointed = export("checkpoints/epoch-2", "checkpoint-tsv");
+    assert_eq!(checkpointed, raw, "the checkpoint after epoch 2 holds the model saved after it");
+    assert!(raw[&bias] != 0.0 && raw.values().filter(|v| **v != 0.0).count() > 400, "the model learnt");
+    train(&[&base[..], &["--ids", "raw", "--capacity-share", "0.25", "--save", &path("quarter")]].concat());
+    let quarter = export("quarter", "quarter-tsv");
+    assert!((20..=126).contains(&quarter.len()), "{} ids saved from room for 2 × 63", quarter.len());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn logistic_regression_learns_with_every_toolbox_option() {
     let base = ["lr", "--data", "synth-lr", "--epochs", "4", "--nodes", "2"];
@@ -584,7 +627,7 @@ fn logistic_regression_learns_with_every_toolbox_option() {
     for bad in [
         &["--ids", "raw", "--hash-buckets", "64"][..],
         &["--ids", "raw", "--mode", "intent"],
-        &["--ids", "raw", "--admission", "all"],
+        &["--ids", "raw", "--admission", "sometimes"],
         &["--ids", "raw", "--capacity-share", "0"],
         &["--ids", "cooked"],
         &["--optimizer", "sgd"],

@@ -6,6 +6,10 @@
 //! [`STORAGE`]: each table names the checkpoint table its rows come from (keys `0..rows`, the
 //! leading `cols` values of each key) instead of a `.npy` file.
 //!
+//! A table whose source is dynamic (`--ids raw`) has no ids file: its rows are the ids the
+//! checkpoint holds, named by their decimal ids (`"ids": "checkpoint"` in its entry), so an
+//! export's id column is the table's key.
+//!
 //! A task says how its tables read as a model once ([`Description`]); `--save` and checkpoints
 //! both use that.
 
@@ -19,9 +23,12 @@ use super::model::{self, SavedTable};
 /// `model.json`'s `storage` for a model whose values are the checkpoint beside it.
 pub const STORAGE: &str = "ferry-checkpoint";
 
+/// A table entry's `ids` when its rows are the ids of a dynamic table in the checkpoint.
+const IDS_OF_CHECKPOINT: &str = "checkpoint";
+
 /// How a task's model reads as a saved model.
 pub struct Description<'a> {
-    /// `mf`, `kge` or `w2v`.
+    /// `mf`, `kge`, `w2v` or `lr`.
     pub task: &'static str,
     /// The task's settings and scalars (e.g. MF's global mean).
     pub meta: Value,
@@ -53,15 +60,20 @@ impl Description<'_> {
 
     /// Writes `model.json` and the ids beside the checkpoint after `epoch` in `dir` (before any
     /// node writes its files there, so that a whole checkpoint always has them): `sources` are
-    /// the names of the workload's tables in the checkpoint, `nodes` the node count writing it.
-    pub fn write_beside_checkpoint(&self, dir: &Path, epoch: usize, sources: &[&str], nodes: usize) -> Result<()> {
+    /// the workload's tables in the checkpoint, `nodes` the node count writing it. A dynamic
+    /// source's ids are the checkpoint's own.
+    pub fn write_beside_checkpoint(&self, dir: &Path, epoch: usize, sources: &[ferry::TableSpec], nodes: usize) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let mut files = Vec::new();
         let mut listed = Vec::new();
         for t in &self.tables {
             let source = sources.get(t.source).with_context(|| format!("table {} comes from table {} of {}", t.name, t.source, sources.len()))?;
+            if source.dynamic.is_some() {
+                listed.push(json!({ "name": t.name, "cols": t.cols, "source": source.name, "ids": IDS_OF_CHECKPOINT }));
+                continue;
+            }
             files.push(model::write_ids(dir, t.name, t.ids)?);
-            listed.push(json!({ "name": t.name, "rows": t.ids.len(), "cols": t.cols, "source": source }));
+            listed.push(json!({ "name": t.name, "rows": t.ids.len(), "cols": t.cols, "source": source.name }));
         }
         let description = json!({
             "format": model::FORMAT,
@@ -92,18 +104,32 @@ pub(super) fn values(dir: &Path, description: &Value) -> Result<Vec<ferry::Check
     Ok(ferry::read_checkpoint(dir)?)
 }
 
-/// One table `entry` of a checkpoint's `model.json`: (rows, cols, values), the leading `cols`
-/// values of keys `0..rows` of the checkpoint table it names, checked to be there.
-pub(super) fn table(dir: &Path, entry: &Value, values: &[ferry::CheckpointTable]) -> Result<(usize, usize, Vec<f32>)> {
+/// A table read from a checkpoint: rows, values per row, the values, and the rows' ids where
+/// the checkpoint names them (a dynamic table's).
+pub(super) type TableRows = (usize, usize, Vec<f32>, Option<Vec<String>>);
+
+/// One table `entry` of a checkpoint's `model.json`: (rows, cols, values, ids), the leading
+/// `cols` values of keys `0..rows` of the checkpoint table it names, checked to be there; for
+/// a dynamic table, of every id it holds, with those ids (`None`: the ids are in the table's
+/// ids file).
+pub(super) fn table(dir: &Path, entry: &Value, values: &[ferry::CheckpointTable]) -> Result<TableRows> {
     let path = dir.join("model.json");
     let name = entry["name"].as_str().unwrap_or_default();
     let number = |field: &str| entry[field].as_u64().with_context(|| format!("{}: table {name} has no number '{field}'", path.display()));
-    let (rows, cols) = (number("rows")?, number("cols")?);
     let source = entry["source"].as_str().with_context(|| format!("{}: table {name} names no checkpoint table", path.display()))?;
     let t = values
         .iter()
         .find(|t| t.name == source)
         .with_context(|| format!("{}: table {name} comes from '{source}', which the checkpoint has not", path.display()))?;
+    let by_id = entry.get("ids").and_then(Value::as_str) == Some(IDS_OF_CHECKPOINT);
+    ensure!(
+        by_id == t.dynamic,
+        "{}: table {name} reads '{source}' as {}dynamic, but it is {}",
+        path.display(),
+        if by_id { "" } else { "not " },
+        if t.dynamic { "dynamic" } else { "not" }
+    );
+    let (rows, cols) = (if by_id { t.keys } else { number("rows")? }, number("cols")?);
     // Checked against the checkpoint's table before anything is sized by them.
     ensure!(
         rows <= t.keys && cols >= 1 && cols <= t.value_len as u64,
@@ -114,5 +140,5 @@ pub(super) fn table(dir: &Path, entry: &Value, values: &[ferry::CheckpointTable]
     );
     let (rows, cols) = (rows as usize, cols as usize);
     let data = t.values.chunks_exact(t.value_len).take(rows).flat_map(|row| &row[..cols]).copied().collect();
-    Ok((rows, cols, data))
+    Ok((rows, cols, data, by_id.then(|| t.ids.iter().map(u64::to_string).collect())))
 }

@@ -234,19 +234,21 @@ pub enum ModelReader<'a> {
 }
 
 impl ModelReader<'_> {
-    /// In a cluster: the rows of table `table`'s keys `keys` (a dynamic table's ids, read
-    /// without creating them where the table admits ids by pushes), one after the other.
-    /// `None` in `single`, whose arrays are dense.
-    pub fn rows(&mut self, table: usize, keys: &[u64]) -> Result<Option<Vec<f32>>> {
+    /// In a cluster: the rows of those of table `table`'s keys `keys` that it holds (a
+    /// dynamic table's ids, read without creating any: `Worker::pull_held`), one after the
+    /// other, the others' initial values among them, and which it holds. `None` in `single`,
+    /// whose arrays are dense.
+    pub fn held_rows(&mut self, table: usize, keys: &[u64]) -> Result<Option<(Vec<f32>, Vec<bool>)>> {
         match self {
             ModelReader::Shared(_) => Ok(None),
             ModelReader::Node(worker, tables) => {
                 let t = tables[table];
                 let mut out = vec![0.0f32; keys.len() * t.value_len()];
+                let mut held = Vec::with_capacity(keys.len());
                 for (chunk, rows) in keys.chunks(65_536).zip(out.chunks_mut(65_536 * t.value_len().max(1))) {
-                    worker.pull(t, chunk, rows)?;
+                    held.extend(worker.pull_held(t, chunk, rows)?);
                 }
-                Ok(Some(out))
+                Ok(Some((out, held)))
             }
         }
     }
@@ -762,8 +764,7 @@ fn checkpoint<W: Workload>(
 /// tables, `nodes` the node count writing it.
 fn describe_checkpoint<W: Workload>(task: &W, data: &W::Data, specs: &[TableSpec], dir: &std::path::Path, epoch: usize, nodes: usize) -> Result<()> {
     let Some(description) = task.describe(data) else { return Ok(()) };
-    let sources: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
-    description.write_beside_checkpoint(&super::resume::epoch_dir(dir, epoch), epoch, &sources, nodes)
+    description.write_beside_checkpoint(&super::resume::epoch_dir(dir, epoch), epoch, specs, nodes)
 }
 
 /// After the last epoch: every node's checkpoint is written, and rank 0 keeps the two newest.

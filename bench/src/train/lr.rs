@@ -25,7 +25,9 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use super::ahead::AheadCursor;
+use super::checkpoint_model::{Described, Description};
 use super::epochs::{Fields, Measured, Model, ModelReader, ModelTable, Pass, Quality, Trainer, Workload};
+use super::model::SavedTable;
 use super::shared::{METRIC_FIELDS, field, leading_columns};
 use super::{Common, Event, Mode, Sink};
 use crate::data::sparse::{Examples, load_labelled_text, load_libsvm};
@@ -70,8 +72,9 @@ pub struct LrArgs {
     /// With --ids raw: when the dynamic table evicts ids (`never`, `lfu`, `ttl:SECONDS`).
     #[arg(long, default_value = "lfu")]
     pub eviction: String,
-    /// With --ids raw: which new ids the dynamic table creates, by pushes (`count:N`: at an
-    /// id's N-th push; `probability:P[:SEED]`). Pulls never create an id.
+    /// With --ids raw: which new ids the dynamic table creates: `count:N` at an id's N-th push,
+    /// `probability:P[:SEED]` at a push with probability P, `all` at its first pull or push.
+    /// The evaluation and --save create none.
     #[arg(long, default_value = "count:1")]
     pub admission: String,
     /// Optimizer: `adagrad` or `ftrl`.
@@ -193,7 +196,13 @@ pub struct Split {
     /// With --ids raw: the raw id of each feature key (the examples' features are renumbered
     /// densely, so that `single` and the evaluation index arrays).
     pub raw: Option<Vec<u64>>,
+    /// With --save or --checkpoint-dir: the id of each key in a saved model (a feature key's
+    /// number, or with --ids raw its raw id; the bias's is [`BIAS_NAME`] or [`BIAS_ID`]).
+    pub names: Vec<String>,
 }
+
+/// The bias's id in a saved model of dense keys.
+const BIAS_NAME: &str = "bias";
 
 /// With --ids raw: the bias's id (no feature's: raw ids are LIBSVM indices or 62-bit hashes).
 const BIAS_ID: u64 = u64::MAX;
@@ -358,12 +367,7 @@ impl LrArgs {
                     bail!("--capacity-share must be a positive number");
                 }
                 self.eviction.parse::<ferry::dynamic::Eviction>().map_err(|e| anyhow::anyhow!("--eviction: {e}"))?;
-                if matches!(self.admission.parse::<ferry::dynamic::Admission>(), Ok(ferry::dynamic::Admission::All) | Err(_)) {
-                    bail!(
-                        "--admission {}: expected count:N or probability:P[:SEED] (pulls must not create ids: the evaluation reads ids it never trained)",
-                        self.admission
-                    );
-                }
+                self.admission.parse::<ferry::dynamic::Admission>().map_err(|e| anyhow::anyhow!("--admission: {e}"))?;
             }
             other => bail!("--ids {other}: expected dense or raw"),
         }
@@ -469,19 +473,31 @@ impl LrArgs {
             }
         };
         let mut split = match self.feature_hashing() {
-            Some((hashing, buckets)) => {
-                Split { train: train.hashed(hashing, buckets), test: test.hashed(hashing, buckets), dims: buckets, plan: None, arrival_plan: None, raw: None }
-            }
+            Some((hashing, buckets)) => Split {
+                train: train.hashed(hashing, buckets),
+                test: test.hashed(hashing, buckets),
+                dims: buckets,
+                plan: None,
+                arrival_plan: None,
+                raw: None,
+                names: Vec::new(),
+            },
             None if self.raw_ids() => {
                 let (mut train, mut test) = (train, test);
                 let raw = Examples::renumber(&mut train, &mut test);
-                Split { train, test, dims: raw.len() as u64, plan: None, arrival_plan: None, raw: Some(raw) }
+                Split { train, test, dims: raw.len() as u64, plan: None, arrival_plan: None, raw: Some(raw), names: Vec::new() }
             }
             None => {
                 let dims = train.dims().max(test.dims()).max(self.hash_bits.map_or(0, |b| 1 << b));
-                Split { train, test, dims, plan: None, arrival_plan: None, raw: None }
+                Split { train, test, dims, plan: None, arrival_plan: None, raw: None, names: Vec::new() }
             }
         };
+        if self.common.save.is_some() || self.common.checkpoint_dir.is_some() {
+            split.names = match &split.raw {
+                Some(raw) => raw.iter().chain([&BIAS_ID]).map(u64::to_string).collect(),
+                None => (0..split.dims).map(|k| k.to_string()).chain([BIAS_NAME.to_string()]).collect(),
+            };
+        }
         if let Some(path) = &self.plan {
             let plan = ferry::copartition::Plan::read(path)?;
             plan.check(&split.incidence()?, plan.nodes()).with_context(|| format!("--plan {}", path.display()))?;
@@ -505,6 +521,21 @@ impl LrArgs {
     /// How --place-arrivals co-partitions (for the cluster's --nodes).
     fn arrival_options(&self) -> ferry::copartition::Options {
         ferry::copartition::Options { batch: self.batch, seed: self.common.seed, ..ferry::copartition::Options::new(self.common.nodes) }
+    }
+
+    /// The model as saved: a weight per feature key, then the bias's (`names`).
+    fn description<'a>(&self, split: &'a Split) -> Description<'a> {
+        let meta = serde_json::json!({
+            "data": self.data,
+            "ids": self.ids,
+            "hash_bits": self.hash_bits,
+            "hash_buckets": self.hash_buckets,
+            "hash_signed": self.hash_signed,
+            "seed": self.common.seed,
+            "bias_id": split.names.last(),
+            "layout": "one weight per feature id; p(label 1) = sigmoid(weight of bias_id + sum of value x weight over the example's features)",
+        });
+        Description { task: "lr", meta, tables: vec![Described { name: "weights", source: 0, cols: 1, ids: &split.names }] }
     }
 
     /// Whether the worker adds the L2 penalty's gradient (AdaGrad) or the updater applies it.
@@ -825,18 +856,33 @@ impl Workload for LrArgs {
         true
     }
 
-    fn evaluate(&self, split: &Split, _: usize, model: &mut ModelReader<'_>, sums: &Fields, _: Measured, _: &(dyn Fn(Event) + Sync)) -> Result<Quality> {
-        let weights = match &split.raw {
+    fn describe<'a>(&self, split: &'a Split) -> Option<Description<'a>> {
+        Some(self.description(split))
+    }
+
+    fn evaluate(&self, split: &Split, epoch: usize, model: &mut ModelReader<'_>, sums: &Fields, _: Measured, _: &(dyn Fn(Event) + Sync)) -> Result<Quality> {
+        let (values, held) = match &split.raw {
             // In a cluster, every feature's weight by its raw id, then the bias's: read without
-            // creating them. (`single` stores them densely.)
-            Some(raw) => match model.rows(0, &raw.iter().copied().chain([BIAS_ID]).collect::<Vec<_>>())? {
-                Some(rows) => rows,
-                None => model.all(0)?,
+            // creating them, with which ids the table holds. (`single` stores them densely.)
+            Some(raw) => match model.held_rows(0, &raw.iter().copied().chain([BIAS_ID]).collect::<Vec<_>>())? {
+                Some((rows, held)) => (rows, Some(held)),
+                None => (model.all(0)?, None),
             },
-            None => model.all(0)?,
+            None => (model.all(0)?, None),
         };
-        let value_len = weights.len() / (split.dims as usize + 1);
-        let mut quality = evaluate(&leading_columns(&weights, value_len, 1), &split.test);
+        let value_len = values.len() / (split.dims as usize + 1);
+        let weights = leading_columns(&values, value_len, 1);
+        if self.common.save_now(epoch) {
+            let d = self.description(split);
+            let mut saved = SavedTable { name: "weights".into(), cols: 1, data: weights.clone(), ids: split.names.clone() };
+            if let Some(held) = &held {
+                // The ids the table holds only (evicted or never admitted ones are not in it).
+                let rows = held.iter().enumerate().filter(|(_, h)| **h).map(|(i, _)| i);
+                (saved.data, saved.ids) = rows.map(|i| (weights[i], split.names[i].clone())).unzip();
+            }
+            self.common.save_model(&d, epoch, &[saved])?;
+        }
+        let mut quality = evaluate(&weights, &split.test);
         if sums[field::FILTER_OFFERED] > 0.0 {
             quality.insert("filtered".into(), format!("{:.1}% held", 100.0 * sums[field::FILTER_HELD] as f64 / sums[field::FILTER_OFFERED] as f64).into());
         }

@@ -45,7 +45,7 @@ impl SavedTable {
 /// A saved model.
 #[derive(Debug, Clone)]
 pub struct Model {
-    /// `mf`, `kge` or `w2v`.
+    /// `mf`, `kge`, `w2v` or `lr`.
     pub task: String,
     /// The task's settings and scalars (e.g. MF's global mean).
     pub meta: Value,
@@ -256,14 +256,18 @@ pub fn load(dir: &Path) -> Result<Model> {
     let mut tables = Vec::new();
     for entry in description["tables"].as_array().with_context(|| format!("{} lists no tables", path.display()))? {
         let name = entry["name"].as_str().with_context(|| format!("{}: a table without a name", path.display()))?.to_string();
-        let (rows, cols, data) = match &checkpoint {
+        let (rows, cols, data, ids) = match &checkpoint {
             Some(values) => super::checkpoint_model::table(dir, entry, values)?,
             None => {
                 let npy = dir.join(format!("{name}.npy"));
-                read_npy(&read_checked(dir, &format!("{name}.npy"), files)?).with_context(|| npy.display().to_string())?
+                let (rows, cols, data) = read_npy(&read_checked(dir, &format!("{name}.npy"), files)?).with_context(|| npy.display().to_string())?;
+                (rows, cols, data, None)
             }
         };
-        let ids = read_ids(dir, &name, rows, files)?;
+        let ids = match ids {
+            Some(ids) => ids,
+            None => read_ids(dir, &name, rows, files)?,
+        };
         tables.push(SavedTable { name, cols, data, ids });
     }
     Ok(Model {

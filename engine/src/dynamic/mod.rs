@@ -248,6 +248,9 @@ pub(crate) enum Intent {
     Write = 1,
     /// A set: creates the id whatever the filter says (its value is given).
     Force = 2,
+    /// A read of what the table holds ([`crate::Worker::pull_held`]): creates nothing, under
+    /// any admission.
+    Peek = 3,
 }
 
 impl Intent {
@@ -257,6 +260,7 @@ impl Intent {
             0 => Some(Intent::Read),
             1 => Some(Intent::Write),
             2 => Some(Intent::Force),
+            3 => Some(Intent::Peek),
             _ => None,
         }
     }
@@ -616,6 +620,7 @@ impl IdIndex {
                 return Ok(Assigned::Key(offered.key));
             }
             let admitted = match (intent, admission) {
+                (Intent::Peek, _) => false,
                 (Intent::Force, _) | (_, Admission::All) => true,
                 (Intent::Read, _) => false,
                 (Intent::Write, Admission::Count { pushes }) => home.sketch.as_mut().is_none_or(|s| s.add(id) >= pushes),

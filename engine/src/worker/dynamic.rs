@@ -147,6 +147,25 @@ impl Worker {
         outcome
     }
 
+    /// [`Worker::pull_held`] of a dynamic table: the homes are asked without creating
+    /// anything ([`Intent::Peek`]).
+    pub(super) fn dynamic_pull_held(&mut self, table: Table, ids: &[u64], out: &mut [f32]) -> Result<Vec<bool>> {
+        self.pinned(|w| {
+            let (keys, absent) = w.translate(table, ids, Intent::Peek)?;
+            let mut held = vec![true; ids.len()];
+            for &i in &absent {
+                held[i] = false;
+            }
+            let outcome = if absent.is_empty() {
+                w.pull(table.slot_keys(), &keys, out)
+            } else {
+                w.on_admitted(table, ids, &keys, &absent, &[], Some(out), Box::new(|w, t, k, _, out| w.pull(t, k, out.unwrap_or_default())))
+            };
+            w.hashed_keys = keys;
+            outcome.map(|()| held)
+        })
+    }
+
     /// The slot key of each of `ids` (0 for an id without one), learnt from its home with
     /// `intent` where this node does not know it, and the positions of the ids without one
     /// (not admitted yet). The keys are the worker's buffer: the caller puts it back.

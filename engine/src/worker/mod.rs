@@ -668,6 +668,21 @@ impl Worker {
         self.backed_up()
     }
 
+    /// Reads the rows of those of `ids` that table `table` holds into `out` (`ids.len() ×
+    /// value_len` floats) and says which it holds, creating none: the rows of the others take
+    /// their initial values. On a dynamic table this is how its contents are read (to save a
+    /// model, say) where a pull would create the ids it reads under `Admission::All`; an id
+    /// offered in an eviction round under way is read and kept, as by any read. Every key of
+    /// another table is held.
+    pub fn pull_held(&mut self, table: Table, ids: &[u64], out: &mut [f32]) -> Result<Vec<bool>> {
+        if table.dynamic {
+            self.validate(table, ids, out.len(), "pull output")?;
+            return self.dynamic_pull_held(table, ids, out);
+        }
+        self.pull(table, ids, out)?;
+        Ok(vec![true; ids.len()])
+    }
+
     /// Reads `keys` into `out` only if all of them are held by this node; returns whether it
     /// did. Never touches the network.
     pub fn pull_if_local(&mut self, table: Table, keys: &[u64], out: &mut [f32]) -> Result<bool> {

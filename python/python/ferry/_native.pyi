@@ -168,6 +168,10 @@ class Worker:
         """The values of `keys` as a new array of shape `(len(keys), value_len)`; with `out` (an
         array or CPU tensor of `len(keys) × value_len` floats), written into it and `out`
         returned."""
+    def pull_held(self, table: str, keys: Keys) -> Tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]:
+        """`(values, held)`: the values of those of `keys` the table holds (the others' rows at
+        their initial values) and which it holds. Creates no key of a dynamic table, whatever
+        its admission."""
     def pull_into(self, table: str, keys: Keys, out: Values) -> None:
         """Writes the values of `keys` into `out`, a C-contiguous array of
         `len(keys) × value_len` elements, without an intermediate copy."""
