@@ -35,7 +35,7 @@ fn unused_ids_outlive_their_time_to_live_and_read_as_new() {
         let handles: Vec<_> = cluster
             .iter()
             .map(|node| {
-                let (cold, hot) = (&cold, &hot);
+                let (cold, hot, initial) = (&cold, &hot, &initial);
                 s.spawn(move || {
                     let mut w = node.worker();
                     let t = node.table("emb").unwrap();
@@ -48,6 +48,16 @@ fn unused_ids_outlive_their_time_to_live_and_read_as_new() {
                     while began.elapsed() < Duration::from_millis(2_500) {
                         w.push(t, hot, &vec![1.0; hot.len() * LEN]).unwrap();
                         pushes += 1;
+                        // Reading what the table holds is no use: the cold ids still go.
+                        if pushes.is_multiple_of(20) {
+                            let mut rows = vec![0.0; cold.len() * LEN];
+                            let held = w.pull_held(t, cold, &mut rows).unwrap();
+                            for (i, row) in rows.chunks_exact(LEN).enumerate() {
+                                // Held: the initial value and both nodes' pushes of 1, added in turn.
+                                let expected: Vec<f32> = initial(cold[i]).iter().map(|&v| if held[i] { v + 1.0 + 1.0 } else { v }).collect();
+                                assert_eq!(row, &expected[..], "cold id {} (held: {})", cold[i], held[i]);
+                            }
+                        }
                         std::thread::sleep(Duration::from_millis(5));
                     }
                     w.barrier().unwrap();

@@ -623,12 +623,32 @@ fn logistic_regression_learns_with_every_toolbox_option() {
     assert!(auc(&quarter[3]) > 0.6, "a quarter of the ids: AUC {}", auc(&quarter[3]));
     let held = quarter[3]["quality"]["nonzero"].as_u64().unwrap();
     assert!((20..=126).contains(&held), "{held} weights held in room for a quarter of 501 ids");
+    // A stream (each epoch trains on a new quarter of the examples, once): it learns, every
+    // epoch sends about what the first did (a growing prefix sends four times as much by the
+    // fourth), and room for a quarter of the ids holds at most that many all along (this data's
+    // features are all equally frequent, so a quarter of them learns little: 0.59).
+    let arrivals = ["--mode", "classic", "--ids", "raw", "--arrivals", "4"];
+    let stream = train(&[&base[..], &arrivals[..], &["--stream"]].concat());
+    let prefix = train(&[&base[..], &arrivals[..]].concat());
+    let bytes = |r: &Value| f(&r["bytes"]);
+    assert!(bytes(&stream[3]) < 1.5 * bytes(&stream[0]) && bytes(&prefix[3]) > 2.5 * bytes(&prefix[0]), "stream {stream:?}, prefix {prefix:?}");
+    assert!(auc(&stream[3]) > 0.7, "a stream: AUC {}", auc(&stream[3]));
+    let quarter_stream = train(&[&base[..], &arrivals[..], &["--stream", "--capacity-share", "0.25"]].concat());
+    assert!(auc(&quarter_stream[3]) > 0.55, "a stream in room for a quarter: AUC {}", auc(&quarter_stream[3]));
+    for r in &quarter_stream {
+        let held = r["quality"]["ids_held"].as_u64().unwrap();
+        assert!((20..=126).contains(&held), "epoch {}: {held} ids held in room for a quarter", r["epoch"]);
+    }
     // Bad options are refused before anything starts.
     for bad in [
         &["--ids", "raw", "--hash-buckets", "64"][..],
         &["--ids", "raw", "--mode", "intent"],
         &["--ids", "raw", "--admission", "sometimes"],
         &["--ids", "raw", "--capacity-share", "0"],
+        &["--ids", "raw", "--arrivals", "4", "--place-arrivals"],
+        &["--arrivals", "4", "--stream", "--epochs", "5"],
+        &["--arrivals", "4", "--stream", "--mode", "single"],
+        &["--stream"],
         &["--ids", "cooked"],
         &["--optimizer", "sgd"],
         &["--codec", "fp8"],

@@ -126,6 +126,10 @@ pub struct LrArgs {
     /// round robin to the workers (see --place-arrivals). `single` trains on all of them.
     #[arg(long, default_value_t = 1)]
     pub arrivals: usize,
+    /// With --arrivals: a one-pass stream: each epoch trains on the part that arrives at its
+    /// start only, never again on earlier parts (at most --arrivals epochs; cluster modes).
+    #[arg(long, requires = "arrivals")]
+    pub stream: bool,
     /// With --arrivals: co-partition as the examples arrive (Duan and Wu 4.2): the weights are
     /// placed by a plan of the first part, and each arrival's examples go to the nodes that
     /// hold their keys. Every node computes the same from the same data.
@@ -305,6 +309,9 @@ impl super::Task for LrArgs {
         if self.place_arrivals {
             args.push("--place-arrivals".into());
         }
+        if self.stream {
+            args.push("--stream".into());
+        }
         if self.reallocate {
             args.extend(["--reallocate".into(), "--move-cost".into(), self.move_cost.to_string()]);
         }
@@ -355,8 +362,8 @@ impl LrArgs {
                 if self.hash_bits.is_some() || self.hash_buckets.is_some() {
                     bail!("--ids raw keys the weights by the features' raw ids: it takes no --hash-bits or --hash-buckets");
                 }
-                if self.plan.is_some() || self.arrivals > 1 {
-                    bail!("--ids raw takes no --plan or --arrivals (a plan homes dense keys)");
+                if self.plan.is_some() || self.place_arrivals {
+                    bail!("--ids raw takes no --plan or --place-arrivals (a plan homes dense keys)");
                 }
                 if self.common.modes().any(|m| matches!(m, Mode::Hybrid | Mode::Intent)) {
                     bail!(
@@ -376,6 +383,12 @@ impl LrArgs {
         }
         if self.arrivals > 1 && self.common.modes().any(|m| m == Mode::Intent) {
             bail!("--arrivals takes the classic and localize modes (intent declares an epoch's batches before it starts)");
+        }
+        if self.stream && (self.arrivals < 2 || self.common.epochs > self.arrivals) {
+            bail!("--stream trains each part once: it needs --arrivals of at least 2 and at most that many --epochs");
+        }
+        if self.stream && self.common.modes().any(|m| m == Mode::Single) {
+            bail!("--stream runs the cluster modes classic and localize (single trains on every part that arrived)");
         }
         if self.arrivals > 1 && self.common.resume.is_some() {
             bail!("--arrivals does not resume: the arrivals' placement is not in a checkpoint");
@@ -815,6 +828,7 @@ impl Workload for LrArgs {
         let arrivals = (self.arrivals > 1).then(|| {
             let move_cost = self.reallocate.then_some(self.move_cost);
             super::arrivals::Arrivals::new(self.arrivals, split.train.len(), split.arrival_plan.as_ref(), self.arrival_options(), move_cost)
+                .streamed(self.stream)
         });
         let mine: Vec<usize> = match (&split.plan, &arrivals) {
             // The node's examples from the plan, dealt to its threads.
@@ -883,6 +897,10 @@ impl Workload for LrArgs {
             self.common.save_model(&d, epoch, &[saved])?;
         }
         let mut quality = evaluate(&weights, &split.test);
+        if let Some(held) = &held {
+            // The ids the dynamic table holds (the model's size, whatever their weights).
+            quality.insert("ids_held".into(), held.iter().filter(|h| **h).count().into());
+        }
         if sums[field::FILTER_OFFERED] > 0.0 {
             quality.insert("filtered".into(), format!("{:.1}% held", 100.0 * sums[field::FILTER_HELD] as f64 / sums[field::FILTER_OFFERED] as f64).into());
         }

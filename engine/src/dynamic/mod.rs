@@ -248,8 +248,9 @@ pub(crate) enum Intent {
     Write = 1,
     /// A set: creates the id whatever the filter says (its value is given).
     Force = 2,
-    /// A read of what the table holds ([`crate::Worker::pull_held`]): creates nothing, under
-    /// any admission.
+    /// A read of what the table holds ([`crate::Worker::pull_held`]): creates nothing under
+    /// any admission, is no use of the ids for eviction, and rescues no id an eviction round
+    /// offers (it reads as not held).
     Peek = 3,
 }
 
@@ -560,9 +561,10 @@ impl IdIndex {
     }
 
     /// The slot keys of `ids` into `keys` (one each; 0 for an id not known here, whose
-    /// position goes into `missing`). A large batch takes every shard's read latch once rather
-    /// than one per id.
-    pub fn lookup_many(&self, ids: &[u64], keys: &mut Vec<u64>, missing: &mut Vec<usize>) {
+    /// position goes into `missing`), each marked used unless `intent` is a peek. A large
+    /// batch takes every shard's read latch once rather than one per id.
+    pub fn lookup_many(&self, ids: &[u64], intent: Intent, keys: &mut Vec<u64>, missing: &mut Vec<usize>) {
+        let count = self.marks && intent != Intent::Peek;
         let mut note = |i: usize, found: Option<u64>| match found {
             Some(key) => keys.push(key),
             None => {
@@ -572,21 +574,21 @@ impl IdIndex {
         };
         if ids.len() < 2 * INDEX_SHARDS {
             for (i, &id) in ids.iter().enumerate() {
-                note(i, self.lookup(id));
+                note(i, self.shard(id).read().get(&id).map(|e| touch(e, count)));
             }
             return;
         }
         let shards: [_; INDEX_SHARDS] = std::array::from_fn(|s| self.shards[s].read());
         for (i, &id) in ids.iter().enumerate() {
-            note(i, shards[Self::shard_index(id)].get(&id).map(|e| touch(e, self.marks)));
+            note(i, shards[Self::shard_index(id)].get(&id).map(|e| touch(e, count)));
         }
     }
 
-    /// Remembers the slot keys of ids (`(id, key)`: answers of their home). A large batch takes
-    /// every shard's write latch once rather than one per id.
-    pub fn learn_many(&self, pairs: &[(u64, u64)]) {
-        // Learnt for a call that uses it: one use.
-        let used = if self.marks { COUNT_ONE } else { 0 };
+    /// Remembers the slot keys of ids (`(id, key)`: answers of their home to an ask with
+    /// `intent`). A large batch takes every shard's write latch once rather than one per id.
+    pub fn learn_many(&self, pairs: &[(u64, u64)], intent: Intent) {
+        // Learnt for a call that uses it: one use (a peek is none).
+        let used = if self.marks && intent != Intent::Peek { COUNT_ONE } else { 0 };
         if pairs.len() < 2 * INDEX_SHARDS {
             for &(id, key) in pairs {
                 self.shard(id).write().insert(id, AtomicU64::new(key | used));
@@ -612,7 +614,12 @@ impl IdIndex {
         let (capacity, first, admission, evicts) = (self.spec.capacity, self.first, self.spec.admission, self.marks);
         let mut one = |map: &mut IdMap, id: u64, home: &mut HomeState| -> Result<Assigned> {
             if let Some(entry) = map.get(&id) {
-                return Ok(Assigned::Key(touch(entry, evicts)));
+                return Ok(Assigned::Key(touch(entry, evicts && intent != Intent::Peek)));
+            }
+            if intent == Intent::Peek {
+                // Not held, or offered in a round under way: a peek neither uses nor rescues it
+                // (nor could the asker learn a slot key the round may free).
+                return Ok(Assigned::NotAdmitted);
             }
             if let Some(offered) = home.offered.get_mut(&id) {
                 offered.rescued = true;

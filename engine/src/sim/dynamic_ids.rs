@@ -140,7 +140,7 @@ impl Sim {
                 // As the runtime's worker: what the homes said goes into the node's index.
                 let learnt: Vec<(u64, u64)> = pairs.into_iter().filter(|&(_, key)| key != assign::NOT_ADMITTED).collect();
                 if let Some(index) = self.nodes[node].core.id_index(TABLE) {
-                    index.learn_many(&learnt);
+                    index.learn_many(&learnt, Intent::Write);
                 }
                 self.workers[w].holding.get_or_insert_with(Vec::new).extend(learnt);
             }

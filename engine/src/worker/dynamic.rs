@@ -177,7 +177,7 @@ impl Worker {
         let mut keys = std::mem::take(&mut self.hashed_keys);
         keys.clear();
         let mut missing = Vec::new();
-        index.lookup_many(ids, &mut keys, &mut missing);
+        index.lookup_many(ids, intent, &mut keys, &mut missing);
         let mut not_admitted = Vec::new();
         match self.assign_missing(table, index, ids, &missing, intent) {
             Ok(learnt) => {
@@ -284,7 +284,7 @@ impl Worker {
                     }
                 }
             }
-            index.learn_many(&answered);
+            index.learn_many(&answered, intent);
         }
         outcome.map(|()| learnt)
     }
