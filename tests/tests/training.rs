@@ -70,6 +70,45 @@ fn matrix_factorization_learns_and_modes_agree() {
     assert!(modes["classic"].iter().all(|r| r["relocations"].as_u64().unwrap() == 0));
 }
 
+/// `train mf --ids raw`: users and items keyed by their ids in the file, in dynamic tables —
+/// the same RMSE as the dense model, localize keeping every access local; names that are not
+/// numbers key the tables by their hash, and a saved model names its rows as the file does.
+#[test]
+fn matrix_factorization_keys_raw_user_and_item_ids() {
+    let base = ["mf", "--rank", "5", "--lr", "0.02", "--reg", "0.02", "--epochs", "4", "--nodes", "2"];
+    let modes = by_mode(&train(&[&base[..], &["--data", "synth-tiny", "--mode", "single,classic,localize", "--ids", "raw"]].concat()));
+    let rmse = |m: &str| f(&modes[m][3]["quality"]["rmse"]);
+    for mode in ["classic", "localize"] {
+        // The dynamic tables start from a hash of each id (bias included), not as the dense ones.
+        assert!((0.97..1.03).contains(&(rmse(mode) / rmse("single"))), "{mode}: RMSE {} vs single {}", rmse(mode), rmse("single"));
+    }
+    assert!(modes["localize"].iter().all(|r| f(&r["local_share"]) >= 0.99), "localize keeps raw ids local");
+    // Named users and items (strings, hashed into ids), saved and exported by name.
+    let dir = std::env::temp_dir().join(format!("ferry-mf-raw-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut csv = String::new();
+    for u in 0..60 {
+        for i in 0..12 {
+            if (u * 7 + i * 3) % 5 != 0 {
+                csv.push_str(&format!("user-{u},film {i},{}\n", 1 + (u + i) % 5));
+            }
+        }
+    }
+    std::fs::write(dir.join("ratings.csv"), csv).unwrap();
+    let (data, model) = (dir.join("ratings.csv"), dir.join("model"));
+    train(&[&base[..], &["--data", data.to_str().unwrap(), "--mode", "localize", "--ids", "raw", "--save", model.to_str().unwrap()]].concat());
+    let users = std::fs::read_to_string(model.join("users.tsv")).unwrap();
+    let items = std::fs::read_to_string(model.join("items.tsv")).unwrap();
+    assert_eq!(users.lines().count(), 60, "every user held");
+    assert!(users.lines().all(|l| l.starts_with("user-")) && items.lines().all(|l| l.starts_with("film ")), "rows named as the file names them");
+    std::fs::remove_dir_all(&dir).unwrap();
+    for bad in [&["--ids", "raw", "--mode", "intent"][..], &["--ids", "raw", "--mode", "hybrid"], &["--ids", "cooked", "--mode", "single"]] {
+        let out = Command::new(binary("ferry")).args(["train", "mf", "--data", "synth-tiny"]).args(bad).output().unwrap();
+        assert!(!out.status.success(), "{bad:?} was accepted");
+    }
+}
+
 #[test]
 fn knowledge_graph_embeddings_learn_and_modes_agree() {
     let reports = train(&["kge", "--data", "synth-kg", "--dim", "16", "--mode", "all", "--epochs", "20", "--eval-every", "20", "--nodes", "2"]);

@@ -62,6 +62,13 @@ pub struct MfArgs {
     /// its next this many clocks).
     #[arg(long, default_value_t = 16)]
     pub intent_clocks: u64,
+    /// How users and items key the tables in cluster modes: `dense` (numbered in order of
+    /// first appearance, tables of that many keys) or `raw` (their ids in the file — a number
+    /// as it is, any other name by its 64-bit hash — key two dynamic tables, each id created at
+    /// its first push: docs/DYNAMIC.md; modes classic and localize). `single` stores the same
+    /// model densely.
+    #[arg(long, default_value = "dense")]
+    pub ids: String,
     /// Own data files.
     #[command(flatten)]
     pub files: DataFiles,
@@ -178,6 +185,8 @@ impl super::Task for MfArgs {
             self.straggle_ms.to_string(),
             "--intent-clocks".into(),
             self.intent_clocks.to_string(),
+            "--ids".into(),
+            self.ids.clone(),
         ]
         .into_iter()
         .chain(self.max_delay.iter().flat_map(|d| ["--max-delay".to_string(), d.clone()]))
@@ -210,7 +219,35 @@ impl MfArgs {
         if !(self.test_share > 0.0 && self.test_share < 1.0) {
             bail!("--test-share must be between 0 and 1, not {}", self.test_share);
         }
+        match self.ids.as_str() {
+            "dense" => {}
+            "raw" if self.common.modes().any(|m| matches!(m, Mode::Hybrid | Mode::Intent)) => {
+                bail!("--ids raw runs the single, classic and localize modes (a dynamic table is not replicated, and intent with raw ids is not wired up)")
+            }
+            "raw" => {}
+            other => bail!("--ids {other}: expected dense or raw"),
+        }
         Ok(())
+    }
+
+    /// With --ids raw: the raw id of each user and each item index (a name that is a number is
+    /// that number, any other its `ferry::feature_id` hash), refused if two names come to the
+    /// same id.
+    fn raw_ids(&self, train: &Ratings) -> Result<Option<[Vec<u64>; 2]>> {
+        if self.ids != "raw" {
+            return Ok(None);
+        }
+        let ids = |names: &[String], what: &str| -> Result<Vec<u64>> {
+            let ids: Vec<u64> = names.iter().map(|n| n.parse::<u64>().unwrap_or_else(|_| ferry::feature_id(n))).collect();
+            let mut seen = std::collections::HashMap::with_capacity(ids.len());
+            for (id, name) in ids.iter().zip(names) {
+                if let Some(other) = seen.insert(*id, name) {
+                    bail!("--ids raw: {what} '{other}' and '{name}' have the same id {id}");
+                }
+            }
+            Ok(ids)
+        };
+        Ok(Some([ids(&train.user_names, "users")?, ids(&train.item_names, "items")?]))
     }
 
     /// The training and test ratings (identical in every process).
@@ -379,6 +416,45 @@ impl Batcher {
     }
 }
 
+/// A cluster thread's parameters: with --ids raw, the trainer's user and item numbers become
+/// their raw ids on the way to the dynamic tables.
+struct Keyed<'k, 'p> {
+    pass: &'k mut Pass<'p>,
+    raw: Option<&'k [Vec<u64>; 2]>,
+    buf: &'k mut Vec<u64>,
+}
+
+impl Keyed<'_, '_> {
+    /// The table keys of `keys` of table `t`: themselves, or their raw ids in the buffer.
+    fn keys<'s>(buf: &'s mut Vec<u64>, raw: Option<&[Vec<u64>; 2]>, t: usize, keys: &'s [u64]) -> &'s [u64] {
+        match raw {
+            None => keys,
+            Some(raw) => {
+                buf.clear();
+                buf.extend(keys.iter().map(|&k| raw[t][k as usize]));
+                buf
+            }
+        }
+    }
+}
+
+impl Params for Keyed<'_, '_> {
+    fn pull(&mut self, t: usize, keys: &[u64], out: &mut [f32]) -> Result<()> {
+        let keys = Keyed::keys(self.buf, self.raw, t, keys);
+        self.pass.pull(t, keys, out)
+    }
+
+    fn push(&mut self, t: usize, keys: &[u64], delta: &[f32]) -> Result<()> {
+        let keys = Keyed::keys(self.buf, self.raw, t, keys);
+        self.pass.push(t, keys, delta)
+    }
+}
+
+/// The key of user or item number `k` in table `t`: itself, or with --ids raw its raw id.
+fn table_key(raw: Option<&[Vec<u64>; 2]>, t: usize, k: u64) -> u64 {
+    raw.map_or(k, |raw| raw[t][k as usize])
+}
+
 impl Params for Pass<'_> {
     fn pull(&mut self, t: usize, keys: &[u64], out: &mut [f32]) -> Result<()> {
         Pass::pull(self, t, keys, out)
@@ -437,6 +513,8 @@ pub struct RatingsData {
     train: Ratings,
     test: Ratings,
     mu: f32,
+    /// With --ids raw: the raw id of each user index and of each item index.
+    raw: Option<[Vec<u64>; 2]>,
 }
 
 impl MfArgs {
@@ -460,7 +538,8 @@ impl Workload for MfArgs {
     fn load(&self) -> Result<RatingsData> {
         let (train, test) = MfArgs::load(self)?;
         let mu = train.mean();
-        Ok(RatingsData { train, test, mu })
+        let raw = self.raw_ids(&train)?;
+        Ok(RatingsData { train, test, mu, raw })
     }
 
     fn model(&self, data: &RatingsData, mode: Mode) -> Result<Model> {
@@ -484,6 +563,21 @@ impl Workload for MfArgs {
         }
         if let Some(tau) = max_delay {
             notes.push(format!("bounded delay: τ = {}, {} clocks per epoch", tau.map_or("∞".to_string(), |t| t.to_string()), self.clocks_per_epoch));
+        }
+        if data.raw.is_some() && mode != Mode::Single {
+            // Dynamic tables with room for twice each node's share of the ids (homes by a hash
+            // differ by about the square root), each id created when first touched: localize
+            // mode's first localize of a node's users creates them there, as the dense tables
+            // hold every user and item from the start. Every element starts uniform in ±0.1
+            // from a hash of the id (the bias too: a dynamic table's rule is one for the row).
+            let nodes = self.common.nodes.max(1) as u64;
+            let dynamic = |name: &str, n: u32, table: u64| -> Result<ModelTable> {
+                let spec = TableSpec::dynamic(name, len, (2 * u64::from(n)).div_ceil(nodes).max(64))
+                    .initialised(ferry::dynamic::Init::Uniform { scale: 0.1, seed: seed ^ table });
+                Ok(ModelTable::zeros(self.common.on_the_wire(spec)?.partitioned(ferry::Partitioning::Range)))
+            };
+            notes.push(format!("raw ids: {} users and {} items in two dynamic tables", train.n_users, train.n_items));
+            return Ok(Model { tables: vec![dynamic("users", train.n_users, 0)?, dynamic("items", train.n_items, 1)?], notes });
         }
         let tables = vec![
             ModelTable::init(self.common.on_the_wire(TableSpec::new("users", train.n_users as u64, len))?, move |k, j| factor_init(seed, 0, k, j)),
@@ -509,7 +603,7 @@ impl Workload for MfArgs {
             // in its cell of each column block in turn.
             let cells = cells(train, 0..train.n_users as usize, pass.threads, pass.thread, pass.threads);
             let test = (pass.thread..data.test.len()).step_by(pass.threads).map(|i| i as u32).collect();
-            return Ok(Box::new(MfTrainer { a: self, data, cells, batcher, rng: None, test, node: None }));
+            return Ok(Box::new(MfTrainer { a: self, data, cells, batcher, raw: None, raw_keys: Vec::new(), rng: None, test, node: None }));
         }
         let (rank, nodes, t, threads) = (pass.rank, pass.nodes, pass.thread, pass.threads);
         let my_rows = part(train.n_users as usize, nodes, rank);
@@ -528,7 +622,7 @@ impl Workload for MfArgs {
         let (w, tables) = pass.node().expect("a cluster's pass has a worker");
         if localize && t == 0 {
             // Data clustering: this node's rows stay here for the whole run.
-            let rows: Vec<u64> = my_rows.map(|u| u as u64).collect();
+            let rows: Vec<u64> = my_rows.map(|u| table_key(data.raw.as_ref(), 0, u as u64)).collect();
             w.localize(tables[0], &rows)?;
         }
         if intent {
@@ -542,7 +636,7 @@ impl Workload for MfArgs {
         }
         let rng = ChaCha8Rng::seed_from_u64(self.common.seed ^ ((rank as u64) << 40) ^ t as u64);
         let node = NodeSchedule { localize, intent, max_delay: self.max_delay(pass.mode)?.is_some(), my_items };
-        Ok(Box::new(MfTrainer { a: self, data, cells, batcher, rng: Some(rng), test, node: Some(node) }))
+        Ok(Box::new(MfTrainer { a: self, data, cells, batcher, raw: data.raw.as_ref(), raw_keys: Vec::new(), rng: Some(rng), test, node: Some(node) }))
     }
 
     fn reads_model(&self, epoch: usize) -> bool {
@@ -563,8 +657,8 @@ impl Workload for MfArgs {
         _: &(dyn Fn(Event) + Sync),
     ) -> Result<Quality> {
         if self.common.save_now(epoch) {
-            let (d, len) = (self.description(data), self.rank + 1);
-            let tables = [d.saved(0, &model.all(0)?, len), d.saved(1, &model.all(1)?, len)];
+            let d = self.description(data);
+            let tables = [saved_table(&d, data, model, 0, self.rank + 1)?, saved_table(&d, data, model, 1, self.rank + 1)?];
             self.common.save_model(&d, epoch, &tables)?;
         }
         let mut quality = Quality::new();
@@ -573,6 +667,21 @@ impl Workload for MfArgs {
         quality.insert("mae".into(), (sums[field::TEST_AE] as f64 / count).into());
         Ok(quality)
     }
+}
+
+/// Table `t` of the model as saved (`len` values per key): every key's row, or with --ids raw
+/// in a cluster the rows of the ids the dynamic table holds (read without creating any).
+fn saved_table(d: &Description<'_>, data: &RatingsData, model: &mut ModelReader<'_>, t: usize, len: usize) -> Result<super::model::SavedTable> {
+    if let Some(raw) = &data.raw
+        && let Some((values, held)) = model.held_rows(t, &raw[t])?
+    {
+        let described = &d.tables[t];
+        let rows: Vec<usize> = (0..held.len()).filter(|&i| held[i]).collect();
+        let data = rows.iter().flat_map(|&i| values[i * len..i * len + described.cols].iter().copied()).collect();
+        let ids = rows.iter().map(|&i| described.ids[i].clone()).collect();
+        return Ok(super::model::SavedTable { name: described.name.to_string(), cols: described.cols, data, ids });
+    }
+    Ok(d.saved(t, &model.all(t)?, len))
 }
 
 /// What a cluster thread does besides the blocks' SGD.
@@ -592,6 +701,10 @@ struct MfTrainer<'a> {
     /// Per column block: this thread's ratings in it.
     cells: Vec<Vec<Rating>>,
     batcher: Batcher,
+    /// With --ids raw in a cluster: the raw id of each user and item number, and a buffer of
+    /// a call's raw ids.
+    raw: Option<&'a [Vec<u64>; 2]>,
+    raw_keys: Vec<u64>,
     /// A cluster thread's generator, kept across epochs (`single` draws one per epoch).
     rng: Option<ChaCha8Rng>,
     /// This thread's share of the test ratings.
@@ -644,7 +757,7 @@ impl MfTrainer<'_> {
                 }
                 let share = &order[c * order.len() / clocks..(c + 1) * order.len() / clocks];
                 for batch in share.chunks(a.batch.max(1)) {
-                    loss += self.batcher.run(batch, len, mu, a.lr, a.reg, pass)?;
+                    loss += self.batcher.run(batch, len, mu, a.lr, a.reg, &mut Keyed { pass, raw: self.raw, buf: &mut self.raw_keys })?;
                     n += batch.len();
                 }
                 pass.progress(epoch, (c + 1) as f64 / clocks as f64);
@@ -655,7 +768,7 @@ impl MfTrainer<'_> {
         for sub in 0..nodes {
             let block = (rank + sub) % nodes;
             if localize && t == 0 {
-                let keys = column_block_items(self.data.train.n_items, nodes, block);
+                let keys: Vec<u64> = column_block_items(self.data.train.n_items, nodes, block).into_iter().map(|i| table_key(self.raw, 1, i)).collect();
                 let (w, tables) = pass.node().expect("a cluster's pass has a worker");
                 w.localize(tables[1], &keys)?;
             }
@@ -674,7 +787,7 @@ impl MfTrainer<'_> {
             for c in 0..clocks {
                 let share = &order[c * order.len() / clocks..(c + 1) * order.len() / clocks];
                 for (x, batch) in share.chunks(a.batch.max(1)).enumerate() {
-                    loss += self.batcher.run(batch, len, mu, a.lr, a.reg, pass)?;
+                    loss += self.batcher.run(batch, len, mu, a.lr, a.reg, &mut Keyed { pass, raw: self.raw, buf: &mut self.raw_keys })?;
                     n += batch.len();
                     if x.is_multiple_of(64) {
                         let done = (c * order.len() / clocks + x * a.batch) as f64 / order.len().max(1) as f64;
@@ -723,8 +836,9 @@ impl Trainer for MfTrainer<'_> {
             let us: Vec<u64> = chunk.iter().map(|&i| test.users[i as usize] as u64).collect();
             let is: Vec<u64> = chunk.iter().map(|&i| test.items[i as usize] as u64).collect();
             let (mut pu, mut qi) = (vec![0.0; us.len() * len], vec![0.0; is.len() * len]);
-            pass.pull(0, &us, &mut pu)?;
-            pass.pull(1, &is, &mut qi)?;
+            let mut params = Keyed { pass, raw: self.raw, buf: &mut self.raw_keys };
+            params.pull(0, &us, &mut pu)?;
+            params.pull(1, &is, &mut qi)?;
             for (j, &i) in chunk.iter().enumerate() {
                 let e = (test.values[i as usize] - predict(mu, &pu[j * len..(j + 1) * len], &qi[j * len..(j + 1) * len])) as f64;
                 sse += e * e;
