@@ -266,6 +266,14 @@ pub(crate) struct Cut {
     /// Ranks gone from the cluster at the cut (lost, their keys failed over, or left): they
     /// write nothing, and their keys are in the files of the nodes that took them over.
     pub absent: Vec<usize>,
+    /// The node's spill files at the cut (table, path, bytes synced), copied into the
+    /// checkpoint up to that length ([`crate::Config::spill_dir`]).
+    pub spills: Vec<(u16, PathBuf, u64)>,
+}
+
+/// The name of node `rank`'s copy of its spill file of table `table` in a checkpoint.
+fn spill_name(rank: usize, table: u16) -> String {
+    format!("node-{rank}.table-{table}.spill")
 }
 
 /// Writes node `config.rank`'s part of checkpoint `cut.sequence` into `dir`: its values file,
@@ -296,6 +304,17 @@ pub(crate) fn write_node(dir: &Path, config: &Config, cut: &Cut, cuts: &[TableCu
         }
         Ok(())
     })?;
+    let mut spills = String::new();
+    for (table, path, len) in &cut.spills {
+        let (copied, checksum) = write_file_durably(dir, &spill_name(rank, *table), |out| {
+            let file = std::fs::File::open(path)?;
+            std::io::copy(&mut std::io::Read::take(file, *len), out).map(drop)
+        })?;
+        if copied != *len {
+            return Err(err(format!("spill file {} holds {copied} bytes, fewer than the {len} synced", path.display())));
+        }
+        spills.push_str(&format!("spill\t{table}\t{}\t{copied}\t{checksum}\n", spill_name(rank, *table)));
+    }
     let mut text = format!(
         "{FORMAT_LINE}\ncluster\t{:016x}\nsequence\t{sequence}\nnodes\t{}\nclock\t{clock}\nfile\t{}\t{bytes}\t{checksum}\n",
         cluster_id(config),
@@ -309,6 +328,7 @@ pub(crate) fn write_node(dir: &Path, config: &Config, cut: &Cut, cuts: &[TableCu
     for cut in cuts.iter().filter(|c| config.tables[c.id as usize].dynamic.is_some()) {
         text.push_str(&format!("dynamic\t{}\n", cut.id));
     }
+    text.push_str(&spills);
     for cut in cuts {
         let spec = &config.tables[cut.id as usize];
         text.push_str(&format!(
@@ -345,6 +365,8 @@ struct Manifest {
     /// The ids of the dynamic tables, whose records are named by raw ids (any `u64`) rather
     /// than keys.
     dynamic: Vec<u16>,
+    /// The node's spill files copied in: (table id, file, bytes, checksum).
+    spills: Vec<(u16, String, u64, String)>,
 }
 
 fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
@@ -362,6 +384,7 @@ fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
         file: Default::default(),
         tables: Vec::new(),
         dynamic: Vec::new(),
+        spills: Vec::new(),
     };
     let number = |field: &str, what: &str| field.parse::<u64>().map_err(|_| bad(&format!("{what} '{field}' is not a number")));
     for line in lines {
@@ -378,6 +401,13 @@ fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
             }
             ["dynamic", id] => m.dynamic.push(u16::try_from(number(id, "table id")?).map_err(|_| bad("a table id beyond 65535"))?),
             ["file", name, bytes, checksum] => m.file = (name.to_string(), number(bytes, "bytes")?, checksum.to_string()),
+            ["spill", id, name, bytes, checksum] => {
+                let id = u16::try_from(number(id, "table id")?).map_err(|_| bad("a table id beyond 65535"))?;
+                if name.contains(['/', '\\']) || !name.ends_with(".spill") {
+                    return Err(bad(&format!("spill file '{name}' is not a file of the checkpoint")));
+                }
+                m.spills.push((id, name.to_string(), number(bytes, "bytes")?, checksum.to_string()));
+            }
             ["table", id, records, keys, value_len, state_len, _partitioning, updater, name] => m.tables.push((
                 u16::try_from(number(id, "table id")?).map_err(|_| bad("a table id beyond 65535"))?,
                 number(records, "records")?,
@@ -842,6 +872,64 @@ pub struct CheckpointTable {
     /// A dynamic table's ids, ascending: `values` holds their rows in this order, and `keys`
     /// is their number. Empty for a table that is not dynamic.
     pub ids: Vec<u64>,
+    /// A dynamic table's ids its homes evicted and spilled ([`crate::Config::spill_dir`]) up
+    /// to the checkpoint, node by node in the order each evicted them (an id once per
+    /// eviction); empty where nothing was spilled.
+    pub spilled_ids: Vec<u64>,
+    /// Their values, id after id (`spilled_ids.len() × value_len`).
+    pub spilled_values: Vec<f32>,
+}
+
+/// The spill files a node's manifest `m` lists in checkpoint `dir`, each checked against its
+/// size (before it is read) and checksum, whole, and of its table's value length: (table id,
+/// its rows).
+fn read_spills(dir: &Path, m: &Manifest) -> Result<Vec<(u16, crate::dynamic::SpillFile)>> {
+    let mut spills = Vec::with_capacity(m.spills.len());
+    for (table, name, bytes, checksum) in &m.spills {
+        let path = dir.join(name);
+        let len = std::fs::metadata(&path).map_err(|e| io("reading", &path, e))?.len();
+        if len != *bytes {
+            return Err(err(format!("{}: {len} bytes, but its manifest says {bytes}", path.display())));
+        }
+        let data = std::fs::read(&path).map_err(|e| io("reading", &path, e))?;
+        if file_checksum(&data) != *checksum {
+            return Err(err(format!("{}: its checksum does not match its manifest's (damaged)", path.display())));
+        }
+        let spill = crate::dynamic::spill::parse(&data, &path)?;
+        let value_len = m.tables.iter().find(|t| t.0 == *table).map(|t| t.3);
+        if spill.torn_bytes != 0 || value_len != Some(spill.value_len) || !m.dynamic.contains(table) {
+            return Err(err(format!("{}: not the whole spill file of dynamic table {table} with {value_len:?} values per id", path.display())));
+        }
+        spills.push((*table, spill));
+    }
+    Ok(spills)
+}
+
+/// The spilled rows in checkpoint `dir` of the ids node `config.rank` is now the home of, per
+/// table of `config` that evicts (by name): (table, ids, values), for its new spill files.
+pub(crate) fn spilled_rows(dir: &Path, config: &Config) -> Result<Vec<crate::dynamic::spill::SpilledRows>> {
+    let manifests = whole(dir)?;
+    let mut rows = Vec::new();
+    for m in &manifests {
+        for (table, spill) in read_spills(dir, m)? {
+            let Some(name) = m.tables.iter().find(|t| t.0 == table).map(|t| &t.6) else { continue };
+            let Some((ours, dynamic)) = config.tables.iter().enumerate().find(|(_, t)| &t.name == name).and_then(|(i, t)| Some((i as u16, t.dynamic?))) else {
+                continue;
+            };
+            if !dynamic.eviction.evicts() || spill.value_len != config.tables[ours as usize].value_len {
+                continue;
+            }
+            let (mut ids, mut values) = (Vec::new(), Vec::new());
+            for (i, &id) in spill.ids.iter().enumerate() {
+                if dynamic.home_of(id, config.nodes) == config.rank {
+                    ids.push(id);
+                    values.extend_from_slice(&spill.values[i * spill.value_len..(i + 1) * spill.value_len]);
+                }
+            }
+            rows.push(crate::dynamic::spill::SpilledRows { table: ours, ids, values });
+        }
+    }
+    Ok(rows)
 }
 
 /// Reads the whole checkpoint in `dir`, written by any node count, without knowing its tables
@@ -926,7 +1014,25 @@ pub fn read_checkpoint(dir: impl AsRef<Path>) -> Result<Vec<CheckpointTable>> {
             (*keys, Vec::new(), values)
         };
         let dynamic = shapes[tables.len()].dynamic.is_some();
-        tables.push(CheckpointTable { name: name.clone(), keys, value_len: *value_len, updater: updater.clone(), values, dynamic, ids });
+        tables.push(CheckpointTable {
+            name: name.clone(),
+            keys,
+            value_len: *value_len,
+            updater: updater.clone(),
+            values,
+            dynamic,
+            ids,
+            spilled_ids: Vec::new(),
+            spilled_values: Vec::new(),
+        });
+    }
+    for m in &manifests {
+        for (table, spill) in read_spills(dir, m)? {
+            if let Some(t) = first.tables.iter().position(|t| t.0 == table) {
+                tables[t].spilled_ids.extend(spill.ids);
+                tables[t].spilled_values.extend(spill.values);
+            }
+        }
     }
     Ok(tables)
 }

@@ -508,6 +508,12 @@ pub struct Config {
     /// have been written by another node count and partitioning: every node loads the keys it
     /// is home of. `FERRY_RESTORE` sets it.
     pub restore_from: Option<std::path::PathBuf>,
+    /// Where the homes of dynamic tables that evict write the ids they evict with their values
+    /// (`DIR/TABLE.node-RANK.spill`, see [`crate::dynamic::read_spill`]): an archive of what
+    /// the table learnt of ids it let go, which checkpoints include and a restore carries on.
+    /// An evicted id still reads as new. A file of an earlier run is renamed aside, never
+    /// overwritten. `FERRY_SPILL_DIR` sets it; `None` (the default): evicted rows are dropped.
+    pub spill_dir: Option<std::path::PathBuf>,
     /// Join a running cluster in this node's rank (that of a node that left or was lost)
     /// through this contact, instead of starting with the others: [`crate::Node::start`] then
     /// does what [`crate::Node::join`] does. `FERRY_JOIN` sets it: a member's join address, or
@@ -631,9 +637,16 @@ impl Config {
             fail_sends_after: None,
             stop_reading_after: None,
             restore_from: None,
+            spill_dir: None,
             join: None,
             metrics: None,
         }
+    }
+
+    /// Spills evicted rows into `dir` (see [`Config::spill_dir`]).
+    pub fn spilling_to(mut self, dir: impl Into<std::path::PathBuf>) -> Config {
+        self.spill_dir = Some(dir.into());
+        self
     }
 
     /// Starts from the checkpoint in `dir` (see [`Config::restore_from`]).
@@ -657,6 +670,9 @@ impl Config {
         config.apply_membership_env(|name| std::env::var(name).ok())?;
         if let Some(dir) = set_value(&|name: &str| std::env::var(name).ok(), "FERRY_RESTORE") {
             config.restore_from = Some(dir.into());
+        }
+        if let Some(dir) = set_value(&|name: &str| std::env::var(name).ok(), "FERRY_SPILL_DIR") {
+            config.spill_dir = Some(dir.into());
         }
         if let Some(contact) = set_value(&|name: &str| std::env::var(name).ok(), "FERRY_JOIN").filter(|c| c != "0") {
             config.join = Some(if contact == "1" { config.coordinator.clone() } else { contact });
@@ -897,6 +913,12 @@ impl Config {
             if let Some(d) = &t.dynamic {
                 if d.capacity == 0 {
                     return bad(format!("dynamic table '{}' has a capacity of 0 keys per node; it needs at least 1", t.name));
+                }
+                if self.spill_dir.is_some() && d.eviction.evicts() && !crate::dynamic::spill::name_fits(&t.name) {
+                    return bad(format!(
+                        "dynamic table '{}' cannot name a spill file (its name holds a path separator): rename it or set no spill_dir",
+                        t.name
+                    ));
                 }
                 let keys = d.capacity.checked_mul(self.nodes as u64).filter(|&k| k < u32::MAX as u64 * 1024);
                 if keys.is_none() || (t.keys != 0 && Some(t.keys) != keys) {

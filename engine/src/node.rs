@@ -162,7 +162,19 @@ impl Node {
         };
         let mut core = Core::new(config.rank, config.nodes, &config.tables, store, settings);
         core.set_id_indexes(id_indexes);
-        let inner = Arc::new(NodeInner::new(config, core, fabric.clone(), clock_offset));
+        let spiller = match &config.spill_dir {
+            Some(dir) if config.tables.iter().any(|t| t.dynamic.is_some_and(|d| d.eviction.evicts())) => {
+                // A restored checkpoint's spilled rows of the ids homed here start the files.
+                let seed = match &config.restore_from {
+                    Some(checkpoint) => crate::checkpoint::spilled_rows(checkpoint, &config)?,
+                    None => Vec::new(),
+                };
+                core.spill_evicted();
+                Some(crate::dynamic::spill::Spiller::open(dir, config.rank, &config.tables, seed)?)
+            }
+            _ => None,
+        };
+        let inner = Arc::new(NodeInner::new(config, core, fabric.clone(), clock_offset, spiller));
         let metrics = match &inner.config.metrics {
             Some(base) => {
                 let server = crate::metrics::MetricsServer::start(inner.clone(), &crate::metrics::address(base, inner.config.rank)?)?;
@@ -334,7 +346,10 @@ impl Node {
         let directory = self.inner.core.directory();
         let mut absent: Vec<usize> = if directory.failover() { directory.lost_nodes().into_iter().map(|(n, _)| n as usize).collect() } else { Vec::new() };
         absent.sort_unstable();
-        let cut = crate::checkpoint::Cut { sequence, clock, absent };
+        // Rows evicted up to now are in the spill files (rows evicted after the cut too: an id
+        // both in the cut and in its spill file is one evicted meanwhile).
+        let spills = self.inner.write_spilled(true)?;
+        let cut = crate::checkpoint::Cut { sequence, clock, absent, spills };
         crate::checkpoint::write_in_background(dir.as_ref().to_path_buf(), config.clone(), cut, cuts, self.spare_cuts.clone())
     }
 

@@ -671,11 +671,23 @@ fn read_checkpoint<'py>(py: Python<'py>, dir: std::path::PathBuf) -> PyResult<Bo
     Ok(out)
 }
 
+/// Reads a spill file (`FERRY_SPILL_DIR/TABLE.node-R.spill`: the ids a dynamic table's home
+/// evicted, with their values): `(ids, values)`, a `uint64` array in the order they were
+/// evicted and a `float32` array of shape `(len(ids), value_len)`. Raises `FerryError` on a
+/// file that is not one.
+#[pyfunction]
+fn read_spill<'py>(py: Python<'py>, path: std::path::PathBuf) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let spill = py.allow_threads(|| engine::dynamic::read_spill(&path)).map_err(failed)?;
+    let rows = spill.ids.len();
+    Ok((PyArray1::from_vec(py, spill.ids).into_any(), PyArray1::from_vec(py, spill.values).reshape([rows, spill.value_len])?.into_any()))
+}
+
 /// The native part of the `ferry` package (`ferry._native`; `python/ferry/__init__.py`
 /// re-exports it).
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_checkpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(read_spill, m)?)?;
     m.add_function(wrap_pyfunction!(feature_id, m)?)?;
     m.add_function(wrap_pyfunction!(plan_examples, m)?)?;
     m.add_class::<Node>()?;

@@ -293,7 +293,8 @@ def test_table_options_and_push_pull(cluster):
     if node.rank == 0:
         # One process alone: a server-side SGD table, and push_pull's answer after its push.
         script = (
-            "import numpy as np, ferry\n"
+            "import os, tempfile, numpy as np, ferry\n"
+            "os.environ['FERRY_SPILL_DIR'] = tempfile.mkdtemp()\n"
             "words = ferry.Table('words', 8, 1, feature_hashing='5:signed')\n"
             f"placed = ferry.Table('placed', 10, 1, plan={plan!r})\n"
             "ids = ferry.Table('ids', 0, 2, dynamic=16)\n"
@@ -333,6 +334,9 @@ def test_table_options_and_push_pull(cluster):
             "    d = os.path.join(tempfile.mkdtemp(), 'ck')\n"
             "    w.close()\n"
             "    node.checkpoint(d)\n"
+            "    # The evicted ids spilled with the values they had (synced by the checkpoint).\n"
+            "    spilled_ids, spilled = ferry.read_spill(os.path.join(os.environ['FERRY_SPILL_DIR'], 'recent.node-0.spill'))\n"
+            "    assert sorted(int(i) for i in spilled_ids) == sorted(int(i) for i in raw) and np.all(spilled == 1.0), (spilled_ids, spilled)\n"
             "    ids, rows = ferry.read_checkpoint(d)['ids']\n"
             "    assert ids.dtype == np.uint64 and list(ids) == sorted(int(i) for i in raw), ids\n"
             "    assert rows.shape == (3, 2) and np.all(rows == 1.5), rows\n"

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use ferry::dynamic::{Eviction, Init};
 use ferry::{Config, Error, Node, TableSpec};
-use ferry_tests::finalize_all;
+use ferry_tests::{finalize_all, scratch_dir};
 
 const LEN: usize = 2;
 
@@ -153,4 +153,77 @@ fn intent_on_a_table_that_evicts_is_refused() {
     drop(w);
     finalize_all(cluster);
     assert!("ttl:-1".parse::<Eviction>().is_err());
+}
+
+/// With a spill directory, the ids a home evicts are written with the values they had (an
+/// earlier run's spill file is moved aside, not overwritten); a checkpoint includes them and
+/// reads them back, and a restore on another node count starts its spill files with them.
+#[test]
+fn evicted_rows_are_spilled_checkpointed_and_carried_on_by_a_restore() {
+    let dir = scratch_dir("spill");
+    let (spill, checkpoint, restored) = (dir.join("spill"), dir.join("checkpoint"), dir.join("restored"));
+    std::fs::create_dir_all(&spill).unwrap();
+    std::fs::write(spill.join("emb.node-0.spill"), b"an earlier run's").unwrap();
+    let init = Init::Uniform { scale: 0.5, seed: 3 };
+    let tables = || vec![TableSpec::dynamic("emb", LEN, 10_000).initialised(init).evicting(Eviction::Ttl { millis: 200 })];
+    let cluster = Node::start_local_cluster(2, Config::new(tables()).spilling_to(&spill)).unwrap();
+    let ids: Vec<u64> = (0..150).map(|i| id(5, i)).collect();
+    let pushed = |id: u64| -> Vec<f32> {
+        let mut v = vec![0.0f32; LEN];
+        init.fill(id, &mut v);
+        v.iter().enumerate().map(|(j, x)| x + ((id % 11) as f32 + j as f32)).collect()
+    };
+    let mut w = cluster[0].worker();
+    let t = cluster[0].table("emb").unwrap();
+    let grads: Vec<f32> = ids.iter().flat_map(|&id| (0..LEN).map(move |j| (id % 11) as f32 + j as f32)).collect();
+    w.push(t, &ids, &grads).unwrap();
+    drop(w);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.iter().map(|n| n.stats().dynamic.ids_evicted).sum::<u64>() < ids.len() as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = cluster.iter().map(|node| s.spawn(|| node.checkpoint(&checkpoint))).collect();
+        for h in handles {
+            h.join().unwrap().unwrap();
+        }
+    });
+    finalize_all(cluster);
+    // Every pushed id in one node's spill file, with its value at eviction.
+    let check = |spilled: &[(u64, Vec<f32>)], what: &str| {
+        let mut got: Vec<u64> = spilled.iter().map(|r| r.0).collect();
+        got.sort_unstable();
+        let mut want = ids.clone();
+        want.sort_unstable();
+        assert_eq!(got, want, "{what}: every evicted id once");
+        for (id, value) in spilled {
+            assert_eq!(value, &pushed(*id), "{what}: id {id}");
+        }
+    };
+    let rows = |file: ferry::dynamic::SpillFile| -> Vec<(u64, Vec<f32>)> {
+        assert_eq!((file.value_len, file.torn_bytes), (LEN, 0));
+        file.ids.iter().zip(file.values.chunks_exact(LEN)).map(|(&id, v)| (id, v.to_vec())).collect()
+    };
+    let files: Vec<(u64, Vec<f32>)> = (0..2).flat_map(|r| rows(ferry::dynamic::read_spill(spill.join(format!("emb.node-{r}.spill"))).unwrap())).collect();
+    check(&files, "the spill files");
+    assert_eq!(std::fs::read(spill.join("emb.node-0.spill.previous-1")).unwrap(), b"an earlier run's", "the earlier file kept");
+    let read = ferry::read_checkpoint(&checkpoint).unwrap();
+    let table = &read[0];
+    let in_checkpoint: Vec<(u64, Vec<f32>)> = table.spilled_ids.iter().zip(table.spilled_values.chunks_exact(LEN)).map(|(&id, v)| (id, v.to_vec())).collect();
+    check(&in_checkpoint, "the checkpoint");
+    assert!(table.ids.is_empty(), "the table held none of them at the cut: {:?}", table.ids);
+    // A damaged copy in the checkpoint is refused, naming it.
+    let copy = checkpoint.join("node-1.table-0.spill");
+    let good = std::fs::read(&copy).unwrap();
+    let mut bad = good.clone();
+    *bad.last_mut().unwrap() ^= 1;
+    std::fs::write(&copy, &bad).unwrap();
+    let e = ferry::read_checkpoint(&checkpoint).unwrap_err().to_string();
+    assert!(e.contains("node-1.table-0.spill") && e.contains("checksum"), "{e}");
+    std::fs::write(&copy, &good).unwrap();
+    // Restored on one node: its spill file starts with every spilled row.
+    let one = Node::start_local_cluster(1, Config::new(tables()).restoring_from(&checkpoint).spilling_to(&restored)).unwrap();
+    finalize_all(one);
+    check(&rows(ferry::dynamic::read_spill(restored.join("emb.node-0.spill")).unwrap()), "the restored node's spill file");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -30,12 +30,14 @@
 //! dynamic table, intent on a table that evicts.
 
 mod evict;
+pub(crate) mod spill;
 
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use evict::Eviction;
 pub(crate) use evict::{Evictor, Grace, Pin, Pins, ROUND_IDS};
+pub use spill::{SpillFile, read_spill};
 
 use parking_lot::RwLock;
 
@@ -383,8 +385,9 @@ struct HomeState {
     evicted: u64,
     /// New ids not created because the home was full while it evicts.
     deferred: u64,
-    /// Slot keys of evicted ids not written back yet (not held here when their round closed).
-    stranded: Vec<u64>,
+    /// Slot keys of evicted ids not written back yet (not held here when their round
+    /// closed), with the ids that had them.
+    stranded: Vec<(u64, u64)>,
     /// `deferred` when the last round began.
     deferred_before: u64,
     /// Where the table evicts: its ids' uses, beyond their lifetimes.
@@ -886,11 +889,11 @@ impl IdIndex {
     /// As a home, closes the open round: the ids offered that no node kept nor an ASSIGN
     /// rescued are evicted (they leave the round; asked for again, they are new ids), the
     /// others return to the index with the uses the nodes that kept them counted added to the
-    /// home's. Returns the slot keys of the evicted ids, with those of earlier rounds that
-    /// could not be freed yet: the caller writes back each it holds and hands them to
+    /// home's. Returns the slot keys of the evicted ids with the ids, and those of earlier
+    /// rounds that could not be freed yet: the caller writes back each it holds and hands them to
     /// [`IdIndex::free_slots`]. No slot is touched under the home's lock, which creating ids
     /// holds while it writes slots.
-    pub fn finish_round(&self, kept: &crate::util::FastMap<u64, u64>) -> Vec<u64> {
+    pub fn finish_round(&self, kept: &crate::util::FastMap<u64, u64>) -> Vec<(u64, u64)> {
         let mut home = self.home.lock();
         let home = &mut *home;
         let mut evicted = std::mem::take(&mut home.stranded);
@@ -908,7 +911,7 @@ impl IdIndex {
             }
             home.slot_ids[(offered.key - self.first) as usize] = None;
             home.evicted += 1;
-            evicted.push(offered.key);
+            evicted.push((offered.key, id));
         }
         evicted
     }
@@ -916,7 +919,7 @@ impl IdIndex {
     /// Slots of evicted ids written back (`freed`) are free for new ids; the others
     /// (`stranded`: not here yet, e.g. on their way back from a node that left) are tried again
     /// when the next round closes.
-    pub fn free_slots(&self, freed: &[u64], stranded: Vec<u64>) {
+    pub fn free_slots(&self, freed: &[u64], stranded: Vec<(u64, u64)>) {
         let mut home = self.home.lock();
         home.free.extend(freed.iter().map(|key| key - self.first));
         home.stranded.extend(stranded);
@@ -1086,7 +1089,7 @@ mod tests {
         let mut offered: Vec<u64> = index.offer_round(8, Pass::Short).into_iter().map(|(id, _)| id).collect();
         offered.sort_unstable();
         assert_eq!(offered, (8..16).collect::<Vec<_>>(), "the least used are offered");
-        let freed = index.finish_round(&crate::util::FastMap::default());
+        let freed: Vec<u64> = index.finish_round(&crate::util::FastMap::default()).into_iter().map(|(key, _)| key).collect();
         assert_eq!(freed.len(), 8);
         index.free_slots(&freed, Vec::new());
         for id in 100..106 {

@@ -192,20 +192,47 @@ impl Step<'_, '_> {
 impl super::Core {
     /// Closes the round of `table` that every node answered: frees the slots of the ids nobody
     /// kept that this home still holds, writing them back to zeros with a fresh optimizer
-    /// state.
+    /// state. Where evicted rows are spilled, each freed slot's id and value are queued first
+    /// ([`Core::take_spilled`]).
     pub(crate) fn finish_eviction(&self, table: u16, kept: &FastMap<u64, u64>) {
         let Some(index) = self.id_index(table) else { return };
         let store = &self.store;
         let t = store.table(table);
         let zeros = vec![0u8; 4 * (t.value_len() + t.state_len())];
-        let (freed, stranded): (Vec<u64>, Vec<u64>) = index.finish_round(kept).into_iter().partition(|&key| {
+        let spilling = self.spilled.is_some();
+        let (mut spilled_ids, mut spilled_values) = (Vec::new(), Vec::new());
+        let mut value = vec![0.0f32; if spilling { t.value_len() } else { 0 }];
+        let (freed, stranded): (Vec<_>, Vec<_>) = index.finish_round(kept).into_iter().partition(|&(key, id)| {
             let guard = store.lock(table, key);
             let Some(slot) = guard.slot() else { return false };
+            if spilling {
+                slot.read(&mut value);
+                spilled_ids.push(id);
+                spilled_values.extend_from_slice(&value);
+            }
             slot.write_all_le_bytes(&zeros);
             true
         });
         tracing::debug!(node = self.directory.rank(), table, freed = freed.len(), stranded = stranded.len(), kept = kept.len(), "an eviction round closed");
+        if let Some(queue) = &self.spilled
+            && !spilled_ids.is_empty()
+        {
+            queue.lock().push(crate::dynamic::spill::SpilledRows { table, ids: spilled_ids, values: spilled_values });
+        }
+        let freed: Vec<u64> = freed.into_iter().map(|(key, _)| key).collect();
         index.free_slots(&freed, stranded);
+    }
+
+    /// The rows freed since the last call where evicted rows are spilled ([`Core::spill_evicted`]):
+    /// per round closed, the table, the evicted ids and their values, for the node's eviction
+    /// thread to write ([`crate::dynamic::spill`]).
+    pub(crate) fn take_spilled(&self) -> Vec<crate::dynamic::spill::SpilledRows> {
+        self.spilled.as_ref().map(|queue| std::mem::take(&mut *queue.lock())).unwrap_or_default()
+    }
+
+    /// Queues the rows of the ids this node evicts as a home for spilling (from then on).
+    pub(crate) fn spill_evicted(&mut self) {
+        self.spilled = Some(parking_lot::Mutex::new(Vec::new()));
     }
 
     /// Eviction's state.

@@ -220,6 +220,8 @@ pub struct Core {
     evictions: Mutex<evict::Evictions>,
     /// The workers' pins for eviction's grace periods.
     pins: crate::dynamic::Pins,
+    /// Where evicted rows are spilled: the rows freed and not taken yet (table, ids, values).
+    spilled: Option<Mutex<Vec<crate::dynamic::spill::SpilledRows>>>,
 }
 
 impl Core {
@@ -267,6 +269,7 @@ impl Core {
             assign_requests: std::sync::atomic::AtomicU32::new(0),
             evictions: Default::default(),
             pins: Default::default(),
+            spilled: None,
         }
     }
 

@@ -1,7 +1,9 @@
 //! The eviction thread of a node with a dynamic table that evicts (`protocol::evict`): it
 //! begins a round where this node is a home that runs short of slot keys or whose time to live
-//! passed, answers rounds whose grace periods ended, and lets rounds go of lost nodes. The
-//! decisions are the protocol's; this thread only looks at the clock and takes the steps.
+//! passed, answers rounds whose grace periods ended, and lets rounds go of lost nodes; where
+//! evicted rows are spilled, it writes the rows the rounds freed to the spill files. The
+//! decisions are the protocol's; this thread only looks at the clock, takes the steps and does
+//! the I/O.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -47,6 +49,37 @@ impl NodeInner {
                 step.answer_evictions();
                 Ok(Progress::Done)
             });
+            if let Err(e) = self.write_spilled(false) {
+                tracing::error!(node = self.config.rank, error = %e, "writing evicted rows to the spill file failed");
+            }
+        }
+        if let Err(e) = self.write_spilled(true) {
+            tracing::error!(node = self.config.rank, error = %e, "writing evicted rows to the spill file failed");
+        }
+    }
+
+    /// Writes the rows the protocol freed since the last call to the spill files, where they
+    /// are spilled (`sync`: and makes them durable); returns each spill file (table, path,
+    /// bytes) when synced.
+    pub fn write_spilled(&self, sync: bool) -> crate::error::Result<Vec<(u16, std::path::PathBuf, u64)>> {
+        let Some(spiller) = &self.spiller else { return Ok(Vec::new()) };
+        let rows = self.core.take_spilled();
+        let mut spiller = spiller.lock();
+        let mut written = Ok(());
+        for r in &rows {
+            // A failed write loses no row the table still holds (they were evicted anyway), but
+            // the archive misses them: said once per call.
+            written = written.and(spiller.append(r.table, &r.ids, &r.values));
+        }
+        written?;
+        if sync {
+            spiller.sync()
+        } else {
+            // Each round's rows readable in the file soon after it closes.
+            if !rows.is_empty() {
+                spiller.flush()?;
+            }
+            Ok(Vec::new())
         }
     }
 }

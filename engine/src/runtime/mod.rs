@@ -75,6 +75,9 @@ pub(crate) struct NodeInner {
     /// Per rank, 1 + the incarnation lost in it when a node joining in the rank connected (0:
     /// none did): that connection is the new node's, which the rank's loss must not close.
     rejoining: Vec<AtomicU16>,
+    /// Where evicted rows are spilled ([`crate::Config::spill_dir`]): the node's spill files,
+    /// written by the eviction thread and synced for checkpoints and at the end.
+    pub spiller: Option<Mutex<crate::dynamic::spill::Spiller>>,
 }
 
 /// A service above the runtime that acts on the homes' grants (INTENT_GO) posted for this
@@ -88,7 +91,13 @@ pub(crate) trait GrantListener: Send + Sync {
 }
 
 impl NodeInner {
-    pub fn new(config: Config, core: Core, fabric: std::sync::Arc<dyn Fabric>, clock_offset: i64) -> NodeInner {
+    pub fn new(
+        config: Config,
+        core: Core,
+        fabric: std::sync::Arc<dyn Fabric>,
+        clock_offset: i64,
+        spiller: Option<crate::dynamic::spill::Spiller>,
+    ) -> NodeInner {
         let config_nodes = config.nodes;
         NodeInner {
             fingerprint: config.fingerprint(),
@@ -113,6 +122,7 @@ impl NodeInner {
             backup_lock: Mutex::new(()),
             backup_cv: Condvar::new(),
             rejoining: (0..config_nodes).map(|_| AtomicU16::new(0)).collect(),
+            spiller: spiller.map(Mutex::new),
         }
     }
 

@@ -8,6 +8,6 @@ message. `ferry.torch` (imported on its own, it needs PyTorch) holds an embeddin
 a Ferry table.
 """
 
-from ._native import FerryError, Node, RelocationHold, Stats, Table, Worker, feature_id, plan_examples, read_checkpoint
+from ._native import FerryError, Node, RelocationHold, Stats, Table, Worker, feature_id, plan_examples, read_checkpoint, read_spill
 
-__all__ = ["FerryError", "Node", "RelocationHold", "Stats", "Table", "Worker", "feature_id", "plan_examples", "read_checkpoint"]
+__all__ = ["FerryError", "Node", "RelocationHold", "Stats", "Table", "Worker", "feature_id", "plan_examples", "read_checkpoint", "read_spill"]

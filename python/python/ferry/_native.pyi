@@ -22,6 +22,9 @@ Path = Union[str, PathLike]
 class FerryError(RuntimeError):
     """A Ferry operation failed; the message says why."""
 
+def read_spill(path: Path) -> Tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]:
+    """`(ids, values)` of a spill file (`FERRY_SPILL_DIR/TABLE.node-R.spill`): the ids a
+    dynamic table's home evicted, in order, and their rows."""
 def read_checkpoint(dir: Path) -> Dict[str, Union[npt.NDArray[np.float32], Tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]]]:
     """Reads a whole checkpoint (written by `Node.checkpoint` on any number of nodes, or by a
     training run's `--checkpoint-dir`) outside a cluster: every table's values by name, each of
