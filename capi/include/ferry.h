@@ -101,6 +101,14 @@ struct FerryConfig *ferry_config_new(void);
 // `config` is null or a live configuration; `dir` is null or NUL-terminated.
 int32_t ferry_config_restore_from(struct FerryConfig *config, const char *dir);
 
+// Writes the ids that dynamic tables evict, with their values, to spill files in directory
+// `dir` (`TABLE.node-RANK.spill`; the environment's `FERRY_SPILL_DIR` does the same).
+//
+// # Safety
+//
+// `config` is null or a live configuration; `dir` is null or NUL-terminated.
+int32_t ferry_config_spill_dir(struct FerryConfig *config, const char *dir);
+
 // Adds a table of `keys` keys holding `value_len` floats each.
 //
 // # Safety

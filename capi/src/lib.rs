@@ -44,6 +44,8 @@ pub struct FerryConfig {
     tables: Vec<ferry::TableSpec>,
     /// The checkpoint to start from (`ferry_config_restore_from`; else `FERRY_RESTORE`).
     restore_from: Option<std::path::PathBuf>,
+    /// Where evicted rows are spilled (`ferry_config_spill_dir`; else `FERRY_SPILL_DIR`).
+    spill_dir: Option<std::path::PathBuf>,
 }
 
 /// A running node.
@@ -210,7 +212,7 @@ pub extern "C" fn ferry_last_error() -> *const c_char {
 /// A new, empty configuration; free it with `ferry_config_free`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ferry_config_new() -> *mut FerryConfig {
-    Box::into_raw(Box::new(FerryConfig { tables: Vec::new(), restore_from: None }))
+    Box::into_raw(Box::new(FerryConfig { tables: Vec::new(), restore_from: None, spill_dir: None }))
 }
 
 /// Starts the node from the checkpoint in directory `dir` (written by `ferry_node_checkpoint`
@@ -225,6 +227,22 @@ pub unsafe extern "C" fn ferry_config_restore_from(config: *mut FerryConfig, dir
         // SAFETY: forwarded from this function's contract.
         let (config, dir) = unsafe { (handle(config, "config")?, text(dir, "dir")?) };
         config.restore_from = Some(dir.into());
+        Ok(())
+    })
+}
+
+/// Writes the ids that dynamic tables evict, with their values, to spill files in directory
+/// `dir` (`TABLE.node-RANK.spill`; the environment's `FERRY_SPILL_DIR` does the same).
+///
+/// # Safety
+///
+/// `config` is null or a live configuration; `dir` is null or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_config_spill_dir(config: *mut FerryConfig, dir: *const c_char) -> i32 {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (config, dir) = unsafe { (handle(config, "config")?, text(dir, "dir")?) };
+        config.spill_dir = Some(dir.into());
         Ok(())
     })
 }
@@ -389,6 +407,9 @@ pub unsafe extern "C" fn ferry_node_start(config: *const FerryConfig, node: *mut
         let mut settings = ferry::Config::from_env(config.tables.clone()).map_err(ferry_err)?;
         if let Some(dir) = &config.restore_from {
             settings.restore_from = Some(dir.clone());
+        }
+        if let Some(dir) = &config.spill_dir {
+            settings.spill_dir = Some(dir.clone());
         }
         let started = ferry::Node::start(settings).map_err(ferry_err)?;
         let tables = config.tables.iter().map(|t| started.table(&t.name)).collect::<ferry::Result<Vec<_>>>().map_err(ferry_err)?;
@@ -1048,8 +1069,15 @@ mod tests {
                 assert_eq!(option(table, o, v), FERRY_ERR_ARGUMENT, "{o}={v}");
                 assert!(last_error().contains(why), "{o}={v}: {}", last_error());
             }
+            // A table that evicts spills into the directory given: its spill file is made at start.
+            let spill = std::env::temp_dir().join(format!("ferry-capi-spill-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&spill);
+            let spill_c = c(spill.to_str().unwrap());
+            assert_eq!(ferry_config_spill_dir(config, spill_c.as_ptr()), FERRY_OK);
+            assert_eq!(ferry_config_spill_dir(config, std::ptr::null()), FERRY_ERR_ARGUMENT);
             let mut node = std::ptr::null_mut();
             assert_eq!(ferry_node_start(config, &mut node), FERRY_OK, "{}", last_error());
+            assert!(spill.join("ids.node-0.spill").exists(), "the spill file of the table that evicts");
             ferry_config_free(config);
             let mut worker = std::ptr::null_mut();
             assert_eq!(ferry_worker_new(node, &mut worker), FERRY_OK);
@@ -1083,6 +1111,7 @@ mod tests {
             assert_eq!(ferry_node_leave(node), FERRY_ERR_CONFIG);
             assert!(last_error().contains("FERRY_BACKUPS=1"), "{}", last_error());
             assert_eq!(ferry_node_finalize(node), FERRY_OK, "{}", last_error());
+            let _ = std::fs::remove_dir_all(&spill);
         }
     }
 
