@@ -628,8 +628,8 @@ struct Shape {
     words_per_key: usize,
     partitioning: crate::config::Partitioning,
     placement: Option<std::sync::Arc<crate::placement::Placement>>,
-    /// A dynamic table's spec: its records are ids, each taken by its home.
-    dynamic: Option<crate::dynamic::DynamicSpec>,
+    /// A dynamic table's seed of its ids' homes: its records are ids, each taken by its home.
+    dynamic: Option<u64>,
 }
 
 impl Shape {
@@ -648,7 +648,7 @@ impl Shape {
             words_per_key: spec.value_len + spec.state_len(),
             partitioning: spec.partitioning,
             placement: spec.placement.clone(),
-            dynamic: spec.dynamic,
+            dynamic: spec.dynamic.map(|d| d.seed),
         }
     }
 }
@@ -708,9 +708,9 @@ fn read_into(dir: &Path, manifests: &[Manifest], target: &Target<'_>, mut apply:
                 r.bytes(piece.len() / 8 * row_bytes, &mut rows)?;
                 for (key, row) in piece.chunks_exact(8).zip(rows.chunks_exact(row_bytes.max(1))) {
                     let key = u64::from_le_bytes(key.try_into().expect("8 bytes"));
-                    if let Some(d) = &shape.dynamic {
+                    if let Some(seed) = shape.dynamic {
                         // An id, taken by its home (which refuses one it took already).
-                        if d.home_of(key, target.nodes) == rank {
+                        if crate::dynamic::id_home(seed, key, target.nodes) == rank {
                             apply(shape.target, key, row, true)?;
                             loaded += 1;
                         }
@@ -970,19 +970,14 @@ pub fn read_checkpoint(dir: impl AsRef<Path>) -> Result<Vec<CheckpointTable>> {
         .map(|(target, (id, _, keys, value_len, state_len, _, name))| Shape {
             target,
             name: name.clone(),
-            // A dynamic table's rows are its ids (read whole, every id is "homed" here).
+            // A dynamic table's rows are its ids (read whole by one reader, the home of every
+            // id whatever the seed).
             keys: if dynamic(*id) { 0 } else { *keys },
             value_len: *value_len,
             words_per_key: value_len + state_len,
             partitioning: crate::config::Partitioning::Range,
             placement: None,
-            dynamic: dynamic(*id).then_some(crate::dynamic::DynamicSpec {
-                capacity: 1,
-                init: crate::dynamic::Init::Zeros,
-                seed: 0,
-                admission: crate::dynamic::Admission::All,
-                eviction: crate::dynamic::Eviction::Never,
-            }),
+            dynamic: dynamic(*id).then_some(0),
         })
         .collect();
     let mut dense: Vec<Vec<f32>> = shapes.iter().map(|s| vec![0.0; (s.keys as usize).saturating_mul(s.value_len)]).collect();

@@ -44,6 +44,26 @@ use parking_lot::RwLock;
 use crate::error::{Error, Result};
 use crate::hashing::mix;
 
+/// `Eq` and `Hash` for a rule with floats in it, by its `bits()`: floats compared bit for
+/// bit, so that a rule equals itself and hashes alike wherever it is read.
+macro_rules! equal_by_bits {
+    ($rule:ty) => {
+        impl PartialEq for $rule {
+            fn eq(&self, other: &$rule) -> bool {
+                self.bits() == other.bits()
+            }
+        }
+
+        impl Eq for $rule {}
+
+        impl Hash for $rule {
+            fn hash<H: Hasher>(&self, state: &mut H) {
+                self.bits().hash(state);
+            }
+        }
+    };
+}
+
 /// How a dynamic table's values start when their id is first touched.
 #[derive(Debug, Clone, Copy)]
 pub enum Init {
@@ -106,19 +126,7 @@ impl Init {
     }
 }
 
-impl PartialEq for Init {
-    fn eq(&self, other: &Init) -> bool {
-        self.bits() == other.bits()
-    }
-}
-
-impl Eq for Init {}
-
-impl std::hash::Hash for Init {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.bits().hash(state);
-    }
-}
+equal_by_bits!(Init);
 
 /// A uniform draw in `[0, 1)` from `id`, `seed` and `index`.
 fn unit(id: u64, seed: u64, index: u64) -> f64 {
@@ -197,19 +205,7 @@ impl Admission {
     }
 }
 
-impl PartialEq for Admission {
-    fn eq(&self, other: &Admission) -> bool {
-        self.bits() == other.bits()
-    }
-}
-
-impl Eq for Admission {}
-
-impl Hash for Admission {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.bits().hash(state);
-    }
-}
+equal_by_bits!(Admission);
 
 impl std::str::FromStr for Admission {
     type Err = String;
@@ -420,8 +416,14 @@ impl DynamicSpec {
     /// the node that creates it, and whose share of slot keys it takes.
     #[inline]
     pub fn home_of(&self, id: u64, nodes: usize) -> usize {
-        ((mix(id ^ self.seed ^ 0x6479_6e61_6d69_6373) as u128 * nodes as u128) >> 64) as usize
+        id_home(self.seed, id, nodes)
     }
+}
+
+/// The home rank of `id` among `nodes` for a table whose homes are seeded by `seed`
+/// ([`DynamicSpec::home_of`]).
+pub(crate) fn id_home(seed: u64, id: u64, nodes: usize) -> usize {
+    ((mix(id ^ seed ^ 0x6479_6e61_6d69_6373) as u128 * nodes as u128) >> 64) as usize
 }
 
 /// Per shard of the index: the ids known here and their slot keys, each with a use count in

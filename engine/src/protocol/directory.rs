@@ -303,6 +303,21 @@ impl Directory {
         self.stand_in(spec.home_of(id, self.nodes()) as u16)
     }
 
+    /// `ids` of a dynamic table grouped by their homes ([`Directory::id_home`]): one list per
+    /// node, each id once, in the order the ids came (a home creates them in that order, so
+    /// the ids of a batch that came first take consecutive slot keys). The worker's asks and
+    /// the simulator's both group so.
+    pub fn ids_by_home(&self, spec: &crate::dynamic::DynamicSpec, ids: impl IntoIterator<Item = u64>) -> Vec<Vec<u64>> {
+        let mut per_home: Vec<Vec<u64>> = vec![Vec::new(); self.nodes()];
+        let mut seen = crate::util::FastSet::default();
+        for id in ids {
+            if seen.insert(id) {
+                per_home[self.id_home(spec, id) as usize].push(id);
+            }
+        }
+        per_home
+    }
+
     /// The home node of a key (the table and key must exist): where it was homed at start-up,
     /// or that node's stand-in once it is lost and keys fail over.
     #[inline]

@@ -60,7 +60,7 @@ impl Sim {
     /// index, the others are asked of their homes.
     pub(super) fn assign_ids(&mut self, w: usize, ids: Vec<u64>) -> Result<(), String> {
         let node = self.workers[w].node;
-        let mut per_home: BTreeMap<u16, Vec<u64>> = BTreeMap::new();
+        let mut per_home: Vec<Vec<u64>>;
         let mut answered = Vec::new();
         let mut known = Vec::new();
         {
@@ -79,21 +79,18 @@ impl Sim {
                     None => true,
                 });
             }
-            for &id in &ids {
-                let group = per_home.entry(dir.id_home(index.spec(), id)).or_default();
-                if !group.contains(&id) {
-                    group.push(id);
-                }
-            }
+            per_home = dir.ids_by_home(index.spec(), ids);
             // Those homed here: from the node's own index, as the worker's thread does.
-            if let Some(group) = per_home.remove(&(node as u16)) {
+            let group = std::mem::take(&mut per_home[node]);
+            if !group.is_empty() {
                 let mut keys = Vec::new();
                 core.assign_ids(TABLE, &group, Intent::Write, &mut keys).map_err(|e| format!("node {node} creating {group:?}: {e}"))?;
                 answered.extend(group.into_iter().zip(keys.into_iter().map(assign::wire_value)));
             }
         }
         let mut asked = Vec::new();
-        for (home, group) in per_home {
+        for (home, group) in per_home.into_iter().enumerate().filter(|(_, group)| !group.is_empty()) {
+            let home = home as u16;
             let request = self.nodes[node].core.next_assign_request();
             self.log(format!("worker {w}@{node} asks node {home} for ids {group:?} (request {request})"));
             self.worker_event(w, |step, _| {

@@ -207,15 +207,9 @@ impl Worker {
         }
         let node = self.node.clone();
         let dir = node.core.directory();
-        let mut per_home: Vec<Vec<u64>> = vec![Vec::new(); dir.nodes()];
-        for &i in missing {
-            per_home[dir.id_home(index.spec(), ids[i]) as usize].push(ids[i]);
-        }
-        // Each id once, in the order the ids came: a home creates them in that order, so the
-        // ids of a batch that came first take consecutive slot keys.
-        for group in &mut per_home {
-            group.retain(|&id| learnt.insert(id, Assigned::NotAdmitted).is_none());
-        }
+        let per_home = dir.ids_by_home(index.spec(), missing.iter().map(|&i| ids[i]));
+        // Until a home answers otherwise, an id has no slot key.
+        learnt.extend(per_home.iter().flatten().map(|&id| (id, Assigned::NotAdmitted)));
         let name = || node.config.tables[table.id as usize].name.clone();
         let capacity = index.spec().capacity;
         let rank = dir.rank();
