@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::config::{Config, TableSpec};
-use crate::dynamic::IdIndex;
+use crate::dynamic::{AdmissionState, IdIndex};
 use crate::error::{Error, Result};
 use crate::partition::Partitioner;
 use crate::store::{Residence, Store};
@@ -269,6 +269,86 @@ pub(crate) struct Cut {
     /// The node's spill files at the cut (table, path, bytes synced), copied into the
     /// checkpoint up to that length ([`crate::Config::spill_dir`]).
     pub spills: Vec<(u16, PathBuf, u64)>,
+    /// What the node's dynamic tables' admission filters and eviction histories learnt as a
+    /// home, per table that keeps any ([`crate::dynamic::IdIndex::admission_state`]).
+    pub admission: Vec<(u16, AdmissionState)>,
+}
+
+/// The first bytes of a node's admission file.
+const ADMISSION_MAGIC: &[u8; 8] = b"FERRYAD1";
+
+/// The name of node `rank`'s admission file in a checkpoint: per table, its id (u16), the
+/// count filter's counters (a u64 count, then u32 each), the history's (the same), the uses
+/// added since the history was halved (u64) and the last round's threshold (u64), after
+/// `FERRYAD1` and the table count (u32); little-endian.
+fn admission_name(rank: usize) -> String {
+    format!("node-{rank}.admission")
+}
+
+/// Node `rank`'s admission file's body.
+fn write_admission(out: &mut dyn Write, states: &[(u16, AdmissionState)]) -> std::io::Result<()> {
+    out.write_all(ADMISSION_MAGIC)?;
+    out.write_all(&(states.len() as u32).to_le_bytes())?;
+    for (table, state) in states {
+        out.write_all(&table.to_le_bytes())?;
+        for counters in [&state.pushes, &state.uses] {
+            out.write_all(&(counters.len() as u64).to_le_bytes())?;
+            write_le(out, counters)?;
+        }
+        out.write_all(&state.uses_added.to_le_bytes())?;
+        out.write_all(&state.admit_above.to_le_bytes())?;
+    }
+    Ok(())
+}
+
+/// An admission file's `bytes` (`path` names it in errors); every count is checked against
+/// the bytes left before anything is sized by it.
+fn parse_admission(bytes: &[u8], path: &Path) -> Result<Vec<(u16, AdmissionState)>> {
+    let bad = || err(format!("{}: not a whole admission file of this version", path.display()));
+    let mut at = bytes.strip_prefix(ADMISSION_MAGIC.as_slice()).ok_or_else(bad)?;
+    let mut take = |n: usize| -> Result<&[u8]> {
+        if at.len() < n {
+            return Err(bad());
+        }
+        let (head, rest) = at.split_at(n);
+        at = rest;
+        Ok(head)
+    };
+    let tables = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes"));
+    let mut states = Vec::new();
+    for _ in 0..tables {
+        let table = u16::from_le_bytes(take(2)?.try_into().expect("2 bytes"));
+        let mut counters = [Vec::new(), Vec::new()];
+        for c in &mut counters {
+            let n = u64::from_le_bytes(take(8)?.try_into().expect("8 bytes"));
+            let n = usize::try_from(n).ok().and_then(|n| n.checked_mul(4)).ok_or_else(bad)?;
+            *c = take(n)?.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
+        }
+        let uses_added = u64::from_le_bytes(take(8)?.try_into().expect("8 bytes"));
+        let admit_above = u64::from_le_bytes(take(8)?.try_into().expect("8 bytes"));
+        let [pushes, uses] = counters;
+        states.push((table, AdmissionState { pushes, uses, uses_added, admit_above }));
+    }
+    if !at.is_empty() {
+        return Err(bad());
+    }
+    Ok(states)
+}
+
+/// Node `m`'s admission file in checkpoint `dir`, checked against its manifest's size (before
+/// it is read) and checksum; empty where the node wrote none.
+fn read_admission(dir: &Path, m: &Manifest) -> Result<Vec<(u16, AdmissionState)>> {
+    let Some((name, bytes, checksum)) = &m.admission else { return Ok(Vec::new()) };
+    let path = dir.join(name);
+    let len = std::fs::metadata(&path).map_err(|e| io("reading", &path, e))?.len();
+    if len != *bytes {
+        return Err(err(format!("{}: {len} bytes, but its manifest says {bytes}", path.display())));
+    }
+    let data = std::fs::read(&path).map_err(|e| io("reading", &path, e))?;
+    if file_checksum(&data) != *checksum {
+        return Err(err(format!("{}: its checksum does not match its manifest's (damaged)", path.display())));
+    }
+    parse_admission(&data, &path)
 }
 
 /// The name of node `rank`'s copy of its spill file of table `table` in a checkpoint.
@@ -314,6 +394,10 @@ pub(crate) fn write_node(dir: &Path, config: &Config, cut: &Cut, cuts: &[TableCu
             return Err(err(format!("spill file {} holds {copied} bytes, fewer than the {len} synced", path.display())));
         }
         spills.push_str(&format!("spill\t{table}\t{}\t{copied}\t{checksum}\n", spill_name(rank, *table)));
+    }
+    if !cut.admission.is_empty() {
+        let (bytes, checksum) = write_file_durably(dir, &admission_name(rank), |out| write_admission(out, &cut.admission))?;
+        spills.push_str(&format!("admission\t{}\t{bytes}\t{checksum}\n", admission_name(rank)));
     }
     let mut text = format!(
         "{FORMAT_LINE}\ncluster\t{:016x}\nsequence\t{sequence}\nnodes\t{}\nclock\t{clock}\nfile\t{}\t{bytes}\t{checksum}\n",
@@ -367,6 +451,8 @@ struct Manifest {
     dynamic: Vec<u16>,
     /// The node's spill files copied in: (table id, file, bytes, checksum).
     spills: Vec<(u16, String, u64, String)>,
+    /// The node's admission file, if it wrote one: (file, bytes, checksum).
+    admission: Option<(String, u64, String)>,
 }
 
 fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
@@ -385,6 +471,7 @@ fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
         tables: Vec::new(),
         dynamic: Vec::new(),
         spills: Vec::new(),
+        admission: None,
     };
     let number = |field: &str, what: &str| field.parse::<u64>().map_err(|_| bad(&format!("{what} '{field}' is not a number")));
     for line in lines {
@@ -401,6 +488,12 @@ fn parse_manifest(path: &Path, text: &str) -> Result<Manifest> {
             }
             ["dynamic", id] => m.dynamic.push(u16::try_from(number(id, "table id")?).map_err(|_| bad("a table id beyond 65535"))?),
             ["file", name, bytes, checksum] => m.file = (name.to_string(), number(bytes, "bytes")?, checksum.to_string()),
+            ["admission", name, bytes, checksum] => {
+                if name.contains(['/', '\\']) || !name.ends_with(".admission") {
+                    return Err(bad(&format!("admission file '{name}' is not a file of the checkpoint")));
+                }
+                m.admission = Some((name.to_string(), number(bytes, "bytes")?, checksum.to_string()));
+            }
             ["spill", id, name, bytes, checksum] => {
                 let id = u16::try_from(number(id, "table id")?).map_err(|_| bad("a table id beyond 65535"))?;
                 if name.contains(['/', '\\']) || !name.ends_with(".spill") {
@@ -756,6 +849,9 @@ pub(crate) fn restore(dir: &Path, store: &Store, config: &Config, indexes: &[Opt
     let also = |table: usize, key: u64| store.table(table as u16).is_replicated(key);
     let shapes = Shape::of_kept(&config.tables);
     let target = Target { shapes: &shapes, rank: config.rank, nodes: config.nodes, also: &also };
+    // First the homes' admission state: a restored id then starts with the uses eviction's
+    // history remembers of it.
+    restore_admission(dir, &manifests, config, indexes)?;
     // Every latch for the whole restore: one lock instead of one per key.
     let all = store.lock_all();
     read_into(dir, &manifests, &target, |table, key, bytes, _| {
@@ -775,6 +871,28 @@ pub(crate) fn restore(dir: &Path, store: &Store, config: &Config, indexes: &[Opt
         Ok(())
     })?;
     Ok(manifests.iter().map(|m| m.clock).min().unwrap_or(0))
+}
+
+/// What the checkpoint's homes' admission filters and eviction histories learnt, into this
+/// node's: on the node count that wrote it, this rank's own (its ids' homes are the same);
+/// on another, every node's added up (an id's counts are at its old home, wherever that was;
+/// other ids' only raise estimates, as a count-min sketch's collisions do). A table of
+/// another capacity (another sketch size) starts them afresh, said in the log.
+fn restore_admission(dir: &Path, manifests: &[Manifest], config: &Config, indexes: &[Option<IdIndex>]) -> Result<()> {
+    let same_nodes = manifests.first().is_some_and(|m| m.nodes == config.nodes);
+    for m in manifests {
+        if same_nodes && m.file.0 != values_name(config.rank) {
+            continue;
+        }
+        for (table, state) in read_admission(dir, m)? {
+            let Some(name) = m.tables.iter().find(|t| t.0 == table).map(|t| &t.6) else { continue };
+            let Some(index) = config.tables.iter().position(|t| &t.name == name).and_then(|i| indexes.get(i)).and_then(Option::as_ref) else { continue };
+            if !index.add_admission_state(&state) {
+                tracing::warn!(node = config.rank, table = %name, "the checkpoint's admission state is of another capacity: the table starts it afresh");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes dense tables held by one process (`values[t]`: every key's value of `specs[t]`, key
@@ -1051,6 +1169,26 @@ mod tests {
         ] {
             let e = parse_manifest(path, broken).unwrap_err().to_string();
             assert!(e.contains(want) && e.contains("node-0.manifest"), "{e}");
+        }
+    }
+
+    /// An admission file reads back as written; counts beyond its bytes, a cut file and
+    /// bytes left over are refused before anything is sized by them.
+    #[test]
+    fn admission_files_round_trip_and_bad_counts_are_refused() {
+        let states = vec![
+            (0u16, AdmissionState { pushes: vec![1, 2, 3], uses: Vec::new(), uses_added: 0, admit_above: 0 }),
+            (3u16, AdmissionState { pushes: Vec::new(), uses: vec![u32::MAX, 0], uses_added: 77, admit_above: 4 }),
+        ];
+        let mut bytes = Vec::new();
+        write_admission(&mut bytes, &states).unwrap();
+        let path = Path::new("node-0.admission");
+        assert_eq!(parse_admission(&bytes, path).unwrap(), states);
+        let mut inflated = bytes.clone();
+        inflated[14..22].copy_from_slice(&u64::MAX.to_le_bytes());
+        for bad in [&inflated[..], &bytes[..bytes.len() - 1], &[&bytes[..], &[0u8]].concat(), b"FERRYCK1"] {
+            let e = parse_admission(bad, path).unwrap_err().to_string();
+            assert!(e.contains("node-0.admission"), "{e}");
         }
     }
 

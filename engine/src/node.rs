@@ -349,7 +349,8 @@ impl Node {
         // Rows evicted up to now are in the spill files (rows evicted after the cut too: an id
         // both in the cut and in its spill file is one evicted meanwhile).
         let spills = self.inner.write_spilled(true)?;
-        let cut = crate::checkpoint::Cut { sequence, clock, absent, spills };
+        let admission = indexes.iter().enumerate().filter_map(|(t, index)| Some((t as u16, index.as_ref()?.admission_state()?))).collect();
+        let cut = crate::checkpoint::Cut { sequence, clock, absent, spills, admission };
         crate::checkpoint::write_in_background(dir.as_ref().to_path_buf(), config.clone(), cut, cuts, self.spare_cuts.clone())
     }
 

@@ -343,3 +343,54 @@ fn a_count_filter_admits_an_id_at_its_third_push() {
     drop((w, w1));
     finalize_all(cluster);
 }
+
+/// A checkpoint keeps what a count filter counted: ids pushed twice under `count:3` before it
+/// are admitted by one more push after a restore, on the node count that wrote it and on
+/// another; ids never pushed still wait for three.
+#[test]
+fn a_restore_keeps_the_pushes_a_count_filter_counted() {
+    let tables = || vec![TableSpec::dynamic("emb", LEN, 1_000).initialised(INIT).admitting("count:3".parse().unwrap())];
+    let dir = scratch_dir("admission-checkpoint");
+    let counted: Vec<u64> = ids();
+    let fresh: Vec<u64> = (0..50u64).map(|i| (i + 1) << 20).collect();
+    let cluster = Node::start_local_cluster(2, Config::new(tables())).unwrap();
+    let mut w = cluster[0].worker();
+    let table = cluster[0].table("emb").unwrap();
+    let ones = vec![1.0; counted.len() * LEN];
+    w.push(table, &counted, &ones).unwrap();
+    w.push(table, &counted, &ones).unwrap();
+    drop(w);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = cluster.iter().map(|node| s.spawn(|| node.checkpoint(&dir))).collect();
+        for h in handles {
+            h.join().unwrap().unwrap();
+        }
+    });
+    finalize_all(cluster);
+    assert!(dir.join("node-0.admission").exists() && dir.join("node-1.admission").exists());
+    for nodes in [2, 1] {
+        let cluster = Node::start_local_cluster(nodes, Config::new(tables()).restoring_from(&dir)).unwrap();
+        let mut w = cluster[0].worker();
+        let table = cluster[0].table("emb").unwrap();
+        w.push(table, &counted, &ones).unwrap();
+        w.push(table, &fresh, &vec![1.0; fresh.len() * LEN]).unwrap();
+        let mut out = vec![0.0; counted.len() * LEN];
+        let held = w.pull_held(table, &counted, &mut out).unwrap();
+        assert!(held.iter().all(|&h| h), "{nodes} node(s): ids counted twice before the checkpoint are admitted by a third push");
+        for (i, &id) in counted.iter().enumerate() {
+            let want: Vec<f32> = initial(id).iter().map(|v| v + 1.0).collect();
+            assert_eq!(&out[i * LEN..(i + 1) * LEN], &want[..], "{nodes} node(s): id {id} holds its third push");
+        }
+        let mut rows = vec![0.0; fresh.len() * LEN];
+        assert!(w.pull_held(table, &fresh, &mut rows).unwrap().iter().all(|&h| !h), "{nodes} node(s): new ids still wait");
+        drop(w);
+        finalize_all(cluster);
+    }
+    // A damaged admission file is refused, naming it.
+    let file = dir.join("node-1.admission");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[20] ^= 1;
+    std::fs::write(&file, &bytes).unwrap();
+    let e = Node::start_local_cluster(2, Config::new(tables()).restoring_from(&dir)).err().expect("a damaged checkpoint restored").to_string();
+    assert!(e.contains("node-1.admission") && e.contains("checksum"), "{e}");
+}

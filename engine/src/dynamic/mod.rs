@@ -395,6 +395,18 @@ struct HomeState {
     filtered: u64,
 }
 
+/// A home's admission state as a checkpoint keeps it ([`IdIndex::admission_state`]): the
+/// counters of the count filter's sketch of pushes, of eviction's history of uses (each empty
+/// where the table has none), the uses added to the history since it was last halved, and the
+/// use count under which the last round offered ids.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct AdmissionState {
+    pub pushes: Vec<u32>,
+    pub uses: Vec<u32>,
+    pub uses_added: u64,
+    pub admit_above: u64,
+}
+
 /// What makes a table dynamic ([`crate::TableSpec::dynamic`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DynamicSpec {
@@ -731,6 +743,53 @@ impl IdIndex {
             ))),
             _ => Err(Error::Checkpoint(format!("id {id} is in the checkpoint twice"))),
         }
+    }
+
+    /// What this node's admission filter and eviction history learnt as a home (the count
+    /// filter's sketch, eviction's history of uses and the last round's threshold), for a
+    /// checkpoint; `None` where the table keeps neither.
+    pub fn admission_state(&self) -> Option<AdmissionState> {
+        let home = self.home.lock();
+        if home.sketch.is_none() && home.history.is_none() {
+            return None;
+        }
+        Some(AdmissionState {
+            pushes: home.sketch.as_ref().map(|s| s.counters.clone()).unwrap_or_default(),
+            uses: home.history.as_ref().map(|h| h.sketch.counters.clone()).unwrap_or_default(),
+            uses_added: home.history.as_ref().map_or(0, |h| h.added),
+            admit_above: home.admit_above,
+        })
+    }
+
+    /// Adds `state` (a checkpoint's, of this node or of another: counts of ids homed
+    /// elsewhere only raise estimates, as a count-min sketch's collisions do) to what this
+    /// node's filter and history know. Returns whether it fit: a sketch of another size (a
+    /// table of another capacity) is left out, and the table starts that part afresh.
+    pub fn add_admission_state(&self, state: &AdmissionState) -> bool {
+        let mut home = self.home.lock();
+        let home = &mut *home;
+        let mut fit = true;
+        let mut add = |counters: &mut Vec<u32>, saved: &[u32]| {
+            if saved.is_empty() {
+                return;
+            }
+            if counters.len() != saved.len() {
+                fit = false;
+                return;
+            }
+            for (c, s) in counters.iter_mut().zip(saved) {
+                *c = c.saturating_add(*s);
+            }
+        };
+        if let Some(sketch) = home.sketch.as_mut() {
+            add(&mut sketch.counters, &state.pushes);
+        }
+        if let Some(history) = home.history.as_mut() {
+            add(&mut history.sketch.counters, &state.uses);
+            history.added = history.added.saturating_add(state.uses_added);
+        }
+        home.admit_above = home.admit_above.max(state.admit_above.min(COUNT_MAX));
+        fit
     }
 
     /// Ids this node created as their home (evicted ones included).
