@@ -304,14 +304,14 @@ impl Directory {
     }
 
     /// `ids` of a dynamic table grouped by their homes ([`Directory::id_home`]): one list per
-    /// node, each id once, in the order the ids came (a home creates them in that order, so
-    /// the ids of a batch that came first take consecutive slot keys). The worker's asks and
-    /// the simulator's both group so.
-    pub fn ids_by_home(&self, spec: &crate::dynamic::DynamicSpec, ids: impl IntoIterator<Item = u64>) -> Vec<Vec<u64>> {
+    /// node, each id once (`first` says whether an id is seen for the first time; the caller
+    /// keeps the set, which it may need anyway), in the order the ids came (a home creates them
+    /// in that order, so the ids of a batch that came first take consecutive slot keys). The
+    /// worker's asks and the simulator's both group so.
+    pub fn ids_by_home(&self, spec: &crate::dynamic::DynamicSpec, ids: impl IntoIterator<Item = u64>, mut first: impl FnMut(u64) -> bool) -> Vec<Vec<u64>> {
         let mut per_home: Vec<Vec<u64>> = vec![Vec::new(); self.nodes()];
-        let mut seen = crate::util::FastSet::default();
         for id in ids {
-            if seen.insert(id) {
+            if first(id) {
                 per_home[self.id_home(spec, id) as usize].push(id);
             }
         }

@@ -79,7 +79,8 @@ impl Sim {
                     None => true,
                 });
             }
-            per_home = dir.ids_by_home(index.spec(), ids);
+            let mut seen = crate::util::FastSet::default();
+            per_home = dir.ids_by_home(index.spec(), ids, |id| seen.insert(id));
             // Those homed here: from the node's own index, as the worker's thread does.
             let group = std::mem::take(&mut per_home[node]);
             if !group.is_empty() {

@@ -207,9 +207,8 @@ impl Worker {
         }
         let node = self.node.clone();
         let dir = node.core.directory();
-        let per_home = dir.ids_by_home(index.spec(), missing.iter().map(|&i| ids[i]));
         // Until a home answers otherwise, an id has no slot key.
-        learnt.extend(per_home.iter().flatten().map(|&id| (id, Assigned::NotAdmitted)));
+        let per_home = dir.ids_by_home(index.spec(), missing.iter().map(|&i| ids[i]), |id| learnt.insert(id, Assigned::NotAdmitted).is_none());
         let name = || node.config.tables[table.id as usize].name.clone();
         let capacity = index.spec().capacity;
         let rank = dir.rank();
