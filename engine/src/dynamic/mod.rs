@@ -630,9 +630,11 @@ impl IdIndex {
         let before = home.created;
         let (capacity, first, admission, evicts) = (self.spec.capacity, self.first, self.spec.admission, self.marks);
         let mut one = |map: &mut IdMap, id: u64, home: &mut HomeState| -> Result<Assigned> {
-            if let Some(entry) = map.get(&id) {
-                return Ok(Assigned::Key(touch(entry, evicts && intent != Intent::Peek)));
-            }
+            // One hash of the id for a new id as for a known one.
+            let vacant = match map.entry(id) {
+                std::collections::hash_map::Entry::Occupied(entry) => return Ok(Assigned::Key(touch(entry.get(), evicts && intent != Intent::Peek))),
+                std::collections::hash_map::Entry::Vacant(vacant) => vacant,
+            };
             if intent == Intent::Peek {
                 // Not held, or offered in a round under way: a peek neither uses nor rescues it
                 // (nor could the asker learn a slot key the round may free).
@@ -640,7 +642,7 @@ impl IdIndex {
             }
             if let Some(offered) = home.offered.get_mut(&id) {
                 offered.rescued = true;
-                map.insert(id, AtomicU64::new(offered.key | ((offered.uses + 1).min(COUNT_MAX) * COUNT_ONE)));
+                vacant.insert(AtomicU64::new(offered.key | ((offered.uses + 1).min(COUNT_MAX) * COUNT_ONE)));
                 return Ok(Assigned::Key(offered.key));
             }
             let admitted = match (intent, admission) {
@@ -694,7 +696,7 @@ impl IdIndex {
             }
             home.created += 1;
             let uses = home.history.as_ref().map_or(0, |h| h.starting_uses(id));
-            map.insert(id, AtomicU64::new(key | (uses * COUNT_ONE)));
+            vacant.insert(AtomicU64::new(key | (uses * COUNT_ONE)));
             Ok(Assigned::Key(key))
         };
         if ids.len() < 2 * INDEX_SHARDS {
