@@ -65,8 +65,8 @@ pub struct MfArgs {
     /// How users and items key the tables in cluster modes: `dense` (numbered in order of
     /// first appearance, tables of that many keys) or `raw` (their ids in the file — a number
     /// as it is, any other name by its 64-bit hash — key two dynamic tables, each id created at
-    /// its first push: docs/DYNAMIC.md; modes classic and localize). `single` stores the same
-    /// model densely.
+    /// its first touch: docs/DYNAMIC.md; modes classic, localize and intent). `single` stores the
+    /// same model densely.
     #[arg(long, default_value = "dense")]
     pub ids: String,
     /// Own data files.
@@ -221,8 +221,8 @@ impl MfArgs {
         }
         match self.ids.as_str() {
             "dense" => {}
-            "raw" if self.common.modes().any(|m| matches!(m, Mode::Hybrid | Mode::Intent)) => {
-                bail!("--ids raw runs the single, classic and localize modes (a dynamic table is not replicated, and intent with raw ids is not wired up)")
+            "raw" if self.common.modes().any(|m| m == Mode::Hybrid) => {
+                bail!("--ids raw runs the single, classic, localize and intent modes (hybrid replicates ranges of keys, which a dynamic table has not)")
             }
             "raw" => {}
             other => bail!("--ids {other}: expected dense or raw"),
@@ -618,7 +618,12 @@ impl Workload for MfArgs {
             v
         };
         // Intent mode: the users this thread trains and the items of each block it touches.
-        let my_items: Vec<Vec<u64>> = if intent { (0..nodes).map(|b| distinct(&mut cells[b].iter().map(|r| r.item))).collect() } else { Vec::new() };
+        // (Table keys: with --ids raw, the items' raw ids.)
+        let my_items: Vec<Vec<u64>> = if intent {
+            (0..nodes).map(|b| distinct(&mut cells[b].iter().map(|r| r.item)).into_iter().map(|i| table_key(data.raw.as_ref(), 1, i)).collect()).collect()
+        } else {
+            Vec::new()
+        };
         let (w, tables) = pass.node().expect("a cluster's pass has a worker");
         if localize && t == 0 {
             // Data clustering: this node's rows stay here for the whole run.
@@ -629,7 +634,7 @@ impl Workload for MfArgs {
             // The trainer only says what it will need: its users throughout, and the first
             // sub-epoch's items in its first clocks (counted from the clock it starts in, which
             // a resumed run takes from its checkpoint).
-            let my_users = distinct(&mut cells.iter().flatten().map(|r| r.user));
+            let my_users: Vec<u64> = distinct(&mut cells.iter().flatten().map(|r| r.user)).into_iter().map(|u| table_key(data.raw.as_ref(), 0, u)).collect();
             let base = w.current_clock();
             w.intent(tables[0], &my_users, base, u64::MAX)?;
             w.intent(tables[1], &my_items[rank % nodes], base, base + self.intent_clocks)?;
