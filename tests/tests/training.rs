@@ -659,6 +659,11 @@ fn logistic_regression_learns_with_every_toolbox_option() {
     assert!((auc(&raw["classic"][3]) - auc(&raw["single"][3])).abs() < 0.01, "raw ids: AUC {} vs {}", auc(&raw["classic"][3]), auc(&raw["single"][3]));
     assert!((auc(&raw["localize"][3]) - auc(&raw["single"][3])).abs() < 0.01);
     assert!((auc(&raw["single"][3]) - auc(&modes["single"][3])).abs() < 0.01, "renumbered raw ids are the dense model");
+    // Intent mode declares the raw ids (on a table that does not evict: on one that does,
+    // intent is refused).
+    let intent = train(&[&base[..], &["--mode", "intent", "--ids", "raw", "--eviction", "never"]].concat());
+    assert!((auc(&intent[3]) - auc(&raw["single"][3])).abs() < 0.01, "raw ids in intent mode: AUC {}", auc(&intent[3]));
+    assert!(f(&intent[3]["local_share"]) > 0.9, "intent brings the raw ids' weights here: {}", intent[3]["local_share"]);
     let quarter = train(&[&base[..], &["--mode", "classic", "--ids", "raw", "--capacity-share", "0.25"]].concat());
     assert!(auc(&quarter[3]) > 0.6, "a quarter of the ids: AUC {}", auc(&quarter[3]));
     let held = quarter[3]["quality"]["nonzero"].as_u64().unwrap();

@@ -365,10 +365,11 @@ impl LrArgs {
                 if self.plan.is_some() || self.place_arrivals {
                     bail!("--ids raw takes no --plan or --place-arrivals (a plan homes dense keys)");
                 }
-                if self.common.modes().any(|m| matches!(m, Mode::Hybrid | Mode::Intent)) {
-                    bail!(
-                        "--ids raw runs the single, classic and localize modes (a dynamic table is not replicated, and intent on a table that evicts is not supported yet)"
-                    );
+                if self.common.modes().any(|m| m == Mode::Hybrid) {
+                    bail!("--ids raw runs the single, classic, localize and intent modes (hybrid replicates ranges of keys, which a dynamic table has not)");
+                }
+                if self.common.modes().any(|m| m == Mode::Intent) && self.eviction != "never" {
+                    bail!("--ids raw in intent mode needs --eviction never (intent on a table that evicts is not supported yet)");
                 }
                 if !(self.capacity_share.is_finite() && self.capacity_share > 0.0) {
                     bail!("--capacity-share must be a positive number");
@@ -1014,6 +1015,7 @@ impl NodeLr<'_> {
             }
             if let Some((_, order)) = &self.declaring {
                 self.peek.gather(&self.split.train, &self.batches[order[due.index]], self.split.dims);
+                raw_keys(&mut self.peek, self.split.raw.as_deref());
                 w.intent(tables[0], &self.peek.keys, due.clock, due.clock + 1)?;
             }
         }
