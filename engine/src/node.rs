@@ -170,7 +170,9 @@ impl Node {
                     None => Vec::new(),
                 };
                 core.spill_evicted();
-                Some(crate::dynamic::spill::Spiller::open(dir, config.rank, &config.tables, seed)?)
+                let evicting: Vec<_> =
+                    config.tables.iter().map(|t| t.dynamic.filter(|d| d.eviction.evicts()).map(|_| (t.name.as_str(), t.value_len))).collect();
+                Some(crate::dynamic::spill::Spiller::open(dir, config.rank, &evicting, seed)?)
             }
             _ => None,
         };

@@ -14,7 +14,6 @@
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use crate::config::TableSpec;
 use crate::error::{Error, Result};
 
 /// A spill file's first bytes.
@@ -97,20 +96,21 @@ pub(crate) struct Spiller {
 }
 
 impl Spiller {
-    /// Opens node `rank`'s spill files under `dir` for the tables of `specs` that evict,
-    /// starting each anew: a file already there (of an earlier run) is renamed to
-    /// `NAME.previous-N` with the first free `N`, never overwritten. `seed` rows (a restored
-    /// checkpoint's spilled ids homed here: table, ids, values) are written first.
-    pub fn open(dir: &Path, rank: usize, specs: &[TableSpec], seed: Vec<SpilledRows>) -> Result<Spiller> {
+    /// Opens node `rank`'s spill files under `dir` for the tables that evict (`evicting[t]`:
+    /// table `t`'s name and values per id, `None` for a table that does not evict), starting
+    /// each anew: a file already there (of an earlier run) is renamed to `NAME.previous-N` with
+    /// the first free `N`, never overwritten. `seed` rows (a restored checkpoint's spilled ids
+    /// homed here) are written first.
+    pub fn open(dir: &Path, rank: usize, evicting: &[Option<(&str, usize)>], seed: Vec<SpilledRows>) -> Result<Spiller> {
         let failed = |what: &str, path: &Path, e: std::io::Error| Error::Checkpoint(format!("{what} {}: {e}", path.display()));
         std::fs::create_dir_all(dir).map_err(|e| failed("creating the spill directory", dir, e))?;
-        let mut tables = Vec::with_capacity(specs.len());
-        for spec in specs {
-            if !spec.dynamic.is_some_and(|d| d.eviction.evicts()) {
+        let mut tables = Vec::with_capacity(evicting.len());
+        for table in evicting {
+            let Some((name, value_len)) = *table else {
                 tables.push(None);
                 continue;
-            }
-            let path = path(dir, &spec.name, rank);
+            };
+            let path = path(dir, name, rank);
             if path.exists() {
                 let aside = (1u32..).map(|n| path.with_extension(format!("spill.previous-{n}"))).find(|p| !p.exists()).expect("a free name");
                 std::fs::rename(&path, &aside).map_err(|e| failed("moving aside the earlier spill file", &path, e))?;
@@ -118,8 +118,8 @@ impl Spiller {
             }
             let file = std::fs::OpenOptions::new().create_new(true).write(true).open(&path).map_err(|e| failed("creating spill file", &path, e))?;
             let mut out = BufWriter::new(file);
-            out.write_all(MAGIC).and_then(|()| out.write_all(&(spec.value_len as u32).to_le_bytes())).map_err(|e| failed("writing", &path, e))?;
-            tables.push(Some(Open { path, value_len: spec.value_len, out, bytes: HEADER as u64 }));
+            out.write_all(MAGIC).and_then(|()| out.write_all(&(value_len as u32).to_le_bytes())).map_err(|e| failed("writing", &path, e))?;
+            tables.push(Some(Open { path, value_len, out, bytes: HEADER as u64 }));
         }
         let mut spiller = Spiller { tables };
         for rows in seed {
@@ -173,7 +173,6 @@ impl Spiller {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dynamic::Eviction;
 
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("ferry-spill-{name}-{}", std::process::id()));
@@ -186,7 +185,7 @@ mod tests {
     #[test]
     fn spilled_rows_read_back_and_nothing_is_overwritten() {
         let dir = scratch("rows");
-        let specs = vec![TableSpec::new("dense", 4, 1), TableSpec::dynamic("emb", 2, 8).evicting(Eviction::Lfu)];
+        let specs = [None, Some(("emb", 2))];
         let mut spiller = Spiller::open(&dir, 3, &specs, vec![SpilledRows { table: 1, ids: vec![7], values: vec![0.5, -0.5] }]).unwrap();
         spiller.append(1, &[u64::MAX, 9], &[1.0, 2.0, 3.0, 4.0]).unwrap();
         assert!(spiller.append(0, &[1], &[1.0]).is_err(), "a table that does not evict");
