@@ -47,3 +47,14 @@ pub fn scratch_dir(what: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
     dir
 }
+
+/// Every node of `cluster` writes its part of a checkpoint into `dir`, all at once (each
+/// node's call returns once its files are durable); panics on any error.
+pub fn checkpoint_all(cluster: &[ferry::Node], dir: &std::path::Path) {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = cluster.iter().map(|node| s.spawn(|| node.checkpoint(dir))).collect();
+        for h in handles {
+            h.join().unwrap().unwrap();
+        }
+    });
+}

@@ -6,7 +6,7 @@
 //! other node counts; bad configurations are refused.
 
 use ferry::{Config, Error, Node, TableSpec, Updater, dynamic::Init};
-use ferry_tests::{finalize_all, scratch_dir};
+use ferry_tests::{checkpoint_all, finalize_all, scratch_dir};
 
 const LEN: usize = 3;
 const INIT: Init = Init::Uniform { scale: 0.5, seed: 11 };
@@ -252,12 +252,7 @@ fn a_dynamic_table_restores_on_other_node_counts() {
     let mut before = vec![0.0; ids.len() * LEN];
     w.pull(table, &ids, &mut before).unwrap();
     drop(w);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = cluster.iter().map(|node| s.spawn(|| node.checkpoint(&dir))).collect();
-        for h in handles {
-            h.join().unwrap().unwrap();
-        }
-    });
+    checkpoint_all(&cluster, &dir);
     finalize_all(cluster);
     // Read whole outside a cluster: its ids ascending, with their rows.
     let whole = ferry::read_checkpoint(&dir).unwrap();
@@ -360,12 +355,7 @@ fn a_restore_keeps_the_pushes_a_count_filter_counted() {
     w.push(table, &counted, &ones).unwrap();
     w.push(table, &counted, &ones).unwrap();
     drop(w);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = cluster.iter().map(|node| s.spawn(|| node.checkpoint(&dir))).collect();
-        for h in handles {
-            h.join().unwrap().unwrap();
-        }
-    });
+    checkpoint_all(&cluster, &dir);
     finalize_all(cluster);
     assert!(dir.join("node-0.admission").exists() && dir.join("node-1.admission").exists());
     for nodes in [2, 1] {

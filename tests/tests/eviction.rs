@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use ferry::dynamic::{Eviction, Init};
 use ferry::{Config, Error, Node, TableSpec};
-use ferry_tests::{finalize_all, scratch_dir};
+use ferry_tests::{checkpoint_all, finalize_all, scratch_dir};
 
 const LEN: usize = 2;
 
@@ -182,12 +182,7 @@ fn evicted_rows_are_spilled_checkpointed_and_carried_on_by_a_restore() {
     while cluster.iter().map(|n| n.stats().dynamic.ids_evicted).sum::<u64>() < ids.len() as u64 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    std::thread::scope(|s| {
-        let handles: Vec<_> = cluster.iter().map(|node| s.spawn(|| node.checkpoint(&checkpoint))).collect();
-        for h in handles {
-            h.join().unwrap().unwrap();
-        }
-    });
+    checkpoint_all(&cluster, &checkpoint);
     finalize_all(cluster);
     // Every pushed id in one node's spill file, with its value at eviction.
     let check = |spilled: &[(u64, Vec<f32>)], what: &str| {

@@ -58,6 +58,17 @@ impl Description<'_> {
         SavedTable { name: t.name.to_string(), cols: t.cols, data, ids: t.ids.to_vec() }
     }
 
+    /// Table `i` as saved from a dynamic table's rows (`len` values per id, the ids of the
+    /// description in order): only those `held` says the table holds (ids it evicted or never
+    /// admitted are not in it).
+    pub fn saved_held(&self, i: usize, values: &[f32], len: usize, held: &[bool]) -> SavedTable {
+        let t = &self.tables[i];
+        let rows: Vec<usize> = (0..held.len().min(t.ids.len())).filter(|&r| held[r]).collect();
+        let data = rows.iter().flat_map(|&r| values[r * len..r * len + t.cols].iter().copied()).collect();
+        let ids = rows.iter().map(|&r| t.ids[r].clone()).collect();
+        SavedTable { name: t.name.to_string(), cols: t.cols, data, ids }
+    }
+
     /// Writes `model.json` and the ids beside the checkpoint after `epoch` in `dir` (before any
     /// node writes its files there, so that a whole checkpoint always has them): `sources` are
     /// the workload's tables in the checkpoint, `nodes` the node count writing it. A dynamic

@@ -27,7 +27,6 @@ use rand_chacha::ChaCha8Rng;
 use super::ahead::AheadCursor;
 use super::checkpoint_model::{Described, Description};
 use super::epochs::{Fields, Measured, Model, ModelReader, ModelTable, Pass, Quality, Trainer, Workload};
-use super::model::SavedTable;
 use super::shared::{METRIC_FIELDS, field, leading_columns};
 use super::{Common, Event, Mode, Sink};
 use crate::data::sparse::{Examples, load_labelled_text, load_libsvm};
@@ -889,12 +888,10 @@ impl Workload for LrArgs {
         let weights = leading_columns(&values, value_len, 1);
         if self.common.save_now(epoch) {
             let d = self.description(split);
-            let mut saved = SavedTable { name: "weights".into(), cols: 1, data: weights.clone(), ids: split.names.clone() };
-            if let Some(held) = &held {
-                // The ids the table holds only (evicted or never admitted ones are not in it).
-                let rows = held.iter().enumerate().filter(|(_, h)| **h).map(|(i, _)| i);
-                (saved.data, saved.ids) = rows.map(|i| (weights[i], split.names[i].clone())).unzip();
-            }
+            let saved = match &held {
+                Some(held) => d.saved_held(0, &values, value_len, held),
+                None => d.saved(0, &values, value_len),
+            };
             self.common.save_model(&d, epoch, &[saved])?;
         }
         let mut quality = evaluate(&weights, &split.test);

@@ -680,11 +680,7 @@ fn saved_table(d: &Description<'_>, data: &RatingsData, model: &mut ModelReader<
     if let Some(raw) = &data.raw
         && let Some((values, held)) = model.held_rows(t, &raw[t])?
     {
-        let described = &d.tables[t];
-        let rows: Vec<usize> = (0..held.len()).filter(|&i| held[i]).collect();
-        let data = rows.iter().flat_map(|&i| values[i * len..i * len + described.cols].iter().copied()).collect();
-        let ids = rows.iter().map(|&i| described.ids[i].clone()).collect();
-        return Ok(super::model::SavedTable { name: described.name.to_string(), cols: described.cols, data, ids });
+        return Ok(d.saved_held(t, &values, len, &held));
     }
     Ok(d.saved(t, &model.all(t)?, len))
 }

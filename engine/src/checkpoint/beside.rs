@@ -74,16 +74,23 @@ pub(super) fn parse_admission(bytes: &[u8], path: &Path) -> Result<Vec<(u16, Adm
 /// it is read) and checksum; empty where the node wrote none.
 fn read_admission(dir: &Path, m: &Manifest) -> Result<Vec<(u16, AdmissionState)>> {
     let Some((name, bytes, checksum)) = &m.admission else { return Ok(Vec::new()) };
+    let (path, data) = read_listed(dir, name, *bytes, checksum)?;
+    parse_admission(&data, &path)
+}
+
+/// The file `name` a manifest lists in checkpoint `dir` with `bytes` and `checksum`: its path
+/// and contents, its size checked before it is read and its checksum after.
+fn read_listed(dir: &Path, name: &str, bytes: u64, checksum: &str) -> Result<(std::path::PathBuf, Vec<u8>)> {
     let path = dir.join(name);
     let len = std::fs::metadata(&path).map_err(|e| io("reading", &path, e))?.len();
-    if len != *bytes {
+    if len != bytes {
         return Err(err(format!("{}: {len} bytes, but its manifest says {bytes}", path.display())));
     }
     let data = std::fs::read(&path).map_err(|e| io("reading", &path, e))?;
-    if file_checksum(&data) != *checksum {
+    if file_checksum(&data) != checksum {
         return Err(err(format!("{}: its checksum does not match its manifest's (damaged)", path.display())));
     }
-    parse_admission(&data, &path)
+    Ok((path, data))
 }
 
 /// The name of node `rank`'s copy of its spill file of table `table` in a checkpoint.
@@ -97,15 +104,7 @@ pub(super) fn spill_name(rank: usize, table: u16) -> String {
 pub(super) fn read_spills(dir: &Path, m: &Manifest) -> Result<Vec<(u16, crate::dynamic::SpillFile)>> {
     let mut spills = Vec::with_capacity(m.spills.len());
     for (table, name, bytes, checksum) in &m.spills {
-        let path = dir.join(name);
-        let len = std::fs::metadata(&path).map_err(|e| io("reading", &path, e))?.len();
-        if len != *bytes {
-            return Err(err(format!("{}: {len} bytes, but its manifest says {bytes}", path.display())));
-        }
-        let data = std::fs::read(&path).map_err(|e| io("reading", &path, e))?;
-        if file_checksum(&data) != *checksum {
-            return Err(err(format!("{}: its checksum does not match its manifest's (damaged)", path.display())));
-        }
+        let (path, data) = read_listed(dir, name, *bytes, checksum)?;
         let spill = crate::dynamic::spill::parse(&data, &path)?;
         let value_len = m.tables.iter().find(|t| t.0 == *table).map(|t| t.3);
         if spill.torn_bytes != 0 || value_len != Some(spill.value_len) || !m.dynamic.contains(table) {
