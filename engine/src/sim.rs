@@ -123,6 +123,14 @@ pub struct SimOptions {
     /// With `dynamic_ids`: the dynamic table evicts ids, and nodes begin eviction rounds now
     /// and then (see `sim::dynamic_ids`).
     pub evict_ids: bool,
+    /// With `evict_ids` and relocation: workers also signal intent on slot keys of the dynamic
+    /// table (any of its range: held, offered in a round or free), as the intent service does
+    /// on the slot keys of the ids it was told of; the homes' grants become granted localizes
+    /// of those slot keys and run-time replicas, each dropped when its node's intent ends.
+    /// Checked after every step: a slot key a node holds away from its home, or has a replica
+    /// of, is an id's (no grant moved or replicated a slot a new id may take, and no round
+    /// freed one while it was away or replicated). See `sim::dynamic_ids`.
+    pub intend_ids: bool,
     /// Simulated nanoseconds between a node's replication rounds.
     pub round_period: u64,
     /// A round that has waited more than a round period for its acknowledgements is given up
@@ -221,6 +229,7 @@ impl SimOptions {
             replicated: Vec::new(),
             dynamic_ids: 0,
             evict_ids: false,
+            intend_ids: false,
             round_period: 40_000,
             round_give_ups: false,
             push_pull: 0.0,
@@ -460,6 +469,21 @@ enum ScriptOp {
         /// Asked for on a home's intent grant (`MOVE_GRANTED`).
         granted: bool,
     },
+    /// The node's need of slot keys of the dynamic table changes ([`SimOptions::intend_ids`]).
+    IntentIds {
+        keys: Vec<u64>,
+        level: crate::intent::IntentLevel,
+    },
+    /// The end of the node's replicas of slot keys of the dynamic table whose intent ended a
+    /// while ago, as the runtime's service ends a replica whose drop it put off or whose delta
+    /// drains ([`SimOptions::intend_ids`]).
+    DropSlotReplicas {
+        keys: Vec<u64>,
+    },
+    /// A granted localize of slot keys of the dynamic table ([`SimOptions::intend_ids`]).
+    LocalizeIds {
+        keys: Vec<u64>,
+    },
     /// The node's need of keys changes (what its intent service tells their homes).
     Intent {
         keys: Vec<u64>,
@@ -666,6 +690,9 @@ struct Sim {
     syncs: SyncCounts,
     /// The slot key every id of the dynamic table got (see `sim::dynamic_ids`).
     dynamic_slots: std::collections::BTreeMap<u64, u64>,
+    /// Per node: how much it needs each slot key of the dynamic table it last signalled
+    /// ([`SimOptions::intend_ids`]).
+    slot_intents: Vec<std::collections::BTreeMap<u64, crate::intent::IntentLevel>>,
     /// Per node, its simulated replica set (empty without run-time replicas).
     replica_sets: Vec<SimReplicaSet>,
     /// What the replica sets did.
@@ -901,6 +928,7 @@ impl Sim {
             intent_grants: 0,
             syncs: SyncCounts::default(),
             dynamic_slots: Default::default(),
+            slot_intents: vec![Default::default(); opts.nodes],
             replica_sets,
             replica_counts: ReplicaSetCounts::default(),
             intent_services: (0..if opts.declared_intents { opts.nodes } else { 0 }).map(|_| intent_rounds::SimIntentService::new()).collect(),
@@ -946,6 +974,19 @@ impl Sim {
                     if opts.dynamic_ids > 0 && rng.gen_bool(0.3) {
                         // Ids of the dynamic table, from a pool small enough that nodes race to
                         // create them.
+                        if opts.intend_ids && rng.gen_bool(0.4) {
+                            use crate::intent::IntentLevel;
+                            let level = [IntentLevel::None, IntentLevel::Soon, IntentLevel::Now][rng.gen_range(0..3)];
+                            // Mostly the first slot keys of a home's range, which its first ids
+                            // take (a pool of ids spread over the homes uses few of each range).
+                            let key = |rng: &mut ChaCha8Rng| match rng.gen_bool(0.8) {
+                                true => rng.gen_range(0..opts.nodes as u64) * opts.dynamic_ids + rng.gen_range(0..opts.dynamic_ids.min(4)),
+                                false => rng.gen_range(0..opts.dynamic_ids * opts.nodes as u64),
+                            };
+                            let keys = (0..rng.gen_range(1..=3)).map(|_| key(rng)).collect();
+                            script.push_back(ScriptOp::IntentIds { keys, level });
+                            continue;
+                        }
                         let ids = (0..rng.gen_range(1..=5)).map(|_| dynamic_ids::id(rng.gen_range(0..opts.dynamic_ids))).collect();
                         script.push_back(ScriptOp::Assign { ids });
                         continue;
@@ -1105,7 +1146,7 @@ impl Sim {
     /// location caches allow for asynchronous operations — Lapse, Theorem 3 — so there it
     /// waits, which orders no less than the service does.)
     fn grant_intents(&mut self) {
-        if !self.opts.intents {
+        if !self.opts.intents && !self.opts.intend_ids {
             return;
         }
         for node in 0..self.opts.nodes {
@@ -1118,7 +1159,11 @@ impl Sim {
             }
             let granted = self.nodes[node].core.take_intent_go();
             let Some(w) = (0..self.workers.len()).find(|&w| self.workers[w].node == node) else { continue };
-            for (_, grant, keys) in granted {
+            for (table, grant, keys) in granted {
+                if table == dynamic_ids::TABLE {
+                    self.grant_slot_keys(node, w, grant, keys);
+                    continue;
+                }
                 // Replicas are kept by the intent service with ordinary pushes and pulls, which
                 // the protocol cannot tell from a trainer's; the simulation runs the moves.
                 if grant == crate::protocol::Grant::Replicate {
@@ -1335,11 +1380,16 @@ impl Sim {
                     self.node_event(node, |step, _, _| Ok(step.handle_timeout()))?;
                 }
             }
-            if self.opts.evict_ids && !runnable.is_empty() && self.rng.gen_range(0..20) == 0 {
+            // With intents on slot keys, more often: a round must fall in the while between a
+            // node's intent ending and its replica's end to test what holds the replica's id.
+            if self.opts.evict_ids && !runnable.is_empty() && self.rng.gen_range(0..if self.opts.intend_ids { 6 } else { 20 }) == 0 {
                 self.begin_eviction_round()?;
             }
             if self.opts.evict_ids {
                 self.check_id_mappings()?;
+            }
+            if self.opts.intend_ids {
+                self.check_slots_away()?;
             }
         }
     }
@@ -1714,6 +1764,27 @@ impl Sim {
             }
             ScriptOp::Declare { keys, start, len } => self.declare_intent(w, keys, start, len),
             ScriptOp::IntentService => self.intent_service_step(w)?,
+            ScriptOp::IntentIds { keys, level } => self.intend_slot_keys(w, keys, level)?,
+            ScriptOp::DropSlotReplicas { keys } => self.drop_slot_replicas(w, &keys),
+            ScriptOp::LocalizeIds { keys } => {
+                self.ops += 1;
+                self.log(format!("worker {w}@{node} localize slot keys {keys:?} granted"));
+                let issued = self.worker_event(w, |step, req| step.issue_localize(req, dynamic_ids::TABLE, &keys, true, None))?;
+                if let Some(Issued::Pending { op, .. }) = issued {
+                    let first_event = self.workers[w].events.len();
+                    self.workers[w].in_flight.push(InFlight {
+                        op,
+                        kind: None,
+                        keys: Vec::new(),
+                        buffer: Vec::new(),
+                        first_event,
+                        asynchronous: true,
+                        service: false,
+                        granted_move: false,
+                        victim_reads: Vec::new(),
+                    });
+                }
+            }
             ScriptOp::Intent { keys, level } => {
                 self.log(format!("worker {w}@{node} intent {level:?} on {keys:?}"));
                 self.worker_event(w, |step, _| {

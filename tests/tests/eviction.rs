@@ -2,12 +2,12 @@
 //! ids nobody uses for a time to live are evicted and read as new afterwards while ids in use
 //! keep every push; a home that runs short of slot keys evicts rather than refuses, under
 //! workers of every node streaming new ids, relocating some, with every value read back
-//! checked; intent on a table that evicts is refused.
+//! checked; ids intended on a table that evicts stay and keep every push.
 
 use std::time::{Duration, Instant};
 
 use ferry::dynamic::{Eviction, Init};
-use ferry::{Config, Error, Node, TableSpec};
+use ferry::{Config, Node, TableSpec};
 use ferry_tests::{checkpoint_all, finalize_all, scratch_dir};
 
 const LEN: usize = 2;
@@ -140,17 +140,52 @@ fn a_home_that_runs_short_evicts_and_no_id_sees_another_ids_value() {
     finalize_all(cluster);
 }
 
-/// Intent on a table that evicts is refused with what to do instead; a bad rule is refused.
+/// Intent on a table that evicts: both nodes intend the same ids for the whole run, so the
+/// ids get replicas on the node that does not hold them, and push them only every 150 ms — longer
+/// than a time to live of 40 ms, so rounds run while they are unused — beside a stream of new
+/// ids pushed once. The intended ids are never evicted and keep every push; the others are
+/// evicted and read as new; a bad rule is refused.
 #[test]
-fn intent_on_a_table_that_evicts_is_refused() {
-    let spec = TableSpec::dynamic("emb", LEN, 100).evicting(Eviction::Lfu);
+fn intended_ids_of_a_table_that_evicts_keep_every_push() {
+    const CLOCKS: u64 = 12;
+    let spec = TableSpec::dynamic("emb", LEN, 400).evicting(Eviction::Ttl { millis: 40 });
     let cluster = Node::start_local_cluster(2, Config::new(vec![spec])).unwrap();
-    let mut w = cluster[0].worker();
-    let t = cluster[0].table("emb").unwrap();
-    let e = w.intent(t, &[1, 2], 0, 5).unwrap_err();
-    assert!(matches!(&e, Error::Intent(m) if m.contains("evicts")), "{e}");
-    w.localize(t, &[1, 2]).unwrap();
-    drop(w);
+    let hot: Vec<u64> = (0..32).map(|i| id(20, i)).collect();
+    std::thread::scope(|s| {
+        for node in &cluster {
+            let hot = &hot;
+            s.spawn(move || {
+                let mut w = node.worker();
+                let t = node.table("emb").unwrap();
+                w.intent(t, hot, 0, 1_000).unwrap();
+                for clock in 0..CLOCKS {
+                    w.push(t, hot, &vec![1.0; hot.len() * LEN]).unwrap();
+                    let cold: Vec<u64> = (0..16).map(|i| id(30 + node.rank() as u64, clock * 16 + i)).collect();
+                    w.push(t, &cold, &vec![1.0; cold.len() * LEN]).unwrap();
+                    std::thread::sleep(Duration::from_millis(150));
+                    w.advance_clock().unwrap();
+                }
+                w.barrier().unwrap();
+            });
+        }
+    });
+    let evicted: u64 = cluster.iter().map(|n| n.stats().dynamic.ids_evicted).sum();
+    assert!(evicted > 0, "no id was evicted");
+    let replicas: u64 = cluster.iter().map(|n| n.stats().intent.replicas_made + n.stats().intent.replicas_kept).sum();
+    assert!(replicas > 0, "no replica was made of the ids both nodes intend");
+    for node in &cluster {
+        let mut w = node.worker();
+        let t = node.table("emb").unwrap();
+        let mut out = vec![0.0; hot.len() * LEN];
+        let held = w.pull_held(t, &hot, &mut out).unwrap();
+        assert!(held.iter().all(|&h| h), "node {}: an intended id was evicted: {held:?}", node.rank());
+        let want = 2.0 * CLOCKS as f32;
+        assert!(out.iter().all(|&v| v == want), "node {}: intended ids lost pushes: {out:?}, not {want}", node.rank());
+        let cold: Vec<u64> = (0..16).map(|i| id(30, i)).collect();
+        let mut out = vec![0.0; cold.len() * LEN];
+        w.pull(t, &cold, &mut out).unwrap();
+        assert!(out.iter().all(|&v| v == 0.0), "the first cold ids were not evicted: {out:?}");
+    }
     finalize_all(cluster);
     assert!("ttl:-1".parse::<Eviction>().is_err());
 }

@@ -1007,3 +1007,26 @@ fn evicted_slots_are_never_used_by_their_old_ids() {
     // Not vacuous: ids were learnt and evicted.
     assert!(learnt > 0 && evicted > 0, "{learnt} ids learnt, {evicted} evicted");
 }
+
+/// Intent on a table that evicts: as above, and nodes also signal intent on slot keys of the
+/// table (held, offered in a round under way, or free), whose homes' grants move the slots to
+/// them or give them replicas, each dropped when the node's intent ends. After every step, a
+/// slot key that a node holds away from its home or has a replica of is an id's at the home:
+/// no round frees a slot that is intended, moved or replicated, and no grant moves or
+/// replicates a free one.
+#[test]
+fn intended_slot_keys_are_never_freed_while_moved_or_replicated() {
+    let (mut evicted, mut granted) = (0u64, 0usize);
+    for seed in seeds().share(4).range() {
+        let names = ["relocation", "hash-4-nodes", "2-nodes-many-workers"];
+        let mut o = configuration(names[(seed % names.len() as u64) as usize], seed);
+        o.dynamic_ids = 10;
+        o.evict_ids = true;
+        o.intend_ids = true;
+        let report = run_and_check(o).unwrap_or_else(|f| panic!("intent on a table that evicts: {f}"));
+        evicted += report.stats.iter().map(|s| s.dynamic.ids_evicted).sum::<u64>();
+        granted += report.intent_grants;
+    }
+    // Not vacuous: ids were evicted, and slot keys moved or replicated on grants.
+    assert!(evicted > 0 && granted > 0, "{evicted} ids evicted, {granted} slot keys granted");
+}

@@ -659,11 +659,15 @@ fn logistic_regression_learns_with_every_toolbox_option() {
     assert!((auc(&raw["classic"][3]) - auc(&raw["single"][3])).abs() < 0.01, "raw ids: AUC {} vs {}", auc(&raw["classic"][3]), auc(&raw["single"][3]));
     assert!((auc(&raw["localize"][3]) - auc(&raw["single"][3])).abs() < 0.01);
     assert!((auc(&raw["single"][3]) - auc(&modes["single"][3])).abs() < 0.01, "renumbered raw ids are the dense model");
-    // Intent mode declares the raw ids (on a table that does not evict: on one that does,
-    // intent is refused).
+    // Intent mode declares the raw ids, on a table that does not evict and on one that does
+    // (room for a quarter: the ids intended stay, and the table holds at most its room).
     let intent = train(&[&base[..], &["--mode", "intent", "--ids", "raw", "--eviction", "never"]].concat());
     assert!((auc(&intent[3]) - auc(&raw["single"][3])).abs() < 0.01, "raw ids in intent mode: AUC {}", auc(&intent[3]));
     assert!(f(&intent[3]["local_share"]) > 0.9, "intent brings the raw ids' weights here: {}", intent[3]["local_share"]);
+    let intent_quarter = train(&[&base[..], &["--mode", "intent", "--ids", "raw", "--capacity-share", "0.25"]].concat());
+    assert!(auc(&intent_quarter[3]) > 0.55, "intent in room for a quarter: AUC {}", auc(&intent_quarter[3]));
+    let held = intent_quarter[3]["quality"]["nonzero"].as_u64().unwrap();
+    assert!((20..=126).contains(&held), "intent: {held} weights held in room for a quarter of 501 ids");
     let quarter = train(&[&base[..], &["--mode", "classic", "--ids", "raw", "--capacity-share", "0.25"]].concat());
     // This data's 500 features are all about equally frequent, so which quarter survives
     // each eviction round is down to timing, and room for a quarter learns little (0.59–0.61
@@ -690,7 +694,6 @@ fn logistic_regression_learns_with_every_toolbox_option() {
     // Bad options are refused before anything starts.
     for bad in [
         &["--ids", "raw", "--hash-buckets", "64"][..],
-        &["--ids", "raw", "--mode", "intent"],
         &["--ids", "raw", "--admission", "sometimes"],
         &["--ids", "raw", "--capacity-share", "0"],
         &["--ids", "raw", "--arrivals", "4", "--place-arrivals"],

@@ -367,9 +367,6 @@ impl LrArgs {
                 if self.common.modes().any(|m| m == Mode::Hybrid) {
                     bail!("--ids raw runs the single, classic, localize and intent modes (hybrid replicates ranges of keys, which a dynamic table has not)");
                 }
-                if self.common.modes().any(|m| m == Mode::Intent) && self.eviction != "never" {
-                    bail!("--ids raw in intent mode needs --eviction never (intent on a table that evicts is not supported yet)");
-                }
                 if !(self.capacity_share.is_finite() && self.capacity_share > 0.0) {
                     bail!("--capacity-share must be a positive number");
                 }

@@ -20,6 +20,12 @@
 //!    kept, if it holds them (a slot moved away stays its id's), and writes them back to zeros
 //!    with a fresh optimizer state; the next new id takes one and gets its initial value.
 //!
+//! The intent service moves and replicates slot keys without going through ids, so a slot key
+//! that some node intends is in use: its home does not offer its id, an intent or a granted
+//! move that arrives during a round rescues it, one for a free slot key is not acted on, and a
+//! node keeps an id whose slot it has a run-time replica of (`protocol::evict`,
+//! `protocol::intent`).
+//!
 //! So an evicted id reads as a new id afterwards, wherever it is touched next. A round costs one
 //! EVICT and one EVICTED per node, eight bytes per id offered and per id kept; the mark costs a
 //! worker one store to a line its lookup already read, once per round per id.

@@ -27,7 +27,7 @@
 //!
 //! What is not built yet (refused with a reason where it would be wrong): backups of dynamic
 //! tables (the index would be lost with its node), replicated ranges and feature hashing on a
-//! dynamic table, intent on a table that evicts.
+//! dynamic table.
 
 mod evict;
 pub(crate) mod spill;
@@ -837,7 +837,10 @@ impl IdIndex {
     ///   halves the counts of the ids it passes every fourth turn, so that uses long past fade.
     /// - A round for the time to live ([`Pass::Ttl`]) goes round once, offering the ids with no
     ///   uses counted since the last such round and clearing the others' counts.
-    pub fn offer_round(&self, most: usize, pass: Pass) -> Vec<(u64, u64)> {
+    ///
+    /// Ids whose slot keys are `intended` (a node told this home it will need the slot key:
+    /// its intent service may move or replicate the slot at any time) are in use: never offered.
+    pub fn offer_round(&self, most: usize, pass: Pass, intended: impl Fn(u64) -> bool) -> Vec<(u64, u64)> {
         let mut home = self.home.lock();
         let home = &mut *home;
         let mut offered = Vec::new();
@@ -867,6 +870,9 @@ impl IdIndex {
                 let shard = &mut shards[Self::shard_index(id)];
                 let Some(entry) = shard.get(&id) else { continue };
                 let word = entry.load(Ordering::Relaxed);
+                if intended(word & KEY_BITS) {
+                    continue;
+                }
                 let count = uses(word);
                 if count > threshold {
                     let aged = match pass {
@@ -986,6 +992,35 @@ impl IdIndex {
         let mut home = self.home.lock();
         home.free.extend(freed.iter().map(|key| key - self.first));
         home.stranded.extend(stranded);
+    }
+
+    /// As the home of slot keys `keys` (of its range), which a node is about to intend or move
+    /// on a grant of the intent service, neither of which goes through an id: whether an id has
+    /// each. An id offered in an open eviction round is rescued, as an ASSIGN naming it would
+    /// (the node that intends it may move or replicate its slot whatever its index says); a
+    /// free slot key is nobody's, and a grant of it would move or replicate a slot that a new
+    /// id may take. On a table that does not evict, every slot key handed out keeps its id.
+    pub fn claim_slots(&self, keys: &[u64]) -> Vec<bool> {
+        if !self.marks {
+            return vec![true; keys.len()];
+        }
+        let mut home = self.home.lock();
+        let home = &mut *home;
+        keys.iter()
+            .map(|&key| {
+                let Some(id) = key.checked_sub(self.first).and_then(|offset| home.slot_ids.get(offset as usize).copied().flatten()) else {
+                    return false;
+                };
+                if let Some(offered) = home.offered.get_mut(&id)
+                    && !offered.rescued
+                {
+                    offered.rescued = true;
+                    let word = offered.key | ((offered.uses + 1).min(COUNT_MAX) * COUNT_ONE);
+                    self.shard(id).write().entry(id).or_insert_with(|| AtomicU64::new(word));
+                }
+                true
+            })
+            .collect()
     }
 
     /// As the home of slot key `key`: the id that has it (offered in a round included).
@@ -1130,6 +1165,44 @@ mod tests {
         }
     }
 
+    /// Intent on a table that evicts: a home offers no id whose slot key is intended; claiming
+    /// slot keys (a node starts to intend them, or moves them on a grant) rescues ids offered
+    /// in a round under way, and says that a free slot key, or one never handed out, is
+    /// nobody's. A table that does not evict claims every slot key.
+    #[test]
+    fn intended_slot_keys_are_not_offered_and_claims_rescue_or_refuse() {
+        let index = IdIndex::new(DynamicSpec { eviction: Eviction::Ttl { millis: 1 }, ..spec(8) }, 1);
+        let mut keys = Vec::new();
+        let mut slot = |id: u64| {
+            index.assign(&[id], Intent::Write, &mut keys, |_, _| Ok(())).unwrap();
+            match keys[0] {
+                Assigned::Key(key) => key,
+                other => panic!("id {id}: {other:?}"),
+            }
+        };
+        let slots: Vec<u64> = (0..4).map(&mut slot).collect();
+        assert_eq!(slots, vec![8, 9, 10, 11], "node 1's range begins at 8");
+        // A first round for the time to live clears the counts the ids started with (one use);
+        // with none used since, the next offers all but the intended one.
+        assert!(index.offer_round(8, Pass::Ttl, |_| false).is_empty());
+        let offered: Vec<u64> = index.offer_round(8, Pass::Ttl, |key| key == 9).into_iter().map(|(id, _)| id).collect();
+        assert_eq!(offered.len(), 3);
+        assert!(!offered.contains(&1), "the id of intended slot key 9 is not offered");
+        // Slot key 10 (id 2) is claimed during the round: rescued; 13 was never handed out, 99
+        // is outside the range.
+        assert_eq!(index.claim_slots(&[10, 9, 13, 99]), vec![true, true, false, false]);
+        assert_eq!(index.lookup(2), Some(10), "a claimed id is back in the home's index");
+        let freed: Vec<(u64, u64)> = index.finish_round(&crate::util::FastMap::default());
+        let mut freed_ids: Vec<u64> = freed.iter().map(|&(_, id)| id).collect();
+        freed_ids.sort_unstable();
+        assert_eq!(freed_ids, vec![0, 3], "the unclaimed offered ids are evicted");
+        index.free_slots(&freed.iter().map(|&(key, _)| key).collect::<Vec<_>>(), Vec::new());
+        assert_eq!(index.claim_slots(&[8, 9, 10, 11]), vec![false, true, true, false], "freed slot keys are nobody's");
+        assert_eq!(index.id_of_slot(10), Some(2));
+        let never = IdIndex::new(spec(8), 0);
+        assert_eq!(never.claim_slots(&[0, 7]), vec![true, true]);
+    }
+
     /// A home that runs short offers the ids used least; then, short of room, it admits a new
     /// id only if it was used more than those: an evicted id that had uses comes back, an id
     /// never seen waits.
@@ -1149,7 +1222,7 @@ mod tests {
                 index.lookup(id);
             }
         }
-        let mut offered: Vec<u64> = index.offer_round(8, Pass::Short).into_iter().map(|(id, _)| id).collect();
+        let mut offered: Vec<u64> = index.offer_round(8, Pass::Short, |_| false).into_iter().map(|(id, _)| id).collect();
         offered.sort_unstable();
         assert_eq!(offered, (8..16).collect::<Vec<_>>(), "the least used are offered");
         let freed: Vec<u64> = index.finish_round(&crate::util::FastMap::default()).into_iter().map(|(key, _)| key).collect();

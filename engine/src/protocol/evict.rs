@@ -59,11 +59,17 @@ impl Step<'_, '_> {
             return false;
         }
         let capacity = index.spec().capacity;
-        let offered = if short {
-            let most = (capacity / 16 + index.deferred_since_last_round()).min(capacity / 2).max(1);
-            index.offer_round(ROUND_IDS.min(most as usize), Pass::Short)
-        } else {
-            index.offer_round(ROUND_IDS, Pass::Ttl)
+        // Slot keys a node intends are in use (see `Step::intents_at_home`, which claims their
+        // ids under the same lock, so an intent either finds its id offered or keeps it out).
+        let offered = {
+            let homes = core.intent_homes().lock();
+            let intended = |key: u64| homes.intends(table, key);
+            if short {
+                let most = (capacity / 16 + index.deferred_since_last_round()).min(capacity / 2).max(1);
+                index.offer_round(ROUND_IDS.min(most as usize), Pass::Short, intended)
+            } else {
+                index.offer_round(ROUND_IDS, Pass::Ttl, intended)
+            }
         };
         if offered.is_empty() {
             return false;
@@ -100,8 +106,7 @@ impl Step<'_, '_> {
         if let Some(&(id, key)) = offered.iter().find(|&&(_, key)| key / capacity != from as u64) {
             return Err(Error::Protocol(format!("EVICT from node {from} offers id {id} with slot key {key}, outside its range")));
         }
-        let store = &core.store;
-        index.offer(&offered, |key| store.lock(m.table, key).slot().is_some());
+        index.offer(&offered, |key| core.holds_slot_or_replica(m.table, key));
         let epoch = core.pins.advance();
         core.evictions.lock().graces.push_back(Grace { home: from, table: m.table, round: m.request, offered, epoch });
         Ok(())
@@ -132,8 +137,7 @@ impl Step<'_, '_> {
             if core.directory().is_lost(grace.home) {
                 continue;
             }
-            let store = &core.store;
-            let kept = index.keeps(&grace.offered, |key| store.lock(grace.table, key).slot().is_some());
+            let kept = index.keeps(&grace.offered, |key| core.holds_slot_or_replica(grace.table, key));
             let values: Vec<u64> = kept.into_iter().flat_map(|(id, uses)| [id, uses]).collect();
             let bytes = encode(self.tx.buf(grace.home), msg::EVICTED, 0, grace.table, grace.round, values.into_iter());
             self.tx.sent(grace.home, MessageKind::Eviction, bytes);
@@ -190,6 +194,15 @@ impl Step<'_, '_> {
 }
 
 impl super::Core {
+    /// Whether this node holds slot key `key` of `table`, or a run-time replica of it (made or
+    /// being made for intent: its pushes not yet sent to the owner would reach the slot's next
+    /// id, and its value would be read as that id's), so that it keeps the slot's id in an
+    /// eviction round.
+    fn holds_slot_or_replica(&self, table: u16, key: u64) -> bool {
+        let guard = self.store.lock(table, key);
+        guard.slot().is_some() || self.store.table(table).dynamic().is_some_and(|d| d.get(key).is_some() || d.is_making(key))
+    }
+
     /// Closes the round of `table` that every node answered: frees the slots of the ids nobody
     /// kept that this home still holds, writing them back to zeros with a fresh optimizer
     /// state. Where evicted rows are spilled, each freed slot's id and value are queued first

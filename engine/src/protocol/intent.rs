@@ -306,6 +306,11 @@ impl IntentHomes {
         go
     }
 
+    /// Whether a node intends `key` of `table` (homed here).
+    pub fn intends(&self, table: u16, key: u64) -> bool {
+        self.intents.get(table, key).is_some()
+    }
+
     /// The nodes with intent on `key` of `table` (homed here), with their levels.
     #[cfg(test)]
     pub fn intenders(&self, table: u16, key: u64) -> Vec<(u16, IntentLevel)> {
@@ -352,8 +357,7 @@ impl Step<'_, '_> {
         }
         for (home, keys) in per_home {
             if home == rank {
-                let go = self.core.intent_homes().lock().update(rank, level, table, keys);
-                self.send_go(table, go);
+                self.intents_at_home(rank, level, table, keys);
             } else {
                 self.send_intent_messages(home, msg::INTENT, level as u8, table, &keys);
             }
@@ -414,9 +418,31 @@ impl Step<'_, '_> {
     pub(crate) fn handle_intent(&mut self, from: u16, body: &[u8]) -> Result<()> {
         let (level, table, keys) = wire::decode_intent(body)?;
         let keys = self.intent_keys("INTENT", table, keys, true)?;
-        let go = self.core.intent_homes().lock().update(from, level, table, keys);
-        self.send_go(table, go);
+        self.intents_at_home(from, level, table, keys);
         Ok(())
+    }
+
+    /// Node `from` needs `keys` of `table` (homed here) at `level`: updates their intenders
+    /// and tells the nodes that should now take or replicate them. On a dynamic table that
+    /// evicts, a slot key a node starts to intend must be its id's while it is intended
+    /// (`IdIndex::offer_round` leaves intended slot keys out): its id is rescued from a round
+    /// under way, and a free slot key, whose id was evicted after the node looked it up, is
+    /// not recorded (its grant would move or replicate a slot that a new id may take).
+    fn intents_at_home(&mut self, from: u16, level: IntentLevel, table: u16, mut keys: Vec<u64>) {
+        let mut homes = self.core.intent_homes().lock();
+        if level != IntentLevel::None
+            && let Some(index) = self.core.id_index(table)
+        {
+            let claimed = index.claim_slots(&keys);
+            let mut i = 0;
+            keys.retain(|_| {
+                i += 1;
+                claimed[i - 1]
+            });
+        }
+        let go = homes.update(from, level, table, keys);
+        drop(homes);
+        self.send_go(table, go);
     }
 
     /// An INTENT_GO: hands the keys to the intent service.

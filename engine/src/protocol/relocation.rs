@@ -116,7 +116,14 @@ impl Step<'_, '_> {
         let mut failed: Vec<(Error, Vec<u32>)> = Vec::new();
         let granted_elsewhere: Vec<bool> = if flags & wire::MOVE_GRANTED != 0 {
             let homes = self.core.intent_homes().lock();
-            items.iter().map(|item| homes.granted_elsewhere(table, item.key, requester)).collect()
+            // On a dynamic table that evicts, a granted move is declined for a slot key whose
+            // id was evicted since the grant (a new id may take the slot), and rescues an id
+            // offered in a round under way (its slot is about to leave the home).
+            let claimed = match self.core.id_index(table) {
+                Some(index) => index.claim_slots(&items.iter().map(|item| item.key).collect::<Vec<_>>()),
+                None => vec![true; items.len()],
+            };
+            items.iter().zip(claimed).map(|(item, claimed)| !claimed || homes.granted_elsewhere(table, item.key, requester)).collect()
         } else {
             Vec::new()
         };

@@ -13,14 +13,23 @@
 //! instead of "created once" (an evicted id is created again): whenever a worker uses a slot
 //! key, and after every step for every id any node's index maps, the id's home still gives
 //! that slot key to that id.
+//!
+//! With [`SimOptions::intend_ids`] workers also signal intent on slot keys of the table (as
+//! the intent service does on the slot keys of the ids it was told of), through the shipped
+//! `Step::signal_intent`, and the homes' grants become granted localizes of the slot keys and
+//! run-time replicas installed through the store's own `install_made_replica` (their values are
+//! not pulled: no value of the dynamic table is checked), each dropped when its node's intent
+//! ends. Checked after every step: a slot key that a node holds away from its home, or has a
+//! replica of, is an id's at the home.
 
 use std::collections::BTreeMap;
 
 use rand::Rng;
 
-use super::{Sim, SimOptions};
+use super::{ScriptOp, Sim, SimOptions};
 use crate::dynamic::Intent;
-use crate::protocol::assign;
+use crate::intent::IntentLevel;
+use crate::protocol::{Grant, assign};
 
 /// The dynamic table's index in the simulated configuration.
 pub(super) const TABLE: u16 = 1;
@@ -187,6 +196,98 @@ impl Sim {
                     && other != key
                 {
                     return Err(format!("node {n} maps id {id} to slot key {key}, node {m} to {other}: created twice"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Worker `w`'s node needs slot keys `keys` at `level` (as its intent service would tell
+    /// their homes). A need that ended drops the node's replicas of them first, as the service
+    /// does, or, one time in two, at a later step of the worker, as the service's replicas
+    /// whose drop it put off (their keys were arriving) or whose deltas drain end after it told
+    /// the homes.
+    pub(super) fn intend_slot_keys(&mut self, w: usize, keys: Vec<u64>, level: IntentLevel) -> Result<(), String> {
+        let node = self.workers[w].node;
+        self.log(format!("worker {w}@{node} intent {level:?} on slot keys {keys:?}"));
+        for &key in &keys {
+            self.slot_intents[node].insert(key, level);
+        }
+        if level == IntentLevel::None {
+            if self.rng.gen_bool(0.5) {
+                self.drop_slot_replicas(w, &keys);
+            } else {
+                let script = &mut self.workers[w].script;
+                let at = self.rng.gen_range(0..=script.len());
+                script.insert(at, ScriptOp::DropSlotReplicas { keys: keys.clone() });
+            }
+        }
+        self.worker_event(w, |step, _| {
+            step.signal_intent(TABLE, &keys, level);
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// Worker `w`'s node ends its replicas of those of `keys` it no longer intends.
+    pub(super) fn drop_slot_replicas(&mut self, w: usize, keys: &[u64]) {
+        let node = self.workers[w].node;
+        let store = self.nodes[node].core.store().clone();
+        let mut delta = vec![0.0f32; store.table(TABLE).value_len()];
+        let ended: Vec<u64> = keys
+            .iter()
+            .copied()
+            .filter(|k| self.slot_intents[node].get(k).is_none_or(|l| *l == IntentLevel::None))
+            .filter(|&key| store.remove_replica(&store.lock(TABLE, key), &mut delta))
+            .collect();
+        if !ended.is_empty() {
+            self.log(format!("node {node} ends its replicas of slot keys {ended:?}"));
+        }
+    }
+
+    /// Node `node` was granted slot keys of the dynamic table: of those it still intends, a
+    /// move becomes a granted localize at the front of worker `w`'s script, a replica is
+    /// installed where the key is not (through the store's `install_made_replica`, with zeros:
+    /// no value of the table is checked).
+    pub(super) fn grant_slot_keys(&mut self, node: usize, w: usize, grant: Grant, keys: Vec<u64>) {
+        let keys: Vec<u64> = keys.into_iter().filter(|k| self.slot_intents[node].get(k).is_some_and(|l| *l != IntentLevel::None)).collect();
+        if keys.is_empty() {
+            return;
+        }
+        self.log(format!("node {node} granted slot keys {keys:?} ({grant:?})"));
+        self.intent_grants += keys.len();
+        if grant == Grant::Move {
+            self.workers[w].script.push_front(ScriptOp::LocalizeIds { keys });
+            return;
+        }
+        let store = self.nodes[node].core.store();
+        let t = store.table(TABLE);
+        let Some(replicas) = t.dynamic() else { return };
+        let zeros = vec![0.0f32; t.value_len()];
+        for key in keys {
+            if t.slot_of(key).is_none() && replicas.get(key).is_none() {
+                let _ = store.install_made_replica(TABLE, key, replicas.incarnation(key), true, &zeros);
+            }
+        }
+    }
+
+    /// After every step with [`SimOptions::intend_ids`]: every slot key a live node holds away
+    /// from its home, or has a replica of, is an id's at the home (offered in a round
+    /// included).
+    pub(super) fn check_slots_away(&self) -> Result<(), String> {
+        let capacity = self.opts.dynamic_ids.max(1);
+        for (n, node) in self.nodes.iter().enumerate().filter(|(_, n)| !n.crashed) {
+            let t = node.core.store().table(TABLE);
+            for key in 0..capacity * self.opts.nodes as u64 {
+                let home = (key / capacity) as usize;
+                let away = home != n && t.slot_of(key).is_some();
+                let replica = t.dynamic().is_some_and(|d| d.get(key).is_some());
+                if !(away || replica) || self.nodes[home].crashed {
+                    continue;
+                }
+                if self.nodes[home].core.id_index(TABLE).and_then(|i| i.id_of_slot(key)).is_none() {
+                    let what = if away { "holds" } else { "has a replica of" };
+                    return Err(format!("node {n} {what} slot key {key}, which its home {home} freed"));
                 }
             }
         }

@@ -238,6 +238,11 @@ impl DynamicReplicas {
         self.making_count.load(Ordering::Acquire) > 0
     }
 
+    /// Whether `key`'s replica is being made (its pull is in flight).
+    pub fn is_making(&self, key: u64) -> bool {
+        self.any_making() && self.making.lock().contains_key(&key)
+    }
+
     /// Adds `update`, a push to `key` queued for the network, to the key's sum if its replica
     /// is being made (the caller holds the key's latch); returns whether it was.
     pub fn note_sent_push(&self, key: u64, update: &[f32]) -> bool {

@@ -1041,15 +1041,9 @@ impl Worker {
         }
         if table.dynamic {
             self.node.check_table(table)?;
-            if self.node.config.tables[table.id as usize].dynamic.is_some_and(|d| d.eviction.evicts()) {
-                // The intent service moves and replicates slot keys by itself, after the ids that
-                // named them may have been evicted: a replica's pushes could reach the slot's next
-                // id. Not built yet.
-                return Err(Error::Intent(format!(
-                    "table '{}' evicts ids: intent on a table that evicts is not supported yet (localize works)",
-                    self.node.config.tables[table.id as usize].name
-                )));
-            }
+            // The intent service moves and replicates the slot keys by itself; on a table that
+            // evicts, a slot key intended is its id's until the intent ends (see
+            // `protocol::evict`).
             return self.through_index(table, keys, Intent::Read, &[], None, Box::new(move |w, t, k, _, _| w.intent(t, k, start, end)));
         }
         self.validate_keys(table, keys)?;
