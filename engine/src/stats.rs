@@ -319,7 +319,8 @@ pub struct IntentStats {
     pub reasked: u64,
     /// Keys this node asked to move here on a grant that their home had since given to another
     /// node, so the home declined the move (the grant and the move race; see
-    /// `docs/INTENT.md`, "Acting: moves").
+    /// `docs/INTENT.md`, "Acting: moves"), or, on a dynamic table that evicts, whose id was
+    /// evicted since (`docs/DYNAMIC.md`, "Intent on a table that evicts").
     pub declined: u64,
     /// Run-time replicas dropped with a delta on its way (or a sync round in flight) that
     /// served this node's workers until the owner acknowledged it (see `docs/INTENT.md`,

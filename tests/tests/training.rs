@@ -653,43 +653,45 @@ fn logistic_regression_learns_with_every_toolbox_option() {
     assert!(auc(&hashed["classic"][3]) > 0.68, "1024 hashed keys: AUC {}", auc(&hashed["classic"][3]));
     assert!((auc(&hashed["classic"][3]) - auc(&hashed["single"][3])).abs() < 0.01);
     // Raw ids in a dynamic table (each feature's id created at its first push): the same model
-    // as `single` with room for all; with room for a quarter of the ids, evicting, it still
-    // learns and holds at most that many (2 nodes × 63 of the 500 features and the bias).
+    // as `single` with room for all.
     let raw = by_mode(&train(&[&base[..], &["--mode", "single,classic,localize", "--ids", "raw"]].concat()));
     assert!((auc(&raw["classic"][3]) - auc(&raw["single"][3])).abs() < 0.01, "raw ids: AUC {} vs {}", auc(&raw["classic"][3]), auc(&raw["single"][3]));
     assert!((auc(&raw["localize"][3]) - auc(&raw["single"][3])).abs() < 0.01);
     assert!((auc(&raw["single"][3]) - auc(&modes["single"][3])).abs() < 0.01, "renumbered raw ids are the dense model");
-    // Intent mode declares the raw ids, on a table that does not evict and on one that does
-    // (room for a quarter: the ids intended stay, and the table holds at most its room).
+    // Intent mode declares the raw ids.
     let intent = train(&[&base[..], &["--mode", "intent", "--ids", "raw", "--eviction", "never"]].concat());
     assert!((auc(&intent[3]) - auc(&raw["single"][3])).abs() < 0.01, "raw ids in intent mode: AUC {}", auc(&intent[3]));
     assert!(f(&intent[3]["local_share"]) > 0.9, "intent brings the raw ids' weights here: {}", intent[3]["local_share"]);
-    let intent_quarter = train(&[&base[..], &["--mode", "intent", "--ids", "raw", "--capacity-share", "0.25"]].concat());
-    assert!(auc(&intent_quarter[3]) > 0.55, "intent in room for a quarter: AUC {}", auc(&intent_quarter[3]));
-    let held = intent_quarter[3]["quality"]["nonzero"].as_u64().unwrap();
-    assert!((20..=126).contains(&held), "intent: {held} weights held in room for a quarter of 501 ids");
-    let quarter = train(&[&base[..], &["--mode", "classic", "--ids", "raw", "--capacity-share", "0.25"]].concat());
-    // This data's 500 features are all about equally frequent, so which quarter survives
-    // each eviction round is down to timing, and room for a quarter learns little (0.59–0.61
-    // run to run): the bar is that it learns at all, as the stream's below.
-    assert!(auc(&quarter[3]) > 0.55, "a quarter of the ids: AUC {}", auc(&quarter[3]));
-    let held = quarter[3]["quality"]["nonzero"].as_u64().unwrap();
-    assert!((20..=126).contains(&held), "{held} weights held in room for a quarter of 501 ids");
-    // A stream (each epoch trains on a new quarter of the examples, once): it learns, every
-    // epoch sends about what the first did (a growing prefix sends four times as much by the
-    // fourth), and room for a quarter of the ids holds at most that many all along (this data's
-    // features are all equally frequent, so a quarter of them learns little: 0.59).
+    // Room for a quarter of the ids, evicting, on data whose features come by Zipf's law (as
+    // words and click features do; synth-lr's are all alike, and which quarter of them
+    // survives is down to timing): in classic and intent modes, and in a stream, the table
+    // holds at most its room (2 nodes × 36 of the 284 distinct ids) and keeps most of what room
+    // for all learns above chance (0.77–0.84 of it between runs; 0.6 is the bar).
+    let skewed = ["lr", "--data", "synth-lr-skewed", "--epochs", "4", "--nodes", "2", "--ids", "raw"];
+    let kept = |quarter: &Value, all: &Value| (auc(quarter) - 0.5) / (auc(all) - 0.5);
+    let room_for_all = train(&[&skewed[..], &["--mode", "classic"]].concat());
+    for mode in ["classic", "intent"] {
+        let quarter = train(&[&skewed[..], &["--mode", mode, "--capacity-share", "0.25"]].concat());
+        assert!(kept(&quarter[3], &room_for_all[3]) > 0.6, "{mode}, a quarter of the ids: AUC {} against {}", auc(&quarter[3]), auc(&room_for_all[3]));
+        let held = quarter[3]["quality"]["nonzero"].as_u64().unwrap();
+        assert!((10..=72).contains(&held), "{mode}: {held} weights held in room for a quarter of 284 ids");
+    }
+    // A stream (each epoch trains on a new quarter of the examples, once): it learns, and
+    // every epoch sends about what the first did (a growing prefix sends four times as much
+    // by the fourth).
     let arrivals = ["--mode", "classic", "--ids", "raw", "--arrivals", "4"];
     let stream = train(&[&base[..], &arrivals[..], &["--stream"]].concat());
     let prefix = train(&[&base[..], &arrivals[..]].concat());
     let bytes = |r: &Value| f(&r["bytes"]);
     assert!(bytes(&stream[3]) < 1.5 * bytes(&stream[0]) && bytes(&prefix[3]) > 2.5 * bytes(&prefix[0]), "stream {stream:?}, prefix {prefix:?}");
     assert!(auc(&stream[3]) > 0.7, "a stream: AUC {}", auc(&stream[3]));
-    let quarter_stream = train(&[&base[..], &arrivals[..], &["--stream", "--capacity-share", "0.25"]].concat());
-    assert!(auc(&quarter_stream[3]) > 0.55, "a stream in room for a quarter: AUC {}", auc(&quarter_stream[3]));
+    let skewed_stream = ["--mode", "classic", "--arrivals", "4", "--stream"];
+    let stream_all = train(&[&skewed[..], &skewed_stream[..]].concat());
+    let quarter_stream = train(&[&skewed[..], &skewed_stream[..], &["--capacity-share", "0.25"]].concat());
+    assert!(kept(&quarter_stream[3], &stream_all[3]) > 0.6, "a stream in room for a quarter: AUC {} against {}", auc(&quarter_stream[3]), auc(&stream_all[3]));
     for r in &quarter_stream {
         let held = r["quality"]["ids_held"].as_u64().unwrap();
-        assert!((20..=126).contains(&held), "epoch {}: {held} ids held in room for a quarter", r["epoch"]);
+        assert!((10..=72).contains(&held), "epoch {}: {held} ids held in room for a quarter", r["epoch"]);
     }
     // Bad options are refused before anything starts.
     for bad in [

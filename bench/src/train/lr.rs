@@ -36,7 +36,8 @@ use crate::data::sparse::{Examples, load_labelled_text, load_libsvm};
 pub struct LrArgs {
     /// Data: `agaricus` (LIBSVM), `criteo-small` (libffm), `spam` (SpamAssassin e-mails, hashed
     /// bag of words), `wordnet-pos` (WordNet's 117 659 glosses, hashed bag of words: is it a
-    /// noun's?), `synth-lr` (generated, for tests), a LIBSVM/libffm file (split 80/20), or a
+    /// noun's?), `synth-lr` and `synth-lr-skewed` (generated, for tests: features alike, or
+    /// Zipf-distributed), a LIBSVM/libffm file (split 80/20), or a
     /// directory with `train.libsvm` and `test.libsvm`. --train and --test give files instead.
     #[arg(long, default_value = "agaricus")]
     pub data: String,
@@ -181,7 +182,7 @@ pub(super) fn loader_args(
 /// AdaGrad's ε (server- and worker-side alike).
 const ADAGRAD_EPS: f32 = 1e-8;
 
-const KNOWN: &[&str] = &["agaricus", "criteo-small", "spam", "wordnet-pos", "synth-lr"];
+const KNOWN: &[&str] = &["agaricus", "criteo-small", "spam", "wordnet-pos", "synth-lr", "synth-lr-skewed"];
 
 /// The split: training and held-out examples, and the number of feature keys (the bias is key
 /// `dims`).
@@ -258,6 +259,7 @@ impl super::Task for LrArgs {
                     }
                 }
                 "synth-lr" => "synth-lr: 4 000 generated sparse examples of a planted linear model".into(),
+                "synth-lr-skewed" => "synth-lr-skewed: 4 000 generated sparse examples of a planted linear model, feature frequencies Zipf-distributed".into(),
                 path => format!("examples from {}", super::user_data(path, KNOWN, true)?.display()),
             }
         };
@@ -471,7 +473,8 @@ impl LrArgs {
                 }
                 "spam" => self.split(load_labelled_text(&crate::data::dataset_path("spam", "spam.tsv"), self.spam_bits())?),
                 "wordnet-pos" => self.split(load_labelled_text(&crate::data::dataset_path("wordnet", "pos.tsv"), self.spam_bits())?),
-                "synth-lr" => self.split(synthetic(4000, 500, self.common.seed)),
+                "synth-lr" => self.split(synthetic(4000, 500, self.common.seed, Frequencies::Uniform)),
+                "synth-lr-skewed" => self.split(synthetic(4000, 500, self.common.seed, Frequencies::Zipf)),
                 path => {
                     let p = super::user_data(path, KNOWN, true)?;
                     if p.is_dir() {
@@ -555,13 +558,26 @@ impl LrArgs {
 }
 
 /// A planted sparse linear model: 30 active features per example out of `dims`.
-fn synthetic(n: usize, dims: u64, seed: u64) -> Examples {
+fn synthetic(n: usize, dims: u64, seed: u64, frequencies: Frequencies) -> Examples {
     use rand::Rng;
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x1f);
     let truth: Vec<f32> = (0..dims).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    // Zipf's law with exponent 1.1 over the features (feature 0 the most frequent), as words
+    // and click features come: a quarter of them carries most occurrences.
+    let cumulative: Vec<f64> = (0..dims)
+        .scan(0.0, |sum, f| {
+            *sum += 1.0 / ((f + 1) as f64).powf(1.1);
+            Some(*sum)
+        })
+        .collect();
+    let total = cumulative.last().copied().unwrap_or(1.0);
+    let draw = |rng: &mut ChaCha8Rng| match frequencies {
+        Frequencies::Uniform => rng.gen_range(0..dims),
+        Frequencies::Zipf => cumulative.partition_point(|&c| c < rng.gen_range(0.0..total)).min(dims as usize - 1) as u64,
+    };
     let mut lines = String::new();
     for _ in 0..n {
-        let mut features: Vec<u64> = (0..30).map(|_| rng.gen_range(0..dims)).collect();
+        let mut features: Vec<u64> = (0..30).map(|_| draw(&mut rng)).collect();
         features.sort_unstable();
         features.dedup();
         let score: f32 = features.iter().map(|&f| truth[f as usize]).sum::<f32>() * 0.5;
@@ -576,6 +592,15 @@ fn synthetic(n: usize, dims: u64, seed: u64) -> Examples {
     let examples = std::fs::write(&path, lines).map_err(anyhow::Error::from).and_then(|()| load_libsvm(&path, None));
     let _ = std::fs::remove_file(&path);
     examples.expect("generated examples parse")
+}
+
+/// How often the generated examples' features occur.
+#[derive(Clone, Copy)]
+enum Frequencies {
+    /// All alike.
+    Uniform,
+    /// By Zipf's law (exponent 1.1).
+    Zipf,
 }
 
 /// The order (as indices into its batches) in which worker `worker_index`, of `batches`
@@ -1165,9 +1190,22 @@ mod tests {
         assert!((auc(&mut [(0.1, 1.0), (0.2, 0.0), (0.3, 1.0), (0.4, 0.0)]) - 0.25).abs() < 1e-12);
     }
 
+    /// Skewed examples' features come by Zipf's law: the first tenth of the features carries
+    /// over half the occurrences (a tenth of them when all are alike).
+    #[test]
+    fn skewed_examples_use_a_few_features_most() {
+        let share_of_first_tenth = |frequencies| {
+            let data = synthetic(2_000, 500, 5, frequencies);
+            let first = data.features.iter().filter(|&&feature| feature <= 50).count();
+            first as f64 / data.features.len() as f64
+        };
+        assert!(share_of_first_tenth(Frequencies::Zipf) > 0.5);
+        assert!(share_of_first_tenth(Frequencies::Uniform) < 0.15);
+    }
+
     #[test]
     fn batch_gradient_matches_finite_differences() {
-        let data = synthetic(50, 40, 3);
+        let data = synthetic(50, 40, 3, Frequencies::Uniform);
         let idx: Vec<usize> = (0..10).collect();
         let mut b = Batch::default();
         b.gather(&data, &idx, 40);

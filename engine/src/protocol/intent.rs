@@ -434,11 +434,7 @@ impl Step<'_, '_> {
             && let Some(index) = self.core.id_index(table)
         {
             let claimed = index.claim_slots(&keys);
-            let mut i = 0;
-            keys.retain(|_| {
-                i += 1;
-                claimed[i - 1]
-            });
+            keys = keys.into_iter().zip(claimed).filter_map(|(key, claimed)| claimed.then_some(key)).collect();
         }
         let go = homes.update(from, level, table, keys);
         drop(homes);
