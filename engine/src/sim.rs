@@ -972,21 +972,25 @@ impl Sim {
                         (0..count).map(|_| rng.gen_range(0..opts.keys)).collect()
                     };
                     if opts.dynamic_ids > 0 && rng.gen_bool(0.3) {
-                        // Ids of the dynamic table, from a pool small enough that nodes race to
-                        // create them.
                         if opts.intend_ids && rng.gen_bool(0.4) {
                             use crate::intent::IntentLevel;
                             let level = [IntentLevel::None, IntentLevel::Soon, IntentLevel::Now][rng.gen_range(0..3)];
-                            // Mostly the first slot keys of a home's range, which its first ids
-                            // take (a pool of ids spread over the homes uses few of each range).
-                            let key = |rng: &mut ChaCha8Rng| match rng.gen_bool(0.8) {
-                                true => rng.gen_range(0..opts.nodes as u64) * opts.dynamic_ids + rng.gen_range(0..opts.dynamic_ids.min(4)),
-                                false => rng.gen_range(0..opts.dynamic_ids * opts.nodes as u64),
+                            // Slot keys of the dynamic table: mostly the first of a home's range,
+                            // which its first ids take (a pool of ids spread over the homes uses
+                            // few of each range).
+                            let key = |rng: &mut ChaCha8Rng| {
+                                if rng.gen_bool(0.8) {
+                                    rng.gen_range(0..opts.nodes as u64) * opts.dynamic_ids + rng.gen_range(0..opts.dynamic_ids.min(4))
+                                } else {
+                                    rng.gen_range(0..opts.dynamic_ids * opts.nodes as u64)
+                                }
                             };
                             let keys = (0..rng.gen_range(1..=3)).map(|_| key(rng)).collect();
                             script.push_back(ScriptOp::IntentIds { keys, level });
                             continue;
                         }
+                        // Ids of the dynamic table, from a pool small enough that nodes race to
+                        // create them.
                         let ids = (0..rng.gen_range(1..=5)).map(|_| dynamic_ids::id(rng.gen_range(0..opts.dynamic_ids))).collect();
                         script.push_back(ScriptOp::Assign { ids });
                         continue;
