@@ -1143,6 +1143,25 @@ impl Sim {
         self.trace.push_back(format!("t={} {line}", self.now));
     }
 
+    /// Worker `w`'s localize that `issued` says is pending goes in flight (a granted move's
+    /// counts toward the service's outstanding moves).
+    fn localize_in_flight(&mut self, w: usize, issued: Option<Issued>, asynchronous: bool, granted_move: bool) {
+        if let Some(Issued::Pending { op, .. }) = issued {
+            let first_event = self.workers[w].events.len();
+            self.workers[w].in_flight.push(InFlight {
+                op,
+                kind: None,
+                keys: Vec::new(),
+                buffer: Vec::new(),
+                first_event,
+                asynchronous,
+                service: false,
+                granted_move,
+                victim_reads: Vec::new(),
+            });
+        }
+    }
+
     /// The moves homes granted a node (INTENT_GO) become localizes at the front of a worker's
     /// script, as the intent service would issue them: asynchronous, except with location
     /// caches. (The service's worker only localizes, so no access of its own can overtake
@@ -1774,20 +1793,7 @@ impl Sim {
                 self.ops += 1;
                 self.log(format!("worker {w}@{node} localize slot keys {keys:?} granted"));
                 let issued = self.worker_event(w, |step, req| step.issue_localize(req, dynamic_ids::TABLE, &keys, true, None))?;
-                if let Some(Issued::Pending { op, .. }) = issued {
-                    let first_event = self.workers[w].events.len();
-                    self.workers[w].in_flight.push(InFlight {
-                        op,
-                        kind: None,
-                        keys: Vec::new(),
-                        buffer: Vec::new(),
-                        first_event,
-                        asynchronous: true,
-                        service: false,
-                        granted_move: false,
-                        victim_reads: Vec::new(),
-                    });
-                }
+                self.localize_in_flight(w, issued, true, false);
             }
             ScriptOp::Intent { keys, level } => {
                 self.log(format!("worker {w}@{node} intent {level:?} on {keys:?}"));
@@ -1810,20 +1816,7 @@ impl Sim {
                 {
                     set.marks.end_localize(0, &marked);
                 }
-                if let Some(Issued::Pending { op, .. }) = issued {
-                    let first_event = self.workers[w].events.len();
-                    self.workers[w].in_flight.push(InFlight {
-                        op,
-                        kind: None,
-                        keys: Vec::new(),
-                        buffer: Vec::new(),
-                        first_event,
-                        asynchronous,
-                        service: false,
-                        granted_move: granted,
-                        victim_reads: Vec::new(),
-                    });
-                }
+                self.localize_in_flight(w, issued, asynchronous, granted);
             }
             ScriptOp::Access { kind, keys, lanes_or_tags, asynchronous } => {
                 self.ops += 1;
