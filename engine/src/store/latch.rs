@@ -94,6 +94,13 @@ impl Latches {
         self.stripes[self.stripe(key.wrapping_add(salt))].lock()
     }
 
+    /// Asks the CPU to bring the latch of `key` in a table with the given salt closer (a
+    /// hint: nothing is read or written).
+    #[inline]
+    pub fn prefetch(&self, salt: u64, key: u64) {
+        super::slot::prefetch(&*self.stripes[self.stripe(key.wrapping_add(salt))] as *const Latch as *const u8);
+    }
+
     /// `x mod L`.
     #[inline]
     fn stripe(&self, x: u64) -> usize {

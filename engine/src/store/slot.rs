@@ -31,7 +31,7 @@ const PREFETCH_AHEAD: usize = 64;
 
 /// Asks the CPU to bring the cache line at `p` closer (a hint: nothing is read, nothing faults).
 #[inline(always)]
-fn prefetch(p: *const u8) {
+pub(super) fn prefetch(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is only a hint; it never faults, whatever the address.
     unsafe {

@@ -34,10 +34,20 @@ impl Worker {
         op: Box<OnSlotKeys<'_, R>>,
     ) -> Result<R> {
         self.pinned(move |w| {
-            // One known id: its slot key on the stack, with no reference counted.
+            // One known id: its slot key on the stack, with no reference counted. Its slot's
+            // line (where the store put it at start) and a writer's latch are asked for now,
+            // so that they come while the store's map is read: the index's miss is then the
+            // one a dense key does not pay.
             if let [id] = ids
                 && let Some(key) = w.node.core.id_index(table.id).and_then(|index| index.lookup(*id))
             {
+                let store = w.node.core.store();
+                if let Some(slot) = store.table(table.id).start_slot_guess(key) {
+                    store.table(table.id).prefetch_slot(slot);
+                }
+                if intent != Intent::Read {
+                    store.prefetch_latch(table.id, key);
+                }
                 return op(w, table.slot_keys(), &[key], input, out);
             }
             let (keys, not_admitted) = w.translate(table, ids, intent)?;
