@@ -132,7 +132,7 @@ int32_t ferry_config_add_table(struct FerryConfig *config,
 // (a dynamic table's new ids: `all`, `count:N` pushes or `probability:P[:SEED]`), `eviction`
 // (a dynamic table's: `never`, `lfu`, or `ttl:SECONDS`), `key_cache_min` (a number; 0 is off), `replicate` (keys every
 // node keeps a replica of: `FIRST-END` ranges, end exclusive, and single keys, comma-separated,
-// e.g. `0-16,40`), `scratch` (`true`: left out of checkpoints) or `plan` (the path of a plan of
+// e.g. `0-16,40`; a dynamic table's, set after its `dynamic` option: raw ids, comma-separated), `scratch` (`true`: left out of checkpoints) or `plan` (the path of a plan of
 // `ferry partition`: every key homed at the node the plan names; the plan must be for the
 // cluster's node count and the table's key count). Every node sets the same.
 //

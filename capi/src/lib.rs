@@ -276,7 +276,7 @@ pub unsafe extern "C" fn ferry_config_add_table(config: *mut FerryConfig, name: 
 /// (a dynamic table's new ids: `all`, `count:N` pushes or `probability:P[:SEED]`), `eviction`
 /// (a dynamic table's: `never`, `lfu`, or `ttl:SECONDS`), `key_cache_min` (a number; 0 is off), `replicate` (keys every
 /// node keeps a replica of: `FIRST-END` ranges, end exclusive, and single keys, comma-separated,
-/// e.g. `0-16,40`), `scratch` (`true`: left out of checkpoints) or `plan` (the path of a plan of
+/// e.g. `0-16,40`; a dynamic table's, set after its `dynamic` option: raw ids, comma-separated), `scratch` (`true`: left out of checkpoints) or `plan` (the path of a plan of
 /// `ferry partition`: every key homed at the node the plan names; the plan must be for the
 /// cluster's node count and the table's key count). Every node sets the same.
 ///
@@ -333,6 +333,16 @@ pub unsafe extern "C" fn ferry_config_table_option(config: *mut FerryConfig, nam
                     "false" | "0" => false,
                     _ => return Err(bad("expected true or false".into())),
                 }
+            }
+            "replicate" if spec.dynamic.is_some() => {
+                // A dynamic table's replicated keys are raw ids, one by one.
+                let ids = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(|t| t.parse::<u64>().map_err(|_| bad(format!("'{t}' is not an id (a dynamic table replicates ids one by one)"))))
+                    .collect::<Result<Vec<u64>, _>>()?;
+                *spec = spec.clone().replicating_ids(ids);
             }
             "replicate" => {
                 let mut ranges = Vec::new();
@@ -1052,6 +1062,10 @@ mod tests {
             assert_eq!(option(&ids, "admission", "all"), FERRY_OK, "{}", last_error());
             assert_eq!(option(&ids, "eviction", "ttl:0"), FERRY_ERR_ARGUMENT);
             assert_eq!(option(&ids, "eviction", "lfu"), FERRY_OK, "{}", last_error());
+            // A dynamic table replicates raw ids, one by one.
+            assert_eq!(option(&ids, "replicate", "7, 18446744073709551615"), FERRY_OK, "{}", last_error());
+            assert_eq!(option(&ids, "replicate", "1-3"), FERRY_ERR_ARGUMENT);
+            assert!(last_error().contains("replicates ids one by one"), "{}", last_error());
             for (o, v) in [("updater", "sgd:0.5"), ("partitioning", "consistent:32"), ("codec", "f32"), ("key_cache_min", "0"), ("scratch", "false")] {
                 assert_eq!(option(&served, o, v), FERRY_OK, "{o}={v}: {}", last_error());
             }
@@ -1106,6 +1120,13 @@ mod tests {
             let mut start = [0.0f32; 2];
             ferry::dynamic::Init::Uniform { scale: 0.25, seed: 3 }.fill(id, &mut start);
             assert_eq!(two, [start[0] + 1.0, start[1] + 2.0]);
+            // A replicated id is there from the start, at its initial value, and takes pushes.
+            assert_eq!(ferry_pull(worker, 3, [7u64].as_ptr(), 1, two.as_mut_ptr(), 2), FERRY_OK, "{}", last_error());
+            ferry::dynamic::Init::Uniform { scale: 0.25, seed: 3 }.fill(7, &mut start);
+            assert_eq!(two, start);
+            assert_eq!(ferry_push(worker, 3, [7u64].as_ptr(), 1, [1.0f32, 1.0].as_ptr(), 2), FERRY_OK, "{}", last_error());
+            assert_eq!(ferry_pull(worker, 3, [7u64].as_ptr(), 1, two.as_mut_ptr(), 2), FERRY_OK, "{}", last_error());
+            assert_eq!(two, [start[0] + 1.0, start[1] + 1.0]);
             ferry_worker_free(worker);
             // A leave is refused on a node of one without backups, and the node stays usable.
             assert_eq!(ferry_node_leave(node), FERRY_ERR_CONFIG);

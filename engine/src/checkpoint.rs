@@ -672,7 +672,8 @@ impl Shape {
 }
 
 /// Where the records of a checkpoint go as it is read: node `rank` of `nodes` takes the keys
-/// it is home of (`apply` with `home` true) and those `also` names (replicas; `home` false).
+/// it is home of (`apply` with `home` true) and those `also` names (replicas; `home` false),
+/// `also` given the table's index in the configuration and the key (an id, in a dynamic table).
 struct Target<'a> {
     shapes: &'a [Shape],
     rank: usize,
@@ -727,10 +728,12 @@ fn read_into(dir: &Path, manifests: &[Manifest], target: &Target<'_>, mut apply:
                 for (key, row) in piece.chunks_exact(8).zip(rows.chunks_exact(row_bytes.max(1))) {
                     let key = u64::from_le_bytes(key.try_into().expect("8 bytes"));
                     if let Some(seed) = shape.dynamic {
-                        // An id, taken by its home (which refuses one it took already).
-                        if crate::dynamic::id_home(seed, key, target.nodes) == rank {
-                            apply(shape.target, key, row, true)?;
-                            loaded += 1;
+                        // An id, taken by its home (which refuses one it took already), and by
+                        // every node if the table replicates it.
+                        let home = crate::dynamic::id_home(seed, key, target.nodes) == rank;
+                        if home || (target.also)(shape.target, key) {
+                            apply(shape.target, key, row, home)?;
+                            loaded += u64::from(home);
                         }
                         continue;
                     }
@@ -738,7 +741,7 @@ fn read_into(dir: &Path, manifests: &[Manifest], target: &Target<'_>, mut apply:
                         return Err(err(format!("{}: key {key} is outside table '{}' (keys 0..{})", path.display(), shape.name, shape.keys)));
                     }
                     let home = partitioners[id].home(key) == rank;
-                    if !home && !(target.also)(id, key) {
+                    if !home && !(target.also)(shape.target, key) {
                         continue;
                     }
                     if home {
@@ -771,7 +774,11 @@ fn read_into(dir: &Path, manifests: &[Manifest], target: &Target<'_>, mut apply:
 /// node's range, with its saved value and state.
 pub(crate) fn restore(dir: &Path, store: &Store, config: &Config, indexes: &[Option<IdIndex>]) -> Result<u64> {
     let manifests = manifests(dir, &config.tables)?;
-    let also = |table: usize, key: u64| store.table(table as u16).is_replicated(key);
+    // Keys of dense tables, ids of dynamic ones.
+    let also = |table: usize, key: u64| match indexes.get(table).and_then(Option::as_ref) {
+        Some(index) => index.replicated_key(key).is_some(),
+        None => store.table(table as u16).is_replicated(key),
+    };
     let shapes = Shape::of_kept(&config.tables);
     let target = Target { shapes: &shapes, rank: config.rank, nodes: config.nodes, also: &also };
     // First the homes' admission state: a restored id then starts with the uses eviction's

@@ -142,6 +142,10 @@ pub struct TableSpec {
     /// one of `keys` slot keys when first touched; `None` (the default) otherwise. See
     /// [`crate::dynamic`].
     pub dynamic: Option<crate::dynamic::DynamicSpec>,
+    /// Ids of a dynamic table managed by replication instead of relocation (NuPS, Section 3.2,
+    /// by id: [`TableSpec::replicating_ids`]): sorted and distinct, each created at start-up in
+    /// a slot key its home sets aside, with a replica on every node. Empty by default.
+    pub replicated_ids: Vec<u64>,
 }
 
 impl TableSpec {
@@ -161,6 +165,7 @@ impl TableSpec {
             feature_hashing: None,
             placement: None,
             dynamic: None,
+            replicated_ids: Vec::new(),
         }
     }
 
@@ -226,6 +231,18 @@ impl TableSpec {
     /// The same table with the given keys replicated (see [`TableSpec::replicating`]).
     pub fn replicating_keys(self, keys: impl IntoIterator<Item = u64>) -> TableSpec {
         self.replicating(keys.into_iter().map(|k| k..k.saturating_add(1)))
+    }
+
+    /// The same dynamic table with `ids` replicated (NuPS's hot keys, named by raw id): each is
+    /// created when the cluster starts, in a slot key its home sets aside (no eviction round
+    /// offers it), with its initial value on every node; pushes go to the node's replica and
+    /// reach the home within the staleness bound, as for [`TableSpec::replicating`] on a dense
+    /// table. Refused on a table that is not dynamic (use [`TableSpec::replicating_keys`]).
+    pub fn replicating_ids(mut self, ids: impl IntoIterator<Item = u64>) -> TableSpec {
+        self.replicated_ids.extend(ids);
+        self.replicated_ids.sort_unstable();
+        self.replicated_ids.dedup();
+        self
     }
 
     /// Number of replicated keys.
@@ -930,10 +947,15 @@ impl Config {
                         u32::MAX as u64 * 1024
                     ));
                 }
+                if let Some((home, count)) =
+                    crate::dynamic::replicated_per_home(d, &t.replicated_ids, self.nodes).into_iter().enumerate().find(|&(_, n)| n > d.capacity)
+                {
+                    return bad(format!("dynamic table '{}' replicates {count} ids homed at node {home}, more than its {} keys per node", t.name, d.capacity));
+                }
                 let refused = if t.partitioning != Partitioning::Range {
                     Some("a partitioning (its ids' homes are a hash of the id)")
-                } else if !t.replicated.is_empty() {
-                    Some("replicated ranges")
+                } else if t.replicated != crate::dynamic::replicated_ranges(d, &t.replicated_ids, self.nodes) {
+                    Some("replicated ranges of slot keys (replicate ids with TableSpec::replicating_ids)")
                 } else if t.feature_hashing.is_some() {
                     Some("feature hashing (a dynamic table maps every id to a key of its own)")
                 } else if self.backups > 0 {
@@ -944,6 +966,8 @@ impl Config {
                 if let Some(what) = refused {
                     return bad(format!("dynamic table '{}' cannot have {what}", t.name));
                 }
+            } else if !t.replicated_ids.is_empty() {
+                return bad(format!("table '{}' replicates ids, which only a dynamic table has (replicate its keys with TableSpec::replicating_keys)", t.name));
             } else if t.keys == 0 || t.keys >= u32::MAX as u64 * 1024 {
                 return bad(format!("table '{}' has {} keys; it needs 1..{}", t.name, t.keys, u32::MAX as u64 * 1024));
             }
@@ -1014,6 +1038,12 @@ impl Config {
         for t in &mut self.tables {
             if let Some(d) = &t.dynamic {
                 t.keys = d.capacity.saturating_mul(nodes);
+                // The replicated ids' slot keys as replicated ranges, unless ranges of the
+                // caller's are there (which `validate` refuses, naming them).
+                let ranges = crate::dynamic::replicated_ranges(d, &t.replicated_ids, self.nodes);
+                if t.replicated.is_empty() || t.replicated == ranges {
+                    t.replicated = ranges;
+                }
             }
         }
     }
@@ -1056,6 +1086,10 @@ impl Config {
             }
             if let Some(d) = &t.dynamic {
                 text.push_str(&format!("dynamic {}:{}:{}:{}:{}:", d.capacity, d.init.name(), d.seed, d.admission.name(), d.eviction.name()));
+                if !t.replicated_ids.is_empty() {
+                    let digest = fnv1a(&t.replicated_ids.iter().flat_map(|id| id.to_le_bytes()).collect::<Vec<u8>>());
+                    text.push_str(&format!("replicated ids {}:{digest:016x}:", t.replicated_ids.len()));
+                }
             }
             if let Some(p) = &t.placement {
                 text.push_str(&format!("placement {:016x}:", p.digest()));

@@ -142,7 +142,18 @@ impl Node {
     fn assemble(config: Config, fabric: Arc<dyn Fabric>, clock_offset: i64, joining: Option<u16>) -> Result<Node> {
         let store = Arc::new(Store::new(config.rank, config.nodes, &config.tables, config.latches, config.huge_pages, fabric.registrar())?);
         // Dynamic tables' indexes, made before a restore fills them.
-        let id_indexes: Vec<_> = config.tables.iter().map(|t| t.dynamic.map(|d| crate::dynamic::IdIndex::new(d, config.rank))).collect();
+        let id_indexes: Vec<_> = config
+            .tables
+            .iter()
+            .map(|t| t.dynamic.map(|d| crate::dynamic::IdIndex::with_replicated(d, config.rank, config.nodes, &t.replicated_ids)))
+            .collect();
+        // Replicated ids start at their initial values in every copy (a restore then overwrites
+        // those it saved).
+        for (table, index) in id_indexes.iter().enumerate() {
+            if let Some(index) = index {
+                start_replicated(&store, table as u16, index)?;
+            }
+        }
         let first_clock = match &config.restore_from {
             Some(dir) => crate::checkpoint::restore(dir, &store, &config, &id_indexes)?,
             None => 0,
@@ -628,6 +639,20 @@ impl NodeInner {
             Err(Error::UnknownTable(format!("#{} (a handle from another cluster configuration)", table.id)))
         }
     }
+}
+
+/// Writes the initial value of every replicated id of dynamic table `table` (indexed by
+/// `index`) into its copy on this node: the home's slot or the replica (the initial values are
+/// a function of the id, so every copy starts the same without a message).
+fn start_replicated(store: &Store, table: u16, index: &crate::dynamic::IdIndex) -> Result<()> {
+    let mut value = vec![0.0f32; store.table(table).value_len()];
+    for (id, key) in index.replicated() {
+        index.spec().init.fill(id, &mut value);
+        let guard = store.lock(table, key);
+        let slot = guard.slot().ok_or_else(|| Error::Protocol(format!("slot key {key} of replicated id {id} of table {table} has no copy on this node")))?;
+        slot.write(&value);
+    }
+    Ok(())
 }
 
 /// Finalizes every node of an in-process cluster, all at once (a node's `finalize` waits for

@@ -33,7 +33,7 @@ fn argument(message: impl Into<String>) -> PyErr {
 /// `add`, `sgd:LR`, `adagrad:LR[:EPS[:INIT]]`, `adam:LR[:BETA1:BETA2:EPS]` or
 /// `ftrl:ALPHA:BETA:L1:L2`, applied where each key lives, with its optimizer state), how keys
 /// are spread over nodes (`partitioning`: `range`, `hash` or `consistent[:VIRTUAL_NODES]`), which keys every node keeps a
-/// replica of (`replicated`), how values travel (`codec`: `f32`, `bf16`, `f16`, …), key lists
+/// replica of (`replicated`: keys, or a dynamic table's raw ids), how values travel (`codec`: `f32`, `bf16`, `f16`, …), key lists
 /// cached from this many keys on (`key_cache_min`, 0: off), whether checkpoints leave the
 /// table out (`scratch`), raw ids hashed into the keys (`feature_hashing`: `SEED[:signed]`),
 /// raw ids created when first touched (`dynamic`: the ids each node holds as their home, with
@@ -72,13 +72,16 @@ impl Table {
         let updater: engine::Updater = updater.parse().map_err(argument)?;
         let partitioning: engine::Partitioning = partitioning.parse().map_err(argument)?;
         let codec: engine::ValueCodec = codec.parse().map_err(argument)?;
-        if let Some(bad) = replicated.iter().flatten().find(|&&k| k >= keys) {
+        if let Some(bad) = replicated.iter().flatten().find(|&&k| k >= keys && dynamic.is_none()) {
             return Err(argument(format!("replicated key {bad} is outside table '{name}' (keys 0..{keys})")));
         }
         let mut spec =
             engine::TableSpec::new(name, keys, value_len).with_updater(updater).partitioned(partitioning).compressed(codec).cache_keys(key_cache_min);
-        if let Some(keys) = replicated {
-            spec = spec.replicating_keys(keys);
+        match replicated {
+            // A dynamic table's replicated keys are raw ids.
+            Some(ids) if dynamic.is_some() => spec = spec.replicating_ids(ids),
+            Some(keys) => spec = spec.replicating_keys(keys),
+            None => {}
         }
         if scratch {
             spec = spec.scratch();
@@ -130,11 +133,12 @@ impl Table {
             if s.scratch { "True" } else { "False" },
             s.feature_hashing.map_or(String::new(), |h| format!(", feature_hashing={:?}", h.name()))
                 + &s.dynamic.map_or(String::new(), |d| format!(
-                    ", dynamic={}, init={:?}, admission={:?}, eviction={:?}",
+                    ", dynamic={}, init={:?}, admission={:?}, eviction={:?}, replicated ids: {}",
                     d.capacity,
                     d.init.name(),
                     d.admission.name(),
-                    d.eviction.name()
+                    d.eviction.name(),
+                    s.replicated_ids.len()
                 ))
         )
     }

@@ -268,6 +268,8 @@ def test_table_options_and_push_pull(cluster):
     with pytest.raises(ferry.FerryError, match="expected zeros"):
         ferry.Table("ids", 0, 2, dynamic=100, init="gauss")
     assert 'admission="count:2"' in repr(ferry.Table("ids", 0, 2, dynamic=100, admission="count:2"))
+    # A dynamic table's replicated keys are raw ids, any uint64 (distinct ones counted).
+    assert "replicated ids: 3" in repr(ferry.Table("ids", 0, 2, dynamic=100, replicated=[5, 2**64 - 1, 5, 7]))
     with pytest.raises(ferry.FerryError, match="at least 1"):
         ferry.Table("ids", 0, 2, dynamic=100, admission="count:0")
     assert 'eviction="ttl:0.5"' in repr(ferry.Table("ids", 0, 2, dynamic=100, eviction="ttl:0.5"))

@@ -215,6 +215,8 @@ fn bad_dynamic_configurations_are_refused() {
         (Config::new(vec![TableSpec::dynamic("t", 2, 10).replicating_keys([0u64, 1])]), "replicated ranges"),
         (Config::new(vec![TableSpec::dynamic("t", 2, 10).feature_hashed(ferry::FeatureHashing { seed: 1, signed: false })]), "feature hashing"),
         (with_backups, "backups"),
+        (Config::new(vec![TableSpec::new("t", 10, 2).replicating_ids([1u64])]), "only a dynamic table"),
+        (Config::new(vec![TableSpec::dynamic("t", 2, 2).replicating_ids(0..20u64)]), "more than its 2 keys per node"),
     ];
     for (config, says) in cases {
         let e = Node::start_local_cluster(2, config).err().expect("a bad configuration started").to_string();
@@ -288,6 +290,97 @@ fn a_dynamic_table_restores_on_other_node_counts() {
         drop(w);
         finalize_all(restored);
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Equal up to the rounding of sums taken in another order.
+fn assert_close(got: &[f32], want: &[f32], what: &str) {
+    assert!(got.len() == want.len() && got.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-4), "{what}: {got:?} vs {want:?}");
+}
+
+/// Replicated ids (`TableSpec::replicating_ids`, hybrid mode's hot ids): every node reads
+/// them at their initial values from the start and pushes them without a message; after a
+/// barrier every copy holds every node's pushes; a table that evicts by time to live never
+/// evicts them while it evicts the ids around them; a checkpoint restores every copy on other
+/// node counts.
+#[test]
+fn replicated_ids_are_pushed_everywhere_kept_and_restored() {
+    use ferry::dynamic::Eviction;
+    let hot: Vec<u64> = vec![0, 7, 1 << 40, u64::MAX - 1, 0x9e37_79b9_7f4a_7c15];
+    let tables =
+        |hot: &[u64]| vec![TableSpec::dynamic("emb", LEN, 64).initialised(INIT).evicting(Eviction::Ttl { millis: 30 }).replicating_ids(hot.iter().copied())];
+    let dir = scratch_dir("dynamic-replicated");
+    let cluster = Node::start_local_cluster(3, Config::new(tables(&hot))).unwrap();
+    let rounds = 20;
+    let expect = |pushes: f32| -> Vec<f32> { hot.iter().flat_map(|&id| initial(id).into_iter().map(move |v| v + pushes)).collect() };
+    std::thread::scope(|s| {
+        for node in &cluster {
+            let (hot, expect) = (&hot, &expect);
+            s.spawn(move || {
+                let mut w = node.worker();
+                let t = node.table("emb").unwrap();
+                let mut out = vec![0.0; hot.len() * LEN];
+                w.pull(t, hot, &mut out).unwrap();
+                assert_eq!(out, expect(0.0), "node {}: the replicated ids start at their initial values", node.rank());
+                w.barrier().unwrap();
+                for i in 0..rounds {
+                    // One id at a time and in a batch with new ids: both paths keep deltas.
+                    if i % 2 == 0 {
+                        for &id in hot {
+                            w.push(t, &[id], &[1.0; LEN]).unwrap();
+                        }
+                    } else {
+                        let fresh = 1_000_000 + (node.rank() * rounds + i) as u64;
+                        let ids: Vec<u64> = hot.iter().copied().chain([fresh]).collect();
+                        w.push(t, &ids, &vec![1.0; ids.len() * LEN]).unwrap();
+                    }
+                }
+                w.barrier().unwrap();
+                w.pull(t, hot, &mut out).unwrap();
+                assert_close(&out, &expect((3 * rounds) as f32), &format!("node {}: every node's pushes", node.rank()));
+                w.barrier().unwrap();
+            });
+        }
+    });
+    // Time to live: the new ids go, the replicated ones stay with their pushes.
+    let evicted = || cluster.iter().map(|n| n.stats().dynamic.ids_evicted).sum::<u64>();
+    let started = std::time::Instant::now();
+    while evicted() < 3 * rounds as u64 / 2 && started.elapsed() < std::time::Duration::from_secs(20) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(evicted(), 3 * rounds as u64 / 2, "every new id was evicted");
+    for node in &cluster {
+        let s = node.stats();
+        assert!(s.replication.replica_accesses > 0, "node {}: {:?}", node.rank(), s.replication);
+        let mut w = node.worker();
+        let mut out = vec![0.0; hot.len() * LEN];
+        w.pull(node.table("emb").unwrap(), &hot, &mut out).unwrap();
+        assert_close(&out, &expect((3 * rounds) as f32), &format!("node {}: the replicated ids are never evicted", node.rank()));
+    }
+    checkpoint_all(&cluster, &dir);
+    finalize_all(cluster);
+    // On other node counts, every copy is restored (not only the home's), and a node that
+    // replicates an id the checkpoint held as an ordinary one takes it into its copy too.
+    let more: Vec<u64> = hot.iter().copied().chain([1_000_000]).collect();
+    for nodes in [1, 2] {
+        let restored = Node::start_local_cluster(nodes, Config::new(tables(&hot)).restoring_from(&dir)).unwrap();
+        for node in &restored {
+            let mut w = node.worker();
+            let mut out = vec![0.0; hot.len() * LEN];
+            w.pull(node.table("emb").unwrap(), &hot, &mut out).unwrap();
+            assert_close(&out, &expect((3 * rounds) as f32), &format!("on {nodes} nodes, node {}", node.rank()));
+        }
+        finalize_all(restored);
+    }
+    // The checkpoint holds no id 1 000 000 (evicted, no spill): it starts at its initial value.
+    let restored = Node::start_local_cluster(2, Config::new(tables(&more)).restoring_from(&dir)).unwrap();
+    for node in &restored {
+        let mut w = node.worker();
+        let mut out = vec![0.0; LEN];
+        w.pull(node.table("emb").unwrap(), &[1_000_000], &mut out).unwrap();
+        assert_eq!(out, initial(1_000_000));
+    }
+    finalize_all(restored);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

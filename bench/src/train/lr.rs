@@ -366,9 +366,6 @@ impl LrArgs {
                 if self.plan.is_some() || self.place_arrivals {
                     bail!("--ids raw takes no --plan or --place-arrivals (a plan homes dense keys)");
                 }
-                if self.common.modes().any(|m| m == Mode::Hybrid) {
-                    bail!("--ids raw runs the single, classic, localize and intent modes (hybrid replicates ranges of keys, which a dynamic table has not)");
-                }
                 if !(self.capacity_share.is_finite() && self.capacity_share > 0.0) {
                     bail!("--capacity-share must be a positive number");
                 }
@@ -830,7 +827,11 @@ impl Workload for LrArgs {
                     _ => self.common.hot_keys(&counts),
                 };
                 notes.push(format!("hybrid: {} of {} weights replicated ({:.1}% of accesses)", hot.len(), n, 100.0 * counts.share(&hot)));
-                spec = spec.replicating(ferry::as_ranges(&hot));
+                spec = match &split.raw {
+                    // By raw id: the bias's is its own.
+                    Some(raw) => spec.replicating_ids(hot.iter().map(|&k| raw.get(k as usize).copied().unwrap_or(BIAS_ID))),
+                    None => spec.replicating(ferry::as_ranges(&hot)),
+                };
             }
             vec![ModelTable::zeros(spec)]
         };

@@ -65,7 +65,7 @@ pub struct MfArgs {
     /// How users and items key the tables in cluster modes: `dense` (numbered in order of
     /// first appearance, tables of that many keys) or `raw` (their ids in the file — a number
     /// as it is, any other name by its 64-bit hash — key two dynamic tables, each id created at
-    /// its first touch: docs/DYNAMIC.md; modes classic, localize and intent). `single` stores the
+    /// its first touch: docs/DYNAMIC.md; modes classic, localize, intent and hybrid). `single` stores the
     /// same model densely.
     #[arg(long, default_value = "dense")]
     pub ids: String,
@@ -221,9 +221,6 @@ impl MfArgs {
         }
         match self.ids.as_str() {
             "dense" => {}
-            "raw" if self.common.modes().any(|m| m == Mode::Hybrid) => {
-                bail!("--ids raw runs the single, classic, localize and intent modes (hybrid replicates ranges of keys, which a dynamic table has not)")
-            }
             "raw" => {}
             other => bail!("--ids {other}: expected dense or raw"),
         }
@@ -550,6 +547,7 @@ impl Workload for MfArgs {
         let max_delay = self.max_delay(mode)?;
         let mut notes = Vec::new();
         let mut item_spec = self.common.on_the_wire(TableSpec::new("items", train.n_items as u64, len))?;
+        let mut hot_items = Vec::new();
         if mode == Mode::Hybrid {
             // Column keys the frequency heuristic finds hot are replicated (with the default
             // factor of 100, none on MovieLens: its most rated film has about ten times the mean).
@@ -560,6 +558,7 @@ impl Workload for MfArgs {
             let hot = self.common.hot_keys(&counts);
             notes.push(format!("hybrid: {} of {} items replicated ({:.1}% of accesses)", hot.len(), train.n_items, 100.0 * counts.share(&hot)));
             item_spec = item_spec.replicating(ferry::as_ranges(&hot));
+            hot_items = hot;
         }
         if let Some(tau) = max_delay {
             notes.push(format!("bounded delay: τ = {}, {} clocks per epoch", tau.map_or("∞".to_string(), |t| t.to_string()), self.clocks_per_epoch));
@@ -571,9 +570,17 @@ impl Workload for MfArgs {
             // hold every user and item from the start. Every element starts uniform in ±0.1
             // from a hash of the id (the bias too: a dynamic table's rule is one for the row).
             let nodes = self.common.nodes.max(1) as u64;
+            // Hybrid: the hot items (above) replicated by their raw ids.
+            let replicated = |table: u64| -> Vec<u64> {
+                match (&data.raw, table) {
+                    (Some(raw), 1) => hot_items.iter().map(|&i| raw[1][i as usize]).collect(),
+                    _ => Vec::new(),
+                }
+            };
             let dynamic = |name: &str, n: u32, table: u64| -> Result<ModelTable> {
                 let spec = TableSpec::dynamic(name, len, (2 * u64::from(n)).div_ceil(nodes).max(64))
-                    .initialised(ferry::dynamic::Init::Uniform { scale: 0.1, seed: seed ^ table });
+                    .initialised(ferry::dynamic::Init::Uniform { scale: 0.1, seed: seed ^ table })
+                    .replicating_ids(replicated(table));
                 Ok(ModelTable::zeros(self.common.on_the_wire(spec)?.partitioned(ferry::Partitioning::Range)))
             };
             notes.push(format!("raw ids: {} users and {} items in two dynamic tables", train.n_users, train.n_items));

@@ -438,6 +438,43 @@ pub(crate) fn id_home(seed: u64, id: u64, nodes: usize) -> usize {
     ((mix(id ^ seed ^ 0x6479_6e61_6d69_6373) as u128 * nodes as u128) >> 64) as usize
 }
 
+/// The replicated ids of a table with `spec` among `nodes` (`ids` sorted and distinct) with
+/// their slot keys: each home sets aside the first keys of its range for the ids it is home
+/// of, in the order of the ids, so that every node finds the same keys without a message.
+pub(crate) fn replicated_slots(spec: &DynamicSpec, ids: &[u64], nodes: usize) -> Vec<(u64, u64)> {
+    let mut next = vec![0u64; nodes.max(1)];
+    ids.iter()
+        .map(|&id| {
+            let home = spec.home_of(id, nodes.max(1));
+            next[home] += 1;
+            (id, home as u64 * spec.capacity + next[home] - 1)
+        })
+        .collect()
+}
+
+/// How many of the replicated `ids` each of `nodes` homes is home of.
+pub(crate) fn replicated_per_home(spec: &DynamicSpec, ids: &[u64], nodes: usize) -> Vec<u64> {
+    let mut count = vec![0u64; nodes.max(1)];
+    for &id in ids {
+        count[spec.home_of(id, nodes.max(1))] += 1;
+    }
+    count
+}
+
+/// The slot keys of the replicated `ids` as the ranges the slot-key table replicates: the first
+/// keys of each home's range (at most its capacity of them).
+pub(crate) fn replicated_ranges(spec: &DynamicSpec, ids: &[u64], nodes: usize) -> Vec<std::ops::Range<u64>> {
+    replicated_per_home(spec, ids, nodes)
+        .into_iter()
+        .enumerate()
+        .filter(|&(_, n)| n > 0)
+        .map(|(home, n)| {
+            let first = home as u64 * spec.capacity;
+            first..first + n.min(spec.capacity)
+        })
+        .collect()
+}
+
 /// Per shard of the index: the ids known here and their slot keys, each with a use count in
 /// its top bits where the table evicts ([`COUNT_ONE`]).
 type IdMap = std::collections::HashMap<u64, AtomicU64, BuildHasherDefault<IdMixer>>;
@@ -525,24 +562,40 @@ pub(crate) struct IdIndex {
     first: u64,
     /// Whether lookups mark ids used (the table evicts).
     marks: bool,
+    /// The table's replicated ids, with their slot keys ([`replicated_slots`]).
+    replicated: crate::util::FastMap<u64, u64>,
 }
 
 impl IdIndex {
-    /// The index of a table with `spec` on node `rank`.
-    pub fn new(spec: DynamicSpec, rank: usize) -> IdIndex {
+    /// The index of a table with `spec` and `replicated_ids` on node `rank` of `nodes`.
+    pub fn with_replicated(spec: DynamicSpec, rank: usize, nodes: usize, replicated_ids: &[u64]) -> IdIndex {
+        IdIndex::new(spec, rank, &replicated_slots(&spec, replicated_ids, nodes))
+    }
+
+    /// The index of a table with `spec` on node `rank`, knowing its `replicated` ids and their
+    /// slot keys ([`replicated_slots`]) from the start: this node's own take the first keys of
+    /// its range, which no eviction round offers.
+    pub fn new(spec: DynamicSpec, rank: usize, replicated: &[(u64, u64)]) -> IdIndex {
+        let first = rank as u64 * spec.capacity;
+        let own = replicated.iter().filter(|&&(_, key)| key >= first && key - first < spec.capacity).count() as u64;
+        let mut shards: Vec<RwLock<IdMap>> = (0..INDEX_SHARDS).map(|_| RwLock::new(IdMap::default())).collect();
+        for &(id, key) in replicated {
+            shards[Self::shard_index(id)].get_mut().insert(id, AtomicU64::new(key));
+        }
         IdIndex {
             spec,
-            shards: (0..INDEX_SHARDS).map(|_| RwLock::new(IdMap::default())).collect(),
+            shards,
             home: parking_lot::Mutex::new(HomeState {
-                next: 0,
+                // Set aside: never offered (no id in `slot_ids`), never freed.
+                next: own,
                 sketch: matches!(spec.admission, Admission::Count { .. }).then(|| Sketch::new(spec.capacity)),
                 draws: 0,
-                slot_ids: Vec::new(),
+                slot_ids: if spec.eviction.evicts() { vec![None; own as usize] } else { Vec::new() },
                 free: Vec::new(),
                 offered: Default::default(),
                 turns: 0,
                 hand: 0,
-                created: 0,
+                created: own,
                 evicted: 0,
                 deferred: 0,
                 stranded: Vec::new(),
@@ -551,8 +604,9 @@ impl IdIndex {
                 admit_above: 0,
                 filtered: 0,
             }),
-            first: rank as u64 * spec.capacity,
+            first,
             marks: spec.eviction.evicts(),
+            replicated: replicated.iter().copied().collect(),
         }
     }
 
@@ -731,9 +785,14 @@ impl IdIndex {
     }
 
     /// As the home of `id`, restored from a checkpoint: creates it with `write` (given its new
-    /// slot key) instead of its initial value. Refuses an id restored twice (a damaged or
+    /// slot key) instead of its initial value; a replicated id is written in its slot key (on
+    /// every node, home or not). Refuses an id restored twice (a damaged or
     /// mixed-up checkpoint) and one beyond this node's share.
     pub fn restore(&self, id: u64, write: impl FnOnce(u64) -> Result<()>) -> Result<()> {
+        // A replicated id has its slot key from the start, on every node (each writes its copy).
+        if let Some(&key) = self.replicated.get(&id) {
+            return write(key);
+        }
         let mut keys = Vec::with_capacity(1);
         let mut write = Some(write);
         let created = self.assign(&[id], Intent::Force, &mut keys, |_, key| write.take().map_or(Ok(()), |w| w(key)))?;
@@ -745,6 +804,16 @@ impl IdIndex {
             ))),
             _ => Err(Error::Checkpoint(format!("id {id} is in the checkpoint twice"))),
         }
+    }
+
+    /// The slot key of `id` if the table replicates it.
+    pub fn replicated_key(&self, id: u64) -> Option<u64> {
+        self.replicated.get(&id).copied()
+    }
+
+    /// The table's replicated ids with their slot keys.
+    pub fn replicated(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.replicated.iter().map(|(&id, &key)| (id, key))
     }
 
     /// What this node's admission filter and eviction history learnt as a home (the count
@@ -1048,7 +1117,7 @@ mod tests {
     /// while still answering those it knows.
     #[test]
     fn a_home_creates_each_id_once_from_its_range_until_it_is_full() {
-        let index = IdIndex::new(spec(3), 2);
+        let index = IdIndex::new(spec(3), 2, &[]);
         let mut made = Vec::new();
         let mut keys = Vec::new();
         let n = index
@@ -1074,7 +1143,7 @@ mod tests {
     /// Ids created on two threads at once get one slot key each, never two.
     #[test]
     fn ids_created_on_two_threads_at_once_are_created_once() {
-        let index = IdIndex::new(spec(10_000), 0);
+        let index = IdIndex::new(spec(10_000), 0, &[]);
         let counts: Vec<usize> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..2)
                 .map(|_| {
@@ -1123,7 +1192,7 @@ mod tests {
     /// probability filter admits about the share of pushes it says.
     #[test]
     fn admission_filters_create_ids_as_they_say() {
-        let counting = IdIndex::new(DynamicSpec { admission: Admission::Count { pushes: 3 }, ..spec(100) }, 0);
+        let counting = IdIndex::new(DynamicSpec { admission: Admission::Count { pushes: 3 }, ..spec(100) }, 0, &[]);
         let mut keys = Vec::new();
         let mut answer = |index: &IdIndex, id: u64, intent: Intent| {
             index.assign(&[id], intent, &mut keys, |_, _| Ok(())).unwrap();
@@ -1138,7 +1207,7 @@ mod tests {
         assert_eq!(answer(&counting, 2, Intent::Force), Assigned::Key(1), "a set creates it");
         assert_eq!(counting.created(), 2);
         // Never late, whatever shares its counters: 5 000 ids pushed twice each, then once more.
-        let many = IdIndex::new(DynamicSpec { admission: Admission::Count { pushes: 3 }, ..spec(20_000) }, 0);
+        let many = IdIndex::new(DynamicSpec { admission: Admission::Count { pushes: 3 }, ..spec(20_000) }, 0, &[]);
         for _ in 0..2 {
             for id in 0..5_000u64 {
                 answer(&many, id, Intent::Write);
@@ -1148,7 +1217,7 @@ mod tests {
         for id in 0..5_000u64 {
             assert!(matches!(answer(&many, id, Intent::Write), Assigned::Key(_)), "id {id} not admitted at its third push");
         }
-        let sampled = IdIndex::new(DynamicSpec { admission: Admission::Probability { p: 0.1, seed: 4 }, ..spec(20_000) }, 0);
+        let sampled = IdIndex::new(DynamicSpec { admission: Admission::Probability { p: 0.1, seed: 4 }, ..spec(20_000) }, 0, &[]);
         for id in 0..10_000u64 {
             answer(&sampled, id, Intent::Write);
             assert_eq!(answer(&sampled, id + 1_000_000, Intent::Read), Assigned::NotAdmitted);
@@ -1171,7 +1240,7 @@ mod tests {
     /// nobody's. A table that does not evict claims every slot key.
     #[test]
     fn intended_slot_keys_are_not_offered_and_claims_rescue_or_refuse() {
-        let index = IdIndex::new(DynamicSpec { eviction: Eviction::Ttl { millis: 1 }, ..spec(8) }, 1);
+        let index = IdIndex::new(DynamicSpec { eviction: Eviction::Ttl { millis: 1 }, ..spec(8) }, 1, &[]);
         let mut keys = Vec::new();
         let mut slot = |id: u64| {
             index.assign(&[id], Intent::Write, &mut keys, |_, _| Ok(())).unwrap();
@@ -1199,8 +1268,54 @@ mod tests {
         index.free_slots(&freed.iter().map(|&(key, _)| key).collect::<Vec<_>>(), Vec::new());
         assert_eq!(index.claim_slots(&[8, 9, 10, 11]), vec![false, true, true, false], "freed slot keys are nobody's");
         assert_eq!(index.id_of_slot(10), Some(2));
-        let never = IdIndex::new(spec(8), 0);
+        let never = IdIndex::new(spec(8), 0, &[]);
         assert_eq!(never.claim_slots(&[0, 7]), vec![true, true]);
+    }
+
+    /// Replicated ids: every node finds the same slot keys for them (the first of each home's
+    /// range, in id order) and knows them from the start; a home creates new ids after them,
+    /// its rounds never offer them, and a restore writes them where they are.
+    #[test]
+    fn replicated_ids_take_the_first_keys_of_their_homes_and_are_never_offered() {
+        let spec = DynamicSpec { eviction: Eviction::Ttl { millis: 1 }, ..spec(8) };
+        let ids: Vec<u64> = vec![0, 3, 1 << 40, u64::MAX - 1, 0x9e37_79b9_7f4a_7c15, 12_345];
+        let nodes = 3;
+        let slots = replicated_slots(&spec, &ids, nodes);
+        let per_home = replicated_per_home(&spec, &ids, nodes);
+        assert_eq!(per_home.iter().sum::<u64>(), ids.len() as u64);
+        for (home, &count) in per_home.iter().enumerate() {
+            let mut keys: Vec<u64> = slots.iter().filter(|&&(id, _)| spec.home_of(id, nodes) == home).map(|&(_, key)| key).collect();
+            keys.sort_unstable();
+            let first = home as u64 * 8;
+            assert_eq!(keys, (first..first + count).collect::<Vec<_>>(), "home {home} sets aside the first keys of its range");
+        }
+        let ranges = replicated_ranges(&spec, &ids, nodes);
+        assert_eq!(ranges.iter().map(|r| r.end - r.start).sum::<u64>(), ids.len() as u64);
+        // Node 0's index knows every replicated id, and creates new ids after its own.
+        let index = IdIndex::new(spec, 0, &slots);
+        for &(id, key) in &slots {
+            assert_eq!(index.lookup(id), Some(key));
+            assert_eq!(index.replicated_key(id), Some(key));
+        }
+        let own = per_home[0];
+        let mut keys = Vec::new();
+        index.assign(&[1, 2], Intent::Write, &mut keys, |_, _| Ok(())).unwrap();
+        assert_eq!(keys, vec![Assigned::Key(own), Assigned::Key(own + 1)], "new ids take the keys after the replicated ones");
+        assert_eq!(index.created(), own + 2);
+        // Rounds for the time to live offer the new ids, never the replicated ones.
+        assert!(index.offer_round(8, Pass::Ttl, |_| false).is_empty());
+        let offered: Vec<u64> = index.offer_round(8, Pass::Ttl, |_| false).into_iter().map(|(id, _)| id).collect();
+        assert_eq!(offered, vec![1, 2]);
+        // A restore writes a replicated id in its slot key, on its home and elsewhere alike.
+        let (id, key) = slots[0];
+        let mut written = None;
+        index
+            .restore(id, |k| {
+                written = Some(k);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(written, Some(key));
     }
 
     /// A home that runs short offers the ids used least; then, short of room, it admits a new
@@ -1208,7 +1323,7 @@ mod tests {
     /// never seen waits.
     #[test]
     fn a_home_short_of_room_evicts_the_least_used_and_admits_only_busier_ids() {
-        let index = IdIndex::new(DynamicSpec { eviction: Eviction::Lfu, ..spec(16) }, 0);
+        let index = IdIndex::new(DynamicSpec { eviction: Eviction::Lfu, ..spec(16) }, 0, &[]);
         let mut keys = Vec::new();
         let mut ask = |index: &IdIndex, id: u64| {
             index.assign(&[id], Intent::Write, &mut keys, |_, _| Ok(())).unwrap();

@@ -264,7 +264,7 @@ impl Core {
             forwards_held: std::sync::atomic::AtomicBool::new(false),
             census: Mutex::new(census::Census::default()),
             writes_out: AtomicU64::new(0),
-            id_indexes: specs.iter().map(|s| s.dynamic.map(|d| crate::dynamic::IdIndex::new(d, rank))).collect(),
+            id_indexes: specs.iter().map(|s| s.dynamic.map(|d| crate::dynamic::IdIndex::with_replicated(d, rank, nodes, &s.replicated_ids))).collect(),
             assignments: Default::default(),
             assign_requests: std::sync::atomic::AtomicU32::new(0),
             evictions: Default::default(),
