@@ -500,6 +500,15 @@ struct Offered {
     rescued: bool,
 }
 
+impl Offered {
+    /// Marks the id rescued from its round (an ASSIGN or an intent named it): the index entry
+    /// it goes back in with, its slot key and the uses counted, one more for this use.
+    fn rescue(&mut self) -> u64 {
+        self.rescued = true;
+        self.key | ((self.uses + 1).min(COUNT_MAX) * COUNT_ONE)
+    }
+}
+
 /// How a home's eviction round picks ids ([`IdIndex::offer_round`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pass {
@@ -695,8 +704,7 @@ impl IdIndex {
                 return Ok(Assigned::NotAdmitted);
             }
             if let Some(offered) = home.offered.get_mut(&id) {
-                offered.rescued = true;
-                vacant.insert(AtomicU64::new(offered.key | ((offered.uses + 1).min(COUNT_MAX) * COUNT_ONE)));
+                vacant.insert(AtomicU64::new(offered.rescue()));
                 return Ok(Assigned::Key(offered.key));
             }
             let admitted = match (intent, admission) {
@@ -1083,8 +1091,7 @@ impl IdIndex {
                 if let Some(offered) = home.offered.get_mut(&id)
                     && !offered.rescued
                 {
-                    offered.rescued = true;
-                    let word = offered.key | ((offered.uses + 1).min(COUNT_MAX) * COUNT_ONE);
+                    let word = offered.rescue();
                     self.shard(id).write().entry(id).or_insert_with(|| AtomicU64::new(word));
                 }
                 true
