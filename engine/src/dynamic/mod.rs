@@ -23,11 +23,14 @@
 //!   under a read latch before the dense path, an unknown one a round trip to its home.
 //!
 //! - **Evicted in rounds** when a home runs short of slot keys or an id outlives its time to
-//!   live ([`Eviction`], [`evict`]).
+//!   live ([`Eviction`], module `evict`).
+//! - **Hot ids replicated** (NuPS) by id ([`crate::TableSpec::replicating_ids`]): each home
+//!   sets aside the first slot keys of its range for them (`replicated_slots`), known to
+//!   every node from the start and never evicted; the slot-key table replicates those keys.
 //!
 //! What is not built yet (refused with a reason where it would be wrong): backups of dynamic
-//! tables (the index would be lost with its node), replicated ranges and feature hashing on a
-//! dynamic table.
+//! tables (the index would be lost with its node), replicated ranges of slot keys set by the
+//! caller, and feature hashing on a dynamic table.
 
 mod evict;
 pub(crate) mod spill;
