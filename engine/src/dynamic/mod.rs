@@ -627,9 +627,13 @@ impl IdIndex {
         &self.spec
     }
 
+    /// The shard of `id`: bits 51–56 of the id's hash, which a shard's map uses for neither
+    /// the bucket (the low bits) nor the tag it checks first (the top seven). The top bits
+    /// would leave a shard's ids two tags between them: a probe's tag check would then pass
+    /// half the entries of its group, and a lookup of an id not there compare all of those.
     #[inline]
     fn shard_index(id: u64) -> usize {
-        (mix(id) >> 58) as usize % INDEX_SHARDS
+        (mix(id) >> 51) as usize % INDEX_SHARDS
     }
 
     #[inline]
